@@ -1,0 +1,106 @@
+"""Attention layers: softmax (torch SDPA, or explicit where a scheme needs the probabilities) and
+kernelised linear attention (linrope.ops).  Both take a position scheme built for role "attention"."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from linrope.ops import LinearAttentionState, linear_attention
+from linrope.positions import PositionScheme
+
+
+def causal_mask(n: int, device, dtype) -> torch.Tensor:
+    """(N, N) additive mask: 0 on and below the diagonal, -inf above."""
+    return torch.full((n, n), float("-inf"), device=device, dtype=dtype).triu(1)
+
+
+class _Projections(nn.Module):
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def split(self, x):
+        return rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_heads)
+
+    def merge(self, o):
+        return self.out(rearrange(o, "b h n d -> b n (h d)"))
+
+
+class SoftmaxAttention(_Projections):
+    kind = "softmax"
+
+    def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
+                 dropout: float = 0.0, **_ignored):
+        super().__init__(d_model, n_heads)
+        self.pos, self.causal, self.dropout = position, causal, dropout
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, state=None, return_state: bool = False):
+        """Softmax attention keeps no recurrent state: generation re-reads the window (state is None)."""
+        q, k, v = self.split(x)
+        q, k = self.pos.rotate_qk(q, k, positions)
+        bias = self.pos.score_bias(q, k, positions)
+        scale = self.pos.score_scale()
+        p = self.dropout if self.training else 0.0
+        if self.pos.has_value_term:
+            o = self._explicit(q, k, v, bias, scale, positions, p)
+        else:
+            mask = bias
+            if bias is not None and self.causal:
+                mask = bias + causal_mask(q.shape[-2], q.device, bias.dtype)
+            if mask is not None:
+                mask = mask.to(q.dtype)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                               is_causal=self.causal and mask is None, scale=scale)
+        return self.merge(o), None
+
+    def _explicit(self, q, k, v, bias, scale, positions, p):
+        s = (q @ k.transpose(-1, -2)) * scale
+        if bias is not None:
+            s = s + bias
+        if self.causal:
+            s = s + causal_mask(s.shape[-1], s.device, s.dtype)
+        a = s.softmax(-1)
+        a = F.dropout(a, p) if p else a  # the same (dropped) weights serve v_j and the value term
+        extra = self.pos.value_term(a, positions)
+        o = a @ v
+        return o if extra is None else o + extra
+
+
+class LinearAttention(_Projections):
+    """Kernelised linear attention; RoPE enters through the op (placement numerator/both/none),
+    ALiBi as a per-head decay.  ``impl`` is used for whole sequences; single-token steps with a
+    state (generation) use the recurrent form."""
+
+    kind = "linear"
+
+    def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
+                 feature_map: str = "elu", placement: str = "numerator", impl: str = "chunk", chunk_size: int = 64,
+                 eps: float = 1e-6, dropout: float = 0.0, **_ignored):
+        super().__init__(d_model, n_heads)
+        self.pos, self.causal = position, causal
+        self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = feature_map, placement, impl, chunk_size, eps
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, state: Optional[LinearAttentionState] = None,
+                return_state: bool = False):
+        q, k, v = self.split(x)
+        theta = self.pos.linear_rope_theta()
+        kw = dict(feature_map=self.feature_map, rope=self.placement if theta is not None else "none",
+                  causal=self.causal, chunk_size=self.chunk_size, positions=positions, eps=self.eps,
+                  decay=self.pos.linear_decay(), rope_theta=theta)
+        if not (return_state or state is not None):
+            return self.merge(linear_attention(q, k, v, impl=self.impl, **kw)), None
+        # carrying a state: single-token steps (generation) use the recurrent form
+        impl = "recurrent" if x.shape[1] == 1 else self.impl
+        o, new_state = linear_attention(q, k, v, impl=impl, initial_state=state, output_final_state=True, **kw)
+        return self.merge(o), new_state
+
+
+ATTENTION = {"softmax": SoftmaxAttention, "linear": LinearAttention}

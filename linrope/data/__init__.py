@@ -1,0 +1,5 @@
+"""Data: byte-level corpora (and the synthetic tasks).  The Lightning data modules live in
+``linrope.data.modules`` so that the corpus tools import without Lightning."""
+from .bytes import CorpusError, load_corpus
+
+__all__ = ["CorpusError", "load_corpus"]

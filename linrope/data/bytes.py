@@ -1,0 +1,167 @@
+"""Byte-level language modelling on a corpus that needs no download.
+
+Default corpus: the Python standard library's own ``.py`` sources (found through
+``sysconfig``; ``test``/``tests`` folders and site-packages excluded), about 30 MB
+of real text on every machine.  Any text file or folder can be used instead
+(``data.path=...``).  Files are split deterministically *by file* into
+train/val/test from a hash of their relative path, so the split does not depend on
+the machine, the file order or the seed.
+
+Training samples random windows of ``context + 1`` bytes; window ``i`` of the run
+is a pure function of ``(seed, i)``, so a resumed run sees exactly the data an
+uninterrupted one would.  Evaluation uses contiguous, non-overlapping windows.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "__pycache__", "idle_test"}
+SPLITS = ("train", "val", "test")
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be used: names the path and the problem in one line."""
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def list_files(root: Path, suffixes: Optional[Sequence[str]]) -> List[Path]:
+    if root.is_file():
+        return [root]
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        for f in sorted(filenames):
+            if suffixes is None or f.endswith(tuple(suffixes)):
+                files.append(Path(dirpath) / f)
+    return files
+
+
+def split_of(relpath: str, val_fraction: float, test_fraction: float) -> str:
+    """Deterministic split of one file from a hash of its relative path."""
+    u = int.from_bytes(hashlib.sha1(relpath.encode()).digest()[:8], "big") / 2.0**64
+    if u < val_fraction:
+        return "val"
+    if u < val_fraction + test_fraction:
+        return "test"
+    return "train"
+
+
+def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05, test_fraction: float = 0.05,
+                suffixes: Optional[Sequence[str]] = None, max_bytes: Optional[int] = None) -> dict:
+    """Read a corpus into {split: uint8 array}.  Refuses a missing, empty or too-short corpus.
+
+    A single file is split by position (first 90% train, then val, then test)."""
+    root = Path(path).expanduser() if path else stdlib_dir()
+    if suffixes is None and not path:
+        suffixes = (".py",)
+    if not root.exists():
+        raise CorpusError(f"data.path {root}: does not exist")
+    files = list_files(root, suffixes)
+    if not files:
+        raise CorpusError(f"data.path {root}: no files{(' ending in ' + ', '.join(suffixes)) if suffixes else ''} found")
+    need = context + 1
+    if root.is_file():
+        data = np.fromfile(root, dtype=np.uint8)
+        if max_bytes:
+            data = data[:max_bytes]
+        n = len(data)
+        if n == 0:
+            raise CorpusError(f"data.path {root}: the file is empty")
+        a, b = int(n * (1 - val_fraction - test_fraction)), int(n * (1 - test_fraction))
+        parts = {"train": data[:a], "val": data[a:b], "test": data[b:]}
+    else:
+        chunks = {s: [] for s in SPLITS}
+        for f in files:
+            try:
+                raw = f.read_bytes()
+            except OSError:
+                continue
+            if raw:
+                chunks[split_of(f.relative_to(root).as_posix(), val_fraction, test_fraction)].append(raw)
+        if not any(chunks.values()):
+            raise CorpusError(f"data.path {root}: the corpus is empty (every file has 0 bytes)")
+        parts = {s: np.frombuffer(bytearray(b"\n".join(c)), dtype=np.uint8) for s, c in chunks.items()}
+        if max_bytes:  # keep each split's share of the budget
+            share = {"train": 1.0 - val_fraction - test_fraction, "val": val_fraction, "test": test_fraction}
+            parts = {s: p[: max(int(max_bytes * share[s]), 1)] for s, p in parts.items()}
+    for s in SPLITS:
+        if len(parts[s]) < need:
+            total = sum(len(p) for p in parts.values())
+            raise CorpusError(
+                f"data.path {root}: too short — the {s} split has {len(parts[s])} bytes (corpus {total} bytes) but one "
+                f"context window needs {need}; use a larger corpus or a smaller context"
+            )
+    return parts
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """A counter-based hash: window i of a run is a pure function of (seed, i)."""
+    with np.errstate(over="ignore"):
+        x = (x + np.uint64(0x9E3779B97F4A7C15)).astype(np.uint64)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+class RandomWindows(Dataset):
+    """``length`` random windows of ``context + 1`` bytes; item i is window number ``start + i``."""
+
+    def __init__(self, data: np.ndarray, context: int, seed: int, length: int, start: int = 0):
+        self.data, self.context, self.length, self.start = torch.from_numpy(np.asarray(data)), context, length, start
+        self.key = np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * np.uint64(0x100000001B3)
+        self.span = len(data) - context - 1
+
+    def __len__(self):
+        return self.length
+
+    def offset(self, i: int) -> int:
+        return int(splitmix64(np.array([self.key ^ np.uint64(self.start + i)], dtype=np.uint64))[0] % np.uint64(self.span + 1))
+
+    def __getitem__(self, i):
+        o = self.offset(i)
+        w = self.data[o: o + self.context + 1].long()
+        return w[:-1], w[1:]
+
+
+class ContiguousWindows(Dataset):
+    """Non-overlapping windows covering the split from its start, at most ``max_windows`` of them."""
+
+    def __init__(self, data: np.ndarray, context: int, max_windows: Optional[int] = None):
+        self.data, self.context = torch.from_numpy(np.asarray(data)), context
+        n = (len(data) - 1) // context
+        self.n = n if not max_windows else min(n, max_windows)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        o = i * self.context
+        w = self.data[o: o + self.context + 1].long()
+        return w[:-1], w[1:]
+
+
+@dataclass
+class ByteDataConfig:
+    path: Optional[str] = None
+    context: int = 256
+    batch_size: int = 16
+    eval_batch_size: int = 16
+    val_windows: int = 64
+    test_windows: int = 256
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    max_bytes: Optional[int] = None
+    num_workers: int = 0
+    seed: int = 1234

@@ -1,0 +1,56 @@
+"""Lightning data modules."""
+from __future__ import annotations
+
+from typing import Optional
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from .bytes import ContiguousWindows, RandomWindows, load_corpus
+
+
+class ByteDataModule(L.LightningDataModule):
+    """Next-byte prediction on a corpus read at construction (so a bad path fails at start).
+
+    The training loader resumes where the run stands: sample ``i`` of the run is window
+    ``hash(seed, i)``, and the loader starts at ``global_step × samples per step``."""
+
+    def __init__(self, path: Optional[str] = None, context: int = 256, batch_size: int = 16,
+                 eval_batch_size: int = 16, val_windows: int = 64, test_windows: int = 256,
+                 val_fraction: float = 0.05, test_fraction: float = 0.05, max_bytes: Optional[int] = None,
+                 num_workers: int = 0, seed: int = 1234, eval_context: Optional[int] = None):
+        super().__init__()
+        self.save_hyperparameters()
+        self.context, self.batch_size, self.eval_batch_size = context, batch_size, eval_batch_size
+        self.num_workers, self.seed = num_workers, seed
+        self.eval_context = eval_context or context
+        self.splits = load_corpus(path, context=max(context, self.eval_context), val_fraction=val_fraction,
+                                  test_fraction=test_fraction, max_bytes=max_bytes)
+
+    def _loader(self, ds, batch_size):
+        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def samples_per_step(self) -> int:
+        t = self.trainer
+        return self.batch_size * t.accumulate_grad_batches * t.world_size
+
+    def train_dataloader(self):
+        t = self.trainer
+        per_step = self.samples_per_step()
+        total_steps = t.max_steps if t.max_steps and t.max_steps > 0 else 100_000
+        remaining = max(total_steps - t.global_step, 1)
+        ds = RandomWindows(self.splits["train"], self.context, self.seed, length=remaining * per_step,
+                           start=t.global_step * per_step)
+        return self._loader(ds, self.batch_size)
+
+    def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
+        context = context or self.eval_context
+        default = self.hparams.val_windows if split == "val" else self.hparams.test_windows
+        return ContiguousWindows(self.splits[split], context, max_windows or default)
+
+    def val_dataloader(self):
+        return self._loader(self.eval_dataset("val"), self.eval_batch_size)
+
+    def test_dataloader(self):
+        return self._loader(self.eval_dataset("test"), self.eval_batch_size)

@@ -1,0 +1,174 @@
+"""A decoder-only (or, with causal=False, encoder) Transformer whose attention and position
+scheme are chosen by config.  Reads top to bottom: config -> block -> model -> generation."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linrope.attention import ATTENTION
+from linrope.positions import build_position, check_pairing
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.0
+    max_len: int = 256  # positions a learned table holds; the training context by default
+    causal: bool = True
+    n_classes: Optional[int] = None  # set: an encoder with mean pooling and a classifier head
+    tie_weights: bool = True
+    attention: Dict[str, Any] = field(default_factory=lambda: {"kind": "softmax"})
+    position: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ModelConfig":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def split_options(spec: Dict[str, Any], key: str):
+    """{'name': x, **options} -> (x, options)."""
+    spec = dict(spec)
+    return spec.pop(key), spec
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.up, self.down, self.drop = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model), nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.drop(self.down(F.gelu(self.up(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        kind, attn_opts = split_options(cfg.attention, "kind")
+        pos_name, pos_opts = split_options(cfg.position, "name")
+        position = build_position(pos_name, where="attention", d_model=cfg.d_model, n_heads=cfg.n_heads,
+                                  head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **pos_opts)
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = ATTENTION[kind](cfg.d_model, cfg.n_heads, position, causal=cfg.causal, dropout=cfg.dropout,
+                                    **attn_opts)
+        self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.dropout)
+
+    def forward(self, x, positions, state=None, return_state=False):
+        a, state = self.attn(self.ln1(x), positions, state=state, return_state=return_state)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), state
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, cfg: Union[ModelConfig, Dict[str, Any]]):
+        super().__init__()
+        cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(dict(cfg))
+        kind = cfg.attention.get("kind")
+        if kind not in ATTENTION:
+            raise ValueError(f"unknown attention kind {kind!r}; expected one of {', '.join(ATTENTION)}")
+        check_pairing(kind, cfg.position["name"])
+        self.cfg = cfg
+        pos_name, pos_opts = split_options(cfg.position, "name")
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_scale = math.sqrt(cfg.d_model)  # token and additive position signals of like size
+        self.pos = build_position(pos_name, where="input", d_model=cfg.d_model, n_heads=cfg.n_heads,
+                                  head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **pos_opts)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        if cfg.n_classes:
+            self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        else:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            if cfg.tie_weights:
+                self.head.weight = self.embed.weight
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
+                states: Optional[List] = None, return_states: bool = False, mask: Optional[torch.Tensor] = None):
+        """idx: (B, N) token ids -> logits (B, N, V), or (B, n_classes) for a classifier.
+
+        ``positions`` (N,) or ``offset`` (positions offset…offset+N-1) place the window in a longer
+        sequence; ``states`` continue linear attention from an earlier call (generation).
+        ``mask`` (B, N) marks real tokens for the classifier's mean pooling."""
+        n = idx.shape[1]
+        if positions is None:
+            positions = torch.arange(offset, offset + n, device=idx.device)
+        x = self.pos.embed(self.embed(idx) * self.embed_scale, positions)
+        x = self.drop(x)
+        new_states = []
+        for i, block in enumerate(self.blocks):
+            x, s = block(x, positions, state=None if states is None else states[i], return_state=return_states)
+            new_states.append(s)
+        x = self.ln_f(x)
+        if self.cfg.n_classes:
+            if mask is None:
+                pooled = x.mean(1)
+            else:
+                m = mask.to(x.dtype).unsqueeze(-1)
+                pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+            out = self.head(pooled)
+        else:
+            out = self.head(x)
+        return (out, new_states) if return_states else out
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None, window: Optional[int] = None):
+        """Sample token by token.  Linear attention carries its recurrent state (O(1) memory per
+        token); softmax attention re-reads the last ``window`` tokens (default max_len)."""
+        self.eval()
+        linear = self.cfg.attention.get("kind") == "linear"
+        out = prompt
+        if linear:
+            logits, states = self(prompt, return_states=True)
+            pos = prompt.shape[1]
+        for _ in range(max_new_tokens):
+            if not linear:
+                w = window or self.cfg.max_len
+                ctx = out[:, -w:]
+                logits = self(ctx)
+            nxt = sample(logits[:, -1], temperature, top_k, generator)
+            out = torch.cat([out, nxt], dim=1)
+            if linear:
+                logits, states = self(nxt, offset=pos, states=states, return_states=True)
+                pos += 1
+        return out
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator=None) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)

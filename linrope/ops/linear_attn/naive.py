@@ -1,0 +1,99 @@
+"""Reference linear attention: the N×N weights materialised (DESIGN.md §2).
+
+    o_i = Σ_{j≤i} w^num_ij v_j / (Σ_{j≤i} w^den_ij + eps)
+    w^num_ij = (R_i φ(q_i))·(R_j φ(k_j)) γ^(i-j),   w^den_ij = φ(q_i)·φ(k_j) γ^(i-j)
+
+(the denominator rotated too for placement "both"; nothing rotated for "none").
+Quadratic in N; float64 capable.  Every faster form is tested against this one.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .common import LinearAttentionState, compute_dtype, decay_log, phi, rope_tables, with_one
+from linrope.rope import rotate
+
+
+def features(q, k, *, feature_map: str, rope: str, positions, theta, dtype):
+    """(q_num, k_num, q_den, k_den): complete feature maps, rotated where the placement says."""
+    n, d = q.shape[-2], q.shape[-1]
+    qf, kf = phi(q.to(dtype), feature_map), phi(k.to(dtype), feature_map)
+    if rope == "none":
+        qr, kr = qf, kf
+    else:
+        cos, sin = rope_tables(positions, n, d, theta, q.device, dtype)
+        qr, kr = rotate(qf, cos, sin), rotate(kf, cos, sin)
+    q_num, k_num = with_one(qr, feature_map), with_one(kr, feature_map)
+    if rope == "both":
+        q_den, k_den = q_num, k_num
+    else:
+        q_den, k_den = with_one(qf, feature_map), with_one(kf, feature_map)
+    return q_num, k_num, q_den, k_den
+
+
+def decay_matrix(log_gamma: torch.Tensor, n: int, causal: bool, device) -> torch.Tensor:
+    """(H, N, N) matrix γ_h^|i-j| (float64)."""
+    idx = torch.arange(n, device=device, dtype=torch.float64)
+    dist = (idx[:, None] - idx[None, :]).abs()
+    return torch.exp(log_gamma[:, None, None] * dist)
+
+
+def naive_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    feature_map: str = "elu",
+    rope: str = "numerator",
+    causal: bool = True,
+    positions: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    decay: Optional[torch.Tensor] = None,
+    rope_theta: Optional[torch.Tensor] = None,
+    initial_state: Optional[LinearAttentionState] = None,
+    output_final_state: bool = False,
+):
+    dtype = compute_dtype(q.dtype)
+    B, H, N, _ = q.shape
+    q_num, k_num, q_den, k_den = features(q, k, feature_map=feature_map, rope=rope, positions=positions,
+                                          theta=rope_theta, dtype=dtype)
+    vv = v.to(dtype)
+    w_num = q_num @ k_num.transpose(-1, -2)
+    w_den = q_den @ k_den.transpose(-1, -2)
+    mask = torch.ones(N, N, dtype=dtype, device=q.device)
+    if causal:
+        mask = torch.tril(mask)
+    log_gamma = decay_log(decay, H, q.device)
+    if log_gamma is not None:
+        mask = mask * decay_matrix(log_gamma, N, causal, q.device).to(dtype)
+    w_num, w_den = w_num * mask, w_den * mask
+    num = w_num @ vv
+    den = w_den.sum(-1)
+    if initial_state is not None:
+        if not causal:
+            raise ValueError("an initial state only makes sense for causal linear attention")
+        S0, z0 = initial_state.S.to(dtype), initial_state.z.to(dtype)
+        # the state sits at position -1: a query at i sees it through γ^(i+1)
+        carry = torch.ones(H, N, dtype=dtype, device=q.device)
+        if log_gamma is not None:
+            carry = torch.exp(log_gamma[:, None] * torch.arange(1, N + 1, device=q.device, dtype=torch.float64)).to(dtype)
+        num = num + (q_num @ S0) * carry[None, :, :, None]
+        den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
+    out = (num / (den + eps).unsqueeze(-1)).to(v.dtype)
+    if not output_final_state:
+        return out
+    if not causal:
+        raise ValueError("a final state only makes sense for causal linear attention")
+    # final state: Σ_j γ^(N-1-j) k_j v_jᵀ (+ γ^N S0)
+    w = torch.ones(H, N, dtype=dtype, device=q.device)
+    if log_gamma is not None:
+        w = torch.exp(log_gamma[:, None] * torch.arange(N - 1, -1, -1, device=q.device, dtype=torch.float64)).to(dtype)
+    S = torch.einsum("bhnd,bhne,hn->bhde", k_num, vv, w)
+    z = torch.einsum("bhnd,hn->bhd", k_den, w)
+    if initial_state is not None:
+        tail = torch.ones(H, dtype=dtype, device=q.device) if log_gamma is None else torch.exp(log_gamma * N).to(dtype)
+        S = S + initial_state.S.to(dtype) * tail[None, :, None, None]
+        z = z + initial_state.z.to(dtype) * tail[None, :, None]
+    return out, LinearAttentionState(S, z)

@@ -1,0 +1,13 @@
+"""No position information (NoPE): causal masking alone carries order."""
+from .base import PositionScheme, register
+
+
+@register
+class NoPosition(PositionScheme):
+    name = "none"
+    kind = "none"
+    linear_ok = True
+    paper = "Haviv et al. 2022, Transformer language models without positional encodings still learn positional information"
+
+    def __init__(self, **dims):
+        super().__init__(**dims)

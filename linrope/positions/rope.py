@@ -1,0 +1,40 @@
+"""Rotary Position Embedding on q and k (Su et al. 2021), with position interpolation / NTK scaling."""
+from typing import Optional
+
+import torch
+
+from linrope.rope import check_rope_dim, rope_cos_sin, rope_frequencies, rotate
+
+from .base import PositionScheme, register
+
+
+@register
+class RoPE(PositionScheme):
+    name = "rope"
+    kind = "relative"
+    linear_ok = True
+    linear_note = "rotates φ(q), φ(k) in the numerator (or both, or neither: model.attention.placement)"
+    paper = "Su et al. 2021, RoFormer: enhanced transformer with rotary position embedding"
+
+    def __init__(self, *, base: float = 10000.0, scaling: Optional[str] = None, factor: float = 1.0, **dims):
+        super().__init__(**dims)
+        check_rope_dim(self.head_dim)
+        self.base, self.scaling, self.factor = base, scaling, factor
+        self.register_buffer("theta", rope_frequencies(self.head_dim, base, scaling=scaling, factor=factor),
+                             persistent=False)
+
+    def set_scaling(self, scaling: Optional[str], factor: float) -> None:
+        """Change the length scaling in place (used by the length-extrapolation evaluation)."""
+        self.scaling, self.factor = scaling, factor
+        self.theta = rope_frequencies(self.head_dim, self.base, scaling=scaling, factor=factor, device=self.theta.device)
+
+    def rotate_qk(self, q, k, positions):
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        cos, sin = rope_cos_sin(positions, self.theta, dtype)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    def linear_rope_theta(self):
+        return self.theta
+
+    def extra_repr(self):
+        return f"where={self.where}, base={self.base}, scaling={self.scaling}, factor={self.factor}"

@@ -1,0 +1,40 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture
+def compose(tmp_path):
+    """Compose the real training config with overrides, writing outputs under tmp_path."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    def _compose(*overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = hydra_compose(config_name="train", overrides=[f"paths.output_dir={tmp_path}", *overrides])
+        return cfg
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+    """One file of about 300 KB of real Python source (some of the stdlib's), split by position."""
+    from linrope.data.bytes import stdlib_dir
+
+    out = tmp_path / "corpus.txt"
+    src = sorted((stdlib_dir() / "json").glob("*.py")) + sorted((stdlib_dir() / "email").glob("*.py"))
+    out.write_bytes(b"\n".join(f.read_bytes() for f in src))
+    return out

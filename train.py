@@ -1,0 +1,41 @@
+"""Train and test one model: `python train.py model=linear_rope` (sweeps: `python train.py -m ...`).
+
+Reads like a table of contents: check the config, seed, build data / model / callbacks /
+loggers / trainer, fit, test the best checkpoint, return the metric a sweeper optimises.
+Run `python train.py --help` for the config groups and their options."""
+from typing import Optional
+
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> Optional[float]:
+    from linrope.config import validate
+    from linrope.training import one_line_errors
+
+    with one_line_errors():
+        validate(cfg)  # one-line errors before any data is read or model built
+        from lightning import seed_everything
+        from linrope import training as T
+
+        seed_everything(cfg.seed, workers=True)
+        datamodule = T.build_datamodule(cfg)
+        module = T.build_module(cfg)
+        callbacks = T.build_callbacks(cfg)
+        loggers = T.build_loggers(cfg)
+        trainer = T.build_trainer(cfg, callbacks, loggers)
+        T.log_config(cfg, module, loggers)
+
+        metric = None
+        if cfg.train:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
+            metric = T.metric(trainer, cfg.optimized_metric)
+        if cfg.test:
+            trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer))
+        T.finish(loggers)
+        return metric
+
+
+if __name__ == "__main__":
+    main()
