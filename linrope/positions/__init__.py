@@ -1,0 +1,54 @@
+"""Position schemes (DESIGN.md §3): one module per scheme, one interface (``base.PositionScheme``).
+
+``build_position(name, where=..., **dims, **options)`` builds a scheme by name;
+``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take.
+"""
+from __future__ import annotations
+
+from importlib import import_module
+
+from .base import REGISTRY, PositionScheme, register, relative_distance
+
+# one module per scheme; importing registers it
+SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplicative", "shaw", "xl", "t5",
+                  "deberta", "tupe", "alibi")
+for _m in SCHEME_MODULES:
+    import_module(f"{__name__}.{_m}")
+
+from .alibi import alibi_slopes  # noqa: E402  (DESIGN.md §4 names)
+from .t5 import t5_bucket  # noqa: E402
+
+
+def scheme_class(name: str):
+    if name not in REGISTRY:
+        raise ValueError(f"unknown position scheme {name!r}; available: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
+                   causal: bool = True, **options) -> PositionScheme:
+    cls = scheme_class(name)
+    try:
+        return cls(where=where, d_model=d_model, n_heads=n_heads, head_dim=head_dim, max_len=max_len,
+                   causal=causal, **options)
+    except TypeError as e:  # an option the scheme does not take
+        raise ValueError(f"position scheme {name!r}: {e}") from None
+
+
+class IncompatiblePairing(ValueError):
+    pass
+
+
+def check_pairing(attention_kind: str, name: str) -> None:
+    """Refuse, in one line, a position scheme that linear attention cannot take."""
+    cls = scheme_class(name)
+    if attention_kind == "linear" and not cls.linear_ok:
+        raise IncompatiblePairing(
+            f"attention=linear with position={name} cannot work: {name} is a {cls.kind} scheme that acts on the "
+            f"N×N score matrix{(' (' + cls.linear_note + ')') if cls.linear_note else ''}, and linear attention never "
+            f"forms it; linear attention takes: {', '.join(n for n, c in sorted(REGISTRY.items()) if c.linear_ok)}"
+        )
+
+
+__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "check_pairing", "scheme_class",
+           "IncompatiblePairing", "relative_distance", "t5_bucket", "alibi_slopes", "SCHEME_MODULES"]
