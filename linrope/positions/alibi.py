@@ -1,0 +1,51 @@
+"""ALiBi (Press, Smith, Lewis 2022): s_ij -= m_h·(i - j), DESIGN.md §3.
+
+Bidirectional (causal=False) uses -m_h·|i - j|; causal attention masks j > i, so
+one formula serves both.  No parameters.  Linear attention takes it as the
+per-head decay γ_h^(i-j) with γ_h = exp(-m_h) (DESIGN.md §2), the same weight
+factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
+"""
+import math
+from typing import List
+
+import torch
+
+from .base import PositionScheme, register, relative_distance
+
+
+def _geometric(n: int) -> List[float]:
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (h + 1) for h in range(n)]
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Head slopes m_h (float64, (H,)): 2^(-8/H), 2^(-16/H), … for H a power of two; otherwise the
+    slopes of the closest power of two below, c, then every other slope of 2c (the paper's rule)."""
+    if n_heads < 1:
+        raise ValueError(f"alibi needs at least one head; got {n_heads}")
+    if n_heads & (n_heads - 1) == 0:
+        return torch.tensor(_geometric(n_heads), dtype=torch.float64)
+    c = 2 ** int(math.floor(math.log2(n_heads)))
+    return torch.tensor(_geometric(c) + _geometric(2 * c)[0::2][: n_heads - c], dtype=torch.float64)
+
+
+@register
+class ALiBi(PositionScheme):
+    name = "alibi"
+    kind = "relative"
+    linear_ok = True
+    linear_note = "as the per-head decay γ_h^(i-j), γ_h = exp(-m_h), on the kernel weights"
+    paper = ("Press, Smith, Lewis 2022, Train short, test long: attention with linear biases enables input length "
+             "extrapolation")
+
+    def __init__(self, **dims):
+        super().__init__(**dims)
+        self.register_buffer("slopes", alibi_slopes(self.n_heads).float(), persistent=False)
+
+    def score_bias(self, q, k, positions):
+        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dist = relative_distance(positions).abs().to(dtype)
+        return -(self.slopes.to(dtype)[:, None, None] * dist).unsqueeze(0)  # (1, H, N, N)
+
+    def linear_decay(self):
+        return torch.exp(-self.slopes)

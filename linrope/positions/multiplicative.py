@@ -1,0 +1,51 @@
+"""Multiplicative absolute positions: x_i ⊙ p_i instead of x_i + p_i (DESIGN.md §3).
+
+The choice of p: a gate around one, so no position erases a token's features.
+* ``table: sinusoidal`` (default, no parameters, any length):
+  p_i = 1 + scale · sinusoidal(i), entries in [1 - scale, 1 + scale];
+* ``table: learned``: p_i = 1 + P[i], P trainable (max_len rows, refused beyond),
+  starting at std ``init_std`` around the identity gate.
+"""
+import torch
+from torch import nn
+
+from .base import PositionScheme, register
+from .learned import SequenceTooLong
+from .sinusoidal import sinusoidal_table
+
+TABLES = ("sinusoidal", "learned")
+
+
+@register
+class Multiplicative(PositionScheme):
+    name = "multiplicative"
+    kind = "absolute"
+    linear_ok = True
+    paper = "multiplicative counterpart of Vaswani et al. 2017's additive encoding (x_i ⊙ p_i)"
+
+    def __init__(self, *, table: str = "sinusoidal", scale: float = 0.5, base: float = 10000.0,
+                 init_std: float = 0.1, **dims):
+        super().__init__(**dims)
+        if table not in TABLES:
+            raise ValueError(f"multiplicative table must be one of {', '.join(TABLES)}; got {table!r}")
+        self.table_kind, self.scale, self.base = table, scale, base
+        if self.where == "input" and table == "learned":
+            self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * init_std)
+
+    def gate(self, positions: torch.Tensor, dim: int, dtype) -> torch.Tensor:
+        """(N, D) multiplicative gate p_i."""
+        if self.table_kind == "sinusoidal":
+            return (1.0 + self.scale * sinusoidal_table(positions, dim, self.base)).to(dtype)
+        top = int(positions.max()) if positions.numel() else -1
+        if top >= self.max_len or (positions.numel() and int(positions.min()) < 0):
+            raise SequenceTooLong(
+                f"multiplicative position table has {self.max_len} rows (positions 0..{self.max_len - 1}) but "
+                f"position {top} was asked for; raise model max_len or use table: sinusoidal"
+            )
+        return 1.0 + self.table[positions].to(dtype)
+
+    def embed(self, x, positions):
+        return x * self.gate(positions, x.shape[-1], x.dtype)
+
+    def extra_repr(self):
+        return f"where={self.where}, table={self.table_kind}, scale={self.scale}"

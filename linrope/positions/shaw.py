@@ -1,0 +1,72 @@
+"""Relative position representations (Shaw et al. 2018) and the unclipped key / key-query
+variants (Huang et al. 2020), DESIGN.md §3:
+
+* ``shaw``:  s_ij += q_i·a^K_{clip(i-j,-k,k)} / sqrt(d);  o_i += Σ_j a_ij a^V_{clip(i-j,-k,k)}
+* ``relative_key``:        s_ij += q_i·D_{i-j} / sqrt(d)
+* ``relative_key_query``:  s_ij += (q_i·D_{i-j} + k_j·D_{i-j}) / sqrt(d)
+
+The tables are shared by the heads of a layer (as in the paper) and indexed by
+distance only, so any window offset works.  The variants have no value term and
+a table of 2·max_len-1 distances; a window longer than max_len reuses the edge
+rows (distances beyond ±(max_len-1) are clipped there).  Only ``shaw`` needs the
+probabilities (explicit attention); the variants go through SDPA.
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .base import PositionScheme, register, relative_distance
+from .lookup import gather_rows, scatter_rows, used_rows
+
+VARIANTS = ("shaw", "relative_key", "relative_key_query")
+
+
+@register
+class Shaw(PositionScheme):
+    name = "shaw"
+    kind = "relative"
+    linear_ok = False
+    linear_note = "adds q_i·a^K_{i-j} to every score and a^V_{i-j} to every value"
+    has_value_term = True  # the variant "shaw"; the instance says False for the other variants
+    paper = ("Shaw, Uszkoreit, Vaswani 2018, Self-attention with relative position representations; "
+             "Huang, Liang, Xu, Xiang 2020, Improve transformer models with better relative position embeddings")
+
+    def __init__(self, *, variant: str = "shaw", k: int = 16, init_std: Optional[float] = None, **dims):
+        super().__init__(**dims)
+        if variant not in VARIANTS:
+            raise ValueError(f"shaw variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        if k < 1:
+            raise ValueError(f"shaw clipping distance k must be >= 1; got {k}")
+        self.variant = variant
+        self.has_value_term = variant == "shaw"
+        self.clip = k if variant == "shaw" else self.max_len - 1
+        # tables live in head space: start them at the size of a content q/k component
+        self.init_std = 0.02 * math.sqrt(self.d_model) if init_std is None else init_std
+        if self.where == "attention":
+            rows = 2 * self.clip + 1
+            self.key_table = nn.Parameter(torch.randn(rows, self.head_dim) * self.init_std)
+            if self.has_value_term:
+                self.value_table = nn.Parameter(torch.randn(rows, self.head_dim) * self.init_std)
+
+    def table_index(self, positions: torch.Tensor) -> torch.Tensor:
+        """(N, N) table row of clip(i - j, -k, k) for query i, key j."""
+        return (-relative_distance(positions)).clamp(-self.clip, self.clip) + self.clip
+
+    def score_bias(self, q, k, positions):
+        idx, lo, hi = used_rows(self.table_index(positions))
+        table = self.key_table[lo:hi].to(q.dtype)
+        s = gather_rows(q @ table.T, idx)
+        if self.variant == "relative_key_query":  # k_j·D_{i-j}: key j against row idx[i, j]
+            s = s + gather_rows(k @ table.T, idx.T).transpose(-1, -2)
+        return s * self.score_scale()
+
+    def value_term(self, probs, positions):
+        if not self.has_value_term:
+            return None
+        idx, lo, hi = used_rows(self.table_index(positions))
+        return scatter_rows(probs, idx, hi - lo) @ self.value_table[lo:hi].to(probs.dtype)
+
+    def extra_repr(self):
+        return f"where={self.where}, variant={self.variant}, clip={self.clip}"

@@ -1,0 +1,67 @@
+"""T5 relative position bias (Raffel et al. 2020): s_ij += β_h[bucket(j - i)], DESIGN.md §3.
+
+Buckets: exact below half the buckets, log-spaced up to ``max_distance``, clipped
+at the last bucket.  Bidirectional (encoders: causal=False) gives keys behind and
+ahead of the query one half of the buckets each; one-sided (causal) puts every
+key ahead into bucket 0.  One table per layer (T5 itself shares the first
+layer's table across layers).
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .base import PositionScheme, register, relative_distance
+
+
+def t5_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,
+              max_distance: int = 128) -> torch.Tensor:
+    """T5's bucket of ``relative_position = j - i`` (key minus query), an integer tensor of any shape.
+
+    Bidirectional: keys ahead (j > i) use buckets num_buckets/2 …; one-sided: keys ahead fall in bucket 0.
+    Within a half of nb buckets: distances < nb/2 exact, then log-spaced up to max_distance, clipped at nb-1.
+    The log is taken in float32, as the published implementation does (the published mapping depends on it)."""
+    n = -relative_position.long()  # how far the key is behind the query
+    ret = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret = ret + (n < 0).long() * num_buckets
+        n = n.abs()
+    else:
+        n = n.clamp_min(0)
+    max_exact = num_buckets // 2
+    # float32, in the published order of operations (n = 0 never reaches this branch; clamped for the log)
+    log_part = (torch.log(n.clamp_min(1).float() / max_exact) / math.log(max_distance / max_exact)
+                * (num_buckets - max_exact))
+    large = (max_exact + log_part.long()).clamp_max(num_buckets - 1)
+    return ret + torch.where(n < max_exact, n, large)
+
+
+@register
+class T5Bias(PositionScheme):
+    name = "t5"
+    kind = "relative"
+    linear_ok = False
+    linear_note = "adds a learned bias β_h[bucket(j-i)] to every score"
+    paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
+
+    def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
+                 init_std: Optional[float] = None, **dims):
+        super().__init__(**dims)
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
+        if self.where == "attention":
+            std = self.d_model ** -0.5 if init_std is None else init_std  # T5's initialisation
+            self.bias = nn.Parameter(torch.randn(num_buckets, self.n_heads) * std)
+
+    def buckets(self, positions: torch.Tensor) -> torch.Tensor:
+        return t5_bucket(relative_distance(positions), bidirectional=self.bidirectional,
+                         num_buckets=self.num_buckets, max_distance=self.max_distance)
+
+    def score_bias(self, q, k, positions):
+        return self.bias.T[:, self.buckets(positions)].unsqueeze(0).to(q.dtype)  # (1, H, N, N)
+
+    def extra_repr(self):
+        return (f"where={self.where}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
+                f"bidirectional={self.bidirectional}")

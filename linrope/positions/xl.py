@@ -1,0 +1,53 @@
+"""Transformer-XL relative attention (Dai et al. 2019), DESIGN.md §3:
+
+    s_ij = (q_i·k_j + q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j}) / sqrt(d)
+
+R_{i-j} is the fixed sinusoidal encoding (width d_model) of the distance i - j
+(negative distances too, for encoders); W_R (d_model → heads·d), u and v (one
+vector per head) are trainable.  The three position terms form the additive bias;
+they are computed per distance (at most 2N-1 rows) and gathered into N×N.
+"""
+import torch
+from einops import rearrange, einsum
+from torch import nn
+
+from .base import PositionScheme, register, relative_distance
+from .lookup import gather_rows
+from .sinusoidal import sinusoidal_table
+
+
+@register
+class TransformerXL(PositionScheme):
+    name = "xl"
+    kind = "relative"
+    linear_ok = False
+    linear_note = "adds q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j} to every score"
+    paper = "Dai et al. 2019, Transformer-XL: attentive language models beyond a fixed-length context"
+
+    def __init__(self, *, base: float = 10000.0, init_std: float = 0.02, **dims):
+        super().__init__(**dims)
+        self.base = base
+        if self.where == "attention":
+            h, d = self.n_heads, self.head_dim
+            self.w_r = nn.Parameter(torch.randn(self.d_model, h * d) * init_std)
+            self.u = nn.Parameter(torch.randn(h, d) * init_std)  # content bias (Transformer-XL's r_w_bias)
+            self.v = nn.Parameter(torch.randn(h, d) * init_std)  # position bias (r_r_bias)
+
+    def projected_distances(self, positions: torch.Tensor, dtype):
+        """(rows (H, R, d) = W_R R_r for r = -span … span, index (N, N) of row i - j)."""
+        rel = -relative_distance(positions)  # i - j
+        span = int(rel.abs().max())
+        dist = torch.arange(-span, span + 1, device=positions.device)
+        r = sinusoidal_table(dist, self.d_model, self.base).to(dtype)
+        rows = rearrange(r @ self.w_r.to(dtype), "r (h d) -> h r d", h=self.n_heads)
+        return rows, rel + span
+
+    def score_bias(self, q, k, positions):
+        rows, idx = self.projected_distances(positions, q.dtype)
+        q_r = gather_rows(q @ rows.transpose(-1, -2), idx)                          # q_i·W_R R_{i-j}
+        u_k = einsum(self.u.to(q.dtype), k, "h d, b h n d -> b h n").unsqueeze(-2)  # u·k_j
+        v_r = einsum(self.v.to(q.dtype), rows, "h d, h r d -> h r")[:, idx]         # v·W_R R_{i-j}
+        return (q_r + u_k + v_r) * self.score_scale()
+
+    def extra_repr(self):
+        return f"where={self.where}, base={self.base}"
