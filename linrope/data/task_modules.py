@@ -1,0 +1,169 @@
+"""Lightning data modules for the synthetic tasks of ``linrope.data.tasks``.
+
+Conventions as ``ByteDataModule``: training example ``i`` of a run is a pure function of
+``(seed, i)`` and the training loader starts at ``global_step × samples per step``, so a resumed
+run sees the same data; validation and test sets are fixed (drawn from ``eval_seed``, the same
+for every run and seed) and ``eval_dataset(split, context, max_windows)`` gives them at any
+length (the length-extrapolation evaluation uses it).
+
+A task decides parts of the model: ``model_overrides_for(data_config)`` (a classmethod, so
+``linrope.training.build_module`` can ask before any data exists) returns the ``vocab_size``,
+``causal``, ``n_classes`` and the longest position (``max_len``) the task needs.  ``monitor``
+names the metric that picks checkpoints (``val/loss``; bits per byte exist only for bytes)."""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Dict, Optional
+
+import lightning as L
+from torch.utils.data import DataLoader, Dataset
+
+from .tasks import STREAMS, MQAR, ListOps, OffsetCopy, example_rng
+
+
+class TaskExamples(Dataset):
+    """``length`` examples at ``context``; item i is example ``start + i`` of ``(seed, stream)``."""
+
+    def __init__(self, task, context: int, seed: int, stream: int, length: int, start: int = 0):
+        task.check_context(context)
+        self.task, self.context, self.seed, self.stream = task, context, seed, stream
+        self.length, self.start = length, start
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        return self.task.sample(example_rng(self.seed, self.stream, self.start + i, self.context), self.context)
+
+
+class FixedExamples(Dataset):
+    """An evaluation set drawn once and kept (so every validation pass reads the same tensors)."""
+
+    def __init__(self, examples: TaskExamples):
+        self.items = [examples[i] for i in range(len(examples))]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class TaskDataModule(L.LightningDataModule):
+    task_name: ClassVar[str] = "?"
+    monitor: ClassVar[str] = "val/loss"
+    default_test_factor: ClassVar[int] = 1
+
+    def __init__(self, task, *, context: int, batch_size: int = 16, eval_batch_size: int = 16,
+                 val_examples: int = 256, test_examples: int = 512, test_factor: Optional[int] = None,
+                 num_workers: int = 0, seed: int = 1234, eval_seed: int = 0):
+        super().__init__()
+        self.task, self.context = task, int(context)
+        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
+        self.val_examples, self.test_examples = val_examples, test_examples
+        self.test_context = int(context) * int(test_factor or self.default_test_factor)
+        self.seed, self.eval_seed = seed, eval_seed
+        task.check_context(self.context)  # a bad config fails at start
+        task.check_context(self.test_context)
+        self._eval_cache: Dict[tuple, Dataset] = {}
+
+    # ---- what the task decides about the model ---------------------------------------------------------------
+    @classmethod
+    def build_task(cls, data: Dict[str, Any]):
+        raise NotImplementedError
+
+    @classmethod
+    def model_overrides_for(cls, data: Dict[str, Any]) -> Dict[str, Any]:
+        task = cls.build_task(data)
+        longest = int(data["context"]) * int(data.get("test_factor") or cls.default_test_factor)
+        return {"vocab_size": task.vocab_size, "causal": True, "n_classes": None, "max_len": longest}
+
+    # ---- loaders ---------------------------------------------------------------------------------------------
+    def _loader(self, ds, batch_size):
+        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def samples_per_step(self) -> int:
+        t = self.trainer
+        return self.batch_size * t.accumulate_grad_batches * t.world_size
+
+    def train_dataloader(self):
+        from linrope.checkpoint import ResumableLoader, train_span
+
+        # as ByteDataModule: starts at global_step × samples per step, as long as the whole run
+        start, length = train_span(self.trainer, self.samples_per_step())
+        ds = TaskExamples(self.task, self.context, self.seed, STREAMS["train"], length=length, start=start)
+        return ResumableLoader(ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                               persistent_workers=self.num_workers > 0)
+
+    def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
+        """The fixed ``split`` set at ``context`` (default: the split's own), ``max_windows`` examples at most."""
+        context = int(context or (self.test_context if split == "test" else self.context))
+        n = self.val_examples if split == "val" else self.test_examples
+        n = min(n, max_windows) if max_windows else n
+        key = (split, context, n)
+        if key not in self._eval_cache:
+            self._eval_cache[key] = FixedExamples(TaskExamples(self.task, context, self.eval_seed, STREAMS[split], n))
+        return self._eval_cache[key]
+
+    def val_dataloader(self):
+        return self._loader(self.eval_dataset("val"), self.eval_batch_size)
+
+    def test_dataloader(self):
+        return self._loader(self.eval_dataset("test"), self.eval_batch_size)
+
+
+class MQARDataModule(TaskDataModule):
+    """Multi-query associative recall; scored only at the queries (loss and accuracy)."""
+
+    task_name = "mqar"
+
+    def __init__(self, context: int, num_kv_pairs: int = 8, num_queries: Optional[int] = None, key_vocab: int = 64,
+                 value_vocab: int = 64, **common):
+        super().__init__(self.build_task(dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab,
+                                              value_vocab=value_vocab)), context=context, **common)
+        self.save_hyperparameters()
+
+    @classmethod
+    def build_task(cls, data):
+        return MQAR(num_kv_pairs=data.get("num_kv_pairs", 8), num_queries=data.get("num_queries"),
+                    key_vocab=data.get("key_vocab", 64), value_vocab=data.get("value_vocab", 64))
+
+
+class OffsetCopyDataModule(TaskDataModule):
+    """Copy the token ``offset`` back; trained at ``context``, tested at ``test_factor × context``."""
+
+    task_name = "offset_copy"
+    default_test_factor = 4
+
+    def __init__(self, context: int, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None,
+                 **common):
+        super().__init__(self.build_task(dict(n_symbols=n_symbols, offset=offset, max_offset=max_offset)),
+                         context=context, **common)
+        self.save_hyperparameters()
+
+    @classmethod
+    def build_task(cls, data):
+        return OffsetCopy(n_symbols=data.get("n_symbols", 64), offset=data.get("offset", 16),
+                          max_offset=data.get("max_offset"))
+
+
+class ListOpsDataModule(TaskDataModule):
+    """LRA ListOps: a bidirectional encoder with mean pooling over the real tokens, 10 classes."""
+
+    task_name = "listops"
+
+    def __init__(self, context: int, max_depth: int = 10, max_args: int = 10, leaf_prob: float = 0.75,
+                 min_length: Optional[int] = None, max_tries: int = 200, **common):
+        super().__init__(self.build_task(dict(max_depth=max_depth, max_args=max_args, leaf_prob=leaf_prob,
+                                              min_length=min_length, max_tries=max_tries)), context=context, **common)
+        self.save_hyperparameters()
+
+    @classmethod
+    def build_task(cls, data):
+        return ListOps(max_depth=data.get("max_depth", 10), max_args=data.get("max_args", 10),
+                       leaf_prob=data.get("leaf_prob", 0.75), min_length=data.get("min_length"),
+                       max_tries=data.get("max_tries", 200))
+
+    @classmethod
+    def model_overrides_for(cls, data):
+        return {**super().model_overrides_for(data), "causal": False, "n_classes": ListOps.n_classes}

@@ -1,0 +1,72 @@
+"""The paper figures' computations: RoPE's long-term decay bound (RoFormer §3.4.3) and the sinusoidal
+dot-product curve, checked against closed forms and against the project's own RoPE / sinusoidal code."""
+import numpy as np
+import pytest
+import torch
+
+from linrope.figures import main, rope_decay_bound, rope_thetas, sinusoidal_dot
+
+
+@pytest.mark.parametrize("d", [16, 64, 128])
+def test_decay_bound_at_distance_zero_is_its_closed_form(d):
+    # every S_j(0) = j, so (1/(d/2)) Σ_{j=1}^{d/2} j = (d/2 + 1) / 2
+    expected = sum(range(1, d // 2 + 1)) / (d // 2)
+    assert rope_decay_bound(0, d) == pytest.approx(expected) == pytest.approx((d / 2 + 1) / 2)
+    assert rope_decay_bound(0, 128) == pytest.approx(32.5)
+
+
+def test_decay_bound_matches_the_sum_written_out():
+    d, theta = 32, rope_thetas(32)
+    for r in (1, 7, 50):
+        s = [abs(sum(np.exp(1j * r * theta[t]) for t in range(j))) for j in range(1, d // 2 + 1)]
+        assert rope_decay_bound(r, d) == pytest.approx(sum(s) / (d // 2))
+
+
+def test_decay_bound_falls_on_average_with_distance():
+    b = rope_decay_bound(np.arange(256), 128)
+    assert (b <= b[0] + 1e-12).all() and (b > 0).all()
+    windows = b.reshape(8, 32).mean(1)  # mean over distances 0-31, 32-63, ...
+    assert (np.diff(windows) < 0).all(), windows
+    assert b[200:].max() < 0.5 * b[0]
+
+
+def test_decay_bound_bounds_the_rotated_product():
+    """|<R_m q, R_n k>| <= max_j |h_{j+1} - h_j| · Σ_j |S_j(m - n)| (Abel summation, h_{d/2} = 0),
+    with the project's apply_rope."""
+    from linrope.rope import apply_rope
+
+    d = 64
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        q, k = torch.randn(d, generator=g, dtype=torch.float64), torch.randn(d, generator=g, dtype=torch.float64)
+        qc, kc = torch.complex(q[0::2], q[1::2]), torch.complex(k[0::2], k[1::2])
+        h = torch.cat([qc * kc.conj(), torch.zeros(1, dtype=qc.dtype)])
+        step = (h[1:] - h[:-1]).abs().max().item()
+        for m, n in [(5, 0), (40, 3), (200, 17)]:
+            rq, rk = apply_rope(q[None], torch.tensor([m]))[0], apply_rope(k[None], torch.tensor([n]))[0]
+            dot = float(rq @ rk)
+            assert abs(dot) <= step * (d // 2) * rope_decay_bound(m - n, d) + 1e-9
+
+
+def test_sinusoidal_dot_closed_form_symmetry_and_project_table():
+    from linrope.positions.sinusoidal import sinusoidal_table
+
+    dim = 128
+    k = np.arange(-50, 51)
+    w = 10000.0 ** (-2.0 * np.arange(dim // 2) / dim)
+    curve = sinusoidal_dot(k, dim)
+    assert curve[50] == pytest.approx(dim / 2)  # k = 0: Σ (sin² + cos²)
+    assert np.allclose(curve, np.cos(k[:, None] * w).sum(1))  # Σ_i cos(k ω_i)
+    assert np.allclose(curve, curve[::-1])  # symmetric: blind to the direction of the offset
+    assert np.allclose(sinusoidal_dot(k, dim, t=37), curve)  # independent of t
+    pe = sinusoidal_table(torch.arange(200), dim).double().numpy()
+    assert np.allclose(pe[60] @ pe[60 + k].T, curve, atol=1e-3)
+
+
+def test_figures_cli_writes_both_pngs(tmp_path, capsys):
+    assert main(["--out", str(tmp_path), "--max-distance", "64"]) == 0
+    for name in ("rope_decay.png", "sinusoidal_dot.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "--out" in capsys.readouterr().out
