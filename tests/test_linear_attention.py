@@ -1,0 +1,338 @@
+"""The chunk and recurrent forms of linear attention against the naive reference (DESIGN.md §2, §5).
+
+float64, forward and backward (q, k, v and the initial state), lengths that are not multiples of the chunk
+size, every feature map / placement / causality / decay, preallocated buffers poisoned with NaN.
+"""
+import contextlib
+import itertools
+import zlib
+
+import pytest
+import torch
+
+from linrope.ops import IMPLS, linear_attention
+from linrope.ops.linear_attn import chunk as chunk_mod
+from linrope.ops.linear_attn.chunk import chunk_linear_attention, poison_buffers
+from linrope.ops.linear_attn.common import LinearAttentionState
+from linrope.ops.linear_attn.naive import naive_linear_attention
+from linrope.ops.linear_attn.recurrent import recurrent_linear_attention, recurrent_step
+
+FEATURE_MAPS = ("elu", "cosine")
+PLACEMENTS = ("numerator", "both", "none")
+B, H, D, DV = 2, 2, 8, 6
+DECAY = torch.tensor([0.97, 0.6], dtype=torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def kernel_test_env():
+    """Every buffer the kernels preallocate starts as NaN: an element left unwritten fails the test.
+
+    (These tensors are small: one thread avoids paying for OpenMP barriers when the 2 cores are shared.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with poison_buffers():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def small_blocks(elements=1024):
+    """Causal chunk attention walks the sequence in blocks; make them tiny (2 chunks of 16 here)."""
+    old = dict(chunk_mod.BLOCK_ELEMENTS)
+    chunk_mod.BLOCK_ELEMENTS.update(cpu=elements, cuda=elements)
+    try:
+        yield
+    finally:
+        chunk_mod.BLOCK_ELEMENTS.update(old)
+
+
+def gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def inputs(n, g, dtype=torch.float64, d=D, dv=DV, b=B, h=H):
+    q = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    k = torch.randn(b, h, n, d, generator=g, dtype=dtype)
+    v = torch.randn(b, h, n, dv, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def random_state(g, feature_map, dtype=torch.float64, d=D, dv=DV):
+    dd = d + 1 if feature_map == "cosine" else d
+    S = torch.randn(B, H, dd, dv, generator=g, dtype=dtype)
+    z = torch.rand(B, H, dd, generator=g, dtype=dtype) + 0.5  # a plausible (positive-ish) normaliser
+    if feature_map == "cosine":
+        z[..., 0] += 3.0  # the constant feature dominates a real cosine state
+    return LinearAttentionState(S, z)
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def run_with_grads(fn, q, k, v, state, weights, **kw):
+    """Output, final state and the gradients of a fixed random linear functional of both."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    init = None
+    if state is not None:
+        init = LinearAttentionState(*(t.detach().clone().requires_grad_() for t in state))
+        leaves += list(init)
+    res = fn(*leaves[:3], initial_state=init, output_final_state=kw["causal"], **kw)
+    out, fin = (res if kw["causal"] else (res, None))
+    loss = (out * weights[0]).sum()
+    if fin is not None:
+        loss = loss + (fin.S * weights[1]).sum() + (fin.z * weights[2]).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    return out.detach(), fin, grads
+
+
+def chunked(*args, chunk_size, **kw):
+    """C=16 runs in blocks of 2 chunks (the state handed from block to block), C=64 in a single block."""
+    with small_blocks() if chunk_size == 16 else contextlib.nullcontext():
+        return chunk_linear_attention(*args, chunk_size=chunk_size, **kw)
+
+
+# ------------------------------------------------------------------------------------------------------
+# chunk and recurrent == naive in float64, forward and backward
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 1000])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("rope", PLACEMENTS)
+def test_chunk_and_recurrent_match_naive(n, feature_map, rope):
+    for causal, decayed, with_state in itertools.product((True, False), (False, True), (False, True)):
+        if with_state and not causal:
+            continue
+        g = gen(n, feature_map, rope, causal, decayed, with_state)
+        q, k, v = inputs(n, g)
+        state = random_state(g, feature_map) if with_state else None
+        dd = D + 1 if feature_map == "cosine" else D
+        weights = (torch.randn(B, H, n, DV, generator=g, dtype=torch.float64),
+                   torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
+                   torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+        # one key and no state: o = v·w/(w+eps), so ∂o/∂q = O(eps) is pure cancellation in every form;
+        # a larger eps keeps that gradient well-conditioned enough to compare to 1e-10
+        eps = 0.1 if n == 1 and not with_state else 1e-6
+        kw = dict(feature_map=feature_map, rope=rope, causal=causal, eps=eps,
+                  decay=DECAY if decayed else None)
+        ref_out, ref_fin, ref_grads = run_with_grads(naive_linear_attention, q, k, v, state, weights, **kw)
+        forms = [(f"chunk C={c}", lambda *a, c=c, **k_: chunked(*a, chunk_size=c, **k_)) for c in (16, 64)]
+        if causal and (n < 1000 or with_state):  # (the 1000-step autograd loop is slow: 2 of 4 configs there)
+            forms.append(("recurrent", recurrent_linear_attention))
+        for name, fn in forms:
+            what = f"{name} causal={causal} decay={decayed} state={with_state}"
+            out, fin, grads = run_with_grads(fn, q, k, v, state, weights, **kw)
+            assert out.shape == ref_out.shape and out.dtype == torch.float64, what
+            assert rel(out, ref_out) < 1e-10, what
+            if causal:
+                assert rel(fin.S, ref_fin.S) < 1e-10 and rel(fin.z, ref_fin.z) < 1e-10, what
+            names = ["q", "k", "v", "S0", "z0"]
+            for nm, gr, rg in zip(names, grads, ref_grads):
+                assert not torch.isnan(gr).any(), f"{what}: NaN in d{nm}"
+                assert rel(gr, rg) < 1e-10, f"{what}: d{nm} rel err {rel(gr, rg):.2e}"
+
+
+def test_dispatcher_reaches_every_form():
+    g = gen("dispatch")
+    q, k, v = inputs(37, g)
+    assert {"naive", "chunk", "recurrent"} <= set(IMPLS)
+    ref = linear_attention(q, k, v, impl="naive")
+    for impl in ("chunk", "recurrent"):
+        assert rel(linear_attention(q, k, v, impl=impl, chunk_size=8), ref) < 1e-12
+
+
+def test_inference_mode_then_training():
+    """Generation under inference_mode, then a training step on the same shapes (cached RoPE tables)."""
+    g = gen("inference")
+    q, k, v = inputs(50, g)
+    with torch.inference_mode():
+        first = chunk_linear_attention(q, k, v)
+    q.requires_grad_()
+    out = chunk_linear_attention(q, k, v)
+    out.sum().backward()
+    assert rel(out.detach(), first) == 0 and torch.isfinite(q.grad).all()
+
+
+def test_non_contiguous_inputs():
+    """(B, N, H, d) tensors viewed as (B, H, N, d), as a model's projections hand them over."""
+    g = gen("layout")
+    x = torch.randn(B, 70, H, 3 * D, generator=g, dtype=torch.float64)
+    q, k, v = x.transpose(1, 2).split(D, dim=-1)
+    for rope in PLACEMENTS:
+        ref = naive_linear_attention(q, k, v, rope=rope)
+        assert rel(chunk_linear_attention(q, k, v, rope=rope, chunk_size=16), ref) < 1e-12
+
+
+# ------------------------------------------------------------------------------------------------------
+# state hand-over: two pieces == one pass; generation step by step
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("decayed", [False, True])
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_two_pieces_equal_one_pass(decayed, feature_map):
+    n, cut = 150, 77
+    g = gen("pieces", decayed, feature_map)
+    q, k, v = inputs(n, g)
+    for rope in PLACEMENTS:
+        kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None)
+        full, fin = chunk_linear_attention(q, k, v, chunk_size=16, output_final_state=True, **kw)
+        for fn in (lambda *a, **k_: chunk_linear_attention(*a, chunk_size=16, **k_), recurrent_linear_attention):
+            o1, s1 = fn(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], output_final_state=True, **kw)
+            o2, s2 = fn(q[:, :, cut:], k[:, :, cut:], v[:, :, cut:], positions=torch.arange(cut, n),
+                        initial_state=s1, output_final_state=True, **kw)
+            assert rel(torch.cat((o1, o2), dim=2), full) < 1e-12, (rope, fn)
+            assert rel(s2.S, fin.S) < 1e-12 and rel(s2.z, fin.z) < 1e-12, (rope, fn)
+
+
+@pytest.mark.parametrize("decayed", [False, True])
+def test_recurrent_step_generates_like_chunk(decayed):
+    n = 40
+    g = gen("steps", decayed)
+    q, k, v = inputs(n, g)
+    for feature_map, rope in itertools.product(FEATURE_MAPS, PLACEMENTS):
+        kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None)
+        ref, ref_state = chunk_linear_attention(q, k, v, chunk_size=16, output_final_state=True, **kw)
+        state = None
+        for t in range(n):
+            o_t, state = recurrent_step(q[:, :, t], k[:, :, t], v[:, :, t], state, position=t, **kw)
+            assert o_t.shape == (B, H, DV)
+            assert rel(o_t, ref[:, :, t]) < 1e-12, (feature_map, rope, t)
+        assert rel(state.S, ref_state.S) < 1e-12 and rel(state.z, ref_state.z) < 1e-12
+
+
+def test_recurrent_step_cost_does_not_grow_with_position():
+    """O(1) per token: the state keeps its shape, and a far position needs no table of earlier angles."""
+    g = gen("far")
+    q, k, v = inputs(1, g, dtype=torch.float32)
+    state = None
+    for pos in (0, 10**6, 10**9):
+        o, state = recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], state, position=pos)
+        assert state.S.shape == (B, H, D, DV) and state.z.shape == (B, H, D)
+        assert state.S.dtype == torch.float32 and torch.isfinite(o).all()
+
+
+# ------------------------------------------------------------------------------------------------------
+# RoPE: relative (shift-invariant), and it matters in the numerator
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rope", ["numerator", "both"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_shifting_all_positions_changes_nothing(rope, causal):
+    n = 90
+    g = gen("shift", rope, causal)
+    q, k, v = inputs(n, g)
+    for feature_map in FEATURE_MAPS:
+        kw = dict(feature_map=feature_map, rope=rope, causal=causal, chunk_size=32)
+        base = chunk_linear_attention(q, k, v, **kw)
+        shifted = chunk_linear_attention(q, k, v, positions=torch.arange(n) + 12345, **kw)
+        assert rel(shifted, base) < 1e-9, feature_map
+        if causal:
+            stepped = recurrent_linear_attention(q, k, v, feature_map=feature_map, rope=rope, positions=torch.arange(n) + 777)
+            assert rel(stepped, base) < 1e-9, feature_map
+
+
+def test_rope_in_numerator_changes_the_output():
+    g = gen("matters")
+    q, k, v = inputs(64, g)
+    for feature_map, causal in itertools.product(FEATURE_MAPS, (True, False)):
+        with_rope = chunk_linear_attention(q, k, v, feature_map=feature_map, rope="numerator", causal=causal)
+        without = chunk_linear_attention(q, k, v, feature_map=feature_map, rope="none", causal=causal)
+        assert rel(with_rope, without) > 1e-2, (feature_map, causal)
+
+
+# ------------------------------------------------------------------------------------------------------
+# poisoned buffers, saved tensors, errors
+# ------------------------------------------------------------------------------------------------------
+def test_poisoning_is_active_and_catches_an_unwritten_element(monkeypatch):
+    buf = chunk_mod._alloc((3, 4), dtype=torch.float32, device="cpu")
+    assert torch.isnan(buf).all()
+    g = gen("poison")
+    q, k, v = inputs(100, g)
+    assert torch.isfinite(chunk_linear_attention(q, k, v, chunk_size=16)).all()
+
+    real_scan = chunk_mod._scan_states
+
+    def forgetful_scan(U, ch, S0):  # "forgets" to write the state entering the last chunk
+        S_in, S_fin = real_scan(U, ch, S0)
+        S_in[:, :, -1] = chunk_mod._alloc(S_in[:, :, -1].shape, dtype=S_in.dtype, device=S_in.device)
+        return S_in, S_fin
+
+    monkeypatch.setattr(chunk_mod, "_scan_states", forgetful_scan)
+    out = chunk_linear_attention(q, k, v, chunk_size=16)
+    assert torch.isnan(out[:, :, 96:]).all() and torch.isfinite(out[:, :, :96]).all()
+
+
+@pytest.mark.parametrize("rope", PLACEMENTS)
+@pytest.mark.parametrize("decayed", [False, True])
+@pytest.mark.parametrize("block", [None, 256])
+def test_backward_saves_nothing_quadratic_or_of_size_n_d2(rope, decayed, block):
+    b, h, n, d = 1, 2, 2048, 16
+    g = gen("saved", rope, decayed)
+    q, k, v = (t.float().requires_grad_() for t in inputs(n, g, d=d, dv=d, b=b, h=h))
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    blocks = lambda: small_blocks(b * h * d * block) if block else contextlib.nullcontext()  # noqa: E731
+    with blocks(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = chunk_linear_attention(q, k, v, rope=rope, decay=DECAY.float() if decayed else None)
+    bhnd = b * h * n * d
+    assert max(sizes) <= bhnd, sizes  # q, k, v, the output: nothing larger than an input
+    # ... plus the (B, H, N) denominator and the states at block boundaries, (N / block)·d·(d+1) numbers
+    boundary = (n // block - 1) * b * h * d * (d + 1) if block else 0
+    assert sum(sizes) <= 4 * bhnd + b * h * n + boundary + 64, sizes  # (+ γ, θ)
+    with blocks():
+        out.square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+    # the hook does see what autograd keeps: the naive form saves its N×N weights
+    sizes.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        naive_linear_attention(q[:, :, :256], k[:, :, :256], v[:, :, :256], rope=rope)
+    assert max(sizes) >= 256 * 256
+
+
+def test_bad_input_raises_clear_errors():
+    g = gen("errors")
+    q, k, v = inputs(10, g)
+    odd = torch.randn(1, 1, 10, 7, generator=g, dtype=torch.float64)
+    for impl in ("naive", "chunk", "recurrent"):
+        with pytest.raises(ValueError, match="even head dimension"):
+            linear_attention(odd, odd, odd, impl=impl)
+        linear_attention(odd, odd, odd, impl=impl, rope="none")  # no RoPE: any head dimension
+        with pytest.raises(ValueError, match="same shape"):
+            linear_attention(q, k[:, :, :5], v, impl=impl)
+        with pytest.raises(ValueError, match="share"):
+            linear_attention(q, k, v[:, :, :5], impl=impl)
+        with pytest.raises(ValueError, match=r"\(B, H, N, d\)"):
+            linear_attention(q[0], k[0], v[0], impl=impl)
+        with pytest.raises(ValueError, match="feature_map"):
+            linear_attention(q, k, v, impl=impl, feature_map="relu")
+        with pytest.raises(ValueError, match="placement"):
+            linear_attention(q, k, v, impl=impl, rope="sideways")
+        with pytest.raises(ValueError, match="one factor per head"):
+            linear_attention(q, k, v, impl=impl, decay=torch.tensor([0.9]))
+        with pytest.raises(ValueError, match=r"\(0, 1\]"):
+            linear_attention(q, k, v, impl=impl, decay=torch.tensor([0.9, 1.5]))
+        with pytest.raises(ValueError, match="positions"):
+            linear_attention(q, k, v, impl=impl, positions=torch.arange(9))
+    for c in (0, -4):
+        with pytest.raises(ValueError, match="chunk_size"):
+            linear_attention(q, k, v, impl="chunk", chunk_size=c)
+        with pytest.raises(ValueError, match="chunk_size"):
+            chunk_linear_attention(q, k, v, chunk_size=c)
+    with pytest.raises(ValueError, match="unknown linear attention impl"):
+        linear_attention(q, k, v, impl="fused_magic")
+    with pytest.raises(ValueError, match="causal only"):
+        linear_attention(q, k, v, impl="recurrent", causal=False)
+    bad_state = LinearAttentionState(torch.zeros(B, H, D + 1, DV, dtype=torch.float64), torch.zeros(B, H, D + 1, dtype=torch.float64))
+    for impl in ("chunk", "recurrent"):
+        with pytest.raises(ValueError, match="expected S"):
+            linear_attention(q, k, v, impl=impl, initial_state=bad_state)  # elu wants d, not d+1
+    with pytest.raises(ValueError, match="causal"):
+        chunk_linear_attention(q, k, v, causal=False, output_final_state=True)
+    with pytest.raises(ValueError, match="does not differentiate decay"):
+        chunk_linear_attention(q, k, v, decay=DECAY.clone().requires_grad_())
+    with pytest.raises(ValueError, match="one position"):
+        recurrent_step(q[:, :, :2], k[:, :, :2], v[:, :, :2])
