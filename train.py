@@ -33,9 +33,13 @@ def main(cfg: DictConfig) -> Optional[float]:
             metric = T.metric(trainer, cfg.optimized_metric)
         if cfg.test:
             trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer))
+            T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
         T.finish(loggers)
         return metric
 
 
 if __name__ == "__main__":
+    from linrope.config import check_command_line
+
+    check_command_line()  # model=nope: one line naming the options, before Hydra's longer message
     main()

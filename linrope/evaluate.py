@@ -355,7 +355,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     from omegaconf import OmegaConf
 
-    from linrope.lit import LanguageModel
+    from linrope.checkpoint import CheckpointError, load_model
 
     try:
         args = parse_args(argv)
@@ -363,7 +363,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not ckpt.exists():
             raise EvaluateError(f"ckpt {ckpt}: does not exist")
         device = torch.device(args.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-        module = LanguageModel.load_from_checkpoint(str(ckpt), map_location=device)
+        module = load_model(str(ckpt), map_location=device)
         config_path = Path(str(args.config)) if args.get("config") else find_run_config(ckpt)
         if config_path is not None and not config_path.exists():
             raise EvaluateError(f"config {config_path}: does not exist")
@@ -377,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             lengths = [int(round(f * train_context)) for f in (args.get("factors") or DEFAULTS["factors"])]
         scalings = list(args.scalings) if args.get("scalings") is not None else DEFAULTS["scalings"]
-    except EvaluateError as e:
+    except (EvaluateError, CheckpointError) as e:
         print(f"linrope.evaluate: {e}", file=sys.stderr)
         return 2
     print(f"checkpoint {ckpt} (task {module.task}, {module.model.cfg.attention.get('kind')} attention, position "

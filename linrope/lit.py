@@ -3,6 +3,7 @@ metrics train/loss, val/loss, val/bpb (bits per byte), test/*, tokens per second
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Dict, Optional
 
@@ -13,10 +14,19 @@ import torch.nn.functional as F
 from linrope.model import TransformerLM
 
 LN2 = math.log(2.0)
+IGNORE = -100  # target of positions that are not scored (the tasks' non-answer positions)
 
 
 class NonFiniteLoss(RuntimeError):
     pass
+
+
+def step_seed(base: int, step: int, rank: int) -> int:
+    """A seed for one training step of one process (splitmix64 of the three numbers)."""
+    x = (int(base) * 0x9E3779B97F4A7C15 + int(step) * 0xBF58476D1CE4E5B9 + int(rank) * 0x94D049BB133111EB) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) % 2**63
 
 
 def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -40,19 +50,65 @@ class LanguageModel(L.LightningModule):
     def forward(self, idx, **kwargs):
         return self.model(idx, **kwargs)
 
+    @property
+    def task(self) -> str:
+        """The data's task (``model.task``, set by linrope.training.build_module; bytes if absent)."""
+        return self.hparams["model"].get("task", "bytes")
+
+    @property
+    def bytes_like(self) -> bool:
+        """Next-byte prediction, where bits per byte mean something."""
+        return self.task == "bytes" and not self.model.cfg.n_classes
+
+    def outputs(self, batch):
+        """(logits, targets) ready for cross-entropy: a classifier's pooled logits (B, C) and labels
+        (B,) — the batch is (tokens, labels[, mask of real tokens]) — or a language model's logits
+        (B·N, V) and targets (B·N,), ``IGNORE`` (-100) where nothing is scored."""
+        if self.model.cfg.n_classes:
+            x, y, *mask = batch
+            return self.model(x, mask=mask[0] if mask else None).float(), y
+        x, y = batch[0], batch[1]
+        return self.model(x).flatten(0, 1).float(), y.flatten()
+
     def loss(self, batch) -> torch.Tensor:
-        x, y = batch
-        logits = self.model(x)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        logits, y = self.outputs(batch)
+        return F.cross_entropy(logits, y, ignore_index=IGNORE)
 
     # ---- training --------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         loss = self.loss(batch)
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss(f"loss is {loss.item()} at step {self.global_step}: training stopped; the last good "
-                                f"checkpoint is kept")
-        self.log("train/loss", loss, prog_bar=True)
+        # train/loss is the global batch's loss: the mean over processes (what one process with the same
+        # global batch logs), and every process sees a non-finite value at once and stops together
+        trainer = self._trainer
+        logged = loss.detach()
+        if trainer is not None and trainer.world_size > 1:
+            logged = trainer.strategy.reduce(logged.clone(), reduce_op="mean")  # all_reduce works in place
+        if not torch.isfinite(logged):
+            from linrope.checkpoint import last_good_checkpoint
+
+            last = last_good_checkpoint(trainer) if trainer is not None else None
+            raise NonFiniteLoss(f"loss is {logged.item()} at step {self.global_step}: training stopped; "
+                                + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+        self.log("train/loss", logged, prog_bar=True)
         return loss
+
+    def on_train_batch_start(self, batch, batch_idx):
+        """The global random state at each step is a function of (seed, step, rank): dropout draws the
+        same masks whether or not the run was resumed in between."""
+        torch.manual_seed(step_seed(getattr(self, "_base_seed", 0), self.global_step, self.global_rank))
+
+    def on_fit_start(self):
+        seed = os.environ.get("PL_GLOBAL_SEED")  # set by lightning.seed_everything
+        self._base_seed = int(seed) if seed is not None and seed.lstrip("-").isdigit() else torch.initial_seed()
+
+    def on_load_checkpoint(self, checkpoint):
+        """Before Lightning loads the weights (resuming, testing, load_from_checkpoint): parameters that do
+        not fit this model's config are named in one CheckpointMismatch line."""
+        from linrope.checkpoint import check_state_dict
+
+        check_state_dict(self.state_dict(), checkpoint.get("state_dict") or {},
+                         found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
+                         expected_cfg=self.hparams.get("model"))
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         now = time.perf_counter()
@@ -69,9 +125,19 @@ class LanguageModel(L.LightningModule):
 
     # ---- evaluation ------------------------------------------------------------------------------
     def _eval(self, batch, stage: str):
-        loss = self.loss(batch)
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
-        self.log(f"{stage}/bpb", loss / LN2, prog_bar=stage == "val", sync_dist=True)
+        """bytes: loss and bits per byte; the tasks: loss and accuracy over the scored positions
+        (every answer of the epoch counts alike)."""
+        logits, y = self.outputs(batch)
+        loss = F.cross_entropy(logits, y, ignore_index=IGNORE)
+        if self.bytes_like:
+            self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
+            self.log(f"{stage}/bpb", loss / LN2, prog_bar=stage == "val", sync_dist=True)
+            return loss
+        scored = y != IGNORE
+        n = max(int(scored.sum()), 1)
+        acc = (logits.argmax(-1)[scored] == y[scored]).float().sum() / n
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+        self.log(f"{stage}/acc", acc, prog_bar=stage == "val", sync_dist=True, batch_size=n)
         return loss
 
     def validation_step(self, batch, batch_idx):

@@ -9,31 +9,54 @@ from typing import Any, Dict, List, Optional
 
 import hydra
 import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from linrope.checkpoint import CheckpointError, NonFiniteCheckpoint
 from linrope.config import ConfigError
 from linrope.data.bytes import CorpusError
+from linrope.lit import NonFiniteLoss
 
 
 class UserError(Exception):
     """Errors a user can fix from the command line; reported in one line."""
 
 
-USER_ERRORS = (ConfigError, CorpusError, UserError)
+# config, corpus and checkpoint problems, and a training run stopped by a NaN/Inf loss or parameters
+USER_ERRORS = (ConfigError, CorpusError, UserError, CheckpointError, NonFiniteLoss, NonFiniteCheckpoint)
 
 
 @contextmanager
 def one_line_errors():
-    """Turn the errors a user can fix into a one-line message and exit status 2 (no traceback)."""
+    """Turn the errors a user can fix into a one-line message (``linrope: ...``) and exit status 1, no
+    traceback.  Finds the error through the ``__cause__`` chain (Hydra's instantiate wraps what we raised)
+    and in the traceback text of a process that ``trainer=ddp_spawn`` started."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - Hydra's instantiate wraps the error we raised
         cause = e
         while cause is not None and not isinstance(cause, USER_ERRORS):
             cause = cause.__cause__
-        if cause is None:
+        message = str(cause) if cause is not None else _user_error_in_child(e)
+        if message is None:
             raise
-        raise SystemExit("linrope: " + str(cause).replace("\n", "\nlinrope: ")) from None
+        raise SystemExit("linrope: " + message.replace("\n", "\nlinrope: ")) from None
+
+
+def _user_error_in_child(e: BaseException) -> Optional[str]:
+    """The message of a user error raised in a spawned process (torch's ProcessRaisedException carries
+    only the child's traceback as text, whose last line is ``module.Class: message``)."""
+    if type(e).__name__ != "ProcessRaisedException":
+        return None
+    import importlib
+
+    lines = str(e).strip().splitlines()
+    name, _, message = (lines[-1] if lines else "").partition(": ")
+    module, _, cls_name = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return message if isinstance(cls, type) and issubclass(cls, USER_ERRORS) else None
 
 
 def container(node) -> Dict[str, Any]:
@@ -67,21 +90,59 @@ def run_name(cfg: DictConfig) -> str:
 def build_datamodule(cfg: DictConfig):
     data = container(cfg.data)
     data.pop("task", None)
-    return hydra.utils.instantiate(data, _convert_="all")
+    datamodule = hydra.utils.instantiate(data, _convert_="all")
+    use_task_metric(cfg, getattr(datamodule, "monitor", "val/bpb"))
+    return datamodule
+
+
+def use_task_metric(cfg: DictConfig, monitor: str) -> None:
+    """A task without bits per byte (mqar, offset_copy, listops) picks checkpoints by ``monitor``
+    (val/loss) and returns it to a sweeper — unless the config chose something else than the
+    default val/bpb.  Changes ``cfg`` in place, before the callbacks are built."""
+    if monitor == "val/bpb":
+        return
+    with open_dict(cfg):
+        if cfg.get("optimized_metric") == "val/bpb":
+            cfg.optimized_metric = monitor
+        ckpt = (cfg.get("callbacks") or {}).get("model_checkpoint")
+        if ckpt and ckpt.get("monitor") == "val/bpb":
+            ckpt.monitor, ckpt.mode = monitor, "min"
+            ckpt.filename = "best-step{step:06d}-" + monitor.split("/")[-1] + "{" + monitor + ":.4f}"
+
+
+def data_model_overrides(cfg: DictConfig) -> Dict[str, Any]:
+    """What the data decides about the model: the task name, and for the synthetic tasks
+    ``vocab_size`` / ``causal`` / ``n_classes`` / the longest position (``model_overrides_for``
+    of the data module class, asked before any data is made)."""
+    overrides: Dict[str, Any] = {"task": cfg.data.get("task", "bytes")}
+    target = cfg.data.get("_target_")
+    cls = hydra.utils.get_class(target) if target else None
+    ask = getattr(cls, "model_overrides_for", None)
+    if ask is not None:
+        overrides.update(ask(container(cfg.data)))
+    return overrides
 
 
 def build_module(cfg: DictConfig):
     from linrope.lit import LanguageModel
 
-    return LanguageModel(model=container(cfg.model), optim=container(cfg.optim))
+    model = container(cfg.model)
+    overrides = data_model_overrides(cfg)
+    if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
+        overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
+    model.update(overrides)
+    return LanguageModel(model=model, optim=container(cfg.optim))
 
 
 def build_callbacks(cfg: DictConfig) -> list:
     """Every callback in the config; the progress bar only while trainer.enable_progress_bar is on,
-    the learning-rate monitor only when there is a logger to write to."""
+    the learning-rate monitor only when there is a logger to write to, the checkpoint callbacks only
+    while trainer.enable_checkpointing is on (Lightning refuses them otherwise)."""
     skip = set()
     if not cfg.trainer.get("enable_progress_bar", True):
         skip.add("progress_bar")
+    if not cfg.trainer.get("enable_checkpointing", True):
+        skip |= {"model_checkpoint", "last_checkpoint"}
     if not any(lg and "_target_" in lg for lg in (cfg.get("logger") or {}).values()):
         skip.add("lr_monitor")
     return [hydra.utils.instantiate(c) for name, c in (cfg.get("callbacks") or {}).items()
@@ -113,12 +174,42 @@ def build_loggers(cfg: DictConfig) -> list:
             Path(lg["save_dir"]).mkdir(parents=True, exist_ok=True)
             lg.setdefault("name", run_name(cfg))
             lg["tags"] = run_tags(cfg)
+        if name == "csv" and cfg.get("ckpt_path"):
+            keep_csv_history(Path(lg["save_dir"]) / lg.get("name", "csv") / str(lg.get("version", "")))
         loggers.append(hydra.utils.instantiate(lg))
     return loggers
 
 
+def keep_csv_history(log_dir: Path) -> None:
+    """Lightning's CSV logger deletes an existing metrics.csv; a resumed run moves it aside first
+    (metrics.before-resume-<k>.csv), so the history before the crash is kept."""
+    old = log_dir / "metrics.csv"
+    if old.is_file():
+        k = len(list(log_dir.glob("metrics.before-resume-*.csv")))
+        old.rename(log_dir / f"metrics.before-resume-{k}.csv")
+
+
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
-    return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    """The Trainer of ``cfg.trainer``, writing checkpoints atomically (linrope.checkpoint.AtomicCheckpointIO)
+    unless the config names its own plugins or a sharded strategy; Lightning's refusals of a trainer
+    config (MisconfigurationException, ValueError: an unknown strategy, accelerator, …) become one line."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from linrope.checkpoint import AtomicCheckpointIO
+
+    extra: Dict[str, Any] = {}
+    strategy = str(cfg.trainer.get("strategy") or "")
+    if cfg.trainer.get("plugins") is None and not any(s in strategy for s in ("fsdp", "deepspeed")):
+        extra["plugins"] = [AtomicCheckpointIO()]
+    try:
+        return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra)
+    except Exception as e:  # noqa: BLE001 - instantiate wraps Lightning's error
+        cause = e
+        while cause is not None and not isinstance(cause, (MisconfigurationException, ValueError)):
+            cause = cause.__cause__  # Lightning's Trainer refuses flags with these two
+        if cause is None:
+            raise
+        raise UserError(f"trainer: {cause}") from cause
 
 
 def log_config(cfg: DictConfig, module, loggers: list) -> None:
@@ -134,25 +225,21 @@ def log_config(cfg: DictConfig, module, loggers: list) -> None:
 
 
 def resolve_ckpt(cfg: DictConfig) -> Optional[str]:
-    """``ckpt_path``: a file, or ``last`` for this run directory's checkpoints/last.ckpt."""
-    ckpt = cfg.get("ckpt_path")
-    if not ckpt:
-        return None
-    if ckpt == "last":
-        last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-        if not last.exists():
-            raise UserError(f"ckpt_path=last: no {last} (pass hydra.run.dir=<the run's folder> to resume a run)")
-        return str(last)
-    if not Path(ckpt).exists():
-        raise UserError(f"ckpt_path {ckpt}: does not exist")
-    return str(ckpt)
+    """``ckpt_path``: a file; ``last`` for this run directory's checkpoints/last.ckpt (which must exist);
+    ``auto`` for that file if it exists, else None (start afresh: a cluster job that may be requeued).
+    A missing or half-written file is a one-line error (linrope.config.checkpoint_path).  The checkpoint
+    is loaded with weights_only=True (AtomicCheckpointIO); parameters that do not fit the model are named
+    by LanguageModel.on_load_checkpoint."""
+    from linrope.config import checkpoint_path
+
+    return checkpoint_path(cfg)
 
 
 def best_ckpt(trainer: L.Trainer) -> Optional[str]:
+    """The best checkpoint of the run (to test), or None (test the weights as they are)."""
     cb = trainer.checkpoint_callback
-    if cb is not None and getattr(cb, "best_model_path", ""):
-        return cb.best_model_path
-    return None
+    path = getattr(cb, "best_model_path", "") if cb is not None else ""
+    return path if path and os.path.exists(path) else None
 
 
 def metric(trainer: L.Trainer, name: str) -> Optional[float]:
@@ -164,9 +251,19 @@ def metric(trainer: L.Trainer, name: str) -> Optional[float]:
     return None if value is None else float(value)
 
 
+def extrapolate(cfg: DictConfig, trainer: L.Trainer, module, datamodule, loggers: list) -> None:
+    """Length extrapolation after testing, when ``extrapolation.enabled`` (see linrope.evaluate)."""
+    ex = cfg.get("extrapolation")
+    if not ex or not ex.get("enabled"):
+        return
+    from linrope.evaluate import extrapolate_after_test
+
+    extrapolate_after_test(cfg, trainer, module, datamodule, loggers)
+
+
 def finish(loggers: list) -> None:
     for lg in loggers:
         if type(lg).__name__ == "WandbLogger":
             import wandb
 
-            wandb.finish(quiet=True)
+            wandb.finish()

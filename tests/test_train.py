@@ -77,7 +77,9 @@ def test_short_training_run_improves_val_bpb(compose, small_corpus):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["model=linear", "position=alibi_nonexistent"], None),
+    (["model=linear", "position=alibi_nonexistent"], "position=alibi_nonexistent: no such option"),
+    (["model=linear", "position=t5"], "attention=linear with position=t5 cannot work"),
+    (["trainer.devices=4096"], "trainer.devices=4096 but only"),
     (["data.path=/nonexistent/corpus"], "data.path /nonexistent/corpus: does not exist"),
     (["model.n_heads=8", "model.d_model=40"], "even head dimension"),
     (["model.attention.chunk_size=0"], "chunk_size=0: must be >= 1"),

@@ -36,13 +36,12 @@ class ByteDataModule(L.LightningDataModule):
         return self.batch_size * t.accumulate_grad_batches * t.world_size
 
     def train_dataloader(self):
-        t = self.trainer
-        per_step = self.samples_per_step()
-        total_steps = t.max_steps if t.max_steps and t.max_steps > 0 else 100_000
-        remaining = max(total_steps - t.global_step, 1)
-        ds = RandomWindows(self.splits["train"], self.context, self.seed, length=remaining * per_step,
-                           start=t.global_step * per_step)
-        return self._loader(ds, self.batch_size)
+        from linrope.checkpoint import train_loader, train_span
+
+        # starts at global_step × samples per step, as long as the whole run; sample i to rank i mod world_size
+        start, length = train_span(self.trainer, self.samples_per_step())
+        ds = RandomWindows(self.splits["train"], self.context, self.seed, length=length, start=start)
+        return train_loader(ds, self.trainer, self.batch_size, self.num_workers)
 
     def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
         context = context or self.eval_context

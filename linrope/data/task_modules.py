@@ -87,13 +87,13 @@ class TaskDataModule(L.LightningDataModule):
         return self.batch_size * t.accumulate_grad_batches * t.world_size
 
     def train_dataloader(self):
-        from linrope.checkpoint import ResumableLoader, train_span
+        from linrope.checkpoint import train_loader, train_span
 
-        # as ByteDataModule: starts at global_step × samples per step, as long as the whole run
+        # as ByteDataModule: starts at global_step × samples per step, as long as the whole run;
+        # sample i to rank i mod world_size
         start, length = train_span(self.trainer, self.samples_per_step())
         ds = TaskExamples(self.task, self.context, self.seed, STREAMS["train"], length=length, start=start)
-        return ResumableLoader(ds, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                               persistent_workers=self.num_workers > 0)
+        return train_loader(ds, self.trainer, self.batch_size, self.num_workers)
 
     def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
         """The fixed ``split`` set at ``context`` (default: the split's own), ``max_windows`` examples at most."""

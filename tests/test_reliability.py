@@ -1,0 +1,305 @@
+"""Reliability, fast: atomic checkpoints (a crash mid-write keeps the previous one), weights-only
+loading with plain hyperparameters, one-line errors for checkpoints that do not fit and for NaN
+losses (the last good checkpoint is kept), bf16-mixed on CPU, validation never lost on resume, the
+training loader's sharding and resume arithmetic, and config / command-line checks before anything
+is built.  The multi-process and kill-and-resume tests are in test_slow_reliability.py."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from conftest import ROOT
+
+TINY = ["size=tiny", "logger=none", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
+        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4", "test=false"]
+
+
+def run_main(cfg):
+    import train
+
+    return train.main(cfg)
+
+
+def exit_message(excinfo) -> str:
+    msg = str(excinfo.value.code)
+    assert msg.startswith("linrope: ") and "\n" not in msg and "Traceback" not in msg, msg
+    return msg
+
+
+@pytest.fixture
+def trained(compose, tmp_path):
+    """A tiny run of 4 steps; its last.ckpt."""
+    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=4", "trainer.val_check_interval=4",
+                  "callbacks.last_checkpoint.every_n_train_steps=2")
+    run_main(cfg)
+    return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+
+
+# ---- atomic writes ----------------------------------------------------------------------------------------
+def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    from linrope import checkpoint as C
+
+    io_ = C.AtomicCheckpointIO()
+    path = tmp_path / "ckpts" / "last.ckpt"
+    io_.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 1}, path)
+    real_save = torch.save
+
+    def half_then_crash(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04" + b"\0" * 100)  # the start of a zip, then the process "dies"
+        raise OSError("disk full")
+
+    monkeypatch.setattr(C.torch, "save", half_then_crash)
+    with pytest.raises(OSError, match="disk full"):
+        io_.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 2}, path)
+    monkeypatch.setattr(C.torch, "save", real_save)
+    loaded = io_.load_checkpoint(path)
+    assert loaded["global_step"] == 1 and torch.equal(loaded["state_dict"]["w"], torch.ones(3))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no temporary file left
+
+
+def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
+    """A real SIGKILL half-way through the bytes of a checkpoint."""
+    path = tmp_path / "last.ckpt"
+    script = f"""
+import io, os, signal, torch
+from linrope.checkpoint import AtomicCheckpointIO
+ckpt_io, path = AtomicCheckpointIO(), {str(path)!r}
+ckpt_io.save_checkpoint({{"state_dict": {{"w": torch.ones(10000)}}, "global_step": 1}}, path)
+real = torch.save
+def save(obj, f, *a, **k):
+    buf = io.BytesIO(); real(obj, buf); f.write(buf.getvalue()[:20000]); f.flush(); os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = save
+ckpt_io.save_checkpoint({{"state_dict": {{"w": torch.zeros(10000)}}, "global_step": 2}}, path)
+"""
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert (tmp_path / ".last.ckpt.partial").exists()
+    c = torch.load(path, weights_only=True)
+    assert c["global_step"] == 1 and torch.equal(c["state_dict"]["w"], torch.ones(10000))
+
+
+def test_last_ckpt_replaces_a_dangling_link_with_a_whole_file(tmp_path):
+    from linrope.checkpoint import AtomicCheckpointIO
+
+    link = tmp_path / "last.ckpt"
+    link.symlink_to(tmp_path / "gone.ckpt")
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}, "global_step": 3}, link)
+    assert not link.is_symlink() and torch.load(link, weights_only=True)["global_step"] == 3
+
+
+def test_non_finite_parameters_are_never_written(tmp_path):
+    from linrope.checkpoint import AtomicCheckpointIO, NonFiniteCheckpoint
+
+    io_, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io_.save_checkpoint({"state_dict": {"w": torch.ones(2)}, "global_step": 5}, path)
+    with pytest.raises(NonFiniteCheckpoint, match=r"not finite at step 6 \(w\)"):
+        io_.save_checkpoint({"state_dict": {"w": torch.tensor([1.0, math.nan])}, "global_step": 6}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 5
+
+
+# ---- weights-only loading, hyperparameters, mismatches ------------------------------------------------------
+def test_checkpoints_load_weights_only_with_plain_hyperparameters(trained):
+    from linrope.checkpoint import load_model
+    from linrope.lit import LanguageModel
+
+    c = torch.load(trained, map_location="cpu", weights_only=True)
+    assert c["global_step"] == 4
+    hp = c["hyper_parameters"]
+    assert type(hp) is dict and type(hp["model"]) is dict and type(hp["optim"]) is dict
+
+    def plain(x):
+        if isinstance(x, dict):
+            return type(x) is dict and all(isinstance(k, str) and plain(v) for k, v in x.items())
+        if isinstance(x, (list, tuple)):
+            return all(plain(v) for v in x)
+        return x is None or isinstance(x, (str, int, float, bool))
+
+    assert plain(hp)
+    a = LanguageModel.load_from_checkpoint(str(trained), map_location="cpu", weights_only=True).eval()
+    b = load_model(trained)
+    x = torch.randint(0, 256, (2, 16))
+    assert not b.training and torch.equal(a(x), b(x))
+
+
+def test_load_model_names_the_keys_that_do_not_fit(trained):
+    from linrope.checkpoint import CheckpointMismatch, load_model
+
+    with pytest.raises(CheckpointMismatch) as e:
+        load_model(trained, {"d_model": 32, "d_ff": 64})
+    msg = str(e.value)
+    assert "\n" not in msg and "of another shape" in msg and "(64,) in the checkpoint, (32,) in the model" in msg
+    assert "model.d_model: 64 in the checkpoint, 32 now" in msg
+    with pytest.raises(CheckpointMismatch, match=r"missing key.*table.*position.name: rope in the checkpoint, learned now"):
+        load_model(trained, {"position": {"name": "learned", "init_std": 0.02}})
+    # what does not change parameters is fine: RoPE scaling for evaluation
+    m = load_model(trained, {"position": {"scaling": "pi", "factor": 2.0}})
+    assert m.hparams["model"]["position"]["scaling"] == "pi"
+
+
+def test_resuming_into_another_model_config_fails_in_one_line(compose, trained):
+    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=6", f"ckpt_path={trained}", "model.d_model=32")
+    with pytest.raises(SystemExit) as e:
+        run_main(cfg)
+    msg = exit_message(e)
+    assert "does not fit the model config" in msg and "model.d_model: 64 in the checkpoint, 32 now" in msg
+
+
+def test_a_broken_checkpoint_is_one_line(tmp_path, trained):
+    from linrope.checkpoint import CheckpointError, load_model
+
+    half = tmp_path / "half.ckpt"
+    half.write_bytes(trained.read_bytes()[: trained.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        load_model(half)
+
+
+# ---- NaN, bf16 --------------------------------------------------------------------------------------------
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(compose, monkeypatch):
+    from linrope.lit import LanguageModel
+
+    real_loss = LanguageModel.loss
+
+    def loss(self, batch):
+        value = real_loss(self, batch)
+        return value * math.nan if self.training and self.global_step == 7 else value
+
+    monkeypatch.setattr(LanguageModel, "loss", loss)
+    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=12", "trainer.val_check_interval=100",
+                  "callbacks.last_checkpoint.every_n_train_steps=5")
+    with pytest.raises(SystemExit) as e:
+        run_main(cfg)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    assert exit_message(e) == (f"linrope: loss is nan at step 7: training stopped; the last good checkpoint is "
+                               f"{last} (step 5)")
+    c = torch.load(last, weights_only=True)
+    assert c["global_step"] == 5 and all(torch.isfinite(v).all() for v in c["state_dict"].values())
+
+
+def test_bf16_mixed_trains_on_cpu(compose):
+    cfg = compose("model=linear_rope", *TINY, "trainer.precision=bf16-mixed", "trainer.max_steps=3",
+                  "trainer.val_check_interval=3")
+    metric = run_main(cfg)
+    assert metric is not None and math.isfinite(metric) and metric < 9
+    c = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all(v.dtype == torch.float32 for v in c["state_dict"].values() if v.is_floating_point())
+
+
+# ---- validation is not lost on resume --------------------------------------------------------------------
+class CrashInValidation(L.Callback):
+    """Test-only: the process 'dies' while validating after step ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_validation_start(self, trainer, pl_module):
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            raise RuntimeError("crash during validation")
+
+
+def test_a_crash_during_validation_resumes_before_that_validation(compose):
+    """last.ckpt of a step that validation follows is written after validation: resuming from a
+    checkpoint written before it, Lightning would skip that validation."""
+    common = ["model=linear_rope", *TINY, "logger=csv", "trainer.max_steps=12", "trainer.val_check_interval=10",
+              "callbacks.last_checkpoint.every_n_train_steps=5", "trainer.log_every_n_steps=1"]
+    cfg = compose(*common, "+callbacks.crash._target_=test_reliability.CrashInValidation", "+callbacks.crash.step=10")
+    with pytest.raises(RuntimeError, match="crash during validation"):
+        run_main(cfg)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 5
+    cfg = compose(*common, "ckpt_path=auto")  # last.ckpt exists: resume from it
+    run_main(cfg)
+    import csv
+
+    rows = list(csv.DictReader(open(Path(cfg.paths.output_dir) / "csv" / "metrics.csv")))
+    assert [int(r["step"]) for r in rows if r.get("val/loss")] == [9]  # the validation after step 10 ran
+    assert torch.load(last, weights_only=True)["global_step"] == 12
+
+
+# ---- the training loader ----------------------------------------------------------------------------------
+def fake_trainer(world_size=1, rank=0, global_step=0, max_steps=10):
+    return types.SimpleNamespace(world_size=world_size, global_rank=rank, global_step=global_step, max_steps=max_steps)
+
+
+def test_train_loader_deals_sample_i_to_rank_i_mod_world_size():
+    from linrope.checkpoint import train_loader, train_span
+
+    data = list(range(1000))
+    one = train_loader(data, fake_trainer(), batch_size=8)
+    ranks = [train_loader(data, fake_trainer(2, r), batch_size=4) for r in range(2)]
+    for b1, b0, br in zip(one, *ranks):
+        assert sorted(b1.tolist()) == sorted(b0.tolist() + br.tolist())
+        assert all(i % 2 == 0 for i in b0.tolist()) and all(i % 2 == 1 for i in br.tolist())
+    # resumed at step 3 of 10 with 8 samples per step: from sample 24, and as long as the whole run
+    assert train_span(fake_trainer(global_step=3), 8) == (24, 80)
+
+
+# ---- config checks before anything is built --------------------------------------------------------------
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.precision=16-mixed"], "does not run on CPU: use trainer.precision=bf16-mixed"),
+    (["trainer.precision=fp8"], "trainer.precision=fp8: expected one of"),
+    (["trainer.strategy=nope"], "trainer.strategy=nope: unknown; e.g. auto, ddp, ddp_spawn"),
+    (["trainer.accelerator=abacus"], "trainer.accelerator=abacus: expected one of"),
+    (["trainer=ddp", "trainer.devices=4096"], "trainer.devices=4096 but only"),
+    (["ckpt_path=/nonexistent/x.ckpt"], "ckpt_path=/nonexistent/x.ckpt: does not exist"),
+    (["ckpt_path=last"], "ckpt_path=last: no "),
+    (["callbacks.last_checkpoint.every_n_train_steps=0"], "every_n_train_steps=0: must be >= 1"),
+])
+def test_config_errors_are_one_line_each(compose, overrides, message):
+    from linrope.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose(*overrides))
+    assert "\n" not in str(e.value) and message in str(e.value), str(e.value)
+
+
+def test_checkpoint_and_corpus_checks(compose, tmp_path):
+    from linrope.config import ConfigError, checkpoint_path, validate
+
+    assert checkpoint_path(compose("ckpt_path=auto")) is None  # no last.ckpt yet: start afresh
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 half a zip")
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        validate(compose("ckpt_path=auto"))
+    short = tmp_path / "short.txt"
+    short.write_bytes(b"x" * 500)
+    with pytest.raises(ConfigError, match=r"short.txt: too short — 500 bytes split into .*needs 257"):
+        validate(compose(f"data.path={short}"))
+
+
+def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
+    from linrope import config as C
+
+    monkeypatch.setattr(C, "_in_sweep", lambda: True)
+    with pytest.raises(C.ConfigError, match="use trainer=ddp_spawn in sweeps"):
+        C.validate(compose("trainer=ddp"))
+    C.validate(compose("trainer=ddp_spawn"))
+    monkeypatch.setenv("SLURM_NTASKS", "2")  # srun starts the processes: ddp is right there
+    C.validate(compose("trainer=ddp"))
+
+
+def test_unknown_group_options_on_the_command_line():
+    from linrope.config import command_line_errors
+
+    assert command_line_errors(["model=linear_rope", "data=bytes", "trainer=ddp", "seed=3", "model.d_model=64",
+                                "experiment=null", "-m", "model=linear,softmax", "hydra/launcher=basic",
+                                "+model=glob(*)", "-c", "job"]) == []
+    errors = command_line_errors(["model=nope", "trainer=gpu,tpu", "+data=missing", "position@x=rope"])
+    assert [e.split(":")[0] for e in errors] == ["model=nope", "trainer=tpu", "data=missing"]
+    assert "choose from" in errors[0] and "linear_rope" in errors[0] and "softmax_rope" in errors[0]
+
+
+def test_unknown_model_is_one_line_at_the_cli(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "model=nope", f"hydra.run.dir={tmp_path}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    lines = [l for l in r.stderr.strip().splitlines()]
+    assert len(lines) == 1 and lines[0].startswith("linrope: model=nope: no such option"), r.stderr
+    assert "linear_rope" in lines[0]

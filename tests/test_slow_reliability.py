@@ -1,0 +1,211 @@
+"""Scale-out and reliability with real processes (``pytest -m slow``): DDP on CPU (gloo) gives the
+loss of one process with the same global batch; runs killed with SIGKILL — in the middle of
+training or while a checkpoint is being written — resume (``ckpt_path=last`` in the run folder, or
+an explicit path in a new one) and end where an uninterrupted run ends; sweeps run with
+``trainer=ddp_spawn`` and through the submitit launcher."""
+import csv
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
+        "data.val_windows=4", "data.test_windows=4", "data.eval_batch_size=4", "trainer.log_every_n_steps=1",
+        "test=false"]
+
+
+class SigkillAt(L.Callback):
+    """Test-only: SIGKILL this process (``group``: its whole process group, every DDP rank) after
+    optimizer step ``step`` — or, with ``during_save``, half-way through writing that step's checkpoint."""
+
+    def __init__(self, step: int, during_save: bool = False, group: bool = False):
+        self.step, self.during_save, self.group = int(step), during_save, group
+
+    def kill(self):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.group:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def setup(self, trainer, pl_module, stage):
+        if not self.during_save:
+            return
+        real_save = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            if isinstance(obj, dict) and obj.get("global_step") == self.step and hasattr(f, "write"):
+                buf = io.BytesIO()
+                real_save(obj, buf, *args, **kwargs)
+                f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+                self.kill()
+            return real_save(obj, f, *args, **kwargs)
+
+        torch.save = save
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not self.during_save and trainer.global_step == self.step:
+            self.kill()
+
+
+def train(tmp_path, run_dir, *overrides, expect=0, timeout=300):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "WANDB_MODE": "offline"}
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout,
+                       start_new_session=True)  # its own process group: SigkillAt(group=true) kills only the run
+    if expect is not None:
+        assert r.returncode == expect, f"exit {r.returncode}\n{r.stderr[-4000:]}"
+    return r
+
+
+def metrics(run_dir) -> dict:
+    """{step: {name: value}} of the run's csv/metrics.csv."""
+    out = {}
+    with open(Path(run_dir) / "csv" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            out.setdefault(int(row["step"]), {}).update({k: float(v) for k, v in row.items() if v != "" and k != "step"})
+    return out
+
+
+def weights(ckpt):
+    c = torch.load(ckpt, map_location="cpu", weights_only=True)
+    return c["global_step"], c["state_dict"]
+
+
+def assert_same_end(a_dir, b_dir, last_step, tol=1e-4):
+    a, b = metrics(a_dir), metrics(b_dir)
+    for key in ("train/loss", "val/loss"):
+        assert abs(a[last_step - 1][key] - b[last_step - 1][key]) <= tol, (key, a[last_step - 1], b[last_step - 1])
+    # every step the resumed run logged equals the uninterrupted run's (data order and LR schedule)
+    for step, row in b.items():
+        for key in ("train/loss", "lr/pg1"):
+            if key in row:
+                assert abs(row[key] - a[step][key]) <= tol * max(1.0, abs(a[step][key])), (step, key, row, a[step])
+    sa, wa = weights(Path(a_dir) / "checkpoints" / "last.ckpt")
+    sb, wb = weights(Path(b_dir) / "checkpoints" / "last.ckpt")
+    assert sa == sb == last_step
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-5
+
+
+# ---- DDP --------------------------------------------------------------------------------------------------
+def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
+    """2 processes × batch 4 (gloo on CPU) against 1 process × batch 8: the same samples per step
+    (sample i to rank i mod 2), so the same losses — train/loss is the mean over processes."""
+    steps = ["trainer.max_steps=5", "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=null"]
+    train(tmp_path, tmp_path / "ddp", *steps, "trainer=ddp", "trainer.devices=2", "data.batch_size=4")
+    train(tmp_path, tmp_path / "one", *steps, "data.batch_size=8")
+    ddp, one = metrics(tmp_path / "ddp"), metrics(tmp_path / "one")
+    losses = [(one[s]["train/loss"], ddp[s]["train/loss"]) for s in range(5)]
+    assert all(abs(a - b) < 1e-4 for a, b in losses), losses
+    assert abs(one[4]["val/loss"] - ddp[4]["val/loss"]) < 1e-4
+
+
+def test_ddp_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
+    """Both ranks killed with SIGKILL after step 7; resuming from last.ckpt (step 5) gives the run that
+    was never interrupted (each rank's data restarts at its own share of the resume sample)."""
+    common = ["trainer=ddp", "trainer.devices=2", "data.batch_size=2", "trainer.max_steps=10",
+              "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5"]
+    train(tmp_path, tmp_path / "whole", *common)
+    run = tmp_path / "killed"
+    train(tmp_path, run, *common, "+callbacks.kill._target_=test_slow_reliability.SigkillAt", "+callbacks.kill.step=7",
+          "+callbacks.kill.group=true", expect=None)
+    assert weights(run / "checkpoints" / "last.ckpt")[0] == 5
+    train(tmp_path, run, *common, "ckpt_path=last")
+    assert_same_end(tmp_path / "whole", run, 10)
+
+
+def test_ddp_nan_loss_stops_every_rank_in_one_line(tmp_path):
+    r = train(tmp_path, tmp_path / "nan", "trainer=ddp", "trainer.devices=2", "data.batch_size=2", "optim.lr=1e30",
+              "trainer.max_steps=20", expect=None, timeout=240)
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.splitlines() if l.startswith("linrope:")]
+    assert lines and all("loss is nan at step" in l for l in lines), r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+
+
+# ---- kill and resume --------------------------------------------------------------------------------------
+def test_sigkill_mid_training_and_mid_checkpoint_write_resume_to_the_same_end(tmp_path):
+    """Killed with SIGKILL after step 13, or half-way through writing step 25's checkpoint: the run
+    resumes — with an explicit path into a new folder, and with ckpt_path=last in its own folder —
+    and ends at step 30 with the uninterrupted run's loss, logged steps, learning rates and weights.
+    Dropout is on: the random state of every step is a function of (seed, step, rank)."""
+    common = ["trainer.max_steps=30", "trainer.val_check_interval=10", "callbacks.last_checkpoint.every_n_train_steps=5",
+              "data.batch_size=4", "model.dropout=0.1", "optim.warmup_steps=10"]
+    whole = tmp_path / "whole"
+    train(tmp_path, whole, *common)
+
+    # killed in the middle of training: last.ckpt is step 10's (written after that step's validation)
+    run = tmp_path / "killed_mid_training"
+    r = train(tmp_path, run, *common, "+callbacks.kill._target_=test_slow_reliability.SigkillAt",
+              "+callbacks.kill.step=13", expect=None)
+    assert r.returncode == -signal.SIGKILL
+    saved = tmp_path / "step10.ckpt"
+    shutil.copy(run / "checkpoints" / "last.ckpt", saved)
+    assert weights(saved)[0] == 10
+    train(tmp_path, tmp_path / "resumed_from_path", *common, f"ckpt_path={saved}")
+    assert_same_end(whole, tmp_path / "resumed_from_path", 30)
+    resumed = metrics(tmp_path / "resumed_from_path")
+    assert min(resumed) == 10 and sorted(s for s in resumed if "val/loss" in resumed[s]) == [19, 29]
+
+    # killed while writing step 25's checkpoint: step 20's last.ckpt is whole and loads
+    run = tmp_path / "killed_mid_write"
+    r = train(tmp_path, run, *common, "+callbacks.kill._target_=test_slow_reliability.SigkillAt",
+              "+callbacks.kill.step=25", "+callbacks.kill.during_save=true", expect=None)
+    assert r.returncode == -signal.SIGKILL
+    assert (run / "checkpoints" / ".last.ckpt.partial").exists()  # the half-written file, never renamed
+    assert weights(run / "checkpoints" / "last.ckpt")[0] == 20
+    train(tmp_path, run, *common, "ckpt_path=last")
+    assert_same_end(whole, run, 30)
+    assert not (run / "checkpoints" / ".last.ckpt.partial").exists()
+
+
+# ---- sweeps -----------------------------------------------------------------------------------------------
+def sweep(tmp_path, *overrides, timeout=400):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *TINY, "trainer.max_steps=3", "trainer.val_check_interval=3",
+           "data.batch_size=2", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return tmp_path / "sweep"
+
+
+def test_ddp_spawn_sweep_runs_each_job_once(tmp_path):
+    out = sweep(tmp_path, "trainer=ddp_spawn", "trainer.devices=2", "seed=1,2")
+    jobs = sorted(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert jobs == ["0", "1"]
+    for j in jobs:
+        assert weights(out / j / "checkpoints" / "last.ckpt")[0] == 3
+        assert max(metrics(out / j)) == 2  # steps 0, 1, 2 logged
+
+
+def test_ddp_in_a_sweep_is_refused_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *TINY, "trainer=ddp", "seed=1,2",
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=120)
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.splitlines() if l.startswith("linrope:")]
+    assert len(lines) == 1 and "use trainer=ddp_spawn" in lines[0], r.stderr[-3000:]
+
+
+def test_submitit_local_sweep(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[cluster]'")
+    out = sweep(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
+                "hydra.launcher.timeout_min=10", "seed=1,2")
+    for j in ("0", "1"):
+        assert weights(out / j / "checkpoints" / "last.ckpt")[0] == 3
+        assert (out / j / "csv" / "metrics.csv").exists()
+    assert list((out / ".submitit").glob("*/*_result.pkl"))
