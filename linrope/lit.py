@@ -29,6 +29,15 @@ def step_seed(base: int, step: int, rank: int) -> int:
     return (x ^ (x >> 31)) % 2**63
 
 
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory so far: the CUDA allocator's peak on a GPU, the process's resident high-water mark on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
 def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """Multiplier of the peak learning rate: linear warm-up, then cosine decay to min_lr_ratio."""
     if warmup_steps > 0 and step < warmup_steps:
@@ -116,6 +125,8 @@ class LanguageModel(L.LightningModule):
             tokens = batch[0].numel() * self.trainer.world_size
             self.log("train/tokens_per_sec", tokens / max(now - self._t_last, 1e-9), prog_bar=True)
         self._t_last = now
+        if batch_idx % max(self.trainer.log_every_n_steps, 1) == 0:
+            self.log("train/peak_mem_mb", peak_memory_mb(self.device))
 
     def on_train_epoch_start(self):
         self._t_last = None

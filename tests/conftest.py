@@ -38,3 +38,19 @@ def small_corpus(tmp_path):
     src = sorted((stdlib_dir() / "json").glob("*.py")) + sorted((stdlib_dir() / "email").glob("*.py"))
     out.write_bytes(b"\n".join(f.read_bytes() for f in src))
     return out
+
+
+@pytest.fixture
+def kernel_env():
+    """Every buffer the kernels preallocate starts as NaN: an element left unwritten fails the test.
+
+    (These tensors are small: one thread avoids paying for OpenMP barriers when the 2 cores are shared.)"""
+    from linrope.ops.linear_attn.chunk import poison_buffers
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with poison_buffers():
+            yield
+    finally:
+        torch.set_num_threads(threads)

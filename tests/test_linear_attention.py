@@ -23,18 +23,7 @@ B, H, D, DV = 2, 2, 8, 6
 DECAY = torch.tensor([0.97, 0.6], dtype=torch.float64)
 
 
-@pytest.fixture(autouse=True)
-def kernel_test_env():
-    """Every buffer the kernels preallocate starts as NaN: an element left unwritten fails the test.
-
-    (These tensors are small: one thread avoids paying for OpenMP barriers when the 2 cores are shared.)"""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with poison_buffers():
-            yield
-    finally:
-        torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("kernel_env")  # NaN-poisoned buffers, one thread (tests/conftest.py)
 
 
 @contextlib.contextmanager

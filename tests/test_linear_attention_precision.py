@@ -5,25 +5,14 @@ import zlib
 import pytest
 import torch
 
-from linrope.ops.linear_attn.chunk import chunk_linear_attention, poison_buffers
+from linrope.ops.linear_attn.chunk import chunk_linear_attention
 from linrope.ops.linear_attn.naive import naive_linear_attention
 from linrope.ops.linear_attn.recurrent import recurrent_linear_attention
 
 DECAY = torch.tensor([0.99, 0.9])
 
 
-@pytest.fixture(autouse=True)
-def kernel_test_env():
-    """Every buffer the kernels preallocate starts as NaN: an element left unwritten fails the test.
-
-    (These tensors are small: one thread avoids paying for OpenMP barriers when the 2 cores are shared.)"""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with poison_buffers():
-            yield
-    finally:
-        torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("kernel_env")  # NaN-poisoned buffers, one thread (tests/conftest.py)
 
 
 def gen(*key) -> torch.Generator:

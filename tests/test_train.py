@@ -68,12 +68,21 @@ def test_lm_loss_falls(small_corpus):
 
 
 def test_short_training_run_improves_val_bpb(compose, small_corpus):
-    cfg = compose("model=linear_rope", *TINY, f"data.path={small_corpus}", "trainer.max_steps=30",
-                  "trainer.val_check_interval=30", "optim.warmup_steps=5")
+    tiny_csv = [o if o != "logger=none" else "logger=csv" for o in TINY]
+    cfg = compose("model=linear_rope", *tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=30",
+                  "trainer.val_check_interval=30", "optim.warmup_steps=5", "trainer.log_every_n_steps=5")
     best = run_main(cfg)
     assert best < 6.0  # well below 8 bits of a uniform guess after 30 steps
     ckpts = list(Path(cfg.paths.output_dir, "checkpoints").glob("*.ckpt"))
     assert any(p.name == "last.ckpt" for p in ckpts) and any(p.name.startswith("best") for p in ckpts)
+    # the CSV log has the metrics a comparison needs
+    import csv
+
+    rows = list(csv.DictReader(open(Path(cfg.paths.output_dir, "csv", "metrics.csv"))))
+    logged = {k for r in rows for k, v in r.items() if v not in ("", None)}
+    assert {"train/loss", "val/loss", "val/bpb", "test/bpb", "train/tokens_per_sec", "train/peak_mem_mb"} <= logged
+    assert any(k.startswith("lr") for k in logged)  # the learning-rate monitor
+    assert all(float(r["train/peak_mem_mb"]) > 10 for r in rows if r.get("train/peak_mem_mb"))
 
 
 @pytest.mark.parametrize("overrides,message", [

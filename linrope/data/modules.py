@@ -9,7 +9,35 @@ from torch.utils.data import DataLoader
 from .bytes import ContiguousWindows, RandomWindows, load_corpus
 
 
-class ByteDataModule(L.LightningDataModule):
+class ResumableDataModule(L.LightningDataModule):
+    """What every linrope data module shares: loaders in order, and a training set that starts where
+    the run stands (``global_step × samples per step``), so a resumed or multi-process run sees the
+    same samples as an uninterrupted single process.  Subclasses give ``train_dataset(start, length)``
+    and set ``batch_size`` and ``num_workers``."""
+
+    batch_size: int
+    num_workers: int
+
+    def train_dataset(self, start: int, length: int):
+        raise NotImplementedError
+
+    def _loader(self, ds, batch_size):
+        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def samples_per_step(self) -> int:
+        t = self.trainer
+        return self.batch_size * t.accumulate_grad_batches * t.world_size
+
+    def train_dataloader(self):
+        from linrope.checkpoint import train_loader, train_span
+
+        # starts at global_step × samples per step, as long as the whole run; sample i to rank i mod world_size
+        start, length = train_span(self.trainer, self.samples_per_step())
+        return train_loader(self.train_dataset(start, length), self.trainer, self.batch_size, self.num_workers)
+
+
+class ByteDataModule(ResumableDataModule):
     """Next-byte prediction on a corpus read at construction (so a bad path fails at start).
 
     The training loader resumes where the run stands: sample ``i`` of the run is window
@@ -27,21 +55,8 @@ class ByteDataModule(L.LightningDataModule):
         self.splits = load_corpus(path, context=max(context, self.eval_context), val_fraction=val_fraction,
                                   test_fraction=test_fraction, max_bytes=max_bytes)
 
-    def _loader(self, ds, batch_size):
-        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
-
-    def samples_per_step(self) -> int:
-        t = self.trainer
-        return self.batch_size * t.accumulate_grad_batches * t.world_size
-
-    def train_dataloader(self):
-        from linrope.checkpoint import train_loader, train_span
-
-        # starts at global_step × samples per step, as long as the whole run; sample i to rank i mod world_size
-        start, length = train_span(self.trainer, self.samples_per_step())
-        ds = RandomWindows(self.splits["train"], self.context, self.seed, length=length, start=start)
-        return train_loader(ds, self.trainer, self.batch_size, self.num_workers)
+    def train_dataset(self, start: int, length: int):
+        return RandomWindows(self.splits["train"], self.context, self.seed, length=length, start=start)
 
     def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
         context = context or self.eval_context

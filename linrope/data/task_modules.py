@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Dict, Optional
 
-import lightning as L
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from .modules import ResumableDataModule
 from .tasks import STREAMS, MQAR, ListOps, OffsetCopy, example_rng
 
 
@@ -48,7 +48,7 @@ class FixedExamples(Dataset):
         return self.items[i]
 
 
-class TaskDataModule(L.LightningDataModule):
+class TaskDataModule(ResumableDataModule):
     task_name: ClassVar[str] = "?"
     monitor: ClassVar[str] = "val/loss"
     default_test_factor: ClassVar[int] = 1
@@ -78,22 +78,8 @@ class TaskDataModule(L.LightningDataModule):
         return {"vocab_size": task.vocab_size, "causal": True, "n_classes": None, "max_len": longest}
 
     # ---- loaders ---------------------------------------------------------------------------------------------
-    def _loader(self, ds, batch_size):
-        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
-
-    def samples_per_step(self) -> int:
-        t = self.trainer
-        return self.batch_size * t.accumulate_grad_batches * t.world_size
-
-    def train_dataloader(self):
-        from linrope.checkpoint import train_loader, train_span
-
-        # as ByteDataModule: starts at global_step × samples per step, as long as the whole run;
-        # sample i to rank i mod world_size
-        start, length = train_span(self.trainer, self.samples_per_step())
-        ds = TaskExamples(self.task, self.context, self.seed, STREAMS["train"], length=length, start=start)
-        return train_loader(ds, self.trainer, self.batch_size, self.num_workers)
+    def train_dataset(self, start: int, length: int):
+        return TaskExamples(self.task, self.context, self.seed, STREAMS["train"], length=length, start=start)
 
     def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
         """The fixed ``split`` set at ``context`` (default: the split's own), ``max_windows`` examples at most."""
