@@ -43,3 +43,24 @@ def test_generate_is_seeded_and_constant_state():
     _, s1 = model(prompt, return_states=True)
     _, s2 = model(torch.randint(0, 256, (1, 50)), return_states=True)
     assert [tuple(s.S.shape) for s in s1] == [tuple(s.S.shape) for s in s2]
+
+
+def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys):
+    """python -m linrope.generate ckpt=... writes prompt + sampled bytes from a real checkpoint."""
+    import train
+    from pathlib import Path
+
+    from linrope.generate import main as generate_main
+
+    cfg = compose("model=linear_rope", "size=tiny", "logger=none", "trainer.enable_progress_bar=false",
+                  f"data.path={small_corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                  "data.val_windows=2", "data.test_windows=2", "data.batch_size=4", "test=false")
+    train.main(cfg)
+    capsys.readouterr()  # drop the training output
+    ckpt = Path(cfg.paths.output_dir, "checkpoints", "last.ckpt")
+    assert ckpt.exists()
+    generate_main([f"ckpt={ckpt}", "prompt=def ", "max_new_tokens=40", "seed=1"])
+    out = capsys.readouterr().out
+    assert out.startswith("def ") and len(out.encode("utf-8", errors="replace")) >= 30
+    with pytest.raises(SystemExit, match="unknown key"):
+        generate_main([f"ckpt={ckpt}", "tokens=3"])

@@ -12,7 +12,7 @@ import torch
 
 from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import chunk as chunk_mod
-from linrope.ops.linear_attn.chunk import chunk_linear_attention, poison_buffers
+from linrope.ops.linear_attn.chunk import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
 from linrope.ops.linear_attn.naive import naive_linear_attention
 from linrope.ops.linear_attn.recurrent import recurrent_linear_attention, recurrent_step
