@@ -257,27 +257,31 @@ def matplotlib_ticker():
 def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
     metric = "val/bpb" if task == "bytes" else "val/loss"
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 5))
+    colours = plt.get_cmap("tab20").colors
     drawn = 0
     for label, runs in groups.items():
         if runs[0].task != task:
             continue
+        # softmax solid, linear dashed; 20 colours before any repeats
         by_step: Dict[int, List[float]] = defaultdict(list)
         for r in runs:
             for step, v in r.series.get(metric, []):
                 by_step[step].append(v)
         if by_step:
             steps = sorted(by_step)
-            ax.plot(steps, [statistics.fmean(by_step[s]) for s in steps], marker=".", label=label)
+            linear = runs[0].get("model.attention.kind") == "linear"
+            ax.plot(steps, [statistics.fmean(by_step[s]) for s in steps], marker=".", label=label,
+                    color=colours[drawn % len(colours)], linestyle="--" if linear else "-")
             drawn += 1
     if not drawn:
         plt.close(fig)
         return None
     ax.set_xlabel("step")
     ax.set_ylabel(metric + " (mean over seeds)")
-    ax.set_title(f"validation — {task}")
+    ax.set_title(f"validation — {task} (solid: softmax, dashed: linear)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, ncol=2 if drawn > 8 else 1)
+    ax.legend(fontsize=7, ncol=2 if drawn > 12 else 1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -295,7 +299,7 @@ def plot_extrapolation(rows: List[Dict[str, Any]], path: Path, train_contexts: S
         panels.append(("RoPE: as trained / pi / ntk", [r for r in rows if r["label"] in rope_labels]))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
     styles = {"none": "-", "pi": "--", "ntk": ":"}
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cycle = plt.get_cmap("tab20").colors  # 20 colours before any repeats
     colour = {label: cycle[i % len(cycle)] for i, label in enumerate(dict.fromkeys(r["label"] for r in rows))}
     for ax, (title, rs) in zip(axes[0], panels):
         for r in rs:
