@@ -6,8 +6,10 @@ N from 1k to 64k.  For each N it times, in this one process (so that the ratios 
   * ``chunk``  – linrope's chunked linear attention (``impl="chunk"``),
   * ``naive``  – linrope's quadratic reference, only up to ``--naive-max`` (it materialises B·H·N² weights),
   * ``sdpa``   – ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` on the same q, k, v,
-  * ``fla``    – flash-linear-attention's ``naive_chunk_linear_attn`` when ``fla`` is importable
-                 (no feature map, RoPE or normaliser there: a kernel-only row),
+  * ``fla``    – flash-linear-attention's pure-PyTorch ``fla.ops.linear_attn.naive.naive_chunk_linear_attn``
+                 with ``normalize=True`` when ``fla`` is importable (``pip install fla-core triton``), on the
+                 raw q, k, v (no feature map, no RoPE there), set against
+  * ``chunk_none`` – our chunk form with ``rope="none"`` (elu+1 included), timed only beside the fla row,
 
 forward (under ``torch.no_grad``) and forward+backward, after warm-up runs, as the median of ``--repeats``.
 A form is skipped at an N where its time predicted from the previous N (quadratic for naive/sdpa, linear
@@ -23,8 +25,19 @@ applied to the forward, and beside it the numerator's own matmuls (QKᵀ, PV, K�
 issue's count is twice that, so its rate can pass 100% of peak).  Both rates are set against a float32
 matmul peak measured in the same run (the median rate of a 2048³ ``torch.mm``).
 
+Generation (``--generation``, or ``--generation-only``): time per token of recurrent decoding at positions
+1024 and 65536 (``--gen-positions``), for ``recurrent_step`` (B=1, H=8, d=64) and for the ``linear_rope``
+TransformerLM's forward with states, one token at a time, each continuing from the real state of a prefix
+of that length.  The RoPE angle is formed from the position itself, so the cost should not depend on it.
+
+At the end the run prints issue #7's ratios that it measured (SDPA/chunk at 16k, fla/chunk(rope=none) at
+64k, time(64k)/time(8k), % of matmul peak at 64k).
+
 Usage:  python benchmarks/linear_attention.py --quick
         python benchmarks/linear_attention.py --lengths 1024 2048 4096 --repeats 5
+        python benchmarks/linear_attention.py --lengths 8192 16384 65536 --forms chunk sdpa --budget-s 60 --no-memory
+        python benchmarks/linear_attention.py --lengths 65536 --forms chunk_none fla --no-memory
+        python benchmarks/linear_attention.py --generation-only
 """
 from __future__ import annotations
 
@@ -57,30 +70,39 @@ def make_inputs(n: int, requires_grad: bool, seed: int = 0):
     return [torch.randn(B, H, n, D, generator=g).requires_grad_(requires_grad) for _ in range(3)]
 
 
-def fla_callable():
+def fla_import():
+    """(naive_chunk_linear_attn, None) when flash-linear-attention imports, else (None, the reason)."""
     try:
         from fla.ops.linear_attn.naive import naive_chunk_linear_attn
-    except Exception:  # noqa: BLE001 - any failure to import means "no row"
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "no row"
+        return None, f"{type(exc).__name__}: {exc}"
+    return naive_chunk_linear_attn, None
+
+
+def fla_callable():
+    """fla's pure-PyTorch chunked form with its normaliser (``normalize=True``; no feature map, no RoPE)."""
+    fn, _ = fla_import()
+    if fn is None:
         return None
 
-    def run(q, k, v):  # recent fla takes (B, N, H, d); older releases (B, H, N, d)
-        try:
-            return naive_chunk_linear_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        except Exception:  # noqa: BLE001
-            return naive_chunk_linear_attn(q, k, v)
+    def run(q, k, v):  # fla >= 0.2 takes (B, N, H, d) and returns (B, N, H, d)
+        return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), normalize=True)
 
     return run
 
 
-def forms(chunk_size: int):
+def forms(chunk_size: int, selected=None):
     out = {
         "chunk": lambda q, k, v: linear_attention(q, k, v, impl="chunk", chunk_size=chunk_size),
         "naive": lambda q, k, v: linear_attention(q, k, v, impl="naive"),
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
     }
-    fla = fla_callable()
-    if fla is not None:
+    fla = fla_callable() if (selected is None or "fla" in selected) else None
+    if fla is not None:  # the fla row compares with our chunk form without RoPE (what fla computes)
+        out["chunk_none"] = lambda q, k, v: linear_attention(q, k, v, impl="chunk", chunk_size=chunk_size, rope="none")
         out["fla"] = fla
+    if selected is not None:
+        out = {k: f for k, f in out.items() if k in selected}
     return out
 
 
@@ -134,7 +156,7 @@ def proc_status_kb(field: str) -> int:
 
 def child_main(form: str, n: int, chunk_size: int) -> None:
     """One forward+backward; prints the RSS high-water mark (VmHWM) and its rise during the call."""
-    fn = forms(chunk_size)[form]
+    fn = forms(chunk_size, [form])[form]
     run_once(fn, *make_inputs(256, requires_grad=True), backward=True)  # one-time library set-up, not counted
     q, k, v = make_inputs(n, requires_grad=True)
     try:  # reset the high-water mark to the current RSS (Linux >= 4.0); else it counts from process start
@@ -169,10 +191,125 @@ def fmt_ratio(a, b):
     return "–" if a is None or b is None else f"{a / b:.2f}"
 
 
+# ------------------------------------------------------------------------------------------------------
+# generation: time per token of the recurrent form at a given position
+# ------------------------------------------------------------------------------------------------------
+def _step_rounds(step, positions, tokens: int, rounds: int):
+    """Per position: the median over ``rounds`` of (time of ``tokens`` consecutive steps) / tokens.
+
+    ``step(pos_index, position)`` runs one token; the positions are visited in turn within each round, so
+    that a slow drift of the machine hits them alike."""
+    per = {p: [] for p in positions}
+    for i, pos in enumerate(positions):  # warm-up
+        for t in range(min(tokens, 20)):
+            step(i, pos + t)
+    for _ in range(rounds):
+        for i, pos in enumerate(positions):
+            t0 = time.perf_counter()
+            for t in range(tokens):
+                step(i, pos + t)
+            per[pos].append((time.perf_counter() - t0) / tokens)
+    return {pos: statistics.median(v) for pos, v in per.items()}
+
+
+def generation_timing(positions, tokens: int, rounds: int, model_size: dict):
+    """Time per generated token at each position: (a) ``recurrent_step`` at B=1, H=8, d=64, (b) the
+    ``linear_rope`` TransformerLM's ``forward`` with states, one token at a time.  The state entering each
+    position is the real one, built by the chunk form (op) or the model's forward (model) over a prefix of
+    that length; the timed tokens then continue from it (positions pos, pos+1, …)."""
+    from linrope.model import TransformerLM
+    from linrope.ops.linear_attn.chunk import chunk_linear_attention
+    from linrope.ops.linear_attn.recurrent import recurrent_step
+
+    results = {}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        # (a) the op
+        states, steps_in = [], []
+        for pos in positions:
+            q, k, v = (torch.randn(B, H, pos, D, generator=g) for _ in range(3))
+            _, st = chunk_linear_attention(q, k, v, output_final_state=True)
+            states.append(st)
+            steps_in.append([torch.randn(B, H, D, generator=g) for _ in range(3)])
+            del q, k, v
+
+        def op_step(i, pos):
+            q, k, v = steps_in[i]
+            _, states[i] = recurrent_step(q, k, v, states[i], position=pos)
+
+        results["recurrent_step"] = _step_rounds(op_step, positions, tokens, rounds)
+
+        # (b) the model
+        torch.manual_seed(0)
+        model = TransformerLM(dict(vocab_size=256, max_len=1024, causal=True,
+                                   attention={"kind": "linear", "feature_map": "elu", "placement": "numerator",
+                                              "impl": "chunk", "chunk_size": 64, "eps": 1e-6},
+                                   position={"name": "rope", "base": 10000.0, "scaling": None, "factor": 1.0},
+                                   **model_size)).eval()
+        mstates, toks = [], []
+        for pos in positions:
+            prompt = torch.randint(0, 256, (1, pos), generator=g)
+            _, st = model(prompt, return_states=True)
+            mstates.append(st)
+            toks.append(torch.randint(0, 256, (1, 1), generator=g))
+
+        def model_step(i, pos):
+            _, mstates[i] = model(toks[i], offset=pos, states=mstates[i], return_states=True)
+
+        results["model"] = _step_rounds(model_step, positions, tokens, rounds)
+    return results
+
+
+def print_generation(args) -> None:
+    size = dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024)
+    pos = args.gen_positions
+    print(f"## recurrent generation: time per token, {args.gen_tokens} consecutive tokens from each position, "
+          f"median of {args.gen_rounds} rounds (positions interleaved)")
+    print(f"op: recurrent_step B={B} H={H} d={D} float32, elu+1, RoPE numerator;  model: linear_rope "
+          f"TransformerLM d_model={size['d_model']} layers={size['n_layers']} heads={size['n_heads']}, "
+          "forward(token, offset=pos, states=…)")
+    res = generation_timing(pos, args.gen_tokens, args.gen_rounds, size)
+    print()
+    head = ["form"] + [f"µs/token at {p}" for p in pos] + [f"ratio {pos[-1]}/{pos[0]}"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for form, per in res.items():
+        cells = [form] + [f"{per[p] * 1e6:.1f}" for p in pos] + [f"{per[pos[-1]] / per[pos[0]]:.3f}"]
+        print("| " + " | ".join(cells) + " |")
+    print()
+
+
+def print_targets(rows, peak: float) -> None:
+    """Issue #7's ratios, where this run measured what they need."""
+    by_n = {r["n"]: r for r in rows}
+    lines = []
+    r = by_n.get(16384, {})
+    if r.get("sdpa_bwd") and r.get("chunk_bwd"):
+        lines.append(f"1. SDPA / chunk fwd+bwd at N=16384: {r['sdpa_bwd'] / r['chunk_bwd']:.2f}× (target ≥ 15×)")
+    r = by_n.get(65536, {})
+    if r.get("fla_bwd") and r.get("chunk_none_bwd"):
+        lines.append(f"2. fla naive_chunk (normalize=True) / chunk rope=none fwd+bwd at N=65536: "
+                     f"{r['fla_bwd'] / r['chunk_none_bwd']:.2f}× (target ≥ 3×)")
+    a, b = by_n.get(65536, {}).get("chunk_bwd"), by_n.get(8192, {}).get("chunk_bwd")
+    if a and b:
+        lines.append(f"3. chunk fwd+bwd time(65536) / time(8192): {a / b:.2f} (target ≤ 9)")
+    r = by_n.get(65536, {})
+    if r.get("gflops"):
+        lines.append(f"4. chunk fwd at N=65536, 8·C·d + 8·d² count: {100 * r['gflops'] / peak:.0f}% of the "
+                     "matmul peak (target ≥ 25%)")
+    if lines:
+        print("Issue #7 targets measured in this run:")
+        for line in lines:
+            print("  " + line)
+        print()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths N (default 1k … 64k)")
+    p.add_argument("--forms", nargs="+", default=None, choices=["chunk", "naive", "sdpa", "chunk_none", "fla"],
+                   help="forms to time (default: all; chunk_none, chunk with rope='none', comes with fla)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement; the median is reported")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
     p.add_argument("--chunk-size", type=int, default=64, help="chunk size C of the chunk form")
@@ -183,6 +320,13 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true", help="N = 1k, 2k, 4k only (a smoke run)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads for the timings (default: torch's default)")
+    p.add_argument("--generation", action="store_true",
+                   help="also time recurrent generation per token at --gen-positions (issue #7, target 5)")
+    p.add_argument("--generation-only", action="store_true", help="only the generation timing")
+    p.add_argument("--gen-positions", type=int, nargs="+", default=[1024, 65536],
+                   help="positions at which generation is timed (the ratio is last / first)")
+    p.add_argument("--gen-tokens", type=int, default=200, help="consecutive tokens timed per position and round")
+    p.add_argument("--gen-rounds", type=int, default=7, help="rounds per position; the median is reported")
     p.add_argument("--_child", nargs=2, metavar=("FORM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._child:
@@ -195,19 +339,26 @@ def main(argv=None) -> None:
     C = args.chunk_size
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.generation_only:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        print_generation(args)
+        return
 
-    fns = forms(C)
+    fns = forms(C, args.forms)
     print(f"# linear attention benchmark: B={B} H={H} d={D} float32 causal, elu+1, RoPE numerator, chunk C={C}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {repeats} after {args.warmup} warm-up")
     peak = matmul_peak_gflops()
     print(f"float32 matmul peak (2048³ torch.mm): {peak:.1f} GFLOP/s")
-    if "fla" not in fns:
-        print("fla not importable, row skipped")
+    if "fla" not in fns and (args.forms is None or "fla" in args.forms):
+        print(f"fla row skipped: flash-linear-attention not importable ({fla_import()[1]})")
+    elif "fla" in fns:
+        print("fla row: fla.ops.linear_attn.naive.naive_chunk_linear_attn(normalize=True) on the raw q, k, v "
+              "(no feature map, no RoPE), against chunk_none = our chunk form with rope='none' (elu+1 included)")
     print()
 
     issue_flops = 8 * C * D + 8 * D * D  # the issue's count per token per head
     matmul_flops = 4 * C * D + 4 * D * D  # QKᵀ, PV, KᵀV, Q·S of the numerator, 2 FLOPs per multiply-add
-    scaling = {"chunk": 1, "fla": 1, "naive": 2, "sdpa": 2}
+    scaling = {"chunk": 1, "chunk_none": 1, "fla": 1, "naive": 2, "sdpa": 2}
     last = {}  # form -> (n, seconds of one fwd+bwd run) for the time prediction
     rows = []
     for n in lengths:
@@ -239,7 +390,8 @@ def main(argv=None) -> None:
     head = ["N", "chunk fwd ms", "chunk f+b ms", "naive fwd ms", "naive f+b ms", "SDPA fwd ms", "SDPA f+b ms",
             "SDPA/chunk fwd", "SDPA/chunk f+b", "naive/chunk fwd", "naive/chunk f+b"]
     if has_fla:
-        head += ["fla fwd ms", "fla/chunk fwd"]
+        head += ["chunk rope=none fwd ms", "chunk rope=none f+b ms", "fla fwd ms", "fla f+b ms",
+                 "fla/chunk(none) fwd", "fla/chunk(none) f+b"]
     head += ["chunk fwd GFLOP/s (8Cd+8d²)", "% of mm peak", "chunk fwd GFLOP/s (4Cd+4d²)", "% of mm peak"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -250,7 +402,9 @@ def main(argv=None) -> None:
                  fmt_ratio(g("sdpa_bwd"), g("chunk_bwd")), fmt_ratio(g("naive_fwd"), g("chunk_fwd")),
                  fmt_ratio(g("naive_bwd"), g("chunk_bwd"))]
         if has_fla:
-            cells += [fmt_ms(g("fla_fwd")), fmt_ratio(g("fla_fwd"), g("chunk_fwd"))]
+            cells += [fmt_ms(g("chunk_none_fwd")), fmt_ms(g("chunk_none_bwd")), fmt_ms(g("fla_fwd")),
+                      fmt_ms(g("fla_bwd")), fmt_ratio(g("fla_fwd"), g("chunk_none_fwd")),
+                      fmt_ratio(g("fla_bwd"), g("chunk_none_bwd"))]
         for key in ("gflops", "gflops_mm"):
             cells += ["–" if g(key) is None else f"{r[key]:.1f}", "–" if g(key) is None else f"{100 * r[key] / peak:.0f}%"]
         print("| " + " | ".join(cells) + " |")
@@ -259,13 +413,17 @@ def main(argv=None) -> None:
           f"4·C·d + 4·d² = {matmul_flops} (the numerator's matmuls QKᵀ, PV, KᵀV, Q·S at 2 FLOPs per multiply-add; "
           "the denominator, feature map and RoPE are not counted).  "
           "'–': not run (naive above --naive-max, or predicted over --budget-s).")
+    print()
+    print_targets(rows, peak)
+    if args.generation:
+        print_generation(args)
 
     if args.no_memory:
         return
     print()
     print("Peak RSS of a fresh process running one forward+backward (MB above the RSS before the call; total peak in brackets)")
     print()
-    mem_forms = [f for f in fns if f != "fla"]
+    mem_forms = [f for f in fns if f not in ("fla", "chunk_none")]
     print("| N | " + " | ".join(mem_forms) + " | inputs q,k,v |")
     print("|" + "---|" * (len(mem_forms) + 2))
     for r in rows:

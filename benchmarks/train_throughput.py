@@ -1,0 +1,144 @@
+"""Benchmark: end-to-end training throughput of ``linear_rope`` against ``softmax_rope`` (issue #7, target 6).
+
+Both models are ``linrope.model.TransformerLM`` at the same size (default: the repo's ``size=small`` shapes,
+d_model=256, 4 layers, 4 heads, d_ff=1024, byte vocabulary 256), built in this one process:
+
+  * ``linear_rope``  – linear attention, elu+1, RoPE in the numerator, ``impl="chunk"`` (C=64)
+                       (= ``conf/model/linear_rope.yaml``),
+  * ``softmax_rope`` – softmax attention through torch SDPA (causal), RoPE on q, k
+                       (= ``conf/model/softmax_rope.yaml``).
+
+One training step = forward, next-token cross-entropy, backward, gradient clipping at 1.0 and an AdamW step
+(lr 2e-3, betas (0.9, 0.95), weight decay 0.1: the repo's optimiser settings) on random bytes.  For each
+context length every model first runs ``--warmup`` untimed steps; then ``--steps`` timed rounds alternate
+the models step by step (so slow drifts of the machine hit both alike), and each model's time per step is
+the median over its timed steps.  Tokens/s = batch · context / median step time; the ratio is
+linear_rope tokens/s over softmax_rope tokens/s at the same context.
+
+Usage:  python benchmarks/train_throughput.py                       # context 8192
+        python benchmarks/train_throughput.py --context 1024 4096 8192 --steps 5
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from linrope.model import TransformerLM  # noqa: E402
+
+ROPE = {"name": "rope", "base": 10000.0, "scaling": None, "factor": 1.0}
+MODELS = {
+    "linear_rope": {"kind": "linear", "feature_map": "elu", "placement": "numerator", "impl": "chunk",
+                    "chunk_size": 64, "eps": 1e-6},
+    "softmax_rope": {"kind": "softmax"},
+}
+
+
+def build(name: str, args, context: int, seed: int) -> TransformerLM:
+    attention = dict(MODELS[name])
+    if attention["kind"] == "linear":
+        attention["chunk_size"] = args.chunk_size
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=256, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_ff=args.d_ff,
+               dropout=0.0, max_len=context, causal=True, attention=attention, position=dict(ROPE))
+    return TransformerLM(cfg)
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=2e-3, betas=(0.9, 0.95))
+
+
+class Trainer:
+    def __init__(self, name: str, args, context: int):
+        self.name = name
+        self.model = build(name, args, context, args.seed)
+        self.model.train()
+        self.opt = make_optimizer(self.model)
+        g = torch.Generator().manual_seed(args.seed)
+        self.data = torch.randint(0, 256, (args.batch, context + 1), generator=g)
+        self.times: list[float] = []
+
+    def step(self) -> float:
+        x, y = self.data[:, :-1], self.data[:, 1:]
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        logits = self.model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        dt = time.perf_counter() - t0
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"{self.name}: non-finite loss {loss.item()}")
+        return dt
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--context", type=int, nargs="+", default=[8192], help="context lengths (tokens) to time")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="models to time")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--chunk-size", type=int, default=64, help="chunk size of linear_rope's chunked kernel")
+    p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per model before timing")
+    p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per model (median reported)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print(f"# training throughput: d_model={args.d_model} layers={args.layers} heads={args.heads} d_ff={args.d_ff} "
+          f"batch={args.batch}, float32, AdamW + clip 1.0")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} warm-up steps per model, "
+          f"median of {args.steps} timed steps (models alternating)")
+    rows = []
+    for ctx in args.context:
+        trainers = [Trainer(name, args, ctx) for name in args.models]
+        for tr in trainers:
+            for _ in range(args.warmup):
+                tr.step()
+        for _ in range(args.steps):
+            for tr in trainers:
+                tr.times.append(tr.step())
+        row = {"context": ctx}
+        for tr in trainers:
+            med = statistics.median(tr.times)
+            row[tr.name] = med
+            print(f"context={ctx} {tr.name}: step times " + ", ".join(f"{t * 1e3:.0f}" for t in tr.times)
+                  + f" ms; median {med * 1e3:.0f} ms, {args.batch * ctx / med:.0f} tokens/s", flush=True)
+        rows.append(row)
+        del trainers
+
+    print()
+    names = args.models
+    head = ["context"] + [f"{n} ms/step" for n in names] + [f"{n} tokens/s" for n in names]
+    both = "linear_rope" in names and "softmax_rope" in names
+    if both:
+        head.append("linear/softmax tokens/s")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        tok = lambda n: args.batch * r["context"] / r[n]  # noqa: E731
+        cells = [str(r["context"])] + [f"{r[n] * 1e3:.0f}" for n in names] + [f"{tok(n):.0f}" for n in names]
+        if both:
+            cells.append(f"{r['softmax_rope'] / r['linear_rope']:.2f}×")
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
