@@ -80,6 +80,8 @@ def validate(cfg: DictConfig) -> None:
 def data_errors(cfg) -> List[str]:
     """A corpus path that does not exist, or a single-file corpus too short for one window per split
     (a folder is measured when it is read: CorpusError)."""
+    from linrope.data.bytes import position_split
+
     path = _get(cfg, "data.path")
     if not path:
         return []
@@ -94,7 +96,7 @@ def data_errors(cfg) -> List[str]:
     if _get(cfg, "data.max_bytes"):
         n = min(n, int(_get(cfg, "data.max_bytes")))
     vf, tf = float(_get(cfg, "data.val_fraction", 0.05)), float(_get(cfg, "data.test_fraction", 0.05))
-    a, b = int(n * (1 - vf - tf)), int(n * (1 - tf))
+    a, b = position_split(n, vf, tf)
     sizes = {"train": a, "val": b - a, "test": n - b}
     short = [f"{s} {k} bytes" for s, k in sizes.items() if k < context + 1]
     if short:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
+from linrope.positions.learned import SequenceTooLong
 
 LN2 = math.log(2.0)
 COLUMNS = ["length", "factor", "scaling", "loss", "bpb", "acc", "examples", "scored", "status"]
@@ -83,8 +84,8 @@ def rope_scaling(model: torch.nn.Module, scaling: Optional[str], factor: float):
 
 
 def too_long(error: BaseException) -> bool:
-    """A position table that ends before the length asked (learned.SequenceTooLong and kin)."""
-    return type(error).__name__ == "SequenceTooLong"
+    """A position table that ends before the length asked (learned, tupe, multiplicative tables)."""
+    return isinstance(error, SequenceTooLong)
 
 
 def batch_for(length: int, model_cfg, max_batch: int, max_score_mb: float) -> int:

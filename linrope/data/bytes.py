@@ -58,6 +58,11 @@ def split_of(relpath: str, val_fraction: float, test_fraction: float) -> str:
     return "train"
 
 
+def position_split(n: int, val_fraction: float, test_fraction: float) -> Tuple[int, int]:
+    """Where a single-file corpus of n bytes is cut: train [0, a), val [a, b), test [b, n)."""
+    return int(n * (1 - val_fraction - test_fraction)), int(n * (1 - test_fraction))
+
+
 def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05, test_fraction: float = 0.05,
                 suffixes: Optional[Sequence[str]] = None, max_bytes: Optional[int] = None) -> dict:
     """Read a corpus into {split: uint8 array}.  Refuses a missing, empty or too-short corpus.
@@ -79,7 +84,7 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
         n = len(data)
         if n == 0:
             raise CorpusError(f"data.path {root}: the file is empty")
-        a, b = int(n * (1 - val_fraction - test_fraction)), int(n * (1 - test_fraction))
+        a, b = position_split(n, val_fraction, test_fraction)
         parts = {"train": data[:a], "val": data[a:b], "test": data[b:]}
     else:
         chunks = {s: [] for s in SPLITS}

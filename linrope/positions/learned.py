@@ -9,6 +9,19 @@ class SequenceTooLong(ValueError):
     pass
 
 
+def check_table_positions(positions: torch.Tensor, max_len: int, table: str,
+                          remedy: str = "use a relative scheme for longer sequences") -> None:
+    """One line if a position falls outside a table of ``max_len`` rows (learned, tupe, multiplicative)."""
+    if not positions.numel():
+        return
+    top, bottom = int(positions.max()), int(positions.min())
+    if top >= max_len or bottom < 0:
+        raise SequenceTooLong(
+            f"{table} position table has {max_len} rows (positions 0..{max_len - 1}) but position "
+            f"{top if top >= max_len else bottom} was asked for; raise model max_len or {remedy}"
+        )
+
+
 @register
 class Learned(PositionScheme):
     name = "learned"
@@ -22,10 +35,5 @@ class Learned(PositionScheme):
             self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * init_std)
 
     def embed(self, x, positions):
-        top = int(positions.max()) if positions.numel() else -1
-        if top >= self.max_len or (positions.numel() and int(positions.min()) < 0):
-            raise SequenceTooLong(
-                f"learned position table has {self.max_len} rows (positions 0..{self.max_len - 1}) but position "
-                f"{top} was asked for; raise model max_len or use a relative scheme for longer sequences"
-            )
+        check_table_positions(positions, self.max_len, "learned")
         return x + self.table[positions].to(x.dtype)

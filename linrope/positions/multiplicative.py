@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .base import PositionScheme, register
-from .learned import SequenceTooLong
+from .learned import check_table_positions
 from .sinusoidal import sinusoidal_table
 
 TABLES = ("sinusoidal", "learned")
@@ -36,12 +36,7 @@ class Multiplicative(PositionScheme):
         """(N, D) multiplicative gate p_i."""
         if self.table_kind == "sinusoidal":
             return (1.0 + self.scale * sinusoidal_table(positions, dim, self.base)).to(dtype)
-        top = int(positions.max()) if positions.numel() else -1
-        if top >= self.max_len or (positions.numel() and int(positions.min()) < 0):
-            raise SequenceTooLong(
-                f"multiplicative position table has {self.max_len} rows (positions 0..{self.max_len - 1}) but "
-                f"position {top} was asked for; raise model max_len or use table: sinusoidal"
-            )
+        check_table_positions(positions, self.max_len, "multiplicative", "use table: sinusoidal")
         return 1.0 + self.table[positions].to(dtype)
 
     def embed(self, x, positions):

@@ -17,7 +17,7 @@ from einops import rearrange
 from torch import nn
 
 from .base import PositionScheme, register, relative_distance
-from .learned import SequenceTooLong
+from .learned import check_table_positions
 from .t5 import t5_bucket
 
 
@@ -44,19 +44,8 @@ class TUPE(PositionScheme):
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.head_dim)
 
-    def check_positions(self, positions: torch.Tensor) -> None:
-        if not positions.numel():
-            return
-        top, bottom = int(positions.max()), int(positions.min())
-        if top >= self.max_len or bottom < 0:
-            raise SequenceTooLong(
-                f"tupe position table has {self.max_len} rows (positions 0..{self.max_len - 1}) but position "
-                f"{top if top >= self.max_len else bottom} was asked for; raise model max_len or use a relative "
-                f"scheme for longer sequences"
-            )
-
     def score_bias(self, q, k, positions):
-        self.check_positions(positions)
+        check_table_positions(positions, self.max_len, "tupe")
         p = self.table[positions].to(q.dtype)  # (N, D)
         pq = rearrange(p @ self.u_q.to(q.dtype), "n (h d) -> h n d", h=self.n_heads)
         pk = rearrange(p @ self.u_k.to(q.dtype), "n (h d) -> h n d", h=self.n_heads)

@@ -61,10 +61,6 @@ def with_one(x: torch.Tensor, feature_map: str) -> torch.Tensor:
     return x
 
 
-def rope_theta(d: int, rope_theta_: Optional[torch.Tensor], device) -> torch.Tensor:
-    return rope_theta_ if rope_theta_ is not None else rope_frequencies(d, device=device)
-
-
 def rope_tables(positions: Optional[torch.Tensor], n: int, d: int, theta: Optional[torch.Tensor], device, dtype):
     """cos/sin tables (N, d/2) for the given positions (default 0…N-1)."""
     if positions is None:
@@ -72,7 +68,7 @@ def rope_tables(positions: Optional[torch.Tensor], n: int, d: int, theta: Option
     positions = positions.to(device)
     if positions.dim() != 1 or positions.shape[0] != n:
         raise ValueError(f"positions must be a 1-D tensor of length N={n}; got shape {tuple(positions.shape)}")
-    return rope_cos_sin(positions, rope_theta(d, theta, device), dtype)
+    return rope_cos_sin(positions, theta if theta is not None else rope_frequencies(d, device=device), dtype)
 
 
 def decay_log(decay: Optional[torch.Tensor], n_heads: int, device) -> Optional[torch.Tensor]:
