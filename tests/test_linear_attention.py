@@ -153,6 +153,27 @@ def test_non_contiguous_inputs():
         assert rel(chunk_linear_attention(q, k, v, rope=rope, chunk_size=16), ref) < 1e-12
 
 
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+@pytest.mark.parametrize("rope", PLACEMENTS)
+def test_gradient_of_one_input_alone(feature_map, rope):
+    """Only one of q, k, v requires a gradient (as for frozen projections): the others get none, and that
+    one equals naive's; the inputs are non-contiguous views, as a model hands them over."""
+    g = gen("one-grad", feature_map, rope)
+    x = torch.randn(B, 90, H, 3 * D, generator=g, dtype=torch.float64)
+    w = torch.randn(B, H, 90, D, generator=g, dtype=torch.float64)
+    for i, name in enumerate("qkv"):
+        grads = []
+        for fn in (naive_linear_attention, lambda *a, **k_: chunked(*a, chunk_size=16, **k_)):
+            leaf = x.clone().requires_grad_()
+            parts = list(x.transpose(1, 2).split(D, dim=-1))
+            parts[i] = leaf.transpose(1, 2).split(D, dim=-1)[i]
+            out = fn(*parts, feature_map=feature_map, rope=rope, decay=DECAY)
+            (out * w).sum().backward()
+            assert all(not p.requires_grad for j, p in enumerate(parts) if j != i)
+            grads.append(leaf.grad)
+        assert rel(grads[1], grads[0]) < 1e-10, name
+
+
 # ------------------------------------------------------------------------------------------------------
 # state hand-over: two pieces == one pass; generation step by step
 # ------------------------------------------------------------------------------------------------------

@@ -45,6 +45,24 @@ def test_low_precision_chunk_against_float64_naive(dtype, feature_map):
         assert rel(rec, naive_linear_attention(q.double(), k.double(), v.double(), feature_map=feature_map)) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("feature_map", ["elu", "cosine"])
+def test_low_precision_gradients_against_float64_naive(dtype, feature_map):
+    """The backward computes in float32 and hands back gradients in the input precision."""
+    tol = {torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]  # about one rounding of the result (seen: 2.7e-3, 4.4e-4)
+    g = gen("lowp-grad", dtype, feature_map)
+    q, k, v = (torch.randn(2, 2, 300, 16, generator=g).to(dtype) for _ in range(3))
+    w = torch.randn(2, 2, 300, 16, generator=g, dtype=torch.float64)
+    for rope in ("numerator", "both", "none"):
+        grads = []
+        for fn, t in ((naive_linear_attention, torch.float64), (chunk_linear_attention, dtype)):
+            leaves = [x.detach().to(t).requires_grad_() for x in (q, k, v)]
+            (fn(*leaves, feature_map=feature_map, rope=rope).double() * w).sum().backward()
+            grads.append([x.grad for x in leaves])
+        for name, gr, ref in zip("qkv", grads[1], grads[0]):
+            assert gr.dtype == dtype and rel(gr, ref) < tol, (rope, name, rel(gr, ref))
+
+
 @pytest.mark.parametrize("decayed", [False, True])
 def test_bfloat16_at_65536_positions_stays_finite(decayed):
     n, d = 65536, 16

@@ -47,6 +47,8 @@ and the numerator kernel is differentiated chunk by chunk (dnum = ∂L/∂num):
 with the reverse state R_in[nc-1] = ∂L/∂S_final, R_in[c-1] = γ^(ℓ_c) R_in[c] + Σ_t γ^(t+1) q_t dnum_tᵀ,
 and ∂L/∂S0 = γ^(ℓ_0) R_in[0] + Σ_{t in chunk 0} γ^(t+1) q_t dnum_tᵀ (handed to the previous block).  The
 denominator's vector sums are differentiated by a reversed decayed prefix sum (∂L/∂z carried likewise).
+The features are differentiated by hand (``_features_backward_``: the inverse rotation, then φ'; for elu+1
+φ'(x) = min(φ(x), 1)), so the backward builds no autograd graph of its own.
 Saved between forward and backward: q, k, v, the initial state, the output, the denominator (B, H, N) and
 the states at block boundaries ((N/block)·D'·d_v numbers).  Features, C×C products and chunk states are
 recomputed block by block, so nothing of size N·d² (nor N·C) is kept.  The output in the input precision
@@ -120,32 +122,76 @@ def _rope_rotors(positions, n: int, d: int, theta, device, dtype) -> torch.Tenso
 
 
 def _rotate(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-    """Interleaved RoPE: pairs (x[2t], x[2t+1]) as complex numbers times e^{i m θ_t} (= ``rope.rotate``)."""
-    if x.stride(-1) != 1:
+    """Interleaved RoPE: pairs (x[2t], x[2t+1]) as complex numbers times e^{i m θ_t} (= ``rope.rotate``);
+    with ``rot.conj()`` the inverse rotation."""
+    if x.stride(-1) != 1 or x.storage_offset() % 2 or any(st % 2 for st in x.stride()[:-1]):
         x = x.contiguous()
     xc = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
     return torch.view_as_real(xc * rot).flatten(-2)
 
 
 def _phi(x: torch.Tensor, feature_map: str, dtype) -> torch.Tensor:
-    x = x.to(dtype)
+    """φ without its constant feature (``common.phi``), in the compute precision; no autograd graph."""
     if feature_map == "elu":
-        y = F.elu(x)
-        return y + 1.0 if torch.is_grad_enabled() and y.requires_grad else y.add_(1.0)
-    return phi(x, feature_map)
+        return F.elu(x.to(dtype)).add_(1.0)
+    return phi(x.to(dtype), feature_map)
 
 
-def _features(q, k, *, feature_map: str, rope: str, rot: Optional[torch.Tensor], dtype):
-    """(q_num, k_num, q_den, k_den) exactly as ``naive.features``, given the rotors of these positions; the
-    denominator features are the numerator ones (same objects) for placements "both" and "none"."""
+def _phi_backward_(g: torch.Tensor, x: torch.Tensor, f: torch.Tensor, feature_map: str, out: torch.Tensor) -> None:
+    """out = ∂L/∂x given g = ∂L/∂f for f = φ(x) (``_phi``); g and f may be overwritten.
+
+    elu+1: φ(x) = x + 1 > 1 for x > 0 and exp(x) ≤ 1 otherwise, so φ'(x) = min(φ(x), 1).
+    cosine: f = x / r with r = max(‖x‖, m): ∂L/∂x = (g - f (f·g) [‖x‖ ≥ m]) / r."""
+    if feature_map == "elu":
+        d = f.clamp_max_(1.0)
+    else:
+        m = torch.finfo(f.dtype).tiny ** 0.5
+        norm = torch.linalg.vector_norm(x.to(f.dtype), dim=-1, keepdim=True)
+        fg = torch.linalg.vecdot(f, g).unsqueeze(-1).mul_(norm >= m)
+        g = g.sub_(f.mul_(fg))
+        d = norm.clamp_min_(m).reciprocal_()
+    if out.dtype == g.dtype:
+        torch.mul(g, d, out=out)
+    else:
+        out.copy_(g.mul_(d))
+
+
+class _Features(NamedTuple):
+    """φ(q), φ(k) before rotation (``qf, kf``) and the features of the numerator and the denominator
+    exactly as ``naive.features`` (the denominator's are the numerator's, same objects, unless the
+    placement is "numerator")."""
+
+    qf: torch.Tensor
+    kf: torch.Tensor
+    qn: torch.Tensor
+    kn: torch.Tensor
+    qd: torch.Tensor
+    kd: torch.Tensor
+
+
+def _features(q, k, *, feature_map: str, rope: str, rot: Optional[torch.Tensor], dtype) -> _Features:
     qf, kf = _phi(q, feature_map, dtype), _phi(k, feature_map, dtype)
     if rope == "none":
         q_num, k_num = with_one(qf, feature_map), with_one(kf, feature_map)
-        return q_num, k_num, q_num, k_num
+        return _Features(qf, kf, q_num, k_num, q_num, k_num)
     q_num, k_num = with_one(_rotate(qf, rot), feature_map), with_one(_rotate(kf, rot), feature_map)
     if rope == "both":
-        return q_num, k_num, q_num, k_num
-    return q_num, k_num, with_one(qf, feature_map), with_one(kf, feature_map)
+        return _Features(qf, kf, q_num, k_num, q_num, k_num)
+    return _Features(qf, kf, q_num, k_num, with_one(qf, feature_map), with_one(kf, feature_map))
+
+
+def _features_backward_(x, f, d_num, d_den, *, feature_map: str, rope: str, unrot: Optional[torch.Tensor],
+                        out: torch.Tensor) -> None:
+    """out = ∂L/∂x from the gradients of x's numerator and denominator features (``d_den`` None when they
+    are shared), given the inverse rotors ``unrot``; ``f`` = φ(x) before rotation and ``d_num`` are
+    overwritten."""
+    one = 1 if feature_map == "cosine" else 0  # the constant feature of the cosine map gets no gradient
+    g = d_num[..., one:]
+    if rope != "none":
+        g = _rotate(g, unrot)
+    if d_den is not None:
+        g = g.add_(d_den[..., one:])
+    _phi_backward_(g, x, f, feature_map, out)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -451,8 +497,8 @@ class ChunkLinearAttentionFunction(torch.autograd.Function):
                 starts_S.append(S)
                 starts_z.append(z)
             ch = tables(e - s)
-            qn, kn, qd, kd = _features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map, rope=cfg.rope,
-                                       rot=None if rot is None else rot[s:e], dtype=dtype)
+            _, _, qn, kn, qd, kd = _features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map, rope=cfg.rope,
+                                             rot=None if rot is None else rot[s:e], dtype=dtype)
             num, S = _matrix_fwd(qn, kn, _values(v[:, :, s:e], shared, ch, dtype), ch, cfg.causal, S)
             if shared:
                 den, num = num[..., dv], num[..., :dv]
@@ -517,12 +563,10 @@ class ChunkLinearAttentionFunction(torch.autograd.Function):
             ch = tables(n)
             S_start = S_first if b == 0 else saved_S[b - 1]
             z_start = z_first if b == 0 else (None if saved_z is None else saved_z[b - 1])
-            with torch.enable_grad():  # recompute the block's features, keeping their graph
-                q_ = q[:, :, s:e].detach().requires_grad_(need_q)
-                k_ = k[:, :, s:e].detach().requires_grad_(need_k)
-                feats = _features(q_, k_, feature_map=cfg.feature_map, rope=cfg.rope,
-                                  rot=None if rot is None else rot[s:e], dtype=dtype)
-            qn, kn, qd, kd = (f.detach() for f in feats)
+            rot_b = None if rot is None else rot[s:e]
+            unrot_b = None if rot is None else rot_b.conj().resolve_conj()  # the inverse rotation
+            qf, kf, qn, kn, qd, kd = _features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map,
+                                               rope=cfg.rope, rot=rot_b, dtype=dtype)  # recomputed
             # ∂L/∂num = g / D and ∂L/∂den = -(g·o) / D, written into a zero-padded (B,H,nc·C,E) buffer
             do = _alloc((B, H, ch.nc * ch.C, E), dtype=dtype, device=q.device)
             do[:, :, n:].zero_()
@@ -537,9 +581,8 @@ class ChunkLinearAttentionFunction(torch.autograd.Function):
             dqn, dkn, dvv, dS = _matrix_bwd(qn, kn, _values(v[:, :, s:e], shared, ch, dtype), do, ch, cfg.causal,
                                             S_start, dS)
             del do
-            if shared:
-                grads_feat = [dqn, dkn]
-            else:  # the denominator den_i = qd_i · zc_i
+            dqd = dkd = None
+            if not shared:  # the denominator den_i = qd_i · zc_i
                 y = dden.unsqueeze(-1) * qd
                 if cfg.causal:
                     dqd = _dcumsum(kd, ch, z_start).mul_(dden.unsqueeze(-1))
@@ -551,21 +594,14 @@ class ChunkLinearAttentionFunction(torch.autograd.Function):
                     dqd = _dsum_symmetric(kd, ch) * dden.unsqueeze(-1)
                     dkd = _dsum_symmetric(y, ch)
                 del y
-                grads_feat = [dqn, dkn, dqd, dkd]
             if need_v:
                 dvl[:, :, s:e].copy_(dvv[..., :dv])
-            del dvv
-            if need_q or need_k:
-                outs = list(feats[:2]) if shared else list(feats)
-                pairs = [(o, gr) for o, gr in zip(outs, grads_feat) if o.requires_grad]
-                inputs = [t for t, need in ((q_, need_q), (k_, need_k)) if need]
-                res = torch.autograd.grad([p[0] for p in pairs], inputs, [p[1] for p in pairs], allow_unused=True)
-                for t, r in zip([x for x, need in ((dq, need_q), (dk, need_k)) if need], res):
-                    if r is None:
-                        t[:, :, s:e].zero_()
-                    else:
-                        t[:, :, s:e].copy_(r)
-            del feats, grads_feat, qn, kn, qd, kd
+            del dvv, qn, kn, qd, kd
+            for x, f, d_num, d_den, grad in ((q, qf, dqn, dqd, dq), (k, kf, dkn, dkd, dk)):
+                if grad is not None:
+                    _features_backward_(x[:, :, s:e], f, d_num, d_den, feature_map=cfg.feature_map, rope=cfg.rope,
+                                        unrot=unrot_b, out=grad[:, :, s:e])
+            del qf, kf, dqn, dkn, dqd, dkd
         dS0 = dz0 = None
         if S0 is not None and cfg.causal:
             if shared:
