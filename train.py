@@ -16,6 +16,10 @@ def main(cfg: DictConfig) -> Optional[float]:
 
     with one_line_errors():
         validate(cfg)  # one-line errors before any data is read or model built
+        if cfg.get("retain_freed_memory", True):
+            from linrope.memory import retain_freed_memory
+
+            retain_freed_memory()
         from lightning import seed_everything
         from linrope import training as T
 

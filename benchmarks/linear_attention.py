@@ -10,6 +10,10 @@ N from 1k to 64k.  For each N it times, in this one process (so that the ratios 
                  with ``normalize=True`` when ``fla`` is importable (``pip install fla-core triton``), on the
                  raw q, k, v (no feature map, no RoPE there), set against
   * ``chunk_none`` – our chunk form with ``rope="none"`` (elu+1 included), timed only beside the fla row,
+  * ``plain``  – the "before" of issue #7: a straightforward chunked form written in a few lines of PyTorch
+                 (``plain_chunk_linear_attention`` below: features of the whole sequence, masked C×C products,
+                 an exclusive cumsum of every chunk's state, autograd for the backward); it is checked
+                 against the naive form before it is timed,
 
 forward (under ``torch.no_grad``) and forward+backward, after warm-up runs, as the median of ``--repeats``.
 A form is skipped at an N where its time predicted from the previous N (quadratic for naive/sdpa, linear
@@ -55,7 +59,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from linrope.memory import retain_freed_memory  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
+from linrope.ops.linear_attn.naive import features  # noqa: E402
 
 B, H, D = 1, 8, 64
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
@@ -68,6 +74,38 @@ QUICK_LENGTHS = [1024, 2048, 4096]
 def make_inputs(n: int, requires_grad: bool, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, n, D, generator=g).requires_grad_(requires_grad) for _ in range(3)]
+
+
+def plain_chunk_linear_attention(q, k, v, *, rope: str = "numerator", chunk_size: int = 64, eps: float = 1e-6):
+    """Causal elu+1 linear attention as a first chunked version would write it (issue #7's "before").
+
+    Every chunk's state kᵀv is materialised, (B, H, N/C, d, d_v), and turned into the states entering the
+    chunks by a cumsum; autograd differentiates it all and keeps what it needs for the backward."""
+    qn, kn, qd, kd = features(q, k, feature_map="elu", rope=rope, positions=None, theta=None, dtype=q.dtype)
+    n, C = q.shape[2], chunk_size
+    nc = -(-n // C)
+
+    def chunks(x):
+        return F.pad(x, (0, 0, 0, nc * C - n)).unflatten(2, (nc, C))
+
+    qc, kc, vc, qdc, kdc = map(chunks, (qn, kn, v, qd, kd))
+    future = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
+    U = kc.transpose(-1, -2) @ vc
+    num = (qc @ kc.transpose(-1, -2)).masked_fill(future, 0) @ vc + qc @ (U.cumsum(2) - U)
+    zk = kdc.sum(3)
+    den = (qdc @ kdc.transpose(-1, -2)).masked_fill(future, 0).sum(-1) + (qdc * (zk.cumsum(2) - zk).unsqueeze(3)).sum(-1)
+    return (num / (den.unsqueeze(-1) + eps)).flatten(2, 3)[:, :, :n]
+
+
+def check_plain(chunk_size: int) -> None:
+    """The "before" form computes what the naive form computes (float64, N not a multiple of C)."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 3 * chunk_size + 5, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    for rope in ("numerator", "none"):
+        ref = linear_attention(q, k, v, impl="naive", rope=rope)
+        err = ((plain_chunk_linear_attention(q, k, v, rope=rope, chunk_size=chunk_size) - ref).norm() / ref.norm()).item()
+        if not err < 1e-10:
+            raise RuntimeError(f"plain chunked form disagrees with naive (rope={rope}): relative error {err:.2e}")
 
 
 def fla_import():
@@ -96,10 +134,12 @@ def forms(chunk_size: int, selected=None):
         "chunk": lambda q, k, v: linear_attention(q, k, v, impl="chunk", chunk_size=chunk_size),
         "naive": lambda q, k, v: linear_attention(q, k, v, impl="naive"),
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "plain": lambda q, k, v: plain_chunk_linear_attention(q, k, v, chunk_size=chunk_size),
     }
     fla = fla_callable() if (selected is None or "fla" in selected) else None
     if fla is not None:  # the fla row compares with our chunk form without RoPE (what fla computes)
         out["chunk_none"] = lambda q, k, v: linear_attention(q, k, v, impl="chunk", chunk_size=chunk_size, rope="none")
+        out["plain_none"] = lambda q, k, v: plain_chunk_linear_attention(q, k, v, rope="none", chunk_size=chunk_size)
         out["fla"] = fla
     if selected is not None:
         out = {k: f for k, f in out.items() if k in selected}
@@ -170,9 +210,11 @@ def child_main(form: str, n: int, chunk_size: int) -> None:
     print(json.dumps({"peak_mb": peak / 1024, "delta_mb": (peak - before) / 1024}))
 
 
-def measure_memory(form: str, n: int, chunk_size: int, timeout: float):
+def measure_memory(form: str, n: int, chunk_size: int, timeout: float, retained: bool):
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", form, str(n), "--chunk-size", str(chunk_size)]
     cmd += ["--threads", str(torch.get_num_threads())]  # the children run with the parent's thread count
+    if not retained:
+        cmd.append("--system-malloc")
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
         return json.loads(res.stdout.strip().splitlines()[-1])
@@ -280,23 +322,35 @@ def print_generation(args) -> None:
 
 
 def print_targets(rows, peak: float) -> None:
-    """Issue #7's ratios, where this run measured what they need."""
+    """Issue #7's ratios, where this run measured what they need: chunk (after) and plain (before)."""
     by_n = {r["n"]: r for r in rows}
+
+    def ratio(n, num, den):
+        r = by_n.get(n, {})
+        return r[num] / r[den] if r.get(num) and r.get(den) else None
+
+    def both(after, before, fmt):
+        cells = [f"chunk {fmt(after)}"] if after is not None else []
+        if before is not None:
+            cells.append(f"plain (before) {fmt(before)}")
+        return ";  ".join(cells)
+
+    times = lambda x: f"{x:.2f}×"  # noqa: E731
     lines = []
-    r = by_n.get(16384, {})
-    if r.get("sdpa_bwd") and r.get("chunk_bwd"):
-        lines.append(f"1. SDPA / chunk fwd+bwd at N=16384: {r['sdpa_bwd'] / r['chunk_bwd']:.2f}× (target ≥ 15×)")
-    r = by_n.get(65536, {})
-    if r.get("fla_bwd") and r.get("chunk_none_bwd"):
-        lines.append(f"2. fla naive_chunk (normalize=True) / chunk rope=none fwd+bwd at N=65536: "
-                     f"{r['fla_bwd'] / r['chunk_none_bwd']:.2f}× (target ≥ 3×)")
-    a, b = by_n.get(65536, {}).get("chunk_bwd"), by_n.get(8192, {}).get("chunk_bwd")
-    if a and b:
-        lines.append(f"3. chunk fwd+bwd time(65536) / time(8192): {a / b:.2f} (target ≤ 9)")
-    r = by_n.get(65536, {})
-    if r.get("gflops"):
-        lines.append(f"4. chunk fwd at N=65536, 8·C·d + 8·d² count: {100 * r['gflops'] / peak:.0f}% of the "
-                     "matmul peak (target ≥ 25%)")
+    for label, target, after, before, fmt in (
+        ("1. SDPA / form, fwd+bwd at N=16384", "≥ 15×", ratio(16384, "sdpa_bwd", "chunk_bwd"),
+         ratio(16384, "sdpa_bwd", "plain_bwd"), times),
+        ("2. fla naive_chunk (normalize=True) / form with rope=none, fwd+bwd at N=65536", "≥ 3×",
+         ratio(65536, "fla_bwd", "chunk_none_bwd"), ratio(65536, "fla_bwd", "plain_none_bwd"), times),
+        ("3. fwd+bwd time(65536) / time(8192)", "≤ 9", _scaling(by_n, "chunk"), _scaling(by_n, "plain"),
+         lambda x: f"{x:.2f}"),
+        ("4. fwd at N=65536, 8·C·d + 8·d² count, % of the matmul peak", "≥ 25%",
+         by_n.get(65536, {}).get("gflops"), by_n.get(65536, {}).get("gflops_plain"),
+         lambda x: f"{100 * x / peak:.0f}%"),
+    ):
+        text = both(after, before, fmt)
+        if text:
+            lines.append(f"{label}: {text} (target {target})")
     if lines:
         print("Issue #7 targets measured in this run:")
         for line in lines:
@@ -304,12 +358,42 @@ def print_targets(rows, peak: float) -> None:
         print()
 
 
+def _scaling(by_n, form):
+    a, b = by_n.get(65536, {}).get(form + "_bwd"), by_n.get(8192, {}).get(form + "_bwd")
+    return a / b if a and b else None
+
+
+def print_table(rows, peak: float, has_fla: bool) -> None:
+    """One markdown row per N: times in ms, then ratios (how many times faster chunk is), then FLOP rates."""
+    times = [("chunk", "chunk"), ("plain", "plain"), ("naive", "naive"), ("sdpa", "SDPA")]
+    ratios = [("sdpa", "chunk"), ("sdpa", "plain"), ("plain", "chunk"), ("naive", "chunk")]
+    if has_fla:
+        times += [("chunk_none", "chunk rope=none"), ("plain_none", "plain rope=none"), ("fla", "fla")]
+        ratios += [("fla", "chunk_none"), ("fla", "plain_none")]
+    head = ["N"] + [f"{label} {kind} ms" for _, label in times for kind in ("fwd", "f+b")]
+    head += [f"{a}/{b} {kind}" for a, b in ratios for kind in ("fwd", "f+b")]
+    head += ["chunk fwd GFLOP/s (8Cd+8d²)", "% of mm peak", "plain fwd % of mm peak (8Cd+8d²)",
+             "chunk fwd GFLOP/s (4Cd+4d²)", "% of mm peak"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        g = r.get
+        cells = [str(r["n"])] + [fmt_ms(g(f"{form}_{kind}")) for form, _ in times for kind in ("fwd", "bwd")]
+        cells += [fmt_ratio(g(f"{a}_{kind}"), g(f"{b}_{kind}")) for a, b in ratios for kind in ("fwd", "bwd")]
+        pct = lambda key: "–" if g(key) is None else f"{100 * g(key) / peak:.0f}%"  # noqa: E731
+        cells += ["–" if g("gflops") is None else f"{g('gflops'):.1f}", pct("gflops"), pct("gflops_plain"),
+                  "–" if g("gflops_mm") is None else f"{g('gflops_mm'):.1f}", pct("gflops_mm")]
+        print("| " + " | ".join(cells) + " |")
+    print()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths N (default 1k … 64k)")
-    p.add_argument("--forms", nargs="+", default=None, choices=["chunk", "naive", "sdpa", "chunk_none", "fla"],
-                   help="forms to time (default: all; chunk_none, chunk with rope='none', comes with fla)")
+    p.add_argument("--forms", nargs="+", default=None, choices=["chunk", "naive", "sdpa", "plain", "chunk_none", "plain_none", "fla"],
+                   help="forms to time (default: all; chunk_none and plain_none, the chunk and plain forms "
+                        "with rope='none', come with fla)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement; the median is reported")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
     p.add_argument("--chunk-size", type=int, default=64, help="chunk size C of the chunk form")
@@ -327,8 +411,12 @@ def main(argv=None) -> None:
                    help="positions at which generation is timed (the ratio is last / first)")
     p.add_argument("--gen-tokens", type=int, default=200, help="consecutive tokens timed per position and round")
     p.add_argument("--gen-rounds", type=int, default=7, help="rounds per position; the median is reported")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="leave malloc as it is; by default the benchmark, like train.py, keeps freed memory for "
+                        "reuse (linrope.memory.retain_freed_memory), for every form alike")
     p.add_argument("--_child", nargs=2, metavar=("FORM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    retained = False if args.system_malloc else retain_freed_memory()
     if args._child:
         if args.threads:
             torch.set_num_threads(args.threads)
@@ -345,10 +433,14 @@ def main(argv=None) -> None:
         return
 
     fns = forms(C, args.forms)
+    if "plain" in fns or "plain_none" in fns:
+        check_plain(C)
     print(f"# linear attention benchmark: B={B} H={H} d={D} float32 causal, elu+1, RoPE numerator, chunk C={C}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {repeats} after {args.warmup} warm-up")
     peak = matmul_peak_gflops()
     print(f"float32 matmul peak (2048³ torch.mm): {peak:.1f} GFLOP/s")
+    print("malloc: " + ("freed memory kept for reuse (linrope.memory.retain_freed_memory)" if retained
+                        else "as the system has it (--system-malloc, or not glibc)"))
     if "fla" not in fns and (args.forms is None or "fla" in args.forms):
         print(f"fla row skipped: flash-linear-attention not importable ({fla_import()[1]})")
     elif "fla" in fns:
@@ -358,7 +450,7 @@ def main(argv=None) -> None:
 
     issue_flops = 8 * C * D + 8 * D * D  # the issue's count per token per head
     matmul_flops = 4 * C * D + 4 * D * D  # QKᵀ, PV, KᵀV, Q·S of the numerator, 2 FLOPs per multiply-add
-    scaling = {"chunk": 1, "chunk_none": 1, "fla": 1, "naive": 2, "sdpa": 2}
+    scaling = {"chunk": 1, "chunk_none": 1, "plain": 1, "plain_none": 1, "fla": 1, "naive": 2, "sdpa": 2}
     last = {}  # form -> (n, seconds of one fwd+bwd run) for the time prediction
     rows = []
     for n in lengths:
@@ -379,36 +471,16 @@ def main(argv=None) -> None:
                 last[form] = (n, row[form + "_bwd"])
             except Exception as exc:  # noqa: BLE001 - report and carry on
                 print(f"{form} failed at N={n}: {type(exc).__name__}: {exc}")
+        for form, key in (("chunk", "gflops"), ("plain", "gflops_plain")):
+            if row.get(form + "_fwd"):
+                row[key] = B * H * n * issue_flops / row[form + "_fwd"] / 1e9
         if row.get("chunk_fwd"):
-            row["gflops"] = B * H * n * issue_flops / row["chunk_fwd"] / 1e9
             row["gflops_mm"] = B * H * n * matmul_flops / row["chunk_fwd"] / 1e9
         rows.append(row)
         print(f"N={n}: " + ", ".join(f"{k}={v * 1e3:.1f}ms" for k, v in row.items() if k.endswith(("_fwd", "_bwd"))),
               flush=True)
     print()
-    has_fla = "fla" in fns
-    head = ["N", "chunk fwd ms", "chunk f+b ms", "naive fwd ms", "naive f+b ms", "SDPA fwd ms", "SDPA f+b ms",
-            "SDPA/chunk fwd", "SDPA/chunk f+b", "naive/chunk fwd", "naive/chunk f+b"]
-    if has_fla:
-        head += ["chunk rope=none fwd ms", "chunk rope=none f+b ms", "fla fwd ms", "fla f+b ms",
-                 "fla/chunk(none) fwd", "fla/chunk(none) f+b"]
-    head += ["chunk fwd GFLOP/s (8Cd+8d²)", "% of mm peak", "chunk fwd GFLOP/s (4Cd+4d²)", "% of mm peak"]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for r in rows:
-        g = lambda key: r.get(key)  # noqa: E731
-        cells = [str(r["n"]), fmt_ms(g("chunk_fwd")), fmt_ms(g("chunk_bwd")), fmt_ms(g("naive_fwd")), fmt_ms(g("naive_bwd")),
-                 fmt_ms(g("sdpa_fwd")), fmt_ms(g("sdpa_bwd")), fmt_ratio(g("sdpa_fwd"), g("chunk_fwd")),
-                 fmt_ratio(g("sdpa_bwd"), g("chunk_bwd")), fmt_ratio(g("naive_fwd"), g("chunk_fwd")),
-                 fmt_ratio(g("naive_bwd"), g("chunk_bwd"))]
-        if has_fla:
-            cells += [fmt_ms(g("chunk_none_fwd")), fmt_ms(g("chunk_none_bwd")), fmt_ms(g("fla_fwd")),
-                      fmt_ms(g("fla_bwd")), fmt_ratio(g("fla_fwd"), g("chunk_none_fwd")),
-                      fmt_ratio(g("fla_bwd"), g("chunk_none_bwd"))]
-        for key in ("gflops", "gflops_mm"):
-            cells += ["–" if g(key) is None else f"{r[key]:.1f}", "–" if g(key) is None else f"{100 * r[key] / peak:.0f}%"]
-        print("| " + " | ".join(cells) + " |")
-    print()
+    print_table(rows, peak, "fla" in fns)
     print(f"FLOPs per token per head, forward: 8·C·d + 8·d² = {issue_flops} (the issue's count) and "
           f"4·C·d + 4·d² = {matmul_flops} (the numerator's matmuls QKᵀ, PV, KᵀV, Q·S at 2 FLOPs per multiply-add; "
           "the denominator, feature map and RoPE are not counted).  "
@@ -423,7 +495,7 @@ def main(argv=None) -> None:
     print()
     print("Peak RSS of a fresh process running one forward+backward (MB above the RSS before the call; total peak in brackets)")
     print()
-    mem_forms = [f for f in fns if f not in ("fla", "chunk_none")]
+    mem_forms = [f for f in fns if f not in ("fla", "chunk_none", "plain_none")]
     print("| N | " + " | ".join(mem_forms) + " | inputs q,k,v |")
     print("|" + "---|" * (len(mem_forms) + 2))
     for r in rows:
@@ -433,7 +505,7 @@ def main(argv=None) -> None:
             if (form + "_bwd") not in r:
                 cells.append("–")
                 continue
-            m = measure_memory(form, n, C, timeout=max(120.0, 20 * r[form + "_bwd"]))
+            m = measure_memory(form, n, C, timeout=max(120.0, 20 * r[form + "_bwd"]), retained=retained)
             cells.append(m.get("error") or f"{m['delta_mb']:.0f} ({m['peak_mb']:.0f})")
         inputs_mb = 3 * B * H * n * D * 4 / 2**20
         print(f"| {n} | " + " | ".join(cells) + f" | {inputs_mb:.0f} |", flush=True)

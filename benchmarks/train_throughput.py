@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from linrope.memory import retain_freed_memory  # noqa: E402
 from linrope.model import TransformerLM  # noqa: E402
 
 ROPE = {"name": "rope", "base": 10000.0, "scaling": None, "factor": 1.0}
@@ -98,14 +99,19 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per model (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
+                        "(linrope.memory.retain_freed_memory)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    retained = False if args.system_malloc else retain_freed_memory()
 
     print(f"# training throughput: d_model={args.d_model} layers={args.layers} heads={args.heads} d_ff={args.d_ff} "
           f"batch={args.batch}, float32, AdamW + clip 1.0")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} warm-up steps per model, "
-          f"median of {args.steps} timed steps (models alternating)")
+          f"median of {args.steps} timed steps (models alternating); malloc: "
+          + ("freed memory kept for reuse" if retained else "as the system has it"))
     rows = []
     for ctx in args.context:
         trainers = [Trainer(name, args, ctx) for name in args.models]
