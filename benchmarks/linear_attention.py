@@ -7,7 +7,7 @@ N from 1k to 64k.  For each N it times, in this one process (so that the ratios 
   * ``naive``  – linrope's quadratic reference, only up to ``--naive-max`` (it materialises B·H·N² weights),
   * ``sdpa``   – ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` on the same q, k, v,
   * ``fla``    – flash-linear-attention's pure-PyTorch ``fla.ops.linear_attn.naive.naive_chunk_linear_attn``
-                 with ``normalize=True`` when ``fla`` is importable (``pip install fla-core triton``), on the
+                 with ``normalize=True`` when ``fla`` is importable (``pip install -e '.[bench]'``), on the
                  raw q, k, v (no feature map, no RoPE there), set against
   * ``chunk_none`` – our chunk form with ``rope="none"`` (elu+1 included), timed only beside the fla row,
   * ``plain``  – the "before" of issue #7: a straightforward chunked form written in a few lines of PyTorch
@@ -325,9 +325,11 @@ def print_targets(rows, peak: float) -> None:
     """Issue #7's ratios, where this run measured what they need: chunk (after) and plain (before)."""
     by_n = {r["n"]: r for r in rows}
 
-    def ratio(n, num, den):
-        r = by_n.get(n, {})
-        return r[num] / r[den] if r.get(num) and r.get(den) else None
+    def get(n, key):
+        return by_n.get(n, {}).get(key)
+
+    def ratio(a, b):
+        return a / b if a and b else None
 
     def both(after, before, fmt):
         cells = [f"chunk {fmt(after)}"] if after is not None else []
@@ -338,15 +340,15 @@ def print_targets(rows, peak: float) -> None:
     times = lambda x: f"{x:.2f}×"  # noqa: E731
     lines = []
     for label, target, after, before, fmt in (
-        ("1. SDPA / form, fwd+bwd at N=16384", "≥ 15×", ratio(16384, "sdpa_bwd", "chunk_bwd"),
-         ratio(16384, "sdpa_bwd", "plain_bwd"), times),
+        ("1. SDPA / form, fwd+bwd at N=16384", "≥ 15×", ratio(get(16384, "sdpa_bwd"), get(16384, "chunk_bwd")),
+         ratio(get(16384, "sdpa_bwd"), get(16384, "plain_bwd")), times),
         ("2. fla naive_chunk (normalize=True) / form with rope=none, fwd+bwd at N=65536", "≥ 3×",
-         ratio(65536, "fla_bwd", "chunk_none_bwd"), ratio(65536, "fla_bwd", "plain_none_bwd"), times),
-        ("3. fwd+bwd time(65536) / time(8192)", "≤ 9", _scaling(by_n, "chunk"), _scaling(by_n, "plain"),
-         lambda x: f"{x:.2f}"),
-        ("4. fwd at N=65536, 8·C·d + 8·d² count, % of the matmul peak", "≥ 25%",
-         by_n.get(65536, {}).get("gflops"), by_n.get(65536, {}).get("gflops_plain"),
-         lambda x: f"{100 * x / peak:.0f}%"),
+         ratio(get(65536, "fla_bwd"), get(65536, "chunk_none_bwd")),
+         ratio(get(65536, "fla_bwd"), get(65536, "plain_none_bwd")), times),
+        ("3. fwd+bwd time(65536) / time(8192)", "≤ 9", ratio(get(65536, "chunk_bwd"), get(8192, "chunk_bwd")),
+         ratio(get(65536, "plain_bwd"), get(8192, "plain_bwd")), lambda x: f"{x:.2f}"),
+        ("4. fwd at N=65536, 8·C·d + 8·d² count, % of the matmul peak", "≥ 25%", get(65536, "gflops"),
+         get(65536, "gflops_plain"), lambda x: f"{100 * x / peak:.0f}%"),
     ):
         text = both(after, before, fmt)
         if text:
@@ -356,11 +358,6 @@ def print_targets(rows, peak: float) -> None:
         for line in lines:
             print("  " + line)
         print()
-
-
-def _scaling(by_n, form):
-    a, b = by_n.get(65536, {}).get(form + "_bwd"), by_n.get(8192, {}).get(form + "_bwd")
-    return a / b if a and b else None
 
 
 def print_table(rows, peak: float, has_fla: bool) -> None:
