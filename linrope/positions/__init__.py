@@ -1,11 +1,13 @@
-"""Position schemes (DESIGN.md §3): one module per scheme, one interface (``base.PositionScheme``).
+"""Position schemes (docs/schemes.md): one module per scheme, one interface (``base.PositionScheme``).
 
 ``build_position(name, where=..., **dims, **options)`` builds a scheme by name;
+``build_shared(name, **dims, **options)`` the part its paper shares across layers (or None);
 ``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take.
 """
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Optional
 
 from .base import REGISTRY, PositionScheme, register, relative_distance
 
@@ -15,7 +17,7 @@ SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplic
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
 
-from .alibi import alibi_slopes  # noqa: E402  (DESIGN.md §4 names)
+from .alibi import alibi_slopes  # noqa: E402  (public helpers)
 from .t5 import t5_bucket  # noqa: E402
 
 
@@ -35,6 +37,14 @@ def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_di
         raise ValueError(f"position scheme {name!r}: {e}") from None
 
 
+def build_shared(name: str, **dims_and_options) -> Optional[PositionScheme]:
+    """The scheme in its shared role (the parameters its paper shares across layers, built once, to be
+    handed to every layer as ``shared=``); None if it shares nothing or its option says ``share: false``."""
+    if not scheme_class(name).shares or dims_and_options.get("share") is False:
+        return None
+    return build_position(name, where="shared", **dims_and_options)
+
+
 class IncompatiblePairing(ValueError):
     pass
 
@@ -50,5 +60,5 @@ def check_pairing(attention_kind: str, name: str) -> None:
         )
 
 
-__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "check_pairing", "scheme_class",
+__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "build_shared", "check_pairing", "scheme_class",
            "IncompatiblePairing", "relative_distance", "t5_bucket", "alibi_slopes", "SCHEME_MODULES"]
