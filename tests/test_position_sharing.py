@@ -3,6 +3,8 @@ relative-embedding table P, projections per layer; TUPE: everything, one correla
 ``share: false`` for one set per layer."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -109,3 +111,27 @@ def test_shared_role_allocates_only_the_shared_part():
     assert {n for n, _ in layer.named_parameters()} == {"w_kr", "w_qr"}
     alone = build_position("deberta", where="attention", **dims)
     assert {n for n, _ in alone.named_parameters()} == {"table", "w_kr", "w_qr"}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model=softmax_rope", "+model.position.share=true"], "rope has no parameters to share across layers"),
+    (["model=softmax_deberta", "model.position.p2c=both"], "p2c must be one of release, paper"),
+    (["model=softmax_floater", "model.position.inject=attention"], "inject must be one of input, blocks"),
+    (["model=softmax_t5", "+model.position.buckets=8"], "'t5' has no option buckets; its options: bidirectional"),
+])
+def test_bad_position_options_fail_in_the_config_check(compose, overrides, message):
+    """Before any data is read or model built: one line naming the option."""
+    from linrope.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose(*overrides, "size=tiny"))
+    assert "\n" not in str(e.value) and message in str(e.value) and "model.position" in str(e.value)
+
+
+def test_every_preset_passes_the_position_option_check(compose):
+    from linrope.config import position_option_errors
+
+    for name in sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml")):
+        model = compose(f"model={name}", "size=tiny").model
+        d, h = int(model.d_model), int(model.n_heads)
+        assert position_option_errors(model, model.position.name, d, h) == [], name
