@@ -47,6 +47,8 @@ def model_errors(model) -> List[str]:
         errors.append(f"model.d_model={d} is not divisible by model.n_heads={h}")
     elif pos == "rope" and (d // h) % 2:
         errors.append(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
+    elif not errors:
+        errors += position_option_errors(model, pos, d, h)
     if att == "linear":
         cs = _get(model, "attention.chunk_size", 64)
         if cs is None or int(cs) < 1:
@@ -58,6 +60,23 @@ def model_errors(model) -> List[str]:
         if pl not in ("numerator", "both", "none"):
             errors.append(f"model.attention.placement={pl!r}: expected numerator, both or none")
     return errors
+
+
+def position_option_errors(model, pos: str, d: int, h: int) -> List[str]:
+    """The scheme's options (model.position.*), checked by the scheme itself before anything is built."""
+    from omegaconf import OmegaConf
+
+    from linrope.positions import check_options
+
+    spec = model.position
+    options = {k: v for k, v in (OmegaConf.to_container(spec, resolve=True) if isinstance(spec, DictConfig)
+                                 else dict(spec)).items() if k != "name"}
+    try:
+        check_options(pos, d_model=d, n_heads=h, head_dim=d // h, max_len=int(_get(model, "max_len", 256)),
+                      causal=bool(_get(model, "causal", True)), **options)
+    except ValueError as e:
+        return [f"model.position: {e}"]
+    return []
 
 
 def validate(cfg: DictConfig) -> None:

@@ -3,6 +3,7 @@ scheme are chosen by config.  Reads top to bottom: config -> block -> model -> g
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from linrope.attention import ATTENTION
-from linrope.positions import build_position, check_pairing
+from linrope.positions import build_position, build_shared, check_pairing
 
 
 @dataclass
@@ -45,6 +46,11 @@ def split_options(spec: Dict[str, Any], key: str):
     return spec.pop(key), spec
 
 
+def position_dims(cfg: ModelConfig) -> Dict[str, Any]:
+    return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim, max_len=cfg.max_len,
+                causal=cfg.causal)
+
+
 class MLP(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
@@ -57,12 +63,12 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shared_position=None):
         super().__init__()
         kind, attn_opts = split_options(cfg.attention, "kind")
         pos_name, pos_opts = split_options(cfg.position, "name")
-        position = build_position(pos_name, where="attention", d_model=cfg.d_model, n_heads=cfg.n_heads,
-                                  head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **pos_opts)
+        position = build_position(pos_name, where="attention", shared=shared_position, **position_dims(cfg),
+                                  **pos_opts)
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.attn = ATTENTION[kind](cfg.d_model, cfg.n_heads, position, causal=cfg.causal, dropout=cfg.dropout,
                                     **attn_opts)
@@ -86,10 +92,12 @@ class TransformerLM(nn.Module):
         pos_name, pos_opts = split_options(cfg.position, "name")
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.embed_scale = math.sqrt(cfg.d_model)  # token and additive position signals of like size
-        self.pos = build_position(pos_name, where="input", d_model=cfg.d_model, n_heads=cfg.n_heads,
-                                  head_dim=cfg.head_dim, max_len=cfg.max_len, causal=cfg.causal, **pos_opts)
+        self.pos = build_position(pos_name, where="input", **position_dims(cfg), **pos_opts)
+        # what the scheme's paper shares across layers (T5's bias table, DeBERTa's P, TUPE's correlation):
+        # built once here and handed to every layer; None when nothing is shared (or share: false)
+        self.pos_shared = build_shared(pos_name, **position_dims(cfg), **pos_opts)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, self.pos_shared) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         if cfg.n_classes:
             self.head = nn.Linear(cfg.d_model, cfg.n_classes)
@@ -122,12 +130,13 @@ class TransformerLM(nn.Module):
         n = idx.shape[1]
         if positions is None:
             positions = torch.arange(offset, offset + n, device=idx.device)
-        x = self.pos.embed(self.embed(idx) * self.embed_scale, positions)
-        x = self.drop(x)
         new_states = []
-        for i, block in enumerate(self.blocks):
-            x, s = block(x, positions, state=None if states is None else states[i], return_state=return_states)
-            new_states.append(s)
+        with self.pos.once(), self.pos_shared.once() if self.pos_shared is not None else nullcontext():
+            x = self.drop(self.pos.embed(self.embed(idx) * self.embed_scale, positions))
+            for i, block in enumerate(self.blocks):
+                x = self.pos.block_input(x, positions) if i else x
+                x, s = block(x, positions, state=None if states is None else states[i], return_state=return_states)
+                new_states.append(s)
         x = self.ln_f(x)
         if self.cfg.n_classes:
             if mask is None:

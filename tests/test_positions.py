@@ -1,4 +1,4 @@
-"""Position schemes (DESIGN.md §3, §4): pure torch, float64 where numerics matter, fresh random inputs.
+"""Position schemes (docs/schemes.md): pure torch, float64 where numerics matter, fresh random inputs.
 
 Every scheme is checked against its own formula written as a loop, for invariance (relative
 schemes) or sensitivity (absolute ones) to a shift of all positions, for its zero-parameter
@@ -100,7 +100,7 @@ def test_linear_takes(name):
 
 
 # ---------------------------------------------------------------------------------------------------
-# t5_bucket and alibi_slopes (DESIGN.md §4)
+# t5_bucket and alibi_slopes
 # ---------------------------------------------------------------------------------------------------
 
 PUBLISHED = [0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11]
@@ -190,8 +190,7 @@ RELATIVE_CASES = [
 def test_relative_scheme_ignores_a_shift(name, opts, causal):
     att = attention(name, causal=causal, **opts)
     if name == "tupe":
-        with torch.no_grad():
-            att.pos.u_q.zero_()
+        zero(att.pos, "u_q")
     x = torch.randn(2, 12, D, dtype=torch.float64)
     positions = random_positions(12)
     shift = int(torch.randint(1, 60, ()))
@@ -236,6 +235,15 @@ def test_model_with_absolute_scheme_sees_offset(name, opts):
 # zero position parameters: plain attention (at the scheme's own scale)
 # ---------------------------------------------------------------------------------------------------
 
+def zero(scheme, *names):
+    """Zero the named parameters (or every parameter of a named submodule) of a scheme."""
+    with torch.no_grad():
+        for n in names:
+            obj = getattr(scheme, n)
+            for p in (obj.parameters() if isinstance(obj, torch.nn.Module) else [obj]):
+                p.zero_()
+
+
 ZERO_CASES = [  # (name, options, parameters zeroed, score scale that remains)
     ("t5", {}, ("bias",), 1 / math.sqrt(HD)),
     ("shaw", {}, ("key_table", "value_table"), 1 / math.sqrt(HD)),
@@ -243,7 +251,7 @@ ZERO_CASES = [  # (name, options, parameters zeroed, score scale that remains)
     ("shaw", {"variant": "relative_key_query"}, ("key_table",), 1 / math.sqrt(HD)),
     ("xl", {}, ("w_r", "u"), 1 / math.sqrt(HD)),  # v stays random: v·W_R R vanishes with W_R
     ("deberta", {"k": 4}, ("w_kr", "w_qr"), 1 / math.sqrt(3 * HD)),  # P stays random
-    ("tupe", {}, ("u_q", "bias"), 1 / math.sqrt(2 * HD)),  # p and U_K stay random
+    ("tupe", {}, ("u_q", "bias"), 1 / math.sqrt(2 * HD)),  # p, its layer norm and U_K stay random
 ]
 
 
@@ -255,9 +263,7 @@ def test_zero_parameters_reduce_to_plain_attention(name, opts, zeroed, scale, ca
     x = torch.randn(2, 9, D, dtype=torch.float64)
     positions = torch.arange(9) + 11
     assert not torch.allclose(att(x, positions)[0], plain(att, x, causal=causal, scale=scale), atol=1e-6)
-    with torch.no_grad():
-        for n in zeroed:
-            getattr(att.pos, n).zero_()
+    zero(att.pos, *zeroed)
     torch.testing.assert_close(att(x, positions)[0], plain(att, x, causal=causal, scale=scale), rtol=1e-10,
                                atol=1e-12)
 
@@ -361,35 +367,71 @@ def test_t5_formula(causal):
     loop_check(att, score, n=6, causal=causal)
 
 
+def release_log_bucket(r: int, k: int, max_distance: int) -> int:
+    """DeBERTa-v2's make_log_bucket_position for one distance, in float64, written from its definition."""
+    mid = k // 2
+    if abs(r) <= mid:
+        return r
+    far = mid + math.ceil(math.log(abs(r) / mid) / math.log((max_distance - 1) / mid) * (mid - 1))
+    return int(math.copysign(far, r))
+
+
+def deberta_row(a: int, b: int, kk: int, log_buckets: bool = False, max_distance: int = 0) -> int:
+    """The table row of distance a - b: clip(bucket(a - b), -k, k - 1) + k."""
+    r = release_log_bucket(a - b, kk, max_distance) if log_buckets else a - b
+    return max(-kk, min(kk - 1, r)) + kk
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_deberta_disentangled_formula(causal):
-    kk = 2
-    att = attention("deberta", causal=causal, k=kk)
+@pytest.mark.parametrize("p2c", ["release", "paper"])
+@pytest.mark.parametrize("opts", [{"k": 2}, {"k": 4, "log_buckets": True, "max_distance": 7}],
+                         ids=["clip", "log_buckets"])
+def test_deberta_disentangled_formula(causal, p2c, opts):
+    kk = opts["k"]
+    att = attention("deberta", causal=causal, p2c=p2c, **opts)
     k_r = att.pos.table @ att.pos.w_kr  # (2k, H·d)
     q_r = att.pos.table @ att.pos.w_qr
 
-    def delta(a, b_):
-        return max(-kk, min(kk - 1, a - b_)) + kk
+    def row(a, b_):
+        return deberta_row(a, b_, kk, opts.get("log_buckets", False), opts.get("max_distance", 0))
 
     def score(q, k, p, b, h, i, j):
         sl = slice(h * HD, (h + 1) * HD)
-        c2p = q[b, h, i] @ k_r[delta(int(p[i]), int(p[j])), sl]
-        p2c = k[b, h, j] @ q_r[delta(int(p[j]), int(p[i])), sl]
-        return (q[b, h, i] @ k[b, h, j] + c2p + p2c) / math.sqrt(3 * HD)
+        pi, pj = int(p[i]), int(p[j])
+        c2p = q[b, h, i] @ k_r[row(pi, pj), sl]  # q_i·K^r_{δ(i,j)}
+        # p2c: the release reads row δ(i, j) (as the released code computes it), the paper row δ(j, i)
+        p2c_row = row(pi, pj) if p2c == "release" else row(pj, pi)
+        return (q[b, h, i] @ k[b, h, j] + c2p + k[b, h, j] @ q_r[p2c_row, sl]) / math.sqrt(3 * HD)
 
-    loop_check(att, score, causal=causal)
+    loop_check(att, score, n=9, causal=causal)
+
+
+def test_deberta_p2c_default_is_the_release_and_the_forms_differ():
+    assert build_position("deberta", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8).p2c == "release"
+    release, paper = attention("deberta", k=4), attention("deberta", k=4, p2c="paper")
+    paper.load_state_dict(release.state_dict())
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    assert (release(x, torch.arange(7))[0] - paper(x, torch.arange(7))[0]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="p2c must be one of release, paper"):
+        attention("deberta", p2c="both")
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_tupe_untied_formula(causal):
     att = attention("tupe", causal=causal, num_buckets=8, max_distance=16)
-    pt, uq, uk, beta = att.pos.table, att.pos.u_q, att.pos.u_k, att.pos.bias
+    s = att.pos
+    w, c, beta = s.ln.weight, s.ln.bias, s.bias
+
+    def normed(i):  # the layer norm of p_i, written out (biased variance, eps 1e-5)
+        p = s.table[i]
+        return (p - p.mean()) / torch.sqrt(p.var(unbiased=False) + 1e-5) * w + c
 
     def score(q, k, p, b, h, i, j):
         sl = slice(h * HD, (h + 1) * HD)
-        positional = (pt[p[i]] @ uq)[sl] @ (pt[p[j]] @ uk)[sl]
+        pq = (normed(p[i]) @ s.u_q.weight.T + s.u_q.bias)[sl]
+        pk = (normed(p[j]) @ s.u_k.weight.T + s.u_k.bias)[sl]
         bucket = t5_bucket(torch.tensor(int(p[j] - p[i])), bidirectional=not causal, num_buckets=8, max_distance=16)
-        return (q[b, h, i] @ k[b, h, j] + positional) / math.sqrt(2 * HD) + beta[int(bucket), h]
+        return (q[b, h, i] @ k[b, h, j] + pq @ pk) / math.sqrt(2 * HD) + beta[int(bucket), h]
 
     loop_check(att, score, causal=causal)
 
@@ -405,16 +447,38 @@ def test_alibi_formula(causal):
     loop_check(att, score, causal=causal)
 
 
-def test_deberta_log_buckets():
-    r = torch.arange(-100, 101)
-    b = log_bucket_distance(r, 8, 32)
-    small = r.abs() <= 4
-    assert torch.equal(b[small], r[small])  # exact within ±k/2
-    assert torch.equal(b, -b.flip(0))  # odd in r
-    pos = b[r >= 0]
-    assert (pos[1:] >= pos[:-1]).all() and pos.max() == 7  # monotone, at most k - 1
-    assert b[r == 32].item() == 7 and b[r == 5].item() == 5  # max_distance -> last row; 4 + ceil(log(5/4)/log 8 · 3)
-    assert b[r == 12].item() == 4 + math.ceil(math.log(3) / math.log(8) * 3)
+@pytest.mark.parametrize("k,max_distance", [(128, 512), (256, 512), (8, 32), (16, 53), (4, 7), (64, 1000),
+                                            (32, 33)])
+def test_deberta_log_buckets_match_the_release(k, max_distance):
+    r = torch.arange(-3000, 3001)
+    got = log_bucket_distance(r, k, max_distance)
+    want = torch.tensor([release_log_bucket(int(x), k, max_distance) for x in r])
+    off = got != want
+    # the release computes in float32: it may differ from float64 only where the quotient sits on an integer
+    mid = k // 2
+    for x in r[off].tolist():
+        q = math.log(abs(x) / mid) / math.log((max_distance - 1) / mid) * (mid - 1)
+        assert abs(q - round(q)) < 1e-5 * max(1.0, abs(q)), (x, q)
+    assert off.sum() <= 2
+    assert torch.equal(got[r.abs() <= mid], r[r.abs() <= mid])  # exact within ±k/2
+    assert torch.equal(got, -got.flip(0))  # odd in r
+    ahead = got[r >= 0]
+    assert (ahead[1:] >= ahead[:-1]).all()  # monotone
+    assert got[r == max_distance - 1].item() == k - 1  # max_distance - 1 reaches the last row of the right half
+
+
+def test_deberta_log_buckets_use_every_row():
+    """k = 128, max distance 512: the far left reaches row 0 and the far right row 2k-1, and every distance of
+    the window lands where the release puts it (47 of these 1025 landed one row off before)."""
+    pos = build_position("deberta", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, k=128,
+                         log_buckets=True, max_distance=512)
+    rows = pos.delta(torch.arange(513))  # i - j over -512 … 512
+    assert rows.min() == 0 and rows.max() == 255
+    want = torch.tensor([deberta_row(i, j, 128, True, 512) for i in range(0, 513, 8) for j in range(513)])
+    assert torch.equal(rows[::8].reshape(-1), want)
+    with pytest.raises(ValueError, match="max_distance"):
+        build_position("deberta", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, k=8,
+                       log_buckets=True, max_distance=5)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -566,3 +630,70 @@ def test_rope_position_interpolation_through_the_scheme(causal):
     torch.testing.assert_close(pi(x, 2 * positions)[0], plain_rope(x, positions)[0], rtol=1e-9, atol=1e-9)
     assert not torch.allclose(ntk(x, positions)[0], plain_rope(x, positions)[0], atol=1e-6)
     torch.testing.assert_close(ntk(x, positions + 13)[0], ntk(x, positions)[0], rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------
+# initial scale of the learned table; ALiBi's precision
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d_model", [64, 256])
+def test_learned_positions_start_at_the_size_of_the_tokens(d_model):
+    """BERT's release starts token and position tables at the same std and adds them unscaled (ratio 1);
+    here the tokens are scaled by sqrt(d_model), so the table starts that much larger."""
+    torch.manual_seed(0)
+    m = TransformerLM(dict(vocab_size=256, d_model=d_model, n_layers=1, n_heads=4, d_ff=64, max_len=256,
+                           position={"name": "learned"}))
+    tokens = m.embed.weight * m.embed_scale
+    ratio = m.pos.table.detach().pow(2).mean().sqrt() / tokens.detach().pow(2).mean().sqrt()
+    assert abs(float(ratio) - 1.0) < 0.03
+    x = torch.randint(0, 256, (2, 200))  # and so in the summed input
+    term_tok = (m.embed(x) * m.embed_scale).detach().pow(2).mean().sqrt()
+    term_pos = m.pos.embed(torch.zeros(1, 200, d_model), torch.arange(200)).detach().pow(2).mean().sqrt()
+    assert abs(float(term_pos / term_tok) - 1.0) < 0.05
+    small = build_position("learned", where="input", d_model=d_model, n_heads=4, head_dim=d_model // 4,
+                           max_len=256, init_std=0.02)
+    assert abs(float(small.table.std()) - 0.02) < 0.002  # an explicit init_std still wins
+
+
+def test_alibi_slopes_stay_float64_and_the_bias_is_exact():
+    pos = build_position("alibi", where="attention", d_model=48, n_heads=12, head_dim=4, max_len=8)
+    for convert in (lambda m: m.float(), lambda m: m.bfloat16(), lambda m: m.half(), lambda m: m.to("cpu")):
+        assert convert(pos).slopes.dtype == torch.float64
+    torch.testing.assert_close(pos.slopes, alibi_slopes(12), rtol=0, atol=0)
+    positions = torch.arange(1000) + 5
+    want = torch.stack([-alibi_slopes(12)[h] * (positions[:, None] - positions[None, :]).abs().double()
+                        for h in range(12)])[None]
+    q64 = torch.zeros(1, 12, 1, 4, dtype=torch.float64)
+    assert torch.equal(pos.score_bias(q64, q64, positions), want)  # float64 scores: exact
+    q32 = q64.float()
+    assert torch.equal(pos.score_bias(q32, q32, positions), want.float())  # float32: rounded once
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = torch.randn(1, 1000, 48)
+        qb = torch.nn.Linear(48, 48)(x)  # what q is under autocast
+        assert qb.dtype == torch.bfloat16
+        bias = pos.score_bias(qb, qb, positions)
+    assert bias.dtype == torch.float32 and torch.equal(bias, want.float())  # not rounded to bf16
+
+
+def test_floater_every_block_injection_shares_one_solve(monkeypatch):
+    """inject: blocks adds the same p(i·Δ) to the input of every block (one ODE for all blocks, solved once)."""
+    torch.manual_seed(0)
+    every = tiny_lm("floater", inject="blocks").double()
+    once = tiny_lm("floater").double()
+    once.load_state_dict(every.state_dict())
+    assert every.num_params() == once.num_params()
+    x = torch.randint(0, 32, (2, 10))
+    positions = torch.arange(10) + 3
+    p = every.pos.encodings(positions, torch.float64)
+    h = every.embed(x) * every.embed_scale + p  # the model written out, block by block
+    for i, block in enumerate(every.blocks):
+        h = block(h + p if i else h, positions)[0]
+    torch.testing.assert_close(every(x, positions), every.head(every.ln_f(h)), rtol=1e-10, atol=1e-10)
+    assert (every(x, positions) - once(x, positions)).abs().max() > 1e-3
+    solves = []
+    original = type(every.pos).encodings
+    monkeypatch.setattr(type(every.pos), "encodings", lambda self, *a: solves.append(1) or original(self, *a))
+    every(x, positions)
+    assert len(solves) == 1
+    with pytest.raises(ValueError, match="inject must be one of input, blocks"):
+        tiny_lm("floater", inject="attention")

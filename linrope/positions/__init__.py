@@ -1,11 +1,14 @@
-"""Position schemes (DESIGN.md §3): one module per scheme, one interface (``base.PositionScheme``).
+"""Position schemes (docs/schemes.md): one module per scheme, one interface (``base.PositionScheme``).
 
 ``build_position(name, where=..., **dims, **options)`` builds a scheme by name;
+``build_shared(name, **dims, **options)`` the part its paper shares across layers (or None);
 ``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take.
 """
 from __future__ import annotations
 
+import inspect
 from importlib import import_module
+from typing import Optional, Set
 
 from .base import REGISTRY, PositionScheme, register, relative_distance
 
@@ -15,7 +18,7 @@ SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplic
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
 
-from .alibi import alibi_slopes  # noqa: E402  (DESIGN.md §4 names)
+from .alibi import alibi_slopes  # noqa: E402  (public helpers)
 from .t5 import t5_bucket  # noqa: E402
 
 
@@ -25,14 +28,45 @@ def scheme_class(name: str):
     return REGISTRY[name]
 
 
+def scheme_options(cls) -> Set[str]:
+    """The options a scheme takes (its keyword arguments and its base's, less the model's dimensions)."""
+    names = set()
+    for c in cls.__mro__:
+        if "__init__" in vars(c) and issubclass(c, PositionScheme):
+            names |= {p.name for p in inspect.signature(c.__init__).parameters.values()
+                      if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    names -= {"where", "d_model", "n_heads", "head_dim", "max_len", "causal", "shared"}
+    if not cls.shares:
+        names.discard("share")
+    return names
+
+
 def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
                    causal: bool = True, **options) -> PositionScheme:
     cls = scheme_class(name)
+    unknown = sorted(set(options) - scheme_options(cls) - {"shared", "share"})  # share: the base says why not
+    if unknown:
+        raise ValueError(f"position scheme {name!r} has no option {', '.join(unknown)}; its options: "
+                         f"{', '.join(sorted(scheme_options(cls))) or 'none'}")
     try:
         return cls(where=where, d_model=d_model, n_heads=n_heads, head_dim=head_dim, max_len=max_len,
                    causal=causal, **options)
     except TypeError as e:  # an option the scheme does not take
         raise ValueError(f"position scheme {name!r}: {e}") from None
+
+
+def check_options(name: str, **dims_and_options) -> None:
+    """Raise the scheme's own one-line ValueError for a bad or unknown option, cheaply: every scheme checks
+    its options whatever its role, and the input role allocates no attention parameters."""
+    build_position(name, where="input", **dims_and_options)
+
+
+def build_shared(name: str, **dims_and_options) -> Optional[PositionScheme]:
+    """The scheme in its shared role (the parameters its paper shares across layers, built once, to be
+    handed to every layer as ``shared=``); None if it shares nothing or its option says ``share: false``."""
+    if not scheme_class(name).shares or dims_and_options.get("share") is False:
+        return None
+    return build_position(name, where="shared", **dims_and_options)
 
 
 class IncompatiblePairing(ValueError):
@@ -50,5 +84,5 @@ def check_pairing(attention_kind: str, name: str) -> None:
         )
 
 
-__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "check_pairing", "scheme_class",
+__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "build_shared", "check_options", "check_pairing", "scheme_class",
            "IncompatiblePairing", "relative_distance", "t5_bucket", "alibi_slopes", "SCHEME_MODULES"]

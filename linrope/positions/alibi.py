@@ -1,8 +1,8 @@
-"""ALiBi (Press, Smith, Lewis 2022): s_ij -= m_h·(i - j), DESIGN.md §3.
+"""ALiBi (Press, Smith, Lewis 2022): s_ij -= m_h·(i - j).
 
 Bidirectional (causal=False) uses -m_h·|i - j|; causal attention masks j > i, so
 one formula serves both.  No parameters.  Linear attention takes it as the
-per-head decay γ_h^(i-j) with γ_h = exp(-m_h) (DESIGN.md §2), the same weight
+per-head decay γ_h^(i-j) with γ_h = exp(-m_h), the same weight
 factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
 """
 import math
@@ -40,12 +40,24 @@ class ALiBi(PositionScheme):
 
     def __init__(self, **dims):
         super().__init__(**dims)
-        self.register_buffer("slopes", alibi_slopes(self.n_heads).float(), persistent=False)
+        # float64, never rounded to the model's dtype (a float32 buffer is 4e-7 off at 12 heads; .to() and
+        # .half() leave it alone): each use rounds the finished bias once, to the precision of the scores
+        self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        slopes = self.slopes
+        super()._apply(fn, recurse)
+        self.slopes = slopes.to(self.slopes.device)  # follow the device, stay float64
+        return self
 
     def score_bias(self, q, k, positions):
+        """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32
+        (under bf16/fp16 autocast too, where a bias in the half dtype would be off by up to |bias|/256)."""
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        dist = relative_distance(positions).abs().to(dtype)
-        return -(self.slopes.to(dtype)[:, None, None] * dist).unsqueeze(0)  # (1, H, N, N)
+        dist = relative_distance(positions).abs()
+        per_distance = torch.arange(int(dist.max()) + 1 if dist.numel() else 1, device=dist.device, dtype=torch.float64)
+        table = -(self.slopes[:, None] * per_distance).to(dtype)  # (H, distances): float64 products, rounded once
+        return table[:, dist].unsqueeze(0)  # (1, H, N, N)
 
     def linear_decay(self):
         return torch.exp(-self.slopes)

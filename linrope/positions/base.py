@@ -1,11 +1,15 @@
-"""The one small interface every position scheme implements (DESIGN.md §3, §5).
+"""The one small interface every position scheme implements.
 
 A scheme is one module holding one ``PositionScheme`` subclass, registered by
-name.  The model builds it twice:
+name.  The model builds it in up to three roles:
 
 * ``where="input"`` — once, at the embedding: ``embed(x, positions)`` (absolute schemes);
+* ``where="shared"`` — once, for schemes whose paper shares parameters across layers
+  (``shares`` says what): only those parameters;
 * ``where="attention"`` — once per attention layer: the hooks on q/k, on the
-  scores and on the values (relative schemes).
+  scores and on the values (relative schemes).  Given ``shared=`` (the model's one
+  shared-role instance), a layer borrows those parameters instead of allocating its
+  own; without it (``share: false``, or a layer built on its own) it owns them.
 
 A scheme allocates parameters only for the role it is built for, so no layer
 carries parameters it never uses.  Softmax attention calls, in order::
@@ -22,12 +26,13 @@ scheme at all; ``check_pairing`` refuses the rest when the config is composed.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Callable, ClassVar, Dict, Optional, Tuple, Type
 
 import torch
 from torch import nn
 
-ROLES = ("input", "attention")
+ROLES = ("input", "attention", "shared")
 
 
 class PositionScheme(nn.Module):
@@ -37,17 +42,57 @@ class PositionScheme(nn.Module):
     linear_note: ClassVar[str] = ""  # why not / how (shown in errors and README)
     has_value_term: ClassVar[bool] = False  # needs the attention probabilities (no SDPA fast path)
     paper: ClassVar[str] = ""
+    shares: ClassVar[str] = ""  # what the paper shares across layers ("": nothing, and no `share` option)
 
-    def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int, causal: bool = True):
+    def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int, causal: bool = True,
+                 share: Optional[bool] = None, shared: Optional["PositionScheme"] = None):
         super().__init__()
         if where not in ROLES:
             raise ValueError(f"position scheme role must be one of {ROLES}, got {where!r}")
+        if not self.shares and share is not None:
+            raise ValueError(f"{self.name} has no parameters to share across layers; drop its 'share' option")
         self.where, self.d_model, self.n_heads, self.head_dim = where, d_model, n_heads, head_dim
         self.max_len, self.causal = max_len, causal
+        self.share = bool(self.shares) if share is None else bool(share)  # default: as the paper
+        if shared is not None and (where != "attention" or type(shared) is not type(self) or shared.where != "shared"):
+            raise ValueError(f"{self.name}: only an attention layer borrows, and only from a shared-role {self.name}")
+        self.__dict__["_borrowed"] = shared  # not a submodule: its parameters belong to the model, counted once
+        self._memo: Optional[dict] = None
+
+    # ---- parameters shared across layers -------------------------------------------------------
+    def owns_shared(self) -> bool:
+        """Allocate the cross-layer parameters here: the shared role, or a layer with none to borrow."""
+        return self.where == "shared" or (self.where == "attention" and self._borrowed is None)
+
+    @property
+    def src(self) -> "PositionScheme":
+        """Where the cross-layer parameters live: the borrowed shared-role instance, or this one."""
+        return self._borrowed if self._borrowed is not None else self
+
+    @contextmanager
+    def once(self):
+        """Within (one forward of the model): terms that depend on the positions only are computed by the
+        first layer that asks and reused by the others (``memo``)."""
+        self._memo = {}
+        try:
+            yield
+        finally:
+            self._memo = None
+
+    def memo(self, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self._memo is None:
+            return make()
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     # ---- hook at the input (where == "input") -------------------------------------------------
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (B, N, D) token embeddings; positions: (N,) integer positions."""
+        return x
+
+    def block_input(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (B, N, D) the input of every block after the first (schemes that re-inject, FLOATER)."""
         return x
 
     # ---- hooks inside softmax attention (where == "attention") ---------------------------------
@@ -73,7 +118,7 @@ class PositionScheme(nn.Module):
         return None
 
     def extra_repr(self) -> str:
-        return f"where={self.where}"
+        return f"where={self.where}" + (f", share={self.share}" if self.shares else "")
 
 
 REGISTRY: Dict[str, Type[PositionScheme]] = {}

@@ -1,15 +1,22 @@
-"""DeBERTa disentangled attention (He et al. 2021), DESIGN.md §3:
+"""DeBERTa disentangled attention (He et al. 2021):
 
-    s_ij = (q_i·k_j + q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ(j,i)}) / sqrt(3d)
+    s_ij = (q_i·k_j + q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ'}) / sqrt(3d)
 
 with K^r = P W_{K,r}, Q^r = P W_{Q,r}, P a table of 2k relative-position rows and
-δ(i, j) = clip(i - j, -k, k - 1) + k (content→position and position→content).
-``log_buckets`` maps distances first as DeBERTa-v2 does: exact within ±k/2,
-log-spaced from k/2 out to ``max_distance`` over the remaining rows.
+δ(i, j) = clip(i - j, -k, k - 1) + k.  The position→content row δ' is ``p2c``:
 
-P lives in model space and starts unit-scale (like the layer-normed x that feeds
-W_Q), the projections at std 0.02, so the position terms start at the size of the
-content term.  One table per layer (DeBERTa shares P across layers).
+* ``release`` (default): δ' = δ(i, j), what the released DeBERTa and DeBERTa-v2 code
+  computes (its p2c gathers with the negated relative positions and transposes back),
+  so every pretrained checkpoint;
+* ``paper``: δ' = δ(j, i), the paper's formula.  In a causal model it reads the rows
+  of keys *ahead* of their query (i - j <= 0 seen from the key), nearly disjoint from
+  the rows c2p reads.
+
+``log_buckets`` maps distances first exactly as the DeBERTa-v2 release does
+(``log_bucket_distance``).  P is shared by all layers (as DeBERTa's encoder holds one
+relative-embedding table); the projections are per layer; ``share: false`` gives each
+layer its own P.  P starts unit-scale (like the layer-normed x that feeds W_Q), the
+projections at std 0.02, so the position terms start at the size of the content term.
 """
 import math
 
@@ -20,17 +27,21 @@ from torch import nn
 from .base import PositionScheme, register, relative_distance
 from .lookup import gather_rows, used_rows
 
+P2C = ("release", "paper")
+
 
 def log_bucket_distance(rel: torch.Tensor, k: int, max_distance: int) -> torch.Tensor:
-    """Signed distance -> signed bucket: |r| <= k/2 exact; beyond, k/2 + ceil(log(|r|/(k/2)) /
-    log(max_distance/(k/2)) · (k/2 - 1)), at most k - 1."""
-    mid = max(k // 2, 1)
+    """DeBERTa-v2's ``make_log_bucket_position(rel, bucket_size=k, max_position=max_distance)``:
+    signed distance -> signed bucket.  With mid = k // 2: |r| <= mid stays exact; beyond,
+    sign(r) · (mid + ceil(log(|r| / mid) / log((max_distance - 1) / mid) · (mid - 1))), no clip here
+    (the table index clips to [-k, k-1] afterwards, so the far left reaches row 0 and the far right
+    row 2k-1).  Computed in float32 in the order of operations of the release (Hugging Face's
+    DeBERTa-v2 port); a float64 evaluation differs only where the quotient rounds across an integer."""
+    mid = k // 2
     a = rel.abs()
-    if max_distance <= mid or mid < 2:
-        return rel.clamp(-k, k - 1)
-    logd = torch.ceil(torch.log(a.clamp_min(1).double() / mid) / math.log(max_distance / mid) * (mid - 1)).long()
-    far = (mid + logd).clamp_max(k - 1)
-    return torch.where(a <= mid, rel, torch.sign(rel) * far)
+    span = torch.log(torch.tensor((max_distance - 1) / mid, dtype=torch.float32))
+    logd = torch.ceil(torch.log(a.clamp_min(1).float() / mid) / span.to(a.device) * (mid - 1))
+    return torch.where(a <= mid, rel, torch.sign(rel) * (mid + logd.long()))
 
 
 @register
@@ -38,18 +49,25 @@ class DeBERTa(PositionScheme):
     name = "deberta"
     kind = "relative"
     linear_ok = False
-    linear_note = "adds content→position and position→content terms q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ(j,i)} to every score"
+    linear_note = "adds content→position and position→content terms q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ(i,j)} to every score"
     paper = "He, Liu, Gao, Chen 2021, DeBERTa: decoding-enhanced BERT with disentangled attention"
+    shares = "the relative-embedding table P (2k × d_model); the projections W_{K,r}, W_{Q,r} stay per layer"
 
-    def __init__(self, *, k: int = 128, log_buckets: bool = False, max_distance: int = 512,
+    def __init__(self, *, k: int = 128, log_buckets: bool = False, max_distance: int = 512, p2c: str = "release",
                  init_std: float = 0.02, **dims):
         super().__init__(**dims)
         if k < 1:
             raise ValueError(f"deberta relative distance k must be >= 1; got {k}")
-        self.k, self.log_buckets, self.max_distance = k, log_buckets, max_distance
+        if log_buckets and (k < 2 or max_distance - 1 <= k // 2):
+            raise ValueError(f"deberta log_buckets need k >= 2 and max_distance > k/2 + 1; got k={k}, "
+                             f"max_distance={max_distance}")
+        if p2c not in P2C:
+            raise ValueError(f"deberta p2c must be one of {', '.join(P2C)}; got {p2c!r}")
+        self.k, self.log_buckets, self.max_distance, self.p2c = k, log_buckets, max_distance, p2c
+        if self.owns_shared():
+            self.table = nn.Parameter(torch.randn(2 * k, self.d_model))  # P
         if self.where == "attention":
             hd = self.n_heads * self.head_dim
-            self.table = nn.Parameter(torch.randn(2 * k, self.d_model))  # P
             self.w_kr = nn.Parameter(torch.randn(self.d_model, hd) * init_std)
             self.w_qr = nn.Parameter(torch.randn(self.d_model, hd) * init_std)
 
@@ -65,13 +83,15 @@ class DeBERTa(PositionScheme):
 
     def score_bias(self, q, k, positions):
         idx, lo, hi = used_rows(self.delta(positions))
-        p = self.table[lo:hi].to(q.dtype)
+        p = self.src.table[lo:hi].to(q.dtype)
         k_r = rearrange(p @ self.w_kr.to(q.dtype), "r (h d) -> h r d", h=self.n_heads)
         q_r = rearrange(p @ self.w_qr.to(q.dtype), "r (h d) -> h r d", h=self.n_heads)
         c2p = gather_rows(q @ k_r.transpose(-1, -2), idx)  # q_i·K^r_{δ(i,j)}
-        # δ(j, i) read as a matrix over (j, i) is the same function: gather key j's rows with idx, transpose
-        p2c = gather_rows(k @ q_r.transpose(-1, -2), idx).transpose(-1, -2)  # k_j·Q^r_{δ(j,i)}
+        # key j against its rows, as a matrix over (j, i), then transposed to (i, j):
+        # release: row δ(i, j) = idx.T[j, i]; paper: row δ(j, i) = idx[j, i]
+        p2c = gather_rows(k @ q_r.transpose(-1, -2), idx.T if self.p2c == "release" else idx).transpose(-1, -2)
         return (c2p + p2c) * self.score_scale()
 
     def extra_repr(self):
-        return f"where={self.where}, k={self.k}, log_buckets={self.log_buckets}, max_distance={self.max_distance}"
+        return (f"{super().extra_repr()}, k={self.k}, log_buckets={self.log_buckets}, "
+                f"max_distance={self.max_distance}, p2c={self.p2c}")

@@ -1,11 +1,13 @@
-"""FLOATER (Liu, Yu, Dhillon, Hsieh 2020): positions from a continuous dynamical system, DESIGN.md §3.
+"""FLOATER (Liu, Yu, Dhillon, Hsieh 2020): positions from a continuous dynamical system.
 
     dp/dt = h_θ(p(t), t),   p(0) = p_0,   position i -> p(i·Δ)
 
 h_θ is a small MLP, W2 tanh(W1 [p; t] + b1) + b2; p_0 and θ are trainable and the
 gradients reach them by back-propagating through the solver (torchdiffeq
-``odeint``).  Added at the input, like sinusoidal positions (the paper also
-re-injects p at every block; here it enters once).  One solve per forward, over the
+``odeint``).  ``inject: input`` (default) adds p at the input only, like sinusoidal
+positions; ``inject: blocks`` adds it to the input of every block, as the paper does, with
+the ODE (θ and p_0) shared by all blocks, the paper's parameter-sharing variant: one
+solve per forward serves every block, no extra parameters.  One solve per forward, over the
 sorted unique positions (0 prepended): a fixed-step solver (``rk4`` by default) steps
 every ``step`` positions (default 1: one step per position, a solver node at every
 sampled t; larger steps are cheaper but linearly interpolated in between); an adaptive
@@ -29,6 +31,7 @@ from torchdiffeq import odeint
 
 from .base import PositionScheme, register
 
+INJECT = ("input", "blocks")
 FIXED_GRID = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
 
 
@@ -40,8 +43,11 @@ class Floater(PositionScheme):
     paper = "Liu, Yu, Dhillon, Hsieh 2020, Learning to encode position for transformer with continuous dynamical model"
 
     def __init__(self, *, hidden: int = 64, delta: float = 0.1, method: str = "rk4", step: float = 1.0,
-                 rtol: float = 1e-3, atol: float = 1e-4, **dims):
+                 rtol: float = 1e-3, atol: float = 1e-4, inject: str = "input", **dims):
         super().__init__(**dims)
+        if inject not in INJECT:
+            raise ValueError(f"floater inject must be one of {', '.join(INJECT)}; got {inject!r}")
+        self.inject = inject
         if delta <= 0 or step <= 0:
             raise ValueError(f"floater needs delta > 0 and step > 0; got delta={delta}, step={step}")
         if hidden < 2 or hidden % 2:
@@ -80,9 +86,16 @@ class Floater(PositionScheme):
             sol = odeint(h, p0, t, method=self.method, rtol=self.rtol, atol=self.atol, options=options)
         return sol[int(lead):][inverse]
 
+    def _solved(self, positions, like: torch.Tensor) -> torch.Tensor:
+        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+        return self.memo((id(positions), dtype), lambda: self.encodings(positions, dtype)).to(like.dtype)
+
     def embed(self, x, positions):
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return x + self.encodings(positions, dtype).to(x.dtype)
+        return x + self._solved(positions, x)
+
+    def block_input(self, x, positions):
+        return x + self._solved(positions, x) if self.inject == "blocks" else x
 
     def extra_repr(self):
-        return f"where={self.where}, hidden={self.hidden}, delta={self.delta}, method={self.method}, step={self.step}"
+        return (f"where={self.where}, hidden={self.hidden}, delta={self.delta}, method={self.method}, "
+                f"step={self.step}, inject={self.inject}")

@@ -1,4 +1,13 @@
-"""Trainable absolute position table added at the input (GPT-2, BERT)."""
+"""Trainable absolute position table added at the input (GPT-2, BERT).
+
+Initialised so that the position term starts at the size of the token term, as in BERT's
+release (token and position tables both at std 0.02, added unscaled: ratio 1).  The model
+multiplies its token embeddings (std 0.02) by sqrt(d_model), so by default the table
+starts at std 0.02·sqrt(d_model).
+"""
+import math
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -29,10 +38,12 @@ class Learned(PositionScheme):
     linear_ok = True
     paper = "Gehring et al. 2017 (ConvS2S); Devlin et al. 2019 (BERT); Radford et al. 2019 (GPT-2)"
 
-    def __init__(self, *, init_std: float = 0.02, **dims):
+    def __init__(self, *, init_std: Optional[float] = None, **dims):
         super().__init__(**dims)
+        # the token term's std: the model's 0.02 embedding init times its sqrt(d_model) embed scale
+        self.init_std = 0.02 * math.sqrt(self.d_model) if init_std is None else init_std
         if self.where == "input":
-            self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * init_std)
+            self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * self.init_std)
 
     def embed(self, x, positions):
         check_table_positions(positions, self.max_len, "learned")

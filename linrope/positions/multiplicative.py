@@ -1,4 +1,4 @@
-"""Multiplicative absolute positions: x_i ⊙ p_i instead of x_i + p_i (DESIGN.md §3).
+"""Multiplicative absolute positions: x_i ⊙ p_i instead of x_i + p_i.
 
 The choice of p: a gate around one, so no position erases a token's features.
 * ``table: sinusoidal`` (default, no parameters, any length):

@@ -1,5 +1,5 @@
 """Relative position representations (Shaw et al. 2018) and the unclipped key / key-query
-variants (Huang et al. 2020), DESIGN.md §3:
+variants (Huang et al. 2020):
 
 * ``shaw``:  s_ij += q_i·a^K_{clip(i-j,-k,k)} / sqrt(d);  o_i += Σ_j a_ij a^V_{clip(i-j,-k,k)}
 * ``relative_key``:        s_ij += q_i·D_{i-j} / sqrt(d)

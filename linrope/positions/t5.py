@@ -1,10 +1,11 @@
-"""T5 relative position bias (Raffel et al. 2020): s_ij += β_h[bucket(j - i)], DESIGN.md §3.
+"""T5 relative position bias (Raffel et al. 2020): s_ij += β_h[bucket(j - i)].
 
 Buckets: exact below half the buckets, log-spaced up to ``max_distance``, clipped
 at the last bucket.  Bidirectional (encoders: causal=False) gives keys behind and
 ahead of the query one half of the buckets each; one-sided (causal) puts every
-key ahead into bucket 0.  One table per layer (T5 itself shares the first
-layer's table across layers).
+key ahead into bucket 0.  As in T5 (the first layer's table serves every layer),
+one table β for all layers by default, and the (H, N, N) bias is gathered once per
+forward; ``share: false`` gives each layer its own table.
 """
 import math
 from typing import Optional
@@ -45,13 +46,14 @@ class T5Bias(PositionScheme):
     linear_ok = False
     linear_note = "adds a learned bias β_h[bucket(j-i)] to every score"
     paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
+    shares = "the bias table β (num_buckets × heads)"
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
                  init_std: Optional[float] = None, **dims):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
-        if self.where == "attention":
+        if self.owns_shared():
             std = self.d_model ** -0.5 if init_std is None else init_std  # T5's initialisation
             self.bias = nn.Parameter(torch.randn(num_buckets, self.n_heads) * std)
 
@@ -59,9 +61,13 @@ class T5Bias(PositionScheme):
         return t5_bucket(relative_distance(positions), bidirectional=self.bidirectional,
                          num_buckets=self.num_buckets, max_distance=self.max_distance)
 
+    def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+        return self.bias.T[:, self.buckets(positions)].unsqueeze(0).to(dtype)  # (1, H, N, N)
+
     def score_bias(self, q, k, positions):
-        return self.bias.T[:, self.buckets(positions)].unsqueeze(0).to(q.dtype)  # (1, H, N, N)
+        src = self.src
+        return src.memo((id(positions), q.dtype), lambda: src.position_bias(positions, q.dtype))
 
     def extra_repr(self):
-        return (f"where={self.where}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
+        return (f"{super().extra_repr()}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
                 f"bidirectional={self.bidirectional}")

@@ -1,18 +1,23 @@
-"""TUPE, untied positional encoding (Ke, He, Liu 2021), DESIGN.md §3:
+"""TUPE, untied positional encoding (Ke, He, Liu 2021):
 
-    s_ij = (x_iW_Q)(x_jW_K)ᵀ / sqrt(2d) + (p_iU_Q)(p_jU_K)ᵀ / sqrt(2d) + b_{j-i}
+    s_ij = (x_iW_Q)(x_jW_K)ᵀ / sqrt(2d) + (p̂_iU_Q + c_Q)(p̂_jU_K + c_K)ᵀ / sqrt(2d) + b_{j-i},   p̂ = LN(p)
 
-p_i is a learned absolute table of max_len rows (positions ≥ max_len are refused),
-U_Q, U_K per layer and head, b a per-head bias over T5 buckets of j - i
+as the authors' code builds it: p is a learned absolute table of max_len rows
+(positions ≥ max_len are refused), layer-normalised before its projections U_Q, U_K,
+which carry biases c_Q, c_K; b is a per-head bias over T5 buckets of j - i
 (bidirectional for encoders).  The positional correlation lives in the attention
-role, never added to the tokens.  p starts unit-scale (like the layer-normed x that
-feeds W_Q), U at std 0.02.  One table per layer (TUPE shares p across layers).
+role, never added to the tokens.  By default (``share: true``) p, the layer norm,
+U_Q, U_K and b exist once for all layers and the correlation plus bias, an (H, N, N)
+term, is computed once per forward and added in every layer, as in the authors'
+encoder; ``share: false`` gives each layer its own.  Initialisation as theirs (BERT's):
+p, U and b at std ``init_std`` (0.02), biases zero, the layer norm at identity.
 TUPE's [CLS] untying is not modelled (no [CLS] token here).
 """
 import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
@@ -28,32 +33,41 @@ class TUPE(PositionScheme):
     linear_ok = False
     linear_note = "adds the positional correlation (p_iU_Q)(p_jU_K)ᵀ and a bias b_{j-i} to every score"
     paper = "Ke, He, Liu 2021, Rethinking positional encoding in language pre-training"
+    shares = "everything: the table p, its layer norm, U_Q, U_K and the bucket bias b (one correlation for all layers)"
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
                  init_std: float = 0.02, **dims):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
-        if self.where == "attention":
-            hd = self.n_heads * self.head_dim
-            self.table = nn.Parameter(torch.randn(self.max_len, self.d_model))  # p_i
-            self.u_q = nn.Parameter(torch.randn(self.d_model, hd) * init_std)
-            self.u_k = nn.Parameter(torch.randn(self.d_model, hd) * init_std)
-            self.bias = nn.Parameter(torch.randn(num_buckets, self.n_heads) * self.d_model ** -0.5)
+        if self.owns_shared():
+            d, hd = self.d_model, self.n_heads * self.head_dim
+            self.table = nn.Parameter(torch.randn(self.max_len, d) * init_std)  # p_i
+            self.ln = nn.LayerNorm(d)
+            self.u_q, self.u_k = nn.Linear(d, hd), nn.Linear(d, hd)
+            for u in (self.u_q, self.u_k):
+                nn.init.normal_(u.weight, std=init_std)
+                nn.init.zeros_(u.bias)
+            self.bias = nn.Parameter(torch.randn(num_buckets, self.n_heads) * init_std)
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.head_dim)
 
-    def score_bias(self, q, k, positions):
+    def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+        """(1, H, N, N): the positional correlation, scaled, plus the bucket bias."""
         check_table_positions(positions, self.max_len, "tupe")
-        p = self.table[positions].to(q.dtype)  # (N, D)
-        pq = rearrange(p @ self.u_q.to(q.dtype), "n (h d) -> h n d", h=self.n_heads)
-        pk = rearrange(p @ self.u_k.to(q.dtype), "n (h d) -> h n d", h=self.n_heads)
+        p = self.ln(self.table[positions]).to(dtype)  # (N, D)
+        pq, pk = (rearrange(F.linear(p, u.weight.to(dtype), u.bias.to(dtype)), "n (h d) -> h n d", h=self.n_heads)
+                  for u in (self.u_q, self.u_k))
         absolute = (pq @ pk.transpose(-1, -2)) * self.score_scale()
         buckets = t5_bucket(relative_distance(positions), bidirectional=self.bidirectional,
                             num_buckets=self.num_buckets, max_distance=self.max_distance)
-        return (absolute + self.bias.T.to(q.dtype)[:, buckets]).unsqueeze(0)  # (1, H, N, N)
+        return (absolute + self.bias.T.to(dtype)[:, buckets]).unsqueeze(0)
+
+    def score_bias(self, q, k, positions):
+        src = self.src
+        return src.memo((id(positions), q.dtype), lambda: src.position_bias(positions, q.dtype))
 
     def extra_repr(self):
-        return (f"where={self.where}, max_len={self.max_len}, num_buckets={self.num_buckets}, "
+        return (f"{super().extra_repr()}, max_len={self.max_len}, num_buckets={self.num_buckets}, "
                 f"max_distance={self.max_distance}, bidirectional={self.bidirectional}")

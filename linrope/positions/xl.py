@@ -1,4 +1,4 @@
-"""Transformer-XL relative attention (Dai et al. 2019), DESIGN.md §3:
+"""Transformer-XL relative attention (Dai et al. 2019):
 
     s_ij = (q_i·k_j + q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j}) / sqrt(d)
 
