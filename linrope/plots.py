@@ -81,7 +81,8 @@ class Panel:
     curves: List[Curve]
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,7 +106,7 @@ def save(fig, path: Path, dpi: int = 130) -> Path:
     """Write a figure with everything drawn outside the axes (legends, titles) kept in the image."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -117,7 +118,7 @@ def make_figure(panels: Sequence[Panel], *, xlabel: str, ylabel: str, title: str
     panels = [p for p in panels if any(c.summary()[0] for c in p.curves)]
     if not panels:
         return None
-    plt = _plt()
+    plt = pyplot()
     import matplotlib.ticker
 
     wide = max(len(p.curves) for p in panels) > 14  # legends in two columns

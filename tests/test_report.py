@@ -273,3 +273,23 @@ def test_report_cli_help_and_empty_folder(tmp_path, capsys):
     assert e.value.code == 0 and "--pair" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no runs"):
         main([str(tmp_path)])
+
+
+def test_figures_name_only_what_ran_in_the_shared_encoding(sweep, tmp_path, monkeypatch):
+    import linrope.report as report
+
+    calls = []
+    monkeypatch.setattr(report, "plot_curves", lambda panels, path, **kw: calls.append((path.name, panels, kw)))
+    build_report([sweep], tmp_path)
+    (val_name, val_panels, val_kw), (ext_name, ext_panels, ext_kw) = calls
+    assert val_name == "val_curves.png" and ext_name == "extrapolation.png"
+    assert val_kw["title"] == "bytes: validation val/bpb, 5 configurations, seeds 1,2,3"
+    curves = {c.label: c for c in val_panels[0].curves}
+    # the legend reads in the order the lines end (lowest final mean first for bits per byte)
+    assert [c.label for c in val_panels[0].curves][0] == "softmax_rope"
+    assert curves["linear_rope"].points[199] == pytest.approx([2.95, 3.15, 3.05])  # every seed, for the mean and the band
+    assert curves["linear_rope"].style["color"] == curves["softmax_rope"].style["color"]
+    assert curves["linear_rope"].style["linestyle"] != curves["softmax_rope"].style["linestyle"]
+    assert [p.title for p in ext_panels] == ["as trained", "RoPE models: as trained (solid), pi (dashed), ntk (dotted)"]
+    assert {c.label for c in ext_panels[1].curves} == {"softmax_rope as trained", "softmax_rope pi"}
+    assert ext_kw["vlines"] == [64] and ext_kw["log2_x"]
