@@ -150,3 +150,19 @@ def plot_curves(panels: Sequence[Panel], path: Path, **kwargs) -> Optional[Path]
     """``make_figure`` saved to ``path``; None (and no file) when nothing is drawn."""
     fig = make_figure(panels, **kwargs)
     return None if fig is None else save(fig, path)
+
+
+def plot_length_table(rows: Sequence[Mapping[str, Any]], path: Path, *, train_context: Optional[int] = None,
+                      title: str = "") -> Optional[Path]:
+    """One model's length table (``linrope.evaluate.length_table`` rows: length, scaling, bpb / acc / loss,
+    status) against length, one line per scaling in the shared scaling styles; n/a rows left out."""
+    metric = next((k for k in ("bpb", "acc", "loss") if any(r.get(k) is not None for r in rows)), "loss")
+    curves = []
+    for i, scaling in enumerate(dict.fromkeys(r["scaling"] for r in rows)):
+        points = {r["length"]: [r[metric]] for r in rows if r["scaling"] == scaling and r.get(metric) is not None}
+        curves.append(Curve("as trained" if scaling == "none" else str(scaling), points,
+                            {"color": series_colour(i), "linestyle": SCALING_STYLES.get(scaling, "-.")}))
+    ylabel = {"bpb": "bits per byte", "acc": "accuracy (scored positions)"}.get(metric, "loss (scored positions)")
+    return plot_curves([Panel("", curves)], path, xlabel="evaluation length (tokens)", ylabel=ylabel, log2_x=True,
+                       vlines=[train_context] if train_context else [], vline_label="training context",
+                       title=title or "length extrapolation", note="")

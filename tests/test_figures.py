@@ -121,3 +121,26 @@ def test_curves_are_seed_means_with_a_band_and_the_legend_is_outside_and_kept(tm
     height, width = matplotlib.image.imread(path).shape[:2]
     assert width >= (tight.x1 - tight.x0) * 100 - 2 and height >= (tight.y1 - tight.y0) * 100 - 2
     assert make_figure([Panel("p", [empty])], xlabel="x", ylabel="y") is None
+
+
+def test_plot_length_table_draws_one_line_per_scaling_without_na(tmp_path, monkeypatch):
+    from linrope import plots
+
+    rows = [{"length": 64, "scaling": "none", "bpb": 2.0, "status": "ok"},
+            {"length": 128, "scaling": "none", "bpb": 2.5, "status": "ok"},
+            {"length": 128, "scaling": "ntk", "bpb": 2.2, "status": "ok"},
+            {"length": 256, "scaling": "none", "bpb": None, "status": "n/a (position table has 64 rows)"}]
+    seen = {}
+    real = plots.make_figure
+
+    def spy(panels, **kw):
+        fig = real(panels, **kw)
+        seen["lines"] = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata())) for line in fig.axes[0].get_lines()}
+        seen["kw"] = kw
+        return fig
+
+    monkeypatch.setattr(plots, "make_figure", spy)
+    saved = plots.plot_length_table(rows, tmp_path / "e.png", train_context=64, title="softmax_rope")
+    assert saved.stat().st_size > 1000
+    assert seen["lines"]["as trained"] == [(64, 2.0), (128, 2.5)] and seen["lines"]["ntk"] == [(128, 2.2)]
+    assert seen["kw"]["ylabel"] == "bits per byte" and seen["kw"]["vlines"] == [64]
