@@ -139,7 +139,7 @@ def make_figure(panels: Sequence[Panel], *, xlabel: str, ylabel: str, title: str
             ax.set_title(panel.title, fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=2 if len(panel.curves) > 14 else 1, fontsize=8,
-                  frameon=False)
+                  handlelength=3.2, frameon=False)
     heading = "\n".join(t for t in (title, f"({note})" if note else "") if t)
     if heading:
         fig.suptitle(heading, fontsize=11)

@@ -132,6 +132,11 @@ def seeds_text(groups: Dict[str, List[Run]]) -> str:
     return f"seed{'s' if len(seeds) != 1 else ''} {','.join(seeds)}"
 
 
+def band_note(groups: Dict[str, List[Run]]) -> str:
+    several = any(len({r.seed for r in runs}) > 1 for runs in groups.values())
+    return "line: mean over seeds; band: lowest to highest seed" if several else ""
+
+
 def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
     has_acc = any("val/acc" in r.series for runs in groups.values() for r in runs)
     metric = "val/bpb" if task == "bytes" else "val/acc" if has_acc else "val/loss"
@@ -144,7 +149,8 @@ def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Opti
         curves.append(Curve(label, points, config_style(runs[0].config)))
     curves = by_last_value(curves, descending=higher_is_better(metric))
     return plot_curves([Panel("", curves)], path, xlabel="training step", ylabel=metric,
-                       title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}")
+                       title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}",
+                       note=band_note(groups))
 
 
 def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
@@ -170,7 +176,8 @@ def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> O
     ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
     return plot_curves(panels, path, xlabel="evaluation length (tokens)", ylabel=ylabel, log2_x=True,
                        vlines=contexts, vline_label="training context",
-                       title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}")
+                       title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
+                       note=band_note(groups))
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
