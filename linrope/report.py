@@ -90,7 +90,8 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
     return rows
 
 
-def pair_results(groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]], value) -> List[Tuple[str, str, Paired]]:
+def pair_results(groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]],
+                 value) -> List[Tuple[str, str, Paired]]:
     """(A, B, A − B over matching seeds) for each pair whose two configurations are both in ``groups``."""
     return [(a, b, paired(by_seed(groups[a], value), by_seed(groups[b], value), LEVEL))
             for a, b in pairs if a in groups and b in groups]

@@ -135,7 +135,8 @@ def test_plot_length_table_draws_one_line_per_scaling_without_na(tmp_path, monke
 
     def spy(panels, **kw):
         fig = real(panels, **kw)
-        seen["lines"] = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata())) for line in fig.axes[0].get_lines()}
+        seen["lines"] = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata()))
+                         for line in fig.axes[0].get_lines()}
         seen["kw"] = kw
         return fig
 

@@ -65,3 +65,15 @@ def _parents(path: str):
     while path:
         path = posixpath.dirname(path)
         yield path
+
+
+@pytest.mark.skipif(TRACKED is None, reason="not a git checkout")
+def test_published_results_are_not_ignored_but_local_sweeps_are():
+    def ignored(path):
+        r = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, timeout=60)
+        assert r.returncode in (0, 1), f"git check-ignore failed on {path}"
+        return r.returncode == 0
+
+    for path in ("docs/results/pe_compare/report.md", "docs/results/extrapolation/extrapolation.png"):
+        assert not ignored(path), f"{path} is ignored by .gitignore: published results could not be committed"
+    assert ignored("results/pe_compare/0/csv/metrics.csv")  # README's sweep recipe writes there

@@ -157,7 +157,8 @@ def sweep(tmp_path):
     # linear_rope_both: differs from linear_rope by -0.1, +0.1, 0.0 (not resolved)
     for seed, v in enumerate([3.1, 3.1, 3.1], start=1):
         run("linear_rope_both", "linear", "rope", seed, [3.5, v], v, extra_model="    placement: both\n")
-    run("softmax_learned", "softmax", "learned", 1, [3.3, 3.0], 3.05, extrapolation=[(64, "none", 3.0), (128, "none", None)])
+    run("softmax_learned", "softmax", "learned", 1, [3.3, 3.0], 3.05,
+        extrapolation=[(64, "none", 3.0), (128, "none", None)])
     return s
 
 
@@ -170,10 +171,13 @@ def test_report_table_holds_test_mean_and_t_interval(sweep, tmp_path):
     text = build_report([sweep], out)
     # softmax_rope test 2.1, 2.5: mean 2.3, half-width 12.7062 · √0.08 / √2 = 2.541; best val 2.0, 2.4 -> 2.2
     # tokens/s: run means 1100, 1000 -> 1050 ± 12.7062 · 70.71 / √2 = 635
-    assert table_row(text, "softmax_rope") == "| softmax_rope | softmax | rope | 2 (1,2) | 2.300 ± 2.541 | 2.200 ± 2.541 | 1050 ± 635 |"
+    assert table_row(text, "softmax_rope") == \
+        "| softmax_rope | softmax | rope | 2 (1,2) | 2.300 ± 2.541 | 2.200 ± 2.541 | 1050 ± 635 |"
     # linear_rope test 3.0, 3.2, 3.1: mean 3.1, s = 0.1, half-width 4.3027 · 0.1 / √3 = 0.248
-    assert table_row(text, "linear_rope") == "| linear_rope | linear | rope | 3 (1,2,3) | 3.100 ± 0.248 | 3.050 ± 0.248 | 1000 ± 0 |"
-    assert table_row(text, "softmax_learned") == "| softmax_learned | softmax | learned | 1 (1) | 3.050 | 3.000 | 1000 |"
+    assert table_row(text, "linear_rope") == \
+        "| linear_rope | linear | rope | 3 (1,2,3) | 3.100 ± 0.248 | 3.050 ± 0.248 | 1000 ± 0 |"
+    assert table_row(text, "softmax_learned") == \
+        "| softmax_learned | softmax | learned | 1 (1) | 3.050 | 3.000 | 1000 |"
     assert "best val/bpb (selection metric)" in text
     table = text.split("## Task: bytes")[1].split("##")[0]
     order = [line.split("|")[1].strip() for line in table.splitlines()[3:] if line.startswith("| ")]
@@ -290,6 +294,7 @@ def test_figures_name_only_what_ran_in_the_shared_encoding(sweep, tmp_path, monk
     assert curves["linear_rope"].points[199] == pytest.approx([2.95, 3.15, 3.05])  # every seed, for the mean and the band
     assert curves["linear_rope"].style["color"] == curves["softmax_rope"].style["color"]
     assert curves["linear_rope"].style["linestyle"] != curves["softmax_rope"].style["linestyle"]
-    assert [p.title for p in ext_panels] == ["as trained", "RoPE models: as trained (solid), pi (dashed), ntk (dotted)"]
+    assert [p.title for p in ext_panels] == ["as trained",
+                                             "RoPE models: as trained (solid), pi (dashed), ntk (dotted)"]
     assert {c.label for c in ext_panels[1].curves} == {"softmax_rope as trained", "softmax_rope pi"}
     assert ext_kw["vlines"] == [64] and ext_kw["log2_x"]
