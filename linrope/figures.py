@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from linrope.plots import pyplot, save
+
 
 def rope_thetas(d: int = 128, base: float = 10000.0) -> np.ndarray:
     """θ_t = base^(-2t/d), t = 0 … d/2-1."""
@@ -46,17 +48,8 @@ def sinusoidal_dot(offsets, dim: int = 512, t: int = 0, base: float = 10000.0) -
     return b @ a
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_rope_decay(path: Path, d: int = 128, max_distance: int = 250) -> Path:
-    plt = _plt()
+    plt = pyplot()
     r = np.arange(0, max_distance + 1)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(r, rope_decay_bound(r, d))
@@ -65,13 +58,11 @@ def plot_rope_decay(path: Path, d: int = 128, max_distance: int = 250) -> Path:
     ax.set_title(f"RoPE long-term decay (d = {d}, θ_t = 10000^(−2t/d))")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=120)
 
 
 def plot_sinusoidal_dot(path: Path, dim: int = 512, max_offset: int = 500) -> Path:
-    plt = _plt()
+    plt = pyplot()
     k = np.arange(-max_offset, max_offset + 1)
     fig, ax = plt.subplots(figsize=(6, 4))
     for t in (0, 100):
@@ -82,9 +73,7 @@ def plot_sinusoidal_dot(path: Path, dim: int = 512, max_offset: int = 500) -> Pa
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path, dpi=120)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

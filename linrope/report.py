@@ -1,17 +1,19 @@
-"""A sweep's results without wandb: ``python -m linrope.report <sweep dir> [--out DIR]``.
+"""A sweep's results without wandb: ``python -m linrope.report <sweep dir> [--out DIR] [--pair A:B]``.
 
-Reads every run under the sweep folder — ``<run>/csv/metrics.csv`` (Lightning's CSVLogger) and
-``<run>/.hydra/config.yaml`` — groups runs that differ only in their seed, and writes into the
-sweep folder (or ``--out``):
+Reads every run under the sweep folder(s) (``linrope.runs``), groups per task the runs that differ
+only in their seed, and writes into the sweep folder (or ``--out``):
 
-* ``report.md`` — per task, one row per configuration: mean ± sample standard deviation over
-  seeds of the best validation value (``val/bpb`` for bytes; ``val/loss`` and ``val/acc`` for the
-  tasks), the final test value and the training throughput (``train/tokens_per_sec``); and, when
-  runs evaluated length extrapolation (``<run>/extrapolation.csv``), a table by length;
-* ``summary.csv`` — the same numbers, machine-readable;
-* ``val_curves.png`` — validation curves (mean over seeds) per configuration, one file per task
-  when there are several (``val_curves_<task>.png``);
-* ``extrapolation.png`` — loss (bits per byte) against evaluation length, when present.
+* ``report.md`` — per task, one row per configuration.  The headline column is the **test** score of
+  the checkpoint chosen on validation (train.py tests the best checkpoint): ``test/bpb`` for bytes,
+  ``test/acc`` (and ``test/loss``) for the tasks.  The best validation value is shown as the
+  selection metric only: it was picked on the data it reports.  Each cell is the mean over seeds
+  ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
+  differences A − B of the declared pairs (``PAIRS``, plus ``--pair``) over the seeds both ran, with
+  their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
+  excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes,
+  accuracy for the tasks) with the same intervals and the pairs at each length;
+* ``summary.csv`` and ``pairs.csv`` — the same numbers, machine-readable;
+* ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
 
 A configuration is named by ``model.name``, followed by the settings that tell apart runs of
 the same model (e.g. ``linear_rope feature_map=cosine placement=both``)."""
@@ -19,384 +21,310 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
-import statistics
 import sys
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# settings that do not tell configurations apart (the seed is what we average over)
-IGNORED = ("seed", "data.seed", "data.eval_seed", "paths.", "hydra.", "tags", "task_name", "logger.", "callbacks.",
-           "ckpt_path", "extrapolation.", "trainer.enable_progress_bar", "trainer.default_root_dir", "train", "test",
-           "data.num_workers")
+from linrope.plots import SCALING_STYLES, Curve, Panel, by_last_value, config_style, plot_curves, series_colour
+from linrope.runs import Run, by_seed, find_runs, group_runs
+from linrope.stats import Interval, Paired, mean_ci, paired
 
-
-@dataclass
-class Run:
-    path: Path
-    config: Dict[str, Any]  # flat: dotted key -> value
-    series: Dict[str, List[Tuple[int, float]]]  # metric -> [(step, value)]
-    extrapolation: List[Dict[str, Any]] = field(default_factory=list)
-
-    def get(self, key: str, default=None):
-        return self.config.get(key, default)
-
-    @property
-    def task(self) -> str:
-        return str(self.get("data.task", "bytes"))
-
-    @property
-    def seed(self):
-        return self.get("seed")
-
-    def best(self, metric: str, mode: str = "min") -> Optional[float]:
-        values = [v for _, v in self.series.get(metric, [])]
-        return (min(values) if mode == "min" else max(values)) if values else None
-
-    def last(self, metric: str) -> Optional[float]:
-        values = self.series.get(metric, [])
-        return values[-1][1] if values else None
-
-    def mean(self, metric: str) -> Optional[float]:
-        values = [v for _, v in self.series.get(metric, [])]
-        return sum(values) / len(values) if values else None
-
-
-# ---- reading ---------------------------------------------------------------------------------------------------
-def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
-    if isinstance(node, dict):
-        out: Dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(node, list):
-        return {prefix[:-1]: tuple(node)}
-    return {prefix[:-1]: node}
-
-
-def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:
-    series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            step = int(float(row.get("step") or 0))
-            for k, v in row.items():
-                if k in ("step", "epoch") or v in (None, ""):
-                    continue
-                try:
-                    series[k].append((step, float(v)))
-                except ValueError:
-                    pass
-    return dict(series)
-
-
-def find_runs(sweep: Path) -> List[Run]:
-    from omegaconf import OmegaConf
-
-    from linrope.evaluate import read_csv
-
-    runs = []
-    for metrics in sorted(sweep.rglob("metrics.csv")):
-        run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent
-        config_path = run_dir / ".hydra" / "config.yaml"
-        config = {}
-        if config_path.exists():
-            config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
-        extrap = run_dir / "extrapolation.csv"
-        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else []))
-    return runs
-
-
-# ---- grouping --------------------------------------------------------------------------------------------------
-def _ignored(key: str) -> bool:
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in IGNORED)
-
-
-def signature(run: Run) -> Tuple:
-    return tuple(sorted((k, repr(v)) for k, v in run.config.items() if not _ignored(k)))
-
-
-def base_label(run: Run) -> str:
-    name = run.get("model.name")
-    if name:
-        return str(name)
-    att, pos = run.get("model.attention.kind"), run.get("model.position.name")
-    return f"{att}-{pos}" if att or pos else run.path.name
-
-
-def group_runs(runs: List[Run]) -> Dict[str, List[Run]]:
-    """label -> runs that differ only in their seed; labels made unique by the settings that differ."""
-    groups: Dict[Tuple, List[Run]] = {}
-    for r in runs:
-        groups.setdefault((r.task, signature(r)), []).append(r)
-    by_label: Dict[str, List[Tuple]] = defaultdict(list)
-    for key, rs in groups.items():
-        by_label[(key[0], base_label(rs[0]))].append(key)
-    named: Dict[str, List[Run]] = {}
-    for (task, label), keys in by_label.items():
-        if len(keys) == 1:
-            named[_unique(named, label)] = groups[keys[0]]
-            continue
-        configs = [dict(k[1]) for k in keys]
-        differ = [k for k in dict.fromkeys(k for c in configs for k in c) if len({c.get(k) for c in configs}) > 1]
-        leaves = [k.split(".")[-1] for k in differ]
-        short = [leaf if leaves.count(leaf) == 1 else k.removeprefix("model.") for k, leaf in zip(differ, leaves)]
-        for key, c in zip(keys, configs):
-            extra = " ".join(f"{s}={_plain(c.get(k))}" for k, s in zip(differ, short))
-            named[_unique(named, f"{label} {extra}".strip())] = groups[key]
-    return named
-
-
-def _plain(v: Optional[str]) -> str:
-    if v is None:
-        return "-"
-    return v.strip("'\"")
-
-
-def _unique(existing: Dict[str, Any], label: str) -> str:
-    out, i = label, 2
-    while out in existing:
-        out, i = f"{label} ({i})", i + 1
-    return out
-
-
-# ---- statistics ------------------------------------------------------------------------------------------------
-def mean_std(values: Sequence[Optional[float]]) -> Tuple[Optional[float], Optional[float], int]:
-    """Mean and sample standard deviation (n - 1; None for a single value) of the values present."""
-    vs = [v for v in values if v is not None and not math.isnan(v)]
-    if not vs:
-        return None, None, 0
-    return statistics.fmean(vs), (statistics.stdev(vs) if len(vs) > 1 else None), len(vs)
-
-
-def fmt(mean: Optional[float], std: Optional[float], digits: int = 3) -> str:
-    if mean is None:
-        return "–"
-    if std is None:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+# the comparisons the study is about: A − B over matching seeds (add more with --pair A:B)
+PAIRS: Tuple[Tuple[str, str], ...] = (
+    ("linear_rope", "linear"),  # what RoPE in the numerator buys linear attention
+    ("linear_rope", "linear_rope_both"),  # numerator only against numerator and denominator
+    ("linear_cosine_rope", "linear_cosine"),  # the same with the 1 + cos feature map
+    ("linear_rope", "softmax_rope"),  # linear against softmax attention, both with RoPE
+)
+LEVEL = 0.95
 
 
 def columns_for(task: str):
-    """(header, metric, how, digits) of the report's columns for a task."""
+    """(header, metric, how, digits) of a task's table; the first is the headline (test) metric."""
     if task == "bytes":
-        return [("best val/bpb", "val/bpb", "min", 3), ("test/bpb", "test/bpb", "last", 3),
+        return [("test/bpb", "test/bpb", "last", 3), ("best val/bpb (selection metric)", "val/bpb", "min", 3),
                 ("tokens/s", "train/tokens_per_sec", "mean", 0)]
-    return [("best val/loss", "val/loss", "min", 3), ("best val/acc", "val/acc", "max", 3),
-            ("test/loss", "test/loss", "last", 3), ("test/acc", "test/acc", "last", 3),
-            ("tokens/s", "train/tokens_per_sec", "mean", 0)]
+    return [("test/acc", "test/acc", "last", 3), ("test/loss", "test/loss", "last", 3),
+            ("best val/loss (selection metric)", "val/loss", "min", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)]
 
 
-def run_value(run: Run, metric: str, how: str) -> Optional[float]:
-    if how == "min":
-        return run.best(metric, "min")
-    if how == "max":
-        return run.best(metric, "max")
-    if how == "last":
-        return run.last(metric)
-    return run.mean(metric)
+def higher_is_better(metric: str) -> bool:
+    return metric.endswith("acc")
 
 
-def summarize(groups: Dict[str, List[Run]]) -> Dict[str, List[Dict[str, Any]]]:
-    """task -> rows (sorted by the first column, best first): label, attention, position, n, seeds and
-    for each column (mean, std)."""
-    tables: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
-    for label, runs in groups.items():
-        task = runs[0].task
-        row: Dict[str, Any] = {"label": label, "task": task, "n": len(runs),
-                               "attention": runs[0].get("model.attention.kind", "?"),
-                               "position": runs[0].get("model.position.name", "?"),
-                               "seeds": sorted(str(r.seed) for r in runs)}
-        for header, metric, how, _ in columns_for(task):
-            row[header] = mean_std([run_value(r, metric, how) for r in runs])[:2]
-        tables[task].append(row)
-    for task, rows in tables.items():
-        first, _, how, _ = columns_for(task)[0]
-        sign = -1 if how == "max" else 1
-        rows.sort(key=lambda r: (r[first][0] is None, sign * (r[first][0] or 0.0), r["label"]))
-    return dict(tables)
+def fmt(iv: Interval, digits: int = 3) -> str:
+    """mean ± half-width of the interval; the mean alone for one seed; – for none."""
+    if iv.mean is None:
+        return "–"
+    if iv.lo is None:
+        return f"{iv.mean:.{digits}f}"
+    return f"{iv.mean:.{digits}f} ± {iv.half_width:.{digits}f}"
 
 
-def extrapolation_table(groups: Dict[str, List[Run]]) -> Tuple[List[int], List[Dict[str, Any]]]:
-    """Lengths, and rows (label, task, scaling, metric name, {length: mean}) averaged over seeds."""
-    lengths = sorted({r["length"] for runs in groups.values() for run in runs for r in run.extrapolation})
-    rows = []
-    for label, runs in groups.items():
-        if not any(run.extrapolation for run in runs):
-            continue
-        bytes_like = runs[0].task == "bytes"
-        key = "bpb" if bytes_like else "loss"
-        scalings = list(dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation))
-        for scaling in scalings:
-            values = {}
-            for n in lengths:
-                vs = [r[key] for run in runs for r in run.extrapolation
-                      if r["scaling"] == scaling and r["length"] == n and r[key] is not None]
-                values[n] = statistics.fmean(vs) if vs else None
-            rows.append({"label": label, "task": runs[0].task, "scaling": scaling, "metric": key, "values": values})
-    return lengths, rows
+def fmt_p(p: Optional[float]) -> str:
+    return "–" if p is None else "< 0.001" if p < 0.001 else f"= {p:.3f}"
 
 
-# ---- plots -----------------------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def matplotlib_ticker():
-    import matplotlib.ticker
-
-    return matplotlib.ticker
-
-
-def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
-    metric = "val/bpb" if task == "bytes" else "val/loss"
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 5))
-    colours = plt.get_cmap("tab20").colors
-    drawn = 0
-    for label, runs in groups.items():
-        if runs[0].task != task:
-            continue
-        # softmax solid, linear dashed; 20 colours before any repeats
-        by_step: Dict[int, List[float]] = defaultdict(list)
-        for r in runs:
-            for step, v in r.series.get(metric, []):
-                by_step[step].append(v)
-        if by_step:
-            steps = sorted(by_step)
-            linear = runs[0].get("model.attention.kind") == "linear"
-            ax.plot(steps, [statistics.fmean(by_step[s]) for s in steps], marker=".", label=label,
-                    color=colours[drawn % len(colours)], linestyle="--" if linear else "-")
-            drawn += 1
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_xlabel("step")
-    ax.set_ylabel(metric + " (mean over seeds)")
-    ax.set_title(f"validation — {task} (solid: softmax, dashed: linear)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, ncol=2 if drawn > 12 else 1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def plot_extrapolation(rows: List[Dict[str, Any]], path: Path, train_contexts: Sequence[int] = ()) -> Optional[Path]:
-    if not rows:
-        return None
-    plt = _plt()
-    scaled = [r for r in rows if r["scaling"] != "none"]
-    panels = [("as trained", [r for r in rows if r["scaling"] == "none"])]
-    if scaled:
-        rope_labels = {r["label"] for r in scaled}
-        panels.append(("RoPE: as trained / pi / ntk", [r for r in rows if r["label"] in rope_labels]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-    styles = {"none": "-", "pi": "--", "ntk": ":"}
-    cycle = plt.get_cmap("tab20").colors  # 20 colours before any repeats
-    colour = {label: cycle[i % len(cycle)] for i, label in enumerate(dict.fromkeys(r["label"] for r in rows))}
-    for ax, (title, rs) in zip(axes[0], panels):
-        for r in rs:
-            pts = [(n, v) for n, v in r["values"].items() if v is not None]
-            if pts:
-                name = r["label"] if title == "as trained" else \
-                    f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}"
-                ax.plot(*zip(*pts), linestyle=styles.get(r["scaling"], "-."), color=colour[r["label"]], marker="o",
-                        markersize=3, label=name)
-        for c in set(train_contexts):
-            ax.axvline(c, color="grey", linestyle="--", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib_ticker().ScalarFormatter())
-        ax.set_xlabel("evaluation length (tokens); dashed grey: training context")
-        ax.set_ylabel(rows[0]["metric"] if all(r["metric"] == rows[0]["metric"] for r in rows) else "loss / bpb")
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-# ---- the report ------------------------------------------------------------------------------------------------
 def markdown_table(header: List[str], lines: List[List[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(line) + " |" for line in lines]
     return "\n".join(out)
 
 
-def build_report(sweeps: Sequence[Path], out: Path) -> str:
+# ---- tables ----------------------------------------------------------------------------------------------------
+def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
+    """Rows (best headline mean first): label, attention, position, n, seeds, and an Interval per column."""
+    cols = columns_for(task)
+    rows = []
+    for label, runs in groups.items():
+        row: Dict[str, Any] = {"label": label, "attention": runs[0].get("model.attention.kind", "?"),
+                               "position": runs[0].get("model.position.name", "?"),
+                               "seeds": sorted({str(r.seed) for r in runs})}
+        row["n"] = len(row["seeds"])
+        for header, metric, how, _ in cols:
+            row[header] = mean_ci(list(by_seed(runs, lambda r: r.value(metric, how)).values()), LEVEL)
+        rows.append(row)
+    first, metric = cols[0][0], cols[0][1]
+    sign = -1 if higher_is_better(metric) else 1
+    rows.sort(key=lambda r: (r[first].mean is None, sign * (r[first].mean or 0.0), r["label"]))
+    return rows
+
+
+def pair_results(groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]],
+                 value) -> List[Tuple[str, str, Paired]]:
+    """(A, B, A − B over matching seeds) for each pair whose two configurations are both in ``groups``."""
+    return [(a, b, paired(by_seed(groups[a], value), by_seed(groups[b], value), LEVEL))
+            for a, b in pairs if a in groups and b in groups]
+
+
+def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
+    d = r.diff
+    head = f"**{a} − {b}** ({metric}, {d.n} matching seed{'s' if d.n != 1 else ''})"
+    if d.n < 2:
+        return f"- {head}: {'no interval from fewer than 2 seeds' if d.n else 'no seed in common'}."
+    numbers = f"{d.mean:+.{digits}f} [{d.lo:+.{digits}f}, {d.hi:+.{digits}f}], p {fmt_p(r.p)}"
+    if not d.excludes_zero():
+        return f"- {head}: {numbers} — **not resolved**: the 95% interval includes 0."
+    lower = d.mean < 0
+    better = lower != higher_is_better(metric)
+    return (f"- {head}: {numbers} — **resolved**: {a} is {'lower' if lower else 'higher'} "
+            f"({'better' if better else 'worse'}) than {b}.")
+
+
+def extrapolation_rows(groups: Dict[str, List[Run]], task: str):
+    """Lengths, the metric (bpb for bytes, else acc) and rows (label, scaling, {length: {seed: value}})."""
+    metric = "bpb" if task == "bytes" else "acc"
+    lengths = sorted({r["length"] for runs in groups.values() for run in runs for r in run.extrapolation})
+    rows = []
+    for label, runs in groups.items():
+        if not any(run.extrapolation for run in runs):
+            continue
+        for scaling in dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation):
+            def at(n, scaling=scaling):
+                return lambda run: next((r[metric] for r in run.extrapolation if r["scaling"] == scaling
+                                         and r["length"] == n and r["status"] == "ok"), None)
+            rows.append({"label": label, "scaling": scaling, "values": {n: by_seed(runs, at(n)) for n in lengths}})
+    return lengths, metric, rows
+
+
+# ---- plots -----------------------------------------------------------------------------------------------------
+def seeds_text(groups: Dict[str, List[Run]]) -> str:
+    seeds = sorted({str(r.seed) for runs in groups.values() for r in runs}, key=lambda s: (len(s), s))
+    return f"seed{'s' if len(seeds) != 1 else ''} {','.join(seeds)}"
+
+
+def band_note(groups: Dict[str, List[Run]]) -> str:
+    several = any(len({r.seed for r in runs}) > 1 for runs in groups.values())
+    return "line: mean over seeds; band: lowest to highest seed" if several else ""
+
+
+def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
+    has_acc = any("val/acc" in r.series for runs in groups.values() for r in runs)
+    metric = "val/bpb" if task == "bytes" else "val/acc" if has_acc else "val/loss"
+    curves = []
+    for label, runs in groups.items():
+        points: Dict[float, List[float]] = {}
+        for r in runs:
+            for step, v in r.series.get(metric, []):
+                points.setdefault(step, []).append(v)
+        curves.append(Curve(label, points, config_style(runs[0].config)))
+    curves = by_last_value(curves, descending=higher_is_better(metric))
+    return plot_curves([Panel("", curves)], path, xlabel="training step", ylabel=metric,
+                       title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}",
+                       note=band_note(groups))
+
+
+def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
+    lengths, metric, rows = extrapolation_rows(groups, task)
+    if not rows:
+        return None
+
+    def points(row):
+        return {n: list(by.values()) for n, by in row["values"].items() if by}
+
+    plain = [Curve(r["label"], points(r), config_style(groups[r["label"]][0].config))
+             for r in rows if r["scaling"] == "none"]
+    panels = [Panel("as trained", by_last_value(plain, descending=metric == "acc"))]
+    scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
+    if scaled_labels:
+        scaled = [Curve(f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}", points(r),
+                        {"color": series_colour(scaled_labels.index(r["label"])),
+                         "linestyle": SCALING_STYLES.get(r["scaling"], "-.")})
+                  for r in rows if r["label"] in scaled_labels]
+        panels.append(Panel("RoPE models: as trained (solid), pi (dashed), ntk (dotted)", scaled))
+    contexts = sorted({run.get("context") for runs in groups.values() for run in runs
+                       if run.extrapolation and isinstance(run.get("context"), int)})
+    ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
+    return plot_curves(panels, path, xlabel="evaluation length (tokens)", ylabel=ylabel, log2_x=True,
+                       vlines=contexts, vline_label="training context",
+                       title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
+                       note=band_note(groups))
+
+
+# ---- the report ------------------------------------------------------------------------------------------------
+def task_section(task: str, groups: Dict[str, List[Run]], pairs, out: Path, suffix: str, summary: list,
+                 pair_rows: list) -> List[str]:
+    cols = columns_for(task)
+    rows = summarize(groups, task)
+    groups = {r["label"]: groups[r["label"]] for r in rows}  # every table of the task in this order
+    header = ["configuration", "attention", "position", "n (seeds)"] + [c[0] for c in cols]
+    lines = [[r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})"]
+             + [fmt(r[c[0]], c[3]) for c in cols] for r in rows]
+    for r in rows:
+        summary.append({"task": task, "configuration": r["label"], "attention": r["attention"],
+                        "position": r["position"], "n": r["n"], "seeds": " ".join(r["seeds"]),
+                        **{f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")}})
+    parts = [f"## Task: {task}", "", markdown_table(header, lines), ""]
+    factors = {r.get("data.test_factor") for runs in groups.values() for r in runs} - {None, 1}
+    if factors:
+        parts += [f"Test sequences are {' / '.join(map(str, sorted(factors)))} × the training context "
+                  f"(data.test_factor).", ""]
+    metric, how = cols[0][1], cols[0][2]
+    results = pair_results(groups, pairs, lambda r: r.value(metric, how))
+    if results:
+        parts += [f"### Paired differences, {task} ({metric}, A − B over matching seeds)", "",
+                  *[verdict(a, b, metric, res, cols[0][3]) for a, b, res in results], ""]
+        pair_rows += [pair_record(task, metric, a, b, res) for a, b, res in results]
+    if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
+        parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
+    return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows)
+
+
+def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list) -> List[str]:
+    lengths, metric, rows = extrapolation_rows(groups, task)
+    if not rows:
+        return []
+    contexts = {run.get("context") for runs in groups.values() for run in runs if run.extrapolation}
+    context = contexts.pop() if len(contexts) == 1 else None
+    names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
+    header = ["configuration", "scaling"] + names
+    lines = [[r["label"], "as trained" if r["scaling"] == "none" else r["scaling"]]
+             + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
+             for r in rows]
+    parts = [f"## Length extrapolation: {task}", "",
+             f"{'Bits per byte' if metric == 'bpb' else 'Accuracy'} at each evaluation length in tokens (× the "
+             f"training context), mean ± 95% t-interval half-width over seeds"
+             + ("; RoPE models also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching "
+                "factor" * any(r["scaling"] != "none" for r in rows))
+             + ".  n/a: the scheme cannot go that far.", "",
+             markdown_table(header, lines), ""]
+    plain = {r["label"]: r["values"] for r in rows if r["scaling"] == "none"}
+    found = [(a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
+             for a, b in pairs if a in plain and b in plain]
+    if found:
+        cells = [[f"{a} − {b}"] + [cell(res[n]) for n in lengths] for a, b, res in found]
+        parts += [f"Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):", "",
+                  markdown_table(["pair"] + names, cells), ""]
+        pair_rows += [pair_record(task, f"{metric}@{n}", a, b, res[n]) for a, b, res in found for n in lengths]
+    name = f"extrapolation{suffix}.png"
+    if plot_extrapolation(groups, task, out / name):
+        parts += [f"![length extrapolation, {task}]({name})", ""]
+    return parts
+
+
+def cell(r: Paired) -> str:
+    if r.diff.n < 2:
+        return "–" if r.diff.mean is None else f"{r.diff.mean:+.3f} (n=1)"
+    text = f"{r.diff.mean:+.3f} ± {r.diff.half_width:.3f}, p {fmt_p(r.p)}"
+    return f"**{text}**" if r.diff.excludes_zero() else text
+
+
+def pair_record(task: str, metric: str, a: str, b: str, r: Paired) -> Dict[str, Any]:
+    return {"task": task, "metric": metric, "a": a, "b": b, "n": r.diff.n, "seeds": " ".join(map(str, r.seeds)),
+            "mean difference": r.diff.mean, "ci low": r.diff.lo, "ci high": r.diff.hi, "t": r.t, "p": r.p,
+            "resolved": r.diff.excludes_zero()}
+
+
+def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
+
+
+def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = PAIRS) -> str:
     runs = [r for s in sweeps for r in find_runs(Path(s))]
     if not runs:
         raise SystemExit(f"linrope.report: no runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}")
+    tasks = group_runs(runs)
+    labels = {label for groups in tasks.values() for label in groups}
+    for a, b in pairs:
+        if a not in labels or b not in labels:
+            if (a, b) not in PAIRS:
+                missing = a if a not in labels else b
+                raise SystemExit(f"linrope.report: --pair {a}:{b}: no configuration named {missing!r} "
+                                 f"(have: {', '.join(sorted(labels))})")
     out.mkdir(parents=True, exist_ok=True)
-    groups = group_runs(runs)
-    tables = summarize(groups)
+    n_configs = sum(len(g) for g in tasks.values())
     parts = [f"# Sweep report: {', '.join(str(s) for s in sweeps)}", "",
-             f"{len(runs)} runs in {len(groups)} configurations; each cell is the mean ± sample standard "
-             f"deviation over the configuration's runs (n; seeds listed).  Best val: the best validation value "
-             f"of a run; test: its final test value (the best checkpoint); tokens/s: mean training throughput.", ""]
-    summary_rows = []
-    for task, rows in tables.items():
-        cols = columns_for(task)
-        header = ["configuration", "attention", "position", "n (seeds)"] + [c[0] for c in cols]
-        lines = []
-        for r in rows:
-            lines.append([r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})"]
-                         + [fmt(*r[c[0]], digits=c[3]) for c in cols])
-            summary_rows.append({"task": task, "configuration": r["label"], "attention": r["attention"],
-                                 "position": r["position"], "n": r["n"], "seeds": " ".join(r["seeds"]),
-                                 **{f"{c[0]} mean": r[c[0]][0] for c in cols},
-                                 **{f"{c[0]} std": r[c[0]][1] for c in cols}})
-        parts += [f"## Task: {task}", "", markdown_table(header, lines), ""]
-        name = "val_curves.png" if len(tables) == 1 else f"val_curves_{task}.png"
-        if plot_val_curves(groups, task, out / name):
-            parts += [f"![validation curves, {task}]({name})", ""]
-    lengths, ext = extrapolation_table(groups)
-    if ext:
-        header = ["configuration", "scaling", "metric"] + [str(n) for n in lengths]
-        lines = [[r["label"], "as trained" if r["scaling"] == "none" else r["scaling"], r["metric"]]
-                 + ["n/a" if r["values"][n] is None else f"{r['values'][n]:.3f}" for n in lengths] for r in ext]
-        contexts = sorted({run.get("context") for runs in groups.values() for run in runs
-                           if run.extrapolation and isinstance(run.get("context"), int)})
-        parts += ["## Length extrapolation", "",
-                  "Mean over seeds of the evaluation loss (bits per byte for bytes) by evaluation length; RoPE models "
-                  "also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching factor.  n/a: "
-                  "the scheme cannot go that far (a learned table).", "", markdown_table(header, lines), ""]
-        if plot_extrapolation(ext, out / "extrapolation.png", contexts):
-            parts += ["![length extrapolation](extrapolation.png)", ""]
+             f"{len(runs)} runs in {n_configs} configurations.  Each cell is the mean over the configuration's "
+             f"seeds ± the half-width of the 95% t-interval (t_0.975,n-1 · s / √n; the mean alone for one "
+             f"seed).  The headline is the test score of the checkpoint chosen on validation; the best "
+             f"validation value is the selection metric, shown for reference only; tokens/s is the mean "
+             f"training throughput.  Paired differences take A − B seed by seed over the seeds both ran "
+             f"(same data order and initialisation) and test them with a two-sided paired t-test.", ""]
+    summary: List[Dict[str, Any]] = []
+    pair_rows: List[Dict[str, Any]] = []
+    for task, groups in tasks.items():
+        parts += task_section(task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows)
     text = "\n".join(parts)
     (out / "report.md").write_text(text)
-    if summary_rows:
-        keys = list(dict.fromkeys(k for r in summary_rows for k in r))
-        with open(out / "summary.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in summary_rows)
+    write_csv(summary, out / "summary.csv")
+    if pair_rows:
+        write_csv(pair_rows, out / "pairs.csv")
     return text
+
+
+def parse_pair(text: str) -> Tuple[str, str]:
+    a, sep, b = text.partition(":")
+    if not sep or not a or not b or ":" in b:
+        raise argparse.ArgumentTypeError(f"{text!r}: a pair is two configuration names, A:B")
+    return a, b
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m linrope.report", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
-                    "of every run under the folder(s); writes report.md (mean ± std over seeds per configuration),\n"
-                    "summary.csv, val_curves.png and, when runs evaluated length extrapolation, extrapolation.png.",
-        epilog="example:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00")
+                    "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
+                    "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"
+                    "summary.csv, pairs.csv, val_curves.png and, when runs evaluated length extrapolation,\n"
+                    "extrapolation.png.  Pairs always compared when present: "
+                    + ", ".join(f"{a}:{b}" for a, b in PAIRS) + ".",
+        epilog="example:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
+               "--pair linear_alibi:linear")
     p.add_argument("sweeps", nargs="+", type=Path, help="sweep folder(s) (e.g. logs/<task_name>/multiruns/<time>)")
     p.add_argument("--out", type=Path, default=None, help="where to write (default: the first sweep folder)")
+    p.add_argument("--pair", type=parse_pair, action="append", default=[], metavar="A:B",
+                   help="also compare configuration A with B, paired over seeds (repeatable)")
     args = p.parse_args(argv)
     for s in args.sweeps:
         if not s.is_dir():
             p.error(f"{s}: not a folder")
     out = args.out or args.sweeps[0]
-    print(build_report(args.sweeps, out))
+    pairs = list(dict.fromkeys([*PAIRS, *args.pair]))
+    print(build_report(args.sweeps, out, pairs))
     print(f"\nwrote {out / 'report.md'}")
     return 0
 

@@ -70,3 +70,78 @@ def test_figures_cli_writes_both_pngs(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0 and "--out" in capsys.readouterr().out
+
+
+# ---- linrope.plots: the encoding the report's figures share -------------------------------------------------------
+def test_config_style_hue_per_position_scheme_style_per_attention():
+    from linrope.plots import POSITION_COLOURS, config_style
+
+    def style(kind, position, **extra):
+        return config_style({"model.attention.kind": kind, "model.position.name": position,
+                             **{f"model.{k.replace('__', '.')}": v for k, v in extra.items()}})
+
+    softmax_rope, linear_rope = style("softmax", "rope"), style("linear", "rope", attention__feature_map="elu")
+    assert softmax_rope["color"] == linear_rope["color"]  # one hue per scheme
+    assert (softmax_rope["linestyle"], linear_rope["linestyle"]) == ("-", "--")  # style per attention kind
+    assert style("linear", "none", attention__feature_map="elu")["color"] != linear_rope["color"]
+    assert style("linear", "rope", attention__feature_map="cosine")["linestyle"] == ":"
+    both = style("linear", "rope", attention__feature_map="elu", attention__placement="both")
+    assert both["marker"] == "D" and both["color"] == linear_rope["color"] and linear_rope["marker"] == "o"
+    assert style("softmax", "rope", position__scaling="pi")["marker"] == "^"
+    assert len(set(POSITION_COLOURS.values())) == len(POSITION_COLOURS)
+    assert style("softmax", "brand_new")["color"] == style("softmax", "brand_new")["color"]  # stable fallback
+
+
+def test_curves_are_seed_means_with_a_band_and_the_legend_is_outside_and_kept(tmp_path):
+    import matplotlib.image
+    from matplotlib.collections import PolyCollection
+
+    from linrope.plots import Curve, Panel, make_figure, save
+
+    spread = Curve("spread", {1: [1.0, 2.0, 6.0], 2: [2.0, 2.0, 2.0]}, {"color": "#d62728"})
+    flat = Curve("flat", {1: [5.0], 2: [4.0]}, {"color": "#1f77b4", "linestyle": "--"})
+    empty = Curve("empty", {}, {})
+    fig = make_figure([Panel("p", [spread, flat, empty])], xlabel="x", ylabel="y", title="only what ran")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert sorted(lines) == ["flat", "spread"]
+    assert list(lines["spread"].get_ydata()) == [3.0, 2.0] and list(lines["flat"].get_ydata()) == [5.0, 4.0]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 1  # only the curve whose seeds differ gets a band
+    ys = bands[0].get_paths()[0].vertices[:, 1]
+    assert ys.min() == 1.0 and ys.max() == 6.0  # lowest to highest seed
+    assert fig._suptitle.get_text().startswith("only what ran")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend, box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert legend.x0 >= box.x1  # outside the axes, to the right
+    tight = fig.get_tightbbox(renderer)  # in inches; bbox_inches="tight" saves exactly this (plus padding)
+    assert tight.x1 * fig.dpi >= legend.x1 - 1
+    path = save(fig, tmp_path / "c.png", dpi=100)
+    height, width = matplotlib.image.imread(path).shape[:2]
+    assert width >= (tight.x1 - tight.x0) * 100 - 2 and height >= (tight.y1 - tight.y0) * 100 - 2
+    assert make_figure([Panel("p", [empty])], xlabel="x", ylabel="y") is None
+
+
+def test_plot_length_table_draws_one_line_per_scaling_without_na(tmp_path, monkeypatch):
+    from linrope import plots
+
+    rows = [{"length": 64, "scaling": "none", "bpb": 2.0, "status": "ok"},
+            {"length": 128, "scaling": "none", "bpb": 2.5, "status": "ok"},
+            {"length": 128, "scaling": "ntk", "bpb": 2.2, "status": "ok"},
+            {"length": 256, "scaling": "none", "bpb": None, "status": "n/a (position table has 64 rows)"}]
+    seen = {}
+    real = plots.make_figure
+
+    def spy(panels, **kw):
+        fig = real(panels, **kw)
+        seen["lines"] = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata()))
+                         for line in fig.axes[0].get_lines()}
+        seen["kw"] = kw
+        return fig
+
+    monkeypatch.setattr(plots, "make_figure", spy)
+    saved = plots.plot_length_table(rows, tmp_path / "e.png", train_context=64, title="softmax_rope")
+    assert saved.stat().st_size > 1000
+    assert seen["lines"]["as trained"] == [(64, 2.0), (128, 2.5)] and seen["lines"]["ntk"] == [(128, 2.2)]
+    assert seen["kw"]["ylabel"] == "bits per byte" and seen["kw"]["vlines"] == [64]

@@ -1,0 +1,149 @@
+"""The runs of a sweep folder, read back for ``linrope.report``: each run's metrics
+(``<run>/csv/metrics.csv``, Lightning's CSVLogger), its composed config (``<run>/.hydra/config.yaml``,
+flattened to dotted keys) and its extrapolation table (``<run>/extrapolation.csv``), grouped per task
+into configurations that differ only in their seed."""
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+# settings that do not tell configurations apart (the seed is what we average over)
+IGNORED = ("seed", "data.seed", "data.eval_seed", "paths.", "hydra.", "tags", "task_name", "logger.", "callbacks.",
+           "ckpt_path", "extrapolation.", "trainer.enable_progress_bar", "trainer.default_root_dir", "train", "test",
+           "data.num_workers")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: Dict[str, Any]  # flat: dotted key -> value
+    series: Dict[str, List[Tuple[int, float]]]  # metric -> [(step, value)]
+    extrapolation: List[Dict[str, Any]] = field(default_factory=list)
+
+    def get(self, key: str, default=None):
+        return self.config.get(key, default)
+
+    @property
+    def task(self) -> str:
+        return str(self.get("data.task", "bytes"))
+
+    @property
+    def seed(self):
+        return self.get("seed")
+
+    def value(self, metric: str, how: str) -> Optional[float]:
+        """The run's ``metric`` reduced by ``how``: min, max, last or mean over the logged values."""
+        values = [v for _, v in self.series.get(metric, [])]
+        if not values:
+            return None
+        return {"min": min, "max": max, "last": lambda vs: vs[-1], "mean": statistics.fmean}[how](values)
+
+
+def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(node, dict):
+        out: Dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(node, list):
+        return {prefix[:-1]: tuple(node)}
+    return {prefix[:-1]: node}
+
+
+def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:
+    series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            step = int(float(row.get("step") or 0))
+            for k, v in row.items():
+                if k in ("step", "epoch") or v in (None, ""):
+                    continue
+                try:
+                    series[k].append((step, float(v)))
+                except ValueError:
+                    pass
+    return dict(series)
+
+
+def find_runs(sweep: Path) -> List[Run]:
+    from omegaconf import OmegaConf
+
+    from linrope.evaluate import read_csv
+
+    runs = []
+    for metrics in sorted(sweep.rglob("metrics.csv")):
+        run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent
+        config_path = run_dir / ".hydra" / "config.yaml"
+        config = {}
+        if config_path.exists():
+            config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
+        extrap = run_dir / "extrapolation.csv"
+        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else []))
+    return runs
+
+
+def _ignored(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in IGNORED)
+
+
+def signature(run: Run) -> Tuple:
+    return tuple(sorted((k, repr(v)) for k, v in run.config.items() if not _ignored(k)))
+
+
+def base_label(run: Run) -> str:
+    name = run.get("model.name")
+    if name:
+        return str(name)
+    att, pos = run.get("model.attention.kind"), run.get("model.position.name")
+    return f"{att}-{pos}" if att or pos else run.path.name
+
+
+def group_runs(runs: List[Run]) -> Dict[str, Dict[str, List[Run]]]:
+    """task -> label -> runs that differ only in their seed.  Labels are unique within a task: runs of
+    one model that differ in other settings get those settings appended (``linear_rope placement=both``)."""
+    groups: Dict[Tuple, List[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.task, signature(r)), []).append(r)
+    by_label: Dict[Tuple[str, str], List[Tuple]] = defaultdict(list)
+    for key, rs in groups.items():
+        by_label[(key[0], base_label(rs[0]))].append(key)
+    named: Dict[str, Dict[str, List[Run]]] = defaultdict(dict)
+    for (task, label), keys in by_label.items():
+        if len(keys) == 1:
+            named[task][_unique(named[task], label)] = groups[keys[0]]
+            continue
+        configs = [dict(k[1]) for k in keys]
+        differ = [k for k in dict.fromkeys(k for c in configs for k in c) if len({c.get(k) for c in configs}) > 1]
+        leaves = [k.split(".")[-1] for k in differ]
+        short = [leaf if leaves.count(leaf) == 1 else k.removeprefix("model.") for k, leaf in zip(differ, leaves)]
+        for key, c in zip(keys, configs):
+            extra = " ".join(f"{s}={_plain(c.get(k))}" for k, s in zip(differ, short))
+            named[task][_unique(named[task], f"{label} {extra}".strip())] = groups[key]
+    return dict(named)
+
+
+def _plain(v: Optional[str]) -> str:
+    if v is None:
+        return "-"
+    return v.strip("'\"")
+
+
+def _unique(existing: Dict[str, Any], label: str) -> str:
+    out, i = label, 2
+    while out in existing:
+        out, i = f"{label} ({i})", i + 1
+    return out
+
+
+def by_seed(runs: List[Run], value) -> Dict[Any, float]:
+    """seed -> value(run) over the runs that have one; runs repeating a seed are averaged."""
+    values: Dict[Any, List[float]] = defaultdict(list)
+    for r in runs:
+        v = value(r)
+        if v is not None:
+            values[r.seed].append(v)
+    return {s: statistics.fmean(vs) for s, vs in values.items()}

@@ -1,0 +1,79 @@
+"""Every relative link in README.md and docs/**/*.md points at a file git tracks, so a fresh clone
+shows what the text links to (results, figures, other docs)."""
+import posixpath
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+INLINE = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'][^\"']*[\"'])?\s*\)")
+REFERENCE = re.compile(r"^\s{0,3}\[[^\]\n]+\]:\s*<?(\S+?)>?(?:\s+[\"'(].*)?$", re.M)
+HTML = re.compile(r"<(?:img|a|source)\b[^>]*?\b(?:src|href)\s*=\s*[\"']([^\"']+)[\"']", re.I)
+EXTERNAL = re.compile(r"^([a-z][a-z0-9+.-]*:|//|#)", re.I)
+
+
+def relative_links(text: str):
+    """The link targets of a markdown text that name files in the repository (no URL, no bare #anchor),
+    without their #fragment or ?query; links inside code are not links."""
+    text = INLINE_CODE.sub("", FENCE.sub("", text))
+    targets = [m.group(1) for pattern in (INLINE, REFERENCE, HTML) for m in pattern.finditer(text)]
+    return [re.split(r"[#?]", t, maxsplit=1)[0] for t in targets if not EXTERNAL.match(t)]
+
+
+def tracked_files():
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None  # not a git checkout (an sdist, an unpacked archive)
+    return set(filter(None, out.stdout.split("\0")))
+
+
+TRACKED = tracked_files()
+DOCS = sorted(p for p in (TRACKED or ()) if p == "README.md" or (p.startswith("docs/") and p.endswith(".md")))
+
+
+def test_link_extraction():
+    text = ("See [the schemes](docs/schemes.md#rope) and ![plot](results/a.png \"title\").\n"
+            "[site](https://example.org) [top](#install) [mail](mailto:a@b.c) <img src=\"docs/x.png\" width=3>\n"
+            "`[not](a/link.md)` and\n```python\nx = cfg[\"a\"](docs/no.md)\n[neither](b.md)\n```\n"
+            "[ref]: ./docs/ref.md?plain=1\n[up](../outside.md)\n")
+    assert relative_links(text) == ["docs/schemes.md", "results/a.png", "../outside.md", "./docs/ref.md",
+                                    "docs/x.png"]
+
+
+@pytest.mark.skipif(TRACKED is None, reason="not a git checkout: no list of tracked files")
+@pytest.mark.parametrize("doc", DOCS)
+def test_relative_links_point_at_tracked_files(doc):
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    tracked_dirs = {posixpath.dirname(p) for p in TRACKED}
+    tracked_dirs |= {d for p in tracked_dirs for d in _parents(p)}
+    broken = []
+    for target in relative_links(text):
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(doc), target))
+        if path not in TRACKED and path.rstrip("/") not in tracked_dirs:
+            broken.append(path if path == target else f"{target} (= {path})")
+    assert not broken, f"{doc} links to files git does not track: " + "; ".join(broken)
+
+
+def _parents(path: str):
+    while path:
+        path = posixpath.dirname(path)
+        yield path
+
+
+@pytest.mark.skipif(TRACKED is None, reason="not a git checkout")
+def test_published_results_are_not_ignored_but_local_sweeps_are():
+    def ignored(path):
+        r = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT, timeout=60)
+        assert r.returncode in (0, 1), f"git check-ignore failed on {path}"
+        return r.returncode == 0
+
+    for path in ("docs/results/pe_compare/report.md", "docs/results/extrapolation/extrapolation.png"):
+        assert not ignored(path), f"{path} is ignored by .gitignore: published results could not be committed"
+    assert ignored("results/pe_compare/0/csv/metrics.csv")  # README's sweep recipe writes there
