@@ -20,6 +20,7 @@ still writes the plain specification (``dashboard.json``)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -138,6 +139,7 @@ def build_workspace(target: Target):
     secs = [ws.Section(name=s.name, panels=_panels(s.panels), is_open=True) for s in sections(target)]
     return ws.Workspace(
         entity=target.entity or "<entity>", project=target.project, name=f"linrope: {target.group}", sections=secs,
+        settings=ws.WorkspaceSettings(x_axis=STEP, max_runs=100),  # a sweep has dozens of runs (pe_compare: 48)
         runset_settings=ws.RunsetSettings(filters=[ws.Metric("Group") == target.group],
                                           groupby=[ws.Config(k) for k in target.group_by]))
 
@@ -233,9 +235,7 @@ def write_specs(target: Target, out: Path) -> List[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "dashboard.json"]
     written[0].write_text(json.dumps(plain_spec(target), indent=1))
-    try:
-        import wandb_workspaces  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("wandb_workspaces") is None:
         print("wandb-workspaces is not installed (pip install -e '.[dashboards]'): wrote the plain spec only")
         return written
     for name, obj in (("workspace.json", build_workspace(target)), ("report.json", build_report(target))):
