@@ -1,21 +1,30 @@
 """Train and test one model: `python train.py model=linear_rope` (sweeps: `python train.py -m ...`).
 
 Reads like a table of contents: check the config, seed, build data / model / callbacks /
-loggers / trainer, fit, test the best checkpoint, return the metric a sweeper optimises.
+loggers / trainer, fit, test the best checkpoint (``train=false``: the ``ckpt_path`` given), return
+the metric a sweeper optimises.
 Run `python train.py --help` for the config groups and their options."""
 from typing import Optional
 
 import hydra
 from omegaconf import DictConfig
 
+from linrope import tidy
+
+tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit start, which import this file
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config import validate
-    from linrope.training import one_line_errors
+    from linrope.naming import name_model
+    from linrope.training import one_line_errors, test_checkpoint
 
-    with one_line_errors():
+    tidy.quiet_logging()
+    with tidy.no_folder_on_refusal(), one_line_errors():
         validate(cfg)  # one-line errors before any data is read or model built
+        tested = test_checkpoint(cfg)
+        name_model(cfg)  # model.name follows attention=... position=... chosen on the command line
         if cfg.get("retain_freed_memory", True):
             from linrope.memory import retain_freed_memory
 
@@ -36,7 +45,7 @@ def main(cfg: DictConfig) -> Optional[float]:
             trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
             metric = T.metric(trainer, cfg.optimized_metric)
         if cfg.test:
-            trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer))
+            trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
             T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
         T.finish(loggers)
         return metric

@@ -1,5 +1,5 @@
 """The LightningModule: next-token cross-entropy, AdamW with linear warm-up and cosine decay,
-metrics train/loss, val/loss, val/bpb (bits per byte), test/*, tokens per second."""
+metrics train/loss, train/lr, val/loss, val/bpb (bits per byte), test/*, tokens per second."""
 from __future__ import annotations
 
 import math
@@ -51,7 +51,7 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
 class LanguageModel(L.LightningModule):
     def __init__(self, model: Dict[str, Any], optim: Optional[Dict[str, Any]] = None):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # train.py logs the whole config once (training.log_config)
         self.model = TransformerLM(model)
         self.optim = dict(optim or {})
         self._t_last: Optional[float] = None
@@ -99,6 +99,8 @@ class LanguageModel(L.LightningModule):
             raise NonFiniteLoss(f"loss is {logged.item()} at step {self.global_step}: training stopped; "
                                 + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
         self.log("train/loss", logged, prog_bar=True)
+        if trainer is not None and trainer.optimizers:  # the rate of this step (every parameter group has it)
+            self.log("train/lr", float(trainer.optimizers[0].param_groups[0]["lr"]))
         return loss
 
     def on_train_batch_start(self, batch, batch_idx):

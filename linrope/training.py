@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -91,6 +90,8 @@ def build_datamodule(cfg: DictConfig):
     data = container(cfg.data)
     data.pop("task", None)
     datamodule = hydra.utils.instantiate(data, _convert_="all")
+    # its settings are logged once, as data.* of the whole config (log_config), not again as top-level keys
+    datamodule._log_hyperparams = False
     use_task_metric(cfg, getattr(datamodule, "monitor", "val/bpb"))
     return datamodule
 
@@ -135,43 +136,37 @@ def build_module(cfg: DictConfig):
 
 
 def build_callbacks(cfg: DictConfig) -> list:
-    """Every callback in the config; the progress bar only while trainer.enable_progress_bar is on,
-    the learning-rate monitor only when there is a logger to write to, the checkpoint callbacks only
-    while trainer.enable_checkpointing is on (Lightning refuses them otherwise)."""
+    """Every callback in the config; the progress bar only while trainer.enable_progress_bar is on, the
+    checkpoint callbacks only while trainer.enable_checkpointing is on (Lightning refuses them otherwise);
+    and the model summary without a FLOPs column (linrope.summary) unless trainer.enable_model_summary=false."""
+    from lightning.pytorch.callbacks import ModelSummary
+
+    from linrope.summary import ParamSummary
+
     skip = set()
     if not cfg.trainer.get("enable_progress_bar", True):
         skip.add("progress_bar")
     if not cfg.trainer.get("enable_checkpointing", True):
         skip |= {"model_checkpoint", "last_checkpoint"}
-    if not any(lg and "_target_" in lg for lg in (cfg.get("logger") or {}).values()):
-        skip.add("lr_monitor")
-    return [hydra.utils.instantiate(c) for name, c in (cfg.get("callbacks") or {}).items()
-            if c and "_target_" in c and name not in skip]
-
-
-def wandb_logged_in() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    try:
-        import netrc
-
-        return netrc.netrc().authenticators("api.wandb.ai") is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
+    callbacks = [hydra.utils.instantiate(c) for name, c in (cfg.get("callbacks") or {}).items()
+                 if c and "_target_" in c and name not in skip]
+    if cfg.trainer.get("enable_model_summary", True) is not False and \
+            not any(isinstance(c, ModelSummary) for c in callbacks):
+        callbacks.append(ParamSummary())
+    return callbacks
 
 
 def build_loggers(cfg: DictConfig) -> list:
+    """The loggers of ``cfg.logger``; wandb's mode, group, name and tags filled in (linrope.loggers)."""
+    from linrope.loggers import sweep_dir, wandb_settings
+
     loggers = []
     for name, lg in (cfg.get("logger") or {}).items():
         if not lg or "_target_" not in lg:
             continue
         lg = container(lg)
         if name == "wandb":
-            if not lg.get("offline", True) and not wandb_logged_in():
-                warnings.warn("logger.wandb.offline=false but wandb is not logged in (`wandb login`): logging offline")
-                lg["offline"] = True
-            os.environ.setdefault("WANDB_SILENT", "true")
-            Path(lg["save_dir"]).mkdir(parents=True, exist_ok=True)
+            lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir())
             lg.setdefault("name", run_name(cfg))
             lg["tags"] = run_tags(cfg)
         if name == "csv" and cfg.get("ckpt_path"):
@@ -233,6 +228,18 @@ def resolve_ckpt(cfg: DictConfig) -> Optional[str]:
     from linrope.config import checkpoint_path
 
     return checkpoint_path(cfg)
+
+
+def test_checkpoint(cfg: DictConfig) -> Optional[str]:
+    """What ``train=false test=true`` tests: the checkpoint of ``ckpt_path`` — never the random weights of a
+    new model (a one-line UserError when there is none)."""
+    if cfg.get("train", True) or not cfg.get("test", True):
+        return None
+    path = resolve_ckpt(cfg)
+    if path is None:
+        raise UserError("train=false test=true tests a checkpoint: pass ckpt_path=<file> (or last, in the run's "
+                        f"folder){' — ckpt_path=auto found none' if cfg.get('ckpt_path') else ''}")
+    return path
 
 
 def best_ckpt(trainer: L.Trainer) -> Optional[str]:

@@ -38,7 +38,12 @@ def test_the_experiments_exist():
 def test_experiment_sets_its_group_name_and_tag(compose, experiment):
     cfg = compose(f"experiment={experiment}", "logger=default")
     assert cfg.task_name == experiment and experiment in cfg.tags
-    assert cfg.logger.wandb.group == experiment  # runs of one sweep share a wandb group
+    from linrope.naming import wandb_group
+
+    # runs of one sweep share a wandb group, <experiment>-<sweep folder> (null in the config: set per sweep)
+    assert cfg.logger.wandb.group is None
+    assert wandb_group(cfg.task_name, f"logs/{experiment}/multiruns/2026-01-01_00-00-00") == \
+        f"{experiment}-2026-01-01_00-00-00"
     from linrope.training import run_tags
 
     assert "task:bytes" in run_tags(cfg)

@@ -1,6 +1,8 @@
 """The real Hydra configs compose, every model config trains (fast_dev_run), the LM learns,
 and bad configs stop early with one line."""
 import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +69,7 @@ def test_lm_loss_falls(small_corpus):
         assert sum(losses[-5:]) / 5 < 0.7 * losses[0], (attention, losses)
 
 
-def test_short_training_run_improves_val_bpb(compose, small_corpus):
+def test_short_training_run_improves_val_bpb_and_train_false_tests_its_checkpoint(compose, small_corpus, tmp_path):
     tiny_csv = [o if o != "logger=none" else "logger=csv" for o in TINY]
     cfg = compose("model=linear_rope", *tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=30",
                   "trainer.val_check_interval=30", "optim.warmup_steps=5", "trainer.log_every_n_steps=5")
@@ -75,14 +77,147 @@ def test_short_training_run_improves_val_bpb(compose, small_corpus):
     assert best < 6.0  # well below 8 bits of a uniform guess after 30 steps
     ckpts = list(Path(cfg.paths.output_dir, "checkpoints").glob("*.ckpt"))
     assert any(p.name == "last.ckpt" for p in ckpts) and any(p.name.startswith("best") for p in ckpts)
-    # the CSV log has the metrics a comparison needs
+    # the CSV log has the metrics a comparison needs, and the learning rate under one key
     import csv
 
     rows = list(csv.DictReader(open(Path(cfg.paths.output_dir, "csv", "metrics.csv"))))
     logged = {k for r in rows for k, v in r.items() if v not in ("", None)}
     assert {"train/loss", "val/loss", "val/bpb", "test/bpb", "train/tokens_per_sec", "train/peak_mem_mb"} <= logged
-    assert any(k.startswith("lr") for k in logged)  # the learning-rate monitor
+    assert [k for k in rows[0] if "lr" in k.split("/")[-1]] == ["train/lr"]
     assert all(float(r["train/peak_mem_mb"]) > 10 for r in rows if r.get("train/peak_mem_mb"))
+    test_bpb = float(next(r["test/bpb"] for r in rows if r.get("test/bpb")))
+
+    # train=false ckpt_path=<best>: tests that checkpoint (not the random weights of a new model)
+    best_ckpt = next(p for p in ckpts if p.name.startswith("best"))
+    again = tmp_path / "test_only"
+    cfg = compose(*tiny_csv, f"data.path={small_corpus}", "train=false", f"ckpt_path='{best_ckpt}'",
+                  f"paths.output_dir={again}")
+    assert run_main(cfg) is None
+    rows = list(csv.DictReader(open(again / "csv" / "metrics.csv")))
+    assert float(next(r["test/bpb"] for r in rows if r.get("test/bpb"))) == pytest.approx(test_bpb, rel=1e-5)
+
+
+class CountingCSVLogger:
+    """Test-only wrapper target: records every log_hyperparams call of a real CSV logger."""
+    calls: list = []
+
+    def __new__(cls, **kwargs):
+        from linrope.loggers import CSVLogger
+
+        logger = CSVLogger(**kwargs)
+        real = logger.log_hyperparams
+
+        def log_hyperparams(params, *args, **kw):
+            CountingCSVLogger.calls.append(dict(params))
+            return real(params, *args, **kw)
+
+        logger.log_hyperparams = log_hyperparams
+        return logger
+
+
+def test_hyperparameters_are_logged_once_as_the_config(compose, small_corpus):
+    """Once (not again at fit and at test), and the data settings only under data.* (not as top-level keys)."""
+    tiny_csv = [o if o != "logger=none" else "logger=csv" for o in TINY]
+    cfg = compose(*tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                  "logger.csv._target_=test_train.CountingCSVLogger")
+    CountingCSVLogger.calls = []
+    run_main(cfg)
+    assert len(CountingCSVLogger.calls) == 1
+    (params,) = CountingCSVLogger.calls
+    assert set(params) == set(cfg) | {"n_params", "run_tags"}
+    assert params["data"]["val_windows"] == 4 and "val_windows" not in params and "context" in params
+
+
+def test_model_name_follows_the_chosen_attention_and_position(tmp_path):
+    """attention=... position=... replace the preset's pair: the label (report, plots, wandb) follows, also in
+    the run folder's .hydra/config.yaml; a preset's own pair, or model.name=... given, keep their name."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    from linrope.naming import model_name, name_model
+
+    def run(*overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+        GlobalHydra.instance().clear()
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(tmp_path)
+        HydraConfig.instance().set_config(cfg)
+        task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        (tmp_path / ".hydra").mkdir(exist_ok=True)
+        (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(task))
+        name_model(task)
+        saved = OmegaConf.load(tmp_path / ".hydra" / "config.yaml").model.name
+        assert saved == task.model.name
+        return task.model.name, task.model.attention.kind, task.model.position.name
+
+    try:
+        assert run("attention=softmax", "position=none") == ("softmax_none", "softmax", "none")
+        assert run("position=alibi") == ("linear_alibi", "linear", "alibi")
+        assert run("attention=linear_cosine") == ("linear_cosine_rope", "linear", "rope")
+        assert run("model=softmax_rope_ntk") == ("softmax_rope_ntk", "softmax", "rope")
+        assert run("attention=softmax", "model.name=mine") == ("mine", "softmax", "rope")
+    finally:
+        HydraConfig.instance().cfg = None
+    # a pairing without a preset of its own
+    assert model_name("linear_rope", {"model": "linear_rope", "attention": "linear_cosine", "position": "alibi"}) \
+        == "linear_cosine_alibi"
+
+
+def test_wandb_mode_follows_wandb_and_a_sweep_has_its_own_group(compose, monkeypatch):
+    from linrope.loggers import wandb_mode, wandb_settings
+
+    yes, no = (lambda: True), (lambda: False)
+    assert wandb_mode(None, {}, no) == "offline" and wandb_mode(None, {}, yes) == "online"
+    assert wandb_mode(None, {"WANDB_MODE": "disabled"}, yes) == "disabled"
+    assert wandb_mode(None, {"WANDB_MODE": "dryrun"}, yes) == "offline"
+    assert wandb_mode("offline", {"WANDB_MODE": "online"}, yes) == "offline"
+    with pytest.warns(UserWarning, match="not logged in"):
+        assert wandb_mode(None, {"WANDB_MODE": "online"}, no) == "offline"
+    from linrope.training import UserError, build_loggers
+
+    with pytest.raises(UserError, match="WANDB_MODE=nope: expected one of online, offline, disabled"):
+        wandb_mode(None, {"WANDB_MODE": "nope"}, yes)
+    lg = {"save_dir": "/tmp", "group": None}
+    a = wandb_settings(lg, "pe_compare", "logs/pe_compare/multiruns/2026-01-01_10-00-00")["group"]
+    b = wandb_settings(lg, "pe_compare", "logs/pe_compare/multiruns/2026-01-02_10-00-00")["group"]
+    assert a == "pe_compare-2026-01-01_10-00-00" and b != a
+    assert wandb_settings(lg, "train", None)["group"] == "train"
+    assert wandb_settings({**lg, "group": "mine"}, "train", "x/y")["group"] == "mine"
+
+    # WANDB_MODE reaches wandb.init (the config used to force offline), without the deprecated anonymous setting
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    (wandb,) = [lg for lg in build_loggers(compose("logger=default")) if type(lg).__name__ == "WandbLogger"]
+    assert wandb._wandb_init["mode"] == "disabled" and "anonymous" not in wandb._wandb_init
+    assert os.environ["WANDB_MODE"] == "disabled"
+
+
+@pytest.mark.slow
+def test_default_run_prints_every_line_once(tmp_path):
+    """A tiny run with the default loggers: no console line twice (Lightning's handler and Hydra's), none of
+    Lightning's tips or notices, no FLOPs column of zeros, no deprecation warning raised from linrope's code."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    env.pop("WANDB_SILENT", None)
+    cmd = [sys.executable, "-W", "default::DeprecationWarning", str(ROOT / "train.py"), "size=tiny",
+           "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1",
+           "data.max_bytes=200000", "data.val_windows=2", "data.test_windows=2", "data.batch_size=2",
+           "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    messages = [re.sub(r"^(\[[^]]*\]){3} - |^(INFO|WARNING): ", "", line).strip() for line in out.splitlines()]
+    messages = [m for m in messages if m and not set(m) <= set("-─━┃│┏┓┗┛┡┩└┘┳╇┴ ")]
+    twice = sorted({m for m in messages if messages.count(m) > 1})
+    assert not twice, f"printed twice: {twice}\n{out[-3000:]}"
+    for noise in ("Tip:", "litlogger", "LeafSpec", "anonymous setting", "limit_val_batches", "FLOPs", "Flops"):
+        assert noise not in out, f"{noise!r} in\n{out[-3000:]}"
+    assert "Seed set to 1234" in out and "Trainer.fit` stopped" in out  # Lightning's lines still come, once
+    ours = [l for l in out.splitlines() if "DeprecationWarning" in l and (str(ROOT / "linrope") in l or "train.py" in l)]
+    assert not ours, ours
+    assert "train/lr" in (tmp_path / "run" / "csv" / "metrics.csv").read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -93,13 +228,15 @@ def test_short_training_run_improves_val_bpb(compose, small_corpus):
     (["model.n_heads=8", "model.d_model=40"], "even head dimension"),
     (["model.attention.chunk_size=0"], "chunk_size=0: must be >= 1"),
     (["model=softmax_learned", "context=128", "model.max_len=64"], "longer than the learned position table"),
+    (["train=false"], "train=false test=true tests a checkpoint: pass ckpt_path="),
+    (["train=false", "ckpt_path=auto"], "ckpt_path=auto found none"),
 ])
 def test_bad_config_fails_early_in_one_line(tmp_path, overrides, message):
-    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, "logger=none", f"hydra.run.dir={tmp_path}"]
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode != 0
     if message is not None:
         lines = [l for l in r.stderr.strip().splitlines() if l.startswith("linrope:")]
         assert len(lines) == 1 and message in lines[0], r.stderr[-2000:]
         assert "Traceback" not in r.stderr
-        assert not (tmp_path / "checkpoints").exists()  # stopped before building anything
+        assert not (tmp_path / "run").exists()  # stopped before building anything, and no empty run folder left
