@@ -1,4 +1,4 @@
-"""Rotary Position Embedding (RoFormer, Su et al. 2021), DESIGN.md §1.
+"""Rotary Position Embedding (RoFormer, Su et al. 2021), docs/design.md#rope.
 
 Interleaved pairs: for t = 0 … d/2-1, θ_t = base^(-2t/d) and
 
@@ -91,7 +91,7 @@ def apply_rope(
     theta: Optional[torch.Tensor] = None,
     interleaved: bool = True,
 ) -> torch.Tensor:
-    """Rotate the last dimension of ``x`` (..., N, d) by position (DESIGN.md §1).
+    """Rotate the last dimension of ``x`` (..., N, d) by position (docs/design.md#the-rotation).
 
     ``positions`` is a 1-D integer tensor of length N (default ``0 … N-1``);
     ``theta`` overrides the frequencies computed from ``base``/``scaling``/``factor``.
