@@ -1,7 +1,8 @@
 """Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit.
 
 - ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.build_trainer adds it).
-  A checkpoint is written to a hidden temporary file in the same folder, flushed and fsynced, then
+  A checkpoint is written to a hidden temporary file in the same folder (a name of its own per
+  writer), flushed and fsynced, then
   moved over the old file with ``os.replace`` (and the folder fsynced), so a kill while writing
   leaves the previous checkpoint whole.  Parameters that are not finite are never written.
   Loading defaults to ``weights_only=True``.
@@ -9,11 +10,19 @@
   at the end of training — the file that ``ckpt_path=last`` (or ``auto``) resumes from.
 - ``load_model(ckpt_path, expected_model_cfg=None)``: a LanguageModel from a checkpoint, for
   evaluation; keys that do not fit the expected model config are named in one error.
-- ``check_state_dict``: that error (also raised when a run resumes into another model config).
+- ``check_state_dict``: that error (also raised when a run resumes into another model config);
+  ``check_identity``: the same for a checkpoint of another model whose parameters all fit.
+- A full disk while saving is one ``DiskFull`` line, and the previous checkpoint is kept.
 """
 from __future__ import annotations
 
+import errno
+import glob
 import os
+import secrets
+import signal
+import socket
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -22,7 +31,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
-TMP_SUFFIX = ".partial"  # ``.<name>.partial`` beside the checkpoint while it is being written
+TMP_SUFFIX = ".partial"  # ``.<name>.<writer>.partial`` beside the checkpoint while it is being written
 
 
 class CheckpointError(ValueError):
@@ -61,21 +70,66 @@ def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
             if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
 
+class DiskFull(CheckpointError):
+    """No space left on the device while writing a checkpoint (the previous one is kept)."""
+
+
+def _temporary_name(path: Path) -> Path:
+    """``.<name>.<host>-<pid>-<random>.partial`` beside ``path``: unique per writer, so two processes that
+    save the same file never write into or rename each other's temporary file."""
+    return path.parent / f".{path.name}.{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Temporaries of ``path`` left by writers of this host that no longer run (killed mid-write)."""
+    host = socket.gethostname()
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.{glob.escape(host)}-*{TMP_SUFFIX}"):
+        pid = tmp.name[len(f".{path.name}.{host}-"):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        return True
+    return True
+
+
+def _no_space(e: BaseException) -> bool:
+    """ENOSPC anywhere in the chain (torch wraps the OSError of the file in RuntimeErrors)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def atomic_torch_save(obj: Any, path) -> None:
-    """``torch.save`` to ``path`` so that it holds either the old file or the whole new one."""
+    """``torch.save`` to ``path`` so that it holds either the old file or the whole new one.  A full disk
+    is one ``DiskFull`` line; the previous file is kept."""
     path = Path(str(path).removeprefix("file://"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}{TMP_SUFFIX}"
+    tmp = _temporary_name(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # replaces a symlink itself, never its target
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, Exception) and _no_space(e):
+            kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written before"
+            raise DiskFull(f"cannot write checkpoint {path}: no space left on device ({path.parent}); {kept}") from None
         raise
     _fsync_dir(path.parent)
+    _remove_stale_temporaries(path)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -152,12 +206,49 @@ class LastCheckpoint(Checkpoint):
         if self.save_on_validation and not self._skip(trainer):
             self._save(trainer)
 
+    def state_dict(self) -> Dict[str, Any]:
+        return {"dirpath": self.dirpath, "last_model_path": self.last_model_path}
+
+    # ---- stopped by a signal ---------------------------------------------------------------------------
+    # Lightning turns SIGTERM into a stop at the end of the current step (SIGTERMException, a SystemExit);
+    # SIGINT (Ctrl+C) is made to stop the same way (a second Ctrl+C interrupts at once).  Either way
+    # last.ckpt is written before the process ends (linrope.training.exit_on_signal says so, non-zero).
+    stopped_by: Optional[str] = None
+    saved_on_signal = False
+    _previous_sigint: Any = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.stopped_by, self.saved_on_signal = None, False
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is None or threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigint(signum, frame):
+            if self.stopped_by == "SIGINT" or not hasattr(connector, "received_sigterm"):
+                raise KeyboardInterrupt  # pressed twice: stop now
+            self.stopped_by = "SIGINT"
+            connector.received_sigterm = True  # Lightning ends the step, then raises SIGTERMException
+
+        self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+        self._previous_sigint = None
+
     def on_train_end(self, trainer, pl_module) -> None:
+        self._restore_sigint()
         if self.save_on_train_end and not self._skip(trainer):
             self._save(trainer)
 
-    def state_dict(self) -> Dict[str, Any]:
-        return {"dirpath": self.dirpath, "last_model_path": self.last_model_path}
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore_sigint()
+        if type(exception).__name__ != "SIGTERMException":
+            return
+        self.stopped_by = self.stopped_by or "SIGTERM"
+        if not self._skip(trainer):
+            self._save(trainer)
+            self.saved_on_signal = True
 
 
 def _validation_follows(trainer) -> bool:
@@ -274,6 +365,16 @@ def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, w
                              + (f" — the model configs differ: {diff}" if diff else ""))
 
 
+def check_identity(checkpoint: Mapping[str, Any], model_cfg: Optional[Mapping], *, where: str = "the checkpoint") -> None:
+    """Raise ``CheckpointMismatch`` when the checkpoint is another model (attention kind, feature map, RoPE
+    placement, position scheme or its options; ``linrope.identity``), even where every parameter fits."""
+    from linrope.identity import checkpoint_identity, identity_differences, model_identity
+
+    diff = identity_differences(checkpoint_identity(checkpoint), model_identity(model_cfg))
+    if diff:
+        raise CheckpointMismatch(f"{where} is a checkpoint of another model: {diff}")
+
+
 def load_checkpoint(path, map_location: Any = "cpu") -> Dict[str, Any]:
     """``torch.load(path, weights_only=True)``; a missing or broken file is one ``CheckpointError`` line."""
     check_complete(path)
@@ -318,7 +419,7 @@ def load_model(ckpt_path, expected_model_cfg: Optional[Mapping] = None, *, map_l
     from linrope.lit import LanguageModel
 
     ckpt = load_checkpoint(ckpt_path, map_location=map_location)
-    if "state_dict" not in ckpt:
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"checkpoint {ckpt_path}: has no state_dict (not a Lightning checkpoint)")
     hp = ckpt.get("hyper_parameters") or {}
     found_cfg = dict(hp.get("model") or {})
@@ -328,6 +429,7 @@ def load_model(ckpt_path, expected_model_cfg: Optional[Mapping] = None, *, map_l
     module = LanguageModel(model=model_cfg, optim=hp.get("optim"))
     check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {ckpt_path}",
                      found_cfg=found_cfg, expected_cfg=model_cfg)
+    check_identity(ckpt, model_cfg, where=f"checkpoint {ckpt_path}")
     module.load_state_dict(ckpt["state_dict"])
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
         module.to(map_location)

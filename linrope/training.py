@@ -261,6 +261,35 @@ def extrapolate(cfg: DictConfig, trainer: L.Trainer, module, datamodule, loggers
     extrapolate_after_test(cfg, trainer, module, datamodule, loggers)
 
 
+@contextmanager
+def exit_on_signal(cfg: DictConfig, trainer: L.Trainer):
+    """A run stopped by SIGTERM (cluster preemption: SLURM, Kubernetes, submitit) or SIGINT (Ctrl+C) exits
+    with 128 + the signal's number and one line naming the checkpoint it saved.  Lightning stops the loop
+    at the end of the current step and ends with a SystemExit of status 0; ``LastCheckpoint`` writes
+    last.ckpt on the way out (linrope.checkpoint)."""
+    import signal
+    import sys
+
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from linrope.checkpoint import LastCheckpoint
+
+    try:
+        yield
+    except SIGTERMException:
+        last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
+        name = (last.stopped_by if last is not None else None) or "SIGTERM"
+        if last is not None and last.saved_on_signal:
+            saved = (f"saved {last.path} (step {last.last_saved_step}); resume with ckpt_path=last "
+                     f"hydra.run.dir={cfg.paths.output_dir}")
+        elif last is not None and last.last_model_path:
+            saved = f"the last checkpoint is {last.last_model_path} (step {last.last_saved_step})"
+        else:
+            saved = "no checkpoint was saved"
+        print(f"linrope: stopped by {name} at step {trainer.global_step}: {saved}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(getattr(signal, name))) from None
+
+
 def finish(loggers: list) -> None:
     for lg in loggers:
         if type(lg).__name__ == "WandbLogger":
