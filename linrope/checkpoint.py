@@ -1,37 +1,32 @@
 """Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit.
 
 - ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.build_trainer adds it).
-  A checkpoint is written to a hidden temporary file in the same folder (a name of its own per
-  writer), flushed and fsynced, then
-  moved over the old file with ``os.replace`` (and the folder fsynced), so a kill while writing
-  leaves the previous checkpoint whole.  Parameters that are not finite are never written.
-  Loading defaults to ``weights_only=True``.
-- ``LastCheckpoint``: ``last.ckpt`` every ``every_n_train_steps`` steps, after each validation and
-  at the end of training — the file that ``ckpt_path=last`` (or ``auto``) resumes from.
+  A checkpoint is written atomically (linrope.atomic: a temporary file of the writer's own, fsynced,
+  renamed over the old one), so a kill while writing leaves the previous checkpoint whole, and a full
+  disk is one ``DiskFull`` line.  Parameters that are not finite are never written.  Loading defaults
+  to ``weights_only=True``.
+- ``LastCheckpoint``: ``last.ckpt`` every ``every_n_train_steps`` steps, after each validation, at
+  the end of training and when SIGTERM or SIGINT stops the run — the file that ``ckpt_path=last``
+  (or ``auto``) resumes from.
 - ``load_model(ckpt_path, expected_model_cfg=None)``: a LanguageModel from a checkpoint, for
   evaluation; keys that do not fit the expected model config are named in one error.
 - ``check_state_dict``: that error (also raised when a run resumes into another model config);
   ``check_identity``: the same for a checkpoint of another model whose parameters all fit.
-- A full disk while saving is one ``DiskFull`` line, and the previous checkpoint is kept.
 """
 from __future__ import annotations
 
-import errno
-import glob
 import os
-import secrets
 import signal
-import socket
 import threading
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
-TMP_SUFFIX = ".partial"  # ``.<name>.<writer>.partial`` beside the checkpoint while it is being written
+from linrope.atomic import TMP_SUFFIX, DiskFull, atomic_torch_save  # noqa: F401 - written atomically there
 
 
 class CheckpointError(ValueError):
@@ -52,84 +47,9 @@ def _is_local(path) -> bool:
     return "://" not in s or s.startswith("file://")
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. a platform without directory file descriptors
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
     return [k for k, v in state_dict.items()
             if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
-
-
-class DiskFull(CheckpointError):
-    """No space left on the device while writing a checkpoint (the previous one is kept)."""
-
-
-def _temporary_name(path: Path) -> Path:
-    """``.<name>.<host>-<pid>-<random>.partial`` beside ``path``: unique per writer, so two processes that
-    save the same file never write into or rename each other's temporary file."""
-    return path.parent / f".{path.name}.{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
-
-
-def _remove_stale_temporaries(path: Path) -> None:
-    """Temporaries of ``path`` left by writers of this host that no longer run (killed mid-write)."""
-    host = socket.gethostname()
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.{glob.escape(host)}-*{TMP_SUFFIX}"):
-        pid = tmp.name[len(f".{path.name}.{host}-"):].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process
-        return True
-    return True
-
-
-def _no_space(e: BaseException) -> bool:
-    """ENOSPC anywhere in the chain (torch wraps the OSError of the file in RuntimeErrors)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def atomic_torch_save(obj: Any, path) -> None:
-    """``torch.save`` to ``path`` so that it holds either the old file or the whole new one.  A full disk
-    is one ``DiskFull`` line; the previous file is kept."""
-    path = Path(str(path).removeprefix("file://"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # replaces a symlink itself, never its target
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, Exception) and _no_space(e):
-            kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written before"
-            raise DiskFull(f"cannot write checkpoint {path}: no space left on device ({path.parent}); {kept}") from None
-        raise
-    _fsync_dir(path.parent)
-    _remove_stale_temporaries(path)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -278,39 +198,8 @@ def last_good_checkpoint(trainer) -> Optional[str]:
     return None
 
 
-# ---- resuming in the data modules ------------------------------------------------------------------------
-def train_span(trainer, samples_per_step: int, default_steps: int = 100_000) -> Tuple[int, int]:
-    """(start, length) of the training dataset: it starts at sample ``global_step × samples_per_step``
-    and is as long as the whole run.  Lightning, resuming in the middle of an epoch, counts the
-    batches of that epoch already done against ``len(loader)`` (without skipping any): a loader only
-    as long as the remaining steps would end the epoch early and then start over from the resume point."""
-    total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else default_steps
-    total = max(total, trainer.global_step + 1)
-    return trainer.global_step * samples_per_step, total * samples_per_step
-
-
-class ResumableLoader(torch.utils.data.DataLoader):
-    """A training loader whose dataset already starts where the run stands (``train_span``).
-    Marked stateful so that Lightning does not warn, on resuming, that it is not resumable."""
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        pass
-
-
-def train_loader(dataset, trainer, batch_size: int, num_workers: int = 0) -> ResumableLoader:
-    """The training loader of a dataset made with ``train_span``: in order, and with several processes
-    sample ``i`` goes to rank ``i mod world_size`` — so the global batch of a step is the same samples
-    whatever the number of processes.  (Lightning's own DistributedSampler for training always shuffles,
-    with a permutation of the whole dataset that changes when a resumed run's dataset does.)"""
-    sampler = None
-    if trainer is not None and trainer.world_size > 1:
-        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=trainer.world_size,
-                                                      rank=trainer.global_rank, shuffle=False, drop_last=False)
-    return ResumableLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=num_workers,
-                           persistent_workers=num_workers > 0)
+# ---- resuming in the data modules: linrope.data.resume (importable from here too) ----------------------------
+from linrope.data.resume import ResumableLoader, train_loader, train_span  # noqa: E402,F401
 
 
 # ---- reading ---------------------------------------------------------------------------------------------

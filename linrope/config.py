@@ -2,8 +2,9 @@
 
 Each failure is one line that names the problem (``ConfigError``); train.py prints it
 and exits without a traceback.  Imports no Lightning (but to look up an unusual
-``trainer.strategy`` name), so a bad config fails fast.  ``check_command_line`` runs even
-earlier, before Hydra: an unknown option of a config group (``model=nope``) in one line."""
+``trainer.strategy`` name), so a bad config fails fast.  ``SCHEMA`` is the one table of the values
+the code reads: type, range and allowed values (read from the code's own vocabularies).
+``check_command_line`` (linrope.command_line) runs even earlier, before Hydra."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig
+
+# the command-line check lives in linrope.command_line; these names stay importable from here
+from linrope.command_line import CONF_DIR, check_command_line, command_line_errors, group_options  # noqa: F401
 
 
 class ConfigError(ValueError):
@@ -50,7 +54,8 @@ class Rule:
             bounds = [f"{op} {_num(v)}" for op, v in ((">=", self.low), (">", self.above), ("<=", self.high),
                                                        ("<", self.below)) if v is not None]
             text += (" " + " and ".join(bounds)) if bounds else ""
-        return text + (" or null" if self.null and self.kind != "choice" else "") + (f" ({self.note})" if self.note else "")
+        text += " or null" if self.null and self.kind != "choice" else ""
+        return text + (f" ({self.note})" if self.note else "")
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -59,7 +64,7 @@ class Rule:
             return value in self.choices()
         if self.kind == "bool":
             return isinstance(value, bool)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.kind == "int" and not isinstance(value, int)):
+        if isinstance(value, bool) or not isinstance(value, int if self.kind == "int" else (int, float)):
             return False
         if isinstance(value, float) and not math.isfinite(value):
             return False
@@ -382,56 +387,3 @@ def _available_devices(accelerator: str):
         except AttributeError:  # not Linux
             return os.cpu_count() or 1
     return None
-
-
-# ---- the command line, before Hydra composes anything -------------------------------------------------------
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-_FLAGS_WITH_VALUE = {"-c", "--cfg", "-p", "--package", "--info", "-cp", "--config-path", "-cn", "--config-name",
-                     "-cd", "--config-dir", "--experimental-rerun"}
-
-
-def group_options(group: str, conf_dir: Path = CONF_DIR) -> List[str]:
-    folder = conf_dir / group
-    return sorted(p.relative_to(folder).with_suffix("").as_posix() for p in folder.rglob("*.yaml"))
-
-
-def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
-    """``group=option`` overrides of the config groups in ``conf/`` whose option has no file there.
-    Sweeps (``model=a,b``) are checked item by item; values with Hydra functions, globs or
-    interpolations, and Hydra's own groups (hydra/...), are left to Hydra."""
-    errors: List[str] = []
-    args = list(argv)
-    if any(a.startswith(("hydra.searchpath", "+hydra.searchpath")) for a in args):
-        return errors  # other config folders: Hydra knows more options than conf/ holds
-    skip_next = False
-    for arg in args:
-        if skip_next:
-            skip_next = False
-            continue
-        if arg.startswith("-"):
-            skip_next = arg in _FLAGS_WITH_VALUE
-            continue
-        if "=" not in arg:
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~").split("@", 1)[0]
-        if not key or key.startswith("hydra") or "." in key or not (conf_dir / key).is_dir():
-            continue
-        value = value.strip()
-        if not value or any(c in value for c in "()[]{}*$'\"\\"):
-            continue
-        options = group_options(key, conf_dir)
-        for item in (v.strip() for v in value.split(",")):
-            if item and item not in ("null", "None") and item not in options:
-                errors.append(f"{key}={item}: no such option (conf/{key}/{item}.yaml); choose from {', '.join(options)}")
-    return errors
-
-
-def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR) -> None:
-    """Exit with one line per unknown config-group option on the command line (``model=nope``) — before
-    Hydra, whose own message for it is several lines long."""
-    import sys
-
-    errors = command_line_errors(sys.argv[1:] if argv is None else argv, conf_dir)
-    if errors:
-        raise SystemExit("\n".join("linrope: " + e for e in errors))

@@ -38,7 +38,7 @@ def previous_outputs(cfg: DictConfig, folder: Path) -> List[str]:
         if cb and cb.get("dirpath"):
             dirs.add(Path(str(cb.dirpath)))
     found = [p for d in sorted(dirs) if d.is_dir() for p in sorted(d.glob("*.ckpt"))]
-    found += sorted(folder.glob("metrics.csv")) + sorted(folder.glob("*/metrics.csv")) + sorted(folder.glob("*/*/metrics.csv"))
+    found += [p for pattern in ("metrics.csv", "*/metrics.csv", "*/*/metrics.csv") for p in sorted(folder.glob(pattern))]
     return [str(p.relative_to(folder)) if p.is_relative_to(folder) else str(p) for p in found]
 
 

@@ -14,6 +14,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from linrope.atomic import DiskFull
 from linrope.checkpoint import CheckpointError, NonFiniteCheckpoint
 from linrope.config import ConfigError
 from linrope.data.bytes import CorpusError
@@ -24,8 +25,9 @@ class UserError(Exception):
     """Errors a user can fix from the command line; reported in one line."""
 
 
-# config, corpus and checkpoint problems, and a training run stopped by a NaN/Inf loss or parameters
-USER_ERRORS = (ConfigError, CorpusError, UserError, CheckpointError, NonFiniteLoss, NonFiniteCheckpoint)
+# config, corpus and checkpoint problems (a full disk too), and a training run stopped by a NaN/Inf loss or parameters
+USER_ERRORS = (ConfigError, CorpusError, UserError, CheckpointError, NonFiniteLoss, NonFiniteCheckpoint,
+               DiskFull)
 
 
 @contextmanager

@@ -91,7 +91,7 @@ def test_short_training_run_improves_val_bpb(compose, small_corpus):
     (["trainer.devices=4096"], "trainer.devices=4096 but only"),
     (["data.path=/nonexistent/corpus"], "data.path /nonexistent/corpus: does not exist"),
     (["model.n_heads=8", "model.d_model=40"], "even head dimension"),
-    (["model.attention.chunk_size=0"], "chunk_size=0: must be >= 1"),
+    (["model.attention.chunk_size=0"], "model.attention.chunk_size=0: expected an integer >= 1"),
     (["model=softmax_learned", "context=128", "model.max_len=64"], "longer than the learned position table"),
 ])
 def test_bad_config_fails_early_in_one_line(tmp_path, overrides, message):
