@@ -276,9 +276,12 @@ def test_concurrent_writers_of_one_checkpoint_all_succeed(tmp_path):
     one whole checkpoint (with one shared temporary name about half of them failed)."""
     path = tmp_path / "last.ckpt"
     script = f"""
-import sys, torch
+import pathlib, sys, time, torch
 from linrope.checkpoint import atomic_torch_save
 me = int(sys.argv[1])
+pathlib.Path({str(tmp_path)!r}, f"ready{{me}}").touch()  # start together: imports take seconds
+while len(list(pathlib.Path({str(tmp_path)!r}).glob("ready*"))) < 2:
+    time.sleep(0.01)
 for i in range(40):
     atomic_torch_save({{"state_dict": {{"w": torch.full((200_000,), float(me))}}, "global_step": i}}, {str(path)!r})
     c = torch.load({str(path)!r}, weights_only=True)
@@ -291,7 +294,7 @@ print("ok")
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
     assert [out.strip() for out, _ in results] == ["ok", "ok"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "ready1", "ready2"]
 
 
 def test_a_fifo_in_the_corpus_does_not_hang_the_run(tmp_path):
