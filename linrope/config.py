@@ -76,12 +76,6 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
 
-def _attention_kinds():
-    from linrope.attention import ATTENTION
-
-    return tuple(ATTENTION)
-
-
 def _vocabulary(module: str, name: str) -> Callable[[], Sequence[Any]]:
     def read():
         from importlib import import_module
@@ -102,7 +96,7 @@ SCHEMA: Dict[str, Rule] = {
     "model.dropout": Rule("number", low=0, below=1),
     "model.causal": Rule("bool"), "model.tie_weights": Rule("bool"),
     "model.n_classes": Rule("int", low=2, null=True),
-    "model.attention.kind": Rule("choice", choices=_attention_kinds),
+    "model.attention.kind": Rule("choice", choices=_vocabulary("linrope.attention", "ATTENTION")),
     "model.attention.feature_map": Rule("choice", choices=_vocabulary("linrope.ops", "FEATURE_MAPS")),
     "model.attention.placement": Rule("choice", choices=_vocabulary("linrope.ops", "PLACEMENTS")),
     "model.attention.impl": Rule("choice", choices=_vocabulary("linrope.ops", "IMPLS")),

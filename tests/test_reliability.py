@@ -528,3 +528,17 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(compose, monk
                                f"the previous last.ckpt is kept")
     assert torch.load(last, weights_only=True)["global_step"] == 2
     assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
+
+
+def test_run_folders_started_in_the_same_second_differ():
+    """Run and sweep folders are named to the microsecond (conf/hydra/default.yaml): two runs started in
+    the same second get folders of their own (a run folder is also locked: test_a_run_folder_in_use_is_refused)."""
+    import datetime
+
+    import yaml
+
+    hydra_cfg = yaml.safe_load((ROOT / "conf" / "hydra" / "default.yaml").read_text())
+    for pattern in (hydra_cfg["run"]["dir"], hydra_cfg["sweep"]["dir"]):
+        fmt = pattern.split("${now:")[1].split("}")[0]
+        t = datetime.datetime(2026, 1, 2, 3, 4, 5, 100)
+        assert t.strftime(fmt) != (t + datetime.timedelta(microseconds=1)).strftime(fmt), pattern
