@@ -18,6 +18,7 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config import validate
     from linrope.naming import name_model
+    from linrope.runfolder import claim_run_folder
     from linrope.training import one_line_errors, test_checkpoint
 
     tidy.quiet_logging()
@@ -25,6 +26,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         validate(cfg)  # one-line errors before any data is read or model built
         tested = test_checkpoint(cfg)
         name_model(cfg)  # model.name follows attention=... position=... chosen on the command line
+        claim_run_folder(cfg)  # a second run into this folder, or one that would overwrite it, is refused
         if cfg.get("retain_freed_memory", True):
             from linrope.memory import retain_freed_memory
 

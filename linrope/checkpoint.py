@@ -1,28 +1,32 @@
 """Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit.
 
 - ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.build_trainer adds it).
-  A checkpoint is written to a hidden temporary file in the same folder, flushed and fsynced, then
-  moved over the old file with ``os.replace`` (and the folder fsynced), so a kill while writing
-  leaves the previous checkpoint whole.  Parameters that are not finite are never written.
-  Loading defaults to ``weights_only=True``.
-- ``LastCheckpoint``: ``last.ckpt`` every ``every_n_train_steps`` steps, after each validation and
-  at the end of training — the file that ``ckpt_path=last`` (or ``auto``) resumes from.
+  A checkpoint is written atomically (linrope.atomic: a temporary file of the writer's own, fsynced,
+  renamed over the old one), so a kill while writing leaves the previous checkpoint whole, and a full
+  disk is one ``DiskFull`` line.  Parameters that are not finite are never written.  Loading defaults
+  to ``weights_only=True``.
+- ``LastCheckpoint``: ``last.ckpt`` every ``every_n_train_steps`` steps, after each validation, at
+  the end of training and when SIGTERM or SIGINT stops the run — the file that ``ckpt_path=last``
+  (or ``auto``) resumes from.
 - ``load_model(ckpt_path, expected_model_cfg=None)``: a LanguageModel from a checkpoint, for
   evaluation; keys that do not fit the expected model config are named in one error.
-- ``check_state_dict``: that error (also raised when a run resumes into another model config).
+- ``check_state_dict``: that error (also raised when a run resumes into another model config);
+  ``check_identity``: the same for a checkpoint of another model whose parameters all fit.
 """
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
-TMP_SUFFIX = ".partial"  # ``.<name>.partial`` beside the checkpoint while it is being written
+from linrope.atomic import TMP_SUFFIX, DiskFull, atomic_torch_save  # noqa: F401 - written atomically there
 
 
 class CheckpointError(ValueError):
@@ -43,39 +47,9 @@ def _is_local(path) -> bool:
     return "://" not in s or s.startswith("file://")
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. a platform without directory file descriptors
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
     return [k for k, v in state_dict.items()
             if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
-
-
-def atomic_torch_save(obj: Any, path) -> None:
-    """``torch.save`` to ``path`` so that it holds either the old file or the whole new one."""
-    path = Path(str(path).removeprefix("file://"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}{TMP_SUFFIX}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # replaces a symlink itself, never its target
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -152,12 +126,58 @@ class LastCheckpoint(Checkpoint):
         if self.save_on_validation and not self._skip(trainer):
             self._save(trainer)
 
+    def state_dict(self) -> Dict[str, Any]:
+        return {"dirpath": self.dirpath, "last_model_path": self.last_model_path}
+
+    # ---- stopped by a signal ---------------------------------------------------------------------------
+    # Lightning turns SIGTERM into a stop at the end of the current step (SIGTERMException, a SystemExit);
+    # SIGINT (Ctrl+C) is made to stop the same way (a second Ctrl+C interrupts at once).  Either way
+    # last.ckpt is written before the process ends, and the process says so and exits non-zero.
+    stopped_by: Optional[str] = None
+    _previous_sigint: Any = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.stopped_by = None
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is None or threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigint(signum, frame):
+            if self.stopped_by == "SIGINT" or not hasattr(connector, "received_sigterm"):
+                raise KeyboardInterrupt  # pressed twice: stop now
+            self.stopped_by = "SIGINT"
+            connector.received_sigterm = True  # Lightning ends the step, then raises SIGTERMException
+
+        self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+        self._previous_sigint = None
+
     def on_train_end(self, trainer, pl_module) -> None:
+        self._restore_sigint()
         if self.save_on_train_end and not self._skip(trainer):
             self._save(trainer)
 
-    def state_dict(self) -> Dict[str, Any]:
-        return {"dirpath": self.dirpath, "last_model_path": self.last_model_path}
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """Stopped by a signal: last.ckpt now, and the line linrope.training.one_line_errors prints (rank 0)
+        with the exit status, 128 + the signal's number, attached to the exception."""
+        self._restore_sigint()
+        if type(exception).__name__ != "SIGTERMException":
+            return
+        self.stopped_by = self.stopped_by or "SIGTERM"
+        if not self._skip(trainer):
+            self._save(trainer)
+            saved = (f"saved {self.path} (step {self.last_saved_step}); resume with ckpt_path=last "
+                     f"hydra.run.dir={trainer.default_root_dir}")
+        elif self.last_model_path:
+            saved = f"the last checkpoint is {self.last_model_path} (step {self.last_saved_step})"
+        else:
+            saved = "no checkpoint was saved"
+        message = f"stopped by {self.stopped_by} at step {trainer.global_step}: {saved}"
+        exception.linrope_stop = (message if trainer.is_global_zero else None,
+                                  128 + int(getattr(signal, self.stopped_by)))
 
 
 def _validation_follows(trainer) -> bool:
@@ -178,39 +198,8 @@ def last_good_checkpoint(trainer) -> Optional[str]:
     return None
 
 
-# ---- resuming in the data modules ------------------------------------------------------------------------
-def train_span(trainer, samples_per_step: int, default_steps: int = 100_000) -> Tuple[int, int]:
-    """(start, length) of the training dataset: it starts at sample ``global_step × samples_per_step``
-    and is as long as the whole run.  Lightning, resuming in the middle of an epoch, counts the
-    batches of that epoch already done against ``len(loader)`` (without skipping any): a loader only
-    as long as the remaining steps would end the epoch early and then start over from the resume point."""
-    total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else default_steps
-    total = max(total, trainer.global_step + 1)
-    return trainer.global_step * samples_per_step, total * samples_per_step
-
-
-class ResumableLoader(torch.utils.data.DataLoader):
-    """A training loader whose dataset already starts where the run stands (``train_span``).
-    Marked stateful so that Lightning does not warn, on resuming, that it is not resumable."""
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        pass
-
-
-def train_loader(dataset, trainer, batch_size: int, num_workers: int = 0) -> ResumableLoader:
-    """The training loader of a dataset made with ``train_span``: in order, and with several processes
-    sample ``i`` goes to rank ``i mod world_size`` — so the global batch of a step is the same samples
-    whatever the number of processes.  (Lightning's own DistributedSampler for training always shuffles,
-    with a permutation of the whole dataset that changes when a resumed run's dataset does.)"""
-    sampler = None
-    if trainer is not None and trainer.world_size > 1:
-        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=trainer.world_size,
-                                                      rank=trainer.global_rank, shuffle=False, drop_last=False)
-    return ResumableLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=num_workers,
-                           persistent_workers=num_workers > 0)
+# ---- resuming in the data modules: linrope.data.resume (importable from here too) ----------------------------
+from linrope.data.resume import ResumableLoader, train_loader, train_span  # noqa: E402,F401
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -274,6 +263,16 @@ def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, w
                              + (f" — the model configs differ: {diff}" if diff else ""))
 
 
+def check_identity(checkpoint: Mapping[str, Any], model_cfg: Optional[Mapping], *, where: str = "the checkpoint") -> None:
+    """Raise ``CheckpointMismatch`` when the checkpoint is another model (attention kind, feature map, RoPE
+    placement, position scheme or its options; ``linrope.identity``), even where every parameter fits."""
+    from linrope.identity import checkpoint_identity, identity_differences, model_identity
+
+    diff = identity_differences(checkpoint_identity(checkpoint), model_identity(model_cfg))
+    if diff:
+        raise CheckpointMismatch(f"{where} is a checkpoint of another model: {diff}")
+
+
 def load_checkpoint(path, map_location: Any = "cpu") -> Dict[str, Any]:
     """``torch.load(path, weights_only=True)``; a missing or broken file is one ``CheckpointError`` line."""
     check_complete(path)
@@ -318,7 +317,7 @@ def load_model(ckpt_path, expected_model_cfg: Optional[Mapping] = None, *, map_l
     from linrope.lit import LanguageModel
 
     ckpt = load_checkpoint(ckpt_path, map_location=map_location)
-    if "state_dict" not in ckpt:
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
         raise CheckpointError(f"checkpoint {ckpt_path}: has no state_dict (not a Lightning checkpoint)")
     hp = ckpt.get("hyper_parameters") or {}
     found_cfg = dict(hp.get("model") or {})
@@ -328,6 +327,7 @@ def load_model(ckpt_path, expected_model_cfg: Optional[Mapping] = None, *, map_l
     module = LanguageModel(model=model_cfg, optim=hp.get("optim"))
     check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {ckpt_path}",
                      found_cfg=found_cfg, expected_cfg=model_cfg)
+    check_identity(ckpt, model_cfg, where=f"checkpoint {ckpt_path}")
     module.load_state_dict(ckpt["state_dict"])
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
         module.to(map_location)

@@ -2,15 +2,21 @@
 
 Each failure is one line that names the problem (``ConfigError``); train.py prints it
 and exits without a traceback.  Imports no Lightning (but to look up an unusual
-``trainer.strategy`` name), so a bad config fails fast.  ``check_command_line`` runs even
-earlier, before Hydra: an unknown option of a config group (``model=nope``) in one line."""
+``trainer.strategy`` name), so a bad config fails fast.  ``SCHEMA`` is the one table of the values
+the code reads: type, range and allowed values (read from the code's own vocabularies).
+``check_command_line`` (linrope.command_line) runs even earlier, before Hydra."""
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+# the command-line check lives in linrope.command_line; these names stay importable from here
+from linrope.command_line import CONF_DIR, check_command_line, command_line_errors, group_options  # noqa: F401
 
 
 class ConfigError(ValueError):
@@ -26,46 +32,146 @@ def _get(cfg, dotted: str, default: Any = None) -> Any:
     return node
 
 
+# ---- the schema: every scalar the code reads, its type, range and allowed values ------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """One entry of ``SCHEMA``: an int, a number or one of ``choices``; bounds are inclusive (``low``,
+    ``high``) or strict (``above``, ``below``); ``null``: None is allowed too."""
+    kind: str                                    # "int" | "number" | "bool" | "choice"
+    low: Optional[float] = None
+    above: Optional[float] = None
+    high: Optional[float] = None
+    below: Optional[float] = None
+    choices: Optional[Callable[[], Sequence[Any]]] = None  # read from the code's own vocabulary when checked
+    null: bool = False
+    note: str = ""
+
+    def expectation(self) -> str:
+        if self.kind == "choice":
+            text = "one of " + ", ".join("null" if c is None else str(c) for c in self.choices())
+        else:
+            text = {"int": "an integer", "number": "a number", "bool": "true or false"}[self.kind]
+            bounds = [f"{op} {_num(v)}" for op, v in ((">=", self.low), (">", self.above), ("<=", self.high),
+                                                       ("<", self.below)) if v is not None]
+            text += (" " + " and ".join(bounds)) if bounds else ""
+        text += " or null" if self.null and self.kind != "choice" else ""
+        return text + (f" ({self.note})" if self.note else "")
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.null or (self.kind == "choice" and None in self.choices())
+        if self.kind == "choice":
+            return value in self.choices()
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if isinstance(value, bool) or not isinstance(value, int if self.kind == "int" else (int, float)):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return ((self.low is None or value >= self.low) and (self.above is None or value > self.above)
+                and (self.high is None or value <= self.high) and (self.below is None or value < self.below))
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+def _vocabulary(module: str, name: str) -> Callable[[], Sequence[Any]]:
+    def read():
+        from importlib import import_module
+
+        values = getattr(import_module(module), name)
+        return tuple(sorted(values)) if isinstance(values, dict) else tuple(values)
+    return read
+
+
+POSITIVE_INT, COUNT = Rule("int", low=1), Rule("int", low=0)
+FRACTION = Rule("number", above=0, below=1)
+SCHEMA: Dict[str, Rule] = {
+    "seed": Rule("int"),
+    "context": POSITIVE_INT,
+    # the model (linrope.model.ModelConfig) and its attention and position scheme
+    "model.vocab_size": POSITIVE_INT, "model.d_model": POSITIVE_INT, "model.n_layers": POSITIVE_INT,
+    "model.n_heads": POSITIVE_INT, "model.d_ff": POSITIVE_INT, "model.max_len": POSITIVE_INT,
+    "model.dropout": Rule("number", low=0, below=1),
+    "model.causal": Rule("bool"), "model.tie_weights": Rule("bool"),
+    "model.n_classes": Rule("int", low=2, null=True),
+    "model.attention.kind": Rule("choice", choices=_vocabulary("linrope.attention", "ATTENTION")),
+    "model.attention.feature_map": Rule("choice", choices=_vocabulary("linrope.ops", "FEATURE_MAPS")),
+    "model.attention.placement": Rule("choice", choices=_vocabulary("linrope.ops", "PLACEMENTS")),
+    "model.attention.impl": Rule("choice", choices=_vocabulary("linrope.ops", "IMPLS")),
+    "model.attention.chunk_size": POSITIVE_INT,
+    "model.attention.eps": Rule("number", above=0),
+    "model.position.name": Rule("choice", choices=_vocabulary("linrope.positions", "REGISTRY")),
+    "model.position.scaling": Rule("choice", choices=_vocabulary("linrope.rope", "SCALINGS")),
+    "model.position.factor": Rule("number", above=0),
+    "model.position.base": Rule("number", above=0),
+    "model.position.table": Rule("choice", choices=_vocabulary("linrope.positions.multiplicative", "TABLES")),
+    "model.position.variant": Rule("choice", choices=_vocabulary("linrope.positions.shaw", "VARIANTS")),
+    "model.position.k": POSITIVE_INT, "model.position.num_buckets": POSITIVE_INT,
+    "model.position.max_distance": POSITIVE_INT, "model.position.hidden": POSITIVE_INT,
+    "model.position.init_std": Rule("number", low=0, null=True),
+    # the data (every data module takes these; a task's own options are checked by the task)
+    "data.context": POSITIVE_INT, "data.eval_context": Rule("int", low=1, null=True),
+    "data.batch_size": POSITIVE_INT, "data.eval_batch_size": POSITIVE_INT,
+    "data.val_windows": POSITIVE_INT, "data.test_windows": POSITIVE_INT,
+    "data.val_fraction": FRACTION, "data.test_fraction": FRACTION,
+    "data.max_bytes": Rule("int", low=1, null=True), "data.num_workers": COUNT,
+    # optimisation and the Trainer
+    "optim.lr": Rule("number", above=0), "optim.weight_decay": Rule("number", low=0),
+    "optim.warmup_steps": COUNT, "optim.min_lr_ratio": Rule("number", low=0, high=1),
+    "trainer.max_steps": Rule("int", low=-1, note="-1: no limit"),
+    "trainer.max_epochs": Rule("int", low=-1, null=True, note="-1: no limit"),
+    "trainer.log_every_n_steps": POSITIVE_INT, "trainer.accumulate_grad_batches": POSITIVE_INT,
+    "trainer.gradient_clip_val": Rule("number", low=0, null=True),
+    "callbacks.last_checkpoint.every_n_train_steps": Rule("int", low=1, null=True,
+                                                          note="null: only after validation and at the end"),
+}
+
+
+def schema_errors(cfg) -> List[str]:
+    """One line per value of ``SCHEMA`` that has the wrong type or lies out of range.  A value that is an
+    interpolation (``data.context: ${context}``) is reported where it is set, not again where it is used."""
+
+    errors = []
+    for key, rule in SCHEMA.items():
+        parent, _, leaf = key.rpartition(".")
+        node = _get(cfg, parent) if parent else cfg
+        if not isinstance(node, DictConfig) or leaf not in node or OmegaConf.is_interpolation(node, leaf):
+            continue
+        value = node[leaf]
+        if not rule.accepts(value):
+            shown = "null" if value is None else value
+            errors.append(f"{key}={shown}: expected {rule.expectation()}")
+    betas = _get(cfg, "optim.betas")
+    if betas is not None and not (len(betas) == 2 and all(FRACTION.accepts(b) or b == 0 for b in betas)):
+        errors.append(f"optim.betas={list(betas)}: expected two numbers in [0, 1)")
+    return errors
+
+
 def model_errors(model) -> List[str]:
-    from linrope.positions import IncompatiblePairing, check_pairing, scheme_class
+    """What no single value shows: pairings, divisibility, RoPE's even head dimension."""
+    from linrope.positions import IncompatiblePairing, check_pairing
 
     errors = []
     att = _get(model, "attention.kind")
     pos = _get(model, "position.name")
-    if att not in ("softmax", "linear"):
-        errors.append(f"model.attention.kind={att!r}: expected softmax or linear")
     try:
-        scheme_class(pos)
-        if att in ("softmax", "linear"):
-            check_pairing(att, pos)
+        check_pairing(att, pos)
     except IncompatiblePairing as e:
         errors.append(str(e))
-    except ValueError as e:
-        errors.append(f"model.position.name: {e}")
     d, h = int(_get(model, "d_model", 0)), int(_get(model, "n_heads", 1))
-    if h < 1 or d % h:
+    if d % h:
         errors.append(f"model.d_model={d} is not divisible by model.n_heads={h}")
     elif pos == "rope" and (d // h) % 2:
         errors.append(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
     elif not errors:
         errors += position_option_errors(model, pos, d, h)
-    if att == "linear":
-        cs = _get(model, "attention.chunk_size", 64)
-        if cs is None or int(cs) < 1:
-            errors.append(f"model.attention.chunk_size={cs}: must be >= 1")
-        fm = _get(model, "attention.feature_map", "elu")
-        if fm not in ("elu", "cosine"):
-            errors.append(f"model.attention.feature_map={fm!r}: expected elu or cosine")
-        pl = _get(model, "attention.placement", "numerator")
-        if pl not in ("numerator", "both", "none"):
-            errors.append(f"model.attention.placement={pl!r}: expected numerator, both or none")
     return errors
 
 
 def position_option_errors(model, pos: str, d: int, h: int) -> List[str]:
     """The scheme's options (model.position.*), checked by the scheme itself before anything is built."""
-    from omegaconf import OmegaConf
-
     from linrope.positions import check_options
 
     spec = model.position
@@ -79,15 +185,27 @@ def position_option_errors(model, pos: str, d: int, h: int) -> List[str]:
     return []
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError naming every problem found (one per line)."""
-    errors = model_errors(cfg.model)
-    context = _get(cfg, "data.context")
-    max_len = _get(cfg, "model.max_len")
+def table_errors(cfg) -> List[str]:
+    """A byte-level window longer than a table of ``model.max_len`` positions (learned, tupe, multiplicative
+    with ``table=learned``); the tasks size ``max_len`` themselves."""
     pos = _get(cfg, "model.position.name")
-    if pos in ("learned", "tupe") and context is not None and max_len is not None and int(context) > int(max_len):
-        errors.append(f"data.context={context} is longer than the learned position table (model.max_len={max_len})")
-    errors += data_errors(cfg) + trainer_errors(cfg) + callback_errors(cfg)
+    table = pos in ("learned", "tupe") or (pos == "multiplicative" and _get(cfg, "model.position.table") == "learned")
+    max_len = _get(cfg, "model.max_len")
+    if not table or max_len is None or _get(cfg, "data.task", "bytes") != "bytes":
+        return []
+    return [f"{key}={n} is longer than the {pos} position table (model.max_len={max_len}); raise model.max_len"
+            for key in ("data.context", "data.eval_context") for n in [_get(cfg, key)] if n is not None and n > max_len]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses,
+    then (when every value is sound) what depends on several values, the corpus, the Trainer and
+    ``ckpt_path``."""
+    errors = schema_errors(cfg)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    errors = model_errors(cfg.model) + table_errors(cfg)
+    errors += data_errors(cfg) + trainer_errors(cfg)
     try:
         checkpoint_path(cfg)
     except ConfigError as e:
@@ -107,6 +225,8 @@ def data_errors(cfg) -> List[str]:
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         return [f"data.path {path}: does not exist"]
+    if not p.is_file() and not p.is_dir():
+        return [f"data.path {path}: is not a regular file or a folder (a FIFO, socket or device)"]
     target = str(_get(cfg, "data._target_", ""))
     if not p.is_file() or not target.endswith("ByteDataModule"):
         return []
@@ -163,14 +283,6 @@ def trainer_errors(cfg) -> List[str]:
         errors.append("trainer.strategy=ddp in a sweep (-m): Lightning starts the other processes by running "
                       "train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in sweeps")
     return errors
-
-
-def callback_errors(cfg) -> List[str]:
-    every = _get(cfg, "callbacks.last_checkpoint.every_n_train_steps")
-    if every is not None and int(every) < 1:
-        return [f"callbacks.last_checkpoint.every_n_train_steps={every}: must be >= 1 (or null: only after "
-                f"validation and at the end)"]
-    return []
 
 
 def _device_count(devices) -> Optional[int]:
@@ -232,7 +344,7 @@ def checkpoint_path(cfg) -> Optional[str]:
         path = last
     else:
         path = Path(os.path.expanduser(ckpt))
-    problem = _checkpoint_problem(path)
+    problem = _checkpoint_problem(path) or _checkpoint_content_problem(path, _get(cfg, "model"))
     if problem:
         raise ConfigError(f"ckpt_path={ckpt}: {path} {problem}" if ckpt in ("last", "auto") else f"ckpt_path={ckpt}: {problem}")
     return str(path)
@@ -243,11 +355,33 @@ def _checkpoint_problem(path: Path) -> Optional[str]:
 
     if not path.exists():
         return "is a dangling link" if path.is_symlink() else "does not exist"
-    if path.is_dir():
-        return "is a folder, not a checkpoint file"
+    if not path.is_file():
+        return "is a folder, not a checkpoint file" if path.is_dir() else "is not a regular file"
     if not zipfile.is_zipfile(path):
         return "is not a complete checkpoint (truncated, or not written by torch.save)"
     return None
+
+
+def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
+    """A whole zip that is no Lightning checkpoint, or one of another model (``linrope.identity``).  The file
+    is memory-mapped with ``weights_only=True``: nothing is executed and no tensor data is read."""
+    import torch
+
+    from linrope.identity import checkpoint_identity, identity_differences, model_identity
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - torch's errors for a zip that is no torch file, or an unsafe pickle
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"is not a torch checkpoint that loads with weights_only=True ({first[:200]})"
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        what = type(ckpt).__name__ if not isinstance(ckpt, dict) else "a dict without state_dict"
+        return f"is not a Lightning checkpoint (it holds {what}, not a dict with a state_dict)"
+    if model is None:
+        return None
+    plain = OmegaConf.to_container(model, resolve=True) if isinstance(model, DictConfig) else dict(model)
+    diff = identity_differences(checkpoint_identity(ckpt), model_identity(plain))
+    return f"is a checkpoint of another model: {diff}" if diff else None
 
 
 def _available_devices(accelerator: str):
@@ -262,56 +396,3 @@ def _available_devices(accelerator: str):
         except AttributeError:  # not Linux
             return os.cpu_count() or 1
     return None
-
-
-# ---- the command line, before Hydra composes anything -------------------------------------------------------
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-_FLAGS_WITH_VALUE = {"-c", "--cfg", "-p", "--package", "--info", "-cp", "--config-path", "-cn", "--config-name",
-                     "-cd", "--config-dir", "--experimental-rerun"}
-
-
-def group_options(group: str, conf_dir: Path = CONF_DIR) -> List[str]:
-    folder = conf_dir / group
-    return sorted(p.relative_to(folder).with_suffix("").as_posix() for p in folder.rglob("*.yaml"))
-
-
-def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
-    """``group=option`` overrides of the config groups in ``conf/`` whose option has no file there.
-    Sweeps (``model=a,b``) are checked item by item; values with Hydra functions, globs or
-    interpolations, and Hydra's own groups (hydra/...), are left to Hydra."""
-    errors: List[str] = []
-    args = list(argv)
-    if any(a.startswith(("hydra.searchpath", "+hydra.searchpath")) for a in args):
-        return errors  # other config folders: Hydra knows more options than conf/ holds
-    skip_next = False
-    for arg in args:
-        if skip_next:
-            skip_next = False
-            continue
-        if arg.startswith("-"):
-            skip_next = arg in _FLAGS_WITH_VALUE
-            continue
-        if "=" not in arg:
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~").split("@", 1)[0]
-        if not key or key.startswith("hydra") or "." in key or not (conf_dir / key).is_dir():
-            continue
-        value = value.strip()
-        if not value or any(c in value for c in "()[]{}*$'\"\\"):
-            continue
-        options = group_options(key, conf_dir)
-        for item in (v.strip() for v in value.split(",")):
-            if item and item not in ("null", "None") and item not in options:
-                errors.append(f"{key}={item}: no such option (conf/{key}/{item}.yaml); choose from {', '.join(options)}")
-    return errors
-
-
-def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR) -> None:
-    """Exit with one line per unknown config-group option on the command line (``model=nope``) — before
-    Hydra, whose own message for it is several lines long."""
-    import sys
-
-    errors = command_line_errors(sys.argv[1:] if argv is None else argv, conf_dir)
-    if errors:
-        raise SystemExit("\n".join("linrope: " + e for e in errors))

@@ -115,11 +115,19 @@ class LanguageModel(L.LightningModule):
     def on_load_checkpoint(self, checkpoint):
         """Before Lightning loads the weights (resuming, testing, load_from_checkpoint): parameters that do
         not fit this model's config are named in one CheckpointMismatch line."""
-        from linrope.checkpoint import check_state_dict
+        from linrope.checkpoint import check_identity, check_state_dict
 
         check_state_dict(self.state_dict(), checkpoint.get("state_dict") or {},
                          found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
                          expected_cfg=self.hparams.get("model"))
+        check_identity(checkpoint, self.hparams.get("model"))
+
+    def on_save_checkpoint(self, checkpoint):
+        """The model's identity (attention kind, feature map, placement, position scheme and options) goes
+        into every checkpoint, so that loading it into another model is refused (linrope.identity)."""
+        from linrope.identity import IDENTITY_KEY, model_identity
+
+        checkpoint[IDENTITY_KEY] = model_identity(self.hparams.get("model"))
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         now = time.perf_counter()

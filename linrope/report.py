@@ -233,7 +233,7 @@ def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows
              for a, b in pairs if a in plain and b in plain]
     if found:
         cells = [[f"{a} − {b}"] + [cell(res[n]) for n in lengths] for a, b, res in found]
-        parts += [f"Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):", "",
+        parts += ["Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):", "",
                   markdown_table(["pair"] + names, cells), ""]
         pair_rows += [pair_record(task, f"{metric}@{n}", a, b, res[n]) for a, b, res in found for n in lengths]
     name = f"extrapolation{suffix}.png"

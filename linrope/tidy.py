@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 NOTICES = ("💡 Tip:", "was configured so 100% of the batches will be used",
            "Skipping setting a default `ModelSummary` callback")
 # files Hydra writes into a run folder before train.py's code runs
-HYDRA_FILES = {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log"}
+HYDRA_FILES = {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log", ".linrope.lock"}
 
 
 def filter_warnings() -> None:

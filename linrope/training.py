@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import hydra
 import lightning as L
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from linrope.atomic import DiskFull
 from linrope.checkpoint import CheckpointError, NonFiniteCheckpoint
 from linrope.config import ConfigError
 from linrope.data.bytes import CorpusError
@@ -20,17 +24,23 @@ class UserError(Exception):
     """Errors a user can fix from the command line; reported in one line."""
 
 
-# config, corpus and checkpoint problems, and a training run stopped by a NaN/Inf loss or parameters
-USER_ERRORS = (ConfigError, CorpusError, UserError, CheckpointError, NonFiniteLoss, NonFiniteCheckpoint)
+# config, corpus and checkpoint problems (a full disk too), and a training run stopped by a NaN/Inf loss or parameters
+USER_ERRORS = (ConfigError, CorpusError, UserError, CheckpointError, NonFiniteLoss, NonFiniteCheckpoint,
+               DiskFull)
 
 
 @contextmanager
 def one_line_errors():
     """Turn the errors a user can fix into a one-line message (``linrope: ...``) and exit status 1, no
-    traceback.  Finds the error through the ``__cause__`` chain (Hydra's instantiate wraps what we raised)
+    traceback; a run stopped by SIGTERM / SIGINT into its one line and exit status 128 + the signal.  Finds the error through the ``__cause__`` chain (Hydra's instantiate wraps what we raised)
     and in the traceback text of a process that ``trainer=ddp_spawn`` started."""
     try:
         yield
+    except SIGTERMException as e:  # a run stopped by SIGTERM or SIGINT (LastCheckpoint.on_exception)
+        message, code = getattr(e, "linrope_stop", ("stopped by SIGTERM", 128 + signal.SIGTERM))
+        if message:
+            print("linrope: " + message, file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
     except Exception as e:  # noqa: BLE001 - Hydra's instantiate wraps the error we raised
         cause = e
         while cause is not None and not isinstance(cause, USER_ERRORS):

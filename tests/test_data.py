@@ -78,3 +78,55 @@ def test_refuses_too_short_corpus(tmp_path):
     with pytest.raises(CorpusError, match=r"too short .* needs 65") as e:
         load_corpus(str(f), context=64)
     assert str(f) in str(e.value)
+
+
+def test_only_regular_files_are_read_and_the_rest_is_named(tmp_path):
+    """A link to nothing is left out and named.  (A FIFO, which would block a read forever, is tested in a
+    process of its own: test_slow_reliability.py.)"""
+    import warnings
+
+    for i in range(60):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"file {i} " * 40)
+    (tmp_path / "gone.txt").symlink_to(tmp_path / "nowhere")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parts = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
+    assert sum(len(p) for p in parts.values()) > 60 * 300
+    messages = [str(w.message) for w in caught]
+    assert any("skipped 1 entries that are not regular files: " + str(tmp_path / "gone.txt") in m
+               for m in messages), messages
+
+
+def test_unreadable_files_are_named(tmp_path, monkeypatch):
+    import warnings
+    from pathlib import Path
+
+    for i in range(60):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"file {i} " * 40)
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self.name in ("f03.txt", "f07.txt"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
+    assert any(f"skipped 2 unreadable files: {tmp_path / 'f03.txt'}, {tmp_path / 'f07.txt'}" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+    monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    with pytest.raises(CorpusError, match=r"no file could be read \(.*f00.txt, .*f01.txt, .*f02.txt and 57 more\)"):
+        load_corpus(str(tmp_path), context=8)
+
+
+def test_a_folder_of_a_few_binaries_says_why_a_split_is_empty(tmp_path):
+    rng = np.random.default_rng(0)
+    for name in ("a.bin", "b.bin", "c.bin"):
+        (tmp_path / name).write_bytes(rng.integers(0, 256, 50_000, dtype=np.uint8).tobytes() + b"\0")
+    with pytest.raises(CorpusError) as e:
+        load_corpus(str(tmp_path), context=64)
+    msg = str(e.value)
+    assert "\n" not in msg and "files are split whole by a hash of their path" in msg and "3 of them binary" in msg
+    assert "point data.path at one file" in msg

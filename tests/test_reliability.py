@@ -4,7 +4,6 @@ losses (the last good checkpoint is kept), bf16-mixed on CPU, validation never l
 training loader's sharding and resume arithmetic, and config / command-line checks before anything
 is built.  The multi-process and kill-and-resume tests are in test_slow_reliability.py."""
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -66,6 +65,8 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch
 
 def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
     """A real SIGKILL half-way through the bytes of a checkpoint."""
+    from linrope.checkpoint import AtomicCheckpointIO
+
     path = tmp_path / "last.ckpt"
     script = f"""
 import io, os, signal, torch
@@ -81,9 +82,12 @@ ckpt_io.save_checkpoint({{"state_dict": {{"w": torch.zeros(10000)}}, "global_ste
 """
     r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
-    assert (tmp_path / ".last.ckpt.partial").exists()
+    assert len(list(tmp_path.glob(".last.ckpt.*.partial"))) == 1  # the killed writer's own temporary file
     c = torch.load(path, weights_only=True)
     assert c["global_step"] == 1 and torch.equal(c["state_dict"]["w"], torch.ones(10000))
+    # the next save removes the temporary file of the writer that no longer runs
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 3}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
 
 def test_last_ckpt_replaces_a_dangling_link_with_a_whole_file(tmp_path):
@@ -250,7 +254,7 @@ def test_train_loader_deals_sample_i_to_rank_i_mod_world_size():
     (["trainer=ddp", "trainer.devices=4096"], "trainer.devices=4096 but only"),
     (["ckpt_path=/nonexistent/x.ckpt"], "ckpt_path=/nonexistent/x.ckpt: does not exist"),
     (["ckpt_path=last"], "ckpt_path=last: no "),
-    (["callbacks.last_checkpoint.every_n_train_steps=0"], "every_n_train_steps=0: must be >= 1"),
+    (["callbacks.last_checkpoint.every_n_train_steps=0"], "every_n_train_steps=0: expected an integer >= 1 or null"),
 ])
 def test_config_errors_are_one_line_each(compose, overrides, message):
     from linrope.config import ConfigError, validate
@@ -303,3 +307,237 @@ def test_unknown_model_is_one_line_at_the_cli(tmp_path):
     lines = [l for l in r.stderr.strip().splitlines()]
     assert len(lines) == 1 and lines[0].startswith("linrope: model=nope: no such option"), r.stderr
     assert "linear_rope" in lines[0]
+
+
+# ---- issue 12: every bad value is one line, before any data is read ---------------------------------------
+@pytest.mark.parametrize("overrides,message", [
+    (["trainer.max_steps=abc"], "trainer.max_steps=abc: expected an integer >= -1"),
+    (["optim.lr=abc"], "optim.lr=abc: expected a number > 0"),
+    (["optim.lr=-1"], "optim.lr=-1: expected a number > 0"),
+    (["model.d_model=-64"], "model.d_model=-64: expected an integer >= 1"),
+    (["model.n_layers=-1"], "model.n_layers=-1: expected an integer >= 1"),
+    (["model.n_layers=0"], "model.n_layers=0: expected an integer >= 1"),
+    (["data.batch_size=0"], "data.batch_size=0: expected an integer >= 1"),
+    (["context=0"], "context=0: expected an integer >= 1"),
+    (["context=-8"], "context=-8: expected an integer >= 1"),
+    (["model.attention.impl=chunky"], "model.attention.impl=chunky: expected one of chunk, naive, recurrent"),
+    (["model.attention.chunk_size=abc"], "model.attention.chunk_size=abc: expected an integer >= 1"),
+    (["model.attention.feature_map=relu"], "model.attention.feature_map=relu: expected one of elu, cosine"),
+    (["model.dropout=1.5"], "model.dropout=1.5: expected a number >= 0 and < 1"),
+    (["model=softmax_learned", "size=tiny", "+data.eval_context=128"],
+     "data.eval_context=128 is longer than the learned position table (model.max_len=64)"),
+    (["model=softmax_multiplicative", "model.position.table=learned", "model.max_len=32"],
+     "data.context=256 is longer than the multiplicative position table (model.max_len=32)"),
+    (["model=softmax_multiplicative", "model.position.table=lookup"],
+     "model.position.table=lookup: expected one of sinusoidal, learned"),
+])
+def test_bad_values_are_one_line_each(compose, overrides, message):
+    from linrope.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose(*overrides))
+    assert str(e.value) == message or (message in str(e.value) and "\n" not in str(e.value)), str(e.value)
+
+
+def test_a_bad_value_stops_the_run_before_the_corpus_is_read(compose, monkeypatch):
+    import linrope.data.modules as M
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the corpus was read")
+
+    monkeypatch.setattr(M, "load_corpus", no_reading)
+    with pytest.raises(SystemExit) as e:
+        run_main(compose(*TINY, "model.n_layers=-1"))
+    assert exit_message(e) == "linrope: model.n_layers=-1: expected an integer >= 1"
+
+
+def test_an_interpolated_value_is_reported_once_where_it_is_set(compose):
+    from linrope.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose("context=abc"))  # data.context and model.max_len are ${context}
+    assert str(e.value) == "context=abc: expected an integer >= 1"
+
+
+def test_a_bad_value_is_one_line_at_the_cli(tmp_path):
+    run = tmp_path / "runs" / "refused"
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "model.n_layers=-1", f"hydra.run.dir={run}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and lines == ["linrope: model.n_layers=-1: expected an integer >= 1"], r.stderr
+    assert not (run / ".linrope.lock").exists()  # refused before the run folder was claimed
+
+
+# ---- ckpt_path that is no checkpoint, or another model's ---------------------------------------------------
+def test_ckpt_path_that_is_not_a_lightning_checkpoint(compose, tmp_path):
+    import zipfile
+
+    from linrope.config import ConfigError, validate
+
+    other_zip = tmp_path / "notes.zip"
+    with zipfile.ZipFile(other_zip, "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+    tensor = tmp_path / "tensor.ckpt"
+    torch.save(torch.ones(3), tensor)
+    for path, message in [(other_zip, "is not a torch checkpoint that loads with weights_only=True"),
+                          (tensor, "is not a Lightning checkpoint (it holds Tensor, not a dict with a state_dict)")]:
+        with pytest.raises(ConfigError) as e:
+            validate(compose(f"ckpt_path={path}"))
+        assert str(e.value).startswith(f"ckpt_path={path}: {message}") and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("overrides,difference", [
+    (["model=softmax_rope"], "model.attention.kind: linear in the checkpoint, softmax now"),
+    (["model.attention.feature_map=cosine"], "model.attention.feature_map: elu in the checkpoint, cosine now"),
+    (["model.attention.placement=both"], "model.attention.placement: numerator in the checkpoint, both now"),
+    (["model.position.base=500"], "model.position.base: 10000.0 in the checkpoint, 500 now"),
+])
+def test_resuming_another_model_is_refused_naming_the_difference(compose, trained, overrides, difference):
+    """Softmax and linear attention, the feature maps and the placements share every parameter name and
+    shape: only the identity stored in the checkpoint tells them apart."""
+    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=6", f"ckpt_path={trained}", *overrides)
+    with pytest.raises(SystemExit) as e:
+        run_main(cfg)
+    assert exit_message(e) == f"linrope: ckpt_path={trained}: is a checkpoint of another model: {difference}"
+    assert torch.load(trained, weights_only=True)["global_step"] == 4
+
+
+def test_loading_another_model_is_refused_in_every_path(trained):
+    from linrope.checkpoint import CheckpointMismatch, load_model
+    from linrope.identity import IDENTITY_KEY
+    from linrope.lit import LanguageModel
+
+    c = torch.load(trained, map_location="cpu", weights_only=True)
+    assert c[IDENTITY_KEY] == {"attention.kind": "linear", "attention.feature_map": "elu",
+                               "attention.placement": "numerator", "position.base": 10000.0,
+                               "position.name": "rope"}
+    with pytest.raises(CheckpointMismatch, match="feature_map: elu in the checkpoint, cosine now"):
+        load_model(trained, {"attention": {"feature_map": "cosine"}})
+    cfg = {**c["hyper_parameters"]["model"], "attention": {"kind": "softmax"}}
+    with pytest.raises(CheckpointMismatch, match="attention.kind: linear in the checkpoint, softmax now"):
+        LanguageModel(model=cfg).on_load_checkpoint(c)
+    # a checkpoint written before the identity was stored: the identity of its saved model config
+    del c[IDENTITY_KEY]
+    with pytest.raises(CheckpointMismatch, match="attention.kind: linear in the checkpoint, softmax now"):
+        LanguageModel(model=cfg).on_load_checkpoint(c)
+    assert load_model(trained, {"position": {"scaling": "ntk", "factor": 2.0}}) is not None  # evaluation options
+
+
+# ---- run folders: one run each, never overwritten ---------------------------------------------------------
+def test_rerunning_into_a_run_folder_without_ckpt_path_is_refused(compose, trained):
+    before = trained.read_bytes()
+    csv_file = Path(compose().paths.output_dir) / "checkpoints"
+    with pytest.raises(SystemExit) as e:
+        run_main(compose("model=linear_rope", *TINY, "trainer.max_steps=2"))
+    assert exit_message(e).startswith(f"linrope: run folder {trained.parent.parent} already holds a run (checkpoints/best")
+    assert exit_message(e).endswith("checkpoints/last.ckpt); resume it with ckpt_path=last, or choose a new "
+                                    "hydra.run.dir — it is not overwritten")
+    assert trained.read_bytes() == before and csv_file.is_dir()
+
+
+def test_a_run_folder_in_use_is_refused(compose, tmp_path):
+    import fcntl
+
+    from linrope.runfolder import LOCK_NAME
+
+    with open(tmp_path / LOCK_NAME, "w") as held:
+        held.write("pid 4242 on elsewhere\n")
+        held.flush()
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(SystemExit) as e:
+            run_main(compose("model=linear_rope", *TINY, "trainer.max_steps=2"))
+    assert exit_message(e) == (f"linrope: run folder {tmp_path} is in use by another run (pid 4242 on elsewhere); "
+                               f"wait for it to end, or choose another hydra.run.dir")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+# ---- writers of the same checkpoint, full disks -----------------------------------------------------------
+def test_two_writers_of_one_checkpoint_do_not_collide(tmp_path, monkeypatch):
+    """Writer A is half-way through its file when writer B saves the same path: both succeed and the
+    file is whole (with one temporary name for both, A's rename failed and B's file took A's bytes)."""
+    import threading
+
+    from linrope import checkpoint as C
+
+    path, real_save = tmp_path / "last.ckpt", torch.save
+    a_started, b_done = threading.Event(), threading.Event()
+
+    def save(obj, f, *args, **kwargs):
+        if obj["global_step"] == 1:  # writer A pauses in the middle of its write
+            f.write(b"PK")
+            a_started.set()
+            b_done.wait(30)
+            f.seek(0)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(C.torch, "save", save)
+    errors = []
+
+    def write(step):
+        try:
+            C.atomic_torch_save({"state_dict": {"w": torch.full((1000,), float(step))}, "global_step": step}, path)
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    a = threading.Thread(target=write, args=(1,))
+    a.start()
+    assert a_started.wait(30)
+    write(2)
+    b_done.set()
+    a.join(30)
+    assert errors == []
+    c = torch.load(path, weights_only=True)
+    assert c["global_step"] == 1 and torch.equal(c["state_dict"]["w"], torch.full((1000,), 1.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+class FullDisk:
+    """A file that takes ``room`` bytes, then fails as a full disk does."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            raise OSError(28, "No space left on device")
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(compose, monkeypatch):
+    from linrope import checkpoint as C
+
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("global_step") == 4:
+            return real_save(obj, FullDisk(f, 5000), *args, **kwargs)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(C.torch, "save", save)
+    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=6", "trainer.val_check_interval=100",
+                  "callbacks.last_checkpoint.every_n_train_steps=2")
+    with pytest.raises(SystemExit) as e:
+        run_main(cfg)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    assert exit_message(e) == (f"linrope: cannot write checkpoint {last}: no space left on device ({last.parent}); "
+                               f"the previous last.ckpt is kept")
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
+
+
+def test_run_folders_started_in_the_same_second_differ():
+    """Run and sweep folders are named to the microsecond (conf/hydra/default.yaml): two runs started in
+    the same second get folders of their own (a run folder is also locked: test_a_run_folder_in_use_is_refused)."""
+    import datetime
+
+    import yaml
+
+    hydra_cfg = yaml.safe_load((ROOT / "conf" / "hydra" / "default.yaml").read_text())
+    for pattern in (hydra_cfg["run"]["dir"], hydra_cfg["sweep"]["dir"]):
+        fmt = pattern.split("${now:")[1].split("}")[0]
+        t = datetime.datetime(2026, 1, 2, 3, 4, 5, 100)
+        assert t.strftime(fmt) != (t + datetime.timedelta(microseconds=1)).strftime(fmt), pattern

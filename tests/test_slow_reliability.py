@@ -8,8 +8,10 @@ import io
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning as L
@@ -165,11 +167,11 @@ def test_sigkill_mid_training_and_mid_checkpoint_write_resume_to_the_same_end(tm
     r = train(tmp_path, run, *common, "+callbacks.kill._target_=test_slow_reliability.SigkillAt",
               "+callbacks.kill.step=25", "+callbacks.kill.during_save=true", expect=None)
     assert r.returncode == -signal.SIGKILL
-    assert (run / "checkpoints" / ".last.ckpt.partial").exists()  # the half-written file, never renamed
+    assert len(list((run / "checkpoints").glob(".last.ckpt.*.partial"))) == 1  # the half-written file, never renamed
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 20
     train(tmp_path, run, *common, "ckpt_path=last")
     assert_same_end(whole, run, 30)
-    assert not (run / "checkpoints" / ".last.ckpt.partial").exists()
+    assert not list((run / "checkpoints").glob(".last.ckpt.*.partial"))  # removed: its writer no longer runs
 
 
 # ---- sweeps -----------------------------------------------------------------------------------------------
@@ -214,3 +216,114 @@ def test_submitit_local_sweep(tmp_path):
         assert weights(out / j / "checkpoints" / "last.ckpt")[0] == 3
         assert (out / j / "csv" / "metrics.csv").exists()
     assert list((out / ".submitit").glob("*/*_result.pkl"))
+
+
+# ---- issue 12: preemption, concurrent runs and writers, FIFOs ---------------------------------------------
+class SignalAt(L.Callback):
+    """Test-only: send this process ``signal`` (a name: SIGTERM, SIGINT) after optimizer step ``step``, as
+    a cluster's preemption (SLURM, Kubernetes, submitit) or a Ctrl+C would."""
+
+    def __init__(self, step: int, signal: str = "SIGTERM"):
+        self.step, self.signal = int(step), signal
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_saves_a_checkpoint_exits_non_zero_and_the_run_resumes(tmp_path, name):
+    """SIGTERM (preemption) or SIGINT after step 7, between two scheduled checkpoints (every 5 steps): the run
+    ends that step, writes last.ckpt at step 7, says so in one line and exits with 128 + the signal's number;
+    resuming ends where a run that was never stopped ends."""
+    common = ["trainer.max_steps=10", "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5",
+              "data.batch_size=4"]
+    run = tmp_path / "stopped"
+    r = train(tmp_path, run, *common, "+callbacks.stop._target_=test_slow_reliability.SignalAt",
+              "+callbacks.stop.step=7", f"+callbacks.stop.signal={name}", expect=None)
+    assert r.returncode == 128 + getattr(signal, name), r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
+    assert lines == [f"linrope: stopped by {name} at step 7: saved {run / 'checkpoints' / 'last.ckpt'} (step 7); "
+                     f"resume with ckpt_path=last hydra.run.dir={run}"], r.stderr[-3000:]
+    assert weights(run / "checkpoints" / "last.ckpt")[0] == 7
+    train(tmp_path, tmp_path / "whole", *common)
+    train(tmp_path, run, *common, "ckpt_path=last")
+    assert_same_end(tmp_path / "whole", run, 10)
+
+
+def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
+    """The first run holds the folder's lock while it trains; a second run started into the same folder
+    refuses in one line and leaves the first one's files alone."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
+    run = tmp_path / "shared"
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *TINY, "data.batch_size=4", "trainer.max_steps=400",
+                              "trainer.val_check_interval=1000", f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # until the first run has started training (it holds the lock from before that)
+            if (run / "csv").exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert first.poll() is None, first.stderr.read()[-3000:]
+        r = train(tmp_path, run, "data.batch_size=4", "trainer.max_steps=5", expect=1)
+        assert r.stderr.strip().splitlines()[-1] == (
+            f"linrope: run folder {run} is in use by another run (pid {first.pid} on {socket.gethostname()}); "
+            f"wait for it to end, or choose another hydra.run.dir")
+        assert first.wait(timeout=400) == 0
+    finally:
+        first.kill()
+    assert weights(run / "checkpoints" / "last.ckpt")[0] == 400
+    assert max(metrics(run)) == 399
+
+
+def test_concurrent_writers_of_one_checkpoint_all_succeed(tmp_path):
+    """Two processes saving the same file 40 times each at once: every save succeeds and the file is always
+    one whole checkpoint (with one shared temporary name about half of them failed)."""
+    path = tmp_path / "last.ckpt"
+    script = f"""
+import pathlib, sys, time, torch
+from linrope.checkpoint import atomic_torch_save
+me = int(sys.argv[1])
+pathlib.Path({str(tmp_path)!r}, f"ready{{me}}").touch()  # start together: imports take seconds
+while len(list(pathlib.Path({str(tmp_path)!r}).glob("ready*"))) < 2:
+    time.sleep(0.01)
+for i in range(40):
+    atomic_torch_save({{"state_dict": {{"w": torch.full((200_000,), float(me))}}, "global_step": i}}, {str(path)!r})
+    c = torch.load({str(path)!r}, weights_only=True)
+    assert c["state_dict"]["w"].unique().numel() == 1
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(k)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in (1, 2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    assert [out.strip() for out, _ in results] == ["ok", "ok"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "ready1", "ready2"]
+
+
+def test_a_fifo_in_the_corpus_does_not_hang_the_run(tmp_path):
+    """A FIFO beside the corpus files (nobody writes to it: reading it would block forever) is skipped and
+    named; a FIFO as data.path is refused in one line."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(60):
+        (corpus / f"f{i:02d}.txt").write_text(f"file {i} " * 400)
+    os.mkfifo(corpus / "pipe.txt")
+    script = f"""
+import warnings
+from linrope.data.bytes import load_corpus
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    parts = load_corpus({str(corpus)!r}, context=8, val_fraction=0.2, test_fraction=0.2)
+print(sum(len(p) for p in parts.values()), [str(w.message) for w in caught])
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"skipped 1 entries that are not regular files: {corpus / 'pipe.txt'}" in r.stdout
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, f"data.path={corpus / 'pipe.txt'}",
+                        f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=60)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"linrope: data.path {corpus / 'pipe.txt'}: is not a regular file or a folder (a FIFO, socket or device)"]

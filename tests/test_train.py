@@ -226,7 +226,7 @@ def test_default_run_prints_every_line_once(tmp_path):
     (["trainer.devices=4096"], "trainer.devices=4096 but only"),
     (["data.path=/nonexistent/corpus"], "data.path /nonexistent/corpus: does not exist"),
     (["model.n_heads=8", "model.d_model=40"], "even head dimension"),
-    (["model.attention.chunk_size=0"], "chunk_size=0: must be >= 1"),
+    (["model.attention.chunk_size=0"], "model.attention.chunk_size=0: expected an integer >= 1"),
     (["model=softmax_learned", "context=128", "model.max_len=64"], "longer than the learned position table"),
     (["train=false"], "train=false test=true tests a checkpoint: pass ckpt_path="),
     (["train=false", "ckpt_path=auto"], "ckpt_path=auto found none"),

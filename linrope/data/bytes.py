@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import os
 import sysconfig
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "__pycache__", "idle_test"}
 SPLITS = ("train", "val", "test")
@@ -36,7 +37,10 @@ def stdlib_dir() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def list_files(root: Path, suffixes: Optional[Sequence[str]]) -> List[Path]:
+def list_files(root: Path, suffixes: Optional[Sequence[str]], skipped: Optional[List[Path]] = None) -> List[Path]:
+    """The regular files of a corpus (a file, or a folder walked in sorted order).  Anything else — a FIFO,
+    a socket, a device, a link to nothing — is left out (reading a FIFO would wait forever) and, when
+    ``skipped`` is given, appended to it."""
     if root.is_file():
         return [root]
     files = []
@@ -44,8 +48,17 @@ def list_files(root: Path, suffixes: Optional[Sequence[str]]) -> List[Path]:
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
         for f in sorted(filenames):
             if suffixes is None or f.endswith(tuple(suffixes)):
-                files.append(Path(dirpath) / f)
+                path = Path(dirpath) / f
+                if path.is_file():
+                    files.append(path)
+                elif skipped is not None:
+                    skipped.append(path)
     return files
+
+
+def _named(paths: Sequence[Path], limit: int = 3) -> str:
+    shown = ", ".join(str(p) for p in paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
 def split_of(relpath: str, val_fraction: float, test_fraction: float) -> str:
@@ -73,7 +86,12 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
         suffixes = (".py",)
     if not root.exists():
         raise CorpusError(f"data.path {root}: does not exist")
-    files = list_files(root, suffixes)
+    if not root.is_file() and not root.is_dir():
+        raise CorpusError(f"data.path {root}: is not a regular file or a folder (a FIFO, socket or device)")
+    skipped: List[Path] = []
+    files = list_files(root, suffixes, skipped)
+    if skipped:
+        warnings.warn(f"data.path {root}: skipped {len(skipped)} entries that are not regular files: {_named(skipped)}")
     if not files:
         raise CorpusError(f"data.path {root}: no files{(' ending in ' + ', '.join(suffixes)) if suffixes else ''} found")
     need = context + 1
@@ -88,13 +106,21 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
         parts = {"train": data[:a], "val": data[a:b], "test": data[b:]}
     else:
         chunks = {s: [] for s in SPLITS}
+        unreadable: List[Path] = []
+        binary = 0
         for f in files:
             try:
                 raw = f.read_bytes()
             except OSError:
+                unreadable.append(f)
                 continue
+            binary += b"\0" in raw[:8192]
             if raw:
                 chunks[split_of(f.relative_to(root).as_posix(), val_fraction, test_fraction)].append(raw)
+        if unreadable and len(unreadable) == len(files):
+            raise CorpusError(f"data.path {root}: no file could be read ({_named(unreadable)})")
+        if unreadable:
+            warnings.warn(f"data.path {root}: skipped {len(unreadable)} unreadable files: {_named(unreadable)}")
         if not any(chunks.values()):
             raise CorpusError(f"data.path {root}: the corpus is empty (every file has 0 bytes)")
         parts = {s: np.frombuffer(bytearray(b"\n".join(c)), dtype=np.uint8) for s, c in chunks.items()}
@@ -104,9 +130,15 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
     for s in SPLITS:
         if len(parts[s]) < need:
             total = sum(len(p) for p in parts.values())
+            why = ""
+            if not root.is_file():
+                counts = ", ".join(f"{k} {len(c)}" for k, c in chunks.items())
+                why = (f" (files are split whole by a hash of their path — {counts} files"
+                       + (f", {binary} of them binary" if binary else "")
+                       + "; a folder needs many files, or point data.path at one file, which is split by position)")
             raise CorpusError(
                 f"data.path {root}: too short — the {s} split has {len(parts[s])} bytes (corpus {total} bytes) but one "
-                f"context window needs {need}; use a larger corpus or a smaller context"
+                f"context window needs {need}{why}; use a larger corpus or a smaller context"
             )
     return parts
 
