@@ -5,15 +5,20 @@
   A second run into the same folder is refused in one line.  A run folder that already holds a run
   (checkpoints or a metrics.csv) is never overwritten: without ``ckpt_path`` it is refused in one line
   that says how to resume it.
+- ``KeepEarlierRun``: the same refusals as a Hydra callback (conf/hydra/default.yaml), made before Hydra
+  writes ``.hydra/`` into the folder, so a refused run cannot replace the saved config of the earlier one;
+  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first.
 
 Light: no torch, no Lightning."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from linrope.config import ConfigError
@@ -31,10 +36,11 @@ def _other_process_of_a_run() -> bool:
     return any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID", "NODE_RANK"))
 
 
-def previous_outputs(cfg: DictConfig, folder: Path) -> List[str]:
-    """Files of an earlier run in ``folder``: checkpoints of the checkpoint callbacks, metrics.csv files."""
+def previous_outputs(cfg: DictConfig, folder: Path, callbacks: bool = True) -> List[str]:
+    """Files of an earlier run in ``folder``: checkpoints (in ``checkpoints/`` and, with ``callbacks``, where
+    the checkpoint callbacks write), metrics.csv files."""
     dirs = {folder / "checkpoints"}
-    for cb in (cfg.get("callbacks") or {}).values():
+    for cb in (cfg.get("callbacks") or {}).values() if callbacks else ():
         if cb and cb.get("dirpath"):
             dirs.add(Path(str(cb.dirpath)))
     found = [p for d in sorted(dirs) if d.is_dir() for p in sorted(d.glob("*.ckpt"))]
@@ -61,20 +67,70 @@ def claim_run_folder(cfg: DictConfig) -> None:
     except BlockingIOError:
         holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        raise RunFolderError(f"run folder {folder} is in use by another run ({holder}); wait for it to end, "
-                             f"or choose another hydra.run.dir") from None
+        raise RunFolderError(_in_use(folder, holder)) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     _held[str(folder)] = fd
     earlier = previous_outputs(cfg, folder)
     if earlier and not cfg.get("ckpt_path"):
         release_run_folder()
-        shown = ", ".join(earlier[:3]) + (f", … {len(earlier) - 3} more" if len(earlier) > 3 else "")
-        raise RunFolderError(f"run folder {folder} already holds a run ({shown}); resume it with ckpt_path=last, "
-                             f"or choose a new hydra.run.dir — it is not overwritten")
+        raise RunFolderError(_holds_a_run(folder, earlier))
+
+
+def _in_use(folder: Path, holder: str) -> str:
+    return f"run folder {folder} is in use by another run ({holder}); wait for it to end, or choose another hydra.run.dir"
+
+
+def _holds_a_run(folder: Path, earlier: List[str]) -> str:
+    shown = ", ".join(earlier[:3]) + (f", … {len(earlier) - 3} more" if len(earlier) > 3 else "")
+    return (f"run folder {folder} already holds a run ({shown}); resume it with ckpt_path=last, or choose a new "
+            f"hydra.run.dir — it is not overwritten")
+
+
+def lock_holder(folder: Path) -> Optional[str]:
+    """Who holds ``folder``'s lock (the line it wrote), or None when no live process holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    finally:
+        os.close(fd)  # closing drops the shared lock taken to look
+    return None
 
 
 def release_run_folder() -> None:
     """Let go of the run folder this process holds (closing the lock's file releases it)."""
     for folder in list(_held):
         os.close(_held.pop(folder))
+
+
+class KeepEarlierRun(Callback):
+    """Hydra callback (conf/hydra/default.yaml), run before Hydra writes ``.hydra/`` into the run folder.
+
+    ``hydra.run.dir=<a folder that holds a run>`` would otherwise have its saved config replaced before
+    ``claim_run_folder`` can refuse: a folder in use by a live run, or one holding an earlier run's outputs
+    without ``ckpt_path``, is refused here in one line; a resume (``ckpt_path`` given) first copies the
+    earlier ``.hydra/`` to ``.hydra.before-resume-<k>/``, as the CSV history is kept beside it."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        folder = Path(str(config.hydra.run.dir))
+        saved = folder / ".hydra"
+        if not (saved / "config.yaml").is_file() or _other_process_of_a_run():
+            return
+        holder = lock_holder(folder)
+        if holder:
+            raise SystemExit(f"linrope: run folder {folder} is in use by another run ({holder}); wait for it to "
+                             f"end, or choose another hydra.run.dir")
+        earlier = previous_outputs(config, folder, callbacks=False)
+        if not earlier:
+            return  # only the files of a run that was refused or never started: nothing to keep
+        if not config.get("ckpt_path"):
+            raise SystemExit("linrope: " + _holds_a_run(folder, earlier))
+        k = len(list(folder.glob(".hydra.before-resume-*")))
+        shutil.copytree(saved, folder / f".hydra.before-resume-{k}")

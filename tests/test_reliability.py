@@ -435,6 +435,32 @@ def test_rerunning_into_a_run_folder_without_ckpt_path_is_refused(compose, train
     assert trained.read_bytes() == before and csv_file.is_dir()
 
 
+def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
+    """Hydra writes .hydra/ into the run folder before train.py's checks run: the callback that runs first
+    refuses a folder holding a run (without ckpt_path) and, on resuming, copies the earlier .hydra/ aside."""
+    from omegaconf import OmegaConf
+
+    from linrope.runfolder import KeepEarlierRun
+
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    hook = KeepEarlierRun()
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(run)}}, "ckpt_path": None})
+    hook.on_run_start(config=config)  # a folder with only Hydra's files (a refused run): nothing to keep
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK")
+    with pytest.raises(SystemExit) as e:
+        hook.on_run_start(config=config)
+    assert exit_message(e) == (f"linrope: run folder {run} already holds a run (checkpoints/last.ckpt); resume it "
+                               f"with ckpt_path=last, or choose a new hydra.run.dir — it is not overwritten")
+    config.ckpt_path = "last"
+    hook.on_run_start(config=config)
+    hook.on_run_start(config=config)
+    assert (run / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 1\n"
+    assert (run / ".hydra.before-resume-1" / "config.yaml").read_text() == "seed: 1\n"
+
+
 def test_a_run_folder_in_use_is_refused(compose, tmp_path):
     import fcntl
 

@@ -269,11 +269,22 @@ def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
         assert r.stderr.strip().splitlines()[-1] == (
             f"linrope: run folder {run} is in use by another run (pid {first.pid} on {socket.gethostname()}); "
             f"wait for it to end, or choose another hydra.run.dir")
+        assert "max_steps: 400" in (run / ".hydra" / "config.yaml").read_text()  # the first run's config is kept
         assert first.wait(timeout=400) == 0
     finally:
         first.kill()
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 400
     assert max(metrics(run)) == 399
+    # the finished run: re-running into its folder is refused before Hydra writes its config there ...
+    saved = (run / ".hydra" / "config.yaml").read_text()
+    r = train(tmp_path, run, "data.batch_size=4", "trainer.max_steps=5", expect=1)
+    assert r.stderr.strip().splitlines()[-1].startswith(f"linrope: run folder {run} already holds a run (")
+    assert (run / ".hydra" / "config.yaml").read_text() == saved
+    # ... and resuming it keeps the earlier config beside the new one
+    train(tmp_path, run, "data.batch_size=4", "trainer.max_steps=402", "trainer.val_check_interval=1000",
+          "ckpt_path=last")
+    assert (run / ".hydra.before-resume-0" / "config.yaml").read_text() == saved
+    assert "max_steps: 402" in (run / ".hydra" / "config.yaml").read_text()
 
 
 def test_concurrent_writers_of_one_checkpoint_all_succeed(tmp_path):
