@@ -1,204 +1,45 @@
-"""Length extrapolation: a model trained at context L, evaluated at longer lengths.
+"""Length extrapolation of a trained checkpoint: ``python -m linrope.evaluate ckpt=PATH lengths=[256,512,1024]``.
 
-For each length (factor × L): the loss over the scored positions of ``max_windows`` evaluation
-windows (bits per byte for bytes, accuracy for the tasks), for the model as trained
-(scaling ``none``) and, for RoPE models, with position interpolation (``pi``) and NTK-aware
-scaling (``ntk``) at the matching factor (``RoPE.set_scaling`` on every layer; a model trained
-with a scaling keeps its own factor times the length factor for that kind).  A scheme whose
-table ends at ``max_len`` (learned, tupe, multiplicative with a table) reports ``n/a`` beyond it.
-Softmax attention is quadratic: the batch shrinks so that one batch's N×N scores stay under
-``max_score_mb``.
+A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key): overrides, multirun
+(``-m ckpt=a.ckpt,b.ckpt``) and ``--cfg job`` work as for ``train.py``.  What is measured and how
+(the same scored bytes at every length, the like-for-like RoPE rows) is in ``linrope.extrapolation``.
+Writes ``evaluate.csv`` and ``evaluate.png`` to ``out`` (default: ``<run folder>/evaluate``, which is
+also Hydra's output folder, so nothing lands in the current directory).
 
-Two ways in:
+Nothing read from disk runs code: the checkpoint is loaded with ``weights_only=True`` and the model
+rebuilt from its ``hyper_parameters`` through linrope's own model builder; the data module is rebuilt
+from the checkpoint's saved data hyper-parameters (or ``config=PATH``, a run's ``.hydra/config.yaml``)
+through ``linrope.data.rebuild`` — a fixed table of linrope's data modules, never a ``_target_``.
 
-* after testing, from train.py when ``extrapolation.enabled=true`` (``extrapolate_after_test``):
-  ``extrapolation.csv`` and ``extrapolation.png`` in the run folder, and a wandb Table + image;
-* standalone on a checkpoint: ``python -m linrope.evaluate ckpt=PATH lengths=[256,512,1024]``
-  (``python -m linrope.evaluate --help``).
+train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.enabled=true``.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
-import math
 import sys
+import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
+import hydra
 import torch
-import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
 
-from linrope.data.tasks import IGNORE  # -100: positions that are not scored
-from linrope.positions.learned import SequenceTooLong
-
-LN2 = math.log(2.0)
-COLUMNS = ["length", "factor", "scaling", "loss", "bpb", "acc", "examples", "scored", "status"]
-DEFAULTS = dict(factors=[1, 2, 4, 8, 16], scalings=["pi", "ntk"], split="test", max_windows=8, batch_size=8,
-                max_score_mb=1024)
-
-USAGE = """\
-usage: python -m linrope.evaluate ckpt=PATH [key=value ...]
-
-Length extrapolation of a trained checkpoint: the loss (bits per byte for bytes, accuracy for the
-tasks) at several lengths, for the model as trained and, for RoPE, with pi / ntk scaling at the
-matching factor.  Prints a table; writes evaluate.csv and evaluate.png.
-
-keys:
-  ckpt=PATH            a Lightning checkpoint of linrope (required)
-  lengths=[256,512]    lengths to evaluate (default: factors × the training context)
-  factors=[1,2,4,8,16] multiples of the training context, when lengths is not given
-  scalings=[pi,ntk]    RoPE scalings besides the model as trained ([] for none)
-  split=test           evaluation split (val | test)
-  max_windows=8        windows (examples) per length
-  batch_size=8         at most; lowered so a batch's attention scores stay under max_score_mb
-  max_score_mb=1024
-  device=cpu|cuda      default: cuda when available
-  out=DIR              where to write (default: <run folder>/evaluate)
-  config=PATH          the run's .hydra/config.yaml (default: found from the checkpoint's run folder)
-  train_context=N      the training context (default: data.context of the run's config, else model.max_len)
-  data.KEY=VALUE       change the run's data config (e.g. data.path=... , data.max_bytes=...)
-
-example:
-  python -m linrope.evaluate ckpt=logs/train/runs/<time>/checkpoints/last.ckpt lengths=[256,512,1024,2048]
-"""
+from linrope.checkpoint import CheckpointError, load_checkpoint, load_model
+from linrope.config import model_errors
+from linrope.data.bytes import CorpusError
+from linrope.data.rebuild import SavedDataError, build_data_module
+from linrope.extrapolation import COLUMNS, DEFAULTS, HEADER, format_row, length_table
 
 
-# ---- the evaluation --------------------------------------------------------------------------------------------
-def rope_schemes(model: torch.nn.Module) -> list:
-    return [m for m in model.modules() if hasattr(m, "set_scaling")]
-
-
-@contextlib.contextmanager
-def rope_scaling(model: torch.nn.Module, scaling: Optional[str], factor: float):
-    """Every RoPE scheme of ``model`` scaled (``scaling`` at ``factor``) inside the block, restored after."""
-    schemes = rope_schemes(model)
-    saved = [(s.scaling, s.factor) for s in schemes]
-    try:
-        for s in schemes:
-            s.set_scaling(scaling, factor)
-        yield
-    finally:
-        for s, (sc, f) in zip(schemes, saved):
-            s.set_scaling(sc, f)
-
-
-def too_long(error: BaseException) -> bool:
-    """A position table that ends before the length asked (learned, tupe, multiplicative tables)."""
-    return isinstance(error, SequenceTooLong)
-
-
-def batch_for(length: int, model_cfg, max_batch: int, max_score_mb: float) -> int:
-    """Largest batch (<= max_batch) whose softmax scores (H·N² floats, ×3 for the probabilities and
-    the mask) fit in max_score_mb; linear attention keeps no N×N matrix."""
-    if model_cfg.attention.get("kind") != "softmax":
-        return max_batch
-    per_example = 3 * 4 * model_cfg.n_heads * length * length
-    return max(1, min(max_batch, int(max_score_mb * 2**20 // per_example)))
-
-
-@torch.no_grad()
-def score(module, dataset, *, batch_size: int, device, autocast_dtype=None) -> Dict[str, float]:
-    """Sum of cross-entropy, number of correct argmax predictions and of scored targets."""
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    loss_sum, correct, count, examples = 0.0, 0, 0, 0
-    for batch in loader:
-        batch = [t.to(device) for t in batch]
-        ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-        with ctx:
-            logits, y = module.outputs(batch)
-        logits = logits.float()
-        scored = y != IGNORE
-        loss_sum += float(F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum"))
-        correct += int((logits.argmax(-1)[scored] == y[scored]).sum())
-        count += int(scored.sum())
-        examples += batch[0].shape[0]
-    return {"loss_sum": loss_sum, "correct": correct, "scored": count, "examples": examples}
-
-
-def length_table(module, datamodule, *, train_context: int, lengths: Sequence[int],
-                 scalings: Iterable[str] = ("pi", "ntk"), split: str = "test", max_windows: int = 8,
-                 batch_size: int = 8, max_score_mb: float = 1024, device=None, autocast_dtype=None,
-                 log=None) -> List[Dict[str, Any]]:
-    """One row per (length, scaling): the columns of ``COLUMNS``; ``status`` is ``ok`` or ``n/a (why)``."""
-    device = torch.device(device or next(module.parameters()).device)
-    module.eval()
-    model = module.model
-    bytes_like = getattr(module, "bytes_like", True)
-    schemes = rope_schemes(model)
-    base_scaling, base_factor = (schemes[0].scaling, schemes[0].factor) if schemes else (None, 1.0)
-    scalings = [s for s in scalings if s not in (None, "none")] if schemes else []
-    rows: List[Dict[str, Any]] = []
-    for length in lengths:
-        length = int(length)
-        factor = length / train_context
-        variants = [("none", base_scaling, base_factor)]
-        variants += [(s, s, factor * (base_factor if s == base_scaling else 1.0)) for s in scalings]
-        plain = None
-        for label, scaling, f in variants:
-            row = {"length": length, "factor": round(factor, 4), "scaling": label, "loss": None, "bpb": None,
-                   "acc": None, "examples": 0, "scored": 0, "status": "ok"}
-            if label != "none" and factor <= 1 and plain is not None:
-                row.update({k: plain[k] for k in ("loss", "bpb", "acc", "examples", "scored", "status")})
-                rows.append(row)  # no scaling at or below the training length: the model as trained
-                continue
-            s = None
-            try:  # data that cannot be that long (a short split, a task's minimum) is n/a, not a crash
-                dataset = datamodule.eval_dataset(split, context=length, max_windows=max_windows)
-                if len(dataset) == 0:
-                    raise ValueError(f"the {split} split has no window of {length} tokens")
-            except ValueError as e:
-                row["status"] = f"n/a ({str(e).splitlines()[0][:120]})"
-            else:
-                bs = batch_for(length, model.cfg, batch_size, max_score_mb)
-                try:
-                    with rope_scaling(model, scaling, f) if schemes else contextlib.nullcontext():
-                        s = score(module, dataset, batch_size=bs, device=device, autocast_dtype=autocast_dtype)
-                except ValueError as e:
-                    if not too_long(e):
-                        raise
-                    row["status"] = f"n/a (position table has {model.cfg.max_len} rows)"
-            if s is not None:
-                loss = s["loss_sum"] / max(s["scored"], 1)
-                row.update(loss=loss, examples=s["examples"], scored=s["scored"])
-                if bytes_like:
-                    row["bpb"] = loss / LN2
-                else:
-                    row["acc"] = s["correct"] / max(s["scored"], 1)
-            if label == "none":
-                plain = row
-            rows.append(row)
-            if log:
-                log(format_row(row))
-    return rows
+class EvaluateError(ValueError):
+    """A bad argument of ``python -m linrope.evaluate`` (one line)."""
 
 
 # ---- output ----------------------------------------------------------------------------------------------------
-def _fmt(v, digits=4):
-    return "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
-
-
-def format_row(row: Dict[str, Any]) -> str:
-    metric = f"bpb {_fmt(row['bpb'])}" if row.get("bpb") is not None else f"acc {_fmt(row['acc'])}"
-    if row["status"] != "ok":
-        metric = row["status"]
-    loss = _fmt(row["loss"]) or "-"
-    return f"length {row['length']:>6}  ×{row['factor']:<6g} {row['scaling']:<5} loss {loss:>7}  {metric}"
-
-
 def format_table(rows: List[Dict[str, Any]]) -> str:
-    bytes_like = any(r.get("bpb") is not None for r in rows)
-    head = ["length", "factor", "scaling", "loss", "bpb" if bytes_like else "acc", "examples", "status"]
-    lines = [head]
-    for r in rows:
-        metric = r["bpb"] if bytes_like else r["acc"]
-        ok = r["status"] == "ok"
-        lines.append([str(r["length"]), f"{r['factor']:g}", r["scaling"], _fmt(r["loss"]) if ok else "n/a",
-                      _fmt(metric) if ok else "n/a", str(r["examples"]), r["status"]])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return "\n".join([HEADER, *map(format_row, rows)])
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> Path:
@@ -216,16 +57,16 @@ def read_csv(path: Path) -> List[Dict[str, Any]]:
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             row: Dict[str, Any] = dict(r)
-            for k in ("length", "examples", "scored"):
-                row[k] = int(r[k]) if r.get(k) else 0
-            for k in ("factor", "loss", "bpb", "acc"):
+            for k in ("length", "examples", "scored", "stride"):
+                row[k] = int(r[k]) if r.get(k) else (None if k == "stride" else 0)
+            for k in ("factor", "loss", "bpb", "acc", "seconds"):
                 row[k] = float(r[k]) if r.get(k) not in (None, "") else None
             rows.append(row)
     return rows
 
 
 def plot(rows: List[Dict[str, Any]], path: Path, *, train_context: Optional[int] = None, title: str = "") -> Path:
-    """Loss (bits per byte for bytes) against length, one line per scaling; n/a points left out."""
+    """Bits per byte (tasks: accuracy) against length, one line per RoPE row; n/a points left out."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,26 +74,33 @@ def plot(rows: List[Dict[str, Any]], path: Path, *, train_context: Optional[int]
     import matplotlib.ticker
 
     bytes_like = any(r.get("bpb") is not None for r in rows)
-    key = "bpb" if bytes_like else "loss"
-    fig, ax = plt.subplots(figsize=(6, 4))
+    key = "bpb" if bytes_like else "acc"
+    labels = {"none": "as trained", "pi": "+ PI by L/L₀", "ntk": "+ NTK by L/L₀"}
+    fig, ax = plt.subplots(figsize=(7, 4))
     for scaling in dict.fromkeys(r["scaling"] for r in rows):
         pts = [(r["length"], r[key]) for r in rows if r["scaling"] == scaling and r[key] is not None]
         if pts:
-            ax.plot(*zip(*pts), marker="o", label="as trained" if scaling == "none" else scaling)
+            ax.plot(*zip(*pts), marker="o", label=labels.get(scaling, scaling))
     if train_context:
-        ax.axvline(train_context, color="grey", linestyle="--", linewidth=1, label="training context")
+        ax.axvline(train_context, color="grey", linestyle="--", linewidth=1, label=f"trained at {train_context}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("bits per byte" if bytes_like else "loss (scored positions)")
+    ax.set_ylabel("bits per byte (same bytes at every length)" if bytes_like else "accuracy (scored positions)")
     ax.set_title(title or "length extrapolation")
+    ax.yaxis.get_major_formatter().set_useOffset(False)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
+    name = model_cfg.get("name") or f"{model_cfg['attention'].get('kind')} / {model_cfg['position'].get('name')}"
+    return f"length extrapolation: {name}{suffix}, trained at {train_context}"
 
 
 # ---- after testing (train.py) ----------------------------------------------------------------------------------
@@ -261,9 +109,8 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
     written to the run folder and logged to wandb (Table + image) when wandb is a logger."""
     if not trainer.is_global_zero:
         return []
-    ex = {**DEFAULTS, **dict(cfg.extrapolation)}
+    ex = {**DEFAULTS, **OmegaConf.to_container(cfg.extrapolation, resolve=True)}
     train_context = int(datamodule.context)
-    lengths = [int(round(f * train_context)) for f in ex["factors"]]
     device = trainer.strategy.root_device
     precision = str(trainer.precision)
     autocast = (torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else None) \
@@ -271,133 +118,133 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
     was = next(module.parameters()).device
     module.to(device)
     try:
-        rows = length_table(module, datamodule, train_context=train_context, lengths=lengths,
-                            scalings=list(ex["scalings"] or []), split=ex["split"], max_windows=ex["max_windows"],
-                            batch_size=ex["batch_size"], max_score_mb=ex["max_score_mb"], device=device,
-                            autocast_dtype=autocast)
+        rows = length_table(module, datamodule, train_context=train_context,
+                            lengths=[int(round(f * train_context)) for f in ex["factors"]],
+                            scalings=list(ex["scalings"] or []), split=ex["split"], scored_bytes=ex["scored_bytes"],
+                            stride=ex["stride"], task_examples=ex["task_examples"], batch_size=ex["batch_size"],
+                            max_score_mb=ex["max_score_mb"], device=device, autocast_dtype=autocast)
     finally:
         module.to(was)
     out = Path(cfg.paths.output_dir)
     csv_path = write_csv(rows, out / "extrapolation.csv")
-    png = plot(rows, out / "extrapolation.png", train_context=train_context, title=f"{cfg.model.get('name', '')}")
-    print("length extrapolation (" + str(csv_path) + "):\n" + format_table(rows))
+    png = plot(rows, out / "extrapolation.png", train_context=train_context,
+               title=plot_title(module.hparams["model"], train_context))
+    print(f"length extrapolation ({csv_path}):\n{format_table(rows)}")
+    _log_to_wandb(rows, png, loggers, "bpb" if getattr(module, "bytes_like", True) else "acc")
+    return rows
+
+
+def _log_to_wandb(rows, png: Path, loggers: list, metric: str) -> None:
+    try:
+        from lightning.pytorch.loggers import WandbLogger
+    except ImportError:  # pragma: no cover - lightning is a dependency
+        return
     for lg in loggers:
-        if type(lg).__name__ == "WandbLogger":
+        if isinstance(lg, WandbLogger):
             try:
                 lg.log_table(key="extrapolation/table", columns=COLUMNS, data=[[r[k] for k in COLUMNS] for r in rows])
                 lg.log_image(key="extrapolation/plot", images=[str(png)])
-                metric = "bpb" if getattr(module, "bytes_like", True) else "loss"
                 lg.log_metrics({f"extrapolation/{r['scaling']}/{metric}@{r['length']}": r[metric]
                                 for r in rows if r[metric] is not None})
             except Exception as e:  # noqa: BLE001 - the CSV and PNG are written; do not fail a finished run
                 warnings.warn(f"could not log the extrapolation table to wandb: {e}")
-    return rows
 
 
 # ---- standalone ------------------------------------------------------------------------------------------------
-class EvaluateError(Exception):
-    pass
+def output_dir(ckpt: Optional[str]) -> str:
+    """``<run>/evaluate`` for ``<run>/checkpoints/x.ckpt`` (or ``<folder>/evaluate`` for ``<folder>/x.ckpt``).
+    Without a checkpoint file (missing: the run stops with one line) a folder under the system's temporary
+    directory, so that Hydra creates nothing where the command was typed."""
+    path = Path(str(ckpt)).expanduser() if ckpt else None
+    if path is None or not path.is_file():
+        return str(Path(tempfile.gettempdir()) / "linrope-evaluate")
+    folder = path.resolve().parent
+    return str((folder.parent if folder.name == "checkpoints" else folder) / "evaluate")
 
 
-def parse_args(argv: Sequence[str]):
-    from omegaconf import OmegaConf
-
-    bad = [a for a in argv if "=" not in a]
-    if bad:
-        raise EvaluateError(f"expected key=value arguments, got {' '.join(bad)} (see --help)")
-    args = OmegaConf.from_dotlist(list(argv))
-    known = {"ckpt", "lengths", "factors", "scalings", "split", "max_windows", "batch_size", "max_score_mb",
-             "device", "out", "config", "train_context", "data"}
-    unknown = sorted(set(args.keys()) - known)
-    if unknown:
-        raise EvaluateError(f"unknown key(s) {', '.join(unknown)} (see --help)")
-    if not args.get("ckpt"):
-        raise EvaluateError("ckpt=PATH is required (see --help)")
-    return args
+OmegaConf.register_new_resolver("linrope.evaluate_dir", output_dir, replace=True)
 
 
-def find_run_config(ckpt: Path) -> Optional[Path]:
-    """<run>/.hydra/config.yaml for <run>/checkpoints/x.ckpt (or <run>/x.ckpt)."""
-    for folder in (ckpt.parent, ckpt.parent.parent):
-        if (folder / ".hydra" / "config.yaml").exists():
-            return folder / ".hydra" / "config.yaml"
-    return None
-
-
-def build_datamodule_for(module, run_cfg, data_overrides, train_context: Optional[int]):
-    """The run's data module (from its saved config, ``data.*`` overrides applied); without a config:
-    bytes from the default corpus."""
-    import hydra
-    from omegaconf import OmegaConf
-
-    if run_cfg is None:
-        if module.task != "bytes":
-            raise EvaluateError(f"the checkpoint was trained on task {module.task!r}: "
-                                f"pass config=<run>/.hydra/config.yaml")
-        from linrope.data.modules import ByteDataModule
-
-        context = int(train_context or module.model.cfg.max_len)
-        warnings.warn("no run config found next to the checkpoint: evaluating on the default byte corpus")
-        opts = {k: v for k, v in (data_overrides or {}).items() if k != "_target_"}
-        opts.setdefault("context", context)
-        return ByteDataModule(**opts)
-    cfg = run_cfg
-    if data_overrides:
-        cfg = OmegaConf.merge(cfg, {"data": data_overrides})
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    data.pop("task", None)
-    return hydra.utils.instantiate(data, _convert_="all")
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or any(a in ("-h", "--help", "help") for a in argv):
-        print(USAGE)
-        return 0
-    from omegaconf import OmegaConf
-
-    from linrope.checkpoint import CheckpointError, load_model
-
+def saved_data(cfg: DictConfig, ckpt: Path, checkpoint: Dict[str, Any]):
+    """(data section, where it came from): ``config=PATH``'s ``data``, else the checkpoint's own data
+    hyper-parameters, else the ``.hydra/config.yaml`` of the checkpoint's run folder, else none."""
+    config = cfg.get("config")
+    if not config:
+        if checkpoint.get("datamodule_hyper_parameters"):
+            return dict(checkpoint["datamodule_hyper_parameters"]), f"checkpoint {ckpt}"
+        found = [f / ".hydra" / "config.yaml" for f in (ckpt.parent, ckpt.parent.parent)]
+        config = next((str(p) for p in found if p.is_file()), None)
+        if config is None:
+            return None, None
+    path = Path(str(config)).expanduser()
+    if not path.is_file():
+        raise EvaluateError(f"config={config}: no such file")
     try:
-        args = parse_args(argv)
-        ckpt = Path(str(args.ckpt)).expanduser()
-        if not ckpt.exists():
-            raise EvaluateError(f"ckpt {ckpt}: does not exist")
-        device = torch.device(args.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-        module = load_model(str(ckpt), map_location=device)
-        config_path = Path(str(args.config)) if args.get("config") else find_run_config(ckpt)
-        if config_path is not None and not config_path.exists():
-            raise EvaluateError(f"config {config_path}: does not exist")
-        run_cfg = OmegaConf.load(config_path) if config_path else None
-        train_context = args.get("train_context") or (run_cfg.data.context if run_cfg is not None else None)
-        data_overrides = OmegaConf.to_container(args.data) if args.get("data") else {}
-        datamodule = build_datamodule_for(module, run_cfg, data_overrides, train_context)
-        train_context = int(train_context or datamodule.context)
-        if args.get("lengths"):
-            lengths = [int(n) for n in args.lengths]
-        else:
-            lengths = [int(round(f * train_context)) for f in (args.get("factors") or DEFAULTS["factors"])]
-        scalings = list(args.scalings) if args.get("scalings") is not None else DEFAULTS["scalings"]
-    except (EvaluateError, CheckpointError) as e:
-        print(f"linrope.evaluate: {e}", file=sys.stderr)
-        return 2
-    print(f"checkpoint {ckpt} (task {module.task}, {module.model.cfg.attention.get('kind')} attention, position "
-          f"{module.model.cfg.position.get('name')}), trained at {train_context} tokens; evaluating on {device}")
-    rows = length_table(module, datamodule, train_context=train_context, lengths=lengths, scalings=scalings,
-                        split=str(args.get("split") or DEFAULTS["split"]),
-                        max_windows=int(args.get("max_windows") or DEFAULTS["max_windows"]),
-                        batch_size=int(args.get("batch_size") or DEFAULTS["batch_size"]),
-                        max_score_mb=float(args.get("max_score_mb") or DEFAULTS["max_score_mb"]), device=device,
-                        log=print)
-    print(format_table(rows))
-    out = Path(str(args.out)) if args.get("out") else (ckpt.parent.parent if ckpt.parent.name == "checkpoints"
-                                                        else ckpt.parent) / "evaluate"
+        saved = OmegaConf.load(path)
+        data = OmegaConf.to_container(saved.data, resolve=True) if "data" in saved else None
+    except Exception as e:  # noqa: BLE001 - YAML and interpolation errors: one line
+        raise EvaluateError(f"config {path}: cannot be read ({str(e).strip().splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise EvaluateError(f"config {path}: has no data section")
+    return data, f"config {path}"
+
+
+def build_data(cfg: DictConfig, ckpt: Path, checkpoint: Dict[str, Any], task: str):
+    data, where = saved_data(cfg, ckpt, checkpoint)
+    overrides = {k: v for k, v in OmegaConf.to_container(cfg.data or {}, resolve=True).items() if v is not None}
+    if data is None:
+        if task != "bytes":
+            raise EvaluateError(f"the checkpoint was trained on task {task!r} and holds no data config: "
+                                f"pass config=<run>/.hydra/config.yaml")
+        warnings.warn("no data config in the checkpoint or next to it: evaluating on the default byte corpus")
+        context = cfg.train_context or (checkpoint.get("hyper_parameters") or {}).get("model", {}).get("max_len")
+        data, where = {"context": int(context or 256)}, "the default byte corpus"
+    return build_data_module({**data, **overrides}, task, where=where)
+
+
+def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
+    """The whole standalone evaluation for one composed ``conf/evaluate.yaml``."""
+    if not cfg.ckpt:
+        raise EvaluateError("ckpt=PATH is required (see --help)")
+    ckpt = Path(str(cfg.ckpt)).expanduser()
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    checkpoint = load_checkpoint(ckpt, map_location="cpu")  # weights_only=True; one line if missing or broken
+    model_cfg = (checkpoint.get("hyper_parameters") or {}).get("model") or {}
+    problems = model_errors(OmegaConf.create(model_cfg)) if model_cfg else []
+    if problems:
+        raise EvaluateError(f"checkpoint {ckpt}: its model config is not one linrope builds: {problems[0]}")
+    module = load_model(ckpt, map_location=device)
+    datamodule = build_data(cfg, ckpt, checkpoint, module.task)
+    train_context = int(cfg.train_context or datamodule.context)
+    lengths = [int(n) for n in cfg.lengths] if cfg.lengths else [int(round(f * train_context)) for f in cfg.factors]
+    if any(n < 1 for n in lengths):
+        raise EvaluateError(f"lengths={lengths}: every length must be >= 1")
+    if int(cfg.scored_bytes) < 1 or (cfg.stride is not None and int(cfg.stride) < 1):
+        raise EvaluateError(f"scored_bytes={cfg.scored_bytes}, stride={cfg.stride}: need scored_bytes >= 1 and "
+                            f"stride >= 1 (or null: half the length)")
+    m = module.model.cfg
+    print(f"checkpoint {ckpt} (task {module.task}, {m.attention.get('kind')} attention, position "
+          f"{m.position.get('name')}), trained at {train_context} tokens; evaluating on {device}\n{HEADER}")
+    rows = length_table(module, datamodule, train_context=train_context, lengths=lengths,
+                        scalings=list(cfg.scalings or []), split=cfg.split, scored_bytes=cfg.scored_bytes,
+                        stride=cfg.stride, task_examples=cfg.task_examples, batch_size=cfg.batch_size,
+                        max_score_mb=cfg.max_score_mb, device=device, log=print)
+    out = Path(str(cfg.out))
     csv_path = write_csv(rows, out / "evaluate.csv")
     png = plot(rows, out / "evaluate.png", train_context=train_context,
-               title=f"{module.hparams['model'].get('name', '')} ({ckpt.name})".strip())
+               title=plot_title(module.hparams["model"], train_context, f" ({ckpt.name})"))
     print(f"wrote {csv_path} and {png}")
-    return 0
+    return rows
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    try:
+        evaluate(cfg)
+    except (EvaluateError, CheckpointError, SavedDataError, CorpusError) as e:
+        print(f"linrope.evaluate: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,46 +1,22 @@
-"""Sample text from a trained checkpoint, token by token.
+"""Sample text from a trained checkpoint, token by token: a Hydra entry point (``conf/generate.yaml``).
 
-    python -m linrope.generate ckpt=PATH [prompt="def main("] [max_new_tokens=300] [temperature=0.8]
-                               [top_k=40] [seed=0] [device=cpu]
+    python -m linrope.generate ckpt=PATH prompt='"def main("' max_new_tokens=300 temperature=0.8 top_k=40
 
 Linear-attention models generate with the recurrent form: each new byte updates the carried
 state (S, z) of every layer, so memory per token is constant whatever the length.  Softmax
-models re-read the last ``model.max_len`` bytes at every step.
+models re-read the last ``model.max_len`` bytes at every step.  The checkpoint is loaded with
+``weights_only=True``; a missing or broken one is one line.  Writes nothing to disk.
 """
 from __future__ import annotations
 
-import ast
 import sys
-from typing import Dict, List, Optional
+from typing import Optional
 
+import hydra
 import torch
+from omegaconf import DictConfig
 
-USAGE = __doc__
-
-
-def parse_kv(argv: List[str], defaults: Dict) -> Dict:
-    """key=value arguments (values parsed as Python literals where they parse)."""
-    out = dict(defaults)
-    for arg in argv:
-        if arg in ("-h", "--help"):
-            print(USAGE)
-            raise SystemExit(0)
-        if "=" not in arg:
-            raise SystemExit(f"linrope.generate: expected key=value, got {arg!r} (see --help)")
-        key, value = arg.split("=", 1)
-        if key not in defaults:
-            raise SystemExit(f"linrope.generate: unknown key {key!r}; keys: {', '.join(defaults)}")
-        try:
-            out[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            out[key] = value
-    return out
-
-
-def load_model(ckpt: str, device: str = "cpu"):
-    from linrope.checkpoint import load_model as load
-
-    return load(ckpt, map_location=device).model.to(device).eval()
+from linrope.checkpoint import CheckpointError, load_model
 
 
 def encode(text: str) -> torch.Tensor:
@@ -59,14 +35,25 @@ def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float
     return decode(ids[0])
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    args = parse_kv(sys.argv[1:] if argv is None else argv,
-                    dict(ckpt=None, prompt="def ", max_new_tokens=300, temperature=0.8, top_k=40, seed=0, device="cpu"))
-    if not args["ckpt"]:
-        raise SystemExit("linrope.generate: ckpt=PATH is required (see --help)")
-    model = load_model(str(args["ckpt"]), args["device"])
-    print(generate_text(model, str(args["prompt"]), int(args["max_new_tokens"]), temperature=float(args["temperature"]),
-                        top_k=args["top_k"], seed=int(args["seed"]), device=args["device"]))
+def generate(cfg: DictConfig) -> str:
+    if not cfg.ckpt:
+        raise CheckpointError("ckpt=PATH is required (see --help)")
+    if int(cfg.max_new_tokens) < 0 or float(cfg.temperature) <= 0 or (cfg.top_k is not None and int(cfg.top_k) < 1):
+        raise CheckpointError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}, "
+                              f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature > 0, top_k >= 1 or null")
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(str(cfg.ckpt), map_location=device).model.to(device).eval()
+    return generate_text(model, str(cfg.prompt), int(cfg.max_new_tokens), temperature=float(cfg.temperature),
+                         top_k=None if cfg.top_k is None else int(cfg.top_k), seed=int(cfg.seed), device=device)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
+def main(cfg: DictConfig) -> None:
+    try:
+        print(generate(cfg))
+    except CheckpointError as e:
+        print(f"linrope.generate: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

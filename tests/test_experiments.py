@@ -141,6 +141,7 @@ def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
         assert [(row["length"], row["scaling"]) for row in rows] == [
             ("64", "none"), ("64", "pi"), ("64", "ntk"), ("128", "none"), ("128", "pi"), ("128", "ntk")]
         assert all(row["status"] == "ok" and 0 < float(row["bpb"]) < 12 for row in rows)
+        assert len({(row["scored"], row["scored_hash"]) for row in rows}) == 1  # the same bytes at both lengths
         assert (r / "extrapolation.png").stat().st_size > 0
 
 
@@ -159,29 +160,20 @@ def test_report_on_the_sweep(sweep, tmp_path):
 
 def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     ckpt = sweep / "0" / "checkpoints" / "last.ckpt"
-    cmd = [sys.executable, "-m", "linrope.evaluate", f"ckpt={ckpt}", "lengths=[64,128,256]", "max_windows=8",
-           "scalings=[pi]", f"out={tmp_path}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    cmd = [sys.executable, "-m", "linrope.evaluate", f"ckpt={ckpt}", "lengths=[64,128,256]", "scalings=[pi]",
+           f"out={tmp_path}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
     assert [(row["length"], row["scaling"]) for row in rows] == [
         ("64", "none"), ("64", "pi"), ("128", "none"), ("128", "pi"), ("256", "none"), ("256", "pi")]
-    assert all(row["status"] == "ok" for row in rows) and rows[0]["examples"] == "8"
+    assert all(row["status"] == "ok" for row in rows)
+    # the test split of data.max_bytes=400000 holds 20 000 bytes: all but the first scored at every length
+    assert {row["scored"] for row in rows} == {"19999"} and len({row["scored_hash"] for row in rows}) == 1
     assert "length" in r.stdout and "bpb" in r.stdout and (tmp_path / "evaluate.png").exists()
-    # the same numbers as the run's own evaluation after testing (same weights, same test windows)
-    own = {(row["length"], row["scaling"]): float(row["loss"])
-           for row in csv.DictReader(open(sweep / "0" / "extrapolation.csv"))}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evaluate.csv", "evaluate.png"]  # no Hydra folders
+    # the same numbers as the run's own evaluation after testing (same weights, same scored bytes)
+    own = {(row["length"], row["scaling"]): row for row in csv.DictReader(open(sweep / "0" / "extrapolation.csv"))}
     for row in rows[:4]:
-        assert float(row["loss"]) == pytest.approx(own[(row["length"], row["scaling"])], rel=1e-5)
-
-
-def test_evaluate_cli_help_and_errors(tmp_path, capsys):
-    from linrope.evaluate import main
-
-    assert main(["--help"]) == 0
-    out = capsys.readouterr().out
-    assert "ckpt=PATH" in out and "lengths=" in out
-    assert main([f"ckpt={tmp_path / 'none.ckpt'}"]) == 2
-    assert "does not exist" in capsys.readouterr().err
-    assert main(["lengths=[1]"]) == 2 and "ckpt=PATH is required" in capsys.readouterr().err
-    assert main(["ckpt=x", "lenghts=[1]"]) == 2 and "unknown key(s) lenghts" in capsys.readouterr().err
+        assert float(row["loss"]) == pytest.approx(float(own[(row["length"], row["scaling"])]["loss"]), rel=1e-5)
+        assert row["scored_hash"] == own[(row["length"], row["scaling"])]["scored_hash"]

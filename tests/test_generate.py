@@ -45,12 +45,28 @@ def test_generate_is_seeded_and_constant_state():
     assert [tuple(s.S.shape) for s in s1] == [tuple(s.S.shape) for s in s2]
 
 
+def compose_generate(*overrides):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from conftest import CONF
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name="generate", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys):
-    """python -m linrope.generate ckpt=... writes prompt + sampled bytes from a real checkpoint."""
+    """python -m linrope.generate ckpt=... (conf/generate.yaml) samples prompt + bytes from a real checkpoint."""
     import train
     from pathlib import Path
 
-    from linrope.generate import main as generate_main
+    from hydra.errors import ConfigCompositionException
+
+    from linrope.generate import generate
 
     cfg = compose("model=linear_rope", "size=tiny", "logger=none", "trainer.enable_progress_bar=false",
                   f"data.path={small_corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2",
@@ -59,8 +75,9 @@ def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys)
     capsys.readouterr()  # drop the training output
     ckpt = Path(cfg.paths.output_dir, "checkpoints", "last.ckpt")
     assert ckpt.exists()
-    generate_main([f"ckpt={ckpt}", "prompt=def ", "max_new_tokens=40", "seed=1"])
-    out = capsys.readouterr().out
-    assert out.startswith("def ") and len(out.encode("utf-8", errors="replace")) >= 30
-    with pytest.raises(SystemExit, match="unknown key"):
-        generate_main([f"ckpt={ckpt}", "tokens=3"])
+    out = generate(compose_generate(f"ckpt={ckpt}", "prompt='def main('", "max_new_tokens=40", "seed=1"))
+    assert out.startswith("def main(") and len(out.encode("utf-8", errors="replace")) >= 40
+    again = generate(compose_generate(f"ckpt={ckpt}", "prompt='def main('", "max_new_tokens=40", "seed=1"))
+    assert again == out  # seeded
+    with pytest.raises(ConfigCompositionException, match="tokens"):
+        compose_generate(f"ckpt={ckpt}", "tokens=3")  # an unknown key: Hydra refuses it

@@ -17,7 +17,6 @@ import hashlib
 import os
 import sysconfig
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -188,17 +187,3 @@ class ContiguousWindows(Dataset):
         w = self.data[o: o + self.context + 1].long()
         return w[:-1], w[1:]
 
-
-@dataclass
-class ByteDataConfig:
-    path: Optional[str] = None
-    context: int = 256
-    batch_size: int = 16
-    eval_batch_size: int = 16
-    val_windows: int = 64
-    test_windows: int = 256
-    val_fraction: float = 0.05
-    test_fraction: float = 0.05
-    max_bytes: Optional[int] = None
-    num_workers: int = 0
-    seed: int = 1234
