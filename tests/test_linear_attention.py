@@ -1,4 +1,4 @@
-"""The chunk and recurrent forms of linear attention against the naive reference (DESIGN.md §2, §5).
+"""The chunk and recurrent forms of linear attention against the naive reference.
 
 float64, forward and backward (q, k, v and the initial state), lengths that are not multiples of the chunk
 size, every feature map / placement / causality / decay, preallocated buffers poisoned with NaN.
@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from linrope.ops import IMPLS, linear_attention
-from linrope.ops.linear_attn import chunk as chunk_mod
+from linrope.ops.linear_attn import matrix as matrix_mod
+from linrope.ops.linear_attn import tables as tables_mod
+from linrope.ops.linear_attn.buffers import alloc
 from linrope.ops.linear_attn.chunk import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
 from linrope.ops.linear_attn.naive import naive_linear_attention
@@ -29,12 +31,12 @@ pytestmark = pytest.mark.usefixtures("kernel_env")  # NaN-poisoned buffers, one 
 @contextlib.contextmanager
 def small_blocks(elements=1024):
     """Causal chunk attention walks the sequence in blocks; make them tiny (2 chunks of 16 here)."""
-    old = dict(chunk_mod.BLOCK_ELEMENTS)
-    chunk_mod.BLOCK_ELEMENTS.update(cpu=elements, cuda=elements)
+    old = dict(tables_mod.BLOCK_ELEMENTS)
+    tables_mod.BLOCK_ELEMENTS.update(cpu=elements, cuda=elements)
     try:
         yield
     finally:
-        chunk_mod.BLOCK_ELEMENTS.update(old)
+        tables_mod.BLOCK_ELEMENTS.update(old)
 
 
 def gen(*key) -> torch.Generator:
@@ -253,20 +255,20 @@ def test_rope_in_numerator_changes_the_output():
 # poisoned buffers, saved tensors, errors
 # ------------------------------------------------------------------------------------------------------
 def test_poisoning_is_active_and_catches_an_unwritten_element(monkeypatch):
-    buf = chunk_mod._alloc((3, 4), dtype=torch.float32, device="cpu")
+    buf = alloc((3, 4), dtype=torch.float32, device="cpu")
     assert torch.isnan(buf).all()
     g = gen("poison")
     q, k, v = inputs(100, g)
     assert torch.isfinite(chunk_linear_attention(q, k, v, chunk_size=16)).all()
 
-    real_scan = chunk_mod._scan_states
+    real_scan = matrix_mod.scan_states
 
     def forgetful_scan(U, ch, S0):  # "forgets" to write the state entering the last chunk
         S_in, S_fin = real_scan(U, ch, S0)
-        S_in[:, :, -1] = chunk_mod._alloc(S_in[:, :, -1].shape, dtype=S_in.dtype, device=S_in.device)
+        S_in[:, :, -1] = alloc(S_in[:, :, -1].shape, dtype=S_in.dtype, device=S_in.device)
         return S_in, S_fin
 
-    monkeypatch.setattr(chunk_mod, "_scan_states", forgetful_scan)
+    monkeypatch.setattr(matrix_mod, "scan_states", forgetful_scan)
     out = chunk_linear_attention(q, k, v, chunk_size=16)
     assert torch.isnan(out[:, :, 96:]).all() and torch.isfinite(out[:, :, :96]).all()
 

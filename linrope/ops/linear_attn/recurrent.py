@@ -1,4 +1,4 @@
-"""Recurrent linear attention: one position at a time, carrying the state (S, z) (DESIGN.md §2).
+"""Recurrent linear attention: one position at a time, carrying the state (S, z).
 
     S_i = γ S_{i-1} + kn_i v_iᵀ          (kn: numerator features, rotated unless rope="none")
     z_i = γ z_{i-1} + kd_i               (kd: denominator features, rotated only for rope="both")
@@ -15,9 +15,9 @@ from typing import Optional, Union
 
 import torch
 
+from .buffers import alloc
 from .common import LinearAttentionState, check_args, compute_dtype, decay_log
-from .chunk import _alloc
-from .naive import features
+from .features import reference_features
 
 
 def _zero_state(B: int, H: int, D: int, dv: int, dtype, device) -> LinearAttentionState:
@@ -60,7 +60,7 @@ def recurrent_step(
     dv = v_t.shape[-1]
     dtype = compute_dtype(q_t.dtype)
     pos = torch.as_tensor(position, device=q_t.device).reshape(1)
-    qn, kn, qd, kd = features(q_t, k_t, feature_map=feature_map, rope=rope, positions=pos, theta=rope_theta, dtype=dtype)
+    qn, kn, qd, kd = reference_features(q_t, k_t, feature_map=feature_map, rope=rope, positions=pos, theta=rope_theta, dtype=dtype)
     qn, kn, qd, kd = qn[:, :, 0], kn[:, :, 0], qd[:, :, 0], kd[:, :, 0]
     D = qn.shape[-1]
     if state is None:
@@ -109,7 +109,7 @@ def recurrent_linear_attention(
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     dtype = compute_dtype(q.dtype)
-    qn, kn, qd, kd = features(q, k, feature_map=feature_map, rope=rope, positions=positions, theta=rope_theta, dtype=dtype)
+    qn, kn, qd, kd = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions, theta=rope_theta, dtype=dtype)
     D = qn.shape[-1]
     if initial_state is None:
         S, z = _zero_state(B, H, D, dv, dtype, q.device)
@@ -122,7 +122,7 @@ def recurrent_linear_attention(
     track = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, S, z))
     outs = [] if track else None
-    out = None if track else _alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
+    out = None if track else alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
     for t in range(N):
         if gamma is not None:
             S = S * gamma[:, None, None]
