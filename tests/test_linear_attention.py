@@ -348,3 +348,36 @@ def test_bad_input_raises_clear_errors():
         chunk_linear_attention(q, k, v, decay=DECAY.clone().requires_grad_())
     with pytest.raises(ValueError, match="one position"):
         recurrent_step(q[:, :, :2], k[:, :, :2], v[:, :, :2])
+
+
+# ------------------------------------------------------------------------------------------------------
+# placement "both": a rotated denominator that cancels is clamped alike in every form
+# ------------------------------------------------------------------------------------------------------
+def cancelling_both_inputs():
+    """Two positions, d = 2, elu features: the query at position 355 sees key 0 turned by 355 rad (cos ≈ -1),
+    weight 2·cos(355) < 0, and key 1 unrotated with weight -2·cos(355): the rotated denominator is 0 + eps."""
+    c = torch.cos(torch.tensor(355.0, dtype=torch.float64))
+    q = torch.zeros(1, 1, 2, 2, dtype=torch.float64)  # φ(0) = 1
+    k = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
+    k[..., 1, :] = torch.log(-c)  # φ = exp(x) = -cos(355) for x < 0
+    v = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=torch.float64).view(1, 1, 2, 2)
+    return q, k, v, torch.tensor([0, 355])
+
+
+def test_both_placement_clamps_a_cancelling_denominator():
+    q, k, v, positions = cancelling_both_inputs()
+    outs, grads = [], []
+    for fn in (naive_linear_attention, chunk_linear_attention, recurrent_linear_attention):
+        qq = q.clone().requires_grad_()
+        out = fn(qq, k, v, rope="both", positions=positions)
+        out.sum().backward()
+        outs.append(out.detach())
+        grads.append(qq.grad)
+        # unguarded: |o| ≈ 2 / eps = 2e6 and |dq| ≈ 1e12; guarded: |o| ≤ |num| / DEN_FLOOR = 200
+        assert out.abs().max() <= 250, (fn.__name__, out.abs().max().item())
+        assert torch.isfinite(qq.grad).all() and qq.grad.abs().max() < 1e5, (fn.__name__, qq.grad.abs().max().item())
+    for out, gr in zip(outs[1:], grads[1:]):
+        assert rel(out, outs[0]) < 1e-12 and rel(gr, grads[0]) < 1e-10
+    # the guard is for "both" only: the unrotated denominator of "numerator" is positive and left alone
+    out = chunk_linear_attention(q, k, v, rope="numerator", positions=positions)
+    assert out.abs().max() <= 1.0

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .common import LinearAttentionState, compute_dtype, decay_log
+from .common import LinearAttentionState, compute_dtype, decay_log, guard_denominator
 from .features import reference_features
 
 
@@ -64,7 +64,7 @@ def naive_linear_attention(
             carry = torch.exp(log_gamma[:, None] * torch.arange(1, N + 1, device=q.device, dtype=torch.float64)).to(dtype)
         num = num + (q_num @ S0) * carry[None, :, :, None]
         den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
-    out = (num / (den + eps).unsqueeze(-1)).to(v.dtype)
+    out = (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype)
     if not output_final_state:
         return out
     if not causal:

@@ -16,7 +16,7 @@ from typing import Optional, Union
 import torch
 
 from .buffers import alloc
-from .common import LinearAttentionState, check_args, compute_dtype, decay_log
+from .common import LinearAttentionState, check_args, compute_dtype, decay_log, guard_denominator
 from .features import reference_features
 
 
@@ -77,7 +77,7 @@ def recurrent_step(
     z = z + kd
     num = (qn.unsqueeze(-2) @ S).squeeze(-2)
     den = (qd * z).sum(-1)
-    o = (num / (den + eps).unsqueeze(-1)).to(v_t.dtype)
+    o = (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v_t.dtype)
     if not squeeze:
         o = o.unsqueeze(2)
     return o, LinearAttentionState(S, z)
@@ -130,7 +130,7 @@ def recurrent_linear_attention(
         S = S + kn[:, :, t].unsqueeze(-1) * vv[:, :, t].unsqueeze(-2)
         z = z + kd[:, :, t]
         num = (qn[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
-        o_t = num / ((qd[:, :, t] * z).sum(-1) + eps).unsqueeze(-1)
+        o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + eps, rope).unsqueeze(-1)
         if track:
             outs.append(o_t)
         else:
