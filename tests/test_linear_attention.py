@@ -381,3 +381,30 @@ def test_both_placement_clamps_a_cancelling_denominator():
     # the guard is for "both" only: the unrotated denominator of "numerator" is positive and left alone
     out = chunk_linear_attention(q, k, v, rope="numerator", positions=positions)
     assert out.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_recurrent_step_gradients_match_naive(feature_map):
+    """The step's hand-written backward (linrope::recurrent_step_bwd) against autograd through naive."""
+    for rope, decayed in itertools.product(PLACEMENTS, (False, True)):
+        g = gen("step-grad", feature_map, rope, decayed)
+        q, k, v = inputs(1, g)
+        state = random_state(g, feature_map)
+        kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None)
+        dd = D + 1 if feature_map == "cosine" else D
+        w = (torch.randn(B, H, DV, generator=g, dtype=torch.float64), torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
+             torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+        grads = []
+        for step in (True, False):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v, *state)]
+            init = LinearAttentionState(*leaves[3:])
+            if step:
+                o, fin = recurrent_step(*(t[:, :, 0] for t in leaves[:3]), init, position=9, **kw)
+            else:
+                o, fin = naive_linear_attention(*leaves[:3], positions=torch.tensor([9]), initial_state=init,
+                                                output_final_state=True, **kw)
+                o = o[:, :, 0]
+            loss = (o * w[0]).sum() + (fin.S * w[1]).sum() + (fin.z * w[2]).sum()
+            grads.append(torch.autograd.grad(loss, leaves))
+        for name, a, b in zip(("q", "k", "v", "S", "z"), *grads):
+            assert rel(a, b) < 1e-10, (rope, decayed, name, rel(a, b))
