@@ -157,3 +157,29 @@ def test_opcheck_recurrent_step(rope):
     z = (torch.rand(B, H, d, generator=g, dtype=torch.float64) + 1).requires_grad_()
     torch.library.opcheck(recurrent_step_op, (q, k, v, S, z, torch.tensor(7), None, torch.tensor([0.9, 0.8]),
                                                "elu", rope, 1e-6))
+
+
+def test_compile_true_where_torch_cannot_compile_is_one_line(monkeypatch, compose):
+    from linrope import compiling
+    from linrope.config import ConfigError
+    from linrope.training import build_module
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)  # no C++ compiler on PATH
+    with pytest.raises(ConfigError, match=r"compile=true: .*C\+\+ compiler.*compile=false") as err:
+        build_module(compose("size=tiny", "compile=true"))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="compile must be true or false"):
+        build_module(compose("size=tiny", "compile=maybe"))
+    assert not build_module(compose("size=tiny")).compile_model  # the default: eager
+
+
+def test_configure_model_compiles_in_place(compose):
+    from linrope.training import build_module
+
+    module = build_module(compose("size=tiny", "compile=true"))
+    keys = list(module.state_dict())
+    assert module.model._compiled_call_impl is None
+    module.configure_model()
+    assert module.model._compiled_call_impl is not None  # nn.Module.compile: the forward is compiled
+    assert list(module.state_dict()) == keys  # checkpoints keep the eager model's parameter names
