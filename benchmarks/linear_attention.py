@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linrope.memory import retain_freed_memory  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
-from linrope.ops.linear_attn.naive import features  # noqa: E402
+from linrope.ops.linear_attn.features import reference_features  # noqa: E402
 
 B, H, D = 1, 8, 64
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
@@ -81,7 +81,7 @@ def plain_chunk_linear_attention(q, k, v, *, rope: str = "numerator", chunk_size
 
     Every chunk's state kᵀv is materialised, (B, H, N/C, d, d_v), and turned into the states entering the
     chunks by a cumsum; autograd differentiates it all and keeps what it needs for the backward."""
-    qn, kn, qd, kd = features(q, k, feature_map="elu", rope=rope, positions=None, theta=None, dtype=q.dtype)
+    qn, kn, qd, kd = reference_features(q, k, feature_map="elu", rope=rope, positions=None, theta=None, dtype=q.dtype)
     n, C = q.shape[2], chunk_size
     nc = -(-n // C)
 

@@ -15,8 +15,13 @@ the models step by step (so slow drifts of the machine hit both alike), and each
 the median over its timed steps.  Tokens/s = batch · context / median step time; the ratio is
 linear_rope tokens/s over softmax_rope tokens/s at the same context.
 
+With ``--compile`` each model is timed twice in the same process, eager and under ``torch.compile``
+(``nn.Module.compile``, Inductor): the table then adds compiled/eager tokens/s per model, compiled linear_rope
+over compiled softmax_rope, and the compile time (the first warm-up step's time less the median step time).
+
 Usage:  python benchmarks/train_throughput.py                       # context 8192
         python benchmarks/train_throughput.py --context 1024 4096 8192 --steps 5
+        python benchmarks/train_throughput.py --compile --context 256 --batch 8 --models linear_rope
 """
 from __future__ import annotations
 
@@ -60,10 +65,13 @@ def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 class Trainer:
-    def __init__(self, name: str, args, context: int):
-        self.name = name
+    def __init__(self, name: str, args, context: int, compiled: bool = False):
+        self.name = name + (" compiled" if compiled else "")
         self.model = build(name, args, context, args.seed)
         self.model.train()
+        if compiled:
+            self.model.compile()
+        self.first: float = 0.0
         self.opt = make_optimizer(self.model)
         g = torch.Generator().manual_seed(args.seed)
         self.data = torch.randint(0, 256, (args.batch, context + 1), generator=g)
@@ -98,6 +106,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per model before timing")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per model (median reported)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="time every model eager and compiled (torch.compile)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     p.add_argument("--system-malloc", action="store_true",
                    help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
@@ -114,10 +123,11 @@ def main(argv=None) -> None:
           + ("freed memory kept for reuse" if retained else "as the system has it"))
     rows = []
     for ctx in args.context:
-        trainers = [Trainer(name, args, ctx) for name in args.models]
+        trainers = [Trainer(name, args, ctx, c) for name in args.models for c in ((False, True) if args.compile else (False,))]
         for tr in trainers:
-            for _ in range(args.warmup):
-                tr.step()
+            for i in range(args.warmup):
+                dt = tr.step()
+                tr.first = tr.first or dt
         for _ in range(args.steps):
             for tr in trainers:
                 tr.times.append(tr.step())
@@ -125,17 +135,22 @@ def main(argv=None) -> None:
         for tr in trainers:
             med = statistics.median(tr.times)
             row[tr.name] = med
-            print(f"context={ctx} {tr.name}: step times " + ", ".join(f"{t * 1e3:.0f}" for t in tr.times)
+            row[tr.name + " first"] = tr.first
+            print(f"context={ctx} {tr.name}: first step {tr.first:.1f} s; step times " + ", ".join(f"{t * 1e3:.0f}" for t in tr.times)
                   + f" ms; median {med * 1e3:.0f} ms, {args.batch * ctx / med:.0f} tokens/s", flush=True)
         rows.append(row)
         del trainers
 
     print()
-    names = args.models
+    names = [n + c for n in args.models for c in (("", " compiled") if args.compile else ("",))]
     head = ["context"] + [f"{n} ms/step" for n in names] + [f"{n} tokens/s" for n in names]
     both = "linear_rope" in names and "softmax_rope" in names
     if both:
         head.append("linear/softmax tokens/s")
+        if args.compile:
+            head.append("compiled linear/softmax tokens/s")
+    if args.compile:
+        head += [f"{n} compiled/eager tokens/s" for n in args.models] + [f"{n} compile s" for n in args.models]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
@@ -143,6 +158,11 @@ def main(argv=None) -> None:
         cells = [str(r["context"])] + [f"{r[n] * 1e3:.0f}" for n in names] + [f"{tok(n):.0f}" for n in names]
         if both:
             cells.append(f"{r['softmax_rope'] / r['linear_rope']:.2f}×")
+            if args.compile:
+                cells.append(f"{r['softmax_rope compiled'] / r['linear_rope compiled']:.2f}×")
+        if args.compile:
+            cells += [f"{r[n] / r[n + ' compiled']:.2f}×" for n in args.models]
+            cells += [f"{r[n + ' compiled first'] - r[n + ' compiled']:.0f}" for n in args.models]
         print("| " + " | ".join(cells) + " |")
 
 

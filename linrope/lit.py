@@ -11,6 +11,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from linrope.compiling import compile_unsupported
+from linrope.config import ConfigError
 from linrope.model import TransformerLM
 
 LN2 = math.log(2.0)
@@ -49,12 +51,23 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
 
 
 class LanguageModel(L.LightningModule):
-    def __init__(self, model: Dict[str, Any], optim: Optional[Dict[str, Any]] = None):
+    def __init__(self, model: Dict[str, Any], optim: Optional[Dict[str, Any]] = None, compile: bool = False):
         super().__init__()
         self.save_hyperparameters(logger=False)  # train.py logs the whole config once (training.log_config)
         self.model = TransformerLM(model)
+        self.compile_model = bool(compile)  # torch.compile the model in configure_model (conf/train.yaml)
+        reason = compile_unsupported() if self.compile_model else None
+        if reason:
+            raise ConfigError(f"compile=true: {reason}; run with compile=false")
         self.optim = dict(optim or {})
         self._t_last: Optional[float] = None
+
+    def configure_model(self):
+        """``compile: true``: compile the model's forward in place (``nn.Module.compile``: parameter names and
+        checkpoints stay those of the eager model)."""
+        if self.compile_model and not getattr(self, "_compiled", False):
+            self.model.compile()
+            self._compiled = True
 
     def forward(self, idx, **kwargs):
         return self.model(idx, **kwargs)

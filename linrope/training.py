@@ -142,7 +142,10 @@ def build_module(cfg: DictConfig):
     if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
         overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
     model.update(overrides)
-    return LanguageModel(model=model, optim=container(cfg.optim))
+    compile_ = cfg.get("compile", False)
+    if not isinstance(compile_, bool):
+        raise ConfigError(f"compile must be true or false; got {compile_!r}")
+    return LanguageModel(model=model, optim=container(cfg.optim), compile=compile_)
 
 
 def build_callbacks(cfg: DictConfig) -> list:

@@ -45,7 +45,7 @@ def kernel_env():
     """Every buffer the kernels preallocate starts as NaN: an element left unwritten fails the test.
 
     (These tensors are small: one thread avoids paying for OpenMP barriers when the 2 cores are shared.)"""
-    from linrope.ops.linear_attn.chunk import poison_buffers
+    from linrope.ops.linear_attn.buffers import poison_buffers
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

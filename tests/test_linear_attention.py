@@ -1,4 +1,4 @@
-"""The chunk and recurrent forms of linear attention against the naive reference (DESIGN.md §2, §5).
+"""The chunk and recurrent forms of linear attention against the naive reference.
 
 float64, forward and backward (q, k, v and the initial state), lengths that are not multiples of the chunk
 size, every feature map / placement / causality / decay, preallocated buffers poisoned with NaN.
@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from linrope.ops import IMPLS, linear_attention
-from linrope.ops.linear_attn import chunk as chunk_mod
+from linrope.ops.linear_attn import matrix as matrix_mod
+from linrope.ops.linear_attn import tables as tables_mod
+from linrope.ops.linear_attn.buffers import alloc
 from linrope.ops.linear_attn.chunk import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
 from linrope.ops.linear_attn.naive import naive_linear_attention
@@ -29,12 +31,12 @@ pytestmark = pytest.mark.usefixtures("kernel_env")  # NaN-poisoned buffers, one 
 @contextlib.contextmanager
 def small_blocks(elements=1024):
     """Causal chunk attention walks the sequence in blocks; make them tiny (2 chunks of 16 here)."""
-    old = dict(chunk_mod.BLOCK_ELEMENTS)
-    chunk_mod.BLOCK_ELEMENTS.update(cpu=elements, cuda=elements)
+    old = dict(tables_mod.BLOCK_ELEMENTS)
+    tables_mod.BLOCK_ELEMENTS.update(cpu=elements, cuda=elements)
     try:
         yield
     finally:
-        chunk_mod.BLOCK_ELEMENTS.update(old)
+        tables_mod.BLOCK_ELEMENTS.update(old)
 
 
 def gen(*key) -> torch.Generator:
@@ -253,20 +255,20 @@ def test_rope_in_numerator_changes_the_output():
 # poisoned buffers, saved tensors, errors
 # ------------------------------------------------------------------------------------------------------
 def test_poisoning_is_active_and_catches_an_unwritten_element(monkeypatch):
-    buf = chunk_mod._alloc((3, 4), dtype=torch.float32, device="cpu")
+    buf = alloc((3, 4), dtype=torch.float32, device="cpu")
     assert torch.isnan(buf).all()
     g = gen("poison")
     q, k, v = inputs(100, g)
     assert torch.isfinite(chunk_linear_attention(q, k, v, chunk_size=16)).all()
 
-    real_scan = chunk_mod._scan_states
+    real_scan = matrix_mod.scan_states
 
     def forgetful_scan(U, ch, S0):  # "forgets" to write the state entering the last chunk
         S_in, S_fin = real_scan(U, ch, S0)
-        S_in[:, :, -1] = chunk_mod._alloc(S_in[:, :, -1].shape, dtype=S_in.dtype, device=S_in.device)
+        S_in[:, :, -1] = alloc(S_in[:, :, -1].shape, dtype=S_in.dtype, device=S_in.device)
         return S_in, S_fin
 
-    monkeypatch.setattr(chunk_mod, "_scan_states", forgetful_scan)
+    monkeypatch.setattr(matrix_mod, "scan_states", forgetful_scan)
     out = chunk_linear_attention(q, k, v, chunk_size=16)
     assert torch.isnan(out[:, :, 96:]).all() and torch.isfinite(out[:, :, :96]).all()
 
@@ -346,3 +348,63 @@ def test_bad_input_raises_clear_errors():
         chunk_linear_attention(q, k, v, decay=DECAY.clone().requires_grad_())
     with pytest.raises(ValueError, match="one position"):
         recurrent_step(q[:, :, :2], k[:, :, :2], v[:, :, :2])
+
+
+# ------------------------------------------------------------------------------------------------------
+# placement "both": a rotated denominator that cancels is clamped alike in every form
+# ------------------------------------------------------------------------------------------------------
+def cancelling_both_inputs():
+    """Two positions, d = 2, elu features: the query at position 355 sees key 0 turned by 355 rad (cos ≈ -1),
+    weight 2·cos(355) < 0, and key 1 unrotated with weight -2·cos(355): the rotated denominator is 0 + eps."""
+    c = torch.cos(torch.tensor(355.0, dtype=torch.float64))
+    q = torch.zeros(1, 1, 2, 2, dtype=torch.float64)  # φ(0) = 1
+    k = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
+    k[..., 1, :] = torch.log(-c)  # φ = exp(x) = -cos(355) for x < 0
+    v = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=torch.float64).view(1, 1, 2, 2)
+    return q, k, v, torch.tensor([0, 355])
+
+
+def test_both_placement_clamps_a_cancelling_denominator():
+    q, k, v, positions = cancelling_both_inputs()
+    outs, grads = [], []
+    for fn in (naive_linear_attention, chunk_linear_attention, recurrent_linear_attention):
+        qq = q.clone().requires_grad_()
+        out = fn(qq, k, v, rope="both", positions=positions)
+        out.sum().backward()
+        outs.append(out.detach())
+        grads.append(qq.grad)
+        # unguarded: |o| ≈ 2 / eps = 2e6 and |dq| ≈ 1e12; guarded: |o| ≤ |num| / DEN_FLOOR = 200
+        assert out.abs().max() <= 250, (fn.__name__, out.abs().max().item())
+        assert torch.isfinite(qq.grad).all() and qq.grad.abs().max() < 1e5, (fn.__name__, qq.grad.abs().max().item())
+    for out, gr in zip(outs[1:], grads[1:]):
+        assert rel(out, outs[0]) < 1e-12 and rel(gr, grads[0]) < 1e-10
+    # the guard is for "both" only: the unrotated denominator of "numerator" is positive and left alone
+    out = chunk_linear_attention(q, k, v, rope="numerator", positions=positions)
+    assert out.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
+def test_recurrent_step_gradients_match_naive(feature_map):
+    """The step's hand-written backward (linrope::recurrent_step_bwd) against autograd through naive."""
+    for rope, decayed in itertools.product(PLACEMENTS, (False, True)):
+        g = gen("step-grad", feature_map, rope, decayed)
+        q, k, v = inputs(1, g)
+        state = random_state(g, feature_map)
+        kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None)
+        dd = D + 1 if feature_map == "cosine" else D
+        w = (torch.randn(B, H, DV, generator=g, dtype=torch.float64), torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
+             torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+        grads = []
+        for step in (True, False):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v, *state)]
+            init = LinearAttentionState(*leaves[3:])
+            if step:
+                o, fin = recurrent_step(*(t[:, :, 0] for t in leaves[:3]), init, position=9, **kw)
+            else:
+                o, fin = naive_linear_attention(*leaves[:3], positions=torch.tensor([9]), initial_state=init,
+                                                output_final_state=True, **kw)
+                o = o[:, :, 0]
+            loss = (o * w[0]).sum() + (fin.S * w[1]).sum() + (fin.z * w[2]).sum()
+            grads.append(torch.autograd.grad(loss, leaves))
+        for name, a, b in zip(("q", "k", "v", "S", "z"), *grads):
+            assert rel(a, b) < 1e-10, (rope, decayed, name, rel(a, b))

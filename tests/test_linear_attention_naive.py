@@ -1,4 +1,5 @@
-"""linear_attention(impl="naive") equals the quadratic formula of DESIGN.md §2, written by hand."""
+"""linear_attention(impl="naive") equals the quadratic formula of linear attention written out by hand:
+numerator over denominator, each a sum over keys, RoPE where the placement says."""
 import itertools
 
 import pytest

@@ -6,22 +6,11 @@ from typing import Optional
 import torch
 
 from .linear_attn.common import FEATURE_MAPS, PLACEMENTS, LinearAttentionState, check_args
+from .linear_attn.chunk import chunk_linear_attention
 from .linear_attn.naive import naive_linear_attention
+from .linear_attn.recurrent import recurrent_linear_attention
 
-IMPLS = {"naive": naive_linear_attention}
-
-try:  # the faster forms arrive with the kernels
-    from .linear_attn.chunk import chunk_linear_attention
-
-    IMPLS["chunk"] = chunk_linear_attention
-except ImportError:  # pragma: no cover - until chunk.py exists
-    pass
-try:
-    from .linear_attn.recurrent import recurrent_linear_attention
-
-    IMPLS["recurrent"] = recurrent_linear_attention
-except ImportError:  # pragma: no cover
-    pass
+IMPLS = {"naive": naive_linear_attention, "chunk": chunk_linear_attention, "recurrent": recurrent_linear_attention}
 
 
 def linear_attention(
@@ -41,7 +30,7 @@ def linear_attention(
     initial_state: Optional[LinearAttentionState] = None,
     output_final_state: bool = False,
 ):
-    """Kernelised linear attention with RoPE placed in the numerator, both, or nowhere (DESIGN.md §2).
+    """Kernelised linear attention with RoPE placed in the numerator, both, or nowhere.
 
     q, k: (B, H, N, d); v: (B, H, N, d_v) -> (B, H, N, d_v)  [and the final state if asked].
     ``decay``: optional per-head γ_h in (0, 1] multiplying the weights by γ_h^(i-j).

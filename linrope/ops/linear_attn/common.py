@@ -46,6 +46,28 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# Placement "both" rotates the denominator too: den_i = Σ_j γ^(i-j) (R_i φ(q_i))·(R_j φ(k_j)) is then a sum of
+# terms of either sign and can cancel to (nearly) zero while the numerator does not, so that o_i = num_i / den_i
+# grows without bound (and ∂o/∂q with its square).  For that placement every form clamps the magnitude of
+# den_i + eps to at least DEN_FLOOR, keeping its sign, and a clamped denominator passes no gradient.  This bounds
+# |o_i| by |num_i| / DEN_FLOOR; a denominator that is small only relative to its usual size (it grows with the
+# number of keys) is not caught.  The other placements' denominators are sums of positive terms and untouched.
+DEN_FLOOR = 1e-2
+
+
+def guard_denominator(den: torch.Tensor, rope: str) -> torch.Tensor:
+    """den (= den + eps) with its magnitude clamped to >= DEN_FLOOR for placement "both" (differentiable)."""
+    if rope != "both":
+        return den
+    return torch.copysign(den.abs().clamp_min(DEN_FLOOR), den)
+
+
+def guard_denominator_(den: torch.Tensor, rope: str) -> None:
+    """In place, as ``guard_denominator`` (no autograd graph)."""
+    if rope == "both":
+        den.copy_(torch.copysign(den.abs().clamp_min_(DEN_FLOOR), den))
+
+
 def phi(x: torch.Tensor, feature_map: str) -> torch.Tensor:
     """The part of the feature map that RoPE rotates: elu(x)+1, or x/||x|| for cosine."""
     if feature_map == "elu":

@@ -1,4 +1,4 @@
-"""Reference linear attention: the N×N weights materialised (DESIGN.md §2).
+"""Reference linear attention: the N×N weights materialised.
 
     o_i = Σ_{j≤i} w^num_ij v_j / (Σ_{j≤i} w^den_ij + eps)
     w^num_ij = (R_i φ(q_i))·(R_j φ(k_j)) γ^(i-j),   w^den_ij = φ(q_i)·φ(k_j) γ^(i-j)
@@ -12,25 +12,8 @@ from typing import Optional
 
 import torch
 
-from .common import LinearAttentionState, compute_dtype, decay_log, phi, rope_tables, with_one
-from linrope.rope import rotate
-
-
-def features(q, k, *, feature_map: str, rope: str, positions, theta, dtype):
-    """(q_num, k_num, q_den, k_den): complete feature maps, rotated where the placement says."""
-    n, d = q.shape[-2], q.shape[-1]
-    qf, kf = phi(q.to(dtype), feature_map), phi(k.to(dtype), feature_map)
-    if rope == "none":
-        qr, kr = qf, kf
-    else:
-        cos, sin = rope_tables(positions, n, d, theta, q.device, dtype)
-        qr, kr = rotate(qf, cos, sin), rotate(kf, cos, sin)
-    q_num, k_num = with_one(qr, feature_map), with_one(kr, feature_map)
-    if rope == "both":
-        q_den, k_den = q_num, k_num
-    else:
-        q_den, k_den = with_one(qf, feature_map), with_one(kf, feature_map)
-    return q_num, k_num, q_den, k_den
+from .common import LinearAttentionState, compute_dtype, decay_log, guard_denominator
+from .features import reference_features
 
 
 def decay_matrix(log_gamma: torch.Tensor, n: int, causal: bool, device) -> torch.Tensor:
@@ -57,8 +40,8 @@ def naive_linear_attention(
 ):
     dtype = compute_dtype(q.dtype)
     B, H, N, _ = q.shape
-    q_num, k_num, q_den, k_den = features(q, k, feature_map=feature_map, rope=rope, positions=positions,
-                                          theta=rope_theta, dtype=dtype)
+    q_num, k_num, q_den, k_den = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions,
+                                                    theta=rope_theta, dtype=dtype)
     vv = v.to(dtype)
     w_num = q_num @ k_num.transpose(-1, -2)
     w_den = q_den @ k_den.transpose(-1, -2)
@@ -81,7 +64,7 @@ def naive_linear_attention(
             carry = torch.exp(log_gamma[:, None] * torch.arange(1, N + 1, device=q.device, dtype=torch.float64)).to(dtype)
         num = num + (q_num @ S0) * carry[None, :, :, None]
         den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
-    out = (num / (den + eps).unsqueeze(-1)).to(v.dtype)
+    out = (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype)
     if not output_final_state:
         return out
     if not causal:

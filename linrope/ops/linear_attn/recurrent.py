@@ -1,4 +1,4 @@
-"""Recurrent linear attention: one position at a time, carrying the state (S, z) (DESIGN.md §2).
+"""Recurrent linear attention: one position at a time, carrying the state (S, z).
 
     S_i = γ S_{i-1} + kn_i v_iᵀ          (kn: numerator features, rotated unless rope="none")
     z_i = γ z_{i-1} + kd_i               (kd: denominator features, rotated only for rope="both")
@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
+from torch import Tensor
 
-from .common import LinearAttentionState, check_args, compute_dtype, decay_log
-from .chunk import _alloc
-from .naive import features
+from .buffers import alloc
+from .common import DEN_FLOOR, LinearAttentionState, check_args, compute_dtype, decay_log, guard_denominator
+from .features import features_backward_, reference_features, rotors_for, split_features
 
 
 def _zero_state(B: int, H: int, D: int, dv: int, dtype, device) -> LinearAttentionState:
@@ -30,6 +31,101 @@ def _check_state(state: LinearAttentionState, B: int, H: int, D: int, dv: int, f
     if tuple(state.S.shape) != want_S or tuple(state.z.shape) != want_z:
         raise ValueError(f"state has S{tuple(state.S.shape)} z{tuple(state.z.shape)}; "
                          f"expected S{want_S} z{want_z} for feature_map={feature_map!r}")
+
+
+# --------------------------------------------------------------------------------------------------------
+# one step as a registered operator (``linrope::recurrent_step``): opaque to torch.compile, with a fake
+# implementation from shapes alone and a backward that is itself an operator (autograd of ``_step`` inside)
+# --------------------------------------------------------------------------------------------------------
+def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, eps: float):
+    """q, k: (B, H, d); v: (B, H, d_v); S, z: the state before the step -> (o, S, z) after it."""
+    dtype = compute_dtype(q.dtype)
+    qn, kn, qd, kd = (f[:, :, 0] for f in reference_features(q.unsqueeze(2), k.unsqueeze(2), feature_map=feature_map,
+                                                              rope=rope, positions=position.reshape(1), theta=theta,
+                                                              dtype=dtype))
+    S, z = S.to(dtype), z.to(dtype)
+    log_gamma = decay_log(decay, q.shape[1], q.device)
+    if log_gamma is not None:
+        gamma = torch.exp(log_gamma).to(dtype)
+        S = S * gamma[:, None, None]
+        z = z * gamma[:, None]
+    S = S + kn.unsqueeze(-1) * v.to(dtype).unsqueeze(-2)
+    z = z + kd
+    num = (qn.unsqueeze(-2) @ S).squeeze(-2)
+    den = (qd * z).sum(-1)
+    return (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype), S, z
+
+
+@torch.library.custom_op("linrope::recurrent_step", mutates_args=())
+def recurrent_step_op(q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor, position: Tensor, theta: Optional[Tensor],
+                      decay: Optional[Tensor], feature_map: str, rope: str, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    o, S_new, z_new = _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps)
+    return o, S_new if S_new is not S else S_new.clone(), z_new if z_new is not z else z_new.clone()
+
+
+@recurrent_step_op.register_fake
+def _(q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
+    dtype = compute_dtype(q.dtype)
+    return v.new_empty(v.shape), S.new_empty(S.shape, dtype=dtype), z.new_empty(z.shape, dtype=dtype)
+
+
+@torch.library.custom_op("linrope::recurrent_step_bwd", mutates_args=())
+def recurrent_step_bwd(g_o: Tensor, g_S: Tensor, g_z: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor,
+                       position: Tensor, theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str, rope: str,
+                       eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dS, dz) of one step, by hand (as the chunk form's backward: no autograd graph inside)."""
+    dtype = compute_dtype(q.dtype)
+    q4, k4 = q.unsqueeze(2), k.unsqueeze(2)
+    rot = rotors_for(q4, rope, position.reshape(1), theta, dtype)
+    qf, kf, qn, kn, qd, kd = (f[:, :, 0] for f in split_features(q4, k4, feature_map=feature_map, rope=rope, rot=rot,
+                                                                 dtype=dtype))
+    log_gamma = decay_log(decay, q.shape[1], q.device)
+    gamma = None if log_gamma is None else torch.exp(log_gamma).to(dtype)
+    S0, z0, vv = S.to(dtype), z.to(dtype), v.to(dtype)
+    S1 = (S0 if gamma is None else S0 * gamma[:, None, None]) + kn.unsqueeze(-1) * vv.unsqueeze(-2)
+    z1 = (z0 if gamma is None else z0 * gamma[:, None]) + kd
+    den = guard_denominator((qd * z1).sum(-1) + eps, rope)
+    o = (qn.unsqueeze(-2) @ S1).squeeze(-2) / den.unsqueeze(-1)
+    dnum = g_o.to(dtype) / den.unsqueeze(-1)
+    dden = -(dnum * o).sum(-1)
+    if rope == "both":  # a clamped denominator is a constant
+        dden = dden * (den.abs() > DEN_FLOOR)
+    dS1 = g_S.to(dtype) + qn.unsqueeze(-1) * dnum.unsqueeze(-2)
+    dz1 = g_z.to(dtype) + qd * dden.unsqueeze(-1)
+    dqn, dqd = (S1 @ dnum.unsqueeze(-1)).squeeze(-1), z1 * dden.unsqueeze(-1)
+    dkn, dkd = (dS1 @ vv.unsqueeze(-1)).squeeze(-1), dz1
+    dv = (dS1.transpose(-1, -2) @ kn.unsqueeze(-1)).squeeze(-1).to(v.dtype)
+    shared = rope in ("both", "none")
+    unrot = None if rot is None else rot.conj().resolve_conj()
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    for x, f, d_num, d_den, out in ((q4, qf, dqn, dqd, dq), (k4, kf, dkn, dkd, dk)):
+        if shared:
+            d_num, d_den = d_num + d_den, None
+        features_backward_(x, f.unsqueeze(2), d_num.unsqueeze(2), None if d_den is None else d_den.unsqueeze(2),
+                           feature_map=feature_map, rope=rope, unrot=unrot, out=out.unsqueeze(2))
+    if gamma is not None:
+        dS1, dz1 = dS1 * gamma[:, None, None], dz1 * gamma[:, None]
+    return dq, dk, dv, dS1.to(S.dtype), dz1.to(z.dtype)
+
+
+@recurrent_step_bwd.register_fake
+def _(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
+    return tuple(x.new_empty(x.shape) for x in (q, k, v, S, z))
+
+
+def _step_setup_context(ctx, inputs, output):
+    q, k, v, S, z, position, theta, decay, feature_map, rope, eps = inputs
+    ctx.save_for_backward(q, k, v, S, z, position, theta, decay)
+    ctx.options = (feature_map, rope, eps)
+
+
+def _step_backward(ctx, g_o, g_S, g_z):
+    q, k, v, S, z, position, theta, decay = ctx.saved_tensors
+    grads = recurrent_step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, *ctx.options)
+    return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:5])), *(None,) * 6)
+
+
+recurrent_step_op.register_autograd(_step_backward, setup_context=_step_setup_context)
 
 
 def recurrent_step(
@@ -57,27 +153,16 @@ def recurrent_step(
     if q_t.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one position; got {q_t.shape[2]}")
     B, H, _, d = q_t.shape
-    dv = v_t.shape[-1]
+    dv, D = v_t.shape[-1], (d + 1 if feature_map == "cosine" else d)
     dtype = compute_dtype(q_t.dtype)
-    pos = torch.as_tensor(position, device=q_t.device).reshape(1)
-    qn, kn, qd, kd = features(q_t, k_t, feature_map=feature_map, rope=rope, positions=pos, theta=rope_theta, dtype=dtype)
-    qn, kn, qd, kd = qn[:, :, 0], kn[:, :, 0], qd[:, :, 0], kd[:, :, 0]
-    D = qn.shape[-1]
     if state is None:
         state = _zero_state(B, H, D, dv, dtype, q_t.device)
     else:
         _check_state(state, B, H, D, dv, feature_map)
-    S, z = state.S.to(dtype), state.z.to(dtype)
-    log_gamma = decay_log(decay, H, q_t.device)
-    if log_gamma is not None:
-        gamma = torch.exp(log_gamma).to(dtype)
-        S = S * gamma[:, None, None]
-        z = z * gamma[:, None]
-    S = S + kn.unsqueeze(-1) * v_t[:, :, 0].to(dtype).unsqueeze(-2)
-    z = z + kd
-    num = (qn.unsqueeze(-2) @ S).squeeze(-2)
-    den = (qd * z).sum(-1)
-    o = (num / (den + eps).unsqueeze(-1)).to(v_t.dtype)
+    pos = torch.as_tensor(position, device=q_t.device).reshape(())
+    decay = None if decay is None else torch.as_tensor(decay, device=q_t.device)
+    o, S, z = recurrent_step_op(q_t[:, :, 0], k_t[:, :, 0], v_t[:, :, 0], state.S, state.z, pos, rope_theta, decay,
+                                feature_map, rope, float(eps))
     if not squeeze:
         o = o.unsqueeze(2)
     return o, LinearAttentionState(S, z)
@@ -109,7 +194,7 @@ def recurrent_linear_attention(
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     dtype = compute_dtype(q.dtype)
-    qn, kn, qd, kd = features(q, k, feature_map=feature_map, rope=rope, positions=positions, theta=rope_theta, dtype=dtype)
+    qn, kn, qd, kd = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions, theta=rope_theta, dtype=dtype)
     D = qn.shape[-1]
     if initial_state is None:
         S, z = _zero_state(B, H, D, dv, dtype, q.device)
@@ -122,7 +207,7 @@ def recurrent_linear_attention(
     track = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, S, z))
     outs = [] if track else None
-    out = None if track else _alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
+    out = None if track else alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
     for t in range(N):
         if gamma is not None:
             S = S * gamma[:, None, None]
@@ -130,7 +215,7 @@ def recurrent_linear_attention(
         S = S + kn[:, :, t].unsqueeze(-1) * vv[:, :, t].unsqueeze(-2)
         z = z + kd[:, :, t]
         num = (qn[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
-        o_t = num / ((qd[:, :, t] * z).sum(-1) + eps).unsqueeze(-1)
+        o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + eps, rope).unsqueeze(-1)
         if track:
             outs.append(o_t)
         else:
@@ -142,4 +227,4 @@ def recurrent_linear_attention(
     return out, LinearAttentionState(S, z)
 
 
-__all__ = ["recurrent_linear_attention", "recurrent_step"]
+__all__ = ["recurrent_linear_attention", "recurrent_step", "recurrent_step_op"]

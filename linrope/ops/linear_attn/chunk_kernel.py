@@ -1,0 +1,214 @@
+"""The chunk form's forward and backward passes: a masked C×C product inside each chunk, a running state
+across chunks, walked block by block.  (``chunk.py`` registers them as operators.)
+
+The semantics are exactly those of ``naive.py``.  Per batch row and head, with the features of
+``features.py`` (φ, rotated where the placement says):
+
+    o_i   = num_i / (den_i + eps)
+    num_i = Σ_{j≤i} γ^(i-j) (qn_i·kn_j) v_j + γ^(i+1) qn_iᵀ S0
+    den_i = Σ_{j≤i} γ^(i-j) (qd_i·kd_j)     + γ^(i+1) qd_i·z0
+
+(``qn, kn``: numerator features, rotated unless ``rope="none"``; ``qd, kd``: denominator features,
+rotated only for ``rope="both"``; γ = γ_h per head, 1 without decay; the initial state (S0, z0) sits at
+position -1.)
+
+What is carried
+  * ``rope="both"`` / ``"none"``: numerator and denominator share their features, so the denominator is
+    folded into the numerator by appending a column of ones to v: ``v' = [v, 1]``, ``S' = [S | z]``
+    (D'×(d_v+1)), ``num' = [num, den]``.  One call of the matrix kernel (``matrix.py``) does both.
+  * ``rope="numerator"``: ``S = Σ_j γ^(n-1-j) kn_j v_jᵀ`` (rotated) runs through the matrix kernel, while
+    ``z = Σ_j γ^(n-1-j) kd_j`` (unrotated) is a decayed prefix sum of vectors (``scans.dcumsum``):
+    ``den_i = qd_i · zc_i`` with ``zc_i = Σ_{j≤i} γ^(i-j) kd_j + γ^(i+1) z0``.
+  (D' = d, or d+1 for the cosine map φ(x) = [1, x̂].)
+Causal sequences are walked in blocks of whole chunks (``tables.plan_blocks``), the state handed from
+block to block exactly as from chunk to chunk.
+
+Backward: with g = ∂L/∂o and D = den + eps,
+    ∂L/∂num_i = g_i / D_i,   ∂L/∂den_i = -(g_i·o_i) / D_i,
+the numerator kernel is differentiated by ``matrix.matrix_bwd`` block by block in reverse, carrying
+∂L/∂state; the denominator's vector sums by a reversed decayed prefix sum (∂L/∂z carried likewise); the
+features by hand (``features.features_backward_``: the inverse rotation, then φ'), so the backward builds
+no autograd graph of its own.  Saved between forward and backward: q, k, v, the initial state, the output,
+the denominator (B, H, N) and the states at block boundaries ((N/block)·D'·d_v numbers).  Features, C×C
+products and chunk states are recomputed block by block, so nothing of size N·d² (nor N·C) is kept.  The
+output in the input precision enters ∂L/∂den (as FlashAttention's backward uses O).
+
+Precision: features, products and states are float32 for float16/bfloat16 inputs (float64 for float64);
+the output comes back in v's dtype, the final state in float32/float64.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from .buffers import alloc
+from .common import DEN_FLOOR, compute_dtype, guard_denominator_
+from .features import features_backward_, rotors_for, split_features
+from .matrix import matrix_bwd, matrix_fwd
+from .scans import dcumsum, dcumsum_reverse, dsum_symmetric
+from .tables import Chunks, Tables, plan_blocks
+
+
+class Cfg(NamedTuple):
+    feature_map: str
+    rope: str
+    causal: bool
+    eps: float
+    chunk_size: int
+
+
+def _shared_features(rope: str) -> bool:
+    """Numerator and denominator use the same features: fold the denominator in as a column of ones."""
+    return rope in ("both", "none")
+
+
+def _values(v: torch.Tensor, shared: bool, ch: Chunks, dtype) -> torch.Tensor:
+    """v (or [v, 1] when the denominator is folded in), zero-padded to whole chunks: (B,H,nc·C,E)."""
+    if not shared:  # one contiguous copy (a block of v is a strided slice; batched matmuls want it whole)
+        return v if (not ch.pad and v.dtype == dtype and v.is_contiguous()) else ch.padded(v, dtype=dtype)
+    return ch.padded(v, v.new_ones(()).expand(*v.shape[:-1], 1), dtype=dtype)
+
+
+def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
+    """-> (out, denom, S_final, z_final, states entering blocks 1, 2, … (S, and z unless shared)).
+
+    ``denom`` is the guarded den + eps (B, H, N); the final state is None when not causal, a saved state None
+    when there is a single block."""
+    dtype = compute_dtype(q.dtype)
+    B, H, N, _ = q.shape
+    dv = v.shape[-1]
+    shared = _shared_features(cfg.rope)
+    tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
+    rot = rotors_for(q, cfg.rope, positions, theta, dtype)
+    S = None if S0 is None else S0.to(dtype)
+    z = None if z0 is None else z0.to(dtype)
+    if shared and S is not None:  # the denominator rides along as the last value column: S' = [S | z]
+        S = torch.cat((S, z.unsqueeze(-1)), dim=-1)
+    out = alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
+    denom = alloc((B, H, N), dtype=dtype, device=q.device)
+    starts_S, starts_z = [], []  # states entering blocks 1, 2, … (saved for backward)
+    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
+    for b, (s, e) in enumerate(blocks):
+        if b > 0:
+            starts_S.append(S)
+            starts_z.append(z)
+        ch = tables(e - s)
+        _, _, qn, kn, qd, kd = split_features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map, rope=cfg.rope,
+                                              rot=None if rot is None else rot[s:e], dtype=dtype)
+        num, S = matrix_fwd(qn, kn, _values(v[:, :, s:e], shared, ch, dtype), ch, cfg.causal, S)
+        if shared:
+            den, num = num[..., dv], num[..., :dv]
+        else:
+            if cfg.causal:
+                zc = dcumsum(kd, ch, z)
+                z = zc[:, :, -1].contiguous()
+            else:
+                zc = dsum_symmetric(kd, ch)
+            den = torch.linalg.vecdot(qd, zc)
+            del zc
+        del qn, kn, qd, kd
+        torch.add(den, cfg.eps, out=denom[:, :, s:e])
+        guard_denominator_(denom[:, :, s:e], cfg.rope)
+        torch.div(num, denom[:, :, s:e].unsqueeze(-1), out=out[:, :, s:e])
+        del num, den
+    saved_S = torch.stack(starts_S) if starts_S else None
+    saved_z = torch.stack(starts_z) if (starts_z and not shared) else None
+    if not cfg.causal:
+        return out, denom, None, None, saved_S, saved_z
+    if shared:
+        S, z = S[..., :dv], S[..., dv]
+    return out, denom, S.contiguous(), z.contiguous(), saved_S, saved_z
+
+
+def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z,
+                   cfg: Cfg, needs):
+    """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient."""
+    shared = _shared_features(cfg.rope)
+    dtype = compute_dtype(q.dtype)
+    B, H, N, _ = q.shape
+    dv = v.shape[-1]
+    E = dv + 1 if shared else dv
+    need_q, need_k, need_v = needs[:3]
+    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
+    tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
+    rot = rotors_for(q, cfg.rope, positions, theta, dtype)
+    S_first = None if S0 is None else S0.to(dtype)
+    z_first = None if z0 is None else z0.to(dtype)
+    if shared and S_first is not None:
+        S_first = torch.cat((S_first, z_first.unsqueeze(-1)), dim=-1)
+    # ∂L/∂(final state), carried backwards from block to block
+    dS = dz = None
+    if shared:
+        if g_S is not None or g_z is not None:
+            Dp = q.shape[-1] + (1 if cfg.feature_map == "cosine" else 0)
+            dS = torch.zeros(B, H, Dp, E, dtype=dtype, device=q.device)
+            if g_S is not None:
+                dS[..., :dv] = g_S
+            if g_z is not None:
+                dS[..., dv] = g_z
+    else:
+        dS = None if g_S is None else g_S.to(dtype)
+        dz = None if g_z is None else g_z.to(dtype)
+    dq = alloc(q.shape, dtype=q.dtype, device=q.device) if need_q else None
+    dk = alloc(k.shape, dtype=k.dtype, device=k.device) if need_k else None
+    dvl = alloc(v.shape, dtype=v.dtype, device=v.device) if need_v else None
+    for b in range(len(blocks) - 1, -1, -1):
+        s, e = blocks[b]
+        n = e - s
+        ch = tables(n)
+        S_start = S_first if b == 0 else saved_S[b - 1]
+        z_start = z_first if b == 0 else (None if saved_z is None else saved_z[b - 1])
+        rot_b = None if rot is None else rot[s:e]
+        unrot_b = None if rot is None else rot_b.conj().resolve_conj()  # the inverse rotation
+        qf, kf, qn, kn, qd, kd = split_features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map,
+                                           rope=cfg.rope, rot=rot_b, dtype=dtype)  # recomputed
+        # ∂L/∂num = g / D and ∂L/∂den = -(g·o) / D, written into a zero-padded (B,H,nc·C,E) buffer
+        do = alloc((B, H, ch.nc * ch.C, E), dtype=dtype, device=q.device)
+        do[:, :, n:].zero_()
+        if g_out is None:
+            do[:, :, :n].zero_()
+            dden = torch.zeros(B, H, n, dtype=dtype, device=q.device)
+        else:
+            torch.div(g_out[:, :, s:e], denom[:, :, s:e].unsqueeze(-1), out=do[:, :, :n, :dv])
+            dden = torch.linalg.vecdot(do[:, :, :n, :dv], out[:, :, s:e].to(dtype)).neg_()
+            if cfg.rope == "both":  # a clamped denominator is a constant
+                dden.mul_(denom[:, :, s:e].abs() > DEN_FLOOR)
+        if shared:
+            do[:, :, :n, dv].copy_(dden)
+        dqn, dkn, dvv, dS = matrix_bwd(qn, kn, _values(v[:, :, s:e], shared, ch, dtype), do, ch, cfg.causal,
+                                        S_start, dS)
+        del do
+        dqd = dkd = None
+        if not shared:  # the denominator den_i = qd_i · zc_i
+            y = dden.unsqueeze(-1) * qd
+            if cfg.causal:
+                dqd = dcumsum(kd, ch, z_start).mul_(dden.unsqueeze(-1))
+                if dz is not None:
+                    y[:, :, -1] += dz
+                dkd = dcumsum_reverse(y, ch)
+                dz = dkd[:, :, 0] if ch.gamma is None else dkd[:, :, 0] * ch.gamma[:, None]
+            else:
+                dqd = dsum_symmetric(kd, ch) * dden.unsqueeze(-1)
+                dkd = dsum_symmetric(y, ch)
+            del y
+        if need_v:
+            dvl[:, :, s:e].copy_(dvv[..., :dv])
+        del dvv, qn, kn, qd, kd
+        for x, f, d_num, d_den, grad in ((q, qf, dqn, dqd, dq), (k, kf, dkn, dkd, dk)):
+            if grad is not None:
+                features_backward_(x[:, :, s:e], f, d_num, d_den, feature_map=cfg.feature_map, rope=cfg.rope,
+                                    unrot=unrot_b, out=grad[:, :, s:e])
+        del qf, kf, dqn, dkn, dqd, dkd
+    dS0 = dz0 = None
+    if S0 is not None and cfg.causal:
+        if shared:
+            dS0, dz0 = dS[..., :dv], dS[..., dv]
+        else:
+            dS0, dz0 = dS, dz
+        dS0 = dS0.to(S0.dtype) if (dS0 is not None and needs[3]) else None
+        dz0 = dz0.to(z0.dtype) if (dz0 is not None and needs[4]) else None
+    return dq, dk, dvl, dS0, dz0
+
+
+__all__ = ["Cfg", "chunk_forward", "chunk_backward"]

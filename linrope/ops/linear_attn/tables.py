@@ -1,0 +1,119 @@
+"""Geometry of the chunk form: how a sequence is cut into chunks and blocks, and the decay tables.
+
+Chunks (size C): chunk c holds positions cC … cC+C-1, local index t; the last chunk has length
+ℓ = N-(nc-1)C and is zero-padded to C.  With a per-head decay γ the weight of key j seen from query i is
+γ^(i-j); the tables below hold the powers of γ that the chunk kernels need, so that no kernel forms a
+power itself:
+
+    M[t,s]  = γ^(t-s) for s ≤ t, else 0   (intra-chunk mask; ``M_strict`` drops the diagonal)
+    qw[t]   = γ^(t+1)                     (a query at local t reading the state entering its chunk)
+    kw[c,t] = γ^(ℓ_c-1-t) for t < ℓ_c     (a key decayed to the end of its chunk; padded keys weigh 0)
+    g[c]    = γ^(ℓ_c)                     (the state carried across a whole chunk)
+
+Blocks: causal sequences are walked in blocks of whole chunks, the state handed from block to block, so
+the temporaries of one block (features, C×C products, chunk states) are all that exists at a time.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from .buffers import alloc
+
+# A block holds about BLOCK_ELEMENTS[device] numbers per (B, H, ·, d) tensor (at least one chunk): 2^18
+# (1 MiB in float32; 512 positions at B·H = 8, d = 64) measured best on CPU, where a block's working set
+# then stays in cache; the peak memory beyond inputs, output and gradients does not grow with N.
+# Non-causal attention needs global sums and runs as a single block.
+BLOCK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
+
+
+def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, device: torch.device):
+    """[(start, end), …]: the blocks of whole chunks a sequence of length n is walked in."""
+    if not causal:
+        return [(0, n)]
+    C = max(1, min(chunk_size, n))
+    target = BLOCK_ELEMENTS.get(device.type, BLOCK_ELEMENTS["cuda"])
+    step = C * max(1, target // (B * H * max(d, 1) * C))
+    return [(s, min(s + step, n)) for s in range(0, n, step)]
+
+
+class Chunks:
+    """Chunk geometry and decay tables for a sequence of length N cut into chunks of size C.
+
+    M (H,1,C,C), qw (H,1,C,1), kw (H,nc,C,1), g (H,nc), gamma (H,): all None without decay (the mask is
+    then a plain ``tril``)."""
+
+    def __init__(self, n: int, chunk_size: int, log_gamma: Optional[torch.Tensor], dtype, device):
+        self.C = C = max(1, min(int(chunk_size), n))
+        self.nc = nc = -(-n // C)
+        self.N = n
+        self.pad = nc * C - n
+        self.decay = log_gamma is not None
+        self.M = self.M_strict = self.qw = self.kw = self.g = self.gamma = None
+        if not self.decay:
+            return
+        lg = log_gamma.to(device=device, dtype=torch.float64)
+        H = lg.shape[0]
+        t = torch.arange(C, device=device, dtype=torch.float64)
+        diff = t[:, None] - t[None, :]
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        M = torch.where(diff >= 0, torch.exp(lg[:, None, None] * diff.clamp_min(0)), zero)
+        self.M = M[:, None].to(dtype)
+        self.M_strict = (M * (diff > 0)).to(dtype)[:, None]
+        self.qw = torch.exp(lg[:, None] * (t + 1))[:, None, :, None].to(dtype)
+        lengths = torch.full((nc,), float(C), device=device, dtype=torch.float64)
+        lengths[-1] = n - (nc - 1) * C
+        kexp = lengths[:, None] - 1 - t[None, :]  # (nc, C)
+        kw = torch.where(kexp >= 0, torch.exp(lg[:, None, None] * kexp.clamp_min(0)), zero)
+        self.kw = kw.reshape(H, nc, C, 1).to(dtype)
+        self.g = torch.exp(lg[:, None] * lengths[None, :]).to(dtype)  # (H, nc)
+        self.gamma = torch.exp(lg).to(dtype)  # (H,)
+
+    # (B,H,N,D) <-> (B,H,nc,C,D) -------------------------------------------------------------------------
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B,H,N,D) (zero-padded here) or already padded (B,H,nc·C,D) -> (B,H,nc,C,D)."""
+        if x.shape[2] != self.nc * self.C:
+            x = F.pad(x, (0, 0, 0, self.nc * self.C - x.shape[2]))
+        return rearrange(x, "b h (n c) d -> b h n c d", c=self.C)
+
+    def padded(self, *parts: torch.Tensor, dtype) -> torch.Tensor:
+        """Concatenate (B,H,N,·) parts along the last dim into a zero-padded (B,H,nc·C,Σ·) buffer, one copy."""
+        B, H = parts[0].shape[:2]
+        width = sum(p.shape[-1] for p in parts)
+        buf = alloc((B, H, self.nc * self.C, width), dtype=dtype, device=parts[0].device)
+        buf[:, :, self.N:].zero_()
+        col = 0
+        for p in parts:
+            buf[:, :, : self.N, col : col + p.shape[-1]].copy_(p)
+            col += p.shape[-1]
+        return buf
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        return rearrange(x, "b h n c d -> b h (n c) d")[:, :, : self.N]
+
+    def mask_(self, P: torch.Tensor, strict: bool) -> torch.Tensor:
+        """In place: P ⊙ M (causal mask with decay) on the last two dims of (B,H,nc,C,C)."""
+        if self.decay:
+            return P.mul_(self.M_strict if strict else self.M)
+        return P.tril_(-1 if strict else 0)
+
+    def g_at(self, c: int, ndim_rest: int) -> torch.Tensor:
+        return self.g[:, c].reshape(-1, *([1] * ndim_rest))
+
+
+class Tables:
+    """One ``Chunks`` per distinct block length (all blocks but the last share one)."""
+
+    def __init__(self, chunk_size, log_gamma, dtype, device):
+        self.args, self.cache = (chunk_size, log_gamma, dtype, device), {}
+
+    def __call__(self, n: int) -> Chunks:
+        if n not in self.cache:
+            self.cache[n] = Chunks(n, *self.args)
+        return self.cache[n]
+
+
+__all__ = ["BLOCK_ELEMENTS", "plan_blocks", "Chunks", "Tables"]
