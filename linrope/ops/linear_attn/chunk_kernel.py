@@ -38,7 +38,7 @@ the output comes back in v's dtype, the final state in float32/float64.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
