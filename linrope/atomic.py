@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from linrope.errors import DiskFull
+
 TMP_SUFFIX = ".partial"
 
 
@@ -30,10 +32,6 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-class DiskFull(OSError):
-    """No space left on the device while writing a checkpoint (the previous one is kept)."""
 
 
 def _temporary_name(path: Path) -> Path:

@@ -8,10 +8,12 @@
 - ``LastCheckpoint``: ``last.ckpt`` every ``every_n_train_steps`` steps, after each validation, at
   the end of training and when SIGTERM or SIGINT stops the run — the file that ``ckpt_path=last``
   (or ``auto``) resumes from.
-- ``load_model(ckpt_path, expected_model_cfg=None)``: a LanguageModel from a checkpoint, for
-  evaluation; keys that do not fit the expected model config are named in one error.
-- ``check_state_dict``: that error (also raised when a run resumes into another model config);
-  ``check_identity``: the same for a checkpoint of another model whose parameters all fit.
+- ``load_checkpoint``: ``torch.load(weights_only=True)`` with one line for a missing or broken file.
+- ``check_state_dict``: one line naming the parameters that do not fit a model (when a run resumes into
+  another model config, or a model is loaded: ``LanguageModel.from_checkpoint``); ``check_identity``:
+  the same for a checkpoint of another model whose parameters all fit.
+
+This module is about files: it imports nothing of the model (``linrope.lit`` imports it).
 """
 from __future__ import annotations
 
@@ -25,20 +27,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from linrope.atomic import TMP_SUFFIX, DiskFull, atomic_torch_save  # noqa: F401 - written atomically there
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used (missing, incomplete, or not this model's); one line."""
-
-
-class CheckpointMismatch(CheckpointError):
-    """The checkpoint's parameters do not fit the model built from the config."""
-
-
-class NonFiniteCheckpoint(RuntimeError):
-    """Refused to write a checkpoint whose parameters are NaN or infinite."""
+from linrope.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint
+from linrope.identity import checkpoint_identity, identity_differences, model_identity
 
 
 # ---- writing ---------------------------------------------------------------------------------------------
@@ -164,7 +157,7 @@ class LastCheckpoint(Checkpoint):
         """Stopped by a signal: last.ckpt now, and the line linrope.training.one_line_errors prints (rank 0)
         with the exit status, 128 + the signal's number, attached to the exception."""
         self._restore_sigint()
-        if type(exception).__name__ != "SIGTERMException":
+        if not isinstance(exception, SIGTERMException):
             return
         self.stopped_by = self.stopped_by or "SIGTERM"
         if not self._skip(trainer):
@@ -198,8 +191,6 @@ def last_good_checkpoint(trainer) -> Optional[str]:
     return None
 
 
-# ---- resuming in the data modules: linrope.data.resume (importable from here too) ----------------------------
-from linrope.data.resume import ResumableLoader, train_loader, train_span  # noqa: E402,F401
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -266,8 +257,6 @@ def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, w
 def check_identity(checkpoint: Mapping[str, Any], model_cfg: Optional[Mapping], *, where: str = "the checkpoint") -> None:
     """Raise ``CheckpointMismatch`` when the checkpoint is another model (attention kind, feature map, RoPE
     placement, position scheme or its options; ``linrope.identity``), even where every parameter fits."""
-    from linrope.identity import checkpoint_identity, identity_differences, model_identity
-
     diff = identity_differences(checkpoint_identity(checkpoint), model_identity(model_cfg))
     if diff:
         raise CheckpointMismatch(f"{where} is a checkpoint of another model: {diff}")
@@ -281,54 +270,3 @@ def load_checkpoint(path, map_location: Any = "cpu") -> Dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - torch's unpickling errors are many and long
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path}: cannot be loaded with weights_only=True: {first}") from e
-
-
-def _merge(base: Mapping, over: Mapping) -> Dict[str, Any]:
-    """``over`` onto ``base``, nested; a sub-config whose ``name``/``kind`` changes is replaced whole."""
-    out = dict(base)
-    for k, v in over.items():
-        old = out.get(k)
-        if isinstance(v, Mapping) and isinstance(old, Mapping) and all(
-                v.get(t, old.get(t)) == old.get(t) for t in ("name", "kind")):
-            out[k] = _merge(old, v)
-        else:
-            out[k] = dict(v) if isinstance(v, Mapping) else v
-    return out
-
-
-def _plain(cfg: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(cfg)
-
-
-def load_model(ckpt_path, expected_model_cfg: Optional[Mapping] = None, *, map_location: Any = "cpu"):
-    """The ``LanguageModel`` of a checkpoint, in eval mode, loaded with ``weights_only=True``.
-
-    The model is built from the checkpoint's own model config, overridden (nested) by
-    ``expected_model_cfg`` when given — e.g. a RoPE scaling for evaluation, or the config a caller
-    expects the checkpoint to have.  Parameters that do not fit raise one ``CheckpointMismatch``
-    line naming the missing / unexpected / shape-mismatched keys and the config values that differ."""
-    from linrope.lit import LanguageModel
-
-    ckpt = load_checkpoint(ckpt_path, map_location=map_location)
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
-        raise CheckpointError(f"checkpoint {ckpt_path}: has no state_dict (not a Lightning checkpoint)")
-    hp = ckpt.get("hyper_parameters") or {}
-    found_cfg = dict(hp.get("model") or {})
-    model_cfg = _merge(found_cfg, _plain(expected_model_cfg)) if expected_model_cfg is not None else found_cfg
-    if not model_cfg:
-        raise CheckpointError(f"checkpoint {ckpt_path}: has no model config (hyper_parameters.model) and none was given")
-    module = LanguageModel(model=model_cfg, optim=hp.get("optim"))
-    check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {ckpt_path}",
-                     found_cfg=found_cfg, expected_cfg=model_cfg)
-    check_identity(ckpt, model_cfg, where=f"checkpoint {ckpt_path}")
-    module.load_state_dict(ckpt["state_dict"])
-    if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
-        module.to(map_location)
-    return module.eval()

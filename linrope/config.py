@@ -13,14 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 # the command-line check lives in linrope.command_line; these names stay importable from here
 from linrope.command_line import CONF_DIR, check_command_line, command_line_errors, group_options  # noqa: F401
-
-
-class ConfigError(ValueError):
-    pass
+from linrope.errors import ConfigError
 
 
 def _get(cfg, dotted: str, default: Any = None) -> Any:
@@ -88,7 +85,7 @@ def _vocabulary(module: str, name: str) -> Callable[[], Sequence[Any]]:
 POSITIVE_INT, COUNT = Rule("int", low=1), Rule("int", low=0)
 FRACTION = Rule("number", above=0, below=1)
 SCHEMA: Dict[str, Rule] = {
-    "seed": Rule("int"),
+    "seed": Rule("int"), "compile": Rule("bool"),
     "context": POSITIVE_INT,
     # the model (linrope.model.ModelConfig) and its attention and position scheme
     "model.vocab_size": POSITIVE_INT, "model.d_model": POSITIVE_INT, "model.n_layers": POSITIVE_INT,
@@ -120,6 +117,7 @@ SCHEMA: Dict[str, Rule] = {
     # optimisation and the Trainer
     "optim.lr": Rule("number", above=0), "optim.weight_decay": Rule("number", low=0),
     "optim.warmup_steps": COUNT, "optim.min_lr_ratio": Rule("number", low=0, high=1),
+    "optim.schedule_steps": Rule("int", low=1, null=True, note="null: trainer.max_steps"),
     "trainer.max_steps": Rule("int", low=-1, note="-1: no limit"),
     "trainer.max_epochs": Rule("int", low=-1, null=True, note="-1: no limit"),
     "trainer.log_every_n_steps": POSITIVE_INT, "trainer.accumulate_grad_batches": POSITIVE_INT,
@@ -288,7 +286,7 @@ def trainer_errors(cfg) -> List[str]:
 def _device_count(devices) -> Optional[int]:
     if devices is None:
         return None
-    if isinstance(devices, (list, tuple)) or type(devices).__name__ == "ListConfig":
+    if isinstance(devices, (list, tuple, ListConfig)):
         return len(devices)
     text = str(devices).strip()
     if "," in text:  # "0,1": device ids
@@ -367,7 +365,11 @@ def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
     is memory-mapped with ``weights_only=True``: nothing is executed and no tensor data is read."""
     import torch
 
-    from linrope.identity import checkpoint_identity, identity_differences, model_identity
+    from linrope.identity import (
+        checkpoint_identity,
+        identity_differences,
+        model_identity,
+    )
 
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

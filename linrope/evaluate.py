@@ -26,14 +26,16 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from linrope.checkpoint import CheckpointError, load_checkpoint, load_model
+from linrope.checkpoint import load_checkpoint
 from linrope.config import model_errors
-from linrope.data.bytes import CorpusError
-from linrope.data.rebuild import SavedDataError, build_data_module
+from linrope.data.rebuild import build_data_module
+from linrope.errors import ConfigError, LinropeError
 from linrope.extrapolation import COLUMNS, DEFAULTS, HEADER, format_row, length_table
+from linrope.lit import LanguageModel
+from linrope.plots import plot_length_table
 
 
-class EvaluateError(ValueError):
+class EvaluateError(ConfigError):
     """A bad argument of ``python -m linrope.evaluate`` (one line)."""
 
 
@@ -65,39 +67,6 @@ def read_csv(path: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-def plot(rows: List[Dict[str, Any]], path: Path, *, train_context: Optional[int] = None, title: str = "") -> Path:
-    """Bits per byte (tasks: accuracy) against length, one line per RoPE row; n/a points left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    bytes_like = any(r.get("bpb") is not None for r in rows)
-    key = "bpb" if bytes_like else "acc"
-    labels = {"none": "as trained", "pi": "+ PI by L/L₀", "ntk": "+ NTK by L/L₀"}
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for scaling in dict.fromkeys(r["scaling"] for r in rows):
-        pts = [(r["length"], r[key]) for r in rows if r["scaling"] == scaling and r[key] is not None]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=labels.get(scaling, scaling))
-    if train_context:
-        ax.axvline(train_context, color="grey", linestyle="--", linewidth=1, label=f"trained at {train_context}")
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("bits per byte (same bytes at every length)" if bytes_like else "accuracy (scored positions)")
-    ax.set_title(title or "length extrapolation")
-    ax.yaxis.get_major_formatter().set_useOffset(False)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
 def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
     name = model_cfg.get("name") or f"{model_cfg['attention'].get('kind')} / {model_cfg['position'].get('name')}"
     return f"length extrapolation: {name}{suffix}, trained at {train_context}"
@@ -127,7 +96,7 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
         module.to(was)
     out = Path(cfg.paths.output_dir)
     csv_path = write_csv(rows, out / "extrapolation.csv")
-    png = plot(rows, out / "extrapolation.png", train_context=train_context,
+    png = plot_length_table(rows, out / "extrapolation.png", train_context=train_context,
                title=plot_title(module.hparams["model"], train_context))
     print(f"length extrapolation ({csv_path}):\n{format_table(rows)}")
     _log_to_wandb(rows, png, loggers, "bpb" if getattr(module, "bytes_like", True) else "acc")
@@ -213,7 +182,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     problems = model_errors(OmegaConf.create(model_cfg)) if model_cfg else []
     if problems:
         raise EvaluateError(f"checkpoint {ckpt}: its model config is not one linrope builds: {problems[0]}")
-    module = load_model(ckpt, map_location=device)
+    module = LanguageModel.from_checkpoint(ckpt, map_location=device)
     datamodule = build_data(cfg, ckpt, checkpoint, module.task)
     train_context = int(cfg.train_context or datamodule.context)
     lengths = [int(n) for n in cfg.lengths] if cfg.lengths else [int(round(f * train_context)) for f in cfg.factors]
@@ -231,7 +200,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
                         max_score_mb=cfg.max_score_mb, device=device, log=print)
     out = Path(str(cfg.out))
     csv_path = write_csv(rows, out / "evaluate.csv")
-    png = plot(rows, out / "evaluate.png", train_context=train_context,
+    png = plot_length_table(rows, out / "evaluate.png", train_context=train_context,
                title=plot_title(module.hparams["model"], train_context, f" ({ckpt.name})"))
     print(f"wrote {csv_path} and {png}")
     return rows
@@ -241,7 +210,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
 def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)
-    except (EvaluateError, CheckpointError, SavedDataError, CorpusError) as e:
+    except LinropeError as e:
         print(f"linrope.evaluate: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

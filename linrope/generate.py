@@ -16,7 +16,8 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from linrope.checkpoint import CheckpointError, load_model
+from linrope.errors import ConfigError, LinropeError
+from linrope.lit import LanguageModel
 
 
 def encode(text: str) -> torch.Tensor:
@@ -37,12 +38,12 @@ def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float
 
 def generate(cfg: DictConfig) -> str:
     if not cfg.ckpt:
-        raise CheckpointError("ckpt=PATH is required (see --help)")
+        raise ConfigError("ckpt=PATH is required (see --help)")
     if int(cfg.max_new_tokens) < 0 or float(cfg.temperature) <= 0 or (cfg.top_k is not None and int(cfg.top_k) < 1):
-        raise CheckpointError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}, "
-                              f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature > 0, top_k >= 1 or null")
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}, "
+                          f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature > 0, top_k >= 1 or null")
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(str(cfg.ckpt), map_location=device).model.to(device).eval()
+    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device).model.to(device).eval()
     return generate_text(model, str(cfg.prompt), int(cfg.max_new_tokens), temperature=float(cfg.temperature),
                          top_k=None if cfg.top_k is None else int(cfg.top_k), seed=int(cfg.seed), device=device)
 
@@ -51,7 +52,7 @@ def generate(cfg: DictConfig) -> str:
 def main(cfg: DictConfig) -> None:
     try:
         print(generate(cfg))
-    except CheckpointError as e:
+    except LinropeError as e:
         print(f"linrope.generate: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
 
+from linrope.checkpoint import (
+    check_identity,
+    check_state_dict,
+    last_good_checkpoint,
+    load_checkpoint,
+)
 from linrope.compiling import compile_unsupported
-from linrope.config import ConfigError
+from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
+from linrope.identity import IDENTITY_KEY, model_identity
 from linrope.model import TransformerLM
 
 LN2 = math.log(2.0)
+OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "min_lr_ratio")  # conf/optim/adamw.yaml
 IGNORE = -100  # target of positions that are not scored (the tasks' non-answer positions)
-
-
-class NonFiniteLoss(RuntimeError):
-    pass
 
 
 def step_seed(base: int, step: int, rank: int) -> int:
@@ -35,8 +41,6 @@ def peak_memory_mb(device: torch.device) -> float:
     """Peak memory so far: the CUDA allocator's peak on a GPU, the process's resident high-water mark on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
@@ -106,8 +110,6 @@ class LanguageModel(L.LightningModule):
         if trainer is not None and trainer.world_size > 1:
             logged = trainer.strategy.reduce(logged.clone(), reduce_op="mean")  # all_reduce works in place
         if not torch.isfinite(logged):
-            from linrope.checkpoint import last_good_checkpoint
-
             last = last_good_checkpoint(trainer) if trainer is not None else None
             raise NonFiniteLoss(f"loss is {logged.item()} at step {self.global_step}: training stopped; "
                                 + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
@@ -128,8 +130,6 @@ class LanguageModel(L.LightningModule):
     def on_load_checkpoint(self, checkpoint):
         """Before Lightning loads the weights (resuming, testing, load_from_checkpoint): parameters that do
         not fit this model's config are named in one CheckpointMismatch line."""
-        from linrope.checkpoint import check_identity, check_state_dict
-
         check_state_dict(self.state_dict(), checkpoint.get("state_dict") or {},
                          found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
                          expected_cfg=self.hparams.get("model"))
@@ -138,8 +138,6 @@ class LanguageModel(L.LightningModule):
     def on_save_checkpoint(self, checkpoint):
         """The model's identity (attention kind, feature map, placement, position scheme and options) goes
         into every checkpoint, so that loading it into another model is refused (linrope.identity)."""
-        from linrope.identity import IDENTITY_KEY, model_identity
-
         checkpoint[IDENTITY_KEY] = model_identity(self.hparams.get("model"))
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
@@ -182,7 +180,12 @@ class LanguageModel(L.LightningModule):
 
     # ---- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self):
-        o = {"lr": 1e-3, "weight_decay": 0.1, "betas": (0.9, 0.95), "warmup_steps": 30, "min_lr_ratio": 0.1, **self.optim}
+        """AdamW with linear warm-up and cosine decay, every setting from ``optim`` (conf/optim/, the only
+        place they are written).  Matrices are decayed; embeddings, position tables, norms and biases not."""
+        o = self.optim
+        missing = [k for k in OPTIM_KEYS if k not in o]
+        if missing:
+            raise ConfigError(f"optim: no {', '.join(missing)} (the settings of conf/optim/adamw.yaml)")
         decay, no_decay = [], []
         for name, p in self.model.named_parameters():
             if not p.requires_grad:
@@ -190,7 +193,53 @@ class LanguageModel(L.LightningModule):
             (decay if p.dim() >= 2 and "embed" not in name and "table" not in name else no_decay).append(p)
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
-        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else 10_000
+        total = o.get("schedule_steps") or (self.trainer.max_steps if self.trainer is not None else -1)
+        if total is None or total <= 0:
+            raise ConfigError("optim.schedule_steps: the cosine schedule needs a length; set it, or trainer.max_steps")
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(
             s, warmup_steps=o["warmup_steps"], total_steps=total, min_lr_ratio=o["min_lr_ratio"]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+
+    # ---- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def from_checkpoint(cls, path, expected_model_cfg: Optional[Mapping] = None, *,
+                        map_location: Any = "cpu") -> "LanguageModel":
+        """The model of a checkpoint, in eval mode, loaded with ``weights_only=True``.
+
+        Built from the checkpoint's own model config, overridden (nested) by ``expected_model_cfg`` when
+        given — e.g. a RoPE scaling for evaluation, or the config a caller expects the checkpoint to have.
+        Parameters that do not fit, or another model's identity, raise one ``CheckpointMismatch`` line."""
+        ckpt = load_checkpoint(path, map_location=map_location)
+        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+            raise CheckpointError(f"checkpoint {path}: has no state_dict (not a Lightning checkpoint)")
+        hp = ckpt.get("hyper_parameters") or {}
+        found_cfg = dict(hp.get("model") or {})
+        model_cfg = found_cfg if expected_model_cfg is None else merge_config(found_cfg, plain(expected_model_cfg))
+        if not model_cfg:
+            raise CheckpointError(f"checkpoint {path}: has no model config (hyper_parameters.model) and none was given")
+        module = cls(model=model_cfg, optim=hp.get("optim"))
+        check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {path}",
+                         found_cfg=found_cfg, expected_cfg=model_cfg)
+        check_identity(ckpt, model_cfg, where=f"checkpoint {path}")
+        module.load_state_dict(ckpt["state_dict"])
+        if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
+            module.to(map_location)
+        return module.eval()
+
+
+def plain(cfg: Any) -> Dict[str, Any]:
+    """A config node as a plain dict."""
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+
+def merge_config(base: Mapping, over: Mapping) -> Dict[str, Any]:
+    """``over`` onto ``base``, nested; a sub-config whose ``name``/``kind`` changes is replaced whole."""
+    out = dict(base)
+    for k, v in over.items():
+        old = out.get(k)
+        if isinstance(v, Mapping) and isinstance(old, Mapping) and all(
+                v.get(t, old.get(t)) == old.get(t) for t in ("name", "kind")):
+            out[k] = merge_config(old, v)
+        else:
+            out[k] = dict(v) if isinstance(v, Mapping) else v
+    return out

@@ -11,15 +11,21 @@
 from __future__ import annotations
 
 import csv
+import netrc
 import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.loggers import CSVLogger as _CSVLogger
 from lightning.pytorch.loggers import WandbLogger as _WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from linrope.errors import UserError
+from linrope.naming import wandb_group
 
 WANDB_MODES = ("online", "offline", "disabled", "shared")
 
@@ -59,8 +65,6 @@ def wandb_logged_in() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
     try:
-        import netrc
-
         return netrc.netrc().authenticators("api.wandb.ai") is not None
     except (OSError, netrc.NetrcParseError):
         return False
@@ -70,8 +74,6 @@ def wandb_mode(requested: Optional[str], env: Mapping[str, str] = os.environ,
                logged_in: Callable[[], bool] = wandb_logged_in) -> str:
     """``requested`` (logger.wandb.mode), else ``$WANDB_MODE``, else online when logged in, else offline.
     Online without a login falls back to offline with a warning (a batch job cannot answer a prompt)."""
-    from linrope.training import UserError
-
     source = "logger.wandb.mode" if requested else "WANDB_MODE"
     mode = str(requested or env.get("WANDB_MODE") or ("online" if logged_in() else "offline")).lower()
     mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)  # wandb's older spellings
@@ -85,8 +87,6 @@ def wandb_mode(requested: Optional[str], env: Mapping[str, str] = os.environ,
 
 def wandb_settings(lg: Dict[str, Any], task_name: str, sweep_dir: Optional[str]) -> Dict[str, Any]:
     """The WandbLogger arguments of ``conf/logger/wandb.yaml`` completed: mode, group, save folder."""
-    from linrope.naming import wandb_group
-
     lg = dict(lg)
     lg["mode"] = wandb_mode(lg.get("mode"))
     lg["group"] = lg.get("group") or wandb_group(task_name, sweep_dir)
@@ -98,9 +98,6 @@ def wandb_settings(lg: Dict[str, Any], task_name: str, sweep_dir: Optional[str])
 def sweep_dir() -> Optional[str]:
     """The sweep folder of a job of ``-m`` (None for a single run or without Hydra)."""
     try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             return str(HydraConfig.get().sweep.dir)
     except Exception:  # noqa: BLE001 - no Hydra run

@@ -21,13 +21,9 @@ from typing import Dict, List, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from linrope.config import ConfigError
+from linrope.errors import RunFolderError
 
 LOCK_NAME = ".linrope.lock"
-
-
-class RunFolderError(ConfigError):
-    """The run folder is in use or holds another run; one line."""
 
 
 def _other_process_of_a_run() -> bool:

@@ -1,6 +1,7 @@
 """Builders that train.py calls in order: data, model, callbacks, loggers, trainer."""
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -10,30 +11,29 @@ from typing import Any, Dict, List, Optional
 
 import hydra
 import lightning as L
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.multiprocessing.spawn import ProcessRaisedException
 
-from linrope.atomic import DiskFull
-from linrope.checkpoint import CheckpointError, NonFiniteCheckpoint
-from linrope.config import ConfigError
-from linrope.data.bytes import CorpusError
-from linrope.lit import NonFiniteLoss
-
-
-class UserError(Exception):
-    """Errors a user can fix from the command line; reported in one line."""
-
-
-# config, corpus and checkpoint problems (a full disk too), and a training run stopped by a NaN/Inf loss or parameters
-USER_ERRORS = (ConfigError, CorpusError, UserError, CheckpointError, NonFiniteLoss, NonFiniteCheckpoint,
-               DiskFull)
+from linrope.checkpoint import AtomicCheckpointIO
+from linrope.config import checkpoint_path
+from linrope.errors import LinropeError, UserError
+from linrope.evaluate import extrapolate_after_test
+from linrope.lit import LanguageModel
+from linrope.loggers import sweep_dir, wandb_settings
+from linrope.summary import ParamSummary
 
 
 @contextmanager
 def one_line_errors():
-    """Turn the errors a user can fix into a one-line message (``linrope: ...``) and exit status 1, no
-    traceback; a run stopped by SIGTERM / SIGINT into its one line and exit status 128 + the signal.  Finds the error through the ``__cause__`` chain (Hydra's instantiate wraps what we raised)
-    and in the traceback text of a process that ``trainer=ddp_spawn`` started."""
+    """Turn the errors a user can fix (``linrope.errors.LinropeError``) into a one-line message
+    (``linrope: ...``) and exit status 1, no traceback; a run stopped by SIGTERM / SIGINT into its one line
+    and exit status 128 + the signal.  Finds the error through the ``__cause__`` chain (Hydra's
+    instantiate wraps what we raised) and in the traceback text of a process that ``trainer=ddp_spawn``
+    started."""
     try:
         yield
     except SIGTERMException as e:  # a run stopped by SIGTERM or SIGINT (LastCheckpoint.on_exception)
@@ -43,7 +43,7 @@ def one_line_errors():
         raise SystemExit(code) from None
     except Exception as e:  # noqa: BLE001 - Hydra's instantiate wraps the error we raised
         cause = e
-        while cause is not None and not isinstance(cause, USER_ERRORS):
+        while cause is not None and not isinstance(cause, LinropeError):
             cause = cause.__cause__
         message = str(cause) if cause is not None else _user_error_in_child(e)
         if message is None:
@@ -54,10 +54,8 @@ def one_line_errors():
 def _user_error_in_child(e: BaseException) -> Optional[str]:
     """The message of a user error raised in a spawned process (torch's ProcessRaisedException carries
     only the child's traceback as text, whose last line is ``module.Class: message``)."""
-    if type(e).__name__ != "ProcessRaisedException":
+    if not isinstance(e, ProcessRaisedException):
         return None
-    import importlib
-
     lines = str(e).strip().splitlines()
     name, _, message = (lines[-1] if lines else "").partition(": ")
     module, _, cls_name = name.rpartition(".")
@@ -65,7 +63,7 @@ def _user_error_in_child(e: BaseException) -> Optional[str]:
         cls = getattr(importlib.import_module(module), cls_name)
     except (ImportError, AttributeError, ValueError):
         return None
-    return message if isinstance(cls, type) and issubclass(cls, USER_ERRORS) else None
+    return message if isinstance(cls, type) and issubclass(cls, LinropeError) else None
 
 
 def container(node) -> Dict[str, Any]:
@@ -135,27 +133,18 @@ def data_model_overrides(cfg: DictConfig) -> Dict[str, Any]:
 
 
 def build_module(cfg: DictConfig):
-    from linrope.lit import LanguageModel
-
     model = container(cfg.model)
     overrides = data_model_overrides(cfg)
     if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
         overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
     model.update(overrides)
-    compile_ = cfg.get("compile", False)
-    if not isinstance(compile_, bool):
-        raise ConfigError(f"compile must be true or false; got {compile_!r}")
-    return LanguageModel(model=model, optim=container(cfg.optim), compile=compile_)
+    return LanguageModel(model=model, optim=container(cfg.optim), compile=bool(cfg.get("compile", False)))
 
 
 def build_callbacks(cfg: DictConfig) -> list:
     """Every callback in the config; the progress bar only while trainer.enable_progress_bar is on, the
     checkpoint callbacks only while trainer.enable_checkpointing is on (Lightning refuses them otherwise);
     and the model summary without a FLOPs column (linrope.summary) unless trainer.enable_model_summary=false."""
-    from lightning.pytorch.callbacks import ModelSummary
-
-    from linrope.summary import ParamSummary
-
     skip = set()
     if not cfg.trainer.get("enable_progress_bar", True):
         skip.add("progress_bar")
@@ -171,8 +160,6 @@ def build_callbacks(cfg: DictConfig) -> list:
 
 def build_loggers(cfg: DictConfig) -> list:
     """The loggers of ``cfg.logger``; wandb's mode, group, name and tags filled in (linrope.loggers)."""
-    from linrope.loggers import sweep_dir, wandb_settings
-
     loggers = []
     for name, lg in (cfg.get("logger") or {}).items():
         if not lg or "_target_" not in lg:
@@ -201,10 +188,6 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
     """The Trainer of ``cfg.trainer``, writing checkpoints atomically (linrope.checkpoint.AtomicCheckpointIO)
     unless the config names its own plugins or a sharded strategy; Lightning's refusals of a trainer
     config (MisconfigurationException, ValueError: an unknown strategy, accelerator, …) become one line."""
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    from linrope.checkpoint import AtomicCheckpointIO
-
     extra: Dict[str, Any] = {}
     strategy = str(cfg.trainer.get("strategy") or "")
     if cfg.trainer.get("plugins") is None and not any(s in strategy for s in ("fsdp", "deepspeed")):
@@ -225,7 +208,7 @@ def log_config(cfg: DictConfig, module, loggers: list) -> None:
     params = {**container(cfg), "n_params": module.model.num_params(), "run_tags": run_tags(cfg)}
     for lg in loggers:
         lg.log_hyperparams(params)
-        if type(lg).__name__ == "WandbLogger":
+        if isinstance(lg, WandbLogger):
             exp = lg.experiment
             if hasattr(exp, "define_metric"):
                 exp.define_metric("val/bpb", summary="min")
@@ -238,8 +221,6 @@ def resolve_ckpt(cfg: DictConfig) -> Optional[str]:
     A missing or half-written file is a one-line error (linrope.config.checkpoint_path).  The checkpoint
     is loaded with weights_only=True (AtomicCheckpointIO); parameters that do not fit the model are named
     by LanguageModel.on_load_checkpoint."""
-    from linrope.config import checkpoint_path
-
     return checkpoint_path(cfg)
 
 
@@ -276,14 +257,12 @@ def extrapolate(cfg: DictConfig, trainer: L.Trainer, module, datamodule, loggers
     ex = cfg.get("extrapolation")
     if not ex or not ex.get("enabled"):
         return
-    from linrope.evaluate import extrapolate_after_test
-
     extrapolate_after_test(cfg, trainer, module, datamodule, loggers)
 
 
 def finish(loggers: list) -> None:
     for lg in loggers:
-        if type(lg).__name__ == "WandbLogger":
+        if isinstance(lg, WandbLogger):
             import wandb
 
             wandb.finish()

@@ -161,7 +161,7 @@ def test_opcheck_recurrent_step(rope):
 
 def test_compile_true_where_torch_cannot_compile_is_one_line(monkeypatch, compose):
     from linrope import compiling
-    from linrope.config import ConfigError
+    from linrope.config import ConfigError, validate
     from linrope.training import build_module
 
     monkeypatch.delenv("CXX", raising=False)
@@ -169,8 +169,8 @@ def test_compile_true_where_torch_cannot_compile_is_one_line(monkeypatch, compos
     with pytest.raises(ConfigError, match=r"compile=true: .*C\+\+ compiler.*compile=false") as err:
         build_module(compose("size=tiny", "compile=true"))
     assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match="compile must be true or false"):
-        build_module(compose("size=tiny", "compile=maybe"))
+    with pytest.raises(ConfigError, match="^compile=maybe: expected true or false$"):
+        validate(compose("size=tiny", "compile=maybe"))  # the config check, before anything is built
     assert not build_module(compose("size=tiny")).compile_model  # the default: eager
 
 

@@ -111,7 +111,6 @@ def test_non_finite_parameters_are_never_written(tmp_path):
 
 # ---- weights-only loading, hyperparameters, mismatches ------------------------------------------------------
 def test_checkpoints_load_weights_only_with_plain_hyperparameters(trained):
-    from linrope.checkpoint import load_model
     from linrope.lit import LanguageModel
 
     c = torch.load(trained, map_location="cpu", weights_only=True)
@@ -128,23 +127,24 @@ def test_checkpoints_load_weights_only_with_plain_hyperparameters(trained):
 
     assert plain(hp)
     a = LanguageModel.load_from_checkpoint(str(trained), map_location="cpu", weights_only=True).eval()
-    b = load_model(trained)
+    b = LanguageModel.from_checkpoint(trained)
     x = torch.randint(0, 256, (2, 16))
     assert not b.training and torch.equal(a(x), b(x))
 
 
 def test_load_model_names_the_keys_that_do_not_fit(trained):
-    from linrope.checkpoint import CheckpointMismatch, load_model
+    from linrope.errors import CheckpointMismatch
+    from linrope.lit import LanguageModel
 
     with pytest.raises(CheckpointMismatch) as e:
-        load_model(trained, {"d_model": 32, "d_ff": 64})
+        LanguageModel.from_checkpoint(trained, {"d_model": 32, "d_ff": 64})
     msg = str(e.value)
     assert "\n" not in msg and "of another shape" in msg and "(64,) in the checkpoint, (32,) in the model" in msg
     assert "model.d_model: 64 in the checkpoint, 32 now" in msg
     with pytest.raises(CheckpointMismatch, match=r"missing key.*table.*position.name: rope in the checkpoint, learned now"):
-        load_model(trained, {"position": {"name": "learned", "init_std": 0.02}})
+        LanguageModel.from_checkpoint(trained, {"position": {"name": "learned", "init_std": 0.02}})
     # what does not change parameters is fine: RoPE scaling for evaluation
-    m = load_model(trained, {"position": {"scaling": "pi", "factor": 2.0}})
+    m = LanguageModel.from_checkpoint(trained, {"position": {"scaling": "pi", "factor": 2.0}})
     assert m.hparams["model"]["position"]["scaling"] == "pi"
 
 
@@ -157,12 +157,13 @@ def test_resuming_into_another_model_config_fails_in_one_line(compose, trained):
 
 
 def test_a_broken_checkpoint_is_one_line(tmp_path, trained):
-    from linrope.checkpoint import CheckpointError, load_model
+    from linrope.errors import CheckpointError
+    from linrope.lit import LanguageModel
 
     half = tmp_path / "half.ckpt"
     half.write_bytes(trained.read_bytes()[: trained.stat().st_size // 2])
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
-        load_model(half)
+        LanguageModel.from_checkpoint(half)
 
 
 # ---- NaN, bf16 --------------------------------------------------------------------------------------------
@@ -233,7 +234,7 @@ def fake_trainer(world_size=1, rank=0, global_step=0, max_steps=10):
 
 
 def test_train_loader_deals_sample_i_to_rank_i_mod_world_size():
-    from linrope.checkpoint import train_loader, train_span
+    from linrope.data.resume import train_loader, train_span
 
     data = list(range(1000))
     one = train_loader(data, fake_trainer(), batch_size=8)
@@ -403,7 +404,7 @@ def test_resuming_another_model_is_refused_naming_the_difference(compose, traine
 
 
 def test_loading_another_model_is_refused_in_every_path(trained):
-    from linrope.checkpoint import CheckpointMismatch, load_model
+    from linrope.errors import CheckpointMismatch
     from linrope.identity import IDENTITY_KEY
     from linrope.lit import LanguageModel
 
@@ -412,7 +413,7 @@ def test_loading_another_model_is_refused_in_every_path(trained):
                                "attention.placement": "numerator", "position.base": 10000.0,
                                "position.name": "rope"}
     with pytest.raises(CheckpointMismatch, match="feature_map: elu in the checkpoint, cosine now"):
-        load_model(trained, {"attention": {"feature_map": "cosine"}})
+        LanguageModel.from_checkpoint(trained, {"attention": {"feature_map": "cosine"}})
     cfg = {**c["hyper_parameters"]["model"], "attention": {"kind": "softmax"}}
     with pytest.raises(CheckpointMismatch, match="attention.kind: linear in the checkpoint, softmax now"):
         LanguageModel(model=cfg).on_load_checkpoint(c)
@@ -420,7 +421,7 @@ def test_loading_another_model_is_refused_in_every_path(trained):
     del c[IDENTITY_KEY]
     with pytest.raises(CheckpointMismatch, match="attention.kind: linear in the checkpoint, softmax now"):
         LanguageModel(model=cfg).on_load_checkpoint(c)
-    assert load_model(trained, {"position": {"scaling": "ntk", "factor": 2.0}}) is not None  # evaluation options
+    assert LanguageModel.from_checkpoint(trained, {"position": {"scaling": "ntk", "factor": 2.0}}) is not None  # evaluation options
 
 
 # ---- run folders: one run each, never overwritten ---------------------------------------------------------

@@ -293,7 +293,7 @@ def test_concurrent_writers_of_one_checkpoint_all_succeed(tmp_path):
     path = tmp_path / "last.ckpt"
     script = f"""
 import pathlib, sys, time, torch
-from linrope.checkpoint import atomic_torch_save
+from linrope.atomic import atomic_torch_save
 me = int(sys.argv[1])
 pathlib.Path({str(tmp_path)!r}, f"ready{{me}}").touch()  # start together: imports take seconds
 while len(list(pathlib.Path({str(tmp_path)!r}).glob("ready*"))) < 2:

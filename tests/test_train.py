@@ -43,6 +43,30 @@ def test_default_config_is_linear_rope(compose):
     assert cfg.model.position.name == "rope" and cfg.model.max_len == cfg.context == cfg.data.context
 
 
+def test_the_optimizer_settings_come_only_from_conf_optim(compose):
+    """conf/optim/adamw.yaml is the one place the optimizer's settings are written: the module builds AdamW
+    and its schedule from ``cfg.optim`` and, given none, refuses in one line instead of using defaults."""
+    from types import SimpleNamespace
+
+    from linrope.config import ConfigError
+    from linrope.lit import LanguageModel
+    from linrope.training import build_module
+
+    cfg = compose("size=tiny", "optim.lr=0.00123", "optim.weight_decay=0.05", "optim.warmup_steps=4",
+                  "trainer.max_steps=20")
+    module = build_module(cfg)
+    module.trainer = SimpleNamespace(max_steps=20)  # what configure_optimizers reads of the Trainer
+    built = module.configure_optimizers()
+    opt, sched = built["optimizer"], built["lr_scheduler"]["scheduler"]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.05, 0.0]
+    assert opt.param_groups[0]["betas"] == tuple(cfg.optim.betas)
+    assert math.isclose(opt.param_groups[0]["lr"], 0.00123 / 4)  # warm-up step 1 of 4
+    bare = LanguageModel(model=module.hparams["model"])
+    bare.trainer = SimpleNamespace(max_steps=20)
+    with pytest.raises(ConfigError, match=r"^optim: no lr, betas, weight_decay, warmup_steps, min_lr_ratio "):
+        bare.configure_optimizers()
+
+
 def test_lm_loss_falls(small_corpus):
     """A few dozen steps on a small corpus: the next-byte loss falls well below its start."""
     from linrope.data.bytes import RandomWindows, load_corpus

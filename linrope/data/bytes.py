@@ -24,12 +24,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from linrope.errors import CorpusError
+
 SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "__pycache__", "idle_test"}
 SPLITS = ("train", "val", "test")
-
-
-class CorpusError(ValueError):
-    """A corpus that cannot be used: names the path and the problem in one line."""
 
 
 def stdlib_dir() -> Path:

@@ -30,7 +30,7 @@ class ResumableDataModule(L.LightningDataModule):
         return self.batch_size * t.accumulate_grad_batches * t.world_size
 
     def train_dataloader(self):
-        from linrope.checkpoint import train_loader, train_span
+        from linrope.data.resume import train_loader, train_span
 
         # starts at global_step × samples per step, as long as the whole run; sample i to rank i mod world_size
         start, length = train_span(self.trainer, self.samples_per_step())

@@ -14,12 +14,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple, Type
 
+from linrope.errors import SavedDataError
+
 from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
-
-
-class SavedDataError(ValueError):
-    """A saved data config that linrope refuses to build (one line)."""
 
 
 @dataclass

@@ -18,6 +18,8 @@ SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplic
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
 
+from linrope.errors import IncompatiblePairing
+
 from .alibi import alibi_slopes  # noqa: E402  (public helpers)
 from .t5 import t5_bucket  # noqa: E402
 
@@ -67,10 +69,6 @@ def build_shared(name: str, **dims_and_options) -> Optional[PositionScheme]:
     if not scheme_class(name).shares or dims_and_options.get("share") is False:
         return None
     return build_position(name, where="shared", **dims_and_options)
-
-
-class IncompatiblePairing(ValueError):
-    pass
 
 
 def check_pairing(attention_kind: str, name: str) -> None:

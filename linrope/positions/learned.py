@@ -11,11 +11,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from linrope.errors import SequenceTooLong
+
 from .base import PositionScheme, register
-
-
-class SequenceTooLong(ValueError):
-    pass
 
 
 def check_table_positions(positions: torch.Tensor, max_len: int, table: str,

@@ -1,0 +1,63 @@
+"""The errors a user can fix, in one place.
+
+Each is reported as one line (``linrope: …``) with exit status 1 and no traceback
+(``linrope.training.one_line_errors``): the reporter recognises them by their common base class,
+``LinropeError``, so adding an error never means updating a list elsewhere.  Each also derives from
+the built-in exception it refines (``ValueError``, ``RuntimeError``, ``OSError``), so code that
+catches those keeps working.
+
+This module imports nothing: every layer of linrope may raise these errors.
+"""
+
+
+class LinropeError(Exception):
+    """A problem with what the user gave, or a run stopped for a reason the user must act on."""
+
+
+class ConfigError(LinropeError, ValueError):
+    """A config value, or a combination of values, that cannot work (checked before any data is read)."""
+
+
+class IncompatiblePairing(ConfigError):
+    """An attention kind with a position scheme it cannot take (linear attention never forms the scores)."""
+
+
+class RunFolderError(ConfigError):
+    """The run folder is in use by another run, or holds a run that would be overwritten."""
+
+
+class UserError(LinropeError):
+    """A problem the user fixes from the command line that no config check can see beforehand (a Trainer
+    flag Lightning refuses, a wandb mode)."""
+
+
+class CorpusError(LinropeError, ValueError):
+    """A corpus that cannot be used (missing, empty, too short for one window per split)."""
+
+
+class SavedDataError(LinropeError, ValueError):
+    """A saved data config (a run folder's, a checkpoint's) that linrope refuses to rebuild."""
+
+
+class SequenceTooLong(LinropeError, ValueError):
+    """A position beyond the rows of a learned table (learned, tupe, multiplicative with a table)."""
+
+
+class CheckpointError(LinropeError, ValueError):
+    """A checkpoint that cannot be used: missing, incomplete, not loadable with weights_only, not this model's."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """The checkpoint's parameters or identity do not fit the model built from the config."""
+
+
+class NonFiniteCheckpoint(LinropeError, RuntimeError):
+    """Refused to write a checkpoint whose parameters are NaN or infinite (the last good one is kept)."""
+
+
+class NonFiniteLoss(LinropeError, RuntimeError):
+    """Training stopped at a NaN or infinite loss."""
+
+
+class DiskFull(LinropeError, OSError):
+    """No space left on the device while writing a checkpoint (the previous one is kept)."""
