@@ -1,6 +1,8 @@
 """The shape of the codebase: rules a reader can rely on (see docs/architecture.md).
 
-- the import graph of ``linrope/`` (module-level and function-level imports alike) has no cycle;
+- the import graph of ``linrope/`` (module-level and function-level imports alike) has no cycle, and
+  every import goes to a module of the same layer or a lower one (``LAYERS``, as docs/architecture.md
+  draws them);
 - no module of ``linrope/`` is longer than 400 lines;
 - no object is recognised by the string of its class name (``type(x).__name__ == ...``);
 - the repository explains itself: no tracked file cites a design note it does not contain.
@@ -101,6 +103,35 @@ def test_the_import_graph_sees_relative_and_function_level_imports():
 
 def test_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+# docs/architecture.md's layers, lowest first; a module may import its own layer and the layers below
+LAYERS = [
+    ("foundation", ("errors", "rope", "memory", "compiling", "identity", "naming", "plots", "stats")),
+    ("operators and positions", ("ops", "positions")),
+    ("model and data", ("attention", "model", "data")),
+    ("files and config", ("atomic", "checkpoint", "config", "command_line", "runfolder")),
+    ("Lightning", ("lit", "loggers", "summary", "tidy")),
+    ("evaluation", ("extrapolation", "evaluate", "generate")),
+    ("orchestration", ("training",)),
+    ("tools", ("runs", "report", "figures", "dashboard", "sweeps")),
+]
+
+
+def layer_of(module: str) -> int:
+    name = module.removeprefix("linrope.").split(".")[0]
+    for i, (_, members) in enumerate(LAYERS):
+        if name in members:
+            return i
+    raise AssertionError(f"{module} is in no layer of LAYERS (tests/test_architecture.py, docs/architecture.md)")
+
+
+def test_every_import_goes_to_the_same_or_a_lower_layer():
+    graph = import_graph()
+    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+              for m, targets in sorted(graph.items()) if m != "linrope" for t in sorted(targets)
+              if t != "linrope" and layer_of(t) > layer_of(m)]
+    assert upward == []
 
 
 def test_no_module_longer_than_the_limit():
