@@ -1,7 +1,6 @@
 """python -m linrope.evaluate: the same scored bytes at every length, like-for-like RoPE rows, a data
 module rebuilt without running what a saved file names, and a Hydra command line."""
 import csv
-import dataclasses
 import inspect
 import subprocess
 import sys
@@ -233,21 +232,25 @@ def test_saved_data_is_type_checked_and_rebuilt_from_the_table(corpus):
 
 
 @pytest.mark.parametrize("task", sorted(DATA_MODULES))
-def test_each_data_schema_matches_its_module_and_yaml(task):
-    schema, cls = DATA_MODULES[task]
-    params = {}
-    for klass in reversed(cls.__mro__):  # a task module passes **common on to TaskDataModule
-        init = klass.__dict__.get("__init__")
-        if init is not None and klass.__module__.startswith("linrope"):
-            params.update({n: p.default for n, p in inspect.signature(init).parameters.items()
-                           if n != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)})
-    params.pop("task", None)  # TaskDataModule's task object, built by the subclass
-    fields = {f.name: f.default for f in dataclasses.fields(schema)}
-    assert set(fields) == set(params)
-    assert {k: v for k, v in params.items() if v is not inspect.Parameter.empty} == \
-        {k: v for k, v in fields.items() if k in params and params[k] is not inspect.Parameter.empty}
+def test_each_data_schema_is_its_modules_constructor_and_covers_its_yaml(task):
+    """The schema a saved data config is checked against is read from the data module's constructor (and the
+    parents it passes ``**common`` to): every key of conf/data/<task>.yaml is in it, and every argument's
+    default passes the type check made on saved values."""
+    from linrope.data.rebuild import _type_error, constructor_fields
+
+    cls = DATA_MODULES[task]
+    fields = constructor_fields(cls)
+    assert "context" in fields and "batch_size" in fields and "seed" in fields
     yaml_keys = set(OmegaConf.load(CONF / "data" / f"{task}.yaml")) - {"_target_", "task"}
     assert yaml_keys <= set(fields), yaml_keys - set(fields)
+    defaults = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None and klass.__module__.startswith("linrope"):
+            defaults.update({n: p.default for n, p in inspect.signature(init).parameters.items()
+                             if n in fields and n not in defaults and p.default is not inspect.Parameter.empty})
+    assert {n: _type_error(v, fields[n]) for n, v in defaults.items() if _type_error(v, fields[n])} == {}
+    assert _type_error("abc", fields["context"]) == "an integer"
 
 
 # ---- the command line ---------------------------------------------------------------------------------------------

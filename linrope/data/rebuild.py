@@ -3,16 +3,15 @@
 A run folder someone sent you holds ``.hydra/config.yaml``; its ``data`` section names a class
 (``_target_``) that ``hydra.utils.instantiate`` would import and call with whatever arguments the
 file gives — code execution.  Here the task name picks one of linrope's own data modules from a
-fixed table, only the fields that task's config dataclass declares are passed, and each value is
-type-checked first.  A ``_target_`` other than the table's class for that task is refused in one
-line (``SavedDataError``); keys the dataclass does not declare are ignored with a warning."""
+fixed table, only the arguments that module's constructor takes are passed, and each value is
+type-checked first against the constructor's annotations.  A ``_target_`` other than the table's class for that task is refused in one
+line (``SavedDataError``); keys the constructor does not take are ignored with a warning."""
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import typing
 import warnings
-from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple, Type
+from typing import Any, Dict, Mapping, Optional
 
 from linrope.errors import SavedDataError
 
@@ -20,66 +19,30 @@ from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
 
 
-@dataclass
-class ByteData:
-    path: Optional[str] = None
-    context: int = 256
-    batch_size: int = 16
-    eval_batch_size: int = 16
-    val_windows: int = 64
-    test_windows: int = 256
-    val_fraction: float = 0.05
-    test_fraction: float = 0.05
-    max_bytes: Optional[int] = None
-    num_workers: int = 0
-    seed: int = 1234
-    eval_context: Optional[int] = None
-
-
-@dataclass
-class TaskData:
-    context: int = 256
-    batch_size: int = 16
-    eval_batch_size: int = 16
-    val_examples: int = 256
-    test_examples: int = 512
-    test_factor: Optional[int] = None
-    num_workers: int = 0
-    seed: int = 1234
-    eval_seed: int = 0
-
-
-@dataclass
-class MQARData(TaskData):
-    num_kv_pairs: int = 8
-    num_queries: Optional[int] = None
-    key_vocab: int = 64
-    value_vocab: int = 64
-
-
-@dataclass
-class OffsetCopyData(TaskData):
-    n_symbols: int = 64
-    offset: int = 16
-    max_offset: Optional[int] = None
-
-
-@dataclass
-class ListOpsData(TaskData):
-    max_depth: int = 10
-    max_args: int = 10
-    leaf_prob: float = 0.75
-    min_length: Optional[int] = None
-    max_tries: int = 200
-
-
-# task name -> (its config dataclass, its data module class); nothing outside this table is ever built
-DATA_MODULES: Dict[str, Tuple[Type, type]] = {
-    "bytes": (ByteData, ByteDataModule),
-    "mqar": (MQARData, MQARDataModule),
-    "offset_copy": (OffsetCopyData, OffsetCopyDataModule),
-    "listops": (ListOpsData, ListOpsDataModule),
+# task name -> its data module class; nothing outside this table is ever built
+DATA_MODULES: Dict[str, type] = {
+    "bytes": ByteDataModule,
+    "mqar": MQARDataModule,
+    "offset_copy": OffsetCopyDataModule,
+    "listops": ListOpsDataModule,
 }
+
+
+def constructor_fields(cls: type) -> Dict[str, Any]:
+    """{name: type annotation} of the keyword arguments a data module takes: its ``__init__`` and, where that
+    passes ``**common`` on, its parents' (the schema is the constructor itself, written once)."""
+    fields: Dict[str, Any] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        hints = typing.get_type_hints(init)
+        fields.update({p.name: hints[p.name] for p in params if p.name in hints and p.name not in fields
+                       and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return fields
 
 
 def class_path(cls: type) -> str:
@@ -103,13 +66,14 @@ def _type_error(value: Any, annotation: Any) -> Optional[str]:
         (" or null" if args else "")
 
 
-def checked_fields(schema: Type, data: Mapping[str, Any], where: str) -> Dict[str, Any]:
-    """The entries of ``data`` that ``schema`` declares, each type-checked (``SavedDataError`` otherwise)."""
-    hints = typing.get_type_hints(schema)
-    names = [f.name for f in dataclasses.fields(schema)]
+def checked_fields(cls: type, data: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    """The entries of ``data`` that ``cls``'s constructor takes, each type-checked (``SavedDataError``
+    otherwise)."""
+    hints = constructor_fields(cls)
+    names = [n for n in hints if n != "task"]  # a task module builds its task object itself
     ignored = sorted(k for k in data if k not in names and k not in ("_target_", "task"))
     if ignored:
-        warnings.warn(f"{where}: ignoring data keys that linrope's {schema.__name__} does not declare: "
+        warnings.warn(f"{where}: ignoring data keys that linrope's {cls.__name__} does not take: "
                       f"{', '.join(map(str, ignored))}")
     out = {}
     for name in names:
@@ -130,9 +94,9 @@ def build_data_module(data: Mapping[str, Any], task: Optional[str] = None, *, wh
     task = task or named or "bytes"
     if task not in DATA_MODULES:
         raise SavedDataError(f"{where}: unknown task {task!r}; linrope builds only {', '.join(DATA_MODULES)}")
-    schema, cls = DATA_MODULES[task]
+    cls = DATA_MODULES[task]
     target = data.get("_target_")
     if target is not None and target != class_path(cls):
         raise SavedDataError(f"{where}: data._target_={target!r} is not linrope's data module for task {task!r} "
                              f"({class_path(cls)}); refusing to build what a file names")
-    return cls(**checked_fields(schema, data, where))
+    return cls(**checked_fields(cls, data, where))
