@@ -7,6 +7,8 @@ factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
 """
 import torch
 
+from linrope.rope import compute_dtype
+
 from .base import PositionScheme, register
 from .functional import alibi_slopes, relative_distance
 
@@ -35,7 +37,7 @@ class ALiBi(PositionScheme):
     def score_bias(self, q, k, positions):
         """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32
         (under bf16/fp16 autocast too, where a bias in the half dtype would be off by up to |bias|/256)."""
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(q.dtype)
         dist = relative_distance(positions).abs()
         per_distance = torch.arange(int(dist.max()) + 1 if dist.numel() else 1, device=dist.device, dtype=torch.float64)
         table = -(self.slopes[:, None] * per_distance).to(dtype)  # (H, distances): float64 products, rounded once
