@@ -1,27 +1,33 @@
 """Benchmark: end-to-end training throughput of ``linear_rope`` against ``softmax_rope`` (issue #7, target 6).
 
-Both models are ``linrope.model.TransformerLM`` at the same size (default: the repo's ``size=small`` shapes,
-d_model=256, 4 layers, 4 heads, d_ff=1024, byte vocabulary 256), built in this one process:
+Each model is composed from the repo's own configs, as ``python train.py model=<preset>`` composes it
+(``conf/train.yaml`` with ``conf/model/<preset>.yaml``, ``conf/size/small.yaml`` by default: d_model=256,
+4 layers, 4 heads, d_ff=1024, byte vocabulary 256), and built by ``linrope.training.build_module`` into the
+LightningModule train.py trains, all in this one process:
 
-  * ``linear_rope``  – linear attention, elu+1, RoPE in the numerator, ``impl="chunk"`` (C=64)
-                       (= ``conf/model/linear_rope.yaml``),
+  * ``linear_rope``  – linear attention, elu+1, RoPE in the numerator, ``impl="chunk"`` (C=64),
   * ``softmax_rope`` – softmax attention through torch SDPA (causal), RoPE on q, k
-                       (= ``conf/model/softmax_rope.yaml``).
+  (``--models`` takes any preset of ``conf/model/``).
 
-One training step = forward, next-token cross-entropy, backward, gradient clipping at 1.0 and an AdamW step
-(lr 2e-3, betas (0.9, 0.95), weight decay 0.1: the repo's optimiser settings) on random bytes.  For each
-context length every model first runs ``--warmup`` untimed steps; then ``--steps`` timed rounds alternate
-the models step by step (so slow drifts of the machine hit both alike), and each model's time per step is
-the median over its timed steps.  Tokens/s = batch · context / median step time; the ratio is
-linear_rope tokens/s over softmax_rope tokens/s at the same context.
+One training step = forward, the module's own loss (next-token cross-entropy), backward, gradient clipping
+at ``trainer.gradient_clip_val`` (1.0) and a step of the optimizer and learning-rate schedule the module's
+``configure_optimizers`` builds from ``conf/optim/`` (AdamW, its weight-decay groups and warm-up/cosine
+schedule, exactly as in training) on random bytes.  For each context length every model first runs
+``--warmup`` untimed steps; then ``--steps`` timed rounds alternate the models step by step (so slow drifts
+of the machine hit both alike), and each model's time per step is the median over its timed steps.
+Tokens/s = batch · context / median step time; the ratio is linear_rope tokens/s over softmax_rope tokens/s
+at the same context.  ``--d-model``, ``--layers``, ``--heads``, ``--d-ff`` and ``--chunk-size`` override the
+composed sizes (``model.d_model=…`` and so on); more Hydra overrides go after ``--override``.
 
 With ``--compile`` each model is timed twice in the same process, eager and under ``torch.compile``
-(``nn.Module.compile``, Inductor): the table then adds compiled/eager tokens/s per model, compiled linear_rope
-over compiled softmax_rope, and the compile time (the first warm-up step's time less the median step time).
+(``compile=true``: the module compiles its model in ``configure_model``, Inductor): the table then adds
+compiled/eager tokens/s per model, compiled linear_rope over compiled softmax_rope, and the compile time
+(the first warm-up step's time less the median step time).
 
 Usage:  python benchmarks/train_throughput.py                       # context 8192
         python benchmarks/train_throughput.py --context 1024 4096 8192 --steps 5
         python benchmarks/train_throughput.py --compile --context 256 --batch 8 --models linear_rope
+        python benchmarks/train_throughput.py --context 1024 --override size=tiny optim.weight_decay=0
 """
 from __future__ import annotations
 
@@ -30,84 +36,108 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from linrope.memory import retain_freed_memory  # noqa: E402
-from linrope.model import TransformerLM  # noqa: E402
+from linrope.training import build_module  # noqa: E402
 
-ROPE = {"name": "rope", "base": 10000.0, "scaling": None, "factor": 1.0}
-MODELS = {
-    "linear_rope": {"kind": "linear", "feature_map": "elu", "placement": "numerator", "impl": "chunk",
-                    "chunk_size": 64, "eps": 1e-6},
-    "softmax_rope": {"kind": "softmax"},
-}
+CONF = ROOT / "conf"
+PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+DEFAULT_MODELS = ["linear_rope", "softmax_rope"]
 
 
-def build(name: str, args, context: int, seed: int) -> TransformerLM:
-    attention = dict(MODELS[name])
-    if attention["kind"] == "linear":
-        attention["chunk_size"] = args.chunk_size
-    torch.manual_seed(seed)
-    cfg = dict(vocab_size=256, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, d_ff=args.d_ff,
-               dropout=0.0, max_len=context, causal=True, attention=attention, position=dict(ROPE))
-    return TransformerLM(cfg)
-
-
-def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                             lr=2e-3, betas=(0.9, 0.95))
+def compose_config(name: str, args, context: int, compiled: bool) -> DictConfig:
+    """``conf/train.yaml`` with ``model=<name>``, this context and the sizes given on the command line."""
+    overrides = [f"model={name}", f"context={context}", f"compile={str(compiled).lower()}", "logger=none"]
+    sizes = {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads, "d_ff": args.d_ff}
+    overrides += [f"model.{k}={v}" for k, v in sizes.items() if v is not None]
+    overrides += list(args.override)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+    if args.chunk_size is not None and cfg.model.attention.get("kind") == "linear":
+        cfg.model.attention.chunk_size = args.chunk_size
+    return cfg
 
 
 class Trainer:
     def __init__(self, name: str, args, context: int, compiled: bool = False):
         self.name = name + (" compiled" if compiled else "")
-        self.model = build(name, args, context, args.seed)
-        self.model.train()
-        if compiled:
-            self.model.compile()
+        cfg = compose_config(name, args, context, compiled)
+        self.cfg = cfg
+        torch.manual_seed(args.seed)
+        self.module = build_module(cfg)
+        self.module.configure_model()  # compile=true: compiles the model in place, as the Lightning Trainer would
+        self.module.train()
+        # what configure_optimizers reads of the Lightning Trainer: the run's length in optimizer steps
+        steps = int(cfg.trainer.max_steps)
+        self.module.trainer = SimpleNamespace(max_steps=steps, estimated_stepping_batches=steps)
+        optimizers = self.module.configure_optimizers()
+        self.opt = optimizers["optimizer"]
+        self.sched = optimizers["lr_scheduler"]["scheduler"]
+        self.clip = cfg.trainer.get("gradient_clip_val")
         self.first: float = 0.0
-        self.opt = make_optimizer(self.model)
+        vocab = int(cfg.model.vocab_size)
         g = torch.Generator().manual_seed(args.seed)
-        self.data = torch.randint(0, 256, (args.batch, context + 1), generator=g)
+        self.data = torch.randint(0, vocab, (args.batch, context + 1), generator=g)
         self.times: list[float] = []
 
     def step(self) -> float:
-        x, y = self.data[:, :-1], self.data[:, 1:]
+        batch = (self.data[:, :-1], self.data[:, 1:])
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
-        logits = self.model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = self.module.loss(batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), float(self.clip))
         self.opt.step()
+        self.sched.step()
         dt = time.perf_counter() - t0
         if not torch.isfinite(loss):
             raise RuntimeError(f"{self.name}: non-finite loss {loss.item()}")
         return dt
 
 
+def header(args, first: Trainer, retained: bool) -> None:
+    m = first.cfg.model
+    print(f"# training throughput: d_model={m.d_model} layers={m.n_layers} heads={m.n_heads} d_ff={m.d_ff} "
+          f"batch={args.batch}, float32, {type(first.opt).__name__} + clip {first.clip}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} warm-up steps per model, "
+          f"median of {args.steps} timed steps (models alternating); malloc: "
+          + ("freed memory kept for reuse" if retained else "as the system has it"))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--context", type=int, nargs="+", default=[8192], help="context lengths (tokens) to time")
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="models to time")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--d-ff", type=int, default=1024)
+    p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=PRESETS, metavar="PRESET",
+                   help=f"model presets (conf/model/) to time; default: {' '.join(DEFAULT_MODELS)}")
+    p.add_argument("--d-model", type=int, default=None, help="model.d_model (default: conf/size/small.yaml's)")
+    p.add_argument("--layers", type=int, default=None, help="model.n_layers (default: the size config's)")
+    p.add_argument("--heads", type=int, default=None, help="model.n_heads (default: the size config's)")
+    p.add_argument("--d-ff", type=int, default=None, help="model.d_ff (default: the size config's)")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--chunk-size", type=int, default=64, help="chunk size of linear_rope's chunked kernel")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="chunk size of linear attention's chunked kernel (default: conf/attention/linear.yaml's)")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per model before timing")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per model (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="time every model eager and compiled (torch.compile)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="more Hydra overrides of conf/train.yaml for every model (size=tiny, optim.lr=1e-3, ...)")
     p.add_argument("--system-malloc", action="store_true",
                    help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
                         "(linrope.memory.retain_freed_memory)")
@@ -116,14 +146,11 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     retained = False if args.system_malloc else retain_freed_memory()
 
-    print(f"# training throughput: d_model={args.d_model} layers={args.layers} heads={args.heads} d_ff={args.d_ff} "
-          f"batch={args.batch}, float32, AdamW + clip 1.0")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} warm-up steps per model, "
-          f"median of {args.steps} timed steps (models alternating); malloc: "
-          + ("freed memory kept for reuse" if retained else "as the system has it"))
     rows = []
     for ctx in args.context:
         trainers = [Trainer(name, args, ctx, c) for name in args.models for c in ((False, True) if args.compile else (False,))]
+        if not rows:
+            header(args, trainers[0], retained)
         for tr in trainers:
             for i in range(args.warmup):
                 dt = tr.step()

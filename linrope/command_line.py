@@ -2,6 +2,7 @@
 (``model=nope``) is one line that lists the options there are (Hydra's own message is several lines)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -50,8 +51,6 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
 def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR) -> None:
     """Exit with one line per unknown config-group option on the command line (``model=nope``) — before
     Hydra, whose own message for it is several lines long."""
-    import sys
-
     errors = command_line_errors(sys.argv[1:] if argv is None else argv, conf_dir)
     if errors:
         raise SystemExit("\n".join("linrope: " + e for e in errors))

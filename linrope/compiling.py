@@ -11,13 +11,12 @@ import sys
 from typing import Optional
 
 import torch
+import torch._dynamo.eval_frame as eval_frame
+from torch.utils._triton import has_triton
 
 
 def compile_unsupported(device_type: Optional[str] = None) -> Optional[str]:
     """None if torch.compile can work for ``device_type`` (default: cuda when available, else cpu), else why not."""
-    import torch._dynamo.eval_frame as eval_frame
-    from torch.utils._triton import has_triton
-
     version = f"torch {torch.__version__} on Python {sys.version_info.major}.{sys.version_info.minor}"
     if not eval_frame.is_dynamo_supported():
         return f"torch.compile is not supported by {version} on {sys.platform}"

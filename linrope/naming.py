@@ -12,13 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
+import yaml
+from omegaconf import OmegaConf, open_dict
+
+# Hydra (~0.15 s) is imported inside name_model, the one function that needs a Hydra run: the dashboard CLI,
+# which reads names from a sweep folder, stays fast
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def preset_choice(preset: str, conf_dir: Path = CONF) -> Optional[Tuple[str, str]]:
     """(attention, position) options a model preset selects (its ``override /attention: …`` lines)."""
-    import yaml
-
     path = conf_dir / "model" / f"{preset}.yaml"
     if not path.is_file():
         return None
@@ -36,8 +40,6 @@ def preset_choice(preset: str, conf_dir: Path = CONF) -> Optional[Tuple[str, str
 
 def _plain_presets(conf_dir: Path) -> Dict[Tuple[str, str], list]:
     """(attention, position) -> names of the presets that select exactly that and change nothing else."""
-    import yaml
-
     found: Dict[Tuple[str, str], list] = {}
     for path in sorted((conf_dir / "model").glob("*.yaml")):
         model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
@@ -97,8 +99,6 @@ def name_model(cfg) -> None:
     name = model_name(cfg.model.get("name"), dict(hc.runtime.choices), list(hc.overrides.task))
     if name == cfg.model.get("name"):
         return
-    from omegaconf import OmegaConf, open_dict
-
     with open_dict(cfg):
         cfg.model.name = name
     if hc.output_subdir is not None:

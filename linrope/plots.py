@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+# matplotlib (~0.5 s) is imported inside the functions that draw: `python -m linrope.report --help` stays fast
+
 # a qualitative palette, one hue per position scheme (tab10's ten plus two that stay apart from them)
 POSITION_COLOURS = {
     "none": "#000000", "rope": "#d62728", "alibi": "#1f77b4", "t5": "#2ca02c", "xl": "#9467bd",

@@ -61,7 +61,9 @@ def rope_cos_sin(positions: torch.Tensor, theta: torch.Tensor, dtype: torch.dtyp
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision positions and accumulations compute in: float64 stays float64, everything else
+    (float32, bf16, fp16) runs in float32.  The one statement of this rule: every module uses it."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -104,5 +106,5 @@ def apply_rope(
         raise ValueError(f"apply_rope: {positions.shape[-1]} positions for a sequence of length {n}")
     if theta is None:
         theta = rope_frequencies(d, base, scaling=scaling, factor=factor, device=x.device)
-    cos, sin = rope_cos_sin(positions.to(x.device), theta, _compute_dtype(x.dtype))
+    cos, sin = rope_cos_sin(positions.to(x.device), theta, compute_dtype(x.dtype))
     return rotate(x, cos, sin, interleaved=interleaved)

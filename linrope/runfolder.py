@@ -12,6 +12,7 @@
 Light: no torch, no Lightning."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -50,8 +51,6 @@ _held: Dict[str, int] = {}  # the folder this process holds -> the lock's file d
 def claim_run_folder(cfg: DictConfig) -> None:
     """Hold ``cfg.paths.output_dir`` until this process ends or claims another run folder (one run at a time
     per process: Hydra's in-process sweeps, tests).  See the module docstring."""
-    import fcntl
-
     if _other_process_of_a_run():
         return
     folder = Path(str(cfg.paths.output_dir))
@@ -85,8 +84,6 @@ def _holds_a_run(folder: Path, earlier: List[str]) -> str:
 
 def lock_holder(folder: Path) -> Optional[str]:
     """Who holds ``folder``'s lock (the line it wrote), or None when no live process holds it."""
-    import fcntl
-
     try:
         fd = os.open(folder / LOCK_NAME, os.O_RDONLY)
     except FileNotFoundError:

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from omegaconf import OmegaConf
+
+from linrope.tables import read_csv
+
 # settings that do not tell configurations apart (the seed is what we average over)
 IGNORED = ("seed", "data.seed", "data.eval_seed", "paths.", "hydra.", "tags", "task_name", "logger.", "callbacks.",
            "ckpt_path", "extrapolation.", "trainer.enable_progress_bar", "trainer.default_root_dir", "train", "test",
@@ -70,10 +74,6 @@ def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:
 
 
 def find_runs(sweep: Path) -> List[Run]:
-    from omegaconf import OmegaConf
-
-    from linrope.evaluate import read_csv
-
     runs = []
     for metrics in sorted(sweep.rglob("metrics.csv")):
         run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent

@@ -13,13 +13,17 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from linrope.config import ConfigError, validate
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _compose(overrides: Sequence[str], *, hydra_config: bool = False):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -30,9 +34,6 @@ def _compose(overrides: Sequence[str], *, hydra_config: bool = False):
 
 def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
     """The override list of every job, in launch order."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
@@ -46,8 +47,6 @@ def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
 
 def check_jobs(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[Tuple[List[str], Optional[str]]]:
     """(job overrides, None if its config is valid else the error) for every job."""
-    from linrope.config import ConfigError, validate
-
     results = []
     for job in sweep_jobs(overrides):
         try:

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+from hydra.core.hydra_config import HydraConfig
+
 # Lightning's advertisements, its notice that a value set explicitly is its default, and its notice that
 # linrope.summary.ParamSummary replaces its own model summary
 NOTICES = ("💡 Tip:", "was configured so 100% of the batches will be used",
@@ -56,8 +58,6 @@ def quiet_logging() -> None:
 
 def _hydra_output_dir() -> Optional[Path]:
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     except Exception:  # noqa: BLE001 - no Hydra run (tests call train.main with a composed config)
         return None

@@ -49,7 +49,7 @@ def test_decay_bound_bounds_the_rotated_product():
 
 
 def test_sinusoidal_dot_closed_form_symmetry_and_project_table():
-    from linrope.positions.sinusoidal import sinusoidal_table
+    from linrope.positions.functional import sinusoidal_table
 
     dim = 128
     k = np.arange(-50, 51)

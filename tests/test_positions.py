@@ -16,7 +16,7 @@ from linrope.model import TransformerLM
 from linrope.positions import (REGISTRY, SCHEME_MODULES, IncompatiblePairing, alibi_slopes, build_position,
                                check_pairing, t5_bucket)
 from linrope.positions.deberta import log_bucket_distance
-from linrope.positions.learned import SequenceTooLong
+from linrope.errors import SequenceTooLong
 
 D, H, HD = 16, 2, 8  # d_model, heads, head dim of the attention-level tests
 ALL = ("none", "learned", "sinusoidal", "rope", "floater", "multiplicative", "shaw", "xl", "t5", "deberta", "tupe",

@@ -7,6 +7,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from .bytes import ContiguousWindows, RandomWindows, load_corpus
+from .resume import train_loader, train_span
 
 
 class ResumableDataModule(L.LightningDataModule):
@@ -30,8 +31,6 @@ class ResumableDataModule(L.LightningDataModule):
         return self.batch_size * t.accumulate_grad_batches * t.world_size
 
     def train_dataloader(self):
-        from linrope.data.resume import train_loader, train_span
-
         # starts at global_step × samples per step, as long as the whole run; sample i to rank i mod world_size
         start, length = train_span(self.trainer, self.samples_per_step())
         return train_loader(self.train_dataset(start, length), self.trainer, self.batch_size, self.num_workers)

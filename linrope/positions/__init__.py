@@ -10,18 +10,16 @@ import inspect
 from importlib import import_module
 from typing import Optional, Set
 
-from .base import REGISTRY, PositionScheme, register, relative_distance
+from linrope.errors import IncompatiblePairing
+
+from .base import REGISTRY, PositionScheme, register
+from .functional import alibi_slopes, relative_distance, t5_bucket
 
 # one module per scheme; importing registers it
 SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplicative", "shaw", "xl", "t5",
                   "deberta", "tupe", "alibi")
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
-
-from linrope.errors import IncompatiblePairing
-
-from .alibi import alibi_slopes  # noqa: E402  (public helpers)
-from .t5 import t5_bucket  # noqa: E402
 
 
 def scheme_class(name: str):

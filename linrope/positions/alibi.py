@@ -5,28 +5,12 @@ one formula serves both.  No parameters.  Linear attention takes it as the
 per-head decay γ_h^(i-j) with γ_h = exp(-m_h), the same weight
 factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
 """
-import math
-from typing import List
-
 import torch
 
-from .base import PositionScheme, register, relative_distance
+from linrope.rope import compute_dtype
 
-
-def _geometric(n: int) -> List[float]:
-    start = 2.0 ** (-8.0 / n)
-    return [start ** (h + 1) for h in range(n)]
-
-
-def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """Head slopes m_h (float64, (H,)): 2^(-8/H), 2^(-16/H), … for H a power of two; otherwise the
-    slopes of the closest power of two below, c, then every other slope of 2c (the paper's rule)."""
-    if n_heads < 1:
-        raise ValueError(f"alibi needs at least one head; got {n_heads}")
-    if n_heads & (n_heads - 1) == 0:
-        return torch.tensor(_geometric(n_heads), dtype=torch.float64)
-    c = 2 ** int(math.floor(math.log2(n_heads)))
-    return torch.tensor(_geometric(c) + _geometric(2 * c)[0::2][: n_heads - c], dtype=torch.float64)
+from .base import PositionScheme, register
+from .functional import alibi_slopes, relative_distance
 
 
 @register
@@ -53,7 +37,7 @@ class ALiBi(PositionScheme):
     def score_bias(self, q, k, positions):
         """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32
         (under bf16/fp16 autocast too, where a bias in the half dtype would be off by up to |bias|/256)."""
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(q.dtype)
         dist = relative_distance(positions).abs()
         per_distance = torch.arange(int(dist.max()) + 1 if dist.numel() else 1, device=dist.device, dtype=torch.float64)
         table = -(self.slopes[:, None] * per_distance).to(dtype)  # (H, distances): float64 products, rounded once

@@ -129,8 +129,3 @@ def register(cls: Type[PositionScheme]) -> Type[PositionScheme]:
         raise ValueError(f"position scheme {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
     return cls
-
-
-def relative_distance(positions: torch.Tensor) -> torch.Tensor:
-    """(N, N) matrix of ``j - i`` (key position minus query position), as in T5's code."""
-    return positions[None, :] - positions[:, None]

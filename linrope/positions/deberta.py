@@ -24,8 +24,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from .base import PositionScheme, register, relative_distance
-from .lookup import gather_rows, used_rows
+from .base import PositionScheme, register
+from .functional import gather_rows, relative_distance, used_rows
 
 P2C = ("release", "paper")
 

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torchdiffeq import odeint
 
+from linrope.rope import compute_dtype
+
 from .base import PositionScheme, register
 
 INJECT = ("input", "blocks")
@@ -87,7 +89,7 @@ class Floater(PositionScheme):
         return sol[int(lead):][inverse]
 
     def _solved(self, positions, like: torch.Tensor) -> torch.Tensor:
-        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(like.dtype)
         return self.memo((id(positions), dtype), lambda: self.encodings(positions, dtype)).to(like.dtype)
 
     def embed(self, x, positions):

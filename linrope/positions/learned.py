@@ -11,22 +11,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from linrope.errors import SequenceTooLong
+from linrope.errors import SequenceTooLong  # noqa: F401  (linrope/extrapolation.py imports it from here)
 
 from .base import PositionScheme, register
-
-
-def check_table_positions(positions: torch.Tensor, max_len: int, table: str,
-                          remedy: str = "use a relative scheme for longer sequences") -> None:
-    """One line if a position falls outside a table of ``max_len`` rows (learned, tupe, multiplicative)."""
-    if not positions.numel():
-        return
-    top, bottom = int(positions.max()), int(positions.min())
-    if top >= max_len or bottom < 0:
-        raise SequenceTooLong(
-            f"{table} position table has {max_len} rows (positions 0..{max_len - 1}) but position "
-            f"{top if top >= max_len else bottom} was asked for; raise model max_len or {remedy}"
-        )
+from .functional import check_table_positions
 
 
 @register

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from .base import PositionScheme, register
-from .learned import check_table_positions
-from .sinusoidal import sinusoidal_table
+from .functional import check_table_positions, sinusoidal_table
 
 TABLES = ("sinusoidal", "learned")
 

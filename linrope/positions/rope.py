@@ -3,7 +3,7 @@ from typing import Optional
 
 import torch
 
-from linrope.rope import check_rope_dim, rope_cos_sin, rope_frequencies, rotate
+from linrope.rope import check_rope_dim, compute_dtype, rope_cos_sin, rope_frequencies, rotate
 
 from .base import PositionScheme, register
 
@@ -29,7 +29,7 @@ class RoPE(PositionScheme):
         self.theta = rope_frequencies(self.head_dim, self.base, scaling=scaling, factor=factor, device=self.theta.device)
 
     def rotate_qk(self, q, k, positions):
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(q.dtype)
         cos, sin = rope_cos_sin(positions, self.theta, dtype)
         return rotate(q, cos, sin), rotate(k, cos, sin)
 

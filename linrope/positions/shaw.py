@@ -17,8 +17,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .base import PositionScheme, register, relative_distance
-from .lookup import gather_rows, scatter_rows, used_rows
+from .base import PositionScheme, register
+from .functional import gather_rows, relative_distance, scatter_rows, used_rows
 
 VARIANTS = ("shaw", "relative_key", "relative_key_query")
 

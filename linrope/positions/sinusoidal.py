@@ -2,16 +2,7 @@
 import torch
 
 from .base import PositionScheme, register
-
-
-def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """p_{i,2t} = sin(i / base^(2t/D)), p_{i,2t+1} = cos(i / base^(2t/D)); (N, D) float32, computed in float64."""
-    t = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)
-    angles = positions.to(torch.float64)[:, None] / base ** (t / dim)
-    table = torch.zeros(positions.shape[0], dim, dtype=torch.float64, device=positions.device)
-    table[:, 0::2] = angles.sin()
-    table[:, 1::2] = angles.cos()[:, : dim // 2]
-    return table.float()
+from .functional import sinusoidal_table
 
 
 @register

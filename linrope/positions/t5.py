@@ -7,36 +7,13 @@ key ahead into bucket 0.  As in T5 (the first layer's table serves every layer),
 one table β for all layers by default, and the (H, N, N) bias is gathered once per
 forward; ``share: false`` gives each layer its own table.
 """
-import math
 from typing import Optional
 
 import torch
 from torch import nn
 
-from .base import PositionScheme, register, relative_distance
-
-
-def t5_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,
-              max_distance: int = 128) -> torch.Tensor:
-    """T5's bucket of ``relative_position = j - i`` (key minus query), an integer tensor of any shape.
-
-    Bidirectional: keys ahead (j > i) use buckets num_buckets/2 …; one-sided: keys ahead fall in bucket 0.
-    Within a half of nb buckets: distances < nb/2 exact, then log-spaced up to max_distance, clipped at nb-1.
-    The log is taken in float32, as the published implementation does (the published mapping depends on it)."""
-    n = -relative_position.long()  # how far the key is behind the query
-    ret = torch.zeros_like(n)
-    if bidirectional:
-        num_buckets //= 2
-        ret = ret + (n < 0).long() * num_buckets
-        n = n.abs()
-    else:
-        n = n.clamp_min(0)
-    max_exact = num_buckets // 2
-    # float32, in the published order of operations (n = 0 never reaches this branch; clamped for the log)
-    log_part = (torch.log(n.clamp_min(1).float() / max_exact) / math.log(max_distance / max_exact)
-                * (num_buckets - max_exact))
-    large = (max_exact + log_part.long()).clamp_max(num_buckets - 1)
-    return ret + torch.where(n < max_exact, n, large)
+from .base import PositionScheme, register
+from .functional import relative_distance, t5_bucket
 
 
 @register

@@ -21,9 +21,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .base import PositionScheme, register, relative_distance
-from .learned import check_table_positions
-from .t5 import t5_bucket
+from .base import PositionScheme, register
+from .functional import check_table_positions, relative_distance, t5_bucket
 
 
 @register

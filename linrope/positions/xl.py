@@ -11,9 +11,8 @@ import torch
 from einops import rearrange, einsum
 from torch import nn
 
-from .base import PositionScheme, register, relative_distance
-from .lookup import gather_rows
-from .sinusoidal import sinusoidal_table
+from .base import PositionScheme, register
+from .functional import gather_rows, relative_distance, sinusoidal_table
 
 
 @register

@@ -18,7 +18,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .common import LinearAttentionState, check_args, compute_dtype, decay_log
+from linrope.rope import compute_dtype
+
+from .common import LinearAttentionState, check_args, decay_log
 from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .tables import plan_blocks
 

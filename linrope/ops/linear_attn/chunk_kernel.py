@@ -42,8 +42,10 @@ from typing import NamedTuple
 
 import torch
 
+from linrope.rope import compute_dtype
+
 from .buffers import alloc
-from .common import DEN_FLOOR, compute_dtype, guard_denominator_
+from .common import DEN_FLOOR, guard_denominator_
 from .features import features_backward_, rotors_for, split_features
 from .matrix import matrix_bwd, matrix_fwd
 from .scans import dcumsum, dcumsum_reverse, dsum_symmetric

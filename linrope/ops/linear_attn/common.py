@@ -41,11 +41,6 @@ def check_args(q, k, v, feature_map: str, rope: str, impl: str | None = None, ch
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation precision: float64 stays float64, everything else runs in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 # Placement "both" rotates the denominator too: den_i = Σ_j γ^(i-j) (R_i φ(q_i))·(R_j φ(k_j)) is then a sum of
 # terms of either sign and can cancel to (nearly) zero while the numerator does not, so that o_i = num_i / den_i
 # grows without bound (and ∂o/∂q with its square).  For that placement every form clamps the magnitude of

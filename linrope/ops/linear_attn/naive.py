@@ -12,7 +12,9 @@ from typing import Optional
 
 import torch
 
-from .common import LinearAttentionState, compute_dtype, decay_log, guard_denominator
+from linrope.rope import compute_dtype
+
+from .common import LinearAttentionState, decay_log, guard_denominator
 from .features import reference_features
 
 

@@ -16,8 +16,10 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from linrope.rope import compute_dtype
+
 from .buffers import alloc
-from .common import DEN_FLOOR, LinearAttentionState, check_args, compute_dtype, decay_log, guard_denominator
+from .common import DEN_FLOOR, LinearAttentionState, check_args, decay_log, guard_denominator
 from .features import features_backward_, reference_features, rotors_for, split_features
 
 

@@ -1,0 +1,107 @@
+"""The pure functions position schemes share: distances, tables, buckets, slopes.
+
+Every scheme module imports its helpers from here (and its interface from ``base``),
+never from a sibling scheme.
+
+Table-row lookups (shaw, xl, deberta): a relative scheme scores each query against a
+small table of per-distance rows (``q @ table.T``: (…, N, R)) and then needs, for every
+(query i, key j), the row ``idx[i, j]`` of that table: a ``gather`` with an (N, N)
+index, never an (N, N, d) tensor and never a loop over positions.  The value side
+(shaw) is the transpose: ``scatter_add`` the probabilities into their rows, then
+``@ table``.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+import torch
+
+from linrope.errors import SequenceTooLong
+
+
+def relative_distance(positions: torch.Tensor) -> torch.Tensor:
+    """(N, N) matrix of ``j - i`` (key position minus query position), as in T5's code."""
+    return positions[None, :] - positions[:, None]
+
+
+def check_table_positions(positions: torch.Tensor, max_len: int, table: str,
+                          remedy: str = "use a relative scheme for longer sequences") -> None:
+    """One line if a position falls outside a table of ``max_len`` rows (learned, tupe, multiplicative)."""
+    if not positions.numel():
+        return
+    top, bottom = int(positions.max()), int(positions.min())
+    if top >= max_len or bottom < 0:
+        raise SequenceTooLong(
+            f"{table} position table has {max_len} rows (positions 0..{max_len - 1}) but position "
+            f"{top if top >= max_len else bottom} was asked for; raise model max_len or {remedy}"
+        )
+
+
+def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """p_{i,2t} = sin(i / base^(2t/D)), p_{i,2t+1} = cos(i / base^(2t/D)); (N, D) float32, computed in float64."""
+    t = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)
+    angles = positions.to(torch.float64)[:, None] / base ** (t / dim)
+    table = torch.zeros(positions.shape[0], dim, dtype=torch.float64, device=positions.device)
+    table[:, 0::2] = angles.sin()
+    table[:, 1::2] = angles.cos()[:, : dim // 2]
+    return table.float()
+
+
+def t5_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,
+              max_distance: int = 128) -> torch.Tensor:
+    """T5's bucket of ``relative_position = j - i`` (key minus query), an integer tensor of any shape.
+
+    Bidirectional: keys ahead (j > i) use buckets num_buckets/2 …; one-sided: keys ahead fall in bucket 0.
+    Within a half of nb buckets: distances < nb/2 exact, then log-spaced up to max_distance, clipped at nb-1.
+    The log is taken in float32, as the published implementation does (the published mapping depends on it)."""
+    n = -relative_position.long()  # how far the key is behind the query
+    ret = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret = ret + (n < 0).long() * num_buckets
+        n = n.abs()
+    else:
+        n = n.clamp_min(0)
+    max_exact = num_buckets // 2
+    # float32, in the published order of operations (n = 0 never reaches this branch; clamped for the log)
+    log_part = (torch.log(n.clamp_min(1).float() / max_exact) / math.log(max_distance / max_exact)
+                * (num_buckets - max_exact))
+    large = (max_exact + log_part.long()).clamp_max(num_buckets - 1)
+    return ret + torch.where(n < max_exact, n, large)
+
+
+def _geometric(n: int) -> List[float]:
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (h + 1) for h in range(n)]
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Head slopes m_h (float64, (H,)): 2^(-8/H), 2^(-16/H), … for H a power of two; otherwise the
+    slopes of the closest power of two below, c, then every other slope of 2c (the paper's rule)."""
+    if n_heads < 1:
+        raise ValueError(f"alibi needs at least one head; got {n_heads}")
+    if n_heads & (n_heads - 1) == 0:
+        return torch.tensor(_geometric(n_heads), dtype=torch.float64)
+    c = 2 ** int(math.floor(math.log2(n_heads)))
+    return torch.tensor(_geometric(c) + _geometric(2 * c)[0::2][: n_heads - c], dtype=torch.float64)
+
+
+def used_rows(idx: torch.Tensor) -> Tuple[torch.Tensor, int, int]:
+    """Restrict a table-row index matrix to the rows it uses: (idx - lo, lo, hi + 1).
+
+    A window of N positions uses at most 2N-1 distances, often far fewer rows
+    than the table holds, so the per-row scores stay (…, N, ≤2N-1)."""
+    lo, hi = int(idx.min()), int(idx.max())
+    return idx - lo, lo, hi + 1
+
+
+def gather_rows(per_row: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """per_row (…, N, R): query i against table row r; idx (N, M): row for (i, j) -> (…, N, M)."""
+    return per_row.gather(-1, idx.expand(*per_row.shape[:-2], *idx.shape))
+
+
+def scatter_rows(probs: torch.Tensor, idx: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """probs (…, N, M), idx (N, M) -> (…, N, n_rows): Σ_{j : idx[i, j] = r} probs[…, i, j]."""
+    out = probs.new_zeros(*probs.shape[:-1], n_rows)
+    return out.scatter_add(-1, idx.expand(probs.shape), probs)
