@@ -15,7 +15,6 @@ train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.ena
 """
 from __future__ import annotations
 
-import csv
 import sys
 import tempfile
 import warnings
@@ -30,41 +29,14 @@ from linrope.checkpoint import load_checkpoint
 from linrope.config import model_errors
 from linrope.data.rebuild import build_data_module
 from linrope.errors import ConfigError, LinropeError
-from linrope.extrapolation import COLUMNS, DEFAULTS, HEADER, format_row, length_table
+from linrope.extrapolation import DEFAULTS, length_table
 from linrope.lit import LanguageModel
 from linrope.plots import plot_length_table
+from linrope.tables import COLUMNS, HEADER, format_table, write_csv
 
 
 class EvaluateError(ConfigError):
     """A bad argument of ``python -m linrope.evaluate`` (one line)."""
-
-
-# ---- output ----------------------------------------------------------------------------------------------------
-def format_table(rows: List[Dict[str, Any]]) -> str:
-    return "\n".join([HEADER, *map(format_row, rows)])
-
-
-def write_csv(rows: List[Dict[str, Any]], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
-    return path
-
-
-def read_csv(path: Path) -> List[Dict[str, Any]]:
-    rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            row: Dict[str, Any] = dict(r)
-            for k in ("length", "examples", "scored", "stride"):
-                row[k] = int(r[k]) if r.get(k) else (None if k == "stride" else 0)
-            for k in ("factor", "loss", "bpb", "acc", "seconds"):
-                row[k] = float(r[k]) if r.get(k) not in (None, "") else None
-            rows.append(row)
-    return rows
 
 
 def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:

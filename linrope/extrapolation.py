@@ -42,12 +42,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
-from linrope.positions.learned import SequenceTooLong
+from linrope.errors import SequenceTooLong
 from linrope.rope import rope_frequencies
+from linrope.tables import format_row
 
 LN2 = math.log(2.0)
-COLUMNS = ["length", "factor", "scaling", "loss", "bpb", "acc", "examples", "scored", "stride", "scored_hash",
-           "seconds", "status"]
 DEFAULTS = dict(factors=[1, 2, 4, 8, 16], scalings=["pi", "ntk"], split="test", scored_bytes=2**17, stride=None,
                 task_examples=64, batch_size=8, max_score_mb=1024)
 
@@ -239,18 +238,3 @@ def _fill(row, module, datamodule, text, n, split, task_examples, kw, scaled) ->
         row["acc"] = s["correct"] / max(s["scored"], 1)
 
 
-# ---- one row as text -------------------------------------------------------------------------------------------
-def _fmt(v, digits=4):
-    return "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
-
-
-HEADER = f"{'length':>7} {'factor':>7}  {'scaling':<7} {'loss':>7}  {'metric':<12} {'scored':>7} {'seconds':>8}  status"
-
-
-def format_row(row: Dict[str, Any]) -> str:
-    """One line of the table that ``HEADER`` heads."""
-    ok = row["status"] == "ok"
-    metric = (f"bpb {_fmt(row['bpb'])}" if row.get("bpb") is not None else f"acc {_fmt(row['acc'])}") if ok else "n/a"
-    loss = _fmt(row["loss"]) if ok else "n/a"
-    return (f"{row['length']:>7} {row['factor']:>7g}  {row['scaling']:<7} {loss:>7}  {metric:<12} "
-            f"{row['scored']:>7} {row['seconds']:>8.1f}  {row['status']}")

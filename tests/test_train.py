@@ -61,6 +61,10 @@ def test_the_optimizer_settings_come_only_from_conf_optim(compose):
     assert [g["weight_decay"] for g in opt.param_groups] == [0.05, 0.0]
     assert opt.param_groups[0]["betas"] == tuple(cfg.optim.betas)
     assert math.isclose(opt.param_groups[0]["lr"], 0.00123 / 4)  # warm-up step 1 of 4
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    assert math.isclose(opt.param_groups[0]["lr"], 0.00123)  # the peak, at the end of warm-up
     bare = LanguageModel(model=module.hparams["model"])
     bare.trainer = SimpleNamespace(max_steps=20)
     with pytest.raises(ConfigError, match=r"^optim: no lr, betas, weight_decay, warmup_steps, min_lr_ratio "):

@@ -11,7 +11,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-from linrope.errors import SequenceTooLong  # noqa: F401  (linrope/extrapolation.py imports it from here)
 
 from .base import PositionScheme, register
 from .functional import check_table_positions

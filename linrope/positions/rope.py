@@ -1,7 +1,6 @@
 """Rotary Position Embedding on q and k (Su et al. 2021), with position interpolation / NTK scaling."""
 from typing import Optional
 
-import torch
 
 from linrope.rope import check_rope_dim, compute_dtype, rope_cos_sin, rope_frequencies, rotate
 

@@ -1,5 +1,4 @@
 """Fixed sinusoidal absolute positions added at the input (Vaswani et al. 2017)."""
-import torch
 
 from .base import PositionScheme, register
 from .functional import sinusoidal_table
