@@ -11,14 +11,28 @@ import glob
 import os
 import secrets
 import socket
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from linrope.errors import DiskFull
 
 TMP_SUFFIX = ".partial"
+
+
+def file_problem(path) -> Optional[str]:
+    """What keeps ``path`` from being a whole file written by ``torch.save`` (a zip), or None: missing, a
+    dangling link, a folder, not a regular file, truncated (a write that never finished)."""
+    path = Path(path)
+    if not path.exists():
+        return "is a dangling link" if path.is_symlink() else "does not exist"
+    if not path.is_file():
+        return "is a folder, not a checkpoint file" if path.is_dir() else "is not a regular file"
+    if not zipfile.is_zipfile(path):
+        return "is not a complete checkpoint (truncated, or not written by torch.save)"
+    return None
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import zipfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
@@ -29,7 +28,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from linrope.atomic import TMP_SUFFIX, DiskFull, atomic_torch_save  # noqa: F401 - written atomically there
+from linrope.atomic import atomic_torch_save, file_problem
 from linrope.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint
 from linrope.identity import checkpoint_identity, identity_differences, model_identity
 
@@ -191,18 +190,12 @@ def last_good_checkpoint(trainer) -> Optional[str]:
     return None
 
 
-
-
 # ---- reading ---------------------------------------------------------------------------------------------
 def check_complete(path) -> None:
     """One line if ``path`` is missing or not a whole checkpoint (e.g. a half-written file)."""
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {path}: does not exist" + (" (a dangling link)" if p.is_symlink() else ""))
-    if p.is_dir():
-        raise CheckpointError(f"checkpoint {path}: is a folder, not a checkpoint file")
-    if not zipfile.is_zipfile(p):
-        raise CheckpointError(f"checkpoint {path}: not a complete checkpoint (truncated or not a torch.save file)")
+    problem = file_problem(path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path}: {problem}")
 
 
 def _names(keys: Iterable[str], limit: int = 4) -> str:

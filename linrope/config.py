@@ -20,6 +20,11 @@ from linrope.command_line import CONF_DIR, check_command_line, command_line_erro
 from linrope.errors import ConfigError
 
 
+def plain(node) -> Dict[str, Any]:
+    """A config node (DictConfig, resolved, or any mapping) as a plain dict."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+
+
 def _get(cfg, dotted: str, default: Any = None) -> Any:
     node = cfg
     for part in dotted.split("."):
@@ -173,8 +178,7 @@ def position_option_errors(model, pos: str, d: int, h: int) -> List[str]:
     from linrope.positions import check_options
 
     spec = model.position
-    options = {k: v for k, v in (OmegaConf.to_container(spec, resolve=True) if isinstance(spec, DictConfig)
-                                 else dict(spec)).items() if k != "name"}
+    options = {k: v for k, v in plain(spec).items() if k != "name"}
     try:
         check_options(pos, d_model=d, n_heads=h, head_dim=d // h, max_len=int(_get(model, "max_len", 256)),
                       causal=bool(_get(model, "causal", True)), **options)
@@ -342,22 +346,12 @@ def checkpoint_path(cfg) -> Optional[str]:
         path = last
     else:
         path = Path(os.path.expanduser(ckpt))
-    problem = _checkpoint_problem(path) or _checkpoint_content_problem(path, _get(cfg, "model"))
+    from linrope.atomic import file_problem  # torch, imported only when a checkpoint is given
+
+    problem = file_problem(path) or _checkpoint_content_problem(path, _get(cfg, "model"))
     if problem:
         raise ConfigError(f"ckpt_path={ckpt}: {path} {problem}" if ckpt in ("last", "auto") else f"ckpt_path={ckpt}: {problem}")
     return str(path)
-
-
-def _checkpoint_problem(path: Path) -> Optional[str]:
-    import zipfile
-
-    if not path.exists():
-        return "is a dangling link" if path.is_symlink() else "does not exist"
-    if not path.is_file():
-        return "is a folder, not a checkpoint file" if path.is_dir() else "is not a regular file"
-    if not zipfile.is_zipfile(path):
-        return "is not a complete checkpoint (truncated, or not written by torch.save)"
-    return None
 
 
 def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
@@ -381,8 +375,7 @@ def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
         return f"is not a Lightning checkpoint (it holds {what}, not a dict with a state_dict)"
     if model is None:
         return None
-    plain = OmegaConf.to_container(model, resolve=True) if isinstance(model, DictConfig) else dict(model)
-    diff = identity_differences(checkpoint_identity(ckpt), model_identity(plain))
+    diff = identity_differences(checkpoint_identity(ckpt), model_identity(plain(model)))
     return f"is a checkpoint of another model: {diff}" if diff else None
 
 

@@ -11,7 +11,6 @@ from typing import Any, Dict, Mapping, Optional
 import lightning as L
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 
 from linrope.checkpoint import (
     check_identity,
@@ -20,6 +19,7 @@ from linrope.checkpoint import (
     load_checkpoint,
 )
 from linrope.compiling import compile_unsupported
+from linrope.config import plain
 from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.identity import IDENTITY_KEY, model_identity
 from linrope.model import TransformerLM
@@ -226,10 +226,6 @@ class LanguageModel(L.LightningModule):
             module.to(map_location)
         return module.eval()
 
-
-def plain(cfg: Any) -> Dict[str, Any]:
-    """A config node as a plain dict."""
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
 def merge_config(base: Mapping, over: Mapping) -> Dict[str, Any]:

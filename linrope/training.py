@@ -15,11 +15,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from linrope.checkpoint import AtomicCheckpointIO
-from linrope.config import checkpoint_path
+from linrope.config import checkpoint_path, plain
 from linrope.errors import LinropeError, UserError
 from linrope.evaluate import extrapolate_after_test
 from linrope.lit import LanguageModel
@@ -66,9 +66,6 @@ def _user_error_in_child(e: BaseException) -> Optional[str]:
     return message if isinstance(cls, type) and issubclass(cls, LinropeError) else None
 
 
-def container(node) -> Dict[str, Any]:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
-
 
 def run_tags(cfg: DictConfig) -> List[str]:
     """wandb tags: attention kind, feature map, RoPE placement, position scheme, task."""
@@ -95,7 +92,7 @@ def run_name(cfg: DictConfig) -> str:
 
 
 def build_datamodule(cfg: DictConfig):
-    data = container(cfg.data)
+    data = plain(cfg.data)
     data.pop("task", None)
     datamodule = hydra.utils.instantiate(data, _convert_="all")
     # its settings are logged once, as data.* of the whole config (log_config), not again as top-level keys
@@ -128,17 +125,17 @@ def data_model_overrides(cfg: DictConfig) -> Dict[str, Any]:
     cls = hydra.utils.get_class(target) if target else None
     ask = getattr(cls, "model_overrides_for", None)
     if ask is not None:
-        overrides.update(ask(container(cfg.data)))
+        overrides.update(ask(plain(cfg.data)))
     return overrides
 
 
 def build_module(cfg: DictConfig):
-    model = container(cfg.model)
+    model = plain(cfg.model)
     overrides = data_model_overrides(cfg)
     if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
         overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
     model.update(overrides)
-    return LanguageModel(model=model, optim=container(cfg.optim), compile=bool(cfg.get("compile", False)))
+    return LanguageModel(model=model, optim=plain(cfg.optim), compile=bool(cfg.get("compile", False)))
 
 
 def build_callbacks(cfg: DictConfig) -> list:
@@ -164,7 +161,7 @@ def build_loggers(cfg: DictConfig) -> list:
     for name, lg in (cfg.get("logger") or {}).items():
         if not lg or "_target_" not in lg:
             continue
-        lg = container(lg)
+        lg = plain(lg)
         if name == "wandb":
             lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir())
             lg.setdefault("name", run_name(cfg))
@@ -205,7 +202,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
 
 def log_config(cfg: DictConfig, module, loggers: list) -> None:
     """The composed config, the parameter count and the run's tags go to every logger."""
-    params = {**container(cfg), "n_params": module.model.num_params(), "run_tags": run_tags(cfg)}
+    params = {**plain(cfg), "n_params": module.model.num_params(), "run_tags": run_tags(cfg)}
     for lg in loggers:
         lg.log_hyperparams(params)
         if isinstance(lg, WandbLogger):
