@@ -227,7 +227,6 @@ class LanguageModel(L.LightningModule):
         return module.eval()
 
 
-
 def merge_config(base: Mapping, over: Mapping) -> Dict[str, Any]:
     """``over`` onto ``base``, nested; a sub-config whose ``name``/``kind`` changes is replaced whole."""
     out = dict(base)
