@@ -12,7 +12,8 @@ only in their seed, and writes into the sweep folder (or ``--out``):
   their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
   excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes,
   accuracy for the tasks) with the same intervals and the pairs at each length;
-* ``summary.csv`` and ``pairs.csv`` — the same numbers, machine-readable;
+* ``summary.csv`` and ``pairs.csv`` — the same numbers, machine-readable; ``runs.csv`` — every run's
+  own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
 * ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
 
 A configuration is named by ``model.name``, followed by the settings that tell apart runs of
@@ -183,10 +184,13 @@ def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> O
 
 # ---- the report ------------------------------------------------------------------------------------------------
 def task_section(task: str, groups: Dict[str, List[Run]], pairs, out: Path, suffix: str, summary: list,
-                 pair_rows: list) -> List[str]:
+                 pair_rows: list, run_rows: list) -> List[str]:
     cols = columns_for(task)
     rows = summarize(groups, task)
     groups = {r["label"]: groups[r["label"]] for r in rows}  # every table of the task in this order
+    run_rows += [{"task": task, "configuration": label, "seed": run.seed, "run": str(run.path),
+                  **{c[0]: run.value(c[1], c[2]) for c in cols}}
+                 for label, runs in groups.items() for run in sorted(runs, key=lambda r: str(r.seed))]
     header = ["configuration", "attention", "position", "n (seeds)"] + [c[0] for c in cols]
     lines = [[r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})"]
              + [fmt(r[c[0]], c[3]) for c in cols] for r in rows]
@@ -286,11 +290,14 @@ def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, s
              f"(same data order and initialisation) and test them with a two-sided paired t-test.", ""]
     summary: List[Dict[str, Any]] = []
     pair_rows: List[Dict[str, Any]] = []
+    run_rows: List[Dict[str, Any]] = []
     for task, groups in tasks.items():
-        parts += task_section(task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows)
+        parts += task_section(task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows,
+                              run_rows)
     text = "\n".join(parts)
     (out / "report.md").write_text(text)
     write_csv(summary, out / "summary.csv")
+    write_csv(run_rows, out / "runs.csv")
     if pair_rows:
         write_csv(pair_rows, out / "pairs.csv")
     return text
@@ -309,7 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
                     "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
                     "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"
-                    "summary.csv, pairs.csv, val_curves.png and, when runs evaluated length extrapolation,\n"
+                    "summary.csv, pairs.csv, runs.csv (every run's values), val_curves.png and, when runs evaluated length extrapolation,\n"
                     "extrapolation.png.  Pairs always compared when present: "
                     + ", ".join(f"{a}:{b}" for a, b in PAIRS) + ".",
         epilog="example:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "

@@ -75,9 +75,27 @@ def test_every_job_of_the_other_experiments_is_a_valid_config():
     assert len(results) == 18 and all(err is None for _, err in results), [r for r in results if r[1]]
     jobs, models = job_models("extrapolation")
     _, compared = job_models("pe_compare")
-    assert len(jobs) == 2 * len(models) and set(models) <= set(compared)
+    assert len(jobs) == 3 * len(models) and set(models) <= set(compared)  # 3 seeds
     results = check_jobs(["experiment=extrapolation", "seed=1", "model=softmax_rope,linear_rope,softmax_learned"])
     assert len(results) == 3 and all(err is None for _, err in results), results
+
+
+def test_the_published_studies_have_the_budget_their_claims_need(compose):
+    """README's results come from these sweeps: the bytes study (5 seeds, 800 steps, every declared pair,
+    extrapolation on the same bytes up to 16×) and the probes (3 seeds, two tasks, eight models)."""
+    from linrope.report import PAIRS
+
+    jobs, models = job_models("rope_study")
+    assert len(models) == 12 and len(jobs) == 5 * len(models)
+    assert {m for pair in PAIRS for m in pair} <= set(models)
+    cfg = compose("experiment=rope_study")
+    assert cfg.trainer.max_steps >= 800 and cfg.extrapolation.enabled
+    assert max(cfg.extrapolation.factors) == 16 and cfg.extrapolation.scored_bytes >= 2 ** 17
+    jobs, models = job_models("probes")
+    assert len(models) == 8 and len(jobs) == 2 * 3 * len(models)
+    assert {"linear", "linear_rope", "linear_rope_both", "linear_cosine_rope", "linear_alibi", "softmax_none",
+            "softmax_rope", "softmax_alibi"} == set(models)
+    assert {o for job in jobs for o in job if o.startswith("data=")} == {"data=offset_copy", "data=mqar"}
 
 
 def test_the_extrapolation_experiment_trains_short_and_evaluates_up_to_16x(compose):

@@ -190,6 +190,11 @@ def test_report_table_holds_test_mean_and_t_interval(sweep, tmp_path):
     assert float(rows["linear_rope"]["test/bpb lo"]) == pytest.approx(3.1 - 4.30265273 * 0.1 / math.sqrt(3))
     assert float(rows["linear_rope"]["test/bpb std"]) == pytest.approx(0.1)
     assert rows["softmax_learned"]["test/bpb lo"] == ""
+    # every run's own values, from which the intervals above can be recomputed by hand
+    runs = [r for r in csv.DictReader(open(out / "runs.csv")) if r["configuration"] == "linear_rope"]
+    assert [(r["seed"], float(r["test/bpb"]), float(r["best val/bpb (selection metric)"])) for r in runs] == \
+        [("1", 3.0, pytest.approx(2.95)), ("2", 3.2, pytest.approx(3.15)), ("3", 3.1, pytest.approx(3.05))]
+    assert all(Path(r["run"]).parent == sweep for r in runs)
 
 
 def test_report_states_which_paired_differences_are_resolved(sweep, tmp_path):
