@@ -7,7 +7,8 @@
   that says how to resume it.
 - ``KeepEarlierRun``: the same refusals as a Hydra callback (conf/hydra/default.yaml), made before Hydra
   writes ``.hydra/`` into the folder, so a refused run cannot replace the saved config of the earlier one;
-  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first.
+  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first.  A sweep is checked
+  the same way, job folder by job folder, before its first job starts.
 
 Light: no torch, no Lightning."""
 from __future__ import annotations
@@ -113,17 +114,44 @@ class KeepEarlierRun(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         folder = Path(str(config.hydra.run.dir))
-        saved = folder / ".hydra"
-        if not (saved / "config.yaml").is_file() or _other_process_of_a_run():
+        if (folder / ".hydra" / "config.yaml").is_file() and not _other_process_of_a_run():
+            _refuse_or_keep(config, [folder])
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        """A sweep launched into a sweep folder that holds an earlier sweep's jobs (``hydra.sweep.dir=`` given
+        twice) is refused before any job's ``.hydra/`` or ``multirun.yaml`` is replaced; with ``ckpt_path``
+        (resume every job) the earlier files are kept beside the new ones."""
+        sweep = Path(str(config.hydra.sweep.dir))
+        if not sweep.is_dir() or _other_process_of_a_run():
             return
+        jobs = sorted(p.parent.parent for p in sweep.rglob(".hydra/config.yaml"))
+        if _refuse_or_keep(config, jobs, sweep) and (sweep / "multirun.yaml").is_file():
+            k = len(list(sweep.glob("multirun.before-resume-*.yaml")))
+            shutil.copy2(sweep / "multirun.yaml", sweep / f"multirun.before-resume-{k}.yaml")
+
+
+def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Path] = None) -> bool:
+    """Refuse (SystemExit, one line) when one of the run folders is in use, or holds an earlier run and no
+    ``ckpt_path`` asks to resume it; on a resume copy each earlier ``.hydra/`` to ``.hydra.before-resume-<k>/``.
+    ``sweep``: the folders are the jobs of this sweep folder.  True when something was kept."""
+    option = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    for folder in folders:
         holder = lock_holder(folder)
         if holder:
-            raise SystemExit(f"linrope: run folder {folder} is in use by another run ({holder}); wait for it to "
-                             f"end, or choose another hydra.run.dir")
-        earlier = previous_outputs(config, folder, callbacks=False)
-        if not earlier:
-            return  # only the files of a run that was refused or never started: nothing to keep
-        if not config.get("ckpt_path"):
-            raise SystemExit("linrope: " + _holds_a_run(folder, earlier))
+            raise SystemExit(f"linrope: {_in_use(folder, holder).replace('hydra.run.dir', option)}")
+    earlier = {f: found for f in folders if (found := previous_outputs(config, f, callbacks=False))}
+    if not earlier:
+        return False  # only the files of runs that were refused or never started: nothing to keep
+    if not config.get("ckpt_path"):
+        if sweep is None:
+            raise SystemExit("linrope: " + _holds_a_run(folders[0], earlier[folders[0]]))
+        names = [str(f.relative_to(sweep)) for f in earlier]
+        shown = ", ".join(names[:3]) + (f", … {len(names) - 3} more" if len(names) > 3 else "")
+        one = len(names) == 1
+        raise SystemExit(f"linrope: sweep folder {sweep} already holds {len(names)} earlier run{'' if one else 's'} "
+                         f"({shown}); resume {'it' if one else 'them'} with ckpt_path=auto, or choose a new "
+                         f"hydra.sweep.dir — {'it is' if one else 'they are'} not overwritten")
+    for folder in earlier:
         k = len(list(folder.glob(".hydra.before-resume-*")))
-        shutil.copytree(saved, folder / f".hydra.before-resume-{k}")
+        shutil.copytree(folder / ".hydra", folder / f".hydra.before-resume-{k}")
+    return True

@@ -462,6 +462,54 @@ def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
     assert (run / ".hydra.before-resume-1" / "config.yaml").read_text() == "seed: 1\n"
 
 
+def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
+    """hydra.sweep.dir given twice: the second sweep is refused before its first job, so no job's .hydra/ (nor
+    multirun.yaml) is replaced; resuming the whole sweep keeps them beside the new ones."""
+    from omegaconf import OmegaConf
+
+    from linrope.runfolder import KeepEarlierRun
+
+    sweep = tmp_path / "sweep"
+    for job in ("0", "1", "2"):
+        (sweep / job / ".hydra").mkdir(parents=True)
+        (sweep / job / ".hydra" / "config.yaml").write_text(f"seed: {job}\n")
+    (sweep / "multirun.yaml").write_text("first sweep\n")
+    hook = KeepEarlierRun()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "ckpt_path": None})
+    hook.on_multirun_start(config=config)  # only Hydra's files (jobs refused or never started): nothing to keep
+    for job in ("0", "2"):
+        (sweep / job / "csv").mkdir()
+        (sweep / job / "csv" / "metrics.csv").write_text("step,val/bpb\n")
+    with pytest.raises(SystemExit) as e:
+        hook.on_multirun_start(config=config)
+    assert exit_message(e) == (f"linrope: sweep folder {sweep} already holds 2 earlier runs (0, 2); resume them with "
+                               f"ckpt_path=auto, or choose a new hydra.sweep.dir — they are not overwritten")
+    config.ckpt_path = "auto"
+    hook.on_multirun_start(config=config)
+    assert (sweep / "0" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 0\n"
+    assert (sweep / "2" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 2\n"
+    assert not (sweep / "1" / ".hydra.before-resume-0").exists()  # job 1 never ran: nothing of it to keep
+    assert (sweep / "multirun.before-resume-0.yaml").read_text() == "first sweep\n"
+
+
+def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):
+    """The same through Hydra: ``train.py -m hydra.sweep.dir=<earlier sweep>`` stops in one line and leaves the
+    earlier job's saved config and the sweep's multirun.yaml as they were."""
+    sweep = tmp_path / "sweep"
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "0" / ".hydra" / "config.yaml").write_text("seed: 7\n")
+    (sweep / "0" / "checkpoints").mkdir()
+    (sweep / "0" / "checkpoints" / "last.ckpt").write_bytes(b"PK")
+    (sweep / "multirun.yaml").write_text("first sweep\n")
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "model=linear_rope,linear", "size=tiny",
+                        f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode != 0
+    assert f"linrope: sweep folder {sweep} already holds 1 earlier run (0); resume it with ckpt_path=auto" in r.stderr + r.stdout
+    assert (sweep / "0" / ".hydra" / "config.yaml").read_text() == "seed: 7\n"
+    assert (sweep / "multirun.yaml").read_text() == "first sweep\n"
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "multirun.yaml"]
+
+
 def test_a_run_folder_in_use_is_refused(compose, tmp_path):
     import fcntl
 
