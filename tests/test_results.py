@@ -1,0 +1,96 @@
+"""The published results hold together: every interval in ``docs/results/<study>/`` is recomputed from the
+per-run values committed beside it (``runs.csv``), and every number README's results section quotes is
+one of those report tables' numbers.  Light: reads CSV and markdown only."""
+import csv
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from linrope.report import PAIRS, columns_for
+from linrope.stats import mean_ci, paired
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+STUDIES = ("rope_study", "probes")  # the sweeps README's results section is built from
+# a mean with its interval as the reports write it: "3.100 ± 0.248" (tables), "-0.150 [-0.274, -0.026]" (pairs)
+NUMBER = re.compile(r"[+-]?\d+\.\d+ ± \d+\.\d+|[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]")
+
+
+def rows(path: Path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def number(text: str):
+    return None if text in ("", None) else float(text)
+
+
+def readme_results() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_the_study_is_committed_with_its_per_run_values(study):
+    folder = RESULTS / study
+    for name in ("report.md", "summary.csv", "pairs.csv", "runs.csv"):
+        assert (folder / name).is_file(), f"{folder / name} missing"
+    assert f"docs/results/{study}/report.md" in readme_results()
+    assert f"experiment={study}" in readme_results()
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_interval_is_recomputed_from_the_runs(study):
+    folder = RESULTS / study
+    values = defaultdict(dict)  # (task, configuration) -> seed -> headline value
+    for r in rows(folder / "runs.csv"):
+        header = columns_for(r["task"])[0][0]
+        values[(r["task"], r["configuration"])][r["seed"]] = number(r[header])
+    summary = rows(folder / "summary.csv")
+    assert {(r["task"], r["configuration"]) for r in summary} == set(values)
+    for r in summary:
+        header = columns_for(r["task"])[0][0]
+        seeds = values[(r["task"], r["configuration"])]
+        iv = mean_ci(list(seeds.values()))
+        assert int(r["n"]) == len(seeds) == iv.n
+        assert number(r[f"{header} mean"]) == pytest.approx(iv.mean, abs=1e-12)
+        assert number(r[f"{header} lo"]) == pytest.approx(iv.lo, abs=1e-12)
+        assert number(r[f"{header} hi"]) == pytest.approx(iv.hi, abs=1e-12)
+    checked = set()
+    for r in rows(folder / "pairs.csv"):
+        if r["metric"] != columns_for(r["task"])[0][1]:
+            continue  # the pairs at each extrapolation length come from extrapolation.csv, not committed
+        res = paired(values[(r["task"], r["a"])], values[(r["task"], r["b"])])
+        assert int(r["n"]) == res.diff.n
+        assert number(r["mean difference"]) == pytest.approx(res.diff.mean, abs=1e-12)
+        assert number(r["ci low"]) == pytest.approx(res.diff.lo, abs=1e-12)
+        assert number(r["p"]) == pytest.approx(res.p, abs=1e-12)
+        assert (r["resolved"] == "True") == res.diff.excludes_zero()
+        checked.add((r["task"], r["a"], r["b"]))
+    present = {(t, a, b) for t, _ in values for a, b in PAIRS if (t, a) in values and (t, b) in values}
+    assert present and present <= checked  # every declared pair (and those added with --pair)
+
+
+def test_every_interval_readme_quotes_is_in_a_committed_report():
+    reports = "\n".join((RESULTS / s / "report.md").read_text() for s in STUDIES)
+    quoted = NUMBER.findall(readme_results())
+    assert len(quoted) >= 20, "README's results section quotes the study tables"
+    missing = [q for q in quoted if q not in reports]
+    assert not missing, f"README quotes numbers no committed report holds: {missing}"
+
+
+def test_the_reproduce_script_runs_exactly_the_two_studies():
+    """docs/results/reproduce.sh cuts the sweeps into pieces run side by side: together the pieces are every
+    job of experiment=rope_study and experiment=probes, each once."""
+    from linrope.sweeps import sweep_jobs
+
+    script = (RESULTS / "reproduce.sh").read_text()
+    pieces = re.findall(r'^\s*echo "(\w+) (experiment=[^"]+)"$', script, re.M)
+    assert len({name for name, _ in pieces}) == len(pieces) == 5
+    ran = sorted(sorted(job) for _, overrides in pieces for job in sweep_jobs(overrides.split()))
+    expected = sorted(sorted(job) for study in STUDIES for job in sweep_jobs([f"experiment={study}"]))
+    assert ran == expected and len(ran) == 60 + 48
+    for name, _ in pieces:
+        assert f"$LOGS\"/{name}" in script  # every piece is read by a report
