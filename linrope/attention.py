@@ -55,8 +55,8 @@ class SoftmaxAttention(_Projections):
             mask = bias
             if bias is not None and self.causal:
                 mask = bias + causal_mask(q.shape[-2], q.device, bias.dtype)
-            if mask is not None:
-                mask = mask.to(q.dtype)
+            if mask is not None:  # SDPA takes the mask in the query's dtype: under bf16 autocast the float32
+                mask = mask.to(q.dtype)  # bias is rounded here, by ~|bias|/256, the order of bf16's error on q·k
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                is_causal=self.causal and mask is None, scale=scale)
         return self.merge(o), None

@@ -35,8 +35,9 @@ class ALiBi(PositionScheme):
         return self
 
     def score_bias(self, q, k, positions):
-        """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32
-        (under bf16/fp16 autocast too, where a bias in the half dtype would be off by up to |bias|/256)."""
+        """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32.
+        (Softmax attention hands SDPA the mask in the query's dtype, so under bf16/fp16 autocast it is rounded
+        once more there; see linrope/attention.py.)"""
         dtype = compute_dtype(q.dtype)
         dist = relative_distance(positions).abs()
         per_distance = torch.arange(int(dist.max()) + 1 if dist.numel() else 1, device=dist.device, dtype=torch.float64)
