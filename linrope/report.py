@@ -316,8 +316,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
                     "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
                     "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"
-                    "summary.csv, pairs.csv, runs.csv (every run's values), val_curves.png and, when runs evaluated length extrapolation,\n"
-                    "extrapolation.png.  Pairs always compared when present: "
+                    "summary.csv, pairs.csv, runs.csv (every run's values), val_curves.png and, when runs\n"
+                    "evaluated length extrapolation, extrapolation.png.  Pairs always compared when present: "
                     + ", ".join(f"{a}:{b}" for a, b in PAIRS) + ".",
         epilog="example:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
                "--pair linear_alibi:linear")

@@ -73,14 +73,17 @@ def claim_run_folder(cfg: DictConfig) -> None:
         raise RunFolderError(_holds_a_run(folder, earlier))
 
 
-def _in_use(folder: Path, holder: str) -> str:
-    return f"run folder {folder} is in use by another run ({holder}); wait for it to end, or choose another hydra.run.dir"
+def _in_use(folder: Path, holder: str, option: str = "hydra.run.dir") -> str:
+    return f"run folder {folder} is in use by another run ({holder}); wait for it to end, or choose another {option}"
+
+
+def _first_three(names: List[str]) -> str:
+    return ", ".join(names[:3]) + (f", … {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _holds_a_run(folder: Path, earlier: List[str]) -> str:
-    shown = ", ".join(earlier[:3]) + (f", … {len(earlier) - 3} more" if len(earlier) > 3 else "")
-    return (f"run folder {folder} already holds a run ({shown}); resume it with ckpt_path=last, or choose a new "
-            f"hydra.run.dir — it is not overwritten")
+    return (f"run folder {folder} already holds a run ({_first_three(earlier)}); resume it with ckpt_path=last, or "
+            f"choose a new hydra.run.dir — it is not overwritten")
 
 
 def lock_holder(folder: Path) -> Optional[str]:
@@ -138,7 +141,7 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
     for folder in folders:
         holder = lock_holder(folder)
         if holder:
-            raise SystemExit(f"linrope: {_in_use(folder, holder).replace('hydra.run.dir', option)}")
+            raise SystemExit(f"linrope: {_in_use(folder, holder, option)}")
     earlier = {f: found for f in folders if (found := previous_outputs(config, f, callbacks=False))}
     if not earlier:
         return False  # only the files of runs that were refused or never started: nothing to keep
@@ -146,11 +149,10 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
         if sweep is None:
             raise SystemExit("linrope: " + _holds_a_run(folders[0], earlier[folders[0]]))
         names = [str(f.relative_to(sweep)) for f in earlier]
-        shown = ", ".join(names[:3]) + (f", … {len(names) - 3} more" if len(names) > 3 else "")
         one = len(names) == 1
         raise SystemExit(f"linrope: sweep folder {sweep} already holds {len(names)} earlier run{'' if one else 's'} "
-                         f"({shown}); resume {'it' if one else 'them'} with ckpt_path=auto, or choose a new "
-                         f"hydra.sweep.dir — {'it is' if one else 'they are'} not overwritten")
+                         f"({_first_three(names)}); resume {'it' if one else 'them'} with ckpt_path=auto, or choose "
+                         f"a new hydra.sweep.dir — {'it is' if one else 'they are'} not overwritten")
     for folder in earlier:
         k = len(list(folder.glob(".hydra.before-resume-*")))
         shutil.copytree(folder / ".hydra", folder / f".hydra.before-resume-{k}")

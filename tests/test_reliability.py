@@ -436,6 +436,13 @@ def test_rerunning_into_a_run_folder_without_ckpt_path_is_refused(compose, train
     assert trained.read_bytes() == before and csv_file.is_dir()
 
 
+def saved_config(folder: Path, text: str) -> Path:
+    """A folder as Hydra leaves it: ``.hydra/config.yaml`` holding ``text``."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text(text)
+    return folder
+
+
 def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
     """Hydra writes .hydra/ into the run folder before train.py's checks run: the callback that runs first
     refuses a folder holding a run (without ckpt_path) and, on resuming, copies the earlier .hydra/ aside."""
@@ -443,9 +450,7 @@ def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
 
     from linrope.runfolder import KeepEarlierRun
 
-    run = tmp_path / "run"
-    (run / ".hydra").mkdir(parents=True)
-    (run / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    run = saved_config(tmp_path / "run", "seed: 1\n")
     hook = KeepEarlierRun()
     config = OmegaConf.create({"hydra": {"run": {"dir": str(run)}}, "ckpt_path": None})
     hook.on_run_start(config=config)  # a folder with only Hydra's files (a refused run): nothing to keep
@@ -471,8 +476,7 @@ def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
 
     sweep = tmp_path / "sweep"
     for job in ("0", "1", "2"):
-        (sweep / job / ".hydra").mkdir(parents=True)
-        (sweep / job / ".hydra" / "config.yaml").write_text(f"seed: {job}\n")
+        saved_config(sweep / job, f"seed: {job}\n")
     (sweep / "multirun.yaml").write_text("first sweep\n")
     hook = KeepEarlierRun()
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "ckpt_path": None})
@@ -496,15 +500,15 @@ def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):
     """The same through Hydra: ``train.py -m hydra.sweep.dir=<earlier sweep>`` stops in one line and leaves the
     earlier job's saved config and the sweep's multirun.yaml as they were."""
     sweep = tmp_path / "sweep"
-    (sweep / "0" / ".hydra").mkdir(parents=True)
-    (sweep / "0" / ".hydra" / "config.yaml").write_text("seed: 7\n")
+    saved_config(sweep / "0", "seed: 7\n")
     (sweep / "0" / "checkpoints").mkdir()
     (sweep / "0" / "checkpoints" / "last.ckpt").write_bytes(b"PK")
     (sweep / "multirun.yaml").write_text("first sweep\n")
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "model=linear_rope,linear", "size=tiny",
                         f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode != 0
-    assert f"linrope: sweep folder {sweep} already holds 1 earlier run (0); resume it with ckpt_path=auto" in r.stderr + r.stdout
+    assert (f"linrope: sweep folder {sweep} already holds 1 earlier run (0); resume it with ckpt_path=auto"
+            in r.stderr + r.stdout)
     assert (sweep / "0" / ".hydra" / "config.yaml").read_text() == "seed: 7\n"
     assert (sweep / "multirun.yaml").read_text() == "first sweep\n"
     assert sorted(p.name for p in sweep.iterdir()) == ["0", "multirun.yaml"]
