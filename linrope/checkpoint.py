@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from linrope.atomic import atomic_torch_save, file_problem
-from linrope.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint
+from linrope.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint, first_names
 from linrope.identity import checkpoint_identity, identity_differences, model_identity
 
 
@@ -53,7 +53,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         bad = non_finite_keys(checkpoint.get("state_dict") or {})
         if bad:
             raise NonFiniteCheckpoint(
-                f"parameters are not finite at step {checkpoint.get('global_step', '?')} ({_names(bad)}): "
+                f"parameters are not finite at step {checkpoint.get('global_step', '?')} ({first_names(bad)}): "
                 f"{Path(str(path)).name} was not written; the last good checkpoint is kept")
         if not _is_local(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
@@ -198,12 +198,6 @@ def check_complete(path) -> None:
         raise CheckpointError(f"checkpoint {path}: {problem}")
 
 
-def _names(keys: Iterable[str], limit: int = 4) -> str:
-    keys = list(keys)
-    shown = ", ".join(keys[:limit])
-    return shown + (f", … {len(keys) - limit} more" if len(keys) > limit else "")
-
-
 def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
     if not isinstance(d, Mapping):
         return {prefix.rstrip("."): d}
@@ -237,11 +231,11 @@ def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, w
         return
     parts = []
     if missing:
-        parts.append(f"{len(missing)} missing key{'s' * (len(missing) > 1)} ({_names(missing)})")
+        parts.append(f"{len(missing)} missing key{'s' * (len(missing) > 1)} ({first_names(missing)})")
     if unexpected:
-        parts.append(f"{len(unexpected)} unexpected key{'s' * (len(unexpected) > 1)} ({_names(unexpected)})")
+        parts.append(f"{len(unexpected)} unexpected key{'s' * (len(unexpected) > 1)} ({first_names(unexpected)})")
     if shapes:
-        parts.append(f"{len(shapes)} of another shape ({_names(shapes, 3)})")
+        parts.append(f"{len(shapes)} of another shape ({first_names(shapes, 3)})")
     diff = config_differences(found_cfg, expected_cfg)
     raise CheckpointMismatch(f"{where} does not fit the model config: " + "; ".join(parts)
                              + (f" — the model configs differ: {diff}" if diff else ""))

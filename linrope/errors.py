@@ -61,3 +61,9 @@ class NonFiniteLoss(LinropeError, RuntimeError):
 
 class DiskFull(LinropeError, OSError):
     """No space left on the device while writing a checkpoint (the previous one is kept)."""
+
+
+def first_names(names, limit: int = 4) -> str:
+    """``a, b, c, … 7 more``: the first ``limit`` of ``names`` for a one-line message."""
+    names = list(names)
+    return ", ".join(names[:limit]) + (f", … {len(names) - limit} more" if len(names) > limit else "")

@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
 from linrope.errors import SequenceTooLong
+from linrope.positions.rope import RoPE
 from linrope.rope import rope_frequencies
 from linrope.tables import format_row
 
@@ -53,7 +54,7 @@ DEFAULTS = dict(factors=[1, 2, 4, 8, 16], scalings=["pi", "ntk"], split="test", 
 
 # ---- RoPE rows -------------------------------------------------------------------------------------------------
 def rope_schemes(model: torch.nn.Module) -> list:
-    return list({id(m): m for m in model.modules() if hasattr(m, "set_scaling")}.values())
+    return list({id(m): m for m in model.modules() if isinstance(m, RoPE)}.values())
 
 
 def row_theta(scheme, row: str, rho: float) -> torch.Tensor:
@@ -113,8 +114,9 @@ class SlidingWindows(Dataset):
         first = 1 if k == 0 else self.ends[k - 1] + 1  # first offset this window scores
         w = self.data[start: end + 1].long()
         offsets = torch.arange(start + 1, end + 1)
-        y = torch.where(offsets >= first, w[1:], torch.full_like(w[1:], IGNORE))
-        return w[:-1], y, torch.where(offsets >= first, offsets, torch.full_like(offsets, -1))
+        scored = offsets >= first
+        y = torch.where(scored, w[1:], torch.full_like(w[1:], IGNORE))
+        return w[:-1], y, torch.where(scored, offsets, torch.full_like(offsets, -1))
 
 
 def scored_hash(offsets: torch.Tensor, targets: torch.Tensor) -> str:

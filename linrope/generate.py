@@ -43,7 +43,7 @@ def generate(cfg: DictConfig) -> str:
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}, "
                           f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature > 0, top_k >= 1 or null")
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device).model.to(device).eval()
+    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device).model  # on device, in eval mode
     return generate_text(model, str(cfg.prompt), int(cfg.max_new_tokens), temperature=float(cfg.temperature),
                          top_k=None if cfg.top_k is None else int(cfg.top_k), seed=int(cfg.seed), device=device)
 

@@ -156,7 +156,7 @@ def plot_curves(panels: Sequence[Panel], path: Path, **kwargs) -> Optional[Path]
 
 def plot_length_table(rows: Sequence[Mapping[str, Any]], path: Path, *, train_context: Optional[int] = None,
                       title: str = "") -> Optional[Path]:
-    """One model's length table (``linrope.evaluate.length_table`` rows: length, scaling, bpb / acc / loss,
+    """One model's length table (``linrope.extrapolation.length_table`` rows: length, scaling, bpb / acc / loss,
     status) against length, one line per scaling in the shared scaling styles; n/a rows left out."""
     metric = next((k for k in ("bpb", "acc", "loss") if any(r.get(k) is not None for r in rows)), "loss")
     curves = []

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from linrope.errors import RunFolderError
+from linrope.errors import RunFolderError, first_names
 
 LOCK_NAME = ".linrope.lock"
 
@@ -77,12 +77,8 @@ def _in_use(folder: Path, holder: str, option: str = "hydra.run.dir") -> str:
     return f"run folder {folder} is in use by another run ({holder}); wait for it to end, or choose another {option}"
 
 
-def _first_three(names: List[str]) -> str:
-    return ", ".join(names[:3]) + (f", … {len(names) - 3} more" if len(names) > 3 else "")
-
-
 def _holds_a_run(folder: Path, earlier: List[str]) -> str:
-    return (f"run folder {folder} already holds a run ({_first_three(earlier)}); resume it with ckpt_path=last, or "
+    return (f"run folder {folder} already holds a run ({first_names(earlier, 3)}); resume it with ckpt_path=last, or "
             f"choose a new hydra.run.dir — it is not overwritten")
 
 
@@ -151,7 +147,7 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
         names = [str(f.relative_to(sweep)) for f in earlier]
         one = len(names) == 1
         raise SystemExit(f"linrope: sweep folder {sweep} already holds {len(names)} earlier run{'' if one else 's'} "
-                         f"({_first_three(names)}); resume {'it' if one else 'them'} with ckpt_path=auto, or choose "
+                         f"({first_names(names, 3)}); resume {'it' if one else 'them'} with ckpt_path=auto, or choose "
                          f"a new hydra.sweep.dir — {'it is' if one else 'they are'} not overwritten")
     for folder in earlier:
         k = len(list(folder.glob(".hydra.before-resume-*")))

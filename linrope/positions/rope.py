@@ -22,11 +22,6 @@ class RoPE(PositionScheme):
         self.register_buffer("theta", rope_frequencies(self.head_dim, base, scaling=scaling, factor=factor),
                              persistent=False)
 
-    def set_scaling(self, scaling: Optional[str], factor: float) -> None:
-        """Change the length scaling in place (used by the length-extrapolation evaluation)."""
-        self.scaling, self.factor = scaling, factor
-        self.theta = rope_frequencies(self.head_dim, self.base, scaling=scaling, factor=factor, device=self.theta.device)
-
     def rotate_qk(self, q, k, positions):
         dtype = compute_dtype(q.dtype)
         cos, sin = rope_cos_sin(positions, self.theta, dtype)

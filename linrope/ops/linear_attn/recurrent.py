@@ -61,8 +61,7 @@ def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, ep
 @torch.library.custom_op("linrope::recurrent_step", mutates_args=())
 def recurrent_step_op(q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor, position: Tensor, theta: Optional[Tensor],
                       decay: Optional[Tensor], feature_map: str, rope: str, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    o, S_new, z_new = _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps)
-    return o, S_new if S_new is not S else S_new.clone(), z_new if z_new is not z else z_new.clone()
+    return _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps)  # S, z: new tensors (S + …, z + …)
 
 
 @recurrent_step_op.register_fake
