@@ -20,15 +20,11 @@ from torch import Tensor
 
 from linrope.rope import compute_dtype
 
-from .common import LinearAttentionState, check_args, decay_log
+from .common import LinearAttentionState, check_args, decay_log, feature_width, shared_features
 from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .tables import plan_blocks
 
 _NONE = (0,)  # the shape of a placeholder
-
-
-def _width(feature_map: str, d: int) -> int:
-    return d + 1 if feature_map == "cosine" else d
 
 
 def _or_empty(t: Optional[Tensor], like: Tensor, dtype=None) -> Tensor:
@@ -46,8 +42,8 @@ def _or_none_opt(t: Optional[Tensor]) -> Optional[Tensor]:
 def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool, chunk_size: int):
     """Shapes of (out, denom, S, z, saved_S, saved_z) as ``chunk_forward`` makes them (placeholders included)."""
     B, H, N, d = q.shape
-    dv, D = v.shape[-1], _width(feature_map, q.shape[-1])
-    shared = rope in ("both", "none")
+    dv, D = v.shape[-1], feature_width(feature_map, q.shape[-1])
+    shared = shared_features(rope)
     nb = len(plan_blocks(B, H, N, max(d, dv), chunk_size, causal, q.device)) - 1
     state = ((B, H, D, dv), (B, H, D)) if causal else (_NONE, _NONE)
     saved_S = (nb, B, H, D, dv + 1 if shared else dv) if nb else _NONE
@@ -129,7 +125,7 @@ def check_state(state: Optional[LinearAttentionState], q: torch.Tensor, v: torch
     if state is None:
         return
     B, H, _, d = q.shape
-    D = d + 1 if feature_map == "cosine" else d
+    D = feature_width(feature_map, d)
     want_S, want_z = (B, H, D, v.shape[-1]), (B, H, D)
     if tuple(state.S.shape) != want_S or tuple(state.z.shape) != want_z:
         raise ValueError(f"initial_state has S{tuple(state.S.shape)} z{tuple(state.z.shape)}; "
@@ -179,7 +175,7 @@ def chunk_linear_attention(
         if not output_final_state:
             return out
         dtype = compute_dtype(q.dtype)
-        D = d + 1 if feature_map == "cosine" else d
+        D = feature_width(feature_map, d)
         if initial_state is None:
             return out, LinearAttentionState(q.new_zeros(B, H, D, v.shape[-1], dtype=dtype), q.new_zeros(B, H, D, dtype=dtype))
         return out, LinearAttentionState(initial_state.S.to(dtype), initial_state.z.to(dtype))

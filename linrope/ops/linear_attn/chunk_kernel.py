@@ -45,7 +45,7 @@ import torch
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import DEN_FLOOR, guard_denominator_
+from .common import DEN_FLOOR, feature_width, guard_denominator_, shared_features
 from .features import features_backward_, rotors_for, split_features
 from .matrix import matrix_bwd, matrix_fwd
 from .scans import dcumsum, dcumsum_reverse, dsum_symmetric
@@ -58,11 +58,6 @@ class Cfg(NamedTuple):
     causal: bool
     eps: float
     chunk_size: int
-
-
-def _shared_features(rope: str) -> bool:
-    """Numerator and denominator use the same features: fold the denominator in as a column of ones."""
-    return rope in ("both", "none")
 
 
 def _values(v: torch.Tensor, shared: bool, ch: Chunks, dtype) -> torch.Tensor:
@@ -80,7 +75,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
     dtype = compute_dtype(q.dtype)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
-    shared = _shared_features(cfg.rope)
+    shared = shared_features(cfg.rope)  # fold the denominator in as a column of ones
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
     S = None if S0 is None else S0.to(dtype)
@@ -126,7 +121,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
 def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z,
                    cfg: Cfg, needs):
     """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient."""
-    shared = _shared_features(cfg.rope)
+    shared = shared_features(cfg.rope)
     dtype = compute_dtype(q.dtype)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
@@ -143,7 +138,7 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
     dS = dz = None
     if shared:
         if g_S is not None or g_z is not None:
-            Dp = q.shape[-1] + (1 if cfg.feature_map == "cosine" else 0)
+            Dp = feature_width(cfg.feature_map, q.shape[-1])
             dS = torch.zeros(B, H, Dp, E, dtype=dtype, device=q.device)
             if g_S is not None:
                 dS[..., :dv] = g_S

@@ -63,6 +63,16 @@ def guard_denominator_(den: torch.Tensor, rope: str) -> None:
         den.copy_(torch.copysign(den.abs().clamp_min_(DEN_FLOOR), den))
 
 
+def feature_width(feature_map: str, d: int) -> int:
+    """Width D of φ(x) for a head of size d: cosine prepends the constant feature 1."""
+    return d + 1 if feature_map == "cosine" else d
+
+
+def shared_features(rope: str) -> bool:
+    """Numerator and denominator use the same features (RoPE in both places, or nowhere)."""
+    return rope in ("both", "none")
+
+
 def phi(x: torch.Tensor, feature_map: str) -> torch.Tensor:
     """The part of the feature map that RoPE rotates: elu(x)+1, or x/||x|| for cosine."""
     if feature_map == "elu":

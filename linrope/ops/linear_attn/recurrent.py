@@ -19,7 +19,8 @@ from torch import Tensor
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import DEN_FLOOR, LinearAttentionState, check_args, decay_log, guard_denominator
+from .common import (DEN_FLOOR, LinearAttentionState, check_args, decay_log, feature_width, guard_denominator,
+                     shared_features)
 from .features import features_backward_, reference_features, rotors_for, split_features
 
 
@@ -96,7 +97,7 @@ def recurrent_step_bwd(g_o: Tensor, g_S: Tensor, g_z: Tensor, q: Tensor, k: Tens
     dqn, dqd = (S1 @ dnum.unsqueeze(-1)).squeeze(-1), z1 * dden.unsqueeze(-1)
     dkn, dkd = (dS1 @ vv.unsqueeze(-1)).squeeze(-1), dz1
     dv = (dS1.transpose(-1, -2) @ kn.unsqueeze(-1)).squeeze(-1).to(v.dtype)
-    shared = rope in ("both", "none")
+    shared = shared_features(rope)
     unrot = None if rot is None else rot.conj().resolve_conj()
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     for x, f, d_num, d_den, out in ((q4, qf, dqn, dqd, dq), (k4, kf, dkn, dkd, dk)):
@@ -154,7 +155,7 @@ def recurrent_step(
     if q_t.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one position; got {q_t.shape[2]}")
     B, H, _, d = q_t.shape
-    dv, D = v_t.shape[-1], (d + 1 if feature_map == "cosine" else d)
+    dv, D = v_t.shape[-1], feature_width(feature_map, d)
     dtype = compute_dtype(q_t.dtype)
     if state is None:
         state = _zero_state(B, H, D, dv, dtype, q_t.device)
