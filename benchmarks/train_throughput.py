@@ -36,17 +36,15 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from linrope.memory import retain_freed_memory  # noqa: E402
+from linrope.sweeps import compose_train  # noqa: E402
 from linrope.training import build_module  # noqa: E402
 
 CONF = ROOT / "conf"
@@ -60,12 +58,8 @@ def compose_config(name: str, args, context: int, compiled: bool) -> DictConfig:
     sizes = {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads, "d_ff": args.d_ff}
     overrides += [f"model.{k}={v}" for k, v in sizes.items() if v is not None]
     overrides += list(args.override)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=overrides)
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_train(overrides)
+    cfg.optim.schedule_steps = int(cfg.trainer.max_steps)  # the schedule's length, as a Trainer would give it
     if args.chunk_size is not None and cfg.model.attention.get("kind") == "linear":
         cfg.model.attention.chunk_size = args.chunk_size
     return cfg
@@ -80,9 +74,6 @@ class Trainer:
         self.module = build_module(cfg)
         self.module.configure_model()  # compile=true: compiles the model in place, as the Lightning Trainer would
         self.module.train()
-        # what configure_optimizers reads of the Lightning Trainer: the run's length in optimizer steps
-        steps = int(cfg.trainer.max_steps)
-        self.module.trainer = SimpleNamespace(max_steps=steps, estimated_stepping_batches=steps)
         optimizers = self.module.configure_optimizers()
         self.opt = optimizers["optimizer"]
         self.sched = optimizers["lr_scheduler"]["scheduler"]

@@ -23,7 +23,8 @@ from linrope.config import ConfigError, validate
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
-def _compose(overrides: Sequence[str], *, hydra_config: bool = False):
+def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
+    """``conf/train.yaml`` composed with ``overrides``, outside any Hydra run (tools, benchmarks, tests)."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -37,7 +38,7 @@ def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    cfg = _compose(fixed, hydra_config=True)
+    cfg = compose_train(fixed, hydra_config=True)
     params = cfg.hydra.sweeper.get("params") or {}
     cli_keys = {o.get_key_element() for o in parsed}
     from_config = [f"{k}={v}" for k, v in params.items() if k not in cli_keys]
@@ -50,7 +51,7 @@ def check_jobs(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[Tupl
     results = []
     for job in sweep_jobs(overrides):
         try:
-            validate(_compose([*job, *extra]))
+            validate(compose_train([*job, *extra]))
             results.append((job, None))
         except ConfigError as e:
             results.append((job, str(e)))

@@ -114,9 +114,9 @@ def test_sweeps_dry_run_reports_a_refused_job():
 
 def test_optuna_search_composes(compose):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
-    from linrope.sweeps import _compose
+    from linrope.sweeps import compose_train
 
-    cfg = _compose(["hparams_search=optuna"], hydra_config=True)
+    cfg = compose_train(["hparams_search=optuna"], hydra_config=True)
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("OptunaSweeper") and sweeper.direction == "minimize"
     assert sweeper.storage is None and set(sweeper.params) == {"optim.lr", "optim.warmup_steps"}
@@ -127,9 +127,9 @@ def test_optuna_search_composes(compose):
 @pytest.mark.parametrize("launcher,target", [("submitit_local", "LocalLauncher"), ("submitit_slurm", "SlurmLauncher")])
 def test_submitit_launchers_compose(launcher, target):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from linrope.sweeps import _compose
+    from linrope.sweeps import compose_train
 
-    cfg = _compose([f"hydra/launcher={launcher}", "experiment=pe_compare"], hydra_config=True)
+    cfg = compose_train([f"hydra/launcher={launcher}", "experiment=pe_compare"], hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith(target)
     assert cfg.hydra.sweeper.params.seed == "1,2"
 
