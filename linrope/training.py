@@ -66,7 +66,6 @@ def _user_error_in_child(e: BaseException) -> Optional[str]:
     return message if isinstance(cls, type) and issubclass(cls, LinropeError) else None
 
 
-
 def run_tags(cfg: DictConfig) -> List[str]:
     """wandb tags: attention kind, feature map, RoPE placement, position scheme, task."""
     att, pos = cfg.model.attention, cfg.model.position
