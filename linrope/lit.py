@@ -2,6 +2,7 @@
 metrics train/loss, train/lr, val/loss, val/bpb (bits per byte), test/*, tokens per second."""
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import resource
@@ -54,6 +55,27 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def destroy_process_group_at_exit() -> None:
+    """Destroy this process's torch.distributed process group when the interpreter exits (once per process).
+
+    Lightning does this only for nccl.  A gloo group left alive keeps worker threads that hold finished
+    work; the interpreter then tears down around them, and now and then a rank dies with SIGABRT
+    ("terminate called without an active exception") after its work is done: trainer=ddp_spawn on CPU
+    lost a whole sweep job that way.  atexit handlers run while the interpreter is still whole."""
+    global _destroy_registered
+    if not _destroy_registered and torch.distributed.is_available() and torch.distributed.is_initialized():
+        atexit.register(_destroy_process_group)
+        _destroy_registered = True
+
+
+_destroy_registered = False
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 class LanguageModel(L.LightningModule):
     def __init__(self, model: Dict[str, Any], optim: Optional[Dict[str, Any]] = None, compile: bool = False):
         super().__init__()
@@ -65,6 +87,10 @@ class LanguageModel(L.LightningModule):
             raise ConfigError(f"compile=true: {reason}; run with compile=false")
         self.optim = dict(optim or {})
         self._t_last: Optional[float] = None
+
+    def setup(self, stage: str) -> None:
+        """In every process of the run, after Lightning has set up its process group (if any)."""
+        destroy_process_group_at_exit()
 
     def configure_model(self):
         """``compile: true``: compile the model's forward in place (``nn.Module.compile``: parameter names and

@@ -424,6 +424,24 @@ def test_loading_another_model_is_refused_in_every_path(trained):
     assert LanguageModel.from_checkpoint(trained, {"position": {"scaling": "ntk", "factor": 2.0}}) is not None  # evaluation options
 
 
+# ---- process groups ---------------------------------------------------------------------------------------
+def test_the_process_group_is_destroyed_before_the_interpreter_exits(tmp_path):
+    """A gloo group left alive at exit can abort a finished rank (SIGABRT); the module's setup registers its
+    destruction for the process's exit, once, where the group exists and nowhere else."""
+    script = f"""
+import atexit, torch.distributed as dist
+from linrope.lit import LanguageModel
+module = LanguageModel(model=dict(vocab_size=16, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=8))
+module.setup("fit")  # no process group yet: nothing to destroy, nothing registered
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+atexit.register(lambda: print("at exit, still initialized:", dist.is_initialized()))  # runs after ours
+module.setup("fit"); module.setup("test")
+"""
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["at exit, still initialized: False"]
+
+
 # ---- run folders: one run each, never overwritten ---------------------------------------------------------
 def test_rerunning_into_a_run_folder_without_ckpt_path_is_refused(compose, trained):
     before = trained.read_bytes()
