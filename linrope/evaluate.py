@@ -26,7 +26,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from linrope.checkpoint import load_checkpoint
-from linrope.config import model_errors
 from linrope.data.rebuild import build_data_module
 from linrope.errors import ConfigError, LinropeError
 from linrope.extrapolation import DEFAULTS, length_table
@@ -150,11 +149,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     ckpt = Path(str(cfg.ckpt)).expanduser()
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checkpoint = load_checkpoint(ckpt, map_location="cpu")  # weights_only=True; one line if missing or broken
-    model_cfg = (checkpoint.get("hyper_parameters") or {}).get("model") or {}
-    problems = model_errors(OmegaConf.create(model_cfg)) if model_cfg else []
-    if problems:
-        raise EvaluateError(f"checkpoint {ckpt}: its model config is not one linrope builds: {problems[0]}")
-    module = LanguageModel.from_checkpoint(ckpt, map_location=device)
+    module = LanguageModel.from_checkpoint(ckpt, map_location=device, checkpoint=checkpoint)
     datamodule = build_data(cfg, ckpt, checkpoint, module.task)
     train_context = int(cfg.train_context or datamodule.context)
     lengths = [int(n) for n in cfg.lengths] if cfg.lengths else [int(round(f * train_context)) for f in cfg.factors]

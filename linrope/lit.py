@@ -12,6 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 import lightning as L
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from linrope.checkpoint import (
     check_identity,
@@ -20,7 +21,7 @@ from linrope.checkpoint import (
     load_checkpoint,
 )
 from linrope.compiling import compile_unsupported
-from linrope.config import plain
+from linrope.config import model_errors, plain
 from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.identity import IDENTITY_KEY, model_identity
 from linrope.model import TransformerLM
@@ -219,30 +220,42 @@ class LanguageModel(L.LightningModule):
             (decay if p.dim() >= 2 and "embed" not in name and "table" not in name else no_decay).append(p)
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
-        total = o.get("schedule_steps") or (self.trainer.max_steps if self.trainer is not None else -1)
+        total = o.get("schedule_steps") or self._trainer_max_steps()
         if total is None or total <= 0:
             raise ConfigError("optim.schedule_steps: the cosine schedule needs a length; set it, or trainer.max_steps")
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(
             s, warmup_steps=o["warmup_steps"], total_steps=total, min_lr_ratio=o["min_lr_ratio"]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
 
+    def _trainer_max_steps(self) -> Optional[int]:
+        try:
+            return self.trainer.max_steps
+        except RuntimeError:  # Lightning's getter when no Trainer is attached (optim.schedule_steps is then needed)
+            return None
+
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, path, expected_model_cfg: Optional[Mapping] = None, *,
-                        map_location: Any = "cpu") -> "LanguageModel":
-        """The model of a checkpoint, in eval mode, loaded with ``weights_only=True``.
+    def from_checkpoint(cls, path, expected_model_cfg: Optional[Mapping] = None, *, map_location: Any = "cpu",
+                        checkpoint: Optional[Mapping[str, Any]] = None) -> "LanguageModel":
+        """The model of a checkpoint, in eval mode, loaded with ``weights_only=True`` (or ``checkpoint``, the
+        dict a caller already loaded from ``path`` that way: the file is read once).
 
         Built from the checkpoint's own model config, overridden (nested) by ``expected_model_cfg`` when
         given — e.g. a RoPE scaling for evaluation, or the config a caller expects the checkpoint to have.
-        Parameters that do not fit, or another model's identity, raise one ``CheckpointMismatch`` line."""
-        ckpt = load_checkpoint(path, map_location=map_location)
-        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        A model config linrope does not build (an odd RoPE head, a pairing that cannot work) is one
+        ``CheckpointError`` line; parameters that do not fit, or another model's identity, one
+        ``CheckpointMismatch`` line."""
+        ckpt = load_checkpoint(path, map_location=map_location) if checkpoint is None else checkpoint
+        if not isinstance(ckpt, Mapping) or "state_dict" not in ckpt:
             raise CheckpointError(f"checkpoint {path}: has no state_dict (not a Lightning checkpoint)")
         hp = ckpt.get("hyper_parameters") or {}
         found_cfg = dict(hp.get("model") or {})
         model_cfg = found_cfg if expected_model_cfg is None else merge_config(found_cfg, plain(expected_model_cfg))
         if not model_cfg:
             raise CheckpointError(f"checkpoint {path}: has no model config (hyper_parameters.model) and none was given")
+        problems = model_errors(OmegaConf.create(model_cfg))
+        if problems:
+            raise CheckpointError(f"checkpoint {path}: its model config is not one linrope builds: {problems[0]}")
         module = cls(model=model_cfg, optim=hp.get("optim"))
         check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {path}",
                          found_cfg=found_cfg, expected_cfg=model_cfg)

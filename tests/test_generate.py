@@ -66,6 +66,7 @@ def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys)
 
     from hydra.errors import ConfigCompositionException
 
+    from linrope.errors import CheckpointError
     from linrope.generate import generate
 
     cfg = compose("model=linear_rope", "size=tiny", "logger=none", "trainer.enable_progress_bar=false",
@@ -81,3 +82,12 @@ def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys)
     assert again == out  # seeded
     with pytest.raises(ConfigCompositionException, match="tokens"):
         compose_generate(f"ckpt={ckpt}", "tokens=3")  # an unknown key: Hydra refuses it
+
+    # a checkpoint whose model config linrope does not build: one line naming the problem, not a traceback
+    saved = torch.load(ckpt, weights_only=True)
+    d = saved["hyper_parameters"]["model"]["d_model"]
+    saved["hyper_parameters"]["model"]["n_heads"] = d  # head dimension 1
+    odd = ckpt.with_name("odd-head.ckpt")
+    torch.save(saved, odd)
+    with pytest.raises(CheckpointError, match=f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{d}"):
+        generate(compose_generate(f"ckpt={odd}"))

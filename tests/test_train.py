@@ -69,6 +69,12 @@ def test_the_optimizer_settings_come_only_from_conf_optim(compose):
     bare.trainer = SimpleNamespace(max_steps=20)
     with pytest.raises(ConfigError, match=r"^optim: no lr, betas, weight_decay, warmup_steps, min_lr_ratio "):
         bare.configure_optimizers()
+    # no Trainer and no optim.schedule_steps: the schedule has no length, said in one line
+    unattached = LanguageModel(model=module.hparams["model"], optim=module.optim)
+    with pytest.raises(ConfigError, match=r"^optim.schedule_steps: the cosine schedule needs a length"):
+        unattached.configure_optimizers()
+    given = LanguageModel(model=module.hparams["model"], optim={**module.optim, "schedule_steps": 20})
+    assert given.configure_optimizers()["lr_scheduler"]["scheduler"].lr_lambdas[0](20) == cfg.optim.min_lr_ratio
 
 
 def test_lm_loss_falls(small_corpus):
