@@ -339,9 +339,14 @@ def test_bad_input_raises_clear_errors():
     with pytest.raises(ValueError, match="causal only"):
         linear_attention(q, k, v, impl="recurrent", causal=False)
     bad_state = LinearAttentionState(torch.zeros(B, H, D + 1, DV, dtype=torch.float64), torch.zeros(B, H, D + 1, dtype=torch.float64))
-    for impl in ("chunk", "recurrent"):
+    one_row = LinearAttentionState(torch.zeros(1, H, D, DV, dtype=torch.float64), torch.zeros(1, H, D, dtype=torch.float64))
+    for impl in ("naive", "chunk", "recurrent"):
         with pytest.raises(ValueError, match="expected S"):
             linear_attention(q, k, v, impl=impl, initial_state=bad_state)  # elu wants d, not d+1
+        with pytest.raises(ValueError, match=rf"initial_state has S\(1, {H}, {D}, {DV}\)"):
+            linear_attention(q, k, v, impl=impl, initial_state=one_row)  # would broadcast over the batch
+    with pytest.raises(ValueError, match=r"^state has S"):
+        recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], bad_state)
     with pytest.raises(ValueError, match="causal"):
         chunk_linear_attention(q, k, v, causal=False, output_final_state=True)
     with pytest.raises(ValueError, match="does not differentiate decay"):

@@ -20,7 +20,8 @@ from torch import Tensor
 
 from linrope.rope import compute_dtype
 
-from .common import LinearAttentionState, check_args, decay_log, feature_width, shared_features
+from .common import (LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
+                     shared_features, zero_state)
 from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .tables import plan_blocks
 
@@ -57,7 +58,7 @@ def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optiona
               rope: str, causal: bool, eps: float, chunk_size: int
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``."""
-    log_gamma = decay_log(decay, q.shape[1], q.device)
+    log_gamma = decay_log(decay, check=True)
     res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size))
     dtype = compute_dtype(q.dtype)
     return tuple(_or_empty(t, q, dtype) for t in res)
@@ -77,7 +78,7 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
               rope: str, causal: bool, eps: float, chunk_size: int, need_q: bool, need_k: bool, need_v: bool,
               need_S0: bool, need_z0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
-    log_gamma = decay_log(decay, q.shape[1], q.device)
+    log_gamma = decay_log(decay, check=False)
     grads = chunk_backward(g_out, _or_none_opt(g_S), _or_none_opt(g_z), q, k, v, S0, z0, positions, theta, log_gamma,
                            out, denom, _or_none(saved_S), _or_none(saved_z), Cfg(feature_map, rope, causal, eps, chunk_size),
                            (need_q, need_k, need_v, need_S0, need_z0))
@@ -121,17 +122,6 @@ chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 # --------------------------------------------------------------------------------------------------------
 # public entry point
 # --------------------------------------------------------------------------------------------------------
-def check_state(state: Optional[LinearAttentionState], q: torch.Tensor, v: torch.Tensor, feature_map: str) -> None:
-    if state is None:
-        return
-    B, H, _, d = q.shape
-    D = feature_width(feature_map, d)
-    want_S, want_z = (B, H, D, v.shape[-1]), (B, H, D)
-    if tuple(state.S.shape) != want_S or tuple(state.z.shape) != want_z:
-        raise ValueError(f"initial_state has S{tuple(state.S.shape)} z{tuple(state.z.shape)}; "
-                         f"expected S{want_S} z{want_z} for feature_map={feature_map!r}")
-
-
 def chunk_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -166,18 +156,14 @@ def chunk_linear_attention(
         if torch.is_tensor(t) and t.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"chunk linear attention does not differentiate {name}; pass a fixed tensor "
                              f"({name}.detach()) or use impl='naive'")
-    if decay is not None:
-        decay = torch.as_tensor(decay, device=q.device)
-        if decay.numel() != H:
-            raise ValueError(f"decay needs one factor per head ({H}); got {decay.numel()}")
+    decay = check_decay(decay, H, q.device)
     if N == 0:
         out = v.new_empty(v.shape)
         if not output_final_state:
             return out
         dtype = compute_dtype(q.dtype)
-        D = feature_width(feature_map, d)
         if initial_state is None:
-            return out, LinearAttentionState(q.new_zeros(B, H, D, v.shape[-1], dtype=dtype), q.new_zeros(B, H, D, dtype=dtype))
+            return out, zero_state(B, H, feature_width(feature_map, d), v.shape[-1], dtype, q.device)
         return out, LinearAttentionState(initial_state.S.to(dtype), initial_state.z.to(dtype))
     S0 = z0 = None
     if initial_state is not None:

@@ -98,13 +98,42 @@ def rope_tables(positions: Optional[torch.Tensor], n: int, d: int, theta: Option
     return rope_cos_sin(positions, theta if theta is not None else rope_frequencies(d, device=device), dtype)
 
 
-def decay_log(decay: Optional[torch.Tensor], n_heads: int, device) -> Optional[torch.Tensor]:
-    """log γ_h as float64 (H,), checking 0 < γ_h <= 1."""
+def check_decay(decay, n_heads: int, device) -> Optional[torch.Tensor]:
+    """``decay`` as a tensor on ``device`` with one factor per head (its shape only: the entry points call
+    this; the range of its values is ``decay_log``'s to check, inside the operators)."""
     if decay is None:
         return None
-    decay = torch.as_tensor(decay, device=device, dtype=torch.float64).reshape(-1)
+    decay = torch.as_tensor(decay, device=device)
     if decay.numel() != n_heads:
         raise ValueError(f"decay needs one factor per head ({n_heads}); got {decay.numel()}")
-    if (decay <= 0).any() or (decay > 1).any():
+    return decay
+
+
+def decay_log(decay: Optional[torch.Tensor], *, check: bool) -> Optional[torch.Tensor]:
+    """log γ_h as float64 (H,).  ``check``: first that every 0 < γ_h <= 1.  That test depends on the data
+    (torch.compile cannot trace it, and on a GPU it waits for the device), so the forward operators make it,
+    inside the operator, and the backward operators, which get the same decay, do not repeat it."""
+    if decay is None:
+        return None
+    decay = decay.to(torch.float64).reshape(-1)
+    if check and ((decay <= 0).any() or (decay > 1).any()):
         raise ValueError("decay factors γ_h must lie in (0, 1]")
     return decay.log()
+
+
+def zero_state(B: int, H: int, D: int, dv: int, dtype, device) -> LinearAttentionState:
+    return LinearAttentionState(torch.zeros(B, H, D, dv, dtype=dtype, device=device),
+                                torch.zeros(B, H, D, dtype=dtype, device=device))
+
+
+def check_state(state: Optional[LinearAttentionState], q: torch.Tensor, v: torch.Tensor, feature_map: str,
+                name: str = "initial_state") -> None:
+    """A carried state must have S (B, H, D, d_v) and z (B, H, D) for q (B, H, N, d) and v (B, H, N, d_v)."""
+    if state is None:
+        return
+    B, H, _, d = q.shape
+    D = feature_width(feature_map, d)
+    want_S, want_z = (B, H, D, v.shape[-1]), (B, H, D)
+    if tuple(state.S.shape) != want_S or tuple(state.z.shape) != want_z:
+        raise ValueError(f"{name} has S{tuple(state.S.shape)} z{tuple(state.z.shape)}; "
+                         f"expected S{want_S} z{want_z} for feature_map={feature_map!r}")

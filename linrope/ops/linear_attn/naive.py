@@ -14,7 +14,7 @@ import torch
 
 from linrope.rope import compute_dtype
 
-from .common import LinearAttentionState, decay_log, guard_denominator
+from .common import LinearAttentionState, check_decay, check_state, decay_log, guard_denominator
 from .features import reference_features
 
 
@@ -42,6 +42,8 @@ def naive_linear_attention(
 ):
     dtype = compute_dtype(q.dtype)
     B, H, N, _ = q.shape
+    check_state(initial_state, q, v, feature_map)
+    decay = check_decay(decay, H, q.device)
     q_num, k_num, q_den, k_den = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions,
                                                     theta=rope_theta, dtype=dtype)
     vv = v.to(dtype)
@@ -50,7 +52,7 @@ def naive_linear_attention(
     mask = torch.ones(N, N, dtype=dtype, device=q.device)
     if causal:
         mask = torch.tril(mask)
-    log_gamma = decay_log(decay, H, q.device)
+    log_gamma = decay_log(decay, check=True)
     if log_gamma is not None:
         mask = mask * decay_matrix(log_gamma, N, causal, q.device).to(dtype)
     w_num, w_den = w_num * mask, w_den * mask

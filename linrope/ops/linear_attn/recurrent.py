@@ -19,41 +19,35 @@ from torch import Tensor
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import (DEN_FLOOR, LinearAttentionState, check_args, decay_log, feature_width, guard_denominator,
-                     shared_features)
+from .common import (DEN_FLOOR, LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
+                     guard_denominator, shared_features, zero_state)
 from .features import features_backward_, reference_features, rotors_for, split_features
-
-
-def _zero_state(B: int, H: int, D: int, dv: int, dtype, device) -> LinearAttentionState:
-    return LinearAttentionState(torch.zeros(B, H, D, dv, dtype=dtype, device=device),
-                                torch.zeros(B, H, D, dtype=dtype, device=device))
-
-
-def _check_state(state: LinearAttentionState, B: int, H: int, D: int, dv: int, feature_map: str) -> None:
-    want_S, want_z = (B, H, D, dv), (B, H, D)
-    if tuple(state.S.shape) != want_S or tuple(state.z.shape) != want_z:
-        raise ValueError(f"state has S{tuple(state.S.shape)} z{tuple(state.z.shape)}; "
-                         f"expected S{want_S} z{want_z} for feature_map={feature_map!r}")
 
 
 # --------------------------------------------------------------------------------------------------------
 # one step as a registered operator (``linrope::recurrent_step``): opaque to torch.compile, with a fake
 # implementation from shapes alone and a backward that is itself an operator (autograd of ``_step`` inside)
 # --------------------------------------------------------------------------------------------------------
+def _gamma(decay: Optional[Tensor], dtype, *, check: bool) -> Optional[Tensor]:
+    """γ_h (H,) in the compute dtype, formed from its float64 log as every form forms it; None without decay."""
+    log_gamma = decay_log(decay, check=check)
+    return None if log_gamma is None else torch.exp(log_gamma).to(dtype)
+
+
+def _advance(S: Tensor, z: Tensor, kn: Tensor, kd: Tensor, v: Tensor, gamma: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """The state one position on: decayed by γ, then this position's key added (S += kn vᵀ, z += kd)."""
+    if gamma is not None:
+        S, z = S * gamma[:, None, None], z * gamma[:, None]
+    return S + kn.unsqueeze(-1) * v.unsqueeze(-2), z + kd
+
+
 def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, eps: float):
     """q, k: (B, H, d); v: (B, H, d_v); S, z: the state before the step -> (o, S, z) after it."""
     dtype = compute_dtype(q.dtype)
     qn, kn, qd, kd = (f[:, :, 0] for f in reference_features(q.unsqueeze(2), k.unsqueeze(2), feature_map=feature_map,
                                                               rope=rope, positions=position.reshape(1), theta=theta,
                                                               dtype=dtype))
-    S, z = S.to(dtype), z.to(dtype)
-    log_gamma = decay_log(decay, q.shape[1], q.device)
-    if log_gamma is not None:
-        gamma = torch.exp(log_gamma).to(dtype)
-        S = S * gamma[:, None, None]
-        z = z * gamma[:, None]
-    S = S + kn.unsqueeze(-1) * v.to(dtype).unsqueeze(-2)
-    z = z + kd
+    S, z = _advance(S.to(dtype), z.to(dtype), kn, kd, v.to(dtype), _gamma(decay, dtype, check=True))
     num = (qn.unsqueeze(-2) @ S).squeeze(-2)
     den = (qd * z).sum(-1)
     return (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype), S, z
@@ -81,11 +75,8 @@ def recurrent_step_bwd(g_o: Tensor, g_S: Tensor, g_z: Tensor, q: Tensor, k: Tens
     rot = rotors_for(q4, rope, position.reshape(1), theta, dtype)
     qf, kf, qn, kn, qd, kd = (f[:, :, 0] for f in split_features(q4, k4, feature_map=feature_map, rope=rope, rot=rot,
                                                                  dtype=dtype))
-    log_gamma = decay_log(decay, q.shape[1], q.device)
-    gamma = None if log_gamma is None else torch.exp(log_gamma).to(dtype)
-    S0, z0, vv = S.to(dtype), z.to(dtype), v.to(dtype)
-    S1 = (S0 if gamma is None else S0 * gamma[:, None, None]) + kn.unsqueeze(-1) * vv.unsqueeze(-2)
-    z1 = (z0 if gamma is None else z0 * gamma[:, None]) + kd
+    gamma, vv = _gamma(decay, dtype, check=False), v.to(dtype)
+    S1, z1 = _advance(S.to(dtype), z.to(dtype), kn, kd, vv, gamma)
     den = guard_denominator((qd * z1).sum(-1) + eps, rope)
     o = (qn.unsqueeze(-2) @ S1).squeeze(-2) / den.unsqueeze(-1)
     dnum = g_o.to(dtype) / den.unsqueeze(-1)
@@ -157,12 +148,11 @@ def recurrent_step(
     B, H, _, d = q_t.shape
     dv, D = v_t.shape[-1], feature_width(feature_map, d)
     dtype = compute_dtype(q_t.dtype)
+    check_state(state, q_t, v_t, feature_map, name="state")
     if state is None:
-        state = _zero_state(B, H, D, dv, dtype, q_t.device)
-    else:
-        _check_state(state, B, H, D, dv, feature_map)
+        state = zero_state(B, H, D, dv, dtype, q_t.device)
     pos = torch.as_tensor(position, device=q_t.device).reshape(())
-    decay = None if decay is None else torch.as_tensor(decay, device=q_t.device)
+    decay = check_decay(decay, H, q_t.device)
     o, S, z = recurrent_step_op(q_t[:, :, 0], k_t[:, :, 0], v_t[:, :, 0], state.S, state.z, pos, rope_theta, decay,
                                 feature_map, rope, float(eps))
     if not squeeze:
@@ -198,24 +188,18 @@ def recurrent_linear_attention(
     dtype = compute_dtype(q.dtype)
     qn, kn, qd, kd = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions, theta=rope_theta, dtype=dtype)
     D = qn.shape[-1]
+    check_state(initial_state, q, v, feature_map)
     if initial_state is None:
-        S, z = _zero_state(B, H, D, dv, dtype, q.device)
+        S, z = zero_state(B, H, D, dv, dtype, q.device)
     else:
-        _check_state(initial_state, B, H, D, dv, feature_map)
         S, z = initial_state.S.to(dtype), initial_state.z.to(dtype)
-    log_gamma = decay_log(decay, H, q.device)
-    gamma = None if log_gamma is None else torch.exp(log_gamma).to(dtype)
-    vv = v.to(dtype)
+    gamma, vv = _gamma(check_decay(decay, H, q.device), dtype, check=True), v.to(dtype)
     track = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, S, z))
     outs = [] if track else None
     out = None if track else alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
     for t in range(N):
-        if gamma is not None:
-            S = S * gamma[:, None, None]
-            z = z * gamma[:, None]
-        S = S + kn[:, :, t].unsqueeze(-1) * vv[:, :, t].unsqueeze(-2)
-        z = z + kd[:, :, t]
+        S, z = _advance(S, z, kn[:, :, t], kd[:, :, t], vv[:, :, t], gamma)
         num = (qn[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
         o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + eps, rope).unsqueeze(-1)
         if track:
