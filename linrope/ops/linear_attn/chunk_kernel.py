@@ -45,7 +45,7 @@ import torch
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import DEN_FLOOR, feature_width, guard_denominator_, shared_features
+from .common import feature_width, guard_denominator_, shared_features, unclamped
 from .features import features_backward_, rotors_for, split_features
 from .matrix import matrix_bwd, matrix_fwd
 from .scans import dcumsum, dcumsum_reverse, dsum_symmetric
@@ -170,7 +170,7 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
             torch.div(g_out[:, :, s:e], denom[:, :, s:e].unsqueeze(-1), out=do[:, :, :n, :dv])
             dden = torch.linalg.vecdot(do[:, :, :n, :dv], out[:, :, s:e].to(dtype)).neg_()
             if cfg.rope == "both":  # a clamped denominator is a constant
-                dden.mul_(denom[:, :, s:e].abs() > DEN_FLOOR)
+                dden.mul_(unclamped(denom[:, :, s:e]))
         if shared:
             do[:, :, :n, dv].copy_(dden)
         dqn, dkn, dvv, dS = matrix_bwd(qn, kn, _values(v[:, :, s:e], shared, ch, dtype), do, ch, cfg.causal,

@@ -63,6 +63,12 @@ def guard_denominator_(den: torch.Tensor, rope: str) -> None:
         den.copy_(torch.copysign(den.abs().clamp_min_(DEN_FLOOR), den))
 
 
+def unclamped(den: torch.Tensor) -> torch.Tensor:
+    """Where a guarded denominator (placement "both") is its own value: elsewhere it is the constant
+    DEN_FLOOR, and passes no gradient.  Both backward passes multiply by this."""
+    return den.abs() > DEN_FLOOR
+
+
 def feature_width(feature_map: str, d: int) -> int:
     """Width D of φ(x) for a head of size d: cosine prepends the constant feature 1."""
     return d + 1 if feature_map == "cosine" else d

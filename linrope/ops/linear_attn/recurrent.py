@@ -19,8 +19,8 @@ from torch import Tensor
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import (DEN_FLOOR, LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
-                     guard_denominator, shared_features, zero_state)
+from .common import (LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
+                     guard_denominator, shared_features, unclamped, zero_state)
 from .features import features_backward_, reference_features, rotors_for, split_features
 
 
@@ -82,7 +82,7 @@ def recurrent_step_bwd(g_o: Tensor, g_S: Tensor, g_z: Tensor, q: Tensor, k: Tens
     dnum = g_o.to(dtype) / den.unsqueeze(-1)
     dden = -(dnum * o).sum(-1)
     if rope == "both":  # a clamped denominator is a constant
-        dden = dden * (den.abs() > DEN_FLOOR)
+        dden = dden * unclamped(den)
     dS1 = g_S.to(dtype) + qn.unsqueeze(-1) * dnum.unsqueeze(-2)
     dz1 = g_z.to(dtype) + qd * dden.unsqueeze(-1)
     dqn, dqd = (S1 @ dnum.unsqueeze(-1)).squeeze(-1), z1 * dden.unsqueeze(-1)
