@@ -281,7 +281,7 @@ def trainer_errors(cfg) -> List[str]:
         if strategy not in known:
             errors.append(f"trainer.strategy={strategy}: unknown; e.g. {', '.join(COMMON_STRATEGIES)} "
                           f"(all: lightning.pytorch.strategies.StrategyRegistry)")
-    if strategy == "ddp" and (n is None or n > 1) and _in_sweep() and not _processes_started_externally():
+    if strategy == "ddp" and (n is None or n > 1) and sweep_dir() is not None and not _processes_started_externally():
         errors.append("trainer.strategy=ddp in a sweep (-m): Lightning starts the other processes by running "
                       "train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in sweeps")
     return errors
@@ -309,14 +309,18 @@ def _resolved_accelerator(accelerator: str) -> str:
     return "gpu" if accelerator == "cuda" else accelerator
 
 
-def _in_sweep() -> bool:
+def sweep_dir() -> Optional[str]:
+    """The sweep folder of a job of ``-m`` (None for a single run, or without a Hydra run: tests compose
+    configs directly)."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    except Exception:  # noqa: BLE001 - no Hydra run (tests compose configs directly)
-        return False
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            return str(HydraConfig.get().sweep.dir)
+    except Exception:  # noqa: BLE001 - no Hydra run
+        pass
+    return None
 
 
 def _processes_started_externally() -> bool:

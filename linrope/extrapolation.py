@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -41,13 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from linrope.data.bytes import LN2
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
 from linrope.errors import SequenceTooLong
 from linrope.positions.rope import RoPE
 from linrope.rope import rope_frequencies
 from linrope.tables import format_row
 
-LN2 = math.log(2.0)
 DEFAULTS = dict(factors=[1, 2, 4, 8, 16], scalings=["pi", "ntk"], split="test", scored_bytes=2**17, stride=None,
                 task_examples=64, batch_size=8, max_score_mb=1024)
 

@@ -22,13 +22,13 @@ from linrope.checkpoint import (
 )
 from linrope.compiling import compile_unsupported
 from linrope.config import model_errors, plain
+from linrope.data.bytes import LN2
+from linrope.data.tasks import IGNORE  # -100: the target of positions that are not scored
 from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.identity import IDENTITY_KEY, model_identity
 from linrope.model import TransformerLM
 
-LN2 = math.log(2.0)
 OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "min_lr_ratio")  # conf/optim/adamw.yaml
-IGNORE = -100  # target of positions that are not scored (the tasks' non-answer positions)
 
 
 def step_seed(base: int, step: int, rank: int) -> int:

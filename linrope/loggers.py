@@ -17,8 +17,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.loggers import CSVLogger as _CSVLogger
 from lightning.pytorch.loggers import WandbLogger as _WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -93,13 +91,3 @@ def wandb_settings(lg: Dict[str, Any], task_name: str, sweep_dir: Optional[str])
     os.environ.setdefault("WANDB_SILENT", "true")
     Path(lg["save_dir"]).mkdir(parents=True, exist_ok=True)
     return lg
-
-
-def sweep_dir() -> Optional[str]:
-    """The sweep folder of a job of ``-m`` (None for a single run or without Hydra)."""
-    try:
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-            return str(HydraConfig.get().sweep.dir)
-    except Exception:  # noqa: BLE001 - no Hydra run
-        pass
-    return None

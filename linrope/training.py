@@ -19,11 +19,11 @@ from omegaconf import DictConfig, open_dict
 from torch.multiprocessing.spawn import ProcessRaisedException
 
 from linrope.checkpoint import AtomicCheckpointIO
-from linrope.config import checkpoint_path, plain
+from linrope.config import checkpoint_path, plain, sweep_dir
 from linrope.errors import LinropeError, UserError
 from linrope.evaluate import extrapolate_after_test
 from linrope.lit import LanguageModel
-from linrope.loggers import sweep_dir, wandb_settings
+from linrope.loggers import wandb_settings
 from linrope.summary import ParamSummary
 
 

@@ -282,7 +282,7 @@ def test_checkpoint_and_corpus_checks(compose, tmp_path):
 def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
     from linrope import config as C
 
-    monkeypatch.setattr(C, "_in_sweep", lambda: True)
+    monkeypatch.setattr(C, "sweep_dir", lambda: "multirun/sweep")
     with pytest.raises(C.ConfigError, match="use trainer=ddp_spawn in sweeps"):
         C.validate(compose("trainer=ddp"))
     C.validate(compose("trainer=ddp_spawn"))

@@ -14,6 +14,7 @@ uninterrupted one would.  Evaluation uses contiguous, non-overlapping windows.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sysconfig
 import warnings
@@ -25,6 +26,8 @@ import torch
 from torch.utils.data import Dataset
 
 from linrope.errors import CorpusError
+
+LN2 = math.log(2.0)  # bits per byte = cross-entropy per byte (nats) / LN2
 
 SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "__pycache__", "idle_test"}
 SPLITS = ("train", "val", "test")
