@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from linrope.checkpoint import load_checkpoint
 from linrope.data.rebuild import build_data_module
 from linrope.errors import ConfigError, LinropeError
-from linrope.extrapolation import DEFAULTS, length_table
+from linrope.schema import extrapolation_errors
+from linrope.extrapolation import SETTINGS, length_table
 from linrope.lit import LanguageModel
 from linrope.plots import plot_length_table
 from linrope.tables import COLUMNS, HEADER, format_table, write_csv
@@ -43,14 +44,24 @@ def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
     return f"length extrapolation: {name}{suffix}, trained at {train_context}"
 
 
+def write_table(module, datamodule, settings, out: Path, stem: str, *, train_context: int, lengths=None,
+                title_suffix: str = "", **score) -> tuple:
+    """The table of one model (``length_table``) written as ``<out>/<stem>.csv`` and plotted as
+    ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here."""
+    rows = length_table(module, datamodule, {k: settings[k] for k in SETTINGS}, train_context=train_context,
+                        lengths=lengths, **score)
+    csv_path = write_csv(rows, out / f"{stem}.csv")
+    png = plot_length_table(rows, out / f"{stem}.png", train_context=train_context,
+                            title=plot_title(module.hparams["model"], train_context, title_suffix))
+    return rows, csv_path, png
+
+
 # ---- after testing (train.py) ----------------------------------------------------------------------------------
 def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> List[Dict[str, Any]]:
     """train.py's hook (``extrapolation.enabled``): the table for ``factors`` × the training context,
     written to the run folder and logged to wandb (Table + image) when wandb is a logger."""
     if not trainer.is_global_zero:
         return []
-    ex = {**DEFAULTS, **OmegaConf.to_container(cfg.extrapolation, resolve=True)}
-    train_context = int(datamodule.context)
     device = trainer.strategy.root_device
     precision = str(trainer.precision)
     autocast = (torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else None) \
@@ -58,17 +69,11 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
     was = next(module.parameters()).device
     module.to(device)
     try:
-        rows = length_table(module, datamodule, train_context=train_context,
-                            lengths=[int(round(f * train_context)) for f in ex["factors"]],
-                            scalings=list(ex["scalings"] or []), split=ex["split"], scored_bytes=ex["scored_bytes"],
-                            stride=ex["stride"], task_examples=ex["task_examples"], batch_size=ex["batch_size"],
-                            max_score_mb=ex["max_score_mb"], device=device, autocast_dtype=autocast)
+        rows, csv_path, png = write_table(module, datamodule, cfg.extrapolation, Path(cfg.paths.output_dir),
+                                          "extrapolation", train_context=int(datamodule.context), device=device,
+                                          autocast_dtype=autocast)
     finally:
         module.to(was)
-    out = Path(cfg.paths.output_dir)
-    csv_path = write_csv(rows, out / "extrapolation.csv")
-    png = plot_length_table(rows, out / "extrapolation.png", train_context=train_context,
-               title=plot_title(module.hparams["model"], train_context))
     print(f"length extrapolation ({csv_path}):\n{format_table(rows)}")
     _log_to_wandb(rows, png, loggers, "bpb" if getattr(module, "bytes_like", True) else "acc")
     return rows
@@ -146,29 +151,24 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     """The whole standalone evaluation for one composed ``conf/evaluate.yaml``."""
     if not cfg.ckpt:
         raise EvaluateError("ckpt=PATH is required (see --help)")
+    problems = extrapolation_errors(cfg, "")
+    if cfg.lengths is not None and not all(isinstance(n, int) and n >= 1 for n in cfg.lengths):
+        problems.append(f"lengths={list(cfg.lengths)}: expected integers >= 1")
+    if problems:
+        raise EvaluateError("; ".join(problems))  # before the checkpoint is read
     ckpt = Path(str(cfg.ckpt)).expanduser()
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checkpoint = load_checkpoint(ckpt, map_location="cpu")  # weights_only=True; one line if missing or broken
     module = LanguageModel.from_checkpoint(ckpt, map_location=device, checkpoint=checkpoint)
     datamodule = build_data(cfg, ckpt, checkpoint, module.task)
     train_context = int(cfg.train_context or datamodule.context)
-    lengths = [int(n) for n in cfg.lengths] if cfg.lengths else [int(round(f * train_context)) for f in cfg.factors]
-    if any(n < 1 for n in lengths):
-        raise EvaluateError(f"lengths={lengths}: every length must be >= 1")
-    if int(cfg.scored_bytes) < 1 or (cfg.stride is not None and int(cfg.stride) < 1):
-        raise EvaluateError(f"scored_bytes={cfg.scored_bytes}, stride={cfg.stride}: need scored_bytes >= 1 and "
-                            f"stride >= 1 (or null: half the length)")
+    lengths = [int(n) for n in cfg.lengths] if cfg.lengths else None
     m = module.model.cfg
     print(f"checkpoint {ckpt} (task {module.task}, {m.attention.get('kind')} attention, position "
           f"{m.position.get('name')}), trained at {train_context} tokens; evaluating on {device}\n{HEADER}")
-    rows = length_table(module, datamodule, train_context=train_context, lengths=lengths,
-                        scalings=list(cfg.scalings or []), split=cfg.split, scored_bytes=cfg.scored_bytes,
-                        stride=cfg.stride, task_examples=cfg.task_examples, batch_size=cfg.batch_size,
-                        max_score_mb=cfg.max_score_mb, device=device, log=print)
-    out = Path(str(cfg.out))
-    csv_path = write_csv(rows, out / "evaluate.csv")
-    png = plot_length_table(rows, out / "evaluate.png", train_context=train_context,
-               title=plot_title(module.hparams["model"], train_context, f" ({ckpt.name})"))
+    rows, csv_path, png = write_table(module, datamodule, cfg, Path(str(cfg.out)), "evaluate",
+                                      train_context=train_context, lengths=lengths, title_suffix=f" ({ckpt.name})",
+                                      device=device, log=print)
     print(f"wrote {csv_path} and {png}")
     return rows
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -47,8 +47,9 @@ from linrope.positions.rope import RoPE
 from linrope.rope import rope_frequencies
 from linrope.tables import format_row
 
-DEFAULTS = dict(factors=[1, 2, 4, 8, 16], scalings=["pi", "ntk"], split="test", scored_bytes=2**17, stride=None,
-                task_examples=64, batch_size=8, max_score_mb=1024)
+# the settings of a table: conf/extrapolation/default.yaml is the one place their defaults are written, and
+# linrope.config.extrapolation_errors checks them before a run (train.py) or an evaluation starts
+SETTINGS = ("factors", "scalings", "split", "scored_bytes", "stride", "task_examples", "batch_size", "max_score_mb")
 
 
 # ---- RoPE rows -------------------------------------------------------------------------------------------------
@@ -167,17 +168,24 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
     return out
 
 
-def length_table(module, datamodule, *, train_context: int, lengths: Sequence[int],
-                 scalings: Iterable[str] = ("pi", "ntk"), split: str = "test", scored_bytes: int = 2**17,
-                 stride: Optional[int] = None, task_examples: int = 64, batch_size: int = 8,
-                 max_score_mb: float = 1024, device=None, autocast_dtype=None, log=None) -> List[Dict[str, Any]]:
+def length_table(module, datamodule, settings: Mapping[str, Any], *, train_context: int,
+                 lengths: Optional[Sequence[int]] = None, device=None, autocast_dtype=None,
+                 log=None) -> List[Dict[str, Any]]:
     """One row per (length, scaling): the columns of ``COLUMNS``; ``status`` is ``ok`` or ``n/a (why)``.
-    ``log`` is called with each row as it is done (``format_row``)."""
+    ``settings``: every key of ``SETTINGS`` (conf/extrapolation/default.yaml); ``lengths``: default
+    ``factors`` × ``train_context``.  ``log`` is called with each row as it is done (``format_row``)."""
+    missing = [k for k in SETTINGS if k not in settings]
+    if missing:
+        raise ValueError(f"length_table: settings without {', '.join(missing)} (see conf/extrapolation/default.yaml)")
+    scalings, split, scored_bytes, stride, task_examples, batch_size, max_score_mb = (
+        settings[k] for k in SETTINGS[1:])
+    if lengths is None:
+        lengths = [int(round(f * train_context)) for f in settings["factors"]]
     device = torch.device(device or next(module.parameters()).device)
     module.eval()
     model = module.model
     schemes = rope_schemes(model)
-    scalings = [s for s in scalings if s not in (None, "none")] if schemes else []
+    scalings = [s for s in scalings or [] if s not in (None, "none")] if schemes else []
     for s in scalings:
         if s not in ("pi", "ntk"):
             raise ValueError(f"scalings: unknown RoPE row {s!r}; expected pi or ntk")

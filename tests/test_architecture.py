@@ -110,7 +110,7 @@ LAYERS = [
     ("foundation", ("errors", "rope", "memory", "compiling", "identity", "naming", "plots", "stats", "tables")),
     ("operators and positions", ("ops", "positions")),
     ("model and data", ("attention", "model", "data")),
-    ("files and config", ("atomic", "checkpoint", "config", "command_line", "runfolder")),
+    ("files and config", ("atomic", "checkpoint", "config", "command_line", "runfolder", "schema")),
     ("Lightning", ("lit", "loggers", "summary", "tidy")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),
     ("orchestration", ("training",)),

@@ -152,8 +152,9 @@ def test_rope_rows_compose_with_the_trained_scaling(trained, monkeypatch):
     real = rope_module.rope_cos_sin
     monkeypatch.setattr(rope_module, "rope_cos_sin", lambda p, theta, dtype: used.append(theta.clone())
                         or real(p, theta, dtype))
-    rows = length_table(module, Text(), train_context=l0, lengths=[l0, 2 * l0, 4 * l0], scalings=["pi", "ntk"],
-                        scored_bytes=512, batch_size=64)
+    settings = {**OmegaConf.to_container(OmegaConf.load(CONF / "extrapolation" / "default.yaml")),
+                "scalings": ["pi", "ntk"], "scored_bytes": 512, "batch_size": 64}
+    rows = length_table(module, Text(), settings, train_context=l0, lengths=[l0, 2 * l0, 4 * l0])
     t = np.arange(d // 2, dtype=np.float64)
     p0 = f0 if scaling == "pi" else 1.0
     k0 = f0 if scaling == "ntk" else 1.0
@@ -266,6 +267,14 @@ def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
 
     with pytest.raises(EvaluateError, match="ckpt=PATH is required"):
         evaluate(compose_evaluate("lengths=[64]"))
+    # bad settings: one line naming each, before the checkpoint is read
+    with pytest.raises(EvaluateError, match=r"^scored_bytes=0: expected an integer >= 1; stride=-2: expected an "
+                                            r"integer >= 1 or null \(null: half the length\); factors=\[\]: expected "
+                                            r"a list of numbers > 0; lengths=\[64, 0\]: expected integers >= 1$"):
+        evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scored_bytes=0", "stride=-2", "factors=[]",
+                                  "lengths=[64,0]"))
+    with pytest.raises(EvaluateError, match=r"^scalings=\['yarn'\]: expected a list of pi, ntk"):
+        evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scalings=[yarn]"))
 
 
 @pytest.mark.parametrize("broken", ["missing", "truncated"])

@@ -331,6 +331,11 @@ def test_unknown_model_is_one_line_at_the_cli(tmp_path):
      "data.context=256 is longer than the multiplicative position table (model.max_len=32)"),
     (["model=softmax_multiplicative", "model.position.table=lookup"],
      "model.position.table=lookup: expected one of sinusoidal, learned"),
+    # checked before training, not after it when the table is made
+    (["extrapolation.enabled=true", "extrapolation.scored_bytes=0"],
+     "extrapolation.scored_bytes=0: expected an integer >= 1"),
+    (["extrapolation.split=train"], "extrapolation.split=train: expected one of val, test"),
+    (["extrapolation.factors=[1,-2]"], "extrapolation.factors=[1, -2]: expected a list of numbers > 0"),
 ])
 def test_bad_values_are_one_line_each(compose, overrides, message):
     from linrope.config import ConfigError, validate
