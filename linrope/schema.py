@@ -7,6 +7,7 @@ values are read from the code's own vocabularies when checked.  Each failure is 
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -27,7 +28,7 @@ def get(cfg, dotted: str, default: Any = None) -> Any:
 class Rule:
     """One entry of ``SCHEMA``: an int, a number or one of ``choices``; bounds are inclusive (``low``,
     ``high``) or strict (``above``, ``below``); ``null``: None is allowed too."""
-    kind: str                                    # "int" | "number" | "bool" | "choice"
+    kind: str                                    # "int" | "number" | "bool" | "str" | "choice"
     low: Optional[float] = None
     above: Optional[float] = None
     high: Optional[float] = None
@@ -40,7 +41,7 @@ class Rule:
         if self.kind == "choice":
             text = "one of " + ", ".join("null" if c is None else str(c) for c in self.choices())
         else:
-            text = {"int": "an integer", "number": "a number", "bool": "true or false"}[self.kind]
+            text = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string"}[self.kind]
             bounds = [f"{op} {_num(v)}" for op, v in ((">=", self.low), (">", self.above), ("<=", self.high),
                                                        ("<", self.below)) if v is not None]
             text += (" " + " and ".join(bounds)) if bounds else ""
@@ -52,14 +53,22 @@ class Rule:
             return self.null or (self.kind == "choice" and None in self.choices())
         if self.kind == "choice":
             return value in self.choices()
-        if self.kind == "bool":
-            return isinstance(value, bool)
+        if self.kind in ("bool", "str"):
+            return isinstance(value, bool if self.kind == "bool" else str)
         if isinstance(value, bool) or not isinstance(value, int if self.kind == "int" else (int, float)):
             return False
         if isinstance(value, float) and not math.isfinite(value):
             return False
         return ((self.low is None or value >= self.low) and (self.above is None or value > self.above)
                 and (self.high is None or value <= self.high) and (self.below is None or value < self.below))
+
+
+def annotation_rule(annotation: Any) -> Rule:
+    """The Rule of a constructor argument's type hint: int, float, str, bool, or Optional of one."""
+    args = typing.get_args(annotation)
+    nullable = typing.get_origin(annotation) is typing.Union and type(None) in args
+    base = next(a for a in args if a is not type(None)) if nullable else annotation
+    return Rule({int: "int", float: "number", str: "str", bool: "bool"}[base], null=nullable)
 
 
 def _num(v: float) -> str:

@@ -237,7 +237,8 @@ def test_each_data_schema_is_its_modules_constructor_and_covers_its_yaml(task):
     """The schema a saved data config is checked against is read from the data module's constructor (and the
     parents it passes ``**common`` to): every key of conf/data/<task>.yaml is in it, and every argument's
     default passes the type check made on saved values."""
-    from linrope.data.rebuild import _type_error, constructor_fields
+    from linrope.data.rebuild import constructor_fields
+    from linrope.schema import annotation_rule
 
     cls = DATA_MODULES[task]
     fields = constructor_fields(cls)
@@ -250,8 +251,9 @@ def test_each_data_schema_is_its_modules_constructor_and_covers_its_yaml(task):
         if init is not None and klass.__module__.startswith("linrope"):
             defaults.update({n: p.default for n, p in inspect.signature(init).parameters.items()
                              if n in fields and n not in defaults and p.default is not inspect.Parameter.empty})
-    assert {n: _type_error(v, fields[n]) for n, v in defaults.items() if _type_error(v, fields[n])} == {}
-    assert _type_error("abc", fields["context"]) == "an integer"
+    assert {n: v for n, v in defaults.items() if not annotation_rule(fields[n]).accepts(v)} == {}
+    assert not annotation_rule(fields["context"]).accepts("abc")
+    assert annotation_rule(fields["context"]).expectation() == "an integer"
 
 
 # ---- the command line ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import warnings
 from typing import Any, Dict, Mapping, Optional
 
 from linrope.errors import SavedDataError
+from linrope.schema import annotation_rule
 
 from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
@@ -49,23 +50,6 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _type_error(value: Any, annotation: Any) -> Optional[str]:
-    """None when ``value`` fits ``annotation`` (int, float, str, bool, Optional of one), else what was expected."""
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Union:
-        if value is None and type(None) in args:
-            return None
-        annotation = next(a for a in args if a is not type(None))
-    if annotation is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return None
-    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
-        return None
-    if annotation in (str, bool) and isinstance(value, annotation):
-        return None
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[annotation] + \
-        (" or null" if args else "")
-
-
 def checked_fields(cls: type, data: Mapping[str, Any], where: str) -> Dict[str, Any]:
     """The entries of ``data`` that ``cls``'s constructor takes, each type-checked (``SavedDataError``
     otherwise)."""
@@ -78,9 +62,9 @@ def checked_fields(cls: type, data: Mapping[str, Any], where: str) -> Dict[str, 
     out = {}
     for name in names:
         if name in data:
-            problem = _type_error(data[name], hints[name])
-            if problem:
-                raise SavedDataError(f"{where}: data.{name}={data[name]!r} — expected {problem}")
+            rule = annotation_rule(hints[name])
+            if not rule.accepts(data[name]):
+                raise SavedDataError(f"{where}: data.{name}={data[name]!r} — expected {rule.expectation()}")
             out[name] = data[name]
     return out
 
