@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import lightning as L
 import pytest
@@ -242,13 +243,14 @@ def test_submitit_local_sweep(tmp_path):
 # ---- issue 12: preemption, concurrent runs and writers, FIFOs ---------------------------------------------
 class SignalAt(L.Callback):
     """Test-only: send this process ``signal`` (a name: SIGTERM, SIGINT) after optimizer step ``step``, as
-    a cluster's preemption (SLURM, Kubernetes, submitit) or a Ctrl+C would."""
+    a cluster's preemption (SLURM, Kubernetes, submitit) or a Ctrl+C would; with ``rank``, only the process
+    of that global rank (under DDP: rank 0 is the process a scheduler started)."""
 
-    def __init__(self, step: int, signal: str = "SIGTERM"):
-        self.step, self.signal = int(step), signal
+    def __init__(self, step: int, signal: str = "SIGTERM", rank: Optional[int] = None):
+        self.step, self.signal, self.rank = int(step), signal, rank
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), getattr(signal, self.signal))
 
 
@@ -265,6 +267,25 @@ def test_a_signal_saves_a_checkpoint_exits_non_zero_and_the_run_resumes(tmp_path
     assert r.returncode == 128 + getattr(signal, name), r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
     assert lines == [f"linrope: stopped by {name} at step 7: saved {run / 'checkpoints' / 'last.ckpt'} (step 7); "
+                     f"resume with ckpt_path=last hydra.run.dir={run}"], r.stderr[-3000:]
+    assert weights(run / "checkpoints" / "last.ckpt")[0] == 7
+    train(tmp_path, tmp_path / "whole", *common)
+    train(tmp_path, run, *common, "ckpt_path=last")
+    assert_same_end(tmp_path / "whole", run, 10)
+
+
+def test_ddp_sigterm_to_the_launching_process_stops_every_rank_and_the_run_resumes(tmp_path):
+    """Two processes (gloo); SIGTERM reaches rank 0's process only, after step 7: Lightning passes it on, every
+    rank ends that step, last.ckpt is written at step 7, one line, exit 143; resuming ends where a run that
+    was never stopped ends."""
+    common = ["trainer=ddp", "trainer.devices=2", "data.batch_size=2", "trainer.max_steps=10",
+              "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5"]
+    run = tmp_path / "stopped"
+    r = train(tmp_path, run, *common, "+callbacks.stop._target_=test_slow_reliability.SignalAt",
+              "+callbacks.stop.step=7", "+callbacks.stop.rank=0", expect=None, timeout=300)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
+    assert lines == [f"linrope: stopped by SIGTERM at step 7: saved {run / 'checkpoints' / 'last.ckpt'} (step 7); "
                      f"resume with ckpt_path=last hydra.run.dir={run}"], r.stderr[-3000:]
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 7
     train(tmp_path, tmp_path / "whole", *common)
