@@ -254,43 +254,37 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), getattr(signal, self.signal))
 
 
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
-def test_a_signal_saves_a_checkpoint_exits_non_zero_and_the_run_resumes(tmp_path, name):
-    """SIGTERM (preemption) or SIGINT after step 7, between two scheduled checkpoints (every 5 steps): the run
-    ends that step, writes last.ckpt at step 7, says so in one line and exits with 128 + the signal's number;
+STEPS = ["trainer.max_steps=10", "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5"]
+
+
+def assert_signal_stops_at_step_7_and_resumes(tmp_path, name: str, *common, signal_options=()):
+    """A run of 10 steps gets ``name`` after step 7, between two scheduled checkpoints (every 5 steps): it ends
+    that step, writes last.ckpt at step 7, says so in one line and exits with 128 + the signal's number;
     resuming ends where a run that was never stopped ends."""
-    common = ["trainer.max_steps=10", "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5",
-              "data.batch_size=4"]
     run = tmp_path / "stopped"
-    r = train(tmp_path, run, *common, "+callbacks.stop._target_=test_slow_reliability.SignalAt",
-              "+callbacks.stop.step=7", f"+callbacks.stop.signal={name}", expect=None)
+    r = train(tmp_path, run, *STEPS, *common, "+callbacks.stop._target_=test_slow_reliability.SignalAt",
+              "+callbacks.stop.step=7", f"+callbacks.stop.signal={name}", *signal_options, expect=None)
     assert r.returncode == 128 + getattr(signal, name), r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
     assert lines == [f"linrope: stopped by {name} at step 7: saved {run / 'checkpoints' / 'last.ckpt'} (step 7); "
                      f"resume with ckpt_path=last hydra.run.dir={run}"], r.stderr[-3000:]
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 7
-    train(tmp_path, tmp_path / "whole", *common)
-    train(tmp_path, run, *common, "ckpt_path=last")
+    train(tmp_path, tmp_path / "whole", *STEPS, *common)
+    train(tmp_path, run, *STEPS, *common, "ckpt_path=last")
     assert_same_end(tmp_path / "whole", run, 10)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_saves_a_checkpoint_exits_non_zero_and_the_run_resumes(tmp_path, name):
+    """SIGTERM (preemption) or SIGINT (Ctrl+C)."""
+    assert_signal_stops_at_step_7_and_resumes(tmp_path, name, "data.batch_size=4")
 
 
 def test_ddp_sigterm_to_the_launching_process_stops_every_rank_and_the_run_resumes(tmp_path):
-    """Two processes (gloo); SIGTERM reaches rank 0's process only, after step 7: Lightning passes it on, every
-    rank ends that step, last.ckpt is written at step 7, one line, exit 143; resuming ends where a run that
-    was never stopped ends."""
-    common = ["trainer=ddp", "trainer.devices=2", "data.batch_size=2", "trainer.max_steps=10",
-              "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5"]
-    run = tmp_path / "stopped"
-    r = train(tmp_path, run, *common, "+callbacks.stop._target_=test_slow_reliability.SignalAt",
-              "+callbacks.stop.step=7", "+callbacks.stop.rank=0", expect=None, timeout=300)
-    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
-    lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
-    assert lines == [f"linrope: stopped by SIGTERM at step 7: saved {run / 'checkpoints' / 'last.ckpt'} (step 7); "
-                     f"resume with ckpt_path=last hydra.run.dir={run}"], r.stderr[-3000:]
-    assert weights(run / "checkpoints" / "last.ckpt")[0] == 7
-    train(tmp_path, tmp_path / "whole", *common)
-    train(tmp_path, run, *common, "ckpt_path=last")
-    assert_same_end(tmp_path / "whole", run, 10)
+    """Two processes (gloo); SIGTERM reaches rank 0's process only: Lightning passes it on and every rank
+    ends the same step."""
+    assert_signal_stops_at_step_7_and_resumes(tmp_path, "SIGTERM", "trainer=ddp", "trainer.devices=2",
+                                              "data.batch_size=2", signal_options=["+callbacks.stop.rank=0"])
 
 
 def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
