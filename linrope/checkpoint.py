@@ -107,6 +107,7 @@ class LastCheckpoint(Checkpoint):
         self.last_saved_step, self.last_model_path = trainer.global_step, self.path
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._agree_on_a_stop(trainer)
         n = self.every_n_train_steps
         if self._skip(trainer) or not n or trainer.global_step % n:
             return
@@ -122,40 +123,57 @@ class LastCheckpoint(Checkpoint):
         return {"dirpath": self.dirpath, "last_model_path": self.last_model_path}
 
     # ---- stopped by a signal ---------------------------------------------------------------------------
-    # Lightning turns SIGTERM into a stop at the end of the current step (SIGTERMException, a SystemExit);
-    # SIGINT (Ctrl+C) is made to stop the same way (a second Ctrl+C interrupts at once).  Either way
-    # last.ckpt is written before the process ends, and the process says so and exits non-zero.
+    # SIGTERM (a scheduler's preemption) and SIGINT (Ctrl+C) only note the signal.  After each training step
+    # every process learns whether any of them was signalled (one all-reduce under DDP), and all of them then
+    # stop at the end of that same step through Lightning's SIGTERMException.  Lightning's own SIGTERM handler
+    # is replaced while training runs: it broadcasts from inside the handler, which hangs every rank when the
+    # signal reaches a process other than rank 0 first.  Either way last.ckpt is written before the processes
+    # end, and the run says so and exits non-zero.  A second Ctrl+C interrupts at once.
     stopped_by: Optional[str] = None
-    _previous_sigint: Any = None
+    _signalled: Optional[str] = None
+    _previous: Dict[int, Any] = {}
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.stopped_by = None
-        connector = getattr(trainer, "_signal_connector", None)
-        if connector is None or threading.current_thread() is not threading.main_thread():
+        self.stopped_by = self._signalled = None
+        self._previous = {}
+        if threading.current_thread() is not threading.main_thread():
             return
 
-        def on_sigint(signum, frame):
-            if self.stopped_by == "SIGINT" or not hasattr(connector, "received_sigterm"):
+        def note(signum, frame):
+            name = signal.Signals(signum).name
+            if name == "SIGINT" and self._signalled == "SIGINT":
                 raise KeyboardInterrupt  # pressed twice: stop now
-            self.stopped_by = "SIGINT"
-            connector.received_sigterm = True  # Lightning ends the step, then raises SIGTERMException
+            self._signalled = self._signalled or name
 
-        self._previous_sigint = signal.signal(signal.SIGINT, on_sigint)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, note)
 
-    def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous_sigint)
-        self._previous_sigint = None
+    def _agree_on_a_stop(self, trainer) -> None:
+        """After a training step: if any process was signalled, every process stops after this step."""
+        code = signal.Signals[self._signalled].value if self._signalled else 0
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([code], device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            code = int(flag.item())
+        if code:
+            self.stopped_by = signal.Signals(code).name
+            trainer._signal_connector.received_sigterm = True  # Lightning ends the step, then raises SIGTERMException
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+        self._previous = {}
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._restore_sigint()
+        self._restore_handlers()
         if self.save_on_train_end and not self._skip(trainer):
             self._save(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         """Stopped by a signal: last.ckpt now, and the line linrope.training.one_line_errors prints (rank 0)
         with the exit status, 128 + the signal's number, attached to the exception."""
-        self._restore_sigint()
+        self._restore_handlers()
         if not isinstance(exception, SIGTERMException):
             return
         self.stopped_by = self.stopped_by or "SIGTERM"

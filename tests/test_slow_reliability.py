@@ -268,11 +268,12 @@ def test_a_signal_saves_a_checkpoint_exits_non_zero_and_the_run_resumes(tmp_path
     assert_signal_stops_at_step_7_and_resumes(tmp_path, name, "data.batch_size=4")
 
 
-def test_ddp_sigterm_to_the_launching_process_stops_every_rank_and_the_run_resumes(tmp_path):
-    """Two processes (gloo); SIGTERM reaches rank 0's process only: Lightning passes it on and every rank
-    ends the same step."""
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ddp_sigterm_to_one_process_stops_every_rank_and_the_run_resumes(tmp_path, rank):
+    """Two processes (gloo); SIGTERM reaches one of them only (rank 0: the process a scheduler started):
+    every rank ends the same step.  Lightning's own handler hung both ranks when rank 1 was signalled."""
     assert_signal_stops_at_step_7_and_resumes(tmp_path, "SIGTERM", "trainer=ddp", "trainer.devices=2",
-                                              "data.batch_size=2", signal_options=["+callbacks.stop.rank=0"])
+                                              "data.batch_size=2", signal_options=[f"+callbacks.stop.rank={rank}"])
 
 
 def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
