@@ -63,13 +63,9 @@ def destroy_process_group_at_exit() -> None:
     work; the interpreter then tears down around them, and now and then a rank dies with SIGABRT
     ("terminate called without an active exception") after its work is done: trainer=ddp_spawn on CPU
     lost a whole sweep job that way.  atexit handlers run while the interpreter is still whole."""
-    global _destroy_registered
-    if not _destroy_registered and torch.distributed.is_available() and torch.distributed.is_initialized():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        atexit.unregister(_destroy_process_group)  # registered once, however often setup runs
         atexit.register(_destroy_process_group)
-        _destroy_registered = True
-
-
-_destroy_registered = False
 
 
 def _destroy_process_group() -> None:
