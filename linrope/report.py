@@ -16,6 +16,10 @@ only in their seed, and writes into the sweep folder (or ``--out``):
   own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
 * ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
 
+Beside the numbers (linrope.caveats): failed runs (headline NaN, infinite or missing) and configurations
+still improving are named above each table; ``n`` counts only the runs behind each value; every table
+gives parameter counts, and learned position parameters get a table of how far they moved.
+
 A configuration is named by ``model.name``, followed by the settings that tell apart runs of
 the same model (e.g. ``linear_rope feature_map=cosine placement=both``)."""
 from __future__ import annotations
