@@ -193,3 +193,36 @@ def test_a_training_run_records_its_parameter_count_and_movement(compose, small_
     text = build_report([run], tmp_path / "report")
     assert "| `pos_shared.bias` | 32×4 | 1 |" in text  # (no .hydra/config.yaml here: the run is named by its folder)
     assert f"| {record['n_params']:,} |".replace(",", " ") in text.split("| configuration |")[1]
+
+
+def test_a_resumed_run_measures_from_its_own_start(compose, tmp_path):
+    """The initial values are kept in the run folder at step 0; a resumed run (a new process, a later step)
+    reads them back, so the change is measured from the start of the run, not from the resume."""
+    from types import SimpleNamespace
+
+    from linrope.movement import PositionMovement
+
+    module = SimpleNamespace(model=model(compose, "softmax_t5"))
+    beta = module.model.pos_shared.bias
+    start = beta.detach().clone()
+    PositionMovement(str(tmp_path)).on_train_start(SimpleNamespace(global_step=0, is_global_zero=True), module)
+    with torch.no_grad():
+        beta.add_(0.25)  # "training"
+    resumed = PositionMovement(str(tmp_path))
+    resumed.on_train_start(SimpleNamespace(global_step=30, is_global_zero=True), module)
+    with torch.no_grad():
+        beta[0, 0] += 1.0
+    resumed.on_train_end(SimpleNamespace(global_step=60, is_global_zero=True), module)
+    rec = json.loads((tmp_path / "parameters.json").read_text())
+    assert rec["step"] == 60 and rec["n_params"] == module.model.num_params()
+    b = rec["position"]["pos_shared.bias"]
+    assert b["change_max"] == pytest.approx(1.25) and b["init_min"] == pytest.approx(start.double().min().item())
+    d = torch.full_like(start, 0.25, dtype=torch.float64)
+    d[0, 0] += 1.0
+    assert b["change_norm"] == pytest.approx(d.norm().item(), rel=1e-6)
+    # resumed elsewhere (no initial values in the folder): the change is unknown, not measured from the resume
+    other = PositionMovement(str(tmp_path / "elsewhere"))
+    other.on_train_start(SimpleNamespace(global_step=30, is_global_zero=True), module)
+    other.on_train_end(SimpleNamespace(global_step=60, is_global_zero=True), module)
+    rec = json.loads((tmp_path / "elsewhere" / "parameters.json").read_text())
+    assert rec["position"]["pos_shared.bias"]["change_norm"] is None
