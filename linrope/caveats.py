@@ -141,7 +141,7 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
         return "?" if lo is None or hi is None else f"[{lo:+.3f}, {hi:+.3f}] ({hi - lo:.3f})"
 
     header = ["configuration", "parameter", "shape", "n", "range at init (width)", "range at end (width)",
-              "‖Δ‖", "‖Δ‖ / ‖init‖", "max |Δ|"]
+              "‖Δ‖", "‖Δ‖ / ‖init‖", "max \\|Δ\\|"]
     lines = [[r["configuration"], f"`{r['parameter']}`", "×".join(map(str, r["shape"] or [])), str(r["n"]),
               span(r["init_min"], r["init_max"]), span(r["min"], r["max"]), num(r["change_norm"], ".3f"),
               num(r["relative_change"], ".3f"), num(r["change_max"], ".3f")] for r in rows]

@@ -132,6 +132,8 @@ def test_parameter_counts_and_how_far_position_parameters_moved(tmp_path):
     assert ("| softmax_t5 | `pos_shared.bias` | 32×2 | 2 | [-0.100, +0.100] (0.200) | [-0.700, +0.800] (1.500) | "
             "1.500 | 3.000 | 0.750 |") in movement
     assert "softmax_rope" not in movement.split("![")[0]  # nothing learned to move
+    header = next(line for line in movement.splitlines() if line.startswith("| configuration |"))
+    assert header.replace("\\|", "").count("|") == 10  # nine columns: no bare "|" inside a header
 
 
 def test_no_movement_section_without_records(tmp_path):
