@@ -26,7 +26,7 @@ from linrope.data.bytes import LN2
 from linrope.data.tasks import IGNORE  # -100: the target of positions that are not scored
 from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.identity import IDENTITY_KEY, model_identity
-from linrope.model import TransformerLM
+from linrope.model import TransformerLM, weight_decay_split
 
 OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "min_lr_ratio")  # conf/optim/adamw.yaml
 
@@ -204,16 +204,14 @@ class LanguageModel(L.LightningModule):
     # ---- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self):
         """AdamW with linear warm-up and cosine decay, every setting from ``optim`` (conf/optim/, the only
-        place they are written).  Matrices are decayed; embeddings, position tables, norms and biases not."""
+        place they are written).  Matrices are decayed; embeddings, position tables, norms, biases and score-bias
+        tables not (``linrope.model.weight_decay_split``)."""
         o = self.optim
         missing = [k for k in OPTIM_KEYS if k not in o]
         if missing:
             raise ConfigError(f"optim: no {', '.join(missing)} (the settings of conf/optim/adamw.yaml)")
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            (decay if p.dim() >= 2 and "embed" not in name and "table" not in name else no_decay).append(p)
+        params = dict(self.model.named_parameters())
+        decay, no_decay = ([params[n] for n in names] for names in weight_decay_split(self.model))
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
         total = o.get("schedule_steps") or self._trainer_max_steps()

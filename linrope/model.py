@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from linrope.attention import ATTENTION
-from linrope.positions import build_position, build_shared, check_pairing
+from linrope.positions import PositionScheme, build_position, build_shared, check_pairing
 
 
 @dataclass
@@ -181,3 +181,25 @@ def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], gener
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+NOT_DECAYED_MODULES = (nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+
+
+def decayed(module: nn.Module, attr: str, p: nn.Parameter) -> bool:
+    """The weight-decay rule (docs/design.md#weight-decay): matrices that multiply activations are decayed;
+    biases, norm gains and other vectors, the token embedding, position tables and a scheme's additive score
+    biases are not."""
+    if p.dim() < 2 or isinstance(module, NOT_DECAYED_MODULES):
+        return False
+    if attr == "table" or attr.endswith("_table"):
+        return False  # position tables follow the token embedding
+    return not (isinstance(module, PositionScheme) and attr in module.score_biases)
+
+
+def weight_decay_split(model: nn.Module) -> Tuple[List[str], List[str]]:
+    """The names of ``model``'s trainable parameters, (decayed, not decayed), in ``named_parameters`` order.
+    A parameter held by two modules (the tied head and embedding) is decayed only if both would decay it."""
+    spared = {id(p) for m in model.modules() for a, p in m.named_parameters(recurse=False) if not decayed(m, a, p)}
+    names = [(n, id(p)) for n, p in model.named_parameters() if p.requires_grad]
+    return [n for n, i in names if i not in spared], [n for n, i in names if i in spared]

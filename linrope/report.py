@@ -16,6 +16,10 @@ only in their seed, and writes into the sweep folder (or ``--out``):
   own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
 * ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
 
+Beside the numbers (linrope.caveats): failed runs (headline NaN, infinite or missing) and configurations
+still improving are named above each table; ``n`` counts only the runs behind each value; every table
+gives parameter counts, and learned position parameters get a table of how far they moved.
+
 A configuration is named by ``model.name``, followed by the settings that tell apart runs of
 the same model (e.g. ``linear_rope feature_map=cosine placement=both``)."""
 from __future__ import annotations
@@ -26,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from linrope.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
+                             params_cell)
 from linrope.plots import SCALING_STYLES, Curve, Panel, by_last_value, config_style, plot_curves, series_colour
 from linrope.runs import Run, by_seed, find_runs, group_runs
 from linrope.stats import Interval, Paired, mean_ci, paired
@@ -62,6 +68,11 @@ def fmt(iv: Interval, digits: int = 3) -> str:
     return f"{iv.mean:.{digits}f} ± {iv.half_width:.{digits}f}"
 
 
+def cell_n(iv: Interval, n: int, digits: int = 3) -> str:
+    """``fmt``, with the number of seeds behind the value when it is not the row's n (a run without it)."""
+    return fmt(iv, digits) + (f" (n={iv.n})" if iv.mean is not None and iv.n != n else "")
+
+
 def fmt_p(p: Optional[float]) -> str:
     return "–" if p is None else "< 0.001" if p < 0.001 else f"= {p:.3f}"
 
@@ -79,11 +90,12 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
     rows = []
     for label, runs in groups.items():
         row: Dict[str, Any] = {"label": label, "attention": runs[0].get("model.attention.kind", "?"),
-                               "position": runs[0].get("model.position.name", "?"),
-                               "seeds": sorted({str(r.seed) for r in runs})}
-        row["n"] = len(row["seeds"])
+                               "position": runs[0].get("model.position.name", "?"), "params": params_cell(runs)}
         for header, metric, how, _ in cols:
-            row[header] = mean_ci(list(by_seed(runs, lambda r: r.value(metric, how)).values()), LEVEL)
+            values = by_seed(runs, lambda r: r.value(metric, how))
+            row[header] = mean_ci(list(values.values()), LEVEL)
+            row.setdefault("seeds", sorted(map(str, values)))  # the seeds behind the headline value
+        row["n"] = len(row["seeds"])
         rows.append(row)
     first, metric = cols[0][0], cols[0][1]
     sign = -1 if higher_is_better(metric) else 1
@@ -191,14 +203,21 @@ def task_section(task: str, groups: Dict[str, List[Run]], pairs, out: Path, suff
     run_rows += [{"task": task, "configuration": label, "seed": run.seed, "run": str(run.path),
                   **{c[0]: run.value(c[1], c[2]) for c in cols}}
                  for label, runs in groups.items() for run in sorted(runs, key=lambda r: str(r.seed))]
-    header = ["configuration", "attention", "position", "n (seeds)"] + [c[0] for c in cols]
-    lines = [[r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})"]
-             + [fmt(r[c[0]], c[3]) for c in cols] for r in rows]
+    failed = failed_runs(groups, cols[0][1], cols[0][2])
+    val_metric = next(c[1] for c in cols if c[1].startswith("val/"))
+    still = improving(groups, val_metric)
+    header = (["configuration", "attention", "position", "n (seeds)", "parameters", f"still improving ({val_metric})"]
+              + [c[0] for c in cols])
+    lines = [[r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})", r["params"],
+              improving_cell(still.get(r["label"]))] + [cell_n(r[c[0]], r["n"], c[3]) for c in cols] for r in rows]
     for r in rows:
         summary.append({"task": task, "configuration": r["label"], "attention": r["attention"],
-                        "position": r["position"], "n": r["n"], "seeds": " ".join(r["seeds"]),
+                        "position": r["position"], "n": r["n"], "seeds": " ".join(r["seeds"]), "parameters": r["params"],
+                        "failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], [])),
+                        "still improving": (still[r["label"]]["improving"] if r["label"] in still else None),
                         **{f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")}})
-    parts = [f"## Task: {task}", "", markdown_table(header, lines), ""]
+    parts = [f"## Task: {task}", "", *failed_note(failed, cols[0][1]), *improving_note(still, val_metric),
+             markdown_table(header, lines), ""]
     factors = {r.get("data.test_factor") for runs in groups.values() for r in runs} - {None, 1}
     if factors:
         parts += [f"Test sequences are {' / '.join(map(str, sorted(factors)))} × the training context "
@@ -209,6 +228,7 @@ def task_section(task: str, groups: Dict[str, List[Run]], pairs, out: Path, suff
         parts += [f"### Paired differences, {task} ({metric}, A − B over matching seeds)", "",
                   *[verdict(a, b, metric, res, cols[0][3]) for a, b, res in results], ""]
         pair_rows += [pair_record(task, metric, a, b, res) for a, b, res in results]
+    parts += movement_section(task, groups)
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
     return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows)

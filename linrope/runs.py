@@ -1,10 +1,15 @@
 """The runs of a sweep folder, read back for ``linrope.report``: each run's metrics
 (``<run>/csv/metrics.csv``, Lightning's CSVLogger), its composed config (``<run>/.hydra/config.yaml``,
-flattened to dotted keys) and its extrapolation table (``<run>/extrapolation.csv``), grouped per task
-into configurations that differ only in their seed."""
+flattened to dotted keys), its extrapolation table (``<run>/extrapolation.csv``) and its parameter record
+(``<run>/parameters.json``, linrope.movement; else the ``n_params`` the loggers got, ``csv/hparams.yaml``),
+grouped per task into configurations that differ only in their seed.  A value that is NaN or infinite
+counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.caveats)."""
 from __future__ import annotations
 
 import csv
+import json
+import math
+import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -27,6 +32,8 @@ class Run:
     config: Dict[str, Any]  # flat: dotted key -> value
     series: Dict[str, List[Tuple[int, float]]]  # metric -> [(step, value)]
     extrapolation: List[Dict[str, Any]] = field(default_factory=list)
+    n_params: Optional[int] = None
+    position: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # parameters.json's "position"
 
     def get(self, key: str, default=None):
         return self.config.get(key, default)
@@ -40,8 +47,11 @@ class Run:
         return self.get("seed")
 
     def value(self, metric: str, how: str) -> Optional[float]:
-        """The run's ``metric`` reduced by ``how``: min, max, last or mean over the logged values."""
+        """The run's ``metric`` reduced by ``how``: min, max, last or mean over the logged values (min, max and
+        mean over the finite ones; ``last`` is the last value as logged, NaN if the run diverged)."""
         values = [v for _, v in self.series.get(metric, [])]
+        if how != "last":
+            values = [v for v in values if math.isfinite(v)]
         if not values:
             return None
         return {"min": min, "max": max, "last": lambda vs: vs[-1], "mean": statistics.fmean}[how](values)
@@ -82,8 +92,28 @@ def find_runs(sweep: Path) -> List[Run]:
         if config_path.exists():
             config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
         extrap = run_dir / "extrapolation.csv"
-        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else []))
+        n_params, position = read_parameters(run_dir, metrics.parent)
+        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else [],
+                        n_params, position))
     return runs
+
+
+def read_parameters(run_dir: Path, log_dir: Path) -> Tuple[Optional[int], Dict[str, Dict[str, Any]]]:
+    """(parameter count, position-parameter movement) of a run: from ``parameters.json`` when training wrote
+    one, else the count from the loggers' ``hparams.yaml`` (read as text: nothing in it is constructed)."""
+    record = run_dir / "parameters.json"
+    if record.is_file():
+        try:
+            data = json.loads(record.read_text())
+            return data.get("n_params"), dict(data.get("position") or {})
+        except (ValueError, AttributeError):
+            pass
+    hparams = log_dir / "hparams.yaml"
+    if hparams.is_file():
+        found = re.search(r"^n_params: (\d+)\s*$", hparams.read_text(errors="replace"), re.M)
+        if found:
+            return int(found.group(1)), {}
+    return None, {}
 
 
 def _ignored(key: str) -> bool:
@@ -140,10 +170,10 @@ def _unique(existing: Dict[str, Any], label: str) -> str:
 
 
 def by_seed(runs: List[Run], value) -> Dict[Any, float]:
-    """seed -> value(run) over the runs that have one; runs repeating a seed are averaged."""
+    """seed -> value(run) over the runs that have a finite one; runs repeating a seed are averaged."""
     values: Dict[Any, List[float]] = defaultdict(list)
     for r in runs:
         v = value(r)
-        if v is not None:
+        if v is not None and math.isfinite(v):
             values[r.seed].append(v)
     return {s: statistics.fmean(vs) for s, vs in values.items()}

@@ -112,10 +112,10 @@ LAYERS = [
     ("operators and positions", ("ops", "positions")),
     ("model and data", ("attention", "model", "data")),
     ("files and config", ("atomic", "checkpoint", "config", "command_line", "runfolder")),
-    ("Lightning", ("lit", "loggers", "summary", "tidy")),
+    ("Lightning", ("lit", "loggers", "movement", "summary", "tidy")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),
     ("orchestration", ("training",)),
-    ("tools", ("runs", "report", "figures", "dashboard", "sweeps")),
+    ("tools", ("runs", "caveats", "report", "figures", "dashboard", "sweeps")),
 ]
 
 

@@ -17,9 +17,11 @@ HEADER = ["epoch", "step", "train/loss", "train/tokens_per_sec", "val/bpb", "val
 
 
 def write_run(folder: Path, *, name, kind, position, seed, rows, task="bytes", extra_model="", extra_position="",
-              extrapolation=None, context=64, test_factor=1):
+              extrapolation=None, context=64, test_factor=1, n_params=None):
     (folder / ".hydra").mkdir(parents=True)
     (folder / "csv").mkdir()
+    if n_params is not None:  # what the loggers get (training.log_config)
+        (folder / "csv" / "hparams.yaml").write_text(f"model:\n  name: {name}\nn_params: {n_params}\nseed: {seed}\n")
     (folder / ".hydra" / "config.yaml").write_text(
         f"task_name: pe_compare\nseed: {seed}\ncontext: {context}\n"
         f"model:\n  name: {name}\n  d_model: 64\n  attention:\n    kind: {kind}\n{extra_model}"
@@ -141,7 +143,9 @@ def sweep(tmp_path):
 
     def run(name, kind, position, seed, val, test, tps=(1000, 1000), **kw):
         nonlocal i
-        write_run(s / str(i), name=name, kind=kind, position=position, seed=seed, rows=lm_rows(val, test, tps), **kw)
+        n_params = {"softmax_learned": 444928, "linear_rope_both": None}.get(name, 428544)
+        write_run(s / str(i), name=name, kind=kind, position=position, seed=seed, rows=lm_rows(val, test, tps),
+                  n_params=n_params, **kw)
         i += 1
 
     run("softmax_rope", "softmax", "rope", 1, [3.0, 2.0], 2.1, (1000, 1200),
@@ -170,17 +174,20 @@ def test_report_table_holds_test_mean_and_t_interval(sweep, tmp_path):
     out = tmp_path / "out"
     text = build_report([sweep], out)
     # softmax_rope test 2.1, 2.5: mean 2.3, half-width 12.7062 · √0.08 / √2 = 2.541; best val 2.0, 2.4 -> 2.2
-    # tokens/s: run means 1100, 1000 -> 1050 ± 12.7062 · 70.71 / √2 = 635
+    # tokens/s: run means 1100, 1000 -> 1050 ± 12.7062 · 70.71 / √2 = 635; val/bpb fell 1.0 and 0.4 over the
+    # last evaluations (mean 0.7), more than the final values 2.0, 2.4 spread (s = 0.283): still improving
     assert table_row(text, "softmax_rope") == \
-        "| softmax_rope | softmax | rope | 2 (1,2) | 2.300 ± 2.541 | 2.200 ± 2.541 | 1050 ± 635 |"
+        "| softmax_rope | softmax | rope | 2 (1,2) | 428 544 | yes (-0.700) | 2.300 ± 2.541 | 2.200 ± 2.541 | 1050 ± 635 |"
     # linear_rope test 3.0, 3.2, 3.1: mean 3.1, s = 0.1, half-width 4.3027 · 0.1 / √3 = 0.248
     assert table_row(text, "linear_rope") == \
-        "| linear_rope | linear | rope | 3 (1,2,3) | 3.100 ± 0.248 | 3.050 ± 0.248 | 1000 ± 0 |"
+        "| linear_rope | linear | rope | 3 (1,2,3) | 428 544 | yes (-0.450) | 3.100 ± 0.248 | 3.050 ± 0.248 | 1000 ± 0 |"
     assert table_row(text, "softmax_learned") == \
-        "| softmax_learned | softmax | learned | 1 (1) | 3.050 | 3.000 | 1000 |"
+        "| softmax_learned | softmax | learned | 1 (1) | 444 928 | yes (-0.300) | 3.050 | 3.000 | 1000 |"
+    assert "| linear_rope_both | linear | rope | 3 (1,2,3) | ? |" in text  # no parameter count recorded
     assert "best val/bpb (selection metric)" in text
     table = text.split("## Task: bytes")[1].split("##")[0]
-    order = [line.split("|")[1].strip() for line in table.splitlines()[3:] if line.startswith("| ")]
+    order = [line.split("|")[1].strip() for line in table.splitlines()
+             if line.startswith("| ") and not line.startswith("| configuration")]
     assert order == ["softmax_rope", "softmax_learned", "linear_rope", "linear_rope_both", "linear"]  # by test/bpb
     assert (out / "report.md").read_text() == text
     for png in ("val_curves.png", "extrapolation.png"):
@@ -265,7 +272,7 @@ def test_probe_tasks_report_accuracy_at_each_length(tmp_path, capsys):
     assert "## Task: offset_copy" in text and "## Task: mqar" in text and "(2)" not in text
     # test/acc 0.8, 0.6, 0.7: mean 0.7, s 0.1, half-width 0.248; test/loss 0.6 each: ± 0.000
     assert table_row(text.split("## Task: mqar")[1], "linear_rope") == \
-        "| linear_rope | linear | rope | 3 (1,2,3) | 0.700 ± 0.248 | 0.600 ± 0.000 | 0.500 ± 0.000 | – |"
+        "| linear_rope | linear | rope | 3 (1,2,3) | ? | yes (-0.500) | 0.700 ± 0.248 | 0.600 ± 0.000 | 0.500 ± 0.000 | – |"
     offset = text.split("## Task: offset_copy")[1].split("## Task: mqar")[0]
     assert "Test sequences are 4 × the training context" in offset
     assert "| configuration | scaling | 64 (1×) | 256 (4×) |" in offset and "pi" not in offset

@@ -1,6 +1,7 @@
 """The published results hold together: every interval in ``docs/results/<study>/`` is recomputed from the
-per-run values committed beside it (``runs.csv``), and every number README's results section quotes is
-one of those report tables' numbers.  Light: reads CSV and markdown only."""
+per-run values committed beside it (``runs.csv``), and every number ``docs/results.md`` (the full results)
+and README's results section (the headline lines) quote is one of those report tables' numbers.  Light:
+reads CSV and markdown only."""
 import csv
 import re
 from collections import defaultdict
@@ -13,7 +14,7 @@ from linrope.stats import mean_ci, paired
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-STUDIES = ("rope_study", "probes")  # the sweeps README's results section is built from
+STUDIES = ("rope_study", "probes")  # the sweeps docs/results.md is built from
 # a mean with its interval as the reports write it: "3.100 ± 0.248" (tables), "-0.150 [-0.274, -0.026]" (pairs)
 NUMBER = re.compile(r"[+-]?\d+\.\d+ ± \d+\.\d+|[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]")
 
@@ -27,6 +28,10 @@ def number(text: str):
     return None if text in ("", None) else float(text)
 
 
+def results_page() -> str:
+    return (ROOT / "docs" / "results.md").read_text()
+
+
 def readme_results() -> str:
     text = (ROOT / "README.md").read_text()
     return text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
@@ -37,8 +42,9 @@ def test_the_study_is_committed_with_its_per_run_values(study):
     folder = RESULTS / study
     for name in ("report.md", "summary.csv", "pairs.csv", "runs.csv"):
         assert (folder / name).is_file(), f"{folder / name} missing"
-    assert f"docs/results/{study}/report.md" in readme_results()
-    assert f"experiment={study}" in readme_results()
+    assert f"docs/results/{study}/report.md" in results_page()
+    assert f"experiment={study}" in results_page()
+    assert "docs/results.md" in readme_results()
 
 
 @pytest.mark.parametrize("study", STUDIES)
@@ -73,12 +79,14 @@ def test_every_interval_is_recomputed_from_the_runs(study):
     assert present and present <= checked  # every declared pair (and those added with --pair)
 
 
-def test_every_interval_readme_quotes_is_in_a_committed_report():
+@pytest.mark.parametrize("where", ["docs/results.md", "README.md"])
+def test_every_interval_the_results_quote_is_in_a_committed_report(where):
     reports = "\n".join((RESULTS / s / "report.md").read_text() for s in STUDIES)
-    quoted = NUMBER.findall(readme_results())
-    assert len(quoted) >= 20, "README's results section quotes the study tables"
+    text = results_page() if where == "docs/results.md" else readme_results()
+    quoted = NUMBER.findall(text)
+    assert len(quoted) >= (20 if where == "docs/results.md" else 3), f"{where} quotes the study tables"
     missing = [q for q in quoted if q not in reports]
-    assert not missing, f"README quotes numbers no committed report holds: {missing}"
+    assert not missing, f"{where} quotes numbers no committed report holds: {missing}"
 
 
 def test_the_reproduce_script_runs_exactly_the_two_studies():

@@ -43,6 +43,9 @@ class PositionScheme(nn.Module):
     has_value_term: ClassVar[bool] = False  # needs the attention probabilities (no SDPA fast path)
     paper: ClassVar[str] = ""
     shares: ClassVar[str] = ""  # what the paper shares across layers ("": nothing, and no `share` option)
+    # parameters added to scores (or to every query) as biases: not weight-decayed, like every bias
+    # (T5's β, TUPE's b, XL's u and v); tables are spared by name (`table`, `*_table`): docs/design.md#weight-decay
+    score_biases: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int, causal: bool = True,
                  share: Optional[bool] = None, shared: Optional["PositionScheme"] = None):

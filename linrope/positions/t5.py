@@ -24,6 +24,7 @@ class T5Bias(PositionScheme):
     linear_note = "adds a learned bias β_h[bucket(j-i)] to every score"
     paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
     shares = "the bias table β (num_buckets × heads)"
+    score_biases = ("bias",)  # β: not weight-decayed
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
                  init_std: Optional[float] = None, **dims):

@@ -33,6 +33,7 @@ class TUPE(PositionScheme):
     linear_note = "adds the positional correlation (p_iU_Q)(p_jU_K)ᵀ and a bias b_{j-i} to every score"
     paper = "Ke, He, Liu 2021, Rethinking positional encoding in language pre-training"
     shares = "everything: the table p, its layer norm, U_Q, U_K and the bucket bias b (one correlation for all layers)"
+    score_biases = ("bias",)  # b: not weight-decayed
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
                  init_std: float = 0.02, **dims):

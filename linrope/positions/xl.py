@@ -22,6 +22,7 @@ class TransformerXL(PositionScheme):
     linear_ok = False
     linear_note = "adds q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j} to every score"
     paper = "Dai et al. 2019, Transformer-XL: attentive language models beyond a fixed-length context"
+    score_biases = ("u", "v")  # the global content and position biases: not weight-decayed
 
     def __init__(self, *, base: float = 10000.0, init_std: float = 0.02, **dims):
         super().__init__(**dims)
