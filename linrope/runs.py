@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
+from linrope.provenance import read as read_provenance
 from linrope.tables import read_csv
 
 # settings that do not tell configurations apart (the seed is what we average over)
@@ -27,6 +28,7 @@ class Run:
     config: Dict[str, Any]  # flat: dotted key -> value
     series: Dict[str, List[Tuple[int, float]]]  # metric -> [(step, value)]
     extrapolation: List[Dict[str, Any]] = field(default_factory=list)
+    provenance: Optional[Dict[str, Any]] = None  # <run>/provenance.json (linrope.provenance), None if not recorded
 
     def get(self, key: str, default=None):
         return self.config.get(key, default)
@@ -82,7 +84,8 @@ def find_runs(sweep: Path) -> List[Run]:
         if config_path.exists():
             config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
         extrap = run_dir / "extrapolation.csv"
-        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else []))
+        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else [],
+                        read_provenance(run_dir)))
     return runs
 
 
