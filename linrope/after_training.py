@@ -68,10 +68,10 @@ def _checkpoint(cfg, trainer) -> Optional[str]:
 def stop_message(cfg, trainer, signum: int, test_finished: bool) -> str:
     ckpt = _checkpoint(cfg, trainer)
     extrapolating = bool((cfg.get("extrapolation") or {}).get("enabled"))
-    done = ["training" if cfg.get("train", True) else "nothing"] + (["the test"] if test_finished else [])
+    done = (["training"] if cfg.get("train", True) else []) + (["the test"] if test_finished else [])
     not_done = ([] if test_finished else ["the test"]) + (["the extrapolation"] if extrapolating else [])
     during = "the extrapolation" if test_finished else "the test"
-    head = f"stopped by {signal.Signals(signum).name} during {during}: finished {' and '.join(done)}"
+    head = f"stopped by {signal.Signals(signum).name} during {during}: finished {' and '.join(done) or 'nothing'}"
     if ckpt is None:
         return f"{head} (no checkpoint was saved); not done: {', '.join(not_done)}"
     return (f"{head} (checkpoint {ckpt}); not done: {', '.join(not_done)}; complete it with: "
