@@ -35,20 +35,22 @@ def main(cfg: DictConfig) -> Optional[float]:
         from linrope import training as T
 
         seed_everything(cfg.seed, workers=True)
+        provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
         datamodule = T.build_datamodule(cfg)
         module = T.build_module(cfg)
         callbacks = T.build_callbacks(cfg)
         loggers = T.build_loggers(cfg)
         trainer = T.build_trainer(cfg, callbacks, loggers)
-        T.log_config(cfg, module, loggers)
+        T.log_config(cfg, module, loggers, provenance)
 
         metric = None
         if cfg.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
             metric = T.metric(trainer, cfg.optimized_metric)
         if cfg.test:
-            trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
-            T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
+            with T.explain_stop(cfg, trainer):  # a signal now: one line naming what is left and how to finish it
+                trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
+                T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
         T.finish(loggers)
         return metric
 

@@ -32,7 +32,12 @@ from linrope.schema import extrapolation_errors
 from linrope.extrapolation import SETTINGS, length_table
 from linrope.lit import LanguageModel
 from linrope.plots import plot_length_table
+from linrope.provenance import collect as current_provenance
+from linrope.resume_diff import describe_checkpoint
 from linrope.tables import COLUMNS, HEADER, format_table, write_csv
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 class EvaluateError(ConfigError):
@@ -160,6 +165,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checkpoint = load_checkpoint(ckpt, map_location="cpu")  # weights_only=True; one line if missing or broken
     module = LanguageModel.from_checkpoint(ckpt, map_location=device, checkpoint=checkpoint)
+    print(describe_checkpoint(checkpoint, ckpt, CONF, current_provenance()))  # its commit, step, today's defaults
     datamodule = build_data(cfg, ckpt, checkpoint, module.task)
     train_context = int(cfg.train_context or datamodule.context)
     lengths = [int(n) for n in cfg.lengths] if cfg.lengths else None

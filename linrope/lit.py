@@ -27,6 +27,7 @@ from linrope.data.tasks import IGNORE  # -100: the target of positions that are 
 from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.identity import IDENTITY_KEY, model_identity
 from linrope.model import TransformerLM, weight_decay_split
+from linrope.provenance import CONFIG_KEY, PROVENANCE_KEY
 
 OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "min_lr_ratio")  # conf/optim/adamw.yaml
 
@@ -74,6 +75,9 @@ def _destroy_process_group() -> None:
 
 
 class LanguageModel(L.LightningModule):
+    provenance: Optional[Dict[str, Any]] = None  # linrope.provenance of the run (linrope.training.log_config)
+    run_config: Optional[Dict[str, Any]] = None  # the run's whole resolved config (what a resume compares against)
+
     def __init__(self, model: Dict[str, Any], optim: Optional[Dict[str, Any]] = None, compile: bool = False):
         super().__init__()
         self.save_hyperparameters(logger=False)  # train.py logs the whole config once (training.log_config)
@@ -162,6 +166,8 @@ class LanguageModel(L.LightningModule):
         """The model's identity (attention kind, feature map, placement, position scheme and options) goes
         into every checkpoint, so that loading it into another model is refused (linrope.identity)."""
         checkpoint[IDENTITY_KEY] = model_identity(self.hparams.get("model"))
+        if self.provenance is not None:  # and the run's provenance and config (linrope.provenance)
+            checkpoint[PROVENANCE_KEY], checkpoint[CONFIG_KEY] = self.provenance, self.run_config
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         now = time.perf_counter()

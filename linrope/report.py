@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from linrope import report_provenance as provenance
 from linrope.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
                              params_cell)
 from linrope.plots import SCALING_STYLES, Curve, Panel, by_last_value, config_style, plot_curves, series_colour
@@ -287,10 +288,13 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
         w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
-def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = PAIRS) -> str:
+def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = PAIRS,
+                 allow_mixed: bool = False) -> str:
     runs = [r for s in sweeps for r in find_runs(Path(s))]
     if not runs:
         raise SystemExit(f"linrope.report: no runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}")
+    provenance.fill_in(runs, [*map(Path, sweeps), out])  # runs that predate their own provenance.json
+    mixed = provenance.check(runs, allow_mixed)  # one line; refused unless --allow-mixed
     tasks = group_runs(runs)
     labels = {label for groups in tasks.values() for label in groups}
     for a, b in pairs:
@@ -301,13 +305,15 @@ def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, s
                                  f"(have: {', '.join(sorted(labels))})")
     out.mkdir(parents=True, exist_ok=True)
     n_configs = sum(len(g) for g in tasks.values())
-    parts = [f"# Sweep report: {', '.join(str(s) for s in sweeps)}", "",
+    parts = [mixed, ""] if mixed else []
+    parts += [f"# Sweep report: {', '.join(str(s) for s in sweeps)}", "",
              f"{len(runs)} runs in {n_configs} configurations.  Each cell is the mean over the configuration's "
              f"seeds ± the half-width of the 95% t-interval (t_0.975,n-1 · s / √n; the mean alone for one "
              f"seed).  The headline is the test score of the checkpoint chosen on validation; the best "
              f"validation value is the selection metric, shown for reference only; tokens/s is the mean "
              f"training throughput.  Paired differences take A − B seed by seed over the seeds both ran "
              f"(same data order and initialisation) and test them with a two-sided paired t-test.", ""]
+    parts += provenance.section(runs)
     summary: List[Dict[str, Any]] = []
     pair_rows: List[Dict[str, Any]] = []
     run_rows: List[Dict[str, Any]] = []
@@ -345,13 +351,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="where to write (default: the first sweep folder)")
     p.add_argument("--pair", type=parse_pair, action="append", default=[], metavar="A:B",
                    help="also compare configuration A with B, paired over seeds (repeatable)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="report runs from more than one commit or torch version together (named at the top)")
     args = p.parse_args(argv)
     for s in args.sweeps:
         if not s.is_dir():
             p.error(f"{s}: not a folder")
     out = args.out or args.sweeps[0]
     pairs = list(dict.fromkeys([*PAIRS, *args.pair]))
-    print(build_report(args.sweeps, out, pairs))
+    print(build_report(args.sweeps, out, pairs, allow_mixed=args.allow_mixed))
     print(f"\nwrote {out / 'report.md'}")
     return 0
 

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
+from linrope.provenance import read as read_provenance
 from linrope.tables import read_csv
 
 # settings that do not tell configurations apart (the seed is what we average over)
@@ -34,6 +35,7 @@ class Run:
     extrapolation: List[Dict[str, Any]] = field(default_factory=list)
     n_params: Optional[int] = None
     position: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # parameters.json's "position"
+    provenance: Optional[Dict[str, Any]] = None  # <run>/provenance.json (linrope.provenance), None if not recorded
 
     def get(self, key: str, default=None):
         return self.config.get(key, default)
@@ -94,7 +96,7 @@ def find_runs(sweep: Path) -> List[Run]:
         extrap = run_dir / "extrapolation.csv"
         n_params, position = read_parameters(run_dir, metrics.parent)
         runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else [],
-                        n_params, position))
+                        n_params, position, read_provenance(run_dir)))
     return runs
 
 

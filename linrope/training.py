@@ -15,15 +15,19 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from linrope.checkpoint import AtomicCheckpointIO
+from linrope import provenance as P
+from linrope.after_training import explain_stop  # noqa: F401 - train.py calls T.explain_stop
+from linrope.after_training import job_overrides
+from linrope.checkpoint import AtomicCheckpointIO, load_checkpoint
 from linrope.config import checkpoint_path, plain, sweep_dir
 from linrope.errors import LinropeError, UserError
 from linrope.evaluate import extrapolate_after_test
 from linrope.lit import LanguageModel
 from linrope.loggers import wandb_settings
+from linrope.resume_diff import announce, resume_record
 from linrope.summary import ParamSummary
 
 
@@ -199,9 +203,13 @@ def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
         raise UserError(f"trainer: {cause}") from cause
 
 
-def log_config(cfg: DictConfig, module, loggers: list) -> None:
-    """The composed config, the parameter count and the run's tags go to every logger."""
+def log_config(cfg: DictConfig, module, loggers: list, provenance: Optional[dict] = None) -> None:
+    """The composed config, the parameter count, the run's tags and its provenance go to every logger (the CSV
+    logger's hparams.yaml, the wandb config); the provenance and the config also into every checkpoint."""
     params = {**plain(cfg), "n_params": module.model.num_params(), "run_tags": run_tags(cfg)}
+    if provenance is not None:
+        params["provenance"] = provenance
+        module.provenance, module.run_config = provenance, plain(cfg)
     for lg in loggers:
         lg.log_hyperparams(params)
         if isinstance(lg, WandbLogger):
@@ -209,6 +217,23 @@ def log_config(cfg: DictConfig, module, loggers: list) -> None:
             if hasattr(exp, "define_metric"):
                 exp.define_metric("val/bpb", summary="min")
                 exp.define_metric("val/loss", summary="min")
+
+
+def record_provenance(cfg: DictConfig) -> dict:
+    """This run's provenance (linrope.provenance), written to ``<run folder>/provenance.json``; a resume prints
+    what it changes, one line per key, and writes them with the chain of runs it continues to ``resume.json``
+    (linrope.resume_diff)."""
+    prov = P.collect(precision=cfg.trainer.get("precision"), seed=cfg.get("seed"), overrides=job_overrides())
+    first = not any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
+    path = resolve_ckpt(cfg) if cfg.get("train", True) else None
+    if path:
+        record = resume_record(load_checkpoint(path), path, plain(cfg), OmegaConf.to_container(cfg, resolve=False))
+        prov["resumed_from"] = record["continues"]
+        if first:
+            announce(record, Path(str(cfg.paths.output_dir)))
+    if first:
+        P.write(Path(str(cfg.paths.output_dir)), prov)
+    return prov
 
 
 def resolve_ckpt(cfg: DictConfig) -> Optional[str]:

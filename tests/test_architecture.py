@@ -108,14 +108,14 @@ def test_no_import_cycle():
 # docs/architecture.md's layers, lowest first; a module may import its own layer and the layers below
 LAYERS = [
     ("foundation", ("errors", "rope", "memory", "compiling", "identity", "naming", "plots", "schema", "stats",
-                    "tables")),
+                    "tables", "provenance", "resume_diff")),
     ("operators and positions", ("ops", "positions")),
     ("model and data", ("attention", "model", "data")),
-    ("files and config", ("atomic", "checkpoint", "config", "command_line", "runfolder")),
+    ("files and config", ("atomic", "checkpoint", "config", "command_line", "runfolder", "after_training")),
     ("Lightning", ("lit", "loggers", "movement", "summary", "tidy")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),
     ("orchestration", ("training",)),
-    ("tools", ("runs", "caveats", "report", "figures", "dashboard", "sweeps")),
+    ("tools", ("runs", "caveats", "report", "report_provenance", "figures", "dashboard", "sweeps")),
 ]
 
 

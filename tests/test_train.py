@@ -158,7 +158,7 @@ def test_hyperparameters_are_logged_once_as_the_config(compose, small_corpus):
     run_main(cfg)
     assert len(CountingCSVLogger.calls) == 1
     (params,) = CountingCSVLogger.calls
-    assert set(params) == set(cfg) | {"n_params", "run_tags"}
+    assert set(params) == set(cfg) | {"n_params", "run_tags", "provenance"}
     assert params["data"]["val_windows"] == 4 and "val_windows" not in params and "context" in params
 
 
