@@ -4,7 +4,8 @@ The mapping runs here, on the CPU, through fla's real Triton kernels under Trito
 (tests/fla_interpreter.py), and is compared with the float64 naive form on the same (float32-rounded) inputs:
 outputs, final states and the gradients of q, k, v and the initial state.  fla computes in float32 at most,
 so the tolerance is float32's: FLOAT32_TOL relative (the norm of the difference over the norm of the
-reference); measured up to about 1e-6.  float16 stands in for 16-bit (the interpreter's bfloat16 dot is wrong).
+reference); measured up to 3.2e-6 over the slow matrix.  float16 stands in for 16-bit (the interpreter's
+bfloat16 dot is wrong).
 A few configurations run in the default suite, the whole matrix in the slow suite; the CUDA checks are
 marked ``gpu``.
 """
@@ -23,8 +24,8 @@ from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import fla_backend
 from linrope.ops.linear_attn.common import LinearAttentionState, feature_width
 
-FLOAT32_TOL = 2e-5   # relative, every output, state and gradient against float64 naive (seen: <= 1.1e-6)
-FLOAT16_TOL = 5e-3   # relative, float16 inputs (seen: <= 1.9e-3, about one float16 rounding)
+FLOAT32_TOL = 2e-5   # relative, every output, state and gradient against float64 naive (seen: <= 3.2e-6)
+FLOAT16_TOL = 5e-3   # relative, float16 inputs (seen: <= 1.2e-3, a few float16 roundings)
 DECAY = torch.tensor([0.9, 0.99])
 
 
