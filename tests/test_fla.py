@@ -114,6 +114,15 @@ def test_fla_mapping_matches_naive_float16(fla_cpu):
     compare("cosine", "numerator", True, True, 100, dtype=torch.float16, tol=FLOAT16_TOL)
 
 
+def test_fla_empty_sequence_passes_the_state_through(fla_cpu):
+    q, k, v, S0, z0 = inputs(("empty",), feature_map="cosine", n=0, initial=True)
+    out, st = linear_attention(q, k, v, impl="fla", feature_map="cosine", initial_state=LinearAttentionState(S0, z0),
+                               output_final_state=True)
+    assert out.shape == v.shape and torch.equal(st.S, S0) and torch.equal(st.z, z0)
+    _, st = linear_attention(q, k, v, impl="fla", feature_map="cosine", output_final_state=True)
+    assert st.S.shape == S0.shape and not st.S.any() and not st.z.any()
+
+
 def test_fla_is_one_graph_under_torch_compile(fla_cpu):
     """fla is reached through linrope's registered operators: fullgraph compiles, forward and backward agree."""
     q, k, v, S0, z0 = inputs(("compile",), feature_map="elu", decay=DECAY, n=70, initial=True)

@@ -42,7 +42,8 @@ from torch import Tensor
 from linrope.errors import BackendUnavailable
 
 from .chunk import chunk_linear_attention
-from .common import LinearAttentionState, check_args, check_decay, check_state, decay_log, guard_denominator, zero_state
+from .common import (LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
+                     guard_denominator, zero_state)
 from .features import reference_features
 
 FLA_VERSION = "0.6.0"  # the fla-core release this mapping was checked against (pyproject's `gpu` extra)
@@ -216,7 +217,7 @@ def _empty(q, v, feature_map, initial_state, output_final_state):
         return out
     if initial_state is None:
         B, H, _, d = q.shape
-        return out, zero_state(B, H, d + (feature_map == "cosine"), v.shape[-1], torch.float32, q.device)
+        return out, zero_state(B, H, feature_width(feature_map, d), v.shape[-1], torch.float32, q.device)
     return out, LinearAttentionState(initial_state.S.float(), initial_state.z.float())
 
 
