@@ -1,12 +1,14 @@
 """Test-only shim: fla's Triton kernels on this CPU, through Triton's interpreter (``TRITON_INTERPRET=1``).
 
-fla's kernels are written for a GPU.  Under the interpreter they run, slowly, on numpy, after two changes that
+fla's kernels are written for a GPU.  Under the interpreter they run, slowly, on numpy, after the changes that
 live here and never in the package:
 
   (a) one autotune configuration per kernel (the first of each list): the interpreter would otherwise run
       and time every configuration of every kernel;
   (b) the counter of a ``for … in range(…)`` loop inside a kernel made a Triton tensor, as the compiler makes
-      it: fla calls ``.to(tl.int64)`` on such counters, which a plain Python ``int`` (the interpreter's) lacks.
+      it: fla calls ``.to(tl.int64)`` on such counters, which a plain Python ``int`` (the interpreter's) lacks;
+  (c) (only when triton was imported before the interpreter was switched on, as torch's ``has_triton()``
+      does in a test process) triton's own ``@jit`` helpers interpreted when a kernel calls them.
 
 ``load()`` applies both and imports fla with its kernels interpreted, or returns the reason it cannot (fla or
 triton not installed).  Checked with fla-core 0.6.0 and triton 3.9.0 (triton 3.5.1 fails differently).
@@ -72,6 +74,25 @@ def _patch_counters() -> None:
     rewriter._linrope_counters = True
 
 
+def _patch_early_helpers() -> None:
+    """(c): a ``@triton.jit`` helper decorated before the interpreter was switched on (``triton.language``'s
+    own, such as ``tl.cdiv``, when something imported triton earlier in this process: torch's
+    ``has_triton()`` does) is interpreted when a kernel calls it, instead of refusing to be called."""
+    from triton.runtime import interpreter, jit
+
+    if getattr(jit.JITFunction.__call__, "_linrope_interpreted", False):
+        return
+
+    def call(self, *args, **kwargs):
+        interpreted = self.__dict__.get("_linrope_interpreted")
+        if interpreted is None:
+            interpreted = self.__dict__["_linrope_interpreted"] = interpreter.InterpretedFunction(self.fn)
+        return interpreted(*args, **kwargs)
+
+    call._linrope_interpreted = True
+    jit.JITFunction.__call__ = call
+
+
 def load() -> Optional[str]:
     """Import fla with its kernels interpreted.  Returns None when ready, else why not (for a skip: only
     when fla or triton is not installed).  ``TRITON_INTERPRET`` is set while fla is imported (Triton reads it
@@ -90,6 +111,7 @@ def load() -> Optional[str]:
     try:
         _patch_autotune()
         _patch_counters()
+        _patch_early_helpers()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fla: "Triton is not supported on current platform, roll back to CPU"
             import fla.ops.simple_gla.chunk  # noqa: F401  (decorates every kernel the mapping uses)
