@@ -22,7 +22,7 @@ import fla_interpreter
 from linrope.errors import BackendUnavailable, LinropeError
 from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import fla_backend
-from linrope.ops.linear_attn.common import LinearAttentionState, feature_width
+from linrope.ops.linear_attn.common import LinearAttentionState
 
 FLOAT32_TOL = 2e-5   # relative, every output, state and gradient against float64 naive (seen: <= 3.2e-6)
 FLOAT16_TOL = 5e-3   # relative, float16 inputs (seen: <= 1.2e-3, a few float16 roundings)
