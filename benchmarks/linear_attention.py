@@ -7,7 +7,7 @@ N from 1k to 64k.  For each N it times, in this one process (so that the ratios 
   * ``naive``  – linrope's quadratic reference, only up to ``--naive-max`` (it materialises B·H·N² weights),
   * ``sdpa``   – ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` on the same q, k, v,
   * ``fla``    – flash-linear-attention's pure-PyTorch ``fla.ops.linear_attn.naive.naive_chunk_linear_attn``
-                 with ``normalize=True`` when ``fla`` is importable (``pip install -e '.[bench]'``), on the
+                 with ``normalize=True`` when ``fla`` is importable (``pip install -e '.[gpu]'``), on the
                  raw q, k, v (no feature map, no RoPE there), set against
   * ``chunk_none`` – our chunk form with ``rope="none"`` (elu+1 included), timed only beside the fla row,
   * ``plain``  – the "before" of issue #7: a straightforward chunked form written in a few lines of PyTorch

@@ -79,13 +79,26 @@ def validate(cfg: DictConfig) -> None:
     if errors:
         raise ConfigError("\n".join(errors))
     errors = model_errors(cfg.model) + table_errors(cfg)
-    errors += data_errors(cfg) + trainer_errors(cfg)
+    errors += data_errors(cfg) + trainer_errors(cfg) + impl_errors(cfg)
     try:
         checkpoint_path(cfg)
     except ConfigError as e:
         errors.append(str(e))
     if errors:
         raise ConfigError("\n".join(errors))
+
+
+def impl_errors(cfg) -> List[str]:
+    """``model.attention.impl=fla`` needs the ``gpu`` extra, a CUDA accelerator and a causal model."""
+    if get(cfg, "model.attention.kind") != "linear" or get(cfg, "model.attention.impl") != "fla":
+        return []
+    from linrope.ops.linear_attn.fla_backend import unavailable  # torch: only for this setting
+
+    if not bool(get(cfg, "model.causal", True)):
+        return ["model.attention.impl=fla is causal only; use impl=chunk with model.causal=false"]
+    accel = _resolved_accelerator(str(get(cfg, "trainer.accelerator", "cpu") or "cpu"))
+    why = unavailable("cuda" if accel == "gpu" else "cpu")
+    return [f"model.attention.impl=fla: {why}"] if why else []
 
 
 def data_errors(cfg) -> List[str]:

@@ -31,6 +31,10 @@ class UserError(LinropeError):
     flag Lightning refuses, a wandb mode)."""
 
 
+class BackendUnavailable(LinropeError, RuntimeError):
+    """An attention implementation that cannot run here (``impl=fla`` without CUDA or without the ``gpu`` extra)."""
+
+
 class CorpusError(LinropeError, ValueError):
     """A corpus that cannot be used (missing, empty, too short for one window per split)."""
 

@@ -321,7 +321,7 @@ def test_unknown_model_is_one_line_at_the_cli(tmp_path):
     (["data.batch_size=0"], "data.batch_size=0: expected an integer >= 1"),
     (["context=0"], "context=0: expected an integer >= 1"),
     (["context=-8"], "context=-8: expected an integer >= 1"),
-    (["model.attention.impl=chunky"], "model.attention.impl=chunky: expected one of chunk, naive, recurrent"),
+    (["model.attention.impl=chunky"], "model.attention.impl=chunky: expected one of auto, chunk, fla, naive, recurrent"),
     (["model.attention.chunk_size=abc"], "model.attention.chunk_size=abc: expected an integer >= 1"),
     (["model.attention.feature_map=relu"], "model.attention.feature_map=relu: expected one of elu, cosine"),
     (["model.dropout=1.5"], "model.dropout=1.5: expected a number >= 0 and < 1"),

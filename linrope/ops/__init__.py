@@ -1,4 +1,5 @@
-"""Attention operators.  ``linear_attention`` dispatches to the naive / chunk / recurrent forms."""
+"""Attention operators.  ``linear_attention`` dispatches to the naive / chunk / recurrent forms, to fla's
+kernels (``fla``, CUDA and the ``gpu`` extra), or to whichever of fla and chunk can run (``auto``)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -7,10 +8,12 @@ import torch
 
 from .linear_attn.common import FEATURE_MAPS, PLACEMENTS, LinearAttentionState, check_args
 from .linear_attn.chunk import chunk_linear_attention
+from .linear_attn.fla_backend import auto_linear_attention, fla_linear_attention
 from .linear_attn.naive import naive_linear_attention
 from .linear_attn.recurrent import recurrent_linear_attention
 
-IMPLS = {"naive": naive_linear_attention, "chunk": chunk_linear_attention, "recurrent": recurrent_linear_attention}
+IMPLS = {"naive": naive_linear_attention, "chunk": chunk_linear_attention, "recurrent": recurrent_linear_attention,
+         "fla": fla_linear_attention, "auto": auto_linear_attention}
 
 
 def linear_attention(
@@ -42,7 +45,7 @@ def linear_attention(
         raise ValueError(f"unknown linear attention impl {impl!r}; available: {', '.join(IMPLS)}")
     kwargs = dict(feature_map=feature_map, rope=rope, causal=causal, positions=positions, eps=eps, decay=decay,
                   rope_theta=rope_theta, initial_state=initial_state, output_final_state=output_final_state)
-    if impl == "chunk":
+    if impl in ("chunk", "auto"):
         kwargs["chunk_size"] = int(chunk_size)
     return IMPLS[impl](q, k, v, **kwargs)
 

@@ -1,0 +1,257 @@
+"""Linear attention on flash-linear-attention's chunked Triton kernels (``impl="fla"``, CUDA), and
+``impl="auto"`` (fla where it can run, the chunk kernel elsewhere).
+
+The mapping (docs/design.md, "GPU backend (fla)").  For q, k: [B, T, H, K], v: [B, T, H, V], a per-head
+log-decay g_h = log γ_h and an initial state h0: [B, H, K, V], fla's ``chunk_simple_gla`` with scale 1 gives
+
+    o_t = Σ_{j≤t} γ^(t-j) (q_t·k_j) v_j + γ^(t+1) q_t h0,        h_T = Σ_{j<T} γ^(T-1-j) k_j v_jᵀ + γ^T h0.
+
+On the numerator's features (R φ(q), R φ(k); unrotated for placement "none") with v and S0 that is linrope's
+numerator and its state S; on the denominator's features with a column of ones for v and z0 for h0 it is the
+denominator (o_t[0]) and z (h_T[:, 0]).  So each call is one fla computation, in two registered operators
+(``linrope::fla_chunk_fwd`` / ``_bwd``, as chunk.py registers its kernel): torch.compile sees one opaque
+operator, not fla's public function, which is ``@torch.compiler.disable`` and would break the graph.  The
+features, the division, eps (added once to the summed denominator) and the guard of placement "both"
+(``guard_denominator``) are the same torch code as the naive form's; autograd differentiates them.
+
+Why a second fla call for the denominator: it reuses the same tuned kernels for the decay, the initial and
+final state and the backward, at about half the cost of the numerator's call (the same q·k products, a
+value column of width 2).  A decayed prefix sum written in torch would need either a loop over chunks (the
+launches this backend exists to avoid) or γ^(-j) factors that overflow.
+
+Precision: features are formed in float32; the kernels run in the autocast dtype when autocast is on,
+else in the inputs' dtype if it is 16-bit, else in float32.  States are float32.  fla asserts even widths for
+16-bit inputs, so odd widths (cosine's d+1; the ones column) are padded with zeros, which add nothing.
+fla has no float64: float64 inputs are refused.  Causal only.
+
+Nothing here imports fla or triton before a call needs them (``import linrope.ops`` stays free of both).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+from contextlib import nullcontext
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from linrope.errors import BackendUnavailable
+
+from .chunk import chunk_linear_attention
+from .common import (LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
+                     guard_denominator, zero_state)
+from .features import reference_features
+
+FLA_VERSION = "0.6.0"  # the fla-core release this mapping was checked against (pyproject's `gpu` extra)
+FLA_CHUNK = 64         # fla's chunk length (its default, the one its kernels are tuned for)
+_LOG2E = 1.0 / math.log(2.0)  # fla's kernels take the log-decay in base 2
+_NONE = (0,)  # the shape of a placeholder output
+_16BIT = (torch.float16, torch.bfloat16)
+INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("fla", "triton"))  # finds, does not import
+log = logging.getLogger("linrope.ops")
+
+
+def unavailable(device) -> Optional[str]:
+    """Why fla's kernels cannot run on ``device`` (a device or its type), or None.  They need CUDA, unless
+    Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``: the tests, with tests/fla_interpreter.py)."""
+    if not INSTALLED:
+        return "fla and triton are not installed: pip install 'linrope[gpu]'"
+    kind = torch.device(device).type
+    if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"fla's Triton kernels need a CUDA device (here: {kind}); use impl=chunk, or impl=auto to choose by device"
+    return None
+
+
+def kernels():
+    """fla's chunked forward and backward functions: the one seam between linrope and fla."""
+    from fla.ops.simple_gla.chunk import chunk_simple_gla_bwd, chunk_simple_gla_fwd
+
+    return chunk_simple_gla_fwd, chunk_simple_gla_bwd
+
+
+def _g_gamma(decay: Optional[Tensor], *, check: bool) -> Optional[Tensor]:
+    log_gamma = decay_log(decay, check=check)
+    return None if log_gamma is None else (log_gamma * _LOG2E).to(torch.float32)
+
+
+def _on(x: Tensor):
+    """Triton launches on the current CUDA device: make it x's."""
+    return torch.cuda.device(x.device) if x.is_cuda else nullcontext()
+
+
+# --------------------------------------------------------------------------------------------------------
+# one fla computation as a registered operator, q, k, v in fla's [B, T, H, ·] layout, contiguous
+# --------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("linrope::fla_chunk_fwd", mutates_args=())
+def fla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor], h0: Optional[Tensor],
+                  final: bool) -> tuple[Tensor, Tensor]:
+    """-> (o [B, T, H, V] in v's dtype, h_T [B, H, K, V] float32 or an empty placeholder)."""
+    fwd, _ = kernels()
+    with _on(q):
+        o, ht = fwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay, check=True), scale=1.0, initial_state=h0,
+                    output_final_state=final, chunk_size=FLA_CHUNK)
+    return o, (ht if final else q.new_empty(_NONE, dtype=torch.float32))
+
+
+@fla_chunk_fwd.register_fake
+def _(q, k, v, decay, h0, final):
+    B, _, H, K = q.shape
+    return v.new_empty(v.shape), q.new_empty((B, H, K, v.shape[-1]) if final else _NONE, dtype=torch.float32)
+
+
+@torch.library.custom_op("linrope::fla_chunk_bwd", mutates_args=())
+def fla_chunk_bwd(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor],
+                  h0: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """-> (dq, dk, dv, dh0), an empty placeholder for dh0 without h0."""
+    _, bwd = kernels()
+    with _on(q):
+        dq, dk, dv, _, dh0 = bwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay, check=False), initial_state=h0,
+                                 do=do.contiguous(), dht=dht, scale=1.0, chunk_size=FLA_CHUNK)
+    return dq, dk, dv, (dh0 if h0 is not None else q.new_empty(_NONE, dtype=torch.float32))
+
+
+@fla_chunk_bwd.register_fake
+def _(do, dht, q, k, v, decay, h0):
+    dh0 = h0.new_empty(h0.shape) if h0 is not None else q.new_empty(_NONE, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dh0
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, decay, h0, final = inputs
+    ctx.final = final
+    ctx.save_for_backward(q, k, v, decay, h0)
+
+
+def _backward(ctx, do, dht):
+    q, k, v, decay, h0 = ctx.saved_tensors
+    dht = dht.contiguous() if ctx.final else None
+    dq, dk, dv, dh0 = fla_chunk_bwd(do, dht, q, k, v, decay, h0)
+    return dq, dk, dv, None, (dh0 if h0 is not None else None), None
+
+
+fla_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _fla_layout(x: Tensor, pad: int, dtype) -> Tensor:
+    """(B, H, N, w) -> (B, N, H, w + pad) contiguous in ``dtype``, the pad zeros."""
+    x = F.pad(x, (0, pad)) if pad else x
+    out = x.new_empty((x.shape[0], x.shape[2], x.shape[1], x.shape[3]), dtype=dtype)
+    return out.copy_(x.transpose(1, 2))  # one copy: layout and dtype at once
+
+
+def _chunk(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], decay: Optional[Tensor], final: bool, dtype):
+    """One fla computation on linrope's (B, H, N, ·) layout -> (o (B, H, N, V), h_T (B, H, K, V) or None).
+    Odd widths get a zero column (fla asserts even widths for 16-bit inputs)."""
+    K, V = q.shape[-1], v.shape[-1]
+    pk, pv = K % 2, V % 2
+    if h0 is not None:
+        h0 = F.pad(h0.to(torch.float32), (0, pv, 0, pk)).contiguous()
+    o, ht = fla_chunk_fwd(_fla_layout(q, pk, dtype), _fla_layout(k, pk, dtype), _fla_layout(v, pv, dtype),
+                          decay, h0, final)
+    return o.transpose(1, 2)[..., :V], (ht[:, :, :K, :V] if final else None)
+
+
+def kernel_dtype(q: Tensor) -> torch.dtype:
+    """What fla computes in: autocast's dtype when autocast is on, else q's if 16-bit, else float32."""
+    if torch.is_autocast_enabled(q.device.type):
+        return torch.get_autocast_dtype(q.device.type)
+    return q.dtype if q.dtype in _16BIT else torch.float32
+
+
+def fla_linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: str = "elu",
+    rope: str = "numerator",
+    causal: bool = True,
+    positions: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    decay: Optional[Tensor] = None,
+    rope_theta: Optional[Tensor] = None,
+    initial_state: Optional[LinearAttentionState] = None,
+    output_final_state: bool = False,
+):
+    """Causal linear attention on fla's chunked kernels: the semantics of ``naive_linear_attention``.
+
+    q, k: (B, H, N, d); v: (B, H, N, d_v) -> (B, H, N, d_v) [and the final state, float32]."""
+    check_args(q, k, v, feature_map, rope, "fla")
+    if not causal:
+        raise ValueError("impl=fla is causal only (fla's kernels compute causal attention); "
+                         "use impl=chunk or impl=naive for causal=False")
+    if q.dtype == torch.float64:
+        raise ValueError("impl=fla computes in float32 at most (fla's kernels have no float64); "
+                         "use impl=chunk or impl=naive for float64")
+    why = unavailable(q.device)
+    if why:
+        raise BackendUnavailable(f"impl=fla: {why}")
+    check_state(initial_state, q, v, feature_map)
+    if torch.is_tensor(decay) and decay.requires_grad and torch.is_grad_enabled():
+        raise ValueError("impl=fla does not differentiate decay; pass a fixed tensor (decay.detach()) or use impl=naive")
+    B, H, N, _ = q.shape
+    decay = check_decay(decay, H, q.device)
+    if N == 0:
+        return _empty(q, v, feature_map, initial_state, output_final_state)
+    f32, dtype = torch.float32, kernel_dtype(q)
+    qn, kn, qd, kd = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions,
+                                        theta=rope_theta, dtype=f32)
+    S0 = z0 = None
+    if initial_state is not None:
+        S0, z0 = initial_state.S, initial_state.z.unsqueeze(-1)
+    num, S = _chunk(qn, kn, v, S0, decay, output_final_state, dtype)
+    den, z = _chunk(qd, kd, v.new_ones((B, H, N, 1)), z0, decay, output_final_state, dtype)
+    out = (num.to(f32) / guard_denominator(den[..., 0].to(f32) + eps, rope).unsqueeze(-1)).to(v.dtype)
+    if not output_final_state:
+        return out
+    return out, LinearAttentionState(S, z[..., 0])
+
+
+def _empty(q, v, feature_map, initial_state, output_final_state):
+    out = v.new_empty(v.shape)
+    if not output_final_state:
+        return out
+    if initial_state is None:
+        B, H, _, d = q.shape
+        return out, zero_state(B, H, feature_width(feature_map, d), v.shape[-1], torch.float32, q.device)
+    return out, LinearAttentionState(initial_state.S.float(), initial_state.z.float())
+
+
+# --------------------------------------------------------------------------------------------------------
+# impl="auto"
+# --------------------------------------------------------------------------------------------------------
+_CHOSEN: dict = {}
+
+
+def choose(q: Tensor, causal: bool) -> str:
+    """"fla" for causal attention in 16- or 32-bit on a CUDA device when the gpu extra is installed, else
+    "chunk".  The choice is logged once per device type and choice (outside torch.compile's tracing)."""
+    kind = q.device.type
+    fla = kind == "cuda" and causal and q.dtype != torch.float64 and unavailable(kind) is None
+    impl = "fla" if fla else "chunk"
+    if (kind, impl) not in _CHOSEN and not torch.compiler.is_compiling():
+        _CHOSEN[(kind, impl)] = True
+        if fla:
+            why = "CUDA and the gpu extra"
+        elif kind != "cuda":
+            why = f"fla needs CUDA, these tensors are on {kind}"
+        elif not INSTALLED:
+            why = "the gpu extra (fla, triton) is not installed"
+        else:
+            why = "fla is causal only and float32 at most"
+        log.info("linear attention impl=auto: %s (%s)", impl, why)
+    return impl
+
+
+def auto_linear_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, chunk_size: int = 64, **kwargs):
+    """``fla_linear_attention`` where ``choose`` says so, else ``chunk_linear_attention``."""
+    if choose(q, causal) == "fla":
+        return fla_linear_attention(q, k, v, causal=causal, **kwargs)
+    return chunk_linear_attention(q, k, v, causal=causal, chunk_size=chunk_size, **kwargs)
+
+
+__all__ = ["fla_linear_attention", "auto_linear_attention", "choose", "unavailable", "kernels", "FLA_VERSION"]
