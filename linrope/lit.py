@@ -107,16 +107,16 @@ class LanguageModel(L.LightningModule):
         loss = self.loss(batch)
         # train/loss is the global batch's loss: the mean over processes (what one process with the same
         # global batch logs), and every process sees a non-finite value at once and stops together
-        trainer = self._attached_trainer()
+        trainer = self.trainer
         logged = loss.detach()
-        if trainer is not None and trainer.world_size > 1:
+        if trainer.world_size > 1:
             logged = trainer.strategy.reduce(logged.clone(), reduce_op="mean")  # all_reduce works in place
         if not torch.isfinite(logged):
-            last = last_good_checkpoint(trainer) if trainer is not None else None
+            last = last_good_checkpoint(trainer)
             raise NonFiniteLoss(f"loss is {logged.item()} at step {self.global_step}: training stopped; "
                                 + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
         self.log("train/loss", logged, prog_bar=True)
-        if trainer is not None and trainer.optimizers:  # the rate of this step (every parameter group has it)
+        if trainer.optimizers:  # the rate of this step (every parameter group has it)
             self.log("train/lr", float(trainer.optimizers[0].param_groups[0]["lr"]))
         return loss
 
@@ -202,15 +202,11 @@ class LanguageModel(L.LightningModule):
             s, warmup_steps=o["warmup_steps"], total_steps=total, min_lr_ratio=o["min_lr_ratio"]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
 
-    def _attached_trainer(self) -> Optional["L.Trainer"]:
-        try:
-            return self.trainer
-        except RuntimeError:  # Lightning's getter when no Trainer is attached (a module used on its own)
-            return None
-
     def _trainer_max_steps(self) -> Optional[int]:
-        trainer = self._attached_trainer()  # without one, optim.schedule_steps is needed
-        return None if trainer is None else trainer.max_steps
+        try:
+            return self.trainer.max_steps
+        except RuntimeError:  # Lightning's getter when no Trainer is attached (optim.schedule_steps is then needed)
+            return None
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod

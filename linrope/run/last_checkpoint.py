@@ -1,7 +1,5 @@
-"""``last.ckpt``, the file that ``ckpt_path=last`` (or ``auto``) resumes from: written every
-``every_n_train_steps`` steps, after each validation, at the end of training and when a signal stops the run
-(linrope.run.signals asks for it).  The Trainer's CheckpointIO (linrope.checkpoint.AtomicCheckpointIO) writes
-it atomically."""
+"""``last.ckpt``, the file that ``ckpt_path=last`` (or ``auto``) resumes from (written atomically by
+linrope.checkpoint.AtomicCheckpointIO, the Trainer's CheckpointIO)."""
 from __future__ import annotations
 
 import os
@@ -13,12 +11,10 @@ from linrope.run.lightning_internals import validation_follows
 
 
 class LastCheckpoint(Checkpoint):
-    """Keeps ``dirpath/filename`` (``last.ckpt``) up to date for resuming.
-
-    Saved every ``every_n_train_steps`` optimizer steps (None: never on a schedule), after each
-    validation during fit, and when training ends.  On a step that validation follows, the save
-    waits for the end of validation: Lightning, resuming from a checkpoint written before a
-    pending validation, skips that validation."""
+    """Keeps ``dirpath/filename`` (``last.ckpt``) up to date for resuming: saved every ``every_n_train_steps``
+    optimizer steps (None: never on a schedule), after each validation during fit, when training ends, and when
+    a signal stops the run (linrope.run.signals).  On a step that validation follows, the save waits for the
+    end of validation: Lightning, resuming from a checkpoint written before a pending validation, skips it."""
 
     # what linrope.training reads from trainer.checkpoint_callback when this is the only checkpoint callback
     monitor = None
