@@ -11,7 +11,7 @@
   the same for a checkpoint of another model whose parameters all fit.
 
 This module is about files: it imports nothing of the model (``linrope.lit`` imports it).  When ``last.ckpt``
-is written during a run is linrope.run.last_checkpoint's.
+is written during a run is decided in linrope.run.last_checkpoint.
 """
 from __future__ import annotations
 
