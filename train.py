@@ -9,7 +9,7 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig
 
-from linrope import tidy
+from linrope.run import tidy
 
 tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit start, which import this file
 
@@ -18,8 +18,9 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config import validate
     from linrope.naming import name_model
-    from linrope.runfolder import claim_run_folder
-    from linrope.training import one_line_errors, test_checkpoint
+    from linrope.run.exit import one_line_errors
+    from linrope.run.folder import claim_run_folder
+    from linrope.training import test_checkpoint
 
     tidy.quiet_logging()
     with tidy.no_folder_on_refusal(), one_line_errors():

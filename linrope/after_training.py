@@ -2,7 +2,7 @@
 runs can never log is refused before its first trial.
 
 - ``explain_stop(cfg, trainer)``: around train.py's test and extrapolation.  SIGTERM or SIGINT there (training
-  is over; ``linrope.checkpoint.LastCheckpoint`` handles it during training) ends the run with one line —
+  is over; ``linrope.run.signals.SignalStop`` handles it during training) ends the run with one line —
   what finished (training, its checkpoint), what did not (the test, the extrapolation) and the one command that
   completes it (``python train.py <the run's overrides> train=false ckpt_path=<checkpoint> hydra.run.dir=<run>``)
   — and exit status 128 + the signal.

@@ -5,28 +5,21 @@
   renamed over the old one), so a kill while writing leaves the previous checkpoint whole, and a full
   disk is one ``DiskFull`` line.  Parameters that are not finite are never written.  Loading defaults
   to ``weights_only=True``.
-- ``LastCheckpoint``: ``last.ckpt`` every ``every_n_train_steps`` steps, after each validation, at
-  the end of training and when SIGTERM or SIGINT stops the run — the file that ``ckpt_path=last``
-  (or ``auto``) resumes from.
 - ``load_checkpoint``: ``torch.load(weights_only=True)`` with one line for a missing or broken file.
 - ``check_state_dict``: one line naming the parameters that do not fit a model (when a run resumes into
   another model config, or a model is loaded: ``LanguageModel.from_checkpoint``); ``check_identity``:
   the same for a checkpoint of another model whose parameters all fit.
 
-This module is about files: it imports nothing of the model (``linrope.lit`` imports it).
+This module is about files: it imports nothing of the model (``linrope.lit`` imports it).  When ``last.ckpt``
+is written during a run is decided in linrope.run.last_checkpoint.
 """
 from __future__ import annotations
 
-import os
-import signal
-import threading
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from linrope.atomic import atomic_torch_save, file_problem
 from linrope.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint, first_names
@@ -62,150 +55,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None):
         return super().load_checkpoint(path, map_location=map_location,
                                        weights_only=True if weights_only is None else weights_only)
-
-
-# ---- last.ckpt -------------------------------------------------------------------------------------------
-class LastCheckpoint(Checkpoint):
-    """Keeps ``dirpath/filename`` (``last.ckpt``) up to date for resuming.
-
-    Saved every ``every_n_train_steps`` optimizer steps (None: never on a schedule), after each
-    validation during fit, and when training ends.  On a step that validation follows, the save
-    waits for the end of validation: Lightning, resuming from a checkpoint written before a
-    pending validation, skips that validation."""
-
-    # what linrope.training reads from trainer.checkpoint_callback when this is the only checkpoint callback
-    monitor = None
-    best_model_path = ""
-    best_model_score = None
-
-    def __init__(self, dirpath, filename: str = "last.ckpt", every_n_train_steps: Optional[int] = 50,
-                 save_on_validation: bool = True, save_on_train_end: bool = True):
-        super().__init__()
-        if every_n_train_steps is not None and int(every_n_train_steps) < 1:
-            raise ValueError(f"every_n_train_steps={every_n_train_steps}: must be >= 1 (or null for never)")
-        self.dirpath, self.filename = str(dirpath), filename
-        self.every_n_train_steps = None if every_n_train_steps is None else int(every_n_train_steps)
-        self.save_on_validation, self.save_on_train_end = save_on_validation, save_on_train_end
-        self.last_model_path = ""
-        self.last_saved_step: Optional[int] = None
-
-    @property
-    def path(self) -> str:
-        return os.path.join(self.dirpath, self.filename)
-
-    @property
-    def state_key(self) -> str:
-        return self._generate_state_key(dirpath=self.dirpath, filename=self.filename)
-
-    def _skip(self, trainer) -> bool:
-        return bool(trainer.fast_dev_run) or trainer.sanity_checking or trainer.state.fn != "fit"
-
-    def _save(self, trainer) -> None:
-        if trainer.global_step == self.last_saved_step:
-            return
-        trainer.save_checkpoint(self.path, weights_only=False)  # every rank calls; rank 0 writes it
-        self.last_saved_step, self.last_model_path = trainer.global_step, self.path
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._agree_on_a_stop(trainer)
-        n = self.every_n_train_steps
-        if self._skip(trainer) or not n or trainer.global_step % n:
-            return
-        if self.save_on_validation and _validation_follows(trainer):
-            return  # on_validation_end saves this step, after validation
-        self._save(trainer)
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if self.save_on_validation and not self._skip(trainer):
-            self._save(trainer)
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"dirpath": self.dirpath, "last_model_path": self.last_model_path}
-
-    # ---- stopped by a signal ---------------------------------------------------------------------------
-    # SIGTERM (a scheduler's preemption) and SIGINT (Ctrl+C) only note the signal.  After each training step
-    # every process learns whether any of them was signalled (one all-reduce under DDP), and all of them then
-    # stop at the end of that same step through Lightning's SIGTERMException.  Lightning's own SIGTERM handler
-    # is replaced while training runs: it broadcasts from inside the handler, which hangs every rank when the
-    # signal reaches a process other than rank 0 first.  Either way last.ckpt is written before the processes
-    # end, and the run says so and exits non-zero.  A second Ctrl+C interrupts at once.
-    stopped_by: Optional[str] = None
-    _signalled: Optional[str] = None
-    _previous: Dict[int, Any] = {}
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.stopped_by = self._signalled = None
-        self._previous = {}
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def note(signum, frame):
-            name = signal.Signals(signum).name
-            if name == "SIGINT" and self._signalled == "SIGINT":
-                raise KeyboardInterrupt  # pressed twice: stop now
-            self._signalled = self._signalled or name
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._previous[signum] = signal.signal(signum, note)
-
-    def _agree_on_a_stop(self, trainer) -> None:
-        """After a training step: if any process was signalled, every process stops after this step."""
-        code = signal.Signals[self._signalled].value if self._signalled else 0
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([code], device=trainer.strategy.root_device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            code = int(flag.item())
-        if code:
-            self.stopped_by = signal.Signals(code).name
-            trainer._signal_connector.received_sigterm = True  # Lightning ends the step, then raises SIGTERMException
-
-    def _restore_handlers(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in self._previous.items():
-                signal.signal(signum, handler)
-        self._previous = {}
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._restore_handlers()
-        if self.save_on_train_end and not self._skip(trainer):
-            self._save(trainer)
-
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        """Stopped by a signal: last.ckpt now, and the line linrope.training.one_line_errors prints (rank 0)
-        with the exit status, 128 + the signal's number, attached to the exception."""
-        self._restore_handlers()
-        if not isinstance(exception, SIGTERMException):
-            return
-        self.stopped_by = self.stopped_by or "SIGTERM"
-        if not self._skip(trainer):
-            self._save(trainer)
-            saved = (f"saved {self.path} (step {self.last_saved_step}); resume with ckpt_path=last "
-                     f"hydra.run.dir={trainer.default_root_dir}")
-        elif self.last_model_path:
-            saved = f"the last checkpoint is {self.last_model_path} (step {self.last_saved_step})"
-        else:
-            saved = "no checkpoint was saved"
-        message = f"stopped by {self.stopped_by} at step {trainer.global_step}: {saved}"
-        exception.linrope_stop = (message if trainer.is_global_zero else None,
-                                  128 + int(getattr(signal, self.stopped_by)))
-
-
-def _validation_follows(trainer) -> bool:
-    """Whether Lightning validates right after the current training batch."""
-    if not trainer.enable_validation:
-        return False
-    try:
-        return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
-    except Exception:  # noqa: BLE001 - another Lightning's internals: save now (at worst one validation is skipped)
-        return False
-
-
-def last_good_checkpoint(trainer) -> Optional[str]:
-    """The newest checkpoint this run wrote (last.ckpt), or None."""
-    for cb in getattr(trainer, "checkpoint_callbacks", []) or []:
-        if isinstance(cb, LastCheckpoint) and cb.last_model_path and os.path.exists(cb.last_model_path):
-            return f"{cb.last_model_path} (step {cb.last_saved_step})"
-    return None
 
 
 # ---- reading ---------------------------------------------------------------------------------------------

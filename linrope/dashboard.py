@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from linrope.naming import wandb_group
 
 # Imported inside the functions that need them: wandb-workspaces (an optional extra; without it, one line that
-# says how to install it), wandb and linrope.loggers (Lightning): --help and --dry-run stay fast (0.1 s, not ~5 s)
+# says how to install it), wandb and linrope.run.loggers (Lightning): --help and --dry-run stay fast (0.1 s, not ~5 s)
 
 BYTES = "bytes"
 GROUP_BY = ("model.attention.kind", "model.position.name", "model.name")
@@ -249,7 +249,7 @@ def write_specs(target: Target, out: Path) -> List[Path]:
 
 def save(target: Target) -> List[str]:
     """Save the workspace and the report to wandb (needs a login); their URLs."""
-    from linrope.loggers import wandb_logged_in
+    from linrope.run.loggers import wandb_logged_in
 
     if not wandb_logged_in():
         raise SystemExit("linrope: saving a dashboard needs a wandb login (`wandb login`); "

@@ -2,7 +2,6 @@
 metrics train/loss, train/lr, val/loss, val/bpb (bits per byte), test/*, tokens per second."""
 from __future__ import annotations
 
-import atexit
 import math
 import os
 import resource
@@ -14,12 +13,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from linrope.checkpoint import (
-    check_identity,
-    check_state_dict,
-    last_good_checkpoint,
-    load_checkpoint,
-)
+from linrope.checkpoint import check_identity, check_state_dict, load_checkpoint
 from linrope.compiling import compile_unsupported
 from linrope.config import model_errors, plain
 from linrope.data.bytes import LN2
@@ -28,6 +22,8 @@ from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.identity import IDENTITY_KEY, model_identity
 from linrope.model import TransformerLM, weight_decay_split
 from linrope.provenance import CONFIG_KEY, PROVENANCE_KEY
+from linrope.run.last_checkpoint import last_good_checkpoint
+from linrope.run.process_group import destroy_process_group_at_exit
 
 OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "min_lr_ratio")  # conf/optim/adamw.yaml
 
@@ -57,23 +53,6 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def destroy_process_group_at_exit() -> None:
-    """Destroy this process's torch.distributed process group when the interpreter exits (once per process).
-
-    Lightning does this only for nccl.  A gloo group left alive keeps worker threads that hold finished
-    work; the interpreter then tears down around them, and now and then a rank dies with SIGABRT
-    ("terminate called without an active exception") after its work is done: trainer=ddp_spawn on CPU
-    lost a whole sweep job that way.  atexit handlers run while the interpreter is still whole."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        atexit.unregister(_destroy_process_group)  # registered once, however often setup runs
-        atexit.register(_destroy_process_group)
-
-
-def _destroy_process_group() -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 class LanguageModel(L.LightningModule):
     provenance: Optional[Dict[str, Any]] = None  # linrope.provenance of the run (linrope.training.log_config)
     run_config: Optional[Dict[str, Any]] = None  # the run's whole resolved config (what a resume compares against)
@@ -91,7 +70,7 @@ class LanguageModel(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """In every process of the run, after Lightning has set up its process group (if any)."""
-        destroy_process_group_at_exit()
+        destroy_process_group_at_exit()  # gloo: Lightning leaves it alive (linrope.run.process_group)
 
     def configure_model(self):
         """``compile: true``: compile the model's forward in place (``nn.Module.compile``: parameter names and
@@ -132,16 +111,16 @@ class LanguageModel(L.LightningModule):
         loss = self.loss(batch)
         # train/loss is the global batch's loss: the mean over processes (what one process with the same
         # global batch logs), and every process sees a non-finite value at once and stops together
-        trainer = self._trainer
+        trainer = self.trainer
         logged = loss.detach()
-        if trainer is not None and trainer.world_size > 1:
+        if trainer.world_size > 1:
             logged = trainer.strategy.reduce(logged.clone(), reduce_op="mean")  # all_reduce works in place
         if not torch.isfinite(logged):
-            last = last_good_checkpoint(trainer) if trainer is not None else None
+            last = last_good_checkpoint(trainer)
             raise NonFiniteLoss(f"loss is {logged.item()} at step {self.global_step}: training stopped; "
                                 + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
         self.log("train/loss", logged, prog_bar=True)
-        if trainer is not None and trainer.optimizers:  # the rate of this step (every parameter group has it)
+        if trainer.optimizers:  # the rate of this step (every parameter group has it)
             self.log("train/lr", float(trainer.optimizers[0].param_groups[0]["lr"]))
         return loss
 

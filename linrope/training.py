@@ -1,73 +1,27 @@
 """Builders that train.py calls in order: data, model, callbacks, loggers, trainer."""
 from __future__ import annotations
 
-import importlib
 import os
-import signal
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import hydra
 import lightning as L
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from torch.multiprocessing.spawn import ProcessRaisedException
 
 from linrope import provenance as P
 from linrope.after_training import explain_stop  # noqa: F401 - train.py calls T.explain_stop
 from linrope.after_training import job_overrides
 from linrope.checkpoint import AtomicCheckpointIO, load_checkpoint
 from linrope.config import checkpoint_path, plain, sweep_dir
-from linrope.errors import LinropeError, UserError
+from linrope.errors import UserError
 from linrope.evaluate import extrapolate_after_test
 from linrope.lit import LanguageModel
-from linrope.loggers import wandb_settings
 from linrope.resume_diff import announce, resume_record
-from linrope.summary import ParamSummary
-
-
-@contextmanager
-def one_line_errors():
-    """Turn the errors a user can fix (``linrope.errors.LinropeError``) into a one-line message
-    (``linrope: ...``) and exit status 1, no traceback; a run stopped by SIGTERM / SIGINT into its one line
-    and exit status 128 + the signal.  Finds the error through the ``__cause__`` chain (Hydra's
-    instantiate wraps what we raised) and in the traceback text of a process that ``trainer=ddp_spawn``
-    started."""
-    try:
-        yield
-    except SIGTERMException as e:  # a run stopped by SIGTERM or SIGINT (LastCheckpoint.on_exception)
-        message, code = getattr(e, "linrope_stop", ("stopped by SIGTERM", 128 + signal.SIGTERM))
-        if message:
-            print("linrope: " + message, file=sys.stderr, flush=True)
-        raise SystemExit(code) from None
-    except Exception as e:  # noqa: BLE001 - Hydra's instantiate wraps the error we raised
-        cause = e
-        while cause is not None and not isinstance(cause, LinropeError):
-            cause = cause.__cause__
-        message = str(cause) if cause is not None else _user_error_in_child(e)
-        if message is None:
-            raise
-        raise SystemExit("linrope: " + message.replace("\n", "\nlinrope: ")) from None
-
-
-def _user_error_in_child(e: BaseException) -> Optional[str]:
-    """The message of a user error raised in a spawned process (torch's ProcessRaisedException carries
-    only the child's traceback as text, whose last line is ``module.Class: message``)."""
-    if not isinstance(e, ProcessRaisedException):
-        return None
-    lines = str(e).strip().splitlines()
-    name, _, message = (lines[-1] if lines else "").partition(": ")
-    module, _, cls_name = name.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), cls_name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return message if isinstance(cls, type) and issubclass(cls, LinropeError) else None
+from linrope.run.loggers import keep_csv_history, wandb_settings
+from linrope.run.signals import SignalStop
 
 
 def run_tags(cfg: DictConfig) -> List[str]:
@@ -98,8 +52,6 @@ def build_datamodule(cfg: DictConfig):
     data = plain(cfg.data)
     data.pop("task", None)
     datamodule = hydra.utils.instantiate(data, _convert_="all")
-    # its settings are logged once, as data.* of the whole config (log_config), not again as top-level keys
-    datamodule._log_hyperparams = False
     use_task_metric(cfg, getattr(datamodule, "monitor", "val/bpb"))
     return datamodule
 
@@ -142,9 +94,9 @@ def build_module(cfg: DictConfig):
 
 
 def build_callbacks(cfg: DictConfig) -> list:
-    """Every callback in the config; the progress bar only while trainer.enable_progress_bar is on, the
-    checkpoint callbacks only while trainer.enable_checkpointing is on (Lightning refuses them otherwise);
-    and the model summary without a FLOPs column (linrope.summary) unless trainer.enable_model_summary=false."""
+    """Every callback in the config, and the stop on SIGTERM / SIGINT (linrope.run.signals); the progress bar
+    only while trainer.enable_progress_bar is on, the checkpoint callbacks only while
+    trainer.enable_checkpointing is on (Lightning refuses them otherwise)."""
     skip = set()
     if not cfg.trainer.get("enable_progress_bar", True):
         skip.add("progress_bar")
@@ -152,14 +104,11 @@ def build_callbacks(cfg: DictConfig) -> list:
         skip |= {"model_checkpoint", "last_checkpoint"}
     callbacks = [hydra.utils.instantiate(c) for name, c in (cfg.get("callbacks") or {}).items()
                  if c and "_target_" in c and name not in skip]
-    if cfg.trainer.get("enable_model_summary", True) is not False and \
-            not any(isinstance(c, ModelSummary) for c in callbacks):
-        callbacks.append(ParamSummary())
-    return callbacks
+    return callbacks + [SignalStop()]  # after the config's: a signal sent in their on_train_batch_end counts
 
 
 def build_loggers(cfg: DictConfig) -> list:
-    """The loggers of ``cfg.logger``; wandb's mode, group, name and tags filled in (linrope.loggers)."""
+    """The loggers of ``cfg.logger``; wandb's mode, group, name and tags filled in (linrope.run.loggers)."""
     loggers = []
     for name, lg in (cfg.get("logger") or {}).items():
         if not lg or "_target_" not in lg:
@@ -173,15 +122,6 @@ def build_loggers(cfg: DictConfig) -> list:
             keep_csv_history(Path(lg["save_dir"]) / lg.get("name", "csv") / str(lg.get("version", "")))
         loggers.append(hydra.utils.instantiate(lg))
     return loggers
-
-
-def keep_csv_history(log_dir: Path) -> None:
-    """Lightning's CSV logger deletes an existing metrics.csv; a resumed run moves it aside first
-    (metrics.before-resume-<k>.csv), so the history before the crash is kept."""
-    old = log_dir / "metrics.csv"
-    if old.is_file():
-        k = len(list(log_dir.glob("metrics.before-resume-*.csv")))
-        old.rename(log_dir / f"metrics.before-resume-{k}.csv")
 
 
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import CONF, ROOT
-import linrope.loggers
+import linrope.run.loggers
 
 TINY = ["size=tiny", "trainer.enable_progress_bar=false", "trainer.max_steps=2", "trainer.val_check_interval=2",
         "trainer.log_every_n_steps=1", "data.batch_size=2", "data.eval_batch_size=2",
@@ -21,7 +21,7 @@ BYTES = ["data.max_bytes=200000", "data.val_windows=2", "data.test_windows=2", "
 MQAR = ["data=mqar", "data.val_examples=8", "data.test_examples=8"]
 
 
-class WandbLogger(linrope.loggers.WandbLogger):
+class WandbLogger(linrope.run.loggers.WandbLogger):
     """Test-only: the keys of everything logged to wandb, as wandb receives them (with Lightning's step key).
     (Named like the real one: train.py and linrope.evaluate find the wandb logger by its class name.)"""
     logged: set = set()

@@ -33,7 +33,7 @@ class KeptWandbLogger:
     made: list = []
 
     def __new__(cls, **kwargs):
-        from linrope.loggers import WandbLogger
+        from linrope.run.loggers import WandbLogger
 
         lg = WandbLogger(**kwargs)
         KeptWandbLogger.made.append(lg)

@@ -471,7 +471,7 @@ def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
     refuses a folder holding a run (without ckpt_path) and, on resuming, copies the earlier .hydra/ aside."""
     from omegaconf import OmegaConf
 
-    from linrope.runfolder import KeepEarlierRun
+    from linrope.run.folder import KeepEarlierRun
 
     run = saved_config(tmp_path / "run", "seed: 1\n")
     hook = KeepEarlierRun()
@@ -495,7 +495,7 @@ def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
     multirun.yaml) is replaced; resuming the whole sweep keeps them beside the new ones."""
     from omegaconf import OmegaConf
 
-    from linrope.runfolder import KeepEarlierRun
+    from linrope.run.folder import KeepEarlierRun
 
     sweep = tmp_path / "sweep"
     for job in ("0", "1", "2"):
@@ -540,7 +540,7 @@ def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):
 def test_a_run_folder_in_use_is_refused(compose, tmp_path):
     import fcntl
 
-    from linrope.runfolder import LOCK_NAME
+    from linrope.run.folder import LOCK_NAME
 
     with open(tmp_path / LOCK_NAME, "w") as held:
         held.write("pid 4242 on elsewhere\n")

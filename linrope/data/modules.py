@@ -47,7 +47,7 @@ class ByteDataModule(ResumableDataModule):
                  val_fraction: float = 0.05, test_fraction: float = 0.05, max_bytes: Optional[int] = None,
                  num_workers: int = 0, seed: int = 1234, eval_context: Optional[int] = None):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # logged once, as data.* of the whole config (training.log_config)
         self.context, self.batch_size, self.eval_batch_size = context, batch_size, eval_batch_size
         self.num_workers, self.seed = num_workers, seed
         self.eval_context = eval_context or context

@@ -14,10 +14,8 @@ from typing import Iterator, Optional
 
 from hydra.core.hydra_config import HydraConfig
 
-# Lightning's advertisements, its notice that a value set explicitly is its default, and its notice that
-# linrope.summary.ParamSummary replaces its own model summary
-NOTICES = ("💡 Tip:", "was configured so 100% of the batches will be used",
-           "Skipping setting a default `ModelSummary` callback")
+# Lightning's advertisements, and its notice that a value set explicitly is its default
+NOTICES = ("💡 Tip:", "was configured so 100% of the batches will be used")
 # files Hydra writes into a run folder before train.py's code runs
 HYDRA_FILES = {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log", ".linrope.lock"}
 

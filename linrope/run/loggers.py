@@ -1,9 +1,10 @@
-"""The loggers train.py builds (conf/logger/): Lightning's CSV and wandb loggers with three changes.
+"""The loggers train.py builds (conf/logger/): Lightning's CSV and wandb loggers with four changes.
 
 * ``CSVLogger`` keeps the whole history when another process wrote metrics.csv in between: with
   ``trainer=ddp_spawn`` fit and test run in processes started for each, and Lightning's writer, which
   knows only the columns it wrote itself, failed at test (``dict contains fields not in fieldnames``)
-  or rewrote the file with the test columns alone.  Ours reads the file's header before appending.
+  or rewrote the file with the test columns alone.  Ours merges the file's header in before each save.
+* ``keep_csv_history``: a resumed run moves the earlier metrics.csv aside (Lightning's writer deletes it).
 * ``WandbLogger`` does not pass wandb's deprecated ``anonymous`` setting (a warning on every run).
 * ``wandb_settings`` chooses the mode the way wandb does — ``logger.wandb.mode``, else ``$WANDB_MODE``,
   else online when logged in and offline otherwise — and names the group of a sweep
@@ -19,36 +20,44 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 from lightning.pytorch.loggers import CSVLogger as _CSVLogger
 from lightning.pytorch.loggers import WandbLogger as _WandbLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
 
 from linrope.errors import UserError
 from linrope.naming import wandb_group
+from linrope.run.lightning_internals import drop_wandb_anonymous
 
 WANDB_MODES = ("online", "offline", "disabled", "shared")
-
-
-class _ContinuingWriter(ExperimentWriter):
-    def save(self) -> None:
-        if self.metrics and self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                header = next(csv.reader(f), [])
-            if header != self.metrics_keys:  # written by another process: take its columns
-                self.metrics_keys = sorted(set(self.metrics_keys) | set(header))
-                self._rewrite_with_new_header(self.metrics_keys)
-        super().save()
 
 
 class CSVLogger(_CSVLogger):
     """Lightning's CSVLogger whose metrics.csv keeps every column any process of the run wrote."""
 
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _ContinuingWriter(log_dir=self.log_dir)
-        return self._experiment
+    @rank_zero_only
+    def save(self) -> None:
+        writer = self.experiment
+        path = Path(writer.metrics_file_path)
+        if writer.metrics and path.is_file():
+            with open(path, newline="") as f:
+                header = next(csv.reader(f), [])
+            keys = sorted(set(writer.metrics_keys) | set(header))
+            if header != keys:  # written by another process: take its columns, then Lightning appends
+                with open(path, newline="") as f:
+                    rows = list(csv.DictReader(f))
+                with open(path, "w", newline="") as f:
+                    out = csv.DictWriter(f, fieldnames=keys)
+                    out.writeheader()
+                    out.writerows(rows)
+            writer.metrics_keys = keys
+        super().save()
+
+
+def keep_csv_history(log_dir: Path) -> None:
+    """Lightning's CSV logger deletes an existing metrics.csv; a resumed run moves it aside first
+    (metrics.before-resume-<k>.csv), so the history before the crash is kept."""
+    old = log_dir / "metrics.csv"
+    if old.is_file():
+        k = len(list(log_dir.glob("metrics.before-resume-*.csv")))
+        old.rename(log_dir / f"metrics.before-resume-{k}.csv")
 
 
 class WandbLogger(_WandbLogger):
@@ -56,7 +65,7 @@ class WandbLogger(_WandbLogger):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._wandb_init.pop("anonymous", None)
+        drop_wandb_anonymous(self)
 
 
 def wandb_logged_in() -> bool:

@@ -1,0 +1,52 @@
+"""How a run ends when it does not end well: the errors a user can fix (``linrope.errors.LinropeError``)
+and a stop by SIGTERM / SIGINT, each as one ``linrope: …`` line and an exit status, no traceback."""
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+from contextlib import contextmanager
+from typing import Optional
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.multiprocessing.spawn import ProcessRaisedException
+
+from linrope.errors import LinropeError
+
+
+@contextmanager
+def one_line_errors():
+    """Turn the errors a user can fix into a one-line message (``linrope: ...``) and exit status 1; a run
+    stopped by SIGTERM / SIGINT into its one line and exit status 128 + the signal (linrope.run.signals).
+    Finds the error through the ``__cause__`` chain (Hydra's instantiate wraps what we raised) and in the
+    traceback text of a process that ``trainer=ddp_spawn`` started."""
+    try:
+        yield
+    except SIGTERMException as e:  # a run stopped by SIGTERM or SIGINT (SignalStop.on_exception)
+        message, code = getattr(e, "linrope_stop", ("stopped by SIGTERM", 128 + signal.SIGTERM))
+        if message:
+            print("linrope: " + message, file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
+    except Exception as e:  # noqa: BLE001 - Hydra's instantiate wraps the error we raised
+        cause = e
+        while cause is not None and not isinstance(cause, LinropeError):
+            cause = cause.__cause__
+        message = str(cause) if cause is not None else _user_error_in_child(e)
+        if message is None:
+            raise
+        raise SystemExit("linrope: " + message.replace("\n", "\nlinrope: ")) from None
+
+
+def _user_error_in_child(e: BaseException) -> Optional[str]:
+    """The message of a user error raised in a spawned process (torch's ProcessRaisedException carries
+    only the child's traceback as text, whose last line is ``module.Class: message``)."""
+    if not isinstance(e, ProcessRaisedException):
+        return None
+    lines = str(e).strip().splitlines()
+    name, _, message = (lines[-1] if lines else "").partition(": ")
+    module, _, cls_name = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return message if isinstance(cls, type) and issubclass(cls, LinropeError) else None

@@ -1,0 +1,78 @@
+"""A run stopped by SIGTERM (a scheduler's preemption) or SIGINT (Ctrl+C): every process ends the same step,
+``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number.
+
+``SignalStop`` (a callback linrope.training.build_callbacks always adds) replaces the two handlers while
+training runs.  A handler only notes the signal; after each training step every process learns whether any
+of them was signalled (one all-reduce under DDP), and all of them then ask Lightning to stop after that step
+(linrope.run.lightning_internals.stop_after_this_step), which raises Lightning's ``SIGTERMException``.
+Lightning's own SIGTERM handler broadcasts from inside the handler, which hangs every rank when the signal
+reaches a process other than rank 0 first.  A second Ctrl+C interrupts at once."""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Dict, Optional
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from linrope.run.last_checkpoint import LastCheckpoint
+from linrope.run.lightning_internals import stop_after_this_step
+
+
+class SignalStop(Callback):
+    """See the module docstring.  ``stopped_by``: the signal that stopped the run (None while it runs)."""
+
+    def __init__(self) -> None:
+        self.stopped_by: Optional[str] = None
+        self._signalled: Optional[str] = None
+        self._previous: Dict[int, Any] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.stopped_by = self._signalled = None
+        self._previous = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def note(signum, frame):
+            name = signal.Signals(signum).name
+            if name == "SIGINT" and self._signalled == "SIGINT":
+                raise KeyboardInterrupt  # pressed twice: stop now
+            self._signalled = self._signalled or name
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, note)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """If any process was signalled, every process stops after this step."""
+        code = signal.Signals[self._signalled].value if self._signalled else 0
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([code], device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            code = int(flag.item())
+        if code:
+            self.stopped_by = signal.Signals(code).name
+            stop_after_this_step(trainer)
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+        self._previous = {}
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore_handlers()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """Stopped by a signal: last.ckpt now, and the line linrope.run.exit.one_line_errors prints (rank 0)
+        with the exit status, 128 + the signal's number, attached to the exception."""
+        self._restore_handlers()
+        if not isinstance(exception, SIGTERMException):
+            return
+        self.stopped_by = self.stopped_by or "SIGTERM"  # also Lightning's own handler, outside training
+        last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
+        saved = last.save_on_stop(trainer) if last is not None else "no checkpoint was saved"
+        message = f"stopped by {self.stopped_by} at step {trainer.global_step}: {saved}"
+        exception.linrope_stop = (message if trainer.is_global_zero else None,
+                                  128 + int(getattr(signal, self.stopped_by)))
