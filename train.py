@@ -17,9 +17,8 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config import validate
-    from linrope.naming import name_model
     from linrope.runfolder import claim_run_folder
-    from linrope.training import one_line_errors, test_checkpoint
+    from linrope.training import name_model, one_line_errors, test_checkpoint
 
     tidy.quiet_logging()
     with tidy.no_folder_on_refusal(), one_line_errors():

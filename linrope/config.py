@@ -15,8 +15,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 # the command-line check lives in linrope.command_line; these names stay importable from here
 from linrope.command_line import CONF_DIR, check_command_line, command_line_errors, group_options  # noqa: F401
-from linrope.errors import ConfigError
-from linrope.schema import get, schema_errors
+from linrope.errors import ConfigError, UnknownOption
+from linrope.schema import EXTRAPOLATION_KEYS, TOP_LEVEL, get, schema_errors
 
 
 def plain(node) -> Dict[str, Any]:
@@ -25,38 +25,42 @@ def plain(node) -> Dict[str, Any]:
 
 
 def model_errors(model) -> List[str]:
-    """What no single value shows: pairings, divisibility, RoPE's even head dimension."""
-    from linrope.positions import IncompatiblePairing, check_pairing
+    """What the model's components refuse: unknown options (each component checks its own), values, the
+    pairing, divisibility, RoPE's even head dimension (``linrope.spec.ModelConfig.problems``)."""
+    from linrope.spec import ModelConfig  # torch: imported only once the values are sound
 
-    errors = []
-    att = get(model, "attention.kind")
-    pos = get(model, "position.name")
     try:
-        check_pairing(att, pos)
-    except IncompatiblePairing as e:
-        errors.append(str(e))
-    d, h = int(get(model, "d_model", 0)), int(get(model, "n_heads", 1))
-    if d % h:
-        errors.append(f"model.d_model={d} is not divisible by model.n_heads={h}")
-    elif pos == "rope" and (d // h) % 2:
-        errors.append(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
-    elif not errors:
-        errors += position_option_errors(model, pos, d, h)
+        return ModelConfig.from_dict(plain(model)).problems()
+    except UnknownOption as e:
+        return [str(e)]
+
+
+def option_errors(cfg) -> List[str]:
+    """Keys no component takes (a typo: ``+model.attention.feture_map=cosine``), one line each naming the
+    nearest key there is: the model's own and its attention's and position scheme's (``model_errors``), the
+    data module's (its constructor), the optimiser's (``linrope.optim``), linrope's top-level and
+    ``extrapolation.`` settings (``linrope.schema``)."""
+    from linrope.optim import option_errors as optim_errors
+
+    errors = [str(UnknownOption(k, TOP_LEVEL)) for k in cfg if k not in TOP_LEVEL]
+    errors += [str(UnknownOption(f"extrapolation.{k}", EXTRAPOLATION_KEYS)) for k in (get(cfg, "extrapolation") or {})
+               if k not in EXTRAPOLATION_KEYS]
+    errors += optim_errors(plain(cfg.optim)) if isinstance(get(cfg, "optim"), DictConfig) else []
+    if isinstance(get(cfg, "data"), DictConfig):
+        errors += data_option_errors(plain(cfg.data))
     return errors
 
 
-def position_option_errors(model, pos: str, d: int, h: int) -> List[str]:
-    """The scheme's options (model.position.*), checked by the scheme itself before anything is built."""
-    from linrope.positions import check_options
+def data_option_errors(data: Dict[str, Any]) -> List[str]:
+    """Keys of ``data`` that linrope's data module for ``data._target_`` does not take (its constructor says
+    which it takes); another module's keys are left to it."""
+    from linrope.data.rebuild import DATA_MODULES, class_path, constructor_fields  # Lightning, ~4 s
 
-    spec = model.position
-    options = {k: v for k, v in plain(spec).items() if k != "name"}
-    try:
-        check_options(pos, d_model=d, n_heads=h, head_dim=d // h, max_len=int(get(model, "max_len", 256)),
-                      causal=bool(get(model, "causal", True)), **options)
-    except ValueError as e:
-        return [f"model.position: {e}"]
-    return []
+    cls = next((c for c in DATA_MODULES.values() if class_path(c) == data.get("_target_")), None)
+    if cls is None:
+        return []
+    known = set(constructor_fields(cls)) | {"_target_", "task"}
+    return [str(UnknownOption(f"data.{k}", known)) for k in data if k not in known]
 
 
 def table_errors(cfg) -> List[str]:
@@ -78,7 +82,10 @@ def validate(cfg: DictConfig) -> None:
     errors = schema_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))
-    errors = model_errors(cfg.model) + table_errors(cfg)
+    errors = model_errors(cfg.model) + option_errors(cfg)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    errors = table_errors(cfg)
     errors += data_errors(cfg) + trainer_errors(cfg)
     try:
         checkpoint_path(cfg)
@@ -231,15 +238,11 @@ def checkpoint_path(cfg) -> Optional[str]:
 
 
 def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
-    """A whole zip that is no Lightning checkpoint, or one of another model (``linrope.identity``).  The file
+    """A whole zip that is no Lightning checkpoint, or one of another model (``linrope.spec``).  The file
     is memory-mapped with ``weights_only=True``: nothing is executed and no tensor data is read."""
     import torch
 
-    from linrope.identity import (
-        checkpoint_identity,
-        identity_differences,
-        model_identity,
-    )
+    from linrope.spec import checkpoint_identity, identity_differences, model_identity
 
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

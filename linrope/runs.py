@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+import yaml
 from omegaconf import OmegaConf
 
 from linrope.tables import read_csv
@@ -81,9 +82,21 @@ def find_runs(sweep: Path) -> List[Run]:
         config = {}
         if config_path.exists():
             config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
+        config.update(_logged_label(metrics.parent / "hparams.yaml"))
         extrap = run_dir / "extrapolation.csv"
         runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else []))
     return runs
+
+
+def _logged_label(path: Path) -> Dict[str, Any]:
+    """``{"model.name": …}`` as train.py named the model (``linrope.training.name_model``: the label of the
+    pair when ``attention=…`` / ``position=…`` replaced the preset's) in the config it logged beside
+    metrics.csv; Hydra's ``.hydra/config.yaml`` keeps the preset's name it composed."""
+    if not path.is_file():
+        return {}
+    logged = yaml.safe_load(path.read_text()) or {}
+    name = (logged.get("model") or {}).get("name") if isinstance(logged, dict) else None
+    return {"model.name": name} if name else {}
 
 
 def _ignored(key: str) -> bool:

@@ -107,10 +107,9 @@ def test_no_import_cycle():
 
 # docs/architecture.md's layers, lowest first; a module may import its own layer and the layers below
 LAYERS = [
-    ("foundation", ("errors", "rope", "memory", "compiling", "identity", "naming", "plots", "schema", "stats",
-                    "tables")),
+    ("foundation", ("errors", "rope", "memory", "compiling", "naming", "plots", "schema", "stats", "tables")),
     ("operators and positions", ("ops", "positions")),
-    ("model and data", ("attention", "model", "data")),
+    ("model and data", ("attention", "spec", "model", "optim", "data")),
     ("files and config", ("atomic", "checkpoint", "config", "command_line", "runfolder")),
     ("Lightning", ("lit", "loggers", "summary", "tidy")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),

@@ -63,8 +63,7 @@ def names(overrides, tmp_path):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    from linrope.naming import name_model
-    from linrope.training import run_name, run_tags
+    from linrope.training import name_model, run_name, run_tags
 
     GlobalHydra.instance().clear()
     try:

@@ -42,6 +42,6 @@ def test_a_checkpoint_of_main_passes_the_resume_identity_checks(compose, name):
     ckpt = torch.load(path, weights_only=True)
     LanguageModel(model=ckpt["hyper_parameters"]["model"]).on_load_checkpoint(ckpt)
     # the identity stored by main is the one today's code derives from the saved model config
-    from linrope.identity import model_identity
+    from linrope.spec import model_identity
 
     assert ckpt["linrope_identity"] == model_identity(ckpt["hyper_parameters"]["model"])
