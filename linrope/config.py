@@ -38,8 +38,8 @@ def model_errors(model) -> List[str]:
 def option_errors(cfg) -> List[str]:
     """Keys no component takes (a typo: ``+model.attention.feture_map=cosine``), one line each naming the
     nearest key there is: the model's own and its attention's and position scheme's (``model_errors``), the
-    data module's (its constructor), the optimiser's (``linrope.optim``), linrope's top-level and
-    ``extrapolation.`` settings (``linrope.schema``)."""
+    data module's and the Trainer's (their constructors), the optimiser's (``linrope.optim``), linrope's
+    top-level and ``extrapolation.`` settings (``linrope.schema``)."""
     from linrope.optim import option_errors as optim_errors
 
     errors = [str(UnknownOption(k, TOP_LEVEL)) for k in cfg if k not in TOP_LEVEL]
@@ -48,7 +48,21 @@ def option_errors(cfg) -> List[str]:
     errors += optim_errors(plain(cfg.optim)) if isinstance(get(cfg, "optim"), DictConfig) else []
     if isinstance(get(cfg, "data"), DictConfig):
         errors += data_option_errors(plain(cfg.data))
+    if isinstance(get(cfg, "trainer"), DictConfig):
+        errors += trainer_option_errors(plain(cfg.trainer))
     return errors
+
+
+def trainer_option_errors(trainer: Dict[str, Any]) -> List[str]:
+    """Keys of ``trainer`` that Lightning's Trainer does not take (its constructor says which it takes)."""
+    if trainer.get("_target_") not in ("lightning.pytorch.Trainer", "lightning.Trainer"):
+        return []
+    import inspect
+
+    from lightning.pytorch import Trainer  # imported by data_option_errors already
+
+    known = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"] + ["_target_"]
+    return [str(UnknownOption(f"trainer.{k}", known)) for k in trainer if k not in known]
 
 
 def data_option_errors(data: Dict[str, Any]) -> List[str]:

@@ -77,35 +77,44 @@ class ModelConfig:
     def problems(self) -> List[str]:
         """One line per problem no single value shows: an option a component does not take (or refuses), the
         pairing, divisibility, RoPE's even head dimension, the scheme's options (checked by the scheme)."""
+        return [str(e) for e in self._problems()]
+
+    def check(self) -> None:
+        """Raise ``ConfigError`` naming every problem (one per line); ``IncompatiblePairing`` for a pairing
+        that cannot work."""
+        found = self._problems()
+        if len(found) == 1:
+            raise found[0]
+        if found:
+            kind = IncompatiblePairing if any(isinstance(e, IncompatiblePairing) for e in found) else ConfigError
+            raise kind("\n".join(str(e) for e in found))
+
+    def _problems(self) -> List[ConfigError]:
         kind, pos = self.attention.get("kind"), self.position.get("name")
         if kind not in ATTENTION:
-            return [f"model.attention.kind={kind}: expected one of {', '.join(sorted(ATTENTION))}"]
+            return [ConfigError(f"model.attention.kind={kind}: expected one of {', '.join(sorted(ATTENTION))}")]
         errors = value_errors(self.to_dict(), RULES, "model")
         errors += ATTENTION[kind].option_errors(self.attention_options())
         errors += option_errors(pos, self.position_options())
         if errors:
-            return errors
+            return [ConfigError(e) for e in errors]
+        found: List[ConfigError] = []
         try:
             check_pairing(kind, pos)
         except IncompatiblePairing as e:
-            errors.append(str(e))
+            found.append(e)
         d, h = int(self.d_model), int(self.n_heads)
         if d % h:
-            errors.append(f"model.d_model={d} is not divisible by model.n_heads={h}")
+            found.append(ConfigError(f"model.d_model={d} is not divisible by model.n_heads={h}"))
         elif pos == "rope" and (d // h) % 2:
-            errors.append(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
-        elif not errors:
+            found.append(ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = "
+                                     f"{d // h}"))
+        elif not found:
             try:
                 check_options(pos, **self.position_dims(), **self.position_options())
             except ValueError as e:
-                errors.append(f"model.position: {e}")
-        return errors
-
-    def check(self) -> None:
-        """Raise ``ConfigError`` naming every problem (one per line)."""
-        errors = self.problems()
-        if errors:
-            raise ConfigError("\n".join(errors))
+                found.append(ConfigError(f"model.position: {e}"))
+        return found
 
     # ---- the parts, as the layers take them ----------------------------------------------------------------
     def attention_options(self) -> Dict[str, Any]:

@@ -19,6 +19,7 @@ from conftest import CONF, ROOT
     (["+data.bach_size=8"], "data.bach_size: unknown option; did you mean batch_size?"),
     (["data=mqar", "+data.num_kv_pair=4"], "data.num_kv_pair: unknown option; did you mean num_kv_pairs?"),
     (["+optim.weight_decy=0.01"], "optim.weight_decy: unknown option; did you mean weight_decay?"),
+    (["+trainer.max_step=3"], "trainer.max_step: unknown option; did you mean max_steps?"),
     (["+seeed=1"], "seeed: unknown option; did you mean seed?"),
     (["+extrapolation.factor=[1,2]"], "extrapolation.factor: unknown option; did you mean factors?"),
 ])

@@ -2,7 +2,9 @@
 
 ``build_position(name, where=..., **dims, **options)`` builds a scheme by name;
 ``build_shared(name, **dims, **options)`` the part its paper shares across layers (or None);
-``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take.
+``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take;
+``option_errors(name, options)`` names the options a scheme does not take (and the nearest it does) or whose
+values it refuses, before anything is built.
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplic
                   "deberta", "tupe", "alibi")
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
+
+from .multiplicative import TABLES  # noqa: E402 - registered above, in SCHEME_MODULES' order
+from .shaw import VARIANTS  # noqa: E402
 
 
 def scheme_class(name: str):
@@ -51,8 +56,7 @@ def _positive():
 OPTION_RULES = {
     "scaling": Rule("choice", choices=lambda: tuple(SCALINGS)),
     "factor": Rule("number", above=0), "base": Rule("number", above=0),
-    "table": Rule("choice", choices=lambda: import_module(f"{__name__}.multiplicative").TABLES),
-    "variant": Rule("choice", choices=lambda: import_module(f"{__name__}.shaw").VARIANTS),
+    "table": Rule("choice", choices=lambda: TABLES), "variant": Rule("choice", choices=lambda: VARIANTS),
     "k": _positive(), "num_buckets": _positive(), "max_distance": _positive(), "hidden": _positive(),
     "init_std": Rule("number", low=0, null=True),
 }
