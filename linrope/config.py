@@ -1,9 +1,10 @@
 """Checks on a composed config, made before any data is read or model built.
 
 Each failure is one line that names the problem (``ConfigError``); train.py prints it
-and exits without a traceback.  Imports no Lightning (but to look up an unusual
-``trainer.strategy`` name), so a bad config fails fast.  ``SCHEMA`` is the one table of the values
-the code reads: type, range and allowed values (linrope.schema).
+and exits without a traceback.  ``SCHEMA`` (linrope.schema) holds the values that cross components;
+each component checks its own options: the model, its attention and position scheme
+(``linrope.spec.ModelConfig``), the optimiser (``linrope.optim``), the data module and the Trainer
+(their constructors, read here: this imports Lightning, as train.py has by then).
 ``check_command_line`` (linrope.command_line) runs even earlier, before Hydra."""
 from __future__ import annotations
 
@@ -46,35 +47,35 @@ def option_errors(cfg) -> List[str]:
     errors += [str(UnknownOption(f"extrapolation.{k}", EXTRAPOLATION_KEYS)) for k in (get(cfg, "extrapolation") or {})
                if k not in EXTRAPOLATION_KEYS]
     errors += optim_errors(plain(cfg.optim)) if isinstance(get(cfg, "optim"), DictConfig) else []
-    if isinstance(get(cfg, "data"), DictConfig):
-        errors += data_option_errors(plain(cfg.data))
+    if isinstance(get(cfg, "data"), DictConfig):  # the keys only: values may name Hydra's run (${hydra:...})
+        errors += data_option_errors(get(cfg, "data._target_"), list(cfg.data))
     if isinstance(get(cfg, "trainer"), DictConfig):
-        errors += trainer_option_errors(plain(cfg.trainer))
+        errors += trainer_option_errors(get(cfg, "trainer._target_"), list(cfg.trainer))
     return errors
 
 
-def trainer_option_errors(trainer: Dict[str, Any]) -> List[str]:
+def trainer_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
     """Keys of ``trainer`` that Lightning's Trainer does not take (its constructor says which it takes)."""
-    if trainer.get("_target_") not in ("lightning.pytorch.Trainer", "lightning.Trainer"):
+    if target not in ("lightning.pytorch.Trainer", "lightning.Trainer"):
         return []
     import inspect
 
     from lightning.pytorch import Trainer  # imported by data_option_errors already
 
     known = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"] + ["_target_"]
-    return [str(UnknownOption(f"trainer.{k}", known)) for k in trainer if k not in known]
+    return [str(UnknownOption(f"trainer.{k}", known)) for k in keys if k not in known]
 
 
-def data_option_errors(data: Dict[str, Any]) -> List[str]:
+def data_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
     """Keys of ``data`` that linrope's data module for ``data._target_`` does not take (its constructor says
     which it takes); another module's keys are left to it."""
     from linrope.data.rebuild import DATA_MODULES, class_path, constructor_fields  # Lightning, ~4 s
 
-    cls = next((c for c in DATA_MODULES.values() if class_path(c) == data.get("_target_")), None)
+    cls = next((c for c in DATA_MODULES.values() if class_path(c) == target), None)
     if cls is None:
         return []
     known = set(constructor_fields(cls)) | {"_target_", "task"}
-    return [str(UnknownOption(f"data.{k}", known)) for k in data if k not in known]
+    return [str(UnknownOption(f"data.{k}", known)) for k in keys if k not in known]
 
 
 def table_errors(cfg) -> List[str]:
@@ -90,9 +91,10 @@ def table_errors(cfg) -> List[str]:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses,
-    then (when every value is sound) what depends on several values, the corpus, the Trainer and
-    ``ckpt_path``."""
+    """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses;
+    then what each component refuses (an option it does not take, naming the nearest it does; its own
+    values; the model's pairing and dimensions); then (when those are sound) what depends on several
+    values, the corpus, the Trainer and ``ckpt_path``."""
     errors = schema_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))

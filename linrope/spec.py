@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+import torch
+
 from linrope.attention import ATTENTION
 from linrope.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
 from linrope.schema import Rule, value_errors
@@ -111,7 +113,8 @@ class ModelConfig:
                                      f"{d // h}"))
         elif not found:
             try:
-                check_options(pos, **self.position_dims(), **self.position_options())
+                with torch.random.fork_rng(devices=[]):  # a scheme built to check it draws no numbers of the model's
+                    check_options(pos, **self.position_dims(), **self.position_options())
             except ValueError as e:
                 found.append(ConfigError(f"model.position: {e}"))
         return found
