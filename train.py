@@ -17,10 +17,9 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config import validate
-    from linrope.naming import name_model
     from linrope.run.exit import one_line_errors
     from linrope.run.folder import claim_run_folder
-    from linrope.training import test_checkpoint
+    from linrope.training import name_model, test_checkpoint
 
     tidy.quiet_logging()
     with tidy.no_folder_on_refusal(), one_line_errors():

@@ -2,15 +2,21 @@
 kernelised linear attention (linrope.ops).  Both take a position scheme built for role "attention"."""
 from __future__ import annotations
 
-from typing import Optional
+import inspect
+from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from linrope.ops import LinearAttentionState, linear_attention
+from linrope.errors import UnknownOption
+from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention
 from linrope.positions import PositionScheme
+from linrope.schema import Rule, value_errors
+
+# what the model passes every attention layer itself (not options of model.attention)
+MODEL_ARGUMENTS = ("d_model", "n_heads", "position", "causal", "dropout")
 
 
 def causal_mask(n: int, device, dtype) -> torch.Tensor:
@@ -19,6 +25,23 @@ def causal_mask(n: int, device, dtype) -> torch.Tensor:
 
 
 class _Projections(nn.Module):
+    kind: ClassVar[str] = "?"
+    RULES: ClassVar[Dict[str, Rule]] = {}  # the allowed values of its options (model.attention.<option>)
+
+    @classmethod
+    def options(cls) -> Dict[str, Any]:
+        """{option: default} of ``model.attention`` this kind takes: its constructor's keyword arguments, less
+        what the model passes itself."""
+        return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name not in MODEL_ARGUMENTS}
+
+    @classmethod
+    def option_errors(cls, options: Mapping[str, Any], where: str = "model.attention") -> List[str]:
+        """One line per option this kind does not take (naming the nearest it does) or whose value it refuses."""
+        known = cls.options()
+        unknown = [str(UnknownOption(f"{where}.{k}", known)) for k in options if k not in known]
+        return unknown or value_errors(options, cls.RULES, where)
+
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
         if d_model % n_heads:
@@ -38,7 +61,7 @@ class SoftmaxAttention(_Projections):
     kind = "softmax"
 
     def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
-                 dropout: float = 0.0, **_ignored):
+                 dropout: float = 0.0):
         super().__init__(d_model, n_heads)
         self.pos, self.causal, self.dropout = position, causal, dropout
 
@@ -80,10 +103,14 @@ class LinearAttention(_Projections):
     state (generation) use the recurrent form."""
 
     kind = "linear"
+    RULES = {"feature_map": Rule("choice", choices=lambda: tuple(FEATURE_MAPS)),
+             "placement": Rule("choice", choices=lambda: tuple(PLACEMENTS)),
+             "impl": Rule("choice", choices=lambda: tuple(sorted(IMPLS))),
+             "chunk_size": Rule("int", low=1), "eps": Rule("number", above=0)}
 
     def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
                  feature_map: str = "elu", placement: str = "numerator", impl: str = "chunk", chunk_size: int = 64,
-                 eps: float = 1e-6, dropout: float = 0.0, **_ignored):
+                 eps: float = 1e-6, dropout: float = 0.0):
         super().__init__(d_model, n_heads)
         self.pos, self.causal = position, causal
         self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = feature_map, placement, impl, chunk_size, eps

@@ -7,8 +7,8 @@
   to ``weights_only=True``.
 - ``load_checkpoint``: ``torch.load(weights_only=True)`` with one line for a missing or broken file.
 - ``check_state_dict``: one line naming the parameters that do not fit a model (when a run resumes into
-  another model config, or a model is loaded: ``LanguageModel.from_checkpoint``); ``check_identity``:
-  the same for a checkpoint of another model whose parameters all fit.
+  another model config, or a model is loaded: ``LanguageModel.from_checkpoint``); a checkpoint of another
+  model whose parameters all fit is refused by ``linrope.spec.check_identity``.
 
 This module is about files: it imports nothing of the model (``linrope.lit`` imports it).  When ``last.ckpt``
 is written during a run is decided in linrope.run.last_checkpoint.
@@ -23,7 +23,6 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from linrope.atomic import atomic_torch_save, file_problem
 from linrope.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint, first_names
-from linrope.identity import checkpoint_identity, identity_differences, model_identity
 
 
 # ---- writing ---------------------------------------------------------------------------------------------
@@ -106,14 +105,6 @@ def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, w
     diff = config_differences(found_cfg, expected_cfg)
     raise CheckpointMismatch(f"{where} does not fit the model config: " + "; ".join(parts)
                              + (f" — the model configs differ: {diff}" if diff else ""))
-
-
-def check_identity(checkpoint: Mapping[str, Any], model_cfg: Optional[Mapping], *, where: str = "the checkpoint") -> None:
-    """Raise ``CheckpointMismatch`` when the checkpoint is another model (attention kind, feature map, RoPE
-    placement, position scheme or its options; ``linrope.identity``), even where every parameter fits."""
-    diff = identity_differences(checkpoint_identity(checkpoint), model_identity(model_cfg))
-    if diff:
-        raise CheckpointMismatch(f"{where} is a checkpoint of another model: {diff}")
 
 
 def load_checkpoint(path, map_location: Any = "cpu") -> Dict[str, Any]:

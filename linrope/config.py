@@ -1,9 +1,10 @@
 """Checks on a composed config, made before any data is read or model built.
 
 Each failure is one line that names the problem (``ConfigError``); train.py prints it
-and exits without a traceback.  Imports no Lightning (but to look up an unusual
-``trainer.strategy`` name), so a bad config fails fast.  ``SCHEMA`` is the one table of the values
-the code reads: type, range and allowed values (linrope.schema).
+and exits without a traceback.  ``SCHEMA`` (linrope.schema) holds the values that cross components;
+each component checks its own options: the model, its attention and position scheme
+(``linrope.spec.ModelConfig``), the optimiser (``linrope.optim``), the data module and the Trainer
+(their constructors, read here: this imports Lightning, as train.py has by then).
 ``check_command_line`` (linrope.command_line) runs even earlier, before Hydra."""
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 # the command-line check lives in linrope.command_line; these names stay importable from here
 from linrope.command_line import CONF_DIR, check_command_line, command_line_errors, group_options  # noqa: F401
-from linrope.errors import ConfigError
-from linrope.schema import get, schema_errors
+from linrope.errors import ConfigError, UnknownOption
+from linrope.schema import EXTRAPOLATION_KEYS, TOP_LEVEL, get, schema_errors
 
 
 def plain(node) -> Dict[str, Any]:
@@ -25,38 +26,56 @@ def plain(node) -> Dict[str, Any]:
 
 
 def model_errors(model) -> List[str]:
-    """What no single value shows: pairings, divisibility, RoPE's even head dimension."""
-    from linrope.positions import IncompatiblePairing, check_pairing
+    """What the model's components refuse: unknown options (each component checks its own), values, the
+    pairing, divisibility, RoPE's even head dimension (``linrope.spec.ModelConfig.problems``)."""
+    from linrope.spec import ModelConfig  # torch: imported only once the values are sound
 
-    errors = []
-    att = get(model, "attention.kind")
-    pos = get(model, "position.name")
     try:
-        check_pairing(att, pos)
-    except IncompatiblePairing as e:
-        errors.append(str(e))
-    d, h = int(get(model, "d_model", 0)), int(get(model, "n_heads", 1))
-    if d % h:
-        errors.append(f"model.d_model={d} is not divisible by model.n_heads={h}")
-    elif pos == "rope" and (d // h) % 2:
-        errors.append(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
-    elif not errors:
-        errors += position_option_errors(model, pos, d, h)
+        return ModelConfig.from_dict(plain(model)).problems()
+    except UnknownOption as e:
+        return [str(e)]
+
+
+def option_errors(cfg) -> List[str]:
+    """Keys no component takes (a typo: ``+model.attention.feture_map=cosine``), one line each naming the
+    nearest key there is: the model's own and its attention's and position scheme's (``model_errors``), the
+    data module's and the Trainer's (their constructors), the optimiser's (``linrope.optim``), linrope's
+    top-level and ``extrapolation.`` settings (``linrope.schema``)."""
+    from linrope.optim import option_errors as optim_errors
+
+    errors = [str(UnknownOption(k, TOP_LEVEL)) for k in cfg if k not in TOP_LEVEL]
+    errors += [str(UnknownOption(f"extrapolation.{k}", EXTRAPOLATION_KEYS)) for k in (get(cfg, "extrapolation") or {})
+               if k not in EXTRAPOLATION_KEYS]
+    errors += optim_errors(plain(cfg.optim)) if isinstance(get(cfg, "optim"), DictConfig) else []
+    if isinstance(get(cfg, "data"), DictConfig):  # the keys only: values may name Hydra's run (${hydra:...})
+        errors += data_option_errors(get(cfg, "data._target_"), list(cfg.data))
+    if isinstance(get(cfg, "trainer"), DictConfig):
+        errors += trainer_option_errors(get(cfg, "trainer._target_"), list(cfg.trainer))
     return errors
 
 
-def position_option_errors(model, pos: str, d: int, h: int) -> List[str]:
-    """The scheme's options (model.position.*), checked by the scheme itself before anything is built."""
-    from linrope.positions import check_options
+def trainer_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
+    """Keys of ``trainer`` that Lightning's Trainer does not take (its constructor says which it takes)."""
+    if target not in ("lightning.pytorch.Trainer", "lightning.Trainer"):
+        return []
+    import inspect
 
-    spec = model.position
-    options = {k: v for k, v in plain(spec).items() if k != "name"}
-    try:
-        check_options(pos, d_model=d, n_heads=h, head_dim=d // h, max_len=int(get(model, "max_len", 256)),
-                      causal=bool(get(model, "causal", True)), **options)
-    except ValueError as e:
-        return [f"model.position: {e}"]
-    return []
+    from lightning.pytorch import Trainer  # imported by data_option_errors already
+
+    known = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"] + ["_target_"]
+    return [str(UnknownOption(f"trainer.{k}", known)) for k in keys if k not in known]
+
+
+def data_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
+    """Keys of ``data`` that linrope's data module for ``data._target_`` does not take (its constructor says
+    which it takes); another module's keys are left to it."""
+    from linrope.data.rebuild import DATA_MODULES, class_path, constructor_fields  # Lightning, ~4 s
+
+    cls = next((c for c in DATA_MODULES.values() if class_path(c) == target), None)
+    if cls is None:
+        return []
+    known = set(constructor_fields(cls)) | {"_target_", "task"}
+    return [str(UnknownOption(f"data.{k}", known)) for k in keys if k not in known]
 
 
 def table_errors(cfg) -> List[str]:
@@ -72,13 +91,17 @@ def table_errors(cfg) -> List[str]:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses,
-    then (when every value is sound) what depends on several values, the corpus, the Trainer and
-    ``ckpt_path``."""
+    """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses;
+    then what each component refuses (an option it does not take, naming the nearest it does; its own
+    values; the model's pairing and dimensions); then (when those are sound) what depends on several
+    values, the corpus, the Trainer and ``ckpt_path``."""
     errors = schema_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))
-    errors = model_errors(cfg.model) + table_errors(cfg)
+    errors = model_errors(cfg.model) + option_errors(cfg)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    errors = table_errors(cfg)
     errors += data_errors(cfg) + trainer_errors(cfg) + impl_errors(cfg)
     try:
         checkpoint_path(cfg)
@@ -244,15 +267,11 @@ def checkpoint_path(cfg) -> Optional[str]:
 
 
 def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
-    """A whole zip that is no Lightning checkpoint, or one of another model (``linrope.identity``).  The file
+    """A whole zip that is no Lightning checkpoint, or one of another model (``linrope.spec``).  The file
     is memory-mapped with ``weights_only=True``: nothing is executed and no tensor data is read."""
     import torch
 
-    from linrope.identity import (
-        checkpoint_identity,
-        identity_differences,
-        model_identity,
-    )
+    from linrope.spec import checkpoint_identity, identity_differences, model_identity
 
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

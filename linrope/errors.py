@@ -6,8 +6,9 @@ Each is reported as one line (``linrope: …``) with exit status 1 and no traceb
 the built-in exception it refines (``ValueError``, ``RuntimeError``, ``OSError``), so code that
 catches those keeps working.
 
-This module imports nothing: every layer of linrope may raise these errors.
+This module imports nothing of linrope: every layer of linrope may raise these errors.
 """
+import difflib
 
 
 class LinropeError(Exception):
@@ -20,6 +21,23 @@ class ConfigError(LinropeError, ValueError):
 
 class IncompatiblePairing(ConfigError):
     """An attention kind with a position scheme it cannot take (linear attention never forms the scores)."""
+
+
+class UnknownOption(ConfigError):
+    """An option its component does not take (a typo): ``model.attention.feture_map: unknown option; did you
+    mean feature_map?`` — the key and the nearest one the component takes."""
+
+    def __init__(self, key: str, valid, what: str = "option"):
+        super().__init__(f"{key}: unknown {what}; " + nearest_hint(str(key).rpartition(".")[2], valid))
+
+
+def nearest_hint(key: str, valid) -> str:
+    """``did you mean feature_map?`` (the nearest of ``valid``), else the list of them."""
+    valid = sorted(str(v) for v in valid)
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean {close[0]}?"
+    return f"it takes {first_names(valid, 12)}" if valid else "it takes none"
 
 
 class RunFolderError(ConfigError):

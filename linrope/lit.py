@@ -11,21 +11,19 @@ from typing import Any, Dict, Mapping, Optional
 import lightning as L
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
-from linrope.checkpoint import check_identity, check_state_dict, load_checkpoint
+from linrope.checkpoint import check_state_dict, load_checkpoint
 from linrope.compiling import compile_unsupported
-from linrope.config import model_errors, plain
+from linrope.config import plain
 from linrope.data.bytes import LN2
 from linrope.data.tasks import IGNORE  # -100: the target of positions that are not scored
 from linrope.errors import CheckpointError, ConfigError, NonFiniteLoss
-from linrope.identity import IDENTITY_KEY, model_identity
 from linrope.model import TransformerLM, weight_decay_split
+from linrope.optim import REQUIRED as OPTIM_KEYS  # conf/optim/adamw.yaml
 from linrope.provenance import CONFIG_KEY, PROVENANCE_KEY
 from linrope.run.last_checkpoint import last_good_checkpoint
 from linrope.run.process_group import destroy_process_group_at_exit
-
-OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "min_lr_ratio")  # conf/optim/adamw.yaml
+from linrope.spec import IDENTITY_KEY, check_identity, model_identity
 
 
 def step_seed(base: int, step: int, rank: int) -> int:
@@ -143,7 +141,7 @@ class LanguageModel(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         """The model's identity (attention kind, feature map, placement, position scheme and options) goes
-        into every checkpoint, so that loading it into another model is refused (linrope.identity)."""
+        into every checkpoint, so that loading it into another model is refused (linrope.spec)."""
         checkpoint[IDENTITY_KEY] = model_identity(self.hparams.get("model"))
         if self.provenance is not None:  # and the run's provenance and config (linrope.provenance)
             checkpoint[PROVENANCE_KEY], checkpoint[CONFIG_KEY] = self.provenance, self.run_config
@@ -232,10 +230,11 @@ class LanguageModel(L.LightningModule):
         model_cfg = found_cfg if expected_model_cfg is None else merge_config(found_cfg, plain(expected_model_cfg))
         if not model_cfg:
             raise CheckpointError(f"checkpoint {path}: has no model config (hyper_parameters.model) and none was given")
-        problems = model_errors(OmegaConf.create(model_cfg))
-        if problems:
-            raise CheckpointError(f"checkpoint {path}: its model config is not one linrope builds: {problems[0]}")
-        module = cls(model=model_cfg, optim=hp.get("optim"))
+        try:
+            module = cls(model=model_cfg, optim=hp.get("optim"))  # the model checks its config (linrope.spec)
+        except ConfigError as e:
+            first = str(e).splitlines()[0]
+            raise CheckpointError(f"checkpoint {path}: its model config is not one linrope builds: {first}") from None
         check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {path}",
                          found_cfg=found_cfg, expected_cfg=model_cfg)
         check_identity(ckpt, model_cfg, where=f"checkpoint {path}")

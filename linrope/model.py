@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -12,43 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from linrope.attention import ATTENTION
-from linrope.positions import PositionScheme, build_position, build_shared, check_pairing
-
-
-@dataclass
-class ModelConfig:
-    vocab_size: int = 256
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 1024
-    dropout: float = 0.0
-    max_len: int = 256  # positions a learned table holds; the training context by default
-    causal: bool = True
-    n_classes: Optional[int] = None  # set: an encoder with mean pooling and a classifier head
-    tie_weights: bool = True
-    attention: Dict[str, Any] = field(default_factory=lambda: {"kind": "softmax"})
-    position: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "ModelConfig":
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+from linrope.positions import PositionScheme, build_position, build_shared
+from linrope.spec import ModelConfig  # what a model is: its checks, identity and names (linrope.spec)
 
 
 def split_options(spec: Dict[str, Any], key: str):
     """{'name': x, **options} -> (x, options)."""
     spec = dict(spec)
     return spec.pop(key), spec
-
-
-def position_dims(cfg: ModelConfig) -> Dict[str, Any]:
-    return dict(d_model=cfg.d_model, n_heads=cfg.n_heads, head_dim=cfg.head_dim, max_len=cfg.max_len,
-                causal=cfg.causal)
 
 
 class MLP(nn.Module):
@@ -67,7 +37,7 @@ class Block(nn.Module):
         super().__init__()
         kind, attn_opts = split_options(cfg.attention, "kind")
         pos_name, pos_opts = split_options(cfg.position, "name")
-        position = build_position(pos_name, where="attention", shared=shared_position, **position_dims(cfg),
+        position = build_position(pos_name, where="attention", shared=shared_position, **cfg.position_dims(),
                                   **pos_opts)
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.attn = ATTENTION[kind](cfg.d_model, cfg.n_heads, position, causal=cfg.causal, dropout=cfg.dropout,
@@ -84,18 +54,15 @@ class TransformerLM(nn.Module):
     def __init__(self, cfg: Union[ModelConfig, Dict[str, Any]]):
         super().__init__()
         cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(dict(cfg))
-        kind = cfg.attention.get("kind")
-        if kind not in ATTENTION:
-            raise ValueError(f"unknown attention kind {kind!r}; expected one of {', '.join(ATTENTION)}")
-        check_pairing(kind, cfg.position["name"])
+        cfg.check()  # options, pairing, dimensions: one line per problem (ConfigError)
         self.cfg = cfg
         pos_name, pos_opts = split_options(cfg.position, "name")
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.embed_scale = math.sqrt(cfg.d_model)  # token and additive position signals of like size
-        self.pos = build_position(pos_name, where="input", **position_dims(cfg), **pos_opts)
+        self.pos = build_position(pos_name, where="input", **cfg.position_dims(), **pos_opts)
         # what the scheme's paper shares across layers (T5's bias table, DeBERTa's P, TUPE's correlation):
         # built once here and handed to every layer; None when nothing is shared (or share: false)
-        self.pos_shared = build_shared(pos_name, **position_dims(cfg), **pos_opts)
+        self.pos_shared = build_shared(pos_name, **cfg.position_dims(), **pos_opts)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, self.pos_shared) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+import yaml
 from omegaconf import OmegaConf
 
 from linrope.provenance import read as read_provenance
@@ -93,6 +94,7 @@ def find_runs(sweep: Path) -> List[Run]:
         config = {}
         if config_path.exists():
             config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
+        config.update(_logged_label(metrics.parent / "hparams.yaml"))
         extrap = run_dir / "extrapolation.csv"
         n_params, position = read_parameters(run_dir, metrics.parent)
         runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else [],
@@ -116,6 +118,17 @@ def read_parameters(run_dir: Path, log_dir: Path) -> Tuple[Optional[int], Dict[s
         if found:
             return int(found.group(1)), {}
     return None, {}
+
+
+def _logged_label(path: Path) -> Dict[str, Any]:
+    """``{"model.name": …}`` as train.py named the model (``linrope.training.name_model``: the label of the
+    pair when ``attention=…`` / ``position=…`` replaced the preset's) in the config it logged beside
+    metrics.csv; Hydra's ``.hydra/config.yaml`` keeps the preset's name it composed."""
+    if not path.is_file():
+        return {}
+    logged = yaml.safe_load(path.read_text()) or {}
+    name = (logged.get("model") or {}).get("name") if isinstance(logged, dict) else None
+    return {"model.name": name} if name else {}
 
 
 def _ignored(key: str) -> bool:

@@ -2,8 +2,10 @@
 
 ``SCHEMA`` is the one table of them, for train.py's config (``linrope.config.validate`` checks it first);
 ``EXTRAPOLATION`` the settings of a length-extrapolation table (conf/extrapolation/default.yaml), which
-train.py reads under ``extrapolation.`` and ``python -m linrope.evaluate`` at its top level.  Allowed
-values are read from the code's own vocabularies when checked.  Each failure is one line."""
+train.py reads under ``extrapolation.`` and ``python -m linrope.evaluate`` at its top level.  Each
+component checks its own options (the model, its attention and position scheme: ``linrope.spec``; the
+optimiser: ``linrope.optim``; a data module: its constructor); this table holds what crosses them.  Each
+failure is one line."""
 from __future__ import annotations
 
 import math
@@ -71,17 +73,15 @@ def annotation_rule(annotation: Any) -> Rule:
     return Rule({int: "int", float: "number", str: "str", bool: "bool"}[base], null=nullable)
 
 
+def value_errors(options: Mapping[str, Any], rules: Mapping[str, Rule], where: str) -> List[str]:
+    """One line per value of a component's plain ``options`` that its ``rules`` refuse
+    (``model.attention.chunk_size=0: expected an integer >= 1``)."""
+    return [f"{where}.{k}={'null' if v is None else v}: expected {rules[k].expectation()}"
+            for k, v in options.items() if k in rules and not rules[k].accepts(v)]
+
+
 def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
-
-
-def _vocabulary(module: str, name: str) -> Callable[[], Sequence[Any]]:
-    def read():
-        from importlib import import_module
-
-        values = getattr(import_module(module), name)
-        return tuple(sorted(values)) if isinstance(values, dict) else tuple(values)
-    return read
 
 
 POSITIVE_INT, COUNT = Rule("int", low=1), Rule("int", low=0)
@@ -89,37 +89,13 @@ FRACTION = Rule("number", above=0, below=1)
 SCHEMA: Dict[str, Rule] = {
     "seed": Rule("int"), "compile": Rule("bool"),
     "context": POSITIVE_INT,
-    # the model (linrope.model.ModelConfig) and its attention and position scheme
-    "model.vocab_size": POSITIVE_INT, "model.d_model": POSITIVE_INT, "model.n_layers": POSITIVE_INT,
-    "model.n_heads": POSITIVE_INT, "model.d_ff": POSITIVE_INT, "model.max_len": POSITIVE_INT,
-    "model.dropout": Rule("number", low=0, below=1),
-    "model.causal": Rule("bool"), "model.tie_weights": Rule("bool"),
-    "model.n_classes": Rule("int", low=2, null=True),
-    "model.attention.kind": Rule("choice", choices=_vocabulary("linrope.attention", "ATTENTION")),
-    "model.attention.feature_map": Rule("choice", choices=_vocabulary("linrope.ops", "FEATURE_MAPS")),
-    "model.attention.placement": Rule("choice", choices=_vocabulary("linrope.ops", "PLACEMENTS")),
-    "model.attention.impl": Rule("choice", choices=_vocabulary("linrope.ops", "IMPLS")),
-    "model.attention.chunk_size": POSITIVE_INT,
-    "model.attention.eps": Rule("number", above=0),
-    "model.position.name": Rule("choice", choices=_vocabulary("linrope.positions", "REGISTRY")),
-    "model.position.scaling": Rule("choice", choices=_vocabulary("linrope.rope", "SCALINGS")),
-    "model.position.factor": Rule("number", above=0),
-    "model.position.base": Rule("number", above=0),
-    "model.position.table": Rule("choice", choices=_vocabulary("linrope.positions.multiplicative", "TABLES")),
-    "model.position.variant": Rule("choice", choices=_vocabulary("linrope.positions.shaw", "VARIANTS")),
-    "model.position.k": POSITIVE_INT, "model.position.num_buckets": POSITIVE_INT,
-    "model.position.max_distance": POSITIVE_INT, "model.position.hidden": POSITIVE_INT,
-    "model.position.init_std": Rule("number", low=0, null=True),
-    # the data (every data module takes these; a task's own options are checked by the task)
+    # the data (every data module takes these; a module's own options are checked by its constructor)
     "data.context": POSITIVE_INT, "data.eval_context": Rule("int", low=1, null=True),
     "data.batch_size": POSITIVE_INT, "data.eval_batch_size": POSITIVE_INT,
     "data.val_windows": POSITIVE_INT, "data.test_windows": POSITIVE_INT,
     "data.val_fraction": FRACTION, "data.test_fraction": FRACTION,
     "data.max_bytes": Rule("int", low=1, null=True), "data.num_workers": COUNT,
-    # optimisation and the Trainer
-    "optim.lr": Rule("number", above=0), "optim.weight_decay": Rule("number", low=0),
-    "optim.warmup_steps": COUNT, "optim.min_lr_ratio": Rule("number", low=0, high=1),
-    "optim.schedule_steps": Rule("int", low=1, null=True, note="null: trainer.max_steps"),
+    # the Trainer (the model checks its options: linrope.spec; the optimiser its own: linrope.optim)
     "trainer.max_steps": Rule("int", low=-1, note="-1: no limit"),
     "trainer.max_epochs": Rule("int", low=-1, null=True, note="-1: no limit"),
     "trainer.log_every_n_steps": POSITIVE_INT, "trainer.accumulate_grad_batches": POSITIVE_INT,
@@ -129,6 +105,11 @@ SCHEMA: Dict[str, Rule] = {
 }
 
 
+# the top level of train.py's config: linrope's own settings and the sections of its config groups
+TOP_LEVEL = ("task_name", "tags", "seed", "train", "test", "ckpt_path", "compile", "optimized_metric",
+             "retain_freed_memory", "context", "extrapolation", "model", "data", "optim", "trainer", "callbacks",
+             "logger", "paths")
+
 # the settings of a length-extrapolation table (conf/extrapolation/default.yaml; linrope.extrapolation.SETTINGS)
 EXTRAPOLATION: Dict[str, Rule] = {
     "split": Rule("choice", choices=lambda: ("val", "test")), "scored_bytes": POSITIVE_INT,
@@ -136,14 +117,12 @@ EXTRAPOLATION: Dict[str, Rule] = {
     "batch_size": POSITIVE_INT, "max_score_mb": Rule("number", above=0),
 }
 ROPE_ROWS = ("pi", "ntk", "none")
+EXTRAPOLATION_KEYS = ("enabled", "factors", "scalings", *EXTRAPOLATION)  # under extrapolation. in train.py
 
 
 def schema_errors(cfg) -> List[str]:
     """One line per value of ``SCHEMA`` that has the wrong type or lies out of range."""
     errors = rule_errors(cfg, SCHEMA)
-    betas = get(cfg, "optim.betas")
-    if betas is not None and not (len(betas) == 2 and all(FRACTION.accepts(b) or b == 0 for b in betas)):
-        errors.append(f"optim.betas={list(betas)}: expected two numbers in [0, 1)")
     return errors + extrapolation_errors(cfg, "extrapolation.")
 
 

@@ -22,30 +22,45 @@ from linrope.lit import LanguageModel
 from linrope.resume_diff import announce, resume_record
 from linrope.run.loggers import keep_csv_history, wandb_settings
 from linrope.run.signals import SignalStop
+from linrope.spec import ModelConfig
 
 
 def run_tags(cfg: DictConfig) -> List[str]:
-    """wandb tags: attention kind, feature map, RoPE placement, position scheme, task."""
-    att, pos = cfg.model.attention, cfg.model.position
-    tags = [f"attention:{att.kind}", f"position:{pos.name}", f"task:{cfg.data.get('task', 'bytes')}"]
-    if att.kind == "linear":
-        tags += [f"feature_map:{att.get('feature_map', 'elu')}"]
-        if pos.name == "rope":
-            tags += [f"placement:{att.get('placement', 'numerator')}"]
-    if pos.name == "rope" and pos.get("scaling"):
-        tags += [f"rope_scaling:{pos.scaling}"]
-    return tags + list(cfg.get("tags") or [])
+    """wandb tags: the model's (``linrope.spec.ModelConfig.tags``: attention kind, position scheme, task,
+    feature map, RoPE placement and scaling), then the config's ``tags``."""
+    return ModelConfig.from_dict(plain(cfg.model)).tags(cfg.data.get("task", "bytes")) + list(cfg.get("tags") or [])
 
 
 def run_name(cfg: DictConfig) -> str:
-    att, pos = cfg.model.attention, cfg.model.position
-    name = att.kind
-    if att.kind == "linear":
-        name += f"-{att.get('feature_map', 'elu')}"
-    name += f"-{pos.name}"
-    if att.kind == "linear" and pos.name == "rope" and att.get("placement", "numerator") != "numerator":
-        name += f"-{att.placement}"
-    return f"{name}-s{cfg.seed}"
+    """wandb's run name (``linrope.spec.ModelConfig.run_name``): ``linear-elu-rope-s1234``."""
+    return ModelConfig.from_dict(plain(cfg.model)).run_name(cfg.seed)
+
+
+def name_model(cfg: DictConfig) -> None:
+    """``model.name`` when ``attention=…`` / ``position=…`` replaced the pair its preset chose: the label of
+    the chosen pair (``linrope.spec.ModelConfig.label``); a ``model.name=…`` given is kept.  The preset's pair
+    is what Hydra composes for ``model=<preset>`` alone.  Sets ``cfg.model.name`` for the logs, wandb and the
+    checkpoint; no-op without a Hydra run (tests compose configs directly)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()) or "model" not in cfg:
+        return
+    hc = HydraConfig.get()
+    if any(str(o).lstrip("+~").startswith("model.name=") for o in hc.overrides.task):
+        return
+    choices = hc.runtime.choices
+    chosen = (choices.get("attention"), choices.get("position"))
+    if not (choices.get("model") and all(chosen)):
+        return
+    known = GlobalHydra.instance().config_loader().compute_defaults_list(
+        config_name=hc.job.config_name, overrides=[f"model={choices.get('model')}"], run_mode=RunMode.RUN
+    ).overrides.known_choices
+    name = ModelConfig.from_dict(plain(cfg.model)).label(chosen, (known.get("attention"), known.get("position")))
+    if name != cfg.model.get("name"):
+        with open_dict(cfg):
+            cfg.model.name = name
 
 
 def build_datamodule(cfg: DictConfig):

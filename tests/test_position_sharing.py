@@ -115,7 +115,7 @@ def test_shared_role_allocates_only_the_shared_part():
     (["model=softmax_rope", "+model.position.share=true"], "rope has no parameters to share across layers"),
     (["model=softmax_deberta", "model.position.p2c=both"], "p2c must be one of release, paper"),
     (["model=softmax_floater", "model.position.inject=attention"], "inject must be one of input, blocks"),
-    (["model=softmax_t5", "+model.position.buckets=8"], "'t5' has no option buckets; its options: bidirectional"),
+    (["model=softmax_t5", "+model.position.buckets=8"], "model.position.buckets: unknown option; did you mean num_buckets?"),
 ])
 def test_bad_position_options_fail_in_the_config_check(compose, overrides, message):
     """Before any data is read or model built: one line naming the option."""
@@ -127,9 +127,7 @@ def test_bad_position_options_fail_in_the_config_check(compose, overrides, messa
 
 
 def test_presets_with_options_pass_the_position_option_check(compose):
-    from linrope.config import position_option_errors
+    from linrope.config import model_errors
 
     for name in ("softmax_t5", "softmax_deberta", "softmax_tupe", "softmax_floater", "softmax_learned", "linear_rope"):
-        model = compose(f"model={name}", "size=tiny").model
-        d, h = int(model.d_model), int(model.n_heads)
-        assert position_option_errors(model, model.position.name, d, h) == [], name
+        assert model_errors(compose(f"model={name}", "size=tiny").model) == [], name

@@ -410,7 +410,7 @@ def test_resuming_another_model_is_refused_naming_the_difference(compose, traine
 
 def test_loading_another_model_is_refused_in_every_path(trained):
     from linrope.errors import CheckpointMismatch
-    from linrope.identity import IDENTITY_KEY
+    from linrope.spec import IDENTITY_KEY
     from linrope.lit import LanguageModel
 
     c = torch.load(trained, map_location="cpu", weights_only=True)

@@ -2,15 +2,19 @@
 
 ``build_position(name, where=..., **dims, **options)`` builds a scheme by name;
 ``build_shared(name, **dims, **options)`` the part its paper shares across layers (or None);
-``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take.
+``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take;
+``option_errors(name, options)`` names the options a scheme does not take (and the nearest it does) or whose
+values it refuses, before anything is built.
 """
 from __future__ import annotations
 
 import inspect
 from importlib import import_module
-from typing import Optional, Set
+from typing import List, Optional, Set
 
-from linrope.errors import IncompatiblePairing
+from linrope.errors import IncompatiblePairing, UnknownOption
+from linrope.rope import SCALINGS
+from linrope.schema import Rule, value_errors
 
 from .base import REGISTRY, PositionScheme, register
 from .functional import alibi_slopes, relative_distance, t5_bucket
@@ -20,6 +24,9 @@ SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplic
                   "deberta", "tupe", "alibi")
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
+
+from .multiplicative import TABLES  # noqa: E402 - registered above, in SCHEME_MODULES' order
+from .shaw import VARIANTS  # noqa: E402
 
 
 def scheme_class(name: str):
@@ -39,6 +46,30 @@ def scheme_options(cls) -> Set[str]:
     if not cls.shares:
         names.discard("share")
     return names
+
+
+def _positive():
+    return Rule("int", low=1)
+
+
+# the allowed values of the schemes' options, by name (a scheme's constructor checks what depends on several)
+OPTION_RULES = {
+    "scaling": Rule("choice", choices=lambda: tuple(SCALINGS)),
+    "factor": Rule("number", above=0), "base": Rule("number", above=0),
+    "table": Rule("choice", choices=lambda: TABLES), "variant": Rule("choice", choices=lambda: VARIANTS),
+    "k": _positive(), "num_buckets": _positive(), "max_distance": _positive(), "hidden": _positive(),
+    "init_std": Rule("number", low=0, null=True),
+}
+
+
+def option_errors(name: str, options, where: str = "model.position") -> List[str]:
+    """One line per option the scheme ``name`` does not take (naming the nearest it does) or whose value it
+    refuses; a scheme's own constructor checks the rest (``check_options``)."""
+    if name not in REGISTRY:
+        return [f"{where}.name={name}: expected one of {', '.join(sorted(REGISTRY))}"]
+    known = scheme_options(REGISTRY[name]) | {"share"}  # share: the base says why not, if it shares nothing
+    unknown = [str(UnknownOption(f"{where}.{k}", known)) for k in options if k not in known]
+    return unknown or value_errors(options, OPTION_RULES, where)
 
 
 def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
@@ -80,5 +111,5 @@ def check_pairing(attention_kind: str, name: str) -> None:
         )
 
 
-__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "build_shared", "check_options", "check_pairing", "scheme_class",
+__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "build_shared", "check_options", "check_pairing", "option_errors", "scheme_class",
            "IncompatiblePairing", "relative_distance", "t5_bucket", "alibi_slopes", "SCHEME_MODULES"]

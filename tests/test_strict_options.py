@@ -1,0 +1,130 @@
+"""A typo in an option is refused in one line naming it and the nearest valid key, at every level (the model,
+its attention and position scheme, the data module, the optimiser, linrope's own settings), on the command
+line and in a preset file alike, before any data is read: each component checks its own options."""
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CONF, ROOT
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["+model.d_modle=512"], "model.d_modle: unknown option; did you mean d_model?"),
+    (["+model.attention.feture_map=cosine"], "model.attention.feture_map: unknown option; did you mean feature_map?"),
+    (["model=softmax_rope", "+model.attention.chunk_sise=8"], "model.attention.chunk_sise: unknown option; it takes none"),
+    (["+model.position.bse=500"], "model.position.bse: unknown option; did you mean base?"),
+    (["model=softmax_t5", "+model.position.num_bucket=8"], "model.position.num_bucket: unknown option; did you mean num_buckets?"),
+    (["+data.bach_size=8"], "data.bach_size: unknown option; did you mean batch_size?"),
+    (["data=mqar", "+data.num_kv_pair=4"], "data.num_kv_pair: unknown option; did you mean num_kv_pairs?"),
+    (["+optim.weight_decy=0.01"], "optim.weight_decy: unknown option; did you mean weight_decay?"),
+    (["+trainer.max_step=3"], "trainer.max_step: unknown option; did you mean max_steps?"),
+    (["+seeed=1"], "seeed: unknown option; did you mean seed?"),
+    (["+extrapolation.factor=[1,2]"], "extrapolation.factor: unknown option; did you mean factors?"),
+])
+def test_a_typo_is_refused_naming_the_nearest_key(compose, overrides, message):
+    from linrope.config import ConfigError, validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(compose("size=tiny", *overrides))
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("section,message", [
+    ("model:\n  name: typo\n  d_modle: 512\n", "model.d_modle: unknown option; did you mean d_model?"),
+    ("model:\n  name: typo\n  attention:\n    feture_map: cosine\n",
+     "model.attention.feture_map: unknown option; did you mean feature_map?"),
+    ("model:\n  name: typo\n  position:\n    bse: 500\n", "model.position.bse: unknown option; did you mean base?"),
+])
+def test_a_typo_in_a_preset_file_is_refused(tmp_path, section, message):
+    """A preset written as README says (conf/model/<name>.yaml), with a typo: refused like the command line."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from linrope.config import ConfigError, validate
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "model" / "typo.yaml").write_text("# @package _global_\ndefaults:\n  - override /attention: linear\n"
+                                              "  - override /position: rope\n" + section)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=["model=typo", "size=tiny", f"paths.output_dir={tmp_path}"])
+    finally:
+        GlobalHydra.instance().clear()
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert str(e.value) == message
+
+
+def test_a_typo_on_the_command_line_stops_train_py_in_one_line(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "size=tiny", "logger=none",
+                        "+model.attention.feture_map=cosine", f"hydra.run.dir={run}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    lines = [l for l in r.stderr.strip().splitlines() if l.startswith("linrope:")]
+    assert lines == ["linrope: model.attention.feture_map: unknown option; did you mean feature_map?"], r.stderr[-2000:]
+    assert not run.exists()  # nothing built, no run folder left
+
+
+def test_the_model_and_its_layers_take_only_their_options():
+    """Built directly (a checkpoint's config, a test, a notebook), a model refuses what its components do not
+    take; the attention layers have no catch-all keyword arguments."""
+    from linrope.attention import LinearAttention, SoftmaxAttention
+    from linrope.errors import ConfigError
+    from linrope.model import TransformerLM
+    from linrope.positions import build_position
+
+    small = dict(vocab_size=16, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=8)
+    with pytest.raises(ConfigError, match=r"^model.d_modle: unknown option; did you mean d_model\?$"):
+        TransformerLM({**small, "d_modle": 16})
+    with pytest.raises(ConfigError, match=r"^model.attention.eps_: unknown option; did you mean eps\?$"):
+        TransformerLM({**small, "attention": {"kind": "linear", "eps_": 1e-3}})
+    assert TransformerLM({**small, "attention": {"kind": "linear", "feature_map": "cosine"}}).blocks[0].attn.feature_map \
+        == "cosine"
+    position = build_position("none", where="attention", d_model=8, n_heads=2, head_dim=4, max_len=8)
+    for cls in (LinearAttention, SoftmaxAttention):
+        with pytest.raises(TypeError):
+            cls(8, 2, position, feture_map="cosine")
+    assert set(LinearAttention.options()) == {"feature_map", "placement", "impl", "chunk_size", "eps"}
+    assert SoftmaxAttention.options() == {}
+
+
+def test_a_checkpoint_whose_model_config_has_a_typo_is_refused_in_one_line(tmp_path):
+    import torch
+
+    from linrope.errors import CheckpointError
+    from linrope.lit import LanguageModel
+
+    ckpt = torch.load(ROOT / "tests" / "data" / "main_linear_rope.ckpt", weights_only=True)
+    ckpt["hyper_parameters"]["model"]["attention"]["feture_map"] = "cosine"
+    del ckpt["linrope_identity"]
+    with pytest.raises(CheckpointError, match=r"its model config is not one linrope builds: "
+                                              r"model.attention.feture_map: unknown option; did you mean feature_map\?$"):
+        LanguageModel.from_checkpoint(tmp_path / "x.ckpt", checkpoint=ckpt)
+
+
+def test_checking_a_model_draws_no_random_numbers():
+    """The model checks its scheme's options by building it (``check_options``), which initialises parameters;
+    the check must leave the random state as it found it, so a model starts from the same weights as before
+    the check existed (float32 numerics of every preset unchanged)."""
+    import torch
+
+    from linrope.positions import check_options
+    from linrope.spec import ModelConfig
+
+    dims = dict(d_model=16, n_heads=2, head_dim=8, max_len=16, causal=True)
+    torch.manual_seed(0)
+    check_options("learned", **dims)
+    drawn = torch.rand(1)
+    torch.manual_seed(0)
+    assert not torch.equal(torch.rand(1), drawn)  # building the scheme alone draws numbers
+    for position in ({"name": "learned"}, {"name": "floater"}, {"name": "tupe"}):
+        torch.manual_seed(0)
+        ModelConfig.from_dict(dict(vocab_size=32, d_model=16, n_heads=2, d_ff=32, max_len=16, position=position)).check()
+        after = torch.rand(1)
+        torch.manual_seed(0)
+        assert torch.equal(torch.rand(1), after), position
