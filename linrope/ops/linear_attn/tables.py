@@ -50,6 +50,7 @@ class Chunks:
         self.C = C = max(1, min(int(chunk_size), n))
         self.nc = nc = -(-n // C)
         self.N = n
+        self.dtype = dtype  # of the tables, the scans and the states
         self.pad = nc * C - n
         self.decay = log_gamma is not None
         self.M = self.M_strict = self.qw = self.kw = self.g = self.gamma = None
