@@ -46,3 +46,49 @@ def test_bf16_mixed_trains_softmax_rope_beyond_one_chunk(compose):
 @pytest.mark.parametrize("preset", LINEAR_PRESETS)
 def test_bf16_mixed_trains_every_linear_preset_at_size_small(compose, preset):
     assert train_bf16(compose, f"model={preset}", "size=small", steps=2) < 9
+
+
+ALL_PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
+def tiny_model_config(preset: str, context: int) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"model={preset}", "size=tiny", "model.n_layers=1",
+                                                          f"context={context}"])
+    finally:
+        GlobalHydra.instance().clear()
+    return OmegaConf.to_container(cfg.model, resolve=True)
+
+
+@pytest.mark.parametrize("preset", ALL_PRESETS)
+def test_every_preset_under_bf16_autocast_matches_float32(preset):
+    """The whole model (attention, positions, RoPE) under CPU bf16 autocast, beyond one chunk: finite loss and
+    gradients, the loss within bf16 rounding of the float32 loss, parameters' gradients float32."""
+    from linrope.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(tiny_model_config(preset, 100))  # one whole chunk and a partial one
+    x = torch.randint(0, 256, (1, 101), generator=torch.Generator().manual_seed(1))
+
+    def loss_and_grads(autocast: bool):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(x[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = loss_and_grads(False)
+    loss, grads = loss_and_grads(True)
+    assert math.isfinite(loss) and abs(loss - ref_loss) < 2e-2 * abs(ref_loss), (loss, ref_loss)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
+    flat, ref_flat = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (grads, ref_grads))
+    assert ((flat - ref_flat).norm() / ref_flat.norm()).item() < 0.1, preset
