@@ -92,3 +92,28 @@ def test_every_preset_under_bf16_autocast_matches_float32(preset):
         assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
     flat, ref_flat = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (grads, ref_grads))
     assert ((flat - ref_flat).norm() / ref_flat.norm()).item() < 0.1, preset
+
+
+def test_compiled_linear_model_under_bf16_autocast_matches_eager():
+    """torch.compile (Dynamo + AOTAutograd, fullgraph) sees the operators' fake implementations under autocast:
+    the compiled model gives eager's loss and gradients, beyond one chunk."""
+    import copy
+
+    from linrope.model import TransformerLM
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = TransformerLM(tiny_model_config("linear_rope", 160))
+    compiled = copy.deepcopy(eager)
+    compiled.compile(backend="aot_eager", fullgraph=True)
+    x = torch.randint(0, 256, (2, 161), generator=torch.Generator().manual_seed(1))
+    results = []
+    for model in (eager, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).float().flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    assert torch.isfinite(results[0][0])
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    for g_c, g_e in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(g_c, g_e, rtol=1e-4, atol=1e-6)
