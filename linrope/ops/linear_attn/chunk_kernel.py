@@ -33,8 +33,11 @@ the denominator (B, H, N) and the states at block boundaries ((N/block)·D'·d_v
 products and chunk states are recomputed block by block, so nothing of size N·d² (nor N·C) is kept.  The
 output in the input precision enters ∂L/∂den (as FlashAttention's backward uses O).
 
-Precision: features, products and states are float32 for float16/bfloat16 inputs (float64 for float64);
-the output comes back in v's dtype, the final state in float32/float64.
+Precision: features, scans, states and the denominators are float32 for float16/bfloat16 inputs (float64
+for float64).  The large products (QKᵀ, PV, KᵀV, Q·S_in and their backward twins) run in ``matmul_dtype``:
+bfloat16 operands with float32 accumulation for bfloat16 inputs (except placement "both"), the compute
+dtype otherwise (docs/design.md, "Precision").  The output comes back in v's dtype, the final state in
+float32/float64.
 """
 from __future__ import annotations
 
