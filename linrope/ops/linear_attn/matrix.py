@@ -32,12 +32,11 @@ def bmm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 def _weighted(x: torch.Tensor, w):
-    """x ⊙ w (a decay table, broadcast) in x's dtype: the table stays float32 and the product is rounded once."""
+    """x ⊙ w (a decay table, broadcast) in x's dtype.  For bfloat16 x the (small) table is cast to bfloat16
+    first: a product of two bfloat16 tensors is about 3× faster on CPU than one of mixed dtypes."""
     if w is None:
         return x
-    if x.dtype == w.dtype:
-        return x * w
-    return torch.mul(x, w, out=torch.empty(torch.broadcast_shapes(x.shape, w.shape), dtype=x.dtype, device=x.device))
+    return x * (w if x.dtype == w.dtype else w.to(x.dtype))
 
 
 def _state(x: torch.Tensor, ch: Chunks) -> torch.Tensor:
