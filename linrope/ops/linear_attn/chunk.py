@@ -22,7 +22,7 @@ from linrope.rope import compute_dtype
 
 from .common import (LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log, feature_width,
                      shared_features, zero_state)
-from .chunk_kernel import Cfg, chunk_backward, chunk_forward, matmul_dtype
+from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .tables import plan_blocks
 
 _NONE = (0,)  # the shape of a placeholder
@@ -45,8 +45,7 @@ def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool,
     B, H, N, d = q.shape
     dv, D = v.shape[-1], feature_width(feature_map, q.shape[-1])
     shared = shared_features(rope)
-    low = matmul_dtype(q.dtype, rope) != compute_dtype(q.dtype)  # as chunk_kernel plans them
-    nb = len(plan_blocks(B, H, N, max(d, dv), chunk_size, causal, q.device, low)) - 1
+    nb = len(plan_blocks(B, H, N, max(d, dv), chunk_size, causal, q.device)) - 1
     state = ((B, H, D, dv), (B, H, D)) if causal else (_NONE, _NONE)
     saved_S = (nb, B, H, D, dv + 1 if shared else dv) if nb else _NONE
     saved_z = (nb, B, H, D) if (nb and not shared) else _NONE

@@ -104,7 +104,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
     out = alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
     denom = alloc((B, H, N), dtype=dtype, device=q.device)
     starts_S, starts_z = [], []  # states entering blocks 1, 2, … (saved for backward)
-    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device, mm != dtype)
+    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     for b, (s, e) in enumerate(blocks):
         if b > 0:
             starts_S.append(S)
@@ -146,7 +146,7 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
     dv = v.shape[-1]
     E = dv + 1 if shared else dv
     need_q, need_k, need_v = needs[:3]
-    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device, mm != dtype)
+    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
     S_first = None if S0 is None else S0.to(dtype)

@@ -28,22 +28,14 @@ from .buffers import alloc
 # then stays in cache; the peak memory beyond inputs, output and gradients does not grow with N.
 # Non-causal attention needs global sums and runs as a single block.
 BLOCK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
-# With bfloat16 products a block of 2^18 elements makes batched matmuls too small to keep two threads busy
-# (a bfloat16 (64, 64, 64) bmm of batch 64 is 2.6× faster than float32 on 2 threads, 3.8× on one); blocks of
-# 2^20 measured 1.1–1.4× faster than 2^18 for bfloat16 fwd+bwd at 16k on 2 threads (docs/benchmarks.md).
-LOW_PRECISION_BLOCK_FACTOR = 4
 
 
-def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, device: torch.device,
-                low_precision: bool = False):
-    """[(start, end), …]: the blocks of whole chunks a sequence of length n is walked in.  ``low_precision``
-    (the chunk kernel's bfloat16 products): blocks of LOW_PRECISION_BLOCK_FACTOR× the elements."""
+def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, device: torch.device):
+    """[(start, end), …]: the blocks of whole chunks a sequence of length n is walked in."""
     if not causal:
         return [(0, n)]
     C = max(1, min(chunk_size, n))
     target = BLOCK_ELEMENTS.get(device.type, BLOCK_ELEMENTS["cuda"])
-    if low_precision:
-        target *= LOW_PRECISION_BLOCK_FACTOR
     step = C * max(1, target // (B * H * max(d, 1) * C))
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
@@ -126,4 +118,4 @@ class Tables:
         return self.cache[n]
 
 
-__all__ = ["BLOCK_ELEMENTS", "LOW_PRECISION_BLOCK_FACTOR", "plan_blocks", "Chunks", "Tables"]
+__all__ = ["BLOCK_ELEMENTS", "plan_blocks", "Chunks", "Tables"]
