@@ -34,6 +34,16 @@ Generation (``--generation``, or ``--generation-only``): time per token of recur
 TransformerLM's forward with states, one token at a time, each continuing from the real state of a prefix
 of that length.  The RoPE angle is formed from the position itself, so the cost should not depend on it.
 
+bfloat16 (``--bf16``): the chunk form's forward and forward+backward at ``--lengths`` (default 16 384) with
+float32 inputs and with the same inputs in bfloat16, the two alternating for ``--rounds`` rounds (so that
+the load of a shared machine hits both alike), each a median over its rounds; prints float32 time /
+bfloat16 time (issue 24's target: ≥ 1.6× for forward+backward at N = 16 384) and, for scale, the same
+ratio of a 2048³ ``torch.mm``.  It then prints what the bfloat16 products cost in accuracy: the relative
+error (in norm) of the output, the final state and the gradients against the float64 naive form on the same
+bfloat16 inputs (N = 2048, H = 2), with the bfloat16 products and with float32 products (the rule before
+issue 24, ``chunk_kernel.matmul_dtype`` swapped for the run), beside the floor (the float64 output rounded
+to bfloat16).
+
 At the end the run prints issue #7's ratios that it measured (SDPA/chunk at 16k, fla/chunk(rope=none) at
 64k, time(64k)/time(8k), % of matmul peak at 64k).
 
@@ -42,6 +52,7 @@ Usage:  python benchmarks/linear_attention.py --quick
         python benchmarks/linear_attention.py --lengths 8192 16384 65536 --forms chunk sdpa --budget-s 60 --no-memory
         python benchmarks/linear_attention.py --lengths 65536 --forms chunk_none fla --no-memory
         python benchmarks/linear_attention.py --generation-only
+        python benchmarks/linear_attention.py --bf16 --rounds 9
 """
 from __future__ import annotations
 
@@ -71,9 +82,9 @@ QUICK_LENGTHS = [1024, 2048, 4096]
 # ------------------------------------------------------------------------------------------------------
 # the forms being timed
 # ------------------------------------------------------------------------------------------------------
-def make_inputs(n: int, requires_grad: bool, seed: int = 0):
+def make_inputs(n: int, requires_grad: bool, seed: int = 0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, n, D, generator=g).requires_grad_(requires_grad) for _ in range(3)]
+    return [torch.randn(B, H, n, D, generator=g).to(dtype).requires_grad_(requires_grad) for _ in range(3)]
 
 
 def plain_chunk_linear_attention(q, k, v, *, rope: str = "numerator", chunk_size: int = 64, eps: float = 1e-6):
@@ -321,6 +332,85 @@ def print_generation(args) -> None:
     print()
 
 
+def print_bf16_ratio(args) -> None:
+    """float32 / bfloat16 time of the chunk form (fwd, fwd+bwd) and of a 2048³ matmul, rounds alternating."""
+    C = args.chunk_size
+    fn = forms(C, ["chunk"])["chunk"]
+    lengths = args.lengths or [16384]
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    print(f"# chunk form, float32 vs bfloat16 inputs: B={B} H={H} d={D} causal, elu+1, RoPE numerator, C={C}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.rounds} alternating rounds")
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    mm = {name: [] for name in dtypes}
+    for _ in range(args.rounds):
+        for name, dt in dtypes.items():
+            x, y = a.to(dt), b.to(dt)
+            x @ y
+            t0 = time.perf_counter()
+            x @ y
+            mm[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(v) for name, v in mm.items()}
+    print(f"2048³ torch.mm: float32 {2 * 2048**3 / med['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
+          f"{2 * 2048**3 / med['bfloat16'] / 1e9:.0f} GFLOP/s: {med['float32'] / med['bfloat16']:.2f}×")
+    print()
+    print("| N | float32 fwd ms | bfloat16 fwd ms | fwd ratio | float32 f+b ms | bfloat16 f+b ms | f+b ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for n in lengths:
+        times = {(name, bwd): [] for name in dtypes for bwd in (False, True)}
+        inputs = {(name, bwd): make_inputs(n, bwd, dtype=dt) for name, dt in dtypes.items() for bwd in (False, True)}
+        for key, (q, k, v) in inputs.items():
+            for _ in range(args.warmup):
+                run_once(fn, q, k, v, key[1])
+        for _ in range(args.rounds):
+            for key, (q, k, v) in inputs.items():
+                t0 = time.perf_counter()
+                run_once(fn, q, k, v, key[1])
+                times[key].append(time.perf_counter() - t0)
+        m = {key: statistics.median(v) * 1e3 for key, v in times.items()}
+        f32f, bff, f32b, bfb = m["float32", False], m["bfloat16", False], m["float32", True], m["bfloat16", True]
+        print(f"| {n} | {f32f:.1f} | {bff:.1f} | {f32f / bff:.2f}× | {f32b:.1f} | {bfb:.1f} | {f32b / bfb:.2f}× |",
+              flush=True)
+
+
+def print_bf16_errors(n: int = 2048, heads: int = 2) -> None:
+    """Relative errors of the chunk form on bfloat16 inputs against float64 naive (docs/design.md, "Precision")."""
+    import linrope.ops.linear_attn.chunk_kernel as CK
+    from linrope.rope import compute_dtype
+
+    def rel(a, b):
+        return ((a.double() - b).norm() / b.norm()).item()
+
+    rules = {"bfloat16 products": CK.matmul_dtype, "float32 products": lambda dtype, rope: compute_dtype(dtype)}
+    print()
+    print(f"errors against float64 naive on the same bfloat16 inputs (N={n}, H={heads}, d={D}; relative, in norm)")
+    print()
+    print("| feature map, placement, decay | products | output (floor) | final S | dq | dk | dv |")
+    print("|---|---|---|---|---|---|---|")
+    cases = [("elu", "numerator", None), ("elu", "numerator", torch.tensor([0.999, 0.99])),
+             ("cosine", "numerator", None), ("elu", "none", None)]
+    try:
+        for fm, rope, decay in cases:
+            g = torch.Generator().manual_seed(1)
+            q, k, v = (torch.randn(1, heads, n, D, generator=g).bfloat16() for _ in range(3))
+            w = torch.randn(1, heads, n, D, generator=g, dtype=torch.float64)
+            kw = dict(feature_map=fm, rope=rope, decay=decay)
+            ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+            ref, ref_state = linear_attention(*ref_leaves, impl="naive", output_final_state=True, **kw)
+            (ref * w).sum().backward()
+            floor = rel(ref.detach().bfloat16(), ref.detach())
+            for label, rule in rules.items():
+                CK.matmul_dtype = rule
+                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                out, state = linear_attention(*leaves, impl="chunk", output_final_state=True, **kw)
+                (out.double() * w).sum().backward()
+                errs = [rel(out.detach(), ref.detach()), rel(state.S, ref_state.S.detach())]
+                errs += [rel(x.grad, r.grad) for x, r in zip(leaves, ref_leaves)]
+                print(f"| {fm}, {rope}, {'decay' if decay is not None else 'no decay'} | {label} | {errs[0]:.1e} "
+                      f"({floor:.1e}) | " + " | ".join(f"{e:.1e}" for e in errs[1:]) + " |", flush=True)
+    finally:
+        CK.matmul_dtype = rules["bfloat16 products"]
+
+
 def print_targets(rows, peak: float) -> None:
     """Issue #7's ratios, where this run measured what they need: chunk (after) and plain (before)."""
     by_n = {r["n"]: r for r in rows}
@@ -404,6 +494,9 @@ def main(argv=None) -> None:
     p.add_argument("--generation", action="store_true",
                    help="also time recurrent generation per token at --gen-positions (issue #7, target 5)")
     p.add_argument("--generation-only", action="store_true", help="only the generation timing")
+    p.add_argument("--bf16", action="store_true",
+                   help="only the chunk form's float32 / bfloat16-input time ratio (issue 24), rounds alternating")
+    p.add_argument("--rounds", type=int, default=9, help="alternating rounds of --bf16; medians reported")
     p.add_argument("--gen-positions", type=int, nargs="+", default=[1024, 65536],
                    help="positions at which generation is timed (the ratio is last / first)")
     p.add_argument("--gen-tokens", type=int, default=200, help="consecutive tokens timed per position and round")
@@ -424,6 +517,10 @@ def main(argv=None) -> None:
     C = args.chunk_size
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.bf16:
+        print_bf16_ratio(args)
+        print_bf16_errors()
+        return
     if args.generation_only:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
         print_generation(args)

@@ -19,6 +19,13 @@ Tokens/s = batch · context / median step time; the ratio is linear_rope tokens/
 at the same context.  ``--d-model``, ``--layers``, ``--heads``, ``--d-ff`` and ``--chunk-size`` override the
 composed sizes (``model.d_model=…`` and so on); more Hydra overrides go after ``--override``.
 
+With ``--precision 32-true bf16-mixed`` each model is timed at each precision in the same process, the steps
+of all of them alternating.  ``bf16-mixed`` is what Lightning's ``trainer.precision=bf16-mixed`` does on CPU:
+the forward and the loss run under ``torch.autocast("cpu", dtype=torch.bfloat16)``, the backward and the
+optimizer step outside it, weights and optimizer state float32.  The table then adds each model's
+bf16-mixed/32-true tokens/s (issue 24's target: ≥ 1.5× for linear_rope at the default size and context,
+with softmax_rope's ratio beside it).
+
 With ``--compile`` each model is timed twice in the same process, eager and under ``torch.compile``
 (``compile=true``: the module compiles its model in ``configure_model``, Inductor): the table then adds
 compiled/eager tokens/s per model, compiled linear_rope over compiled softmax_rope, and the compile time
@@ -28,10 +35,12 @@ Usage:  python benchmarks/train_throughput.py                       # context 81
         python benchmarks/train_throughput.py --context 1024 4096 8192 --steps 5
         python benchmarks/train_throughput.py --compile --context 256 --batch 8 --models linear_rope
         python benchmarks/train_throughput.py --context 1024 --override size=tiny optim.weight_decay=0
+        python benchmarks/train_throughput.py --context 256 --batch 16 --precision 32-true bf16-mixed --steps 9
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -49,6 +58,7 @@ from linrope.training import build_module  # noqa: E402
 
 CONF = ROOT / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+AUTOCAST = {"32-true": None, "bf16-mixed": torch.bfloat16}  # what Lightning's precision plugin does on CPU
 DEFAULT_MODELS = ["linear_rope", "softmax_rope"]
 
 
@@ -66,8 +76,9 @@ def compose_config(name: str, args, context: int, compiled: bool) -> DictConfig:
 
 
 class Trainer:
-    def __init__(self, name: str, args, context: int, compiled: bool = False):
-        self.name = name + (" compiled" if compiled else "")
+    def __init__(self, name: str, args, context: int, compiled: bool = False, precision: str = "32-true"):
+        self.name = name + (" compiled" if compiled else "") + (f" {precision}" if len(args.precision) > 1 else "")
+        self.autocast = AUTOCAST[precision]
         cfg = compose_config(name, args, context, compiled)
         self.cfg = cfg
         torch.manual_seed(args.seed)
@@ -88,7 +99,8 @@ class Trainer:
         batch = (self.data[:, :-1], self.data[:, 1:])
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
-        loss = self.module.loss(batch)
+        with (torch.autocast("cpu", dtype=self.autocast) if self.autocast else contextlib.nullcontext()):
+            loss = self.module.loss(batch)
         loss.backward()
         if self.clip:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), float(self.clip))
@@ -103,7 +115,7 @@ class Trainer:
 def header(args, first: Trainer, retained: bool) -> None:
     m = first.cfg.model
     print(f"# training throughput: d_model={m.d_model} layers={m.n_layers} heads={m.n_heads} d_ff={m.d_ff} "
-          f"batch={args.batch}, float32, {type(first.opt).__name__} + clip {first.clip}")
+          f"batch={args.batch}, {' / '.join(args.precision)}, {type(first.opt).__name__} + clip {first.clip}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} warm-up steps per model, "
           f"median of {args.steps} timed steps (models alternating); malloc: "
           + ("freed memory kept for reuse" if retained else "as the system has it"))
@@ -127,6 +139,8 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="time every model eager and compiled (torch.compile)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--precision", nargs="+", default=["32-true"], choices=list(AUTOCAST),
+                   help="trainer.precision values to time, each model at each (bf16-mixed: autocast as Lightning)")
     p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
                    help="more Hydra overrides of conf/train.yaml for every model (size=tiny, optim.lr=1e-3, ...)")
     p.add_argument("--system-malloc", action="store_true",
@@ -139,7 +153,8 @@ def main(argv=None) -> None:
 
     rows = []
     for ctx in args.context:
-        trainers = [Trainer(name, args, ctx, c) for name in args.models for c in ((False, True) if args.compile else (False,))]
+        trainers = [Trainer(name, args, ctx, c, prec) for name in args.models
+                    for c in ((False, True) if args.compile else (False,)) for prec in args.precision]
         if not rows:
             header(args, trainers[0], retained)
         for tr in trainers:
@@ -160,7 +175,10 @@ def main(argv=None) -> None:
         del trainers
 
     print()
-    names = [n + c for n in args.models for c in (("", " compiled") if args.compile else ("",))]
+    suffixes = [f" {p_}" for p_ in args.precision] if len(args.precision) > 1 else [""]
+    names = [n + c + s_ for n in args.models for c in (("", " compiled") if args.compile else ("",)) for s_ in suffixes]
+    mixed = [n for n in args.models if len(args.precision) > 1 and not args.compile
+             and {"32-true", "bf16-mixed"} <= set(args.precision)]
     head = ["context"] + [f"{n} ms/step" for n in names] + [f"{n} tokens/s" for n in names]
     both = "linear_rope" in names and "softmax_rope" in names
     if both:
@@ -169,6 +187,7 @@ def main(argv=None) -> None:
             head.append("compiled linear/softmax tokens/s")
     if args.compile:
         head += [f"{n} compiled/eager tokens/s" for n in args.models] + [f"{n} compile s" for n in args.models]
+    head += [f"{n} bf16-mixed/32-true tokens/s" for n in mixed]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
@@ -181,6 +200,7 @@ def main(argv=None) -> None:
         if args.compile:
             cells += [f"{r[n] / r[n + ' compiled']:.2f}×" for n in args.models]
             cells += [f"{r[n + ' compiled first'] - r[n + ' compiled']:.0f}" for n in args.models]
+        cells += [f"{r[n + ' 32-true'] / r[n + ' bf16-mixed']:.2f}×" for n in mixed]
         print("| " + " | ".join(cells) + " |")
 
 

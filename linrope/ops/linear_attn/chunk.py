@@ -20,7 +20,7 @@ from torch import Tensor
 
 from linrope.rope import compute_dtype
 
-from .common import (LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
+from .common import (LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log, feature_width,
                      shared_features, zero_state)
 from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .tables import plan_blocks
@@ -59,7 +59,8 @@ def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optiona
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``."""
     log_gamma = decay_log(decay, check=True)
-    res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size))
+    with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
+        res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size))
     dtype = compute_dtype(q.dtype)
     return tuple(_or_empty(t, q, dtype) for t in res)
 
@@ -79,9 +80,10 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
               need_S0: bool, need_z0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
     log_gamma = decay_log(decay, check=False)
-    grads = chunk_backward(g_out, _or_none_opt(g_S), _or_none_opt(g_z), q, k, v, S0, z0, positions, theta, log_gamma,
-                           out, denom, _or_none(saved_S), _or_none(saved_z), Cfg(feature_map, rope, causal, eps, chunk_size),
-                           (need_q, need_k, need_v, need_S0, need_z0))
+    with autocast_off(q.device.type):
+        grads = chunk_backward(g_out, _or_none_opt(g_S), _or_none_opt(g_z), q, k, v, S0, z0, positions, theta,
+                               log_gamma, out, denom, _or_none(saved_S), _or_none(saved_z),
+                               Cfg(feature_map, rope, causal, eps, chunk_size), (need_q, need_k, need_v, need_S0, need_z0))
     dq, dk, dv, dS0, dz0 = (_or_empty(g, like) for g, like in zip(grads, (q, k, v, q, q)))
     return dq, dk, dv, dS0.clone(), dz0.clone()  # the state's gradients may be views of one buffer
 

@@ -33,8 +33,11 @@ the denominator (B, H, N) and the states at block boundaries ((N/block)·D'·d_v
 products and chunk states are recomputed block by block, so nothing of size N·d² (nor N·C) is kept.  The
 output in the input precision enters ∂L/∂den (as FlashAttention's backward uses O).
 
-Precision: features, products and states are float32 for float16/bfloat16 inputs (float64 for float64);
-the output comes back in v's dtype, the final state in float32/float64.
+Precision: features, scans, states and the denominators are float32 for float16/bfloat16 inputs (float64
+for float64).  The large products (QKᵀ, PV, KᵀV, Q·S_in and their backward twins) run in ``matmul_dtype``:
+bfloat16 operands with float32 accumulation for bfloat16 inputs (except placement "both"), the compute
+dtype otherwise (docs/design.md, "Precision").  The output comes back in v's dtype, the final state in
+float32/float64.
 """
 from __future__ import annotations
 
@@ -50,6 +53,22 @@ from .features import features_backward_, rotors_for, split_features
 from .matrix import matrix_bwd, matrix_fwd
 from .scans import dcumsum, dcumsum_reverse, dsum_symmetric
 from .tables import Chunks, Tables, plan_blocks
+
+
+def matmul_dtype(dtype: torch.dtype, rope: str) -> torch.dtype:
+    """The dtype of the chunk kernel's large products for inputs of ``dtype`` and a placement: bfloat16 for
+    bfloat16 inputs (float32 accumulation inside each matmul), otherwise the compute dtype.
+
+    Two exceptions stay float32.  float16 inputs: the state entering a chunk grows with the number of keys
+    and leaves float16's range (65504) within a few thousand positions, and it is an operand of Q·S_in.
+    Placement "both": its denominator is a sum of terms of either sign, folded into the products, and when
+    it cancels a bfloat16 rounding of its terms is amplified without bound (measured: 0.11 relative error
+    of the output against 1.7e-3 with float32 products; docs/design.md, "Precision")."""
+    return torch.bfloat16 if (dtype == torch.bfloat16 and rope != "both") else compute_dtype(dtype)
+
+
+def _lowp(x: torch.Tensor, mm: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == mm else x.to(mm)
 
 
 class Cfg(NamedTuple):
@@ -72,7 +91,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
 
     ``denom`` is the guarded den + eps (B, H, N); the final state is None when not causal, a saved state None
     when there is a single block."""
-    dtype = compute_dtype(q.dtype)
+    dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     shared = shared_features(cfg.rope)  # fold the denominator in as a column of ones
@@ -93,7 +112,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
         ch = tables(e - s)
         _, _, qn, kn, qd, kd = split_features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map, rope=cfg.rope,
                                               rot=None if rot is None else rot[s:e], dtype=dtype)
-        num, S = matrix_fwd(qn, kn, _values(v[:, :, s:e], shared, ch, dtype), ch, cfg.causal, S)
+        num, S = matrix_fwd(_lowp(qn, mm), _lowp(kn, mm), _values(v[:, :, s:e], shared, ch, mm), ch, cfg.causal, S)
         if shared:
             den, num = num[..., dv], num[..., :dv]
         else:
@@ -122,7 +141,7 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
                    cfg: Cfg, needs):
     """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient."""
     shared = shared_features(cfg.rope)
-    dtype = compute_dtype(q.dtype)
+    dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     E = dv + 1 if shared else dv
@@ -161,20 +180,27 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
         qf, kf, qn, kn, qd, kd = split_features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map,
                                            rope=cfg.rope, rot=rot_b, dtype=dtype)  # recomputed
         # ∂L/∂num = g / D and ∂L/∂den = -(g·o) / D, written into a zero-padded (B,H,nc·C,E) buffer
-        do = alloc((B, H, ch.nc * ch.C, E), dtype=dtype, device=q.device)
+        do = alloc((B, H, ch.nc * ch.C, E), dtype=mm, device=q.device)
         do[:, :, n:].zero_()
         if g_out is None:
             do[:, :, :n].zero_()
             dden = torch.zeros(B, H, n, dtype=dtype, device=q.device)
-        else:
+        elif mm == dtype:
             torch.div(g_out[:, :, s:e], denom[:, :, s:e].unsqueeze(-1), out=do[:, :, :n, :dv])
             dden = torch.linalg.vecdot(do[:, :, :n, :dv], out[:, :, s:e].to(dtype)).neg_()
-            if cfg.rope == "both":  # a clamped denominator is a constant
-                dden.mul_(unclamped(denom[:, :, s:e]))
+        else:  # ∂L/∂den from the float32 quotient; the products' operand rounded once
+            g_num = torch.div(g_out[:, :, s:e].to(dtype), denom[:, :, s:e].unsqueeze(-1))
+            do[:, :, :n, :dv].copy_(g_num)
+            dden = torch.linalg.vecdot(g_num, out[:, :, s:e].to(dtype)).neg_()
+            del g_num
+        if g_out is not None and cfg.rope == "both":  # a clamped denominator is a constant
+            dden.mul_(unclamped(denom[:, :, s:e]))
         if shared:
             do[:, :, :n, dv].copy_(dden)
-        dqn, dkn, dvv, dS = matrix_bwd(qn, kn, _values(v[:, :, s:e], shared, ch, dtype), do, ch, cfg.causal,
-                                        S_start, dS)
+        dqn, dkn, dvv, dS = matrix_bwd(_lowp(qn, mm), _lowp(kn, mm), _values(v[:, :, s:e], shared, ch, mm), do, ch,
+                                        cfg.causal, S_start, dS)
+        if mm != dtype:  # the features' backward (rotation, φ') runs in the compute dtype
+            dqn, dkn = dqn.to(dtype), dkn.to(dtype)
         del do
         dqd = dkd = None
         if not shared:  # the denominator den_i = qd_i · zc_i

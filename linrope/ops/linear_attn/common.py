@@ -1,6 +1,8 @@
 """Pieces shared by every form of linear attention: argument checks, feature maps, RoPE features."""
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -22,6 +24,31 @@ class LinearAttentionState(NamedTuple):
 
     S: torch.Tensor
     z: torch.Tensor
+
+
+# Autocast does not reach inside linear attention.  Every form computes by the rule of its inputs' dtypes
+# (docs/design.md, "Precision"): under ``torch.autocast`` the tensors the model hands in (bf16 from an autocast
+# Linear) decide, and no matmul inside is re-cast behind the kernel's back (that re-cast used to meet float32
+# states with bfloat16 operands in the chunk kernel).  The registered operators run their implementation
+# inside ``autocast_off``; the naive and recurrent forms are wrapped whole by ``without_autocast``, so that
+# their autograd graphs are recorded, and differentiated, in the dtypes they chose.
+def autocast_off(device_type: str):
+    """A context with autocast disabled for ``device_type`` (a no-op where it is not enabled)."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know (meta, …)
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False) if enabled else contextlib.nullcontext()
+
+
+def without_autocast(fn):
+    """Decorate a form ``fn(q, k, v, …)`` to run with autocast disabled for q's device."""
+    @functools.wraps(fn)
+    def wrapper(q, *args, **kwargs):
+        with autocast_off(q.device.type):
+            return fn(q, *args, **kwargs)
+
+    return wrapper
 
 
 def check_args(q, k, v, feature_map: str, rope: str, impl: str | None = None, chunk_size: int | None = None):

@@ -31,41 +31,58 @@ def bmm_acc_(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     out.view(-1, *out.shape[-2:]).baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
 
 
+def _weighted(x: torch.Tensor, w):
+    """x ⊙ w (a decay table, broadcast) in x's dtype.  For bfloat16 x the (small) table is cast to bfloat16
+    first: a product of two bfloat16 tensors is about 3× faster on CPU than one of mixed dtypes."""
+    if w is None:
+        return x
+    return x * (w if x.dtype == w.dtype else w.to(x.dtype))
+
+
+def _state(x: torch.Tensor, ch: Chunks) -> torch.Tensor:
+    """A chunk summary in the states' dtype (float32 when the products ran in bfloat16; else x itself)."""
+    return x if x.dtype == ch.dtype else x.to(ch.dtype)
+
+
 def fwd_core(q, k, v, ch: Chunks, S0, strict: bool):
-    """q, k: (B,H,nc,C,D), v: (B,H,nc,C,E) -> (o (B,H,nc,C,E), S_final (B,H,D,E))."""
+    """q, k: (B,H,nc,C,D), v: (B,H,nc,C,E) -> (o (B,H,nc,C,E), S_final (B,H,D,E)).
+
+    The products run in q's dtype (bfloat16 on the fast path: ``chunk_kernel``, "Precision"); the chunk
+    summaries U, the scan and the states are in ``ch.dtype`` (float32 there)."""
     P = ch.mask_(q @ k.transpose(-1, -2), strict)
     o = P @ v
     del P
-    kk = k if ch.kw is None else k * ch.kw
-    U = kk.transpose(-1, -2) @ v
+    kk = _weighted(k, ch.kw)
+    U = _state(kk.transpose(-1, -2) @ v, ch)
     S_in, S_fin = scan_states(U, ch, S0)
     if ch.nc > 1 or S0 is not None:
-        qq = q if ch.qw is None else q * ch.qw
-        bmm_acc_(o, qq, S_in)
+        qq = _weighted(q, ch.qw)
+        bmm_acc_(o, qq, S_in.to(q.dtype))
     return o, S_fin
 
 
 def bwd_core(q, k, v, do, ch: Chunks, S0, dS_fin, strict: bool):
     """Gradients of ``fwd_core`` given do (B,H,nc,C,E) and ∂L/∂S_final -> (dq, dk, dv, dS0)."""
-    kk = k if ch.kw is None else k * ch.kw
-    S_in, _ = scan_states(kk.transpose(-1, -2) @ v, ch, S0)  # recomputed forward states
-    dq_ = do if ch.qw is None else do * ch.qw
-    qq = q if ch.qw is None else q * ch.qw
-    R_in, dS0 = scan_states_reverse(qq.transpose(-1, -2) @ do, ch, dS_fin)
+    kk = _weighted(k, ch.kw)
+    S_in, _ = scan_states(_state(kk.transpose(-1, -2) @ v, ch), ch, S0)  # recomputed forward states
+    dq_ = _weighted(do, ch.qw)
+    qq = _weighted(q, ch.qw)
+    R_in, dS0 = scan_states_reverse(_state(qq.transpose(-1, -2) @ do, ch), ch, dS_fin)
     del qq
     A = ch.mask_(do @ v.transpose(-1, -2), strict)
     dq = A @ k
-    bmm_acc_(dq, dq_, S_in.transpose(-1, -2))
+    bmm_acc_(dq, dq_, S_in.transpose(-1, -2).to(q.dtype))
     del S_in, dq_
     dk = A.transpose(-1, -2) @ q
     del A
-    vv = v if ch.kw is None else v * ch.kw
-    bmm_acc_(dk, vv, R_in.transpose(-1, -2))
+    vv = _weighted(v, ch.kw)
+    R_lp = R_in.to(q.dtype)
+    bmm_acc_(dk, vv, R_lp.transpose(-1, -2))
     del vv
     P = ch.mask_(q @ k.transpose(-1, -2), strict)
     dv = P.transpose(-1, -2) @ do
     del P
-    bmm_acc_(dv, kk, R_in)
+    bmm_acc_(dv, kk, R_lp)
     return dq, dk, dv, dS0
 
 

@@ -14,7 +14,7 @@ import torch
 
 from linrope.rope import compute_dtype
 
-from .common import LinearAttentionState, check_decay, check_state, decay_log, guard_denominator
+from .common import LinearAttentionState, check_decay, check_state, decay_log, guard_denominator, without_autocast
 from .features import reference_features
 
 
@@ -25,6 +25,7 @@ def decay_matrix(log_gamma: torch.Tensor, n: int, causal: bool, device) -> torch
     return torch.exp(log_gamma[:, None, None] * dist)
 
 
+@without_autocast
 def naive_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -19,8 +19,9 @@ from torch import Tensor
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import (LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
-                     guard_denominator, shared_features, unclamped, zero_state)
+from .common import (LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log, feature_width,
+                     guard_denominator, shared_features, unclamped, without_autocast,
+                     zero_state)
 from .features import features_backward_, reference_features, rotors_for, split_features
 
 
@@ -56,7 +57,8 @@ def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, ep
 @torch.library.custom_op("linrope::recurrent_step", mutates_args=())
 def recurrent_step_op(q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor, position: Tensor, theta: Optional[Tensor],
                       decay: Optional[Tensor], feature_map: str, rope: str, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    return _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps)  # S, z: new tensors (S + …, z + …)
+    with autocast_off(q.device.type):  # autocast does not reach inside (common.autocast_off)
+        return _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps)  # S, z: new (S + …, z + …)
 
 
 @recurrent_step_op.register_fake
@@ -70,6 +72,11 @@ def recurrent_step_bwd(g_o: Tensor, g_S: Tensor, g_z: Tensor, q: Tensor, k: Tens
                        position: Tensor, theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str, rope: str,
                        eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dS, dz) of one step, by hand (as the chunk form's backward: no autograd graph inside)."""
+    with autocast_off(q.device.type):
+        return _step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps)
+
+
+def _step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
     dtype = compute_dtype(q.dtype)
     q4, k4 = q.unsqueeze(2), k.unsqueeze(2)
     rot = rotors_for(q4, rope, position.reshape(1), theta, dtype)
@@ -160,6 +167,7 @@ def recurrent_step(
     return o, LinearAttentionState(S, z)
 
 
+@without_autocast
 def recurrent_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,

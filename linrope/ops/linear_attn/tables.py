@@ -50,6 +50,7 @@ class Chunks:
         self.C = C = max(1, min(int(chunk_size), n))
         self.nc = nc = -(-n // C)
         self.N = n
+        self.dtype = dtype  # of the tables, the scans and the states
         self.pad = nc * C - n
         self.decay = log_gamma is not None
         self.M = self.M_strict = self.qw = self.kw = self.g = self.gamma = None
@@ -97,7 +98,8 @@ class Chunks:
     def mask_(self, P: torch.Tensor, strict: bool) -> torch.Tensor:
         """In place: P ⊙ M (causal mask with decay) on the last two dims of (B,H,nc,C,C)."""
         if self.decay:
-            return P.mul_(self.M_strict if strict else self.M)
+            M = self.M_strict if strict else self.M
+            return P.mul_(M if M.dtype == P.dtype else M.to(P.dtype))
         return P.tril_(-1 if strict else 0)
 
     def g_at(self, c: int, ndim_rest: int) -> torch.Tensor:
