@@ -14,10 +14,10 @@ from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import matrix as matrix_mod
 from linrope.ops.linear_attn import tables as tables_mod
 from linrope.ops.linear_attn.buffers import alloc
-from linrope.ops.linear_attn.chunk import chunk_linear_attention
+from linrope.ops import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
-from linrope.ops.linear_attn.naive import naive_linear_attention
-from linrope.ops.linear_attn.recurrent import recurrent_linear_attention, recurrent_step
+from linrope.ops import naive_linear_attention
+from linrope.ops import recurrent_linear_attention, recurrent_step
 
 FEATURE_MAPS = ("elu", "cosine")
 PLACEMENTS = ("numerator", "both", "none")

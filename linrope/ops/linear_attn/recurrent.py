@@ -19,19 +19,18 @@ from torch import Tensor
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import (LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log, feature_width,
-                     guard_denominator, shared_features, unclamped, without_autocast,
-                     zero_state)
-from .features import features_backward_, reference_features, rotors_for, split_features
+from .common import (Args, LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log,
+                     guard_denominator, shared_features, unclamped, without_autocast, zero_state)
+from .features import feature_width, features_backward_, reference_features, rotors_for, split_features
 
 
 # --------------------------------------------------------------------------------------------------------
 # one step as a registered operator (``linrope::recurrent_step``): opaque to torch.compile, with a fake
 # implementation from shapes alone and a backward that is itself an operator (autograd of ``_step`` inside)
 # --------------------------------------------------------------------------------------------------------
-def _gamma(decay: Optional[Tensor], dtype, *, check: bool) -> Optional[Tensor]:
+def _gamma(decay: Optional[Tensor], dtype) -> Optional[Tensor]:
     """γ_h (H,) in the compute dtype, formed from its float64 log as every form forms it; None without decay."""
-    log_gamma = decay_log(decay, check=check)
+    log_gamma = decay_log(decay)
     return None if log_gamma is None else torch.exp(log_gamma).to(dtype)
 
 
@@ -48,7 +47,7 @@ def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, ep
     qn, kn, qd, kd = (f[:, :, 0] for f in reference_features(q.unsqueeze(2), k.unsqueeze(2), feature_map=feature_map,
                                                               rope=rope, positions=position.reshape(1), theta=theta,
                                                               dtype=dtype))
-    S, z = _advance(S.to(dtype), z.to(dtype), kn, kd, v.to(dtype), _gamma(decay, dtype, check=True))
+    S, z = _advance(S.to(dtype), z.to(dtype), kn, kd, v.to(dtype), _gamma(decay, dtype))
     num = (qn.unsqueeze(-2) @ S).squeeze(-2)
     den = (qd * z).sum(-1)
     return (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype), S, z
@@ -82,7 +81,7 @@ def _step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map,
     rot = rotors_for(q4, rope, position.reshape(1), theta, dtype)
     qf, kf, qn, kn, qd, kd = (f[:, :, 0] for f in split_features(q4, k4, feature_map=feature_map, rope=rope, rot=rot,
                                                                  dtype=dtype))
-    gamma, vv = _gamma(decay, dtype, check=False), v.to(dtype)
+    gamma, vv = _gamma(decay, dtype), v.to(dtype)
     S1, z1 = _advance(S.to(dtype), z.to(dtype), kn, kd, vv, gamma)
     den = guard_denominator((qd * z1).sum(-1) + eps, rope)
     o = (qn.unsqueeze(-2) @ S1).squeeze(-2) / den.unsqueeze(-1)
@@ -168,40 +167,21 @@ def recurrent_step(
 
 
 @without_autocast
-def recurrent_linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    feature_map: str = "elu",
-    rope: str = "numerator",
-    causal: bool = True,
-    positions: Optional[torch.Tensor] = None,
-    eps: float = 1e-6,
-    decay: Optional[torch.Tensor] = None,
-    rope_theta: Optional[torch.Tensor] = None,
-    initial_state: Optional[LinearAttentionState] = None,
-    output_final_state: bool = False,
-):
-    """Linear attention as a recurrence over positions (causal only); continues from ``initial_state``.
-
-    q, k: (B, H, N, d); v: (B, H, N, d_v) -> (B, H, N, d_v) [, final LinearAttentionState].
-    Differentiable through plain autograd (which keeps every step's state: a reference, not a trainer).
-    """
-    check_args(q, k, v, feature_map, rope)
-    if not causal:
-        raise ValueError("recurrent linear attention is causal only; use impl='chunk' or 'naive' for causal=False")
+def recurrent_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
+    """Linear attention as a recurrence over positions (causal only), ``Args`` checked; continues from
+    ``a.initial_state``.  Differentiable through plain autograd, which keeps every step's state: a reference,
+    not a trainer.  ``linrope.ops.linear_attention`` calls it with impl="recurrent"."""
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     dtype = compute_dtype(q.dtype)
-    qn, kn, qd, kd = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions, theta=rope_theta, dtype=dtype)
-    D = qn.shape[-1]
-    check_state(initial_state, q, v, feature_map)
+    qn, kn, qd, kd = reference_features(q, k, feature_map=a.feature_map, rope=a.rope, positions=a.positions,
+                                        theta=a.rope_theta, dtype=dtype)
+    D, initial_state = qn.shape[-1], a.initial_state
     if initial_state is None:
         S, z = zero_state(B, H, D, dv, dtype, q.device)
     else:
         S, z = initial_state.S.to(dtype), initial_state.z.to(dtype)
-    gamma, vv = _gamma(check_decay(decay, H, q.device), dtype, check=True), v.to(dtype)
+    gamma, vv = _gamma(a.decay, dtype), v.to(dtype)
     track = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, S, z))
     outs = [] if track else None
@@ -209,16 +189,16 @@ def recurrent_linear_attention(
     for t in range(N):
         S, z = _advance(S, z, kn[:, :, t], kd[:, :, t], vv[:, :, t], gamma)
         num = (qn[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
-        o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + eps, rope).unsqueeze(-1)
+        o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + a.eps, a.rope).unsqueeze(-1)
         if track:
             outs.append(o_t)
         else:
             out[:, :, t] = o_t
     if track:
         out = torch.stack(outs, dim=2).to(v.dtype) if N else v.new_empty(v.shape)
-    if not output_final_state:
+    if not a.output_final_state:
         return out
     return out, LinearAttentionState(S, z)
 
 
-__all__ = ["recurrent_linear_attention", "recurrent_step", "recurrent_step_op"]
+__all__ = ["recurrent_form", "recurrent_step", "recurrent_step_op"]
