@@ -91,3 +91,15 @@ def test_fla_unavailable_comes_from_the_registry(monkeypatch):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(BackendUnavailable, match="^impl=fla: "):
         linear_attention(q, q, q, impl="fla")
+
+
+def test_compiled_decay_check_is_traced_not_a_graph_break():
+    """Under torch.compile the range check is ``torch._assert_async`` in the graph (fullgraph compiles); a bad
+    decay still fails, at run time, with the same words."""
+    fn = torch.compile(lambda q, d: linear_attention(q, q, q, decay=d, chunk_size=8), fullgraph=True,
+                       backend="aot_eager")
+    q = torch.randn(1, 2, 20, 4)
+    good = torch.tensor([0.9, 0.8])
+    assert torch.equal(fn(q, good), linear_attention(q, q, q, decay=good, chunk_size=8))
+    with pytest.raises(RuntimeError, match=r"decay factors γ_h must lie in \(0, 1\]"):
+        fn(q, torch.tensor([0.9, 1.5]))
