@@ -390,7 +390,7 @@ def test_both_placement_clamps_a_cancelling_denominator():
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_recurrent_step_gradients_match_naive(feature_map):
-    """The step's hand-written backward (linrope::recurrent_step_bwd) against autograd through naive."""
+    """The step operator's backward (autograd of the step, recomputed) against autograd through naive."""
     for rope, decayed in itertools.product(PLACEMENTS, (False, True)):
         g = gen("step-grad", feature_map, rope, decayed)
         q, k, v = inputs(1, g)

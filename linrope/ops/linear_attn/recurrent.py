@@ -20,13 +20,13 @@ from linrope.rope import compute_dtype
 
 from .buffers import alloc
 from .common import (Args, LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log,
-                     guard_denominator, shared_features, unclamped, without_autocast, zero_state)
-from .features import feature_width, features_backward_, reference_features, rotors_for, split_features
+                     guard_denominator, without_autocast, zero_state)
+from .features import feature_width, reference_features
 
 
 # --------------------------------------------------------------------------------------------------------
-# one step as a registered operator (``linrope::recurrent_step``): opaque to torch.compile, with a fake
-# implementation from shapes alone and a backward that is itself an operator (autograd of ``_step`` inside)
+# one step as a registered operator (``linrope::recurrent_step``, the generation step): opaque to torch.compile,
+# with a fake implementation from shapes alone; its backward recomputes the step under autograd
 # --------------------------------------------------------------------------------------------------------
 def _gamma(decay: Optional[Tensor], dtype) -> Optional[Tensor]:
     """γ_h (H,) in the compute dtype, formed from its float64 log as every form forms it; None without decay."""
@@ -66,52 +66,6 @@ def _(q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
     return v.new_empty(v.shape), S.new_empty(S.shape, dtype=dtype), z.new_empty(z.shape, dtype=dtype)
 
 
-@torch.library.custom_op("linrope::recurrent_step_bwd", mutates_args=())
-def recurrent_step_bwd(g_o: Tensor, g_S: Tensor, g_z: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor,
-                       position: Tensor, theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str, rope: str,
-                       eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dS, dz) of one step, by hand (as the chunk form's backward: no autograd graph inside)."""
-    with autocast_off(q.device.type):
-        return _step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps)
-
-
-def _step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
-    dtype = compute_dtype(q.dtype)
-    q4, k4 = q.unsqueeze(2), k.unsqueeze(2)
-    rot = rotors_for(q4, rope, position.reshape(1), theta, dtype)
-    qf, kf, qn, kn, qd, kd = (f[:, :, 0] for f in split_features(q4, k4, feature_map=feature_map, rope=rope, rot=rot,
-                                                                 dtype=dtype))
-    gamma, vv = _gamma(decay, dtype), v.to(dtype)
-    S1, z1 = _advance(S.to(dtype), z.to(dtype), kn, kd, vv, gamma)
-    den = guard_denominator((qd * z1).sum(-1) + eps, rope)
-    o = (qn.unsqueeze(-2) @ S1).squeeze(-2) / den.unsqueeze(-1)
-    dnum = g_o.to(dtype) / den.unsqueeze(-1)
-    dden = -(dnum * o).sum(-1)
-    if rope == "both":  # a clamped denominator is a constant
-        dden = dden * unclamped(den)
-    dS1 = g_S.to(dtype) + qn.unsqueeze(-1) * dnum.unsqueeze(-2)
-    dz1 = g_z.to(dtype) + qd * dden.unsqueeze(-1)
-    dqn, dqd = (S1 @ dnum.unsqueeze(-1)).squeeze(-1), z1 * dden.unsqueeze(-1)
-    dkn, dkd = (dS1 @ vv.unsqueeze(-1)).squeeze(-1), dz1
-    dv = (dS1.transpose(-1, -2) @ kn.unsqueeze(-1)).squeeze(-1).to(v.dtype)
-    shared = shared_features(rope)
-    unrot = None if rot is None else rot.conj().resolve_conj()
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
-    for x, f, d_num, d_den, out in ((q4, qf, dqn, dqd, dq), (k4, kf, dkn, dkd, dk)):
-        if shared:
-            d_num, d_den = d_num + d_den, None
-        features_backward_(x, f.unsqueeze(2), d_num.unsqueeze(2), None if d_den is None else d_den.unsqueeze(2),
-                           feature_map=feature_map, rope=rope, unrot=unrot, out=out.unsqueeze(2))
-    if gamma is not None:
-        dS1, dz1 = dS1 * gamma[:, None, None], dz1 * gamma[:, None]
-    return dq, dk, dv, dS1.to(S.dtype), dz1.to(z.dtype)
-
-
-@recurrent_step_bwd.register_fake
-def _(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
-    return tuple(x.new_empty(x.shape) for x in (q, k, v, S, z))
-
-
 def _step_setup_context(ctx, inputs, output):
     q, k, v, S, z, position, theta, decay, feature_map, rope, eps = inputs
     ctx.save_for_backward(q, k, v, S, z, position, theta, decay)
@@ -119,9 +73,16 @@ def _step_setup_context(ctx, inputs, output):
 
 
 def _step_backward(ctx, g_o, g_S, g_z):
+    """The step recomputed with autograd on (q, k, v, S, z) and differentiated: one step holds O(D'·d_v) numbers
+    per head, so nothing is gained by a hand-written backward (generation runs without gradients)."""
     q, k, v, S, z, position, theta, decay = ctx.saved_tensors
-    grads = recurrent_step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, *ctx.options)
-    return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:5])), *(None,) * 6)
+    needs = ctx.needs_input_grad[:5]
+    with torch.enable_grad(), autocast_off(q.device.type):
+        leaves = [t.detach().requires_grad_(need) for t, need in zip((q, k, v, S, z), needs)]
+        outs = _step(*leaves, position, theta, decay, *ctx.options)
+        wrt = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(outs, wrt, (g_o, g_S, g_z), allow_unused=True, materialize_grads=True))
+    return (*(next(grads) if need else None for need in needs), *(None,) * 6)
 
 
 recurrent_step_op.register_autograd(_step_backward, setup_context=_step_setup_context)
