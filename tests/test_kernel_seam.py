@@ -49,6 +49,18 @@ def test_training_step_and_generation_never_read_a_tensor_on_the_host(position, 
     assert mode.seen == []
 
 
+@pytest.mark.filterwarnings("ignore")
+def test_softmax_alibi_bias_is_built_without_reading_the_device():
+    """ALiBi's score bias used to size its table by ``int(dist.max())``: a host sync per layer and forward."""
+    with torch.device("meta"):
+        model = TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64,
+                                   attention={"kind": "softmax"}, position={"name": "alibi"}))
+        idx = torch.zeros(2, 100, dtype=torch.long)
+    with RecordSyncs() as mode:
+        model(idx).sum().backward()
+    assert mode.seen == []
+
+
 def test_registry_is_the_config_vocabulary_and_words_the_refusals():
     assert set(IMPLS) == set(BACKENDS) == {"naive", "chunk", "recurrent", "fla", "auto"}
     assert LinearAttention.RULES["impl"].choices() == tuple(sorted(BACKENDS))

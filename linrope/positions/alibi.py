@@ -44,9 +44,12 @@ class ALiBi(PositionScheme):
         once more there; see linrope/attention.py.)"""
         dtype = compute_dtype(q.dtype)
         dist = relative_distance(positions).abs()
-        per_distance = torch.arange(int(dist.max()) + 1 if dist.numel() else 1, device=dist.device, dtype=torch.float64)
-        table = -(self.slopes[:, None] * per_distance).to(dtype)  # (H, distances): float64 products, rounded once
-        return table[:, dist].unsqueeze(0)  # (1, H, N, N)
+        n = dist.shape[0]
+        bias = torch.empty(1, self.n_heads, n, n, dtype=dtype, device=dist.device)
+        for h in range(self.n_heads):  # float64 products m_h·|i-j| (exact distances), rounded once; head by head,
+            # so the float64 temporary is one (N, N), and nothing is read back to size a table (no host sync)
+            bias[0, h].copy_(-(dist * self.slopes[h]))
+        return bias  # (1, H, N, N)
 
     def linear_decay(self):
         return self.gamma
