@@ -38,9 +38,8 @@ def test_training_step_and_generation_never_read_a_tensor_on_the_host(position, 
     """On the meta device every value read (.item(), bool(), a data-dependent check) fails or is recorded: the
     forward, backward and a generation step of the linear presets read none (at main the decay check read
     one per layer and call)."""
-    with torch.device("meta"):
-        model = tiny(position, **attention)
-        idx = torch.zeros(2, 300, dtype=torch.long)
+    model = tiny(position, **attention).to("meta")
+    idx = torch.zeros(2, 300, dtype=torch.long, device="meta")
     with RecordSyncs() as mode:
         model(idx).sum().backward()
         with torch.no_grad():
@@ -52,10 +51,9 @@ def test_training_step_and_generation_never_read_a_tensor_on_the_host(position, 
 @pytest.mark.filterwarnings("ignore")
 def test_softmax_alibi_bias_is_built_without_reading_the_device():
     """ALiBi's score bias used to size its table by ``int(dist.max())``: a host sync per layer and forward."""
-    with torch.device("meta"):
-        model = TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64,
-                                   attention={"kind": "softmax"}, position={"name": "alibi"}))
-        idx = torch.zeros(2, 100, dtype=torch.long)
+    model = TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64,
+                               attention={"kind": "softmax"}, position={"name": "alibi"})).to("meta")
+    idx = torch.zeros(2, 100, dtype=torch.long, device="meta")
     with RecordSyncs() as mode:
         model(idx).sum().backward()
     assert mode.seen == []
