@@ -271,8 +271,8 @@ def generation_timing(positions, tokens: int, rounds: int, model_size: dict):
     position is the real one, built by the chunk form (op) or the model's forward (model) over a prefix of
     that length; the timed tokens then continue from it (positions pos, pos+1, …)."""
     from linrope.model import TransformerLM
-    from linrope.ops.linear_attn.chunk import chunk_linear_attention
-    from linrope.ops.linear_attn.recurrent import recurrent_step
+    from linrope.ops import chunk_linear_attention
+    from linrope.ops import recurrent_step
 
     results = {}
     g = torch.Generator().manual_seed(0)

@@ -11,7 +11,7 @@ from einops import rearrange
 from torch import nn
 
 from linrope.errors import UnknownOption
-from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention
+from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention, recurrent_step
 from linrope.positions import PositionScheme
 from linrope.schema import Rule, value_errors
 
@@ -98,9 +98,13 @@ class SoftmaxAttention(_Projections):
 
 
 class LinearAttention(_Projections):
-    """Kernelised linear attention; RoPE enters through the op (placement numerator/both/none),
-    ALiBi as a per-head decay.  ``impl`` is used for whole sequences; single-token steps with a
-    state (generation) use the recurrent form."""
+    """Kernelised linear attention; RoPE enters through the op, ALiBi as a per-head decay.  ``impl`` (a backend
+    of ``linrope.ops``' registry) runs whole sequences; a single-token step that carries a state (generation)
+    runs the registered step operator, ``linrope.ops.recurrent_step``.
+
+    The config names where RoPE goes ``placement`` (numerator | both | none); the kernel's keyword is ``rope``.
+    ``kernel_options`` is the one place the first becomes the second: ``rope = placement`` when the position
+    scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says."""
 
     kind = "linear"
     RULES = {"feature_map": Rule("choice", choices=lambda: tuple(FEATURE_MAPS)),
@@ -115,18 +119,25 @@ class LinearAttention(_Projections):
         self.pos, self.causal = position, causal
         self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = feature_map, placement, impl, chunk_size, eps
 
+    def kernel_options(self) -> Dict[str, Any]:
+        """The kernel's options of this layer (``linrope.ops.linear_attention``'s keywords but impl, positions
+        and the state), read from the scheme at each call (the extrapolation may switch its RoPE scaling)."""
+        theta = self.pos.linear_rope_theta()
+        return dict(feature_map=self.feature_map, rope=self.placement if theta is not None else "none",
+                    eps=self.eps, decay=self.pos.linear_decay(), rope_theta=theta)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state: Optional[LinearAttentionState] = None,
                 return_state: bool = False):
         q, k, v = self.split(x)
-        theta = self.pos.linear_rope_theta()
-        kw = dict(feature_map=self.feature_map, rope=self.placement if theta is not None else "none",
-                  causal=self.causal, chunk_size=self.chunk_size, positions=positions, eps=self.eps,
-                  decay=self.pos.linear_decay(), rope_theta=theta)
+        kw = self.kernel_options()
+        if x.shape[1] == 1 and (return_state or state is not None) and self.causal:
+            # one token carrying a state (generation): the registered step operator, O(D'·d_v) per head
+            o, new_state = recurrent_step(q, k, v, state, position=positions[0], **kw)
+            return self.merge(o), new_state
+        kw.update(causal=self.causal, chunk_size=self.chunk_size, positions=positions)
         if not (return_state or state is not None):
             return self.merge(linear_attention(q, k, v, impl=self.impl, **kw)), None
-        # carrying a state: single-token steps (generation) use the recurrent form
-        impl = "recurrent" if x.shape[1] == 1 else self.impl
-        o, new_state = linear_attention(q, k, v, impl=impl, initial_state=state, output_final_state=True, **kw)
+        o, new_state = linear_attention(q, k, v, impl=self.impl, initial_state=state, output_final_state=True, **kw)
         return self.merge(o), new_state
 
 

@@ -6,7 +6,7 @@ import torch
 
 from benchmarks import linear_attention as bench
 from benchmarks import train_throughput
-from linrope.ops.linear_attn.naive import naive_linear_attention
+from linrope.ops import naive_linear_attention
 
 
 @pytest.mark.parametrize("rope", ["numerator", "none"])

@@ -21,7 +21,7 @@ import torch
 import fla_interpreter
 from linrope.errors import BackendUnavailable, LinropeError
 from linrope.ops import IMPLS, linear_attention
-from linrope.ops.linear_attn import fla_backend
+from linrope.ops.linear_attn import backends, fla_backend
 from linrope.ops.linear_attn.common import LinearAttentionState
 
 FLOAT32_TOL = 2e-5   # relative, every output, state and gradient against float64 naive (seen: <= 3.2e-6)
@@ -177,7 +177,7 @@ def test_fla_refuses_non_causal_and_float64():
 
 
 def test_auto_on_cpu_is_the_chunk_kernel_and_says_so_once(caplog, monkeypatch):
-    monkeypatch.setattr(fla_backend, "_CHOSEN", {})
+    monkeypatch.setattr(backends, "_CHOSEN", {})
     g = gen("auto")
     q, k, v = (torch.randn(1, 2, 80, 8, generator=g) for _ in range(3))
     with caplog.at_level(logging.INFO, logger="linrope.ops"):

@@ -14,10 +14,10 @@ from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import matrix as matrix_mod
 from linrope.ops.linear_attn import tables as tables_mod
 from linrope.ops.linear_attn.buffers import alloc
-from linrope.ops.linear_attn.chunk import chunk_linear_attention
+from linrope.ops import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
-from linrope.ops.linear_attn.naive import naive_linear_attention
-from linrope.ops.linear_attn.recurrent import recurrent_linear_attention, recurrent_step
+from linrope.ops import naive_linear_attention
+from linrope.ops import recurrent_linear_attention, recurrent_step
 
 FEATURE_MAPS = ("elu", "cosine")
 PLACEMENTS = ("numerator", "both", "none")
@@ -390,7 +390,7 @@ def test_both_placement_clamps_a_cancelling_denominator():
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_recurrent_step_gradients_match_naive(feature_map):
-    """The step's hand-written backward (linrope::recurrent_step_bwd) against autograd through naive."""
+    """The step operator's backward (autograd of the step, recomputed) against autograd through naive."""
     for rope, decayed in itertools.product(PLACEMENTS, (False, True)):
         g = gen("step-grad", feature_map, rope, decayed)
         q, k, v = inputs(1, g)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from linrope.ops import LinearAttentionState, linear_attention
-from linrope.ops.linear_attn.chunk import chunk_linear_attention
-from linrope.ops.linear_attn.naive import naive_linear_attention
-from linrope.ops.linear_attn.recurrent import recurrent_linear_attention, recurrent_step
+from linrope.ops import chunk_linear_attention
+from linrope.ops import naive_linear_attention
+from linrope.ops import recurrent_linear_attention, recurrent_step
 
 DECAY = torch.tensor([0.99, 0.9])
 

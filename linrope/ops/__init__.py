@@ -1,19 +1,19 @@
-"""Attention operators.  ``linear_attention`` dispatches to the naive / chunk / recurrent forms, to fla's
-kernels (``fla``, CUDA and the ``gpu`` extra), or to whichever of fla and chunk can run (``auto``)."""
+"""Attention operators.  ``linear_attention`` checks its arguments once (``Args``), picks a backend from the
+registry (``linear_attn/backends.py``: naive, chunk, recurrent, fla, auto), which says what it supports, and
+runs it.  ``recurrent_step`` is the generation step (the registered operator ``linrope::recurrent_step``)."""
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
-from .linear_attn.common import FEATURE_MAPS, PLACEMENTS, LinearAttentionState, check_args
-from .linear_attn.chunk import chunk_linear_attention
-from .linear_attn.fla_backend import auto_linear_attention, fla_linear_attention
-from .linear_attn.naive import naive_linear_attention
-from .linear_attn.recurrent import recurrent_linear_attention
+from .linear_attn.backends import BACKENDS, resolve
+from .linear_attn.common import PLACEMENTS, Args, LinearAttentionState
+from .linear_attn.features import FEATURE_MAPS
+from .linear_attn.recurrent import recurrent_step
 
-IMPLS = {"naive": naive_linear_attention, "chunk": chunk_linear_attention, "recurrent": recurrent_linear_attention,
-         "fla": fla_linear_attention, "auto": auto_linear_attention}
+IMPLS = tuple(BACKENDS)  # the allowed values of ``impl`` (and of model.attention.impl)
 
 
 def linear_attention(
@@ -39,15 +39,26 @@ def linear_attention(
     ``decay``: optional per-head γ_h in (0, 1] multiplying the weights by γ_h^(i-j).
     ``rope_theta``: RoPE frequencies (default base 10000; see ``linrope.rope.rope_frequencies``).
     ``initial_state`` / ``output_final_state``: carry (S, z) across pieces of a causal sequence.
+    ``impl``: a name of the registry (``IMPLS``); ``chunk_size`` is the chunk kernel's.
     """
-    check_args(q, k, v, feature_map, rope, impl, chunk_size)
-    if impl not in IMPLS:
-        raise ValueError(f"unknown linear attention impl {impl!r}; available: {', '.join(IMPLS)}")
-    kwargs = dict(feature_map=feature_map, rope=rope, causal=causal, positions=positions, eps=eps, decay=decay,
-                  rope_theta=rope_theta, initial_state=initial_state, output_final_state=output_final_state)
-    if impl in ("chunk", "auto"):
-        kwargs["chunk_size"] = int(chunk_size)
-    return IMPLS[impl](q, k, v, **kwargs)
+    a = Args(feature_map, rope, causal, chunk_size, positions, eps, decay, rope_theta, initial_state,
+             output_final_state).checked(q, k, v)
+    return resolve(impl, q, a).run(q, k, v, a)
 
 
-__all__ = ["linear_attention", "LinearAttentionState", "FEATURE_MAPS", "PLACEMENTS", "IMPLS"]
+def _form(impl: str):
+    """``linear_attention`` with ``impl`` fixed: the forms by name, for tests and benchmarks."""
+    fn = functools.partial(linear_attention, impl=impl)
+    functools.update_wrapper(fn, linear_attention)
+    fn.__name__ = fn.__qualname__ = f"{impl}_linear_attention"
+    return fn
+
+
+naive_linear_attention = _form("naive")
+chunk_linear_attention = _form("chunk")
+recurrent_linear_attention = _form("recurrent")
+fla_linear_attention = _form("fla")
+
+__all__ = ["linear_attention", "recurrent_step", "LinearAttentionState", "FEATURE_MAPS", "PLACEMENTS", "IMPLS",
+           "BACKENDS", "naive_linear_attention", "chunk_linear_attention", "recurrent_linear_attention",
+           "fla_linear_attention"]

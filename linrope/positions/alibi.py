@@ -27,11 +27,15 @@ class ALiBi(PositionScheme):
         # float64, never rounded to the model's dtype (a float32 buffer is 4e-7 off at 12 heads; .to() and
         # .half() leave it alone): each use rounds the finished bias once, to the precision of the scores
         self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
+        # linear attention's decay γ_h = exp(-m_h), formed once here (not on every forward) and moved with the
+        # module; in (0, 1) since every slope is positive
+        self.register_buffer("gamma", torch.exp(-self.slopes), persistent=False)
 
     def _apply(self, fn, recurse=True):
-        slopes = self.slopes
+        slopes, gamma = self.slopes, self.gamma
         super()._apply(fn, recurse)
         self.slopes = slopes.to(self.slopes.device)  # follow the device, stay float64
+        self.gamma = gamma.to(self.gamma.device)
         return self
 
     def score_bias(self, q, k, positions):
@@ -40,9 +44,12 @@ class ALiBi(PositionScheme):
         once more there; see linrope/attention.py.)"""
         dtype = compute_dtype(q.dtype)
         dist = relative_distance(positions).abs()
-        per_distance = torch.arange(int(dist.max()) + 1 if dist.numel() else 1, device=dist.device, dtype=torch.float64)
-        table = -(self.slopes[:, None] * per_distance).to(dtype)  # (H, distances): float64 products, rounded once
-        return table[:, dist].unsqueeze(0)  # (1, H, N, N)
+        n = dist.shape[0]
+        bias = torch.empty(1, self.n_heads, n, n, dtype=dtype, device=dist.device)
+        for h in range(self.n_heads):  # float64 products m_h·|i-j| (exact distances), rounded once; head by head,
+            # so the float64 temporary is one (N, N), and nothing is read back to size a table (no host sync)
+            bias[0, h].copy_(-(dist * self.slopes[h]))
+        return bias  # (1, H, N, N)
 
     def linear_decay(self):
-        return torch.exp(-self.slopes)
+        return self.gamma

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from linrope.rope import compute_dtype
 
-from .common import (LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log, feature_width,
-                     shared_features, zero_state)
+from .common import Args, LinearAttentionState, autocast_off, decay_log, shared_features, zero_state
+from .features import feature_width
 from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .tables import plan_blocks
 
@@ -58,7 +58,7 @@ def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optiona
               rope: str, causal: bool, eps: float, chunk_size: int
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``."""
-    log_gamma = decay_log(decay, check=True)
+    log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
     with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
         res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size))
     dtype = compute_dtype(q.dtype)
@@ -79,7 +79,7 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
               rope: str, causal: bool, eps: float, chunk_size: int, need_q: bool, need_k: bool, need_v: bool,
               need_S0: bool, need_z0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
-    log_gamma = decay_log(decay, check=False)
+    log_gamma = decay_log(decay)
     with autocast_off(q.device.type):
         grads = chunk_backward(g_out, _or_none_opt(g_S), _or_none_opt(g_z), q, k, v, S0, z0, positions, theta,
                                log_gamma, out, denom, _or_none(saved_S), _or_none(saved_z),
@@ -124,57 +124,27 @@ chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 # --------------------------------------------------------------------------------------------------------
 # public entry point
 # --------------------------------------------------------------------------------------------------------
-def chunk_linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    feature_map: str = "elu",
-    rope: str = "numerator",
-    causal: bool = True,
-    positions: Optional[torch.Tensor] = None,
-    eps: float = 1e-6,
-    decay: Optional[torch.Tensor] = None,
-    rope_theta: Optional[torch.Tensor] = None,
-    initial_state: Optional[LinearAttentionState] = None,
-    output_final_state: bool = False,
-    chunk_size: int = 64,
-):
-    """Chunked linear attention (same semantics as ``naive_linear_attention``; see the module docstring).
-
-    q, k: (B, H, N, d); v: (B, H, N, d_v) -> (B, H, N, d_v), plus the final ``LinearAttentionState`` when
-    ``output_final_state``.  Memory is linear in N in forward and backward.
-    """
-    check_args(q, k, v, feature_map, rope, "chunk", chunk_size)
-    if not causal and (initial_state is not None or output_final_state):
-        raise ValueError("initial/final states only make sense for causal linear attention")
-    check_state(initial_state, q, v, feature_map)
+def chunk_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
+    """Chunked linear attention (the semantics of the naive form), ``Args`` checked; memory linear in N in forward
+    and backward.  ``linrope.ops.linear_attention`` calls it with impl="chunk"."""
     B, H, N, d = q.shape
-    if positions is not None:
-        positions = positions.to(q.device)
-        if positions.dim() != 1 or positions.shape[0] != N:
-            raise ValueError(f"positions must be a 1-D tensor of length N={N}; got shape {tuple(positions.shape)}")
-    for name, t in (("decay", decay), ("rope_theta", rope_theta)):
-        if torch.is_tensor(t) and t.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"chunk linear attention does not differentiate {name}; pass a fixed tensor "
-                             f"({name}.detach()) or use impl='naive'")
-    decay = check_decay(decay, H, q.device)
+    initial_state = a.initial_state
     if N == 0:
         out = v.new_empty(v.shape)
-        if not output_final_state:
+        if not a.output_final_state:
             return out
         dtype = compute_dtype(q.dtype)
         if initial_state is None:
-            return out, zero_state(B, H, feature_width(feature_map, d), v.shape[-1], dtype, q.device)
+            return out, zero_state(B, H, feature_width(a.feature_map, d), v.shape[-1], dtype, q.device)
         return out, LinearAttentionState(initial_state.S.to(dtype), initial_state.z.to(dtype))
     S0 = z0 = None
     if initial_state is not None:
         S0, z0 = initial_state.S, initial_state.z
-    out, _, S, z, _, _ = chunk_fwd(q, k, v, S0, z0, positions, rope_theta, decay, feature_map, rope, bool(causal),
-                                   float(eps), int(chunk_size))
-    if not output_final_state:
+    out, _, S, z, _, _ = chunk_fwd(q, k, v, S0, z0, a.positions, a.rope_theta, a.decay, a.feature_map, a.rope,
+                                   a.causal, a.eps, a.chunk_size)
+    if not a.output_final_state:
         return out
     return out, LinearAttentionState(S, z)
 
 
-__all__ = ["chunk_linear_attention", "chunk_fwd", "chunk_bwd"]
+__all__ = ["chunk_form", "chunk_fwd", "chunk_bwd"]

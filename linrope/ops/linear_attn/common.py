@@ -1,4 +1,5 @@
-"""Pieces shared by every form of linear attention: argument checks, feature maps, RoPE features."""
+"""Pieces shared by every form of linear attention: the argument spec (``Args``) and its checks, the state, the
+denominator's guard, autocast.  (φ and the RoPE features are in ``features.py``.)"""
 from __future__ import annotations
 
 import contextlib
@@ -6,11 +7,12 @@ import functools
 from typing import NamedTuple, Optional
 
 import torch
-import torch.nn.functional as F
+from torch import Tensor
 
-from linrope.rope import check_rope_dim, rope_cos_sin, rope_frequencies
+from linrope.rope import check_rope_dim
 
-FEATURE_MAPS = ("elu", "cosine")
+from .features import FEATURE_MAPS, feature_width
+
 PLACEMENTS = ("numerator", "both", "none")
 
 
@@ -51,7 +53,40 @@ def without_autocast(fn):
     return wrapper
 
 
-def check_args(q, k, v, feature_map: str, rope: str, impl: str | None = None, chunk_size: int | None = None):
+class Args(NamedTuple):
+    """Everything a call of linear attention says besides q, k, v and ``impl``: the keywords of
+    ``linrope.ops.linear_attention``, written once.  Every form is ``form(q, k, v, args)``;
+    ``checked`` makes the checks all forms share (shapes, names, state, positions, decay), once per call.
+    ``chunk_size`` is the chunk kernel's; the other forms ignore it."""
+
+    feature_map: str = "elu"
+    rope: str = "numerator"
+    causal: bool = True
+    chunk_size: int = 64
+    positions: Optional[Tensor] = None
+    eps: float = 1e-6
+    decay: Optional[Tensor] = None
+    rope_theta: Optional[Tensor] = None
+    initial_state: Optional[LinearAttentionState] = None
+    output_final_state: bool = False
+
+    def checked(self, q: Tensor, k: Tensor, v: Tensor) -> "Args":
+        """These arguments checked against q, k, v (a one-line ValueError naming the problem), with the tensors
+        on q's device and the numbers of the types the operators take."""
+        check_args(q, k, v, self.feature_map, self.rope, self.chunk_size)
+        if not self.causal and (self.initial_state is not None or self.output_final_state):
+            raise ValueError("initial/final states only make sense for causal linear attention")
+        check_state(self.initial_state, q, v, self.feature_map)
+        positions, n = self.positions, q.shape[2]
+        if positions is not None:
+            positions = positions.to(q.device)
+            if positions.dim() != 1 or positions.shape[0] != n:
+                raise ValueError(f"positions must be a 1-D tensor of length N={n}; got shape {tuple(positions.shape)}")
+        return self._replace(causal=bool(self.causal), chunk_size=int(self.chunk_size), eps=float(self.eps),
+                             positions=positions, decay=check_decay(self.decay, q.shape[1], q.device))
+
+
+def check_args(q, k, v, feature_map: str, rope: str, chunk_size: int | None = None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"linear_attention expects (B, H, N, d) tensors; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
     if q.shape != k.shape:
@@ -96,62 +131,44 @@ def unclamped(den: torch.Tensor) -> torch.Tensor:
     return den.abs() > DEN_FLOOR
 
 
-def feature_width(feature_map: str, d: int) -> int:
-    """Width D of φ(x) for a head of size d: cosine prepends the constant feature 1."""
-    return d + 1 if feature_map == "cosine" else d
-
-
 def shared_features(rope: str) -> bool:
     """Numerator and denominator use the same features (RoPE in both places, or nowhere)."""
     return rope in ("both", "none")
 
 
-def phi(x: torch.Tensor, feature_map: str) -> torch.Tensor:
-    """The part of the feature map that RoPE rotates: elu(x)+1, or x/||x|| for cosine."""
-    if feature_map == "elu":
-        return F.elu(x) + 1.0
-    # cosine: x̂ = x / ||x||; the constant 1 of φ(x) = [1, x̂] is added by `with_one`.
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny ** 0.5)
+DECAY_RANGE = "decay factors γ_h must lie in (0, 1]"
 
 
-def with_one(x: torch.Tensor, feature_map: str) -> torch.Tensor:
-    """Complete φ: for cosine prepend the constant feature 1 so that φ(q)·φ(k) = 1 + q̂·k̂."""
-    if feature_map == "cosine":
-        return torch.cat((torch.ones_like(x[..., :1]), x), dim=-1)
-    return x
-
-
-def rope_tables(positions: Optional[torch.Tensor], n: int, d: int, theta: Optional[torch.Tensor], device, dtype):
-    """cos/sin tables (N, d/2) for the given positions (default 0…N-1)."""
-    if positions is None:
-        positions = torch.arange(n, device=device)
-    positions = positions.to(device)
-    if positions.dim() != 1 or positions.shape[0] != n:
-        raise ValueError(f"positions must be a 1-D tensor of length N={n}; got shape {tuple(positions.shape)}")
-    return rope_cos_sin(positions, theta if theta is not None else rope_frequencies(d, device=device), dtype)
-
-
-def check_decay(decay, n_heads: int, device) -> Optional[torch.Tensor]:
-    """``decay`` as a tensor on ``device`` with one factor per head (its shape only: the entry points call
-    this; the range of its values is ``decay_log``'s to check, inside the operators)."""
+def check_decay(decay, n_heads: int, device) -> Optional[Tensor]:
+    """``decay`` as a tensor on ``device`` with one factor per head, each in (0, 1] (``check_decay_range``).
+    Called once per call, at the entry (``Args.checked``, ``recurrent_step``); the operators do not check."""
     if decay is None:
         return None
     decay = torch.as_tensor(decay, device=device)
     if decay.numel() != n_heads:
         raise ValueError(f"decay needs one factor per head ({n_heads}); got {decay.numel()}")
+    check_decay_range(decay)
     return decay
 
 
-def decay_log(decay: Optional[torch.Tensor], *, check: bool) -> Optional[torch.Tensor]:
-    """log γ_h as float64 (H,).  ``check``: first that every 0 < γ_h <= 1.  That test depends on the data
-    (torch.compile cannot trace it, and on a GPU it waits for the device), so the forward operators make it,
-    inside the operator, and the backward operators, which get the same decay, do not repeat it."""
+def check_decay_range(decay: Tensor) -> None:
+    """Every 0 < γ_h <= 1, without waiting for a device.  A test of values needs them on the host: on the CPU
+    that is free, and a bad value raises ValueError here.  On any other device (CUDA), and while torch.compile
+    traces, the test is ``torch._assert_async``: queued with the kernels, no host sync, no graph break; a bad
+    value then fails at the device's next synchronisation (docs/design.md, "GPU readiness")."""
+    ok = ((decay > 0) & (decay <= 1)).all()
+    if decay.device.type == "cpu" and not torch.compiler.is_compiling():
+        if not bool(ok):
+            raise ValueError(DECAY_RANGE)
+    else:
+        torch._assert_async(ok, DECAY_RANGE)
+
+
+def decay_log(decay: Optional[Tensor]) -> Optional[Tensor]:
+    """log γ_h as float64 (H,), the one form every kernel derives its powers of γ from (checked at the entry)."""
     if decay is None:
         return None
-    decay = decay.to(torch.float64).reshape(-1)
-    if check and ((decay <= 0).any() or (decay > 1).any()):
-        raise ValueError("decay factors γ_h must lie in (0, 1]")
-    return decay.log()
+    return decay.to(torch.float64).reshape(-1).log()
 
 
 def zero_state(B: int, H: int, D: int, dv: int, dtype, device) -> LinearAttentionState:

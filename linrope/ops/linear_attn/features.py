@@ -1,7 +1,8 @@
-"""Feature maps, RoPE rotors and the features' hand-written backward, shared by every form.
+"""φ, the feature maps, in one place: their definition, width, the RoPE rotation of features, and the
+features' hand-written backward, shared by every form.
 
-    φ_elu(x) = elu(x) + 1                 (positive, per component)
-    φ_cos(x) = [1, x / ‖x‖]               (so φ(q)·φ(k) = 1 + cos(q, k))
+    φ_elu(x) = elu(x) + 1                 (positive, per component)                       D' = d
+    φ_cos(x) = [1, x / ‖x‖]               (so φ(q)·φ(k) = 1 + cos(q, k))                  D' = d + 1
 
 The numerator's features are rotated by RoPE unless the placement is "none"; the denominator's only for
 placement "both" (for "numerator" it keeps the unrotated ones).  RoPE is the interleaved rotation: the pair
@@ -9,10 +10,11 @@ placement "both" (for "numerator" it keeps the unrotated ones).  RoPE is the int
 rotated key at j depends on i - j only.
 
 Two ways to build the same features live here:
-  * ``reference_features``: rotation through cos/sin tables and plain autograd-friendly ops (the naive and
-    recurrent forms; autograd differentiates them);
+  * ``reference_features``: rotation through cos/sin tables and plain autograd-friendly ops (the naive,
+    recurrent and fla forms; autograd differentiates them);
   * ``split_features`` / ``features_backward_``: the rotation as one complex product with cached rotors,
-    computed without an autograd graph and differentiated by hand (the chunk form).
+    computed without an autograd graph and differentiated by hand (the chunk form, the generation step's
+    backward).
 """
 from __future__ import annotations
 
@@ -22,9 +24,42 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from linrope.rope import rotate
+from linrope.rope import rope_cos_sin, rope_frequencies, rotate
 
-from .common import phi, rope_tables, with_one
+FEATURE_MAPS = ("elu", "cosine")
+
+
+# --------------------------------------------------------------------------------------------------------
+# φ
+# --------------------------------------------------------------------------------------------------------
+def feature_width(feature_map: str, d: int) -> int:
+    """Width D' of φ(x) for a head of size d: cosine prepends the constant feature 1."""
+    return d + 1 if feature_map == "cosine" else d
+
+
+def phi(x: torch.Tensor, feature_map: str) -> torch.Tensor:
+    """The part of the feature map that RoPE rotates: elu(x)+1, or x/||x|| for cosine."""
+    if feature_map == "elu":
+        return F.elu(x) + 1.0
+    # cosine: x̂ = x / ||x||; the constant 1 of φ(x) = [1, x̂] is added by `with_one`.
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny ** 0.5)
+
+
+def with_one(x: torch.Tensor, feature_map: str) -> torch.Tensor:
+    """Complete φ: for cosine prepend the constant feature 1 so that φ(q)·φ(k) = 1 + q̂·k̂."""
+    if feature_map == "cosine":
+        return torch.cat((torch.ones_like(x[..., :1]), x), dim=-1)
+    return x
+
+
+def rope_tables(positions: Optional[torch.Tensor], n: int, d: int, theta: Optional[torch.Tensor], device, dtype):
+    """cos/sin tables (N, d/2) for the given positions (default 0…N-1)."""
+    if positions is None:
+        positions = torch.arange(n, device=device)
+    positions = positions.to(device)
+    if positions.dim() != 1 or positions.shape[0] != n:
+        raise ValueError(f"positions must be a 1-D tensor of length N={n}; got shape {tuple(positions.shape)}")
+    return rope_cos_sin(positions, theta if theta is not None else rope_frequencies(d, device=device), dtype)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -158,5 +193,5 @@ def features_backward_(x, f, d_num, d_den, *, feature_map: str, rope: str, unrot
     phi_backward_(g, x, f, feature_map, out)
 
 
-__all__ = ["reference_features", "rope_rotors", "rotors_for", "rotate_complex", "phi_no_grad", "phi_backward_",
+__all__ = ["FEATURE_MAPS", "feature_width", "phi", "with_one", "rope_tables", "reference_features", "rope_rotors", "rotors_for", "rotate_complex", "phi_no_grad", "phi_backward_",
            "Features", "split_features", "features_backward_"]

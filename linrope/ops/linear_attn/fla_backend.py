@@ -1,5 +1,5 @@
 """Linear attention on flash-linear-attention's chunked Triton kernels (``impl="fla"``, CUDA), and
-``impl="auto"`` (fla where it can run, the chunk kernel elsewhere).
+the facts ``impl="auto"`` chooses by (``backends.py``).
 
 The mapping (docs/design.md, "GPU backend (fla)").  For q, k: [B, T, H, K], v: [B, T, H, V], a per-head
 log-decay g_h = log γ_h and an initial state h0: [B, H, K, V], fla's ``chunk_simple_gla`` with scale 1 gives
@@ -29,7 +29,6 @@ Nothing here imports fla or triton before a call needs them (``import linrope.op
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 import os
 from contextlib import nullcontext
@@ -39,12 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from linrope.errors import BackendUnavailable
-
-from .chunk import chunk_linear_attention
-from .common import (LinearAttentionState, check_args, check_decay, check_state, decay_log, feature_width,
-                     guard_denominator, zero_state)
-from .features import reference_features
+from .common import Args, LinearAttentionState, decay_log, guard_denominator, zero_state
+from .features import feature_width, reference_features
 
 FLA_VERSION = "0.6.0"  # the fla-core release this mapping was checked against (pyproject's `gpu` extra)
 FLA_CHUNK = 64         # fla's chunk length (its default, the one its kernels are tuned for)
@@ -52,7 +47,6 @@ _LOG2E = 1.0 / math.log(2.0)  # fla's kernels take the log-decay in base 2
 _NONE = (0,)  # the shape of a placeholder output
 _16BIT = (torch.float16, torch.bfloat16)
 INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("fla", "triton"))  # finds, does not import
-log = logging.getLogger("linrope.ops")
 
 
 def unavailable(device) -> Optional[str]:
@@ -73,8 +67,8 @@ def kernels():
     return chunk_simple_gla_fwd, chunk_simple_gla_bwd
 
 
-def _g_gamma(decay: Optional[Tensor], *, check: bool) -> Optional[Tensor]:
-    log_gamma = decay_log(decay, check=check)
+def _g_gamma(decay: Optional[Tensor]) -> Optional[Tensor]:
+    log_gamma = decay_log(decay)  # its range was checked once, at the entry (common.check_decay)
     return None if log_gamma is None else (log_gamma * _LOG2E).to(torch.float32)
 
 
@@ -92,7 +86,7 @@ def fla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor], h0: 
     """-> (o [B, T, H, V] in v's dtype, h_T [B, H, K, V] float32 or an empty placeholder)."""
     fwd, _ = kernels()
     with _on(q):
-        o, ht = fwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay, check=True), scale=1.0, initial_state=h0,
+        o, ht = fwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay), scale=1.0, initial_state=h0,
                     output_final_state=final, chunk_size=FLA_CHUNK)
     return o, (ht if final else q.new_empty(_NONE, dtype=torch.float32))
 
@@ -109,7 +103,7 @@ def fla_chunk_bwd(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Te
     """-> (dq, dk, dv, dh0), an empty placeholder for dh0 without h0."""
     _, bwd = kernels()
     with _on(q):
-        dq, dk, dv, _, dh0 = bwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay, check=False), initial_state=h0,
+        dq, dk, dv, _, dh0 = bwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay), initial_state=h0,
                                  do=do.contiguous(), dht=dht, scale=1.0, chunk_size=FLA_CHUNK)
     return dq, dk, dv, (dh0 if h0 is not None else q.new_empty(_NONE, dtype=torch.float32))
 
@@ -162,51 +156,24 @@ def kernel_dtype(q: Tensor) -> torch.dtype:
     return q.dtype if q.dtype in _16BIT else torch.float32
 
 
-def fla_linear_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    feature_map: str = "elu",
-    rope: str = "numerator",
-    causal: bool = True,
-    positions: Optional[Tensor] = None,
-    eps: float = 1e-6,
-    decay: Optional[Tensor] = None,
-    rope_theta: Optional[Tensor] = None,
-    initial_state: Optional[LinearAttentionState] = None,
-    output_final_state: bool = False,
-):
-    """Causal linear attention on fla's chunked kernels: the semantics of ``naive_linear_attention``.
-
-    q, k: (B, H, N, d); v: (B, H, N, d_v) -> (B, H, N, d_v) [and the final state, float32]."""
-    check_args(q, k, v, feature_map, rope, "fla")
-    if not causal:
-        raise ValueError("impl=fla is causal only (fla's kernels compute causal attention); "
-                         "use impl=chunk or impl=naive for causal=False")
-    if q.dtype == torch.float64:
-        raise ValueError("impl=fla computes in float32 at most (fla's kernels have no float64); "
-                         "use impl=chunk or impl=naive for float64")
-    why = unavailable(q.device)
-    if why:
-        raise BackendUnavailable(f"impl=fla: {why}")
-    check_state(initial_state, q, v, feature_map)
-    if torch.is_tensor(decay) and decay.requires_grad and torch.is_grad_enabled():
-        raise ValueError("impl=fla does not differentiate decay; pass a fixed tensor (decay.detach()) or use impl=naive")
+def fla_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
+    """Causal linear attention on fla's chunked kernels: the semantics of the naive form, ``Args`` checked and
+    the backend's limits (causal, float32 at most, CUDA and the gpu extra) checked by the registry
+    (``backends.py``).  -> (B, H, N, d_v) [and the final state, float32]."""
     B, H, N, _ = q.shape
-    decay = check_decay(decay, H, q.device)
+    initial_state = a.initial_state
     if N == 0:
-        return _empty(q, v, feature_map, initial_state, output_final_state)
+        return _empty(q, v, a.feature_map, initial_state, a.output_final_state)
     f32, dtype = torch.float32, kernel_dtype(q)
-    qn, kn, qd, kd = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions,
-                                        theta=rope_theta, dtype=f32)
+    qn, kn, qd, kd = reference_features(q, k, feature_map=a.feature_map, rope=a.rope, positions=a.positions,
+                                        theta=a.rope_theta, dtype=f32)
     S0 = z0 = None
     if initial_state is not None:
         S0, z0 = initial_state.S, initial_state.z.unsqueeze(-1)
-    num, S = _chunk(qn, kn, v, S0, decay, output_final_state, dtype)
-    den, z = _chunk(qd, kd, v.new_ones((B, H, N, 1)), z0, decay, output_final_state, dtype)
-    out = (num.to(f32) / guard_denominator(den[..., 0].to(f32) + eps, rope).unsqueeze(-1)).to(v.dtype)
-    if not output_final_state:
+    num, S = _chunk(qn, kn, v, S0, a.decay, a.output_final_state, dtype)
+    den, z = _chunk(qd, kd, v.new_ones((B, H, N, 1)), z0, a.decay, a.output_final_state, dtype)
+    out = (num.to(f32) / guard_denominator(den[..., 0].to(f32) + a.eps, a.rope).unsqueeze(-1)).to(v.dtype)
+    if not a.output_final_state:
         return out
     return out, LinearAttentionState(S, z[..., 0])
 
@@ -221,37 +188,4 @@ def _empty(q, v, feature_map, initial_state, output_final_state):
     return out, LinearAttentionState(initial_state.S.float(), initial_state.z.float())
 
 
-# --------------------------------------------------------------------------------------------------------
-# impl="auto"
-# --------------------------------------------------------------------------------------------------------
-_CHOSEN: dict = {}
-
-
-def choose(q: Tensor, causal: bool) -> str:
-    """"fla" for causal attention in 16- or 32-bit on a CUDA device when the gpu extra is installed, else
-    "chunk".  The choice is logged once per device type and choice (outside torch.compile's tracing)."""
-    kind = q.device.type
-    fla = kind == "cuda" and causal and q.dtype != torch.float64 and unavailable(kind) is None
-    impl = "fla" if fla else "chunk"
-    if (kind, impl) not in _CHOSEN and not torch.compiler.is_compiling():
-        _CHOSEN[(kind, impl)] = True
-        if fla:
-            why = "CUDA and the gpu extra"
-        elif kind != "cuda":
-            why = f"fla needs CUDA, these tensors are on {kind}"
-        elif not INSTALLED:
-            why = "the gpu extra (fla, triton) is not installed"
-        else:
-            why = "fla is causal only and float32 at most"
-        log.info("linear attention impl=auto: %s (%s)", impl, why)
-    return impl
-
-
-def auto_linear_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, chunk_size: int = 64, **kwargs):
-    """``fla_linear_attention`` where ``choose`` says so, else ``chunk_linear_attention``."""
-    if choose(q, causal) == "fla":
-        return fla_linear_attention(q, k, v, causal=causal, **kwargs)
-    return chunk_linear_attention(q, k, v, causal=causal, chunk_size=chunk_size, **kwargs)
-
-
-__all__ = ["fla_linear_attention", "auto_linear_attention", "choose", "unavailable", "kernels", "FLA_VERSION"]
+__all__ = ["fla_form", "unavailable", "kernels", "FLA_VERSION"]

@@ -8,13 +8,11 @@ Quadratic in N; float64 capable.  Every faster form is tested against this one.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from linrope.rope import compute_dtype
 
-from .common import LinearAttentionState, check_decay, check_state, decay_log, guard_denominator, without_autocast
+from .common import Args, LinearAttentionState, decay_log, guard_denominator, without_autocast
 from .features import reference_features
 
 
@@ -26,42 +24,27 @@ def decay_matrix(log_gamma: torch.Tensor, n: int, causal: bool, device) -> torch
 
 
 @without_autocast
-def naive_linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    feature_map: str = "elu",
-    rope: str = "numerator",
-    causal: bool = True,
-    positions: Optional[torch.Tensor] = None,
-    eps: float = 1e-6,
-    decay: Optional[torch.Tensor] = None,
-    rope_theta: Optional[torch.Tensor] = None,
-    initial_state: Optional[LinearAttentionState] = None,
-    output_final_state: bool = False,
-):
+def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
+    """The reference form: ``Args`` checked (``linrope.ops.linear_attention`` calls it with impl="naive")."""
+    feature_map, rope, causal, positions, eps = a.feature_map, a.rope, a.causal, a.positions, a.eps
+    decay, initial_state = a.decay, a.initial_state
     dtype = compute_dtype(q.dtype)
     B, H, N, _ = q.shape
-    check_state(initial_state, q, v, feature_map)
-    decay = check_decay(decay, H, q.device)
     q_num, k_num, q_den, k_den = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions,
-                                                    theta=rope_theta, dtype=dtype)
+                                                    theta=a.rope_theta, dtype=dtype)
     vv = v.to(dtype)
     w_num = q_num @ k_num.transpose(-1, -2)
     w_den = q_den @ k_den.transpose(-1, -2)
     mask = torch.ones(N, N, dtype=dtype, device=q.device)
     if causal:
         mask = torch.tril(mask)
-    log_gamma = decay_log(decay, check=True)
+    log_gamma = decay_log(decay)
     if log_gamma is not None:
         mask = mask * decay_matrix(log_gamma, N, causal, q.device).to(dtype)
     w_num, w_den = w_num * mask, w_den * mask
     num = w_num @ vv
     den = w_den.sum(-1)
     if initial_state is not None:
-        if not causal:
-            raise ValueError("an initial state only makes sense for causal linear attention")
         S0, z0 = initial_state.S.to(dtype), initial_state.z.to(dtype)
         # the state sits at position -1: a query at i sees it through γ^(i+1)
         carry = torch.ones(H, N, dtype=dtype, device=q.device)
@@ -70,10 +53,8 @@ def naive_linear_attention(
         num = num + (q_num @ S0) * carry[None, :, :, None]
         den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
     out = (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype)
-    if not output_final_state:
+    if not a.output_final_state:
         return out
-    if not causal:
-        raise ValueError("a final state only makes sense for causal linear attention")
     # final state: Σ_j γ^(N-1-j) k_j v_jᵀ (+ γ^N S0)
     w = torch.ones(H, N, dtype=dtype, device=q.device)
     if log_gamma is not None:
@@ -85,3 +66,6 @@ def naive_linear_attention(
         S = S + initial_state.S.to(dtype) * tail[None, :, None, None]
         z = z + initial_state.z.to(dtype) * tail[None, :, None]
     return out, LinearAttentionState(S, z)
+
+
+__all__ = ["naive_form", "decay_matrix"]

@@ -19,19 +19,18 @@ from torch import Tensor
 from linrope.rope import compute_dtype
 
 from .buffers import alloc
-from .common import (LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log, feature_width,
-                     guard_denominator, shared_features, unclamped, without_autocast,
-                     zero_state)
-from .features import features_backward_, reference_features, rotors_for, split_features
+from .common import (Args, LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log,
+                     guard_denominator, without_autocast, zero_state)
+from .features import feature_width, reference_features
 
 
 # --------------------------------------------------------------------------------------------------------
-# one step as a registered operator (``linrope::recurrent_step``): opaque to torch.compile, with a fake
-# implementation from shapes alone and a backward that is itself an operator (autograd of ``_step`` inside)
+# one step as a registered operator (``linrope::recurrent_step``, the generation step): opaque to torch.compile,
+# with a fake implementation from shapes alone; its backward recomputes the step under autograd
 # --------------------------------------------------------------------------------------------------------
-def _gamma(decay: Optional[Tensor], dtype, *, check: bool) -> Optional[Tensor]:
+def _gamma(decay: Optional[Tensor], dtype) -> Optional[Tensor]:
     """γ_h (H,) in the compute dtype, formed from its float64 log as every form forms it; None without decay."""
-    log_gamma = decay_log(decay, check=check)
+    log_gamma = decay_log(decay)
     return None if log_gamma is None else torch.exp(log_gamma).to(dtype)
 
 
@@ -48,7 +47,7 @@ def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, ep
     qn, kn, qd, kd = (f[:, :, 0] for f in reference_features(q.unsqueeze(2), k.unsqueeze(2), feature_map=feature_map,
                                                               rope=rope, positions=position.reshape(1), theta=theta,
                                                               dtype=dtype))
-    S, z = _advance(S.to(dtype), z.to(dtype), kn, kd, v.to(dtype), _gamma(decay, dtype, check=True))
+    S, z = _advance(S.to(dtype), z.to(dtype), kn, kd, v.to(dtype), _gamma(decay, dtype))
     num = (qn.unsqueeze(-2) @ S).squeeze(-2)
     den = (qd * z).sum(-1)
     return (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype), S, z
@@ -67,52 +66,6 @@ def _(q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
     return v.new_empty(v.shape), S.new_empty(S.shape, dtype=dtype), z.new_empty(z.shape, dtype=dtype)
 
 
-@torch.library.custom_op("linrope::recurrent_step_bwd", mutates_args=())
-def recurrent_step_bwd(g_o: Tensor, g_S: Tensor, g_z: Tensor, q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor,
-                       position: Tensor, theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str, rope: str,
-                       eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dv, dS, dz) of one step, by hand (as the chunk form's backward: no autograd graph inside)."""
-    with autocast_off(q.device.type):
-        return _step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps)
-
-
-def _step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
-    dtype = compute_dtype(q.dtype)
-    q4, k4 = q.unsqueeze(2), k.unsqueeze(2)
-    rot = rotors_for(q4, rope, position.reshape(1), theta, dtype)
-    qf, kf, qn, kn, qd, kd = (f[:, :, 0] for f in split_features(q4, k4, feature_map=feature_map, rope=rope, rot=rot,
-                                                                 dtype=dtype))
-    gamma, vv = _gamma(decay, dtype, check=False), v.to(dtype)
-    S1, z1 = _advance(S.to(dtype), z.to(dtype), kn, kd, vv, gamma)
-    den = guard_denominator((qd * z1).sum(-1) + eps, rope)
-    o = (qn.unsqueeze(-2) @ S1).squeeze(-2) / den.unsqueeze(-1)
-    dnum = g_o.to(dtype) / den.unsqueeze(-1)
-    dden = -(dnum * o).sum(-1)
-    if rope == "both":  # a clamped denominator is a constant
-        dden = dden * unclamped(den)
-    dS1 = g_S.to(dtype) + qn.unsqueeze(-1) * dnum.unsqueeze(-2)
-    dz1 = g_z.to(dtype) + qd * dden.unsqueeze(-1)
-    dqn, dqd = (S1 @ dnum.unsqueeze(-1)).squeeze(-1), z1 * dden.unsqueeze(-1)
-    dkn, dkd = (dS1 @ vv.unsqueeze(-1)).squeeze(-1), dz1
-    dv = (dS1.transpose(-1, -2) @ kn.unsqueeze(-1)).squeeze(-1).to(v.dtype)
-    shared = shared_features(rope)
-    unrot = None if rot is None else rot.conj().resolve_conj()
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
-    for x, f, d_num, d_den, out in ((q4, qf, dqn, dqd, dq), (k4, kf, dkn, dkd, dk)):
-        if shared:
-            d_num, d_den = d_num + d_den, None
-        features_backward_(x, f.unsqueeze(2), d_num.unsqueeze(2), None if d_den is None else d_den.unsqueeze(2),
-                           feature_map=feature_map, rope=rope, unrot=unrot, out=out.unsqueeze(2))
-    if gamma is not None:
-        dS1, dz1 = dS1 * gamma[:, None, None], dz1 * gamma[:, None]
-    return dq, dk, dv, dS1.to(S.dtype), dz1.to(z.dtype)
-
-
-@recurrent_step_bwd.register_fake
-def _(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
-    return tuple(x.new_empty(x.shape) for x in (q, k, v, S, z))
-
-
 def _step_setup_context(ctx, inputs, output):
     q, k, v, S, z, position, theta, decay, feature_map, rope, eps = inputs
     ctx.save_for_backward(q, k, v, S, z, position, theta, decay)
@@ -120,9 +73,16 @@ def _step_setup_context(ctx, inputs, output):
 
 
 def _step_backward(ctx, g_o, g_S, g_z):
+    """The step recomputed with autograd on (q, k, v, S, z) and differentiated: one step holds O(D'·d_v) numbers
+    per head, so nothing is gained by a hand-written backward (generation runs without gradients)."""
     q, k, v, S, z, position, theta, decay = ctx.saved_tensors
-    grads = recurrent_step_bwd(g_o, g_S, g_z, q, k, v, S, z, position, theta, decay, *ctx.options)
-    return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:5])), *(None,) * 6)
+    needs = ctx.needs_input_grad[:5]
+    with torch.enable_grad(), autocast_off(q.device.type):
+        leaves = [t.detach().requires_grad_(need) for t, need in zip((q, k, v, S, z), needs)]
+        outs = _step(*leaves, position, theta, decay, *ctx.options)
+        wrt = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(outs, wrt, (g_o, g_S, g_z), allow_unused=True, materialize_grads=True))
+    return (*(next(grads) if need else None for need in needs), *(None,) * 6)
 
 
 recurrent_step_op.register_autograd(_step_backward, setup_context=_step_setup_context)
@@ -168,40 +128,21 @@ def recurrent_step(
 
 
 @without_autocast
-def recurrent_linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    feature_map: str = "elu",
-    rope: str = "numerator",
-    causal: bool = True,
-    positions: Optional[torch.Tensor] = None,
-    eps: float = 1e-6,
-    decay: Optional[torch.Tensor] = None,
-    rope_theta: Optional[torch.Tensor] = None,
-    initial_state: Optional[LinearAttentionState] = None,
-    output_final_state: bool = False,
-):
-    """Linear attention as a recurrence over positions (causal only); continues from ``initial_state``.
-
-    q, k: (B, H, N, d); v: (B, H, N, d_v) -> (B, H, N, d_v) [, final LinearAttentionState].
-    Differentiable through plain autograd (which keeps every step's state: a reference, not a trainer).
-    """
-    check_args(q, k, v, feature_map, rope)
-    if not causal:
-        raise ValueError("recurrent linear attention is causal only; use impl='chunk' or 'naive' for causal=False")
+def recurrent_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
+    """Linear attention as a recurrence over positions (causal only), ``Args`` checked; continues from
+    ``a.initial_state``.  Differentiable through plain autograd, which keeps every step's state: a reference,
+    not a trainer.  ``linrope.ops.linear_attention`` calls it with impl="recurrent"."""
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     dtype = compute_dtype(q.dtype)
-    qn, kn, qd, kd = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions, theta=rope_theta, dtype=dtype)
-    D = qn.shape[-1]
-    check_state(initial_state, q, v, feature_map)
+    qn, kn, qd, kd = reference_features(q, k, feature_map=a.feature_map, rope=a.rope, positions=a.positions,
+                                        theta=a.rope_theta, dtype=dtype)
+    D, initial_state = qn.shape[-1], a.initial_state
     if initial_state is None:
         S, z = zero_state(B, H, D, dv, dtype, q.device)
     else:
         S, z = initial_state.S.to(dtype), initial_state.z.to(dtype)
-    gamma, vv = _gamma(check_decay(decay, H, q.device), dtype, check=True), v.to(dtype)
+    gamma, vv = _gamma(a.decay, dtype), v.to(dtype)
     track = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, S, z))
     outs = [] if track else None
@@ -209,16 +150,16 @@ def recurrent_linear_attention(
     for t in range(N):
         S, z = _advance(S, z, kn[:, :, t], kd[:, :, t], vv[:, :, t], gamma)
         num = (qn[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
-        o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + eps, rope).unsqueeze(-1)
+        o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + a.eps, a.rope).unsqueeze(-1)
         if track:
             outs.append(o_t)
         else:
             out[:, :, t] = o_t
     if track:
         out = torch.stack(outs, dim=2).to(v.dtype) if N else v.new_empty(v.shape)
-    if not output_final_state:
+    if not a.output_final_state:
         return out
     return out, LinearAttentionState(S, z)
 
 
-__all__ = ["recurrent_linear_attention", "recurrent_step", "recurrent_step_op"]
+__all__ = ["recurrent_form", "recurrent_step", "recurrent_step_op"]
