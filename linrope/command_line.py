@@ -75,6 +75,11 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
         extra = user_config_dirs(args)
     except _Unknown:
         return errors  # a config source only Hydra can list
+    for folder in extra:  # Hydra searches linrope's configs first: a file of the same name there hides the user's
+        for path in sorted(folder.rglob("*.yaml")) if folder.is_dir() else ():
+            name = path.relative_to(folder).as_posix()
+            if (conf_dir / name).is_file():
+                errors.append(f"{path}: hidden by linrope's conf/{name} (Hydra reads that one); give yours another name")
     skip_next = False
     for arg in args:
         if skip_next:

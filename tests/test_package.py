@@ -89,6 +89,16 @@ def test_the_command_line_check_reads_the_users_config_folders(my_conf, monkeypa
     assert command_line_errors(["-cp", "elsewhere", "model=nope"]) == []  # another primary config: Hydra's to say
 
 
+def test_a_users_file_named_like_a_built_in_one_is_refused(my_conf):
+    """Hydra searches linrope's conf/ before the user's folders: my_conf/model/linear_rope.yaml would be ignored."""
+    from linrope.command_line import command_line_errors
+
+    (my_conf / "model" / "linear_rope.yaml").write_text(PRESET.format(name="linear_rope"))
+    errors = command_line_errors(["-cd", str(my_conf), "model=my_preset"])
+    assert errors == [f"{my_conf}/model/linear_rope.yaml: hidden by linrope's conf/model/linear_rope.yaml "
+                      "(Hydra reads that one); give yours another name"]
+
+
 def compose_with(my_conf, *overrides):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -113,6 +123,7 @@ def test_a_users_preset_is_found_and_checked_strictly(my_conf):
     assert str(e.value) == "model.n_layrs: unknown option; did you mean n_layers?"
 
 
+@pytest.mark.slow  # (the installed command is tested the same way in the wheel test)
 def test_train_py_refuses_a_typo_in_a_users_preset_in_one_line(my_conf, tmp_path):
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", "my_conf", "model=typo", "size=tiny",
@@ -190,6 +201,7 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     assert len(runs) == 1 and (runs[0] / "checkpoints" / "last.ckpt").is_file()
     assert (runs[0] / "csv" / "metrics.csv").is_file() and (runs[0] / "provenance.json").is_file()
     assert sorted(p.name for p in work.iterdir()) == ["logs"]
+    assert '"command": "linrope-train model=linear_rope' in (runs[0] / "provenance.json").read_text()
 
     r = run("linrope-evaluate", f"ckpt={runs[0] / 'checkpoints' / 'last.ckpt'}", "lengths=[64]", "scored_bytes=4096",
             "scalings=[]")
@@ -210,3 +222,10 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     assert [l for l in r.stderr.splitlines() if l.startswith("linrope:")] == \
         ["linrope: model.n_layrs: unknown option; did you mean n_layers?"], r.stderr[-2000:]
     assert len(list((work / "logs" / "train" / "runs").iterdir())) == 1  # no folder for the refused run
+
+
+def test_a_run_started_by_a_command_records_it_as_typed():
+    from linrope.provenance import collect
+
+    assert collect(argv=["/home/me/.venv/bin/linrope-train", "size=tiny"])["command"] == "linrope-train size=tiny"
+    assert collect(argv=["train.py", "size=tiny"])["command"] == "python train.py size=tiny"
