@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ PRESET = "# @package _global_\ndefaults:\n  - override /attention: linear\n  - o
 
 
 def pyproject():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
