@@ -47,12 +47,17 @@ for set in "${SETS[@]}"; do
              grep -E "^($(echo $SHOWN | tr ' ' '|'))==" | tr '\n' ' ')
   start=$(date +%s)
   set +e
-  (cd "$ROOT" && PYTHONPATH="$ROOT" "$env/bin/python" -m pytest -q -p no:cacheprovider) > "$env/pytest.log" 2>&1
+  # SIGINT as in a terminal even when this script runs in the background (`&` starts it ignored; tests/test_run.py
+  # checks the handler a signal stop restores)
+  (cd "$ROOT" && PYTHONPATH="$ROOT" "$env/bin/python" -c 'import signal, sys, pytest
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider"]))') > "$env/pytest.log" 2>&1
   status=$?
   set -e
   wall=$(( $(date +%s) - start ))
-  summary=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed).* =+$" "$env/pytest.log" | tail -1 | tr -d '=')
-  tail -5 "$env/pytest.log" >&2
+  summary=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed).* =+$" "$env/pytest.log" | tail -1 | tr -d '=' || true)
+  grep -E "^(FAILED|ERROR) " "$env/pytest.log" >&2 || true
+  tail -1 "$env/pytest.log" >&2
   rows+=("| $set | $(date -u +%Y-%m-%d) | ${versions% } | ${summary# } | ${wall} s | exit $status |")
   [ "${KEEP:-0}" = 1 ] || rm -rf "$env"
 done
