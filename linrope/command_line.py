@@ -1,29 +1,85 @@
 """The command line, checked before Hydra composes anything: an unknown option of a config group
-(``model=nope``) is one line that lists the options there are (Hydra's own message is several lines)."""
+(``model=nope``) is one line that lists the options there are (Hydra's own message is several lines).
+
+``CONF_DIR`` is where linrope's configs are: ``linrope/conf`` inside an installed wheel (the build maps the
+repository's top-level ``conf/`` there: pyproject.toml), else the checkout's ``conf/`` (a checkout, or an
+editable install). A user's own config folders (``--config-dir DIR`` / ``-cd DIR``, ``hydra.searchpath=[file://DIR]``)
+add their options to those of ``CONF_DIR``."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+_PACKAGED = Path(__file__).resolve().parent / "conf"
+CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[1] / "conf"
 _FLAGS_WITH_VALUE = {"-c", "--cfg", "-p", "--package", "--info", "-cp", "--config-path", "-cn", "--config-name",
                      "-cd", "--config-dir", "--experimental-rerun"}
 
 
-def group_options(group: str, conf_dir: Path = CONF_DIR) -> List[str]:
-    folder = conf_dir / group
-    return sorted(p.relative_to(folder).with_suffix("").as_posix() for p in folder.rglob("*.yaml"))
+class _Unknown(Exception):
+    """A config source this check cannot read (pkg://..., another primary config path): leave it to Hydra."""
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR, extra: Sequence[Path] = ()) -> List[str]:
+    """The options of a config group: its YAML files in ``conf_dir`` and in the user's ``extra`` folders."""
+    found = set()
+    for root in (conf_dir, *extra):
+        folder = root / group
+        if folder.is_dir():
+            found.update(p.relative_to(folder).with_suffix("").as_posix() for p in folder.rglob("*.yaml"))
+    return sorted(found)
+
+
+def _search_path_entries(value: str) -> List[Path]:
+    entries = []
+    for item in value.strip().strip("[]").split(","):
+        item = item.strip().strip("'\"")
+        if not item:
+            continue
+        if item.startswith("file://"):
+            item = item[len("file://"):]
+        elif "://" in item:
+            raise _Unknown(item)
+        entries.append(Path(item).expanduser())
+    return entries
+
+
+def user_config_dirs(argv: Sequence[str]) -> List[Path]:
+    """The folders of the user's own configs named on the command line, as Hydra reads them:
+    ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) and ``hydra.searchpath=[file://DIR,...]``
+    (relative to the current folder). Raises ``_Unknown`` for a source it cannot list (``pkg://``,
+    ``--config-path``)."""
+    dirs: List[Path] = []
+    args = list(argv)
+    for i, arg in enumerate(args):
+        flag, eq, inline = arg.partition("=")
+        if flag in ("-cd", "--config-dir"):
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            dirs.append(Path(value).expanduser())
+        elif flag in ("-cp", "--config-path"):
+            raise _Unknown(arg)
+        elif flag.lstrip("+") == "hydra.searchpath" and eq:
+            dirs.extend(_search_path_entries(inline))
+    return [d if d.is_absolute() else Path(os.getcwd()) / d for d in dirs]
 
 
 def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
-    """``group=option`` overrides of the config groups in ``conf/`` whose option has no file there.
-    Sweeps (``model=a,b``) are checked item by item; values with Hydra functions, globs or
-    interpolations, and Hydra's own groups (hydra/...), are left to Hydra."""
+    """``group=option`` overrides of the config groups in ``conf/`` (and in the user's config folders on the
+    command line) whose option has no file there. Sweeps (``model=a,b``) are checked item by item; values with
+    Hydra functions, globs or interpolations, and Hydra's own groups (hydra/...), are left to Hydra."""
     errors: List[str] = []
     args = list(argv)
-    if any(a.startswith(("hydra.searchpath", "+hydra.searchpath")) for a in args):
-        return errors  # other config folders: Hydra knows more options than conf/ holds
+    try:
+        extra = user_config_dirs(args)
+    except _Unknown:
+        return errors  # a config source only Hydra can list
+    for folder in extra:  # Hydra searches linrope's configs first: a file of the same name there hides the user's
+        for path in sorted(folder.rglob("*.yaml")) if folder.is_dir() else ():
+            name = path.relative_to(folder).as_posix()
+            if (conf_dir / name).is_file():
+                errors.append(f"{path}: hidden by linrope's conf/{name} (Hydra reads that one); give yours another name")
     skip_next = False
     for arg in args:
         if skip_next:
@@ -36,15 +92,16 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
             continue
         key, value = arg.split("=", 1)
         key = key.lstrip("+~").split("@", 1)[0]
-        if not key or key.startswith("hydra") or "." in key or not (conf_dir / key).is_dir():
+        if not key or key.startswith("hydra") or "." in key or not any((d / key).is_dir() for d in (conf_dir, *extra)):
             continue
         value = value.strip()
         if not value or any(c in value for c in "()[]{}*$'\"\\"):
             continue
-        options = group_options(key, conf_dir)
+        options = group_options(key, conf_dir, extra)
         for item in (v.strip() for v in value.split(",")):
             if item and item not in ("null", "None") and item not in options:
-                errors.append(f"{key}={item}: no such option (conf/{key}/{item}.yaml); choose from {', '.join(options)}")
+                where = ", ".join([f"conf/{key}/{item}.yaml", *(str(d / key / f"{item}.yaml") for d in extra)])
+                errors.append(f"{key}={item}: no such option ({where}); choose from {', '.join(options)}")
     return errors
 
 
@@ -54,3 +111,10 @@ def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CO
     errors = command_line_errors(sys.argv[1:] if argv is None else argv, conf_dir)
     if errors:
         raise SystemExit("\n".join("linrope: " + e for e in errors))
+
+
+def program(module_command: str) -> str:
+    """The name a command's usage line gives: ``linrope-report`` when started as that console script,
+    else ``module_command`` (``python -m linrope.report``)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("linrope-") else module_command

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from linrope.command_line import program
 from linrope.naming import wandb_group
 
 # Imported inside the functions that need them: wandb-workspaces (an optional extra; without it, one line that
@@ -202,7 +203,7 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
 
 # ---- command line ----------------------------------------------------------------------------------------------
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m linrope.dashboard", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=program("python -m linrope.dashboard"), description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("sweep", nargs="?", type=Path, help="a sweep folder (logs/<task_name>/multiruns/<time>) or a run folder")

@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from linrope.checkpoint import load_checkpoint
+from linrope.command_line import CONF_DIR
 from linrope.data.rebuild import build_data_module
 from linrope.errors import ConfigError, LinropeError
 from linrope.schema import extrapolation_errors
@@ -37,7 +38,6 @@ from linrope.resume_diff import describe_checkpoint
 from linrope.tables import COLUMNS, HEADER, format_table, write_csv
 
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 class EvaluateError(ConfigError):
@@ -165,7 +165,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     checkpoint = load_checkpoint(ckpt, map_location="cpu")  # weights_only=True; one line if missing or broken
     module = LanguageModel.from_checkpoint(ckpt, map_location=device, checkpoint=checkpoint)
-    print(describe_checkpoint(checkpoint, ckpt, CONF, current_provenance()))  # its commit, step, today's defaults
+    print(describe_checkpoint(checkpoint, ckpt, CONF_DIR, current_provenance()))  # its commit, step, today's defaults
     datamodule = build_data(cfg, ckpt, checkpoint, module.task)
     train_context = int(cfg.train_context or datamodule.context)
     lengths = [int(n) for n in cfg.lengths] if cfg.lengths else None
@@ -179,7 +179,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     return rows
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from linrope.command_line import program
 from linrope.plots import pyplot, save
 
 
@@ -77,7 +78,7 @@ def plot_sinusoidal_dot(path: Path, dim: int = 512, max_offset: int = 500) -> Pa
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m linrope.figures",
+    p = argparse.ArgumentParser(prog=program("python -m linrope.figures"),
                                 description="Recompute two figures from the papers: RoPE's long-term decay "
                                             "(RoFormer Figure 2) and the sinusoidal PE_t·PE_{t+k} curve.")
     p.add_argument("--out", type=Path, default=Path("figures"), help="output folder (default: figures)")

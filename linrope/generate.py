@@ -10,7 +10,6 @@ models re-read the last ``model.max_len`` bytes at every step.  The checkpoint i
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Optional
 
 import hydra
@@ -18,12 +17,12 @@ import torch
 from omegaconf import DictConfig
 
 from linrope.checkpoint import load_checkpoint
+from linrope.command_line import CONF_DIR
 from linrope.errors import ConfigError, LinropeError
 from linrope.lit import LanguageModel
 from linrope.provenance import collect as current_provenance
 from linrope.resume_diff import describe_checkpoint
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def encode(text: str) -> torch.Tensor:
@@ -50,13 +49,13 @@ def generate(cfg: DictConfig) -> str:
                           f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature > 0, top_k >= 1 or null")
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
-    print(describe_checkpoint(checkpoint, cfg.ckpt, CONF, current_provenance()), file=sys.stderr)  # stdout: the text
+    print(describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr)  # stdout: the text
     model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model
     return generate_text(model, str(cfg.prompt), int(cfg.max_new_tokens), temperature=float(cfg.temperature),
                          top_k=None if cfg.top_k is None else int(cfg.top_k), seed=int(cfg.seed), device=device)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
 def main(cfg: DictConfig) -> None:
     try:
         print(generate(cfg))

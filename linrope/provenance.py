@@ -114,6 +114,8 @@ def collect(*, precision: Any = None, seed: Any = None, argv: Optional[Sequence[
     argv = list(sys.argv if argv is None else argv)
     if argv and argv[0].endswith(".py"):
         argv = ["python", *argv]
+    elif argv and Path(argv[0]).name.startswith("linrope-"):  # a console script: its name, as it is typed
+        argv = [Path(argv[0]).name, *argv[1:]]
     return {"linrope": {"version": version_of("linrope"), **git_state()},
             "versions": versions, "machine": machine,
             "precision": None if precision is None else str(precision), "seed": seed,

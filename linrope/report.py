@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from linrope import report_provenance as provenance
 from linrope.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
                              params_cell)
+from linrope.command_line import program
 from linrope.plots import SCALING_STYLES, Curve, Panel, by_last_value, config_style, plot_curves, series_colour
 from linrope.runs import Run, by_seed, find_runs, group_runs
 from linrope.stats import Interval, Paired, mean_ci, paired
@@ -338,7 +339,7 @@ def parse_pair(text: str) -> Tuple[str, str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m linrope.report", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=program("python -m linrope.report"), formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
                     "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
                     "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"

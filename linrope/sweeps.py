@@ -10,7 +10,6 @@ Exit status 1 when a job's config is refused."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from hydra import compose, initialize_config_dir
@@ -18,9 +17,10 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from linrope.command_line import CONF_DIR
 from linrope.config import ConfigError, validate
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONF_DIR  # linrope.command_line: the package's configs, in a checkout or installed
 
 
 def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):

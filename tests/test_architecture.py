@@ -10,6 +10,7 @@
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,7 @@ LAYERS = [
     ("run-time services", ("run",)),
     ("Lightning", ("lit", "movement")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),
-    ("orchestration", ("training",)),
+    ("orchestration", ("training", "train")),
     ("tools", ("runs", "caveats", "report", "report_provenance", "figures", "dashboard", "sweeps")),
 ]
 
@@ -164,3 +165,13 @@ def test_no_file_cites_a_design_note_outside_the_repository():
         if "DESIGN" + ".md" in f.read_text(errors="ignore"):
             hits.append(str(f.relative_to(ROOT)))
     assert hits == []
+
+
+def test_the_library_imports_neither_lightning_hydra_nor_wandb():
+    """``import linrope.ops`` / ``linrope.attention`` / ``linrope.positions`` is what a user's own code does to use
+    the kernels and layers: it loads none of the framework around them (issue 26)."""
+    code = ("import sys, linrope.ops, linrope.attention, linrope.positions; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'lightning', 'pytorch_lightning', 'lightning_fabric', 'hydra', 'wandb'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,69 @@
+"""Train and test one model: ``linrope-train model=linear_rope`` (in a checkout also ``python train.py ...``;
+sweeps: ``-m``).
+
+Reads like a table of contents: check the config, seed, build data / model / callbacks /
+loggers / trainer, fit, test the best checkpoint (``train=false``: the ``ckpt_path`` given), return
+the metric a sweeper optimises. ``--help`` lists the config groups and their options; ``--config-dir DIR``
+adds a folder of the user's own presets and experiments (docs/package.md)."""
+from typing import Optional
+
+import hydra
+from omegaconf import DictConfig
+
+from linrope.command_line import CONF_DIR
+from linrope.run import tidy
+
+tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit start, which import this module
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def main(cfg: DictConfig) -> Optional[float]:
+    from linrope.config import validate
+    from linrope.run.exit import one_line_errors
+    from linrope.run.folder import claim_run_folder
+    from linrope.training import name_model, test_checkpoint
+
+    tidy.quiet_logging()
+    with tidy.no_folder_on_refusal(), one_line_errors():
+        validate(cfg)  # one-line errors before any data is read or model built
+        tested = test_checkpoint(cfg)
+        name_model(cfg)  # model.name follows attention=... position=... chosen on the command line
+        claim_run_folder(cfg)  # a second run into this folder, or one that would overwrite it, is refused
+        if cfg.get("retain_freed_memory", True):
+            from linrope.memory import retain_freed_memory
+
+            retain_freed_memory()
+        from lightning import seed_everything
+        from linrope import training as T
+
+        seed_everything(cfg.seed, workers=True)
+        provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
+        datamodule = T.build_datamodule(cfg)
+        module = T.build_module(cfg)
+        callbacks = T.build_callbacks(cfg)
+        loggers = T.build_loggers(cfg)
+        trainer = T.build_trainer(cfg, callbacks, loggers)
+        T.log_config(cfg, module, loggers, provenance)
+
+        metric = None
+        if cfg.train:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
+            metric = T.metric(trainer, cfg.optimized_metric)
+        if cfg.test:
+            with T.explain_stop(cfg, trainer):  # a signal now: one line naming what is left and how to finish it
+                trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
+                T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
+        T.finish(loggers)
+        return metric
+
+
+def run() -> None:
+    """The ``linrope-train`` command (and ``python train.py``, ``python -m linrope.train``)."""
+    from linrope.command_line import check_command_line
+
+    check_command_line()  # model=nope: one line naming the options, before Hydra's longer message
+    main()
+
+
+if __name__ == "__main__":
+    run()

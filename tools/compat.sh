@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Maintainer's script (issue 26): the default test suite in a fresh environment per dependency set.
+#
+#   tools/compat.sh                 # both sets: floor, then newest
+#   tools/compat.sh floor           # one set
+#   TORCH=2.4.0 tools/compat.sh     # another torch (any but 2.13.0 downloads its CUDA build: several GB)
+#
+# floor:  every dependency of pyproject.toml at its lower bound (">=X" installed as "==X"), torch at $TORCH;
+# newest: the newest releases pip finds for every dependency, torch at $TORCH.
+# Both also install the dev extra (the tests' tools, unpinned: whatever pip resolves beside the set).
+# Each environment is a venv under $WORK (default: a new folder in /tmp), deleted at the end unless KEEP=1.
+# Prints one markdown row per set (versions, passed/failed/skipped, wall time) for docs/compat.md.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TORCH=${TORCH:-2.13.0}
+PY=${PY:-python3}
+WORK=${WORK:-$(mktemp -d /tmp/linrope-compat.XXXXXX)}
+SETS=("$@"); [ ${#SETS[@]} -gt 0 ] || SETS=(floor newest)
+SHOWN="torch lightning hydra-core omegaconf wandb einops torchdiffeq matplotlib numpy tqdm"
+
+requirements() {  # the set's requirement lines, read from pyproject.toml
+  "$PY" - "$ROOT/pyproject.toml" "$1" "$TORCH" <<'PYEOF'
+import re, sys, tomllib
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+for dep in deps:
+    name = re.match(r"[A-Za-z0-9_.-]+", dep).group(0)
+    if name == "torch":
+        print(f"torch=={sys.argv[3]}")
+    elif sys.argv[2] == "floor" and (low := re.search(r">=\s*([^,;\s]+)", dep)):
+        print(f"{name}=={low.group(1)}")
+    else:
+        print(name if sys.argv[2] == "newest" else dep)
+PYEOF
+}
+
+rows=()
+for set in "${SETS[@]}"; do
+  env="$WORK/$set"
+  echo "== $set: $env" >&2
+  "$PY" -m venv "$env"
+  requirements "$set" > "$env/requirements.txt"
+  cat "$env/requirements.txt" >&2
+  # the dev extra's tools, resolved beside the set (linrope itself runs from this checkout, PYTHONPATH below)
+  "$env/bin/python" -m pip install -q -r "$env/requirements.txt" pytest hydra-submitit-launcher \
+      hydra-optuna-sweeper wandb-workspaces "fla-core==0.6.0" "triton==3.9.0"
+  versions=$("$env/bin/python" -m pip list --format=freeze 2>/dev/null | tr '[:upper:]' '[:lower:]' |
+             grep -E "^($(echo $SHOWN | tr ' ' '|'))==" | tr '\n' ' ')
+  start=$(date +%s)
+  set +e
+  # SIGINT as in a terminal even when this script runs in the background (`&` starts it ignored; tests/test_run.py
+  # checks the handler a signal stop restores)
+  (cd "$ROOT" && PYTHONPATH="$ROOT" "$env/bin/python" -c 'import signal, sys, pytest
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider"]))') > "$env/pytest.log" 2>&1
+  status=$?
+  set -e
+  wall=$(( $(date +%s) - start ))
+  summary=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed).* =+$" "$env/pytest.log" | tail -1 | tr -d '=' || true)
+  grep -E "^(FAILED|ERROR) " "$env/pytest.log" >&2 || true
+  tail -1 "$env/pytest.log" >&2
+  rows+=("| $set | $(date -u +%Y-%m-%d) | ${versions% } | ${summary# } | ${wall} s | exit $status |")
+  [ "${KEEP:-0}" = 1 ] || rm -rf "$env"
+done
+echo "| set | date | versions | tests | wall | |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+[ "${KEEP:-0}" = 1 ] || rmdir "$WORK" 2>/dev/null || true
