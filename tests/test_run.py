@@ -79,15 +79,14 @@ def private_uses(path: Path) -> list:
 
 def test_only_lightning_internals_touches_lightnings_private_parts():
     """Every module that imports Lightning reaches only its public parts, except linrope.run.lightning_internals,
-    whose uses are at most three and each say why."""
+    whose uses are at most two and each say why."""
     offenders = []
     for path in sorted((ROOT / "linrope").rglob("*.py")):
         if path != INTERNALS and "lightning" in path.read_text():
             offenders += private_uses(path)
     assert offenders == []
     uses = private_uses(INTERNALS)
-    assert len(uses) == 3 and {u.split(" .")[1] for u in uses} == {"_signal_connector", "_should_check_val_fx",
-                                                                    "_wandb_init"}, uses
+    assert len(uses) == 2 and {u.split(" .")[1] for u in uses} == {"_signal_connector", "_wandb_init"}, uses
     tree = ast.parse(INTERNALS.read_text())
     for fn in [n for n in tree.body if isinstance(n, ast.FunctionDef)]:
         assert "Private:" in (ast.get_docstring(fn) or ""), fn.name  # the reason, and the attribute
@@ -95,8 +94,7 @@ def test_only_lightning_internals_touches_lightnings_private_parts():
 
 def test_the_private_uses_still_do_what_they_are_used_for(tmp_path):
     """Against the installed Lightning: the stop request is what Trainer.received_sigterm reports, and the
-    wandb arguments hold no anonymous setting.  (validation_follows: test_reliability's
-    test_a_crash_during_validation_resumes_before_that_validation.)"""
+    wandb arguments hold no anonymous setting."""
     from linrope.run.lightning_internals import stop_after_this_step
     from linrope.run.loggers import WandbLogger
 
@@ -107,6 +105,46 @@ def test_the_private_uses_still_do_what_they_are_used_for(tmp_path):
     assert trainer.received_sigterm
     logger = WandbLogger(project="p", save_dir=str(tmp_path), mode="disabled")
     assert "anonymous" not in logger._wandb_init and logger._wandb_init["mode"] == "disabled"
+
+
+@pytest.mark.parametrize("every_n_epoch, interval, batches", [(None, 3, 4), (1, 2, 5), (2, 1.0, 3), (1, 0.5, 4)])
+def test_validation_follows_is_lightnings_own_decision_at_every_step(tmp_path, every_n_epoch, interval, batches):
+    """linrope.run.last_checkpoint.validation_follows reads Lightning's rule from public attributes; at every
+    training step of a fit (steps counted across epochs, or epoch by epoch, fractions of an epoch, the last
+    batch) it agrees with Lightning's private decision, and validation ran exactly after the steps it named."""
+    import torch
+    from linrope.run.last_checkpoint import validation_follows
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(2, 1)
+            self.said, self.validated = [], []
+
+        def training_step(self, batch, i):
+            return self.w(batch[0]).sum()
+
+        def validation_step(self, batch, i):
+            if i == 0:
+                self.validated.append(self.trainer.global_step)
+
+        def on_train_batch_end(self, outputs, batch, i):
+            ours = validation_follows(self.trainer)
+            theirs = self.trainer.fit_loop.epoch_loop._should_check_val_fx(None)
+            assert ours == theirs, (self.trainer.global_step, ours, theirs)
+            if ours:
+                self.said.append(self.trainer.global_step)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(batches, 2)), batch_size=1)
+    net = Net()
+    trainer = L.Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+                        check_val_every_n_epoch=every_n_epoch, val_check_interval=interval)
+    trainer.fit(net, data, data)
+    assert net.said and net.said == net.validated
 
 
 def test_last_ckpt_state_key_is_the_one_earlier_checkpoints_hold(compose):

@@ -7,7 +7,23 @@ from typing import Any, Dict, Optional
 
 from lightning.pytorch.callbacks import Checkpoint
 
-from linrope.run.lightning_internals import validation_follows
+
+
+def validation_follows(trainer) -> bool:
+    """Whether Lightning validates right after the current training batch (called from ``on_train_batch_end``).
+    Lightning keeps this decision private (``_TrainingEpochLoop._should_check_val_fx``); this is the same rule
+    read from public attributes: in a validating epoch, after every ``val_check_batch``-th batch (counted across epochs when ``check_val_every_n_epoch`` is None, else within
+    the epoch).  Lightning's third case, a stop requested by early stopping, is not covered: at worst that
+    one validation is skipped on a resume.  tests/test_run.py compares the two at every step of a fit."""
+    if not trainer.enable_validation:
+        return False
+    every = trainer.check_val_every_n_epoch
+    if every is not None and (trainer.current_epoch + 1) % every:
+        return False
+    loop, n = trainer.fit_loop.epoch_loop, trainer.val_check_batch
+    if n == float("inf"):  # an iterable of unknown length: at its end
+        return loop.batch_progress.is_last_batch
+    return (loop.total_batch_idx if every is None else loop.batch_idx) % n == n - 1
 
 
 class LastCheckpoint(Checkpoint):

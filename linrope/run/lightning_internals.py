@@ -17,20 +17,6 @@ def stop_after_this_step(trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
-def validation_follows(trainer) -> bool:
-    """Whether Lightning validates right after the current training batch: ``last.ckpt`` of such a step is
-    written after that validation, since Lightning, resuming from a checkpoint written before it, skips it
-    (linrope.run.last_checkpoint.LastCheckpoint).  Lightning's decision has no public form.  Private:
-    ``_TrainingEpochLoop._should_check_val_fx`` (its data-fetcher argument is only asked whether training
-    steps take the dataloader's iterator, which linrope's never do)."""
-    if not trainer.enable_validation:
-        return False
-    try:
-        return bool(trainer.fit_loop.epoch_loop._should_check_val_fx(None))
-    except (AttributeError, TypeError):  # another Lightning: save now (at worst one validation is skipped)
-        return False
-
-
 def drop_wandb_anonymous(logger) -> None:
     """Lightning's WandbLogger passes ``anonymous`` to ``wandb.init`` always (None when unset); wandb >= 0.19 then
     prints a deprecation warning on every run.  Private: ``WandbLogger._wandb_init``, the arguments of
