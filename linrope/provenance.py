@@ -3,8 +3,11 @@
 ``collect(...)`` gathers, once per run:
 
 * ``linrope``: the package version; ``commit`` (``git rev-parse HEAD`` of the package's source folder, or
-  ``"not a git checkout"`` when installed from a wheel), ``dirty`` (local changes to tracked files) and
-  ``diff_hash`` (the first 12 hex digits of the SHA-256 of ``git diff HEAD``; null when clean);
+  ``"not a git checkout"`` when installed from a wheel), ``dirty`` (local changes to tracked files),
+  ``diff_hash`` (the first 12 hex digits of the SHA-256 of ``git diff HEAD``; null when clean) and ``code``
+  (12 hex digits naming what a run executes: the committed trees of ``linrope/`` and ``conf/`` with their
+  uncommitted changes; commits that change only results, docs or tests share it, so a study that commits
+  each run as it finishes is still one code);
 * ``versions``: python, torch, lightning, hydra-core, wandb, einops and fla (null when not installed);
 * ``machine``: CPU model, ``torch.get_num_threads()``, GPU model and driver (null without CUDA), host;
 * ``precision``, ``seed``, ``command`` (the command line), ``overrides`` (Hydra's, in a sweep the job's own),
@@ -38,6 +41,7 @@ PACKAGES = ("torch", "lightning", "hydra-core", "wandb", "einops", "fla")
 _DISTRIBUTIONS = {"fla": ("flash-linear-attention", "fla-core")}
 SOURCE = Path(__file__).resolve().parent  # linrope/: git is asked about the checkout holding it
 GIT_TIMEOUT_S = 5.0
+CODE_PATHS = ("linrope", "conf")  # what a run executes (``code``)
 
 
 def _git(args: Sequence[str], cwd: Path) -> Optional[bytes]:
@@ -55,12 +59,19 @@ def git_state(folder: Path = SOURCE) -> Dict[str, Any]:
     top = _git(["rev-parse", "--show-toplevel"], folder)
     commit = _git(["rev-parse", "HEAD"], folder)
     if top is None or commit is None or not (Path(top.decode().strip()) / "linrope").is_dir():
-        return {"commit": NOT_GIT, "dirty": None, "diff_hash": None}
+        return {"commit": NOT_GIT, "dirty": None, "diff_hash": None, "code": None}
     status = _git(["status", "--porcelain", "--untracked-files=no"], folder)
     dirty = bool(status and status.strip())
     diff = _git(["diff", "HEAD", "--binary"], folder) if dirty else None
+    root = Path(top.decode().strip())
+    code = hashlib.sha256()
+    for path in CODE_PATHS:
+        code.update(path.encode() + b"=" + (_git(["rev-parse", f"HEAD:{path}"], root) or b"-").strip() + b"\n")
+    if dirty:
+        code.update(_git(["diff", "HEAD", "--binary", "--", *CODE_PATHS], root) or b"")
     return {"commit": commit.decode().strip(), "dirty": dirty,
-            "diff_hash": hashlib.sha256(diff).hexdigest()[:12] if diff is not None else None}
+            "diff_hash": hashlib.sha256(diff).hexdigest()[:12] if diff is not None else None,
+            "code": code.hexdigest()[:12]}
 
 
 def version_of(package: str) -> Optional[str]:
@@ -152,6 +163,12 @@ def commit_text(provenance: Optional[Mapping[str, Any]]) -> str:
         return f"{NOT_GIT} (linrope {lr.get('version')})"
     short = str(commit)[:10]
     return f"{short}+dirty (diff {lr.get('diff_hash')})" if lr.get("dirty") else short
+
+
+def code_text(provenance: Optional[Mapping[str, Any]]) -> str:
+    """``code 0123456789ab`` when the run recorded its code, else ``commit_text`` (older runs, wheels)."""
+    code = ((provenance or {}).get("linrope") or {}).get("code")
+    return f"code {code}" if code else commit_text(provenance)
 
 
 def summary_line(provenance: Optional[Mapping[str, Any]]) -> str:

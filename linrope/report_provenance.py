@@ -2,14 +2,16 @@
 
 Each run's own ``<run>/provenance.json`` (linrope.provenance); a run without one (written before linrope
 recorded it) takes the study's ``provenance.json`` — in a sweep folder or the report's output folder — which
-states what could be determined after the fact and how.  Runs from more than one commit or torch version are
-named in one line at the top of the report, and refused unless ``--allow-mixed``.  Light: no torch."""
+states what could be determined after the fact and how.  Runs of more than one code (``linrope.provenance``'s
+``code``: the committed ``linrope/`` and ``conf/`` with local changes; the commit for runs that predate it) or
+torch version are named in one line at the top of the report, and refused unless ``--allow-mixed``; runs of
+one code from several commits (a study that commits each run as it finishes) are one.  Light: no torch."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from linrope.provenance import commit_text
+from linrope.provenance import code_text, commit_text
 from linrope.provenance import read as read_provenance
 
 
@@ -38,41 +40,50 @@ def _machine(p: Mapping[str, Any]) -> str:
 
 
 def mixed(runs: Sequence[Any]) -> Optional[str]:
-    """One line when the runs come from more than one commit or torch version, else None."""
+    """One line when the runs come from more than one code or torch version, else None."""
     known = [r.provenance for r in runs if r.provenance]
-    commits = sorted({commit_text(p) for p in known})
+    codes = sorted({code_text(p) for p in known})
     torches = sorted({str(_versions(p).get("torch")) for p in known})
     parts = []
-    if len(commits) > 1:
-        parts.append(f"{len(commits)} commits ({', '.join(commits)})")
+    if len(codes) > 1:
+        what = "commits" if not any(c.startswith("code ") for c in codes) else "versions of the code"
+        parts.append(f"{len(codes)} {what} ({', '.join(codes)})")
     if len(torches) > 1:
         parts.append(f"{len(torches)} torch versions ({', '.join(torches)})")
     return f"the runs come from {' and '.join(parts)}" if parts else None
 
 
 def section(runs: Sequence[Any]) -> List[str]:
-    """``## Provenance``: one row per (commit, versions, machine, precision) with its run count."""
+    """``## Provenance``: one row per (code, versions, machine, precision) with its commits and run count."""
     rows: Dict[Tuple, int] = {}
+    commits: Dict[Tuple, List[str]] = {}
     notes: List[str] = []
     for r in runs:
         p = r.provenance
         if not p:
-            key: Tuple = ("not recorded",) + ("–",) * 5
+            key: Tuple = ("–", "not recorded") + ("–",) * 5
         else:
             v = _versions(p)
-            key = (commit_text(p), str(v.get("torch") or "not recorded"), str(v.get("lightning") or "not recorded"),
+            key = (code_text(p), str((p.get("linrope") or {}).get("code") or "not recorded"), str(v.get("torch") or "not recorded"), str(v.get("lightning") or "not recorded"),
                    str(v.get("python") or "not recorded"), _machine(p), str(p.get("precision") or "not recorded"))
             if p.get("source") == "study" and p.get("determined") and p["determined"] not in notes:
                 notes.append(p["determined"])
         rows[key] = rows.get(key, 0) + 1
-    header = ["commit", "torch", "lightning", "python", "machine", "precision", "runs"]
+        commit = commit_text(p) if p else "–"
+        if commit not in commits.setdefault(key, []):
+            commits[key].append(commit)
+    header = ["code", "commits", "torch", "lightning", "python", "machine", "precision", "runs"]
     out = ["## Provenance", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join([*k, str(n)]) + " |" for k, n in rows.items()]
+    out += ["| " + " | ".join([k[1], _commits(commits[k]), *k[2:], str(n)]) + " |" for k, n in rows.items()]
     out.append("")
     if notes:
         out += ["Not recorded by the runs themselves (they predate linrope's provenance record); determined after "
                 "the fact: " + " ".join(notes), ""]
     return out
+
+
+def _commits(found: List[str]) -> str:
+    return ", ".join(found) if len(found) <= 3 else f"{', '.join(found[:2])} and {len(found) - 2} more"
 
 
 def check(runs: Sequence[Any], allow_mixed: bool) -> Optional[str]:

@@ -6,7 +6,7 @@
 The jobs are those ``python train.py -m <overrides>`` would launch (``linrope.sweeps``: the sweep of the
 experiment and of the command line).  Each job trains in ``<dir>/<name>``, its name made of the values
 that differ between jobs (``linear_rope-seed1``), as ``python -m linrope.train <job> hydra.run.dir=...
-ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), one thread per job unless ``--threads``.
+ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores / jobs threads each unless ``--threads``.
 
 * A job whose folder holds ``study_job.json`` has finished: it is skipped.
 * A job stopped part-way (a session ending, Ctrl+C) resumes from its ``last.ckpt`` on the next call.

@@ -56,17 +56,30 @@ def test_git_state_names_the_commit_the_local_changes_and_a_wheel(tmp_path):
     git(repo, "commit", "-qm", "one")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     clean = P.git_state(repo / "linrope")
-    assert clean == {"commit": head, "dirty": False, "diff_hash": None}
+    assert clean == {"commit": head, "dirty": False, "diff_hash": None, "code": clean["code"]}
+    assert len(clean["code"]) == 12
     (repo / "linrope" / "a.py").write_text("x = 2\n")
     P.git_state.cache_clear()
     dirty = P.git_state(repo / "linrope")
     assert dirty["commit"] == head and dirty["dirty"] is True and len(dirty["diff_hash"]) == 12
+    assert dirty["code"] != clean["code"]  # uncommitted changes to the code are part of it
     (repo / "linrope" / "a.py").write_text("x = 3\n")
     P.git_state.cache_clear()
     assert P.git_state(repo / "linrope")["diff_hash"] != dirty["diff_hash"]  # the hash is of the diff itself
+    (repo / "linrope" / "a.py").write_text("x = 1\n")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "results.md").write_text("a result\n")  # a commit of results only: same code
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a result")
+    P.git_state.cache_clear()
+    later = P.git_state(repo / "linrope")
+    assert later["commit"] != head and later["code"] == clean["code"]
+    (repo / "docs" / "results.md").write_text("edited\n")  # uncommitted changes outside the code: same code
+    P.git_state.cache_clear()
+    assert P.git_state(repo / "linrope")["dirty"] is True and P.git_state(repo / "linrope")["code"] == clean["code"]
     wheel = tmp_path / "site-packages" / "linrope"
     wheel.mkdir(parents=True)
-    assert P.git_state(wheel) == {"commit": P.NOT_GIT, "dirty": None, "diff_hash": None}
+    assert P.git_state(wheel) == {"commit": P.NOT_GIT, "dirty": None, "diff_hash": None, "code": None}
     assert P.commit_text({"linrope": {"commit": P.NOT_GIT, "version": "0.1.0"}}) == "not a git checkout (linrope 0.1.0)"
 
 

@@ -16,9 +16,10 @@ from test_report import lm_rows, write_run
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def recorded(commit: str, torch: str = "2.13.0+cpu") -> dict:
+def recorded(commit: str, torch: str = "2.13.0+cpu", code=None) -> dict:
+    """A run's provenance; ``code`` None: recorded before runs named their code (the commit then decides)."""
     p = P.collect(precision="32-true", seed=1, argv=["train.py"])
-    return {**p, "linrope": {**p["linrope"], "commit": commit, "dirty": False, "diff_hash": None},
+    return {**p, "linrope": {**p["linrope"], "commit": commit, "dirty": False, "diff_hash": None, "code": code},
             "versions": {**p["versions"], "torch": torch}, "machine": {**p["machine"], "cpu": "Test CPU", "threads": 2}}
 
 
@@ -44,7 +45,20 @@ def test_runs_from_two_commits_are_refused_in_one_line_and_reported_with_allow_m
     top = "**Mixed provenance: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb).**"
     text = (tmp_path / "out" / "report.md").read_text()
     assert text.splitlines()[0] == top and capsys.readouterr().out.splitlines()[0] == top
-    assert "| aaaaaaaaaa | 2.13.0+cpu |" in text and "| bbbbbbbbbb | 2.13.0+cpu |" in text
+    assert "| not recorded | aaaaaaaaaa | 2.13.0+cpu |" in text and "| not recorded | bbbbbbbbbb | 2.13.0+cpu |" in text
+
+
+def test_runs_of_one_code_from_several_commits_are_one_study_and_two_codes_are_refused(tmp_path):
+    """A study that commits each run as it finishes has a commit per run but one code: not mixed; the section
+    names the code and its commits.  Two codes are refused, named by their code."""
+    one = two_runs(tmp_path / "one", recorded("a" * 40, code="c0de00000001"), recorded("b" * 40, code="c0de00000001"))
+    text = build_report([one], tmp_path / "out")
+    assert "Mixed" not in text
+    assert "| c0de00000001 | aaaaaaaaaa, bbbbbbbbbb | 2.13.0+cpu |" in text
+    two = two_runs(tmp_path / "two", recorded("a" * 40, code="c0de00000001"), recorded("a" * 40, code="c0de00000002"))
+    with pytest.raises(SystemExit, match=r"the runs come from 2 versions of the code \(code c0de00000001, "
+                                         r"code c0de00000002\)"):
+        build_report([two], tmp_path / "out2")
 
 
 def test_two_torch_versions_are_mixed_too_and_one_commit_is_not(tmp_path):
@@ -55,14 +69,14 @@ def test_two_torch_versions_are_mixed_too_and_one_commit_is_not(tmp_path):
     text = build_report([same], tmp_path / "out2")
     assert "Mixed" not in text
     section = text.split("## Provenance\n", 1)[1].split("\n## ", 1)[0]
-    assert f"| aaaaaaaaaa | 2.13.0+cpu | {P.version_of('lightning')} |" in section
+    assert f"| not recorded | aaaaaaaaaa | 2.13.0+cpu | {P.version_of('lightning')} |" in section
     assert "| Test CPU (2 threads) | 32-true | 2 |" in section
 
 
 def test_runs_without_their_own_provenance_take_the_studys_file(tmp_path):
     sweep = two_runs(tmp_path, None, None)
     text = build_report([sweep], tmp_path / "out")
-    assert "| not recorded | – | – | – | – | – | 2 |" in text  # said, not hidden
+    assert "| not recorded | – | – | – | – | – | – | 2 |" in text  # said, not hidden
     study = {**recorded("c" * 40), "determined": "from the history, by hand."}
     P.write(tmp_path / "out2", study)
     text = build_report([sweep], tmp_path / "out2")
