@@ -1,0 +1,174 @@
+"""Does each headline claim survive more training?  The claims of the bytes comparison at every budget a study
+ran (``conf/experiment/budget.yaml``: ``<dir>/steps800``, ``<dir>/steps3200``), side by side.
+
+    python -m linrope.budget docs/results/budget
+
+For each budget folder it writes the ordinary report (``linrope.report``: report.md, summary.csv, pairs.csv,
+runs.csv and figures, in that folder), then one table, ``<dir>/budget.md`` and ``budget.csv``: every claim of
+``CLAIMS`` as a paired difference A − B over the seeds both configurations finished, at each budget, and what
+became of it:
+
+* **holds** — resolved (95% interval excludes 0) with the same sign at every budget;
+* **flips** — resolved with opposite signs;
+* **budget artefact** — resolved at the smallest budget, not at the largest;
+* **emerges** — not resolved at the smallest budget, resolved at the largest;
+* **undecided** — resolved at no budget.
+
+Light: no torch; reads the run folders (``linrope.runs``)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from linrope.report import PAIRS, build_report, pair_record
+from linrope.runs import by_seed, find_runs, group_runs
+from linrope.stats import paired
+
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str       # the claim, as README words it
+    metric: str     # test/bpb, or bpb@<length> (the extrapolation table, as trained: no scaling)
+    a: str
+    b: str
+
+
+CLAIMS = (
+    Claim("RoPE in the numerator helps linear attention", "test/bpb", "linear_rope", "linear"),
+    Claim("numerator-only RoPE against numerator and denominator", "test/bpb", "linear_rope", "linear_rope_both"),
+    Claim("linear attention with RoPE stays behind softmax with RoPE", "test/bpb", "linear_rope", "softmax_rope"),
+    Claim("RoPE's gain for linear attention at 2× the training length", "bpb@256", "linear_rope", "linear"),
+    Claim("RoPE's gain for linear attention reverses at 16×", "bpb@2048", "linear_rope", "linear"),
+    Claim("ALiBi against RoPE for linear attention", "test/bpb", "linear_alibi", "linear_rope"),
+    Claim("ALiBi against RoPE for linear attention at 16×", "bpb@2048", "linear_alibi", "linear_rope"),
+    Claim("linear against softmax attention, both with ALiBi", "test/bpb", "linear_alibi", "softmax_alibi"),
+    Claim("T5's learned bias against ALiBi (softmax)", "test/bpb", "softmax_t5", "softmax_alibi"),
+    Claim("RoPE against ALiBi for softmax at 16×", "bpb@2048", "softmax_rope", "softmax_alibi"),
+)
+EXTRA_PAIRS = tuple(dict.fromkeys((c.a, c.b) for c in CLAIMS if (c.a, c.b) not in PAIRS))
+
+
+def budgets(folder: Path) -> List[Path]:
+    """The budget folders of a study, smallest first: ``steps<N>``."""
+    found = [p for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"steps\d+", p.name)]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def value_of(metric: str):
+    """run -> its value of ``metric``: the logged test score, or the extrapolation table's bpb at a length."""
+    if metric.startswith("bpb@"):
+        length = int(metric[4:])
+        return lambda run: next((r["bpb"] for r in run.extrapolation if r["scaling"] == "none"
+                                 and r["length"] == length and r["status"] == "ok"), None)
+    return lambda run: run.value(metric, "last")
+
+
+def claim_results(folder: Path, claims: Sequence[Claim] = CLAIMS) -> Dict[Claim, Any]:
+    """claim -> Paired at this budget (None when a configuration is missing)."""
+    groups = group_runs(find_runs(folder)).get("bytes", {})
+    out = {}
+    for c in claims:
+        if c.a in groups and c.b in groups:
+            value = value_of(c.metric)
+            out[c] = paired(by_seed(groups[c.a], value), by_seed(groups[c.b], value), LEVEL)
+        else:
+            out[c] = None
+    return out
+
+
+def sign(r) -> int:
+    """+1 / -1 when resolved, 0 when not (or missing)."""
+    if r is None or r.diff.n < 2 or not r.diff.excludes_zero():
+        return 0
+    return 1 if r.diff.mean > 0 else -1
+
+
+def fate(results: Sequence[Any]) -> str:
+    signs = [sign(r) for r in results]
+    if any(r is None or r.diff.n < 2 for r in results):
+        return "incomplete"
+    first, last = signs[0], signs[-1]
+    if first and last:
+        return "holds" if first == last and all(s == first for s in signs) else "flips"
+    if first:
+        return "budget artefact"
+    if last:
+        return "emerges"
+    return "undecided"
+
+
+def cell(r) -> str:
+    if r is None:
+        return "–"
+    d = r.diff
+    if d.n < 2:
+        return f"{d.mean:+.3f} (n={d.n})" if d.n else "–"
+    star = "**" if d.excludes_zero() else ""
+    return f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n})"
+
+
+def budget_table(folder: Path, write_reports: bool = True, allow_mixed: bool = False) -> str:
+    arms = budgets(folder)
+    if not arms:
+        raise SystemExit(f"linrope.budget: no budget folders (steps<N>/) in {folder}")
+    if write_reports:
+        for arm in arms:
+            have = set(group_runs(find_runs(arm)).get("bytes", {}))
+            extra = [(a, b) for a, b in EXTRA_PAIRS if a in have and b in have]  # a study still running
+            build_report([arm], arm, [*PAIRS, *extra], allow_mixed=allow_mixed)
+    results = {arm.name: claim_results(arm) for arm in arms}
+    names = [f"{int(a.name[5:])} steps" for a in arms]
+    header = ["claim", "A − B", "metric", *names, "with more budget"]
+    lines = [f"| {' | '.join(header)} |", "|" + "|".join("---" for _ in header) + "|"]
+    rows: List[Dict[str, Any]] = []
+    for c in CLAIMS:
+        per = [results[a.name][c] for a in arms]
+        what = fate(per)
+        lines.append(f"| {c.text} | {c.a} − {c.b} | {c.metric} | " + " | ".join(cell(r) for r in per) + f" | {what} |")
+        for arm, r in zip(arms, per):
+            if r is not None:
+                rows.append({"claim": c.text, "budget": arm.name, "fate": what, **pair_record("bytes", c.metric, c.a,
+                                                                                              c.b, r)})
+    text = "\n".join([
+        "# Headline claims against the training budget",
+        "",
+        f"Paired differences A − B (lower bpb is better), mean [95% t-interval] over the seeds both configurations "
+        f"finished; **bold**: the interval excludes 0.  Budgets: {', '.join(names)} "
+        f"(folders {', '.join(a.name for a in arms)}, each with its own report.md).  'with more budget': holds (same "
+        f"resolved sign at every budget), flips (opposite signs), budget artefact (resolved at {names[0]} only), "
+        f"emerges (resolved at {names[-1]} only), undecided (resolved at none), incomplete (a budget lacks two "
+        f"seeds).  Written by `python -m linrope.budget {folder}`.",
+        "", *lines, ""])
+    (folder / "budget.md").write_text(text)
+    if rows:
+        with open(folder / "budget.csv", "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(rows[0]))
+            out.writeheader()
+            out.writerows(rows)
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m linrope.budget", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="example:\n  python -m linrope.budget docs/results/budget")
+    ap.add_argument("folder", type=Path, help="the study folder holding steps<N>/ folders of runs")
+    ap.add_argument("--no-reports", action="store_true", help="only the budget table, not each budget's report")
+    ap.add_argument("--allow-mixed", action="store_true", help="passed to each budget's report")
+    args = ap.parse_args(argv)
+    if not args.folder.is_dir():
+        ap.error(f"{args.folder}: not a folder")
+    print(budget_table(args.folder, write_reports=not args.no_reports, allow_mixed=args.allow_mixed))
+    print(f"wrote {args.folder / 'budget.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""linrope.study: a sweep run job by job into named folders; finished jobs are skipped on the next call,
+stopped ones resume, a failed one is reported and left to run again."""
+import json
+
+from linrope.study import DONE, Study, job_names, state
+
+
+def test_job_names_are_the_values_that_differ():
+    jobs = [["experiment=budget", "model=linear", "seed=1"], ["experiment=budget", "model=linear_rope", "seed=2"]]
+    assert job_names(jobs) == ["linear-seed1", "linear_rope-seed2"]
+    assert job_names([["trainer.max_steps=800", "a=b"], ["trainer.max_steps=3200", "a=b"]]) == ["max_steps800",
+                                                                                                "max_steps3200"]
+
+
+def test_state_of_a_job_folder(tmp_path):
+    assert state(tmp_path / "never") == "todo"
+    (tmp_path / "stopped" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "stopped" / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert state(tmp_path / "stopped") == "partial"
+    (tmp_path / "stopped" / DONE).write_text("{}")
+    assert state(tmp_path / "stopped") == "done"
+
+
+def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
+    overrides = ["size=tiny", "trainer.max_steps=4", "trainer.val_check_interval=2", "data.val_windows=2",
+                 "data.test_windows=2", "model=linear_rope,softmax_rope", "seed=1"]
+    study = Study(tmp_path / "s", overrides, threads=1, commit=False)
+    assert study.names == ["linear_rope", "softmax_rope"]
+    assert study.run(jobs=2) == 0
+    records = {n: json.loads((tmp_path / "s" / n / DONE).read_text()) for n in study.names}
+    for name, record in records.items():
+        assert record["test"]["test/bpb"] > 0 and f"model={name}" in record["job"]
+        assert "logger=csv" in record["command"] and f"hydra.run.dir={tmp_path / 's' / name}" in record["command"]
+        assert (tmp_path / "s" / name / "study.log").is_file() and (tmp_path / "s" / name / "csv" / "metrics.csv").is_file()
+    assert (tmp_path / "s" / ".gitignore").read_text().startswith("*.ckpt")
+    capsys.readouterr()
+    again = Study(tmp_path / "s", overrides, threads=1, commit=False)
+    assert again.run(jobs=1) == 0
+    out = capsys.readouterr().out
+    assert "2 done, 0 to run" in out and "training" not in out
+    assert {n: json.loads((tmp_path / "s" / n / DONE).read_text()) for n in study.names} == records
+
+
+def test_a_failed_job_is_named_and_left_unfinished(tmp_path, capsys):
+    study = Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope", "data.path=/nonexistent"],
+                  threads=1, commit=False)
+    assert study.run(jobs=1) == 1
+    out = capsys.readouterr().out
+    assert "[job] FAILED (exit status 1)" in out and "not finished: job" in out
+    assert state(tmp_path / "s" / "job") == "todo" and "nonexistent" in (tmp_path / "s" / "job.log").read_text()
