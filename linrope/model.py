@@ -30,8 +30,30 @@ class MLP(nn.Module):
         return self.drop(self.down(F.gelu(self.up(x))))
 
 
+class ShortConv(nn.Module):
+    """Depthwise convolution over time, ``h + conv(h)``: causal (position i sees i-k+1 … i) for a decoder,
+    centred for an encoder.  Carries the last k-1 inputs as its state, so generation token by token gives
+    what the whole sequence gives."""
+
+    def __init__(self, d_model: int, kernel: int, causal: bool):
+        super().__init__()
+        self.kernel, self.causal = kernel, causal
+        self.conv = nn.Conv1d(d_model, d_model, kernel, groups=d_model)
+
+    def forward(self, h, tail: Optional[torch.Tensor] = None):
+        """h: (B, N, D); tail: (B, k-1, D) the inputs before h (None: zeros) -> (h + conv(h), new tail)."""
+        k = self.kernel
+        if not self.causal:
+            padded = F.pad(h.transpose(1, 2), ((k - 1) // 2, k // 2))
+            return h + self.conv(padded).transpose(1, 2), None
+        before = h.new_zeros(h.shape[0], k - 1, h.shape[2]) if tail is None else tail.to(h.dtype)
+        seq = torch.cat([before, h], dim=1)
+        return h + self.conv(seq.transpose(1, 2)).transpose(1, 2), seq[:, seq.shape[1] - (k - 1):]
+
+
 class Block(nn.Module):
-    """Pre-norm: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm: x + attn(ln(x)) (with ``short_conv``: x + attn(c(ln(x))), c a short convolution over
+    time), then x + mlp(ln(x))."""
 
     def __init__(self, cfg: ModelConfig, shared_position=None):
         super().__init__()
@@ -43,9 +65,16 @@ class Block(nn.Module):
         self.attn = ATTENTION[kind](cfg.d_model, cfg.n_heads, position, causal=cfg.causal, dropout=cfg.dropout,
                                     **attn_opts)
         self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.short = ShortConv(cfg.d_model, cfg.short_conv, cfg.causal) if cfg.short_conv else None
 
     def forward(self, x, positions, state=None, return_state=False):
-        a, state = self.attn(self.ln1(x), positions, state=state, return_state=return_state)
+        h = self.ln1(x)
+        if self.short is None:
+            a, state = self.attn(h, positions, state=state, return_state=return_state)
+        else:  # the state: (attention's, the convolution's last inputs)
+            h, tail = self.short(h, None if state is None else state[1])
+            a, s = self.attn(h, positions, state=None if state is None else state[0], return_state=return_state)
+            state = (s, tail) if return_state else None
         x = x + a
         return x + self.mlp(self.ln2(x)), state
 

@@ -32,7 +32,8 @@ _POSITIVE = Rule("int", low=1)
 # the allowed values of the model's own fields (its attention and position scheme check theirs)
 RULES = {"vocab_size": _POSITIVE, "d_model": _POSITIVE, "n_layers": _POSITIVE, "n_heads": _POSITIVE,
          "d_ff": _POSITIVE, "max_len": _POSITIVE, "dropout": Rule("number", low=0, below=1),
-         "causal": Rule("bool"), "tie_weights": Rule("bool"), "n_classes": Rule("int", low=2, null=True)}
+         "causal": Rule("bool"), "tie_weights": Rule("bool"), "n_classes": Rule("int", low=2, null=True),
+         "short_conv": Rule("int", low=0)}
 
 
 @dataclass
@@ -47,6 +48,9 @@ class ModelConfig:
     causal: bool = True
     n_classes: Optional[int] = None  # set: an encoder with mean pooling and a classifier head
     tie_weights: bool = True
+    # kernel of a depthwise convolution over time before each attention (causal for a decoder; Zoology's
+    # BaseConv-style short mixing, which hands every position its neighbours' tokens); 0: none
+    short_conv: int = 0
     attention: Dict[str, Any] = field(default_factory=lambda: {"kind": "softmax"})
     position: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     name: Optional[str] = None  # the label (a preset's name; ``label``)
@@ -144,6 +148,8 @@ class ModelConfig:
         if kind == "linear":
             out.update({f"attention.{k}": self.attention_setting(k) for k in ("feature_map", "placement")})
         out.update({f"position.{k}": v for k, v in sorted(self.position.items()) if k not in EVALUATION_OPTIONS})
+        if self.short_conv:
+            out["short_conv"] = self.short_conv
         return out
 
     def tags(self, task: Optional[str] = None) -> List[str]:

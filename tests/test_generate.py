@@ -5,9 +5,9 @@ import torch
 from linrope.model import TransformerLM
 
 
-def tiny(position, **attention):
+def tiny(position, short_conv=0, **attention):
     torch.manual_seed(0)
-    return TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64,
+    return TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64, short_conv=short_conv,
                               attention={"kind": "linear", "impl": "chunk", "chunk_size": 8, **attention},
                               position=position)).double().eval()
 
@@ -18,8 +18,10 @@ def tiny(position, **attention):
     ({"name": "alibi"}, {}),
     ({"name": "sinusoidal"}, {}),
 ])
-def test_recurrent_steps_match_chunk_logits(position, attention):
-    model = tiny(position, **attention)
+@pytest.mark.parametrize("short_conv", [0, 3])
+def test_recurrent_steps_match_chunk_logits(position, attention, short_conv):
+    """With a short convolution the state also carries its last inputs."""
+    model = tiny(position, short_conv, **attention)
     idx = torch.randint(0, 256, (2, 37), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(idx)
@@ -91,3 +93,36 @@ def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys)
     torch.save(saved, odd)
     with pytest.raises(CheckpointError, match=f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{d}"):
         generate(compose_generate(f"ckpt={odd}"))
+
+
+@pytest.mark.parametrize("kind", ["linear", "softmax"])
+def test_a_model_with_a_short_convolution_stays_causal(kind):
+    torch.manual_seed(0)
+    model = TransformerLM(dict(d_model=16, n_heads=2, n_layers=2, d_ff=32, max_len=32, short_conv=4,
+                               attention={"kind": kind}, position={"name": "rope"})).double().eval()
+    idx = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(2))
+    other = idx.clone()
+    other[0, 9] = (idx[0, 9] + 1) % 256
+    with torch.no_grad():
+        a, b = model(idx), model(other)
+    assert torch.equal(a[:, :9], b[:, :9]) and not torch.equal(a[:, 9:], b[:, 9:])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_short_convolution_reaches_its_kernel_and_continues_from_its_tail(causal):
+    """A causal kernel of 4 moves outputs t … t+3 when input t changes (centred: t-2 … t+1); fed in two pieces
+    with the tail carried, it gives what the whole sequence gives."""
+    from linrope.model import ShortConv
+    torch.manual_seed(0)
+    conv = ShortConv(8, 4, causal).double()
+    h = torch.randn(2, 20, 8, dtype=torch.float64)
+    other = h.clone()
+    other[:, 9] += 1.0
+    with torch.no_grad():
+        (a, _), (b, _) = conv(h), conv(other)
+        moved = [t for t in range(20) if not torch.equal(a[:, t], b[:, t])]
+        assert moved == ([9, 10, 11, 12] if causal else [7, 8, 9, 10])
+        if causal:
+            first, tail = conv(h[:, :7])
+            second, _ = conv(h[:, 7:], tail)
+            torch.testing.assert_close(torch.cat([first, second], 1), a, rtol=1e-12, atol=1e-12)
