@@ -160,19 +160,24 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False) 
     return text
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m linrope.budget", description=__doc__.split("\n\n")[0],
+def arms_main(module: str, doc: str, prefix: str, table, written: str, argv: Optional[Sequence[str]] = None) -> int:
+    """The command line of a table over a study's arms (linrope.budget, linrope.recall)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="example:\n  python -m linrope.budget docs/results/budget")
-    ap.add_argument("folder", type=Path, help="the study folder holding steps<N>/ folders of runs")
-    ap.add_argument("--no-reports", action="store_true", help="only the budget table, not each budget's report")
-    ap.add_argument("--allow-mixed", action="store_true", help="passed to each budget's report")
+                                 epilog=f"example:\n  python -m {module} docs/results/{module.split('.')[-1]}")
+    ap.add_argument("folder", type=Path, help=f"the study folder holding {prefix}<N>/ folders of runs")
+    ap.add_argument("--no-reports", action="store_true", help="only the table, not each arm's own report")
+    ap.add_argument("--allow-mixed", action="store_true", help="passed to each arm's report")
     args = ap.parse_args(argv)
     if not args.folder.is_dir():
         ap.error(f"{args.folder}: not a folder")
-    print(budget_table(args.folder, reports=not args.no_reports, allow_mixed=args.allow_mixed))
-    print(f"wrote {args.folder / 'budget.md'}")
+    print(table(args.folder, reports=not args.no_reports, allow_mixed=args.allow_mixed))
+    print(f"wrote {args.folder / written}")
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return arms_main("linrope.budget", __doc__, "steps", budget_table, "budget.md", argv)
 
 
 if __name__ == "__main__":

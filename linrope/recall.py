@@ -9,13 +9,12 @@ whether the positive control (``softmax_rope``) reached ``CONTROL_BAR`` in every
 the paired differences ``PAIRS_ASKED`` per width.  Light: no torch."""
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from linrope.budget import Claim, arms, cell, claim_results, write_reports
+from linrope.budget import Claim, arms, arms_main, cell, claim_results, write_reports
 from linrope.runs import by_seed, find_runs, group_runs
 from linrope.stats import mean_ci
 
@@ -90,18 +89,7 @@ def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False) 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m linrope.recall", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="example:\n  python -m linrope.recall docs/results/recall")
-    ap.add_argument("folder", type=Path, help="the study folder holding width<N>/ folders of runs")
-    ap.add_argument("--no-reports", action="store_true", help="only the table, not each width's report")
-    ap.add_argument("--allow-mixed", action="store_true", help="passed to each width's report")
-    args = ap.parse_args(argv)
-    if not args.folder.is_dir():
-        ap.error(f"{args.folder}: not a folder")
-    print(recall_table(args.folder, reports=not args.no_reports, allow_mixed=args.allow_mixed))
-    print(f"wrote {args.folder / 'recall.md'}")
-    return 0
+    return arms_main("linrope.recall", __doc__, "width", recall_table, "recall.md", argv)
 
 
 if __name__ == "__main__":
