@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 DONE = "study_job.json"
-IGNORE = "*.ckpt\n.linrope.lock\n"
+IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n/*/*.png\n"  # per-run figures and tensors stay out: the report draws the study
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
 _ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
         assert record["test"]["test/bpb"] > 0 and f"model={name}" in record["job"]
         assert "logger=csv" in record["command"] and f"hydra.run.dir={tmp_path / 's' / name}" in record["command"]
         assert (tmp_path / "s" / name / "study.log").is_file() and (tmp_path / "s" / name / "csv" / "metrics.csv").is_file()
-    assert (tmp_path / "s" / ".gitignore").read_text().startswith("*.ckpt")
+    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "*.pt", ".linrope.lock", "/*/*.png"]
     capsys.readouterr()
     again = Study(tmp_path / "s", overrides, threads=1, commit=False)
     assert again.run(jobs=1) == 0
