@@ -26,7 +26,6 @@ scheme at all; ``check_pairing`` refuses the rest when the config is composed.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from typing import Callable, ClassVar, Dict, Optional, Tuple, Type
 
 import torch
@@ -72,15 +71,11 @@ class PositionScheme(nn.Module):
         """Where the cross-layer parameters live: the borrowed shared-role instance, or this one."""
         return self._borrowed if self._borrowed is not None else self
 
-    @contextmanager
-    def once(self):
+    def once(self) -> "_Once":
         """Within (one forward of the model): terms that depend on the positions only are computed by the
-        first layer that asks and reused by the others (``memo``)."""
-        self._memo = {}
-        try:
-            yield
-        finally:
-            self._memo = None
+        first layer that asks and reused by the others (``memo``).  A plain class rather than a
+        ``contextmanager`` generator, which torch.compile of torch 2.4 cannot trace."""
+        return _Once(self)
 
     def memo(self, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self._memo is None:
@@ -132,3 +127,17 @@ def register(cls: Type[PositionScheme]) -> Type[PositionScheme]:
         raise ValueError(f"position scheme {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
     return cls
+
+
+class _Once:
+    """``PositionScheme.once()``: a memo for one forward."""
+
+    def __init__(self, scheme: PositionScheme):
+        self.scheme = scheme
+
+    def __enter__(self) -> None:
+        self.scheme._memo = {}
+
+    def __exit__(self, *exc) -> bool:
+        self.scheme._memo = None
+        return False
