@@ -102,6 +102,8 @@ def fate(results: Sequence[Any]) -> str:
     signs = [sign(r) for r in results]
     if any(r is None or r.diff.n < 2 for r in results):
         return "incomplete"
+    if len(results) < 2:
+        return "one budget so far"
     first, last = signs[0], signs[-1]
     if first and last:
         return "holds" if first == last and all(s == first for s in signs) else "flips"

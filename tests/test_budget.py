@@ -67,6 +67,7 @@ class R:  # a Paired stand-in: resolved iff lo and hi share a sign
     ([R(0.1, -0.5, 0.6), R(0.1, -0.5, 0.6)], "undecided"),
     ([R(-1, -2, -0.5), None], "incomplete"),
     ([R(-1, -2, -0.5), R(-1, -2, -0.5, n=1)], "incomplete"),
+    ([R(-1, -2, -0.5)], "one budget so far"),
 ])
 def test_fate(results, expected):
     assert fate(results) == expected
