@@ -65,6 +65,28 @@ def user_config_dirs(argv: Sequence[str]) -> List[Path]:
     return [d if d.is_absolute() else Path(os.getcwd()) / d for d in dirs]
 
 
+def config_dirs_as_overrides(argv: Sequence[str]) -> List[str]:
+    """``argv`` with ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR`` turned into the override Hydra's
+    compose API reads (``hydra.searchpath=[file://DIR]``): tools that compose without Hydra's command line
+    (linrope.sweeps, linrope.study) find a user's configs as train.py does."""
+    out: List[str] = []
+    dirs: List[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        flag, eq, inline = args[i].partition("=")
+        if flag in ("-cd", "--config-dir"):
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            dirs.append(str(Path(value).expanduser().resolve()))
+            i += 1 if eq else 2
+            continue
+        out.append(args[i])
+        i += 1
+    if dirs:
+        out.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]")
+    return out
+
+
 def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
     """``group=option`` overrides of the config groups in ``conf/`` (and in the user's config folders on the
     command line) whose option has no file there. Sweeps (``model=a,b``) are checked item by item; values with

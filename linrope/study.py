@@ -188,11 +188,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads per job (default: cores / jobs)")
     ap.add_argument("--commit", action="store_true", help="git-commit each job's folder as it finishes")
     ap.add_argument("--list", action="store_true", help="list the jobs and their state, train nothing")
+    ap.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
+                    help="a folder of your own configs (presets, experiments), as for train.py")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
-    study = Study(args.dir, args.overrides, threads, args.commit)
+    from linrope.command_line import config_dirs_as_overrides
+    overrides = config_dirs_as_overrides([*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)])
+    study = Study(args.dir, overrides, threads, args.commit)
     if args.list:
         for job, name in zip(study.jobs, study.names):
             print(f"{state(args.dir / name):8} {name:32} {' '.join(job)}")

@@ -3,6 +3,7 @@ checked (``linrope.config.validate``) without training anything.
 
     python -m linrope.sweeps experiment=pe_compare
     python -m linrope.sweeps experiment=linear_rope_ablation trainer.max_steps=50
+    python -m linrope.sweeps --config-dir my_conf model=my_preset     (a folder of your own configs)
 
 Expands ``hydra.sweeper.params`` of the composed config and the sweeps on the command line
 (``a=x,y``) the way Hydra's basic sweeper does (the command line wins over the config for one key).
@@ -17,7 +18,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from linrope.command_line import CONF_DIR
+from linrope.command_line import CONF_DIR, config_dirs_as_overrides
 from linrope.config import ConfigError, validate
 
 CONF = CONF_DIR  # linrope.command_line: the package's configs, in a checkout or installed
@@ -65,7 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    results = check_jobs(argv)
+    results = check_jobs(config_dirs_as_overrides(argv))
     for i, (job, err) in enumerate(results):
         print(f"#{i:<3} {' '.join(job)}" + ("" if err is None else f"\n     REFUSED: {err}"))
     bad = sum(err is not None for _, err in results)

@@ -68,3 +68,20 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[job] running elsewhere (pid 1 on elsewhere): left to it" in out and "training" not in out
     assert not (tmp_path / "s" / "job.log").exists()
+
+
+def test_a_users_config_folder_reaches_the_dry_run_and_the_study(tmp_path, capsys):
+    """--config-dir DIR becomes Hydra's search path for linrope.sweeps and linrope.study, as for train.py; a
+    typo in such a preset is refused by the dry run in one line."""
+    from linrope import sweeps
+    from linrope.study import main
+    (tmp_path / "mine" / "model").mkdir(parents=True)
+    (tmp_path / "mine" / "model" / "my_preset.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /attention: linear\n  - override /position: rope\n"
+        "model:\n  name: my_preset\n")
+    (tmp_path / "mine" / "model" / "typo.yaml").write_text("# @package _global_\nmodel:\n  d_modle: 5\n")
+    assert main([str(tmp_path / "s"), "model=my_preset,linear", "seed=1", "-cd", str(tmp_path / "mine"), "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "my_preset" in out and "todo" in out
+    assert sweeps.main(["--config-dir", str(tmp_path / "mine"), "model=typo"]) == 1
+    assert "REFUSED: model.d_modle: unknown option; did you mean d_model?" in capsys.readouterr().out
