@@ -55,10 +55,18 @@ CLAIMS = (
 EXTRA_PAIRS = tuple(dict.fromkeys((c.a, c.b) for c in CLAIMS if (c.a, c.b) not in PAIRS))
 
 
-def budgets(folder: Path) -> List[Path]:
-    """The budget folders of a study, smallest first: ``steps<N>``."""
-    found = [p for p in folder.iterdir() if p.is_dir() and re.fullmatch(r"steps\d+", p.name)]
-    return sorted(found, key=lambda p: int(p.name[5:]))
+def arms(folder: Path, prefix: str = "steps") -> List[Path]:
+    """The arms of a study, smallest first: its folders ``<prefix><N>`` (steps800, width64)."""
+    found = [p for p in folder.iterdir() if p.is_dir() and re.fullmatch(rf"{prefix}\d+", p.name)]
+    return sorted(found, key=lambda p: int(p.name[len(prefix):]))
+
+
+def write_reports(folders: Sequence[Path], task: str, pairs: Sequence, allow_mixed: bool = False) -> None:
+    """Each arm's own linrope.report beside its runs, with the ``pairs`` both of whose configurations ran."""
+    for arm in folders:
+        have = set(group_runs(find_runs(arm)).get(task, {}))
+        extra = [(a, b) for a, b in pairs if a in have and b in have and (a, b) not in PAIRS]  # a study still running
+        build_report([arm], arm, [*PAIRS, *extra], allow_mixed=allow_mixed)
 
 
 def value_of(metric: str):
@@ -70,9 +78,9 @@ def value_of(metric: str):
     return lambda run: run.value(metric, "last")
 
 
-def claim_results(folder: Path, claims: Sequence[Claim] = CLAIMS) -> Dict[Claim, Any]:
-    """claim -> Paired at this budget (None when a configuration is missing)."""
-    groups = group_runs(find_runs(folder)).get("bytes", {})
+def claim_results(folder: Path, claims: Sequence[Claim] = CLAIMS, task: str = "bytes") -> Dict[Claim, Any]:
+    """claim -> Paired in this arm (None when a configuration is missing)."""
+    groups = group_runs(find_runs(folder)).get(task, {})
     out = {}
     for c in claims:
         if c.a in groups and c.b in groups:
@@ -114,25 +122,22 @@ def cell(r) -> str:
     return f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n})"
 
 
-def budget_table(folder: Path, write_reports: bool = True, allow_mixed: bool = False) -> str:
-    arms = budgets(folder)
-    if not arms:
+def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, write: bool = True) -> str:
+    budgets = arms(folder)
+    if not budgets:
         raise SystemExit(f"linrope.budget: no budget folders (steps<N>/) in {folder}")
-    if write_reports:
-        for arm in arms:
-            have = set(group_runs(find_runs(arm)).get("bytes", {}))
-            extra = [(a, b) for a, b in EXTRA_PAIRS if a in have and b in have]  # a study still running
-            build_report([arm], arm, [*PAIRS, *extra], allow_mixed=allow_mixed)
-    results = {arm.name: claim_results(arm) for arm in arms}
-    names = [f"{int(a.name[5:])} steps" for a in arms]
+    if reports:
+        write_reports(budgets, "bytes", EXTRA_PAIRS, allow_mixed)
+    results = {arm.name: claim_results(arm) for arm in budgets}
+    names = [f"{int(a.name[5:])} steps" for a in budgets]
     header = ["claim", "A − B", "metric", *names, "with more budget"]
     lines = [f"| {' | '.join(header)} |", "|" + "|".join("---" for _ in header) + "|"]
     rows: List[Dict[str, Any]] = []
     for c in CLAIMS:
-        per = [results[a.name][c] for a in arms]
+        per = [results[a.name][c] for a in budgets]
         what = fate(per)
         lines.append(f"| {c.text} | {c.a} − {c.b} | {c.metric} | " + " | ".join(cell(r) for r in per) + f" | {what} |")
-        for arm, r in zip(arms, per):
+        for arm, r in zip(budgets, per):
             if r is not None:
                 rows.append({"claim": c.text, "budget": arm.name, "fate": what, **pair_record("bytes", c.metric, c.a,
                                                                                               c.b, r)})
@@ -141,11 +146,13 @@ def budget_table(folder: Path, write_reports: bool = True, allow_mixed: bool = F
         "",
         f"Paired differences A − B (lower bpb is better), mean [95% t-interval] over the seeds both configurations "
         f"finished; **bold**: the interval excludes 0.  Budgets: {', '.join(names)} "
-        f"(folders {', '.join(a.name for a in arms)}, each with its own report.md).  'with more budget': holds (same "
+        f"(folders {', '.join(a.name for a in budgets)}, each with its own report.md).  'with more budget': holds (same "
         f"resolved sign at every budget), flips (opposite signs), budget artefact (resolved at {names[0]} only), "
         f"emerges (resolved at {names[-1]} only), undecided (resolved at none), incomplete (a budget lacks two "
         f"seeds).  Written by `python -m linrope.budget {folder}`.",
         "", *lines, ""])
+    if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
+        return text
     (folder / "budget.md").write_text(text)
     if rows:
         with open(folder / "budget.csv", "w", newline="") as f:
@@ -155,19 +162,24 @@ def budget_table(folder: Path, write_reports: bool = True, allow_mixed: bool = F
     return text
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m linrope.budget", description=__doc__.split("\n\n")[0],
+def arms_main(module: str, doc: str, prefix: str, table, written: str, argv: Optional[Sequence[str]] = None) -> int:
+    """The command line of a table over a study's arms (linrope.budget, linrope.recall)."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="example:\n  python -m linrope.budget docs/results/budget")
-    ap.add_argument("folder", type=Path, help="the study folder holding steps<N>/ folders of runs")
-    ap.add_argument("--no-reports", action="store_true", help="only the budget table, not each budget's report")
-    ap.add_argument("--allow-mixed", action="store_true", help="passed to each budget's report")
+                                 epilog=f"example:\n  python -m {module} docs/results/{module.split('.')[-1]}")
+    ap.add_argument("folder", type=Path, help=f"the study folder holding {prefix}<N>/ folders of runs")
+    ap.add_argument("--no-reports", action="store_true", help="only the table, not each arm's own report")
+    ap.add_argument("--allow-mixed", action="store_true", help="passed to each arm's report")
     args = ap.parse_args(argv)
     if not args.folder.is_dir():
         ap.error(f"{args.folder}: not a folder")
-    print(budget_table(args.folder, write_reports=not args.no_reports, allow_mixed=args.allow_mixed))
-    print(f"wrote {args.folder / 'budget.md'}")
+    print(table(args.folder, reports=not args.no_reports, allow_mixed=args.allow_mixed))
+    print(f"wrote {args.folder / written}")
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return arms_main("linrope.budget", __doc__, "steps", budget_table, "budget.md", argv)
 
 
 if __name__ == "__main__":

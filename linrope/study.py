@@ -13,6 +13,8 @@ ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores /
 * ``--commit`` commits each job's folder as it finishes (checkpoints excepted: ``<dir>/.gitignore``), so
   a study run in pieces across sessions keeps every finished run.
 * A job that fails is reported (with its log) and left unfinished; the others go on; exit status 1.
+* Two drivers may share a study (one started later to add cores): a job whose folder another run holds
+  (its lock, linrope.run.folder) is left to it.
 
 ``python -m linrope.report <dir>`` reads whatever has finished."""
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 DONE = "study_job.json"
-IGNORE = "*.ckpt\n.linrope.lock\n"
+IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n/*/*.png\n"  # per-run figures and tensors stay out: the report draws the study
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,8 +113,15 @@ class Study:
         return [sys.executable, "-m", "linrope.train", *fixed, *job, f"hydra.run.dir={folder}", "ckpt_path=auto"]
 
     def run_one(self, i: int, total: int) -> None:
+        from linrope.run.folder import lock_holder  # light: no torch
         job, name = self.jobs[i], self.names[i]
         folder = self.dir / name
+        if state(folder) == "done":  # finished meanwhile by another process of this study
+            return
+        holder = lock_holder(folder)
+        if holder:  # another process of this study runs it (two drivers may share a study)
+            print(f"[{name}] running elsewhere ({holder}): left to it", flush=True)
+            return
         folder.mkdir(parents=True, exist_ok=True)
         cmd = self.command(job, folder)
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))

@@ -117,7 +117,8 @@ LAYERS = [
     ("Lightning", ("lit", "movement")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),
     ("orchestration", ("training", "train")),
-    ("tools", ("runs", "caveats", "report", "report_provenance", "figures", "dashboard", "sweeps")),
+    ("tools", ("runs", "caveats", "report", "report_provenance", "figures", "dashboard", "sweeps", "study", "budget",
+               "recall")),
 ]
 
 

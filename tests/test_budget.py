@@ -26,7 +26,7 @@ def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
                                  "softmax_rope": [3.00, 3.03, 3.01]})
     write_budget(tmp_path, 3200, {"linear": [3.10, 3.12, 3.11], "linear_rope": [3.20, 3.23, 3.22],
                                   "softmax_rope": [2.50, 2.52, 2.53]})
-    text = budget_table(tmp_path, write_reports=True)
+    text = budget_table(tmp_path, reports=True)
     rope = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))
     r800 = claim_results(tmp_path / "steps800")[rope]
     expected = paired({1: 3.00, 2: 3.03, 3: 3.01}, {1: 3.30, 2: 3.32, 3: 3.31})

@@ -104,3 +104,38 @@ def test_the_reproduce_script_runs_exactly_the_two_studies():
     assert ran == expected and len(ran) == 60 + 48
     for name, _ in pieces:
         assert f"$LOGS\"/{name}" in script  # every piece is read by a report
+
+
+# ---- studies run job by job (linrope.study), read by arm: every run's folder is committed ------------------------
+ARMED = {"budget": ("steps", "budget.md"), "recall": ("width", "recall.md")}
+
+
+def armed_studies():
+    return [s for s in ARMED if (RESULTS / s / ARMED[s][1]).is_file()]
+
+
+@pytest.mark.parametrize("study", armed_studies())
+def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
+    """budget.md / recall.md equal what linrope.budget / linrope.recall compute from the run folders committed
+    beside them; every finished job has its metrics and provenance; each arm's runs.csv matches its runs."""
+    from linrope.budget import arms, budget_table
+    from linrope.recall import recall_table
+    from linrope.runs import find_runs
+    prefix, table = ARMED[study]
+    folder = RESULTS / study
+    compute = budget_table if study == "budget" else recall_table
+    assert compute(folder, reports=False, write=False) == (folder / table).read_text()
+    for arm in arms(folder, prefix):
+        jobs = sorted(p.parent for p in arm.glob("*/study_job.json"))
+        assert jobs, f"{arm}: no finished job"
+        for job in jobs:
+            assert (job / "csv" / "metrics.csv").is_file() and (job / "provenance.json").is_file(), job
+            assert not list(job.rglob("*.ckpt")), f"{job}: checkpoints are not committed"
+        runs = {str(r.path.name): r for r in find_runs(arm)}
+        assert set(runs) == {j.name for j in jobs}  # no unfinished run in the folder
+        committed = rows(arm / "runs.csv")
+        assert len(committed) == len(jobs)
+        for r in committed:
+            run = runs[Path(r["run"]).name]
+            header = columns_for(r["task"])[0][0]
+            assert number(r[header]) == pytest.approx(run.value(header, "last"), abs=1e-12)

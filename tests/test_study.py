@@ -32,7 +32,7 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
         assert record["test"]["test/bpb"] > 0 and f"model={name}" in record["job"]
         assert "logger=csv" in record["command"] and f"hydra.run.dir={tmp_path / 's' / name}" in record["command"]
         assert (tmp_path / "s" / name / "study.log").is_file() and (tmp_path / "s" / name / "csv" / "metrics.csv").is_file()
-    assert (tmp_path / "s" / ".gitignore").read_text().startswith("*.ckpt")
+    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "*.pt", ".linrope.lock", "/*/*.png"]
     capsys.readouterr()
     again = Study(tmp_path / "s", overrides, threads=1, commit=False)
     assert again.run(jobs=1) == 0
@@ -48,3 +48,23 @@ def test_a_failed_job_is_named_and_left_unfinished(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[job] FAILED (exit status 1)" in out and "not finished: job" in out
     assert state(tmp_path / "s" / "job") == "todo" and "nonexistent" in (tmp_path / "s" / "job.log").read_text()
+
+
+def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
+    """Two drivers may share a study: a job whose run folder is locked by a live run is not started again."""
+    import fcntl
+    import os
+    folder = tmp_path / "s" / "job"
+    folder.mkdir(parents=True)
+    fd = os.open(folder / ".linrope.lock", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"pid 1 on elsewhere\n")
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        study = Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1,
+                      commit=False)
+        assert study.run(jobs=1) == 1  # not finished here
+    finally:
+        os.close(fd)
+    out = capsys.readouterr().out
+    assert "[job] running elsewhere (pid 1 on elsewhere): left to it" in out and "training" not in out
+    assert not (tmp_path / "s" / "job.log").exists()

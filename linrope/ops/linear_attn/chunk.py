@@ -11,7 +11,6 @@ Operator outputs are always tensors: where a result does not exist (no final sta
 saved state with a single block, no gradient that was not asked for) an empty placeholder stands in, and the
 wrappers below turn it back into None.
 """
-from __future__ import annotations
 
 from typing import Optional
 

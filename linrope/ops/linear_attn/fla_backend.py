@@ -26,7 +26,6 @@ fla has no float64: float64 inputs are refused.  Causal only.
 
 Nothing here imports fla or triton before a call needs them (``import linrope.ops`` stays free of both).
 """
-from __future__ import annotations
 
 import importlib.util
 import math

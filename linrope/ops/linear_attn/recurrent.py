@@ -9,7 +9,6 @@ exactly as ``naive.py`` defines it.  This is the generation form: ``recurrent_st
 and memory per token whatever the position (the RoPE angle is formed from the position itself).
 Causal only.  States are float32 (float64 for float64 inputs) whatever the input precision.
 """
-from __future__ import annotations
 
 from typing import Optional, Union
 

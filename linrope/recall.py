@@ -1,0 +1,98 @@
+"""Recall against model width: the calibrated recall probe (``conf/experiment/recall.yaml``) at every width a
+study ran (``<dir>/width64``, ``<dir>/width128``), side by side, as Zoology draws it.
+
+    python -m linrope.recall docs/results/recall
+
+Writes each width's own report (``linrope.report``, beside its runs), then ``<dir>/recall.md`` and
+``recall.csv``: test accuracy per configuration and width (mean ± the 95% t half-width, the lowest seed, n),
+whether the positive control (``softmax_rope``) reached ``CONTROL_BAR`` in every seed at every width, and
+the paired differences ``PAIRS_ASKED`` per width.  Light: no torch."""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from linrope.budget import Claim, arms, arms_main, cell, claim_results, write_reports
+from linrope.runs import by_seed, find_runs, group_runs
+from linrope.stats import mean_ci
+
+TASK, METRIC = "mqar", "test/acc"
+CONTROL, CONTROL_BAR = "softmax_rope", 0.95
+PAIRS_ASKED = (("linear_rope", "linear"), ("linear_rope", "linear_rope_both"), ("linear_rope", "softmax_rope"))
+CLAIMS = tuple(Claim(f"{a} − {b}", METRIC, a, b) for a, b in PAIRS_ASKED)
+
+
+def accuracies(folder: Path) -> Dict[str, Dict[Any, float]]:
+    """configuration -> seed -> test accuracy, in one width's folder."""
+    groups = group_runs(find_runs(folder)).get(TASK, {})
+    return {label: by_seed(runs, lambda r: r.value(METRIC, "last")) for label, runs in groups.items()}
+
+
+def acc_cell(seeds: Dict[Any, float]) -> str:
+    if not seeds:
+        return "–"
+    iv = mean_ci(list(seeds.values()))
+    spread = f" ± {iv.half_width:.3f}" if iv.n > 1 else ""
+    return f"{iv.mean:.3f}{spread} (min {min(seeds.values()):.3f}, n={iv.n})"
+
+
+def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False, write: bool = True) -> str:
+    widths = arms(folder, "width")
+    if not widths:
+        raise SystemExit(f"linrope.recall: no width folders (width<N>/) in {folder}")
+    if reports:
+        write_reports(widths, TASK, PAIRS_ASKED, allow_mixed)
+    acc = {w.name: accuracies(w) for w in widths}
+    names = [f"width {int(w.name[5:])}" for w in widths]
+    configs = list(dict.fromkeys(c for w in widths for c in acc[w.name]))
+    configs.sort(key=lambda c: -max((mean_ci(list(acc[w.name][c].values())).mean for w in widths
+                                    if acc[w.name].get(c)), default=0.0))
+    rows: List[Dict[str, Any]] = []
+    lines = [f"| configuration | {' | '.join(names)} |", "|---|" + "---|" * len(names)]
+    for c in configs:
+        lines.append(f"| {c} | " + " | ".join(acc_cell(acc[w.name].get(c, {})) for w in widths) + " |")
+        for w in widths:
+            for seed, v in sorted(acc[w.name].get(c, {}).items(), key=lambda kv: str(kv[0])):
+                rows.append({"kind": "run", "configuration": c, "width": w.name, "seed": seed, METRIC: v})
+    control = [min(acc[w.name][CONTROL].values()) for w in widths if acc[w.name].get(CONTROL)]
+    passed = len(control) == len(widths) and all(v >= CONTROL_BAR for v in control)
+    control_line = (f"Positive control: {CONTROL} reached {CONTROL_BAR} test accuracy in every seed at every width "
+                    f"(lowest seed {min(control):.3f})." if passed else
+                    f"Positive control NOT met: {CONTROL} must reach {CONTROL_BAR} in every seed at every width; "
+                    f"lowest seed per width: " + (", ".join(f"{v:.3f}" for v in control) or "none ran") + ".")
+    pair_lines = [f"| A − B | {' | '.join(names)} |", "|---|" + "---|" * len(names)]
+    results = {w.name: claim_results(w, CLAIMS, TASK) for w in widths}
+    for c in CLAIMS:
+        pair_lines.append(f"| {c.text} | " + " | ".join(cell(results[w.name][c]) for w in widths) + " |")
+        for w in widths:
+            r = results[w.name][c]
+            if r is not None:
+                rows.append({"kind": "pair", "configuration": c.text, "width": w.name, "seed": " ".join(map(str, r.seeds)),
+                             METRIC: r.diff.mean, "ci low": r.diff.lo, "ci high": r.diff.hi, "n": r.diff.n})
+    text = "\n".join([
+        "# Recall (mqar) against model width", "",
+        f"Test accuracy on {TASK} (the fixed test set), mean over seeds ± the 95% t half-width, with the lowest "
+        f"seed and the number of seeds; each width's report.md is in its folder.  Written by "
+        f"`python -m linrope.recall {folder}`.", "", control_line, "", *lines, "",
+        "Paired differences of test accuracy, A − B over matching seeds, mean [95% t-interval]; **bold**: the "
+        "interval excludes 0.", "", *pair_lines, ""])
+    if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
+        return text
+    (folder / "recall.md").write_text(text)
+    if rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with open(folder / "recall.csv", "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=keys)
+            out.writeheader()
+            out.writerows(rows)
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return arms_main("linrope.recall", __doc__, "width", recall_table, "recall.md", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
