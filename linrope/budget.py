@@ -55,6 +55,14 @@ CLAIMS = (
 EXTRA_PAIRS = tuple(dict.fromkeys((c.a, c.b) for c in CLAIMS if (c.a, c.b) not in PAIRS))
 
 
+def shown(folder: Path) -> str:
+    """``folder`` as its command is typed: relative to the current folder when inside it."""
+    try:
+        return str(Path(folder).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(folder)
+
+
 def arms(folder: Path, prefix: str = "steps") -> List[Path]:
     """The arms of a study, smallest first: its folders ``<prefix><N>`` (steps800, width64)."""
     found = [p for p in folder.iterdir() if p.is_dir() and re.fullmatch(rf"{prefix}\d+", p.name)]
@@ -151,7 +159,7 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
         f"(folders {', '.join(a.name for a in budgets)}, each with its own report.md).  'with more budget': holds (same "
         f"resolved sign at every budget), flips (opposite signs), budget artefact (resolved at {names[0]} only), "
         f"emerges (resolved at {names[-1]} only), undecided (resolved at none), incomplete (a budget lacks two "
-        f"seeds).  Written by `python -m linrope.budget {folder}`.",
+        f"seeds).  Written by `python -m linrope.budget {shown(folder)}`.",
         "", *lines, ""])
     if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
         return text

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from linrope.budget import Claim, arms, arms_main, cell, claim_results, write_reports
+from linrope.budget import Claim, arms, arms_main, cell, claim_results, shown, write_reports
 from linrope.runs import by_seed, find_runs, group_runs
 from linrope.stats import mean_ci
 
@@ -75,7 +75,7 @@ def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
         "# Recall (mqar) against model width", "",
         f"Test accuracy on {TASK} (the fixed test set), mean over seeds ± the 95% t half-width, with the lowest "
         f"seed and the number of seeds; each width's report.md is in its folder.  Written by "
-        f"`python -m linrope.recall {folder}`.", "", control_line, "", *lines, "",
+        f"`python -m linrope.recall {shown(folder)}`.", "", control_line, "", *lines, "",
         "Paired differences of test accuracy, A − B over matching seeds, mean [95% t-interval]; **bold**: the "
         "interval excludes 0.", "", *pair_lines, ""])
     if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
