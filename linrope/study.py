@@ -20,6 +20,7 @@ ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores /
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 DONE = "study_job.json"
-IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n/*/*.png\n"  # per-run figures and tensors stay out: the report draws the study
+IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/*.png\n"  # per-run figures and tensors stay out: the report draws the study
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
 _ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,10 +120,23 @@ class Study:
         if state(folder) == "done":  # finished meanwhile by another process of this study
             return
         holder = lock_holder(folder)
-        if holder:  # another process of this study runs it (two drivers may share a study)
-            print(f"[{name}] running elsewhere ({holder}): left to it", flush=True)
-            return
         folder.mkdir(parents=True, exist_ok=True)
+        claim = os.open(folder / ".study.lock", os.O_RDWR | os.O_CREAT, 0o644)  # this driver's claim on the job
+        try:
+            if holder:
+                raise BlockingIOError
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process of this study runs it (two drivers may share a study)
+            os.close(claim)
+            print(f"[{name}] running elsewhere ({holder or 'another driver'}): left to it", flush=True)
+            return
+        try:
+            if state(folder) != "done":  # not finished by another driver just before this one took the claim
+                self._train(i, job, name, folder)
+        finally:
+            os.close(claim)
+
+    def _train(self, i: int, job: Sequence[str], name: str, folder: Path) -> None:
         cmd = self.command(job, folder)
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         log = self.dir / f"{name}.log"

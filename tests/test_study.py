@@ -32,7 +32,7 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
         assert record["test"]["test/bpb"] > 0 and f"model={name}" in record["job"]
         assert "logger=csv" in record["command"] and f"hydra.run.dir={tmp_path / 's' / name}" in record["command"]
         assert (tmp_path / "s" / name / "study.log").is_file() and (tmp_path / "s" / name / "csv" / "metrics.csv").is_file()
-    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "*.pt", ".linrope.lock", "/*/*.png"]
+    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "*.pt", ".linrope.lock", ".study.lock", "/*/*.png"]
     capsys.readouterr()
     again = Study(tmp_path / "s", overrides, threads=1, commit=False)
     assert again.run(jobs=1) == 0
@@ -68,6 +68,14 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[job] running elsewhere (pid 1 on elsewhere): left to it" in out and "training" not in out
     assert not (tmp_path / "s" / "job.log").exists()
+    claim = os.open(folder / ".study.lock", os.O_RDWR)  # another driver's claim on the job, before its run starts
+    fcntl.flock(claim, fcntl.LOCK_EX)
+    try:
+        assert Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1,
+                     commit=False).run(jobs=1) == 1
+    finally:
+        os.close(claim)
+    assert "[job] running elsewhere (another driver): left to it" in capsys.readouterr().out
 
 
 def test_a_users_config_folder_reaches_the_dry_run_and_the_study(tmp_path, capsys):
