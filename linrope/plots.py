@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 # matplotlib (~0.5 s) is imported inside the functions that draw: `python -m linrope.report --help` stays fast
 
@@ -54,6 +54,25 @@ def config_style(config: Mapping[str, Any]) -> Dict[str, Any]:
     if kind == "linear" and position == "rope" and config.get("model.attention.placement") == "both":
         variant = "both"
     return {"color": position_colour(position), "linestyle": linestyle, "marker": VARIANT_MARKERS.get(variant, "o")}
+
+
+DISTINCT_MARKERS = ("s", "^", "v", "D", "P", "X", "*")
+
+
+def distinct_styles(curves: Sequence["Curve"]) -> List["Curve"]:
+    """The curves, those drawn alike (configurations that differ only in what ``config_style`` does not see:
+    a learning rate, a precision) told apart by their markers and shades, in order."""
+    seen: Dict[Tuple, int] = {}
+    out = []
+    for c in curves:
+        key = (c.style.get("color"), c.style.get("linestyle"), c.style.get("marker"))
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        if k:
+            c = Curve(c.label, c.points, {**c.style, "marker": DISTINCT_MARKERS[(k - 1) % len(DISTINCT_MARKERS)],
+                                          "alpha": max(0.45, 1.0 - 0.2 * k)})
+        out.append(c)
+    return out
 
 
 @dataclass

@@ -34,7 +34,8 @@ from linrope import report_provenance as provenance
 from linrope.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
                              params_cell)
 from linrope.command_line import program
-from linrope.plots import SCALING_STYLES, Curve, Panel, by_last_value, config_style, plot_curves, series_colour
+from linrope.plots import (SCALING_STYLES, Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves,
+                           series_colour)
 from linrope.runs import Run, by_seed, find_runs, group_runs
 from linrope.stats import Interval, Paired, mean_ci, paired
 
@@ -163,7 +164,7 @@ def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Opti
             for step, v in r.series.get(metric, []):
                 points.setdefault(step, []).append(v)
         curves.append(Curve(label, points, config_style(runs[0].config)))
-    curves = by_last_value(curves, descending=higher_is_better(metric))
+    curves = distinct_styles(by_last_value(curves, descending=higher_is_better(metric)))
     return plot_curves([Panel("", curves)], path, xlabel="training step", ylabel=metric,
                        title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}",
                        note=band_note(groups))
@@ -179,7 +180,7 @@ def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> O
 
     plain = [Curve(r["label"], points(r), config_style(groups[r["label"]][0].config))
              for r in rows if r["scaling"] == "none"]
-    panels = [Panel("as trained", by_last_value(plain, descending=metric == "acc"))]
+    panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")))]
     scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
     if scaled_labels:
         scaled = [Curve(f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}", points(r),

@@ -228,3 +228,18 @@ def test_a_resumed_run_measures_from_its_own_start(compose, tmp_path):
     other.on_train_end(SimpleNamespace(global_step=60, is_global_zero=True), module)
     rec = json.loads((tmp_path / "elsewhere" / "parameters.json").read_text())
     assert rec["position"]["pos_shared.bias"]["change_norm"] is None
+
+
+def test_curves_drawn_alike_are_told_apart():
+    """Configurations that differ only in what the style does not see (a learning rate, a precision) get their
+    own markers and shades; the first keeps its style, and curves drawn differently are left as they are."""
+    from linrope.plots import Curve, distinct_styles
+    same = {"color": "red", "linestyle": "-", "marker": "o"}
+    curves = [Curve("a lr=1", {1: [1.0]}, dict(same)), Curve("a lr=2", {1: [2.0]}, dict(same)),
+              Curve("b", {1: [3.0]}, {"color": "blue", "linestyle": "-", "marker": "o"}),
+              Curve("a lr=3", {1: [4.0]}, dict(same))]
+    out = distinct_styles(curves)
+    assert [c.label for c in out] == ["a lr=1", "a lr=2", "b", "a lr=3"]
+    assert out[0].style == same and out[2].style == curves[2].style
+    markers = [c.style["marker"] for c in (out[0], out[1], out[3])]
+    assert len(set(markers)) == 3 and out[1].style["alpha"] > out[3].style["alpha"]
