@@ -156,10 +156,12 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
         "",
         f"Paired differences A − B (lower bpb is better), mean [95% t-interval] over the seeds both configurations "
         f"finished; **bold**: the interval excludes 0.  Budgets: {', '.join(names)} "
-        f"(folders {', '.join(a.name for a in budgets)}, each with its own report.md).  'with more budget': holds (same "
-        f"resolved sign at every budget), flips (opposite signs), budget artefact (resolved at {names[0]} only), "
-        f"emerges (resolved at {names[-1]} only), undecided (resolved at none), incomplete (a budget lacks two "
-        f"seeds).  Written by `python -m linrope.budget {shown(folder)}`.",
+        f"(folders {', '.join(a.name for a in budgets)}, each with its own report.md).  " + (
+            f"'with more budget': holds (same resolved sign at every budget), flips (opposite signs), budget "
+            f"artefact (resolved at {names[0]} only), emerges (resolved at {names[-1]} only), undecided (resolved "
+            f"at none), incomplete (a budget lacks two seeds).  " if len(budgets) > 1 else
+            "Only one budget has run so far: no claim can be followed yet.  ") +
+        f"Written by `python -m linrope.budget {shown(folder)}`.",
         "", *lines, ""])
     if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
         return text
