@@ -113,7 +113,7 @@ class Study:
         fixed = [o for o in self.fixed if o.split("=", 1)[0] not in fixed_keys]  # the sweep value wins
         return [sys.executable, "-m", "linrope.train", *fixed, *job, f"hydra.run.dir={folder}", "ckpt_path=auto"]
 
-    def run_one(self, i: int, total: int) -> None:
+    def run_one(self, i: int) -> None:
         from linrope.run.folder import lock_holder  # light: no torch
         job, name = self.jobs[i], self.names[i]
         folder = self.dir / name
@@ -132,11 +132,11 @@ class Study:
             return
         try:
             if state(folder) != "done":  # not finished by another driver just before this one took the claim
-                self._train(i, job, name, folder)
+                self._train(job, name, folder)
         finally:
             os.close(claim)
 
-    def _train(self, i: int, job: Sequence[str], name: str, folder: Path) -> None:
+    def _train(self, job: Sequence[str], name: str, folder: Path) -> None:
         cmd = self.command(job, folder)
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
         log = self.dir / f"{name}.log"
@@ -167,9 +167,11 @@ class Study:
 
     def run(self, jobs: int) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
-        gitignore = self.dir / ".gitignore"
-        if not gitignore.exists():
-            gitignore.write_text(IGNORE)
+        gitignore = self.dir / ".gitignore"  # a folder of an older study gets the lines it lacks
+        kept = gitignore.read_text().splitlines() if gitignore.exists() else []
+        missing = [line for line in IGNORE.splitlines() if line not in kept]
+        if missing:
+            gitignore.write_text("".join(f"{line}\n" for line in kept + missing))
         todo = [i for i, n in enumerate(self.names) if state(self.dir / n) != "done"]
         print(f"linrope.study: {len(self.jobs)} jobs in {self.dir}: {len(self.jobs) - len(todo)} done, "
               f"{len(todo)} to run, {jobs} at a time with {self.threads} thread(s) each", flush=True)
@@ -182,7 +184,7 @@ class Study:
         previous = signal.signal(signal.SIGTERM, forward)
         try:
             with ThreadPoolExecutor(max_workers=jobs) as pool:
-                list(pool.map(lambda i: self.run_one(i, len(todo)), todo))
+                list(pool.map(self.run_one, todo))
         finally:
             signal.signal(signal.SIGTERM, previous)
         left = [n for n in self.names if state(self.dir / n) != "done"]

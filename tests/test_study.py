@@ -56,6 +56,7 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     import os
     folder = tmp_path / "s" / "job"
     folder.mkdir(parents=True)
+    (tmp_path / "s" / ".gitignore").write_text("*.ckpt\nmine\n")  # an older study's: it gains what it lacks
     fd = os.open(folder / ".linrope.lock", os.O_RDWR | os.O_CREAT)
     os.write(fd, b"pid 1 on elsewhere\n")
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -68,6 +69,8 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[job] running elsewhere (pid 1 on elsewhere): left to it" in out and "training" not in out
     assert not (tmp_path / "s" / "job.log").exists()
+    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "mine", "*.pt", ".linrope.lock",
+                                                                    ".study.lock", "/*/*.png"]
     claim = os.open(folder / ".study.lock", os.O_RDWR)  # another driver's claim on the job, before its run starts
     fcntl.flock(claim, fcntl.LOCK_EX)
     try:
