@@ -132,6 +132,23 @@ def cell(r) -> str:
     return f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n})"
 
 
+def per_run_lines(budgets: Sequence[Path], task: str = "bytes") -> List[str]:
+    """One row per configuration and seed: each claim metric at each budget (what every interval is made of)."""
+    metrics = list(dict.fromkeys(c.metric for c in CLAIMS))
+    configs = list(dict.fromkeys(x for c in CLAIMS for x in (c.a, c.b)))
+    groups = {arm.name: group_runs(find_runs(arm)).get(task, {}) for arm in budgets}
+    values = {(arm.name, m, label): by_seed(groups[arm.name].get(label, []), value_of(m))
+              for arm in budgets for m in metrics for label in configs}
+    header = ["configuration", "seed", *(f"{m} at {int(a.name[5:])}" for m in metrics for a in budgets)]
+    lines = [f"| {' | '.join(header)} |", "|" + "|".join("---" for _ in header) + "|"]
+    for label in configs:
+        seeds = sorted({s for arm in budgets for s in values[(arm.name, metrics[0], label)]}, key=str)
+        for seed in seeds:
+            got = [values[(a.name, m, label)].get(seed) for m in metrics for a in budgets]
+            lines.append(f"| {label} | {seed} | " + " | ".join("–" if v is None else f"{v:.4f}" for v in got) + " |")
+    return lines
+
+
 def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, write: bool = True) -> str:
     budgets = arms(folder)
     if not budgets:
@@ -162,7 +179,11 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
             f"at none), incomplete (a budget lacks two seeds).  " if len(budgets) > 1 else
             "Only one budget has run so far: no claim can be followed yet.  ") +
         f"Written by `python -m linrope.budget {shown(folder)}`.",
-        "", *lines, ""])
+        "", *lines, "",
+        "## Per-run values", "",
+        "What every interval above is made of: each run's value, by configuration and seed (bpb@<length>: the "
+        "extrapolation table as trained, no scaling; –: the run has not finished).", "",
+        *per_run_lines(budgets), ""])
     if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
         return text
     (folder / "budget.md").write_text(text)

@@ -36,6 +36,9 @@ def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
     behind = next(c for c in CLAIMS if (c.a, c.b) == ("linear_rope", "softmax_rope"))
     assert lines[behind.text].endswith("| emerges |")  # identical at 800 (no spread, mean 0), +0.70 at 3200
     assert "| – |" in lines[next(c for c in CLAIMS if c.b == "linear_rope_both").text]  # never ran: incomplete
+    per_run = text.split("## Per-run values")[1]  # every value behind the intervals, by configuration and seed
+    assert "| linear_rope | 2 | 3.0300 | 3.2300 | 3.2300 | 3.4300 | – | – |" in per_run  # bpb@256 = test + 0.1·seed
+    assert "| linear_rope_both |" not in per_run
     for arm in ("steps800", "steps3200"):  # each budget's own report beside its runs
         assert (tmp_path / arm / "report.md").is_file() and (tmp_path / arm / "runs.csv").is_file()
     csv_text = (tmp_path / "budget.csv").read_text()
