@@ -134,10 +134,10 @@ class LinearAttention(_Projections):
             # one token carrying a state (generation): the registered step operator, O(D'·d_v) per head
             o, new_state = recurrent_step(q, k, v, state, position=positions[0], **kw)
             return self.merge(o), new_state
-        kw.update(causal=self.causal, chunk_size=self.chunk_size, positions=positions)
+        whole = dict(impl=self.impl, causal=self.causal, chunk_size=self.chunk_size, positions=positions)
         if not (return_state or state is not None):
-            return self.merge(linear_attention(q, k, v, impl=self.impl, **kw)), None
-        o, new_state = linear_attention(q, k, v, impl=self.impl, initial_state=state, output_final_state=True, **kw)
+            return self.merge(linear_attention(q, k, v, **whole, **kw)), None
+        o, new_state = linear_attention(q, k, v, initial_state=state, output_final_state=True, **whole, **kw)
         return self.merge(o), new_state
 
 

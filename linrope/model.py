@@ -3,7 +3,6 @@ scheme are chosen by config.  Reads top to bottom: config -> block -> model -> g
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -127,12 +126,18 @@ class TransformerLM(nn.Module):
         if positions is None:
             positions = torch.arange(offset, offset + n, device=idx.device)
         new_states = []
-        with self.pos.once(), self.pos_shared.once() if self.pos_shared is not None else nullcontext():
+        schemes = [s for s in (self.pos, self.pos_shared) if s is not None]
+        for scheme in schemes:
+            scheme.open_memo()
+        try:
             x = self.drop(self.pos.embed(self.embed(idx) * self.embed_scale, positions))
             for i, block in enumerate(self.blocks):
                 x = self.pos.block_input(x, positions) if i else x
                 x, s = block(x, positions, state=None if states is None else states[i], return_state=return_states)
                 new_states.append(s)
+        finally:
+            for scheme in schemes:
+                scheme.close_memo()
         x = self.ln_f(x)
         if self.cfg.n_classes:
             if mask is None:

@@ -120,6 +120,8 @@ def collect(*, precision: Any = None, seed: Any = None, argv: Optional[Sequence[
     """The provenance of a run started now (see the module docstring): a dict of plain values."""
     torch = sys.modules.get("torch")
     versions = {"python": platform.python_version(), **{p: version_of(p) for p in PACKAGES}}
+    if torch is not None:  # the build too: PyPI's CUDA wheels are "2.4.0" to pip and "2.4.0+cu121" to torch
+        versions["torch"] = str(torch.__version__)  # a plain str: TorchVersion is no weights_only global
     machine = {"cpu": cpu_model(), "threads": int(torch.get_num_threads()) if torch is not None else None,
                "cores": os.cpu_count(), "host": platform.node(), **gpu()}
     argv = list(sys.argv if argv is None else argv)

@@ -160,6 +160,7 @@ def test_fla_operator_registration(fla_cpu):
 def test_fla_without_cuda_is_refused_in_one_line(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q = torch.randn(1, 2, 8, 4)
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)  # the device is checked before fla is imported
     with pytest.raises(BackendUnavailable, match="need a CUDA device") as e:
         linear_attention(q, q, q, impl="fla")
     assert isinstance(e.value, LinropeError) and "\n" not in str(e.value)
@@ -201,6 +202,7 @@ def test_config_refuses_fla_on_cpu_and_accepts_auto(compose, monkeypatch):
     from linrope.errors import ConfigError
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)  # installed or not, a CPU run is refused for its device
     with pytest.raises(ConfigError, match=r"model.attention.impl=fla: fla's Triton kernels need a CUDA device"):
         validate(compose("model=linear_rope", "size=tiny", "model.attention.impl=fla"))
     validate(compose("model=linear_rope", "size=tiny", "model.attention.impl=auto"))

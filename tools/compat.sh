@@ -6,7 +6,7 @@
 #   TORCH=2.4.0 tools/compat.sh     # another torch (any but 2.13.0 downloads its CUDA build: several GB)
 #
 # floor:  every dependency of pyproject.toml at its lower bound (">=X" installed as "==X"), torch at $TORCH;
-# newest: the newest releases pip finds for every dependency, torch at $TORCH.
+# newest: the newest releases pip finds within each declared range (upper caps kept), torch at $TORCH.
 # Both also install the dev extra (the tests' tools, unpinned: whatever pip resolves beside the set).
 # Each environment is a venv under $WORK (default: a new folder in /tmp), deleted at the end unless KEEP=1.
 # Prints one markdown row per set (versions, passed/failed/skipped, wall time) for docs/compat.md.
@@ -28,8 +28,8 @@ for dep in deps:
         print(f"torch=={sys.argv[3]}")
     elif sys.argv[2] == "floor" and (low := re.search(r">=\s*([^,;\s]+)", dep)):
         print(f"{name}=={low.group(1)}")
-    else:
-        print(name if sys.argv[2] == "newest" else dep)
+    else:  # newest: the newest releases the declared range admits (its caps too)
+        print(dep)
 PYEOF
 }
 

@@ -71,11 +71,14 @@ class PositionScheme(nn.Module):
         """Where the cross-layer parameters live: the borrowed shared-role instance, or this one."""
         return self._borrowed if self._borrowed is not None else self
 
-    def once(self) -> "_Once":
-        """Within (one forward of the model): terms that depend on the positions only are computed by the
-        first layer that asks and reused by the others (``memo``).  A plain class rather than a
-        ``contextmanager`` generator, which torch.compile of torch 2.4 cannot trace."""
-        return _Once(self)
+    def open_memo(self) -> None:
+        """From here to ``close_memo`` (one forward of the model): terms that depend on the positions only are
+        computed by the first layer that asks and reused by the others (``memo``).  Two calls in a try/finally
+        rather than a context manager, which torch.compile of torch 2.4 cannot trace."""
+        self._memo = {}
+
+    def close_memo(self) -> None:
+        self._memo = None
 
     def memo(self, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self._memo is None:
@@ -127,17 +130,3 @@ def register(cls: Type[PositionScheme]) -> Type[PositionScheme]:
         raise ValueError(f"position scheme {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls
     return cls
-
-
-class _Once:
-    """``PositionScheme.once()``: a memo for one forward."""
-
-    def __init__(self, scheme: PositionScheme):
-        self.scheme = scheme
-
-    def __enter__(self) -> None:
-        self.scheme._memo = {}
-
-    def __exit__(self, *exc) -> bool:
-        self.scheme._memo = None
-        return False

@@ -82,8 +82,10 @@ class Args(NamedTuple):
             positions = positions.to(q.device)
             if positions.dim() != 1 or positions.shape[0] != n:
                 raise ValueError(f"positions must be a 1-D tensor of length N={n}; got shape {tuple(positions.shape)}")
-        return self._replace(causal=bool(self.causal), chunk_size=int(self.chunk_size), eps=float(self.eps),
-                             positions=positions, decay=check_decay(self.decay, q.shape[1], q.device))
+        # built field by field, not with ``_replace``: torch 2.4's compiler does not trace into collections
+        return Args(self.feature_map, self.rope, bool(self.causal), int(self.chunk_size), positions, float(self.eps),
+                    check_decay(self.decay, q.shape[1], q.device), self.rope_theta, self.initial_state,
+                    self.output_final_state)
 
 
 def check_args(q, k, v, feature_map: str, rope: str, chunk_size: int | None = None):
