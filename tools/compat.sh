@@ -3,30 +3,35 @@
 #
 #   tools/compat.sh                 # both sets: floor, then newest
 #   tools/compat.sh floor           # one set
-#   TORCH=2.4.0 tools/compat.sh     # another torch (any but 2.13.0 downloads its CUDA build: several GB)
+#   TORCH=2.6.0 tools/compat.sh     # both sets with another torch
 #
-# floor:  every dependency of pyproject.toml at its lower bound (">=X" installed as "==X"), torch at $TORCH;
-# newest: the newest releases pip finds within each declared range (upper caps kept), torch at $TORCH.
+# floor:  every dependency of pyproject.toml at its lower bound (">=X" installed as "==X"), torch too
+#         (torch>=2.4: 2.4.0, whose PyPI wheel is the CUDA build: about 3 GB with its nvidia-* wheels);
+# newest: the newest releases pip finds within each declared range (upper caps kept), torch 2.13.0 (the CPU
+#         build this machine's index serves; the newest torch on PyPI is a CUDA build of several GB).
+# TORCH=X installs torch X in every set instead.
 # Both also install the dev extra (the tests' tools, unpinned: whatever pip resolves beside the set).
 # Each environment is a venv under $WORK (default: a new folder in /tmp), deleted at the end unless KEEP=1.
 # Prints one markdown row per set (versions, passed/failed/skipped, wall time) for docs/compat.md.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-TORCH=${TORCH:-2.13.0}
+NEWEST_TORCH=2.13.0
 PY=${PY:-python3}
 WORK=${WORK:-$(mktemp -d /tmp/linrope-compat.XXXXXX)}
 SETS=("$@"); [ ${#SETS[@]} -gt 0 ] || SETS=(floor newest)
 SHOWN="torch lightning hydra-core omegaconf wandb einops torchdiffeq matplotlib numpy tqdm"
 
 requirements() {  # the set's requirement lines, read from pyproject.toml
-  "$PY" - "$ROOT/pyproject.toml" "$1" "$TORCH" <<'PYEOF'
+  "$PY" - "$ROOT/pyproject.toml" "$1" "${TORCH:-}" "$NEWEST_TORCH" <<'PYEOF'
 import re, sys, tomllib
 deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
 for dep in deps:
     name = re.match(r"[A-Za-z0-9_.-]+", dep).group(0)
+    low = re.search(r">=\s*([^,;\s]+)", dep)
     if name == "torch":
-        print(f"torch=={sys.argv[3]}")
-    elif sys.argv[2] == "floor" and (low := re.search(r">=\s*([^,;\s]+)", dep)):
+        floor = low.group(1) + ".0" * (2 - low.group(1).count("."))  # >=2.4: 2.4.0
+        print(f"torch=={sys.argv[3] or (floor if sys.argv[2] == 'floor' else sys.argv[4])}")
+    elif sys.argv[2] == "floor" and low:
         print(f"{name}=={low.group(1)}")
     else:  # newest: the newest releases the declared range admits (its caps too)
         print(dep)
@@ -43,7 +48,7 @@ for set in "${SETS[@]}"; do
   # the dev extra's tools, resolved beside the set (linrope itself runs from this checkout, PYTHONPATH below);
   # fla's interpreter tests need triton 3.9, which only the CPU torch 2.13.0 leaves alone (a CUDA torch pins
   # its own triton): with another torch, fla is left out and tests/test_fla.py skips
-  fla=("fla-core==0.6.0" "triton==3.9.0"); [ "$TORCH" = 2.13.0 ] || fla=()
+  fla=("fla-core==0.6.0" "triton==3.9.0"); grep -qx "torch==$NEWEST_TORCH" "$env/requirements.txt" || fla=()
   "$env/bin/python" -m pip install -q -r "$env/requirements.txt" pytest hydra-submitit-launcher \
       hydra-optuna-sweeper wandb-workspaces "${fla[@]}"
   versions=$("$env/bin/python" -m pip list --format=freeze 2>/dev/null | tr '[:upper:]' '[:lower:]' |
