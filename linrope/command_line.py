@@ -1,5 +1,6 @@
-"""The command line, checked before Hydra composes anything: an unknown option of a config group
-(``model=nope``) is one line that lists the options there are (Hydra's own message is several lines).
+"""The command line, checked before Hydra runs anything: an unknown option of a config group (``model=nope``)
+is one line that lists the options there are, and an unknown key (``trainer.max_step=10``) one line that names
+the nearest key (Hydra's own messages are several lines).
 
 ``CONF_DIR`` is where linrope's configs are: ``linrope/conf`` inside an installed wheel (the build maps the
 repository's top-level ``conf/`` there: pyproject.toml), else the checkout's ``conf/`` (a checkout, or an
@@ -127,12 +128,76 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
     return errors
 
 
-def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR) -> None:
-    """Exit with one line per unknown config-group option on the command line (``model=nope``) — before
-    Hydra, whose own message for it is several lines long."""
-    errors = command_line_errors(sys.argv[1:] if argv is None else argv, conf_dir)
+def _overrides(argv: Sequence[str]) -> List[str]:
+    """The overrides of a command line (its flags and their values dropped), with the user's config folders
+    as ``hydra.searchpath`` (``config_dirs_as_overrides``)."""
+    out: List[str] = []
+    skip_next = False
+    for arg in config_dirs_as_overrides(argv):
+        if skip_next:
+            skip_next = False
+        elif arg.startswith("-"):
+            skip_next = arg in _FLAGS_WITH_VALUE
+        else:
+            out.append(arg)
+    return out
+
+
+def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> List[str]:
+    """Plain overrides (``key=value``: no ``+``, ``++`` or ``~``) of a key the composed config does not have
+    (``trainer.max_step=10``), one line each naming the nearest key there is (Hydra's own message is six lines
+    and names none). The config is composed from the command line's other overrides; a command line with a
+    sweep among those, another primary config, or anything Hydra would refuse is left to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from linrope.errors import UnknownOption
+
+    try:
+        extra = user_config_dirs(argv)
+        parsed = OverridesParser.create().parse_overrides(_overrides(argv))
+    except Exception:  # pkg:// or --config-path, or a line Hydra's parser refuses: Hydra says it
+        return []
+    plain, rest = [], []
+    for o in parsed:
+        key = o.key_or_group
+        group = any((d / key).is_dir() for d in (conf_dir, *extra))
+        is_plain = not (o.is_add() or o.is_force_add() or o.is_delete() or group or key.startswith("hydra"))
+        (plain if is_plain else rest).append(o)
+    if not plain or any(o.is_sweep_override() for o in rest):
+        return []
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=[o.input_line for o in rest])
+        tree = OmegaConf.to_container(cfg, resolve=False)
+    except Exception:
+        return []
+    finally:
+        GlobalHydra.instance().clear()
+    errors = []
+    for o in plain:
+        node, parts = tree, o.key_or_group.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, dict):
+                break  # below a value or a list: Hydra's to say
+            if part not in node:
+                errors.append(str(UnknownOption(".".join(parts[:i + 1]), node)))
+                break
+            node = node[part]
+    return errors
+
+
+def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR,
+                       config_name: str = "train", prefix: str = "linrope") -> None:
+    """Exit with one line per unknown config-group option (``model=nope``) or unknown key
+    (``trainer.max_step=10``) on the command line — before Hydra, whose own messages are several lines."""
+    argv = sys.argv[1:] if argv is None else argv
+    errors = command_line_errors(argv, conf_dir) or unknown_key_errors(argv, conf_dir, config_name)
     if errors:
-        raise SystemExit("\n".join("linrope: " + e for e in errors))
+        raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
 
 
 def program(module_command: str) -> str:

@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from linrope.checkpoint import load_checkpoint
-from linrope.command_line import CONF_DIR
+from linrope.command_line import CONF_DIR, check_command_line
 from linrope.data.rebuild import build_data_module
 from linrope.errors import ConfigError, LinropeError
 from linrope.schema import extrapolation_errors
@@ -188,5 +188,11 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``linrope-evaluate`` command (and ``python -m linrope.evaluate``): the command line checked, then Hydra."""
+    check_command_line(config_name="evaluate", prefix="linrope.evaluate")
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from linrope.checkpoint import load_checkpoint
-from linrope.command_line import CONF_DIR
+from linrope.command_line import CONF_DIR, check_command_line
 from linrope.errors import ConfigError, LinropeError
 from linrope.lit import LanguageModel
 from linrope.provenance import collect as current_provenance
@@ -64,5 +64,11 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``linrope-generate`` command (and ``python -m linrope.generate``): the command line checked, then Hydra."""
+    check_command_line(config_name="generate", prefix="linrope.generate")
     main()
+
+
+if __name__ == "__main__":
+    run()

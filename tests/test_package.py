@@ -15,8 +15,8 @@ import pytest
 
 from conftest import CONF, ROOT
 
-SCRIPTS = {"linrope-train": "linrope.train:run", "linrope-evaluate": "linrope.evaluate:main",
-           "linrope-generate": "linrope.generate:main", "linrope-report": "linrope.report:main",
+SCRIPTS = {"linrope-train": "linrope.train:run", "linrope-evaluate": "linrope.evaluate:run",
+           "linrope-generate": "linrope.generate:run", "linrope-report": "linrope.report:main",
            "linrope-dashboard": "linrope.dashboard:main"}
 PRESET = "# @package _global_\ndefaults:\n  - override /attention: linear\n  - override /position: rope\nmodel:\n  name: {name}\n"
 

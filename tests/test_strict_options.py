@@ -59,10 +59,13 @@ def test_a_typo_in_a_preset_file_is_refused(tmp_path, section, message):
     assert str(e.value) == message
 
 
-def test_a_typo_on_the_command_line_stops_train_py_in_one_line(tmp_path):
+@pytest.mark.parametrize("override", ["+model.attention.feture_map=cosine", "model.attention.feture_map=cosine"])
+def test_a_typo_on_the_command_line_stops_train_py_in_one_line(tmp_path, override):
+    """With ``+`` the composed config is checked (linrope.config); without, the key is found missing before
+    Hydra applies it (linrope.command_line.unknown_key_errors): the same line either way."""
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, str(ROOT / "train.py"), "size=tiny", "logger=none",
-                        "+model.attention.feture_map=cosine", f"hydra.run.dir={run}"],
+                        override, f"hydra.run.dir={run}"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = [l for l in r.stderr.strip().splitlines() if l.startswith("linrope:")]
@@ -128,3 +131,47 @@ def test_checking_a_model_draws_no_random_numbers():
         after = torch.rand(1)
         torch.manual_seed(0)
         assert torch.equal(torch.rand(1), after), position
+
+
+@pytest.mark.parametrize("argv,errors", [
+    (["trainer.max_step=3", "contxt=64"], ["trainer.max_step: unknown option; did you mean max_steps?",
+                                          "contxt: unknown option; did you mean context?"]),
+    (["model=softmax_t5", "model.position.num_bucket=8"],
+     ["model.position.num_bucket: unknown option; did you mean num_buckets?"]),
+    (["data=mqar", "data.num_kv_pair=4", "optim.weight_decy=0.1"],
+     ["data.num_kv_pair: unknown option; did you mean num_kv_pairs?",
+      "optim.weight_decy: unknown option; did you mean weight_decay?"]),
+    (["-m", "model=linear_rope", "trainer.max_step=3,4"], ["trainer.max_step: unknown option; did you mean max_steps?"]),
+    # what exists, what Hydra or linrope.config checks instead, and what this check cannot compose: nothing
+    (["model=softmax_t5", "model.position.num_buckets=8", "data=mqar", "data.num_kv_pairs=4", "trainer.max_steps=3",
+      "context=64", "seed=2", "hydra.run.dir=x", "extrapolation.factors=[1,2]"], []),
+    (["experiment=budget", "trainer.max_steps=5", "model.position.base=500"], []),
+    (["+trainer.max_step=3", "~seed"], []),                           # + and ~: the composed config's check
+    (["-m", "model=linear_rope,softmax_rope", "trainer.max_step=3"], []),  # a sweep of a group: Hydra's jobs say it
+    (["model=nope", "trainer.max_step=3"], []),                       # command_line_errors names model=nope first
+])
+def test_an_unknown_key_without_plus_is_named_before_hydra(argv, errors):
+    from linrope.command_line import unknown_key_errors
+
+    assert unknown_key_errors(["size=tiny", *argv]) == errors
+
+
+def test_a_user_preset_key_is_found_and_a_typo_in_evaluate_is_one_line(tmp_path):
+    from linrope.command_line import unknown_key_errors
+
+    (tmp_path / "my_conf" / "model").mkdir(parents=True)
+    (tmp_path / "my_conf" / "model" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /model/linear_rope@_here_\n  - _self_\nmodel:\n  name: mine\n")
+    argv = ["-cd", str(tmp_path / "my_conf"), "model=mine"]
+    assert unknown_key_errors([*argv, "model.d_model=64"]) == []
+    assert unknown_key_errors([*argv, "model.d_modle=64"]) == ["model.d_modle: unknown option; did you mean d_model?"]
+    r = subprocess.run([sys.executable, "-m", "linrope.evaluate", "ckpt=missing.ckpt", "lenghts=[64]"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env_with_root())
+    assert r.returncode == 1 and r.stderr.strip() == "linrope.evaluate: lenghts: unknown option; did you mean lengths?"
+    assert not (tmp_path / "evaluate").exists() and not (tmp_path / "outputs").exists()
+
+
+def env_with_root():
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
