@@ -103,14 +103,7 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
             name = path.relative_to(folder).as_posix()
             if (conf_dir / name).is_file():
                 errors.append(f"{path}: hidden by linrope's conf/{name} (Hydra reads that one); give yours another name")
-    skip_next = False
-    for arg in args:
-        if skip_next:
-            skip_next = False
-            continue
-        if arg.startswith("-"):
-            skip_next = arg in _FLAGS_WITH_VALUE
-            continue
+    for arg in _overrides(args):
         if "=" not in arg:
             continue
         key, value = arg.split("=", 1)
