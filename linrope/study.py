@@ -210,8 +210,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
-    from linrope.command_line import config_dirs_as_overrides
-    overrides = config_dirs_as_overrides([*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)])
+    from linrope.command_line import check_command_line, config_dirs_as_overrides
+    command_line = [*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)]
+    check_command_line(command_line, prefix="linrope.study")  # model=nope, trainer.max_step=3: one line
+    overrides = config_dirs_as_overrides(command_line)
     study = Study(args.dir, overrides, threads, args.commit)
     if args.list:
         for job, name in zip(study.jobs, study.names):

@@ -18,7 +18,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from linrope.command_line import CONF_DIR, config_dirs_as_overrides
+from linrope.command_line import CONF_DIR, check_command_line, config_dirs_as_overrides
 from linrope.config import ConfigError, validate
 
 CONF = CONF_DIR  # linrope.command_line: the package's configs, in a checkout or installed
@@ -66,6 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    check_command_line(argv, prefix="linrope.sweeps")  # model=nope, trainer.max_step=3: one line
     results = check_jobs(config_dirs_as_overrides(argv))
     for i, (job, err) in enumerate(results):
         print(f"#{i:<3} {' '.join(job)}" + ("" if err is None else f"\n     REFUSED: {err}"))

@@ -2,6 +2,8 @@
 stopped ones resume, a failed one is reported and left to run again."""
 import json
 
+import pytest
+
 from linrope.study import DONE, Study, job_names, state
 
 
@@ -96,3 +98,18 @@ def test_a_users_config_folder_reaches_the_dry_run_and_the_study(tmp_path, capsy
     assert "my_preset" in out and "todo" in out
     assert sweeps.main(["--config-dir", str(tmp_path / "mine"), "model=typo"]) == 1
     assert "REFUSED: model.d_modle: unknown option; did you mean d_model?" in capsys.readouterr().out
+
+
+def test_a_typo_on_the_study_or_dry_run_command_line_is_one_line_and_writes_nothing(tmp_path):
+    """An unknown key or group option stops linrope.study and linrope.sweeps before any job is composed
+    (Hydra's compose would end in a traceback), and the study's folder is not created."""
+    from linrope import sweeps
+    from linrope.study import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "s"), "experiment=budget", "trainer.max_step=3"])
+    assert str(e.value) == "linrope.study: trainer.max_step: unknown option; did you mean max_steps?"
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(SystemExit) as e:
+        sweeps.main(["model=linear_rop", "seed=1,2"])
+    assert str(e.value).startswith("linrope.sweeps: model=linear_rop: no such option")
