@@ -149,6 +149,52 @@ def per_run_lines(budgets: Sequence[Path], task: str = "bytes") -> List[str]:
     return lines
 
 
+def plot_claims(claims: Sequence[Claim], per_arm: Sequence[Dict[Claim, Any]], names: Sequence[str], path: Path,
+                title: str) -> Optional[Path]:
+    """A forest plot: each claim's paired interval A − B (bpb) at every arm, one row per claim, the arms from
+    light (smallest) to dark; a panel per scale (the training length; bpb@L beyond it, whose differences are
+    ten times larger).  None (and no file) when no arm has an interval."""
+    from matplotlib.lines import Line2D
+
+    from linrope.plots import pyplot, save
+
+    panels = [(t, [c for c in claims if c.metric.startswith("bpb@") == beyond])
+              for t, beyond in (("at the training length", False), ("beyond it (bpb@L, as trained)", True))]
+    panels = [(t, cs) for t, cs in panels if any(r.get(c) is not None for r in per_arm for c in cs)]
+    if not panels:
+        return None
+    plt = pyplot()
+    colours = [plt.cm.Blues(0.45 + 0.5 * k / max(1, len(names) - 1)) for k in range(len(names))]
+    rows = max(len(cs) for _, cs in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 0.62 * rows + 1.6), squeeze=False,
+                             layout="constrained")
+    for ax, (panel_title, cs) in zip(axes[0], panels):
+        for k, (colour, results) in enumerate(zip(colours, per_arm)):
+            offset = ((len(names) - 1) / 2 - k) * 0.22  # the first arm on top
+            for i, c in enumerate(cs):
+                r = results.get(c)
+                if r is None or r.diff.n == 0:
+                    continue
+                d, y = r.diff, len(cs) - 1 - i + offset
+                if d.n > 1:
+                    ax.plot([d.lo, d.hi], [y, y], color=colour, linewidth=2.2)
+                ax.plot([d.mean], [y], marker="o", markersize=6, color=colour,
+                        markerfacecolor=colour if d.n > 1 and d.excludes_zero() else "white")
+        ax.axvline(0, color="grey", linewidth=1)
+        ax.set_yticks(range(len(cs)))
+        ax.set_yticklabels([f"{c.a} − {c.b}" + (f" ({c.metric})" if c.metric.startswith("bpb@") else "")
+                            for c in reversed(cs)], fontsize=8)
+        ax.set_ylim(-0.6, len(cs) - 0.4)
+        ax.set_title(panel_title, fontsize=10)
+        ax.set_xlabel("A − B (bpb)")
+        ax.grid(True, axis="x", alpha=0.3)
+    handles = [Line2D([], [], color=c, marker="o", linewidth=2.2, label=n) for c, n in zip(colours, names)]
+    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.suptitle(f"{title}\n(dot: mean over seeds, filled where the 95% interval excludes 0; line: the interval)",
+                 fontsize=11)
+    return save(fig, path)
+
+
 def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, write: bool = True) -> str:
     budgets = arms(folder)
     if not budgets:
@@ -180,6 +226,7 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
             "Only one budget has run so far: no claim can be followed yet.  ") +
         f"Written by `python -m linrope.budget {shown(folder)}`.",
         "", *lines, "",
+        "![each claim's paired interval at every budget](budget.png)", "",
         "## Per-run values", "",
         "What every interval above is made of: each run's value, by configuration and seed (bpb@<length>: the "
         "extrapolation table as trained, no scaling; –: the run has not finished).", "",
@@ -187,6 +234,8 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
     if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
         return text
     (folder / "budget.md").write_text(text)
+    plot_claims(CLAIMS, [results[a.name] for a in budgets], names, folder / "budget.png",
+                "Headline claims of the bytes comparison against the training budget: A − B in bpb (below 0: A better)")
     if rows:
         with open(folder / "budget.csv", "w", newline="") as f:
             out = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from linrope.budget import Claim, arms, arms_main, cell, claim_results, shown, write_reports
-from linrope.runs import by_seed, find_runs, group_runs
+from linrope.plots import Curve, Panel, by_last_value, config_style, plot_curves
+from linrope.runs import Run, by_seed, find_runs, group_runs
 from linrope.stats import mean_ci
 
 TASK, METRIC = "mqar", "test/acc"
@@ -24,10 +25,23 @@ PAIRS_ASKED = (("linear_rope", "linear"), ("linear_rope", "linear_rope_both"), (
 CLAIMS = tuple(Claim(f"{a} − {b}", METRIC, a, b) for a, b in PAIRS_ASKED)
 
 
-def accuracies(folder: Path) -> Dict[str, Dict[Any, float]]:
-    """configuration -> seed -> test accuracy, in one width's folder."""
-    groups = group_runs(find_runs(folder)).get(TASK, {})
+def accuracies(groups: Dict[str, List[Run]]) -> Dict[str, Dict[Any, float]]:
+    """configuration -> seed -> test accuracy, from one width's runs grouped by configuration."""
     return {label: by_seed(runs, lambda r: r.value(METRIC, "last")) for label, runs in groups.items()}
+
+
+def plot_recall(widths: Sequence[Path], groups: Dict[str, Dict[str, List[Run]]], acc: Dict[str, Dict[str, Dict[Any, float]]],
+                path: Path) -> Optional[Path]:
+    """Zoology's picture: test accuracy against model width, one line per configuration (the report's styles:
+    hue the position scheme, line style the attention kind), mean over seeds with a lowest-to-highest band."""
+    curves = []
+    for c in dict.fromkeys(c for w in widths for c in acc[w.name]):
+        points = {int(w.name[5:]): list(acc[w.name][c].values()) for w in widths if acc[w.name].get(c)}
+        first = next(groups[w.name][c][0] for w in widths if groups[w.name].get(c))
+        curves.append(Curve(c, points, config_style(first.config)))
+    return plot_curves([Panel("", by_last_value(curves, descending=True))], path, xlabel="model width (d_model)",
+                       ylabel=f"{METRIC} (mqar)", log2_x=True, title="Recall against model width",
+                       vlines=[], note="line: mean over seeds; band: lowest to highest seed")
 
 
 def acc_cell(seeds: Dict[Any, float]) -> str:
@@ -62,7 +76,8 @@ def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
         raise SystemExit(f"linrope.recall: no width folders (width<N>/) in {folder}")
     if reports:
         write_reports(widths, TASK, PAIRS_ASKED, allow_mixed)
-    acc = {w.name: accuracies(w) for w in widths}
+    groups = {w.name: group_runs(find_runs(w)).get(TASK, {}) for w in widths}
+    acc = {name: accuracies(g) for name, g in groups.items()}
     names = [f"width {int(w.name[5:])}" for w in widths]
     configs = list(dict.fromkeys(c for w in widths for c in acc[w.name]))
     configs.sort(key=lambda c: -max((mean_ci(list(acc[w.name][c].values())).mean for w in widths
@@ -90,10 +105,11 @@ def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
         f"seed and the number of seeds; each width's report.md is in its folder.  Written by "
         f"`python -m linrope.recall {shown(folder)}`.", "", control_line, "", *lines, "",
         "Paired differences of test accuracy, A − B over matching seeds, mean [95% t-interval]; **bold**: the "
-        "interval excludes 0.", "", *pair_lines, ""])
+        "interval excludes 0.", "", *pair_lines, "", "![test accuracy against model width](recall.png)", ""])
     if not write:  # tests/test_results.py: recomputed from the committed runs, compared with the files
         return text
     (folder / "recall.md").write_text(text)
+    plot_recall(widths, groups, acc, folder / "recall.png")
     if rows:
         keys = list(dict.fromkeys(k for r in rows for k in r))
         with open(folder / "recall.csv", "w", newline="") as f:

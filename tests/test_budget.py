@@ -41,6 +41,7 @@ def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
     assert "| linear_rope_both |" not in per_run
     for arm in ("steps800", "steps3200"):  # each budget's own report beside its runs
         assert (tmp_path / arm / "report.md").is_file() and (tmp_path / arm / "runs.csv").is_file()
+    assert (tmp_path / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the forest plot of the claims
     csv_text = (tmp_path / "budget.csv").read_text()
     assert csv_text.startswith("claim,budget,fate,task,metric,a,b,n,seeds,mean difference")
     assert (tmp_path / "budget.md").read_text() == text
@@ -74,3 +75,10 @@ class R:  # a Paired stand-in: resolved iff lo and hi share a sign
 ])
 def test_fate(results, expected):
     assert fate(results) == expected
+
+
+def test_the_forest_plot_is_not_drawn_without_an_interval(tmp_path):
+    from linrope.budget import plot_claims
+
+    assert plot_claims(CLAIMS, [{c: None for c in CLAIMS}], ["800 steps"], tmp_path / "b.png", "t") is None
+    assert not (tmp_path / "b.png").exists()

@@ -41,6 +41,8 @@ def test_accuracy_by_width_the_control_and_the_pairs(tmp_path):
     for w in ("width64", "width128"):
         assert (tmp_path / w / "report.md").is_file()
     assert (tmp_path / "recall.csv").read_text().count("\nrun,") == 18
+    assert (tmp_path / "recall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # accuracy against width
+    assert "![test accuracy against model width](recall.png)" in text
 
 
 def test_a_control_that_misses_the_bar_or_has_not_run_is_said(tmp_path):
