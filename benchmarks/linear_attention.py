@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linrope.memory import retain_freed_memory  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
+from linrope.provenance import machine_line  # noqa: E402
 from linrope.ops.linear_attn.features import reference_features  # noqa: E402
 
 B, H, D = 1, 8, 64
@@ -339,7 +340,7 @@ def print_bf16_ratio(args) -> None:
     lengths = args.lengths or [16384]
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     print(f"# chunk form, float32 vs bfloat16 inputs: B={B} H={H} d={D} causal, elu+1, RoPE numerator, C={C}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.rounds} alternating rounds")
+    print(f"{machine_line()}, median of {args.rounds} alternating rounds")
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     mm = {name: [] for name in dtypes}
     for _ in range(args.rounds):
@@ -522,7 +523,7 @@ def main(argv=None) -> None:
         print_bf16_errors()
         return
     if args.generation_only:
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        print(f"{machine_line()}")
         print_generation(args)
         return
 
@@ -530,7 +531,7 @@ def main(argv=None) -> None:
     if "plain" in fns or "plain_none" in fns:
         check_plain(C)
     print(f"# linear attention benchmark: B={B} H={H} d={D} float32 causal, elu+1, RoPE numerator, chunk C={C}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {repeats} after {args.warmup} warm-up")
+    print(f"{machine_line()}, median of {repeats} after {args.warmup} warm-up")
     peak = matmul_peak_gflops()
     print(f"float32 matmul peak (2048³ torch.mm): {peak:.1f} GFLOP/s")
     print("malloc: " + ("freed memory kept for reuse (linrope.memory.retain_freed_memory)" if retained

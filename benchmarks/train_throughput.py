@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from linrope.memory import retain_freed_memory  # noqa: E402
+from linrope.provenance import machine_line  # noqa: E402
 from linrope.sweeps import compose_train  # noqa: E402
 from linrope.training import build_module  # noqa: E402
 
@@ -116,7 +117,7 @@ def header(args, first: Trainer, retained: bool) -> None:
     m = first.cfg.model
     print(f"# training throughput: d_model={m.d_model} layers={m.n_layers} heads={m.n_heads} d_ff={m.d_ff} "
           f"batch={args.batch}, {' / '.join(args.precision)}, {type(first.opt).__name__} + clip {first.clip}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.warmup} warm-up steps per model, "
+    print(f"{machine_line()}; {args.warmup} warm-up steps per model, "
           f"median of {args.steps} timed steps (models alternating); malloc: "
           + ("freed memory kept for reuse" if retained else "as the system has it"))
 

@@ -173,6 +173,15 @@ def code_text(provenance: Optional[Mapping[str, Any]]) -> str:
     return f"code {code}" if code else commit_text(provenance)
 
 
+def machine_line() -> str:
+    """One line for a benchmark's header, so that its numbers name what produced them: the commit, torch,
+    the CPU (or GPU) and the threads."""
+    p = collect()
+    m = p["machine"]
+    return (f"commit {commit_text(p)}, torch {p['versions']['torch']}, {m.get('gpu') or m['cpu']}, "
+            f"{m['threads']} threads")
+
+
 def summary_line(provenance: Optional[Mapping[str, Any]]) -> str:
     """One line: commit, torch, python, machine, precision."""
     if not provenance:

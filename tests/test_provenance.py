@@ -213,3 +213,9 @@ def test_evaluate_and_generate_name_their_checkpoints_provenance(tiny_run):
     with contextlib.redirect_stdout(out):
         evaluate(cfg)
     assert f"checkpoint {ckpt}: step 4, commit {commit}" in out.getvalue()
+
+
+def test_a_benchmarks_header_names_the_commit_torch_cpu_and_threads():
+    line = P.machine_line()
+    assert line.startswith("commit ") and f"torch {torch.__version__}, {P.cpu_model()}, " in line
+    assert line.endswith(f", {torch.get_num_threads()} threads")
