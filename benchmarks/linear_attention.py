@@ -72,8 +72,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linrope.memory import retain_freed_memory  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
-from linrope.provenance import machine_line  # noqa: E402
 from linrope.ops.linear_attn.features import reference_features  # noqa: E402
+from linrope.provenance import machine_line  # noqa: E402
 
 B, H, D = 1, 8, 64
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
