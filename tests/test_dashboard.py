@@ -28,14 +28,16 @@ class WandbLogger(linrope.run.loggers.WandbLogger):
 
     def log_metrics(self, metrics, step=None):
         exp = self.experiment
-        if not getattr(exp, "_recorded", False):
+        # asked of the hook itself: wandb < 0.18's disabled run answers every attribute with a truthy stand-in
+        if getattr(exp.log, "recorder", None) is not WandbLogger:
             real_log = exp.log
 
             def log(data, *args, **kwargs):
                 WandbLogger.logged.update(data)
                 return real_log(data, *args, **kwargs)
 
-            exp.log, exp._recorded = log, True
+            log.recorder = WandbLogger
+            exp.log = log
         super().log_metrics(metrics, step)
 
 

@@ -158,8 +158,9 @@ def install(wheel: Path, venv: Path) -> None:
     run, so the checkout stays off sys.path)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on it would look installed
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)
+                   check=True, capture_output=True, text=True, timeout=300, env=clean)
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     (Path(purelib) / "_linrope_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")

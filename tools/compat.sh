@@ -50,7 +50,7 @@ for set in "${SETS[@]}"; do
   # its own triton): with another torch, fla is left out and tests/test_fla.py skips
   fla=("fla-core==0.6.0" "triton==3.9.0"); grep -qx "torch==$NEWEST_TORCH" "$env/requirements.txt" || fla=()
   "$env/bin/python" -m pip install -q -r "$env/requirements.txt" pytest hydra-submitit-launcher \
-      hydra-optuna-sweeper wandb-workspaces "${fla[@]}"
+      hydra-optuna-sweeper wandb-workspaces "setuptools>=70.1" "${fla[@]}"
   versions=$("$env/bin/python" -m pip list --format=freeze 2>/dev/null | tr '[:upper:]' '[:lower:]' |
              grep -E "^($(echo $SHOWN | tr ' ' '|'))==" | tr '\n' ' ')
   start=$(date +%s)

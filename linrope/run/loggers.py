@@ -98,5 +98,8 @@ def wandb_settings(lg: Dict[str, Any], task_name: str, sweep_dir: Optional[str])
     lg["mode"] = wandb_mode(lg.get("mode"))
     lg["group"] = lg.get("group") or wandb_group(task_name, sweep_dir)
     os.environ.setdefault("WANDB_SILENT", "true")
+    # wandb's own crash reports (sentry.io) stay off unless the user turns them on: an offline run sends
+    # nothing, and wandb < 0.18 would log three retries per report on a machine without a network
+    os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
     Path(lg["save_dir"]).mkdir(parents=True, exist_ok=True)
     return lg

@@ -19,6 +19,22 @@ def destroy_process_group_at_exit() -> None:
         atexit.register(_destroy_process_group)
 
 
+EXIT_BARRIER_S = 30.0  # how long a rank waits at exit for the others before destroying its group anyway
+
+
 def _destroy_process_group() -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    """Meet the other ranks, then destroy the group.  Without the meeting, torch 2.4's gloo hung in
+    ``destroy_process_group`` when the ranks reached it at different times (two of three tries of
+    benchmarks/gloo_exit.py); ``monitored_barrier`` gives up after ``EXIT_BARRIER_S`` when a rank is gone."""
+    import datetime
+
+    dist = torch.distributed
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
+    except Exception:  # noqa: BLE001 - a rank that is gone: destroy all the same
+        pass
+    finally:
+        dist.destroy_process_group()
