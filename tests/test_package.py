@@ -152,15 +152,20 @@ def build_wheel(out: Path) -> Path:
     return next((out / "dist").glob("linrope-*.whl"))
 
 
+def outside_env() -> dict:
+    """This environment without the variables that would put the checkout on sys.path (a checkout there also
+    looks installed to pip)."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def install(wheel: Path, venv: Path) -> None:
     """A fresh venv holding the wheel; the rest of the dependencies from this environment's site-packages, added
     by a .pth line after the wheel is installed (pip never sees the editable checkout; .pth files there are not
     run, so the checkout stays off sys.path)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on it would look installed
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300, env=clean)
+                   check=True, capture_output=True, text=True, timeout=300, env=outside_env())
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     (Path(purelib) / "_linrope_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -178,7 +183,7 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     install(wheel, venv)
     work = tmp_path / "empty"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env = outside_env()
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
 
     def run(command, *args):
