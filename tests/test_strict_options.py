@@ -171,4 +171,3 @@ def test_a_user_preset_key_is_found_and_a_typo_in_evaluate_is_one_line(tmp_path)
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 1 and r.stderr.strip() == "linrope.evaluate: lenghts: unknown option; did you mean lengths?"
     assert not (tmp_path / "evaluate").exists() and not (tmp_path / "outputs").exists()
-
