@@ -34,6 +34,26 @@ def test_the_five_commands_are_declared_and_defined():
         assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, target
 
 
+def _names(requirements):
+    import re
+    return {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in requirements}
+
+
+def test_extras_every_user_installs_pin_nothing_torch_pins():
+    """README's install (`.[dev]` beside `torch==X`) must resolve with the CUDA build of torch, which pins its own
+    triton and nvidia-* wheels, and on a Mac, where triton has no wheels: the extras a user installs beside any torch
+    name none of those. The interpreter's triton pin lives in `interp`, for the CPU build only (tools/resolve.sh,
+    docs/compat.md)."""
+    extras = pyproject()["project"]["optional-dependencies"]
+    pinned_by_torch = lambda name: name in {"torch", "triton"} or name.startswith("nvidia-")  # noqa: E731
+    for extra in ("dev", "cluster", "sweep", "dashboards"):
+        assert not [n for n in _names(extras[extra]) if pinned_by_torch(n)], extra
+    # gpu: fla-core and the torch floor fla-core declares, no triton (the CUDA build brings its own)
+    assert _names(extras["gpu"]) == {"fla-core", "torch"}
+    assert "torch>=2.7" in extras["gpu"]
+    assert "triton==3.9.0" in extras["interp"] and "fla-core==0.6.0" in extras["interp"]
+
+
 def test_the_wheel_holds_every_package_and_the_configs():
     """pyproject.toml lists the packages (a mapped package cannot be found by setuptools' find): every folder of
     linrope/ with an __init__.py, and linrope.conf built from the top-level conf/."""

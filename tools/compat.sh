@@ -38,6 +38,16 @@ for dep in deps:
 PYEOF
 }
 
+extra_requirements() {  # the requirement lines of pyproject.toml's extras named as arguments
+  "$PY" - "$ROOT/pyproject.toml" "$@" <<'PYEOF'
+import sys, tomllib
+extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
+for name in sys.argv[2:]:
+    for dep in extras[name]:
+        print(dep)
+PYEOF
+}
+
 rows=()
 for set in "${SETS[@]}"; do
   env="$WORK/$set"
@@ -45,12 +55,12 @@ for set in "${SETS[@]}"; do
   "$PY" -m venv "$env"
   requirements "$set" > "$env/requirements.txt"
   cat "$env/requirements.txt" >&2
-  # the dev extra's tools, resolved beside the set (linrope itself runs from this checkout, PYTHONPATH below);
-  # fla's interpreter tests need triton 3.9, which only the CPU torch 2.13.0 leaves alone (a CUDA torch pins
-  # its own triton): with another torch, fla is left out and tests/test_fla.py skips
-  fla=("fla-core==0.6.0" "triton==3.9.0"); grep -qx "torch==$NEWEST_TORCH" "$env/requirements.txt" || fla=()
-  "$env/bin/python" -m pip install -q -r "$env/requirements.txt" pytest hydra-submitit-launcher \
-      hydra-optuna-sweeper wandb-workspaces "setuptools>=70.1" "${fla[@]}"
+  # the dev extra's tools, resolved beside the set (linrope itself runs from this checkout, PYTHONPATH below), and
+  # the interp extra (fla under Triton's CPU interpreter, triton 3.9) only beside the CPU torch 2.13.0: any other torch
+  # pins its own triton, so the interpreter tests skip there, saying why
+  extras=(dev); grep -qx "torch==$NEWEST_TORCH" "$env/requirements.txt" && extras+=(interp)
+  extra_requirements "${extras[@]}" > "$env/tools.txt"
+  "$env/bin/python" -m pip install -q -r "$env/requirements.txt" -r "$env/tools.txt"
   versions=$("$env/bin/python" -m pip list --format=freeze 2>/dev/null | tr '[:upper:]' '[:lower:]' |
              grep -E "^($(echo $SHOWN | tr ' ' '|'))==" | tr '\n' ' ')
   start=$(date +%s)
