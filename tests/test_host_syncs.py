@@ -55,7 +55,16 @@ class CountHostSyncs(TorchDispatchMode):
                 flat = x.flatten()
                 return flat, torch.empty(x.shape, dtype=torch.long, device=x.device), flat.new_empty(flat.shape,
                                                                                                     dtype=torch.long)
+        if func is aten._to_copy.default and tensors[0].device.type != "cpu" and kwargs.get("device") == cpu:
+            self.seen.append("to_cpu")  # .cpu(), .tolist(), .numpy() of a device tensor
+            return torch.zeros(tensors[0].shape, dtype=kwargs.get("dtype") or tensors[0].dtype)
+        if func is aten.copy_.default and args[0].device.type == "cpu" and args[1].device.type != "cpu":
+            self.seen.append("copy_to_cpu")
+            return args[0]
         return func(*args, **kwargs)
+
+
+cpu = torch.device("cpu")
 
 
 def module_and_batch(compose, preset):
@@ -106,8 +115,9 @@ def test_the_counter_sees_what_a_step_must_not_do():
         bool(t.sum() > 0)
         torch.nonzero(t)
         torch.unique(t)
+        t.tolist()
         torch.ones(3).sum().item()  # a CPU tensor: no device to wait for
-    assert mode.seen == ["_local_scalar_dense", "_local_scalar_dense", "nonzero", "_unique2"]
+    assert mode.seen == ["_local_scalar_dense", "_local_scalar_dense", "nonzero", "_unique2", "to_cpu"]
 
 
 @pytest.mark.parametrize("method", ["rk4", "euler", "midpoint"])
