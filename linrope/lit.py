@@ -65,6 +65,8 @@ class LanguageModel(L.LightningModule):
             raise ConfigError(f"compile=true: {reason}; run with compile=false")
         self.optim = dict(optim or {})
         self._t_last: Optional[float] = None
+        self._bad_step: Optional[torch.Tensor] = None  # the first step whose loss was not finite (-1: none yet)
+        self._bad_loss: Optional[torch.Tensor] = None
 
     def setup(self, stage: str) -> None:
         """In every process of the run, after Lightning has set up its process group (if any)."""
@@ -113,14 +115,44 @@ class LanguageModel(L.LightningModule):
         logged = loss.detach()
         if trainer.world_size > 1:
             logged = trainer.strategy.reduce(logged.clone(), reduce_op="mean")  # all_reduce works in place
-        if not torch.isfinite(logged):
-            last = last_good_checkpoint(trainer)
-            raise NonFiniteLoss(f"loss is {logged.item()} at step {self.global_step}: training stopped; "
-                                + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+        self._note_non_finite(logged)
         self.log("train/loss", logged, prog_bar=True)
         if trainer.optimizers:  # the rate of this step (every parameter group has it)
             self.log("train/lr", float(trainer.optimizers[0].param_groups[0]["lr"]))
         return loss
+
+    # ---- a non-finite loss: noted on the device every step, read at the boundaries ---------------------------
+    def _note_non_finite(self, logged: torch.Tensor) -> None:
+        """Keep, on the device, the first step whose loss was not finite and that loss: no value is read back
+        here (a host sync every step; docs/reliability.md#numerics-and-stops)."""
+        bad = ~torch.isfinite(logged)
+        if self._bad_step is None or self._bad_step.device != logged.device:
+            self._bad_step = torch.full((), -1, dtype=torch.long, device=logged.device)
+            self._bad_loss = torch.zeros((), dtype=logged.dtype, device=logged.device)
+        first = bad & (self._bad_step < 0)
+        self._bad_step = torch.where(first, self.global_step, self._bad_step)
+        self._bad_loss = torch.where(first, logged, self._bad_loss)
+
+    def raise_if_loss_was_not_finite(self) -> None:
+        """The one read of the note (before validation, before a checkpoint is written, at the end of
+        training): a step's loss was not finite, so training stops, naming that step and the last good
+        checkpoint.  Every process reads the same note (the loss is the mean over processes) at the same
+        boundary, so every process stops there."""
+        if self._bad_step is None:
+            return
+        step = int(self._bad_step)
+        if step < 0:
+            return
+        self._bad_step = None  # said once
+        last = last_good_checkpoint(self.trainer)
+        raise NonFiniteLoss(f"loss is {self._bad_loss.item()} at step {step}: training stopped; "
+                            + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+
+    def on_validation_start(self):
+        self.raise_if_loss_was_not_finite()
+
+    def on_train_end(self):
+        self.raise_if_loss_was_not_finite()
 
     def on_train_batch_start(self, batch, batch_idx):
         """The global random state at each step is a function of (seed, step, rank): dropout draws the
@@ -141,7 +173,9 @@ class LanguageModel(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint):
         """The model's identity (attention kind, feature map, placement, position scheme and options) goes
-        into every checkpoint, so that loading it into another model is refused (linrope.spec)."""
+        into every checkpoint, so that loading it into another model is refused (linrope.spec).  No checkpoint
+        is written after a step whose loss was not finite (``raise_if_loss_was_not_finite``)."""
+        self.raise_if_loss_was_not_finite()
         checkpoint[IDENTITY_KEY] = model_identity(self.hparams.get("model"))
         if self.provenance is not None:  # and the run's provenance and config (linrope.provenance)
             checkpoint[PROVENANCE_KEY], checkpoint[CONFIG_KEY] = self.provenance, self.run_config

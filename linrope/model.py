@@ -123,12 +123,14 @@ class TransformerLM(nn.Module):
         sequence; ``states`` continue linear attention from an earlier call (generation).
         ``mask`` (B, N) marks real tokens for the classifier's mean pooling."""
         n = idx.shape[1]
+        span = None  # explicit positions: a scheme that needs their span reads it (PositionScheme.span)
         if positions is None:
             positions = torch.arange(offset, offset + n, device=idx.device)
+            span = (offset, offset + n - 1)  # known here: no scheme reads the device for it
         new_states = []
-        schemes = [s for s in (self.pos, self.pos_shared) if s is not None]
+        schemes = [m for m in self.modules() if isinstance(m, PositionScheme)]  # every role, every layer
         for scheme in schemes:
-            scheme.open_memo()
+            scheme.open_memo(span)
         try:
             x = self.drop(self.pos.embed(self.embed(idx) * self.embed_scale, positions))
             for i, block in enumerate(self.blocks):

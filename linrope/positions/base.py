@@ -31,6 +31,8 @@ from typing import Callable, ClassVar, Dict, Optional, Tuple, Type
 import torch
 from torch import nn
 
+from .functional import position_span
+
 ROLES = ("input", "attention", "shared")
 
 
@@ -60,6 +62,7 @@ class PositionScheme(nn.Module):
             raise ValueError(f"{self.name}: only an attention layer borrows, and only from a shared-role {self.name}")
         self.__dict__["_borrowed"] = shared  # not a submodule: its parameters belong to the model, counted once
         self._memo: Optional[dict] = None
+        self._span: Optional[Tuple[int, int]] = None
 
     # ---- parameters shared across layers -------------------------------------------------------
     def owns_shared(self) -> bool:
@@ -71,14 +74,18 @@ class PositionScheme(nn.Module):
         """Where the cross-layer parameters live: the borrowed shared-role instance, or this one."""
         return self._borrowed if self._borrowed is not None else self
 
-    def open_memo(self) -> None:
+    def open_memo(self, span: Optional[Tuple[int, int]] = None) -> None:
         """From here to ``close_memo`` (one forward of the model): terms that depend on the positions only are
-        computed by the first layer that asks and reused by the others (``memo``).  Two calls in a try/finally
-        rather than a context manager, which torch.compile of torch 2.4 cannot trace."""
+        computed by the first layer that asks and reused by the others (``memo``), and ``span``, the first and
+        last of the forward's positions as the model knows them on the host (Python ints), is what ``span()``
+        answers.  Two calls in a try/finally rather than a context manager, which torch.compile of torch 2.4
+        cannot trace."""
         self._memo = {}
+        self._span = span
 
     def close_memo(self) -> None:
         self._memo = None
+        self._span = None
 
     def memo(self, key, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         if self._memo is None:
@@ -86,6 +93,15 @@ class PositionScheme(nn.Module):
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
+
+    def span(self, positions: torch.Tensor) -> Tuple[int, int]:
+        """(smallest, largest) of ``positions``, Python ints: what sizes a table slice or an ODE grid and checks
+        a table's range without reading the device (docs/design.md#gpu-readiness).  Inside a model's forward the
+        model says (its positions are ``offset … offset + N - 1``); positions handed in as a tensor are read
+        once (``position_span``: a host sync, outside training)."""
+        if self._span is not None:
+            return self._span
+        return self.memo(("span", id(positions)), lambda: position_span(positions))
 
     # ---- hook at the input (where == "input") -------------------------------------------------
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

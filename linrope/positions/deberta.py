@@ -25,7 +25,7 @@ from einops import rearrange
 from torch import nn
 
 from .base import PositionScheme, register
-from .functional import gather_rows, relative_distance, used_rows
+from .functional import clipped_rows, gather_rows, relative_distance, used_rows
 
 P2C = ("release", "paper")
 
@@ -82,7 +82,10 @@ class DeBERTa(PositionScheme):
         return rel.clamp(-self.k, self.k - 1) + self.k
 
     def score_bias(self, q, k, positions):
-        idx, lo, hi = used_rows(self.delta(positions))
+        # the rows the distances use, from the positions' span; log buckets: the whole table (their rows
+        # would come from a float32 log on the host, which need not round as the device's does)
+        rows = (0, 2 * self.k) if self.log_buckets else clipped_rows(self.span(positions), -self.k, self.k - 1)
+        idx, lo, hi = used_rows(self.delta(positions), *rows)
         p = self.src.table[lo:hi].to(q.dtype)
         k_r = rearrange(p @ self.w_kr.to(q.dtype), "r (h d) -> h r d", h=self.n_heads)
         q_r = rearrange(p @ self.w_qr.to(q.dtype), "r (h d) -> h r d", h=self.n_heads)

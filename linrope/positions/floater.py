@@ -8,11 +8,14 @@ gradients reach them by back-propagating through the solver (torchdiffeq
 positions; ``inject: blocks`` adds it to the input of every block, as the paper does, with
 the ODE (θ and p_0) shared by all blocks, the paper's parameter-sharing variant: one
 solve per forward serves every block, no extra parameters.  One solve per forward, over the
-sorted unique positions (0 prepended): a fixed-step solver (``rk4`` by default) steps
-every ``step`` positions (default 1: one step per position, a solver node at every
-sampled t; larger steps are cheaper but linearly interpolated in between); an adaptive
+times 0, Δ, …, (largest position)·Δ, then picked by position: a fixed-step solver (``rk4`` by
+default) steps every ``step`` positions (default 1: one step per position, a solver node at
+every sampled t; larger steps are cheaper but linearly interpolated in between); an adaptive
 solver (``dopri5``) uses ``rtol``/``atol``.  Any length, no table; cost grows with
-the largest position (O(max position) solver steps).  Nothing is cached.
+the largest position (O(max position) solver steps).  Nothing is cached.  The grid comes from
+the positions' span, known on the host: ``euler``, ``midpoint`` and ``rk4`` are solved here
+(``fixed_grid``, torchdiffeq's steps bit for bit) without reading the device; the other
+solvers go through torchdiffeq, which reads its grid and error estimates on the host.
 
 Init: near a rotation.  With W1 = [A | B] and W2 ∝ [Bᵀ; -Aᵀ] (A, B Gaussian),
 h(p) ≈ p W1 W2 ∝ p (ABᵀ - BAᵀ) for small pre-activations: a skew-symmetric linear
@@ -24,6 +27,7 @@ MLP init does).
 The time input's weights start at zero (autonomous at init) and are learned.
 """
 import math
+import struct
 
 import torch
 from torch import nn
@@ -35,6 +39,57 @@ from .base import PositionScheme, register
 
 INJECT = ("input", "blocks")
 FIXED_GRID = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
+SYNC_FREE = ("euler", "midpoint", "rk4")  # solved here (fixed_grid), step for step as torchdiffeq does
+
+
+def _float(dtype):
+    """Rounds a Python float to ``dtype`` (float32 or float64): the host's copy of a time on the device.  A
+    product, quotient or sum of two float32 values formed in float64 and rounded once to float32 is the
+    correctly rounded float32 result, what the device computes."""
+    if dtype == torch.float64:
+        return float
+    return lambda x: struct.unpack("f", struct.pack("f", x))[0]
+
+
+def fixed_grid(h, y0: torch.Tensor, t: torch.Tensor, delta: float, method: str, step_size: float) -> torch.Tensor:
+    """torchdiffeq's fixed-grid ``odeint(h, y0, t, method=method, options=dict(step_size=step_size))`` for the
+    times t = (0, 1, 2, …)·``delta`` (a tensor) without its host reads: the grid's length and which output falls
+    into which step come from the times as the host computes them (``_float``: equal to the device's), and
+    every value is formed on the device by torchdiffeq's operations in its order, so the result and its
+    gradients are torchdiffeq's, bit for bit.  Returns (len(t), *y0.shape)."""
+    r = _float(t.dtype)
+    times = [r(float(i) * r(delta)) for i in range(len(t))]  # t on the host
+    niters = int(math.ceil(r(r(times[-1] / r(step_size)) + 1.0)))  # torchdiffeq: ceil((t[-1] - t[0]) / h + 1)
+    grid_host = [r(float(k) * r(step_size)) for k in range(niters - 1)] + [times[-1]]
+    grid = torch.arange(0, niters, dtype=t.dtype, device=t.device) * step_size + t[0]
+    grid[-1] = t[-1]
+    solution = torch.empty(len(t), *y0.shape, dtype=y0.dtype, device=y0.device)
+    solution[0] = y0
+    j = 1
+    for k, (t0, t1) in enumerate(zip(grid[:-1], grid[1:])):
+        dt = t1 - t0
+        f0 = h(t0, y0)
+        if method == "euler":
+            dy = dt * f0
+        elif method == "midpoint":
+            half_dt = 0.5 * dt
+            dy = dt * h(t0 + half_dt, y0 + f0 * half_dt)
+        else:  # rk4: torchdiffeq's rk4_alt_step_func (the 3/8 rule)
+            k2 = h(t0 + dt * (1 / 3), y0 + dt * f0 * (1 / 3))
+            k3 = h(t0 + dt * (2 / 3), y0 + dt * (k2 - f0 * (1 / 3)))
+            k4 = h(t1, y0 + dt * (f0 - k2 + k3))
+            dy = (f0 + 3 * (k2 + k3) + k4) * dt * 0.125
+        y1 = y0 + dy
+        while j < len(t) and grid_host[k + 1] >= times[j]:  # torchdiffeq's linear interpolation
+            if times[j] == grid_host[k]:
+                solution[j] = y0
+            elif times[j] == grid_host[k + 1]:
+                solution[j] = y1
+            else:
+                solution[j] = y0 + (t[j] - t0) / (t1 - t0) * (y1 - y0)
+            j += 1
+        y0 = y1
+    return solution
 
 
 @register
@@ -67,26 +122,28 @@ class Floater(PositionScheme):
             self.b2 = nn.Parameter(torch.zeros(dm))
 
     def encodings(self, positions: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-        """(N, D) positions p(i·Δ), solved in ``dtype`` (float32, or float64 for float64 models)."""
-        if positions.numel() and int(positions.min()) < 0:
-            raise ValueError(f"floater positions must be >= 0; got {int(positions.min())}")
-        uniq, inverse = torch.unique(positions, sorted=True, return_inverse=True)
-        lead = int(uniq[0]) != 0
-        if lead:
-            uniq = torch.cat([uniq.new_zeros(1), uniq])
+        """(N, D) positions p(i·Δ), solved in ``dtype`` (float32, or float64 for float64 models), over every
+        time 0, Δ, …, last·Δ (the solver passes them all anyway) and picked by position: the grid comes from
+        the positions' span, known on the host, so nothing is read back from the device (no ``torch.unique``)."""
+        first, last = self.span(positions)
+        if first < 0:
+            raise ValueError(f"floater positions must be >= 0; got {first}")
         w1, b1, w2, b2 = (p.to(dtype) for p in (self.w1, self.b1, self.w2, self.b2))
 
         def h(t, p):
             return torch.tanh(p @ w1[:-1] + t * w1[-1] + b1) @ w2 + b2
 
         p0 = self.p0.to(dtype)
-        if uniq.numel() == 1:
+        if last <= 0:
             sol = p0[None]
         else:
-            t = uniq.to(dtype) * self.delta
-            options = dict(step_size=self.step * self.delta) if self.method in FIXED_GRID else None
-            sol = odeint(h, p0, t, method=self.method, rtol=self.rtol, atol=self.atol, options=options)
-        return sol[int(lead):][inverse]
+            t = torch.arange(last + 1, device=positions.device).to(dtype) * self.delta
+            if self.method in SYNC_FREE:
+                sol = fixed_grid(h, p0, t, self.delta, self.method, self.step * self.delta)
+            else:  # adaptive (and the Adams) solvers: torchdiffeq, which reads its error estimates on the host
+                options = dict(step_size=self.step * self.delta) if self.method in FIXED_GRID else None
+                sol = odeint(h, p0, t, method=self.method, rtol=self.rtol, atol=self.atol, options=options)
+        return sol[positions]
 
     def _solved(self, positions, like: torch.Tensor) -> torch.Tensor:
         dtype = compute_dtype(like.dtype)

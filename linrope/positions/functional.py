@@ -25,12 +25,23 @@ def relative_distance(positions: torch.Tensor) -> torch.Tensor:
     return positions[None, :] - positions[:, None]
 
 
-def check_table_positions(positions: torch.Tensor, max_len: int, table: str,
-                          remedy: str = "use a relative scheme for longer sequences") -> None:
-    """One line if a position falls outside a table of ``max_len`` rows (learned, tupe, multiplicative)."""
+def position_span(positions: torch.Tensor) -> Tuple[int, int]:
+    """(smallest, largest) position of a tensor of positions, read from the device in one go (a host sync:
+    for positions a caller hands in; a model's own are known on the host, ``PositionScheme.span``).  An empty
+    tensor spans nothing: (0, -1)."""
     if not positions.numel():
+        return 0, -1
+    first, last = torch.stack([positions.min(), positions.max()]).tolist()
+    return int(first), int(last)
+
+
+def check_table_positions(span: Tuple[int, int], max_len: int, table: str,
+                          remedy: str = "use a relative scheme for longer sequences") -> None:
+    """One line if a position of ``span`` (smallest, largest; Python ints) falls outside a table of ``max_len``
+    rows (learned, tupe, multiplicative)."""
+    bottom, top = span
+    if top < bottom:  # no positions
         return
-    top, bottom = int(positions.max()), int(positions.min())
     if top >= max_len or bottom < 0:
         raise SequenceTooLong(
             f"{table} position table has {max_len} rows (positions 0..{max_len - 1}) but position "
@@ -87,13 +98,20 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(_geometric(c) + _geometric(2 * c)[0::2][: n_heads - c], dtype=torch.float64)
 
 
-def used_rows(idx: torch.Tensor) -> Tuple[torch.Tensor, int, int]:
-    """Restrict a table-row index matrix to the rows it uses: (idx - lo, lo, hi + 1).
+def used_rows(idx: torch.Tensor, lo: int, hi: int) -> Tuple[torch.Tensor, int, int]:
+    """Restrict a table-row index matrix to the rows ``lo … hi - 1`` it uses: (idx - lo, lo, hi).
 
-    A window of N positions uses at most 2N-1 distances, often far fewer rows
-    than the table holds, so the per-row scores stay (…, N, ≤2N-1)."""
-    lo, hi = int(idx.min()), int(idx.max())
-    return idx - lo, lo, hi + 1
+    A window of N positions uses at most 2N-1 distances, often far fewer rows than the table holds, so the
+    per-row scores stay (…, N, ≤2N-1).  ``lo`` and ``hi`` come from the span of the positions (Python ints:
+    the extreme distances are ±(last - first)), never from reading ``idx`` (a host sync per layer)."""
+    return idx - lo, lo, hi
+
+
+def clipped_rows(span: Tuple[int, int], low: int, high: int) -> Tuple[int, int]:
+    """The rows ``lo … hi - 1`` of a table indexed by ``clip(i - j, low, high) - low`` that positions of
+    ``span`` use: i - j runs over ±(last - first)."""
+    far = max(span[1] - span[0], 0)
+    return min(max(-far, low), high) - low, min(max(far, low), high) - low + 1
 
 
 def gather_rows(per_row: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

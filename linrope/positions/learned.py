@@ -31,5 +31,5 @@ class Learned(PositionScheme):
             self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * self.init_std)
 
     def embed(self, x, positions):
-        check_table_positions(positions, self.max_len, "learned")
+        check_table_positions(self.span(positions), self.max_len, "learned")
         return x + self.table[positions].to(x.dtype)

@@ -35,7 +35,7 @@ class Multiplicative(PositionScheme):
         """(N, D) multiplicative gate p_i."""
         if self.table_kind == "sinusoidal":
             return (1.0 + self.scale * sinusoidal_table(positions, dim, self.base)).to(dtype)
-        check_table_positions(positions, self.max_len, "multiplicative", "use table: sinusoidal")
+        check_table_positions(self.span(positions), self.max_len, "multiplicative", "use table: sinusoidal")
         return 1.0 + self.table[positions].to(dtype)
 
     def embed(self, x, positions):

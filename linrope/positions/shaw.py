@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .base import PositionScheme, register
-from .functional import gather_rows, relative_distance, scatter_rows, used_rows
+from .functional import clipped_rows, gather_rows, relative_distance, scatter_rows, used_rows
 
 VARIANTS = ("shaw", "relative_key", "relative_key_query")
 
@@ -54,8 +54,12 @@ class Shaw(PositionScheme):
         """(N, N) table row of clip(i - j, -k, k) for query i, key j."""
         return (-relative_distance(positions)).clamp(-self.clip, self.clip) + self.clip
 
+    def rows(self, positions: torch.Tensor):
+        """(index (N, N) into the used rows, lo, hi): the rows lo … hi - 1 the positions' distances use."""
+        return used_rows(self.table_index(positions), *clipped_rows(self.span(positions), -self.clip, self.clip))
+
     def score_bias(self, q, k, positions):
-        idx, lo, hi = used_rows(self.table_index(positions))
+        idx, lo, hi = self.rows(positions)
         table = self.key_table[lo:hi].to(q.dtype)
         s = gather_rows(q @ table.T, idx)
         if self.variant == "relative_key_query":  # k_j·D_{i-j}: key j against row idx[i, j]
@@ -65,7 +69,7 @@ class Shaw(PositionScheme):
     def value_term(self, probs, positions):
         if not self.has_value_term:
             return None
-        idx, lo, hi = used_rows(self.table_index(positions))
+        idx, lo, hi = self.rows(positions)
         return scatter_rows(probs, idx, hi - lo) @ self.value_table[lo:hi].to(probs.dtype)
 
     def extra_repr(self):

@@ -55,7 +55,7 @@ class TUPE(PositionScheme):
 
     def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
         """(1, H, N, N): the positional correlation, scaled, plus the bucket bias."""
-        check_table_positions(positions, self.max_len, "tupe")
+        check_table_positions(self.span(positions), self.max_len, "tupe")
         p = self.ln(self.table[positions]).to(dtype)  # (N, D)
         pq, pk = (rearrange(F.linear(p, u.weight.to(dtype), u.bias.to(dtype)), "n (h d) -> h n d", h=self.n_heads)
                   for u in (self.u_q, self.u_k))

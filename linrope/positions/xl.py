@@ -36,7 +36,8 @@ class TransformerXL(PositionScheme):
     def projected_distances(self, positions: torch.Tensor, dtype):
         """(rows (H, R, d) = W_R R_r for r = -span … span, index (N, N) of row i - j)."""
         rel = -relative_distance(positions)  # i - j
-        span = int(rel.abs().max())
+        first, last = self.span(positions)
+        span = max(last - first, 0)  # the largest |i - j|, known on the host
         dist = torch.arange(-span, span + 1, device=positions.device)
         r = sinusoidal_table(dist, self.d_model, self.base).to(dtype)
         rows = rearrange(r @ self.w_r.to(dtype), "r (h d) -> h r d", h=self.n_heads)

@@ -5,6 +5,9 @@
 training runs.  A handler only notes the signal; after each training step every process learns whether any
 of them was signalled (one all-reduce under DDP), and all of them then ask Lightning to stop after that step
 (linrope.run.lightning_internals.stop_after_this_step), which raises Lightning's ``SIGTERMException``.
+The flag travels between the hosts only: a CPU tensor through gloo (the run's own group when it is gloo, else
+a gloo group made once beside NCCL's), so the exchange never waits for the accelerator (no host sync; see
+docs/reliability.md#several-processes-ddp for why it is still every step).
 Lightning's own SIGTERM handler broadcasts from inside the handler, which hangs every rank when the signal
 reaches a process other than rank 0 first.  A second Ctrl+C interrupts at once."""
 from __future__ import annotations
@@ -28,10 +31,16 @@ class SignalStop(Callback):
         self.stopped_by: Optional[str] = None
         self._signalled: Optional[str] = None
         self._previous: Dict[int, Any] = {}
+        self._exchange: Optional[Any] = None  # under DDP: the group the flag travels in (None: the default)
+        self._distributed = False
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.stopped_by = self._signalled = None
         self._previous = {}
+        self._distributed = (trainer.world_size > 1 and torch.distributed.is_available()
+                             and torch.distributed.is_initialized())
+        if self._distributed:  # every process calls this hook: a new group is made on all of them alike
+            self._exchange = host_group()
         if threading.current_thread() is not threading.main_thread():
             return
 
@@ -47,10 +56,10 @@ class SignalStop(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """If any process was signalled, every process stops after this step."""
         code = signal.Signals[self._signalled].value if self._signalled else 0
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([code], device=trainer.strategy.root_device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            code = int(flag.item())
+        if self._distributed:  # a CPU tensor between the hosts: nothing waits for the accelerator
+            flag = torch.tensor([code])
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._exchange)
+            code = flag.tolist()[0]
         if code:
             self.stopped_by = signal.Signals(code).name
             stop_after_this_step(trainer)
@@ -76,3 +85,13 @@ class SignalStop(Callback):
         message = f"stopped by {self.stopped_by} at step {trainer.global_step}: {saved}"
         exception.linrope_stop = (message if trainer.is_global_zero else None,
                                   128 + int(getattr(signal, self.stopped_by)))
+
+
+def host_group():
+    """The process group the stop flag travels in as a CPU tensor: the default group when its backend is gloo
+    (``gloo``, or ``cpu:gloo,cuda:nccl``), else a gloo group of every process, made once per fit (a
+    collective: every process makes it at the same point).  NCCL would carry the flag on the GPU, and reading
+    it back would wait for every kernel queued before it: a host sync every step."""
+    if "gloo" in str(torch.distributed.get_backend()):
+        return None
+    return torch.distributed.new_group(backend="gloo")
