@@ -165,3 +165,12 @@ def test_recall_on_runs_that_are_not_mqar_says_so(tmp_path):
         recall_main([str(tmp_path)])
     assert str(e.value) == (f"linrope.recall: the runs under {tmp_path} are bytes runs, not mqar: linrope.recall "
                             f"tables the recall probe (experiment=recall); use linrope.report")
+
+
+def test_report_paths_mean_what_they_say_from_any_folder(tmp_path, monkeypatch):
+    """A relative sweep folder is read and written where the command was started, never in the checkout."""
+    one_run(tmp_path / "here" / "sweep" / "0")
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["sweep"]) == 0
+    assert (tmp_path / "here" / "sweep" / "report.md").is_file()
+    assert not (Path(__file__).resolve().parents[1] / "sweep").exists()
