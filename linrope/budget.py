@@ -25,11 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from linrope import report_files as outputs
+from linrope import report_provenance as provenance
 from linrope.report import PAIRS, build_report, pair_record
 from linrope.runs import by_seed, find_runs, group_runs
 from linrope.stats import paired
 
 LEVEL = 0.95
+WRITTEN = ("budget.md", "budget.csv", "budget.png")
+LEGACY = {"budget.md": ("# Headline claims against the training budget",)}  # before the manifest (report_files)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,34 @@ def arms(folder: Path, prefix: str = "steps") -> List[Path]:
     """The arms of a study, smallest first: its folders ``<prefix><N>`` (steps800, width64)."""
     found = [p for p in folder.iterdir() if p.is_dir() and re.fullmatch(rf"{prefix}\d+", p.name)]
     return sorted(found, key=lambda p: int(p.name[len(prefix):]))
+
+
+def check_arms(folders: Sequence[Path], prefix: str, key: str, tool: str) -> None:
+    """An arm's label is what its runs recorded: every run of ``<prefix><N>/`` has ``key`` = N (budget:
+    ``trainer.max_steps``; recall: ``model.d_model``), else one line names the first run that does not."""
+    for arm in folders:
+        n = int(arm.name[len(prefix):])
+        wrong = [r for r in find_runs(arm) if r.get(key) != n]
+        if wrong:
+            more = f" and {len(wrong) - 1} more" if len(wrong) > 1 else ""
+            raise SystemExit(f"{tool}: {arm.name}/{wrong[0].path.relative_to(arm)} ran with {key}="
+                             f"{wrong[0].get(key)}{more}, not {n} as its folder {arm.name}/ says: move it to the arm "
+                             f"it belongs to")
+
+
+def check_code(folders: Sequence[Path], study: Path, allow_mixed: bool, tool: str) -> Optional[str]:
+    """The runs of every arm come from one code and torch version (linrope.report_provenance), whatever the
+    flags: else one line, refused unless ``allow_mixed``; returns the line for the table's top, or None."""
+    runs = []
+    for arm in folders:
+        found = find_runs(arm)
+        provenance.fill_in(found, [arm, study])  # runs that predate their own provenance.json
+        runs += found
+    line = provenance.mixed(runs)
+    if line and not allow_mixed:
+        raise SystemExit(f"{tool}: across {', '.join(a.name for a in folders)}, {line}: pass --allow-mixed to "
+                         f"table them together, or run the older arms again")
+    return f"**Mixed provenance: {line}.**" if line else None
 
 
 def write_reports(folders: Sequence[Path], task: str, pairs: Sequence, allow_mixed: bool = False) -> None:
@@ -199,6 +231,10 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
     budgets = arms(folder)
     if not budgets:
         raise SystemExit(f"linrope.budget: no budget folders (steps<N>/) in {folder}")
+    check_arms(budgets, "steps", "trainer.max_steps", "linrope.budget")
+    mixed = check_code(budgets, folder, allow_mixed, "linrope.budget")
+    if write:
+        outputs.claim(folder, WRITTEN, "linrope.budget", LEGACY)
     if reports:
         write_reports(budgets, "bytes", EXTRA_PAIRS, allow_mixed)
     results = {arm.name: claim_results(arm) for arm in budgets}
@@ -216,7 +252,7 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
                                                                                               c.b, r)})
     text = "\n".join([
         "# Headline claims against the training budget",
-        "",
+        "", *([mixed, ""] if mixed else []),
         f"Paired differences A − B (lower bpb is better), mean [95% t-interval] over the seeds both configurations "
         f"finished; **bold**: the interval excludes 0.  Budgets: {', '.join(names)} "
         f"(folders {', '.join(a.name for a in budgets)}, each with its own report.md).  " + (
@@ -241,6 +277,7 @@ def budget_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
             out = csv.DictWriter(f, fieldnames=list(rows[0]))
             out.writeheader()
             out.writerows(rows)
+    outputs.record(folder, WRITTEN)
     return text
 
 

@@ -159,6 +159,9 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     problems = extrapolation_errors(cfg, "")
     if cfg.lengths is not None and not all(isinstance(n, int) and n >= 1 for n in cfg.lengths):
         problems.append(f"lengths={list(cfg.lengths)}: expected integers >= 1")
+    elif cfg.lengths is not None and len(cfg.lengths) == 0:
+        problems.append("lengths=[]: no length to evaluate; give at least one (lengths=[256,512]), or leave lengths "
+                        "out for factors × the training context")
     if problems:
         raise EvaluateError("; ".join(problems))  # before the checkpoint is read
     ckpt = Path(str(cfg.ckpt)).expanduser()

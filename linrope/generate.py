@@ -44,9 +44,10 @@ def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float
 def generate(cfg: DictConfig) -> str:
     if not cfg.ckpt:
         raise ConfigError("ckpt=PATH is required (see --help)")
-    if int(cfg.max_new_tokens) < 0 or float(cfg.temperature) <= 0 or (cfg.top_k is not None and int(cfg.top_k) < 1):
+    if int(cfg.max_new_tokens) < 0 or float(cfg.temperature) < 0 or (cfg.top_k is not None and int(cfg.top_k) < 1):
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}, "
-                          f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature > 0, top_k >= 1 or null")
+                          f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature >= 0 (0: greedy), top_k >= 1 "
+                          f"or null")
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
     print(describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr)  # stdout: the text

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from linrope.budget import Claim, arms, arms_main, cell, claim_results, shown, write_reports
+from linrope import report_files as outputs
+from linrope.budget import Claim, arms, arms_main, cell, check_arms, check_code, claim_results, shown, write_reports
 from linrope.plots import Curve, Panel, by_last_value, config_style, plot_curves
 from linrope.runs import Run, by_seed, find_runs, group_runs
 from linrope.stats import mean_ci
@@ -22,6 +23,7 @@ from linrope.stats import mean_ci
 TASK, METRIC = "mqar", "test/acc"
 CONTROL, CONTROL_BAR = "softmax_rope", 0.95
 PAIRS_ASKED = (("linear_rope", "linear"), ("linear_rope", "linear_rope_both"), ("linear_rope", "softmax_rope"))
+WRITTEN = ("recall.md", "recall.csv", "recall.png")
 CLAIMS = tuple(Claim(f"{a} − {b}", METRIC, a, b) for a, b in PAIRS_ASKED)
 
 
@@ -74,9 +76,18 @@ def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
     widths = arms(folder, "width")
     if not widths:
         raise SystemExit(f"linrope.recall: no width folders (width<N>/) in {folder}")
+    found = {w.name: group_runs(find_runs(w)) for w in widths}
+    other = sorted({task for g in found.values() for task in g} - {TASK})
+    if not any(g.get(TASK) for g in found.values()) and other:
+        raise SystemExit(f"linrope.recall: the runs under {folder} are {', '.join(other)} runs, not {TASK}: "
+                         f"linrope.recall tables the recall probe (experiment=recall); use linrope.report")
+    check_arms(widths, "width", "model.d_model", "linrope.recall")
+    mixed = check_code(widths, folder, allow_mixed, "linrope.recall")
+    if write:
+        outputs.claim(folder, WRITTEN, "linrope.recall", {"recall.md": ("# Recall (mqar) against model width",)})
     if reports:
         write_reports(widths, TASK, PAIRS_ASKED, allow_mixed)
-    groups = {w.name: group_runs(find_runs(w)).get(TASK, {}) for w in widths}
+    groups = {name: g.get(TASK, {}) for name, g in found.items()}
     acc = {name: accuracies(g) for name, g in groups.items()}
     names = [f"width {int(w.name[5:])}" for w in widths]
     configs = list(dict.fromkeys(c for w in widths for c in acc[w.name]))
@@ -100,7 +111,7 @@ def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
                 rows.append({"kind": "pair", "configuration": c.text, "width": w.name, "seed": " ".join(map(str, r.seeds)),
                              METRIC: r.diff.mean, "ci low": r.diff.lo, "ci high": r.diff.hi, "n": r.diff.n})
     text = "\n".join([
-        "# Recall (mqar) against model width", "",
+        "# Recall (mqar) against model width", "", *([mixed, ""] if mixed else []),
         f"Test accuracy on {TASK} (the fixed test set), mean over seeds ± the 95% t half-width, with the lowest "
         f"seed and the number of seeds; each width's report.md is in its folder.  Written by "
         f"`python -m linrope.recall {shown(folder)}`.", "", control_line, "", *lines, "",
@@ -116,6 +127,7 @@ def recall_table(folder: Path, reports: bool = True, allow_mixed: bool = False, 
             out = csv.DictWriter(f, fieldnames=keys)
             out.writeheader()
             out.writerows(rows)
+    outputs.record(folder, WRITTEN)
     return text
 
 

@@ -30,10 +30,12 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from linrope import report_files as outputs
 from linrope import report_provenance as provenance
 from linrope.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
                              params_cell)
 from linrope.command_line import program
+from linrope.errors import first_names
 from linrope.plots import (SCALING_STYLES, Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves,
                            series_colour)
 from linrope.runs import Run, by_seed, find_runs, group_runs
@@ -47,6 +49,7 @@ PAIRS: Tuple[Tuple[str, str], ...] = (
     ("linear_rope", "softmax_rope"),  # linear against softmax attention, both with RoPE
 )
 LEVEL = 0.95
+LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
 
 
 def columns_for(task: str):
@@ -292,12 +295,19 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
 
 def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = PAIRS,
                  allow_mixed: bool = False) -> str:
-    runs = [r for s in sweeps for r in find_runs(Path(s))]
+    skipped: List[Path] = []
+    runs = [r for s in sweeps for r in find_runs(Path(s), skipped)]
     if not runs:
-        raise SystemExit(f"linrope.report: no runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}")
+        others = f" ({first_names([str(p) for p in skipped], 2)}: no provenance.json or .hydra/config.yaml of a " \
+                 f"linrope run beside {'it' if len(skipped) == 1 else 'them'})" if skipped else ""
+        raise SystemExit(f"linrope.report: no linrope runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}"
+                         f"{others}")
     provenance.fill_in(runs, [*map(Path, sweeps), out])  # runs that predate their own provenance.json
     mixed = provenance.check(runs, allow_mixed)  # one line; refused unless --allow-mixed
     tasks = group_runs(runs)
+    suffixes = [f"_{task}" if len(tasks) > 1 else "" for task in tasks]
+    written = ["report.md", "summary.csv", "runs.csv", "pairs.csv",
+               *(f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation"))]
     labels = {label for groups in tasks.values() for label in groups}
     for a, b in pairs:
         if a not in labels or b not in labels:
@@ -305,6 +315,7 @@ def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, s
                 missing = a if a not in labels else b
                 raise SystemExit(f"linrope.report: --pair {a}:{b}: no configuration named {missing!r} "
                                  f"(have: {', '.join(sorted(labels))})")
+    outputs.claim(out, written, "linrope.report", LEGACY)  # never over a file a report did not write: one line
     out.mkdir(parents=True, exist_ok=True)
     n_configs = sum(len(g) for g in tasks.values())
     parts = [mixed, ""] if mixed else []
@@ -328,6 +339,7 @@ def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, s
     write_csv(run_rows, out / "runs.csv")
     if pair_rows:
         write_csv(pair_rows, out / "pairs.csv")
+    outputs.record(out, written)
     return text
 
 

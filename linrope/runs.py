@@ -72,24 +72,52 @@ def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
 
 
 def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:
+    """metric -> [(step, value)] of a CSVLogger's metrics.csv; a file that is no CSV text (binary, NUL bytes) is
+    refused in one line (SystemExit) naming it."""
     series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            step = int(float(row.get("step") or 0))
-            for k, v in row.items():
-                if k in ("step", "epoch") or v in (None, ""):
-                    continue
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
                 try:
-                    series[k].append((step, float(v)))
-                except ValueError:
-                    pass
+                    step = int(float(row.get("step") or 0))
+                except (TypeError, ValueError):
+                    step = 0
+                for k, v in row.items():
+                    if k in ("step", "epoch") or not isinstance(v, str) or v == "":
+                        continue
+                    try:
+                        series[k].append((step, float(v)))
+                    except ValueError:
+                        pass
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise SystemExit(f"linrope: {path}: not a metrics CSV file ({type(e).__name__}: {str(e)[:80]}); "
+                         f"move it out of the runs' folder") from None
     return dict(series)
 
 
-def find_runs(sweep: Path) -> List[Run]:
+def is_linrope_run(run_dir: Path) -> bool:
+    """The folder holds a linrope run: its ``provenance.json`` (linrope.provenance), or the config Hydra saved for
+    it (``.hydra/config.yaml``, a mapping with a ``model``; runs that predate provenance.json)."""
+    prov = read_provenance(run_dir)
+    if prov is not None and isinstance(prov.get("linrope"), dict):
+        return True
+    path = run_dir / ".hydra" / "config.yaml"
+    try:
+        return path.is_file() and isinstance((yaml.safe_load(path.read_text()) or {}).get("model"), dict)
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
+        return False
+
+
+def find_runs(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Run]:
+    """The linrope runs under ``sweep`` (one per metrics.csv in a folder ``is_linrope_run`` recognises); the
+    metrics.csv files of other folders are left out, and listed in ``skipped`` when given."""
     runs = []
     for metrics in sorted(sweep.rglob("metrics.csv")):
         run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent
+        if not is_linrope_run(run_dir):
+            if skipped is not None:
+                skipped.append(metrics)
+            continue
         config_path = run_dir / ".hydra" / "config.yaml"
         config = {}
         if config_path.exists():
@@ -126,9 +154,13 @@ def _logged_label(path: Path) -> Dict[str, Any]:
     metrics.csv; Hydra's ``.hydra/config.yaml`` keeps the preset's name it composed."""
     if not path.is_file():
         return {}
-    logged = yaml.safe_load(path.read_text()) or {}
-    name = (logged.get("model") or {}).get("name") if isinstance(logged, dict) else None
-    return {"model.name": name} if name else {}
+    try:
+        logged = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return {}  # not the file linrope's loggers write: the saved config names the model
+    model = logged.get("model") if isinstance(logged, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return {"model.name": str(name)} if isinstance(name, (str, int, float)) and name != "" else {}
 
 
 def _ignored(key: str) -> bool:

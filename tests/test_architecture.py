@@ -117,8 +117,8 @@ LAYERS = [
     ("Lightning", ("lit", "movement")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),
     ("orchestration", ("training", "train")),
-    ("tools", ("runs", "caveats", "report", "report_provenance", "figures", "dashboard", "sweeps", "study", "budget",
-               "recall")),
+    ("tools", ("runs", "caveats", "report", "report_provenance", "report_files", "figures", "dashboard", "sweeps",
+               "study", "study_jobs", "budget", "recall")),
 ]
 
 

@@ -17,7 +17,7 @@ def write_budget(folder: Path, steps: int, values):
         kind, position = KINDS[name]
         for seed, test in enumerate(tests, 1):
             write_run(folder / f"steps{steps}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
-                      seed=seed, rows=lm_rows((test + 0.2, test + 0.1), test, (1000, 1000)), context=128,
+                      seed=seed, rows=lm_rows((test + 0.2, test + 0.1), test, (1000, 1000)), context=128, max_steps=steps,
                       extrapolation=[(128, "none", test), (256, "none", test + 0.1 * seed)])
 
 

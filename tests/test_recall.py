@@ -22,7 +22,7 @@ def write_width(folder: Path, width: int, values):
         kind, position = KINDS[name]
         for seed, acc in enumerate(accs, 1):
             write_run(folder / f"width{width}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
-                      seed=seed, task="mqar", rows=acc_rows(acc))
+                      seed=seed, task="mqar", rows=acc_rows(acc), d_model=width)
 
 
 def test_accuracy_by_width_the_control_and_the_pairs(tmp_path):

@@ -17,17 +17,17 @@ HEADER = ["epoch", "step", "train/loss", "train/tokens_per_sec", "val/bpb", "val
 
 
 def write_run(folder: Path, *, name, kind, position, seed, rows, task="bytes", extra_model="", extra_position="",
-              extrapolation=None, context=64, test_factor=1, n_params=None):
+              extrapolation=None, context=64, test_factor=1, n_params=None, max_steps=200, d_model=64):
     (folder / ".hydra").mkdir(parents=True)
     (folder / "csv").mkdir()
     if n_params is not None:  # what the loggers get (training.log_config)
         (folder / "csv" / "hparams.yaml").write_text(f"model:\n  name: {name}\nn_params: {n_params}\nseed: {seed}\n")
     (folder / ".hydra" / "config.yaml").write_text(
         f"task_name: pe_compare\nseed: {seed}\ncontext: {context}\n"
-        f"model:\n  name: {name}\n  d_model: 64\n  attention:\n    kind: {kind}\n{extra_model}"
+        f"model:\n  name: {name}\n  d_model: {d_model}\n  attention:\n    kind: {kind}\n{extra_model}"
         f"  position:\n    name: {position}\n{extra_position}"
         f"data:\n  task: {task}\n  context: ${{context}}\n  seed: ${{seed}}\n  test_factor: {test_factor}\n"
-        f"paths:\n  output_dir: ${{hydra:runtime.output_dir}}\ntrainer:\n  max_steps: 200\n")
+        f"paths:\n  output_dir: ${{hydra:runtime.output_dir}}\ntrainer:\n  max_steps: {max_steps}\n")
     with open(folder / "csv" / "metrics.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=HEADER)
         w.writeheader()
@@ -287,7 +287,7 @@ def test_report_cli_help_and_empty_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0 and "--pair" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="no runs"):
+    with pytest.raises(SystemExit, match="no linrope runs"):
         main([str(tmp_path)])
 
 

@@ -126,7 +126,9 @@ def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
     prefix, table = ARMED[study]
     folder = RESULTS / study
     compute = budget_table if study == "budget" else recall_table
-    assert compute(folder, reports=False, write=False) == (folder / table).read_text()
+    committed = (folder / table).read_text()
+    mixed = committed.startswith("**Mixed provenance", len(committed.split("\n\n")[0]) + 2)  # said at its top
+    assert compute(folder, reports=False, write=False, allow_mixed=mixed) == committed
     for arm in arms(folder, prefix):
         jobs = sorted(p.parent for p in arm.glob("*/study_job.json"))
         assert jobs, f"{arm}: no finished job"

@@ -41,15 +41,23 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 done, 0 to run" in out and "training" not in out
     assert {n: json.loads((tmp_path / "s" / n / DONE).read_text()) for n in study.names} == records
+    # what Hydra saved for each run is what the study composes for the same request (else nothing would be
+    # counted as done); one setting more is another job, which the finished folders are not
+    more = Study(tmp_path / "s", [o.replace("max_steps=4", "max_steps=6") for o in overrides], threads=1, commit=False)
+    assert [line.split(" holds another run ")[1].split(";")[0] for line in more.conflicts()] == [
+        "(trainer.max_steps: 4 → 6)"] * 2
 
 
 def test_a_failed_job_is_named_and_left_unfinished(tmp_path, capsys):
-    study = Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope", "data.path=/nonexistent"],
-                  threads=1, commit=False)
+    """A job that passes the checks made before launching but fails once it runs (a corpus folder with no
+    file in it is only measured when read)."""
+    (tmp_path / "empty").mkdir()
+    study = Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope",
+                                   f"data.path={tmp_path / 'empty'}"], threads=1, commit=False)
     assert study.run(jobs=1) == 1
     out = capsys.readouterr().out
     assert "[job] FAILED (exit status 1)" in out and "not finished: job" in out
-    assert state(tmp_path / "s" / "job") == "todo" and "nonexistent" in (tmp_path / "s" / "job.log").read_text()
+    assert state(tmp_path / "s" / "job") == "todo" and "empty" in (tmp_path / "s" / "job.log").read_text()
 
 
 def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
@@ -65,11 +73,12 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     try:
         study = Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1,
                       commit=False)
-        assert study.run(jobs=1) == 1  # not finished here
+        assert study.run(jobs=1) == 0  # nothing failed: the job is left to the run that holds it
     finally:
         os.close(fd)
     out = capsys.readouterr().out
     assert "[job] running elsewhere (pid 1 on elsewhere): left to it" in out and "training" not in out
+    assert "0/1 jobs done; not finished: job (job running elsewhere)" in out
     assert not (tmp_path / "s" / "job.log").exists()
     assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "mine", "*.pt", ".linrope.lock",
                                                                     ".study.lock", "/*/*.png"]
@@ -77,7 +86,7 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     fcntl.flock(claim, fcntl.LOCK_EX)
     try:
         assert Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1,
-                     commit=False).run(jobs=1) == 1
+                     commit=False).run(jobs=1) == 0
     finally:
         os.close(claim)
     assert "[job] running elsewhere (another driver): left to it" in capsys.readouterr().out
