@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -183,12 +184,55 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
     return errors
 
 
+SLURM_COUNTS = ("nodes", "tasks_per_node", "gpus_per_node")  # conf/hydra/launcher/submitit_slurm.yaml: from trainer.*
+
+
+def launcher_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> List[str]:
+    """With ``hydra/launcher=submitit_slurm``: the launcher's node, task and GPU counts (which follow
+    ``trainer.num_nodes`` and ``trainer.devices``) must be numbers, e.g. not ``trainer.devices=auto`` (Hydra
+    would refuse them at launch in several lines).  The config is composed from the command line's
+    overrides that sweep nothing; anything else is left to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    overrides = _overrides(argv)
+    if not any(o.lstrip("+").startswith("hydra/launcher=") and "slurm" in o for o in overrides):
+        return []
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Hydra's note on the plugin's schema: Hydra says it again at launch
+            cfg = compose(config_name=config_name, overrides=fixed, return_hydra_config=True)
+        launcher = cfg.hydra.launcher
+    except Exception:  # noqa: BLE001 - a line Hydra refuses: Hydra says it
+        return []
+    finally:
+        GlobalHydra.instance().clear()
+    raw = OmegaConf.to_container(launcher, resolve=False)
+    bad: dict = {}  # (source key or None, value): the launcher's keys that take it
+    for key in SLURM_COUNTS:
+        text = str(raw.get(key))
+        source = text[2:-1] if text.startswith("${") and text.endswith("}") else None
+        value = OmegaConf.select(cfg, source) if source else raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            bad.setdefault((source, str(value)), []).append(key)
+    return [f"hydra.launcher.{', '.join(keys)} follow{'s' * (len(keys) == 1)} {source}={value}: SLURM needs a number "
+            f">= 1; pass {source}=<a number>" if source else f"hydra.launcher.{keys[0]}={value}: SLURM needs a number >= 1"
+            for (source, value), keys in bad.items()]
+
+
 def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR,
                        config_name: str = "train", prefix: str = "linrope") -> None:
     """Exit with one line per unknown config-group option (``model=nope``) or unknown key
-    (``trainer.max_step=10``) on the command line — before Hydra, whose own messages are several lines."""
+    (``trainer.max_step=10``) on the command line, or a SLURM launcher asked for a count that is no number
+    (``launcher_errors``) — before Hydra, whose own messages are several lines."""
     argv = sys.argv[1:] if argv is None else argv
-    errors = command_line_errors(argv, conf_dir) or unknown_key_errors(argv, conf_dir, config_name)
+    errors = (command_line_errors(argv, conf_dir) or unknown_key_errors(argv, conf_dir, config_name)
+              or launcher_errors(argv, conf_dir, config_name))
     if errors:
         raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
 

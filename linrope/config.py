@@ -54,6 +54,10 @@ def option_errors(cfg) -> List[str]:
     return errors
 
 
+# keys of ``trainer`` that linrope reads and Lightning's Trainer does not take (build_trainer removes them)
+LINROPE_TRAINER_KEYS = ("matmul_precision",)
+
+
 def trainer_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
     """Keys of ``trainer`` that Lightning's Trainer does not take (its constructor says which it takes)."""
     if target not in ("lightning.pytorch.Trainer", "lightning.Trainer"):
@@ -63,6 +67,7 @@ def trainer_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
     from lightning.pytorch import Trainer  # imported by data_option_errors already
 
     known = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"] + ["_target_"]
+    known += list(LINROPE_TRAINER_KEYS)
     return [str(UnknownOption(f"trainer.{k}", known)) for k in keys if k not in known]
 
 
@@ -90,11 +95,13 @@ def table_errors(cfg) -> List[str]:
             for key in ("data.context", "data.eval_context") for n in [get(cfg, key)] if n is not None and n > max_len]
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, hardware: bool = True) -> None:
     """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses;
     then what each component refuses (an option it does not take, naming the nearest it does; its own
     values; the model's pairing and dimensions); then (when those are sound) what depends on several
-    values, the corpus, the Trainer and ``ckpt_path``."""
+    values, the corpus, the Trainer and ``ckpt_path``.  ``hardware=False`` (the dry run of a sweep,
+    linrope.sweeps, on a login node) checks the config alone: whether this machine has the devices asked
+    for, and what ``accelerator: auto`` would pick here, are the launch's business."""
     errors = schema_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))
@@ -102,7 +109,7 @@ def validate(cfg: DictConfig) -> None:
     if errors:
         raise ConfigError("\n".join(errors))
     errors = table_errors(cfg)
-    errors += data_errors(cfg) + trainer_errors(cfg) + impl_errors(cfg)
+    errors += data_errors(cfg) + trainer_errors(cfg, hardware) + impl_errors(cfg, hardware)
     try:
         checkpoint_path(cfg)
     except ConfigError as e:
@@ -111,16 +118,17 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("\n".join(errors))
 
 
-def impl_errors(cfg) -> List[str]:
-    """``model.attention.impl=fla`` needs the ``gpu`` extra, a CUDA accelerator and a causal model."""
+def impl_errors(cfg, hardware: bool = True) -> List[str]:
+    """``model.attention.impl=fla`` needs the ``gpu`` extra, a CUDA accelerator and a causal model (without
+    ``hardware``, ``accelerator: auto`` may be one)."""
     if get(cfg, "model.attention.kind") != "linear" or get(cfg, "model.attention.impl") != "fla":
         return []
     from linrope.ops.linear_attn.fla_backend import unavailable  # torch: only for this setting
 
     if not bool(get(cfg, "model.causal", True)):
         return ["model.attention.impl=fla is causal only; use impl=chunk with model.causal=false"]
-    accel = _resolved_accelerator(str(get(cfg, "trainer.accelerator", "cpu") or "cpu"))
-    why = unavailable("cuda" if accel == "gpu" else "cpu")
+    accel = accelerator_kind(get(cfg, "trainer.accelerator"), hardware)
+    why = unavailable("cuda" if accel in ("gpu", None) else "cpu")
     return [f"model.attention.impl=fla: {why}"] if why else []
 
 
@@ -160,38 +168,77 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
 
 
-def trainer_errors(cfg) -> List[str]:
+def trainer_errors(cfg, hardware: bool = True) -> List[str]:
+    """The Trainer's accelerator, devices, precision and strategy; with ``hardware``, also whether this
+    machine has the devices asked for (``accelerator: auto`` resolved as build_trainer resolves it)."""
     errors = []
-    accel = str(get(cfg, "trainer.accelerator", "cpu") or "cpu")
+    accel = str(get(cfg, "trainer.accelerator", "auto") or "auto")
+    kind = accelerator_kind(accel, hardware)  # None: auto, resolved where the run starts
     devices = get(cfg, "trainer.devices")
     n = _device_count(devices)
-    if n is not None and n > 0:
-        available = _available_devices(accel)
-        if available is not None and n > available:
-            kind = _resolved_accelerator(accel)
-            errors.append(f"trainer.devices={devices} but only {available} {kind} device(s) are available")
-    elif devices is not None and n is None and str(devices) not in ("auto", "-1"):
+    available = _available_devices(accel) if hardware else None
+    if kind == "gpu" and available == 0:
+        errors.append(f"trainer.accelerator={accel}: this machine has no CUDA GPU (torch.cuda.device_count() is 0)")
+    elif n is not None and n > 0 and available is not None and n > available:
+        errors.append(f"trainer.devices={devices} but only {available} {kind} device(s) are available")
+    if devices is not None and n is None and str(devices) not in ("auto", "-1"):
         errors.append(f"trainer.devices={devices!r}: expected a count, a list of device ids, -1 or auto")
     precision = get(cfg, "trainer.precision")
     if precision is not None and str(precision) not in PRECISIONS:
         errors.append(f"trainer.precision={precision}: expected one of {', '.join(PRECISIONS[:6])}")
-    elif str(precision) in ("16-mixed", "16") and _resolved_accelerator(accel) == "cpu":
+    elif str(precision) in ("16-mixed", "16") and kind == "cpu":
         errors.append(f"trainer.precision={precision} (float16 mixed precision) does not run on CPU: "
                       f"use trainer.precision=bf16-mixed")
     if accel not in ACCELERATORS:
         errors.append(f"trainer.accelerator={accel}: expected one of {', '.join(ACCELERATORS)}")
-    strategy = get(cfg, "trainer.strategy", "auto") or "auto"
-    strategy = strategy if isinstance(strategy, str) else "custom"  # a _target_ node: Lightning checks it
-    if strategy not in COMMON_STRATEGIES + ("custom",):
+    node = get(cfg, "trainer.strategy", "auto") or "auto"
+    strategy = strategy_name(node)  # a _target_ node: its class's name (FSDPStrategy: fsdp); Lightning checks it
+    if isinstance(node, str) and strategy not in COMMON_STRATEGIES:
         from lightning.pytorch.strategies import StrategyRegistry
 
         known = StrategyRegistry.available_strategies()
         if strategy not in known:
             errors.append(f"trainer.strategy={strategy}: unknown; e.g. {', '.join(COMMON_STRATEGIES)} "
                           f"(all: lightning.pytorch.strategies.StrategyRegistry)")
-    if strategy == "ddp" and (n is None or n > 1) and sweep_dir() is not None and not _processes_started_externally():
-        errors.append("trainer.strategy=ddp in a sweep (-m): Lightning starts the other processes by running "
-                      "train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in sweeps")
+    relaunched = strategy == "ddp" or strategy.startswith(("fsdp", "deepspeed"))  # Lightning re-runs train.py
+    if relaunched and (n is None or n > 1) and sweep_dir() is not None and not _processes_started_externally():
+        errors.append(f"trainer.strategy={strategy} in a sweep (-m): Lightning starts the other processes by "
+                      "running train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in "
+                      "sweeps, or a launcher that starts them (hydra/launcher=submitit_slurm)")
+    return errors + fsdp_errors(strategy, node, kind)
+
+
+def strategy_name(strategy) -> str:
+    """A strategy's name: the string given (``ddp``), or for a ``_target_`` node its class's name without
+    ``Strategy``, lower case (``lightning.pytorch.strategies.FSDPStrategy``: ``fsdp``)."""
+    if strategy is None:
+        return "auto"
+    if isinstance(strategy, str):
+        return strategy
+    target = str(get(strategy, "_target_", "") or "").rpartition(".")[2]
+    return target.removesuffix("Strategy").lower() or "custom"
+
+
+def sharded_checkpoints(strategy) -> bool:
+    """Whether ``strategy`` writes a checkpoint as a folder of shards instead of one file (deepspeed; FSDP
+    with ``state_dict_type: sharded``): Lightning then bypasses the Trainer's CheckpointIO."""
+    name = strategy_name(strategy)
+    return name.startswith("deepspeed") or (
+        name.startswith("fsdp") and not isinstance(strategy, str) and get(strategy, "state_dict_type") == "sharded")
+
+
+def fsdp_errors(name: str, node, kind: Optional[str]) -> List[str]:
+    """FSDP runs on GPUs only (Lightning refuses it on a CPU), and its checkpoints must be whole files:
+    resuming (ckpt_path), evaluate, generate and the reports read one file."""
+    if not name.startswith("fsdp"):
+        return []
+    errors = []
+    if kind is not None and kind != "gpu":
+        errors.append(f"trainer.strategy=fsdp needs GPUs (trainer.accelerator=gpu), not {kind}: Lightning's FSDP "
+                      f"does not run on a CPU; several CPU processes: trainer=ddp_spawn trainer.accelerator=cpu")
+    if sharded_checkpoints(node):
+        errors.append("trainer.strategy.state_dict_type=sharded: linrope resumes, evaluates and reports from "
+                      "single-file checkpoints; use state_dict_type=full (rank 0 gathers the weights)")
     return errors
 
 
@@ -209,12 +256,23 @@ def _device_count(devices) -> Optional[int]:
         return None
 
 
-def _resolved_accelerator(accelerator: str) -> str:
+def resolved_accelerator(accelerator: str) -> str:
+    """What linrope runs on for ``trainer.accelerator``: ``auto`` is a CUDA GPU when this process sees one,
+    else the CPU (linrope.training.build_trainer passes that to Lightning, whose own ``auto`` would pick
+    Apple's MPS on a Mac: MPS, which has no float64, runs only when asked, ``trainer.accelerator=mps``);
+    ``cuda`` is ``gpu``; anything else is itself."""
     if accelerator == "auto":
-        import torch
+        import torch  # only for auto: the checks of an explicit accelerator stay light
 
         return "gpu" if torch.cuda.is_available() else "cpu"
     return "gpu" if accelerator == "cuda" else accelerator
+
+
+def accelerator_kind(accelerator, hardware: bool = True) -> Optional[str]:
+    """``resolved_accelerator``, or None for ``auto`` without ``hardware`` (a dry run on another machine than
+    the one the run starts on)."""
+    accelerator = str(accelerator or "auto")
+    return None if accelerator == "auto" and not hardware else resolved_accelerator(accelerator)
 
 
 def sweep_dir() -> Optional[str]:
@@ -288,7 +346,7 @@ def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
 
 
 def _available_devices(accelerator: str):
-    accelerator = _resolved_accelerator(accelerator)
+    accelerator = resolved_accelerator(accelerator)
     if accelerator == "gpu":
         import torch
 

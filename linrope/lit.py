@@ -165,10 +165,13 @@ class LanguageModel(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint):
         """Before Lightning loads the weights (resuming, testing, load_from_checkpoint): parameters that do
-        not fit this model's config are named in one CheckpointMismatch line."""
-        check_state_dict(self.state_dict(), checkpoint.get("state_dict") or {},
-                         found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
-                         expected_cfg=self.hparams.get("model"))
+        not fit this model's config are named in one CheckpointMismatch line.  Under FSDP the strategy has
+        loaded them already (strictly, into the sharded model) and taken ``state_dict`` out of the dict: only
+        the model's identity is left to check (linrope.config checked the file before the run started)."""
+        if "state_dict" in checkpoint:
+            check_state_dict(self.state_dict(), checkpoint["state_dict"] or {},
+                             found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
+                             expected_cfg=self.hparams.get("model"))
         check_identity(checkpoint, self.hparams.get("model"))
 
     def on_save_checkpoint(self, checkpoint):

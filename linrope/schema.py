@@ -85,6 +85,9 @@ def _num(v: float) -> str:
 
 
 POSITIVE_INT, COUNT = Rule("int", low=1), Rule("int", low=0)
+# torch.set_float32_matmul_precision's settings: highest (PyTorch's default: float32 products in float32), high
+# (TF32 on NVIDIA GPUs since Ampere), medium (bfloat16 products too); null leaves the process's setting alone
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 FRACTION = Rule("number", above=0, below=1)
 SCHEMA: Dict[str, Rule] = {
     "seed": Rule("int"), "compile": Rule("bool"),
@@ -98,6 +101,9 @@ SCHEMA: Dict[str, Rule] = {
     # the Trainer (the model checks its options: linrope.spec; the optimiser its own: linrope.optim)
     "trainer.max_steps": Rule("int", low=-1, note="-1: no limit"),
     "trainer.max_epochs": Rule("int", low=-1, null=True, note="-1: no limit"),
+    "trainer.num_nodes": POSITIVE_INT,
+    "trainer.matmul_precision": Rule("choice", choices=lambda: (*MATMUL_PRECISIONS, None),
+                                     note="float32 matmuls; high: TF32 on GPUs"),
     "trainer.log_every_n_steps": POSITIVE_INT, "trainer.accumulate_grad_batches": POSITIVE_INT,
     "trainer.gradient_clip_val": Rule("number", low=0, null=True),
     "callbacks.last_checkpoint.every_n_train_steps": Rule("int", low=1, null=True,

@@ -15,12 +15,14 @@ from linrope import provenance as P
 from linrope.after_training import explain_stop  # noqa: F401 - train.py calls T.explain_stop
 from linrope.after_training import job_overrides
 from linrope.checkpoint import AtomicCheckpointIO, load_checkpoint
-from linrope.config import checkpoint_path, plain, sweep_dir
+from linrope.config import (LINROPE_TRAINER_KEYS, checkpoint_path, plain, resolved_accelerator, sharded_checkpoints,
+                            sweep_dir)
 from linrope.errors import UserError
 from linrope.evaluate import extrapolate_after_test
 from linrope.lit import LanguageModel
 from linrope.resume_diff import announce, resume_record
 from linrope.run.loggers import keep_csv_history, wandb_settings
+from linrope.run import matmul
 from linrope.run.signals import SignalStop
 from linrope.spec import ModelConfig
 
@@ -109,7 +111,8 @@ def build_module(cfg: DictConfig):
 
 
 def build_callbacks(cfg: DictConfig) -> list:
-    """Every callback in the config, and the stop on SIGTERM / SIGINT (linrope.run.signals); the progress bar
+    """Every callback in the config, the stop on SIGTERM / SIGINT (linrope.run.signals) and
+    ``trainer.matmul_precision`` in every process (linrope.run.matmul); the progress bar
     only while trainer.enable_progress_bar is on, the checkpoint callbacks only while
     trainer.enable_checkpointing is on (Lightning refuses them otherwise)."""
     skip = set()
@@ -119,7 +122,8 @@ def build_callbacks(cfg: DictConfig) -> list:
         skip |= {"model_checkpoint", "last_checkpoint"}
     callbacks = [hydra.utils.instantiate(c) for name, c in (cfg.get("callbacks") or {}).items()
                  if c and "_target_" in c and name not in skip]
-    return callbacks + [SignalStop()]  # after the config's: a signal sent in their on_train_batch_end counts
+    # after the config's: a signal sent in their on_train_batch_end counts
+    return callbacks + [SignalStop(), matmul.MatmulPrecision(cfg.trainer.get("matmul_precision"))]
 
 
 def build_loggers(cfg: DictConfig) -> list:
@@ -139,16 +143,30 @@ def build_loggers(cfg: DictConfig) -> list:
     return loggers
 
 
+def trainer_arguments(cfg: DictConfig) -> Dict[str, Any]:
+    """``cfg.trainer`` as the Trainer takes it: linrope's own keys (``matmul_precision``) left out, and
+    ``accelerator: auto`` resolved by linrope (a CUDA GPU if there is one, else the CPU; never Apple's MPS
+    unless asked: linrope.config.resolved_accelerator)."""
+    args = plain(cfg.trainer)
+    for key in LINROPE_TRAINER_KEYS:
+        args.pop(key, None)
+    if args.get("accelerator", "auto") in ("auto", None):
+        args["accelerator"] = resolved_accelerator("auto")
+    return args
+
+
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
-    """The Trainer of ``cfg.trainer``, writing checkpoints atomically (linrope.checkpoint.AtomicCheckpointIO)
-    unless the config names its own plugins or a sharded strategy; Lightning's refusals of a trainer
+    """The Trainer of ``cfg.trainer`` (``trainer_arguments``), after ``trainer.matmul_precision`` is applied
+    in this process (linrope.run.matmul), writing checkpoints atomically (linrope.checkpoint.AtomicCheckpointIO)
+    unless the config names its own plugins or a strategy that writes sharded checkpoints (FSDP's default,
+    ``state_dict_type: full``, writes one file on rank 0 through it); Lightning's refusals of a trainer
     config (MisconfigurationException, ValueError: an unknown strategy, accelerator, …) become one line."""
+    matmul.apply(cfg.trainer.get("matmul_precision"))
     extra: Dict[str, Any] = {}
-    strategy = str(cfg.trainer.get("strategy") or "")
-    if cfg.trainer.get("plugins") is None and not any(s in strategy for s in ("fsdp", "deepspeed")):
+    if cfg.trainer.get("plugins") is None and not sharded_checkpoints(cfg.trainer.get("strategy")):
         extra["plugins"] = [AtomicCheckpointIO()]
     try:
-        return hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **extra)
+        return hydra.utils.instantiate(trainer_arguments(cfg), callbacks=callbacks, logger=loggers or False, **extra)
     except Exception as e:  # noqa: BLE001 - instantiate wraps Lightning's error
         cause = e
         while cause is not None and not isinstance(cause, (MisconfigurationException, ValueError)):

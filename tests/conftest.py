@@ -14,7 +14,9 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 @pytest.fixture
 def compose(tmp_path):
-    """Compose the real training config with overrides, writing outputs under tmp_path."""
+    """Compose the real training config with overrides, writing outputs under tmp_path, on the CPU
+    (``trainer.accelerator=cpu``: the default trainer's ``auto`` would pick a GPU on a machine with one; a
+    test's own ``trainer.accelerator=…`` comes later and wins)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -22,7 +24,8 @@ def compose(tmp_path):
     def _compose(*overrides):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = hydra_compose(config_name="train", overrides=[f"paths.output_dir={tmp_path}", *overrides])
+            pinned = [f"paths.output_dir={tmp_path}", "trainer.accelerator=cpu"]
+            cfg = hydra_compose(config_name="train", overrides=[*pinned, *overrides])
         return cfg
 
     yield _compose

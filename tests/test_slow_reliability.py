@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
         "data.val_windows=4", "data.test_windows=4", "data.eval_batch_size=4", "trainer.log_every_n_steps=1",
-        "test=false"]
+        "test=false", "trainer.accelerator=cpu"]  # DDP through gloo on CPU processes, on any machine
 
 
 class SigkillAt(L.Callback):
