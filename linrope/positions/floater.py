@@ -27,7 +27,6 @@ import math
 
 import torch
 from torch import nn
-from torchdiffeq import odeint
 
 from linrope.rope import compute_dtype
 
@@ -85,6 +84,8 @@ class Floater(PositionScheme):
         else:
             t = uniq.to(dtype) * self.delta
             options = dict(step_size=self.step * self.delta) if self.method in FIXED_GRID else None
+            from torchdiffeq import odeint  # here, not at import: torchdiffeq imports scipy, which only FLOATER needs
+
             sol = odeint(h, p0, t, method=self.method, rtol=self.rtol, atol=self.atol, options=options)
         return sol[int(lead):][inverse]
 
