@@ -120,13 +120,13 @@ def probe_env(device: str) -> dict:
 
     env: dict = {"python": platform.python_version()}
     for dist in ("torch", "triton", "fla-core", "lightning", "hydra-core", "omegaconf", "antlr4-python3-runtime",
-                 "einops", "numpy", "PyYAML"):
+                 "einops", "numpy", "PyYAML", "pytest", "packaging"):
         try:
             env[dist] = md.version(dist)
         except md.PackageNotFoundError:
             env[dist] = "not installed"
     missing = []
-    mods = ["torch", "hydra", "omegaconf", "einops", "numpy", "yaml", "linrope.ops"]
+    mods = ["torch", "hydra", "omegaconf", "einops", "numpy", "yaml", "pytest", "linrope.ops"]
     mods += ["triton", "fla.ops.simple_gla"] if device == "cuda" else []  # imported, not merely found
     for mod in mods:
         try:
@@ -259,7 +259,8 @@ def part_fsdp(ctx) -> dict:
         return {"status": "missing", "wall_s": 0.0,
                 "note": "conf/trainer/fsdp.yaml is missing (the trainer=fsdp preset): not run"}
     if ctx.device == "cpu":  # Lightning refuses strategy=fsdp without a GPU: "requires a GPU accelerator"
-        return {"status": "unavailable", "wall_s": 0.0, "note": "on cpu: Lightning's FSDP strategy needs a GPU; not run"}
+        return {"status": "unavailable", "wall_s": 0.0,
+                "note": "on cpu: Lightning's FSDP strategy needs a GPU; not run"}
     res = run_part(cmd, ctx.budget("fsdp"), ctx.log)
     reached = any("max_steps=3` reached" in ln for ln in res["lines"])
     if res["timed_out"]:
@@ -337,7 +338,8 @@ def report(ctx) -> str:
     L = [f"# Device check ({mode})", "", f"`{ctx.command}`, {ctx.started:%Y-%m-%d %H:%M} UTC, {when}.", ""]
     L += ["## Environment", ""]
     keys = ["gpu", "machine", "python", "torch", "torch cuda", "triton", "fla-core", "lightning", "hydra-core",
-            "omegaconf", "antlr4-python3-runtime", "einops", "numpy", "bf16", "not importable", "wheels", "PYTHONPATH"]
+            "omegaconf", "antlr4-python3-runtime", "einops", "numpy", "PyYAML", "pytest", "packaging", "bf16",
+            "not importable", "wheels", "PYTHONPATH"]
     L += table(["what", "value"], [[k, ", ".join(ctx.env[k]) if isinstance(ctx.env.get(k), list) else
                                     ctx.env.get(k, "–")] for k in keys if k in ctx.env or k == "gpu"]) + [""]
     L += ["## Parts", ""]
@@ -366,8 +368,9 @@ def report(ctx) -> str:
     for r in k:
         ms, base, sd = r.get("fwd_bwd_ms"), kernel_ms(k, r["n"], FLA_KERNEL), kernel_ms(k, r["n"], SDPA)
         status = r["status"] + (f": {r['note']}" if r.get("note") else "")
-        rows.append([r["n"], r["form"], _f(ms), _f(r.get("fwd_ms")), _f(r.get("peak_mib"), 0), _f(r.get("first_s"), 1),
-                     f"{ms / base:.2f}×" if ms and base else "–", f"{sd / ms:.2f}×" if ms and sd else "–", status])
+        rows.append([r["n"], r["form"], _f(ms), _f(r.get("fwd_ms")), _f(r.get("peak_mib"), 0),
+                     _f(r.get("first_s"), 1), f"{ms / base:.2f}×" if ms and base else "–",
+                     f"{sd / ms:.2f}×" if ms and sd else "–", status])
     L += (table(head, rows) if rows else ["Not run."]) + [""]
     L += ["## Training throughput", "",
           f"benchmarks/train_throughput.py --device {ctx.device}: `size={s['size']}`, bf16-mixed (autocast), batch "

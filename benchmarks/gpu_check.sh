@@ -31,7 +31,7 @@ if (( ${#wheels[@]} )); then
     note="${#wheels[@]} in .whl/, not installed (--cpu; GPU_CHECK_WHEELS=1 installs them)"
   else
     SITE="${GPU_CHECK_SITE:-/tmp/site}"
-    if pip_out=$("$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    if pip_out=$("$PY" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                    --target "$SITE" "${wheels[@]}" 2>&1); then
       note="installed ${#wheels[@]} from .whl/ into $SITE: $(basename -a "${wheels[@]}" | tr '\n' ' ')"
       export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"

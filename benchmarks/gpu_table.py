@@ -60,6 +60,7 @@ GROWTH = {SDPA: 2, FLA_KERNEL: 1, LINROPE_FLA: 1, LINROPE_CHUNK: 1}  # how time 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLUMNS = ("N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "status")
 FAIL_ENV = "LINROPE_BENCH_FAIL"
+OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: only torch.cuda's
 
 
 class FormUnavailable(Exception):
@@ -170,7 +171,7 @@ def measure(name: str, n: int, args, device: torch.device) -> dict:
 def failure_note(e: BaseException) -> str:
     """One line saying what failed: OOM named as such, else the exception's type and first line."""
     first = (str(e).strip().splitlines() or [""])[0][:160]
-    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in first.lower():
+    if isinstance(e, OOM) or "out of memory" in first.lower():
         return f"OOM: {first}"
     return f"{type(e).__name__}: {first}"
 

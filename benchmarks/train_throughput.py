@@ -77,6 +77,7 @@ PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 AUTOCAST = {"32-true": None, "bf16-mixed": torch.bfloat16}  # what Lightning's precision plugin autocasts to
 DEFAULT_MODELS = ["linear_rope", "softmax_rope"]
 FAIL_ENV = "LINROPE_BENCH_FAIL"
+OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: only torch.cuda's
 
 
 def model_spec(text: str) -> tuple[str, list[str]]:
@@ -116,7 +117,7 @@ def classify(e: BaseException, device: torch.device) -> tuple[str, str]:
     first = (str(e).strip().splitlines() or [""])[0][:160]
     if isinstance(e, BackendUnavailable) and device.type == "cpu":
         return "unavailable", first
-    oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in first.lower()
+    oom = isinstance(e, OOM) or "out of memory" in first.lower()
     return "failed", (f"OOM: {first}" if oom else f"{type(e).__name__}: {first}")
 
 
@@ -224,10 +225,10 @@ def make_trainer(name: str, args, context: int, compiled: bool, precision: str):
 
 
 def header(args, first, retained: bool) -> None:
-    m = first.cfg.model if hasattr(first, "cfg") else None
+    m = first.cfg.model if hasattr(first, "cfg") else None  # None: every model failed to build
     sizes = f"d_model={m.d_model} layers={m.n_layers} heads={m.n_heads} d_ff={m.d_ff} " if m is not None else ""
-    print(f"# training throughput on {args.device}: {sizes}batch={args.batch}, {' / '.join(args.precision)}, "
-          f"AdamW + clip, as configure_optimizers builds them")
+    opt = f"{type(first.opt).__name__} + clip {first.clip}" if hasattr(first, "opt") else "the optimizer did not build"
+    print(f"# training throughput on {args.device}: {sizes}batch={args.batch}, {' / '.join(args.precision)}, {opt}")
     print(f"{machine_line()}; {args.warmup} warm-up steps per model, "
           f"median of {args.steps} timed steps (models alternating); malloc: "
           + ("freed memory kept for reuse" if retained else "as the system has it"), flush=True)

@@ -104,7 +104,7 @@ def test_training_throughput_keeps_the_other_models_when_one_fails(tmp_path, mon
     assert "forced failure" in soft["note"]
 
 
-def test_training_throughput_refuses_an_unknown_preset(capsys):
+def test_training_throughput_refuses_a_model_spec_that_is_not_key_value(capsys):
     with pytest.raises(SystemExit):
         train_throughput.main(["--models", "linear_rope:model.attention.impl"])
     assert "is not KEY=VALUE" in capsys.readouterr().err

@@ -13,6 +13,8 @@
 #   hydra-core, omegaconf, antlr4 (4.9.*)    here: hydra and omegaconf pin antlr4-python3-runtime==4.9.*
 #   einops                                   here (linrope.rope, linrope.attention; also fla-core's one dependency)
 #   fla-core                                 here: impl=fla and fla's own kernel in the kernel table (imported lazily)
+#   pytest, pluggy, iniconfig, pygments      here: the check's `pytest -m gpu` (the device may have no pytest;
+#                                            pytest 9 needs packaging>=24, which lightning's install brings)
 # Not here, on purpose: torchdiffeq (imported only when a model uses FLOATER; it needs scipy, ~35 MB),
 # wandb (logger=none in the check), matplotlib (figures only).
 # All of these are pure Python (py3-none-any).  antlr4-python3-runtime 4.9.3 is published only as an sdist:
@@ -24,7 +26,8 @@ PY="${PYTHON:-python3}"
 LIMIT_MIB=32   # the run tool carries 64 MiB in all (the working tree and carried paths together)
 
 # name==version: the versions the project is tested with (the shared venv; pyproject's pins and ranges)
-WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 fla-core==0.6.0 einops==0.8.2)
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 fla-core==0.6.0 einops==0.8.2
+        pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0)
 SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
 
 mkdir -p "$DEST"
@@ -47,8 +50,8 @@ fi
 # they install together without an index (what gpu_check.sh does on the device)
 check="$(mktemp -d)"
 trap 'rm -rf "$check"' EXIT
-"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$check" "$DEST"/*.whl
-for mod in hydra omegaconf antlr4 fla einops; do
+"$PY" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --target "$check" "$DEST"/*.whl
+for mod in hydra omegaconf antlr4 fla einops pytest pluggy iniconfig pygments; do
   [[ -d "$check/$mod" ]] || { echo "device_wheels: $mod missing after installing $DEST/*.whl" >&2; exit 1; }
 done
 
