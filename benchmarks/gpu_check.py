@@ -161,6 +161,8 @@ def part_env(ctx) -> dict:
     ctx.env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
     if not found:
         return dict(res, status="failed", note=_last(res, "no environment printed"))
+    if ctx.device == "cuda" and not ctx.env.get("cuda"):
+        return dict(res, status="failed", note="torch.cuda.is_available() is False")
     missing = [m for m in ctx.env.get("not importable") or [] if m != "none"]
     fla_needed = ctx.device == "cuda"
     bad = [m for m in missing if fla_needed or not m.startswith(("fla", "triton"))]
@@ -413,7 +415,6 @@ class Context:
         self.results: dict = {}
         self.train_context: Optional[int] = None
         self.finished: Optional[float] = None
-        self.current: Optional[str] = None
 
     def budget(self, part: str) -> float:
         """What is left of the total, less the shares of the parts after this one (at least 5 s)."""
