@@ -31,7 +31,6 @@ import struct
 
 import torch
 from torch import nn
-from torchdiffeq import odeint
 
 from linrope.rope import compute_dtype
 
@@ -141,6 +140,8 @@ class Floater(PositionScheme):
             if self.method in SYNC_FREE:
                 sol = fixed_grid(h, p0, t, self.delta, self.method, self.step * self.delta)
             else:  # adaptive (and the Adams) solvers: torchdiffeq, which reads its error estimates on the host
+                from torchdiffeq import odeint  # here, not at import: torchdiffeq imports scipy, which only FLOATER needs
+
                 options = dict(step_size=self.step * self.delta) if self.method in FIXED_GRID else None
                 sol = odeint(h, p0, t, method=self.method, rtol=self.rtol, atol=self.atol, options=options)
         return sol[positions]

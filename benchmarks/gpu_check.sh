@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The device check in one command (issue 31): environment, `pytest -m gpu`, the kernel table, training tokens/s
+# and peak memory, a short FSDP run, the GPU goals; everything as markdown in $OUT/gpu_check.md (with
+# gpu_check.log and gpu_check.jsonl beside it).  About 7 minutes on one H100; each part has its own time budget
+# and a failing part does not stop the others.  Exit status 1 if any part failed (2: no CUDA GPU, no --cpu).
+#
+#   bash benchmarks/gpu_check.sh               # on the GPU machine (OUT=... or outputs/gpu_check/)
+#   bash benchmarks/gpu_check.sh --cpu         # the CPU stand-in: the same code paths at tiny sizes (~1 min)
+#   GPU_CHECK_CPU=1 bash benchmarks/gpu_check.sh   # the same
+#   bash benchmarks/gpu_check.sh --parts env,kernels      # a subset (python benchmarks/gpu_check.py --help)
+#
+# Wheels: if .whl/*.whl exists (tools/device_wheels.sh fills it), they are installed with pip --no-index into
+# $GPU_CHECK_SITE (default /tmp/site) and that folder goes on PYTHONPATH; with --cpu only if GPU_CHECK_WHEELS=1.
+# The repo itself goes first on PYTHONPATH, so linrope imports without being installed.
+# PYTHON picks the interpreter (default python3).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+cpu="${GPU_CHECK_CPU:-0}"
+for a in "$@"; do [[ "$a" == "--cpu" ]] && cpu=1; done
+OUT="${OUT:-$ROOT/outputs/gpu_check}"
+mkdir -p "$OUT"
+: > "$OUT/gpu_check.log"
+
+note="none in .whl/"
+shopt -s nullglob
+wheels=(.whl/*.whl)
+if (( ${#wheels[@]} )); then
+  if [[ "$cpu" == 1 && "${GPU_CHECK_WHEELS:-0}" != 1 ]]; then
+    note="${#wheels[@]} in .whl/, not installed (--cpu; GPU_CHECK_WHEELS=1 installs them)"
+  else
+    SITE="${GPU_CHECK_SITE:-/tmp/site}"
+    if pip_out=$("$PY" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                   --target "$SITE" "${wheels[@]}" 2>&1); then
+      note="installed ${#wheels[@]} from .whl/ into $SITE: $(basename -a "${wheels[@]}" | tr '\n' ' ')"
+      export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    else
+      note="pip install of .whl/*.whl failed: $(echo "$pip_out" | grep -v '^WARNING' | tail -1)"
+    fi
+    printf '%s\n' "$pip_out" >> "$OUT/gpu_check.log"
+  fi
+fi
+echo "# wheels: $note" | tee -a "$OUT/gpu_check.log"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export GPU_CHECK_WHEELS="$note"
+if [[ "$cpu" == 1 ]]; then
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tiny sizes: one thread is steadier on a shared CPU
+fi
+export OUT
+exec "$PY" benchmarks/gpu_check.py "$@" --out "$OUT"
