@@ -11,7 +11,8 @@ order, each a subprocess with its own time budget, each failing without stopping
   train    benchmarks/train_throughput.py: training tokens/s and peak memory, bf16-mixed, size=base, batch 4,
            context 4096 when the part has the time for it, else 2048 (the table says which); linear_rope with
            impl=chunk and impl=fla, softmax_rope (cpu: size=tiny, context 128)
-  fsdp     ``python train.py model=linear_rope size=tiny trainer=fsdp trainer.devices=1 trainer.max_steps=3``
+  fsdp     ``python train.py model=linear_rope size=tiny trainer=fsdp trainer.devices=1 trainer.max_steps=3
+           trainer.val_check_interval=3``: fit, a best checkpoint, and the test step loading it under FSDP
 
 A part's budget is what is left of ``--total-s`` less the shares of the parts after it, so time one part does not
 use goes to the next.  Rows are written as they are measured (``gpu_check.jsonl``), every output line goes to
@@ -254,7 +255,7 @@ def part_fsdp(ctx) -> dict:
     preset = ROOT / "conf" / "trainer" / "fsdp.yaml"
     run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_fsdp_"))  # not under $OUT: the run tool keeps 8 files
     cmd = [sys.executable, "train.py", "model=linear_rope", "size=tiny", "trainer=fsdp", "trainer.devices=1",
-           "trainer.max_steps=3", "test=false", "logger=none", "trainer.enable_progress_bar=false",
+           "trainer.max_steps=3", "trainer.val_check_interval=3", "logger=none", "trainer.enable_progress_bar=false",
            f"hydra.run.dir={run_dir}"]
     ctx.fsdp = {"command": shlex.join(["python", *cmd[1:-1]])}
     if not preset.exists():
