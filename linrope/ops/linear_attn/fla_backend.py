@@ -20,9 +20,10 @@ value column of width 2).  A decayed prefix sum written in torch would need eith
 launches this backend exists to avoid) or γ^(-j) factors that overflow.
 
 Precision: features are formed in float32; the kernels run in bfloat16 when the inputs (or autocast) are
-bfloat16, else in float32: float16 inputs are computed in float32 too.  fla keeps its outputs and its per-chunk
-states in the kernel dtype, and the denominator grows like d·t (elu+1: about 70 per position at d = 64), past
-float16's 65504 within about a thousand positions; bfloat16 has float32's range.  States returned are float32.
+bfloat16, else in float32: float16 inputs are computed in float32 too.  fla keeps its outputs and its
+per-chunk states in the kernel dtype, and the denominator grows like d·t (elu+1, unit-normal inputs,
+d = 64: about 86·t), past float16's 65504 within a thousand positions; bfloat16 has float32's range.
+States returned are float32.
 fla asserts even widths for 16-bit inputs, so odd widths (cosine's d+1; the ones column) are padded with zeros,
 which add nothing.  fla has no float64: float64 inputs are refused.  Causal only.  fla-core 0.6.0 needs
 torch >= 2.7 (``TORCH_FLOOR``).
