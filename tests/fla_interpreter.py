@@ -10,8 +10,12 @@ live here and never in the package:
   (c) (only when triton was imported before the interpreter was switched on, as torch's ``has_triton()``
       does in a test process) triton's own ``@jit`` helpers interpreted when a kernel calls them.
 
-``load()`` applies both and imports fla with its kernels interpreted, or returns the reason it cannot (fla or
-triton not installed).  Checked with fla-core 0.6.0 and triton 3.9.0 (triton 3.5.1 fails differently).
+``load()`` applies them and imports fla with its kernels interpreted, or returns the reason it cannot (a skip):
+fla or triton not installed (the ``interp`` extra, for the CPU build of torch), a triton other than 3.9.x, torch
+older than fla's floor, or CUDA available.  The patches are process-wide and cannot be undone for kernels already
+decorated, so they are never applied in a process that can run CUDA: its CUDA tests would run interpreted kernels
+(they check ``patched()`` is empty).  The interpreted tests are tests/test_fla_interpreted.py, apart from the
+CUDA ones (tests/test_fla.py).  Checked with fla-core 0.6.0 and triton 3.9.0 (triton 3.5.1 fails differently).
 Only float32 and float16 are meaningful here: under the interpreter fla's float64 results are garbage and
 ``tl.dot`` is wrong in bfloat16 (right in float16), so float16 stands in for 16-bit on this CPU.
 """
@@ -23,11 +27,13 @@ import importlib.util
 import os
 import sys
 import warnings
+from importlib import metadata
 from typing import Optional
 
 import torch
 
 _STATE: dict = {}
+TRITON_SERIES = "3.9."  # the triton this shim was checked with (its interpreter's internals are patched)
 
 
 def _patch_autotune() -> None:
@@ -93,17 +99,55 @@ def _patch_early_helpers() -> None:
     jit.JITFunction.__call__ = call
 
 
-def load() -> Optional[str]:
-    """Import fla with its kernels interpreted.  Returns None when ready, else why not (for a skip: only
-    when fla or triton is not installed).  ``TRITON_INTERPRET`` is set while fla is imported (Triton reads it
-    when a kernel is decorated) and restored after; a test that runs the kernels sets it again (linrope's
-    ``impl=fla`` accepts CPU tensors only then)."""
-    if "reason" in _STATE:
-        return _STATE["reason"]
+def patched() -> list:
+    """The shim's patches present in this process (empty where it was never loaded); imports nothing."""
+    found = []
+    jit = sys.modules.get("triton.runtime.jit")
+    if jit is not None and getattr(jit.JITFunction.__call__, "_linrope_interpreted", False):
+        found.append("triton.runtime.jit.JITFunction.__call__")
+    autotuner = sys.modules.get("triton.runtime.autotuner")
+    if autotuner is not None and getattr(autotuner.Autotuner.__init__, "_linrope_one_config", False):
+        found.append("triton.runtime.autotuner.Autotuner.__init__")
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    if interpreter is not None and getattr(interpreter.FunctionRewriter, "_linrope_counters", False):
+        found.append("triton.runtime.interpreter.FunctionRewriter")
+    return found
+
+
+def triton_version() -> str:
+    """The installed triton distribution's version, without importing it ("none" for another distribution)."""
+    try:
+        return metadata.version("triton")
+    except metadata.PackageNotFoundError:  # a module named triton from another distribution (pytorch-triton)
+        return "none"
+
+
+def refusal() -> Optional[str]:
+    """Why the shim must not, or cannot, be loaded in this process, or None.  Checked at every ``load()``."""
+    if torch.cuda.is_available() or torch.cuda.is_initialized():
+        return ("CUDA is available: the interpreter shim patches Triton for the whole process and would interpret "
+                "the CUDA tests' kernels (run the interpreted tests with CUDA_VISIBLE_DEVICES='')")
     missing = [m for m in ("fla", "triton") if importlib.util.find_spec(m) is None]
     if missing:
-        _STATE["reason"] = f"{' and '.join(missing)} not installed (pip install -e '.[dev]')"
-        return _STATE["reason"]
+        return f"{' and '.join(missing)} not installed (the interp extra, CPU torch: pip install -e '.[interp]')"
+    version = triton_version()
+    if not version.startswith(TRITON_SERIES):
+        return f"triton {version} installed; the interpreter shim needs triton {TRITON_SERIES}x (the interp extra)"
+    from linrope.ops.linear_attn.fla_backend import torch_too_old
+
+    return torch_too_old()
+
+
+def load() -> Optional[str]:
+    """Import fla with its kernels interpreted.  Returns None when ready, else why not (for a skip: see
+    ``refusal``).  ``TRITON_INTERPRET`` is set while fla is imported (Triton reads it when a kernel is decorated)
+    and restored after; a test that runs the kernels sets it again (linrope's ``impl=fla`` accepts CPU tensors
+    only then)."""
+    reason = refusal()
+    if reason:
+        return reason
+    if _STATE.get("loaded"):
+        return None
     if "fla" in sys.modules:  # (importing fla again after removing it from sys.modules does not help)
         raise RuntimeError("fla was imported before tests/fla_interpreter.py: its kernels are compiled, not interpreted")
     before = os.environ.get("TRITON_INTERPRET")
@@ -120,7 +164,7 @@ def load() -> Optional[str]:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = before
-    _STATE["reason"] = None
+    _STATE["loaded"] = True
     return None
 
 

@@ -1,157 +1,27 @@
-"""impl="fla" (linrope's linear attention on fla's chunked Triton kernels) and impl="auto".
+"""impl="fla" (linrope's linear attention on fla's chunked Triton kernels) and impl="auto": what the backend
+refuses, what auto chooses, the kernel dtype, the packaging, and the CUDA checks (marked ``gpu``).
 
-The mapping runs here, on the CPU, through fla's real Triton kernels under Triton's interpreter
-(tests/fla_interpreter.py), and is compared with the float64 naive form on the same (float32-rounded) inputs:
-outputs, final states and the gradients of q, k, v and the initial state.  fla computes in float32 at most,
-so the tolerance is float32's: FLOAT32_TOL relative (the norm of the difference over the norm of the
-reference); measured up to 3.2e-6 over the slow matrix.  float16 stands in for 16-bit (the interpreter's
-bfloat16 dot is wrong).
-A few configurations run in the default suite, the whole matrix in the slow suite; the CUDA checks are
-marked ``gpu``.
+The mapping through fla's kernels themselves runs on the CPU under Triton's interpreter in
+tests/test_fla_interpreted.py.  This module never loads that shim (it patches Triton for the whole process): the
+CUDA tests assert it is not loaded, and their bodies also run here on the meta device standing in for CUDA
+(linrope's fla operators have fake kernels there), so a tensor left on the CPU beside device tensors fails here.
 """
-import itertools
+import dataclasses
 import logging
+import os
 import subprocess
 import sys
-import zlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import fla_interpreter
+from fla_cases import DECAY, gen, inputs, rel, results
 from linrope.errors import BackendUnavailable, LinropeError
 from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import backends, fla_backend
-from linrope.ops.linear_attn.common import LinearAttentionState
-
-FLOAT32_TOL = 2e-5   # relative, every output, state and gradient against float64 naive (seen: <= 3.2e-6)
-FLOAT16_TOL = 5e-3   # relative, float16 inputs (seen: <= 1.2e-3, a few float16 roundings)
-DECAY = torch.tensor([0.9, 0.99])
-
-
-@pytest.fixture
-def fla_cpu(monkeypatch):
-    """fla's kernels under Triton's interpreter, every allocation NaN-poisoned; skipped (with the reason)
-    only when fla or triton is not installed."""
-    reason = fla_interpreter.load()
-    if reason:
-        pytest.skip(reason)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with fla_interpreter.nan_empty():
-            yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def gen(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def rel(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
-
-
-def inputs(key, *, feature_map, rope="numerator", decay=None, n, initial, B=2, H=2, d=8, dv=6):
-    """q, k, v and, when ``initial``, the state (S0, z0) that 20 earlier random positions leave (a state
-    that a real prefix could leave: an arbitrary z0 can put the denominator near zero)."""
-    g = gen(*key)
-    q, k, v = (torch.randn(B, H, n, w, generator=g) for w in (d, d, dv))
-    if not initial:
-        return q, k, v, None, None
-    p = [torch.randn(B, H, 20, w, generator=g, dtype=torch.float64) for w in (d, d, dv)]
-    _, (S0, z0) = linear_attention(*p, impl="naive", feature_map=feature_map, rope=rope, decay=decay,
-                                   output_final_state=True)
-    return q, k, v, S0.float(), z0.float()
-
-
-def results(impl, dtype, q, k, v, S0, z0, weights=None, **kw):
-    """(out, S, z) and the gradients of (q, k, v, S0, z0) of a fixed random weighting of all three."""
-    leaves = [None if x is None else x.detach().to(dtype).requires_grad_() for x in (q, k, v, S0, z0)]
-    state = None if S0 is None else LinearAttentionState(leaves[3], leaves[4])
-    out, (S, z) = linear_attention(*leaves[:3], impl=impl, initial_state=state, output_final_state=True, **kw)
-    g = gen("weights", tuple(out.shape))
-    w = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (out, S, z)]
-    sum((t.double() * wt).sum() for t, wt in zip((out, S, z), w)).backward()
-    return [out, S, z] + [x.grad for x in leaves if x is not None]
-
-
-def compare(feature_map, rope, decayed, initial, n, dtype=torch.float32, tol=FLOAT32_TOL):
-    key = ("fla", feature_map, rope, decayed, initial, n)
-    decay = DECAY if decayed else None
-    q, k, v, S0, z0 = inputs(key, feature_map=feature_map, rope=rope, decay=decay, n=n, initial=initial)
-    if dtype != torch.float32:  # the reference sees exactly the rounded inputs
-        q, k, v = (x.to(dtype).float() for x in (q, k, v))
-    kw = dict(feature_map=feature_map, rope=rope, decay=decay)
-    ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
-    got = results("fla", dtype, q, k, v, S0, z0, **kw)
-    assert got[0].dtype == dtype and got[1].dtype == torch.float32 and got[2].dtype == torch.float32
-    names = ["out", "S", "z", "dq", "dk", "dv", "dS0", "dz0"]
-    errors = {name: rel(a, b) for name, a, b in zip(names, got, ref)}
-    assert all(torch.isfinite(t).all() for t in got)
-    print(f"fla {key[1:]} {dtype}: largest relative error {max(errors.values()):.2e} ({max(errors, key=errors.get)})")
-    assert max(errors.values()) < tol, errors
-    return errors
-
-
-# --------------------------------------------------------------------------------------------------------
-# default suite: the mapping through fla's kernels (interpreted), a handful of configurations
-# --------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("feature_map,rope,decayed,initial,n", [
-    ("elu", "numerator", True, True, 100),
-    ("cosine", "both", False, True, 130),
-    ("elu", "none", True, False, 37),
-    ("cosine", "numerator", True, False, 64),
-])
-def test_fla_mapping_matches_naive_float32(fla_cpu, feature_map, rope, decayed, initial, n):
-    compare(feature_map, rope, decayed, initial, n)
-
-
-def test_fla_mapping_matches_naive_float16(fla_cpu):
-    """16-bit inputs: kernels in float16, odd widths padded (cosine's d+1, the ones column), states float32."""
-    compare("cosine", "numerator", True, True, 100, dtype=torch.float16, tol=FLOAT16_TOL)
-
-
-def test_fla_empty_sequence_passes_the_state_through(fla_cpu):
-    q, k, v, S0, z0 = inputs(("empty",), feature_map="cosine", n=0, initial=True)
-    out, st = linear_attention(q, k, v, impl="fla", feature_map="cosine", initial_state=LinearAttentionState(S0, z0),
-                               output_final_state=True)
-    assert out.shape == v.shape and torch.equal(st.S, S0) and torch.equal(st.z, z0)
-    _, st = linear_attention(q, k, v, impl="fla", feature_map="cosine", output_final_state=True)
-    assert st.S.shape == S0.shape and not st.S.any() and not st.z.any()
-
-
-def test_fla_is_one_graph_under_torch_compile(fla_cpu):
-    """fla is reached through linrope's registered operators: fullgraph compiles, forward and backward agree."""
-    q, k, v, S0, z0 = inputs(("compile",), feature_map="elu", decay=DECAY, n=70, initial=True)
-
-    def run(q, k, v, S0, z0):
-        out, st = linear_attention(q, k, v, impl="fla", decay=DECAY, initial_state=LinearAttentionState(S0, z0),
-                                   output_final_state=True)
-        return out, st.S, st.z
-
-    torch._dynamo.reset()
-    compiled = torch.compile(run, fullgraph=True, backend="aot_eager")
-    grads = []
-    for fn in (run, compiled):
-        leaves = [x.detach().requires_grad_() for x in (q, k, v, S0, z0)]
-        outs = fn(*leaves)
-        sum(o.sum() for o in outs).backward()
-        grads.append([*outs, *(x.grad for x in leaves)])
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
-
-
-def test_fla_operator_registration(fla_cpu):
-    """torch.library's own checks of linrope::fla_chunk_fwd: schema, fake (meta) shapes, autograd."""
-    g = gen("opcheck")
-    q, k = (torch.rand(1, 20, 2, 4, generator=g) for _ in range(2))
-    v = torch.randn(1, 20, 2, 2, generator=g)
-    h0 = torch.randn(1, 2, 4, 2, generator=g, requires_grad=True)
-    q.requires_grad_()
-    torch.library.opcheck(torch.ops.linrope.fla_chunk_fwd.default, (q, k, v, DECAY, h0, True))
+from linrope.ops.linear_attn.common import Args
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -208,51 +78,190 @@ def test_config_refuses_fla_on_cpu_and_accepts_auto(compose, monkeypatch):
     validate(compose("model=linear_rope", "size=tiny", "model.attention.impl=auto"))
 
 
-# --------------------------------------------------------------------------------------------------------
-# slow suite: the whole float32 matrix
-# --------------------------------------------------------------------------------------------------------
-MATRIX = list(itertools.product(("elu", "cosine"), ("numerator", "both", "none"), (False, True), (False, True),
-                                (37, 100, 200)))
+def test_fla_states_its_torch_floor(monkeypatch):
+    """fla-core 0.6.0 needs torch >= 2.7 (its own metadata): older is refused in one line, before the device."""
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)
+    for version in ("2.6.0+cu124", "2.4.1", "1.13.1"):
+        monkeypatch.setattr(torch, "__version__", version)
+        assert fla_backend.unavailable("cuda") == f"fla-core 0.6.0 needs torch >= 2.7 (here {version}); use impl=chunk"
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(BackendUnavailable, match=r"^impl=fla: fla-core 0.6.0 needs torch >= 2.7 \(here 1.13.1\)"):
+        linear_attention(q, q, q, impl="fla")
+    for version in ("2.7.0", "2.7.1+cu126", "2.13.0", "10.0.0a0"):
+        monkeypatch.setattr(torch, "__version__", version)
+        assert fla_backend.unavailable("cuda") is None
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("feature_map,rope,decayed,initial,n", MATRIX)
-def test_fla_mapping_matrix_float32(fla_cpu, feature_map, rope, decayed, initial, n):
-    compare(feature_map, rope, decayed, initial, n)
+# --------------------------------------------------------------------------------------------------------
+# what auto chooses, the default config, the kernel dtype
+# --------------------------------------------------------------------------------------------------------
+fla_torch = pytest.mark.skipif(fla_backend.torch_too_old() is not None,
+                               reason="impl=fla needs torch >= 2.7 (fla-core 0.6.0): refused on this torch")
+
+
+def fake_q(device, dtype):
+    """What the registry reads of q (its device and dtype): stands in for a CUDA tensor on a machine without."""
+    return SimpleNamespace(device=torch.device(device), dtype=dtype)
+
+
+@pytest.mark.parametrize("device,dtype,installed,version,causal,chosen", [
+    ("cpu", torch.float32, True, "2.13.0", True, "chunk"),
+    ("cpu", torch.float16, True, "2.13.0", True, "chunk"),
+    ("cuda", torch.float32, True, "2.13.0", True, "fla"),
+    ("cuda", torch.float16, True, "2.13.0", True, "fla"),      # fla computes it in float32 (kernel_dtype)
+    ("cuda", torch.bfloat16, True, "2.13.0", True, "fla"),
+    ("cuda", torch.float64, True, "2.13.0", True, "chunk"),    # fla has no float64
+    ("cuda", torch.float32, True, "2.13.0", False, "chunk"),   # fla is causal only
+    ("cuda", torch.float32, False, "2.13.0", True, "chunk"),   # fla not installed
+    ("cuda", torch.float32, True, "2.6.0", True, "chunk"),     # torch below fla's floor
+])
+def test_auto_resolves_to_fla_on_cuda_where_it_can_run_else_chunk(monkeypatch, device, dtype, installed, version,
+                                                                  causal, chosen):
+    monkeypatch.setattr(backends, "_CHOSEN", {})
+    monkeypatch.setattr(fla_backend, "INSTALLED", installed)
+    monkeypatch.setattr(torch, "__version__", version)
+    assert backends.resolve("auto", fake_q(device, dtype), Args(causal=causal)) is backends.BACKENDS[chosen]
+
+
+def test_the_linear_attention_configs_default_to_auto_and_compute_chunks_numbers_on_cpu(compose):
+    """conf/attention's linear configs say impl=auto; on the CPU that is the chunk kernel, bit for bit."""
+    from omegaconf import OmegaConf
+
+    from linrope.model import TransformerLM
+
+    for preset in ("linear_rope", "linear_cosine_rope"):
+        cfg = compose(f"model={preset}", "size=tiny")
+        assert cfg.model.attention.impl == "auto"
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        torch.manual_seed(0)
+        auto = TransformerLM(model)
+        chunk = TransformerLM(dict(model, attention=dict(model["attention"], impl="chunk")))
+        chunk.load_state_dict(auto.state_dict())
+        x = torch.randint(0, model["vocab_size"], (2, 40), generator=gen("configs", preset))
+        with torch.no_grad():
+            assert torch.equal(auto(x), chunk(x))
+        assert {layer.attn.impl for layer in auto.blocks} == {"auto"}
+
+
+@fla_torch
+@pytest.mark.parametrize("dtype,autocast,kernel", [
+    (torch.float32, None, torch.float32),
+    (torch.float16, None, torch.float32),      # float16 overflows in fla's outputs and states: float32
+    (torch.bfloat16, None, torch.bfloat16),
+    (torch.float32, torch.float16, torch.float32),
+    (torch.float32, torch.bfloat16, torch.bfloat16),
+])
+def test_fla_computes_float16_in_float32(dtype, autocast, kernel):
+    q = torch.zeros(1, 1, 2, 2, dtype=dtype)
+    with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+        assert fla_backend.kernel_dtype(q) == kernel
+    assert fla_backend.kernel_dtype(q.to("meta")) == (torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
 
 
 # --------------------------------------------------------------------------------------------------------
-# CUDA (compiled Triton kernels): skipped without a GPU
+# CUDA (compiled Triton kernels): skipped without a GPU; each body also runs on the meta device standing in
 # --------------------------------------------------------------------------------------------------------
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or not fla_backend.INSTALLED,
-                                reason="needs CUDA and the gpu extra (fla, triton)")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or fla_backend.unavailable("cuda") is not None,
+                                reason="needs CUDA and the gpu extra (fla, triton; torch >= 2.7)")
+CUDA_DTYPES = [(torch.float32, 5e-3), (torch.float16, 5e-3), (torch.bfloat16, 3e-2)]  # TF32 dots; bf16 kernels
+CUDA_MAPS = [("elu", "numerator"), ("cosine", "both"), ("elu", "none")]
+
+
+@pytest.fixture
+def meta_for_cuda(monkeypatch):
+    """The meta device standing in for CUDA: impl=fla takes meta tensors (its operators' fake kernels run: no
+    Triton, no fla), every other check as on CUDA.  Any tensor left on the CPU among them fails."""
+    fla = backends.BACKENDS["fla"]
+    monkeypatch.setitem(backends.BACKENDS, "fla", dataclasses.replace(
+        fla, unavailable=lambda device: None if torch.device(device).type == "meta" else fla.unavailable(device)))
+
+
+def assert_compiled_kernels():
+    """A CUDA test runs fla's compiled kernels: the interpreter shim was never loaded in this process."""
+    assert fla_interpreter.patched() == [] and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def cuda_matches_naive(device, dtype, tol, feature_map, rope):
+    """fla against float64 naive on ``device`` at 2048 positions (float16: past float16's range in fla's
+    outputs): outputs, states and every gradient.  On meta: devices, dtypes and shapes only."""
+    B, H, n, d = 2, 4, 2048, 32
+    decay = DECAY.repeat(2)
+    q, k, v, S0, z0 = inputs(("cuda", feature_map, rope), feature_map=feature_map, rope=rope, decay=decay, n=n,
+                             initial=True, B=B, H=H, d=d, dv=d, device=device)
+    q, k, v = (x.to(dtype).float() for x in (q, k, v))  # the reference sees exactly the rounded inputs
+    kw = dict(feature_map=feature_map, rope=rope, decay=decay.to(device))
+    ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
+    got = results("fla", dtype, q, k, v, S0, z0, **kw)
+    assert {t.device.type for t in got + ref} == {device}
+    assert [t.dtype for t in got[:3]] == [dtype, torch.float32, torch.float32]
+    assert [t.shape for t in got] == [t.shape for t in ref]
+    if device == "meta":
+        return None
+    assert all(torch.isfinite(t).all() for t in got)
+    errors = [rel(a, b) for a, b in zip(got, ref)]
+    assert max(errors) < tol, errors
+    return errors
+
+
+def compiles_fullgraph(device, backend):
+    q, k, v = (torch.randn(1, 2, 256, 32, generator=gen("compile", i)).to(device, torch.bfloat16).requires_grad_()
+               for i in range(3))
+    torch._dynamo.reset()
+    run = torch.compile(lambda q, k, v: linear_attention(q, k, v, impl="fla"), fullgraph=True, backend=backend)
+    out = run(q, k, v)
+    out.float().sum().backward()
+    assert out.device.type == device and out.dtype == torch.bfloat16
+    assert all(x.grad.device.type == device and x.grad.shape == x.shape for x in (q, k, v))
+    return [x.grad for x in (q, k, v)]
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 3e-2)])  # TF32 dots; bf16
-@pytest.mark.parametrize("feature_map,rope", [("elu", "numerator"), ("cosine", "both"), ("elu", "none")])
+@pytest.mark.parametrize("dtype,tol", CUDA_DTYPES)
+@pytest.mark.parametrize("feature_map,rope", CUDA_MAPS)
 def test_fla_on_cuda_matches_naive(dtype, tol, feature_map, rope):
-    g = gen("cuda", feature_map, rope)
-    B, H, n, d = 2, 4, 1000, 32
-    q, k, v = (torch.randn(B, H, n, d, generator=g).to(dtype).cuda() for _ in range(3))
-    kw = dict(feature_map=feature_map, rope=rope, decay=DECAY.repeat(2).cuda())
-    _, (S0, z0) = linear_attention(*(torch.randn(B, H, 50, d, generator=g, dtype=torch.float64).cuda() for _ in range(3)),
-                                   impl="naive", output_final_state=True, **kw)
-    S0, z0 = S0.float(), z0.float()
-    ref = results("naive", torch.float64, q.float(), k.float(), v.float(), S0, z0, **kw)
-    got = results("fla", dtype, q, k, v, S0, z0, **kw)
-    errors = [rel(a, b) for a, b in zip(got, ref)]
-    assert max(errors) < tol, errors
+    assert_compiled_kernels()
+    print(f"fla on cuda {feature_map} {rope} {dtype}: {cuda_matches_naive('cuda', dtype, tol, feature_map, rope)}")
+    assert_compiled_kernels()
+
+
+@fla_torch
+@pytest.mark.parametrize("dtype,tol", CUDA_DTYPES)
+@pytest.mark.parametrize("feature_map,rope", CUDA_MAPS)
+def test_fla_on_cuda_matches_naive_runs_on_meta(meta_for_cuda, dtype, tol, feature_map, rope):
+    cuda_matches_naive("meta", dtype, tol, feature_map, rope)
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_fla_on_cuda_compiles_fullgraph():
-    q, k, v = (torch.randn(1, 2, 256, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    run = torch.compile(lambda q, k, v: linear_attention(q, k, v, impl="fla"), fullgraph=True)
-    run(q, k, v).float().sum().backward()
-    assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+    assert_compiled_kernels()
+    assert all(torch.isfinite(g).all() for g in compiles_fullgraph("cuda", "inductor"))
+    assert_compiled_kernels()
+
+
+@fla_torch
+def test_fla_on_cuda_compiles_fullgraph_runs_on_meta(meta_for_cuda):
+    compiles_fullgraph("meta", "aot_eager")
+
+
+@fla_torch
+def test_fla_hands_float16_inputs_to_fla_in_float32(meta_for_cuda, monkeypatch):
+    """What the operator receives, per input dtype: float16 -> float32, bfloat16 stays (fla's kernel dtype)."""
+    seen = []
+    op = fla_backend.fla_chunk_fwd
+
+    def spy(q, k, v, decay, h0, final):
+        seen.append({x.dtype for x in (q, k, v)})
+        return op(q, k, v, decay, h0, final)
+
+    monkeypatch.setattr(fla_backend, "fla_chunk_fwd", spy)
+    for dtype, kernel in ((torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16),
+                          (torch.float32, torch.float32)):
+        seen.clear()
+        q = torch.zeros(1, 2, 100, 8, device="meta", dtype=dtype)
+        assert linear_attention(q, q, q, impl="fla", decay=DECAY.to("meta")).dtype == dtype
+        assert seen == [{kernel}, {kernel}]  # the numerator's and the denominator's call
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -19,10 +19,14 @@ final state and the backward, at about half the cost of the numerator's call (th
 value column of width 2).  A decayed prefix sum written in torch would need either a loop over chunks (the
 launches this backend exists to avoid) or γ^(-j) factors that overflow.
 
-Precision: features are formed in float32; the kernels run in the autocast dtype when autocast is on,
-else in the inputs' dtype if it is 16-bit, else in float32.  States are float32.  fla asserts even widths for
-16-bit inputs, so odd widths (cosine's d+1; the ones column) are padded with zeros, which add nothing.
-fla has no float64: float64 inputs are refused.  Causal only.
+Precision: features are formed in float32; the kernels run in bfloat16 when the inputs (or autocast) are
+bfloat16, else in float32: float16 inputs are computed in float32 too.  fla keeps its outputs and its
+per-chunk states in the kernel dtype, and the denominator grows like d·t (elu+1, unit-normal inputs,
+d = 64: about 86·t), past float16's 65504 within a thousand positions; bfloat16 has float32's range.
+States returned are float32.
+fla asserts even widths for 16-bit inputs, so odd widths (cosine's d+1; the ones column) are padded with zeros,
+which add nothing.  fla has no float64: float64 inputs are refused.  Causal only.  fla-core 0.6.0 needs
+torch >= 2.7 (``TORCH_FLOOR``).
 
 Nothing here imports fla or triton before a call needs them (``import linrope.ops`` stays free of both).
 """
@@ -30,6 +34,7 @@ Nothing here imports fla or triton before a call needs them (``import linrope.op
 import importlib.util
 import math
 import os
+import re
 from contextlib import nullcontext
 from typing import Optional
 
@@ -44,15 +49,28 @@ FLA_VERSION = "0.6.0"  # the fla-core release this mapping was checked against (
 FLA_CHUNK = 64         # fla's chunk length (its default, the one its kernels are tuned for)
 _LOG2E = 1.0 / math.log(2.0)  # fla's kernels take the log-decay in base 2
 _NONE = (0,)  # the shape of a placeholder output
-_16BIT = (torch.float16, torch.bfloat16)
+TORCH_FLOOR = (2, 7)  # fla-core 0.6.0's own requirement (its metadata: torch>=2.7.0 with its cuda extra)
 INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("fla", "triton"))  # finds, does not import
 
 
+def torch_too_old() -> Optional[str]:
+    """Why this torch is older than fla-core's floor, or None (read from ``torch.__version__`` at each call)."""
+    found = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
+    if found and tuple(map(int, found.groups())) < TORCH_FLOOR:
+        return (f"fla-core {FLA_VERSION} needs torch >= {'.'.join(map(str, TORCH_FLOOR))} "
+                f"(here {torch.__version__}); use impl=chunk")
+    return None
+
+
 def unavailable(device) -> Optional[str]:
-    """Why fla's kernels cannot run on ``device`` (a device or its type), or None.  They need CUDA, unless
-    Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``: the tests, with tests/fla_interpreter.py)."""
+    """Why fla's kernels cannot run on ``device`` (a device or its type), or None.  They need fla and triton,
+    torch >= 2.7 and CUDA, unless Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``: the tests, with
+    tests/fla_interpreter.py)."""
     if not INSTALLED:
         return "fla and triton are not installed: pip install 'linrope[gpu]'"
+    old = torch_too_old()
+    if old:
+        return old
     kind = torch.device(device).type
     if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return f"fla's Triton kernels need a CUDA device (here: {kind}); use impl=chunk, or impl=auto to choose by device"
@@ -149,10 +167,14 @@ def _chunk(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], decay: Optiona
 
 
 def kernel_dtype(q: Tensor) -> torch.dtype:
-    """What fla computes in: autocast's dtype when autocast is on, else q's if 16-bit, else float32."""
-    if torch.is_autocast_enabled(q.device.type):
-        return torch.get_autocast_dtype(q.device.type)
-    return q.dtype if q.dtype in _16BIT else torch.float32
+    """What fla computes in: bfloat16 when autocast's dtype (autocast on) or else q's is bfloat16, else float32.
+    float16 is computed in float32: fla keeps outputs and chunk states in the kernel dtype, and the denominator
+    (about d·t) passes float16's largest value, 65504, within about a thousand positions at d = 64."""
+    kind, dtype = q.device.type, q.dtype
+    # (a device type autocast does not know, meta: the tests' stand-in for CUDA, is asked nothing)
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
 def fla_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
@@ -187,4 +209,4 @@ def _empty(q, v, feature_map, initial_state, output_final_state):
     return out, LinearAttentionState(initial_state.S.float(), initial_state.z.float())
 
 
-__all__ = ["fla_form", "unavailable", "kernels", "FLA_VERSION"]
+__all__ = ["fla_form", "unavailable", "kernels", "kernel_dtype", "FLA_VERSION", "TORCH_FLOOR"]
