@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from benchmarks import linear_attention as bench
+from benchmarks import loaded
 from benchmarks import train_throughput
 from linrope.ops import naive_linear_attention
 
@@ -46,3 +47,15 @@ def test_training_throughput_benchmark_reports_a_ratio(capsys):
     row = next(line for line in text.splitlines() if line.startswith("| 128 |"))
     ratio = float(row.rstrip(" |").split("|")[-1].strip().rstrip("×"))
     assert ratio > 0
+
+
+def test_loaded_benchmark_reports_both_states_and_restores_the_plan(capsys):
+    from linrope.ops.linear_attn import scans, tables
+
+    plan = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS)
+    adv = loaded.main(["--length", "256", "--rounds", "1", "--warmup", "0"])
+    text = capsys.readouterr().out
+    assert set(adv) == {(f, s) for f in ("chunk", "chunk_old") for s in ("quiet", "loaded")}
+    assert all(a > 0 for a in adv.values()), adv
+    assert "loaded / quiet advantage" in text and "new / old plan" in text
+    assert (scans.SEQUENTIAL, tables.MAX_BLOCKS) == plan  # the old plan was only borrowed
