@@ -28,7 +28,7 @@ from .buffers import alloc
 # then stays in cache.  But every block costs a fixed number of operations (a few hundred small kernels in
 # forward and backward), so a long sequence is cut into at most MAX_BLOCKS[device] blocks, which then grow
 # with N: the number of operations stays bounded, and the temporaries are N/MAX_BLOCKS positions, linear in
-# N.  (MAX_BLOCKS None: no bound, the plan before issue 31.)  Non-causal attention needs global sums and runs
+# N.  4 on CPU (docs/benchmarks.md, "Issue 31"); 1 on CUDA, where every operation is a launch.  (MAX_BLOCKS None: no bound, the plan before issue 31.)  Non-causal attention needs global sums and runs
 # as a single block.
 BLOCK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
 MAX_BLOCKS = {"cpu": 4, "cuda": 1}
@@ -43,7 +43,8 @@ def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, d
     per = max(1, target // (B * H * max(d, 1) * C))  # chunks per block
     cap = MAX_BLOCKS.get(device.type, MAX_BLOCKS["cuda"])
     if cap:
-        per = max(per, -(-(-(-n // C)) // cap))
+        nc = -(-n // C)
+        per = max(per, -(-nc // cap))
     step = C * per
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
