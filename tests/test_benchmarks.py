@@ -12,6 +12,7 @@ import torch
 
 from benchmarks import gpu_check, gpu_table, train_throughput
 from benchmarks import linear_attention as bench
+from benchmarks import loaded
 from linrope.ops import naive_linear_attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,3 +173,15 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:]
     assert row("kernels") and "| kernels | ok |" in (out / "gpu_check.md").read_text()
+
+
+def test_loaded_benchmark_reports_both_states_and_restores_the_plan(capsys):
+    from linrope.ops.linear_attn import scans, tables
+
+    plan = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS)
+    adv = loaded.main(["--length", "256", "--rounds", "1", "--warmup", "0"])
+    text = capsys.readouterr().out
+    assert set(adv) == {(f, s) for f in ("chunk", "chunk_old") for s in ("quiet", "loaded")}
+    assert all(a > 0 for a in adv.values()), adv
+    assert "loaded / quiet advantage" in text and "new / old plan" in text
+    assert (scans.SEQUENTIAL, tables.MAX_BLOCKS) == plan  # the old plan was only borrowed

@@ -12,8 +12,9 @@ import torch
 
 from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import matrix as matrix_mod
+from linrope.ops.linear_attn import scans as scans_mod
 from linrope.ops.linear_attn import tables as tables_mod
-from linrope.ops.linear_attn.buffers import alloc
+from linrope.ops.linear_attn.buffers import alloc, poison_buffers
 from linrope.ops import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
 from linrope.ops import naive_linear_attention
@@ -122,6 +123,88 @@ def test_chunk_and_recurrent_match_naive(n, feature_map, rope):
             for nm, gr, rg in zip(names, grads, ref_grads):
                 assert not torch.isnan(gr).any(), f"{what}: NaN in d{nm}"
                 assert rel(gr, rg) < 1e-10, f"{what}: d{nm} rel err {rel(gr, rg):.2e}"
+
+
+# ------------------------------------------------------------------------------------------------------
+# the scans over chunks and the block plan (issue 31: a bounded number of operations at any N)
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("nc", [1, 2, 32, 33, 40, 600])  # one matmul; groups (+ padding); three levels
+@pytest.mark.parametrize("decayed", [False, True])
+def test_scans_match_the_sequential_loop(nc, decayed, monkeypatch):
+    g = gen("scans", nc, decayed)
+    n = nc * 4 - 1  # the last chunk one short: its own weight γ^3
+    ch = tables_mod.Chunks(n, 4, DECAY.log() if decayed else None, torch.float64, torch.device("cpu"))
+    U = torch.randn(B, H, nc, 3, 5, generator=g, dtype=torch.float64)
+    for first in (None, torch.randn(B, H, 3, 5, generator=g, dtype=torch.float64)):
+        got = (*scans_mod.scan_states(U, ch, first), *scans_mod.scan_states_reverse(U, ch, first))
+        monkeypatch.setattr(scans_mod, "SEQUENTIAL", True)
+        ref = (*scans_mod.scan_states(U, ch, first), *scans_mod.scan_states_reverse(U, ch, first))
+        monkeypatch.setattr(scans_mod, "SEQUENTIAL", False)
+        for what, a, b in zip(("S_in", "S_final", "R_in", "R_before"), got, ref):
+            assert torch.isfinite(a).all() and a.shape == b.shape, what
+            assert (a - b).abs().max() <= 1e-12 * b.abs().max().clamp_min(1), (what, first is None)
+
+
+@pytest.mark.parametrize("chunk_size", [2, 4])
+def test_chunk_matches_naive_over_many_chunks(chunk_size):
+    """Hundreds of chunks in a block (550 at C=2: a scan of three levels), in one block and in four."""
+    n = 1099
+    for feature_map, rope, causal, decayed, with_state in (("elu", "numerator", True, True, True),
+                                                           ("cosine", "both", True, False, True),
+                                                           ("elu", "none", True, True, False),
+                                                           ("elu", "numerator", False, True, False)):
+        g = gen("many", chunk_size, feature_map, rope, causal, decayed)
+        q, k, v = inputs(n, g)
+        state = random_state(g, feature_map) if with_state else None
+        dd = D + 1 if feature_map == "cosine" else D
+        weights = (torch.randn(B, H, n, DV, generator=g, dtype=torch.float64),
+                   torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
+                   torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+        kw = dict(feature_map=feature_map, rope=rope, causal=causal, decay=DECAY if decayed else None)
+        ref_out, ref_fin, ref_grads = run_with_grads(naive_linear_attention, q, k, v, state, weights, **kw)
+        for blocks in (contextlib.nullcontext, small_blocks):
+            with blocks():
+                out, fin, grads = run_with_grads(chunk_linear_attention, q, k, v, state, weights,
+                                                 chunk_size=chunk_size, **kw)
+            what = (feature_map, rope, causal, decayed, with_state, blocks.__name__)
+            assert rel(out, ref_out) < 1e-10, what
+            if causal:
+                assert rel(fin.S, ref_fin.S) < 1e-10 and rel(fin.z, ref_fin.z) < 1e-10, what
+            for nm, gr, rg in zip(("q", "k", "v", "S0", "z0"), grads, ref_grads):
+                assert rel(gr, rg) < 1e-10, (*what, nm)
+
+
+def test_block_plan_is_bounded():
+    cpu = torch.device("cpu")
+    assert len(tables_mod.plan_blocks(1, 8, 1024, 64, 64, True, cpu)) == 2  # 512 positions: in cache
+    for n in (16384, 65536, 65536 + 1, 10**6):
+        blocks = tables_mod.plan_blocks(1, 8, n, 64, 64, True, cpu)
+        assert len(blocks) <= tables_mod.MAX_BLOCKS["cpu"], n
+        assert blocks[0][0] == 0 and blocks[-1][1] == n and all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        assert all((e - s) % 64 == 0 for s, e in blocks[:-1]), n  # whole chunks
+
+
+def aten_ops(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+
+
+def test_operations_do_not_grow_with_the_number_of_chunks():
+    """Issue 31: fwd+bwd at N = 64k runs at most 4x the aten operations it runs at 1k (B 1, H 8, d 64, elu,
+    RoPE in the numerator, causal, C 64, float32); a loop over chunks or 512-position blocks ran 62x."""
+    def fwd_bwd(n):
+        g = gen("ops", n)
+        q, k, v = (torch.randn(1, 8, n, 64, generator=g).requires_grad_() for _ in range(3))
+        return lambda: chunk_linear_attention(q, k, v, chunk_size=64).sum().backward()
+
+    small, large = fwd_bwd(1024), fwd_bwd(65536)
+    with poison_buffers(False):  # the operations of a real run (a poisoned buffer is filled: two more)
+        small()  # first-call set-up (RoPE tables) is not the kernel's
+        n_small, n_large = aten_ops(small), aten_ops(large)
+    assert n_large <= 4 * n_small, (n_small, n_large)
 
 
 def test_dispatcher_reaches_every_form():

@@ -5,8 +5,21 @@ prefix sums of vectors that the unrotated denominator needs.
     reverse:      R_in[nc-1] = R_last,  R_in[c-1] = γ^(ℓ_c) R_in[c] + W_c
     prefix sum:   zc_i = Σ_{j≤i} γ^(i-j) x_j + γ^(i+1) z0
 
-The scans are short loops over chunks, one add per chunk, each writing its slot of a preallocated buffer:
-on CPU several times faster than ``torch.cumsum`` along the chunk axis, and exact with decay.
+Every chunk but the last of a sequence is whole, so the weight across a chunk is one number per head,
+γ^C, and a scan over n chunks is a decayed prefix sum with that weight:
+
+    Y_c = Σ_{j≤c} γ^(C(c-j)) X_j
+
+It is computed the way the chunk form computes attention, one level up (``_prefix``): the n items are cut
+into groups of ``GROUP``, a matmul with the lower-triangular table L[t,s] = γ^(C(t-s)) sums inside every
+group at once, the group totals (each an item of a scan with weight γ^(C·GROUP)) are scanned the same way,
+and γ^(C(t+1)) times the total entering a group is added to its items.  A scan is then a fixed handful of
+operations per level, and there are log_GROUP(n) levels, where a loop over chunks was two operations per
+chunk.  Every weight is a power γ^k with k ≥ 0 formed from log γ (never a rescaling by γ^(-k), which
+overflows), and every sum adds terms of one decay pattern, so the rounding is that of a float32 sum.
+
+``SEQUENTIAL = True`` restores the loop over chunks (one add per chunk), the plan before issue 31; it stays
+as the reference the tests hold the scans to and for the benchmark's old-against-new comparison.
 """
 from __future__ import annotations
 
@@ -17,9 +30,82 @@ import torch
 from .buffers import alloc
 from .tables import Chunks
 
+GROUP = 16  # items per group of the scan's matmul (an L of GROUP×GROUP; up to 2·GROUP scanned in one matmul)
+SEQUENTIAL = False  # True: the loop over chunks, one add per chunk (the plan before issue 31)
+
+
+def _prefix(X: torch.Tensor, ch: Chunks, step: int, reverse: bool) -> torch.Tensor:
+    """Y_c = Σ_{j≤c} γ^(step·(c-j)) X_j (reverse: Σ_{j≥c} γ^(step·(j-c)) X_j) along dim 2 of X (B, H, n, R)."""
+    B, H, n, R = X.shape
+    if n <= 2 * GROUP:
+        return torch.matmul(ch.scan_table(n, step, reverse), X)  # (H,n,n) or (n,n) on (B,H,n,R)
+    m, G = GROUP, -(-n // GROUP)
+    if G * m != n:  # zero items at the end change no sum before them (nor, reversed, any sum)
+        Xp = alloc((B, H, G * m, R), dtype=X.dtype, device=X.device)
+        Xp[:, :, :n].copy_(X)
+        Xp[:, :, n:].zero_()
+        X = Xp
+    L = ch.scan_table(m, step, reverse)
+    Y = torch.matmul(L.unsqueeze(1) if L.dim() == 3 else L, X.reshape(B, H, G, m, R))  # inside each group
+    T = _prefix(Y[:, :, :, 0 if reverse else -1], ch, step * m, reverse)  # group totals, scanned
+    w = ch.scan_weights(m, step, reverse)  # γ^(step·(t+1)) (reverse: γ^(step·(m-t))), or None
+    tail, head = (Y[:, :, :-1], T[:, :, 1:]) if reverse else (Y[:, :, 1:], T[:, :, :-1])
+    if w is None:
+        tail.add_(head.unsqueeze(3))
+    else:
+        tail.addcmul_(head.unsqueeze(3), w)
+    Y = Y.view(B, H, G * m, R)
+    return Y if G * m == n else Y[:, :, :n]
+
 
 def scan_states(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
     """Exclusive scan over chunks.  U: (B, H, nc, *rest) -> (S_in (B, H, nc, *rest), S_final (B, H, *rest))."""
+    if SEQUENTIAL:
+        return _scan_states_loop(U, ch, S0)
+    B, H, nc = U.shape[:3]
+    rest = U.shape[3:]
+    # X = [S0, U_0, …, U_{nc-2}]: then S_in is the prefix sum of X with the weight γ^C across each chunk
+    X = alloc((B, H, nc, *rest), dtype=U.dtype, device=U.device)
+    if S0 is None:
+        X[:, :, 0].zero_()
+    else:
+        X[:, :, 0].copy_(S0)
+    X[:, :, 1:].copy_(U[:, :, :-1])
+    S_in = _prefix(X.view(B, H, nc, -1), ch, ch.C, reverse=False).view(B, H, nc, *rest)
+    if ch.decay:
+        return S_in, torch.addcmul(U[:, :, -1], S_in[:, :, -1], ch.g_at(nc - 1, len(rest)))
+    return S_in, U[:, :, -1] + S_in[:, :, -1]
+
+
+def scan_states_reverse(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tensor]):
+    """Reverse scan -> (R_in (B, H, nc, *rest), R_before = γ^(ℓ_0) R_in[0] + W_0)."""
+    if SEQUENTIAL:
+        return _scan_states_reverse_loop(W, ch, R_last)
+    B, H, nc = W.shape[:3]
+    rest = W.shape[3:]
+    R_in = alloc((B, H, nc, *rest), dtype=W.dtype, device=W.device)
+    if R_last is None:
+        R_in[:, :, -1].zero_()
+    else:
+        R_in[:, :, -1].copy_(R_last)
+    if nc > 1:
+        # R_in[nc-2] = γ^(ℓ_{nc-1}) R_last + W_{nc-1} (the last chunk may be short); the rest is a reverse
+        # prefix sum of X = [W_1, …, W_{nc-2}, R_in[nc-2]] with the weight γ^C
+        X = alloc((B, H, nc - 1, *rest), dtype=W.dtype, device=W.device)
+        X[:, :, :-1].copy_(W[:, :, 1:-1])
+        if R_last is None:
+            X[:, :, -1].copy_(W[:, :, -1])
+        elif ch.decay:
+            torch.addcmul(W[:, :, -1], R_last, ch.g_at(nc - 1, len(rest)), out=X[:, :, -1])
+        else:
+            torch.add(W[:, :, -1], R_last, out=X[:, :, -1])
+        R_in[:, :, :-1].copy_(_prefix(X.view(B, H, nc - 1, -1), ch, ch.C, reverse=True).view(X.shape))
+    if ch.decay:
+        return R_in, torch.addcmul(W[:, :, 0], R_in[:, :, 0], ch.g_at(0, len(rest)))
+    return R_in, W[:, :, 0] + R_in[:, :, 0]
+
+
+def _scan_states_loop(U, ch, S0):
     nc, rest = U.shape[2], U.dim() - 3
     S_in = alloc(U.shape, dtype=U.dtype, device=U.device)
     if S0 is None:
@@ -36,8 +122,7 @@ def scan_states(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
     return S_in, U[:, :, -1] + S_in[:, :, -1]
 
 
-def scan_states_reverse(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tensor]):
-    """Reverse scan -> (R_in (B, H, nc, *rest), R_before = γ^(ℓ_0) R_in[0] + W_0)."""
+def _scan_states_reverse_loop(W, ch, R_last):
     nc, rest = W.shape[2], W.dim() - 3
     R_in = alloc(W.shape, dtype=W.dtype, device=W.device)
     if R_last is None:
@@ -80,4 +165,5 @@ def dsum_symmetric(x: torch.Tensor, ch: Chunks) -> torch.Tensor:
     return dcumsum(x, ch) + dcumsum_reverse(x, ch) - x
 
 
-__all__ = ["scan_states", "scan_states_reverse", "dcumsum", "dcumsum_reverse", "dsum_symmetric"]
+__all__ = ["GROUP", "SEQUENTIAL", "scan_states", "scan_states_reverse", "dcumsum", "dcumsum_reverse",
+           "dsum_symmetric"]

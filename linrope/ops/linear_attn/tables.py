@@ -25,9 +25,13 @@ from .buffers import alloc
 
 # A block holds about BLOCK_ELEMENTS[device] numbers per (B, H, ·, d) tensor (at least one chunk): 2^18
 # (1 MiB in float32; 512 positions at B·H = 8, d = 64) measured best on CPU, where a block's working set
-# then stays in cache; the peak memory beyond inputs, output and gradients does not grow with N.
-# Non-causal attention needs global sums and runs as a single block.
+# then stays in cache.  But every block costs a fixed number of operations (a few hundred small kernels in
+# forward and backward), so a long sequence is cut into at most MAX_BLOCKS[device] blocks, which then grow
+# with N: the number of operations stays bounded, and the temporaries are N/MAX_BLOCKS positions, linear in
+# N.  4 on CPU (docs/benchmarks.md, "Issue 31"); 1 on CUDA, where every operation is a launch.  (MAX_BLOCKS None: no bound, the plan before issue 31.)  Non-causal attention needs global sums and runs
+# as a single block.
 BLOCK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
+MAX_BLOCKS = {"cpu": 4, "cuda": 1}
 
 
 def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, device: torch.device):
@@ -36,7 +40,12 @@ def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, d
         return [(0, n)]
     C = max(1, min(chunk_size, n))
     target = BLOCK_ELEMENTS.get(device.type, BLOCK_ELEMENTS["cuda"])
-    step = C * max(1, target // (B * H * max(d, 1) * C))
+    per = max(1, target // (B * H * max(d, 1) * C))  # chunks per block
+    cap = MAX_BLOCKS.get(device.type, MAX_BLOCKS["cuda"])
+    if cap:
+        nc = -(-n // C)
+        per = max(per, -(-nc // cap))
+    step = C * per
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
 
@@ -54,9 +63,10 @@ class Chunks:
         self.pad = nc * C - n
         self.decay = log_gamma is not None
         self.M = self.M_strict = self.qw = self.kw = self.g = self.gamma = None
+        self.device, self._scan = device, {}
         if not self.decay:
             return
-        lg = log_gamma.to(device=device, dtype=torch.float64)
+        self.log_gamma = lg = log_gamma.to(device=device, dtype=torch.float64)
         H = lg.shape[0]
         t = torch.arange(C, device=device, dtype=torch.float64)
         diff = t[:, None] - t[None, :]
@@ -105,6 +115,36 @@ class Chunks:
     def g_at(self, c: int, ndim_rest: int) -> torch.Tensor:
         return self.g[:, c].reshape(-1, *([1] * ndim_rest))
 
+    # the scans' tables (``scans._prefix``): powers of γ^step, step = C or C·GROUP^k ----------------------
+    def scan_table(self, n: int, step: int, reverse: bool) -> torch.Tensor:
+        """L[t,s] = γ^(step·(t-s)) for s ≤ t, else 0 (reverse: the transpose): (H,n,n), or (n,n) of ones
+        without decay."""
+        key = ("L", n, step, reverse)
+        if key not in self._scan:
+            t = torch.arange(n, device=self.device, dtype=torch.float64)
+            diff = t[:, None] - t[None, :]
+            if reverse:
+                diff = -diff
+            if not self.decay:
+                L = (diff >= 0).to(self.dtype)
+            else:
+                w = torch.exp(self.log_gamma[:, None, None] * (step * diff.clamp_min(0)))
+                L = torch.where(diff >= 0, w, torch.zeros((), dtype=w.dtype, device=w.device)).to(self.dtype)
+            self._scan[key] = L
+        return self._scan[key]
+
+    def scan_weights(self, m: int, step: int, reverse: bool) -> Optional[torch.Tensor]:
+        """γ^(step·(t+1)) for t < m (reverse: γ^(step·(m-t))) as (H,1,m,1); None without decay."""
+        if not self.decay:
+            return None
+        key = ("w", m, step, reverse)
+        if key not in self._scan:
+            t = torch.arange(m, device=self.device, dtype=torch.float64)
+            e = (m - t) if reverse else (t + 1)
+            w = torch.exp(self.log_gamma[:, None] * (step * e))
+            self._scan[key] = w.reshape(-1, 1, m, 1).to(self.dtype)
+        return self._scan[key]
+
 
 class Tables:
     """One ``Chunks`` per distinct block length (all blocks but the last share one)."""
@@ -118,4 +158,4 @@ class Tables:
         return self.cache[n]
 
 
-__all__ = ["BLOCK_ELEMENTS", "plan_blocks", "Chunks", "Tables"]
+__all__ = ["BLOCK_ELEMENTS", "MAX_BLOCKS", "plan_blocks", "Chunks", "Tables"]
