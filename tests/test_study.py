@@ -82,7 +82,7 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     assert not (tmp_path / "s" / "job.log").exists()
     assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "mine", "*.pt", ".linrope.lock",
                                                                     ".study.lock", "/*/*.png"]
-    claim = os.open(folder / ".study.lock", os.O_RDWR)  # another driver's claim on the job, before its run starts
+    claim = os.open(folder / ".study.lock", os.O_RDWR | os.O_CREAT)  # another driver's claim, before its run starts
     fcntl.flock(claim, fcntl.LOCK_EX)
     try:
         assert Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1,
