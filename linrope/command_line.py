@@ -183,12 +183,32 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
     return errors
 
 
+def encoding_errors(argv: Sequence[str]) -> List[str]:
+    """Arguments that are not UTF-8 (``prompt=$'\\xff'``, text in another encoding): Python keeps such bytes as
+    lone surrogates, on which Hydra's parser stops with a LexerNoViableAltException.  One line each, naming
+    the key and the first byte that is not UTF-8."""
+    errors = []
+    for arg in argv:
+        bad = next((i for i, c in enumerate(arg) if 0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is None:
+            continue
+        key, eq, _ = arg.partition("=")
+        start = len(key) + 1 if eq and len(key) < bad else 0
+        name = key if start else "an argument"
+        at = len(arg[start:bad].encode("utf-8", errors="surrogateescape"))
+        value = ord(arg[bad]) - 0xDC00 if 0xDC80 <= ord(arg[bad]) <= 0xDCFF else None
+        byte = f"byte 0x{value:02x}" if value is not None else "a character"
+        errors.append(f"{name}: is not UTF-8 text ({byte} at byte {at} of the value); give it in UTF-8")
+    return errors
+
+
 def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR,
                        config_name: str = "train", prefix: str = "linrope") -> None:
-    """Exit with one line per unknown config-group option (``model=nope``) or unknown key
+    """Exit with one line per argument that is not UTF-8, unknown config-group option (``model=nope``) or unknown key
     (``trainer.max_step=10``) on the command line — before Hydra, whose own messages are several lines."""
     argv = sys.argv[1:] if argv is None else argv
-    errors = command_line_errors(argv, conf_dir) or unknown_key_errors(argv, conf_dir, config_name)
+    errors = encoding_errors(argv) or command_line_errors(argv, conf_dir) or unknown_key_errors(argv, conf_dir,
+                                                                                                   config_name)
     if errors:
         raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
 

@@ -27,3 +27,91 @@ def test_temperature_zero_is_greedy(tmp_path):
     model = tiny({"name": "rope"}).float()
     greedy = {generate_text(model, "def ", 12, temperature=0, top_k=None, seed=s) for s in (0, 1, 2)}
     assert greedy == {generate_text(model, "def ", 12, temperature=1.0, top_k=1, seed=5)}
+
+
+# ---- generation: streamed, bounded, kept on Ctrl+C; arguments that are not UTF-8 -----------------------------------
+def saved_tiny_checkpoint(path):
+    """A checkpoint of an untrained tiny linear-attention model, written as linrope writes one (no training)."""
+    import torch
+
+    from linrope.lit import LanguageModel
+
+    torch.manual_seed(0)
+    module = LanguageModel(model=dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_len=64,
+                                      attention={"kind": "linear"}, position={"name": "rope"}))
+    torch.save({"state_dict": module.state_dict(), "global_step": 0,
+                "hyper_parameters": {"model": dict(module.hparams["model"]), "optim": None}}, path)
+    return path
+
+
+def test_generation_streams_each_piece_as_it_is_sampled_and_a_stop_keeps_them():
+    """The text reaches ``write`` piece by piece while sampling goes on (a stop raised from the 50th piece, as a
+    signal handler would, finds 50 pieces written), and what was written is the start of the uninterrupted text."""
+    from linrope.generate import Stopped
+
+    model = tiny({"name": "rope"}).float()
+    full = generate_text(model, "def ", 400, temperature=1.0, top_k=None, seed=3)
+    written = []
+
+    def write(piece):
+        written.append(piece)
+        if len(written) == 51:  # the prompt and 50 pieces
+            raise Stopped(2)
+
+    with pytest.raises(Stopped) as e:
+        generate_text(model, "def ", 400, temperature=1.0, top_k=None, seed=3, write=write)
+    assert e.value.text == "".join(written) and full.startswith(e.value.text) and len(written) == 51
+    assert 50 <= e.value.sampled < 400
+    assert written[0] == "def "
+
+
+def test_a_huge_request_needs_allow_long(tmp_path):
+    from linrope.errors import LinropeError
+    with pytest.raises(LinropeError) as e:
+        generate(compose_generate(f"ckpt={tmp_path / 'none.ckpt'}", "max_new_tokens=1000000000"))
+    assert str(e.value) == ("max_new_tokens=1000000000: more than 1,000,000 bytes; if you mean it, add allow_long=true "
+                            "(the text streams as it is sampled; Ctrl+C keeps what is printed)")
+    with pytest.raises(LinropeError, match="does not exist"):  # allowed: the next problem is the missing checkpoint
+        generate(compose_generate(f"ckpt={tmp_path / 'none.ckpt'}", "max_new_tokens=1000000000", "allow_long=true"))
+
+
+def test_an_argument_that_is_not_utf8_is_one_line():
+    """``prompt=$'ab\\xff'`` reached Hydra's parser as a lone surrogate: LexerNoViableAltException."""
+    from linrope.command_line import check_command_line
+    prompt = b"prompt=ab\xff\xfe".decode("utf-8", errors="surrogateescape")  # what Python makes of the argument
+    with pytest.raises(SystemExit) as e:
+        check_command_line(["ckpt=x.ckpt", prompt], config_name="generate", prefix="linrope.generate")
+    assert str(e.value) == ("linrope.generate: prompt: is not UTF-8 text (byte 0xff at byte 2 of the value); "
+                            "give it in UTF-8")
+
+
+def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
+    """A real process: the text streams to stdout, Ctrl+C prints one line and exits 130 with what was sampled."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "prompt=abc",
+                          "max_new_tokens=999999", "device=cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         cwd=tmp_path, env=env)
+    try:
+        head = os.read(p.stdout.fileno(), 200)  # the prompt and the first bytes, streamed
+        while len(head) < 200:
+            head += os.read(p.stdout.fileno(), 200 - len(head))
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    text = head + out
+    assert p.returncode == 130, err.decode()[-2000:]
+    line = err.decode().strip().splitlines()[-1]
+    sampled = int(line.split(" after ")[1].split(" ")[0])
+    assert line == f"linrope.generate: stopped by SIGINT after {sampled} of 999999 bytes: all of them are printed above"
+    assert text.startswith(b"abc") and len(text) >= 200 and "Traceback" not in err.decode()
+    model = __import__("linrope.lit", fromlist=["LanguageModel"]).LanguageModel.from_checkpoint(ckpt).model
+    expected = generate_text(model, "abc", sampled, temperature=0.8, top_k=40, seed=0)
+    assert text.decode("utf-8", errors="replace") == expected + "\n"
