@@ -115,3 +115,35 @@ def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     model = __import__("linrope.lit", fromlist=["LanguageModel"]).LanguageModel.from_checkpoint(ckpt).model
     expected = generate_text(model, "abc", sampled, temperature=0.8, top_k=40, seed=0)
     assert text.decode("utf-8", errors="replace") == expected + "\n"
+
+
+# ---- evaluation: rows written as they finish ------------------------------------------------------------------------
+def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp_path, monkeypatch, capsys):
+    """evaluate.csv was written once, at the end: a SIGTERM after a 59-s row lost it.  Here a SIGTERM arrives
+    as the second row is written: one line, exit 143, and evaluate.csv holds the two rows, whole."""
+    import os
+    import signal
+
+    import linrope.evaluate as E
+    from linrope.tables import read_csv
+
+    ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
+    real = E.write_csv
+
+    def write_then_stop(rows, path):
+        real(rows, path)
+        if len(rows) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(E, "write_csv", write_then_stop)
+    out = tmp_path / "eval"
+    with pytest.warns(UserWarning, match="default byte corpus"), pytest.raises(SystemExit) as e:
+        E.evaluate(compose_evaluate(f"ckpt={ckpt}", "lengths=[32,64,128]", "scalings=[pi]", "scored_bytes=2048",
+                                    "data.max_bytes=300000", "device=cpu", f"out={out}"))
+    assert e.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        f"linrope.evaluate: stopped by SIGTERM: the 2 rows done are in {out / 'evaluate.csv'}"
+    rows = read_csv(out / "evaluate.csv")
+    assert [(r["length"], r["scaling"]) for r in rows] == [(32, "none"), (32, "pi")]
+    assert all(r["status"] == "ok" and r["scored"] == 2048 for r in rows)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
