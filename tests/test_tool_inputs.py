@@ -147,3 +147,53 @@ def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp
     assert [(r["length"], r["scaling"]) for r in rows] == [(32, "none"), (32, "pi")]
     assert all(r["status"] == "ok" and r["scored"] == 2048 for r in rows)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+
+
+# ---- configs and resume ---------------------------------------------------------------------------------------------
+def test_a_preset_that_is_not_yaml_is_one_line_naming_the_file(tmp_path):
+    """A preset of the user's (--config-dir) that is not YAML gave Hydra's 71-89-line PyYAML traceback; now one
+    line naming the file and where it breaks, also when an experiment's defaults list chooses it."""
+    from linrope.command_line import check_command_line
+    (tmp_path / "model").mkdir()
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "model" / "nul.yaml").write_bytes(b"d_model: 64\n\0")
+    (tmp_path / "model" / "colon.yaml").write_text("d_model: n_heads: 4\n")
+    (tmp_path / "model" / "listed.yaml").write_text("- d_model\n- 64\n")
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - override /model: colon\n")
+    expected = {
+        "model=nul": f"model=nul: {tmp_path / 'model' / 'nul.yaml'} is not YAML: unacceptable character #x0000: "
+                     f"special characters are not allowed at byte 12",
+        "model=colon": f"model=colon: {tmp_path / 'model' / 'colon.yaml'} is not YAML: mapping values are not "
+                       f"allowed here at line 1, column 17",
+        "model=listed": f"model=listed: {tmp_path / 'model' / 'listed.yaml'} is not a config: YAML of keys and "
+                        f"values is expected, this file holds a list",
+        "experiment=mine": f"experiment=mine chooses model=colon: {tmp_path / 'model' / 'colon.yaml'} is not YAML: "
+                           f"mapping values are not allowed here at line 1, column 17",
+    }
+    for arg, line in expected.items():
+        with pytest.raises(SystemExit) as e:
+            check_command_line(["--config-dir", str(tmp_path), arg])
+        assert str(e.value) == f"linrope: {line}"
+    check_command_line(["model=linear_rope", "experiment=pe_compare"])  # linrope's own presets pass
+
+
+def test_a_resume_on_other_code_says_the_code_changed():
+    """resume.json held the code change but only changed keys were printed; now the first line says it."""
+    from linrope.provenance import PROVENANCE_KEY
+    from linrope.resume_diff import resume_record
+
+    def prov(code, commit="a" * 40, dirty=False):
+        return {"linrope": {"code": code, "commit": commit, "dirty": dirty, "diff_hash": "d" * 12 if dirty else None}}
+
+    ckpt = {PROVENANCE_KEY: prov("111111111111"), "global_step": 5, "hyper_parameters": {"model": {"d_model": 32}}}
+    new = {"model": {"d_model": 32}}
+    rec = resume_record(ckpt, "/r/checkpoints/last.ckpt", new, current=prov("222222222222", dirty=True))
+    assert rec["code_changed"] and rec["lines"] == [
+        "resume: the code changed: the checkpoint was written by code 111111111111 (aaaaaaaaaa), this run is code "
+        "222222222222 (aaaaaaaaaa+dirty (diff dddddddddddd)) — the continued run is not what either code alone trains"]
+    assert resume_record(ckpt, "/r/last.ckpt", new, current=prov("111111111111"))["lines"] == []
+    old = {PROVENANCE_KEY: prov(None, commit="b" * 40), "hyper_parameters": {"model": {"d_model": 32}}}
+    assert resume_record(old, "/r/last.ckpt", new, current=prov("1" * 12))["lines"] == [
+        "resume: the code changed: the checkpoint was written by bbbbbbbbbb, this run is aaaaaaaaaa — the continued "
+        "run is not what either code alone trains"]
+    assert resume_record({"hyper_parameters": {}}, "/r/last.ckpt", {}, current=prov("1" * 12))["lines"] == []
