@@ -197,3 +197,33 @@ def test_a_resume_on_other_code_says_the_code_changed():
         "resume: the code changed: the checkpoint was written by bbbbbbbbbb, this run is aaaaaaaaaa — the continued "
         "run is not what either code alone trains"]
     assert resume_record({"hyper_parameters": {}}, "/r/last.ckpt", {}, current=prov("1" * 12))["lines"] == []
+
+
+def test_a_run_folder_lock_replaced_while_it_is_taken_is_taken_again(tmp_path, monkeypatch):
+    """The run folder's claim, as the study's: a `.linrope.lock` removed between its opening and its locking
+    (another run's cleanup) leaves a lock on a file the path no longer names, which guards nothing; the claim
+    is taken again on the file there now, which then refuses a second run."""
+    import fcntl
+    import os
+
+    from omegaconf import OmegaConf
+
+    import linrope.run.folder as F
+    real = fcntl.flock
+    removed = []
+
+    def flock(fd, op):
+        if not removed:
+            removed.append(True)
+            os.unlink(tmp_path / F.LOCK_NAME)
+        return real(fd, op)
+
+    monkeypatch.setattr(F.fcntl, "flock", flock)
+    cfg = OmegaConf.create({"paths": {"output_dir": str(tmp_path)}, "callbacks": {}})
+    F.claim_run_folder(cfg)
+    try:
+        held = F._held[str(tmp_path)]
+        assert os.fstat(held).st_ino == os.stat(tmp_path / F.LOCK_NAME).st_ino
+        assert F.lock_holder(tmp_path) == f"pid {os.getpid()} on {__import__('socket').gethostname()}"
+    finally:
+        F.release_run_folder()
