@@ -1,11 +1,13 @@
 """After training: a stop during the test or the extrapolation is explained, and a sweep whose objective the
 runs can never log is refused before its first trial.
 
-- ``explain_stop(cfg, trainer)``: around train.py's test and extrapolation.  SIGTERM or SIGINT there (training
-  is over; ``linrope.run.signals.SignalStop`` handles it during training) ends the run with one line —
-  what finished (training, its checkpoint), what did not (the test, the extrapolation) and the one command that
-  completes it (``python train.py <the run's overrides> train=false ckpt_path=<checkpoint> hydra.run.dir=<run>``)
-  — and exit status 128 + the signal.
+- ``explain_stop(cfg, trainer)``: around train.py's test, extrapolation and the loggers' finish.  SIGTERM or
+  SIGINT there (training is over; ``linrope.run.signals.SignalStop`` handles it during training) ends the run with
+  one line — what finished (training, its checkpoint), what did not (the test, the extrapolation) and the one
+  command that completes it (``python train.py <the run's overrides> train=false ckpt_path=<checkpoint>
+  hydra.run.dir=<run>``) — and exit status 128 + the signal.  Once the run has completed (its test metrics
+  logged and no extrapolation left, or ``completed()`` called), a signal prints one line saying so and where
+  the results are; the run finishes writing and exits with 128 + the signal (a second signal: at once).
 - ``objective_problem(cfg)`` / ``CheckObjective`` (a Hydra callback of ``conf/hparams_search/optuna.yaml``): a
   sweeper that optimises ``optimized_metric`` needs each run to log it; a metric the task never logs, a test
   metric (train.py returns before testing), ``train=false`` or no validation before ``trainer.max_steps`` is
@@ -65,6 +67,23 @@ def _checkpoint(cfg, trainer) -> Optional[str]:
     return str(ckpt) if ckpt else None
 
 
+def completed_message(cfg, signum: int, tested: bool) -> str:
+    done = " and ".join((["training"] if cfg.get("train", True) else []) + (["the test"] if tested else [])
+                        + (["the extrapolation"] if tested and (cfg.get("extrapolation") or {}).get("enabled") else []))
+    return (f"stopped by {signal.Signals(signum).name} after the run completed ({done or 'nothing to do'}): its "
+            f"results are in {cfg.paths.output_dir}")
+
+
+def test_finished(trainer) -> bool:
+    """Whether the test's metrics are logged: the test has finished (``trainer.state``), or its loop has logged
+    its metrics (``test/…`` in ``trainer.callback_metrics``) and is printing its table or tearing down."""
+    state = getattr(trainer, "state", None)
+    if state is not None and str(getattr(state, "fn", "")) in ("test", "TrainerFn.TESTING") \
+            and str(getattr(state, "status", "")) in ("finished", "TrainerStatus.FINISHED"):
+        return True
+    return any(str(k).startswith("test/") for k in (getattr(trainer, "callback_metrics", None) or {}))
+
+
 def stop_message(cfg, trainer, signum: int, test_finished: bool) -> str:
     ckpt = _checkpoint(cfg, trainer)
     extrapolating = bool((cfg.get("extrapolation") or {}).get("enabled"))
@@ -78,29 +97,50 @@ def stop_message(cfg, trainer, signum: int, test_finished: bool) -> str:
             f"{completing_command(cfg, ckpt)}")
 
 
+class _Progress:
+    """What ``explain_stop`` yields: ``completed()`` once every result of the run is written."""
+
+    def __init__(self):
+        self.done = False
+        self.signum: Optional[int] = None  # a signal that came after the run completed
+
+    def completed(self) -> None:
+        self.done = True
+
+
 @contextmanager
 def explain_stop(cfg, trainer):
-    """See the module docstring.  ``trainer.state`` tells whether the test had finished."""
+    """See the module docstring."""
+    progress = _Progress()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield progress
         return
+    extrapolating = bool((cfg.get("extrapolation") or {}).get("enabled"))
 
     def stop(signum, frame):
+        tested = cfg.get("test", True) and test_finished(trainer)
+        if progress.signum is not None:  # a second signal after the run completed: stop now
+            raise SystemExit(128 + signum)
+        if progress.done or (tested and not extrapolating):
+            progress.signum = signum  # the run has completed: say so, let it finish writing, then exit
+            if getattr(trainer, "is_global_zero", True):
+                print("linrope: " + completed_message(cfg, signum, tested), file=sys.stderr, flush=True)
+            return
         raise _Stopped(signum)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield progress
     except _Stopped as e:
-        state = getattr(trainer, "state", None)
-        test_finished = state is not None and str(getattr(state, "fn", "")) in ("test", "TrainerFn.TESTING") \
-            and str(getattr(state, "status", "")) in ("finished", "TrainerStatus.FINISHED")
         if getattr(trainer, "is_global_zero", True):
-            print("linrope: " + stop_message(cfg, trainer, e.signum, test_finished), file=sys.stderr, flush=True)
+            print("linrope: " + stop_message(cfg, trainer, e.signum, test_finished(trainer)), file=sys.stderr,
+                  flush=True)
         raise SystemExit(128 + e.signum) from None
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    if progress.signum is not None:
+        raise SystemExit(128 + progress.signum)
 
 
 # ---- a sweep's objective ---------------------------------------------------------------------------------------

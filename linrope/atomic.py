@@ -87,12 +87,21 @@ def _no_space(e: BaseException) -> bool:
 def atomic_torch_save(obj: Any, path) -> None:
     """``torch.save`` to ``path`` so that it holds either the old file or the whole new one.  A full disk
     is one ``DiskFull`` line; the previous file is kept."""
-    path = Path(str(path).removeprefix("file://"))
+    _atomic_write(Path(str(path).removeprefix("file://")), lambda f: torch.save(obj, f), "checkpoint ")
+
+
+def atomic_write_bytes(data: bytes, path) -> None:
+    """``data`` to ``path`` so that it holds either the old file or the whole new one (a table written row by
+    row: a process killed between two rows leaves the earlier rows whole).  A full disk is one line."""
+    _atomic_write(Path(path), lambda f: f.write(data), "")
+
+
+def _atomic_write(path: Path, write, what: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(path)
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # replaces a symlink itself, never its target
@@ -100,9 +109,7 @@ def atomic_torch_save(obj: Any, path) -> None:
         tmp.unlink(missing_ok=True)
         if isinstance(e, Exception) and _no_space(e):
             kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written before"
-            raise DiskFull(f"cannot write checkpoint {path}: no space left on device ({path.parent}); {kept}") from None
+            raise DiskFull(f"cannot write {what}{path}: no space left on device ({path.parent}); {kept}") from None
         raise
     _fsync_dir(path.parent)
     _remove_stale_temporaries(path)
-
-

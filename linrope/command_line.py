@@ -119,6 +119,73 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
             if item and item not in ("null", "None") and item not in options:
                 where = ", ".join([f"conf/{key}/{item}.yaml", *(str(d / key / f"{item}.yaml") for d in extra)])
                 errors.append(f"{key}={item}: no such option ({where}); choose from {', '.join(options)}")
+            elif item and item not in ("null", "None"):
+                errors.extend(preset_errors(key, item, conf_dir, extra))
+    return errors
+
+
+def _option_file(group: str, option: str, conf_dir: Path, extra: Sequence[Path]) -> Optional[Path]:
+    """The file Hydra reads for ``group=option``: linrope's first, then the user's folders."""
+    for root in (conf_dir, *extra):
+        path = root / group / f"{option}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def yaml_problem(path: Path) -> Optional[str]:
+    """Why Hydra cannot read ``path`` as a config (not YAML, or YAML that is not a mapping), or None."""
+    import yaml
+
+    try:
+        from omegaconf._utils import get_yaml_loader  # the loader Hydra reads configs with
+        loader = get_yaml_loader()
+    except ImportError:  # pragma: no cover - an OmegaConf without it
+        loader = yaml.SafeLoader
+    try:
+        with open(path, "rb") as f:
+            content = yaml.load(f, Loader=loader)
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        what = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else \
+            f" at byte {e.position}" if isinstance(getattr(e, "position", None), int) else ""
+        return f"is not YAML: {what}{where}"
+    if content is not None and not isinstance(content, dict):
+        return f"is not a config: YAML of keys and values is expected, this file holds a {type(content).__name__}"
+    return None
+
+
+def preset_errors(group: str, option: str, conf_dir: Path = CONF_DIR, extra: Sequence[Path] = (),
+                  seen: Optional[set] = None, via: str = "") -> List[str]:
+    """One line for the file of ``group=option`` — or of an option its defaults list chooses — that Hydra would
+    stop on with a 70-line YAML traceback (a preset that is not YAML, or not a mapping), naming the file."""
+    seen = set() if seen is None else seen
+    path = _option_file(group, option, conf_dir, extra)
+    if path is None or path in seen:
+        return []
+    seen.add(path)
+    problem = yaml_problem(path)
+    if problem:
+        return [f"{via}{group}={option}: {path} {problem}"]
+    import yaml
+
+    try:
+        defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
+    except Exception:  # noqa: BLE001 - read above; anything odd is Hydra's to say
+        return []
+    errors: List[str] = []
+    for entry in defaults if isinstance(defaults, list) else []:
+        if not isinstance(entry, dict) or len(entry) != 1:
+            continue
+        (key, value), = entry.items()
+        key = str(key).replace("override ", "").strip().split("@", 1)[0]
+        if not isinstance(value, str) or key.startswith("hydra") or "${" in value:
+            continue
+        sub = key.lstrip("/") if key.startswith("/") else f"{group.rsplit('/', 1)[0]}/{key}" if "/" in group else key
+        errors.extend(preset_errors(sub, value, conf_dir, extra, seen, via or f"{group}={option} chooses "))
     return errors
 
 
@@ -225,14 +292,33 @@ def launcher_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name:
             for (source, value), keys in bad.items()]
 
 
+def encoding_errors(argv: Sequence[str]) -> List[str]:
+    """Arguments that are not UTF-8 (``prompt=$'\\xff'``, text in another encoding): Python keeps such bytes as
+    lone surrogates, on which Hydra's parser stops with a LexerNoViableAltException.  One line each, naming
+    the key and the first byte that is not UTF-8."""
+    errors = []
+    for arg in argv:
+        bad = next((i for i, c in enumerate(arg) if 0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is None:
+            continue
+        key, eq, _ = arg.partition("=")
+        start = len(key) + 1 if eq and len(key) < bad else 0
+        name = key if start else "an argument"
+        at = len(arg[start:bad].encode("utf-8", errors="surrogateescape"))
+        value = ord(arg[bad]) - 0xDC00 if 0xDC80 <= ord(arg[bad]) <= 0xDCFF else None
+        byte = f"byte 0x{value:02x}" if value is not None else "a character"
+        errors.append(f"{name}: is not UTF-8 text ({byte} at byte {at} of the value); give it in UTF-8")
+    return errors
+
+
 def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR,
                        config_name: str = "train", prefix: str = "linrope") -> None:
-    """Exit with one line per unknown config-group option (``model=nope``) or unknown key
+    """Exit with one line per argument that is not UTF-8, unknown config-group option (``model=nope``) or unknown key
     (``trainer.max_step=10``) on the command line, or a SLURM launcher asked for a count that is no number
     (``launcher_errors``) — before Hydra, whose own messages are several lines."""
     argv = sys.argv[1:] if argv is None else argv
-    errors = (command_line_errors(argv, conf_dir) or unknown_key_errors(argv, conf_dir, config_name)
-              or launcher_errors(argv, conf_dir, config_name))
+    errors = (encoding_errors(argv) or command_line_errors(argv, conf_dir)
+              or unknown_key_errors(argv, conf_dir, config_name) or launcher_errors(argv, conf_dir, config_name))
     if errors:
         raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
 

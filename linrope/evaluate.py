@@ -15,8 +15,11 @@ train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.ena
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -50,12 +53,22 @@ def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
 
 
 def write_table(module, datamodule, settings, out: Path, stem: str, *, train_context: int, lengths=None,
-                title_suffix: str = "", **score) -> tuple:
+                title_suffix: str = "", kept: Optional[list] = None, **score) -> tuple:
     """The table of one model (``length_table``) written as ``<out>/<stem>.csv`` and plotted as
-    ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here."""
+    ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here.  The CSV is
+    written again, atomically, as each row finishes: a stop keeps every row done (the plot is drawn at the end);
+    ``kept``, a list, holds the rows written so far."""
+    csv_path = out / f"{stem}.csv"
+    kept = [] if kept is None else kept
+
+    def written(done):
+        with _signals_held():  # the file and the count of rows it holds change together
+            write_csv(done, csv_path)
+            kept[:] = done
+
     rows = length_table(module, datamodule, {k: settings[k] for k in SETTINGS}, train_context=train_context,
-                        lengths=lengths, **score)
-    csv_path = write_csv(rows, out / f"{stem}.csv")
+                        lengths=lengths, on_row=written, **score)
+    write_csv(rows, csv_path)  # also a table of no row
     png = plot_length_table(rows, out / f"{stem}.png", train_context=train_context,
                             title=plot_title(module.hparams["model"], train_context, title_suffix))
     return rows, csv_path, png
@@ -175,11 +188,56 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     m = module.model.cfg
     print(f"checkpoint {ckpt} (task {module.task}, {m.attention.get('kind')} attention, position "
           f"{m.position.get('name')}), trained at {train_context} tokens; evaluating on {device}\n{HEADER}")
-    rows, csv_path, png = write_table(module, datamodule, cfg, Path(str(cfg.out)), "evaluate",
-                                      train_context=train_context, lengths=lengths, title_suffix=f" ({ckpt.name})",
-                                      device=device, log=print)
+    kept: List[Dict[str, Any]] = []
+    with _stop_says_what_is_kept(Path(str(cfg.out)) / "evaluate.csv", kept):
+        rows, csv_path, png = write_table(module, datamodule, cfg, Path(str(cfg.out)), "evaluate",
+                                          train_context=train_context, lengths=lengths, kept=kept,
+                                          title_suffix=f" ({ckpt.name})", device=device,
+                                          log=lambda line: print(line, flush=True))
     print(f"wrote {csv_path} and {png}")
     return rows
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGTERM and SIGINT wait (blocked, delivered at the end of the block)."""
+    signals = {signal.SIGTERM, signal.SIGINT}
+    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if held else None
+    try:
+        yield
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_says_what_is_kept(csv_path: Path, kept: list):
+    """SIGTERM / SIGINT while the rows are scored: one line naming the rows kept in ``csv_path`` (each row is
+    written as it finishes), exit status 128 + the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except _Stopped as e:
+        where = f"the {len(kept)} rows done are in {csv_path}" if kept else "no row was done"
+        print(f"linrope.evaluate: stopped by {signal.Signals(e.signum).name}: {where}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + e.signum) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")

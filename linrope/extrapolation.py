@@ -170,10 +170,11 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
 
 def length_table(module, datamodule, settings: Mapping[str, Any], *, train_context: int,
                  lengths: Optional[Sequence[int]] = None, device=None, autocast_dtype=None,
-                 log=None) -> List[Dict[str, Any]]:
+                 log=None, on_row=None) -> List[Dict[str, Any]]:
     """One row per (length, scaling): the columns of ``COLUMNS``; ``status`` is ``ok`` or ``n/a (why)``.
     ``settings``: every key of ``SETTINGS`` (conf/extrapolation/default.yaml); ``lengths``: default
-    ``factors`` × ``train_context``.  ``log`` is called with each row as it is done (``format_row``)."""
+    ``factors`` × ``train_context``.  ``log`` is called with each row as it is done (``format_row``),
+    ``on_row`` with the list of the rows done so far (the caller writes them: nothing done is lost to a stop)."""
     missing = [k for k in SETTINGS if k not in settings]
     if missing:
         raise ValueError(f"length_table: settings without {', '.join(missing)} (see conf/extrapolation/default.yaml)")
@@ -215,6 +216,8 @@ def length_table(module, datamodule, settings: Mapping[str, Any], *, train_conte
                 row["seconds"] = round(time.perf_counter() - t0, 2)
             plain = row if label == "none" else plain
             rows.append(row)
+            if on_row:
+                on_row(rows)
             if log:
                 log(format_row(row))
     return rows

@@ -155,25 +155,33 @@ class TransformerLM(nn.Module):
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
                  top_k: Optional[int] = None, generator: Optional[torch.Generator] = None, window: Optional[int] = None):
-        """Sample token by token.  Linear attention carries its recurrent state (O(1) memory per
-        token); softmax attention re-reads the last ``window`` tokens (default max_len)."""
+        """Sample token by token (``stream``): the prompt and the new tokens, (B, prompt + max_new_tokens)."""
+        return torch.cat([prompt, *self.stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k,
+                                               generator=generator, window=window)], dim=1)
+
+    @torch.no_grad()
+    def stream(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+               top_k: Optional[int] = None, generator: Optional[torch.Generator] = None, window: Optional[int] = None):
+        """Yield each sampled token, (B, 1), as soon as it is drawn.  Linear attention carries its recurrent
+        state (O(1) memory per token); softmax attention re-reads the last ``window`` tokens (default max_len),
+        and keeps no more of them, so memory does not grow with ``max_new_tokens``."""
         self.eval()
         linear = self.cfg.attention.get("kind") == "linear"
-        out = prompt
+        w = window or self.cfg.max_len
+        ctx = prompt if linear else prompt[:, -w:]
         if linear:
             logits, states = self(prompt, return_states=True)
             pos = prompt.shape[1]
         for _ in range(max_new_tokens):
             if not linear:
-                w = window or self.cfg.max_len
-                ctx = out[:, -w:]
                 logits = self(ctx)
             nxt = sample(logits[:, -1], temperature, top_k, generator)
-            out = torch.cat([out, nxt], dim=1)
+            yield nxt
             if linear:
                 logits, states = self(nxt, offset=pos, states=states, return_states=True)
                 pos += 1
-        return out
+            else:
+                ctx = torch.cat([ctx, nxt], dim=1)[:, -w:]
 
 
 def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator=None) -> torch.Tensor:

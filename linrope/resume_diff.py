@@ -111,16 +111,37 @@ def chain(checkpoint: Mapping[str, Any], ckpt_path: Path) -> List[Dict[str, Any]
                        "dirty": lr.get("dirty"), "started": prov.get("started")}]
 
 
+def code_change(saved: Optional[Mapping[str, Any]], current: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """``resume: the code changed: …`` when the checkpoint's run and this one recorded different code
+    (linrope.provenance's ``code``, the hash of linrope/ and conf/ with any local edits; the commit where a
+    run recorded no code hash), else None — also when either side recorded nothing to compare."""
+    ours, theirs = ((p or {}).get("linrope") or {} for p in (current, saved))
+    if ours.get("code") and theirs.get("code"):
+        if ours["code"] == theirs["code"]:
+            return None
+        old, new = f"code {theirs['code']} ({commit_text(saved)})", f"code {ours['code']} ({commit_text(current)})"
+    elif theirs.get("commit") and ours.get("commit") and commit_text(saved) != commit_text(current):
+        old, new = commit_text(saved), commit_text(current)
+    else:
+        return None
+    return (f"resume: the code changed: the checkpoint was written by {old}, this run is {new} — the continued "
+            f"run is not what either code alone trains")
+
+
 def resume_record(checkpoint: Mapping[str, Any], ckpt_path, new_cfg: Mapping[str, Any],
-                  new_unresolved: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """What ``resume.json`` holds: the checkpoint, its commit, the changes (with their lines) and the chain."""
+                  new_unresolved: Optional[Mapping[str, Any]] = None,
+                  current: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """What ``resume.json`` holds: the checkpoint, its commit, the changes (with their lines) and the chain.
+    ``current``: this run's provenance; code that differs from the checkpoint's is the first line."""
     old, whole = saved_config(checkpoint)
     found = changes(old, flatten(new_cfg), whole=whole,
                     new_unresolved=flatten(new_unresolved) if new_unresolved is not None else None)
+    code = code_change(checkpoint.get(PROVENANCE_KEY), current)
     return {"checkpoint": str(ckpt_path), "step": checkpoint.get("global_step"),
             "commit": commit_text(checkpoint.get(PROVENANCE_KEY)),
             "compared": "the whole config" if whole else "model, optim and data (an older checkpoint)",
-            "changes": found, "lines": [c["line"] for c in found], "continues": chain(checkpoint, Path(ckpt_path))}
+            "code_changed": code is not None, "changes": found,
+            "lines": ([code] if code else []) + [c["line"] for c in found], "continues": chain(checkpoint, Path(ckpt_path))}
 
 
 def announce(record: Mapping[str, Any], folder: Path, name: str = "resume.json") -> None:

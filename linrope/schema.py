@@ -97,7 +97,7 @@ SCHEMA: Dict[str, Rule] = {
     "data.batch_size": POSITIVE_INT, "data.eval_batch_size": POSITIVE_INT,
     "data.val_windows": POSITIVE_INT, "data.test_windows": POSITIVE_INT,
     "data.val_fraction": FRACTION, "data.test_fraction": FRACTION,
-    "data.max_bytes": Rule("int", low=1, null=True), "data.num_workers": COUNT,
+    "data.max_bytes": Rule("int", low=1, null=True), "data.num_workers": COUNT, "data.allow_binary": Rule("bool"),
     # the Trainer (the model checks its options: linrope.spec; the optimiser its own: linrope.optim)
     "trainer.max_steps": Rule("int", low=-1, note="-1: no limit"),
     "trainer.max_epochs": Rule("int", low=-1, null=True, note="-1: no limit"),

@@ -4,6 +4,7 @@ reads these files without loading a model."""
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -30,12 +31,16 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+    """The rows as ``path``, written atomically (``linrope.atomic``): the table is rewritten after each row, and
+    a process stopped at any moment leaves the rows done so far, whole."""
+    from linrope.atomic import atomic_write_bytes
+
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=COLUMNS)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
+    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
     return path
 
 

@@ -49,11 +49,12 @@ def main(cfg: DictConfig) -> Optional[float]:
         if cfg.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
             metric = T.metric(trainer, cfg.optimized_metric)
-        if cfg.test:
-            with T.explain_stop(cfg, trainer):  # a signal now: one line naming what is left and how to finish it
+        with T.explain_stop(cfg, trainer) as progress:  # a signal now: one line, what is left and how to finish it
+            if cfg.test:
                 trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
                 T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
-        T.finish(loggers)
+            progress.completed()  # a signal now: one line saying where the results are; the run ends as it would
+            T.finish(loggers)
         return metric
 
 

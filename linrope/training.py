@@ -200,7 +200,8 @@ def record_provenance(cfg: DictConfig) -> dict:
     first = not any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
     path = resolve_ckpt(cfg) if cfg.get("train", True) else None
     if path:
-        record = resume_record(load_checkpoint(path), path, plain(cfg), OmegaConf.to_container(cfg, resolve=False))
+        record = resume_record(load_checkpoint(path), path, plain(cfg), OmegaConf.to_container(cfg, resolve=False),
+                               current=prov)
         prov["resumed_from"] = record["continues"]
         if first:
             announce(record, Path(str(cfg.paths.output_dir)))

@@ -21,16 +21,21 @@ TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.ma
 
 
 class SigtermAt(L.Callback):
-    """Test-only: SIGTERM to this process during the test (after its first batch) or as the extrapolation starts."""
+    """Test-only: SIGTERM to this process during the test (after its first batch) or as the extrapolation starts;
+    ``when=test_end``: SIGINT once the test has logged its metrics, before its table is printed."""
 
     def __init__(self, when: str):
         self.when = when
+        self.sent = False
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if self.when == "test":
             os.kill(os.getpid(), signal.SIGTERM)
 
     def on_test_end(self, trainer, pl_module):
+        if self.when == "test_end" and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
         if self.when != "extrapolation":
             return
         import linrope.training as T
@@ -75,6 +80,47 @@ def test_a_sigterm_after_training_says_what_is_left_and_how_to_finish_it(tmp_pat
     again = train(tmp_path, *finish)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (run / "extrapolation.csv").is_file()
+
+
+def test_a_sigint_once_the_test_has_logged_says_the_run_completed_and_where(tmp_path):
+    """Issue 33: a SIGINT just after the test table ended the run with no line although it had completed.  Sent as
+    the test's metrics are logged (no extrapolation): one line saying the run completed and where its results are;
+    the test's table and metrics.csv are written as without the signal; exit status 130."""
+    run = tmp_path / "run"
+    tiny = [o for o in TINY if not o.startswith("extrapolation.")]
+    r = train(tmp_path, *tiny, "+callbacks.stop._target_=test_after_training.SigtermAt", "+callbacks.stop.when=test_end",
+              f"hydra.run.dir={run}")
+    assert r.returncode == 130, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
+    assert lines == [f"linrope: stopped by SIGINT after the run completed (training and the test): its results are "
+                     f"in {run}"], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "test/bpb" in r.stdout  # the test's table
+    assert "test/bpb" in (run / "csv" / "metrics.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_the_run_completed_lets_it_finish_then_exits(capsys, tmp_path, signum):
+    """A signal while the loggers finish (after ``completed()``): the line, the finishing code runs to its end,
+    then exit 128 + the signal; the handlers are restored."""
+    from types import SimpleNamespace
+
+    from linrope.after_training import explain_stop
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"train": True, "test": False, "paths": {"output_dir": str(tmp_path)}})
+    trainer = SimpleNamespace(is_global_zero=True, callback_metrics={})
+    before = signal.getsignal(signum)
+    finished = []
+    with pytest.raises(SystemExit) as e:
+        with explain_stop(cfg, trainer) as progress:
+            progress.completed()
+            os.kill(os.getpid(), signum)
+            finished.append(True)  # the rest of the run still runs
+    assert e.value.code == 128 + signum and finished == [True]
+    assert capsys.readouterr().err.splitlines() == [
+        f"linrope: stopped by {signal.Signals(signum).name} after the run completed (training): its results are in "
+        f"{tmp_path}"]
+    assert signal.getsignal(signum) is before
 
 
 # ---- a sweep's objective -------------------------------------------------------------------------------------------

@@ -125,8 +125,75 @@ def test_a_folder_of_a_few_binaries_says_why_a_split_is_empty(tmp_path):
     rng = np.random.default_rng(0)
     for name in ("a.bin", "b.bin", "c.bin"):
         (tmp_path / name).write_bytes(rng.integers(0, 256, 50_000, dtype=np.uint8).tobytes() + b"\0")
-    with pytest.raises(CorpusError) as e:
+    with pytest.raises(CorpusError) as e:  # binary files are skipped: here that leaves none
         load_corpus(str(tmp_path), context=64)
+    assert str(e.value) == (f"data.path {tmp_path}: every file looks binary ({tmp_path / 'a.bin'}, {tmp_path / 'b.bin'}, "
+                            f"{tmp_path / 'c.bin'}); linrope trains byte-level models on text — pass "
+                            f"data.allow_binary=true to train on them anyway")
+    with pytest.raises(CorpusError) as e:
+        load_corpus(str(tmp_path), context=64, allow_binary=True)
     msg = str(e.value)
-    assert "\n" not in msg and "files are split whole by a hash of their path" in msg and "3 of them binary" in msg
+    assert "\n" not in msg and "files are split whole by a hash of their path — train 3, val 0, test 0 files" in msg
     assert "point data.path at one file" in msg
+
+
+# ---- binary and huge corpora (issue 33) ------------------------------------------------------------------------------
+def test_an_executable_is_refused_in_one_line_unless_binary_is_allowed():
+    """data.path=/usr/bin/python3 trained on an executable without a word."""
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).resolve()
+    with pytest.raises(CorpusError) as e:
+        load_corpus(str(exe), context=64)
+    assert str(e.value).startswith(f"data.path {exe}: does not look like text: it holds NUL bytes (")
+    assert str(e.value).endswith("linrope trains byte-level models on text — pass data.allow_binary=true to train "
+                                 "on it anyway") and "\n" not in str(e.value)
+    parts = load_corpus(str(exe), context=64, allow_binary=True)
+    assert sum(len(p) for p in parts.values()) == exe.stat().st_size
+
+
+def test_a_huge_sparse_file_is_memory_mapped_and_its_zeros_refused(tmp_path):
+    """A 2 GB sparse file was read whole into memory (RSS 2.6 GB) and trained on zeros: now the file is
+    memory-mapped, sampled, and refused in one line — also with allow_binary — while memory stays flat."""
+    import resource
+    import time
+
+    path = tmp_path / "sparse.txt"
+    with open(path, "wb") as f:
+        f.truncate(2 * 2**30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    t0 = time.perf_counter()
+    for allow in (False, True):
+        with pytest.raises(CorpusError) as e:
+            load_corpus(str(path), context=64, allow_binary=allow)
+        assert str(e.value) == (f"data.path {path}: does not look like text: every sampled byte is 0 (a sparse or "
+                                f"zeroed file); there is nothing to learn")
+    assert time.perf_counter() - t0 < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # under 100 MB more
+
+
+def test_a_text_file_is_memory_mapped_not_read(tmp_path):
+    """The splits of a single file are views of a memory map of it: nothing is read before it is used."""
+    path = tmp_path / "text.txt"
+    path.write_bytes(b"def f(x):\n    return x + 1\n" * 2000)
+    parts = load_corpus(str(path), context=64)
+    assert all(isinstance(p, np.memmap) for p in parts.values())
+    assert b"".join(bytes(parts[s]) for s in ("train", "val", "test")) == path.read_bytes()
+
+
+def test_a_folders_binary_files_are_skipped_and_named(tmp_path):
+    import warnings
+
+    for i in range(40):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"text {i} " * 60)
+    (tmp_path / "tool.bin").write_bytes(b"\x7fELF\x02\x01\x01\0\0\0" + bytes(5000))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parts = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
+    assert [str(w.message) for w in caught] == [
+        f"data.path {tmp_path}: skipped 1 binary files (NUL or control bytes in their first 8192 bytes; "
+        f"data.allow_binary=true keeps them): {tmp_path / 'tool.bin'}"]
+    assert all(0 not in bytes(p) for p in parts.values())
+    kept = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2, allow_binary=True)
+    assert sum(bytes(p).count(0) for p in kept.values()) > 0

@@ -10,6 +10,12 @@ the machine, the file order or the seed.
 Training samples random windows of ``context + 1`` bytes; window ``i`` of the run
 is a pure function of ``(seed, i)``, so a resumed run sees exactly the data an
 uninterrupted one would.  Evaluation uses contiguous, non-overlapping windows.
+
+A single file is memory-mapped, never read whole (a 2 GB file costs no 2 GB of memory); a folder's files
+are read into memory.  Binary content is not trained on without a word: a single file that looks binary
+(NUL bytes, or mostly control bytes, in blocks sampled across it) is refused in one line unless
+``data.allow_binary=true``, a folder's binary files are skipped and named, and a file whose sampled bytes
+are all zero (a sparse or zeroed file: nothing to learn) is refused whatever ``allow_binary`` says.
 """
 from __future__ import annotations
 
@@ -56,6 +62,34 @@ def list_files(root: Path, suffixes: Optional[Sequence[str]], skipped: Optional[
     return files
 
 
+SAMPLE_BLOCKS, SAMPLE_BLOCK = 16, 4096  # a file is judged on at most 16 blocks of 4 KB spread over it
+TEXT_CONTROL = frozenset(b"\t\n\r\f\v\b\x1b")  # control bytes that text holds
+
+
+def sample(data) -> bytes:
+    """At most ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_BLOCK`` bytes of ``data`` (bytes or a uint8 array), evenly
+    spread from its start to its end."""
+    n = len(data)
+    if n <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+        return bytes(data[:n])
+    starts = np.linspace(0, n - SAMPLE_BLOCK, SAMPLE_BLOCKS).astype(np.int64)
+    return b"".join(bytes(data[int(a): int(a) + SAMPLE_BLOCK]) for a in starts)
+
+
+def binary_reason(block: bytes) -> Optional[str]:
+    """Why ``block`` (a sample of a file) is not text, or None: all zero, NUL bytes, or over 30% control bytes."""
+    if not block:
+        return None
+    if block.count(0) == len(block):
+        return "every sampled byte is 0 (a sparse or zeroed file)"
+    if b"\0" in block:
+        return f"it holds NUL bytes ({block.count(0)} of {len(block)} sampled bytes)"
+    control = sum(1 for b in block if b < 32 and b not in TEXT_CONTROL)
+    if control > 0.3 * len(block):
+        return f"{control} of {len(block)} sampled bytes are control bytes"
+    return None
+
+
 def _named(paths: Sequence[Path], limit: int = 3) -> str:
     shown = ", ".join(str(p) for p in paths[:limit])
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
@@ -77,10 +111,12 @@ def position_split(n: int, val_fraction: float, test_fraction: float) -> Tuple[i
 
 
 def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05, test_fraction: float = 0.05,
-                suffixes: Optional[Sequence[str]] = None, max_bytes: Optional[int] = None) -> dict:
-    """Read a corpus into {split: uint8 array}.  Refuses a missing, empty or too-short corpus.
+                suffixes: Optional[Sequence[str]] = None, max_bytes: Optional[int] = None,
+                allow_binary: bool = False) -> dict:
+    """Read a corpus into {split: uint8 array}.  Refuses a missing, empty or too-short corpus, and binary
+    content unless ``allow_binary`` (see the module docstring).
 
-    A single file is split by position (first 90% train, then val, then test)."""
+    A single file is split by position (first 90% train, then val, then test), memory-mapped."""
     root = Path(path).expanduser() if path else stdlib_dir()
     if suffixes is None and not path:
         suffixes = (".py",)
@@ -96,31 +132,46 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
         raise CorpusError(f"data.path {root}: no files{(' ending in ' + ', '.join(suffixes)) if suffixes else ''} found")
     need = context + 1
     if root.is_file():
-        data = np.fromfile(root, dtype=np.uint8)
+        if root.stat().st_size == 0:
+            raise CorpusError(f"data.path {root}: the file is empty")
+        data = np.memmap(root, dtype=np.uint8, mode="c")  # copy-on-write: pages are read when used, never written
         if max_bytes:
             data = data[:max_bytes]
         n = len(data)
-        if n == 0:
-            raise CorpusError(f"data.path {root}: the file is empty")
+        why = binary_reason(sample(data))
+        if why and (why.startswith("every") or not allow_binary):
+            raise CorpusError(f"data.path {root}: does not look like text: {why}; " + (
+                "there is nothing to learn" if why.startswith("every") else
+                "linrope trains byte-level models on text — pass data.allow_binary=true to train on it anyway"))
         a, b = position_split(n, val_fraction, test_fraction)
         parts = {"train": data[:a], "val": data[a:b], "test": data[b:]}
     else:
         chunks = {s: [] for s in SPLITS}
         unreadable: List[Path] = []
-        binary = 0
+        binary: List[Path] = []
         for f in files:
             try:
-                raw = f.read_bytes()
+                with open(f, "rb") as handle:
+                    skip = not allow_binary and binary_reason(handle.read(SAMPLE_BLOCK * 2)) is not None
+                raw = b"" if skip else f.read_bytes()  # a binary file is not read whole
             except OSError:
                 unreadable.append(f)
                 continue
-            binary += b"\0" in raw[:8192]
+            if skip:
+                binary.append(f)
+                continue
             if raw:
                 chunks[split_of(f.relative_to(root).as_posix(), val_fraction, test_fraction)].append(raw)
         if unreadable and len(unreadable) == len(files):
             raise CorpusError(f"data.path {root}: no file could be read ({_named(unreadable)})")
         if unreadable:
             warnings.warn(f"data.path {root}: skipped {len(unreadable)} unreadable files: {_named(unreadable)}")
+        if binary and len(binary) + len(unreadable) == len(files):
+            raise CorpusError(f"data.path {root}: every file looks binary ({_named(binary)}); linrope trains "
+                              f"byte-level models on text — pass data.allow_binary=true to train on them anyway")
+        if binary:
+            warnings.warn(f"data.path {root}: skipped {len(binary)} binary files (NUL or control bytes in their first "
+                          f"{SAMPLE_BLOCK * 2} bytes; data.allow_binary=true keeps them): {_named(binary)}")
         if not any(chunks.values()):
             raise CorpusError(f"data.path {root}: the corpus is empty (every file has 0 bytes)")
         parts = {s: np.frombuffer(bytearray(b"\n".join(c)), dtype=np.uint8) for s, c in chunks.items()}
@@ -134,7 +185,7 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
             if not root.is_file():
                 counts = ", ".join(f"{k} {len(c)}" for k, c in chunks.items())
                 why = (f" (files are split whole by a hash of their path — {counts} files"
-                       + (f", {binary} of them binary" if binary else "")
+                       + (f", {len(binary)} binary ones skipped" if binary else "")
                        + "; a folder needs many files, or point data.path at one file, which is split by position)")
             raise CorpusError(
                 f"data.path {root}: too short — the {s} split has {len(parts[s])} bytes (corpus {total} bytes) but one "

@@ -45,14 +45,15 @@ class ByteDataModule(ResumableDataModule):
     def __init__(self, path: Optional[str] = None, context: int = 256, batch_size: int = 16,
                  eval_batch_size: int = 16, val_windows: int = 64, test_windows: int = 256,
                  val_fraction: float = 0.05, test_fraction: float = 0.05, max_bytes: Optional[int] = None,
-                 num_workers: int = 0, seed: int = 1234, eval_context: Optional[int] = None):
+                 num_workers: int = 0, seed: int = 1234, eval_context: Optional[int] = None,
+                 allow_binary: bool = False):
         super().__init__()
         self.save_hyperparameters(logger=False)  # logged once, as data.* of the whole config (training.log_config)
         self.context, self.batch_size, self.eval_batch_size = context, batch_size, eval_batch_size
         self.num_workers, self.seed = num_workers, seed
         self.eval_context = eval_context or context
         self.splits = load_corpus(path, context=max(context, self.eval_context), val_fraction=val_fraction,
-                                  test_fraction=test_fraction, max_bytes=max_bytes)
+                                  test_fraction=test_fraction, max_bytes=max_bytes, allow_binary=allow_binary)
 
     def train_dataset(self, start: int, length: int):
         return RandomWindows(self.splits["train"], self.context, self.seed, length=length, start=start)
