@@ -86,6 +86,17 @@ def chunked(*args, chunk_size, **kw):
         return chunk_linear_attention(*args, chunk_size=chunk_size, **kw)
 
 
+def case(g, n, feature_map, with_state):
+    """q, k, v, the initial state (or None) and float64 weights of (out, S, z) for the loss, all drawn from g."""
+    q, k, v = inputs(n, g)
+    state = random_state(g, feature_map) if with_state else None
+    dd = D + 1 if feature_map == "cosine" else D
+    weights = (torch.randn(B, H, n, DV, generator=g, dtype=torch.float64),
+               torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
+               torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+    return q, k, v, state, weights
+
+
 # ------------------------------------------------------------------------------------------------------
 # chunk and recurrent == naive in float64, forward and backward
 # ------------------------------------------------------------------------------------------------------
@@ -96,13 +107,8 @@ def test_chunk_and_recurrent_match_naive(n, feature_map, rope):
     for causal, decayed, with_state in itertools.product((True, False), (False, True), (False, True)):
         if with_state and not causal:
             continue
-        g = gen(n, feature_map, rope, causal, decayed, with_state)
-        q, k, v = inputs(n, g)
-        state = random_state(g, feature_map) if with_state else None
-        dd = D + 1 if feature_map == "cosine" else D
-        weights = (torch.randn(B, H, n, DV, generator=g, dtype=torch.float64),
-                   torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
-                   torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+        q, k, v, state, weights = case(gen(n, feature_map, rope, causal, decayed, with_state), n, feature_map,
+                                       with_state)
         # one key and no state: o = v·w/(w+eps), so ∂o/∂q = O(eps) is pure cancellation in every form;
         # a larger eps keeps that gradient well-conditioned enough to compare to 1e-10
         eps = 0.1 if n == 1 and not with_state else 1e-6
@@ -153,13 +159,8 @@ def test_chunk_matches_naive_over_many_chunks(chunk_size):
                                                            ("cosine", "both", True, False, True),
                                                            ("elu", "none", True, True, False),
                                                            ("elu", "numerator", False, True, False)):
-        g = gen("many", chunk_size, feature_map, rope, causal, decayed)
-        q, k, v = inputs(n, g)
-        state = random_state(g, feature_map) if with_state else None
-        dd = D + 1 if feature_map == "cosine" else D
-        weights = (torch.randn(B, H, n, DV, generator=g, dtype=torch.float64),
-                   torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
-                   torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+        q, k, v, state, weights = case(gen("many", chunk_size, feature_map, rope, causal, decayed), n, feature_map,
+                                       with_state)
         kw = dict(feature_map=feature_map, rope=rope, causal=causal, decay=DECAY if decayed else None)
         ref_out, ref_fin, ref_grads = run_with_grads(naive_linear_attention, q, k, v, state, weights, **kw)
         for blocks in (contextlib.nullcontext, small_blocks):

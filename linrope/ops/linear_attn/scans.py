@@ -58,6 +58,23 @@ def _prefix(X: torch.Tensor, ch: Chunks, step: int, reverse: bool) -> torch.Tens
     return Y if G * m == n else Y[:, :, :n]
 
 
+def _across(x: torch.Tensor, state: torch.Tensor, ch: Chunks, c: int, ndim_rest: int, out=None) -> torch.Tensor:
+    """x + γ^(ℓ_c)·state: a state carried across chunk c and added to x (into ``out`` when given)."""
+    if ch.decay:
+        return torch.addcmul(x, state, ch.g_at(c, ndim_rest), out=out)
+    return torch.add(x, state, out=out)
+
+
+def _with_start(like: torch.Tensor, start: Optional[torch.Tensor], at: int) -> torch.Tensor:
+    """A buffer shaped like ``like`` whose slot ``at`` along dim 2 holds ``start`` (zeros when None)."""
+    buf = alloc(like.shape, dtype=like.dtype, device=like.device)
+    if start is None:
+        buf[:, :, at].zero_()
+    else:
+        buf[:, :, at].copy_(start)
+    return buf
+
+
 def scan_states(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
     """Exclusive scan over chunks.  U: (B, H, nc, *rest) -> (S_in (B, H, nc, *rest), S_final (B, H, *rest))."""
     if SEQUENTIAL:
@@ -65,16 +82,10 @@ def scan_states(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
     B, H, nc = U.shape[:3]
     rest = U.shape[3:]
     # X = [S0, U_0, …, U_{nc-2}]: then S_in is the prefix sum of X with the weight γ^C across each chunk
-    X = alloc((B, H, nc, *rest), dtype=U.dtype, device=U.device)
-    if S0 is None:
-        X[:, :, 0].zero_()
-    else:
-        X[:, :, 0].copy_(S0)
+    X = _with_start(U, S0, 0)
     X[:, :, 1:].copy_(U[:, :, :-1])
     S_in = _prefix(X.view(B, H, nc, -1), ch, ch.C, reverse=False).view(B, H, nc, *rest)
-    if ch.decay:
-        return S_in, torch.addcmul(U[:, :, -1], S_in[:, :, -1], ch.g_at(nc - 1, len(rest)))
-    return S_in, U[:, :, -1] + S_in[:, :, -1]
+    return S_in, _across(U[:, :, -1], S_in[:, :, -1], ch, nc - 1, len(rest))
 
 
 def scan_states_reverse(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tensor]):
@@ -83,11 +94,7 @@ def scan_states_reverse(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tens
         return _scan_states_reverse_loop(W, ch, R_last)
     B, H, nc = W.shape[:3]
     rest = W.shape[3:]
-    R_in = alloc((B, H, nc, *rest), dtype=W.dtype, device=W.device)
-    if R_last is None:
-        R_in[:, :, -1].zero_()
-    else:
-        R_in[:, :, -1].copy_(R_last)
+    R_in = _with_start(W, R_last, -1)
     if nc > 1:
         # R_in[nc-2] = γ^(ℓ_{nc-1}) R_last + W_{nc-1} (the last chunk may be short); the rest is a reverse
         # prefix sum of X = [W_1, …, W_{nc-2}, R_in[nc-2]] with the weight γ^C
@@ -95,48 +102,26 @@ def scan_states_reverse(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tens
         X[:, :, :-1].copy_(W[:, :, 1:-1])
         if R_last is None:
             X[:, :, -1].copy_(W[:, :, -1])
-        elif ch.decay:
-            torch.addcmul(W[:, :, -1], R_last, ch.g_at(nc - 1, len(rest)), out=X[:, :, -1])
         else:
-            torch.add(W[:, :, -1], R_last, out=X[:, :, -1])
+            _across(W[:, :, -1], R_last, ch, nc - 1, len(rest), out=X[:, :, -1])
         R_in[:, :, :-1].copy_(_prefix(X.view(B, H, nc - 1, -1), ch, ch.C, reverse=True).view(X.shape))
-    if ch.decay:
-        return R_in, torch.addcmul(W[:, :, 0], R_in[:, :, 0], ch.g_at(0, len(rest)))
-    return R_in, W[:, :, 0] + R_in[:, :, 0]
+    return R_in, _across(W[:, :, 0], R_in[:, :, 0], ch, 0, len(rest))
 
 
 def _scan_states_loop(U, ch, S0):
     nc, rest = U.shape[2], U.dim() - 3
-    S_in = alloc(U.shape, dtype=U.dtype, device=U.device)
-    if S0 is None:
-        S_in[:, :, 0].zero_()
-    else:
-        S_in[:, :, 0].copy_(S0)
+    S_in = _with_start(U, S0, 0)
     for c in range(nc - 1):
-        if ch.decay:
-            torch.addcmul(U[:, :, c], S_in[:, :, c], ch.g_at(c, rest), out=S_in[:, :, c + 1])
-        else:
-            torch.add(U[:, :, c], S_in[:, :, c], out=S_in[:, :, c + 1])
-    if ch.decay:
-        return S_in, torch.addcmul(U[:, :, -1], S_in[:, :, -1], ch.g_at(nc - 1, rest))
-    return S_in, U[:, :, -1] + S_in[:, :, -1]
+        _across(U[:, :, c], S_in[:, :, c], ch, c, rest, out=S_in[:, :, c + 1])
+    return S_in, _across(U[:, :, -1], S_in[:, :, -1], ch, nc - 1, rest)
 
 
 def _scan_states_reverse_loop(W, ch, R_last):
     nc, rest = W.shape[2], W.dim() - 3
-    R_in = alloc(W.shape, dtype=W.dtype, device=W.device)
-    if R_last is None:
-        R_in[:, :, -1].zero_()
-    else:
-        R_in[:, :, -1].copy_(R_last)
+    R_in = _with_start(W, R_last, -1)
     for c in range(nc - 1, 0, -1):
-        if ch.decay:
-            torch.addcmul(W[:, :, c], R_in[:, :, c], ch.g_at(c, rest), out=R_in[:, :, c - 1])
-        else:
-            torch.add(W[:, :, c], R_in[:, :, c], out=R_in[:, :, c - 1])
-    if ch.decay:
-        return R_in, torch.addcmul(W[:, :, 0], R_in[:, :, 0], ch.g_at(0, rest))
-    return R_in, W[:, :, 0] + R_in[:, :, 0]
+        _across(W[:, :, c], R_in[:, :, c], ch, c, rest, out=R_in[:, :, c - 1])
+    return R_in, _across(W[:, :, 0], R_in[:, :, 0], ch, 0, rest)
 
 
 def dcumsum(x: torch.Tensor, ch: Chunks, z0: Optional[torch.Tensor] = None) -> torch.Tensor:
