@@ -108,11 +108,11 @@ def test_no_import_cycle():
 
 # docs/architecture.md's layers, lowest first; a module may import its own layer and the layers below
 LAYERS = [
-    ("foundation", ("errors", "rope", "memory", "compiling", "naming", "plots", "schema", "stats", "tables",
-                    "provenance", "resume_diff")),
+    ("foundation", ("errors", "atomic", "rope", "memory", "compiling", "naming", "plots", "schema", "stats",
+                    "tables", "provenance", "resume_diff")),
     ("operators and positions", ("ops", "positions")),
     ("model and data", ("attention", "spec", "model", "optim", "data")),
-    ("files and config", ("atomic", "checkpoint", "config", "command_line", "after_training")),
+    ("files and config", ("checkpoint", "config", "command_line", "after_training")),
     ("run-time services", ("run",)),
     ("Lightning", ("lit", "movement")),
     ("evaluation", ("extrapolation", "evaluate", "generate")),
