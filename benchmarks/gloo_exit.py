@@ -6,7 +6,7 @@
 Each round spawns two processes that join a gloo group, run 20 all-reduces and one asynchronous one, and
 return.  A rank that does not exit cleanly (SIGABRT: "terminate called without an active exception") makes
 torch.multiprocessing raise ProcessExitedException for that round.  Prints one line per failed round and
-the count.  ``tests/test_slow_reliability.py`` runs 12 rounds with the cleanup.
+the count.  ``tests/run/test_slow_reliability.py`` runs 12 rounds with the cleanup.
 """
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ def probe_env(device: str) -> dict:
         env["gpu"] = (f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, "
                       f"{torch.cuda.device_count()} device(s)")
         env["bf16"] = torch.cuda.is_bf16_supported()
-    from linrope.provenance import machine_line
+    from linrope.run.provenance import machine_line
 
     env["machine"] = machine_line()
     return env
@@ -176,7 +176,7 @@ def part_env(ctx) -> dict:
 
 
 def gpu_test_files() -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                   if "mark.gpu" in p.read_text(errors="replace"))
 
 

@@ -1,6 +1,6 @@
 """Kernel table: causal attention forward+backward, linear attention's forms beside SDPA flash, on a GPU.
 
-One process, one row per (N, form), each printed as soon as it is measured; a form that fails (out of memory,
+One process, one row per (N, form), each printed as it is measured; a form that fails (out of memory,
 an import, a kernel error) becomes a row saying what failed, and the other forms go on.  The forms, each row
 labelled with exactly what it times:
 
@@ -25,7 +25,7 @@ forward+backward above what was allocated before it (CUDA only), and the wall ti
 then report "unavailable" (fla's Triton kernels need CUDA).  ``--budget-s`` bounds the whole table: a row
 whose predicted time (from the form's previous N: linear in N for the linear forms, quadratic for SDPA) would
 overrun what is left, and every row once the budget is spent, says so instead of running.  ``--jsonl`` appends
-each row as one JSON line as soon as it is measured (benchmarks/gpu_check.py builds its report from them).
+each row as one JSON line as it is measured (benchmarks/gpu_check.py builds its report from them).
 ``LINROPE_BENCH_FAIL=<form>[,<form>]`` makes those forms raise (to check that a failing form leaves the others).
 Exit status 1 if a row failed (on CUDA also if a form was unavailable), else 0.
 
@@ -193,7 +193,7 @@ def header_lines() -> list[str]:
 
 
 def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
-    """Every (N, form) row in order, each handed to ``emit`` as soon as it is known."""
+    """Every (N, form) row in order, each handed to ``emit`` as it is known."""
     start = time.perf_counter()
     rows, last, dead = [], {}, {}
     for n in args.lengths:

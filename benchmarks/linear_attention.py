@@ -70,10 +70,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linrope.memory import retain_freed_memory  # noqa: E402
+from linrope.base.memory import retain_freed_memory  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
 from linrope.ops.linear_attn.features import reference_features  # noqa: E402
-from linrope.provenance import machine_line  # noqa: E402
+from linrope.run.provenance import machine_line  # noqa: E402
 
 B, H, D = 1, 8, 64
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
@@ -271,7 +271,7 @@ def generation_timing(positions, tokens: int, rounds: int, model_size: dict):
     ``linear_rope`` TransformerLM's ``forward`` with states, one token at a time.  The state entering each
     position is the real one, built by the chunk form (op) or the model's forward (model) over a prefix of
     that length; the timed tokens then continue from it (positions pos, pos+1, …)."""
-    from linrope.model import TransformerLM
+    from linrope.models.model import TransformerLM
     from linrope.ops import chunk_linear_attention
     from linrope.ops import recurrent_step
 
@@ -376,7 +376,7 @@ def print_bf16_ratio(args) -> None:
 def print_bf16_errors(n: int = 2048, heads: int = 2) -> None:
     """Relative errors of the chunk form on bfloat16 inputs against float64 naive (docs/design.md, "Precision")."""
     import linrope.ops.linear_attn.chunk_kernel as CK
-    from linrope.rope import compute_dtype
+    from linrope.ops.rope import compute_dtype
 
     def rel(a, b):
         return ((a.double() - b).norm() / b.norm()).item()
@@ -504,7 +504,7 @@ def main(argv=None) -> None:
     p.add_argument("--gen-rounds", type=int, default=7, help="rounds per position; the median is reported")
     p.add_argument("--system-malloc", action="store_true",
                    help="leave malloc as it is; by default the benchmark, like train.py, keeps freed memory for "
-                        "reuse (linrope.memory.retain_freed_memory), for every form alike")
+                        "reuse (linrope.base.memory.retain_freed_memory), for every form alike")
     p.add_argument("--_child", nargs=2, metavar=("FORM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     retained = False if args.system_malloc else retain_freed_memory()
@@ -534,7 +534,7 @@ def main(argv=None) -> None:
     print(f"{machine_line()}, median of {repeats} after {args.warmup} warm-up")
     peak = matmul_peak_gflops()
     print(f"float32 matmul peak (2048³ torch.mm): {peak:.1f} GFLOP/s")
-    print("malloc: " + ("freed memory kept for reuse (linrope.memory.retain_freed_memory)" if retained
+    print("malloc: " + ("freed memory kept for reuse (linrope.base.memory.retain_freed_memory)" if retained
                         else "as the system has it (--system-malloc, or not glibc)"))
     if "fla" not in fns and (args.forms is None or "fla" in args.forms):
         print(f"fla row skipped: flash-linear-attention not importable ({fla_import()[1]})")

@@ -34,10 +34,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from linrope.memory import retain_freed_memory  # noqa: E402
+from linrope.base.memory import retain_freed_memory  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
 from linrope.ops.linear_attn import scans, tables  # noqa: E402
-from linrope.provenance import machine_line  # noqa: E402
+from linrope.run.provenance import machine_line  # noqa: E402
 
 B, H, D, C = 1, 8, 64, 64
 FORMS = ("chunk", "chunk_old", "sdpa")

@@ -2,7 +2,7 @@
 
 Each model is composed from the repo's own configs, as ``python train.py model=<preset>`` composes it
 (``conf/train.yaml`` with ``conf/model/<preset>.yaml``, ``conf/size/small.yaml`` by default: d_model=256,
-4 layers, 4 heads, d_ff=1024, byte vocabulary 256), and built by ``linrope.training.build_module`` into the
+4 layers, 4 heads, d_ff=1024, byte vocabulary 256), and built by ``linrope.training.builders.build_module`` into the
 LightningModule train.py trains, all in this one process:
 
   * ``linear_rope``  – linear attention, elu+1, RoPE in the numerator, ``impl="chunk"`` (C=64),
@@ -39,7 +39,7 @@ resident alongside, are not counted).  ``--models`` also takes ``PRESET:KEY=VALU
 variant of a preset, e.g. ``linear_rope:model.attention.impl=fla``; the label is that string.  A model that
 fails (out of memory, a backend missing) becomes a row saying what failed and the others go on (exit status
 1); ``LINROPE_BENCH_FAIL=<label>`` makes that model fail on purpose.  ``--jsonl`` appends one JSON line per
-model and context as soon as it is timed (benchmarks/gpu_check.py builds its report from them).
+model and context as it is timed (benchmarks/gpu_check.py builds its report from them).
 
 Usage:  python benchmarks/train_throughput.py                       # context 8192
         python benchmarks/train_throughput.py --context 1024 4096 8192 --steps 5
@@ -66,11 +66,11 @@ from omegaconf import DictConfig
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from linrope.errors import BackendUnavailable  # noqa: E402
-from linrope.memory import retain_freed_memory  # noqa: E402
-from linrope.provenance import machine_line  # noqa: E402
-from linrope.sweeps import compose_train  # noqa: E402
-from linrope.training import build_module  # noqa: E402
+from linrope.base.errors import BackendUnavailable  # noqa: E402
+from linrope.base.memory import retain_freed_memory  # noqa: E402
+from linrope.run.provenance import machine_line  # noqa: E402
+from linrope.studies.sweeps import compose_train  # noqa: E402
+from linrope.training.builders import build_module  # noqa: E402
 
 CONF = ROOT / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
                    help="more Hydra overrides of conf/train.yaml for every model (size=tiny, optim.lr=1e-3, ...)")
     p.add_argument("--system-malloc", action="store_true",
                    help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
-                        "(linrope.memory.retain_freed_memory)")
+                        "(linrope.base.memory.retain_freed_memory)")
     p.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and context here")
     args = p.parse_args(argv)
     for m in args.models:

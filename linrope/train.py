@@ -10,7 +10,7 @@ from typing import Optional
 import hydra
 from omegaconf import DictConfig
 
-from linrope.command_line import CONF_DIR
+from linrope.config.command_line import CONF_DIR
 from linrope.run import tidy
 
 tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit start, which import this module
@@ -18,10 +18,10 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
-    from linrope.config import validate
+    from linrope.config.checks import validate
     from linrope.run.exit import one_line_errors
     from linrope.run.folder import claim_run_folder
-    from linrope.training import name_model, test_checkpoint
+    from linrope.training.builders import name_model, test_checkpoint
 
     tidy.quiet_logging()
     with tidy.no_folder_on_refusal(), one_line_errors():
@@ -30,11 +30,11 @@ def main(cfg: DictConfig) -> Optional[float]:
         name_model(cfg)  # model.name follows attention=... position=... chosen on the command line
         claim_run_folder(cfg)  # a second run into this folder, or one that would overwrite it, is refused
         if cfg.get("retain_freed_memory", True):
-            from linrope.memory import retain_freed_memory
+            from linrope.base.memory import retain_freed_memory
 
             retain_freed_memory()
         from lightning import seed_everything
-        from linrope import training as T
+        from linrope.training import builders as T
 
         seed_everything(cfg.seed, workers=True)
         provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
@@ -52,7 +52,9 @@ def main(cfg: DictConfig) -> Optional[float]:
         with T.explain_stop(cfg, trainer) as progress:  # a signal now: one line, what is left and how to finish it
             if cfg.test:
                 trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
-                T.extrapolate(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
+                from linrope.evaluation.evaluate import extrapolate_after_test
+
+                extrapolate_after_test(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
             progress.completed()  # a signal now: one line saying where the results are; the run ends as it would
             T.finish(loggers)
         return metric
@@ -60,7 +62,7 @@ def main(cfg: DictConfig) -> Optional[float]:
 
 def run() -> None:
     """The ``linrope-train`` command (and ``python train.py``, ``python -m linrope.train``)."""
-    from linrope.command_line import check_command_line
+    from linrope.config.command_line import check_command_line
 
     check_command_line()  # model=nope: one line naming the options, before Hydra's longer message
     main()

@@ -1,8 +1,8 @@
 """The shape of the codebase: rules a reader can rely on (see docs/architecture.md).
 
 - the import graph of ``linrope/`` (module-level and function-level imports alike) has no cycle, and
-  every import goes to a module of the same layer or a lower one (``LAYERS``, as docs/architecture.md
-  draws them);
+  every import goes to a lower layer or to its own package (the layers are the packages: each names its
+  layer in the first line of its docstring; the top-level modules are the commands, above them all);
 - no module of ``linrope/`` is longer than 400 lines;
 - no object is recognised by the string of its class name (``type(x).__name__ == ...``);
 - the repository explains itself: no tracked file cites a design note it does not contain.
@@ -99,43 +99,74 @@ def test_cycle_finder_finds_a_cycle():
 def test_the_import_graph_sees_relative_and_function_level_imports():
     graph = import_graph()
     assert "linrope.positions.base" in graph["linrope.positions.t5"]  # from .base import ...
-    assert "linrope.model" in graph["linrope.lit"]
+    assert "linrope.models.model" in graph["linrope.training.lit"]
 
 
 def test_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
-# docs/architecture.md's layers, lowest first; a module may import its own layer and the layers below
-LAYERS = [
-    ("foundation", ("errors", "atomic", "rope", "memory", "compiling", "naming", "plots", "schema", "stats",
-                    "tables", "provenance", "resume_diff")),
-    ("operators and positions", ("ops", "positions")),
-    ("model and data", ("attention", "spec", "model", "optim", "data")),
-    ("files and config", ("checkpoint", "config", "command_line", "after_training")),
-    ("run-time services", ("run",)),
-    ("Lightning", ("lit", "movement")),
-    ("evaluation", ("extrapolation", "evaluate", "generate")),
-    ("orchestration", ("training", "train")),
-    ("tools", ("runs", "caveats", "report", "report_provenance", "report_files", "figures", "dashboard", "sweeps",
-               "study", "study_jobs", "budget", "recall")),
-]
+TOP_LEVEL_MODULES = 8  # linrope/'s own modules besides packages: __init__ and the commands
+LAYER_LINE = re.compile(r"^Layer (\d+), ([^:(]+)")
 
 
-def layer_of(module: str) -> int:
-    name = module.removeprefix("linrope.").split(".")[0]
-    for i, (_, members) in enumerate(LAYERS):
-        if name in members:
-            return i
-    raise AssertionError(f"{module} is in no layer of LAYERS (tests/test_architecture.py, docs/architecture.md)")
+def layers() -> dict:
+    """{package: (layer number, name)}, read from the first line of each package's docstring ("Layer N, name: ...").
+    The top-level modules are the commands, above every package."""
+    out = {}
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        match = LAYER_LINE.match(doc)
+        assert match, f"{init.relative_to(ROOT)}: its docstring must start 'Layer N, name: ...' (docs/architecture.md)"
+        out[init.parent.name] = (int(match.group(1)), match.group(2).strip())
+    return out
 
 
-def test_every_import_goes_to_the_same_or_a_lower_layer():
-    graph = import_graph()
-    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
-              for m, targets in sorted(graph.items()) if m != "linrope" for t in sorted(targets)
-              if t != "linrope" and layer_of(t) > layer_of(m)]
-    assert upward == []
+def layer_of(module: str, table: dict) -> tuple:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in table:
+        return table[parts[1]]
+    return (max(n for n, _ in table.values()) + 1, "commands")
+
+
+def test_layers_come_from_the_folders():
+    table = layers()
+    assert table["base"][0] == 0 and table["ops"][0] < table["positions"][0] < table["models"][0]
+    assert layer_of("linrope.positions.t5", table) == table["positions"]
+    assert layer_of("linrope.train", table)[1] == "commands"
+
+
+def test_the_top_level_holds_only_the_commands():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= TOP_LEVEL_MODULES, top
+
+
+def upward_imports(graph, table) -> list:
+    """Imports that go to a higher layer, or sideways to another package of the same layer."""
+    bad = []
+    for m, targets in sorted(graph.items()):
+        if m == "linrope":
+            continue
+        lm = layer_of(m, table)
+        for t in sorted(targets):
+            lt = layer_of(t, table)
+            same_package = m.split(".")[:2] == t.split(".")[:2]
+            if t != "linrope" and (lt[0] > lm[0] or (lt[0] == lm[0] and not same_package and lm[1] != "commands")):
+                bad.append(f"{m} ({lm[1]}) imports {t} ({lt[1]})")
+    return bad
+
+
+def test_the_layer_check_finds_an_upward_import():
+    table = {"base": (0, "foundation"), "ops": (1, "operators"), "data": (1, "data")}
+    graph = {"linrope.base.errors": {"linrope.ops.rope"}, "linrope.ops.rope": {"linrope.data.bytes"},
+             "linrope.data.bytes": {"linrope.base.errors"}, "linrope.train": {"linrope.data.bytes"}}
+    assert upward_imports(graph, table) == [
+        "linrope.base.errors (foundation) imports linrope.ops.rope (operators)",
+        "linrope.ops.rope (operators) imports linrope.data.bytes (data)"]
+
+
+def test_every_import_goes_to_a_lower_layer_or_its_own_package():
+    assert upward_imports(import_graph(), layers()) == []
 
 
 def test_no_module_longer_than_the_limit():
@@ -169,9 +200,9 @@ def test_no_file_cites_a_design_note_outside_the_repository():
 
 
 def test_the_library_imports_neither_lightning_hydra_nor_wandb():
-    """``import linrope.ops`` / ``linrope.attention`` / ``linrope.positions`` is what a user's own code does to use
+    """``import linrope.ops`` / ``linrope.models.attention`` / ``linrope.positions`` is what a user's own code does to use
     the kernels and layers: it loads none of the framework around them (issue 26)."""
-    code = ("import sys, linrope.ops, linrope.attention, linrope.positions; "
+    code = ("import sys, linrope.ops, linrope.models.attention, linrope.positions; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'lightning', 'pytorch_lightning', 'lightning_fabric', 'hydra', 'wandb'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout

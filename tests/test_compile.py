@@ -16,7 +16,7 @@ import torch
 from linrope.ops.linear_attn.chunk import chunk_bwd, chunk_fwd
 from linrope.ops.linear_attn.recurrent import recurrent_step_op
 
-from conftest import CONF, ROOT
+from tests.conftest import CONF, ROOT
 
 PRESETS = ["linear_rope", "linear_cosine_rope", "linear_rope_both", "linear_alibi", "softmax_rope"]
 
@@ -37,7 +37,7 @@ def model_config(preset: str) -> dict:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_no_graph_breaks(preset):
-    from linrope.model import TransformerLM
+    from linrope.models.model import TransformerLM
 
     torch._dynamo.reset()
     model = TransformerLM(model_config(preset))
@@ -53,7 +53,7 @@ import json, sys, copy, torch
 sys.path.insert(0, {root!r})
 torch.manual_seed(0)
 torch.set_num_threads(1)
-from linrope.model import TransformerLM
+from linrope.models.model import TransformerLM
 cfg, backend = json.loads(sys.argv[1]), sys.argv[2]
 eager = TransformerLM(cfg)
 compiled = copy.deepcopy(eager)
@@ -160,9 +160,9 @@ def test_opcheck_recurrent_step(rope):
 
 
 def test_compile_true_where_torch_cannot_compile_is_one_line(monkeypatch, compose):
-    from linrope import compiling
-    from linrope.config import ConfigError, validate
-    from linrope.training import build_module
+    from linrope.base import compiling
+    from linrope.config.checks import ConfigError, validate
+    from linrope.training.builders import build_module
 
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(compiling.shutil, "which", lambda name: None)  # no C++ compiler on PATH
@@ -175,7 +175,7 @@ def test_compile_true_where_torch_cannot_compile_is_one_line(monkeypatch, compos
 
 
 def test_configure_model_compiles_in_place(compose):
-    from linrope.training import build_module
+    from linrope.training.builders import build_module
 
     module = build_module(compose("size=tiny", "compile=true"))
     keys = list(module.state_dict())

@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import CONF
+from tests.conftest import CONF
 
 aten = torch.ops.aten
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -68,9 +68,9 @@ cpu = torch.device("cpu")
 
 
 def module_and_batch(compose, preset):
-    """The preset's LightningModule (linrope.training.build_module) on the meta device, its optimiser and
+    """The preset's LightningModule (linrope.training.builders.build_module) on the meta device, its optimiser and
     schedule (configure_optimizers), a stand-in Trainer and a batch of the configured shape."""
-    from linrope.training import build_module
+    from linrope.training.builders import build_module
 
     cfg = compose(f"model={preset}", "size=tiny", "optim.schedule_steps=100")  # the preset, every option
     module = build_module(cfg).to("meta")
@@ -150,8 +150,8 @@ def test_floater_fixed_grid_is_torchdiffeq_bit_for_bit(method, step, dtype):
 def test_table_range_is_checked_from_the_shapes():
     """On the meta device no position can be read, and a learned table still refuses a window past max_len in
     its one line: the check runs on the span the model knows (offset, length), not on tensor values."""
-    from linrope.errors import SequenceTooLong
-    from linrope.model import TransformerLM
+    from linrope.base.errors import SequenceTooLong
+    from linrope.models.model import TransformerLM
 
     m = TransformerLM(dict(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8,
                            attention={"kind": "softmax"}, position={"name": "learned"})).to("meta")
@@ -166,8 +166,8 @@ def test_table_range_is_checked_from_the_shapes():
 def test_a_non_finite_loss_is_noted_on_the_device_and_read_at_a_boundary(compose):
     """training_step reads nothing back: a NaN at step 4 is noted, the steps after it do not overwrite the note,
     and the read at the next boundary (here: a checkpoint about to be written) names step 4."""
-    from linrope.errors import NonFiniteLoss
-    from linrope.training import build_module
+    from linrope.base.errors import NonFiniteLoss
+    from linrope.training.builders import build_module
 
     module = build_module(compose("size=tiny", "optim.schedule_steps=10"))
     module.log = lambda *a, **k: None

@@ -65,7 +65,7 @@ for set in "${SETS[@]}"; do
              grep -E "^($(echo $SHOWN | tr ' ' '|'))==" | tr '\n' ' ')
   start=$(date +%s)
   set +e
-  # SIGINT as in a terminal even when this script runs in the background (`&` starts it ignored; tests/test_run.py
+  # SIGINT as in a terminal even when this script runs in the background (`&` starts it ignored; tests/run/test_run.py
   # checks the handler a signal stop restores)
   (cd "$ROOT" && PYTHONPATH="$ROOT" "$env/bin/python" -c 'import signal, sys, pytest
 signal.signal(signal.SIGINT, signal.default_int_handler)

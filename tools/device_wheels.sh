@@ -11,7 +11,7 @@
 # `python train.py model=linear_rope size=tiny`):
 #   torch, lightning, numpy, yaml            on the device
 #   hydra-core, omegaconf, antlr4 (4.9.*)    here: hydra and omegaconf pin antlr4-python3-runtime==4.9.*
-#   einops                                   here (linrope.rope, linrope.attention; also fla-core's one dependency)
+#   einops                                   here (linrope.ops.rope, linrope.models.attention; also fla-core's one dependency)
 #   fla-core                                 here: impl=fla and fla's own kernel in the kernel table (imported lazily)
 #   pytest, pluggy, iniconfig, pygments      here: the check's `pytest -m gpu` (the device may have no pytest;
 #                                            pytest 9 needs packaging>=24, which lightning's install brings)

@@ -1,4 +1,4 @@
-"""Data: byte-level corpora (and the synthetic tasks).  The Lightning data modules live in
+"""Layer 1, data (may import: linrope.base). Byte-level corpora (and the synthetic tasks).  The Lightning data modules live in
 ``linrope.data.modules`` so that the corpus tools import without Lightning."""
 from .bytes import CorpusError, load_corpus
 

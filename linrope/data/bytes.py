@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from linrope.errors import CorpusError
+from linrope.base.errors import CorpusError
 
 LN2 = math.log(2.0)  # bits per byte = cross-entropy per byte (nats) / LN2
 

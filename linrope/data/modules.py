@@ -31,7 +31,7 @@ class ResumableDataModule(L.LightningDataModule):
         return self.batch_size * t.accumulate_grad_batches * t.world_size
 
     def train_dataloader(self):
-        # starts at global_step × samples per step, as long as the whole run; sample i to rank i mod world_size
+        # starts at global_step × samples per step, as the whole run; sample i to rank i mod world_size
         start, length = train_span(self.trainer, self.samples_per_step())
         return train_loader(self.train_dataset(start, length), self.trainer, self.batch_size, self.num_workers)
 

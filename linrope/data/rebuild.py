@@ -13,8 +13,8 @@ import typing
 import warnings
 from typing import Any, Dict, Mapping, Optional
 
-from linrope.errors import SavedDataError
-from linrope.schema import annotation_rule
+from linrope.base.errors import SavedDataError
+from linrope.base.options import annotation_rule
 
 from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule

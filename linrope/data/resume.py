@@ -10,9 +10,9 @@ import torch
 
 def train_span(trainer, samples_per_step: int, default_steps: int = 100_000) -> Tuple[int, int]:
     """(start, length) of the training dataset: it starts at sample ``global_step × samples_per_step``
-    and is as long as the whole run.  Lightning, resuming in the middle of an epoch, counts the
+    and is as the whole run.  Lightning, resuming in the middle of an epoch, counts the
     batches of that epoch already done against ``len(loader)`` (without skipping any): a loader only
-    as long as the remaining steps would end the epoch early and then start over from the resume point."""
+    as the remaining steps would end the epoch early and then start over from the resume point."""
     total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else default_steps
     total = max(total, trainer.global_step + 1)
     return trainer.global_step * samples_per_step, total * samples_per_step

@@ -7,7 +7,7 @@ for every run and seed) and ``eval_dataset(split, context, max_windows)`` gives 
 length (the length-extrapolation evaluation uses it).
 
 A task decides parts of the model: ``model_overrides_for(data_config)`` (a classmethod, so
-``linrope.training.build_module`` can ask before any data exists) returns the ``vocab_size``,
+``linrope.training.builders.build_module`` can ask before any data exists) returns the ``vocab_size``,
 ``causal``, ``n_classes`` and the longest position (``max_len``) the task needs.  ``monitor``
 names the metric that picks checkpoints (``val/loss``; bits per byte exist only for bytes)."""
 from __future__ import annotations

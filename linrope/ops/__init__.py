@@ -1,4 +1,4 @@
-"""Attention operators.  ``linear_attention`` checks its arguments once (``Args``), picks a backend from the
+"""Layer 1, operators (may import: linrope.base). Attention operators and RoPE's rotation.  ``linear_attention`` checks its arguments once (``Args``), picks a backend from the
 registry (``linear_attn/backends.py``: naive, chunk, recurrent, fla, auto), which says what it supports, and
 runs it.  ``recurrent_step`` is the generation step (the registered operator ``linrope::recurrent_step``)."""
 from __future__ import annotations
@@ -37,7 +37,7 @@ def linear_attention(
 
     q, k: (B, H, N, d); v: (B, H, N, d_v) -> (B, H, N, d_v)  [and the final state if asked].
     ``decay``: optional per-head γ_h in (0, 1] multiplying the weights by γ_h^(i-j).
-    ``rope_theta``: RoPE frequencies (default base 10000; see ``linrope.rope.rope_frequencies``).
+    ``rope_theta``: RoPE frequencies (default base 10000; see ``linrope.ops.rope.rope_frequencies``).
     ``initial_state`` / ``output_final_state``: carry (S, z) across pieces of a causal sequence.
     ``impl``: a name of the registry (``IMPLS``); ``chunk_size`` is the chunk kernel's.
     """

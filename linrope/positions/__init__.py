@@ -1,4 +1,4 @@
-"""Position schemes (docs/schemes.md): one module per scheme, one interface (``base.PositionScheme``).
+"""Layer 2, position schemes (may import: linrope.base, linrope.ops). Position schemes (docs/schemes.md): one module per scheme, one interface (``base.PositionScheme``).
 
 ``build_position(name, where=..., **dims, **options)`` builds a scheme by name;
 ``build_shared(name, **dims, **options)`` the part its paper shares across layers (or None);
@@ -12,9 +12,9 @@ import inspect
 from importlib import import_module
 from typing import List, Optional, Set
 
-from linrope.errors import IncompatiblePairing, UnknownOption
-from linrope.rope import SCALINGS
-from linrope.schema import Rule, value_errors
+from linrope.base.errors import IncompatiblePairing, UnknownOption
+from linrope.ops.rope import SCALINGS
+from linrope.base.options import Rule, value_errors
 
 from .base import REGISTRY, PositionScheme, register
 from .functional import alibi_slopes, relative_distance, t5_bucket

@@ -7,7 +7,7 @@ factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
 """
 import torch
 
-from linrope.rope import compute_dtype
+from linrope.ops.rope import compute_dtype
 
 from .base import PositionScheme, register
 from .functional import alibi_slopes, relative_distance
@@ -41,7 +41,7 @@ class ALiBi(PositionScheme):
     def score_bias(self, q, k, positions):
         """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32.
         (Softmax attention hands SDPA the mask in the query's dtype, so under bf16/fp16 autocast it is rounded
-        once more there; see linrope/attention.py.)"""
+        once more there; see linrope/models/attention.py.)"""
         dtype = compute_dtype(q.dtype)
         dist = relative_distance(positions).abs()
         n = dist.shape[0]

@@ -32,7 +32,7 @@ import struct
 import torch
 from torch import nn
 
-from linrope.rope import compute_dtype
+from linrope.ops.rope import compute_dtype
 
 from .base import PositionScheme, register
 

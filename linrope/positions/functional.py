@@ -17,7 +17,7 @@ from typing import List, Tuple
 
 import torch
 
-from linrope.errors import SequenceTooLong
+from linrope.base.errors import SequenceTooLong
 
 
 def relative_distance(positions: torch.Tensor) -> torch.Tensor:

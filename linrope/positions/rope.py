@@ -2,7 +2,7 @@
 from typing import Optional
 
 
-from linrope.rope import check_rope_dim, compute_dtype, rope_cos_sin, rope_frequencies, rotate
+from linrope.ops.rope import check_rope_dim, compute_dtype, rope_cos_sin, rope_frequencies, rotate
 
 from .base import PositionScheme, register
 

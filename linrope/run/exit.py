@@ -1,4 +1,4 @@
-"""How a run ends when it does not end well: the errors a user can fix (``linrope.errors.LinropeError``)
+"""How a run ends when it does not end well: the errors a user can fix (``linrope.base.errors.LinropeError``)
 and a stop by SIGTERM / SIGINT, each as one ``linrope: …`` line and an exit status, no traceback."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Optional
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.multiprocessing.spawn import ProcessRaisedException
 
-from linrope.errors import LinropeError
+from linrope.base.errors import LinropeError
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from linrope.errors import RunFolderError, first_names
+from linrope.base.errors import RunFolderError, first_names
 
 LOCK_NAME = ".linrope.lock"
 

@@ -1,5 +1,5 @@
 """``last.ckpt``, the file that ``ckpt_path=last`` (or ``auto``) resumes from (written atomically by
-linrope.checkpoint.AtomicCheckpointIO, the Trainer's CheckpointIO)."""
+linrope.run.checkpoint.AtomicCheckpointIO, the Trainer's CheckpointIO)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ def validation_follows(trainer) -> bool:
     Lightning keeps this decision private (``_TrainingEpochLoop._should_check_val_fx``); this is the same rule
     read from public attributes: in a validating epoch, after every ``val_check_batch``-th batch (counted across epochs when ``check_val_every_n_epoch`` is None, else within
     the epoch).  Lightning's third case, a stop requested by early stopping, is not covered: at worst that
-    one validation is skipped on a resume.  tests/test_run.py compares the two at every step of a fit."""
+    one validation is skipped on a resume.  tests/run/test_run.py compares the two at every step of a fit."""
     if not trainer.enable_validation:
         return False
     every = trainer.check_val_every_n_epoch
@@ -32,7 +32,7 @@ class LastCheckpoint(Checkpoint):
     a signal stops the run (linrope.run.signals).  On a step that validation follows, the save waits for the
     end of validation: Lightning, resuming from a checkpoint written before a pending validation, skips it."""
 
-    # what linrope.training reads from trainer.checkpoint_callback when this is the only checkpoint callback
+    # what linrope.training.builders reads from trainer.checkpoint_callback when this is the only checkpoint callback
     monitor = None
     best_model_path = ""
     best_model_score = None

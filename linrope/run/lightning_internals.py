@@ -1,7 +1,7 @@
 """Every use linrope makes of Lightning's private parts, with the reason; no other module touches them.
 
 Written against the Lightning versions ``LIGHTNING`` names (the requirement in pyproject.toml);
-tests/test_run.py fails when the installed Lightning is outside that range, and exercises each use below.
+tests/run/test_run.py fails when the installed Lightning is outside that range, and exercises each use below.
 On an upgrade: read the lines below against the new Lightning, then widen the range."""
 from __future__ import annotations
 

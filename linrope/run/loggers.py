@@ -8,7 +8,7 @@
 * ``WandbLogger`` does not pass wandb's deprecated ``anonymous`` setting (a warning on every run).
 * ``wandb_settings`` chooses the mode the way wandb does — ``logger.wandb.mode``, else ``$WANDB_MODE``,
   else online when logged in and offline otherwise — and names the group of a sweep
-  (``linrope.naming.wandb_group``)."""
+  (``linrope.base.naming.wandb_group``)."""
 from __future__ import annotations
 
 import csv
@@ -22,8 +22,8 @@ from lightning.pytorch.loggers import CSVLogger as _CSVLogger
 from lightning.pytorch.loggers import WandbLogger as _WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from linrope.errors import UserError
-from linrope.naming import wandb_group
+from linrope.base.errors import UserError
+from linrope.base.naming import wandb_group
 from linrope.run.lightning_internals import drop_wandb_anonymous
 
 WANDB_MODES = ("online", "offline", "disabled", "shared")

@@ -3,10 +3,10 @@
 ``highest`` (the default trainer; PyTorch's own default) keeps them float32; ``high`` (``trainer=gpu``,
 ``ddp_gpu``, ``fsdp``) lets NVIDIA GPUs since Ampere use TF32 for them; ``medium`` allows bfloat16 products;
 null leaves the process's setting as it is.  The setting is process-wide and Lightning has no flag for it:
-linrope.training.build_trainer applies it in the process that builds the Trainer, before fit, and
+linrope.training.builders.build_trainer applies it in the process that builds the Trainer, before fit, and
 ``MatmulPrecision`` (a callback build_callbacks adds) again in every process the Trainer runs in — processes
 started by ``ddp_spawn`` are new interpreters that would otherwise keep PyTorch's default.
-The values are checked with the rest of the config (linrope.schema.MATMUL_PRECISIONS)."""
+The values are checked with the rest of the config (linrope.base.options.MATMUL_PRECISIONS)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -13,7 +13,7 @@ import torch
 
 def destroy_process_group_at_exit() -> None:
     """Destroy this process's process group at exit (registered once per process, however often called);
-    ``linrope.lit.LanguageModel.setup`` calls it in every process of a run."""
+    ``linrope.training.lit.LanguageModel.setup`` calls it in every process of a run."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         atexit.unregister(_destroy_process_group)
         atexit.register(_destroy_process_group)

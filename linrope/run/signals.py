@@ -1,7 +1,7 @@
 """A run stopped by SIGTERM (a scheduler's preemption) or SIGINT (Ctrl+C): every process ends the same step,
 ``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number.
 
-``SignalStop`` (a callback linrope.training.build_callbacks always adds) replaces the two handlers while
+``SignalStop`` (a callback linrope.training.builders.build_callbacks always adds) replaces the two handlers while
 training runs.  A handler only notes the signal; after each training step every process learns whether any
 of them was signalled (one all-reduce under DDP), and all of them then ask Lightning to stop after that step
 (linrope.run.lightning_internals.stop_after_this_step), which raises Lightning's ``SIGTERMException``.

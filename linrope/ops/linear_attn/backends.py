@@ -23,7 +23,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from linrope.errors import BackendUnavailable
+from linrope.base.errors import BackendUnavailable
 
 from . import fla_backend
 from .chunk import chunk_form

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from linrope.rope import compute_dtype
+from linrope.ops.rope import compute_dtype
 
 from .common import Args, LinearAttentionState, autocast_off, decay_log, shared_features, zero_state
 from .features import feature_width

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import torch
 
-from linrope.rope import compute_dtype
+from linrope.ops.rope import compute_dtype
 
 from .buffers import alloc
 from .common import feature_width, guard_denominator_, shared_features, unclamped

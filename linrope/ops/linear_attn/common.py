@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from linrope.rope import check_rope_dim
+from linrope.ops.rope import check_rope_dim
 
 from .features import FEATURE_MAPS, feature_width
 

@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 
-from linrope.rope import rope_cos_sin, rope_frequencies, rotate
+from linrope.ops.rope import rope_cos_sin, rope_frequencies, rotate
 
 FEATURE_MAPS = ("elu", "cosine")
 

@@ -65,7 +65,7 @@ def torch_too_old() -> Optional[str]:
 def unavailable(device) -> Optional[str]:
     """Why fla's kernels cannot run on ``device`` (a device or its type), or None.  They need fla and triton,
     torch >= 2.7 and CUDA, unless Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``: the tests, with
-    tests/fla_interpreter.py)."""
+    tests/ops/fla_interpreter.py)."""
     if not INSTALLED:
         return "fla and triton are not installed: pip install 'linrope[gpu]'"
     old = torch_too_old()

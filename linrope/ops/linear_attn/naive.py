@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from linrope.rope import compute_dtype
+from linrope.ops.rope import compute_dtype
 
 from .common import Args, LinearAttentionState, decay_log, guard_denominator, without_autocast
 from .features import reference_features

@@ -15,7 +15,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from linrope.rope import compute_dtype
+from linrope.ops.rope import compute_dtype
 
 from .buffers import alloc
 from .common import (Args, LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log,

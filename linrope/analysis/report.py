@@ -1,0 +1,378 @@
+"""A sweep's results without wandb: ``python -m linrope.report <sweep dir> [--out DIR] [--pair A:B]``.
+
+Reads every run under the sweep folder(s) (``linrope.analysis.runs``), groups per task the runs that differ
+only in their seed, and writes into the sweep folder (or ``--out``):
+
+* ``report.md`` — per task, one row per configuration.  The headline column is the **test** score of
+  the checkpoint chosen on validation (train.py tests the best checkpoint): ``test/bpb`` for bytes,
+  ``test/acc`` (and ``test/loss``) for the tasks.  The best validation value is shown as the
+  selection metric only: it was picked on the data it reports.  Each cell is the mean over seeds
+  ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
+  differences A − B of the declared pairs (``PAIRS``, plus ``--pair``) over the seeds both ran, with
+  their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
+  excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes,
+  accuracy for the tasks) with the same intervals and the pairs at each length;
+* ``summary.csv`` and ``pairs.csv`` — the same numbers, machine-readable; ``runs.csv`` — every run's
+  own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
+* ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
+
+Beside the numbers (linrope.analysis.caveats): failed runs (headline NaN, infinite or missing) and configurations
+still improving are named above each table; ``n`` counts only the runs behind each value; every table
+gives parameter counts, and learned position parameters get a table of how far they moved.
+
+A configuration is named by ``model.name``, followed by the settings that tell apart runs of
+the same model (e.g. ``linear_rope feature_map=cosine placement=both``)."""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from linrope.analysis import report_files as outputs
+from linrope.analysis import report_provenance as provenance
+from linrope.analysis.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
+                             params_cell)
+from linrope.config.command_line import program
+from linrope.base.errors import first_names
+from linrope.base.plots import (SCALING_STYLES, Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves,
+                           series_colour)
+from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
+from linrope.analysis.stats import Interval, Paired, mean_ci, paired
+
+# the comparisons the study is about: A − B over matching seeds (add more with --pair A:B)
+PAIRS: Tuple[Tuple[str, str], ...] = (
+    ("linear_rope", "linear"),  # what RoPE in the numerator buys linear attention
+    ("linear_rope", "linear_rope_both"),  # numerator only against numerator and denominator
+    ("linear_cosine_rope", "linear_cosine"),  # the same with the 1 + cos feature map
+    ("linear_rope", "softmax_rope"),  # linear against softmax attention, both with RoPE
+)
+LEVEL = 0.95
+LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
+
+
+def columns_for(task: str):
+    """(header, metric, how, digits) of a task's table; the first is the headline (test) metric."""
+    if task == "bytes":
+        return [("test/bpb", "test/bpb", "last", 3), ("best val/bpb (selection metric)", "val/bpb", "min", 3),
+                ("tokens/s", "train/tokens_per_sec", "mean", 0)]
+    return [("test/acc", "test/acc", "last", 3), ("test/loss", "test/loss", "last", 3),
+            ("best val/loss (selection metric)", "val/loss", "min", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)]
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric.endswith("acc")
+
+
+def fmt(iv: Interval, digits: int = 3) -> str:
+    """mean ± half-width of the interval; the mean alone for one seed; – for none."""
+    if iv.mean is None:
+        return "–"
+    if iv.lo is None:
+        return f"{iv.mean:.{digits}f}"
+    return f"{iv.mean:.{digits}f} ± {iv.half_width:.{digits}f}"
+
+
+def cell_n(iv: Interval, n: int, digits: int = 3) -> str:
+    """``fmt``, with the number of seeds behind the value when it is not the row's n (a run without it)."""
+    return fmt(iv, digits) + (f" (n={iv.n})" if iv.mean is not None and iv.n != n else "")
+
+
+def fmt_p(p: Optional[float]) -> str:
+    return "–" if p is None else "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
+def markdown_table(header: List[str], lines: List[List[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+# ---- tables ----------------------------------------------------------------------------------------------------
+def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
+    """Rows (best headline mean first): label, attention, position, n, seeds, and an Interval per column."""
+    cols = columns_for(task)
+    rows = []
+    for label, runs in groups.items():
+        row: Dict[str, Any] = {"label": label, "attention": runs[0].get("model.attention.kind", "?"),
+                               "position": runs[0].get("model.position.name", "?"), "params": params_cell(runs)}
+        for header, metric, how, _ in cols:
+            values = by_seed(runs, lambda r: r.value(metric, how))
+            row[header] = mean_ci(list(values.values()), LEVEL)
+            row.setdefault("seeds", sorted(map(str, values)))  # the seeds behind the headline value
+        row["n"] = len(row["seeds"])
+        rows.append(row)
+    first, metric = cols[0][0], cols[0][1]
+    sign = -1 if higher_is_better(metric) else 1
+    rows.sort(key=lambda r: (r[first].mean is None, sign * (r[first].mean or 0.0), r["label"]))
+    return rows
+
+
+def pair_results(groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]],
+                 value) -> List[Tuple[str, str, Paired]]:
+    """(A, B, A − B over matching seeds) for each pair whose two configurations are both in ``groups``."""
+    return [(a, b, paired(by_seed(groups[a], value), by_seed(groups[b], value), LEVEL))
+            for a, b in pairs if a in groups and b in groups]
+
+
+def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
+    d = r.diff
+    head = f"**{a} − {b}** ({metric}, {d.n} matching seed{'s' if d.n != 1 else ''})"
+    if d.n < 2:
+        return f"- {head}: {'no interval from fewer than 2 seeds' if d.n else 'no seed in common'}."
+    numbers = f"{d.mean:+.{digits}f} [{d.lo:+.{digits}f}, {d.hi:+.{digits}f}], p {fmt_p(r.p)}"
+    if not d.excludes_zero():
+        return f"- {head}: {numbers} — **not resolved**: the 95% interval includes 0."
+    lower = d.mean < 0
+    better = lower != higher_is_better(metric)
+    return (f"- {head}: {numbers} — **resolved**: {a} is {'lower' if lower else 'higher'} "
+            f"({'better' if better else 'worse'}) than {b}.")
+
+
+def extrapolation_rows(groups: Dict[str, List[Run]], task: str):
+    """Lengths, the metric (bpb for bytes, else acc) and rows (label, scaling, {length: {seed: value}})."""
+    metric = "bpb" if task == "bytes" else "acc"
+    lengths = sorted({r["length"] for runs in groups.values() for run in runs for r in run.extrapolation})
+    rows = []
+    for label, runs in groups.items():
+        if not any(run.extrapolation for run in runs):
+            continue
+        for scaling in dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation):
+            def at(n, scaling=scaling):
+                return lambda run: next((r[metric] for r in run.extrapolation if r["scaling"] == scaling
+                                         and r["length"] == n and r["status"] == "ok"), None)
+            rows.append({"label": label, "scaling": scaling, "values": {n: by_seed(runs, at(n)) for n in lengths}})
+    return lengths, metric, rows
+
+
+# ---- plots -----------------------------------------------------------------------------------------------------
+def seeds_text(groups: Dict[str, List[Run]]) -> str:
+    seeds = sorted({str(r.seed) for runs in groups.values() for r in runs}, key=lambda s: (len(s), s))
+    return f"seed{'s' if len(seeds) != 1 else ''} {','.join(seeds)}"
+
+
+def band_note(groups: Dict[str, List[Run]]) -> str:
+    several = any(len({r.seed for r in runs}) > 1 for runs in groups.values())
+    return "line: mean over seeds; band: lowest to highest seed" if several else ""
+
+
+def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
+    has_acc = any("val/acc" in r.series for runs in groups.values() for r in runs)
+    metric = "val/bpb" if task == "bytes" else "val/acc" if has_acc else "val/loss"
+    curves = []
+    for label, runs in groups.items():
+        points: Dict[float, List[float]] = {}
+        for r in runs:
+            for step, v in r.series.get(metric, []):
+                points.setdefault(step, []).append(v)
+        curves.append(Curve(label, points, config_style(runs[0].config)))
+    curves = distinct_styles(by_last_value(curves, descending=higher_is_better(metric)))
+    return plot_curves([Panel("", curves)], path, xlabel="training step", ylabel=metric,
+                       title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}",
+                       note=band_note(groups))
+
+
+def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
+    lengths, metric, rows = extrapolation_rows(groups, task)
+    if not rows:
+        return None
+
+    def points(row):
+        return {n: list(by.values()) for n, by in row["values"].items() if by}
+
+    plain = [Curve(r["label"], points(r), config_style(groups[r["label"]][0].config))
+             for r in rows if r["scaling"] == "none"]
+    panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")))]
+    scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
+    if scaled_labels:
+        scaled = [Curve(f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}", points(r),
+                        {"color": series_colour(scaled_labels.index(r["label"])),
+                         "linestyle": SCALING_STYLES.get(r["scaling"], "-.")})
+                  for r in rows if r["label"] in scaled_labels]
+        panels.append(Panel("RoPE models: as trained (solid), pi (dashed), ntk (dotted)", scaled))
+    contexts = sorted({run.get("context") for runs in groups.values() for run in runs
+                       if run.extrapolation and isinstance(run.get("context"), int)})
+    ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
+    return plot_curves(panels, path, xlabel="evaluation length (tokens)", ylabel=ylabel, log2_x=True,
+                       vlines=contexts, vline_label="training context",
+                       title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
+                       note=band_note(groups))
+
+
+# ---- the report ------------------------------------------------------------------------------------------------
+def task_section(task: str, groups: Dict[str, List[Run]], pairs, out: Path, suffix: str, summary: list,
+                 pair_rows: list, run_rows: list) -> List[str]:
+    cols = columns_for(task)
+    rows = summarize(groups, task)
+    groups = {r["label"]: groups[r["label"]] for r in rows}  # every table of the task in this order
+    run_rows += [{"task": task, "configuration": label, "seed": run.seed, "run": str(run.path),
+                  **{c[0]: run.value(c[1], c[2]) for c in cols}}
+                 for label, runs in groups.items() for run in sorted(runs, key=lambda r: str(r.seed))]
+    failed = failed_runs(groups, cols[0][1], cols[0][2])
+    val_metric = next(c[1] for c in cols if c[1].startswith("val/"))
+    still = improving(groups, val_metric)
+    header = (["configuration", "attention", "position", "n (seeds)", "parameters", f"still improving ({val_metric})"]
+              + [c[0] for c in cols])
+    lines = [[r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})", r["params"],
+              improving_cell(still.get(r["label"]))] + [cell_n(r[c[0]], r["n"], c[3]) for c in cols] for r in rows]
+    for r in rows:
+        summary.append({"task": task, "configuration": r["label"], "attention": r["attention"],
+                        "position": r["position"], "n": r["n"], "seeds": " ".join(r["seeds"]), "parameters": r["params"],
+                        "failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], [])),
+                        "still improving": (still[r["label"]]["improving"] if r["label"] in still else None),
+                        **{f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")}})
+    parts = [f"## Task: {task}", "", *failed_note(failed, cols[0][1]), *improving_note(still, val_metric),
+             markdown_table(header, lines), ""]
+    factors = {r.get("data.test_factor") for runs in groups.values() for r in runs} - {None, 1}
+    if factors:
+        parts += [f"Test sequences are {' / '.join(map(str, sorted(factors)))} × the training context "
+                  f"(data.test_factor).", ""]
+    metric, how = cols[0][1], cols[0][2]
+    results = pair_results(groups, pairs, lambda r: r.value(metric, how))
+    if results:
+        parts += [f"### Paired differences, {task} ({metric}, A − B over matching seeds)", "",
+                  *[verdict(a, b, metric, res, cols[0][3]) for a, b, res in results], ""]
+        pair_rows += [pair_record(task, metric, a, b, res) for a, b, res in results]
+    parts += movement_section(task, groups)
+    if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
+        parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
+    return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows)
+
+
+def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list) -> List[str]:
+    lengths, metric, rows = extrapolation_rows(groups, task)
+    if not rows:
+        return []
+    contexts = {run.get("context") for runs in groups.values() for run in runs if run.extrapolation}
+    context = contexts.pop() if len(contexts) == 1 else None
+    names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
+    header = ["configuration", "scaling"] + names
+    lines = [[r["label"], "as trained" if r["scaling"] == "none" else r["scaling"]]
+             + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
+             for r in rows]
+    parts = [f"## Length extrapolation: {task}", "",
+             f"{'Bits per byte' if metric == 'bpb' else 'Accuracy'} at each evaluation length in tokens (× the "
+             f"training context), mean ± 95% t-interval half-width over seeds"
+             + ("; RoPE models also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching "
+                "factor" * any(r["scaling"] != "none" for r in rows))
+             + ".  n/a: the scheme cannot go that far.", "",
+             markdown_table(header, lines), ""]
+    plain = {r["label"]: r["values"] for r in rows if r["scaling"] == "none"}
+    found = [(a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
+             for a, b in pairs if a in plain and b in plain]
+    if found:
+        cells = [[f"{a} − {b}"] + [cell(res[n]) for n in lengths] for a, b, res in found]
+        parts += ["Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):", "",
+                  markdown_table(["pair"] + names, cells), ""]
+        pair_rows += [pair_record(task, f"{metric}@{n}", a, b, res[n]) for a, b, res in found for n in lengths]
+    name = f"extrapolation{suffix}.png"
+    if plot_extrapolation(groups, task, out / name):
+        parts += [f"![length extrapolation, {task}]({name})", ""]
+    return parts
+
+
+def cell(r: Paired) -> str:
+    if r.diff.n < 2:
+        return "–" if r.diff.mean is None else f"{r.diff.mean:+.3f} (n=1)"
+    text = f"{r.diff.mean:+.3f} ± {r.diff.half_width:.3f}, p {fmt_p(r.p)}"
+    return f"**{text}**" if r.diff.excludes_zero() else text
+
+
+def pair_record(task: str, metric: str, a: str, b: str, r: Paired) -> Dict[str, Any]:
+    return {"task": task, "metric": metric, "a": a, "b": b, "n": r.diff.n, "seeds": " ".join(map(str, r.seeds)),
+            "mean difference": r.diff.mean, "ci low": r.diff.lo, "ci high": r.diff.hi, "t": r.t, "p": r.p,
+            "resolved": r.diff.excludes_zero()}
+
+
+def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
+
+
+def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = PAIRS,
+                 allow_mixed: bool = False) -> str:
+    skipped: List[Path] = []
+    runs = [r for s in sweeps for r in find_runs(Path(s), skipped)]
+    if not runs:
+        others = f" ({first_names([str(p) for p in skipped], 2)}: no provenance.json or .hydra/config.yaml of a " \
+                 f"linrope run beside {'it' if len(skipped) == 1 else 'them'})" if skipped else ""
+        raise SystemExit(f"linrope.report: no linrope runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}"
+                         f"{others}")
+    provenance.fill_in(runs, [*map(Path, sweeps), out])  # runs that predate their own provenance.json
+    mixed = provenance.check(runs, allow_mixed)  # one line; refused unless --allow-mixed
+    tasks = group_runs(runs)
+    suffixes = [f"_{task}" if len(tasks) > 1 else "" for task in tasks]
+    written = ["report.md", "summary.csv", "runs.csv", "pairs.csv",
+               *(f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation"))]
+    labels = {label for groups in tasks.values() for label in groups}
+    for a, b in pairs:
+        if a not in labels or b not in labels:
+            if (a, b) not in PAIRS:
+                missing = a if a not in labels else b
+                raise SystemExit(f"linrope.report: --pair {a}:{b}: no configuration named {missing!r} "
+                                 f"(have: {', '.join(sorted(labels))})")
+    outputs.claim(out, written, "linrope.report", LEGACY)  # never over a file a report did not write: one line
+    out.mkdir(parents=True, exist_ok=True)
+    n_configs = sum(len(g) for g in tasks.values())
+    parts = [mixed, ""] if mixed else []
+    parts += [f"# Sweep report: {', '.join(str(s) for s in sweeps)}", "",
+             f"{len(runs)} runs in {n_configs} configurations.  Each cell is the mean over the configuration's "
+             f"seeds ± the half-width of the 95% t-interval (t_0.975,n-1 · s / √n; the mean alone for one "
+             f"seed).  The headline is the test score of the checkpoint chosen on validation; the best "
+             f"validation value is the selection metric, shown for reference only; tokens/s is the mean "
+             f"training throughput.  Paired differences take A − B seed by seed over the seeds both ran "
+             f"(same data order and initialisation) and test them with a two-sided paired t-test.", ""]
+    parts += provenance.section(runs)
+    summary: List[Dict[str, Any]] = []
+    pair_rows: List[Dict[str, Any]] = []
+    run_rows: List[Dict[str, Any]] = []
+    for task, groups in tasks.items():
+        parts += task_section(task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows,
+                              run_rows)
+    text = "\n".join(parts)
+    (out / "report.md").write_text(text)
+    write_csv(summary, out / "summary.csv")
+    write_csv(run_rows, out / "runs.csv")
+    if pair_rows:
+        write_csv(pair_rows, out / "pairs.csv")
+    outputs.record(out, written)
+    return text
+
+
+def parse_pair(text: str) -> Tuple[str, str]:
+    a, sep, b = text.partition(":")
+    if not sep or not a or not b or ":" in b:
+        raise argparse.ArgumentTypeError(f"{text!r}: a pair is two configuration names, A:B")
+    return a, b
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=program("python -m linrope.report"), formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
+                    "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
+                    "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"
+                    "summary.csv, pairs.csv, runs.csv (every run's values), val_curves.png and, when runs\n"
+                    "evaluated length extrapolation, extrapolation.png.  Pairs always compared when present: "
+                    + ", ".join(f"{a}:{b}" for a, b in PAIRS) + ".",
+        epilog="example:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
+               "--pair linear_alibi:linear")
+    p.add_argument("sweeps", nargs="+", type=Path, help="sweep folder(s) (e.g. logs/<task_name>/multiruns/<time>)")
+    p.add_argument("--out", type=Path, default=None, help="where to write (default: the first sweep folder)")
+    p.add_argument("--pair", type=parse_pair, action="append", default=[], metavar="A:B",
+                   help="also compare configuration A with B, paired over seeds (repeatable)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="report runs from more than one commit or torch version together (named at the top)")
+    args = p.parse_args(argv)
+    for s in args.sweeps:
+        if not s.is_dir():
+            p.error(f"{s}: not a folder")
+    out = args.out or args.sweeps[0]
+    pairs = list(dict.fromkeys([*PAIRS, *args.pair]))
+    print(build_report(args.sweeps, out, pairs, allow_mixed=args.allow_mixed))
+    print(f"\nwrote {out / 'report.md'}")
+    return 0

@@ -1,0 +1,84 @@
+"""The files a report writes (linrope.report, linrope.analysis.budget, linrope.analysis.recall), and only those: a report never
+replaces a file it did not write.
+
+Each tool names every file it will write before writing any (``claim``).  A file may be replaced when it does not
+exist, or when ``.linrope-outputs.json`` in its folder (``MANIFEST``, written by ``record`` after each report)
+lists it with the SHA-256 of its current content: it is what a linrope report wrote, unchanged since.  A report
+of a folder from before the manifest is recognised by its own first line (``legacy``: ``# Sweep report: …``);
+its siblings of the names the tool writes are then taken as its own.  Anything else (a user's ``report.md`` or
+``summary.csv``, a report edited by hand, a folder that cannot be written) is refused in one line before any
+file is touched.  Light: no torch."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+MANIFEST = ".linrope-outputs.json"
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def manifest(folder: Path) -> Optional[Dict[str, str]]:
+    try:
+        value = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _legacy(folder: Path, legacy: Dict[str, Sequence[str]]) -> bool:
+    """A folder a report wrote before the manifest: its main file begins with the tool's own first line."""
+    for name, starts in legacy.items():
+        try:
+            with open(folder / name, encoding="utf-8") as f:
+                first = f.readline()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if first.startswith(tuple(starts)):
+            return True
+    return False
+
+
+def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Sequence[str]]) -> None:
+    """Refuse (SystemExit, one line) unless every file of ``names`` in ``folder`` may be written; see the module
+    docstring.  ``legacy``: {main file: the first lines the tool has written in it}."""
+    folder = Path(folder)
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise SystemExit(f"{tool}: {existing} is a file: cannot write the report into {folder}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SystemExit(f"{tool}: {existing} is not writable: nothing written (choose another folder with --out)"
+                         if tool == "linrope.report" else f"{tool}: {existing} is not writable: nothing written")
+    known = manifest(folder)
+    adopted = known is None and _legacy(folder, legacy)
+    foreign: List[str] = []
+    for name in names:
+        path = folder / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.is_symlink() or not path.is_file():
+            foreign.append(f"{name} (not a regular file)")
+        elif known is not None and name in known:
+            if known[name] != _sha(path):
+                foreign.append(f"{name} (changed since {tool} wrote it)")
+        elif not adopted:
+            foreign.append(name)
+    if foreign:
+        more = "" if tool != "linrope.report" else ", or write the report elsewhere with --out"
+        raise SystemExit(f"{tool}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
+                         f"written; move {'it' if len(foreign) == 1 else 'them'} away{more}")
+
+
+def record(folder: Path, names: Iterable[str]) -> None:
+    """Add the files of ``names`` that exist in ``folder`` to its manifest, with the hash of what was written."""
+    folder = Path(folder)
+    known = manifest(folder) or {}
+    known.update({name: _sha(folder / name) for name in names if (folder / name).is_file()})
+    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
+    os.replace(tmp, folder / MANIFEST)

@@ -1,0 +1,226 @@
+"""The runs of a sweep folder, read back for ``linrope.report``: each run's metrics
+(``<run>/csv/metrics.csv``, Lightning's CSVLogger), its composed config (``<run>/.hydra/config.yaml``,
+flattened to dotted keys), its extrapolation table (``<run>/extrapolation.csv``) and its parameter record
+(``<run>/parameters.json``, linrope.training.movement; else the ``n_params`` the loggers got, ``csv/hparams.yaml``),
+grouped per task into configurations that differ only in their seed.  A value that is NaN or infinite
+counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.caveats)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+from omegaconf import OmegaConf
+
+from linrope.run.provenance import read as read_provenance
+from linrope.evaluation.tables import read_csv
+
+# settings that do not tell configurations apart (the seed is what we average over)
+IGNORED = ("seed", "data.seed", "data.eval_seed", "paths.", "hydra.", "tags", "task_name", "logger.", "callbacks.",
+           "ckpt_path", "extrapolation.", "trainer.enable_progress_bar", "trainer.default_root_dir", "train", "test",
+           "data.num_workers")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: Dict[str, Any]  # flat: dotted key -> value
+    series: Dict[str, List[Tuple[int, float]]]  # metric -> [(step, value)]
+    extrapolation: List[Dict[str, Any]] = field(default_factory=list)
+    n_params: Optional[int] = None
+    position: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # parameters.json's "position"
+    provenance: Optional[Dict[str, Any]] = None  # <run>/provenance.json (linrope.run.provenance), None if not recorded
+
+    def get(self, key: str, default=None):
+        return self.config.get(key, default)
+
+    @property
+    def task(self) -> str:
+        return str(self.get("data.task", "bytes"))
+
+    @property
+    def seed(self):
+        return self.get("seed")
+
+    def value(self, metric: str, how: str) -> Optional[float]:
+        """The run's ``metric`` reduced by ``how``: min, max, last or mean over the logged values (min, max and
+        mean over the finite ones; ``last`` is the last value as logged, NaN if the run diverged)."""
+        values = [v for _, v in self.series.get(metric, [])]
+        if how != "last":
+            values = [v for v in values if math.isfinite(v)]
+        if not values:
+            return None
+        return {"min": min, "max": max, "last": lambda vs: vs[-1], "mean": statistics.fmean}[how](values)
+
+
+def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(node, dict):
+        out: Dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(node, list):
+        return {prefix[:-1]: tuple(node)}
+    return {prefix[:-1]: node}
+
+
+def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:
+    """metric -> [(step, value)] of a CSVLogger's metrics.csv; a file that is no CSV text (binary, NUL bytes) is
+    refused in one line (SystemExit) naming it."""
+    series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    step = int(float(row.get("step") or 0))
+                except (TypeError, ValueError):
+                    step = 0
+                for k, v in row.items():
+                    if k in ("step", "epoch") or not isinstance(v, str) or v == "":
+                        continue
+                    try:
+                        series[k].append((step, float(v)))
+                    except ValueError:
+                        pass
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise SystemExit(f"linrope: {path}: not a metrics CSV file ({type(e).__name__}: {str(e)[:80]}); "
+                         f"move it out of the runs' folder") from None
+    return dict(series)
+
+
+def is_linrope_run(run_dir: Path) -> bool:
+    """The folder holds a linrope run: its ``provenance.json`` (linrope.run.provenance), or the config Hydra saved for
+    it (``.hydra/config.yaml``, a mapping with a ``model``; runs that predate provenance.json)."""
+    prov = read_provenance(run_dir)
+    if prov is not None and isinstance(prov.get("linrope"), dict):
+        return True
+    path = run_dir / ".hydra" / "config.yaml"
+    try:
+        return path.is_file() and isinstance((yaml.safe_load(path.read_text()) or {}).get("model"), dict)
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
+        return False
+
+
+def find_runs(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Run]:
+    """The linrope runs under ``sweep`` (one per metrics.csv in a folder ``is_linrope_run`` recognises); the
+    metrics.csv files of other folders are left out, and listed in ``skipped`` when given."""
+    runs = []
+    for metrics in sorted(sweep.rglob("metrics.csv")):
+        run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent
+        if not is_linrope_run(run_dir):
+            if skipped is not None:
+                skipped.append(metrics)
+            continue
+        config_path = run_dir / ".hydra" / "config.yaml"
+        config = {}
+        if config_path.exists():
+            config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
+        config.update(_logged_label(metrics.parent / "hparams.yaml"))
+        extrap = run_dir / "extrapolation.csv"
+        n_params, position = read_parameters(run_dir, metrics.parent)
+        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else [],
+                        n_params, position, read_provenance(run_dir)))
+    return runs
+
+
+def read_parameters(run_dir: Path, log_dir: Path) -> Tuple[Optional[int], Dict[str, Dict[str, Any]]]:
+    """(parameter count, position-parameter movement) of a run: from ``parameters.json`` when training wrote
+    one, else the count from the loggers' ``hparams.yaml`` (read as text: nothing in it is constructed)."""
+    record = run_dir / "parameters.json"
+    if record.is_file():
+        try:
+            data = json.loads(record.read_text())
+            return data.get("n_params"), dict(data.get("position") or {})
+        except (ValueError, AttributeError):
+            pass
+    hparams = log_dir / "hparams.yaml"
+    if hparams.is_file():
+        found = re.search(r"^n_params: (\d+)\s*$", hparams.read_text(errors="replace"), re.M)
+        if found:
+            return int(found.group(1)), {}
+    return None, {}
+
+
+def _logged_label(path: Path) -> Dict[str, Any]:
+    """``{"model.name": …}`` as train.py named the model (``linrope.training.builders.name_model``: the label of the
+    pair when ``attention=…`` / ``position=…`` replaced the preset's) in the config it logged beside
+    metrics.csv; Hydra's ``.hydra/config.yaml`` keeps the preset's name it composed."""
+    if not path.is_file():
+        return {}
+    try:
+        logged = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return {}  # not the file linrope's loggers write: the saved config names the model
+    model = logged.get("model") if isinstance(logged, dict) else None
+    name = model.get("name") if isinstance(model, dict) else None
+    return {"model.name": str(name)} if isinstance(name, (str, int, float)) and name != "" else {}
+
+
+def _ignored(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in IGNORED)
+
+
+def signature(run: Run) -> Tuple:
+    return tuple(sorted((k, repr(v)) for k, v in run.config.items() if not _ignored(k)))
+
+
+def base_label(run: Run) -> str:
+    name = run.get("model.name")
+    if name:
+        return str(name)
+    att, pos = run.get("model.attention.kind"), run.get("model.position.name")
+    return f"{att}-{pos}" if att or pos else run.path.name
+
+
+def group_runs(runs: List[Run]) -> Dict[str, Dict[str, List[Run]]]:
+    """task -> label -> runs that differ only in their seed.  Labels are unique within a task: runs of
+    one model that differ in other settings get those settings appended (``linear_rope placement=both``)."""
+    groups: Dict[Tuple, List[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.task, signature(r)), []).append(r)
+    by_label: Dict[Tuple[str, str], List[Tuple]] = defaultdict(list)
+    for key, rs in groups.items():
+        by_label[(key[0], base_label(rs[0]))].append(key)
+    named: Dict[str, Dict[str, List[Run]]] = defaultdict(dict)
+    for (task, label), keys in by_label.items():
+        if len(keys) == 1:
+            named[task][_unique(named[task], label)] = groups[keys[0]]
+            continue
+        configs = [dict(k[1]) for k in keys]
+        differ = [k for k in dict.fromkeys(k for c in configs for k in c) if len({c.get(k) for c in configs}) > 1]
+        leaves = [k.split(".")[-1] for k in differ]
+        short = [leaf if leaves.count(leaf) == 1 else k.removeprefix("model.") for k, leaf in zip(differ, leaves)]
+        for key, c in zip(keys, configs):
+            extra = " ".join(f"{s}={_plain(c.get(k))}" for k, s in zip(differ, short))
+            named[task][_unique(named[task], f"{label} {extra}".strip())] = groups[key]
+    return dict(named)
+
+
+def _plain(v: Optional[str]) -> str:
+    if v is None:
+        return "-"
+    return v.strip("'\"")
+
+
+def _unique(existing: Dict[str, Any], label: str) -> str:
+    out, i = label, 2
+    while out in existing:
+        out, i = f"{label} ({i})", i + 1
+    return out
+
+
+def by_seed(runs: List[Run], value) -> Dict[Any, float]:
+    """seed -> value(run) over the runs that have a finite one; runs repeating a seed are averaged."""
+    values: Dict[Any, List[float]] = defaultdict(list)
+    for r in runs:
+        v = value(r)
+        if v is not None and math.isfinite(v):
+            values[r.seed].append(v)
+    return {s: statistics.fmean(vs) for s, vs in values.items()}

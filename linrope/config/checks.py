@@ -1,0 +1,359 @@
+"""Checks on a composed config, made before any data is read or model built.
+
+Each failure is one line that names the problem (``ConfigError``); train.py prints it
+and exits without a traceback.  ``SCHEMA`` (linrope.base.options) holds the values that cross components;
+each component checks its own options: the model, its attention and position scheme
+(``linrope.models.spec.ModelConfig``), the optimiser (``linrope.models.optim``), the data module and the Trainer
+(their constructors, read here: this imports Lightning, as train.py has by then).
+``check_command_line`` (linrope.config.command_line) runs even earlier, before Hydra."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+# the command-line check lives in linrope.config.command_line; these names stay importable from here
+from linrope.config.command_line import CONF_DIR, check_command_line, command_line_errors, group_options  # noqa: F401
+from linrope.base.errors import ConfigError, UnknownOption
+from linrope.base.options import EXTRAPOLATION_KEYS, TOP_LEVEL, get, schema_errors
+
+
+def plain(node) -> Dict[str, Any]:
+    """A config node (DictConfig, resolved, or any mapping) as a plain dict."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+
+
+def model_errors(model) -> List[str]:
+    """What the model's components refuse: unknown options (each component checks its own), values, the
+    pairing, divisibility, RoPE's even head dimension (``linrope.models.spec.ModelConfig.problems``)."""
+    from linrope.models.spec import ModelConfig  # torch: imported only once the values are sound
+
+    try:
+        return ModelConfig.from_dict(plain(model)).problems()
+    except UnknownOption as e:
+        return [str(e)]
+
+
+def option_errors(cfg) -> List[str]:
+    """Keys no component takes (a typo: ``+model.attention.feture_map=cosine``), one line each naming the
+    nearest key there is: the model's own and its attention's and position scheme's (``model_errors``), the
+    data module's and the Trainer's (their constructors), the optimiser's (``linrope.models.optim``), linrope's
+    top-level and ``extrapolation.`` settings (``linrope.base.options``)."""
+    from linrope.models.optim import option_errors as optim_errors
+
+    errors = [str(UnknownOption(k, TOP_LEVEL)) for k in cfg if k not in TOP_LEVEL]
+    errors += [str(UnknownOption(f"extrapolation.{k}", EXTRAPOLATION_KEYS)) for k in (get(cfg, "extrapolation") or {})
+               if k not in EXTRAPOLATION_KEYS]
+    errors += optim_errors(plain(cfg.optim)) if isinstance(get(cfg, "optim"), DictConfig) else []
+    if isinstance(get(cfg, "data"), DictConfig):  # the keys only: values may name Hydra's run (${hydra:...})
+        errors += data_option_errors(get(cfg, "data._target_"), list(cfg.data))
+    if isinstance(get(cfg, "trainer"), DictConfig):
+        errors += trainer_option_errors(get(cfg, "trainer._target_"), list(cfg.trainer))
+    return errors
+
+
+# keys of ``trainer`` that linrope reads and Lightning's Trainer does not take (build_trainer removes them)
+LINROPE_TRAINER_KEYS = ("matmul_precision",)
+
+
+def trainer_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
+    """Keys of ``trainer`` that Lightning's Trainer does not take (its constructor says which it takes)."""
+    if target not in ("lightning.pytorch.Trainer", "lightning.Trainer"):
+        return []
+    import inspect
+
+    from lightning.pytorch import Trainer  # imported by data_option_errors already
+
+    known = [p for p in inspect.signature(Trainer.__init__).parameters if p != "self"] + ["_target_"]
+    known += list(LINROPE_TRAINER_KEYS)
+    return [str(UnknownOption(f"trainer.{k}", known)) for k in keys if k not in known]
+
+
+def data_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
+    """Keys of ``data`` that linrope's data module for ``data._target_`` does not take (its constructor says
+    which it takes); another module's keys are left to it."""
+    from linrope.data.rebuild import DATA_MODULES, class_path, constructor_fields  # Lightning, ~4 s
+
+    cls = next((c for c in DATA_MODULES.values() if class_path(c) == target), None)
+    if cls is None:
+        return []
+    known = set(constructor_fields(cls)) | {"_target_", "task"}
+    return [str(UnknownOption(f"data.{k}", known)) for k in keys if k not in known]
+
+
+def table_errors(cfg) -> List[str]:
+    """A byte-level window longer than a table of ``model.max_len`` positions (learned, tupe, multiplicative
+    with ``table=learned``); the tasks size ``max_len`` themselves."""
+    pos = get(cfg, "model.position.name")
+    table = pos in ("learned", "tupe") or (pos == "multiplicative" and get(cfg, "model.position.table") == "learned")
+    max_len = get(cfg, "model.max_len")
+    if not table or max_len is None or get(cfg, "data.task", "bytes") != "bytes":
+        return []
+    return [f"{key}={n} is longer than the {pos} position table (model.max_len={max_len}); raise model.max_len"
+            for key in ("data.context", "data.eval_context") for n in [get(cfg, key)] if n is not None and n > max_len]
+
+
+def validate(cfg: DictConfig, hardware: bool = True) -> None:
+    """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses;
+    then what each component refuses (an option it does not take, naming the nearest it does; its own
+    values; the model's pairing and dimensions); then (when those are sound) what depends on several
+    values, the corpus, the Trainer and ``ckpt_path``.  ``hardware=False`` (the dry run of a sweep,
+    linrope.sweeps, on a login node) checks the config alone: whether this machine has the devices asked
+    for, and what ``accelerator: auto`` would pick here, are the launch's business."""
+    errors = schema_errors(cfg)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    errors = model_errors(cfg.model) + option_errors(cfg)
+    if errors:
+        raise ConfigError("\n".join(errors))
+    errors = table_errors(cfg)
+    errors += data_errors(cfg) + trainer_errors(cfg, hardware) + impl_errors(cfg, hardware)
+    try:
+        checkpoint_path(cfg)
+    except ConfigError as e:
+        errors.append(str(e))
+    if errors:
+        raise ConfigError("\n".join(errors))
+
+
+def impl_errors(cfg, hardware: bool = True) -> List[str]:
+    """``model.attention.impl=fla`` needs the ``gpu`` extra, a CUDA accelerator and a causal model (without
+    ``hardware``, ``accelerator: auto`` may be one)."""
+    if get(cfg, "model.attention.kind") != "linear" or get(cfg, "model.attention.impl") != "fla":
+        return []
+    from linrope.ops.linear_attn.fla_backend import unavailable  # torch: only for this setting
+
+    if not bool(get(cfg, "model.causal", True)):
+        return ["model.attention.impl=fla is causal only; use impl=chunk with model.causal=false"]
+    accel = accelerator_kind(get(cfg, "trainer.accelerator"), hardware)
+    why = unavailable("cuda" if accel in ("gpu", None) else "cpu")
+    return [f"model.attention.impl=fla: {why}"] if why else []
+
+
+def data_errors(cfg) -> List[str]:
+    """A corpus path that does not exist, or a single-file corpus too short for one window per split
+    (a folder is measured when it is read: CorpusError)."""
+    from linrope.data.bytes import position_split
+
+    path = get(cfg, "data.path")
+    if not path:
+        return []
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        return [f"data.path {path}: does not exist"]
+    if not p.is_file() and not p.is_dir():
+        return [f"data.path {path}: is not a regular file or a folder (a FIFO, socket or device)"]
+    target = str(get(cfg, "data._target_", ""))
+    if not p.is_file() or not target.endswith("ByteDataModule"):
+        return []
+    context = max(int(get(cfg, "data.context", 0) or 0), int(get(cfg, "data.eval_context", 0) or 0))
+    n = p.stat().st_size
+    if get(cfg, "data.max_bytes"):
+        n = min(n, int(get(cfg, "data.max_bytes")))
+    vf, tf = float(get(cfg, "data.val_fraction", 0.05)), float(get(cfg, "data.test_fraction", 0.05))
+    a, b = position_split(n, vf, tf)
+    sizes = {"train": a, "val": b - a, "test": n - b}
+    short = [f"{s} {k} bytes" for s, k in sizes.items() if k < context + 1]
+    if short:
+        return [f"data.path {path}: too short — {n} bytes split into {', '.join(short)}, but one context window "
+                f"needs {context + 1}; use a larger corpus or a smaller context"]
+    return []
+
+
+PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "transformer-engine",
+              "transformer-engine-float16", "64", "32", "16", "bf16")
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
+COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
+
+
+def trainer_errors(cfg, hardware: bool = True) -> List[str]:
+    """The Trainer's accelerator, devices, precision and strategy; with ``hardware``, also whether this
+    machine has the devices asked for (``accelerator: auto`` resolved as build_trainer resolves it)."""
+    errors = []
+    accel = str(get(cfg, "trainer.accelerator", "auto") or "auto")
+    kind = accelerator_kind(accel, hardware)  # None: auto, resolved where the run starts
+    devices = get(cfg, "trainer.devices")
+    n = _device_count(devices)
+    available = _available_devices(accel) if hardware else None
+    if kind == "gpu" and available == 0:
+        errors.append(f"trainer.accelerator={accel}: this machine has no CUDA GPU (torch.cuda.device_count() is 0)")
+    elif n is not None and n > 0 and available is not None and n > available:
+        errors.append(f"trainer.devices={devices} but only {available} {kind} device(s) are available")
+    if devices is not None and n is None and str(devices) not in ("auto", "-1"):
+        errors.append(f"trainer.devices={devices!r}: expected a count, a list of device ids, -1 or auto")
+    precision = get(cfg, "trainer.precision")
+    if precision is not None and str(precision) not in PRECISIONS:
+        errors.append(f"trainer.precision={precision}: expected one of {', '.join(PRECISIONS[:6])}")
+    elif str(precision) in ("16-mixed", "16") and kind == "cpu":
+        errors.append(f"trainer.precision={precision} (float16 mixed precision) does not run on CPU: "
+                      f"use trainer.precision=bf16-mixed")
+    if accel not in ACCELERATORS:
+        errors.append(f"trainer.accelerator={accel}: expected one of {', '.join(ACCELERATORS)}")
+    node = get(cfg, "trainer.strategy", "auto") or "auto"
+    strategy = strategy_name(node)  # a _target_ node: its class's name (FSDPStrategy: fsdp); Lightning checks it
+    if isinstance(node, str) and strategy not in COMMON_STRATEGIES:
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        known = StrategyRegistry.available_strategies()
+        if strategy not in known:
+            errors.append(f"trainer.strategy={strategy}: unknown; e.g. {', '.join(COMMON_STRATEGIES)} "
+                          f"(all: lightning.pytorch.strategies.StrategyRegistry)")
+    relaunched = strategy == "ddp" or strategy.startswith(("fsdp", "deepspeed"))  # Lightning re-runs train.py
+    if relaunched and (n is None or n > 1) and sweep_dir() is not None and not _processes_started_externally():
+        errors.append(f"trainer.strategy={strategy} in a sweep (-m): Lightning starts the other processes by "
+                      "running train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in "
+                      "sweeps, or a launcher that starts them (hydra/launcher=submitit_slurm)")
+    return errors + fsdp_errors(strategy, node, kind)
+
+
+def strategy_name(strategy) -> str:
+    """A strategy's name: the string given (``ddp``), or for a ``_target_`` node its class's name without
+    ``Strategy``, lower case (``lightning.pytorch.strategies.FSDPStrategy``: ``fsdp``)."""
+    if strategy is None:
+        return "auto"
+    if isinstance(strategy, str):
+        return strategy
+    target = str(get(strategy, "_target_", "") or "").rpartition(".")[2]
+    return target.removesuffix("Strategy").lower() or "custom"
+
+
+def sharded_checkpoints(strategy) -> bool:
+    """Whether ``strategy`` writes a checkpoint as a folder of shards instead of one file (deepspeed; FSDP
+    with ``state_dict_type: sharded``): Lightning then bypasses the Trainer's CheckpointIO."""
+    name = strategy_name(strategy)
+    return name.startswith("deepspeed") or (
+        name.startswith("fsdp") and not isinstance(strategy, str) and get(strategy, "state_dict_type") == "sharded")
+
+
+def fsdp_errors(name: str, node, kind: Optional[str]) -> List[str]:
+    """FSDP runs on GPUs only (Lightning refuses it on a CPU), and its checkpoints must be whole files:
+    resuming (ckpt_path), evaluate, generate and the reports read one file."""
+    if not name.startswith("fsdp"):
+        return []
+    errors = []
+    if kind is not None and kind != "gpu":
+        errors.append(f"trainer.strategy=fsdp needs GPUs (trainer.accelerator=gpu), not {kind}: Lightning's FSDP "
+                      f"does not run on a CPU; several CPU processes: trainer=ddp_spawn trainer.accelerator=cpu")
+    if sharded_checkpoints(node):
+        errors.append("trainer.strategy.state_dict_type=sharded: linrope resumes, evaluates and reports from "
+                      "single-file checkpoints; use state_dict_type=full (rank 0 gathers the weights)")
+    return errors
+
+
+def _device_count(devices) -> Optional[int]:
+    if devices is None:
+        return None
+    if isinstance(devices, (list, tuple, ListConfig)):
+        return len(devices)
+    text = str(devices).strip()
+    if "," in text:  # "0,1": device ids
+        return len([d for d in text.split(",") if d.strip()])
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def resolved_accelerator(accelerator: str) -> str:
+    """What linrope runs on for ``trainer.accelerator``: ``auto`` is a CUDA GPU when this process sees one,
+    else the CPU (linrope.training.builders.build_trainer passes that to Lightning, whose own ``auto`` would pick
+    Apple's MPS on a Mac: MPS, which has no float64, runs only when asked, ``trainer.accelerator=mps``);
+    ``cuda`` is ``gpu``; anything else is itself."""
+    if accelerator == "auto":
+        import torch  # only for auto: the checks of an explicit accelerator stay light
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return "gpu" if accelerator == "cuda" else accelerator
+
+
+def accelerator_kind(accelerator, hardware: bool = True) -> Optional[str]:
+    """``resolved_accelerator``, or None for ``auto`` without ``hardware`` (a dry run on another machine than
+    the one the run starts on)."""
+    accelerator = str(accelerator or "auto")
+    return None if accelerator == "auto" and not hardware else resolved_accelerator(accelerator)
+
+
+def sweep_dir() -> Optional[str]:
+    """The sweep folder of a job of ``-m`` (None for a single run, or without a Hydra run: tests compose
+    configs directly)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            return str(HydraConfig.get().sweep.dir)
+    except Exception:  # noqa: BLE001 - no Hydra run
+        pass
+    return None
+
+
+def _processes_started_externally() -> bool:
+    """SLURM (srun) or torchrun start one process per device themselves; Lightning then starts none."""
+    return int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def checkpoint_path(cfg) -> Optional[str]:
+    """``ckpt_path`` resolved: a file (must be a whole checkpoint), ``last`` (this run folder's last.ckpt,
+    which must exist) or ``auto`` (last.ckpt if it exists, else None: start afresh).  ConfigError otherwise."""
+    ckpt = get(cfg, "ckpt_path")
+    if not ckpt:
+        return None
+    ckpt = str(ckpt)
+    if ckpt in ("last", "auto"):
+        try:
+            folder = get(cfg, "callbacks.last_checkpoint.dirpath") or Path(str(cfg.paths.output_dir)) / "checkpoints"
+            name = get(cfg, "callbacks.last_checkpoint.filename") or "last.ckpt"
+        except Exception:  # noqa: BLE001 - the run folder is not known (no Hydra run)
+            return None
+        last = Path(str(folder)) / str(name)
+        if not last.exists() and not last.is_symlink():
+            if ckpt == "auto":
+                return None
+            raise ConfigError(f"ckpt_path=last: no {last} (pass hydra.run.dir=<the run's folder> to resume a run, "
+                              f"or ckpt_path=auto to start afresh when there is none)")
+        path = last
+    else:
+        path = Path(os.path.expanduser(ckpt))
+    from linrope.base.atomic import file_problem  # torch, imported only when a checkpoint is given
+
+    problem = file_problem(path) or _checkpoint_content_problem(path, get(cfg, "model"))
+    if problem:
+        raise ConfigError(f"ckpt_path={ckpt}: {path} {problem}" if ckpt in ("last", "auto") else f"ckpt_path={ckpt}: {problem}")
+    return str(path)
+
+
+def _checkpoint_content_problem(path: Path, model) -> Optional[str]:
+    """A whole zip that is no Lightning checkpoint, or one of another model (``linrope.models.spec``).  The file
+    is memory-mapped with ``weights_only=True``: nothing is executed and no tensor data is read."""
+    import torch
+
+    from linrope.models.spec import checkpoint_identity, identity_differences, model_identity
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - torch's errors for a zip that is no torch file, or an unsafe pickle
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return f"is not a torch checkpoint that loads with weights_only=True ({first[:200]})"
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        what = type(ckpt).__name__ if not isinstance(ckpt, dict) else "a dict without state_dict"
+        return f"is not a Lightning checkpoint (it holds {what}, not a dict with a state_dict)"
+    if model is None:
+        return None
+    diff = identity_differences(checkpoint_identity(ckpt), model_identity(plain(model)))
+    return f"is a checkpoint of another model: {diff}" if diff else None
+
+
+def _available_devices(accelerator: str):
+    accelerator = resolved_accelerator(accelerator)
+    if accelerator == "gpu":
+        import torch
+
+        return torch.cuda.device_count()
+    if accelerator == "cpu":
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
+    return None

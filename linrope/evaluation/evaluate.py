@@ -1,0 +1,257 @@
+"""Length extrapolation of a trained checkpoint: ``python -m linrope.evaluate ckpt=PATH lengths=[256,512,1024]``.
+
+A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key): overrides, multirun
+(``-m ckpt=a.ckpt,b.ckpt``) and ``--cfg job`` work as for ``train.py``.  What is measured and how
+(the same scored bytes at every length, the like-for-like RoPE rows) is in ``linrope.evaluation.extrapolation``.
+Writes ``evaluate.csv`` and ``evaluate.png`` to ``out`` (default: ``<run folder>/evaluate``, which is
+also Hydra's output folder, so nothing lands in the current directory).
+
+Nothing read from disk runs code: the checkpoint is loaded with ``weights_only=True`` and the model
+rebuilt from its ``hyper_parameters`` through linrope's own model builder; the data module is rebuilt
+from the checkpoint's saved data hyper-parameters (or ``config=PATH``, a run's ``.hydra/config.yaml``)
+through ``linrope.data.rebuild`` — a fixed table of linrope's data modules, never a ``_target_``.
+
+train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.enabled=true``.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from linrope.run.checkpoint import load_checkpoint
+from linrope.config.command_line import CONF_DIR, check_command_line
+from linrope.data.rebuild import build_data_module
+from linrope.base.errors import ConfigError, LinropeError
+from linrope.base.options import extrapolation_errors
+from linrope.evaluation.extrapolation import SETTINGS, length_table
+from linrope.training.lit import LanguageModel
+from linrope.base.plots import plot_length_table
+from linrope.run.provenance import collect as current_provenance
+from linrope.run.resume_diff import describe_checkpoint
+from linrope.evaluation.tables import COLUMNS, HEADER, format_table, write_csv
+
+
+
+
+class EvaluateError(ConfigError):
+    """A bad argument of ``python -m linrope.evaluate`` (one line)."""
+
+
+def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
+    name = model_cfg.get("name") or f"{model_cfg['attention'].get('kind')} / {model_cfg['position'].get('name')}"
+    return f"length extrapolation: {name}{suffix}, trained at {train_context}"
+
+
+def write_table(module, datamodule, settings, out: Path, stem: str, *, train_context: int, lengths=None,
+                title_suffix: str = "", kept: Optional[list] = None, **score) -> tuple:
+    """The table of one model (``length_table``) written as ``<out>/<stem>.csv`` and plotted as
+    ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here.  The CSV is
+    written again, atomically, as each row finishes: a stop keeps every row done (the plot is drawn at the end);
+    ``kept``, a list, holds the rows written so far."""
+    csv_path = out / f"{stem}.csv"
+    kept = [] if kept is None else kept
+
+    def written(done):
+        with _signals_held():  # the file and the count of rows it holds change together
+            write_csv(done, csv_path)
+            kept[:] = done
+
+    rows = length_table(module, datamodule, {k: settings[k] for k in SETTINGS}, train_context=train_context,
+                        lengths=lengths, on_row=written, **score)
+    write_csv(rows, csv_path)  # also a table of no row
+    png = plot_length_table(rows, out / f"{stem}.png", train_context=train_context,
+                            title=plot_title(module.hparams["model"], train_context, title_suffix))
+    return rows, csv_path, png
+
+
+# ---- after testing (train.py) ----------------------------------------------------------------------------------
+def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> List[Dict[str, Any]]:
+    """train.py's hook (``extrapolation.enabled``): the table for ``factors`` × the training context,
+    written to the run folder and logged to wandb (Table + image) when wandb is a logger.  Nothing when
+    ``extrapolation.enabled`` is false."""
+    ex = cfg.get("extrapolation")
+    if not ex or not ex.get("enabled") or not trainer.is_global_zero:
+        return []
+    device = trainer.strategy.root_device
+    precision = str(trainer.precision)
+    autocast = (torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else None) \
+        if device.type == "cuda" else None
+    was = next(module.parameters()).device
+    module.to(device)
+    try:
+        rows, csv_path, png = write_table(module, datamodule, cfg.extrapolation, Path(cfg.paths.output_dir),
+                                          "extrapolation", train_context=int(datamodule.context), device=device,
+                                          autocast_dtype=autocast)
+    finally:
+        module.to(was)
+    print(f"length extrapolation ({csv_path}):\n{format_table(rows)}")
+    _log_to_wandb(rows, png, loggers, "bpb" if getattr(module, "bytes_like", True) else "acc")
+    return rows
+
+
+def _log_to_wandb(rows, png: Path, loggers: list, metric: str) -> None:
+    try:
+        from lightning.pytorch.loggers import WandbLogger
+    except ImportError:  # pragma: no cover - lightning is a dependency
+        return
+    for lg in loggers:
+        if isinstance(lg, WandbLogger):
+            try:
+                lg.log_table(key="extrapolation/table", columns=COLUMNS, data=[[r[k] for k in COLUMNS] for r in rows])
+                lg.log_image(key="extrapolation/plot", images=[str(png)])
+                lg.log_metrics({f"extrapolation/{r['scaling']}/{metric}@{r['length']}": r[metric]
+                                for r in rows if r[metric] is not None})
+            except Exception as e:  # noqa: BLE001 - the CSV and PNG are written; do not fail a finished run
+                warnings.warn(f"could not log the extrapolation table to wandb: {e}")
+
+
+# ---- standalone ------------------------------------------------------------------------------------------------
+def output_dir(ckpt: Optional[str]) -> str:
+    """``<run>/evaluate`` for ``<run>/checkpoints/x.ckpt`` (or ``<folder>/evaluate`` for ``<folder>/x.ckpt``).
+    Without a checkpoint file (missing: the run stops with one line) a folder under the system's temporary
+    directory, so that Hydra creates nothing where the command was typed."""
+    path = Path(str(ckpt)).expanduser() if ckpt else None
+    if path is None or not path.is_file():
+        return str(Path(tempfile.gettempdir()) / "linrope-evaluate")
+    folder = path.resolve().parent
+    return str((folder.parent if folder.name == "checkpoints" else folder) / "evaluate")
+
+
+OmegaConf.register_new_resolver("linrope.evaluate_dir", output_dir, replace=True)
+
+
+def saved_data(cfg: DictConfig, ckpt: Path, checkpoint: Dict[str, Any]):
+    """(data section, where it came from): ``config=PATH``'s ``data``, else the checkpoint's own data
+    hyper-parameters, else the ``.hydra/config.yaml`` of the checkpoint's run folder, else none."""
+    config = cfg.get("config")
+    if not config:
+        if checkpoint.get("datamodule_hyper_parameters"):
+            return dict(checkpoint["datamodule_hyper_parameters"]), f"checkpoint {ckpt}"
+        found = [f / ".hydra" / "config.yaml" for f in (ckpt.parent, ckpt.parent.parent)]
+        config = next((str(p) for p in found if p.is_file()), None)
+        if config is None:
+            return None, None
+    path = Path(str(config)).expanduser()
+    if not path.is_file():
+        raise EvaluateError(f"config={config}: no such file")
+    try:
+        saved = OmegaConf.load(path)
+        data = OmegaConf.to_container(saved.data, resolve=True) if "data" in saved else None
+    except Exception as e:  # noqa: BLE001 - YAML and interpolation errors: one line
+        raise EvaluateError(f"config {path}: cannot be read ({str(e).strip().splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise EvaluateError(f"config {path}: has no data section")
+    return data, f"config {path}"
+
+
+def build_data(cfg: DictConfig, ckpt: Path, checkpoint: Dict[str, Any], task: str):
+    data, where = saved_data(cfg, ckpt, checkpoint)
+    overrides = {k: v for k, v in OmegaConf.to_container(cfg.data or {}, resolve=True).items() if v is not None}
+    if data is None:
+        if task != "bytes":
+            raise EvaluateError(f"the checkpoint was trained on task {task!r} and holds no data config: "
+                                f"pass config=<run>/.hydra/config.yaml")
+        warnings.warn("no data config in the checkpoint or next to it: evaluating on the default byte corpus")
+        context = cfg.train_context or (checkpoint.get("hyper_parameters") or {}).get("model", {}).get("max_len")
+        data, where = {"context": int(context or 256)}, "the default byte corpus"
+    return build_data_module({**data, **overrides}, task, where=where)
+
+
+def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
+    """The whole standalone evaluation for one composed ``conf/evaluate.yaml``."""
+    if not cfg.ckpt:
+        raise EvaluateError("ckpt=PATH is required (see --help)")
+    problems = extrapolation_errors(cfg, "")
+    if cfg.lengths is not None and not all(isinstance(n, int) and n >= 1 for n in cfg.lengths):
+        problems.append(f"lengths={list(cfg.lengths)}: expected integers >= 1")
+    elif cfg.lengths is not None and len(cfg.lengths) == 0:
+        problems.append("lengths=[]: no length to evaluate; give at least one (lengths=[256,512]), or leave lengths "
+                        "out for factors × the training context")
+    if problems:
+        raise EvaluateError("; ".join(problems))  # before the checkpoint is read
+    ckpt = Path(str(cfg.ckpt)).expanduser()
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    checkpoint = load_checkpoint(ckpt, map_location="cpu")  # weights_only=True; one line if missing or broken
+    module = LanguageModel.from_checkpoint(ckpt, map_location=device, checkpoint=checkpoint)
+    print(describe_checkpoint(checkpoint, ckpt, CONF_DIR, current_provenance()))  # its commit, step, today's defaults
+    datamodule = build_data(cfg, ckpt, checkpoint, module.task)
+    train_context = int(cfg.train_context or datamodule.context)
+    lengths = [int(n) for n in cfg.lengths] if cfg.lengths else None
+    m = module.model.cfg
+    print(f"checkpoint {ckpt} (task {module.task}, {m.attention.get('kind')} attention, position "
+          f"{m.position.get('name')}), trained at {train_context} tokens; evaluating on {device}\n{HEADER}")
+    kept: List[Dict[str, Any]] = []
+    with _stop_says_what_is_kept(Path(str(cfg.out)) / "evaluate.csv", kept):
+        rows, csv_path, png = write_table(module, datamodule, cfg, Path(str(cfg.out)), "evaluate",
+                                          train_context=train_context, lengths=lengths, kept=kept,
+                                          title_suffix=f" ({ckpt.name})", device=device,
+                                          log=lambda line: print(line, flush=True))
+    print(f"wrote {csv_path} and {png}")
+    return rows
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGTERM and SIGINT wait (blocked, delivered at the end of the block)."""
+    signals = {signal.SIGTERM, signal.SIGINT}
+    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if held else None
+    try:
+        yield
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_says_what_is_kept(csv_path: Path, kept: list):
+    """SIGTERM / SIGINT while the rows are scored: one line naming the rows kept in ``csv_path`` (each row is
+    written as it finishes), exit status 128 + the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except _Stopped as e:
+        where = f"the {len(kept)} rows done are in {csv_path}" if kept else "no row was done"
+        print(f"linrope.evaluate: stopped by {signal.Signals(e.signum).name}: {where}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + e.signum) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    try:
+        evaluate(cfg)
+    except LinropeError as e:
+        print(f"linrope.evaluate: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run() -> None:
+    """The ``linrope-evaluate`` command (and ``python -m linrope.evaluate``): the command line checked, then Hydra."""
+    check_command_line(config_name="evaluate", prefix="linrope.evaluate")
+    main()

@@ -1,0 +1,145 @@
+"""Sample text from a trained checkpoint, token by token: a Hydra entry point (``conf/generate.yaml``).
+
+    python -m linrope.generate ckpt=PATH prompt='"def main("' max_new_tokens=300 temperature=0.8 top_k=40
+
+Linear-attention models generate with the recurrent form: each new byte updates the carried
+state (S, z) of every layer, so memory per token is constant whatever the length.  Softmax
+models re-read the last ``model.max_len`` bytes at every step.  The checkpoint is loaded with
+``weights_only=True``; a missing or broken one is one line.  Writes nothing to disk.
+
+The text is streamed: each byte is printed (and flushed) as it is sampled.  Ctrl+C or SIGTERM stops
+it with every byte sampled so far printed, one line on stderr and exit status 130 / 143.  More than
+``MAX_NEW_TOKENS`` bytes are refused unless ``allow_long=true`` says the request is meant.  A prompt that is
+not UTF-8 (the bytes of another encoding in the shell's argument) is one line, before Hydra reads it
+(``linrope.config.command_line.encoding_errors``).
+"""
+from __future__ import annotations
+
+import codecs
+import signal
+import sys
+from typing import Callable, Optional
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from linrope.run.checkpoint import load_checkpoint
+from linrope.config.command_line import CONF_DIR, check_command_line
+from linrope.base.errors import ConfigError, LinropeError
+from linrope.training.lit import LanguageModel
+from linrope.run.provenance import collect as current_provenance
+from linrope.run.resume_diff import describe_checkpoint
+
+MAX_NEW_TOKENS = 1_000_000  # above this, allow_long=true is needed (about an hour of CPU for a small model)
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM during generation (BaseException: nothing on the way swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.text: Optional[str] = None  # prompt + the text sampled so far (None: stopped before sampling)
+        self.sampled = 0  # bytes sampled
+
+
+def encode(text: str) -> torch.Tensor:
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long).unsqueeze(0)
+
+
+def decode(ids: torch.Tensor) -> str:
+    return bytes(int(i) for i in ids.flatten().tolist()).decode("utf-8", errors="replace")
+
+
+def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float = 0.8, top_k: Optional[int] = 40,
+                  seed: int = 0, device: str = "cpu", write: Optional[Callable[[str], None]] = None) -> str:
+    """Prompt + ``max_new_tokens`` sampled bytes, as text.  ``write`` (e.g. ``sys.stdout.write``) is given the
+    prompt and then each piece of text as its bytes are sampled.  A signal (``Stopped``, raised by the
+    caller's handler) carries the text sampled so far, all of it already given to ``write``."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    prompt = prompt or "\n"
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [prompt]
+    emit = write or (lambda text: None)
+    emit(prompt)
+    sampled = 0
+    try:
+        for nxt in model.stream(encode(prompt).to(device), max_new_tokens, temperature=temperature, top_k=top_k,
+                                generator=g):
+            sampled += 1
+            piece = decoder.decode(bytes([int(nxt[0, 0])]))
+            if piece:
+                pieces.append(piece)
+                emit(piece)
+    finally:  # a byte sequence cut short: its replacement character, as decode() gives it
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            pieces.append(tail)
+            emit(tail)
+        stopped = sys.exc_info()[1]
+        if isinstance(stopped, Stopped):
+            stopped.text, stopped.sampled = "".join(pieces), sampled
+    return "".join(pieces)
+
+
+def check(cfg: DictConfig) -> None:
+    """One line for values generation cannot use, before the checkpoint is read."""
+    if not cfg.ckpt:
+        raise ConfigError("ckpt=PATH is required (see --help)")
+    if int(cfg.max_new_tokens) < 0 or float(cfg.temperature) < 0 or (cfg.top_k is not None and int(cfg.top_k) < 1):
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}, "
+                          f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature >= 0 (0: greedy), top_k >= 1 "
+                          f"or null")
+    if int(cfg.max_new_tokens) > MAX_NEW_TOKENS and not cfg.get("allow_long", False):
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}: more than {MAX_NEW_TOKENS:,} bytes; if you mean "
+                          f"it, add allow_long=true (the text streams as it is sampled; Ctrl+C keeps what is printed)")
+
+
+def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> str:
+    """Prompt + continuation for one composed ``conf/generate.yaml``; ``write``: see ``generate_text``."""
+    check(cfg)
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
+    print(describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr)  # stdout: the text
+    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model
+    return generate_text(model, str(cfg.prompt), int(cfg.max_new_tokens), temperature=float(cfg.temperature),
+                         top_k=None if cfg.top_k is None else int(cfg.top_k), seed=int(cfg.seed), device=device,
+                         write=write)
+
+
+def _streamed(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
+def main(cfg: DictConfig) -> None:
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        generate(cfg, write=_streamed)
+        _streamed("\n")
+    except Stopped as e:
+        name = signal.Signals(e.signum).name
+        if e.text is None:
+            print(f"linrope.generate: stopped by {name} before any byte was sampled", file=sys.stderr, flush=True)
+        else:
+            _streamed("\n")
+            print(f"linrope.generate: stopped by {name} after {e.sampled} of {cfg.max_new_tokens} bytes: all of "
+                  f"them are printed above", file=sys.stderr, flush=True)
+        raise SystemExit(128 + e.signum) from None
+    except LinropeError as e:
+        print(f"linrope.generate: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run() -> None:
+    """The ``linrope-generate`` command (and ``python -m linrope.generate``): the command line checked, then Hydra."""
+    check_command_line(config_name="generate", prefix="linrope.generate")
+    main()

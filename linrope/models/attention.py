@@ -1,0 +1,144 @@
+"""Attention layers: softmax (torch SDPA, or explicit where a scheme needs the probabilities) and
+kernelised linear attention (linrope.ops).  Both take a position scheme built for role "attention"."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar, Dict, List, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from linrope.base.errors import UnknownOption
+from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention, recurrent_step
+from linrope.positions import PositionScheme
+from linrope.base.options import Rule, value_errors
+
+# what the model passes every attention layer itself (not options of model.attention)
+MODEL_ARGUMENTS = ("d_model", "n_heads", "position", "causal", "dropout")
+
+
+def causal_mask(n: int, device, dtype) -> torch.Tensor:
+    """(N, N) additive mask: 0 on and below the diagonal, -inf above."""
+    return torch.full((n, n), float("-inf"), device=device, dtype=dtype).triu(1)
+
+
+class _Projections(nn.Module):
+    kind: ClassVar[str] = "?"
+    RULES: ClassVar[Dict[str, Rule]] = {}  # the allowed values of its options (model.attention.<option>)
+
+    @classmethod
+    def options(cls) -> Dict[str, Any]:
+        """{option: default} of ``model.attention`` this kind takes: its constructor's keyword arguments, less
+        what the model passes itself."""
+        return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name not in MODEL_ARGUMENTS}
+
+    @classmethod
+    def option_errors(cls, options: Mapping[str, Any], where: str = "model.attention") -> List[str]:
+        """One line per option this kind does not take (naming the nearest it does) or whose value it refuses."""
+        known = cls.options()
+        unknown = [str(UnknownOption(f"{where}.{k}", known)) for k in options if k not in known]
+        return unknown or value_errors(options, cls.RULES, where)
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def split(self, x):
+        return rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.n_heads)
+
+    def merge(self, o):
+        return self.out(rearrange(o, "b h n d -> b n (h d)"))
+
+
+class SoftmaxAttention(_Projections):
+    kind = "softmax"
+
+    def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
+                 dropout: float = 0.0):
+        super().__init__(d_model, n_heads)
+        self.pos, self.causal, self.dropout = position, causal, dropout
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, state=None, return_state: bool = False):
+        """Softmax attention keeps no recurrent state: generation re-reads the window (state is None)."""
+        q, k, v = self.split(x)
+        q, k = self.pos.rotate_qk(q, k, positions)
+        bias = self.pos.score_bias(q, k, positions)
+        scale = self.pos.score_scale()
+        p = self.dropout if self.training else 0.0
+        if self.pos.has_value_term:
+            o = self._explicit(q, k, v, bias, scale, positions, p)
+        else:
+            mask = bias
+            if bias is not None and self.causal:
+                mask = bias + causal_mask(q.shape[-2], q.device, bias.dtype)
+            if mask is not None:  # SDPA takes the mask in the query's dtype: under bf16 autocast the float32
+                mask = mask.to(q.dtype)  # bias is rounded here, by ~|bias|/256, the order of bf16's error on q·k
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                               is_causal=self.causal and mask is None, scale=scale)
+        return self.merge(o), None
+
+    def _explicit(self, q, k, v, bias, scale, positions, p):
+        s = (q @ k.transpose(-1, -2)) * scale
+        if bias is not None:
+            s = s + bias
+        if self.causal:
+            s = s + causal_mask(s.shape[-1], s.device, s.dtype)
+        a = s.softmax(-1)
+        a = F.dropout(a, p) if p else a  # the same (dropped) weights serve v_j and the value term
+        extra = self.pos.value_term(a, positions)
+        o = a @ v
+        return o if extra is None else o + extra
+
+
+class LinearAttention(_Projections):
+    """Kernelised linear attention; RoPE enters through the op, ALiBi as a per-head decay.  ``impl`` (a backend
+    of ``linrope.ops``' registry) runs whole sequences; a single-token step that carries a state (generation)
+    runs the registered step operator, ``linrope.ops.recurrent_step``.
+
+    The config names where RoPE goes ``placement`` (numerator | both | none); the kernel's keyword is ``rope``.
+    ``kernel_options`` is the one place the first becomes the second: ``rope = placement`` when the position
+    scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says."""
+
+    kind = "linear"
+    RULES = {"feature_map": Rule("choice", choices=lambda: tuple(FEATURE_MAPS)),
+             "placement": Rule("choice", choices=lambda: tuple(PLACEMENTS)),
+             "impl": Rule("choice", choices=lambda: tuple(sorted(IMPLS))),
+             "chunk_size": Rule("int", low=1), "eps": Rule("number", above=0)}
+
+    def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
+                 feature_map: str = "elu", placement: str = "numerator", impl: str = "chunk", chunk_size: int = 64,
+                 eps: float = 1e-6, dropout: float = 0.0):
+        super().__init__(d_model, n_heads)
+        self.pos, self.causal = position, causal
+        self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = feature_map, placement, impl, chunk_size, eps
+
+    def kernel_options(self) -> Dict[str, Any]:
+        """The kernel's options of this layer (``linrope.ops.linear_attention``'s keywords but impl, positions
+        and the state), read from the scheme at each call (the extrapolation may switch its RoPE scaling)."""
+        theta = self.pos.linear_rope_theta()
+        return dict(feature_map=self.feature_map, rope=self.placement if theta is not None else "none",
+                    eps=self.eps, decay=self.pos.linear_decay(), rope_theta=theta)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, state: Optional[LinearAttentionState] = None,
+                return_state: bool = False):
+        q, k, v = self.split(x)
+        kw = self.kernel_options()
+        if x.shape[1] == 1 and (return_state or state is not None) and self.causal:
+            # one token carrying a state (generation): the registered step operator, O(D'·d_v) per head
+            o, new_state = recurrent_step(q, k, v, state, position=positions[0], **kw)
+            return self.merge(o), new_state
+        whole = dict(impl=self.impl, causal=self.causal, chunk_size=self.chunk_size, positions=positions)
+        if not (return_state or state is not None):
+            return self.merge(linear_attention(q, k, v, **whole, **kw)), None
+        o, new_state = linear_attention(q, k, v, initial_state=state, output_final_state=True, **whole, **kw)
+        return self.merge(o), new_state
+
+
+ATTENTION = {"softmax": SoftmaxAttention, "linear": LinearAttention}

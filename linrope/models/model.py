@@ -1,0 +1,216 @@
+"""A decoder-only (or, with causal=False, encoder) Transformer whose attention and position
+scheme are chosen by config.  Reads top to bottom: config -> block -> model -> generation."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from linrope.models.attention import ATTENTION
+from linrope.positions import PositionScheme, build_position, build_shared
+from linrope.models.spec import ModelConfig  # what a model is: its checks, identity and names (linrope.models.spec)
+
+
+def split_options(spec: Dict[str, Any], key: str):
+    """{'name': x, **options} -> (x, options)."""
+    spec = dict(spec)
+    return spec.pop(key), spec
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.up, self.down, self.drop = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model), nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.drop(self.down(F.gelu(self.up(x))))
+
+
+class ShortConv(nn.Module):
+    """Depthwise convolution over time, ``h + conv(h)``: causal (position i sees i-k+1 … i) for a decoder,
+    centred for an encoder.  Carries the last k-1 inputs as its state, so generation token by token gives
+    what the whole sequence gives."""
+
+    def __init__(self, d_model: int, kernel: int, causal: bool):
+        super().__init__()
+        self.kernel, self.causal = kernel, causal
+        self.conv = nn.Conv1d(d_model, d_model, kernel, groups=d_model)
+
+    def forward(self, h, tail: Optional[torch.Tensor] = None):
+        """h: (B, N, D); tail: (B, k-1, D) the inputs before h (None: zeros) -> (h + conv(h), new tail)."""
+        k = self.kernel
+        if not self.causal:
+            padded = F.pad(h.transpose(1, 2), ((k - 1) // 2, k // 2))
+            return h + self.conv(padded).transpose(1, 2), None
+        before = h.new_zeros(h.shape[0], k - 1, h.shape[2]) if tail is None else tail.to(h.dtype)
+        seq = torch.cat([before, h], dim=1)
+        return h + self.conv(seq.transpose(1, 2)).transpose(1, 2), seq[:, seq.shape[1] - (k - 1):]
+
+
+class Block(nn.Module):
+    """Pre-norm: x + attn(ln(x)) (with ``short_conv``: x + attn(c(ln(x))), c a short convolution over
+    time), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig, shared_position=None):
+        super().__init__()
+        kind, attn_opts = split_options(cfg.attention, "kind")
+        pos_name, pos_opts = split_options(cfg.position, "name")
+        position = build_position(pos_name, where="attention", shared=shared_position, **cfg.position_dims(),
+                                  **pos_opts)
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = ATTENTION[kind](cfg.d_model, cfg.n_heads, position, causal=cfg.causal, dropout=cfg.dropout,
+                                    **attn_opts)
+        self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.short = ShortConv(cfg.d_model, cfg.short_conv, cfg.causal) if cfg.short_conv else None
+
+    def forward(self, x, positions, state=None, return_state=False):
+        h = self.ln1(x)
+        if self.short is None:
+            a, state = self.attn(h, positions, state=state, return_state=return_state)
+        else:  # the state: (attention's, the convolution's last inputs)
+            h, tail = self.short(h, None if state is None else state[1])
+            a, s = self.attn(h, positions, state=None if state is None else state[0], return_state=return_state)
+            state = (s, tail) if return_state else None
+        x = x + a
+        return x + self.mlp(self.ln2(x)), state
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, cfg: Union[ModelConfig, Dict[str, Any]]):
+        super().__init__()
+        cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig.from_dict(dict(cfg))
+        cfg.check()  # options, pairing, dimensions: one line per problem (ConfigError)
+        self.cfg = cfg
+        pos_name, pos_opts = split_options(cfg.position, "name")
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_scale = math.sqrt(cfg.d_model)  # token and additive position signals of like size
+        self.pos = build_position(pos_name, where="input", **cfg.position_dims(), **pos_opts)
+        # what the scheme's paper shares across layers (T5's bias table, DeBERTa's P, TUPE's correlation):
+        # built once here and handed to every layer; None when nothing is shared (or share: false)
+        self.pos_shared = build_shared(pos_name, **cfg.position_dims(), **pos_opts)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, self.pos_shared) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        if cfg.n_classes:
+            self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+        else:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+            if cfg.tie_weights:
+                self.head.weight = self.embed.weight
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
+                states: Optional[List] = None, return_states: bool = False, mask: Optional[torch.Tensor] = None):
+        """idx: (B, N) token ids -> logits (B, N, V), or (B, n_classes) for a classifier.
+
+        ``positions`` (N,) or ``offset`` (positions offset…offset+N-1) place the window in a longer
+        sequence; ``states`` continue linear attention from an earlier call (generation).
+        ``mask`` (B, N) marks real tokens for the classifier's mean pooling."""
+        n = idx.shape[1]
+        span = None  # explicit positions: a scheme that needs their span reads it (PositionScheme.span)
+        if positions is None:
+            positions = torch.arange(offset, offset + n, device=idx.device)
+            span = (offset, offset + n - 1)  # known here: no scheme reads the device for it
+        new_states = []
+        schemes = [m for m in self.modules() if isinstance(m, PositionScheme)]  # every role, every layer
+        for scheme in schemes:
+            scheme.open_memo(span)
+        try:
+            x = self.drop(self.pos.embed(self.embed(idx) * self.embed_scale, positions))
+            for i, block in enumerate(self.blocks):
+                x = self.pos.block_input(x, positions) if i else x
+                x, s = block(x, positions, state=None if states is None else states[i], return_state=return_states)
+                new_states.append(s)
+        finally:
+            for scheme in schemes:
+                scheme.close_memo()
+        x = self.ln_f(x)
+        if self.cfg.n_classes:
+            if mask is None:
+                pooled = x.mean(1)
+            else:
+                m = mask.to(x.dtype).unsqueeze(-1)
+                pooled = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+            out = self.head(pooled)
+        else:
+            out = self.head(x)
+        return (out, new_states) if return_states else out
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None, window: Optional[int] = None):
+        """Sample token by token (``stream``): the prompt and the new tokens, (B, prompt + max_new_tokens)."""
+        return torch.cat([prompt, *self.stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k,
+                                               generator=generator, window=window)], dim=1)
+
+    @torch.no_grad()
+    def stream(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+               top_k: Optional[int] = None, generator: Optional[torch.Generator] = None, window: Optional[int] = None):
+        """Yield each sampled token, (B, 1), as it is drawn.  Linear attention carries its recurrent
+        state (O(1) memory per token); softmax attention re-reads the last ``window`` tokens (default max_len),
+        and keeps no more of them, so memory does not grow with ``max_new_tokens``."""
+        self.eval()
+        linear = self.cfg.attention.get("kind") == "linear"
+        w = window or self.cfg.max_len
+        ctx = prompt if linear else prompt[:, -w:]
+        if linear:
+            logits, states = self(prompt, return_states=True)
+            pos = prompt.shape[1]
+        for _ in range(max_new_tokens):
+            if not linear:
+                logits = self(ctx)
+            nxt = sample(logits[:, -1], temperature, top_k, generator)
+            yield nxt
+            if linear:
+                logits, states = self(nxt, offset=pos, states=states, return_states=True)
+                pos += 1
+            else:
+                ctx = torch.cat([ctx, nxt], dim=1)[:, -w:]
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator=None) -> torch.Tensor:
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+NOT_DECAYED_MODULES = (nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
+
+
+def decayed(module: nn.Module, attr: str, p: nn.Parameter) -> bool:
+    """The weight-decay rule (docs/design.md#weight-decay): matrices that multiply activations are decayed;
+    biases, norm gains and other vectors, the token embedding, position tables and a scheme's additive score
+    biases are not."""
+    if p.dim() < 2 or isinstance(module, NOT_DECAYED_MODULES):
+        return False
+    if attr == "table" or attr.endswith("_table"):
+        return False  # position tables follow the token embedding
+    return not (isinstance(module, PositionScheme) and attr in module.score_biases)
+
+
+def weight_decay_split(model: nn.Module) -> Tuple[List[str], List[str]]:
+    """The names of ``model``'s trainable parameters, (decayed, not decayed), in ``named_parameters`` order.
+    A parameter held by two modules (the tied head and embedding) is decayed only if both would decay it."""
+    spared = {id(p) for m in model.modules() for a, p in m.named_parameters(recurse=False) if not decayed(m, a, p)}
+    names = [(n, id(p)) for n, p in model.named_parameters() if p.requires_grad]
+    return [n for n, i in names if i not in spared], [n for n, i in names if i in spared]

@@ -1,0 +1,227 @@
+"""What a model is, said once: ``ModelConfig``.
+
+Everything else that describes a model derives from it here: the check of its options (each component
+checks its own: the attention kind, ``linrope.models.attention``; the position scheme, ``linrope.positions``;
+the model's own fields, this dataclass) and of the pairing; its identity (what a checkpoint carries and a
+resume compares); its wandb tags and run name; and its label (``model.name``) when ``attention=…`` /
+``position=…`` replace a preset's pair.
+
+The identity: softmax and linear attention, the two feature maps and the three RoPE placements share
+every parameter name and shape, so a checkpoint of one loads into another without complaint.  A
+checkpoint therefore carries ``identity()`` under ``IDENTITY_KEY`` (attention kind, feature map,
+placement, position scheme and its options), and resuming, testing or loading under another identity
+is refused in one line that names what differs."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from linrope.models.attention import ATTENTION
+from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
+from linrope.base.options import Rule, value_errors
+from linrope.positions import check_options, check_pairing, option_errors
+
+IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
+# position options that evaluation may change without changing the trained model (RoPE context scaling)
+EVALUATION_OPTIONS = ("scaling", "factor")
+
+
+_POSITIVE = Rule("int", low=1)
+# the allowed values of the model's own fields (its attention and position scheme check theirs)
+RULES = {"vocab_size": _POSITIVE, "d_model": _POSITIVE, "n_layers": _POSITIVE, "n_heads": _POSITIVE,
+         "d_ff": _POSITIVE, "max_len": _POSITIVE, "dropout": Rule("number", low=0, below=1),
+         "causal": Rule("bool"), "tie_weights": Rule("bool"), "n_classes": Rule("int", low=2, null=True),
+         "short_conv": Rule("int", low=0)}
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.0
+    max_len: int = 256  # positions a learned table holds; the training context by default
+    causal: bool = True
+    n_classes: Optional[int] = None  # set: an encoder with mean pooling and a classifier head
+    tie_weights: bool = True
+    # kernel of a depthwise convolution over time before each attention (causal for a decoder; Zoology's
+    # BaseConv-style short mixing, which hands every position its neighbours' tokens); 0: none
+    short_conv: int = 0
+    attention: Dict[str, Any] = field(default_factory=lambda: {"kind": "softmax"})
+    position: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    name: Optional[str] = None  # the label (a preset's name; ``label``)
+    task: str = "bytes"  # the data's task (set by linrope.training.builders.build_module)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "model") -> "ModelConfig":
+        """The model of a plain mapping; a key it does not take is an ``UnknownOption`` naming the nearest."""
+        known = [f.name for f in fields(cls)]
+        for k in d:
+            if k not in known:
+                raise UnknownOption(f"{where}.{k}", known)
+        return cls(**{k: dict(v) if isinstance(v, Mapping) else v for k, v in d.items()})
+
+    @classmethod
+    def checked(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        """``from_dict``, then ``check``."""
+        model = cls.from_dict(d)
+        model.check()
+        return model
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    # ---- the checks ---------------------------------------------------------------------------------------
+    def problems(self) -> List[str]:
+        """One line per problem no single value shows: an option a component does not take (or refuses), the
+        pairing, divisibility, RoPE's even head dimension, the scheme's options (checked by the scheme)."""
+        return [str(e) for e in self._problems()]
+
+    def check(self) -> None:
+        """Raise ``ConfigError`` naming every problem (one per line); ``IncompatiblePairing`` for a pairing
+        that cannot work."""
+        found = self._problems()
+        if len(found) == 1:
+            raise found[0]
+        if found:
+            kind = IncompatiblePairing if any(isinstance(e, IncompatiblePairing) for e in found) else ConfigError
+            raise kind("\n".join(str(e) for e in found))
+
+    def _problems(self) -> List[ConfigError]:
+        kind, pos = self.attention.get("kind"), self.position.get("name")
+        if kind not in ATTENTION:
+            return [ConfigError(f"model.attention.kind={kind}: expected one of {', '.join(sorted(ATTENTION))}")]
+        errors = value_errors(self.to_dict(), RULES, "model")
+        errors += ATTENTION[kind].option_errors(self.attention_options())
+        errors += option_errors(pos, self.position_options())
+        if errors:
+            return [ConfigError(e) for e in errors]
+        found: List[ConfigError] = []
+        try:
+            check_pairing(kind, pos)
+        except IncompatiblePairing as e:
+            found.append(e)
+        d, h = int(self.d_model), int(self.n_heads)
+        if d % h:
+            found.append(ConfigError(f"model.d_model={d} is not divisible by model.n_heads={h}"))
+        elif pos == "rope" and (d // h) % 2:
+            found.append(ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = "
+                                     f"{d // h}"))
+        elif not found:
+            try:
+                with torch.random.fork_rng(devices=[]):  # a scheme built to check it draws no numbers of the model's
+                    check_options(pos, **self.position_dims(), **self.position_options())
+            except ValueError as e:
+                found.append(ConfigError(f"model.position: {e}"))
+        return found
+
+    # ---- the parts, as the layers take them ----------------------------------------------------------------
+    def attention_options(self) -> Dict[str, Any]:
+        return {k: v for k, v in self.attention.items() if k != "kind"}
+
+    def position_options(self) -> Dict[str, Any]:
+        return {k: v for k, v in self.position.items() if k != "name"}
+
+    def position_dims(self) -> Dict[str, Any]:
+        return dict(d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim, max_len=self.max_len,
+                    causal=self.causal)
+
+    def attention_setting(self, option: str) -> Any:
+        """An attention option as the layer uses it: given, or the kind's default."""
+        cls = ATTENTION.get(self.attention.get("kind"))
+        return self.attention.get(option, None if cls is None else cls.options().get(option))
+
+    # ---- what a model is called ----------------------------------------------------------------------------
+    def identity(self) -> Dict[str, Any]:
+        """``{"attention.kind": ..., "attention.feature_map": ..., "attention.placement": ...,
+        "position.name": ..., "position.<option>": ...}``: what a checkpoint must agree on to be this model."""
+        kind = self.attention.get("kind")
+        out: Dict[str, Any] = {"attention.kind": kind}
+        if kind == "linear":
+            out.update({f"attention.{k}": self.attention_setting(k) for k in ("feature_map", "placement")})
+        out.update({f"position.{k}": v for k, v in sorted(self.position.items()) if k not in EVALUATION_OPTIONS})
+        if self.short_conv:
+            out["short_conv"] = self.short_conv
+        return out
+
+    def tags(self, task: Optional[str] = None) -> List[str]:
+        """wandb tags: attention kind, position scheme, task, feature map, RoPE placement and scaling."""
+        kind, pos = self.attention.get("kind"), self.position.get("name")
+        tags = [f"attention:{kind}", f"position:{pos}", f"task:{task or self.task}"]
+        if kind == "linear":
+            tags += [f"feature_map:{self.attention_setting('feature_map')}"]
+            if pos == "rope":
+                tags += [f"placement:{self.attention_setting('placement')}"]
+        if pos == "rope" and self.position.get("scaling"):
+            tags += [f"rope_scaling:{self.position['scaling']}"]
+        return tags
+
+    def run_name(self, seed: Any) -> str:
+        """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator)."""
+        kind, pos = self.attention.get("kind"), self.position.get("name")
+        name = kind
+        if kind == "linear":
+            name += f"-{self.attention_setting('feature_map')}"
+        name += f"-{pos}"
+        if kind == "linear" and pos == "rope" and self.attention_setting("placement") != "numerator":
+            name += f"-{self.attention['placement']}"
+        return f"{name}-s{seed}"
+
+    def label(self, chosen: Optional[Tuple[str, str]] = None, preset: Optional[Tuple[str, str]] = None) -> Optional[str]:
+        """``model.name`` of a model whose config options (conf/attention, conf/position) were ``chosen``
+        where its preset chose ``preset``: the preset's name while they agree (or either is unknown), else
+        the label of the chosen pairing (``pair_label``)."""
+        if chosen is None or preset is None or tuple(chosen) == tuple(preset):
+            return self.name
+        return pair_label(*chosen)
+
+
+def pair_label(attention: str, position: str) -> str:
+    """The label of an attention × position pairing, by their config options: ``<attention>_<position>``;
+    linear attention without position information is named by its attention alone (the presets
+    ``linear``, ``linear_cosine``)."""
+    return attention if position == "none" and attention != "softmax" else f"{attention}_{position}"
+
+
+def model_identity(model: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The identity of a plain model config (``ModelConfig.identity``)."""
+    return ModelConfig.from_dict(model or {}).identity()
+
+
+def checkpoint_identity(checkpoint: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The identity a checkpoint was saved with; for checkpoints older than ``IDENTITY_KEY``, the one
+    of its saved model config (``hyper_parameters.model``); None when it has neither."""
+    stored = checkpoint.get(IDENTITY_KEY)
+    if isinstance(stored, Mapping):
+        return dict(stored)
+    model = (checkpoint.get("hyper_parameters") or {}).get("model")
+    return model_identity(model) if isinstance(model, Mapping) else None
+
+
+def identity_differences(found: Optional[Mapping[str, Any]], expected: Optional[Mapping[str, Any]]) -> str:
+    """``model.attention.kind: softmax in the checkpoint, linear now; …`` ('' when they agree or one is
+    unknown)."""
+    if not found or not expected:
+        return ""
+    keys = sorted(set(found) | set(expected))
+    # another attention kind or position scheme: its options are another vocabulary, name the kind alone
+    changed = {k.split(".")[0] for k in ("attention.kind", "position.name") if found.get(k) != expected.get(k)}
+    keys = [k for k in keys if k.split(".")[0] not in changed or k in ("attention.kind", "position.name")]
+    return "; ".join(f"model.{k}: {found.get(k, '(absent)')} in the checkpoint, {expected.get(k, '(absent)')} now"
+                     for k in keys if found.get(k) != expected.get(k))
+
+
+def check_identity(checkpoint: Mapping[str, Any], model_cfg: Optional[Mapping], *, where: str = "the checkpoint") -> None:
+    """Raise ``CheckpointMismatch`` when the checkpoint is another model (attention kind, feature map, RoPE
+    placement, position scheme or its options), even where every parameter fits."""
+    diff = identity_differences(checkpoint_identity(checkpoint), model_identity(model_cfg))
+    if diff:
+        raise CheckpointMismatch(f"{where} is a checkpoint of another model: {diff}")

@@ -1,0 +1,117 @@
+"""Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit.
+
+- ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.builders.build_trainer adds it).
+  A checkpoint is written atomically (linrope.base.atomic: a temporary file of the writer's own, fsynced,
+  renamed over the old one), so a kill while writing leaves the previous checkpoint whole, and a full
+  disk is one ``DiskFull`` line.  Parameters that are not finite are never written.  Loading defaults
+  to ``weights_only=True``.
+- ``load_checkpoint``: ``torch.load(weights_only=True)`` with one line for a missing or broken file.
+- ``check_state_dict``: one line naming the parameters that do not fit a model (when a run resumes into
+  another model config, or a model is loaded: ``LanguageModel.from_checkpoint``); a checkpoint of another
+  model whose parameters all fit is refused by ``linrope.models.spec.check_identity``.
+
+This module is about files: it imports nothing of the model (``linrope.training.lit`` imports it).  When ``last.ckpt``
+is written during a run is decided in linrope.run.last_checkpoint.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from linrope.base.atomic import atomic_torch_save, file_problem
+from linrope.base.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint, first_names
+
+
+# ---- writing ---------------------------------------------------------------------------------------------
+def _is_local(path) -> bool:
+    s = str(path)
+    return "://" not in s or s.startswith("file://")
+
+
+def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
+    return [k for k, v in state_dict.items()
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """TorchCheckpointIO that writes atomically, refuses non-finite parameters and loads weights only."""
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}")
+        bad = non_finite_keys(checkpoint.get("state_dict") or {})
+        if bad:
+            raise NonFiniteCheckpoint(
+                f"parameters are not finite at step {checkpoint.get('global_step', '?')} ({first_names(bad)}): "
+                f"{Path(str(path)).name} was not written; the last good checkpoint is kept")
+        if not _is_local(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None):
+        return super().load_checkpoint(path, map_location=map_location,
+                                       weights_only=True if weights_only is None else weights_only)
+
+
+# ---- reading ---------------------------------------------------------------------------------------------
+def check_complete(path) -> None:
+    """One line if ``path`` is missing or not a whole checkpoint (e.g. a half-written file)."""
+    problem = file_problem(path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path}: {problem}")
+
+
+def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
+    if not isinstance(d, Mapping):
+        return {prefix.rstrip("."): d}
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}."))
+    return out
+
+
+def config_differences(found: Optional[Mapping], expected: Optional[Mapping], limit: int = 6) -> str:
+    """``model.d_model: 64 in the checkpoint, 128 now; …`` for the leaves that differ."""
+    if not found or not expected:
+        return ""
+    a, b = _flatten(found, "model."), _flatten(expected, "model.")
+    diffs = [f"{k}: {a.get(k, '(absent)')} in the checkpoint, {b.get(k, '(absent)')} now"
+             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if not diffs:
+        return ""
+    return "; ".join(diffs[:limit]) + (f"; … {len(diffs) - limit} more" if len(diffs) > limit else "")
+
+
+def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, where: str = "the checkpoint",
+                     found_cfg: Optional[Mapping] = None, expected_cfg: Optional[Mapping] = None) -> None:
+    """Raise ``CheckpointMismatch`` naming the missing, unexpected and shape-mismatched keys (one line)."""
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    shapes = [f"{k} {tuple(found[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
+              for k, v in expected.items() if k in found and hasattr(v, "shape") and hasattr(found[k], "shape")
+              and tuple(v.shape) != tuple(found[k].shape)]
+    if not (missing or unexpected or shapes):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing key{'s' * (len(missing) > 1)} ({first_names(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected key{'s' * (len(unexpected) > 1)} ({first_names(unexpected)})")
+    if shapes:
+        parts.append(f"{len(shapes)} of another shape ({first_names(shapes, 3)})")
+    diff = config_differences(found_cfg, expected_cfg)
+    raise CheckpointMismatch(f"{where} does not fit the model config: " + "; ".join(parts)
+                             + (f" — the model configs differ: {diff}" if diff else ""))
+
+
+def load_checkpoint(path, map_location: Any = "cpu") -> Dict[str, Any]:
+    """``torch.load(path, weights_only=True)``; a missing or broken file is one ``CheckpointError`` line."""
+    check_complete(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch's unpickling errors are many and long
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path}: cannot be loaded with weights_only=True: {first}") from e

@@ -1,0 +1,192 @@
+"""What produced a number: the code, the libraries, the machine and the run's own settings.
+
+``collect(...)`` gathers, once per run:
+
+* ``linrope``: the package version; ``commit`` (``git rev-parse HEAD`` of the package's source folder, or
+  ``"not a git checkout"`` when installed from a wheel), ``dirty`` (local changes to tracked files),
+  ``diff_hash`` (the first 12 hex digits of the SHA-256 of ``git diff HEAD``; null when clean) and ``code``
+  (12 hex digits naming what a run executes: the committed trees of ``linrope/`` and ``conf/`` with their
+  uncommitted changes; commits that change only results, docs or tests share it, so a study that commits
+  each run as it finishes is still one code);
+* ``versions``: python, torch, lightning, hydra-core, wandb, einops and fla (null when not installed);
+* ``machine``: CPU model, ``torch.get_num_threads()``, GPU model and driver (null without CUDA), host;
+* ``precision``, ``seed``, ``command`` (the command line), ``overrides`` (Hydra's, in a sweep the job's own),
+  ``started`` (UTC, ISO 8601).
+
+It is written to ``<run folder>/provenance.json`` (``write``), put in every checkpoint under
+``PROVENANCE_KEY`` (plain strings, numbers and lists: it loads with ``weights_only=True``), into the wandb
+config and the CSV logger's hparams.yaml (``provenance``), and read back by ``linrope.report``.
+
+Foundation layer: no Lightning, no linrope import; torch only inside ``collect`` (it is loaded by then)."""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+PROVENANCE_KEY = "linrope_provenance"  # top-level key of every checkpoint linrope writes
+CONFIG_KEY = "linrope_config"  # the run's whole resolved config, beside it (what a resume compares against)
+FILE_NAME = "provenance.json"
+NOT_GIT = "not a git checkout"
+PACKAGES = ("torch", "lightning", "hydra-core", "wandb", "einops", "fla")
+# the distribution that provides the module ``fla`` (flash-linear-attention, or fla-core)
+_DISTRIBUTIONS = {"fla": ("flash-linear-attention", "fla-core")}
+SOURCE = Path(__file__).resolve().parents[1]  # linrope/: git is asked about the checkout holding it
+GIT_TIMEOUT_S = 5.0
+CODE_PATHS = ("linrope", "conf")  # what a run executes (``code``)
+
+
+def _git(args: Sequence[str], cwd: Path) -> Optional[bytes]:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@lru_cache(maxsize=8)
+def git_state(folder: Path = SOURCE) -> Dict[str, Any]:
+    """``{"commit", "dirty", "diff_hash"}`` of the git checkout holding ``folder``; commit ``NOT_GIT`` when
+    there is none (an installed wheel) or git is missing."""
+    top = _git(["rev-parse", "--show-toplevel"], folder)
+    commit = _git(["rev-parse", "HEAD"], folder)
+    if top is None or commit is None or not (Path(top.decode().strip()) / "linrope").is_dir():
+        return {"commit": NOT_GIT, "dirty": None, "diff_hash": None, "code": None}
+    status = _git(["status", "--porcelain", "--untracked-files=no"], folder)
+    dirty = bool(status and status.strip())
+    diff = _git(["diff", "HEAD", "--binary"], folder) if dirty else None
+    root = Path(top.decode().strip())
+    code = hashlib.sha256()
+    for path in CODE_PATHS:
+        code.update(path.encode() + b"=" + (_git(["rev-parse", f"HEAD:{path}"], root) or b"-").strip() + b"\n")
+    if dirty:
+        code.update(_git(["diff", "HEAD", "--binary", "--", *CODE_PATHS], root) or b"")
+    return {"commit": commit.decode().strip(), "dirty": dirty,
+            "diff_hash": hashlib.sha256(diff).hexdigest()[:12] if diff is not None else None,
+            "code": code.hexdigest()[:12]}
+
+
+def version_of(package: str) -> Optional[str]:
+    from importlib import metadata
+
+    for dist in _DISTRIBUTIONS.get(package, (package,)):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def gpu() -> Dict[str, Any]:
+    """GPU model and driver when CUDA is available (torch is imported by the time a run collects this)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return {"gpu": None, "gpu_driver": None, "cuda": None}
+    driver = None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, timeout=GIT_TIMEOUT_S, text=True, check=False).stdout.strip()
+        driver = out.splitlines()[0] if out else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"gpu": torch.cuda.get_device_name(0), "gpu_driver": driver, "cuda": torch.version.cuda}
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def collect(*, precision: Any = None, seed: Any = None, argv: Optional[Sequence[str]] = None,
+            overrides: Optional[Sequence[str]] = None, started: Optional[str] = None) -> Dict[str, Any]:
+    """The provenance of a run started now (see the module docstring): a dict of plain values."""
+    torch = sys.modules.get("torch")
+    versions = {"python": platform.python_version(), **{p: version_of(p) for p in PACKAGES}}
+    if torch is not None:  # the build too: PyPI's CUDA wheels are "2.4.0" to pip and "2.4.0+cu121" to torch
+        versions["torch"] = str(torch.__version__)  # a plain str: TorchVersion is no weights_only global
+    machine = {"cpu": cpu_model(), "threads": int(torch.get_num_threads()) if torch is not None else None,
+               "cores": os.cpu_count(), "host": platform.node(), **gpu()}
+    argv = list(sys.argv if argv is None else argv)
+    if argv and argv[0].endswith(".py"):
+        argv = ["python", *argv]
+    elif argv and Path(argv[0]).name.startswith("linrope-"):  # a console script: its name, as it is typed
+        argv = [Path(argv[0]).name, *argv[1:]]
+    return {"linrope": {"version": version_of("linrope"), **git_state()},
+            "versions": versions, "machine": machine,
+            "precision": None if precision is None else str(precision), "seed": seed,
+            "command": " ".join(shlex.quote(a) for a in argv),
+            "overrides": None if overrides is None else [str(o) for o in overrides],
+            "started": started or utc_now()}
+
+
+def write(folder: Path, provenance: Mapping[str, Any], name: str = FILE_NAME) -> Path:
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(provenance, indent=2, default=str, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read(folder: Path, name: str = FILE_NAME) -> Optional[Dict[str, Any]]:
+    """``<folder>/provenance.json``, or None when absent or unreadable."""
+    try:
+        value = json.loads((Path(folder) / name).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def commit_text(provenance: Optional[Mapping[str, Any]]) -> str:
+    """``abc1234`` / ``abc1234+dirty(diff 0123456789ab)`` / ``not a git checkout`` / ``unknown``."""
+    lr = (provenance or {}).get("linrope") or {}
+    commit = lr.get("commit")
+    if not commit:
+        return "unknown"
+    if commit == NOT_GIT:
+        return f"{NOT_GIT} (linrope {lr.get('version')})"
+    short = str(commit)[:10]
+    return f"{short}+dirty (diff {lr.get('diff_hash')})" if lr.get("dirty") else short
+
+
+def code_text(provenance: Optional[Mapping[str, Any]]) -> str:
+    """``code 0123456789ab`` when the run recorded its code, else ``commit_text`` (older runs, wheels)."""
+    code = ((provenance or {}).get("linrope") or {}).get("code")
+    return f"code {code}" if code else commit_text(provenance)
+
+
+def machine_line() -> str:
+    """One line for a benchmark's header, so that its numbers name what produced them: the commit, torch,
+    the CPU (or GPU) and the threads."""
+    p = collect()
+    m = p["machine"]
+    return (f"commit {commit_text(p)}, torch {p['versions']['torch']}, {m.get('gpu') or m['cpu']}, "
+            f"{m['threads']} threads")
+
+
+def summary_line(provenance: Optional[Mapping[str, Any]]) -> str:
+    """One line: commit, torch, python, machine, precision."""
+    if not provenance:
+        return "no provenance recorded (written before linrope recorded it)"
+    v, m = provenance.get("versions") or {}, provenance.get("machine") or {}
+    where = m.get("gpu") or m.get("cpu") or "?"
+    return (f"commit {commit_text(provenance)}, torch {v.get('torch')}, python {v.get('python')}, {where}"
+            f" ({m.get('threads')} threads), precision {provenance.get('precision')}")

@@ -1,0 +1,349 @@
+"""A study that outlives a session: the jobs of a sweep, one folder each, finished ones skipped.
+
+    python -m linrope.study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit
+    python -m linrope.study docs/results/budget/steps3200 experiment=budget --list
+
+The jobs are those ``python train.py -m <overrides>`` would launch (``linrope.sweeps``: the sweep of the
+experiment and of the command line).  Each job trains in ``<dir>/<name>``, its name made of the values
+that differ between jobs (``linear_rope-seed1``), as ``python -m linrope.train <job> hydra.run.dir=...
+ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores / jobs threads each unless ``--threads``.
+
+* A job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name: a folder whose saved
+  configuration (``.hydra/config.yaml``) or recorded code differs from the job requested now is never counted as
+  done nor resumed.  The driver names the keys that differ (old → new) and refuses before training anything;
+  ``--new-folder`` trains such a job in a folder of its own (``<name>-run2``), which later calls find.
+* Every job's configuration is checked (values, pairings: linrope.config.checks) before the first one starts.
+* A job whose folder holds ``study_job.json`` and its configuration has finished: it is skipped.
+* A job stopped part-way (a session ending, Ctrl+C) resumes from its ``last.ckpt`` on the next call.
+* SIGTERM or SIGINT (Ctrl+C) to the driver: each running job saves ``last.ckpt`` and stops (resumable, not
+  failed), no job starts, one line gives the command that resumes, and the driver exits 143 / 130.
+* ``--commit`` commits each job's folder as it finishes (checkpoints excepted: ``<dir>/.gitignore``), so
+  a study run in pieces across sessions keeps every finished run.
+* A job that fails is reported (with its log) and left unfinished; the others go on; exit status 1.
+* Two drivers may share a study (one started later to add cores): a job whose folder another run holds
+  (its lock, linrope.run.folder) is left to it.
+* Paths mean what they say from any folder: the study folder, ``data.path`` and ``--config-dir`` are read
+  from where the driver was started (each job runs there, its run folder given absolute).
+
+``python -m linrope.report <dir>`` reads whatever has finished."""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from linrope.studies.study_jobs import DONE, current_code, flat, mismatch, place
+
+IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/*.png\n"  # per-run figures and tensors stay out: the report draws the study
+DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
+_ROOT = Path(__file__).resolve().parents[2]
+CLAIM = ".study.lock"
+
+
+def job_names(jobs: Sequence[Sequence[str]]) -> List[str]:
+    """One folder name per job, made of the override values that differ between jobs: ``model=linear_rope``
+    gives ``linear_rope``, ``seed=1`` gives ``seed1``, joined by ``-``."""
+    splits = [dict(o.split("=", 1) for o in job) for job in jobs]
+    keys = [k for k in dict.fromkeys(k for s in splits for k in s) if len({s.get(k) for s in splits}) > 1]
+    names = []
+    for s in splits:
+        parts = []
+        for k in keys:
+            v = s.get(k, "none")
+            parts.append(v if k in ("model", "data", "experiment") else f"{k.split('.')[-1]}{v}")
+        names.append(re.sub(r"[^A-Za-z0-9_.+-]", "_", "-".join(parts)) or "job")
+    if len(set(names)) != len(names):
+        raise SystemExit(f"linrope.study: two jobs would share a folder name ({names})")
+    return names
+
+
+def state(folder: Path) -> str:
+    if (folder / DONE).is_file():
+        return "done"
+    if any(folder.glob("checkpoints/*.ckpt")):
+        return "partial"
+    return "todo"
+
+
+def test_metrics(folder: Path) -> Dict[str, float]:
+    """The last ``test/*`` values the run logged."""
+    from linrope.analysis.runs import read_metrics  # light: csv + omegaconf
+    found: Dict[str, float] = {}
+    for path in sorted(folder.rglob("metrics.csv")):
+        for key, series in read_metrics(path).items():
+            if key.startswith("test/") and series:
+                found[key] = series[-1][1]
+    return found
+
+
+def _commit(dir_: Path, folder: Path, message: str) -> None:
+    """git add + commit of one job folder (only its paths) in the repository holding the study, retried while
+    another git holds the index."""
+    for attempt in range(30):
+        add = subprocess.run(["git", "add", "--", str(folder), str(dir_ / ".gitignore")], cwd=dir_,
+                             capture_output=True, text=True)
+        if add.returncode == 0:
+            done = subprocess.run(["git", "commit", "-q", "-m", message, "--", str(folder), str(dir_ / ".gitignore")],
+                                  cwd=dir_, capture_output=True, text=True)
+            if done.returncode == 0:
+                return
+            err = done.stderr
+        else:
+            err = add.stderr
+        if "index.lock" not in err:
+            print(f"linrope.study: could not commit {folder}: {err.strip()}", file=sys.stderr)
+            return
+        time.sleep(2)
+    print(f"linrope.study: could not commit {folder}: the git index stayed locked", file=sys.stderr)
+
+
+def check_folder(dir_: Path) -> None:
+    """One line for a study path that cannot hold a study: a file, or a folder (or its parent) not writable."""
+    if dir_.exists() and not dir_.is_dir():
+        raise SystemExit(f"linrope.study: {dir_} is a file, not a study folder; choose another path")
+    existing = next(p for p in (dir_, *dir_.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise SystemExit(f"linrope.study: {existing} is not writable: the study cannot write its runs there")
+
+
+def _claim(folder: Path) -> Optional[int]:
+    """This driver's claim on a job (an exclusive lock on ``<folder>/.study.lock``), None when another driver
+    holds it.  A lock file deleted meanwhile is not trusted: the claim is taken on the file now at the path."""
+    path = folder / CLAIM
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except IsADirectoryError:
+            raise SystemExit(f"linrope.study: {path} is a folder, not the study's lock file; remove it") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the file was replaced or removed while this driver took it: take the one there now
+
+
+class Study:
+    def __init__(self, dir_: Path, overrides: Sequence[str], threads: int, commit: bool, new_folder: bool = False,
+                 resume_command: Optional[str] = None):
+        from linrope.studies.sweeps import compose_train, sweep_jobs
+        self.dir = Path(os.path.abspath(dir_))  # jobs run in the caller's folder: this one, given absolute
+        self.threads, self.commit, self.new_folder = threads, commit, new_folder
+        self.fixed = list(overrides)
+        self.jobs = sweep_jobs(self.fixed)
+        self.names = job_names(self.jobs)
+        given = {o.split("=", 1)[0].lstrip("+~") for o in self.fixed}
+        self.fixed += [d for d in DEFAULTS if d.split("=", 1)[0] not in given]
+        self.configs = [compose_train(self.job_overrides(job)) for job in self.jobs]
+        self.requested = [flat(cfg) for cfg in self.configs]
+        self.code = current_code()
+        self.places = [place(self.dir, name, req, self.code, new_folder, self.names)
+                       for name, req in zip(self.names, self.requested)]
+        self.resume_command = resume_command or " ".join(
+            ["python -m linrope.study", shlex.quote(str(self.dir)), *map(shlex.quote, overrides)])
+        self._lock = threading.Lock()
+        self._children: List[subprocess.Popen] = []
+        self.failed: List[str] = []
+        self.elsewhere: List[str] = []
+        self.stopped: List[str] = []
+        self.signal: Optional[int] = None  # the signal that stops the driver
+
+    def folder(self, i: int) -> Path:
+        return self.places[i].folder
+
+    def job_overrides(self, job: Sequence[str]) -> List[str]:
+        fixed_keys = {o.split("=", 1)[0] for o in job}
+        return [o for o in self.fixed if o.split("=", 1)[0] not in fixed_keys] + list(job)  # the sweep value wins
+
+    def command(self, job: Sequence[str], folder: Path) -> List[str]:
+        return [sys.executable, "-m", "linrope.train", *self.job_overrides(job), f"hydra.run.dir={folder}",
+                "ckpt_path=auto"]
+
+    def status(self, i: int) -> str:
+        """done / partial / todo, or ``differs`` when the job's folder holds another job."""
+        return "differs" if self.places[i].conflict else state(self.folder(i))
+
+    def conflicts(self) -> List[str]:
+        """One line per job whose folder holds another configuration or code (the keys that differ)."""
+        return [f"linrope.study: job {self.names[i]}: {self.folder(i)} holds another run ({p.conflict}); pass "
+                f"--new-folder to train this job in a folder of its own, or choose another study folder"
+                for i, p in enumerate(self.places) if p.conflict]
+
+    def check(self) -> List[str]:
+        """Every job's configuration checked before any starts (linrope.config.checks: values, pairings, the corpus)."""
+        from linrope.config.checks import validate  # torch: only when a study is about to train
+        from linrope.base.errors import LinropeError
+        errors = []
+        for i, cfg in enumerate(self.configs):
+            if state(self.folder(i)) == "done":
+                continue
+            try:
+                validate(cfg)
+            except LinropeError as e:
+                errors += [f"linrope.study: job {self.names[i]}: {line}" for line in str(e).splitlines()]
+        return errors
+
+    def run_one(self, i: int) -> None:
+        from linrope.run.folder import lock_holder  # light: no torch
+        job, name, folder = self.jobs[i], self.names[i], self.folder(i)
+        if self.signal is not None or state(folder) == "done":  # stopping; or finished meanwhile by another driver
+            return
+        holder = lock_holder(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        claim = None if holder else _claim(folder)
+        if claim is None:  # another process of this study runs it (two drivers may share a study)
+            with self._lock:
+                self.elsewhere.append(name)
+            print(f"[{folder.name}] running elsewhere ({holder or 'another driver'}): left to it", flush=True)
+            return
+        try:
+            why = mismatch(folder, self.requested[i], self.code)  # another driver's run landed here meanwhile
+            if why:
+                with self._lock:
+                    self.failed.append(name)
+                print(f"[{folder.name}] holds another run now ({why}): not trained", flush=True)
+            elif state(folder) != "done" and self.signal is None:
+                self._train(job, folder)
+        finally:
+            os.close(claim)
+
+    def _train(self, job: Sequence[str], folder: Path) -> None:
+        name = folder.name
+        cmd = self.command(job, folder)
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
+        if (_ROOT / "pyproject.toml").is_file():  # a checkout: the jobs import this linrope from any folder
+            env["PYTHONPATH"] = os.pathsep.join([str(_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+        log = self.dir / f"{name}.log"
+        start = time.time()
+        print(f"[{name}] {state(folder)} → training ({' '.join(job)})", flush=True)
+        with open(log, "a") as out:
+            # a session of its own: Ctrl+C reaches the driver only, which passes it on once (twice stops at once)
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            with self._lock:
+                self._children.append(proc)
+                if self.signal is not None:  # the driver was stopped while this job started
+                    proc.send_signal(self.signal)
+            rc = proc.wait()
+        wall = time.time() - start
+        metrics = test_metrics(folder)
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "@" not in k)
+        if self.signal is not None and (rc != 0 or not metrics):
+            with self._lock:
+                self.stopped.append(name)
+            saved = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
+            print(f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({saved}): "
+                  f"resumable, see {log}", flush=True)
+            return
+        if rc != 0 or not metrics:
+            with self._lock:
+                self.failed.append(name)
+            why = f"exit status {rc}" if rc else "no test metric was logged"
+            print(f"[{name}] FAILED ({why}) after {wall / 60:.1f} min: see {log}", flush=True)
+            return
+        record = dict(job=list(job), overrides=self.fixed, command=cmd, wall_s=round(wall, 1), threads=self.threads,
+                      test=metrics, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        (folder / DONE).write_text(json.dumps(record, indent=1) + "\n")
+        log.replace(folder / "study.log")
+        print(f"[{name}] done in {wall / 60:.1f} min: {shown}", flush=True)
+        if self.commit:
+            with self._lock:
+                _commit(self.dir, folder, f"{self.dir.name}: {name} finished ({shown}; {wall / 60:.1f} min)")
+
+    def _stop(self, signum, _frame) -> None:
+        """SIGTERM / SIGINT: start nothing more; each running job gets the signal, saves and stops."""
+        if self.signal is None:
+            self.signal = signum
+            print(f"linrope.study: {signal.Signals(signum).name}: stopping after the running jobs save "
+                  f"(no job starts)", flush=True)
+        with self._lock:
+            for p in self._children:
+                if p.poll() is None:
+                    p.send_signal(signum)
+
+    def run(self, jobs: int) -> int:
+        errors = self.conflicts() or self.check()
+        if errors:
+            raise SystemExit("\n".join(errors))
+        check_folder(self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        gitignore = self.dir / ".gitignore"  # a folder of an older study gets the lines it lacks
+        kept = gitignore.read_text().splitlines() if gitignore.exists() else []
+        missing = [line for line in IGNORE.splitlines() if line not in kept]
+        if missing:
+            gitignore.write_text("".join(f"{line}\n" for line in kept + missing))
+        todo = [i for i in range(len(self.jobs)) if state(self.folder(i)) != "done"]
+        print(f"linrope.study: {len(self.jobs)} jobs in {self.dir}: {len(self.jobs) - len(todo)} done, "
+              f"{len(todo)} to run, {jobs} at a time with {self.threads} thread(s) each", flush=True)
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
+        try:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(self.run_one, todo))
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        left = [self.folder(i).name for i in range(len(self.jobs)) if state(self.folder(i)) != "done"]
+        print(f"linrope.study: {len(self.jobs) - len(left)}/{len(self.jobs)} jobs done"
+              + (f"; not finished: {', '.join(left)}" if left else "")
+              + (f" ({', '.join(self.elsewhere)} running elsewhere)" if self.elsewhere else ""), flush=True)
+        if self.signal is not None:
+            print(f"linrope.study: stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}",
+                  flush=True)
+            return 128 + int(self.signal)
+        return 1 if self.failed or set(left) - set(self.elsewhere) else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m linrope.study", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="example:\n  python -m linrope.study docs/results/budget/steps3200 "
+                                        "experiment=budget --jobs 2 --commit")
+    ap.add_argument("dir", type=Path, help="the study's folder: one sub-folder per job")
+    ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
+    ap.add_argument("--jobs", type=int, default=1, help="jobs at a time (default 1)")
+    ap.add_argument("--threads", type=int, default=None, help="threads per job (default: cores / jobs)")
+    ap.add_argument("--commit", action="store_true", help="git-commit each job's folder as it finishes")
+    ap.add_argument("--list", action="store_true", help="list the jobs and their state, train nothing")
+    ap.add_argument("--new-folder", action="store_true",
+                    help="a job whose folder holds another configuration or code trains in a folder of its own "
+                         "(<name>-run2) instead of being refused")
+    ap.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
+                    help="a folder of your own configs (presets, experiments), as for train.py")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
+    if args.dir.exists() and not args.dir.is_dir():
+        raise SystemExit(f"linrope.study: {args.dir} is a file, not a study folder; choose another path")
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    from linrope.config.command_line import check_command_line, config_dirs_as_overrides
+    command_line = [*args.overrides, *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir)]
+    check_command_line(command_line, prefix="linrope.study")  # model=nope, trainer.max_step=3: one line
+    overrides = config_dirs_as_overrides(command_line)
+    flags = [f"--jobs={args.jobs}", *([f"--threads={args.threads}"] if args.threads else []),
+             *(["--commit"] if args.commit else []), *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir)]
+    resume = shlex.join(["python", "-m", "linrope.study", os.path.abspath(args.dir), *args.overrides, *flags])
+    study = Study(args.dir, overrides, threads, args.commit, args.new_folder, resume)
+    if args.list:
+        for i, (job, name) in enumerate(zip(study.jobs, study.names)):
+            p = study.places[i]
+            shown = p.folder.name if not p.conflict else f"{name} (holds another run: {p.conflict})"
+            print(f"{study.status(i):8} {shown:32} {' '.join(job)}")
+        return 0
+    return study.run(args.jobs)

@@ -1,0 +1,131 @@
+"""Which folder holds which job of a study (``linrope.study``): a job is its whole composed configuration and the
+code that trains it, never its folder's name.
+
+A job's folder is named after the override values that differ between the study's jobs (``linear_rope-seed1``;
+``job`` when there is one job), so two different requests can name the same folder.  Before anything is counted
+as done or resumed, the configuration saved in the folder (``<folder>/.hydra/config.yaml``, what Hydra composed
+for the run) is compared key by key with the one requested now (composed the same way), and the code the run
+recorded (``<folder>/provenance.json``, linrope.run.provenance's ``code``) with the checkout's.  Only settings that
+cannot change a result are left out (``IGNORED``: folders, loggers, the progress bar, the resume option).
+
+``place`` finds a job's folder: its own name, or ``<name>-run<k>`` that an earlier ``--new-folder`` made, when
+the configuration and code there are the requested ones; a folder holding no run yet; else the job conflicts
+with what its folder holds (the differing keys, old → new) and is refused, unless ``new_folder`` asks for a
+folder of its own (the first free ``<name>-run<k>``).
+
+Light: Hydra's compose and omegaconf; no torch."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from linrope.run.provenance import code_text, git_state
+from linrope.run.provenance import read as read_provenance
+from linrope.run.resume_diff import flatten
+
+DONE = "study_job.json"
+# settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes
+IGNORED = ("paths.", "hydra.", "ckpt_path", "logger.", "tags", "task_name", "trainer.enable_progress_bar",
+           "trainer.default_root_dir", "data.num_workers")
+SHOWN = 4  # differing keys named in a refusal; the rest are counted
+
+
+def _ignored(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in IGNORED)
+
+
+def flat(cfg) -> Dict[str, Any]:
+    """A composed configuration, flat, its interpolations kept as written (as Hydra saves ``.hydra/config.yaml``)."""
+    return flatten(OmegaConf.to_container(cfg, resolve=False))
+
+
+def saved(folder: Path) -> Optional[Dict[str, Any]]:
+    """The flat configuration saved in a run folder, None when there is none; an unreadable one is a
+    configuration of its own (it never equals a requested one)."""
+    path = folder / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        node = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 - YAML or encoding errors of a damaged file
+        return {"(.hydra/config.yaml)": f"unreadable: {type(e).__name__}"}
+    return flat(node) if OmegaConf.is_dict(node) else {"(.hydra/config.yaml)": "not a mapping"}
+
+
+_ABSENT = "(absent)"
+
+
+def differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
+    """``key: old → new`` for every compared key whose value differs: first the keys both hold, then the keys
+    only one holds (a component swapped for another brings its own options)."""
+    keys = sorted((k for k in set(old) | set(new) if not _ignored(k)), key=lambda k: (not (k in old and k in new), k))
+    return [f"{k}: {old.get(k, _ABSENT)} → {new.get(k, _ABSENT)}" for k in keys if old.get(k, _ABSENT) != new.get(k, _ABSENT)]
+
+
+def current_code() -> str:
+    """The code this checkout would train with (``code <hash>``; the commit outside a git checkout)."""
+    return code_text({"linrope": git_state()})
+
+
+def holds_a_run(folder: Path) -> bool:
+    """The folder holds something of a run: finished (``study_job.json``), checkpoints or logged metrics."""
+    return folder.is_dir() and ((folder / DONE).is_file() or any(folder.glob("checkpoints/*.ckpt"))
+                                or any(folder.glob("csv/metrics.csv")) or (folder / "metrics.csv").is_file())
+
+
+def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Optional[str]:
+    """Why the run in ``folder`` is not the requested job (None when it is, or when the folder holds no run)."""
+    if not holds_a_run(folder):
+        return None
+    old = saved(folder)
+    if old is None:
+        return "it holds a run without a saved configuration (.hydra/config.yaml) to compare"
+    diff = differences(old, requested)
+    parts = []
+    if diff:
+        parts.append(", ".join(diff[:SHOWN]) + (f" and {len(diff) - SHOWN} more" if len(diff) > SHOWN else ""))
+    prov = read_provenance(folder)
+    theirs = code_text(prov) if prov else None
+    if theirs and code and theirs != code:
+        parts.append(f"trained on {theirs}, the checkout is {code}")
+    return "; ".join(parts) or None
+
+
+@dataclass
+class Place:
+    folder: Path
+    conflict: Optional[str] = None  # what the job's own folder holds instead of it (then the job is refused)
+
+
+def candidates(dir_: Path, name: str):
+    """``<name>``, ``<name>-run2``, ``<name>-run3``, …"""
+    for k in itertools.count(1):
+        yield dir_ / (name if k == 1 else f"{name}-run{k}")
+
+
+def place(dir_: Path, name: str, requested: Dict[str, Any], code: Optional[str], new_folder: bool,
+          names: Sequence[str] = ()) -> Place:
+    """The folder of one job (see the module docstring); ``names``: the study's other folder names, never taken."""
+    first: Optional[Place] = None
+    free: Optional[Path] = None
+    for k, folder in enumerate(candidates(dir_, name), 1):
+        if k > 1 and folder.name in names:
+            continue
+        if not holds_a_run(folder):
+            if k == 1:
+                return Place(folder)
+            free = free or folder
+            if not folder.exists():
+                break
+            continue
+        why = mismatch(folder, requested, code)
+        if why is None:
+            return Place(folder)
+        if k == 1:
+            first = Place(folder, why)
+    assert first is not None and free is not None
+    return Place(free) if new_folder else first

@@ -1,0 +1,78 @@
+"""Dry run of a sweep: the jobs ``python train.py -m <overrides>`` would launch, each composed and
+checked (``linrope.config.checks.validate``) without training anything.
+
+    python -m linrope.sweeps experiment=pe_compare
+    python -m linrope.sweeps experiment=linear_rope_ablation trainer.max_steps=50
+    python -m linrope.sweeps --config-dir my_conf model=my_preset     (a folder of your own configs)
+
+Expands ``hydra.sweeper.params`` of the composed config and the sweeps on the command line
+(``a=x,y``) the way Hydra's basic sweeper does (the command line wins over the config for one key).
+Each job's config is checked, not this machine: ``trainer=gpu`` jobs check on a login node without a GPU.
+Exit status 1 when a job's config is refused."""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from linrope.config.command_line import CONF_DIR, check_command_line, config_dirs_as_overrides
+from linrope.config.checks import ConfigError, validate
+
+CONF = CONF_DIR  # linrope.config.command_line: the package's configs, in a checkout or installed
+
+
+def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
+    """``conf/train.yaml`` composed with ``overrides``, outside any Hydra run (tools, benchmarks, tests)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name="train", overrides=list(overrides), return_hydra_config=hydra_config)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
+    """The override list of every job, in launch order."""
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(list(overrides))
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    cfg = compose_train(fixed, hydra_config=True)
+    params = cfg.hydra.sweeper.get("params") or {}
+    cli_keys = {o.get_key_element() for o in parsed}
+    from_config = [f"{k}={v}" for k, v in params.items() if k not in cli_keys]
+    batches = BasicSweeper.split_arguments(parser.parse_overrides(from_config) + parsed, None)
+    return [list(job) for batch in batches for job in batch]
+
+
+def check_jobs(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[Tuple[List[str], Optional[str]]]:
+    """(job overrides, None if its config is valid else the error) for every job.  The configs alone are
+    checked (``validate(hardware=False)``): a sweep of ``trainer=gpu`` jobs checked on a login node without a
+    GPU passes; whether the machines have the devices is the launch's business."""
+    results = []
+    for job in sweep_jobs(overrides):
+        try:
+            validate(compose_train([*job, *extra]), hardware=False)
+            results.append((job, None))
+        except ConfigError as e:
+            results.append((job, str(e)))
+        except Exception as e:  # noqa: BLE001 - a config that does not compose
+            results.append((job, f"{type(e).__name__}: {e}"))
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    check_command_line(argv, prefix="linrope.sweeps")  # model=nope, trainer.max_step=3: one line
+    results = check_jobs(config_dirs_as_overrides(argv))
+    for i, (job, err) in enumerate(results):
+        print(f"#{i:<3} {' '.join(job)}" + ("" if err is None else f"\n     REFUSED: {err}"))
+    bad = sum(err is not None for _, err in results)
+    print(f"{len(results)} jobs, {bad} refused")
+    return 1 if bad else 0

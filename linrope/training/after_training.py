@@ -1,0 +1,197 @@
+"""After training: a stop during the test or the extrapolation is explained, and a sweep whose objective the
+runs can never log is refused before its first trial.
+
+- ``explain_stop(cfg, trainer)``: around train.py's test, extrapolation and the loggers' finish.  SIGTERM or
+  SIGINT there (training is over; ``linrope.run.signals.SignalStop`` handles it during training) ends the run with
+  one line — what finished (training, its checkpoint), what did not (the test, the extrapolation) and the one
+  command that completes it (``python train.py <the run's overrides> train=false ckpt_path=<checkpoint>
+  hydra.run.dir=<run>``) — and exit status 128 + the signal.  Once the run has completed (its test metrics
+  logged and no extrapolation left, or ``completed()`` called), a signal prints one line saying so and where
+  the results are; the run finishes writing and exits with 128 + the signal (a second signal: at once).
+- ``objective_problem(cfg)`` / ``CheckObjective`` (a Hydra callback of ``conf/hparams_search/optuna.yaml``): a
+  sweeper that optimises ``optimized_metric`` needs each run to log it; a metric the task never logs, a test
+  metric (train.py returns before testing), ``train=false`` or no validation before ``trainer.max_steps`` is
+  refused in one line naming the metric and the setting to change.
+
+No Lightning import (the trainer is passed in); Hydra only."""
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.experimental.callback import Callback
+
+NOT_REPEATED = ("ckpt_path", "train", "test", "hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job")
+
+
+class _Stopped(BaseException):
+    """Raised by the signal handler of ``explain_stop`` (BaseException: nothing on the way swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def job_overrides() -> List[str]:
+    """The overrides of this run (in a sweep: this job's), from Hydra; the command line's otherwise."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return [str(o) for o in HydraConfig.get().overrides.task]
+    except Exception:  # noqa: BLE001 - outside a Hydra run (tests, tools)
+        return [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+
+
+def completing_command(cfg, ckpt: str) -> str:
+    kept = [o for o in job_overrides() if o.lstrip("+~").split("=", 1)[0] not in NOT_REPEATED]
+    run = str(cfg.paths.output_dir)
+    return " ".join(["python train.py", *map(shlex.quote, kept), "train=false", f"ckpt_path={shlex.quote(ckpt)}",
+                     f"hydra.run.dir={shlex.quote(run)}"])
+
+
+def _checkpoint(cfg, trainer) -> Optional[str]:
+    cb = getattr(trainer, "checkpoint_callback", None)
+    best = getattr(cb, "best_model_path", "") if cb is not None else ""
+    if best and Path(best).is_file():
+        return best
+    for cb in getattr(trainer, "checkpoint_callbacks", []) or []:
+        last = getattr(cb, "last_model_path", "")
+        if last and Path(last).is_file():
+            return last
+    ckpt = cfg.get("ckpt_path")
+    return str(ckpt) if ckpt else None
+
+
+def completed_message(cfg, signum: int, tested: bool) -> str:
+    done = " and ".join((["training"] if cfg.get("train", True) else []) + (["the test"] if tested else [])
+                        + (["the extrapolation"] if tested and (cfg.get("extrapolation") or {}).get("enabled") else []))
+    return (f"stopped by {signal.Signals(signum).name} after the run completed ({done or 'nothing to do'}): its "
+            f"results are in {cfg.paths.output_dir}")
+
+
+def test_finished(trainer) -> bool:
+    """Whether the test's metrics are logged: the test has finished (``trainer.state``), or its loop has logged
+    its metrics (``test/…`` in ``trainer.callback_metrics``) and is printing its table or tearing down."""
+    state = getattr(trainer, "state", None)
+    if state is not None and str(getattr(state, "fn", "")) in ("test", "TrainerFn.TESTING") \
+            and str(getattr(state, "status", "")) in ("finished", "TrainerStatus.FINISHED"):
+        return True
+    return any(str(k).startswith("test/") for k in (getattr(trainer, "callback_metrics", None) or {}))
+
+
+def stop_message(cfg, trainer, signum: int, test_finished: bool) -> str:
+    ckpt = _checkpoint(cfg, trainer)
+    extrapolating = bool((cfg.get("extrapolation") or {}).get("enabled"))
+    done = (["training"] if cfg.get("train", True) else []) + (["the test"] if test_finished else [])
+    not_done = ([] if test_finished else ["the test"]) + (["the extrapolation"] if extrapolating else [])
+    during = "the extrapolation" if test_finished else "the test"
+    head = f"stopped by {signal.Signals(signum).name} during {during}: finished {' and '.join(done) or 'nothing'}"
+    if ckpt is None:
+        return f"{head} (no checkpoint was saved); not done: {', '.join(not_done)}"
+    return (f"{head} (checkpoint {ckpt}); not done: {', '.join(not_done)}; complete it with: "
+            f"{completing_command(cfg, ckpt)}")
+
+
+class _Progress:
+    """What ``explain_stop`` yields: ``completed()`` once every result of the run is written."""
+
+    def __init__(self):
+        self.done = False
+        self.signum: Optional[int] = None  # a signal that came after the run completed
+
+    def completed(self) -> None:
+        self.done = True
+
+
+@contextmanager
+def explain_stop(cfg, trainer):
+    """See the module docstring."""
+    progress = _Progress()
+    if threading.current_thread() is not threading.main_thread():
+        yield progress
+        return
+    extrapolating = bool((cfg.get("extrapolation") or {}).get("enabled"))
+
+    def stop(signum, frame):
+        tested = cfg.get("test", True) and test_finished(trainer)
+        if progress.signum is not None:  # a second signal after the run completed: stop now
+            raise SystemExit(128 + signum)
+        if progress.done or (tested and not extrapolating):
+            progress.signum = signum  # the run has completed: say so, let it finish writing, then exit
+            if getattr(trainer, "is_global_zero", True):
+                print("linrope: " + completed_message(cfg, signum, tested), file=sys.stderr, flush=True)
+            return
+        raise _Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield progress
+    except _Stopped as e:
+        if getattr(trainer, "is_global_zero", True):
+            print("linrope: " + stop_message(cfg, trainer, e.signum, test_finished(trainer)), file=sys.stderr,
+                  flush=True)
+        raise SystemExit(128 + e.signum) from None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if progress.signum is not None:
+        raise SystemExit(128 + progress.signum)
+
+
+# ---- a sweep's objective ---------------------------------------------------------------------------------------
+TRAIN_METRICS = ("loss", "lr", "tokens_per_sec", "peak_mem_mb")
+
+
+def _get(cfg, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        node = node.get(part)
+    return default if node is None else node
+
+
+def objective_problem(cfg) -> Optional[str]:
+    """Why the runs of ``cfg`` can never log ``optimized_metric`` (one line), or None."""
+    metric = str(cfg.get("optimized_metric") or "")
+    if not metric:
+        return None
+    head = f"the sweep optimises optimized_metric={metric}, which"
+    if not cfg.get("train", True):
+        return f"{head} a run with train=false never returns: train the runs (train=true)"
+    stage, _, name = metric.partition("/")
+    task = str(_get(cfg, "data.task", "bytes"))
+    if stage == "val" and task != "bytes" and metric == "val/bpb":
+        metric, name = "val/loss", "loss"  # what linrope.training.builders.use_task_metric makes of it
+    logged = {"bytes": ("loss", "bpb")}.get(task, ("loss", "acc"))
+    if stage == "test":
+        return f"{head} train.py returns before testing: set optimized_metric=val/{name}"
+    if stage == "train":
+        return None if name in TRAIN_METRICS else \
+            f"{head} no run logs (train/{', train/'.join(TRAIN_METRICS)}): change optimized_metric"
+    if stage != "val" or name not in logged:
+        return (f"{head} task {task} never logs (it logs val/{', val/'.join(logged)}): set optimized_metric="
+                f"val/{logged[0]}")
+    if _get(cfg, "trainer.limit_val_batches") == 0:
+        return f"{head} is never measured with trainer.limit_val_batches=0: set it to null (every batch) or > 0"
+    max_steps, every = _get(cfg, "trainer.max_steps", -1), _get(cfg, "trainer.val_check_interval")
+    if isinstance(max_steps, int) and max_steps > 0 and isinstance(every, int) and not isinstance(every, bool) \
+            and _get(cfg, "trainer.check_val_every_n_epoch") is None and every > max_steps:
+        return (f"{head} is never logged: no validation before trainer.max_steps={max_steps} "
+                f"(trainer.val_check_interval={every}); set trainer.val_check_interval={max_steps} or less, "
+                f"or trainer.max_steps={every} or more")
+    return None
+
+
+class CheckObjective(Callback):
+    """Refuse a sweep before its first trial when its runs can never log the objective (``objective_problem``)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        problem = objective_problem(config)
+        if problem:
+            raise SystemExit(f"linrope: {problem}")

@@ -1,0 +1,294 @@
+"""The LightningModule: next-token cross-entropy, AdamW with linear warm-up and cosine decay,
+metrics train/loss, train/lr, val/loss, val/bpb (bits per byte), test/*, tokens per second."""
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from typing import Any, Dict, Mapping, Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from linrope.run.checkpoint import check_state_dict, load_checkpoint
+from linrope.base.compiling import compile_unsupported
+from linrope.config.checks import plain
+from linrope.data.bytes import LN2
+from linrope.data.tasks import IGNORE  # -100: the target of positions that are not scored
+from linrope.base.errors import CheckpointError, ConfigError, NonFiniteLoss
+from linrope.models.model import TransformerLM, weight_decay_split
+from linrope.models.optim import REQUIRED as OPTIM_KEYS  # conf/optim/adamw.yaml
+from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY
+from linrope.run.last_checkpoint import last_good_checkpoint
+from linrope.run.process_group import destroy_process_group_at_exit
+from linrope.models.spec import IDENTITY_KEY, check_identity, model_identity
+
+
+def step_seed(base: int, step: int, rank: int) -> int:
+    """A seed for one training step of one process (splitmix64 of the three numbers)."""
+    x = (int(base) * 0x9E3779B97F4A7C15 + int(step) * 0xBF58476D1CE4E5B9 + int(rank) * 0x94D049BB133111EB) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) % 2**63
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory so far: the CUDA allocator's peak on a GPU, the process's resident high-water mark on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak learning rate: linear warm-up, then cosine decay to min_lr_ratio."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class LanguageModel(L.LightningModule):
+    provenance: Optional[Dict[str, Any]] = None  # linrope.run.provenance of the run (linrope.training.builders.log_config)
+    run_config: Optional[Dict[str, Any]] = None  # the run's whole resolved config (what a resume compares against)
+
+    def __init__(self, model: Dict[str, Any], optim: Optional[Dict[str, Any]] = None, compile: bool = False):
+        super().__init__()
+        self.save_hyperparameters(logger=False)  # train.py logs the whole config once (training.log_config)
+        self.model = TransformerLM(model)
+        self.compile_model = bool(compile)  # torch.compile the model in configure_model (conf/train.yaml)
+        reason = compile_unsupported() if self.compile_model else None
+        if reason:
+            raise ConfigError(f"compile=true: {reason}; run with compile=false")
+        self.optim = dict(optim or {})
+        self._t_last: Optional[float] = None
+        self._bad_step: Optional[torch.Tensor] = None  # the first step whose loss was not finite (-1: none yet)
+        self._bad_loss: Optional[torch.Tensor] = None
+
+    def setup(self, stage: str) -> None:
+        """In every process of the run, after Lightning has set up its process group (if any)."""
+        destroy_process_group_at_exit()  # gloo: Lightning leaves it alive (linrope.run.process_group)
+
+    def configure_model(self):
+        """``compile: true``: compile the model's forward in place (``nn.Module.compile``: parameter names and
+        checkpoints stay those of the eager model)."""
+        if self.compile_model and not getattr(self, "_compiled", False):
+            self.model.compile()
+            self._compiled = True
+
+    def forward(self, idx, **kwargs):
+        return self.model(idx, **kwargs)
+
+    @property
+    def task(self) -> str:
+        """The data's task (``model.task``, set by linrope.training.builders.build_module; bytes if absent)."""
+        return self.hparams["model"].get("task", "bytes")
+
+    @property
+    def bytes_like(self) -> bool:
+        """Next-byte prediction, where bits per byte mean something."""
+        return self.task == "bytes" and not self.model.cfg.n_classes
+
+    def outputs(self, batch):
+        """(logits, targets) ready for cross-entropy: a classifier's pooled logits (B, C) and labels
+        (B,) — the batch is (tokens, labels[, mask of real tokens]) — or a language model's logits
+        (B·N, V) and targets (B·N,), ``IGNORE`` (-100) where nothing is scored."""
+        if self.model.cfg.n_classes:
+            x, y, *mask = batch
+            return self.model(x, mask=mask[0] if mask else None).float(), y
+        x, y = batch[0], batch[1]
+        return self.model(x).flatten(0, 1).float(), y.flatten()
+
+    def loss(self, batch) -> torch.Tensor:
+        logits, y = self.outputs(batch)
+        return F.cross_entropy(logits, y, ignore_index=IGNORE)
+
+    # ---- training --------------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx):
+        loss = self.loss(batch)
+        # train/loss is the global batch's loss: the mean over processes (what one process with the same
+        # global batch logs), and every process sees a non-finite value at once and stops together
+        trainer = self.trainer
+        logged = loss.detach()
+        if trainer.world_size > 1:
+            logged = trainer.strategy.reduce(logged.clone(), reduce_op="mean")  # all_reduce works in place
+        self._note_non_finite(logged)
+        self.log("train/loss", logged, prog_bar=True)
+        if trainer.optimizers:  # the rate of this step (every parameter group has it)
+            self.log("train/lr", float(trainer.optimizers[0].param_groups[0]["lr"]))
+        return loss
+
+    # ---- a non-finite loss: noted on the device every step, read at the boundaries ---------------------------
+    def _note_non_finite(self, logged: torch.Tensor) -> None:
+        """Keep, on the device, the first step whose loss was not finite and that loss: no value is read back
+        here (a host sync every step; docs/reliability.md#numerics-and-stops)."""
+        bad = ~torch.isfinite(logged)
+        if self._bad_step is None or self._bad_step.device != logged.device:
+            self._bad_step = torch.full((), -1, dtype=torch.long, device=logged.device)
+            self._bad_loss = torch.zeros((), dtype=logged.dtype, device=logged.device)
+        first = bad & (self._bad_step < 0)
+        self._bad_step = torch.where(first, self.global_step, self._bad_step)
+        self._bad_loss = torch.where(first, logged, self._bad_loss)
+
+    def raise_if_loss_was_not_finite(self) -> None:
+        """The one read of the note (before validation, before a checkpoint is written, at the end of
+        training): a step's loss was not finite, so training stops, naming that step and the last good
+        checkpoint.  Every process reads the same note (the loss is the mean over processes) at the same
+        boundary, so every process stops there."""
+        if self._bad_step is None:
+            return
+        step = int(self._bad_step)
+        if step < 0:
+            return
+        self._bad_step = None  # said once
+        last = last_good_checkpoint(self.trainer)
+        raise NonFiniteLoss(f"loss is {self._bad_loss.item()} at step {step}: training stopped; "
+                            + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+
+    def on_validation_start(self):
+        self.raise_if_loss_was_not_finite()
+
+    def on_train_end(self):
+        self.raise_if_loss_was_not_finite()
+
+    def on_train_batch_start(self, batch, batch_idx):
+        """The global random state at each step is a function of (seed, step, rank): dropout draws the
+        same masks whether or not the run was resumed in between."""
+        torch.manual_seed(step_seed(getattr(self, "_base_seed", 0), self.global_step, self.global_rank))
+
+    def on_fit_start(self):
+        seed = os.environ.get("PL_GLOBAL_SEED")  # set by lightning.seed_everything
+        self._base_seed = int(seed) if seed is not None and seed.lstrip("-").isdigit() else torch.initial_seed()
+
+    def on_load_checkpoint(self, checkpoint):
+        """Before Lightning loads the weights (resuming, testing, load_from_checkpoint): parameters that do
+        not fit this model's config are named in one CheckpointMismatch line.  Under FSDP the strategy has
+        loaded them already (strictly, into the sharded model) and taken ``state_dict`` out of the dict: only
+        the model's identity is left to check (linrope.config.checks checked the file before the run started)."""
+        if "state_dict" in checkpoint:
+            check_state_dict(self.state_dict(), checkpoint["state_dict"] or {},
+                             found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
+                             expected_cfg=self.hparams.get("model"))
+        check_identity(checkpoint, self.hparams.get("model"))
+
+    def on_save_checkpoint(self, checkpoint):
+        """The model's identity (attention kind, feature map, placement, position scheme and options) goes
+        into every checkpoint, so that loading it into another model is refused (linrope.models.spec).  No checkpoint
+        is written after a step whose loss was not finite (``raise_if_loss_was_not_finite``)."""
+        self.raise_if_loss_was_not_finite()
+        checkpoint[IDENTITY_KEY] = model_identity(self.hparams.get("model"))
+        if self.provenance is not None:  # and the run's provenance and config (linrope.run.provenance)
+            checkpoint[PROVENANCE_KEY], checkpoint[CONFIG_KEY] = self.provenance, self.run_config
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        now = time.perf_counter()
+        if self._t_last is not None:
+            tokens = batch[0].numel() * self.trainer.world_size
+            self.log("train/tokens_per_sec", tokens / max(now - self._t_last, 1e-9), prog_bar=True)
+        self._t_last = now
+        if batch_idx % max(self.trainer.log_every_n_steps, 1) == 0:
+            self.log("train/peak_mem_mb", peak_memory_mb(self.device))
+
+    def on_train_epoch_start(self):
+        self._t_last = None
+
+    def on_validation_end(self):
+        self._t_last = None  # do not count evaluation time as training time
+
+    # ---- evaluation ------------------------------------------------------------------------------
+    def _eval(self, batch, stage: str):
+        """bytes: loss and bits per byte; the tasks: loss and accuracy over the scored positions
+        (every answer of the epoch counts alike)."""
+        logits, y = self.outputs(batch)
+        loss = F.cross_entropy(logits, y, ignore_index=IGNORE)
+        if self.bytes_like:
+            self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
+            self.log(f"{stage}/bpb", loss / LN2, prog_bar=stage == "val", sync_dist=True)
+            return loss
+        scored = y != IGNORE
+        n = max(int(scored.sum()), 1)
+        acc = (logits.argmax(-1)[scored] == y[scored]).float().sum() / n
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+        self.log(f"{stage}/acc", acc, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        return self._eval(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        return self._eval(batch, "test")
+
+    # ---- optimisation ----------------------------------------------------------------------------
+    def configure_optimizers(self):
+        """AdamW with linear warm-up and cosine decay, every setting from ``optim`` (conf/optim/, the only
+        place they are written).  Matrices are decayed; embeddings, position tables, norms, biases and score-bias
+        tables not (``linrope.models.model.weight_decay_split``)."""
+        o = self.optim
+        missing = [k for k in OPTIM_KEYS if k not in o]
+        if missing:
+            raise ConfigError(f"optim: no {', '.join(missing)} (the settings of conf/optim/adamw.yaml)")
+        params = dict(self.model.named_parameters())
+        decay, no_decay = ([params[n] for n in names] for names in weight_decay_split(self.model))
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
+        total = o.get("schedule_steps") or self._trainer_max_steps()
+        if total is None or total <= 0:
+            raise ConfigError("optim.schedule_steps: the cosine schedule needs a length; set it, or trainer.max_steps")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(
+            s, warmup_steps=o["warmup_steps"], total_steps=total, min_lr_ratio=o["min_lr_ratio"]))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
+
+    def _trainer_max_steps(self) -> Optional[int]:
+        try:
+            return self.trainer.max_steps
+        except RuntimeError:  # Lightning's getter when no Trainer is attached (optim.schedule_steps is then needed)
+            return None
+
+    # ---- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def from_checkpoint(cls, path, expected_model_cfg: Optional[Mapping] = None, *, map_location: Any = "cpu",
+                        checkpoint: Optional[Mapping[str, Any]] = None) -> "LanguageModel":
+        """The model of a checkpoint, in eval mode, loaded with ``weights_only=True`` (or ``checkpoint``, the
+        dict a caller already loaded from ``path`` that way: the file is read once).
+
+        Built from the checkpoint's own model config, overridden (nested) by ``expected_model_cfg`` when
+        given — e.g. a RoPE scaling for evaluation, or the config a caller expects the checkpoint to have.
+        A model config linrope does not build (an odd RoPE head, a pairing that cannot work) is one
+        ``CheckpointError`` line; parameters that do not fit, or another model's identity, one
+        ``CheckpointMismatch`` line."""
+        ckpt = load_checkpoint(path, map_location=map_location) if checkpoint is None else checkpoint
+        if not isinstance(ckpt, Mapping) or "state_dict" not in ckpt:
+            raise CheckpointError(f"checkpoint {path}: has no state_dict (not a Lightning checkpoint)")
+        hp = ckpt.get("hyper_parameters") or {}
+        found_cfg = dict(hp.get("model") or {})
+        model_cfg = found_cfg if expected_model_cfg is None else merge_config(found_cfg, plain(expected_model_cfg))
+        if not model_cfg:
+            raise CheckpointError(f"checkpoint {path}: has no model config (hyper_parameters.model) and none was given")
+        try:
+            module = cls(model=model_cfg, optim=hp.get("optim"))  # the model checks its config (linrope.models.spec)
+        except ConfigError as e:
+            first = str(e).splitlines()[0]
+            raise CheckpointError(f"checkpoint {path}: its model config is not one linrope builds: {first}") from None
+        check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {path}",
+                         found_cfg=found_cfg, expected_cfg=model_cfg)
+        check_identity(ckpt, model_cfg, where=f"checkpoint {path}")
+        module.load_state_dict(ckpt["state_dict"])
+        if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
+            module.to(map_location)
+        return module.eval()
+
+
+def merge_config(base: Mapping, over: Mapping) -> Dict[str, Any]:
+    """``over`` onto ``base``, nested; a sub-config whose ``name``/``kind`` changes is replaced whole."""
+    out = dict(base)
+    for k, v in over.items():
+        old = out.get(k)
+        if isinstance(v, Mapping) and isinstance(old, Mapping) and all(
+                v.get(t, old.get(t)) == old.get(t) for t in ("name", "kind")):
+            out[k] = merge_config(old, v)
+        else:
+            out[k] = dict(v) if isinstance(v, Mapping) else v
+    return out

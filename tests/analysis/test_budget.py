@@ -1,0 +1,84 @@
+"""linrope.analysis.budget: the headline claims at each budget, paired over seeds, and what became of each with more
+budget (holds, flips, budget artefact, emerges, undecided), from small hand-made run folders."""
+from pathlib import Path
+
+import pytest
+
+from linrope.analysis.budget import CLAIMS, Claim, budget_table, claim_results, fate
+from linrope.analysis.stats import paired
+from tests.analysis.test_report import lm_rows, write_run
+
+KINDS = {"linear": ("linear", "none"), "linear_rope": ("linear", "rope"), "softmax_rope": ("softmax", "rope")}
+
+
+def write_budget(folder: Path, steps: int, values):
+    """values: name -> [test bpb per seed]; bpb@256 is test + 0.1·(index of the seed)."""
+    for name, tests in values.items():
+        kind, position = KINDS[name]
+        for seed, test in enumerate(tests, 1):
+            write_run(folder / f"steps{steps}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
+                      seed=seed, rows=lm_rows((test + 0.2, test + 0.1), test, (1000, 1000)), context=128, max_steps=steps,
+                      extrapolation=[(128, "none", test), (256, "none", test + 0.1 * seed)])
+
+
+def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
+    write_budget(tmp_path, 800, {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.00, 3.03, 3.01],
+                                 "softmax_rope": [3.00, 3.03, 3.01]})
+    write_budget(tmp_path, 3200, {"linear": [3.10, 3.12, 3.11], "linear_rope": [3.20, 3.23, 3.22],
+                                  "softmax_rope": [2.50, 2.52, 2.53]})
+    text = budget_table(tmp_path, reports=True)
+    rope = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))
+    r800 = claim_results(tmp_path / "steps800")[rope]
+    expected = paired({1: 3.00, 2: 3.03, 3: 3.01}, {1: 3.30, 2: 3.32, 3: 3.31})
+    assert r800.diff.mean == pytest.approx(expected.diff.mean) and r800.diff.hi == pytest.approx(expected.diff.hi)
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert lines[rope.text].endswith("| flips |")  # -0.30 at 800, +0.11 at 3200, both resolved
+    behind = next(c for c in CLAIMS if (c.a, c.b) == ("linear_rope", "softmax_rope"))
+    assert lines[behind.text].endswith("| emerges |")  # identical at 800 (no spread, mean 0), +0.70 at 3200
+    assert "| – |" in lines[next(c for c in CLAIMS if c.b == "linear_rope_both").text]  # never ran: incomplete
+    per_run = text.split("## Per-run values")[1]  # every value behind the intervals, by configuration and seed
+    assert "| linear_rope | 2 | 3.0300 | 3.2300 | 3.2300 | 3.4300 | – | – |" in per_run  # bpb@256 = test + 0.1·seed
+    assert "| linear_rope_both |" not in per_run
+    for arm in ("steps800", "steps3200"):  # each budget's own report beside its runs
+        assert (tmp_path / arm / "report.md").is_file() and (tmp_path / arm / "runs.csv").is_file()
+    assert (tmp_path / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the forest plot of the claims
+    csv_text = (tmp_path / "budget.csv").read_text()
+    assert csv_text.startswith("claim,budget,fate,task,metric,a,b,n,seeds,mean difference")
+    assert (tmp_path / "budget.md").read_text() == text
+
+
+def test_extrapolation_claims_read_the_table_as_trained():
+    """bpb@L is the 'none' scaling row of extrapolation.csv at that length."""
+    from linrope.analysis.budget import value_of
+    from types import SimpleNamespace
+    run = SimpleNamespace(extrapolation=[{"length": 256, "scaling": "pi", "bpb": 1.0, "status": "ok"},
+                                         {"length": 256, "scaling": "none", "bpb": 2.0, "status": "ok"},
+                                         {"length": 512, "scaling": "none", "bpb": None, "status": "n/a"}])
+    assert value_of("bpb@256")(run) == 2.0 and value_of("bpb@512")(run) is None
+
+
+class R:  # a Paired stand-in: resolved iff lo and hi share a sign
+    def __init__(self, mean, lo, hi, n=3):
+        self.diff = type("D", (), {"mean": mean, "lo": lo, "hi": hi, "n": n,
+                                   "excludes_zero": lambda s: lo > 0 or hi < 0})()
+
+
+@pytest.mark.parametrize("results, expected", [
+    ([R(-1, -2, -0.5), R(-1, -1.5, -0.2)], "holds"),
+    ([R(-1, -2, -0.5), R(1, 0.5, 1.5)], "flips"),
+    ([R(-1, -2, -0.5), R(-0.1, -0.5, 0.3)], "budget artefact"),
+    ([R(0.1, -0.5, 0.6), R(1, 0.5, 1.5)], "emerges"),
+    ([R(0.1, -0.5, 0.6), R(0.1, -0.5, 0.6)], "undecided"),
+    ([R(-1, -2, -0.5), None], "incomplete"),
+    ([R(-1, -2, -0.5), R(-1, -2, -0.5, n=1)], "incomplete"),
+    ([R(-1, -2, -0.5)], "one budget so far"),
+])
+def test_fate(results, expected):
+    assert fate(results) == expected
+
+
+def test_the_forest_plot_is_not_drawn_without_an_interval(tmp_path):
+    from linrope.analysis.budget import plot_claims
+
+    assert plot_claims(CLAIMS, [{c: None for c in CLAIMS}], ["800 steps"], tmp_path / "b.png", "t") is None
+    assert not (tmp_path / "b.png").exists()

@@ -1,0 +1,97 @@
+"""linrope.report's provenance (linrope/analysis/report_provenance.py): a section per study naming commits, versions and
+machines; runs from more than one commit or torch version are refused unless --allow-mixed, and then named in one
+line at the top; the committed studies state the provenance recovered for them."""
+import csv
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from linrope.run import provenance as P
+from linrope.analysis import report_provenance as RP
+from linrope.analysis.report import build_report, main
+from tests.analysis.test_report import lm_rows, write_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def recorded(commit: str, torch: str = "2.13.0+cpu", code=None) -> dict:
+    """A run's provenance; ``code`` None: recorded before runs named their code (the commit then decides)."""
+    p = P.collect(precision="32-true", seed=1, argv=["train.py"])
+    return {**p, "linrope": {**p["linrope"], "commit": commit, "dirty": False, "diff_hash": None, "code": code},
+            "versions": {**p["versions"], "torch": torch}, "machine": {**p["machine"], "cpu": "Test CPU", "threads": 2}}
+
+
+def two_runs(tmp_path, first: dict, second) -> Path:
+    sweep = tmp_path / "sweep"
+    for i, prov in enumerate((first, second)):
+        folder = sweep / str(i)
+        write_run(folder, name="linear_rope", kind="linear", position="rope", seed=i + 1,
+                  rows=lm_rows((3.0 + i, 2.5 + i), 2.4 + i, (1000, 1000)))
+        if prov is not None:
+            P.write(folder, prov)
+    return sweep
+
+
+def test_runs_from_two_commits_are_refused_in_one_line_and_reported_with_allow_mixed(tmp_path, capsys):
+    sweep = two_runs(tmp_path, recorded("a" * 40), recorded("b" * 40))
+    with pytest.raises(SystemExit) as e:
+        build_report([sweep], tmp_path / "out")
+    assert str(e.value) == ("linrope.report: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb): pass --allow-mixed "
+                            "to report them together, or report each apart")
+    assert not (tmp_path / "out" / "report.md").exists()
+    assert main([str(sweep), "--out", str(tmp_path / "out"), "--allow-mixed"]) == 0
+    top = "**Mixed provenance: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb).**"
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert text.splitlines()[0] == top and capsys.readouterr().out.splitlines()[0] == top
+    assert "| not recorded | aaaaaaaaaa | 2.13.0+cpu |" in text and "| not recorded | bbbbbbbbbb | 2.13.0+cpu |" in text
+
+
+def test_runs_of_one_code_from_several_commits_are_one_study_and_two_codes_are_refused(tmp_path):
+    """A study that commits each run as it finishes has a commit per run but one code: not mixed; the section
+    names the code and its commits.  Two codes are refused, named by their code."""
+    one = two_runs(tmp_path / "one", recorded("a" * 40, code="c0de00000001"), recorded("b" * 40, code="c0de00000001"))
+    text = build_report([one], tmp_path / "out")
+    assert "Mixed" not in text
+    assert "| c0de00000001 | aaaaaaaaaa, bbbbbbbbbb | 2.13.0+cpu |" in text
+    two = two_runs(tmp_path / "two", recorded("a" * 40, code="c0de00000001"), recorded("a" * 40, code="c0de00000002"))
+    with pytest.raises(SystemExit, match=r"the runs come from 2 versions of the code \(code c0de00000001, "
+                                         r"code c0de00000002\)"):
+        build_report([two], tmp_path / "out2")
+
+
+def test_two_torch_versions_are_mixed_too_and_one_commit_is_not(tmp_path):
+    sweep = two_runs(tmp_path, recorded("a" * 40), recorded("a" * 40, torch="2.5.0"))
+    with pytest.raises(SystemExit, match=r"2 torch versions \(2.13.0\+cpu, 2.5.0\)"):
+        build_report([sweep], tmp_path / "out")
+    same = two_runs(tmp_path / "same", recorded("a" * 40), recorded("a" * 40))
+    text = build_report([same], tmp_path / "out2")
+    assert "Mixed" not in text
+    section = text.split("## Provenance\n", 1)[1].split("\n## ", 1)[0]
+    assert f"| not recorded | aaaaaaaaaa | 2.13.0+cpu | {P.version_of('lightning')} |" in section
+    assert "| Test CPU (2 threads) | 32-true | 2 |" in section
+
+
+def test_runs_without_their_own_provenance_take_the_studys_file(tmp_path):
+    sweep = two_runs(tmp_path, None, None)
+    text = build_report([sweep], tmp_path / "out")
+    assert "| not recorded | – | – | – | – | – | – | 2 |" in text  # said, not hidden
+    study = {**recorded("c" * 40), "determined": "from the history, by hand."}
+    P.write(tmp_path / "out2", study)
+    text = build_report([sweep], tmp_path / "out2")
+    assert "| cccccccccc |" in text and "determined after the fact: from the history, by hand." in text
+
+
+@pytest.mark.parametrize("study", ["rope_study", "probes"])
+def test_the_committed_reports_show_the_provenance_recovered_for_them(study):
+    folder = ROOT / "docs" / "results" / study
+    prov = json.loads((folder / "provenance.json").read_text())
+    assert prov["recorded"] is False and prov["linrope"]["commit"] and "5311efd" in prov["determined"]
+    with open(folder / "runs.csv", newline="") as f:
+        runs = [SimpleNamespace(provenance=None) for _ in csv.DictReader(f)]
+    RP.fill_in(runs, [folder])
+    section = "\n".join(RP.section(runs))
+    text = (folder / "report.md").read_text()
+    assert section in text and text.index("## Provenance") < text.index("## Task")
+    assert f"| {prov['linrope']['commit'][:10]} |" in section and f"| {len(runs)} |" in section

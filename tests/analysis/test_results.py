@@ -1,0 +1,145 @@
+"""The published results hold together: every interval in ``docs/results/<study>/`` is recomputed from the
+per-run values committed beside it (``runs.csv``), and every number ``docs/results.md`` (the full results)
+and README's results section (the headline lines) quote is one of those report tables' numbers.  Light:
+reads CSV and markdown only."""
+import csv
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from linrope.analysis.report import PAIRS, columns_for
+from linrope.analysis.stats import mean_ci, paired
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+REPRODUCED = ("rope_study", "probes")  # the sweeps docs/results/reproduce.sh runs
+STUDIES = REPRODUCED + ("precision",)  # every study docs/results.md is built from
+# a mean with its interval as the reports write it: "3.100 ± 0.248" (tables), "-0.150 [-0.274, -0.026]" (pairs)
+NUMBER = re.compile(r"[+-]?\d+\.\d+ ± \d+\.\d+|[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]")
+
+
+def rows(path: Path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def number(text: str):
+    return None if text in ("", None) else float(text)
+
+
+def results_page() -> str:
+    return (ROOT / "docs" / "results.md").read_text()
+
+
+def readme_results() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_the_study_is_committed_with_its_per_run_values(study):
+    folder = RESULTS / study
+    for name in ("report.md", "summary.csv", "pairs.csv", "runs.csv"):
+        assert (folder / name).is_file(), f"{folder / name} missing"
+    assert f"docs/results/{study}/report.md" in results_page()
+    assert f"experiment={study}" in results_page()
+    assert "docs/results.md" in readme_results()
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_interval_is_recomputed_from_the_runs(study):
+    folder = RESULTS / study
+    values = defaultdict(dict)  # (task, configuration) -> seed -> headline value
+    for r in rows(folder / "runs.csv"):
+        header = columns_for(r["task"])[0][0]
+        values[(r["task"], r["configuration"])][r["seed"]] = number(r[header])
+    summary = rows(folder / "summary.csv")
+    assert {(r["task"], r["configuration"]) for r in summary} == set(values)
+    for r in summary:
+        header = columns_for(r["task"])[0][0]
+        seeds = values[(r["task"], r["configuration"])]
+        iv = mean_ci(list(seeds.values()))
+        assert int(r["n"]) == len(seeds) == iv.n
+        assert number(r[f"{header} mean"]) == pytest.approx(iv.mean, abs=1e-12)
+        assert number(r[f"{header} lo"]) == pytest.approx(iv.lo, abs=1e-12)
+        assert number(r[f"{header} hi"]) == pytest.approx(iv.hi, abs=1e-12)
+    checked = set()
+    for r in rows(folder / "pairs.csv"):
+        if r["metric"] != columns_for(r["task"])[0][1]:
+            continue  # the pairs at each extrapolation length come from extrapolation.csv, not committed
+        res = paired(values[(r["task"], r["a"])], values[(r["task"], r["b"])])
+        assert int(r["n"]) == res.diff.n
+        assert number(r["mean difference"]) == pytest.approx(res.diff.mean, abs=1e-12)
+        assert number(r["ci low"]) == pytest.approx(res.diff.lo, abs=1e-12)
+        assert number(r["p"]) == pytest.approx(res.p, abs=1e-12)
+        assert (r["resolved"] == "True") == res.diff.excludes_zero()
+        checked.add((r["task"], r["a"], r["b"]))
+    present = {(t, a, b) for t, _ in values for a, b in PAIRS if (t, a) in values and (t, b) in values}
+    assert checked and present <= checked  # every declared pair (and those added with --pair)
+    assert present or study not in REPRODUCED  # the comparison studies hold the declared pairs
+
+
+@pytest.mark.parametrize("where", ["docs/results.md", "README.md"])
+def test_every_interval_the_results_quote_is_in_a_committed_report(where):
+    reports = "\n".join((RESULTS / s / "report.md").read_text() for s in STUDIES)
+    reports += "\n".join(p.read_text() for s in ARMED for p in sorted((RESULTS / s).glob("*.md")))  # budget.md, …
+    reports += "\n".join(p.read_text() for s in ARMED for p in sorted((RESULTS / s).glob("*/report.md")))
+    text = results_page() if where == "docs/results.md" else readme_results()
+    quoted = NUMBER.findall(text)
+    assert len(quoted) >= (20 if where == "docs/results.md" else 3), f"{where} quotes the study tables"
+    missing = [q for q in quoted if q not in reports]
+    assert not missing, f"{where} quotes numbers no committed report holds: {missing}"
+
+
+def test_the_reproduce_script_runs_exactly_the_two_studies():
+    """docs/results/reproduce.sh cuts the sweeps into pieces run side by side: together the pieces are every
+    job of experiment=rope_study and experiment=probes, each once."""
+    from linrope.studies.sweeps import sweep_jobs
+
+    script = (RESULTS / "reproduce.sh").read_text()
+    pieces = re.findall(r'^\s*echo "(\w+) (experiment=[^"]+)"$', script, re.M)
+    assert len({name for name, _ in pieces}) == len(pieces) == 5
+    ran = sorted(sorted(job) for _, overrides in pieces for job in sweep_jobs(overrides.split()))
+    expected = sorted(sorted(job) for study in REPRODUCED for job in sweep_jobs([f"experiment={study}"]))
+    assert ran == expected and len(ran) == 60 + 48
+    for name, _ in pieces:
+        assert f"$LOGS\"/{name}" in script  # every piece is read by a report
+
+
+# ---- studies run job by job (linrope.study), read by arm: every run's folder is committed ------------------------
+ARMED = {"budget": ("steps", "budget.md"), "recall": ("width", "recall.md")}
+
+
+def armed_studies():
+    return [s for s in ARMED if (RESULTS / s / ARMED[s][1]).is_file()]
+
+
+@pytest.mark.parametrize("study", armed_studies())
+def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
+    """budget.md / recall.md equal what linrope.analysis.budget / linrope.analysis.recall compute from the run folders committed
+    beside them; every finished job has its metrics and provenance; each arm's runs.csv matches its runs."""
+    from linrope.analysis.budget import arms, budget_table
+    from linrope.analysis.recall import recall_table
+    from linrope.analysis.runs import find_runs
+    prefix, table = ARMED[study]
+    folder = RESULTS / study
+    compute = budget_table if study == "budget" else recall_table
+    committed = (folder / table).read_text()
+    mixed = committed.startswith("**Mixed provenance", len(committed.split("\n\n")[0]) + 2)  # said at its top
+    assert compute(folder, reports=False, write=False, allow_mixed=mixed) == committed
+    for arm in arms(folder, prefix):
+        jobs = sorted(p.parent for p in arm.glob("*/study_job.json"))
+        assert jobs, f"{arm}: no finished job"
+        for job in jobs:
+            assert (job / "csv" / "metrics.csv").is_file() and (job / "provenance.json").is_file(), job
+            assert not list(job.rglob("*.ckpt")), f"{job}: checkpoints are not committed"
+        runs = {str(r.path.name): r for r in find_runs(arm)}
+        assert set(runs) == {j.name for j in jobs}  # no unfinished run in the folder
+        committed = rows(arm / "runs.csv")
+        assert len(committed) == len(jobs)
+        for r in committed:
+            run = runs[Path(r["run"]).name]
+            header = columns_for(r["task"])[0][0]
+            assert number(r[header]) == pytest.approx(run.value(header, "last"), abs=1e-12)

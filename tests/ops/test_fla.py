@@ -1,0 +1,276 @@
+"""impl="fla" (linrope's linear attention on fla's chunked Triton kernels) and impl="auto": what the backend
+refuses, what auto chooses, the kernel dtype, the packaging, and the CUDA checks (marked ``gpu``).
+
+The mapping through fla's kernels themselves runs on the CPU under Triton's interpreter in
+tests/ops/test_fla_interpreted.py.  This module never loads that shim (it patches Triton for the whole process): the
+CUDA tests assert it is not loaded, and their bodies also run here on the meta device standing in for CUDA
+(linrope's fla operators have fake kernels there), so a tensor left on the CPU beside device tensors fails here.
+"""
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import tests.ops.fla_interpreter as fla_interpreter
+from tests.ops.fla_cases import DECAY, gen, inputs, rel, results
+from linrope.base.errors import BackendUnavailable, LinropeError
+from linrope.ops import IMPLS, linear_attention
+from linrope.ops.linear_attn import backends, fla_backend
+from linrope.ops.linear_attn.common import Args
+
+
+# --------------------------------------------------------------------------------------------------------
+# refusals, auto, packaging
+# --------------------------------------------------------------------------------------------------------
+def test_fla_without_cuda_is_refused_in_one_line(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = torch.randn(1, 2, 8, 4)
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)  # the device is checked before fla is imported
+    with pytest.raises(BackendUnavailable, match="need a CUDA device") as e:
+        linear_attention(q, q, q, impl="fla")
+    assert isinstance(e.value, LinropeError) and "\n" not in str(e.value)
+    monkeypatch.setattr(fla_backend, "INSTALLED", False)
+    with pytest.raises(BackendUnavailable, match=r"pip install 'linrope\[gpu\]'"):
+        linear_attention(q, q, q, impl="fla")
+
+
+def test_fla_refuses_non_causal_and_float64():
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(ValueError, match="causal only"):
+        linear_attention(q, q, q, impl="fla", causal=False)
+    with pytest.raises(ValueError, match="float32 at most"):
+        linear_attention(q.double(), q.double(), q.double(), impl="fla")
+
+
+def test_auto_on_cpu_is_the_chunk_kernel_and_says_so_once(caplog, monkeypatch):
+    monkeypatch.setattr(backends, "_CHOSEN", {})
+    g = gen("auto")
+    q, k, v = (torch.randn(1, 2, 80, 8, generator=g) for _ in range(3))
+    with caplog.at_level(logging.INFO, logger="linrope.ops"):
+        first = linear_attention(q, k, v, impl="auto", decay=DECAY)
+        second = linear_attention(q, k, v, impl="auto", decay=DECAY)
+    lines = [r.getMessage() for r in caplog.records if "impl=auto" in r.getMessage()]
+    assert lines == ["linear attention impl=auto: chunk (fla needs CUDA, these tensors are on cpu)"]
+    assert torch.equal(first, linear_attention(q, k, v, impl="chunk", decay=DECAY)) and torch.equal(first, second)
+    assert {"fla", "auto"} <= set(IMPLS)
+
+
+def test_import_linrope_ops_imports_neither_fla_nor_triton():
+    code = ("import sys, linrope.ops, linrope.models.attention; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fla', 'triton')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_config_refuses_fla_on_cpu_and_accepts_auto(compose, monkeypatch):
+    from linrope.config.checks import validate
+    from linrope.base.errors import ConfigError
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)  # installed or not, a CPU run is refused for its device
+    with pytest.raises(ConfigError, match=r"model.attention.impl=fla: fla's Triton kernels need a CUDA device"):
+        validate(compose("model=linear_rope", "size=tiny", "model.attention.impl=fla"))
+    validate(compose("model=linear_rope", "size=tiny", "model.attention.impl=auto"))
+
+
+def test_fla_states_its_torch_floor(monkeypatch):
+    """fla-core 0.6.0 needs torch >= 2.7 (its own metadata): older is refused in one line, before the device."""
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)
+    for version in ("2.6.0+cu124", "2.4.1", "1.13.1"):
+        monkeypatch.setattr(torch, "__version__", version)
+        assert fla_backend.unavailable("cuda") == f"fla-core 0.6.0 needs torch >= 2.7 (here {version}); use impl=chunk"
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(BackendUnavailable, match=r"^impl=fla: fla-core 0.6.0 needs torch >= 2.7 \(here 1.13.1\)"):
+        linear_attention(q, q, q, impl="fla")
+    for version in ("2.7.0", "2.7.1+cu126", "2.13.0", "10.0.0a0"):
+        monkeypatch.setattr(torch, "__version__", version)
+        assert fla_backend.unavailable("cuda") is None
+
+
+# --------------------------------------------------------------------------------------------------------
+# what auto chooses, the default config, the kernel dtype
+# --------------------------------------------------------------------------------------------------------
+fla_torch = pytest.mark.skipif(fla_backend.torch_too_old() is not None,
+                               reason="impl=fla needs torch >= 2.7 (fla-core 0.6.0): refused on this torch")
+
+
+def fake_q(device, dtype):
+    """What the registry reads of q (its device and dtype): stands in for a CUDA tensor on a machine without."""
+    return SimpleNamespace(device=torch.device(device), dtype=dtype)
+
+
+@pytest.mark.parametrize("device,dtype,installed,version,causal,chosen", [
+    ("cpu", torch.float32, True, "2.13.0", True, "chunk"),
+    ("cpu", torch.float16, True, "2.13.0", True, "chunk"),
+    ("cuda", torch.float32, True, "2.13.0", True, "fla"),
+    ("cuda", torch.float16, True, "2.13.0", True, "fla"),      # fla computes it in float32 (kernel_dtype)
+    ("cuda", torch.bfloat16, True, "2.13.0", True, "fla"),
+    ("cuda", torch.float64, True, "2.13.0", True, "chunk"),    # fla has no float64
+    ("cuda", torch.float32, True, "2.13.0", False, "chunk"),   # fla is causal only
+    ("cuda", torch.float32, False, "2.13.0", True, "chunk"),   # fla not installed
+    ("cuda", torch.float32, True, "2.6.0", True, "chunk"),     # torch below fla's floor
+])
+def test_auto_resolves_to_fla_on_cuda_where_it_can_run_else_chunk(monkeypatch, device, dtype, installed, version,
+                                                                  causal, chosen):
+    monkeypatch.setattr(backends, "_CHOSEN", {})
+    monkeypatch.setattr(fla_backend, "INSTALLED", installed)
+    monkeypatch.setattr(torch, "__version__", version)
+    assert backends.resolve("auto", fake_q(device, dtype), Args(causal=causal)) is backends.BACKENDS[chosen]
+
+
+def test_the_linear_attention_configs_default_to_auto_and_compute_chunks_numbers_on_cpu(compose):
+    """conf/attention's linear configs say impl=auto; on the CPU that is the chunk kernel, bit for bit."""
+    from omegaconf import OmegaConf
+
+    from linrope.models.model import TransformerLM
+
+    for preset in ("linear_rope", "linear_cosine_rope"):
+        cfg = compose(f"model={preset}", "size=tiny")
+        assert cfg.model.attention.impl == "auto"
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        torch.manual_seed(0)
+        auto = TransformerLM(model)
+        chunk = TransformerLM(dict(model, attention=dict(model["attention"], impl="chunk")))
+        chunk.load_state_dict(auto.state_dict())
+        x = torch.randint(0, model["vocab_size"], (2, 40), generator=gen("configs", preset))
+        with torch.no_grad():
+            assert torch.equal(auto(x), chunk(x))
+        assert {layer.attn.impl for layer in auto.blocks} == {"auto"}
+
+
+@fla_torch
+@pytest.mark.parametrize("dtype,autocast,kernel", [
+    (torch.float32, None, torch.float32),
+    (torch.float16, None, torch.float32),      # float16 overflows in fla's outputs and states: float32
+    (torch.bfloat16, None, torch.bfloat16),
+    (torch.float32, torch.float16, torch.float32),
+    (torch.float32, torch.bfloat16, torch.bfloat16),
+])
+def test_fla_computes_float16_in_float32(dtype, autocast, kernel):
+    q = torch.zeros(1, 1, 2, 2, dtype=dtype)
+    with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+        assert fla_backend.kernel_dtype(q) == kernel
+    assert fla_backend.kernel_dtype(q.to("meta")) == (torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+
+
+# --------------------------------------------------------------------------------------------------------
+# CUDA (compiled Triton kernels): skipped without a GPU; each body also runs on the meta device standing in
+# --------------------------------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or fla_backend.unavailable("cuda") is not None,
+                                reason="needs CUDA and the gpu extra (fla, triton; torch >= 2.7)")
+CUDA_DTYPES = [(torch.float32, 5e-3), (torch.float16, 5e-3), (torch.bfloat16, 3e-2)]  # TF32 dots; bf16 kernels
+CUDA_MAPS = [("elu", "numerator"), ("cosine", "both"), ("elu", "none")]
+
+
+@pytest.fixture
+def meta_for_cuda(monkeypatch):
+    """The meta device standing in for CUDA: impl=fla takes meta tensors (its operators' fake kernels run: no
+    Triton, no fla), every other check as on CUDA.  Any tensor left on the CPU among them fails."""
+    fla = backends.BACKENDS["fla"]
+    monkeypatch.setitem(backends.BACKENDS, "fla", dataclasses.replace(
+        fla, unavailable=lambda device: None if torch.device(device).type == "meta" else fla.unavailable(device)))
+
+
+def assert_compiled_kernels():
+    """A CUDA test runs fla's compiled kernels: the interpreter shim was never loaded in this process."""
+    assert fla_interpreter.patched() == [] and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def cuda_matches_naive(device, dtype, tol, feature_map, rope):
+    """fla against float64 naive on ``device`` at 2048 positions (float16: past float16's range in fla's
+    outputs): outputs, states and every gradient.  On meta: devices, dtypes and shapes only."""
+    B, H, n, d = 2, 4, 2048, 32
+    decay = DECAY.repeat(2)
+    q, k, v, S0, z0 = inputs(("cuda", feature_map, rope), feature_map=feature_map, rope=rope, decay=decay, n=n,
+                             initial=True, B=B, H=H, d=d, dv=d, device=device)
+    q, k, v = (x.to(dtype).float() for x in (q, k, v))  # the reference sees exactly the rounded inputs
+    kw = dict(feature_map=feature_map, rope=rope, decay=decay.to(device))
+    ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
+    got = results("fla", dtype, q, k, v, S0, z0, **kw)
+    assert {t.device.type for t in got + ref} == {device}
+    assert [t.dtype for t in got[:3]] == [dtype, torch.float32, torch.float32]
+    assert [t.shape for t in got] == [t.shape for t in ref]
+    if device == "meta":
+        return None
+    assert all(torch.isfinite(t).all() for t in got)
+    errors = [rel(a, b) for a, b in zip(got, ref)]
+    assert max(errors) < tol, errors
+    return errors
+
+
+def compiles_fullgraph(device, backend):
+    q, k, v = (torch.randn(1, 2, 256, 32, generator=gen("compile", i)).to(device, torch.bfloat16).requires_grad_()
+               for i in range(3))
+    torch._dynamo.reset()
+    run = torch.compile(lambda q, k, v: linear_attention(q, k, v, impl="fla"), fullgraph=True, backend=backend)
+    out = run(q, k, v)
+    out.float().sum().backward()
+    assert out.device.type == device and out.dtype == torch.bfloat16
+    assert all(x.grad.device.type == device and x.grad.shape == x.shape for x in (q, k, v))
+    return [x.grad for x in (q, k, v)]
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype,tol", CUDA_DTYPES)
+@pytest.mark.parametrize("feature_map,rope", CUDA_MAPS)
+def test_fla_on_cuda_matches_naive(dtype, tol, feature_map, rope):
+    assert_compiled_kernels()
+    print(f"fla on cuda {feature_map} {rope} {dtype}: {cuda_matches_naive('cuda', dtype, tol, feature_map, rope)}")
+    assert_compiled_kernels()
+
+
+@fla_torch
+@pytest.mark.parametrize("dtype,tol", CUDA_DTYPES)
+@pytest.mark.parametrize("feature_map,rope", CUDA_MAPS)
+def test_fla_on_cuda_matches_naive_runs_on_meta(meta_for_cuda, dtype, tol, feature_map, rope):
+    cuda_matches_naive("meta", dtype, tol, feature_map, rope)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_fla_on_cuda_compiles_fullgraph():
+    assert_compiled_kernels()
+    assert all(torch.isfinite(g).all() for g in compiles_fullgraph("cuda", "inductor"))
+    assert_compiled_kernels()
+
+
+@fla_torch
+def test_fla_on_cuda_compiles_fullgraph_runs_on_meta(meta_for_cuda):
+    compiles_fullgraph("meta", "aot_eager")
+
+
+@fla_torch
+def test_fla_hands_float16_inputs_to_fla_in_float32(meta_for_cuda, monkeypatch):
+    """What the operator receives, per input dtype: float16 -> float32, bfloat16 stays (fla's kernel dtype)."""
+    seen = []
+    op = fla_backend.fla_chunk_fwd
+
+    def spy(q, k, v, decay, h0, final):
+        seen.append({x.dtype for x in (q, k, v)})
+        return op(q, k, v, decay, h0, final)
+
+    monkeypatch.setattr(fla_backend, "fla_chunk_fwd", spy)
+    for dtype, kernel in ((torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16),
+                          (torch.float32, torch.float32)):
+        seen.clear()
+        q = torch.zeros(1, 2, 100, 8, device="meta", dtype=dtype)
+        assert linear_attention(q, q, q, impl="fla", decay=DECAY.to("meta")).dtype == dtype
+        assert seen == [{kernel}, {kernel}]  # the numerator's and the denominator's call
+
+
+# --------------------------------------------------------------------------------------------------------
+# benchmarks/gpu_table.py: says it needs a GPU here (its rows: tests/test_benchmarks.py)
+# --------------------------------------------------------------------------------------------------------
+def test_gpu_table_says_it_needs_a_gpu(capsys):
+    from benchmarks import gpu_table
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the table would be measured")
+    assert gpu_table.main(["--lengths", "2048"]) == 0
+    assert capsys.readouterr().out.strip() == gpu_table.NEEDS_GPU

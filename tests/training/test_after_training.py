@@ -1,0 +1,154 @@
+"""After training (linrope/training/after_training.py): a signal during the test or the extrapolation ends the run with one
+line naming what finished, what did not and the command that completes it; a sweep whose objective no run can
+log is refused before its first trial."""
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+import lightning as L
+import pytest
+
+from tests.conftest import ROOT
+from linrope.training.after_training import objective_problem
+from linrope.studies.sweeps import compose_train
+
+TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
+        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4",
+        "trainer.max_steps=4", "trainer.val_check_interval=4", "extrapolation.enabled=true",
+        "extrapolation.scored_bytes=4096", "extrapolation.factors=[1,2]"]
+
+
+class SigtermAt(L.Callback):
+    """Test-only: SIGTERM to this process during the test (after its first batch) or as the extrapolation starts;
+    ``when=test_end``: SIGINT once the test has logged its metrics, before its table is printed."""
+
+    def __init__(self, when: str):
+        self.when = when
+        self.sent = False
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if self.when == "test":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_test_end(self, trainer, pl_module):
+        if self.when == "test_end" and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        if self.when != "extrapolation":
+            return
+        import linrope.evaluation.evaluate as T
+
+        original = T.extrapolate_after_test
+
+        def stopped(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return original(*args, **kwargs)
+
+        T.extrapolate_after_test = stopped
+
+
+def train(tmp_path, *overrides, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("when, complete", [("extrapolation", False), pytest.param("test", True, marks=pytest.mark.slow)])
+def test_a_sigterm_after_training_says_what_is_left_and_how_to_finish_it(tmp_path, when, complete):
+    """Stopped during the extrapolation (default suite) or the test (slow: then its command completes the run)."""
+    run = tmp_path / "run"
+    stop = ["+callbacks.stop._target_=tests.training.test_after_training.SigtermAt", f"+callbacks.stop.when={when}"]
+    r = train(tmp_path, *TINY, *stop, f"hydra.run.dir={run}")
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
+    ckpt = next((run / "checkpoints").glob("best-*.ckpt"))
+    finish = [*TINY, "train=false", f"ckpt_path={ckpt}", f"hydra.run.dir={run}"]
+    command = shlex.join(["python", "train.py", *TINY, *stop, *finish[len(TINY):]])
+    if when == "extrapolation":
+        expected = (f"linrope: stopped by SIGTERM during the extrapolation: finished training and the test (checkpoint "
+                    f"{ckpt}); not done: the extrapolation; complete it with: {command}")
+    else:
+        expected = (f"linrope: stopped by SIGTERM during the test: finished training (checkpoint {ckpt}); not done: "
+                    f"the test, the extrapolation; complete it with: {command}")
+    assert lines == [expected], r.stderr[-3000:]
+    assert not (run / "extrapolation.csv").exists()
+    if not complete:
+        return
+    # the command completes it (here without the test-only callback that stops it)
+    again = train(tmp_path, *finish)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (run / "extrapolation.csv").is_file()
+
+
+def test_a_sigint_once_the_test_has_logged_says_the_run_completed_and_where(tmp_path):
+    """Issue 33: a SIGINT just after the test table ended the run with no line although it had completed.  Sent as
+    the test's metrics are logged (no extrapolation): one line saying the run completed and where its results are;
+    the test's table and metrics.csv are written as without the signal; exit status 130."""
+    run = tmp_path / "run"
+    tiny = [o for o in TINY if not o.startswith("extrapolation.")]
+    r = train(tmp_path, *tiny, "+callbacks.stop._target_=tests.training.test_after_training.SigtermAt", "+callbacks.stop.when=test_end",
+              f"hydra.run.dir={run}")
+    assert r.returncode == 130, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
+    assert lines == [f"linrope: stopped by SIGINT after the run completed (training and the test): its results are "
+                     f"in {run}"], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "test/bpb" in r.stdout  # the test's table
+    assert "test/bpb" in (run / "csv" / "metrics.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_after_the_run_completed_lets_it_finish_then_exits(capsys, tmp_path, signum):
+    """A signal while the loggers finish (after ``completed()``): the line, the finishing code runs to its end,
+    then exit 128 + the signal; the handlers are restored."""
+    from types import SimpleNamespace
+
+    from linrope.training.after_training import explain_stop
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"train": True, "test": False, "paths": {"output_dir": str(tmp_path)}})
+    trainer = SimpleNamespace(is_global_zero=True, callback_metrics={})
+    before = signal.getsignal(signum)
+    finished = []
+    with pytest.raises(SystemExit) as e:
+        with explain_stop(cfg, trainer) as progress:
+            progress.completed()
+            os.kill(os.getpid(), signum)
+            finished.append(True)  # the rest of the run still runs
+    assert e.value.code == 128 + signum and finished == [True]
+    assert capsys.readouterr().err.splitlines() == [
+        f"linrope: stopped by {signal.Signals(signum).name} after the run completed (training): its results are in "
+        f"{tmp_path}"]
+    assert signal.getsignal(signum) is before
+
+
+# ---- a sweep's objective -------------------------------------------------------------------------------------------
+def test_an_objective_no_run_can_log_is_named_with_the_setting_to_change():
+    base = ["hparams_search=optuna", "size=tiny"]
+    problem = objective_problem(compose_train([*base, "trainer.max_steps=10"]))
+    assert problem == ("the sweep optimises optimized_metric=val/bpb, which is never logged: no validation before "
+                       "trainer.max_steps=10 (trainer.val_check_interval=100); set trainer.val_check_interval=10 or "
+                       "less, or trainer.max_steps=100 or more")
+    assert objective_problem(compose_train([*base, "trainer.max_steps=10", "trainer.val_check_interval=10"])) is None
+    assert objective_problem(compose_train(base)) is None  # 500 steps, validation every 100
+    assert "task bytes never logs (it logs val/loss, val/bpb): set optimized_metric=val/loss" in \
+        objective_problem(compose_train([*base, "optimized_metric=val/acc"]))
+    assert objective_problem(compose_train([*base, "data=mqar"])) is None  # val/bpb becomes val/loss for a task
+    assert "task mqar never logs" in objective_problem(compose_train([*base, "data=mqar", "optimized_metric=val/bpb2"]))
+    assert "returns before testing: set optimized_metric=val/bpb" in \
+        objective_problem(compose_train([*base, "optimized_metric=test/bpb"]))
+    assert "train=false" in objective_problem(compose_train([*base, "train=false"]))
+    assert "limit_val_batches=0" in objective_problem(compose_train([*base, "trainer.limit_val_batches=0"]))
+
+
+def test_the_optuna_sweep_that_cannot_score_is_refused_before_its_first_trial(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = train(tmp_path, "-m", "hparams_search=optuna", "size=tiny", "trainer.max_steps=10",
+              "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep}", timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "linrope: the sweep optimises optimized_metric=val/bpb, which is never logged: no validation before "
+        "trainer.max_steps=10 (trainer.val_check_interval=100); set trainer.val_check_interval=10 or less, or "
+        "trainer.max_steps=100 or more"]
+    assert not sweep.exists() or not any(sweep.iterdir())  # no trial ran
