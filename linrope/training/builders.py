@@ -62,6 +62,24 @@ def name_model(cfg: DictConfig) -> None:
     if name != cfg.model.get("name"):
         with open_dict(cfg):
             cfg.model.name = name
+        _rename_in_saved_config(hc, name)
+
+
+def _rename_in_saved_config(hc, name: str) -> None:
+    """Hydra saved ``.hydra/config.yaml`` before the task ran, with the preset's name: write the chosen pair's name
+    there too (atomically), so the saved config names the model as its hyper-parameters and the spec do."""
+    from linrope.base.atomic import atomic_write_bytes
+
+    if not hc.output_subdir:
+        return
+    saved = Path(hc.runtime.output_dir) / hc.output_subdir / "config.yaml"
+    if not saved.is_file():
+        return
+    node = OmegaConf.load(saved)
+    if OmegaConf.select(node, "model.name") != name:
+        with open_dict(node):
+            node.model.name = name
+        atomic_write_bytes(OmegaConf.to_yaml(node).encode(), saved)
 
 
 def build_datamodule(cfg: DictConfig):

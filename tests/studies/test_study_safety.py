@@ -205,3 +205,12 @@ def test_a_signal_to_the_driver_stops_after_the_job_saved_and_starts_nothing(tmp
     assert not (tmp_path / "s" / "linear").exists()
     listed = subprocess.run(cmd + ["--list"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert [line.split()[:2] for line in listed.stdout.splitlines()] == [["partial", "linear_rope"], ["todo", "linear"]]
+
+
+def test_the_label_is_not_part_of_a_jobs_identity():
+    """train.py writes the chosen pair's label into the saved config (``attention=softmax position=none`` saves
+    ``model.name: softmax_none``) while the study composes the preset's; the label changes nothing a job computes."""
+    from linrope.studies.study_jobs import differences
+
+    assert differences({"model.name": "softmax_none"}, {"model.name": "linear_rope"}) == []
+    assert differences({"model.d_model": 64}, {"model.d_model": 128}) == ["model.d_model: 64 → 128"]

@@ -165,7 +165,7 @@ def test_hyperparameters_are_logged_once_as_the_config(compose, small_corpus):
 def test_model_name_follows_the_chosen_attention_and_position_into_the_logs_and_the_report(tmp_path):
     """attention=... position=... replace the preset's pair: the label (report, plots, wandb) follows
     (tests/models/test_names.py pins it for every preset); train.py names the model in what it logs and in the
-    checkpoint, and leaves Hydra's .hydra/config.yaml as Hydra composed it (the report reads the logged label)."""
+    checkpoint, and in the .hydra/config.yaml Hydra saved before the run started (issue 32: it said linear_rope)."""
     import yaml
 
     from linrope.analysis.runs import base_label, find_runs
@@ -175,7 +175,8 @@ def test_model_name_follows_the_chosen_attention_and_position_into_the_logs_and_
            "trainer.max_steps=1", "trainer.val_check_interval=1", "test=false", f"hydra.run.dir={run}"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["model"]["name"] == "linear_rope"
+    saved = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    assert saved["model"]["name"] == "softmax_none" and saved["model"]["attention"]["kind"] == "softmax"
     assert yaml.safe_load((run / "csv" / "hparams.yaml").read_text())["model"]["name"] == "softmax_none"
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["model"]["name"] \
         == "softmax_none"
