@@ -107,7 +107,7 @@ def sign(r) -> int:
 def outcome(results: Sequence[Any]) -> str:
     """What became of a claim across the arms, first to last (study_config.OUTCOMES)."""
     if any(r is None or r.diff.n < 2 for r in results):
-        return "incomplete"
+        return "unpaired"
     if len(results) < 2:
         return "single"
     signs = [sign(r) for r in results]
@@ -167,7 +167,7 @@ def verdict_legend(study: Study, names: Sequence[str]) -> str:
         return v["single"][1]
     fill = {"{first}": names[0], "{last}": names[-1]}
     legends = []
-    for k in ("same", "opposite", "first_only", "last_only", "none", "incomplete"):
+    for k in ("same", "opposite", "first_only", "last_only", "none", "unpaired"):
         text = v[k][1]
         for key, value in fill.items():
             text = text.replace(key, value)

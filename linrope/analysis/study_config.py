@@ -3,8 +3,8 @@
 A study is data: the pairs its reports compare, the claims it tables across its arms (text, metric, A, B), the
 verdict each claim gets and the positive control its runs must pass all live in the YAML file; ``linrope.report``
 (``linrope.analysis.report``, ``linrope.analysis.arms``) is one code path for every study.  The file is found from
-the runs: every experiment sets ``task_name`` to its own name, so runs of ``task_name: budget`` are read with
-``conf/study/budget.yaml``; runs of an experiment without a study file (a sweep of your own) with
+the runs: every experiment sets ``task_name`` to its own name, so runs of ``task_name: <experiment>`` are read with
+``conf/study/<experiment>.yaml``; runs of an experiment without a study file (a sweep of your own) with
 ``conf/study/default.yaml``; ``--study NAME|FILE`` chooses another.  The file lives beside the experiment, not in
 it: an experiment file is merged into every run's config (``# @package _global_``), where a report's claims
 have no place.  Keys, each optional (docs/design.md, "Studies are data"):
@@ -44,7 +44,7 @@ CONTROL = {"configuration": str, "at_least": float, "at_most": float, "what": st
 TABLE = {"file": str, "title": str, "intro": str, "claims_intro": str, "configurations": bool, "per_run": bool,
          "figure": str, "figure_title": str, "caption": str}
 # a claim's signs (resolved or not) from the first arm to the last -> the verdict the study names for it
-OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "incomplete", "single")
+OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "unpaired", "single")
 FIGURES = ("claims", "by_arm")
 METRIC = re.compile(r"(train|val|test)/\w+|(bpb|acc)@\d+")
 DEFAULT = "default"
@@ -182,7 +182,7 @@ def _verdict(read: _Reader, node: Any) -> Dict[str, Any]:
     return out
 
 
-def experiment_models(name: str, conf_dir: Path = CONF_DIR) -> Optional[List[str]]:
+def experiment_models(name: str, conf_dir: Path) -> Optional[List[str]]:
     """The models ``conf/experiment/<name>.yaml`` sweeps (``hydra.sweeper.params.model``), None when it names none."""
     path = conf_dir / "experiment" / f"{name}.yaml"
     try:
@@ -197,7 +197,7 @@ def _check_configurations(read: _Reader, study: Study) -> None:
     """Every configuration a study of ``conf/study/`` names is one its experiment runs (a typo is one line)."""
     if study.path.resolve().parent != (CONF_DIR / "study").resolve():
         return
-    models = experiment_models(study.path.stem)
+    models = experiment_models(study.path.stem, CONF_DIR)
     if models is None:
         return
     named = [(f"pairs[{i}]", x) for i, p in enumerate(study.pairs) for x in p]
@@ -209,19 +209,20 @@ def _check_configurations(read: _Reader, study: Study) -> None:
                             f"{nearest_hint(x, models)}")
 
 
-def named(text: str, conf_dir: Path = CONF_DIR) -> Study:
+def named(text: str) -> Study:
     """``--study``: a study of ``conf/study/`` by name, or a YAML file by its path."""
     if text.endswith((".yaml", ".yml")) or "/" in text:
         return load(Path(text))
-    path = conf_dir / "study" / f"{text}.yaml"
+    path = CONF_DIR / "study" / f"{text}.yaml"
     if not path.is_file():
-        have = sorted(p.stem for p in (conf_dir / "study").glob("*.yaml"))
+        have = sorted(p.stem for p in (CONF_DIR / "study").glob("*.yaml"))
         raise ConfigError(f"--study {text}: no {path}; {nearest_hint(text, have)}")
     return load(path)
 
 
-def for_runs(runs: Sequence[Any], conf_dir: Path = CONF_DIR) -> Study:
+def for_runs(runs: Sequence[Any]) -> Study:
     """The study of these runs: ``conf/study/<task_name>.yaml`` of their experiment, else ``default.yaml``."""
+    conf_dir = CONF_DIR
     names = sorted({str(r.get("task_name")) for r in runs if r.get("task_name") is not None})
     found = [n for n in names if (conf_dir / "study" / f"{n}.yaml").is_file()]
     if len(found) == 1 and len(names) == 1:
