@@ -144,7 +144,7 @@ def test_runs_of_two_codes_across_arms_are_refused_under_every_flag(tmp_path, ca
 
 
 def test_budget_never_writes_over_an_arms_or_the_studys_own_files(tmp_path):
-    """The budget table (then linrope.analysis.budget) replaced an arm's report.md (and budget.md) that no report wrote."""
+    """The budget table replaced an arm's report.md (and budget.md) that no report wrote."""
     write_budget(tmp_path, 800, {"linear": [3.3, 3.32], "linear_rope": [3.0, 3.03]})
     (tmp_path / "steps800" / "report.md").write_text("# my notes on 800 steps\n")
     with pytest.raises(SystemExit, match="steps800 holds report.md, not written by a linrope report"):
@@ -159,8 +159,7 @@ def test_budget_never_writes_over_an_arms_or_the_studys_own_files(tmp_path):
 
 
 def test_recall_on_runs_that_are_not_mqar_says_so(tmp_path):
-    """The recall table (then linrope.analysis.recall) on bytes runs printed an empty table and 'softmax_rope has
-    not run yet'."""
+    """The recall table on bytes runs printed an empty table and 'softmax_rope has not run yet'."""
     one_run(tmp_path / "width64" / "linear_rope-seed1")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--study", "recall"])
