@@ -10,7 +10,6 @@ every run's value behind the intervals (``table.per_run``).  An arm's label is w
 runs of every arm come from one code (one line each, else).  Light: no torch."""
 from __future__ import annotations
 
-import csv
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -18,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
-from linrope.analysis.report import build_report, higher_is_better, markdown_table, pair_record
+from linrope.analysis.report import build_report, higher_is_better, markdown_table, pair_record, write_csv
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
@@ -199,7 +198,8 @@ def configuration_lines(study: Study, values: Dict[str, Dict[str, Dict[Any, floa
                                    if values[a.name].get(c)))
     lines = [[c, *(value_cell(values[a.name].get(c, {})) for a in arms)] for c in configs]
     rows += [{"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v}
-             for c in configs for a in arms for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))]
+             for c in configs for a in arms
+             for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))]
     return [markdown_table(["configuration", *names], lines), ""]
 
 
@@ -220,14 +220,6 @@ def claim_lines(study: Study, results: Dict[str, Dict[Claim, Any]], arms: Sequen
                   **pair_record(study.arms["task"], c.metric, c.a, c.b, r)} for a, r in zip(arms, per) if r is not None]
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
     return [*intro, markdown_table(header, lines), ""]
-
-
-def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        out = csv.DictWriter(f, fieldnames=keys)
-        out.writeheader()
-        out.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
 def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bool = False,

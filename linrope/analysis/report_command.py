@@ -35,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
                     "conf/study/default.yaml.  A study whose config declares arms (<folder><N>/ of runs) gets\n"
                     "each arm's report and its table of claims across the arms.",
         epilog="examples:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
-               "--pair linear_alibi:linear\n  python -m linrope.report docs/results/<study>   (a study in arms: its table)")
+               "--pair linear_alibi:linear\n"
+               "  python -m linrope.report docs/results/<study>   (a study in arms: each arm's report, its table)")
     p.add_argument("sweeps", nargs="+", type=Path, help="sweep folder(s) (e.g. logs/<task_name>/multiruns/<time>)")
     p.add_argument("--out", type=Path, default=None, help="where to write (default: the first sweep folder)")
     p.add_argument("--pair", type=parse_pair, action="append", default=[], metavar="A:B",

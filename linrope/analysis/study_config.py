@@ -1,4 +1,4 @@
-"""What a study claims, read from its config: ``conf/study/<experiment>.yaml`` beside ``conf/experiment/<experiment>.yaml``.
+"""What a study claims, read from its config: ``conf/study/<experiment>.yaml``, beside its experiment.
 
 A study is data: the pairs its reports compare, the claims it tables across its arms (text, metric, A, B), the
 verdict each claim gets and the positive control its runs must pass all live in the YAML file; ``linrope.report``
@@ -166,6 +166,8 @@ def load(path: Path, name: Optional[str] = None) -> Study:
         study.table = read.typed(data["table"], TABLE, "table")
         if study.table.get("figure", FIGURES[0]) not in FIGURES:
             raise read.fail(f"table.figure: {study.table['figure']!r}: one of {', '.join(FIGURES)}")
+        if metric is None and (study.table.get("configurations") or study.table.get("figure") == "by_arm"):
+            raise read.fail("table: its configurations and the by_arm figure need the study's metric")
     if study.arms is not None:
         read.required(study.table, ("file", "title"), "table")
     _check_configurations(read, study)

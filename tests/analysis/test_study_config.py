@@ -86,6 +86,7 @@ def test_the_study_is_found_from_the_runs_and_named_in_one_line():
     ("arms: {folder: steps, key: trainer.max_steps}", "arms: needs task"),
     ("verdict: {column: c}", "verdict: needs same, opposite, first_only"),
     ("table: {figure: pie}", "table.figure: 'pie': one of claims, by_arm"),
+    ("table: {configurations: true}", "table: its configurations and the by_arm figure need the study's metric"),
     ("- a\n- b", "the file: a mapping of pairs, metric"),
     ("pairs: [a", "not YAML text"),
     ("!!python/object/apply:os.system ['touch pwned']", "not YAML text"),  # safe_load builds nothing
