@@ -8,7 +8,8 @@ only in their seed, and writes into the sweep folder (or ``--out``):
   ``test/acc`` (and ``test/loss``) for the tasks.  The best validation value is shown as the
   selection metric only: it was picked on the data it reports.  Each cell is the mean over seeds
   ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
-  differences A − B of the declared pairs (``PAIRS``, plus ``--pair``) over the seeds both ran, with
+  differences A − B of the pairs the study declares (its config, linrope.analysis.study_config: the
+  experiment's ``conf/study/<experiment>.yaml``, else ``default.yaml``; plus ``--pair``) over the seeds both ran, with
   their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
   excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes,
   accuracy for the tasks) with the same intervals and the pairs at each length;
@@ -21,12 +22,13 @@ still improving are named above each table; ``n`` counts only the runs behind ea
 gives parameter counts, and learned position parameters get a table of how far they moved.
 
 A configuration is named by ``model.name``, followed by the settings that tell apart runs of
-the same model (e.g. ``linear_rope feature_map=cosine placement=both``)."""
+the same model (e.g. ``linear_rope feature_map=cosine placement=both``).
+
+A folder of a study run in arms (its config declares ``arms``: ``steps800/``, ``steps3200/``) gets each arm's
+report and the study's table across them (linrope.analysis.arms)."""
 from __future__ import annotations
 
-import argparse
 import csv
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -34,20 +36,13 @@ from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
 from linrope.analysis.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
                              params_cell)
-from linrope.config.command_line import program
+from linrope.analysis import study_config
 from linrope.base.errors import first_names
 from linrope.base.plots import (SCALING_STYLES, Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves,
                            series_colour)
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import Interval, Paired, mean_ci, paired
 
-# the comparisons the study is about: A − B over matching seeds (add more with --pair A:B)
-PAIRS: Tuple[Tuple[str, str], ...] = (
-    ("linear_rope", "linear"),  # what RoPE in the numerator buys linear attention
-    ("linear_rope", "linear_rope_both"),  # numerator only against numerator and denominator
-    ("linear_cosine_rope", "linear_cosine"),  # the same with the 1 + cos feature map
-    ("linear_rope", "softmax_rope"),  # linear against softmax attention, both with RoPE
-)
 LEVEL = 0.95
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
 
@@ -293,8 +288,10 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
         w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
-def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = PAIRS,
-                 allow_mixed: bool = False) -> str:
+def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = (),
+                 allow_mixed: bool = False, study: Optional[study_config.Study] = None) -> str:
+    """The report of the runs under ``sweeps``, written into ``out``: the pairs ``study`` declares (default: the
+    study of the runs, ``study_config.for_runs``) where both ran, and ``pairs`` (``--pair``), which must."""
     skipped: List[Path] = []
     runs = [r for s in sweeps for r in find_runs(Path(s), skipped)]
     if not runs:
@@ -304,6 +301,7 @@ def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, s
                          f"{others}")
     provenance.fill_in(runs, [*map(Path, sweeps), out])  # runs that predate their own provenance.json
     mixed = provenance.check(runs, allow_mixed)  # one line; refused unless --allow-mixed
+    declared = (study or study_config.for_runs(runs)).compared
     tasks = group_runs(runs)
     suffixes = [f"_{task}" if len(tasks) > 1 else "" for task in tasks]
     written = ["report.md", "summary.csv", "runs.csv", "pairs.csv",
@@ -311,10 +309,11 @@ def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, s
     labels = {label for groups in tasks.values() for label in groups}
     for a, b in pairs:
         if a not in labels or b not in labels:
-            if (a, b) not in PAIRS:
+            if (a, b) not in declared:
                 missing = a if a not in labels else b
                 raise SystemExit(f"linrope.report: --pair {a}:{b}: no configuration named {missing!r} "
                                  f"(have: {', '.join(sorted(labels))})")
+    pairs = list(dict.fromkeys([*declared, *pairs]))
     outputs.claim(out, written, "linrope.report", LEGACY)  # never over a file a report did not write: one line
     out.mkdir(parents=True, exist_ok=True)
     n_configs = sum(len(g) for g in tasks.values())
@@ -341,38 +340,3 @@ def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, s
         write_csv(pair_rows, out / "pairs.csv")
     outputs.record(out, written)
     return text
-
-
-def parse_pair(text: str) -> Tuple[str, str]:
-    a, sep, b = text.partition(":")
-    if not sep or not a or not b or ":" in b:
-        raise argparse.ArgumentTypeError(f"{text!r}: a pair is two configuration names, A:B")
-    return a, b
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog=program("python -m linrope.report"), formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
-                    "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
-                    "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"
-                    "summary.csv, pairs.csv, runs.csv (every run's values), val_curves.png and, when runs\n"
-                    "evaluated length extrapolation, extrapolation.png.  Pairs always compared when present: "
-                    + ", ".join(f"{a}:{b}" for a, b in PAIRS) + ".",
-        epilog="example:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
-               "--pair linear_alibi:linear")
-    p.add_argument("sweeps", nargs="+", type=Path, help="sweep folder(s) (e.g. logs/<task_name>/multiruns/<time>)")
-    p.add_argument("--out", type=Path, default=None, help="where to write (default: the first sweep folder)")
-    p.add_argument("--pair", type=parse_pair, action="append", default=[], metavar="A:B",
-                   help="also compare configuration A with B, paired over seeds (repeatable)")
-    p.add_argument("--allow-mixed", action="store_true",
-                   help="report runs from more than one commit or torch version together (named at the top)")
-    args = p.parse_args(argv)
-    for s in args.sweeps:
-        if not s.is_dir():
-            p.error(f"{s}: not a folder")
-    out = args.out or args.sweeps[0]
-    pairs = list(dict.fromkeys([*PAIRS, *args.pair]))
-    print(build_report(args.sweeps, out, pairs, allow_mixed=args.allow_mixed))
-    print(f"\nwrote {out / 'report.md'}")
-    return 0

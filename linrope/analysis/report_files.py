@@ -1,5 +1,5 @@
-"""The files a report writes (linrope.report, linrope.analysis.budget, linrope.analysis.recall), and only those: a report never
-replaces a file it did not write.
+"""The files a report writes (linrope.report: a sweep's report, a study's table over its arms), and only those: a
+report never replaces a file it did not write.
 
 Each tool names every file it will write before writing any (``claim``).  A file may be replaced when it does not
 exist, or when ``.linrope-outputs.json`` in its folder (``MANIFEST``, written by ``record`` after each report)

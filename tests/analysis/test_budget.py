@@ -1,13 +1,18 @@
-"""linrope.analysis.budget: the headline claims at each budget, paired over seeds, and what became of each with more
-budget (holds, flips, budget artefact, emerges, undecided), from small hand-made run folders."""
+"""A study in arms read from its config (conf/study/budget.yaml, linrope.analysis.arms): the headline claims at
+each budget, paired over seeds, and the verdict the config names for what became of each with more budget (holds,
+flips, budget artefact, emerges, undecided), from small hand-made run folders."""
 from pathlib import Path
 
 import pytest
 
-from linrope.analysis.budget import CLAIMS, Claim, budget_table, claim_results, fate
+from linrope.analysis import study_config
+from linrope.analysis.arms import arms_table, claim_results, outcome
+from linrope.analysis.runs import find_runs, group_runs
 from linrope.analysis.stats import paired
 from tests.analysis.test_report import lm_rows, write_run
 
+BUDGET = study_config.named("budget")
+CLAIMS = BUDGET.claims
 KINDS = {"linear": ("linear", "none"), "linear_rope": ("linear", "rope"), "softmax_rope": ("softmax", "rope")}
 
 
@@ -18,7 +23,7 @@ def write_budget(folder: Path, steps: int, values):
         for seed, test in enumerate(tests, 1):
             write_run(folder / f"steps{steps}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
                       seed=seed, rows=lm_rows((test + 0.2, test + 0.1), test, (1000, 1000)), context=128, max_steps=steps,
-                      extrapolation=[(128, "none", test), (256, "none", test + 0.1 * seed)])
+                      task_name="budget", extrapolation=[(128, "none", test), (256, "none", test + 0.1 * seed)])
 
 
 def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
@@ -26,9 +31,9 @@ def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
                                  "softmax_rope": [3.00, 3.03, 3.01]})
     write_budget(tmp_path, 3200, {"linear": [3.10, 3.12, 3.11], "linear_rope": [3.20, 3.23, 3.22],
                                   "softmax_rope": [2.50, 2.52, 2.53]})
-    text = budget_table(tmp_path, reports=True)
+    text = arms_table(tmp_path, BUDGET, reports=True)
     rope = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))
-    r800 = claim_results(tmp_path / "steps800")[rope]
+    r800 = claim_results(group_runs(find_runs(tmp_path / "steps800"))["bytes"], CLAIMS)[rope]
     expected = paired({1: 3.00, 2: 3.03, 3: 3.01}, {1: 3.30, 2: 3.32, 3: 3.31})
     assert r800.diff.mean == pytest.approx(expected.diff.mean) and r800.diff.hi == pytest.approx(expected.diff.hi)
     lines = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
@@ -43,13 +48,13 @@ def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
         assert (tmp_path / arm / "report.md").is_file() and (tmp_path / arm / "runs.csv").is_file()
     assert (tmp_path / "budget.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the forest plot of the claims
     csv_text = (tmp_path / "budget.csv").read_text()
-    assert csv_text.startswith("claim,budget,fate,task,metric,a,b,n,seeds,mean difference")
+    assert csv_text.startswith("kind,claim,arm,verdict,task,metric,a,b,n,seeds,mean difference")
     assert (tmp_path / "budget.md").read_text() == text
 
 
 def test_extrapolation_claims_read_the_table_as_trained():
     """bpb@L is the 'none' scaling row of extrapolation.csv at that length."""
-    from linrope.analysis.budget import value_of
+    from linrope.analysis.arms import value_of
     from types import SimpleNamespace
     run = SimpleNamespace(extrapolation=[{"length": 256, "scaling": "pi", "bpb": 1.0, "status": "ok"},
                                          {"length": 256, "scaling": "none", "bpb": 2.0, "status": "ok"},
@@ -73,12 +78,12 @@ class R:  # a Paired stand-in: resolved iff lo and hi share a sign
     ([R(-1, -2, -0.5), R(-1, -2, -0.5, n=1)], "incomplete"),
     ([R(-1, -2, -0.5)], "one budget so far"),
 ])
-def test_fate(results, expected):
-    assert fate(results) == expected
+def test_the_verdict_is_the_configs_word_for_the_outcome(results, expected):
+    assert BUDGET.verdict[outcome(results)][0] == expected
 
 
 def test_the_forest_plot_is_not_drawn_without_an_interval(tmp_path):
-    from linrope.analysis.budget import plot_claims
+    from linrope.analysis.arm_figures import plot_claims
 
     assert plot_claims(CLAIMS, [{c: None for c in CLAIMS}], ["800 steps"], tmp_path / "b.png", "t") is None
     assert not (tmp_path / "b.png").exists()

@@ -1,10 +1,12 @@
-"""linrope.analysis.recall: test accuracy per configuration and width, the positive control's bar, and the paired
-differences per width, from small hand-made run folders."""
+"""A study in arms read from its config (conf/study/recall.yaml, linrope.analysis.arms): test accuracy per
+configuration and width, the positive control's bar, and the paired differences per width, from small hand-made
+run folders."""
 from pathlib import Path
 
 import pytest
 
-from linrope.analysis.recall import recall_table
+from linrope.analysis import study_config
+from linrope.analysis.arms import arms_table
 from linrope.analysis.stats import mean_ci, paired
 from tests.analysis.test_report import write_run
 
@@ -22,7 +24,11 @@ def write_width(folder: Path, width: int, values):
         kind, position = KINDS[name]
         for seed, acc in enumerate(accs, 1):
             write_run(folder / f"width{width}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
-                      seed=seed, task="mqar", rows=acc_rows(acc), d_model=width)
+                      seed=seed, task="mqar", rows=acc_rows(acc), d_model=width, task_name="recall")
+
+
+def recall_table(folder: Path) -> str:
+    return arms_table(folder, study_config.named("recall"))
 
 
 def test_accuracy_by_width_the_control_and_the_pairs(tmp_path):
@@ -54,5 +60,5 @@ def test_a_control_that_misses_the_bar_or_has_not_run_is_said(tmp_path):
 
 
 def test_no_width_folder_is_one_line(tmp_path):
-    with pytest.raises(SystemExit, match="no width folders"):
+    with pytest.raises(SystemExit, match=r"no arm folders \(width<N>/\) in .*recall.yaml declares"):
         recall_table(tmp_path)

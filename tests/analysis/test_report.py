@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from linrope.analysis.report import build_report, main
+from linrope.analysis.report import build_report
+from linrope.analysis.report_command import main
 from linrope.analysis.runs import find_runs, group_runs
 from linrope.analysis.stats import betainc, mean_ci, paired, t_cdf, t_quantile, t_two_sided
 
@@ -17,13 +18,14 @@ HEADER = ["epoch", "step", "train/loss", "train/tokens_per_sec", "val/bpb", "val
 
 
 def write_run(folder: Path, *, name, kind, position, seed, rows, task="bytes", extra_model="", extra_position="",
-              extrapolation=None, context=64, test_factor=1, n_params=None, max_steps=200, d_model=64):
+              extrapolation=None, context=64, test_factor=1, n_params=None, max_steps=200, d_model=64,
+              task_name="pe_compare"):
     (folder / ".hydra").mkdir(parents=True)
     (folder / "csv").mkdir()
     if n_params is not None:  # what the loggers get (training.log_config)
         (folder / "csv" / "hparams.yaml").write_text(f"model:\n  name: {name}\nn_params: {n_params}\nseed: {seed}\n")
     (folder / ".hydra" / "config.yaml").write_text(
-        f"task_name: pe_compare\nseed: {seed}\ncontext: {context}\n"
+        f"task_name: {task_name}\nseed: {seed}\ncontext: {context}\n"
         f"model:\n  name: {name}\n  d_model: {d_model}\n  attention:\n    kind: {kind}\n{extra_model}"
         f"  position:\n    name: {position}\n{extra_position}"
         f"data:\n  task: {task}\n  context: ${{context}}\n  seed: ${{seed}}\n  test_factor: {test_factor}\n"

@@ -10,7 +10,8 @@ import pytest
 
 from linrope.run import provenance as P
 from linrope.analysis import report_provenance as RP
-from linrope.analysis.report import build_report, main
+from linrope.analysis.report import build_report
+from linrope.analysis.report_command import main
 from tests.analysis.test_report import lm_rows, write_run
 
 ROOT = Path(__file__).resolve().parents[2]

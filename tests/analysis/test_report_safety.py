@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from linrope.run import provenance as P
-from linrope.analysis.budget import budget_table
-from linrope.analysis.budget import main as budget_main
-from linrope.analysis.recall import main as recall_main
-from linrope.analysis.report import build_report, main
+from linrope.analysis import study_config
+from linrope.analysis.arms import arms_table
+from linrope.analysis.report import build_report
+from linrope.analysis.report_command import main
 from linrope.analysis.report_files import MANIFEST
 from tests.analysis.test_budget import write_budget
 from tests.analysis.test_recall import write_width
@@ -113,8 +113,8 @@ def test_budget_arms_are_labelled_by_the_steps_their_runs_recorded(tmp_path):
     wrong.write_text(wrong.read_text().replace("max_steps: 800", "max_steps: 20"))
     for flags in ([], ["--no-reports"]):
         with pytest.raises(SystemExit) as e:
-            budget_main([str(tmp_path), *flags])
-        assert str(e.value) == ("linrope.analysis.budget: steps800/linear-seed1 ran with trainer.max_steps=20, not 800 as its "
+            main([str(tmp_path), *flags])
+        assert str(e.value) == ("linrope.report: steps800/linear-seed1 ran with trainer.max_steps=20, not 800 as its "
                                 "folder steps800/ says: move it to the arm it belongs to")
     assert not (tmp_path / "budget.md").exists() and not (tmp_path / "steps800" / "report.md").exists()
 
@@ -131,40 +131,40 @@ def test_runs_of_two_codes_across_arms_are_refused_under_every_flag(tmp_path, ca
     (tmp_path / "r" / "width64" / "softmax_rope-seed1" / "provenance.json").write_text("{}")
     P.write(tmp_path / "r" / "width64" / "linear-seed1", recorded("c" * 40, code="aaaaaaaaaaaa"))
     P.write(tmp_path / "r" / "width64" / "linear-seed2", recorded("c" * 40, code="bbbbbbbbbbbb"))
-    for module, folder in ((budget_main, tmp_path / "b"), (recall_main, tmp_path / "r")):
+    for folder in (tmp_path / "b", tmp_path / "r"):
         for flags in ([], ["--no-reports"]):
             with pytest.raises(SystemExit) as e:
-                module([str(folder), *flags])
+                main([str(folder), *flags])
             assert "the runs come from 2 versions of the code (code aaaaaaaaaaaa, code bbbbbbbbbbbb): pass " \
                    "--allow-mixed" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "b" / "budget.md").exists() and not (tmp_path / "r" / "recall.md").exists()
-    text = budget_table(tmp_path / "b", reports=False, allow_mixed=True)
+    text = arms_table(tmp_path / "b", study_config.named("budget"), reports=False, allow_mixed=True)
     assert text.splitlines()[2] == ("**Mixed provenance: the runs come from 2 versions of the code (code aaaaaaaaaaaa, "
                                     "code bbbbbbbbbbbb).**")
 
 
 def test_budget_never_writes_over_an_arms_or_the_studys_own_files(tmp_path):
-    """linrope.analysis.budget replaced an arm's report.md (and budget.md) that no report wrote."""
+    """The budget table replaced an arm's report.md (and budget.md) that no report wrote."""
     write_budget(tmp_path, 800, {"linear": [3.3, 3.32], "linear_rope": [3.0, 3.03]})
     (tmp_path / "steps800" / "report.md").write_text("# my notes on 800 steps\n")
     with pytest.raises(SystemExit, match="steps800 holds report.md, not written by a linrope report"):
-        budget_main([str(tmp_path)])
+        main([str(tmp_path)])
     (tmp_path / "steps800" / "report.md").unlink()
     (tmp_path / "budget.md").write_text("my budget notes\n")
     with pytest.raises(SystemExit, match="holds budget.md, not written by a linrope report"):
-        budget_main([str(tmp_path)])
+        main([str(tmp_path)])
     assert (tmp_path / "budget.md").read_text() == "my budget notes\n"
     (tmp_path / "budget.md").unlink()
-    assert budget_main([str(tmp_path)]) == 0 and budget_main([str(tmp_path)]) == 0  # its own files, again
+    assert main([str(tmp_path)]) == 0 and main([str(tmp_path)]) == 0  # its own files, again
 
 
 def test_recall_on_runs_that_are_not_mqar_says_so(tmp_path):
-    """linrope.analysis.recall on bytes runs printed an empty table and 'softmax_rope has not run yet'."""
+    """The recall table on bytes runs printed an empty table and 'softmax_rope has not run yet'."""
     one_run(tmp_path / "width64" / "linear_rope-seed1")
     with pytest.raises(SystemExit) as e:
-        recall_main([str(tmp_path)])
-    assert str(e.value) == (f"linrope.analysis.recall: the runs under {tmp_path} are bytes runs, not mqar: linrope.analysis.recall "
-                            f"tables the recall probe (experiment=recall); use linrope.report")
+        main([str(tmp_path), "--study", "recall"])
+    assert str(e.value) == (f"linrope.report: the runs under {tmp_path} are bytes runs, not mqar: the study of "
+                            f"{study_config.named('recall').path} tables mqar runs; choose another with --study")
 
 
 def test_report_paths_mean_what_they_say_from_any_folder(tmp_path, monkeypatch):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from linrope.analysis.report import PAIRS, columns_for
+from linrope.analysis import study_config
+from linrope.analysis.report import columns_for
 from linrope.analysis.stats import mean_ci, paired
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,8 @@ def test_every_interval_is_recomputed_from_the_runs(study):
         assert number(r["p"]) == pytest.approx(res.p, abs=1e-12)
         assert (r["resolved"] == "True") == res.diff.excludes_zero()
         checked.add((r["task"], r["a"], r["b"]))
-    present = {(t, a, b) for t, _ in values for a, b in PAIRS if (t, a) in values and (t, b) in values}
+    declared = study_config.for_runs([{"task_name": study}]).compared  # the study's config, as the report reads it
+    present = {(t, a, b) for t, _ in values for a, b in declared if (t, a) in values and (t, b) in values}
     assert checked and present <= checked  # every declared pair (and those added with --pair)
     assert present or study not in REPRODUCED  # the comparison studies hold the declared pairs
 
@@ -118,18 +120,19 @@ def armed_studies():
 
 @pytest.mark.parametrize("study", armed_studies())
 def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
-    """budget.md / recall.md equal what linrope.analysis.budget / linrope.analysis.recall compute from the run folders committed
-    beside them; every finished job has its metrics and provenance; each arm's runs.csv matches its runs."""
-    from linrope.analysis.budget import arms, budget_table
-    from linrope.analysis.recall import recall_table
+    """budget.md / recall.md equal what linrope.report computes from the run folders committed beside them and the
+    study's config (conf/study/<study>.yaml); every finished job has its metrics and provenance; each arm's runs.csv
+    matches its runs."""
+    from linrope.analysis.arms import arm_folders, arms_table
     from linrope.analysis.runs import find_runs
     prefix, table = ARMED[study]
     folder = RESULTS / study
-    compute = budget_table if study == "budget" else recall_table
+    config = study_config.for_runs(find_runs(folder))
+    assert config.name == study and config.arms["folder"] == prefix and f"{config.table['file']}.md" == table
     committed = (folder / table).read_text()
     mixed = committed.startswith("**Mixed provenance", len(committed.split("\n\n")[0]) + 2)  # said at its top
-    assert compute(folder, reports=False, write=False, allow_mixed=mixed) == committed
-    for arm in arms(folder, prefix):
+    assert arms_table(folder, config, reports=False, write=False, allow_mixed=mixed) == committed
+    for arm in arm_folders(folder, config):
         jobs = sorted(p.parent for p in arm.glob("*/study_job.json"))
         assert jobs, f"{arm}: no finished job"
         for job in jobs:

@@ -83,11 +83,11 @@ def test_every_job_of_the_other_experiments_is_a_valid_config():
 def test_the_published_studies_have_the_budget_their_claims_need(compose):
     """README's results come from these sweeps: the bytes study (5 seeds, 800 steps, every declared pair,
     extrapolation on the same bytes up to 16×) and the probes (3 seeds, two tasks, eight models)."""
-    from linrope.analysis.report import PAIRS
+    from linrope.analysis.study_config import named
 
     jobs, models = job_models("rope_study")
     assert len(models) == 12 and len(jobs) == 5 * len(models)
-    assert {m for pair in PAIRS for m in pair} <= set(models)
+    assert {m for pair in named("rope_study").compared for m in pair} <= set(models)
     cfg = compose("experiment=rope_study")
     assert cfg.trainer.max_steps >= 800 and cfg.extrapolation.enabled
     assert max(cfg.extrapolation.factors) == 16 and cfg.extrapolation.scored_bytes >= 2 ** 17

@@ -1,0 +1,284 @@
+"""A study run in arms, tabled side by side: ``python -m linrope.report <study folder>`` when the study's config
+(``linrope.analysis.study_config``) declares ``arms`` and the folder holds them (``steps800/``, ``steps3200/``).
+
+For each arm it writes the ordinary report (``linrope.analysis.report``: report.md, summary.csv, pairs.csv, runs.csv
+and figures, beside the arm's runs; not with ``--no-reports``), then one table, ``<folder>/<table.file>.md`` with
+its ``.csv`` and ``.png``, in the sections the config asks for: the positive control (``control``), the metric per
+configuration and arm (``table.configurations``), every claim as a paired difference A − B over the seeds both
+configurations finished at each arm with its verdict (``claims``, ``verdict``), a figure (``table.figure``) and
+every run's value behind the intervals (``table.per_run``).  An arm's label is what its runs recorded, and the
+runs of every arm come from one code (one line each, else).  Light: no torch."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from linrope.analysis import report_files as outputs
+from linrope.analysis import report_provenance as provenance
+from linrope.analysis.arm_figures import plot_by_arm, plot_claims
+from linrope.analysis.report import build_report, higher_is_better, markdown_table, pair_record, write_csv
+from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
+from linrope.analysis.stats import mean_ci, paired
+from linrope.analysis.study_config import Claim, Study
+
+TOOL = "linrope.report"
+LEVEL = 0.95
+
+
+def shown(folder: Path) -> str:
+    """``folder`` as its command is typed: relative to the current folder when inside it."""
+    try:
+        return str(Path(folder).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(folder)
+
+
+def number(arm: Path, study: Study) -> int:
+    return int(arm.name[len(study.arms["folder"]):])
+
+
+def label(arm: Path, study: Study) -> str:
+    return study.arms["label"].replace("{n}", str(number(arm, study)))
+
+
+def arm_folders(folder: Path, study: Study) -> List[Path]:
+    """The arms of a study, smallest first: its folders ``<arms.folder><N>`` (steps800, width64)."""
+    if study.arms is None or not Path(folder).is_dir():
+        return []
+    prefix = re.escape(study.arms["folder"])
+    found = [p for p in Path(folder).iterdir() if p.is_dir() and re.fullmatch(rf"{prefix}\d+", p.name)]
+    return sorted(found, key=lambda p: number(p, study))
+
+
+def check_arms(folders: Sequence[Path], study: Study) -> None:
+    """An arm's label is what its runs recorded: every run of ``<folder><N>/`` has ``arms.key`` = N, else one line
+    names the first run that does not."""
+    key = study.arms["key"]
+    for arm in folders:
+        n = number(arm, study)
+        wrong = [r for r in find_runs(arm) if r.get(key) != n]
+        if wrong:
+            more = f" and {len(wrong) - 1} more" if len(wrong) > 1 else ""
+            raise SystemExit(f"{TOOL}: {arm.name}/{wrong[0].path.relative_to(arm)} ran with {key}="
+                             f"{wrong[0].get(key)}{more}, not {n} as its folder {arm.name}/ says: move it to the arm "
+                             f"it belongs to")
+
+
+def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> Optional[str]:
+    """The runs of every arm come from one code and torch version (linrope.analysis.report_provenance), whatever the
+    flags: else one line, refused unless ``allow_mixed``; returns the line for the table's top, or None."""
+    runs = []
+    for arm in folders:
+        found = find_runs(arm)
+        provenance.fill_in(found, [arm, study_dir])  # runs that predate their own provenance.json
+        runs += found
+    line = provenance.mixed(runs)
+    if line and not allow_mixed:
+        raise SystemExit(f"{TOOL}: across {', '.join(a.name for a in folders)}, {line}: pass --allow-mixed to "
+                         f"table them together, or run the older arms again")
+    return f"**Mixed provenance: {line}.**" if line else None
+
+
+def value_of(metric: str):
+    """run -> its value of ``metric``: the logged value (its last), or the extrapolation table's value at a length
+    (``bpb@256``: as trained, no scaling)."""
+    if "@" in metric:
+        name, length = metric.split("@")
+        return lambda run: next((r[name] for r in run.extrapolation if r["scaling"] == "none"
+                                 and r["length"] == int(length) and r["status"] == "ok"), None)
+    return lambda run: run.value(metric, "last")
+
+
+def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim]) -> Dict[Claim, Any]:
+    """claim -> Paired in one arm (None when a configuration is missing)."""
+    return {c: paired(by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), LEVEL)
+            if c.a in groups and c.b in groups else None for c in claims}
+
+
+def sign(r) -> int:
+    """+1 / -1 when resolved, 0 when not (or missing)."""
+    if r is None or r.diff.n < 2 or not r.diff.excludes_zero():
+        return 0
+    return 1 if r.diff.mean > 0 else -1
+
+
+def outcome(results: Sequence[Any]) -> str:
+    """What became of a claim across the arms, first to last (study_config.OUTCOMES)."""
+    if any(r is None or r.diff.n < 2 for r in results):
+        return "unpaired"
+    if len(results) < 2:
+        return "single"
+    signs = [sign(r) for r in results]
+    first, last = signs[0], signs[-1]
+    if first and last:
+        return "same" if all(s == first for s in signs) else "opposite"
+    return "first_only" if first else "last_only" if last else "none"
+
+
+def cell(r) -> str:
+    if r is None:
+        return "–"
+    d = r.diff
+    if d.n < 2:
+        return f"{d.mean:+.3f} (n={d.n})" if d.n else "–"
+    star = "**" if d.excludes_zero() else ""
+    return f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n})"
+
+
+def value_cell(seeds: Dict[Any, float]) -> str:
+    """mean ± the 95% t half-width over seeds, the lowest seed and n."""
+    if not seeds:
+        return "–"
+    iv = mean_ci(list(seeds.values()), LEVEL)
+    spread = f" ± {iv.half_width:.3f}" if iv.n > 1 else ""
+    return f"{iv.mean:.3f}{spread} (min {min(seeds.values()):.3f}, n={iv.n})"
+
+
+def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
+    """Whether the control met its bar in every seed, arm by arm."""
+    ctl = study.control
+    low = "at_least" in ctl
+    bar = ctl["at_least"] if low else ctl["at_most"]
+    what, name = ctl.get("what", study.metric), ctl["configuration"]
+    seed_word = "lowest" if low else "highest"
+    ran = {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
+    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v < bar if low else v > bar)]
+    met = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v >= bar if low else v <= bar)]
+    missing = [a for a in by_arm if a not in ran]
+    verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
+    parts = []
+    if missed:
+        parts.append(f"Positive control NOT met: {name} must {verb[0]} {bar} {what} in every seed; it does not at "
+                     f"{', '.join(missed)}.")
+    if met:
+        parts.append(f"Positive control: {name} {verb[1]} {bar} {what} in every seed at {', '.join(met)}.")
+    if missing:
+        parts.append(f"{name} has not run yet at {', '.join(missing)}.")
+    return " ".join(parts)
+
+
+def verdict_legend(study: Study, names: Sequence[str]) -> str:
+    v = study.verdict
+    if v is None:
+        return ""
+    if len(names) < 2:
+        return v["single"][1]
+    fill = {"{first}": names[0], "{last}": names[-1]}
+    legends = []
+    for k in ("same", "opposite", "first_only", "last_only", "none", "unpaired"):
+        text = v[k][1]
+        for key, value in fill.items():
+            text = text.replace(key, value)
+        legends.append(f"{v[k][0]} ({text})")
+    return f"'{v['column']}': {', '.join(legends)}."
+
+
+def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: Sequence[Path]) -> List[str]:
+    """One row per configuration and seed: each claim metric at each arm (what every interval is made of)."""
+    metrics = list(dict.fromkeys(c.metric for c in study.claims))
+    configs = list(dict.fromkeys(x for c in study.claims for x in (c.a, c.b)))
+    values = {(arm.name, m, c): by_seed(groups[arm.name].get(c, []), value_of(m))
+              for arm in arms for m in metrics for c in configs}
+    header = ["configuration", "seed", *(f"{m} at {number(a, study)}" for m in metrics for a in arms)]
+    lines = []
+    for c in configs:
+        for seed in sorted({s for arm in arms for s in values[(arm.name, metrics[0], c)]}, key=str):
+            got = [values[(a.name, m, c)].get(seed) for m in metrics for a in arms]
+            lines.append([c, str(seed), *("–" if v is None else f"{v:.4f}" for v in got)])
+    return [markdown_table(header, lines), ""]
+
+
+def configuration_lines(study: Study, values: Dict[str, Dict[str, Dict[Any, float]]], arms: Sequence[Path],
+                        names: Sequence[str], rows: List[Dict[str, Any]]) -> List[str]:
+    """The study's metric per configuration (best first) and arm; each run's value joins ``rows``."""
+    configs = list(dict.fromkeys(c for a in arms for c in values[a.name]))
+    sign = -1 if higher_is_better(study.metric) else 1
+    configs.sort(key=lambda c: min(sign * mean_ci(list(values[a.name][c].values())).mean for a in arms
+                                   if values[a.name].get(c)))
+    lines = [[c, *(value_cell(values[a.name].get(c, {})) for a in arms)] for c in configs]
+    rows += [{"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v}
+             for c in configs for a in arms
+             for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))]
+    return [markdown_table(["configuration", *names], lines), ""]
+
+
+def claim_lines(study: Study, results: Dict[str, Dict[Claim, Any]], arms: Sequence[Path], names: Sequence[str],
+                rows: List[Dict[str, Any]]) -> List[str]:
+    """Every claim at every arm, with its verdict when the study names them; each (claim, arm) joins ``rows``."""
+    texts = any(c.text != f"{c.a} − {c.b}" for c in study.claims)
+    metrics = len({c.metric for c in study.claims}) > 1 or texts
+    v = study.verdict
+    header = [*(["claim"] * texts), "A − B", *(["metric"] * metrics), *names, *([v["column"]] if v else [])]
+    lines = []
+    for c in study.claims:
+        per = [results[a.name][c] for a in arms]
+        said = v[outcome(per)][0] if v else None
+        lines.append([*([c.text] * texts), f"{c.a} − {c.b}", *([c.metric] * metrics), *map(cell, per),
+                      *([said] if v else [])])
+        rows += [{"kind": "claim", "claim": c.text, "arm": a.name, **({"verdict": said} if v else {}),
+                  **pair_record(study.arms["task"], c.metric, c.a, c.b, r)} for a, r in zip(arms, per) if r is not None]
+    intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
+    return [*intro, markdown_table(header, lines), ""]
+
+
+def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bool = False,
+               write: bool = True) -> str:
+    """The study's table over its arms in ``folder`` (module docstring); ``write=False``: the text only."""
+    arms = arm_folders(folder, study)
+    if not arms:
+        raise SystemExit(f"{TOOL}: no arm folders ({study.arms['folder']}<N>/) in {folder}, as {study.path} "
+                         f"declares")
+    task, table = study.arms["task"], study.table
+    found = {a.name: group_runs(find_runs(a)) for a in arms}
+    other = sorted({t for g in found.values() for t in g} - {task})
+    if not any(g.get(task) for g in found.values()) and other:
+        raise SystemExit(f"{TOOL}: the runs under {folder} are {', '.join(other)} runs, not {task}: the study of "
+                         f"{study.path} tables {task} runs; choose another with --study")
+    check_arms(arms, study)
+    mixed = check_code(arms, folder, allow_mixed)
+    written = [f"{table['file']}.{ext}" for ext in ("md", "csv", "png")]
+    if write:
+        outputs.claim(folder, written, TOOL, {written[0]: (f"# {table['title']}",)})
+    if reports:
+        for arm in arms:  # each arm's own report beside its runs, with the pairs of the study
+            build_report([arm], arm, allow_mixed=allow_mixed, study=study)
+    groups = {name: g.get(task, {}) for name, g in found.items()}
+    names = [label(a, study) for a in arms]
+    intro = table.get("intro", "")
+    for key, value in (("{arms}", ", ".join(names)), ("{folders}", ", ".join(a.name for a in arms)),
+                       ("{verdicts}", verdict_legend(study, names))):
+        intro = intro.replace(key, value)
+    rows: List[Dict[str, Any]] = []
+    parts = [f"# {table['title']}", "", *([mixed, ""] if mixed else []),
+             f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}`.".lstrip(), ""]
+    values = {a.name: {c: by_seed(runs, value_of(study.metric)) for c, runs in groups[a.name].items()}
+              for a in arms} if study.metric else {}
+    if study.control:
+        parts += [control_text(study, {n: values[a.name].get(study.control["configuration"], {})
+                                       for n, a in zip(names, arms)}), ""]
+    if table.get("configurations"):
+        parts += configuration_lines(study, values, arms, names, rows)
+    results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
+    if study.claims:
+        parts += claim_lines(study, results, arms, names, rows)
+    png = folder / written[2]
+    if table.get("caption"):
+        parts += [f"![{table['caption']}]({written[2]})", ""]
+    if table.get("per_run") and study.claims:
+        at = "/".join(sorted({c.metric.split("@")[0] for c in study.claims if "@" in c.metric}))
+        at = f"{at}@<length>: the extrapolation table as trained, no scaling; " if at else ""
+        parts += ["## Per-run values", "", f"What every interval above is made of: each run's value, by configuration "
+                  f"and seed ({at}–: the run has not finished).", "", *per_run_lines(study, groups, arms)]
+    text = "\n".join(parts)
+    if not write:  # tests/analysis/test_results.py: recomputed from the committed runs, compared with the files
+        return text
+    (folder / written[0]).write_text(text)
+    if table.get("figure", "claims") == "claims":
+        plot_claims(study.claims, [results[a.name] for a in arms], names, png, table.get("figure_title", ""))
+    else:
+        plot_by_arm([number(a, study) for a in arms], groups, values, png, study, table.get("figure_title", ""))
+    if rows:
+        write_csv(rows, folder / written[1])
+    outputs.record(folder, written)
+    return text
