@@ -20,8 +20,14 @@ def test_an_old_module_name_imports_the_moved_module_itself(old):
 
 
 def saved_targets():
+    """Every ``_target_`` of a config a committed run saved: a run folder's ``.hydra/config.yaml``, or a study's
+    compact ``runs.json`` (linrope.analysis.compact), which holds each run's saved config as written."""
+    import json
+
     files = subprocess.run(["git", "ls-files", "docs/results/*config.yaml", "docs/results/**/config.yaml"], cwd=ROOT,
                            capture_output=True, text=True).stdout.split()
+    compact = subprocess.run(["git", "ls-files", "docs/results/**/runs.json"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
     found = set()
 
     def walk(node):
@@ -30,9 +36,14 @@ def saved_targets():
                 if k == "_target_" and isinstance(v, str) and v.startswith("linrope."):
                     found.add(v)
                 walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
 
     for f in files:
         walk(yaml.safe_load((ROOT / f).read_text()))
+    for f in compact:
+        walk([run["config"] for run in json.loads((ROOT / f).read_text())["runs"]])
     return sorted(found)
 
 

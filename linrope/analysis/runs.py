@@ -3,7 +3,11 @@
 flattened to dotted keys), its extrapolation table (``<run>/extrapolation.csv``) and its parameter record
 (``<run>/parameters.json``, linrope.training.movement; else the ``n_params`` the loggers got, ``csv/hparams.yaml``),
 grouped per task into configurations that differ only in their seed.  A value that is NaN or infinite
-counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.caveats)."""
+counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.caveats).
+
+A study's committed results are the same runs in compact form (linrope.analysis.compact): ``runs.json`` holds
+each run's ``folder_record`` (what is read above but the curves) and ``curves.csv`` every row of every
+run's metrics.csv.  ``find_runs`` reads both: a run folder, else its record, into the same ``Run``."""
 from __future__ import annotations
 
 import csv
@@ -14,7 +18,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import yaml
 from omegaconf import OmegaConf
@@ -26,6 +30,7 @@ from linrope.evaluation.tables import read_csv
 IGNORED = ("seed", "data.seed", "data.eval_seed", "paths.", "hydra.", "tags", "task_name", "logger.", "callbacks.",
            "ckpt_path", "extrapolation.", "trainer.enable_progress_bar", "trainer.default_root_dir", "train", "test",
            "data.num_workers")
+COMPACT, CURVES, FORMAT = "runs.json", "curves.csv", "linrope.runs/1"  # a study's compact results (linrope.analysis.compact)
 
 
 @dataclass
@@ -71,28 +76,40 @@ def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:
-    """metric -> [(step, value)] of a CSVLogger's metrics.csv; a file that is no CSV text (binary, NUL bytes) is
+def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
+    """(columns, rows) of a CSVLogger's metrics.csv, as text; a file that is no CSV text (binary, NUL bytes) is
     refused in one line (SystemExit) naming it."""
-    series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
     try:
         with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                try:
-                    step = int(float(row.get("step") or 0))
-                except (TypeError, ValueError):
-                    step = 0
-                for k, v in row.items():
-                    if k in ("step", "epoch") or not isinstance(v, str) or v == "":
-                        continue
-                    try:
-                        series[k].append((step, float(v)))
-                    except ValueError:
-                        pass
+            reader = csv.DictReader(f)
+            rows = [{k: v for k, v in row.items() if k is not None} for row in reader]
+            return list(reader.fieldnames or []), rows
     except (UnicodeDecodeError, csv.Error) as e:
         raise SystemExit(f"linrope: {path}: not a metrics CSV file ({type(e).__name__}: {str(e)[:80]}); "
                          f"move it out of the runs' folder") from None
+
+
+def series_of(rows: Iterable[Mapping[str, Optional[str]]]) -> Dict[str, List[Tuple[int, float]]]:
+    """metric -> [(step, value)] of metrics.csv rows (an empty cell is no value)."""
+    series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
+    for row in rows:
+        try:
+            step = int(float(row.get("step") or 0))
+        except (TypeError, ValueError):
+            step = 0
+        for k, v in row.items():
+            if k in ("step", "epoch") or not isinstance(v, str) or v == "":
+                continue
+            try:
+                series[k].append((step, float(v)))
+            except ValueError:
+                pass
     return dict(series)
+
+
+def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:
+    """metric -> [(step, value)] of a CSVLogger's metrics.csv (``metrics_rows``)."""
+    return series_of(metrics_rows(path)[1])
 
 
 def is_linrope_run(run_dir: Path) -> bool:
@@ -108,26 +125,75 @@ def is_linrope_run(run_dir: Path) -> bool:
         return False
 
 
-def find_runs(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Run]:
-    """The linrope runs under ``sweep`` (one per metrics.csv in a folder ``is_linrope_run`` recognises); the
-    metrics.csv files of other folders are left out, and listed in ``skipped`` when given."""
-    runs = []
+def run_folders(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Tuple[Path, Path]]:
+    """(run folder, its metrics.csv) of every linrope run under ``sweep`` (one per metrics.csv in a folder
+    ``is_linrope_run`` recognises); the metrics.csv files of other folders are listed in ``skipped`` when given."""
+    found = []
     for metrics in sorted(sweep.rglob("metrics.csv")):
         run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent
-        if not is_linrope_run(run_dir):
-            if skipped is not None:
-                skipped.append(metrics)
-            continue
-        config_path = run_dir / ".hydra" / "config.yaml"
-        config = {}
-        if config_path.exists():
-            config = flatten(OmegaConf.to_container(OmegaConf.load(config_path), resolve=False))
-        config.update(_logged_label(metrics.parent / "hparams.yaml"))
-        extrap = run_dir / "extrapolation.csv"
-        n_params, position = read_parameters(run_dir, metrics.parent)
-        runs.append(Run(run_dir, config, read_metrics(metrics), read_csv(extrap) if extrap.exists() else [],
-                        n_params, position, read_provenance(run_dir)))
-    return runs
+        if is_linrope_run(run_dir):
+            found.append((run_dir, metrics))
+        elif skipped is not None:
+            skipped.append(metrics)
+    return found
+
+
+def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
+    """What ``find_runs`` reads of a run folder but its curves, as plain JSON values: the metrics file's place,
+    the model name the loggers got, the saved config (nested, interpolations as written), the parameter
+    record, the provenance and the extrapolation rows."""
+    config_path = run_dir / ".hydra" / "config.yaml"
+    config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False) if config_path.exists() else {}
+    extrap = run_dir / "extrapolation.csv"
+    n_params, position = read_parameters(run_dir, metrics.parent)
+    return {"metrics": metrics.relative_to(run_dir).as_posix(),
+            "model_name": _logged_label(metrics.parent / "hparams.yaml").get("model.name"), "config": config,
+            "parameters": {"n_params": n_params, "position": position}, "provenance": read_provenance(run_dir),
+            "extrapolation": read_csv(extrap) if extrap.exists() else []}
+
+
+def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, List[Tuple[int, float]]]) -> Run:
+    config = flatten(record.get("config", {}))
+    if record.get("model_name") is not None:
+        config["model.name"] = record["model_name"]
+    parameters = record.get("parameters") or {}
+    return Run(run_dir, config, series, list(record.get("extrapolation") or []), parameters.get("n_params"),
+               dict(parameters.get("position") or {}), record.get("provenance"))
+
+
+def compact_index(folder: Path) -> List[Dict[str, Any]]:
+    """The run records of ``folder``'s compact results (``runs.json`` with ``format`` ``FORMAT``; [] when there
+    are none); a record names its run folder relative to ``folder`` (``run``)."""
+    try:
+        data = json.loads((folder / COMPACT).read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return []
+    return [r for r in data.get("runs") or [] if isinstance(r, dict) and isinstance(r.get("run"), str)]
+
+
+def compact_records(folder: Path) -> List[Tuple[Dict[str, Any], List[Dict[str, str]]]]:
+    """(record, its rows of ``curves.csv``) of every run of ``folder``'s compact results."""
+    records = compact_index(folder)
+    curves: Dict[str, List[Dict[str, str]]] = defaultdict(list)
+    if records and (folder / CURVES).is_file():
+        for row in metrics_rows(folder / CURVES)[1]:
+            curves[row.pop("run", "")].append(row)
+    return [(r, curves.get(r["run"], [])) for r in records]
+
+
+def find_runs(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Run]:
+    """The linrope runs under ``sweep``: every run folder (``run_folders``) and every run of a compact record
+    (``runs.json``) whose folder is not there, in the order of their metrics.csv paths."""
+    runs: Dict[Path, Run] = {}
+    for run_dir, metrics in run_folders(sweep, skipped):
+        runs[metrics] = run_from_record(run_dir, folder_record(run_dir, metrics), read_metrics(metrics))
+    for compact in sorted(sweep.rglob(COMPACT)):
+        for record, rows in compact_records(compact.parent):
+            run_dir = compact.parent / record["run"]
+            runs.setdefault(run_dir / record.get("metrics", "csv/metrics.csv"), run_from_record(run_dir, record, series_of(rows)))
+    return [runs[k] for k in sorted(runs)]
 
 
 def read_parameters(run_dir: Path, log_dir: Path) -> Tuple[Optional[int], Dict[str, Dict[str, Any]]]:

@@ -17,8 +17,12 @@ ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores /
 * A job stopped part-way (a session ending, Ctrl+C) resumes from its ``last.ckpt`` on the next call.
 * SIGTERM or SIGINT (Ctrl+C) to the driver: each running job saves ``last.ckpt`` and stops (resumable, not
   failed), no job starts, one line gives the command that resumes, and the driver exits 143 / 130.
-* ``--commit`` commits each job's folder as it finishes (checkpoints excepted: ``<dir>/.gitignore``), so
-  a study run in pieces across sessions keeps every finished run.
+* Each finished job is added to the study's compact results (``<dir>/runs.json``, ``curves.csv``,
+  ``results.csv``: linrope.analysis.compact), the form a study is committed in; the run folders stay out of git
+  (``<dir>/.gitignore``).  ``--compact`` writes them from the folders alone, training nothing.
+* ``--commit`` commits the compact results as each job finishes, amending the study part's one commit (its
+  ``Study-part:`` trailer) while that commit is the branch's last and on no other branch, so a study run in pieces
+  across sessions keeps every finished run in git and ends as one commit per part, listing its jobs.
 * A job that fails is reported (with its log) and left unfinished; the others go on; exit status 1.
 * Two drivers may share a study (one started later to add cores): a job whose folder another run holds
   (its lock, linrope.run.folder) is left to it.
@@ -43,9 +47,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from linrope.studies.study_jobs import DONE, current_code, flat, mismatch, place
+from linrope.analysis import compact
+from linrope.studies.study_git import commit_part
+from linrope.studies.study_jobs import DONE, current_code, finished, flat, mismatch, place
 
-IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/*.png\n"  # per-run figures and tensors stay out: the report draws the study
+IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/\n"  # run folders stay out: the compact results are committed
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
 _ROOT = Path(__file__).resolve().parents[2]
 CLAIM = ".study.lock"
@@ -69,7 +75,7 @@ def job_names(jobs: Sequence[Sequence[str]]) -> List[str]:
 
 
 def state(folder: Path) -> str:
-    if (folder / DONE).is_file():
+    if finished(folder):
         return "done"
     if any(folder.glob("checkpoints/*.ckpt")):
         return "partial"
@@ -85,27 +91,6 @@ def test_metrics(folder: Path) -> Dict[str, float]:
             if key.startswith("test/") and series:
                 found[key] = series[-1][1]
     return found
-
-
-def _commit(dir_: Path, folder: Path, message: str) -> None:
-    """git add + commit of one job folder (only its paths) in the repository holding the study, retried while
-    another git holds the index."""
-    for attempt in range(30):
-        add = subprocess.run(["git", "add", "--", str(folder), str(dir_ / ".gitignore")], cwd=dir_,
-                             capture_output=True, text=True)
-        if add.returncode == 0:
-            done = subprocess.run(["git", "commit", "-q", "-m", message, "--", str(folder), str(dir_ / ".gitignore")],
-                                  cwd=dir_, capture_output=True, text=True)
-            if done.returncode == 0:
-                return
-            err = done.stderr
-        else:
-            err = add.stderr
-        if "index.lock" not in err:
-            print(f"linrope.study: could not commit {folder}: {err.strip()}", file=sys.stderr)
-            return
-        time.sleep(2)
-    print(f"linrope.study: could not commit {folder}: the git index stayed locked", file=sys.stderr)
 
 
 def check_folder(dir_: Path) -> None:
@@ -261,9 +246,16 @@ class Study:
         (folder / DONE).write_text(json.dumps(record, indent=1) + "\n")
         log.replace(folder / "study.log")
         print(f"[{name}] done in {wall / 60:.1f} min: {shown}", flush=True)
-        if self.commit:
-            with self._lock:
-                _commit(self.dir, folder, f"{self.dir.name}: {name} finished ({shown}; {wall / 60:.1f} min)")
+        self.keep()
+
+    def keep(self) -> None:
+        """Every finished job into the compact results, then (``--commit``) into the part's commit: one thread
+        and one driver at a time (an exclusive lock on ``<dir>/.study.lock``)."""
+        with self._lock, open(self.dir / CLAIM, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            compact.write(self.dir, finished_only=True)
+            if self.commit:
+                commit_part(self.dir, len(self.jobs))
 
     def _stop(self, signum, _frame) -> None:
         """SIGTERM / SIGINT: start nothing more; each running job gets the signal, saves and stops."""
@@ -319,8 +311,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
     ap.add_argument("--jobs", type=int, default=1, help="jobs at a time (default 1)")
     ap.add_argument("--threads", type=int, default=None, help="threads per job (default: cores / jobs)")
-    ap.add_argument("--commit", action="store_true", help="git-commit each job's folder as it finishes")
+    ap.add_argument("--commit", action="store_true",
+                    help="git-commit the compact results as each job finishes, one commit per study part")
     ap.add_argument("--list", action="store_true", help="list the jobs and their state, train nothing")
+    ap.add_argument("--compact", action="store_true",
+                    help="write the folder's compact results (runs.json, curves.csv, results.csv) from its run "
+                         "folders, train nothing")
     ap.add_argument("--new-folder", action="store_true",
                     help="a job whose folder holds another configuration or code trains in a folder of its own "
                          "(<name>-run2) instead of being refused")
@@ -331,6 +327,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--jobs must be at least 1")
     if args.dir.exists() and not args.dir.is_dir():
         raise SystemExit(f"linrope.study: {args.dir} is a file, not a study folder; choose another path")
+    if args.compact:
+        if not args.dir.is_dir():
+            ap.error(f"{args.dir}: not a folder")
+        n = compact.write(args.dir)
+        if not n:
+            raise SystemExit(f"linrope.study: no linrope runs under {args.dir}: nothing written")
+        print(f"wrote {', '.join(str(args.dir / f) for f in compact.FILES)}: {n} runs")
+        return 0
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     from linrope.config.command_line import check_command_line, config_dirs_as_overrides
     command_line = [*args.overrides, *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir)]

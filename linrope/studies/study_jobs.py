@@ -13,9 +13,14 @@ the configuration and code there are the requested ones; a folder holding no run
 with what its folder holds (the differing keys, old → new) and is refused, unless ``new_folder`` asks for a
 folder of its own (the first free ``<name>-run<k>``).
 
+A job whose folder is gone but whose run the study's compact results hold (``<dir>/runs.json``,
+linrope.analysis.compact: its saved configuration, provenance and study record) is that run: a study committed in
+compact form goes on in a fresh checkout without its run folders.
+
 Light: Hydra's compose and omegaconf; no torch."""
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +28,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from linrope.analysis.compact import STUDY_RECORD as DONE
+from linrope.analysis.runs import COMPACT, compact_index
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
 from linrope.run.resume_diff import flatten
 
-DONE = "study_job.json"
 # settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
 # its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)
 IGNORED = ("paths.", "hydra.", "ckpt_path", "logger.", "tags", "task_name", "trainer.enable_progress_bar",
@@ -44,12 +50,33 @@ def flat(cfg) -> Dict[str, Any]:
     return flatten(OmegaConf.to_container(cfg, resolve=False))
 
 
+def record(folder: Path) -> Optional[Dict[str, Any]]:
+    """The record the study's compact results (``<folder>/../runs.json``) hold of the job folder, None if none."""
+    index = folder.parent / COMPACT
+    try:
+        stamp = index.stat().st_mtime_ns
+    except OSError:
+        return None
+    return _records(str(index), stamp).get(folder.name)
+
+
+@functools.lru_cache(maxsize=8)
+def _records(index: str, _stamp: int) -> Dict[str, Dict[str, Any]]:
+    return {r["run"]: r for r in compact_index(Path(index).parent)}
+
+
+def finished(folder: Path) -> bool:
+    """The job of this folder has finished: its ``study_job.json``, or its compact record with one."""
+    return (folder / DONE).is_file() or "study" in (record(folder) or {})
+
+
 def saved(folder: Path) -> Optional[Dict[str, Any]]:
-    """The flat configuration saved in a run folder, None when there is none; an unreadable one is a
-    configuration of its own (it never equals a requested one)."""
+    """The flat configuration saved in a run folder (else in its compact record), None when there is none; an
+    unreadable one is a configuration of its own (it never equals a requested one)."""
     path = folder / ".hydra" / "config.yaml"
     if not path.is_file():
-        return None
+        kept = record(folder)
+        return flatten(kept.get("config", {})) if kept is not None else None
     try:
         node = OmegaConf.load(path)
     except Exception as e:  # noqa: BLE001 - YAML or encoding errors of a damaged file
@@ -73,9 +100,11 @@ def current_code() -> str:
 
 
 def holds_a_run(folder: Path) -> bool:
-    """The folder holds something of a run: finished (``study_job.json``), checkpoints or logged metrics."""
-    return folder.is_dir() and ((folder / DONE).is_file() or any(folder.glob("checkpoints/*.ckpt"))
-                                or any(folder.glob("csv/metrics.csv")) or (folder / "metrics.csv").is_file())
+    """The folder holds something of a run: finished (``study_job.json``), checkpoints or logged metrics; or the
+    study's compact results hold its run."""
+    return (folder.is_dir() and ((folder / DONE).is_file() or any(folder.glob("checkpoints/*.ckpt"))
+                                 or any(folder.glob("csv/metrics.csv")) or (folder / "metrics.csv").is_file())
+            or record(folder) is not None)
 
 
 def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Optional[str]:
@@ -89,7 +118,8 @@ def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Op
     parts = []
     if diff:
         parts.append(", ".join(diff[:SHOWN]) + (f" and {len(diff) - SHOWN} more" if len(diff) > SHOWN else ""))
-    prov = read_provenance(folder)
+    prov = read_provenance(folder) if (folder / ".hydra" / "config.yaml").is_file() else (record(folder) or {}).get(
+        "provenance")
     theirs = code_text(prov) if prov else None
     if theirs and code and theirs != code:
         parts.append(f"trained on {theirs}, the checkout is {code}")

@@ -1,7 +1,8 @@
 """The published results hold together: every interval in ``docs/results/<study>/`` is recomputed from the
-per-run values committed beside it (``runs.csv``), and every number ``docs/results.md`` (the full results)
-and README's results section (the headline lines) quote is one of those report tables' numbers.  Light:
-reads CSV and markdown only."""
+per-run values committed beside it (``runs.csv``), every table of a study committed in compact form
+(linrope.analysis.compact: ``runs.json`` and ``curves.csv``, no run folders) is recomputed from those two files,
+and every number ``docs/results.md`` (the full results) and README's results section (the headline lines) quote
+is one of those report tables' numbers."""
 import csv
 import re
 from collections import defaultdict
@@ -110,19 +111,54 @@ def test_the_reproduce_script_runs_exactly_the_two_studies():
         assert f"$LOGS\"/{name}" in script  # every piece is read by a report
 
 
-# ---- studies run job by job (linrope.study), read by arm: every run's folder is committed ------------------------
+# ---- studies run job by job (linrope.study), committed in compact form, read by arm --------------------------------
 ARMED = {"budget": ("steps", "budget.md"), "recall": ("width", "recall.md")}
+COMPACT_PARTS = sorted(p.parent.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("runs.json"))
 
 
 def armed_studies():
     return [s for s in ARMED if (RESULTS / s / ARMED[s][1]).is_file()]
 
 
+def test_the_job_by_job_studies_are_committed_in_compact_form():
+    """Every arm of budget/ and recall/ and the recall calibration: runs.json, curves.csv and results.csv, and
+    no run folder (1,072 files were 75)."""
+    assert {"budget/steps800", "budget/steps3200", "recall/width64", "recall/width128",
+            "recall/calibration"} <= set(COMPACT_PARTS)
+    for part in COMPACT_PARTS:
+        folder = RESULTS / part
+        assert all((folder / f).is_file() for f in ("runs.json", "curves.csv", "results.csv")), part
+        assert not [p for p in folder.iterdir() if p.is_dir()], f"{part}: a run folder is committed beside runs.json"
+
+
+@pytest.mark.parametrize("part", COMPACT_PARTS)
+def test_a_compact_studys_report_is_recomputed_from_runs_json_and_curves_csv(part, tmp_path, monkeypatch):
+    """linrope.report of the compact files alone writes the committed report.md, summary.csv, runs.csv and
+    pairs.csv again, byte for byte (the figures are drawn, not encoded: the same code writes the committed
+    PNGs); every run is finished (its study record), has provenance and curves, and results.csv is what
+    linrope.analysis.compact writes of them."""
+    from linrope.analysis import compact
+    from linrope.analysis.report import build_report
+    from linrope.analysis.runs import compact_records, find_runs
+
+    folder = RESULTS / part
+    records = compact_records(folder)
+    assert records and all("study" in r and r["provenance"] and rows for r, rows in records)
+    assert [r.path.name for r in find_runs(folder)] == sorted(r["run"] for r, _ in records)
+    assert compact.results_csv(records) == (folder / "results.csv").read_text()
+    pairs = list(dict.fromkeys((r["a"], r["b"]) for r in rows(folder / "pairs.csv"))) if (folder / "pairs.csv").is_file() else []
+    monkeypatch.setattr("linrope.base.plots.save", lambda fig, path, dpi=130: path)
+    monkeypatch.chdir(ROOT)  # the report names its folder as given
+    build_report([Path("docs/results") / part], tmp_path, pairs)
+    for name in ("report.md", "summary.csv", "runs.csv", "pairs.csv"):
+        if (folder / name).is_file():
+            assert (tmp_path / name).read_text() == (folder / name).read_text(), f"{part}/{name}"
+
+
 @pytest.mark.parametrize("study", armed_studies())
 def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
-    """budget.md / recall.md equal what linrope.report computes from the run folders committed beside them and the
-    study's config (conf/study/<study>.yaml); every finished job has its metrics and provenance; each arm's runs.csv
-    matches its runs."""
+    """budget.md / recall.md equal what linrope.report computes from the compact runs committed beside them and
+    the study's config (conf/study/<study>.yaml); each arm's runs.csv matches its runs."""
     from linrope.analysis.arms import arm_folders, arms_table
     from linrope.analysis.runs import find_runs
     prefix, table = ARMED[study]
@@ -133,15 +169,10 @@ def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
     mixed = committed.startswith("**Mixed provenance", len(committed.split("\n\n")[0]) + 2)  # said at its top
     assert arms_table(folder, config, reports=False, write=False, allow_mixed=mixed) == committed
     for arm in arm_folders(folder, config):
-        jobs = sorted(p.parent for p in arm.glob("*/study_job.json"))
-        assert jobs, f"{arm}: no finished job"
-        for job in jobs:
-            assert (job / "csv" / "metrics.csv").is_file() and (job / "provenance.json").is_file(), job
-            assert not list(job.rglob("*.ckpt")), f"{job}: checkpoints are not committed"
+        assert arm.relative_to(RESULTS).as_posix() in COMPACT_PARTS
         runs = {str(r.path.name): r for r in find_runs(arm)}
-        assert set(runs) == {j.name for j in jobs}  # no unfinished run in the folder
         committed = rows(arm / "runs.csv")
-        assert len(committed) == len(jobs)
+        assert len(committed) == len(runs)
         for r in committed:
             run = runs[Path(r["run"]).name]
             header = columns_for(r["task"])[0][0]

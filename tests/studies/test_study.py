@@ -1,6 +1,8 @@
 """linrope.study: a sweep run job by job into named folders; finished jobs are skipped on the next call,
-stopped ones resume, a failed one is reported and left to run again."""
+stopped ones resume, a failed one is reported and left to run again; the finished ones are kept in the study's
+compact results, committed as one commit with --commit."""
 import json
+import subprocess
 
 import pytest
 
@@ -23,10 +25,20 @@ def test_state_of_a_job_folder(tmp_path):
     assert state(tmp_path / "stopped") == "done"
 
 
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
 def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
+    """Two tiny jobs in a git repository with --commit: each finished job is kept in the compact results at
+    once, and the part is one commit (the second job amended the first one's), without its run folders."""
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "start")
+    git(tmp_path, "config", "user.name", "t")
+    git(tmp_path, "config", "user.email", "t@t")
     overrides = ["size=tiny", "trainer.max_steps=4", "trainer.val_check_interval=2", "data.val_windows=2",
                  "data.test_windows=2", "model=linear_rope,softmax_rope", "seed=1"]
-    study = Study(tmp_path / "s", overrides, threads=1, commit=False)
+    study = Study(tmp_path / "s", overrides, threads=1, commit=True)
     assert study.names == ["linear_rope", "softmax_rope"]
     assert study.run(jobs=2) == 0
     records = {n: json.loads((tmp_path / "s" / n / DONE).read_text()) for n in study.names}
@@ -34,7 +46,13 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
         assert record["test"]["test/bpb"] > 0 and f"model={name}" in record["job"]
         assert "logger=csv" in record["command"] and f"hydra.run.dir={tmp_path / 's' / name}" in record["command"]
         assert (tmp_path / "s" / name / "study.log").is_file() and (tmp_path / "s" / name / "csv" / "metrics.csv").is_file()
-    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "*.pt", ".linrope.lock", ".study.lock", "/*/*.png"]
+    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "*.pt", ".linrope.lock", ".study.lock", "/*/"]
+    kept = json.loads((tmp_path / "s" / "runs.json").read_text())["runs"]
+    assert {r["run"]: r["study"] for r in kept} == records
+    assert git(tmp_path, "rev-list", "--count", "HEAD") == "2\n"  # one commit for the part
+    assert git(tmp_path, "show", "--name-only", "--format=%s", "HEAD").split() == [
+        "s:", "2", "of", "2", "jobs", "finished", "s/.gitignore", "s/curves.csv", "s/results.csv", "s/runs.json"]
+    assert not git(tmp_path, "status", "--porcelain")  # the run folders are ignored, nothing else left out
     capsys.readouterr()
     again = Study(tmp_path / "s", overrides, threads=1, commit=False)
     assert again.run(jobs=1) == 0
@@ -81,7 +99,7 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     assert "0/1 jobs done; not finished: job (job running elsewhere)" in out
     assert not (tmp_path / "s" / "job.log").exists()
     assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "mine", "*.pt", ".linrope.lock",
-                                                                    ".study.lock", "/*/*.png"]
+                                                                    ".study.lock", "/*/"]
     claim = os.open(folder / ".study.lock", os.O_RDWR | os.O_CREAT)  # another driver's claim, before its run starts
     fcntl.flock(claim, fcntl.LOCK_EX)
     try:

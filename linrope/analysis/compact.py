@@ -1,0 +1,138 @@
+"""A study's results in compact form: three files in the study's folder in place of a folder per run.
+
+    python -m linrope.study <study part folder> --compact
+
+* ``runs.json`` — per run: its folder's name, its study record (``study_job.json``, linrope.study: the job, the
+  command, threads, wall time, test metrics, when it finished) and what linrope.analysis.runs reads of a run
+  folder (``folder_record``: the config Hydra saved, nested and as written; the model name the loggers got; the
+  parameter count and how far position parameters moved; the provenance: commit, code, versions, machine; the
+  extrapolation table's rows);
+* ``curves.csv`` — every row of every run's ``metrics.csv`` (Lightning's CSVLogger: step, epoch and the values
+  logged then, as written), the run's name in front: what the report's curves and every reduction are made of;
+* ``results.csv`` — for a reader: one row per run with its seed, job and steps, every metric's last value, the
+  extrapolation table's bpb / accuracy at each length, and its provenance.
+
+``linrope.analysis.runs.find_runs`` reads ``runs.json`` with ``curves.csv`` into the same runs as the folders
+(a folder still there wins), so a report, a figure or a table of a study reads either form.  The raw logs
+(``train.log``, ``study.log``, Hydra's ``hydra.yaml`` and ``hparams.yaml``) are not kept: nothing is computed
+from them.  linrope.study writes these files after each job it finishes (``finished_only``: runs with a study
+record), and commits them with ``--commit``.  Light: no torch."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from linrope.analysis.runs import (COMPACT, CURVES, FORMAT, compact_records, flatten, folder_record, metrics_rows,
+                                   run_folders)
+
+STUDY_RECORD = "study_job.json"  # what linrope.study writes into a job's folder when the job has finished
+RESULTS = "results.csv"
+FILES = (COMPACT, CURVES, RESULTS)
+ABOUT = ("The runs of this folder (linrope.analysis.compact): each run's study record, saved config, parameters, "
+         "provenance and extrapolation rows; curves.csv holds every logged value, results.csv one row per run.")
+Entry = Tuple[Dict[str, Any], List[str], List[Dict[str, str]]]  # record, its curves' columns, its curves' rows
+
+
+def gather(folder: Path, finished_only: bool = False) -> Dict[str, Entry]:
+    """run name (its folder relative to ``folder``) -> entry: every run folder under ``folder`` (only those with
+    a study record when ``finished_only``), then every run of the compact files already there whose folder is gone."""
+    found: Dict[str, Entry] = {}
+    for run_dir, metrics in run_folders(folder):
+        study = _json(run_dir / STUDY_RECORD)
+        if finished_only and study is None:
+            continue
+        name = run_dir.relative_to(folder).as_posix()
+        columns, rows = metrics_rows(metrics)
+        found[name] = ({"run": name, **({"study": study} if study is not None else {}),
+                        **folder_record(run_dir, metrics)}, columns, rows)
+    for record, rows in compact_records(folder):
+        found.setdefault(record["run"], (record, list(dict.fromkeys(k for r in rows for k in r)), rows))
+    return dict(sorted(found.items(), key=lambda kv: (folder / kv[0] / kv[1][0]["metrics"]).parts))
+
+
+def write(folder: Path, finished_only: bool = False) -> int:
+    """Write ``runs.json``, ``curves.csv`` and ``results.csv`` of ``folder`` (each whole or not at all); returns
+    the number of runs (0: nothing written)."""
+    entries = gather(folder, finished_only)
+    if not entries:
+        return 0
+    records = [record for record, _, _ in entries.values()]
+    _replace(folder / COMPACT, dumps({"format": FORMAT, "about": ABOUT, "runs": records}))
+    columns = ["run", *dict.fromkeys(c for _, cols, _ in entries.values() for c in cols if c != "run")]
+    _replace(folder / CURVES, _csv(columns, [{"run": name, **row} for name, (_, _, rows) in entries.items()
+                                             for row in rows]))
+    _replace(folder / RESULTS, results_csv([(record, rows) for record, _, rows in entries.values()]))
+    return len(entries)
+
+
+def results_csv(runs: List[Tuple[Mapping[str, Any], List[Dict[str, str]]]]) -> str:
+    """``results.csv`` of (record, curve rows) pairs: a ``results_row`` each, the columns in its three parts."""
+    table = [results_row(record, rows) for record, rows in runs]
+    columns = [k for part in range(3) for k in dict.fromkeys(k for r in table for k in r[part])]
+    return _csv(columns, [{**who, **values, **where} for who, values, where in table])
+
+
+def dumps(value: Any) -> str:
+    """JSON, one key a line, a list of plain values on one line (``"factors": [1, 2, 4]``)."""
+    text = json.dumps(value, indent=1)
+    short = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
+    return (short if json.loads(short) == value else text) + "\n"
+
+
+def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[Dict[str, Any], ...]:
+    """The reader's row of one run, in three parts: who it is; every metric's last logged value and the
+    extrapolation table's values at each length (``bpb@256``; ``bpb@256 pi`` under a scaling); where and how it ran."""
+    config = flatten(record.get("config", {}))
+    study = record.get("study") or {}
+    prov = record.get("provenance") or {}
+    code, versions, machine = prov.get("linrope") or {}, prov.get("versions") or {}, prov.get("machine") or {}
+    who = {"run": record["run"], "model": record.get("model_name") or config.get("model.name"),
+           "task": config.get("data.task", "bytes"), "seed": config.get("seed"),
+           "job": " ".join(study.get("job") or prov.get("overrides") or []), "steps": config.get("trainer.max_steps"),
+           "n_params": (record.get("parameters") or {}).get("n_params")}
+    last: Dict[str, str] = {}
+    for r in rows:
+        last.update({k: v for k, v in r.items() if k not in ("step", "epoch") and v not in ("", None)})
+    values: Dict[str, Any] = dict(sorted(last.items(), key=lambda kv: (_rank(kv[0]), kv[0])))
+    for r in sorted(record.get("extrapolation") or [], key=lambda r: r.get("scaling") != "none"):
+        if r.get("status") == "ok":
+            where = f"@{r['length']}" + ("" if r.get("scaling") == "none" else f" {r.get('scaling')}")
+            values.update({f"{m}{where}": r[m] for m in ("bpb", "acc") if r.get(m) is not None})
+    ran = {"commit": code.get("commit"), "dirty": code.get("dirty"), "code": code.get("code"),
+           "python": versions.get("python"), "torch": versions.get("torch"), "lightning": versions.get("lightning"),
+           "fla": versions.get("fla"), "machine": machine.get("gpu") or machine.get("cpu"),
+           "threads": study.get("threads", machine.get("threads")), "precision": prov.get("precision"),
+           "started": prov.get("started"), "finished": study.get("finished"), "wall_s": study.get("wall_s")}
+    return who, values, ran
+
+
+def _rank(metric: str) -> int:
+    return next(i for i, p in enumerate(("test/", "val/", "train/", "")) if metric.startswith(p))
+
+
+def _json(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _csv(columns: List[str], rows: List[Mapping[str, Any]]) -> str:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    w.writeheader()
+    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in columns} for r in rows)
+    return out.getvalue()
+
+
+def _replace(path: Path, text: str) -> None:
+    """``path`` holds the old text or the whole new one: written beside it, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    tmp.write_text(text)
+    os.replace(tmp, path)

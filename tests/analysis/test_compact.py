@@ -1,0 +1,111 @@
+"""A study's compact results (linrope.analysis.compact) read back as the same runs as its run folders
+(linrope.analysis.runs.find_runs): a tiny study fabricated by hand, written compact, its folders removed."""
+import csv
+import json
+import shutil
+from dataclasses import astuple
+
+from omegaconf import OmegaConf
+
+from linrope.analysis import compact
+from linrope.analysis.runs import find_runs, group_runs
+
+EXTRAPOLATION = "length,factor,scaling,loss,bpb,acc,examples,scored,stride,scored_hash,seconds,status\n"
+
+
+def fake_run(folder, model, seed, finished=True, lr=3e-3, parameters=True, extrapolation=True):
+    """A run folder as train.py and linrope.study leave it (the files find_runs reads)."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / "csv").mkdir()
+    OmegaConf.save(OmegaConf.create({
+        "seed": seed, "data": {"task": "bytes", "seed": "${seed}"}, "optim": {"lr": lr, "betas": [0.9, 0.95]},
+        "model": {"name": model, "attention": {"kind": "linear"}, "position": {"name": "rope", "base": 10000.0}},
+        "callbacks": {"m": {"_target_": "linrope.movement.PositionMovement"}}, "trainer": {"max_steps": 4}}),
+        folder / ".hydra" / "config.yaml")
+    (folder / "csv" / "hparams.yaml").write_text(f"model:\n  name: {model}_logged\nn_params: 1234\n")
+    base = 3.0 + seed / 10 + (model == "b")
+    (folder / "csv" / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/bpb,test/bpb\n"
+        f"0,1,{base + 0.5},,\n0,1,,{base + 0.25},\n0,3,{base + 0.125},,\n0,3,,{base},\n0,3,,,{base - 0.0625}\n")
+    if extrapolation:
+        (folder / "extrapolation.csv").write_text(
+            EXTRAPOLATION + f"8,1.0,none,2.0,{base},,10,80,,abc,0.5,ok\n16,2.0,none,2.5,{base + 1},,5,80,8,abc,0.5,ok\n"
+            f"16,2.0,pi,2.4,{base + 0.5},,5,80,8,abc,0.5,ok\n32,4.0,none,,,,0,0,,,0.0,too long\n")
+    if parameters:
+        (folder / "parameters.json").write_text(json.dumps({"n_params": 999, "step": 4,
+                                                            "position": {"slopes": {"moved": 0.5}}}))
+    (folder / "provenance.json").write_text(json.dumps({
+        "linrope": {"commit": "c" * 40, "code": "abcdefabcdef", "dirty": False}, "versions": {"torch": "2.13.0"},
+        "machine": {"cpu": "AMD EPYC", "threads": 1}, "precision": "32-true", "overrides": [f"model={model}"]}))
+    if finished:
+        (folder / compact.STUDY_RECORD).write_text(json.dumps({"job": [f"model={model}", f"seed={seed}"],
+                                                               "test": {"test/bpb": base - 0.0625}, "wall_s": 6.0,
+                                                               "threads": 1, "finished": "2026-11-26T15:00:00+0000"}))
+
+
+def study(tmp_path):
+    s = tmp_path / "study"
+    fake_run(s / "a-seed1", "a", 1)
+    fake_run(s / "a-seed2", "a", 2, parameters=False)
+    fake_run(s / "b-seed1", "b", 1, extrapolation=False)
+    fake_run(s / "b-seed2", "b", 2, lr=1e-3)  # another setting: a configuration of its own
+    fake_run(s / "b-seed3", "b", 3, finished=False)  # still training
+    return s
+
+
+def test_the_compact_files_read_back_as_the_same_runs(tmp_path):
+    s = study(tmp_path)
+    before = find_runs(s)
+    assert len(before) == 5 and before[1].n_params == 1234 and before[0].position == {"slopes": {"moved": 0.5}}
+    assert compact.write(s) == 5
+    assert find_runs(s) == before  # the folders win: nothing is read twice
+    for run in s.iterdir():
+        if run.is_dir():
+            shutil.rmtree(run)
+    after = find_runs(s)
+    assert [astuple(r) for r in after] == [astuple(r) for r in before]  # path, config, curves, tables, provenance
+    assert [repr(astuple(r)) for r in after] == [repr(astuple(r)) for r in before]  # and the types of every value
+    assert after[0].config["model.name"] == "a_logged" and after[0].config["optim.betas"] == (0.9, 0.95)
+    assert after[0].series["val/bpb"] == [(1, 3.35), (3, 3.1)]
+    assert len(after[0].extrapolation) == 4 and after[0].extrapolation[1] == {
+        "length": 16, "factor": 2.0, "scaling": "none", "loss": 2.5, "bpb": 4.1, "acc": None, "examples": 5,
+        "scored": 80, "stride": 8, "scored_hash": "abc", "seconds": 0.5, "status": "ok"}
+    assert after[0].provenance["linrope"]["code"] == "abcdefabcdef" and (after[1].n_params, after[1].position) == (1234, {})
+    labels = {task: {label: [r.path for r in runs] for label, runs in g.items()} for task, g in group_runs(after).items()}
+    assert labels == {task: {label: [r.path for r in runs] for label, runs in g.items()}
+                      for task, g in group_runs(before).items()}
+    assert set(labels["bytes"]) == {"a_logged", "b_logged lr=0.001", "b_logged lr=0.003"}
+    assert compact.write(s) == 5  # written again from the compact files alone: the same files
+    assert find_runs(s) == after
+
+
+def test_a_study_writes_its_finished_runs_and_a_folder_still_there_wins(tmp_path):
+    s = study(tmp_path)
+    assert compact.write(s, finished_only=True) == 4
+    records = json.loads((s / "runs.json").read_text())["runs"]
+    assert [r["run"] for r in records] == ["a-seed1", "a-seed2", "b-seed1", "b-seed2"]
+    assert records[0]["study"]["wall_s"] == 6.0 and records[0]["config"]["data"]["seed"] == "${seed}"
+    metrics = s / "a-seed1" / "csv" / "metrics.csv"
+    metrics.write_text(metrics.read_text().replace(",,3.0375", ",,2.5"))  # the folder changed since
+    shutil.rmtree(s / "a-seed2")
+    runs = {r.path.name: r for r in find_runs(s)}
+    assert set(runs) == {"a-seed1", "a-seed2", "b-seed1", "b-seed2", "b-seed3"}
+    assert runs["a-seed1"].value("test/bpb", "last") == 2.5  # the folder, not its older record
+    assert runs["a-seed2"].value("test/bpb", "last") == 3.1375  # the record of a folder gone
+
+
+def test_results_csv_is_one_row_per_run_with_every_last_value_and_its_provenance(tmp_path):
+    s = study(tmp_path)
+    compact.write(s)
+    with open(s / "results.csv", newline="") as f:
+        table = {r["run"]: r for r in csv.DictReader(f)}
+    assert list(table) == ["a-seed1", "a-seed2", "b-seed1", "b-seed2", "b-seed3"]
+    a = table["a-seed1"]
+    assert list(a)[:10] == ["run", "model", "task", "seed", "job", "steps", "n_params", "test/bpb", "val/bpb",
+                           "train/loss"]
+    assert (a["model"], a["seed"], a["job"], a["steps"], a["n_params"]) == ("a_logged", "1", "model=a seed=1", "4", "999")
+    assert (float(a["test/bpb"]), float(a["val/bpb"]), float(a["train/loss"])) == (3.0375, 3.1, 3.225)
+    assert (a["bpb@8"], a["bpb@16"], a["bpb@16 pi"]) == ("3.1", "4.1", "3.6") and "bpb@32" not in a
+    assert (a["commit"], a["code"], a["torch"], a["machine"], a["threads"], a["wall_s"]) == (
+        "c" * 40, "abcdefabcdef", "2.13.0", "AMD EPYC", "1", "6.0")
+    assert table["b-seed1"]["bpb@8"] == "" and table["b-seed3"]["job"] == "model=b" and table["b-seed3"]["wall_s"] == ""
