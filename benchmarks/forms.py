@@ -162,7 +162,7 @@ def _linrope(impl: str, **options):
     def build(chunk_size, device):
         why = BACKENDS[impl].unavailable(device)
         if why is not None:
-            raise FormUnavailable(f"impl={impl}: {why}")
+            raise FormUnavailable(why)
         return lambda q, k, v: linear_attention(q, k, v, impl=impl, chunk_size=chunk_size, **options)
 
     return build
