@@ -17,7 +17,7 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +69,8 @@ def plain_chunk_linear_attention(q, k, v, *, rope: str = "numerator", chunk_size
     U = kc.transpose(-1, -2) @ vc
     num = (qc @ kc.transpose(-1, -2)).masked_fill(future, 0) @ vc + qc @ (U.cumsum(2) - U)
     zk = kdc.sum(3)
-    den = (qdc @ kdc.transpose(-1, -2)).masked_fill(future, 0).sum(-1) + (qdc * (zk.cumsum(2) - zk).unsqueeze(3)).sum(-1)
+    den = (qdc @ kdc.transpose(-1, -2)).masked_fill(future, 0).sum(-1) \
+        + (qdc * (zk.cumsum(2) - zk).unsqueeze(3)).sum(-1)
     return (num / (den.unsqueeze(-1) + eps)).flatten(2, 3)[:, :, :n]
 
 
@@ -81,7 +82,8 @@ def check_plain(chunk_size: int) -> None:
     q, k, v = (torch.randn(1, 2, 3 * chunk_size + 5, 16, generator=g, dtype=torch.float64) for _ in range(3))
     for rope in ("numerator", "none"):
         ref = linear_attention(q, k, v, impl="naive", rope=rope)
-        err = ((plain_chunk_linear_attention(q, k, v, rope=rope, chunk_size=chunk_size) - ref).norm() / ref.norm()).item()
+        out = plain_chunk_linear_attention(q, k, v, rope=rope, chunk_size=chunk_size)
+        err = ((out - ref).norm() / ref.norm()).item()
         if not err < 1e-10:
             raise RuntimeError(f"plain chunked form disagrees with naive (rope={rope}): relative error {err:.2e}")
 

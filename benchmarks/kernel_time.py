@@ -32,7 +32,8 @@ if a form was unavailable), else 0.
 Usage:  python benchmarks/kernel_time.py --quick
         python benchmarks/kernel_time.py --lengths 8192 16384 65536 --max-run-s 40
         python benchmarks/kernel_time.py --lengths 16384 --forms chunk sdpa
-        python benchmarks/kernel_time.py --lengths 65536 --forms chunk-none fla-naive-torch --ratios fla-naive-torch/chunk-none
+        python benchmarks/kernel_time.py --lengths 65536 --forms chunk-none fla-naive-torch \
+            --ratios fla-naive-torch/chunk-none
         python benchmarks/kernel_time.py --device cuda --dtype bf16 --forms sdpa-flash fla-triton fla chunk
 """
 from __future__ import annotations
@@ -157,7 +158,8 @@ def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
 
 def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
     """The ratios, growth and FLOP-rate tables of the rows measured."""
-    ms = {(r["n"], r["key"], kind): r.get(kind) for r in rows if r["status"] == "ok" for kind in ("fwd_ms", "fwd_bwd_ms")}
+    ms = {(r["n"], r["key"], kind): r.get(kind) for r in rows if r["status"] == "ok"
+          for kind in ("fwd_ms", "fwd_bwd_ms")}
     lengths = sorted({r["n"] for r in rows})
     out = ["", "Ratios: time of A ÷ time of B, both measured above in this process (> 1: B is faster)", ""]
     cells = []

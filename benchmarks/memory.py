@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import timing  # noqa: E402
-from benchmarks.forms import B, C, D, H, REGISTRY, legend, lookup, make_inputs, passes  # noqa: E402
+from benchmarks.forms import REGISTRY, B, C, D, H, legend, lookup, make_inputs, passes  # noqa: E402
 from linrope.base.memory import retain_freed_memory  # noqa: E402
 
 COLUMNS = ("N", "form", "MB above the RSS before the call", "peak RSS MB", "q, k, v MB", "status")

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import timing  # noqa: E402
-from benchmarks.forms import B, C, D, H, REGISTRY, legend, lookup, make_inputs, passes  # noqa: E402
+from benchmarks.forms import REGISTRY, B, C, D, H, legend, lookup, make_inputs, passes  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -115,7 +115,8 @@ def main(argv=None) -> None:
     timing.set_threads(args.threads)
     timing.header(f"precision: float32 vs bfloat16 inputs, B={B} H={H} d={D} causal, C={C}",
                   f"median of {args.rounds} alternating rounds after {args.warmup} warm-up")
-    print("\n".join(legend([key]) + [""] + speed(key, args.lengths, args.rounds, args.warmup, args.mm_size)), flush=True)
+    lines = legend([key]) + [""] + speed(key, args.lengths, args.rounds, args.warmup, args.mm_size)
+    print("\n".join(lines), flush=True)
     if not args.no_errors:
         print("\n".join([""] + errors(args.error_length)), flush=True)
 

@@ -11,8 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import forms, generation, gpu_check, gpu_table, kernel_time, loaded, memory, precision, timing
-from benchmarks import train_throughput
+from benchmarks import (
+    forms,
+    generation,
+    gpu_check,
+    gpu_table,
+    kernel_time,
+    loaded,
+    memory,
+    precision,
+    timing,
+    train_throughput,
+)
 from linrope.ops import BACKENDS, naive_linear_attention
 
 ROOT = Path(__file__).resolve().parents[1]
