@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_table import FLA_KERNEL, FORMS, LINROPE_CHUNK, LINROPE_FLA, SDPA  # noqa: E402
+from benchmarks.timing import fmt as _f  # noqa: E402
+from benchmarks.timing import table  # noqa: E402
 
 PARTS = ("env", "tests", "kernels", "train", "fsdp")
 SHARES = {  # seconds each part may use at least (its timeout when the parts before it used all of theirs)
@@ -283,16 +285,6 @@ def _last(res: dict, default: str) -> str:
 # ------------------------------------------------------------------------------------------------------------
 # the report
 # ------------------------------------------------------------------------------------------------------------
-def _f(x, digits=2) -> str:
-    return "–" if x is None else f"{x:,.{digits}f}".replace(",", " ")
-
-
-def table(head: list[str], rows: list[list[str]]) -> list[str]:
-    cell = lambda c: str(c).replace("|", "/").replace("\n", " ")  # noqa: E731
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + \
-        ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-
-
 def kernel_ms(rows, n, form) -> Optional[float]:
     r = next((r for r in rows if r["n"] == n and r["form"] == form and r["status"] == "ok"), None)
     return r["fwd_bwd_ms"] if r else None

@@ -1,4 +1,4 @@
-"""Benchmark: end-to-end training throughput of ``linear_rope`` against ``softmax_rope`` (issue #7, target 6).
+"""Training throughput: tokens/s of whole training steps, ``linear_rope`` against ``softmax_rope``.
 
 Each model is composed from the repo's own configs, as ``python train.py model=<preset>`` composes it
 (``conf/train.yaml`` with ``conf/model/<preset>.yaml``, ``conf/size/small.yaml`` by default: d_model=256,
@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -66,6 +65,8 @@ from omegaconf import DictConfig
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import timing  # noqa: E402
+from benchmarks.timing import sync  # noqa: E402
 from linrope.base.errors import BackendUnavailable  # noqa: E402
 from linrope.base.memory import retain_freed_memory  # noqa: E402
 from linrope.run.provenance import machine_line  # noqa: E402
@@ -76,7 +77,6 @@ CONF = ROOT / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 AUTOCAST = {"32-true": None, "bf16-mixed": torch.bfloat16}  # what Lightning's precision plugin autocasts to
 DEFAULT_MODELS = ["linear_rope", "softmax_rope"]
-FAIL_ENV = "LINROPE_BENCH_FAIL"
 OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: only torch.cuda's
 
 
@@ -105,11 +105,6 @@ def compose_config(name: str, args, context: int, compiled: bool) -> DictConfig:
     if args.chunk_size is not None and cfg.model.attention.get("kind") == "linear":
         cfg.model.attention.chunk_size = args.chunk_size
     return cfg
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def classify(e: BaseException, device: torch.device) -> tuple[str, str]:
@@ -157,8 +152,7 @@ class Trainer:
         return tensor_mib(list(self.module.parameters()) + state)
 
     def step(self) -> float:
-        if self.model in [s.strip() for s in os.environ.get(FAIL_ENV, "").split(",")]:
-            raise RuntimeError(f"forced failure ({FAIL_ENV}={os.environ[FAIL_ENV]})")
+        timing.forced_failure(self.model)
         batch = (self.data[:, :-1], self.data[:, 1:])
         cuda = self.device.type == "cuda"
         sync(self.device)

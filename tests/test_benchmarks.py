@@ -1,4 +1,5 @@
-"""The benchmark scripts: their reference ("before") form is exact, and they run and report what they measured."""
+"""The benchmark scripts: one registry of forms, one timing helper; every script runs at tiny sizes and labels
+its rows with what they time."""
 import argparse
 import json
 import os
@@ -10,22 +11,38 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_check, gpu_table, train_throughput
-from benchmarks import linear_attention as bench
-from benchmarks import loaded
-from linrope.ops import naive_linear_attention
+from benchmarks import (
+    forms,
+    generation,
+    gpu_check,
+    gpu_table,
+    kernel_time,
+    loaded,
+    memory,
+    precision,
+    timing,
+    train_throughput,
+)
+from linrope.ops import BACKENDS, naive_linear_attention
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--repeats", "1", "--warmup", "0", "--peak-size", "64", "--heads", "2", "--dim", "16"]
+
+
+def table_rows(text: str, first: str) -> list[list[str]]:
+    """The cells of the markdown rows of ``text`` whose first cell is ``first``."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if re.match(r"\| " + re.escape(first) + r" \|", line)]
 
 
 @pytest.mark.parametrize("rope", ["numerator", "none"])
 def test_plain_chunked_form_equals_naive_with_gradients(rope):
-    """Issue #7's "before" form computes causal elu+1 linear attention exactly (float64, N not a multiple of C)."""
+    """The reference "before" form computes causal elu+1 linear attention exactly (float64, N not a multiple of C)."""
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(2, 3, 77, 8, generator=g, dtype=torch.float64) for _ in range(3))
     w = torch.randn(2, 3, 77, 8, generator=g, dtype=torch.float64)
     grads = []
-    for fn in (naive_linear_attention, lambda *a, **kw: bench.plain_chunk_linear_attention(*a, chunk_size=16, **kw)):
+    for fn in (naive_linear_attention, lambda *a, **kw: forms.plain_chunk_linear_attention(*a, chunk_size=16, **kw)):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         out = fn(*leaves, rope=rope)
         (out * w).sum().backward()
@@ -36,16 +53,144 @@ def test_plain_chunked_form_equals_naive_with_gradients(rope):
         assert ((a - b).norm() / b.norm()).item() < 1e-12
 
 
-def test_kernel_benchmark_reports_every_form_it_timed(capsys):
-    bench.main(["--lengths", "128", "256", "--forms", "chunk", "plain", "sdpa", "--repeats", "1", "--no-memory"])
+# --------------------------------------------------------------------------------------------------------
+# the registry and the timing helper
+# --------------------------------------------------------------------------------------------------------
+def test_registry_has_every_linrope_backend_and_labels_that_say_what_they_time():
+    reg = forms.REGISTRY
+    assert {n for n, b in BACKENDS.items() if b.choose is None} <= set(reg)  # read from linrope's registry
+    assert "auto" not in reg  # it only chooses
+    assert len({f.label for f in reg.values()}) == len(reg)  # a label names one form
+    for key, f in reg.items():  # every label names whose code it times
+        assert f.key == key and f.what and f.label.split()[0] in ("linrope", "plain", "sdpa", "fla"), f
+    assert reg["naive"].growth == reg["sdpa"].growth == 2 and reg["chunk"].growth == 1
+    assert forms.lookup("linrope chunk") is forms.lookup("chunk") is reg["chunk"]
+    with pytest.raises(KeyError, match="unknown form 'flash'; forms: naive, chunk"):
+        forms.lookup("flash")
+
+
+def test_fla_naive_form_says_it_is_fla_s_pure_pytorch_reference():
+    """The row once labelled "fla" timed fla's pure-PyTorch naive_chunk_linear_attn: its label now says so, and
+    its description names the function and that it is not fla's Triton kernel."""
+    f = forms.REGISTRY["fla-naive-torch"]
+    assert "fla's pure-PyTorch reference" in f.label and "naive_chunk_linear_attn" in f.label
+    assert "fla.ops.linear_attn.naive.naive_chunk_linear_attn" in f.what and "not its Triton kernel" in f.what
+    triton = forms.REGISTRY["fla-triton"]
+    assert "Triton kernel" in triton.what and "chunk_simple_gla" in triton.label
+
+
+@pytest.mark.slow  # importing fla takes 5-15 s here
+def test_fla_naive_row_is_fla_s_reference_beside_linrope_without_rope(capsys):
+    """kernel_time.py's row for it carries that label, and its ratio to linrope chunk rope=none is measured in the
+    same run (or the row says fla is unavailable)."""
+    rc = kernel_time.main(["--lengths", "64", "--forms", "chunk-none", "fla-naive-torch", "--ratios",
+                           "fla-naive-torch/chunk-none", *TINY])
     text = capsys.readouterr().out
-    rows = [line for line in text.splitlines() if re.match(r"\| (128|256) \|", line)]
-    assert len(rows) == 2
-    header = next(line for line in text.splitlines() if line.startswith("| N |")).split("|")
-    cells = rows[1].split("|")
-    for col in ("chunk f+b ms", "plain f+b ms", "SDPA f+b ms", "sdpa/chunk f+b", "plain/chunk f+b"):
-        value = cells[[h.strip() for h in header].index(col)].strip()
-        assert float(value) > 0, (col, value)
+    label = forms.REGISTRY["fla-naive-torch"].label
+    (row,) = table_rows(text, f"64 | {label}")
+    assert f"- {label} [fla-naive-torch]: fla.ops.linear_attn.naive.naive_chunk_linear_attn" in text  # the legend
+    if row[-1] == "ok":
+        (ratio,) = table_rows(text, f"64 | {label} ÷ linrope chunk, rope=none")
+        assert re.fullmatch(r"\d+\.\d\d×", ratio[-1]) and rc == 0
+    else:
+        assert row[-1].startswith("unavailable: flash-linear-attention does not import")
+
+
+def test_timing_helper_takes_the_median_and_alternates_the_keys(monkeypatch):
+    order, durations = [], iter([5.0, 1.0, 2.0])  # seconds the fake clock advances per timed call
+    clock = [0.0]
+
+    def fake():
+        clock[0] += next(durations)
+
+    with monkeypatch.context() as m:
+        m.setattr(timing.time, "perf_counter", lambda: clock[0])
+        assert timing.median_time(fake, warmup=0, repeats=3) == 2.0  # not the mean, 2.67
+    times = timing.rounds({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3, warmup=1)
+    assert order == ["a", "b"] * 4 and [len(v) for v in times.values()] == [3, 3]
+    assert timing.ratio(6.0, 2.0) == 3.0 and timing.ratio(None, 2.0) is None and timing.ratio(1.0, None) is None
+
+
+# --------------------------------------------------------------------------------------------------------
+# one script per question, at tiny sizes
+# --------------------------------------------------------------------------------------------------------
+def test_kernel_time_reports_every_form_it_timed_with_ratios_growth_and_flop_rate(tmp_path, capsys):
+    rows_file = tmp_path / "rows.jsonl"
+    assert kernel_time.main(["--lengths", "64", "128", "--forms", "chunk", "plain", "sdpa", "--ratios", "sdpa/chunk",
+                             "plain/chunk", "--jsonl", str(rows_file), *TINY]) == 0
+    text = capsys.readouterr().out
+    got = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert [(r["n"], r["key"], r["form"]) for r in got] == [(n, k, forms.REGISTRY[k].label) for n in (64, 128)
+                                                            for k in ("chunk", "plain", "sdpa")]
+    ms = {(r["n"], r["key"]): r for r in got}
+    for n in (64, 128):
+        for key in ("chunk", "plain", "sdpa"):
+            row = table_rows(text, f"{n} | {forms.REGISTRY[key].label}")[0]  # the kernel table's row (then FLOP rate)
+            assert row[-1] == "ok" and float(row[2]) > 0 and float(row[3]) > 0, row  # fwd+bwd ms, fwd ms
+        for key in ("sdpa", "plain"):  # the ratio of the two times this run measured
+            (ratio,) = table_rows(text, f"{n} | {forms.REGISTRY[key].label} ÷ linrope chunk")
+            for cell, kind in zip(ratio[2:], ("fwd_ms", "fwd_bwd_ms")):
+                assert cell == f"{ms[n, key][kind] / ms[n, 'chunk'][kind]:.2f}×", (ratio, kind)
+        (flops,) = table_rows(text, f"{n} | linrope chunk")[1:]  # the FLOP-rate table's row
+        rate = 1 * 2 * n * (8 * 64 * 16 + 8 * 16**2) / (ms[n, "chunk"]["fwd_ms"] / 1e3) / 1e9  # B H N (8Cd + 8d²)
+        assert flops[2] == f"{rate:.1f}" and flops[3].endswith("%")
+    (growth,) = table_rows(text, "linrope chunk | 64 → 128")
+    assert growth[2] == f"{ms[128, 'chunk']['fwd_bwd_ms'] / ms[64, 'chunk']['fwd_bwd_ms']:.2f}" and growth[3] == "2"
+
+
+def test_kernel_time_says_why_it_skipped_a_row(capsys):
+    kernel_time.main(["--lengths", "64", "128", "--forms", "naive", "--naive-max", "64", *TINY])
+    kernel_time.main(["--lengths", "64", "128", "--forms", "chunk", "--max-run-s", "0", *TINY])
+    text = capsys.readouterr().out
+    assert table_rows(text, "128 | linrope naive")[0][-1] == "skipped: N above --naive-max 64 (B·H·N² weights)"
+    assert re.fullmatch(r"skipped: one fwd\+bwd predicted to take \d+ s, over --max-run-s 0",
+                        table_rows(text, "128 | linrope chunk")[0][-1])
+
+
+def test_kernel_time_refuses_an_unknown_form_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        kernel_time.main(["--forms", "chunk", "flash"])
+    assert "unknown form 'flash'; forms: naive, chunk" in capsys.readouterr().err
+
+
+def test_every_script_explains_itself_in_help(capsys):
+    for main in (kernel_time.main, memory.main, generation.main, precision.main, loaded.main):
+        with pytest.raises(SystemExit) as e:
+            main(["--help"])
+        assert e.value.code == 0
+    text = capsys.readouterr().out
+    for f in forms.REGISTRY.values():  # kernel_time's and memory's help list every form, label and key
+        assert text.count(f"- {f.label} [{f.key}]: ") == 2, f.key
+
+
+def test_memory_reports_the_peak_of_a_fresh_process(capsys):
+    assert memory.main(["--lengths", "128", "--forms", "chunk"]) == 0
+    (row,) = table_rows(capsys.readouterr().out, "128 | linrope chunk")
+    rise, peak = (float(c.replace(" ", "")) for c in row[2:4])
+    assert row[-1] == "ok" and 0 <= rise < peak and peak > 100, row  # torch alone is > 100 MB
+
+
+def test_generation_reports_time_per_token_of_both_forms(capsys):
+    res = generation.main(["--positions", "16", "32", "--tokens", "2", "--rounds", "1"])
+    assert set(res) == {"recurrent_step", "linear_rope model"}
+    assert all(t > 0 for per in res.values() for t in per.values())
+    text = capsys.readouterr().out
+    for label in res:
+        assert float(table_rows(text, label)[0][-1]) > 0
+
+
+def test_precision_reports_the_speed_ratio_and_what_bfloat16_products_cost(capsys):
+    import linrope.ops.linear_attn.chunk_kernel as CK
+
+    rule = CK.matmul_dtype
+    precision.main(["--lengths", "64", "--rounds", "1", "--mm-size", "64", "--error-length", "64"])
+    assert CK.matmul_dtype is rule  # swapped only for the run
+    text = capsys.readouterr().out
+    (speed,) = table_rows(text, "64 | linrope chunk")
+    assert all(float(c.rstrip("×")) > 0 for c in speed[2:]), speed
+    bf16, f32 = table_rows(text, "elu, numerator, no decay")
+    assert (bf16[1], f32[1]) == ("bfloat16 products", "float32 products")
+    assert float(bf16[3]) > 100 * float(f32[3])  # the final state: bfloat16-exact against float32-exact
 
 
 def test_training_throughput_benchmark_reports_a_ratio(capsys):
@@ -80,7 +225,8 @@ def test_kernel_table_keeps_the_other_forms_when_one_fails(tmp_path, monkeypatch
     assert all("forced failure" in r["note"] for r in got if r["status"] == "failed")
     assert all(r["fwd_bwd_ms"] > 0 and r["fwd_ms"] > 0 and r["first_s"] > 0 for r in got if r["status"] == "ok")
     printed = capsys.readouterr().out
-    assert printed.count(f"| {gpu_table.LINROPE_CHUNK} | ") == 2 and printed.count("| failed: RuntimeError") == 2
+    assert all(table_rows(printed, f"{n} | {gpu_table.LINROPE_CHUNK}")[0][-1] == "ok" for n in (64, 128))
+    assert printed.count("| failed: RuntimeError") == 2
 
 
 def test_kernel_table_says_when_its_budget_is_spent(tmp_path):
@@ -181,7 +327,7 @@ def test_loaded_benchmark_reports_both_states_and_restores_the_plan(capsys):
     plan = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS)
     adv = loaded.main(["--length", "256", "--rounds", "1", "--warmup", "0"])
     text = capsys.readouterr().out
-    assert set(adv) == {(f, s) for f in ("chunk", "chunk_old") for s in ("quiet", "loaded")}
+    assert set(adv) == {(f, s) for f in ("chunk", "chunk-old") for s in ("quiet", "loaded")}
     assert all(a > 0 for a in adv.values()), adv
-    assert "loaded / quiet advantage" in text and "new / old plan" in text
+    assert "linrope chunk, old plan: loaded / quiet advantage" in text and "new / old plan" in text
     assert (scans.SEQUENTIAL, tables.MAX_BLOCKS) == plan  # the old plan was only borrowed
