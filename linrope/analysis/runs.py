@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 from omegaconf import OmegaConf
 
+from linrope.base.nested import flatten
 from linrope.run.provenance import read as read_provenance
 from linrope.evaluation.tables import read_csv
 
@@ -58,17 +59,6 @@ class Run:
         if not values:
             return None
         return {"min": min, "max": max, "last": lambda vs: vs[-1], "mean": statistics.fmean}[how](values)
-
-
-def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
-    if isinstance(node, dict):
-        out: Dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(node, list):
-        return {prefix[:-1]: tuple(node)}
-    return {prefix[:-1]: node}
 
 
 def read_metrics(path: Path) -> Dict[str, List[Tuple[int, float]]]:

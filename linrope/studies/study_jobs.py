@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from linrope.base.nested import flatten
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
-from linrope.run.resume_diff import flatten
 
 DONE = "study_job.json"
 # settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes
