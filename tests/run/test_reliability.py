@@ -291,7 +291,7 @@ def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
 
 
 def test_unknown_group_options_on_the_command_line():
-    from linrope.config.checks import command_line_errors
+    from linrope.config.command_line import command_line_errors
 
     assert command_line_errors(["model=linear_rope", "data=bytes", "trainer=ddp", "seed=3", "model.d_model=64",
                                 "experiment=null", "-m", "model=linear,softmax", "hydra/launcher=basic",
