@@ -29,9 +29,8 @@ from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
 from linrope.analysis.report import PAIRS, build_report, pair_record
 from linrope.analysis.runs import by_seed, find_runs, group_runs
-from linrope.analysis.stats import paired
+from linrope.analysis.stats import LEVEL, paired
 
-LEVEL = 0.95
 WRITTEN = ("budget.md", "budget.csv", "budget.png")
 LEGACY = {"budget.md": ("# Headline claims against the training budget",)}  # before the manifest (report_files)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -39,7 +38,7 @@ from linrope.base.errors import first_names
 from linrope.base.plots import (SCALING_STYLES, Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves,
                            series_colour)
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
-from linrope.analysis.stats import Interval, Paired, mean_ci, paired
+from linrope.analysis.stats import LEVEL, Interval, Paired, mean_ci, paired
 
 # the comparisons the study is about: A − B over matching seeds (add more with --pair A:B)
 PAIRS: Tuple[Tuple[str, str], ...] = (
@@ -48,7 +47,6 @@ PAIRS: Tuple[Tuple[str, str], ...] = (
     ("linear_cosine_rope", "linear_cosine"),  # the same with the 1 + cos feature map
     ("linear_rope", "softmax_rope"),  # linear against softmax attention, both with RoPE
 )
-LEVEL = 0.95
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
 
 
