@@ -10,14 +10,8 @@ import functools
 import importlib
 import io
 import re
-import sys
 import tokenize
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 import linrope  # noqa: F401 - installs the alias table, so that an old path is told apart from a missing one
 
@@ -28,10 +22,14 @@ OLD_PATHS_QUOTED = {"docs/architecture.md": {"linrope.movement.PositionMovement"
                     "linrope/base/moved.py": {"linrope.movement.PositionMovement", "linrope.movement"}}
 
 
+PACKAGE_DIR = re.compile(r"^package-dir\s*=\s*\{(.*)\}", re.M)
+
+
 def built_packages() -> set:
-    """Packages the build makes from folders outside linrope/ (``linrope.conf`` from ``conf/``, pyproject.toml)."""
-    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
-    return set(setuptools.get("package-dir", {})) - {""}
+    """Packages the build makes from folders outside linrope/ (pyproject.toml's ``package-dir``: ``linrope.conf``
+    from ``conf/``; read as text, as Python 3.10 has no tomllib)."""
+    found = PACKAGE_DIR.search((ROOT / "pyproject.toml").read_text())
+    return set(re.findall(r'"([\w.]+)"\s*=', found.group(1))) if found else set()
 
 
 @functools.lru_cache(maxsize=None)
