@@ -35,6 +35,7 @@ def main(cfg: DictConfig) -> Optional[float]:
             retain_freed_memory()
         from lightning import seed_everything
         from linrope.training import builders as T
+        from linrope.training.after_training import explain_stop
 
         seed_everything(cfg.seed, workers=True)
         provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
@@ -49,7 +50,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         if cfg.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
             metric = T.metric(trainer, cfg.optimized_metric)
-        with T.explain_stop(cfg, trainer) as progress:  # a signal now: one line, what is left and how to finish it
+        with explain_stop(cfg, trainer) as progress:  # a signal now: one line, what is left and how to finish it
             if cfg.test:
                 trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
                 from linrope.evaluation.evaluate import extrapolate_after_test

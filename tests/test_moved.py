@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from linrope.base.moved import MOVED, current_name
-from linrope.run.resume_diff import flatten
+from linrope.base.nested import flatten
 
 ROOT = Path(__file__).resolve().parents[1]
 

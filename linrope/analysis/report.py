@@ -41,9 +41,8 @@ from linrope.base.errors import first_names
 from linrope.base.plots import (SCALING_STYLES, Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves,
                            series_colour)
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
-from linrope.analysis.stats import Interval, Paired, mean_ci, paired
+from linrope.analysis.stats import LEVEL, Interval, Paired, mean_ci, paired
 
-LEVEL = 0.95
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
 
 

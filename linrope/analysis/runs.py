@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import yaml
 from omegaconf import OmegaConf
 
+from linrope.base.nested import flatten
 from linrope.run.provenance import read as read_provenance
 from linrope.evaluation.tables import read_csv
 
@@ -63,17 +64,6 @@ class Run:
         if not values:
             return None
         return {"min": min, "max": max, "last": lambda vs: vs[-1], "mean": statistics.fmean}[how](values)
-
-
-def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
-    if isinstance(node, dict):
-        out: Dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(node, list):
-        return {prefix[:-1]: tuple(node)}
-    return {prefix[:-1]: node}
 
 
 def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:

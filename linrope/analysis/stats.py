@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Hashable, Mapping, Optional, Sequence, Tuple
 
+LEVEL = 0.95  # the confidence level of every interval the reports print, paired differences' included
 _TINY = 1e-300
 _EPS = 1e-16
 
@@ -104,7 +105,7 @@ class Interval:
         return self.lo is not None and (self.lo > 0.0 or self.hi < 0.0)
 
 
-def mean_ci(values: Sequence[Optional[float]], level: float = 0.95) -> Interval:
+def mean_ci(values: Sequence[Optional[float]], level: float = LEVEL) -> Interval:
     """Mean and t-interval of the values present (None and NaN left out)."""
     vs = [float(v) for v in values if v is not None and not math.isnan(v)]
     n = len(vs)
@@ -127,7 +128,7 @@ class Paired:
     p: Optional[float]
 
 
-def paired(a: Mapping[Hashable, float], b: Mapping[Hashable, float], level: float = 0.95) -> Paired:
+def paired(a: Mapping[Hashable, float], b: Mapping[Hashable, float], level: float = LEVEL) -> Paired:
     """Paired difference A − B over the keys (seeds) both hold a value for."""
     seeds = tuple(sorted((s for s in a if s in b and a[s] is not None and b[s] is not None), key=str))
     diff = mean_ci([a[s] - b[s] for s in seeds], level)

@@ -1,7 +1,7 @@
 """The errors a user can fix, in one place.
 
 Each is reported as one line (``linrope: …``) with exit status 1 and no traceback
-(``linrope.training.builders.one_line_errors``): the reporter recognises them by their common base class,
+(``linrope.run.exit.one_line_errors``): the reporter recognises them by their common base class,
 ``LinropeError``, so adding an error never means updating a list elsewhere.  Each also derives from
 the built-in exception it refines (``ValueError``, ``RuntimeError``, ``OSError``), so code that
 catches those keeps working.

@@ -4,8 +4,9 @@ Run folders saved before the move name classes by their old paths (``callbacks.*
 linrope.movement.PositionMovement``).  ``install()`` (called by ``import linrope``) lets such a path import:
 ``import linrope.movement`` gives the module ``linrope.training.movement`` itself, so a saved ``_target_`` still
 resolves, and ``current_name`` maps an old dotted name to the new one where saved configs are compared (a resume,
-a study's job identity).  ``linrope.config`` and ``linrope.training`` were modules and are now packages of
-the same name: their old attribute paths are mapped by ``current_name`` alone.
+a study's job identity, a report's grouping of runs: ``linrope.base.nested.flatten``).  ``linrope.config`` and
+``linrope.training`` were modules and are now packages of the same name: their old attribute paths are mapped by
+``current_name`` alone.
 """
 from __future__ import annotations
 

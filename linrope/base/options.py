@@ -15,15 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-
-def get(cfg, dotted: str, default: Any = None) -> Any:
-    """The value at a dotted key (``model.attention.kind``), or ``default`` where a part is missing."""
-    node = cfg
-    for part in dotted.split("."):
-        if node is None or part not in node:
-            return default
-        node = node[part]
-    return node
+from linrope.base.nested import get
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,9 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-# the command-line check lives in linrope.config.command_line; these names stay importable from here
-from linrope.config.command_line import CONF_DIR, check_command_line, command_line_errors, group_options  # noqa: F401
 from linrope.base.errors import ConfigError, UnknownOption
-from linrope.base.options import EXTRAPOLATION_KEYS, TOP_LEVEL, get, schema_errors
+from linrope.base.nested import get
+from linrope.base.options import EXTRAPOLATION_KEYS, TOP_LEVEL, schema_errors
 
 
 def plain(node) -> Dict[str, Any]:

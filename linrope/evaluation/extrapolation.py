@@ -48,7 +48,7 @@ from linrope.ops.rope import rope_frequencies
 from linrope.evaluation.tables import format_row
 
 # the settings of a table: conf/extrapolation/default.yaml is the one place their defaults are written, and
-# linrope.config.checks.extrapolation_errors checks them before a run (train.py) or an evaluation starts
+# linrope.base.options.extrapolation_errors checks them before a run (train.py) or an evaluation starts
 SETTINGS = ("factors", "scalings", "split", "scored_bytes", "stride", "task_examples", "batch_size", "max_score_mb")
 
 

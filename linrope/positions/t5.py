@@ -5,7 +5,8 @@ at the last bucket.  Bidirectional (encoders: causal=False) gives keys behind an
 ahead of the query one half of the buckets each; one-sided (causal) puts every
 key ahead into bucket 0.  As in T5 (the first layer's table serves every layer),
 one table β for all layers by default, and the (H, N, N) bias is gathered once per
-forward; ``share: false`` gives each layer its own table.
+forward; ``share: false`` gives each layer its own table.  ``BucketBias`` is this bias without its
+initialisation: TUPE (``linrope.positions.tupe``) adds the same bias b beside its positional correlation.
 """
 from typing import Optional
 
@@ -16,24 +17,22 @@ from .base import PositionScheme, register
 from .functional import relative_distance, t5_bucket
 
 
-@register
-class T5Bias(PositionScheme):
-    name = "t5"
+class BucketBias(PositionScheme):
+    """A per-head bias over T5's buckets of j - i (T5's β, TUPE's b): the bucket options, the buckets of the
+    positions and the score bias, computed once per forward by ``position_bias``.  Not a scheme of its own."""
     kind = "relative"
     linear_ok = False
-    linear_note = "adds a learned bias β_h[bucket(j-i)] to every score"
-    paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
-    shares = "the bias table β (num_buckets × heads)"
-    score_biases = ("bias",)  # β: not weight-decayed
+    score_biases = ("bias",)  # β, b: not weight-decayed
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
-                 init_std: Optional[float] = None, **dims):
+                 **dims):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
-        if self.owns_shared():
-            std = self.d_model ** -0.5 if init_std is None else init_std  # T5's initialisation
-            self.bias = nn.Parameter(torch.randn(num_buckets, self.n_heads) * std)
+
+    def bucket_table(self, std: float) -> nn.Parameter:
+        """The (num_buckets, heads) bias, drawn at ``std``."""
+        return nn.Parameter(torch.randn(self.num_buckets, self.n_heads) * std)
 
     def buckets(self, positions: torch.Tensor) -> torch.Tensor:
         return t5_bucket(relative_distance(positions), bidirectional=self.bidirectional,
@@ -49,3 +48,16 @@ class T5Bias(PositionScheme):
     def extra_repr(self):
         return (f"{super().extra_repr()}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
                 f"bidirectional={self.bidirectional}")
+
+
+@register
+class T5Bias(BucketBias):
+    name = "t5"
+    linear_note = "adds a learned bias β_h[bucket(j-i)] to every score"
+    paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
+    shares = "the bias table β (num_buckets × heads)"
+
+    def __init__(self, *, init_std: Optional[float] = None, **options):
+        super().__init__(**options)
+        if self.owns_shared():
+            self.bias = self.bucket_table(self.d_model ** -0.5 if init_std is None else init_std)  # T5's init

@@ -14,32 +14,26 @@ p, U and b at std ``init_std`` (0.02), biases zero, the layer norm at identity.
 TUPE's [CLS] untying is not modelled (no [CLS] token here).
 """
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .base import PositionScheme, register
-from .functional import check_table_positions, relative_distance, t5_bucket
+from .base import register
+from .functional import check_table_positions
+from .t5 import BucketBias
 
 
 @register
-class TUPE(PositionScheme):
+class TUPE(BucketBias):
     name = "tupe"
-    kind = "relative"
-    linear_ok = False
     linear_note = "adds the positional correlation (p_iU_Q)(p_jU_K)ᵀ and a bias b_{j-i} to every score"
     paper = "Ke, He, Liu 2021, Rethinking positional encoding in language pre-training"
     shares = "everything: the table p, its layer norm, U_Q, U_K and the bucket bias b (one correlation for all layers)"
-    score_biases = ("bias",)  # b: not weight-decayed
 
-    def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
-                 init_std: float = 0.02, **dims):
-        super().__init__(**dims)
-        self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
+    def __init__(self, *, init_std: float = 0.02, **options):
+        super().__init__(**options)
         if self.owns_shared():
             d, hd = self.d_model, self.n_heads * self.head_dim
             self.table = nn.Parameter(torch.randn(self.max_len, d) * init_std)  # p_i
@@ -48,7 +42,7 @@ class TUPE(PositionScheme):
             for u in (self.u_q, self.u_k):
                 nn.init.normal_(u.weight, std=init_std)
                 nn.init.zeros_(u.bias)
-            self.bias = nn.Parameter(torch.randn(num_buckets, self.n_heads) * init_std)
+            self.bias = self.bucket_table(init_std)
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.head_dim)
@@ -60,14 +54,7 @@ class TUPE(PositionScheme):
         pq, pk = (rearrange(F.linear(p, u.weight.to(dtype), u.bias.to(dtype)), "n (h d) -> h n d", h=self.n_heads)
                   for u in (self.u_q, self.u_k))
         absolute = (pq @ pk.transpose(-1, -2)) * self.score_scale()
-        buckets = t5_bucket(relative_distance(positions), bidirectional=self.bidirectional,
-                            num_buckets=self.num_buckets, max_distance=self.max_distance)
-        return (absolute + self.bias.T.to(dtype)[:, buckets]).unsqueeze(0)
-
-    def score_bias(self, q, k, positions):
-        src = self.src
-        return src.memo((id(positions), q.dtype), lambda: src.position_bias(positions, q.dtype))
+        return (absolute + self.bias.T.to(dtype)[:, self.buckets(positions)]).unsqueeze(0)
 
     def extra_repr(self):
-        return (f"{super().extra_repr()}, max_len={self.max_len}, num_buckets={self.num_buckets}, "
-                f"max_distance={self.max_distance}, bidirectional={self.bidirectional}")
+        return f"{super().extra_repr()}, max_len={self.max_len}"

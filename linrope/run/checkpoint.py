@@ -23,6 +23,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from linrope.base.atomic import atomic_torch_save, file_problem
 from linrope.base.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint, first_names
+from linrope.base.nested import flatten
 
 
 # ---- writing ---------------------------------------------------------------------------------------------
@@ -64,20 +65,11 @@ def check_complete(path) -> None:
         raise CheckpointError(f"checkpoint {path}: {problem}")
 
 
-def _flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
-    if not isinstance(d, Mapping):
-        return {prefix.rstrip("."): d}
-    out: Dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}."))
-    return out
-
-
 def config_differences(found: Optional[Mapping], expected: Optional[Mapping], limit: int = 6) -> str:
     """``model.d_model: 64 in the checkpoint, 128 now; …`` for the leaves that differ."""
     if not found or not expected:
         return ""
-    a, b = _flatten(found, "model."), _flatten(expected, "model.")
+    a, b = flatten(found, "model."), flatten(expected, "model.")
     diffs = [f"{k}: {a.get(k, '(absent)')} in the checkpoint, {b.get(k, '(absent)')} now"
              for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     if not diffs:

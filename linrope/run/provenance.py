@@ -180,13 +180,3 @@ def machine_line() -> str:
     m = p["machine"]
     return (f"commit {commit_text(p)}, torch {p['versions']['torch']}, {m.get('gpu') or m['cpu']}, "
             f"{m['threads']} threads")
-
-
-def summary_line(provenance: Optional[Mapping[str, Any]]) -> str:
-    """One line: commit, torch, python, machine, precision."""
-    if not provenance:
-        return "no provenance recorded (written before linrope recorded it)"
-    v, m = provenance.get("versions") or {}, provenance.get("machine") or {}
-    where = m.get("gpu") or m.get("cpu") or "?"
-    return (f"commit {commit_text(provenance)}, torch {v.get('torch')}, python {v.get('python')}, {where}"
-            f" ({m.get('threads')} threads), precision {provenance.get('precision')}")

@@ -7,7 +7,7 @@ line each (``resume: context 64 → 128 (also data.context, model.max_len) — t
 of runs the new one continues (run folder, step, commit of each).  Keys that follow another changed key through
 an interpolation (``model.max_len: ${context}``) are folded into its line.  Changes to the seed, the batch
 size, the context or the data are announced as breaking the reproducibility of the data order; a change of
-the model's identity is refused elsewhere (``linrope.run.checkpoint.check_identity``).
+the model's identity is refused elsewhere (``linrope.models.spec.check_identity``).
 
 Foundation layer: plain dicts in, plain dicts out (no torch, no Lightning)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from linrope.base.moved import current_name
+from linrope.base.nested import flatten
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
 # settings that differ between a run and its continuation by construction (folders, what to do now, output)
@@ -30,18 +30,6 @@ DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"
 # and the scheduler's base rates): changing them on a resume does nothing
 RESTORED = ("optim.lr", "optim.betas", "optim.weight_decay")
 INTERPOLATION = re.compile(r"^\$\{([A-Za-z0-9_.]+)\}$")
-
-
-def flatten(d: Any, prefix: str = "") -> Dict[str, Any]:
-    """A nested config as ``{dotted key: value}``; a ``_target_`` saved before a module moved reads as its path
-    today (``linrope.base.moved``), so a folder saved then is the same configuration as one composed now."""
-    if not isinstance(d, Mapping):
-        key = prefix[:-1]
-        return {key: current_name(d) if key.endswith("_target_") and isinstance(d, str) else d}
-    out: Dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(flatten(v, f"{prefix}{k}."))
-    return out
 
 
 def _matches(key: str, prefixes) -> bool:

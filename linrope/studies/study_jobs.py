@@ -30,9 +30,9 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index
+from linrope.base.nested import flatten
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
-from linrope.run.resume_diff import flatten
 
 # settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
 # its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)

@@ -20,16 +20,15 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from linrope.config.command_line import CONF_DIR, check_command_line, config_dirs_as_overrides
-from linrope.config.checks import ConfigError, validate
-
-CONF = CONF_DIR  # linrope.config.command_line: the package's configs, in a checkout or installed
+from linrope.base.errors import ConfigError
+from linrope.config.checks import validate
 
 
 def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
     """``conf/train.yaml`` composed with ``overrides``, outside any Hydra run (tools, benchmarks, tests)."""
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             return compose(config_name="train", overrides=list(overrides), return_hydra_config=hydra_config)
     finally:
         GlobalHydra.instance().clear()

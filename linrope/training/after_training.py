@@ -22,9 +22,11 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
 from hydra.experimental.callback import Callback
+
+from linrope.base.nested import get
 
 NOT_REPEATED = ("ckpt_path", "train", "test", "hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job")
 
@@ -147,13 +149,11 @@ def explain_stop(cfg, trainer):
 TRAIN_METRICS = ("loss", "lr", "tokens_per_sec", "peak_mem_mb")
 
 
-def _get(cfg, dotted: str, default: Any = None) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        if node is None or not hasattr(node, "get"):
-            return default
-        node = node.get(part)
-    return default if node is None else node
+def task_metric(metric: str, monitor: str) -> str:
+    """The metric a run reports in place of ``metric`` (``optimized_metric``, the checkpoint callback's
+    ``monitor``): a task that picks checkpoints by another ``monitor`` than val/bpb (its data module's: val/loss
+    for the synthetic tasks, which have no bits per byte) takes it where the config kept the default val/bpb."""
+    return monitor if metric == "val/bpb" else metric
 
 
 def objective_problem(cfg) -> Optional[str]:
@@ -164,10 +164,10 @@ def objective_problem(cfg) -> Optional[str]:
     head = f"the sweep optimises optimized_metric={metric}, which"
     if not cfg.get("train", True):
         return f"{head} a run with train=false never returns: train the runs (train=true)"
+    task = str(get(cfg, "data.task") or "bytes")
+    # a task's data module picks checkpoints by val/loss (linrope.data.task_modules.TaskDataModule.monitor)
+    metric = task_metric(metric, "val/bpb" if task == "bytes" else "val/loss")
     stage, _, name = metric.partition("/")
-    task = str(_get(cfg, "data.task", "bytes"))
-    if stage == "val" and task != "bytes" and metric == "val/bpb":
-        metric, name = "val/loss", "loss"  # what linrope.training.builders.use_task_metric makes of it
     logged = {"bytes": ("loss", "bpb")}.get(task, ("loss", "acc"))
     if stage == "test":
         return f"{head} train.py returns before testing: set optimized_metric=val/{name}"
@@ -177,11 +177,11 @@ def objective_problem(cfg) -> Optional[str]:
     if stage != "val" or name not in logged:
         return (f"{head} task {task} never logs (it logs val/{', val/'.join(logged)}): set optimized_metric="
                 f"val/{logged[0]}")
-    if _get(cfg, "trainer.limit_val_batches") == 0:
+    if get(cfg, "trainer.limit_val_batches") == 0:
         return f"{head} is never measured with trainer.limit_val_batches=0: set it to null (every batch) or > 0"
-    max_steps, every = _get(cfg, "trainer.max_steps", -1), _get(cfg, "trainer.val_check_interval")
+    max_steps, every = get(cfg, "trainer.max_steps"), get(cfg, "trainer.val_check_interval")
     if isinstance(max_steps, int) and max_steps > 0 and isinstance(every, int) and not isinstance(every, bool) \
-            and _get(cfg, "trainer.check_val_every_n_epoch") is None and every > max_steps:
+            and get(cfg, "trainer.check_val_every_n_epoch") is None and every > max_steps:
         return (f"{head} is never logged: no validation before trainer.max_steps={max_steps} "
                 f"(trainer.val_check_interval={every}); set trainer.val_check_interval={max_steps} or less, "
                 f"or trainer.max_steps={every} or more")

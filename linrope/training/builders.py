@@ -12,8 +12,7 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from linrope.run import provenance as P
-from linrope.training.after_training import explain_stop  # noqa: F401 - train.py calls T.explain_stop
-from linrope.training.after_training import job_overrides
+from linrope.training.after_training import job_overrides, task_metric
 from linrope.run.checkpoint import AtomicCheckpointIO, load_checkpoint
 from linrope.config.checks import (LINROPE_TRAINER_KEYS, checkpoint_path, plain, resolved_accelerator, sharded_checkpoints,
                             sweep_dir)
@@ -92,15 +91,15 @@ def build_datamodule(cfg: DictConfig):
 
 def use_task_metric(cfg: DictConfig, monitor: str) -> None:
     """A task without bits per byte (mqar, offset_copy, listops) picks checkpoints by ``monitor``
-    (val/loss) and returns it to a sweeper — unless the config chose something else than the
-    default val/bpb.  Changes ``cfg`` in place, before the callbacks are built."""
+    (val/loss) and returns it to a sweeper where the config kept the default val/bpb
+    (``linrope.training.after_training.task_metric``).  Changes ``cfg`` in place, before the callbacks are built."""
     if monitor == "val/bpb":
         return
     with open_dict(cfg):
-        if cfg.get("optimized_metric") == "val/bpb":
+        if task_metric(cfg.get("optimized_metric"), monitor) != cfg.get("optimized_metric"):
             cfg.optimized_metric = monitor
         ckpt = (cfg.get("callbacks") or {}).get("model_checkpoint")
-        if ckpt and ckpt.get("monitor") == "val/bpb":
+        if ckpt and task_metric(ckpt.get("monitor"), monitor) != ckpt.get("monitor"):
             ckpt.monitor, ckpt.mode = monitor, "min"
             ckpt.filename = "best-step{step:06d}-" + monitor.split("/")[-1] + "{" + monitor + ":.4f}"
 

@@ -214,7 +214,7 @@ def test_a_crash_during_validation_resumes_before_that_validation(compose):
     checkpoint written before it, Lightning would skip that validation."""
     common = ["model=linear_rope", *TINY, "logger=csv", "trainer.max_steps=12", "trainer.val_check_interval=10",
               "callbacks.last_checkpoint.every_n_train_steps=5", "trainer.log_every_n_steps=1"]
-    cfg = compose(*common, "+callbacks.crash._target_=test_reliability.CrashInValidation", "+callbacks.crash.step=10")
+    cfg = compose(*common, f"+callbacks.crash._target_={__name__}.CrashInValidation", "+callbacks.crash.step=10")
     with pytest.raises(RuntimeError, match="crash during validation"):
         run_main(cfg)
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
@@ -291,7 +291,7 @@ def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
 
 
 def test_unknown_group_options_on_the_command_line():
-    from linrope.config.checks import command_line_errors
+    from linrope.config.command_line import command_line_errors
 
     assert command_line_errors(["model=linear_rope", "data=bytes", "trainer=ddp", "seed=3", "model.d_model=64",
                                 "experiment=null", "-m", "model=linear,softmax", "hydra/launcher=basic",

@@ -250,7 +250,7 @@ def assert_signal_stops_at_step_7_and_resumes(tmp_path, name: str, *common, sign
     that step, writes last.ckpt at step 7, says so in one line and exits with 128 + the signal's number;
     resuming ends where a run that was never stopped ends."""
     run = tmp_path / "stopped"
-    r = train(tmp_path, run, *STEPS, *common, "+callbacks.stop._target_=test_slow_reliability.SignalAt",
+    r = train(tmp_path, run, *STEPS, *common, f"+callbacks.stop._target_={__name__}.SignalAt",
               "+callbacks.stop.step=7", f"+callbacks.stop.signal={name}", *signal_options, expect=None)
     assert r.returncode == 128 + getattr(signal, name), r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]

@@ -153,7 +153,7 @@ def test_hyperparameters_are_logged_once_as_the_config(compose, small_corpus):
     """Once (not again at fit and at test), and the data settings only under data.* (not as top-level keys)."""
     tiny_csv = [o if o != "logger=none" else "logger=csv" for o in TINY]
     cfg = compose(*tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-                  "logger.csv._target_=test_train.CountingCSVLogger")
+                  f"logger.csv._target_={__name__}.CountingCSVLogger")
     CountingCSVLogger.calls = []
     run_main(cfg)
     assert len(CountingCSVLogger.calls) == 1

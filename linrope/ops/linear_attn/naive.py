@@ -16,7 +16,7 @@ from .common import Args, LinearAttentionState, decay_log, guard_denominator, wi
 from .features import reference_features
 
 
-def decay_matrix(log_gamma: torch.Tensor, n: int, causal: bool, device) -> torch.Tensor:
+def decay_matrix(log_gamma: torch.Tensor, n: int, device) -> torch.Tensor:
     """(H, N, N) matrix γ_h^|i-j| (float64)."""
     idx = torch.arange(n, device=device, dtype=torch.float64)
     dist = (idx[:, None] - idx[None, :]).abs()
@@ -40,7 +40,7 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
         mask = torch.tril(mask)
     log_gamma = decay_log(decay)
     if log_gamma is not None:
-        mask = mask * decay_matrix(log_gamma, N, causal, q.device).to(dtype)
+        mask = mask * decay_matrix(log_gamma, N, q.device).to(dtype)
     w_num, w_den = w_num * mask, w_den * mask
     num = w_num @ vv
     den = w_den.sum(-1)
