@@ -65,7 +65,7 @@ def test_the_compact_files_read_back_as_the_same_runs(tmp_path):
     after = find_runs(s)
     assert [astuple(r) for r in after] == [astuple(r) for r in before]  # path, config, curves, tables, provenance
     assert [repr(astuple(r)) for r in after] == [repr(astuple(r)) for r in before]  # and the types of every value
-    assert after[0].config["model.name"] == "a_logged" and after[0].config["optim.betas"] == (0.9, 0.95)
+    assert after[0].config["model.name"] == "a_logged" and after[0].config["optim.betas"] == [0.9, 0.95]
     assert after[0].series["val/bpb"] == [(1, 3.35), (3, 3.1)]
     assert len(after[0].extrapolation) == 4 and after[0].extrapolation[1] == {
         "length": 16, "factor": 2.0, "scaling": "none", "loss": 2.5, "bpb": 4.1, "acc": None, "examples": 5,
