@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        def ratio(a, b, fmt="{:.2f}×"):
+        def ratio(a, b, fmt="{:.2f}×", r=r):
             return fmt.format(r[a] / r[b]) if a in r and b in r else "failed"
 
         cells = [str(r["context"])] + [f"{r[n] * 1e3:.0f}" if n in r else "failed" for n in names]

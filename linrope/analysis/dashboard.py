@@ -119,7 +119,7 @@ def _libs():
         import wandb_workspaces.reports.v2 as wr
         import wandb_workspaces.workspaces as ws
     except ImportError as e:
-        raise SystemExit(f"linrope: the dashboard needs wandb-workspaces ({e}): pip install -e '.[dashboards]'")
+        raise SystemExit(f"linrope: the dashboard needs wandb-workspaces ({e}): pip install -e '.[dashboards]'") from None
     return ws, wr
 
 

@@ -92,7 +92,7 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
         row: Dict[str, Any] = {"label": label, "attention": runs[0].get("model.attention.kind", "?"),
                                "position": runs[0].get("model.position.name", "?"), "params": params_cell(runs)}
         for header, metric, how, _ in cols:
-            values = by_seed(runs, lambda r: r.value(metric, how))
+            values = by_seed(runs, lambda r, metric=metric, how=how: r.value(metric, how))
             row[header] = mean_ci(list(values.values()), LEVEL)
             row.setdefault("seeds", sorted(map(str, values)))  # the seeds behind the headline value
         row["n"] = len(row["seeds"])
@@ -134,7 +134,7 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str):
             continue
         for scaling in dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation):
             def at(n, scaling=scaling):
-                return lambda run: next((r[metric] for r in run.extrapolation if r["scaling"] == scaling
+                return lambda one: next((r[metric] for r in one.extrapolation if r["scaling"] == scaling
                                          and r["length"] == n and r["status"] == "ok"), None)
             rows.append({"label": label, "scaling": scaling, "values": {n: by_seed(runs, at(n)) for n in lengths}})
     return lengths, metric, rows
