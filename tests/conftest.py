@@ -1,11 +1,9 @@
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+from tests.helpers import CONF, ROOT
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")

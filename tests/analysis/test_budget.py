@@ -1,24 +1,10 @@
 """linrope.analysis.budget: the headline claims at each budget, paired over seeds, and what became of each with more
 budget (holds, flips, budget artefact, emerges, undecided), from small hand-made run folders."""
-from pathlib import Path
-
 import pytest
 
 from linrope.analysis.budget import CLAIMS, Claim, budget_table, claim_results, fate
 from linrope.analysis.stats import paired
-from tests.analysis.test_report import lm_rows, write_run
-
-KINDS = {"linear": ("linear", "none"), "linear_rope": ("linear", "rope"), "softmax_rope": ("softmax", "rope")}
-
-
-def write_budget(folder: Path, steps: int, values):
-    """values: name -> [test bpb per seed]; bpb@256 is test + 0.1·(index of the seed)."""
-    for name, tests in values.items():
-        kind, position = KINDS[name]
-        for seed, test in enumerate(tests, 1):
-            write_run(folder / f"steps{steps}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
-                      seed=seed, rows=lm_rows((test + 0.2, test + 0.1), test, (1000, 1000)), context=128, max_steps=steps,
-                      extrapolation=[(128, "none", test), (256, "none", test + 0.1 * seed)])
+from tests.analysis.helpers import write_budget
 
 
 def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):

@@ -3,8 +3,7 @@ the default table; `temperature=0` was refused, where users expect greedy decodi
 import pytest
 
 from linrope.evaluation.generate import generate, generate_text
-from tests.evaluation.test_evaluate import compose_evaluate
-from tests.evaluation.test_generate import compose_generate, tiny
+from tests.evaluation.helpers import compose_evaluate, compose_generate, tiny
 
 
 def test_an_empty_list_of_lengths_is_refused_in_one_line(tmp_path):
@@ -92,7 +91,7 @@ def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
     ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "prompt=abc",
