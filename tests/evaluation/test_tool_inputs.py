@@ -127,6 +127,7 @@ def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp
     from linrope.evaluation.tables import read_csv
 
     ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
+    before = signal.getsignal(signal.SIGTERM)
     real = E.write_csv
 
     def write_then_stop(rows, path):
@@ -145,7 +146,7 @@ def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp
     rows = read_csv(out / "evaluate.csv")
     assert [(r["length"], r["scaling"]) for r in rows] == [(32, "none"), (32, "pi")]
     assert all(r["status"] == "ok" and r["scored"] == 2048 for r in rows)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is gone again
 
 
 # ---- configs and resume ---------------------------------------------------------------------------------------------
