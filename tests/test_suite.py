@@ -3,12 +3,16 @@ never another test module nor conftest, and a test sees the same signals and env
 started (from another folder, as ``nohup pytest &`` with SIGINT ignored, under a shell with WANDB_*, a rank or
 another checkout on PYTHONPATH)."""
 import ast
+import math
 import os
 import signal
 import subprocess
 import sys
 
-from tests.helpers import ROOT, TINY, tiny
+import pytest
+import torch
+
+from tests.helpers import ROOT, TINY, rel, tiny
 
 TESTS = ROOT / "tests"
 
@@ -41,6 +45,17 @@ def test_tiny_replaces_a_key_it_sets_and_appends_the_rest():
     assert got[:len(TINY)] == [{"logger=none": "logger=csv", "data.batch_size=4": "data.batch_size=2"}.get(o, o)
                                for o in TINY]
     assert got[len(TINY):] == ["test=false", "+callbacks.x._target_=a.B"]
+
+
+
+def test_rel_is_measured_in_float64_and_nan_fails_it():
+    """A half-precision reference of norm 128 000 (above float16's 65 504): the error is still 0.001, where the
+    measurement in float16 gave 0 (a norm of inf below).  A zero reference: 0 for a zero result, huge otherwise."""
+    b = torch.full((4096,), 2000.0, dtype=torch.float16)
+    assert rel(b + 2, b) == pytest.approx(1e-3) and ((b + 2 - b).norm() / b.norm()).item() == 0
+    zero = torch.zeros(3)
+    assert rel(zero, zero) == 0 and rel(zero + 1, zero) > 1e200
+    assert math.isnan(rel(torch.tensor([float("nan"), 1.0]), torch.ones(2)))  # fails every `rel(...) < tol`
 
 
 PROBE = '''
