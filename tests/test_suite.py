@@ -20,7 +20,8 @@ TESTS = ROOT / "tests"
 def test_each_folder_is_a_package_of_linrope():
     folders = sorted(p.name for p in TESTS.iterdir() if p.is_dir() and p.name not in ("fixtures", "__pycache__"))
     packages = {p.parent.name for p in (ROOT / "linrope").glob("*/__init__.py")}
-    assert folders and not [f for f in folders if f not in packages], f"tests/ folders that are no package: {folders}"
+    strays = [f for f in folders if f not in packages]
+    assert folders and not strays, f"tests/ folders that are no package of linrope: {strays}"
     assert all((TESTS / f / "__init__.py").is_file() for f in folders)  # tests.<package>.<module>: one name each
 
 
