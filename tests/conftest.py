@@ -1,17 +1,55 @@
+"""The suite's fixtures, and what makes it the same suite however it was started (tests/README.md): from any
+folder, in the background or not, from any shell's environment."""
 import os
-from pathlib import Path
+import signal
+import threading
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+from tests.helpers import CONF, ROOT
 
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
+# ---- the launch --------------------------------------------------------------------------------------------------
+# Variables of the caller's environment that change what linrope, Lightning, Hydra or wandb do, removed for the
+# tests and the processes they start: a test that needs one sets it (monkeypatch.setenv).
+#   WANDB_*: a login, a project, a folder, a mode (the suite logs offline, silently, below);
+#   SLURM_*, TORCHELASTIC_*, RANK, LOCAL_RANK, …: the suite started inside a job or by torchrun would make each
+#   run one process of several; PL_GLOBAL_SEED, PL_SEED_WORKERS: Lightning's seed from an earlier process;
+#   HYDRA_FULL_ERROR: full tracebacks where the tests expect linrope's one line; TRITON_INTERPRET, LINROPE_*:
+#   switches that tests set themselves.
+LAUNCH_PREFIXES = ("WANDB_", "SLURM_", "TORCHELASTIC_", "LINROPE_")
+LAUNCH_VARIABLES = {"RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                    "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "HYDRA_FULL_ERROR",
+                    "TRITON_INTERPRET"}
+for _name in [n for n in os.environ if n.startswith(LAUNCH_PREFIXES) or n in LAUNCH_VARIABLES]:
+    del os.environ[_name]
+os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")
+# the processes the tests start import this checkout, from whatever folder and whatever the caller's PYTHONPATH
+# (another checkout there, or an installed linrope, would be tested instead)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+def terminal_signals():
+    """SIGINT and SIGTERM as Python has them in a terminal (KeyboardInterrupt; the default end), also when the suite
+    was started with them ignored (``nohup pytest &``, a script's background job: SIGINT ignored); the processes
+    the tests start inherit them."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+terminal_signals()  # for the session: module- and session-scoped fixtures start processes too
+
+
+@pytest.fixture(autouse=True)
+def _terminal_signals():
+    """Each test starts with them again: a handler an earlier test left behind does not reach it."""
+    terminal_signals()
+    yield
+
+
+# ---- fixtures -------------------------------------------------------------------------------------------------
 @pytest.fixture
 def compose(tmp_path):
     """Compose the real training config with overrides, writing outputs under tmp_path, on the CPU

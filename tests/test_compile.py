@@ -16,7 +16,7 @@ import torch
 from linrope.ops.linear_attn.chunk import chunk_bwd, chunk_fwd
 from linrope.ops.linear_attn.recurrent import recurrent_step_op
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT
 
 PRESETS = ["linear_rope", "linear_cosine_rope", "linear_rope_both", "linear_alibi", "softmax_rope"]
 

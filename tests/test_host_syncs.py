@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.conftest import CONF
+from tests.helpers import CONF
 
 aten = torch.ops.aten
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))

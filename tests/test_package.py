@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT
 
 SCRIPTS = {"linrope-train": "linrope.train:run", "linrope-evaluate": "linrope.evaluate:run",
            "linrope-generate": "linrope.generate:run", "linrope-report": "linrope.report:main",

@@ -1,29 +1,16 @@
 """A study in arms read from its config (conf/study/budget.yaml, linrope.analysis.arms): the headline claims at
 each budget, paired over seeds, and the verdict the config names for what became of each with more budget (holds,
 flips, budget artefact, emerges, undecided), from small hand-made run folders."""
-from pathlib import Path
-
 import pytest
 
 from linrope.analysis import study_config
 from linrope.analysis.arms import arms_table, claim_results, outcome
 from linrope.analysis.runs import find_runs, group_runs
 from linrope.analysis.stats import paired
-from tests.analysis.test_report import lm_rows, write_run
+from tests.analysis.helpers import write_budget
 
 BUDGET = study_config.named("budget")
 CLAIMS = BUDGET.claims
-KINDS = {"linear": ("linear", "none"), "linear_rope": ("linear", "rope"), "softmax_rope": ("softmax", "rope")}
-
-
-def write_budget(folder: Path, steps: int, values):
-    """values: name -> [test bpb per seed]; bpb@256 is test + 0.1·(index of the seed)."""
-    for name, tests in values.items():
-        kind, position = KINDS[name]
-        for seed, test in enumerate(tests, 1):
-            write_run(folder / f"steps{steps}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
-                      seed=seed, rows=lm_rows((test + 0.2, test + 0.1), test, (1000, 1000)), context=128, max_steps=steps,
-                      task_name="budget", extrapolation=[(128, "none", test), (256, "none", test + 0.1 * seed)])
 
 
 def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):

@@ -5,43 +5,10 @@ import json
 import shutil
 from dataclasses import astuple
 
-from omegaconf import OmegaConf
 
 from linrope.analysis import compact
 from linrope.analysis.runs import find_runs, group_runs
-
-EXTRAPOLATION = "length,factor,scaling,loss,bpb,acc,examples,scored,stride,scored_hash,seconds,status\n"
-
-
-def fake_run(folder, model, seed, finished=True, lr=3e-3, parameters=True, extrapolation=True):
-    """A run folder as train.py and linrope.study leave it (the files find_runs reads)."""
-    (folder / ".hydra").mkdir(parents=True)
-    (folder / "csv").mkdir()
-    OmegaConf.save(OmegaConf.create({
-        "seed": seed, "data": {"task": "bytes", "seed": "${seed}"}, "optim": {"lr": lr, "betas": [0.9, 0.95]},
-        "model": {"name": model, "attention": {"kind": "linear"}, "position": {"name": "rope", "base": 10000.0}},
-        "callbacks": {"m": {"_target_": "linrope.movement.PositionMovement"}}, "trainer": {"max_steps": 4}}),
-        folder / ".hydra" / "config.yaml")
-    (folder / "csv" / "hparams.yaml").write_text(f"model:\n  name: {model}_logged\nn_params: 1234\n")
-    base = 3.0 + seed / 10 + (model == "b")
-    (folder / "csv" / "metrics.csv").write_text(
-        "epoch,step,train/loss,val/bpb,test/bpb\n"
-        f"0,1,{base + 0.5},,\n0,1,,{base + 0.25},\n0,3,{base + 0.125},,\n0,3,,{base},\n0,3,,,{base - 0.0625}\n")
-    if extrapolation:
-        (folder / "extrapolation.csv").write_text(
-            EXTRAPOLATION + f"8,1.0,none,2.0,{base},,10,80,,abc,0.5,ok\n16,2.0,none,2.5,{base + 1},,5,80,8,abc,0.5,ok\n"
-            f"16,2.0,pi,2.4,{base + 0.5},,5,80,8,abc,0.5,ok\n32,4.0,none,,,,0,0,,,0.0,too long\n")
-    if parameters:
-        (folder / "parameters.json").write_text(json.dumps({"n_params": 999, "step": 4,
-                                                            "position": {"slopes": {"moved": 0.5}}}))
-    (folder / "provenance.json").write_text(json.dumps({
-        "linrope": {"commit": "c" * 40, "code": "abcdefabcdef", "dirty": False}, "versions": {"torch": "2.13.0"},
-        "machine": {"cpu": "AMD EPYC", "threads": 1}, "precision": "32-true", "overrides": [f"model={model}"]}))
-    if finished:
-        (folder / compact.STUDY_RECORD).write_text(json.dumps({"job": [f"model={model}", f"seed={seed}"],
-                                                               "test": {"test/bpb": base - 0.0625}, "wall_s": 6.0,
-                                                               "threads": 1, "finished": "2026-11-26T15:00:00+0000"}))
-
+from tests.analysis.helpers import fake_run
 
 def study(tmp_path):
     s = tmp_path / "study"

@@ -10,12 +10,12 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT
 import linrope.run.loggers
 
 TINY = ["size=tiny", "trainer.enable_progress_bar=false", "trainer.max_steps=2", "trainer.val_check_interval=2",
         "trainer.log_every_n_steps=1", "data.batch_size=2", "data.eval_batch_size=2",
-        f"logger.wandb._target_={__name__}.WandbLogger"]
+        f"logger.wandb._target_={__name__}.WandbLogger"]  # the class below
 BYTES = ["data.max_bytes=200000", "data.val_windows=2", "data.test_windows=2", "extrapolation.enabled=true",
          "extrapolation.factors=[1,2]", "extrapolation.scalings=[pi]", "extrapolation.scored_bytes=512"]
 MQAR = ["data=mqar", "data.val_examples=8", "data.test_examples=8"]

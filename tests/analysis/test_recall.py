@@ -8,23 +8,7 @@ import pytest
 from linrope.analysis import study_config
 from linrope.analysis.arms import arms_table
 from linrope.analysis.stats import mean_ci, paired
-from tests.analysis.test_report import write_run
-
-KINDS = {"linear": ("linear", "none"), "linear_rope": ("linear", "rope"), "softmax_rope": ("softmax", "rope")}
-
-
-def acc_rows(acc):
-    return [{"epoch": 0, "step": 99, "val/loss": 1.0, "val/acc": acc - 0.05, "train/tokens_per_sec": 1000},
-            {"epoch": 0, "step": 199, "val/loss": 0.8, "val/acc": acc},
-            {"epoch": 0, "step": 200, "test/loss": 0.8, "test/acc": acc}]
-
-
-def write_width(folder: Path, width: int, values):
-    for name, accs in values.items():
-        kind, position = KINDS[name]
-        for seed, acc in enumerate(accs, 1):
-            write_run(folder / f"width{width}" / f"{name}-seed{seed}", name=name, kind=kind, position=position,
-                      seed=seed, task="mqar", rows=acc_rows(acc), d_model=width, task_name="recall")
+from tests.analysis.helpers import write_width
 
 
 def recall_table(folder: Path) -> str:

@@ -12,49 +12,7 @@ from linrope.analysis.report import build_report
 from linrope.analysis.report_command import main
 from linrope.analysis.runs import find_runs, group_runs
 from linrope.analysis.stats import betainc, mean_ci, paired, t_cdf, t_quantile, t_two_sided
-
-HEADER = ["epoch", "step", "train/loss", "train/tokens_per_sec", "val/bpb", "val/loss", "val/acc", "test/bpb",
-          "test/loss", "test/acc"]
-
-
-def write_run(folder: Path, *, name, kind, position, seed, rows, task="bytes", extra_model="", extra_position="",
-              extrapolation=None, context=64, test_factor=1, n_params=None, max_steps=200, d_model=64,
-              task_name="pe_compare"):
-    (folder / ".hydra").mkdir(parents=True)
-    (folder / "csv").mkdir()
-    if n_params is not None:  # what the loggers get (training.log_config)
-        (folder / "csv" / "hparams.yaml").write_text(f"model:\n  name: {name}\nn_params: {n_params}\nseed: {seed}\n")
-    (folder / ".hydra" / "config.yaml").write_text(
-        f"task_name: {task_name}\nseed: {seed}\ncontext: {context}\n"
-        f"model:\n  name: {name}\n  d_model: {d_model}\n  attention:\n    kind: {kind}\n{extra_model}"
-        f"  position:\n    name: {position}\n{extra_position}"
-        f"data:\n  task: {task}\n  context: ${{context}}\n  seed: ${{seed}}\n  test_factor: {test_factor}\n"
-        f"paths:\n  output_dir: ${{hydra:runtime.output_dir}}\ntrainer:\n  max_steps: {max_steps}\n")
-    with open(folder / "csv" / "metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=HEADER)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in HEADER})
-    if extrapolation:
-        metric = "bpb" if task == "bytes" else "acc"
-        with open(folder / "extrapolation.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["length", "factor", "scaling", "loss", "bpb", "acc", "examples",
-                                              "scored", "status"])
-            w.writeheader()
-            for length, scaling, value in extrapolation:
-                ok = value is not None
-                w.writerow({"length": length, "factor": length / context, "scaling": scaling, "loss": 1.0 if ok else "",
-                            metric: value if ok else "", "examples": 8 if ok else 0, "scored": 512 if ok else 0,
-                            "status": "ok" if ok else "n/a (position table has 64 rows)"})
-
-
-def lm_rows(val, test, tps):
-    """train rows with throughput, validation at steps 99 and 199, one test row."""
-    rows = [{"epoch": 0, "step": 49, "train/loss": 3.0, "train/tokens_per_sec": tps[0]},
-            {"epoch": 0, "step": 99, "val/bpb": val[0], "val/loss": val[0] * math.log(2)},
-            {"epoch": 0, "step": 149, "train/loss": 2.0, "train/tokens_per_sec": tps[1]},
-            {"epoch": 0, "step": 199, "val/bpb": val[1], "val/loss": val[1] * math.log(2)}]
-    return rows + [{"epoch": 0, "step": 200, "test/bpb": test, "test/loss": test * math.log(2)}]
+from tests.analysis.helpers import lm_rows, table_row, write_run
 
 
 # ---- the t distribution ------------------------------------------------------------------------------------------
@@ -166,10 +124,6 @@ def sweep(tmp_path):
     run("softmax_learned", "softmax", "learned", 1, [3.3, 3.0], 3.05,
         extrapolation=[(64, "none", 3.0), (128, "none", None)])
     return s
-
-
-def table_row(text, label):
-    return next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
 
 
 def test_report_table_holds_test_mean_and_t_interval(sweep, tmp_path):

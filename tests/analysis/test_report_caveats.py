@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from linrope.analysis.report import build_report
-from tests.analysis.test_report import HEADER, lm_rows, table_row, write_run
+from tests.analysis.helpers import HEADER, lm_rows, table_row, write_run
 
 
 def set_metric(run_folder, metric, value):

@@ -12,16 +12,9 @@ from linrope.run import provenance as P
 from linrope.analysis import report_provenance as RP
 from linrope.analysis.report import build_report
 from linrope.analysis.report_command import main
-from tests.analysis.test_report import lm_rows, write_run
+from tests.analysis.helpers import lm_rows, recorded, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def recorded(commit: str, torch: str = "2.13.0+cpu", code=None) -> dict:
-    """A run's provenance; ``code`` None: recorded before runs named their code (the commit then decides)."""
-    p = P.collect(precision="32-true", seed=1, argv=["train.py"])
-    return {**p, "linrope": {**p["linrope"], "commit": commit, "dirty": False, "diff_hash": None, "code": code},
-            "versions": {**p["versions"], "torch": torch}, "machine": {**p["machine"], "cpu": "Test CPU", "threads": 2}}
 
 
 def two_runs(tmp_path, first: dict, second) -> Path:

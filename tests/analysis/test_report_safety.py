@@ -12,10 +12,7 @@ from linrope.analysis.arms import arms_table
 from linrope.analysis.report import build_report
 from linrope.analysis.report_command import main
 from linrope.analysis.report_files import MANIFEST
-from tests.analysis.test_budget import write_budget
-from tests.analysis.test_recall import write_width
-from tests.analysis.test_report import lm_rows, write_run
-from tests.analysis.test_report_provenance import recorded
+from tests.analysis.helpers import lm_rows, recorded, write_budget, write_run, write_width
 
 
 def users_files(folder: Path):

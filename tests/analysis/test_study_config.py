@@ -10,7 +10,7 @@ import yaml
 from linrope.analysis import study_config
 from linrope.analysis.report_command import main
 from linrope.base.errors import ConfigError
-from tests.analysis.test_report import lm_rows, write_run
+from tests.analysis.helpers import lm_rows, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted((ROOT / "conf" / "study").glob("*.yaml"))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT
 
 
 @pytest.mark.parametrize("overrides,message", [

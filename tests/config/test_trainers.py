@@ -7,7 +7,7 @@ These tests compose presets as they are (``linrope.studies.sweeps.compose_train`
 import pytest
 import torch
 
-from tests.conftest import CONF
+from tests.helpers import CONF
 
 from linrope.studies.sweeps import compose_train
 

@@ -10,28 +10,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import CONF, ROOT
 from linrope.data.rebuild import DATA_MODULES, SavedDataError, build_data_module
 from linrope.data.tasks import IGNORE
 from linrope.evaluation.extrapolation import SlidingWindows, default_stride, length_table
+from tests.evaluation.helpers import compose_evaluate
+from tests.helpers import CONF, ROOT
 
 
 def run_cli(module, *args, cwd):
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300)
-
-
-def compose_evaluate(*overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    import linrope.evaluate  # noqa: F401 - registers the resolver of `out`
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="evaluate", overrides=list(overrides))
-    GlobalHydra.instance().clear()
-    return cfg
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,7 @@ import pytest
 import torch
 
 from linrope.models.model import TransformerLM
-
-
-def tiny(position, short_conv=0, **attention):
-    torch.manual_seed(0)
-    return TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64, short_conv=short_conv,
-                              attention={"kind": "linear", "impl": "chunk", "chunk_size": 8, **attention},
-                              position=position)).double().eval()
+from tests.evaluation.helpers import compose_generate, tiny
 
 
 @pytest.mark.parametrize("position,attention", [
@@ -45,20 +39,6 @@ def test_generate_is_seeded_and_constant_state():
     _, s1 = model(prompt, return_states=True)
     _, s2 = model(torch.randint(0, 256, (1, 50)), return_states=True)
     assert [tuple(s.S.shape) for s in s1] == [tuple(s.S.shape) for s in s2]
-
-
-def compose_generate(*overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from tests.conftest import CONF
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="generate", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys):

@@ -3,8 +3,7 @@ the default table; `temperature=0` was refused, where users expect greedy decodi
 import pytest
 
 from linrope.evaluation.generate import generate, generate_text
-from tests.evaluation.test_evaluate import compose_evaluate
-from tests.evaluation.test_generate import compose_generate, tiny
+from tests.evaluation.helpers import compose_evaluate, compose_generate, tiny
 
 
 def test_an_empty_list_of_lengths_is_refused_in_one_line(tmp_path):
@@ -92,7 +91,7 @@ def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
     ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "prompt=abc",
@@ -128,6 +127,7 @@ def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp
     from linrope.evaluation.tables import read_csv
 
     ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
+    before = signal.getsignal(signal.SIGTERM)
     real = E.write_csv
 
     def write_then_stop(rows, path):
@@ -146,7 +146,7 @@ def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp
     rows = read_csv(out / "evaluate.csv")
     assert [(r["length"], r["scaling"]) for r in rows] == [(32, "none"), (32, "pi")]
     assert all(r["status"] == "ok" and r["scored"] == 2048 for r in rows)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is gone again
 
 
 # ---- configs and resume ---------------------------------------------------------------------------------------------

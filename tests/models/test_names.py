@@ -4,7 +4,7 @@
 
 import pytest
 
-from tests.conftest import CONF
+from tests.helpers import CONF
 
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 # overrides -> (model.name, wandb run name, wandb tags)

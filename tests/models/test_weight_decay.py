@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 from torch import nn
 
-from tests.conftest import CONF
+from tests.helpers import CONF
 
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 # the additive score biases each preset holds, by name, written here independently of the rule under test

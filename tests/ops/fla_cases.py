@@ -1,24 +1,15 @@
 """The pieces tests/ops/test_fla.py (CUDA, and its stand-ins) and tests/ops/test_fla_interpreted.py (fla's kernels under
-Triton's interpreter) share: seeded inputs, a realistic initial state, the outputs and gradients of one call, the
-relative error.  Every tensor is made on the CPU from a seeded generator and moved to the inputs' device
-explicitly, so a reference on one device multiplied with results on another fails, whatever the device."""
-import zlib
-
+Triton's interpreter) share: seeded inputs, a realistic initial state, the outputs and gradients of one call (the
+generator and the relative error are tests/helpers.py's).  Every tensor is made on the CPU from a seeded generator
+and moved to the inputs' device explicitly, so a reference on one device multiplied with results on another fails,
+whatever the device."""
 import torch
 
 from linrope.ops import linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
+from tests.helpers import gen
 
 DECAY = torch.tensor([0.9, 0.99])
-
-
-def gen(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def rel(a, b) -> float:
-    """The norm of the difference over the norm of b (a host read: not on the meta device)."""
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
 
 
 def inputs(key, *, feature_map, rope="numerator", decay=None, n, initial, B=2, H=2, d=8, dv=6, device="cpu"):

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import tests.ops.fla_interpreter as fla_interpreter
-from tests.ops.fla_cases import DECAY, gen, inputs, rel, results
+from tests.helpers import gen, rel
+from tests.ops.fla_cases import DECAY, inputs, results
 from linrope.base.errors import BackendUnavailable, LinropeError
 from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import backends, fla_backend

@@ -5,7 +5,6 @@ size, every feature map / placement / causality / decay, preallocated buffers po
 """
 import contextlib
 import itertools
-import zlib
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from linrope.ops import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
 from linrope.ops import naive_linear_attention
 from linrope.ops import recurrent_linear_attention, recurrent_step
+from tests.helpers import gen, rel
 
 FEATURE_MAPS = ("elu", "cosine")
 PLACEMENTS = ("numerator", "both", "none")
@@ -40,10 +40,6 @@ def small_blocks(elements=1024):
         tables_mod.BLOCK_ELEMENTS.update(old)
 
 
-def gen(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
 def inputs(n, g, dtype=torch.float64, d=D, dv=DV, b=B, h=H):
     q = torch.randn(b, h, n, d, generator=g, dtype=dtype)
     k = torch.randn(b, h, n, d, generator=g, dtype=dtype)
@@ -58,10 +54,6 @@ def random_state(g, feature_map, dtype=torch.float64, d=D, dv=DV):
     if feature_map == "cosine":
         z[..., 0] += 3.0  # the constant feature dominates a real cosine state
     return LinearAttentionState(S, z)
-
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
 
 
 def run_with_grads(fn, q, k, v, state, weights, **kw):

@@ -1,7 +1,6 @@
 """Low precision and devices: float32 states for float16/bfloat16 inputs, long sequences, CUDA."""
 import contextlib
 import itertools
-import zlib
 
 import pytest
 import torch
@@ -10,19 +9,12 @@ from linrope.ops import LinearAttentionState, linear_attention
 from linrope.ops import chunk_linear_attention
 from linrope.ops import naive_linear_attention
 from linrope.ops import recurrent_linear_attention, recurrent_step
+from tests.helpers import gen, rel
 
 DECAY = torch.tensor([0.99, 0.9])
 
 
 pytestmark = pytest.mark.usefixtures("kernel_env")  # NaN-poisoned buffers, one thread (tests/conftest.py)
-
-
-def gen(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

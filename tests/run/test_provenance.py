@@ -12,21 +12,13 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT, run_main, target, tiny
 from linrope.run import provenance as P
 from linrope.base.nested import flatten
 from linrope.run.resume_diff import changes, describe_checkpoint, resume_record
 
-TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
-        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4",
-        "trainer.max_steps=4", "trainer.val_check_interval=4", "extrapolation.enabled=false"]
+TINY = tiny("logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=4", "extrapolation.enabled=false")
 KEYS = {"linrope", "versions", "machine", "precision", "seed", "command", "overrides", "started"}
-
-
-def run_main(cfg):
-    import train
-
-    return train.main(cfg)
 
 
 class KeptWandbLogger:
@@ -102,7 +94,7 @@ def test_collect_holds_versions_machine_and_the_run_settings():
 def tiny_run(compose, small_corpus, tmp_path):
     KeptWandbLogger.made = []
     cfg = compose("model=linear_rope", *TINY, f"data.path={small_corpus}", "logger=default",
-                  "logger.wandb.mode=disabled", f"logger.wandb._target_={__name__}.KeptWandbLogger")
+                  "logger.wandb.mode=disabled", f"logger.wandb._target_={target(KeptWandbLogger)}")
     run_main(cfg)
     return Path(cfg.paths.output_dir)
 

@@ -14,16 +14,9 @@ import lightning as L
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT, run_main, target, tiny
 
-TINY = ["size=tiny", "logger=none", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
-        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4", "test=false"]
-
-
-def run_main(cfg):
-    import train
-
-    return train.main(cfg)
+TINY = tiny("test=false")
 
 
 def exit_message(excinfo) -> str:
@@ -214,7 +207,7 @@ def test_a_crash_during_validation_resumes_before_that_validation(compose):
     checkpoint written before it, Lightning would skip that validation."""
     common = ["model=linear_rope", *TINY, "logger=csv", "trainer.max_steps=12", "trainer.val_check_interval=10",
               "callbacks.last_checkpoint.every_n_train_steps=5", "trainer.log_every_n_steps=1"]
-    cfg = compose(*common, f"+callbacks.crash._target_={__name__}.CrashInValidation", "+callbacks.crash.step=10")
+    cfg = compose(*common, f"+callbacks.crash._target_={target(CrashInValidation)}", "+callbacks.crash.step=10")
     with pytest.raises(RuntimeError, match="crash during validation"):
         run_main(cfg)
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"

@@ -19,7 +19,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT, target
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ def test_ddp_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
               "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5"]
     train(tmp_path, tmp_path / "whole", *common)
     run = tmp_path / "killed"
-    train(tmp_path, run, *common, "+callbacks.kill._target_=tests.run.test_slow_reliability.SigkillAt", "+callbacks.kill.step=7",
+    train(tmp_path, run, *common, f"+callbacks.kill._target_={target(SigkillAt)}", "+callbacks.kill.step=7",
           "+callbacks.kill.group=true", expect=None)
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 5
     train(tmp_path, run, *common, "ckpt_path=last")
@@ -161,7 +161,7 @@ def test_sigkill_mid_training_and_mid_checkpoint_write_resume_to_the_same_end(tm
 
     # killed in the middle of training: last.ckpt is step 10's (written after that step's validation)
     run = tmp_path / "killed_mid_training"
-    r = train(tmp_path, run, *common, "+callbacks.kill._target_=tests.run.test_slow_reliability.SigkillAt",
+    r = train(tmp_path, run, *common, f"+callbacks.kill._target_={target(SigkillAt)}",
               "+callbacks.kill.step=13", expect=None)
     assert r.returncode == -signal.SIGKILL
     saved = tmp_path / "step10.ckpt"
@@ -174,7 +174,7 @@ def test_sigkill_mid_training_and_mid_checkpoint_write_resume_to_the_same_end(tm
 
     # killed while writing step 25's checkpoint: step 20's last.ckpt is whole and loads
     run = tmp_path / "killed_mid_write"
-    r = train(tmp_path, run, *common, "+callbacks.kill._target_=tests.run.test_slow_reliability.SigkillAt",
+    r = train(tmp_path, run, *common, f"+callbacks.kill._target_={target(SigkillAt)}",
               "+callbacks.kill.step=25", "+callbacks.kill.during_save=true", expect=None)
     assert r.returncode == -signal.SIGKILL
     assert len(list((run / "checkpoints").glob(".last.ckpt.*.partial"))) == 1  # the half-written file, never renamed
@@ -250,7 +250,7 @@ def assert_signal_stops_at_step_7_and_resumes(tmp_path, name: str, *common, sign
     that step, writes last.ckpt at step 7, says so in one line and exits with 128 + the signal's number;
     resuming ends where a run that was never stopped ends."""
     run = tmp_path / "stopped"
-    r = train(tmp_path, run, *STEPS, *common, f"+callbacks.stop._target_={__name__}.SignalAt",
+    r = train(tmp_path, run, *STEPS, *common, f"+callbacks.stop._target_={target(SignalAt)}",
               "+callbacks.stop.step=7", f"+callbacks.stop.signal={name}", *signal_options, expect=None)
     assert r.returncode == 128 + getattr(signal, name), r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]

@@ -8,13 +8,11 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT, tiny
 
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
-SWEEP_TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
-              "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4",
-              "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.log_every_n_steps=1"]
+SWEEP_TINY = tiny("logger=csv", "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.log_every_n_steps=1")
 
 
 def job_models(experiment):

@@ -9,8 +9,8 @@ import subprocess
 from linrope.analysis import compact
 from linrope.studies.study import IGNORE, main
 from linrope.studies.study_git import commit_part
-from tests.analysis.test_compact import fake_run
-from tests.studies.test_study_safety import finished_job
+from tests.analysis.helpers import fake_run
+from tests.studies.helpers import finished_job
 
 
 def git(repo, *args):

@@ -13,22 +13,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from linrope.studies.study import DEFAULTS, DONE, Study, main
-from linrope.studies.sweeps import compose_train
+from linrope.studies.study import DONE, Study, main
+from tests.studies.helpers import finished_job
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def finished_job(folder: Path, overrides, code=None):
-    """A job folder as a finished study job leaves it: Hydra's saved config, a metrics.csv, study_job.json (and
-    provenance.json naming its code, when given)."""
-    (folder / ".hydra").mkdir(parents=True)
-    OmegaConf.save(compose_train([*overrides, *DEFAULTS]), folder / ".hydra" / "config.yaml")
-    (folder / "csv").mkdir()
-    (folder / "csv" / "metrics.csv").write_text("step,test/bpb\n40,3.0\n")
-    (folder / DONE).write_text(json.dumps({"job": [], "test": {"test/bpb": 3.0}}))
-    if code:
-        (folder / "provenance.json").write_text(json.dumps({"linrope": {"code": code, "commit": "c" * 40}}))
 
 
 def test_a_study_never_reports_a_run_it_did_not_train(tmp_path, capsys):

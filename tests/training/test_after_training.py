@@ -10,14 +10,12 @@ import sys
 import lightning as L
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT, target, tiny
 from linrope.training.after_training import objective_problem
 from linrope.studies.sweeps import compose_train
 
-TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
-        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4",
-        "trainer.max_steps=4", "trainer.val_check_interval=4", "extrapolation.enabled=true",
-        "extrapolation.scored_bytes=4096", "extrapolation.factors=[1,2]"]
+TINY = tiny("logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=4", "extrapolation.enabled=true",
+            "extrapolation.scored_bytes=4096", "extrapolation.factors=[1,2]")
 
 
 class SigtermAt(L.Callback):
@@ -59,7 +57,7 @@ def train(tmp_path, *overrides, timeout=300):
 def test_a_sigterm_after_training_says_what_is_left_and_how_to_finish_it(tmp_path, when, complete):
     """Stopped during the extrapolation (default suite) or the test (slow: then its command completes the run)."""
     run = tmp_path / "run"
-    stop = ["+callbacks.stop._target_=tests.training.test_after_training.SigtermAt", f"+callbacks.stop.when={when}"]
+    stop = [f"+callbacks.stop._target_={target(SigtermAt)}", f"+callbacks.stop.when={when}"]
     r = train(tmp_path, *TINY, *stop, f"hydra.run.dir={run}")
     assert r.returncode == 128 + signal.SIGTERM, r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
@@ -88,7 +86,7 @@ def test_a_sigint_once_the_test_has_logged_says_the_run_completed_and_where(tmp_
     the test's table and metrics.csv are written as without the signal; exit status 130."""
     run = tmp_path / "run"
     tiny = [o for o in TINY if not o.startswith("extrapolation.")]
-    r = train(tmp_path, *tiny, "+callbacks.stop._target_=tests.training.test_after_training.SigtermAt", "+callbacks.stop.when=test_end",
+    r = train(tmp_path, *tiny, f"+callbacks.stop._target_={target(SigtermAt)}", "+callbacks.stop.when=test_end",
               f"hydra.run.dir={run}")
     assert r.returncode == 130, r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]

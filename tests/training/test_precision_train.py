@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONF
+from tests.helpers import CONF
 
 FAST = ["logger=none", "trainer.enable_progress_bar=false", "data.max_bytes=400000", "data.val_windows=2",
         "data.test_windows=2", "data.batch_size=2", "data.eval_batch_size=2", "test=false"]

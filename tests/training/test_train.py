@@ -10,17 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT, run_main, target, tiny
 
 MODEL_CONFIGS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
-TINY = ["size=tiny", "logger=none", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
-        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4"]
-
-
-def run_main(cfg):
-    import train
-
-    return train.main(cfg)
+TINY = tiny()
 
 
 def test_model_configs_exist():
@@ -104,7 +97,7 @@ def test_lm_loss_falls(small_corpus):
 
 
 def test_short_training_run_improves_val_bpb_and_train_false_tests_its_checkpoint(compose, small_corpus, tmp_path):
-    tiny_csv = [o if o != "logger=none" else "logger=csv" for o in TINY]
+    tiny_csv = tiny("logger=csv")
     cfg = compose("model=linear_rope", *tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=30",
                   "trainer.val_check_interval=30", "optim.warmup_steps=5", "trainer.log_every_n_steps=5")
     best = run_main(cfg)
@@ -151,9 +144,9 @@ class CountingCSVLogger:
 
 def test_hyperparameters_are_logged_once_as_the_config(compose, small_corpus):
     """Once (not again at fit and at test), and the data settings only under data.* (not as top-level keys)."""
-    tiny_csv = [o if o != "logger=none" else "logger=csv" for o in TINY]
+    tiny_csv = tiny("logger=csv")
     cfg = compose(*tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-                  f"logger.csv._target_={__name__}.CountingCSVLogger")
+                  f"logger.csv._target_={target(CountingCSVLogger)}")
     CountingCSVLogger.calls = []
     run_main(cfg)
     assert len(CountingCSVLogger.calls) == 1

@@ -1,0 +1,57 @@
+"""What tests in more than one folder share (tests/README.md): where the checkout is, the overrides of a tiny
+training run, train.py's main run in-process, seeded generators and the relative error, and the dotted name by
+which Hydra finds a test-only class.  Fixtures are in tests/conftest.py; a helper that the tests of one folder
+share is in that folder, in a module not named test_* (tests/evaluation/helpers.py, tests/ops/fla_cases.py).
+A test module never imports another test module nor conftest."""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A training run in seconds: the tiny model on 400 KB of the byte corpus, small evaluations, nothing logged.
+TINY = ("size=tiny", "logger=none", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
+        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4")
+
+
+def override_key(override: str) -> str:
+    """``data.batch_size`` for ``data.batch_size=4``, ``+callbacks.x._target_=…`` and ``~logger``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def tiny(*overrides: str) -> list:
+    """TINY with ``overrides``: one that sets a key TINY sets takes its place (a key given once, as a user would
+    type it), the others follow in their order."""
+    given = {override_key(o): o for o in overrides}
+    base = [given.get(override_key(o), o) for o in TINY]
+    return base + [o for o in overrides if o not in base]
+
+
+def run_main(cfg):
+    """train.py's ``main`` on a composed config (the ``compose`` fixture), in this process: its test metric."""
+    import train
+
+    return train.main(cfg)
+
+
+def gen(*key) -> torch.Generator:
+    """A CPU generator seeded from ``key``: each case draws its own inputs, the same on every run."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def rel(a, b) -> float:
+    """|a - b| / |b| (Frobenius norms) in float64: a low-precision result is measured without rounding the
+    measurement, and a reference that is exactly zero gives 0 for a zero result and a huge value otherwise
+    (not NaN, which fails every comparison).  A NaN in ``a`` gives NaN.  Reads the value to the host: not for
+    tensors on the meta device."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300)).item()
+
+
+def target(obj) -> str:
+    """The ``_target_`` of a test-only class or function: its module as this process imported it (pytest names
+    test modules after their folder: tests.run.test_reliability), so Hydra finds this very object."""
+    return f"{obj.__module__}.{obj.__qualname__}"
