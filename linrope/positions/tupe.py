@@ -14,14 +14,14 @@ p, U and b at std ``init_std`` (0.02), biases zero, the layer norm at identity.
 TUPE's [CLS] untying is not modelled (no [CLS] token here).
 """
 import math
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .base import PositionScheme, register
+from .base import InitStd, PositionScheme, Positive, register
 from .functional import check_table_positions, relative_distance, t5_bucket
 
 
@@ -33,10 +33,11 @@ class TUPE(PositionScheme):
     linear_note = "adds the positional correlation (p_iU_Q)(p_jU_K)ᵀ and a bias b_{j-i} to every score"
     paper = "Ke, He, Liu 2021, Rethinking positional encoding in language pre-training"
     shares = "everything: the table p, its layer norm, U_Q, U_K and the bucket bias b (one correlation for all layers)"
+    tables = ("table",)
     score_biases = ("bias",)  # b: not weight-decayed
 
-    def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
-                 init_std: float = 0.02, **dims):
+    def __init__(self, *, num_buckets: Positive = 32, max_distance: Positive = 128, bidirectional: Optional[bool] = None,
+                 init_std: InitStd = 0.02, **dims):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
@@ -49,6 +50,10 @@ class TUPE(PositionScheme):
                 nn.init.normal_(u.weight, std=init_std)
                 nn.init.zeros_(u.bias)
             self.bias = nn.Parameter(torch.randn(num_buckets, self.n_heads) * init_std)
+
+    @classmethod
+    def bounded_by_max_len(cls, options: Mapping) -> bool:
+        return True
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.head_dim)
