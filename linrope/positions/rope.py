@@ -15,7 +15,8 @@ class RoPE(PositionScheme):
     linear_note = "rotates φ(q), φ(k) in the numerator (or both, or neither: model.attention.placement)"
     paper = "Su et al. 2021, RoFormer: enhanced transformer with rotary position embedding"
 
-    def __init__(self, *, base: Base = 10000.0, scaling: Annotated[Optional[str], Rule(choices=lambda: SCALINGS)] = None,
+    def __init__(self, *, base: Base = 10000.0,
+                 scaling: Annotated[Optional[str], Rule(choices=lambda: SCALINGS)] = None,
                  factor: Annotated[float, Rule(above=0)] = 1.0, **dims):
         super().__init__(**dims)
         check_rope_dim(self.head_dim)

@@ -26,8 +26,8 @@ class T5Bias(PositionScheme):
     shares = "the bias table β (num_buckets × heads)"
     score_biases = ("bias",)  # β: not weight-decayed
 
-    def __init__(self, *, num_buckets: Positive = 32, max_distance: Positive = 128, bidirectional: Optional[bool] = None,
-                 init_std: Optional[InitStd] = None, **dims):
+    def __init__(self, *, num_buckets: Positive = 32, max_distance: Positive = 128,
+                 bidirectional: Optional[bool] = None, init_std: Optional[InitStd] = None, **dims):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional

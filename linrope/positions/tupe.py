@@ -36,8 +36,8 @@ class TUPE(PositionScheme):
     tables = ("table",)
     score_biases = ("bias",)  # b: not weight-decayed
 
-    def __init__(self, *, num_buckets: Positive = 32, max_distance: Positive = 128, bidirectional: Optional[bool] = None,
-                 init_std: InitStd = 0.02, **dims):
+    def __init__(self, *, num_buckets: Positive = 32, max_distance: Positive = 128,
+                 bidirectional: Optional[bool] = None, init_std: InitStd = 0.02, **dims):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
