@@ -232,3 +232,20 @@ def test_traits_not_names_say_what_a_scheme_holds():
         held = {n for role in ("input", "attention", "shared") if role != "shared" or cls.shares
                 for n, _ in build_position(name, where=role, **dims, **options).named_parameters(recurse=False)}
         assert set(cls.tables) - {"value_table"} <= held, name  # shaw's value table: its default variant only
+
+
+def test_train_py_refuses_a_bad_value_in_a_config_dir_preset_in_one_line(tmp_path):
+    """The whole way in: ``train.py --config-dir DIR model=mine`` with a value the attention declaration refuses
+    stops in one line, with no traceback and no run folder."""
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /model/linear_rope@_here_\n  - _self_\nmodel:\n  name: mine\n"
+        "  attention:\n    eps: 0\n")
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(tmp_path / "conf"), "model=mine",
+                        "size=tiny", "logger=none", f"hydra.run.dir={run}"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert [l for l in r.stderr.splitlines() if l.startswith("linrope:")] == [
+        "linrope: model.attention.eps=0: expected a number > 0"], r.stderr[-2000:]
+    assert not run.exists()
