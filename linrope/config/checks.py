@@ -1,11 +1,13 @@
 """Checks on a composed config, made before any data is read or model built.
 
-Each failure is one line that names the problem (``ConfigError``); train.py prints it
-and exits without a traceback.  ``SCHEMA`` (linrope.base.options) holds the values that cross components;
-each component checks its own options: the model, its attention and position scheme
-(``linrope.models.spec.ModelConfig``), the optimiser (``linrope.models.optim``), the data module and the Trainer
-(their constructors, read here: this imports Lightning, as train.py has by then).
-``check_command_line`` (linrope.config.command_line) runs even earlier, before Hydra."""
+Each failure is one line that names the problem (``ConfigError``); train.py prints it and exits without a
+traceback.  Every component declares its options once, with their types and ranges (``linrope.base.options``),
+and the same declaration checks the command line's values, a preset file's and a saved config's: linrope's own
+settings, the extrapolation table's, the Trainer keys linrope reads (``linrope.config.settings``), the optimiser
+(``linrope.models.optim``), the model, its attention and position scheme (``linrope.models.spec.ModelConfig``), a
+data module (its constructor; this imports Lightning, as train.py has by then), the Trainer (Lightning's
+constructor: which keys it takes).  ``check_command_line`` (linrope.config.command_line) runs even earlier,
+before Hydra."""
 from __future__ import annotations
 
 import os
@@ -16,12 +18,31 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from linrope.base.errors import ConfigError, UnknownOption
 from linrope.base.nested import get
-from linrope.base.options import EXTRAPOLATION_KEYS, TOP_LEVEL, schema_errors
+from linrope.base.options import declared, option_errors, value_errors
+from linrope.config.settings import (LINROPE_TRAINER_KEYS, LastCheckpointSettings, TrainerSettings,
+                                     TrainExtrapolation, TrainSettings)
 
 
 def plain(node) -> Dict[str, Any]:
     """A config node (DictConfig, resolved, or any mapping) as a plain dict."""
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+
+
+def settings_errors(cfg) -> List[str]:
+    """What linrope's own declarations refuse, without torch: a key of the top level, of ``extrapolation.`` or
+    of ``optim.`` that none takes (naming the nearest), else a value of those, of the Trainer keys linrope reads
+    and of the last checkpoint's interval that has the wrong type or lies out of range."""
+    from linrope.models.optim import option_errors as optim_errors  # light: no torch
+
+    errors = option_errors(declared(TrainSettings), cfg)
+    sections = [(TrainExtrapolation, "extrapolation", True), (TrainerSettings, "trainer", False),
+                (LastCheckpointSettings, "callbacks.last_checkpoint", False)]
+    for declaration, where, all_keys in sections:
+        node = get(cfg, where)
+        if isinstance(node, DictConfig):
+            check = option_errors if all_keys else value_errors
+            errors += check(declared(declaration), node, where)
+    return errors + (optim_errors(cfg.optim) if isinstance(get(cfg, "optim"), DictConfig) else [])
 
 
 def model_errors(model) -> List[str]:
@@ -33,28 +54,6 @@ def model_errors(model) -> List[str]:
         return ModelConfig.from_dict(plain(model)).problems()
     except UnknownOption as e:
         return [str(e)]
-
-
-def option_errors(cfg) -> List[str]:
-    """Keys no component takes (a typo: ``+model.attention.feture_map=cosine``), one line each naming the
-    nearest key there is: the model's own and its attention's and position scheme's (``model_errors``), the
-    data module's and the Trainer's (their constructors), the optimiser's (``linrope.models.optim``), linrope's
-    top-level and ``extrapolation.`` settings (``linrope.base.options``)."""
-    from linrope.models.optim import option_errors as optim_errors
-
-    errors = [str(UnknownOption(k, TOP_LEVEL)) for k in cfg if k not in TOP_LEVEL]
-    errors += [str(UnknownOption(f"extrapolation.{k}", EXTRAPOLATION_KEYS)) for k in (get(cfg, "extrapolation") or {})
-               if k not in EXTRAPOLATION_KEYS]
-    errors += optim_errors(plain(cfg.optim)) if isinstance(get(cfg, "optim"), DictConfig) else []
-    if isinstance(get(cfg, "data"), DictConfig):  # the keys only: values may name Hydra's run (${hydra:...})
-        errors += data_option_errors(get(cfg, "data._target_"), list(cfg.data))
-    if isinstance(get(cfg, "trainer"), DictConfig):
-        errors += trainer_option_errors(get(cfg, "trainer._target_"), list(cfg.trainer))
-    return errors
-
-
-# keys of ``trainer`` that linrope reads and Lightning's Trainer does not take (build_trainer removes them)
-LINROPE_TRAINER_KEYS = ("matmul_precision",)
 
 
 def trainer_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
@@ -70,41 +69,47 @@ def trainer_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
     return [str(UnknownOption(f"trainer.{k}", known)) for k in keys if k not in known]
 
 
-def data_option_errors(target: Optional[str], keys: List[str]) -> List[str]:
-    """Keys of ``data`` that linrope's data module for ``data._target_`` does not take (its constructor says
-    which it takes); another module's keys are left to it."""
-    from linrope.data.rebuild import DATA_MODULES, class_path, constructor_fields  # Lightning, ~4 s
+def data_option_errors(data) -> List[str]:
+    """What linrope's data module for ``data._target_`` refuses (its constructor is its declaration): a key
+    it does not take, naming the nearest, else a value; another module's keys are left to it.  Values that
+    are interpolations (``${context}``, ``${hydra:...}``) are checked where they are set."""
+    from linrope.data.rebuild import DATA_MODULES, class_path, data_options  # Lightning, ~4 s
 
-    cls = next((c for c in DATA_MODULES.values() if class_path(c) == target), None)
-    if cls is None:
-        return []
-    known = set(constructor_fields(cls)) | {"_target_", "task"}
-    return [str(UnknownOption(f"data.{k}", known)) for k in keys if k not in known]
+    cls = next((c for c in DATA_MODULES.values() if class_path(c) == get(data, "_target_")), None)
+    return [] if cls is None else option_errors(data_options(cls), data, "data", also=("_target_", "task"))
 
 
 def table_errors(cfg) -> List[str]:
-    """A byte-level window longer than a table of ``model.max_len`` positions (learned, tupe, multiplicative
-    with ``table=learned``); the tasks size ``max_len`` themselves."""
-    pos = get(cfg, "model.position.name")
-    table = pos in ("learned", "tupe") or (pos == "multiplicative" and get(cfg, "model.position.table") == "learned")
-    max_len = get(cfg, "model.max_len")
-    if not table or max_len is None or get(cfg, "data.task", "bytes") != "bytes":
+    """A byte-level window longer than a scheme's table of ``model.max_len`` positions (the trait
+    ``bounded_by_max_len``: learned, tupe, multiplicative with ``table=learned``); the tasks size ``max_len``
+    themselves."""
+    from linrope.positions import REGISTRY, scheme_settings  # torch: imported by model_errors already
+
+    position, max_len = get(cfg, "model.position"), get(cfg, "model.max_len")
+    pos = get(position, "name")
+    if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") != "bytes":
+        return []
+    if not REGISTRY[pos].bounded_by_max_len(scheme_settings(pos, {k: v for k, v in plain(position).items()
+                                                                   if k != "name"})):
         return []
     return [f"{key}={n} is longer than the {pos} position table (model.max_len={max_len}); raise model.max_len"
             for key in ("data.context", "data.eval_context") for n in [get(cfg, key)] if n is not None and n > max_len]
 
 
 def validate(cfg: DictConfig, hardware: bool = True) -> None:
-    """Raise ConfigError naming every problem found (one per line): first the values ``SCHEMA`` refuses;
-    then what each component refuses (an option it does not take, naming the nearest it does; its own
-    values; the model's pairing and dimensions); then (when those are sound) what depends on several
-    values, the corpus, the Trainer and ``ckpt_path``.  ``hardware=False`` (the dry run of a sweep,
-    linrope.sweeps, on a login node) checks the config alone: whether this machine has the devices asked
-    for, and what ``accelerator: auto`` would pick here, are the launch's business."""
-    errors = schema_errors(cfg)
+    """Raise ConfigError naming every problem found (one per line): first what linrope's own settings refuse
+    (``settings_errors``, no torch); then what each component refuses (an option it does not take, naming the
+    nearest it does; its own values; the model's pairing and dimensions); then (when those are sound) what
+    depends on several values, the corpus, the Trainer and ``ckpt_path``.  ``hardware=False`` (the dry run of
+    a sweep, linrope.sweeps, on a login node) checks the config alone: whether this machine has the devices
+    asked for, and what ``accelerator: auto`` would pick here, are the launch's business."""
+    errors = settings_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))
-    errors = model_errors(cfg.model) + option_errors(cfg)
+    errors = model_errors(cfg.model)
+    errors += data_option_errors(cfg.data) if isinstance(get(cfg, "data"), DictConfig) else []
+    if isinstance(get(cfg, "trainer"), DictConfig):
+        errors += trainer_option_errors(get(cfg, "trainer._target_"), list(cfg.trainer))
     if errors:
         raise ConfigError("\n".join(errors))
     errors = table_errors(cfg)

@@ -1,13 +1,17 @@
 """Lightning data modules."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 import lightning as L
 from torch.utils.data import DataLoader
 
+from linrope.base.options import Count, Positive, Rule
+
 from .bytes import ContiguousWindows, RandomWindows, load_corpus
 from .resume import train_loader, train_span
+
+Fraction = Annotated[float, Rule(above=0, below=1)]  # of the corpus
 
 
 class ResumableDataModule(L.LightningDataModule):
@@ -42,10 +46,10 @@ class ByteDataModule(ResumableDataModule):
     The training loader resumes where the run stands: sample ``i`` of the run is window
     ``hash(seed, i)``, and the loader starts at ``global_step × samples per step``."""
 
-    def __init__(self, path: Optional[str] = None, context: int = 256, batch_size: int = 16,
-                 eval_batch_size: int = 16, val_windows: int = 64, test_windows: int = 256,
-                 val_fraction: float = 0.05, test_fraction: float = 0.05, max_bytes: Optional[int] = None,
-                 num_workers: int = 0, seed: int = 1234, eval_context: Optional[int] = None,
+    def __init__(self, path: Optional[str] = None, context: Positive = 256, batch_size: Positive = 16,
+                 eval_batch_size: Positive = 16, val_windows: Positive = 64, test_windows: Positive = 256,
+                 val_fraction: Fraction = 0.05, test_fraction: Fraction = 0.05, max_bytes: Optional[Positive] = None,
+                 num_workers: Count = 0, seed: int = 1234, eval_context: Optional[Positive] = None,
                  allow_binary: bool = False):
         super().__init__()
         self.save_hyperparameters(logger=False)  # logged once, as data.* of the whole config (training.log_config)

@@ -3,18 +3,15 @@
 A run folder someone sent you holds ``.hydra/config.yaml``; its ``data`` section names a class
 (``_target_``) that ``hydra.utils.instantiate`` would import and call with whatever arguments the
 file gives — code execution.  Here the task name picks one of linrope's own data modules from a
-fixed table, only the arguments that module's constructor takes are passed, and each value is
-type-checked first against the constructor's annotations.  A ``_target_`` other than the table's class for that task is refused in one
-line (``SavedDataError``); keys the constructor does not take are ignored with a warning."""
+fixed table, and each key and value is checked against that module's declaration (its constructor's annotated
+arguments) first.  A ``_target_`` other than the table's class for that task, a key the module does not take
+(naming the nearest) or a value it refuses is refused in one line (``SavedDataError``)."""
 from __future__ import annotations
 
-import inspect
-import typing
-import warnings
 from typing import Any, Dict, Mapping, Optional
 
 from linrope.base.errors import SavedDataError
-from linrope.base.options import annotation_rule
+from linrope.base.options import Rule, declared, option_errors
 
 from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
@@ -29,21 +26,11 @@ DATA_MODULES: Dict[str, type] = {
 }
 
 
-def constructor_fields(cls: type) -> Dict[str, Any]:
-    """{name: type annotation} of the keyword arguments a data module takes: its ``__init__`` and, where that
-    passes ``**common`` on, its parents' (the schema is the constructor itself, written once)."""
-    fields: Dict[str, Any] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = inspect.signature(init).parameters.values()
-        hints = typing.get_type_hints(init)
-        fields.update({p.name: hints[p.name] for p in params if p.name in hints and p.name not in fields
-                       and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return fields
+def data_options(cls: type) -> Dict[str, Rule]:
+    """{option: Rule} of a data module: its constructor's annotated keyword arguments and, where that passes
+    ``**common`` on, its parents' (the declaration is the constructor itself, written once), less ``task``
+    (a task module builds its task object itself)."""
+    return declared(cls, skip=("task",))
 
 
 def class_path(cls: type) -> str:
@@ -51,22 +38,13 @@ def class_path(cls: type) -> str:
 
 
 def checked_fields(cls: type, data: Mapping[str, Any], where: str) -> Dict[str, Any]:
-    """The entries of ``data`` that ``cls``'s constructor takes, each type-checked (``SavedDataError``
-    otherwise)."""
-    hints = constructor_fields(cls)
-    names = [n for n in hints if n != "task"]  # a task module builds its task object itself
-    ignored = sorted(k for k in data if k not in names and k not in ("_target_", "task"))
-    if ignored:
-        warnings.warn(f"{where}: ignoring data keys that linrope's {cls.__name__} does not take: "
-                      f"{', '.join(map(str, ignored))}")
-    out = {}
-    for name in names:
-        if name in data:
-            rule = annotation_rule(hints[name])
-            if not rule.accepts(data[name]):
-                raise SavedDataError(f"{where}: data.{name}={data[name]!r} — expected {rule.expectation()}")
-            out[name] = data[name]
-    return out
+    """The entries of ``data`` for ``cls``'s constructor, each checked against its declaration: a key it does
+    not take (naming the nearest) or a value it refuses is a ``SavedDataError``, one line each."""
+    rules = data_options(cls)
+    errors = option_errors(rules, data, "data", also=("_target_", "task"))
+    if errors:
+        raise SavedDataError("\n".join(f"{where}: {e}" for e in errors))
+    return {k: v for k, v in data.items() if k in rules}
 
 
 def build_data_module(data: Mapping[str, Any], task: Optional[str] = None, *, where: str = "the data config"):

@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Dict, Optional
 
 from torch.utils.data import Dataset
 
+from linrope.base.options import Count, Positive
+
 from .modules import ResumableDataModule
 from .tasks import STREAMS, MQAR, ListOps, OffsetCopy, example_rng
 
@@ -53,9 +55,9 @@ class TaskDataModule(ResumableDataModule):
     monitor: ClassVar[str] = "val/loss"
     default_test_factor: ClassVar[int] = 1
 
-    def __init__(self, task, *, context: int, batch_size: int = 16, eval_batch_size: int = 16,
-                 val_examples: int = 256, test_examples: int = 512, test_factor: Optional[int] = None,
-                 num_workers: int = 0, seed: int = 1234, eval_seed: int = 0):
+    def __init__(self, task, *, context: Positive, batch_size: Positive = 16, eval_batch_size: Positive = 16,
+                 val_examples: Positive = 256, test_examples: Positive = 512, test_factor: Optional[Positive] = None,
+                 num_workers: Count = 0, seed: int = 1234, eval_seed: int = 0):
         super().__init__()
         self.task, self.context = task, int(context)
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
@@ -103,7 +105,7 @@ class MQARDataModule(TaskDataModule):
 
     task_name = "mqar"
 
-    def __init__(self, context: int, num_kv_pairs: int = 8, num_queries: Optional[int] = None, key_vocab: int = 64,
+    def __init__(self, context: Positive, num_kv_pairs: int = 8, num_queries: Optional[int] = None, key_vocab: int = 64,
                  value_vocab: int = 64, **common):
         super().__init__(self.build_task(dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab,
                                               value_vocab=value_vocab)), context=context, **common)
@@ -121,7 +123,7 @@ class OffsetCopyDataModule(TaskDataModule):
     task_name = "offset_copy"
     default_test_factor = 4
 
-    def __init__(self, context: int, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None,
+    def __init__(self, context: Positive, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None,
                  **common):
         super().__init__(self.build_task(dict(n_symbols=n_symbols, offset=offset, max_offset=max_offset)),
                          context=context, **common)
@@ -138,7 +140,7 @@ class ListOpsDataModule(TaskDataModule):
 
     task_name = "listops"
 
-    def __init__(self, context: int, max_depth: int = 10, max_args: int = 10, leaf_prob: float = 0.75,
+    def __init__(self, context: Positive, max_depth: int = 10, max_args: int = 10, leaf_prob: float = 0.75,
                  min_length: Optional[int] = None, max_tries: int = 200, **common):
         super().__init__(self.build_task(dict(max_depth=max_depth, max_args=max_args, leaf_prob=leaf_prob,
                                               min_length=min_length, max_tries=max_tries)), context=context, **common)

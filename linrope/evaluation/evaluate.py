@@ -21,8 +21,9 @@ import sys
 import tempfile
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Annotated, Any, Dict, List, Optional
 
 import hydra
 import torch
@@ -32,7 +33,8 @@ from linrope.run.checkpoint import load_checkpoint
 from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.data.rebuild import build_data_module
 from linrope.base.errors import ConfigError, LinropeError
-from linrope.base.options import extrapolation_errors
+from linrope.base.options import Rule, declared, option_errors
+from linrope.config.settings import ExtrapolationSettings
 from linrope.evaluation.extrapolation import SETTINGS, length_table
 from linrope.training.lit import LanguageModel
 from linrope.base.plots import plot_length_table
@@ -45,6 +47,19 @@ from linrope.evaluation.tables import COLUMNS, HEADER, format_table, write_csv
 
 class EvaluateError(ConfigError):
     """A bad argument of ``python -m linrope.evaluate`` (one line)."""
+
+
+@dataclass
+class EvaluateSettings(ExtrapolationSettings):
+    """The keys of ``conf/evaluate.yaml`` (their values and meaning there): the extrapolation table's settings
+    and these."""
+    ckpt: Optional[str]
+    lengths: Any  # a list of integers >= 1: checked in ``evaluate``, which says more
+    device: Optional[str]
+    out: str
+    config: Optional[str]
+    train_context: Annotated[Optional[int], Rule(low=1)]
+    data: Any  # changes to the saved data config: checked with it (linrope.data.rebuild)
 
 
 def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
@@ -171,7 +186,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     """The whole standalone evaluation for one composed ``conf/evaluate.yaml``."""
     if not cfg.ckpt:
         raise EvaluateError("ckpt=PATH is required (see --help)")
-    problems = extrapolation_errors(cfg, "")
+    problems = option_errors(declared(EvaluateSettings), cfg)
     if cfg.lengths is not None and not all(isinstance(n, int) and n >= 1 for n in cfg.lengths):
         problems.append(f"lengths={list(cfg.lengths)}: expected integers >= 1")
     elif cfg.lengths is not None and len(cfg.lengths) == 0:

@@ -45,11 +45,12 @@ from linrope.data.tasks import IGNORE  # -100: positions that are not scored
 from linrope.base.errors import SequenceTooLong
 from linrope.positions.rope import RoPE
 from linrope.ops.rope import rope_frequencies
+from linrope.config.settings import EXTRAPOLATION_SETTINGS
 from linrope.evaluation.tables import format_row
 
-# the settings of a table: conf/extrapolation/default.yaml is the one place their defaults are written, and
-# linrope.base.options.extrapolation_errors checks them before a run (train.py) or an evaluation starts
-SETTINGS = ("factors", "scalings", "split", "scored_bytes", "stride", "task_examples", "batch_size", "max_score_mb")
+# the settings of a table, declared once with their types and ranges (linrope.config.settings, which checks them
+# before a run or an evaluation starts); conf/extrapolation/default.yaml gives their values
+SETTINGS = EXTRAPOLATION_SETTINGS
 
 
 # ---- RoPE rows -------------------------------------------------------------------------------------------------
@@ -179,7 +180,8 @@ def length_table(module, datamodule, settings: Mapping[str, Any], *, train_conte
     if missing:
         raise ValueError(f"length_table: settings without {', '.join(missing)} (see conf/extrapolation/default.yaml)")
     scalings, split, scored_bytes, stride, task_examples, batch_size, max_score_mb = (
-        settings[k] for k in SETTINGS[1:])
+        settings[k] for k in ("scalings", "split", "scored_bytes", "stride", "task_examples", "batch_size",
+                              "max_score_mb"))
     if lengths is None:
         lengths = [int(round(f * train_context)) for f in settings["factors"]]
     device = torch.device(device or next(module.parameters()).device)

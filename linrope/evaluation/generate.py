@@ -18,7 +18,8 @@ from __future__ import annotations
 import codecs
 import signal
 import sys
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Optional
 
 import hydra
 import torch
@@ -27,6 +28,7 @@ from omegaconf import DictConfig
 from linrope.run.checkpoint import load_checkpoint
 from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.base.errors import ConfigError, LinropeError
+from linrope.base.options import Count, Rule, declared, option_errors
 from linrope.training.lit import LanguageModel
 from linrope.run.provenance import collect as current_provenance
 from linrope.run.resume_diff import describe_checkpoint
@@ -83,14 +85,26 @@ def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float
     return "".join(pieces)
 
 
+@dataclass
+class GenerateSettings:
+    """The keys of ``conf/generate.yaml`` (their values and meaning there), with their types and ranges."""
+    ckpt: Optional[str]
+    prompt: Any  # text; Hydra reads prompt=42 as a number, used as its text
+    max_new_tokens: Count
+    allow_long: bool
+    temperature: Annotated[float, Rule(low=0, note="0: greedy")]
+    top_k: Annotated[Optional[int], Rule(low=1, note="null: every byte")]
+    seed: int
+    device: Optional[str]
+
+
 def check(cfg: DictConfig) -> None:
-    """One line for values generation cannot use, before the checkpoint is read."""
+    """One line for keys and values generation cannot use, before the checkpoint is read."""
     if not cfg.ckpt:
         raise ConfigError("ckpt=PATH is required (see --help)")
-    if int(cfg.max_new_tokens) < 0 or float(cfg.temperature) < 0 or (cfg.top_k is not None and int(cfg.top_k) < 1):
-        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}, temperature={cfg.temperature}, "
-                          f"top_k={cfg.top_k}: need max_new_tokens >= 0, temperature >= 0 (0: greedy), top_k >= 1 "
-                          f"or null")
+    problems = option_errors(declared(GenerateSettings), cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
     if int(cfg.max_new_tokens) > MAX_NEW_TOKENS and not cfg.get("allow_long", False):
         raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}: more than {MAX_NEW_TOKENS:,} bytes; if you mean "
                           f"it, add allow_long=true (the text streams as it is sampled; Ctrl+C keeps what is printed)")

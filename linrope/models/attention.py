@@ -2,18 +2,16 @@
 kernelised linear attention (linrope.ops).  Both take a position scheme built for role "attention"."""
 from __future__ import annotations
 
-import inspect
-from typing import Any, ClassVar, Dict, List, Mapping, Optional
+from typing import Annotated, Any, ClassVar, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from linrope.base.errors import UnknownOption
 from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention, recurrent_step
 from linrope.positions import PositionScheme
-from linrope.base.options import Rule, value_errors
+from linrope.base.options import Rule, declared, defaults, option_errors
 
 # what the model passes every attention layer itself (not options of model.attention)
 MODEL_ARGUMENTS = ("d_model", "n_heads", "position", "causal", "dropout")
@@ -26,21 +24,23 @@ def causal_mask(n: int, device, dtype) -> torch.Tensor:
 
 class _Projections(nn.Module):
     kind: ClassVar[str] = "?"
-    RULES: ClassVar[Dict[str, Rule]] = {}  # the allowed values of its options (model.attention.<option>)
+
+    @classmethod
+    def rules(cls) -> Dict[str, Rule]:
+        """{option: Rule} of ``model.attention`` this kind takes: its constructor's keyword arguments (each
+        annotated with its type and range: the one declaration of them), less what the model passes itself."""
+        return declared(cls, skip=MODEL_ARGUMENTS)
 
     @classmethod
     def options(cls) -> Dict[str, Any]:
-        """{option: default} of ``model.attention`` this kind takes: its constructor's keyword arguments, less
-        what the model passes itself."""
-        return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
-                if p.kind is p.KEYWORD_ONLY and p.name not in MODEL_ARGUMENTS}
+        """{option: default} of ``model.attention`` this kind takes."""
+        rules = cls.rules()
+        return {k: v for k, v in defaults(cls).items() if k in rules}
 
     @classmethod
     def option_errors(cls, options: Mapping[str, Any], where: str = "model.attention") -> List[str]:
         """One line per option this kind does not take (naming the nearest it does) or whose value it refuses."""
-        known = cls.options()
-        unknown = [str(UnknownOption(f"{where}.{k}", known)) for k in options if k not in known]
-        return unknown or value_errors(options, cls.RULES, where)
+        return option_errors(cls.rules(), options, where)
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -107,14 +107,13 @@ class LinearAttention(_Projections):
     scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says."""
 
     kind = "linear"
-    RULES = {"feature_map": Rule("choice", choices=lambda: tuple(FEATURE_MAPS)),
-             "placement": Rule("choice", choices=lambda: tuple(PLACEMENTS)),
-             "impl": Rule("choice", choices=lambda: tuple(sorted(IMPLS))),
-             "chunk_size": Rule("int", low=1), "eps": Rule("number", above=0)}
 
     def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
-                 feature_map: str = "elu", placement: str = "numerator", impl: str = "chunk", chunk_size: int = 64,
-                 eps: float = 1e-6, dropout: float = 0.0):
+                 feature_map: Annotated[str, Rule(choices=lambda: tuple(FEATURE_MAPS))] = "elu",
+                 placement: Annotated[str, Rule(choices=lambda: tuple(PLACEMENTS))] = "numerator",
+                 impl: Annotated[str, Rule(choices=lambda: tuple(sorted(IMPLS)))] = "chunk",
+                 chunk_size: Annotated[int, Rule(low=1)] = 64, eps: Annotated[float, Rule(above=0)] = 1e-6,
+                 dropout: float = 0.0):
         super().__init__(d_model, n_heads)
         self.pos, self.causal = position, causal
         self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = feature_map, placement, impl, chunk_size, eps

@@ -199,13 +199,12 @@ NOT_DECAYED_MODULES = (nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 
 def decayed(module: nn.Module, attr: str, p: nn.Parameter) -> bool:
     """The weight-decay rule (docs/design.md#weight-decay): matrices that multiply activations are decayed;
-    biases, norm gains and other vectors, the token embedding, position tables and a scheme's additive score
-    biases are not."""
+    biases, norm gains and other vectors, the token embedding, a scheme's position tables (they follow the token
+    embedding) and its additive score biases are not: the scheme says which they are (its traits ``tables``,
+    ``score_biases``)."""
     if p.dim() < 2 or isinstance(module, NOT_DECAYED_MODULES):
         return False
-    if attr == "table" or attr.endswith("_table"):
-        return False  # position tables follow the token embedding
-    return not (isinstance(module, PositionScheme) and attr in module.score_biases)
+    return not (isinstance(module, PositionScheme) and attr in (*module.tables, *module.score_biases))
 
 
 def weight_decay_split(model: nn.Module) -> Tuple[List[str], List[str]]:

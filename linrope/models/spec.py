@@ -1,8 +1,8 @@
 """What a model is, said once: ``ModelConfig``.
 
 Everything else that describes a model derives from it here: the check of its options (each component
-checks its own: the attention kind, ``linrope.models.attention``; the position scheme, ``linrope.positions``;
-the model's own fields, this dataclass) and of the pairing; its identity (what a checkpoint carries and a
+declares and checks its own: the attention kind, ``linrope.models.attention``; the position scheme,
+``linrope.positions``; the model's own fields, this dataclass) and of the pairing; its identity (what a checkpoint carries and a
 resume compares); its wandb tags and run name; and its label (``model.name``) when ``attention=…`` /
 ``position=…`` replace a preset's pair.
 
@@ -14,43 +14,38 @@ is refused in one line that names what differs."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Tuple
-
-import torch
+from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
 from linrope.models.attention import ATTENTION
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
-from linrope.base.options import Rule, value_errors
-from linrope.positions import check_options, check_pairing, option_errors
+from linrope.base.options import Rule, declared, option_errors
+from linrope.positions import check_pairing, option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
 # position options that evaluation may change without changing the trained model (RoPE context scaling)
 EVALUATION_OPTIONS = ("scaling", "factor")
 
 
-_POSITIVE = Rule("int", low=1)
-# the allowed values of the model's own fields (its attention and position scheme check theirs)
-RULES = {"vocab_size": _POSITIVE, "d_model": _POSITIVE, "n_layers": _POSITIVE, "n_heads": _POSITIVE,
-         "d_ff": _POSITIVE, "max_len": _POSITIVE, "dropout": Rule("number", low=0, below=1),
-         "causal": Rule("bool"), "tie_weights": Rule("bool"), "n_classes": Rule("int", low=2, null=True),
-         "short_conv": Rule("int", low=0)}
+Positive = Annotated[int, Rule(low=1)]
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 256
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 1024
-    dropout: float = 0.0
-    max_len: int = 256  # positions a learned table holds; the training context by default
+    """The model's own options, each with its type and range (its attention and position scheme declare
+    theirs: ``linrope.models.attention``, ``linrope.positions``)."""
+    vocab_size: Positive = 256
+    d_model: Positive = 256
+    n_layers: Positive = 4
+    n_heads: Positive = 4
+    d_ff: Positive = 1024
+    dropout: Annotated[float, Rule(low=0, below=1)] = 0.0
+    max_len: Positive = 256  # positions a learned table holds; the training context by default
     causal: bool = True
-    n_classes: Optional[int] = None  # set: an encoder with mean pooling and a classifier head
+    n_classes: Annotated[Optional[int], Rule(low=2)] = None  # set: an encoder with mean pooling and a classifier head
     tie_weights: bool = True
     # kernel of a depthwise convolution over time before each attention (causal for a decoder; Zoology's
     # BaseConv-style short mixing, which hands every position its neighbours' tokens); 0: none
-    short_conv: int = 0
+    short_conv: Annotated[int, Rule(low=0)] = 0
     attention: Dict[str, Any] = field(default_factory=lambda: {"kind": "softmax"})
     position: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     name: Optional[str] = None  # the label (a preset's name; ``label``)
@@ -66,7 +61,7 @@ class ModelConfig:
         known = [f.name for f in fields(cls)]
         for k in d:
             if k not in known:
-                raise UnknownOption(f"{where}.{k}", known)
+                raise UnknownOption(f"{where}.{k}", known)  # before the dataclass's TypeError
         return cls(**{k: dict(v) if isinstance(v, Mapping) else v for k, v in d.items()})
 
     @classmethod
@@ -99,9 +94,10 @@ class ModelConfig:
         kind, pos = self.attention.get("kind"), self.position.get("name")
         if kind not in ATTENTION:
             return [ConfigError(f"model.attention.kind={kind}: expected one of {', '.join(sorted(ATTENTION))}")]
-        errors = value_errors(self.to_dict(), RULES, "model")
+        parts = ("attention", "position")  # each checked by its component, below
+        errors = option_errors(declared(ModelConfig, skip=parts), self.to_dict(), "model", also=parts)
         errors += ATTENTION[kind].option_errors(self.attention_options())
-        errors += option_errors(pos, self.position_options())
+        errors += position_errors(pos, self.position_options())
         if errors:
             return [ConfigError(e) for e in errors]
         found: List[ConfigError] = []
@@ -115,12 +111,6 @@ class ModelConfig:
         elif pos == "rope" and (d // h) % 2:
             found.append(ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = "
                                      f"{d // h}"))
-        elif not found:
-            try:
-                with torch.random.fork_rng(devices=[]):  # a scheme built to check it draws no numbers of the model's
-                    check_options(pos, **self.position_dims(), **self.position_options())
-            except ValueError as e:
-                found.append(ConfigError(f"model.position: {e}"))
         return found
 
     # ---- the parts, as the layers take them ----------------------------------------------------------------

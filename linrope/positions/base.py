@@ -20,18 +20,34 @@ carries parameters it never uses.  Softmax attention calls, in order::
 
 Linear attention never forms the score matrix; it asks only
 ``linear_rope_theta()`` (RoPE frequencies) and ``linear_decay()`` (per-head γ, the
-decay form of ALiBi).  ``linear_ok`` says whether linear attention may take the
-scheme at all; ``check_pairing`` refuses the rest when the config is composed.
+decay form of ALiBi).
+
+**Options and traits.**  A scheme's options are its constructor's keyword arguments, each annotated with
+its type and range (``k: Positive = 16``; ``linrope.base.options``): that signature is the one declaration
+the config check, a saved config and ``build_position`` read.  What depends on several options,
+``option_problems``.  What the rest of the code asks of a scheme it reads from its traits, never from its
+name: ``linear_ok`` (linear attention may take it; ``check_pairing`` refuses the rest), ``tables`` (its
+position tables, not weight-decayed), ``score_biases`` (its additive score biases, not weight-decayed),
+``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, ClassVar, Dict, Optional, Tuple, Type
+from typing import Annotated, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, Type
 
 import torch
 from torch import nn
 
+from linrope.base.options import Rule
+
 from .functional import position_span
+
+# the types of options several schemes take (their ranges, written once)
+Positive = Annotated[int, Rule(low=1)]
+Base = Annotated[float, Rule(above=0)]  # the wavelength base of sinusoids and RoPE
+InitStd = Annotated[float, Rule(low=0)]  # the std of a parameter's initial values
+# what the model passes every scheme itself: not options of model.position
+DIMS = ("where", "d_model", "n_heads", "head_dim", "max_len", "causal", "shared")
 
 ROLES = ("input", "attention", "shared")
 
@@ -45,16 +61,30 @@ class PositionScheme(nn.Module):
     paper: ClassVar[str] = ""
     shares: ClassVar[str] = ""  # what the paper shares across layers ("": nothing, and no `share` option)
     # parameters added to scores (or to every query) as biases: not weight-decayed, like every bias
-    # (T5's β, TUPE's b, XL's u and v); tables are spared by name (`table`, `*_table`): docs/design.md#weight-decay
+    # (T5's β, TUPE's b, XL's u and v): docs/design.md#weight-decay
     score_biases: ClassVar[Tuple[str, ...]] = ()
+    # its position tables (rows indexed by position or distance): not weight-decayed, like the token embedding
+    tables: ClassVar[Tuple[str, ...]] = ()
+
+    @classmethod
+    def bounded_by_max_len(cls, options: Mapping) -> bool:
+        """Whether, with ``options`` (every option, defaults filled in), it holds a table of ``max_len``
+        positions, so that it cannot score a longer sequence."""
+        return False
+
+    @classmethod
+    def option_problems(cls, options: Mapping) -> List[str]:
+        """One line per problem of ``options`` (every option, defaults filled in) that no single option's type
+        and range shows."""
+        if not cls.shares and options.get("share") is not None:
+            return [f"{cls.name} has no parameters to share across layers; drop its 'share' option"]
+        return []
 
     def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int, causal: bool = True,
                  share: Optional[bool] = None, shared: Optional["PositionScheme"] = None):
         super().__init__()
         if where not in ROLES:
             raise ValueError(f"position scheme role must be one of {ROLES}, got {where!r}")
-        if not self.shares and share is not None:
-            raise ValueError(f"{self.name} has no parameters to share across layers; drop its 'share' option")
         self.where, self.d_model, self.n_heads, self.head_dim = where, d_model, n_heads, head_dim
         self.max_len, self.causal = max_len, causal
         self.share = bool(self.shares) if share is None else bool(share)  # default: as the paper

@@ -19,12 +19,13 @@ layer its own P.  P starts unit-scale (like the layer-normed x that feeds W_Q), 
 projections at std 0.02, so the position terms start at the size of the content term.
 """
 import math
+from typing import List, Literal, Mapping
 
 import torch
 from einops import rearrange
 from torch import nn
 
-from .base import PositionScheme, register
+from .base import InitStd, PositionScheme, Positive, register
 from .functional import clipped_rows, gather_rows, relative_distance, used_rows
 
 P2C = ("release", "paper")
@@ -51,18 +52,12 @@ class DeBERTa(PositionScheme):
     linear_ok = False
     linear_note = "adds content→position and position→content terms q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ(i,j)} to every score"
     paper = "He, Liu, Gao, Chen 2021, DeBERTa: decoding-enhanced BERT with disentangled attention"
+    tables = ("table",)  # P
     shares = "the relative-embedding table P (2k × d_model); the projections W_{K,r}, W_{Q,r} stay per layer"
 
-    def __init__(self, *, k: int = 128, log_buckets: bool = False, max_distance: int = 512, p2c: str = "release",
-                 init_std: float = 0.02, **dims):
+    def __init__(self, *, k: Positive = 128, log_buckets: bool = False, max_distance: Positive = 512,
+                 p2c: Literal[P2C] = "release", init_std: InitStd = 0.02, **dims):
         super().__init__(**dims)
-        if k < 1:
-            raise ValueError(f"deberta relative distance k must be >= 1; got {k}")
-        if log_buckets and (k < 2 or max_distance - 1 <= k // 2):
-            raise ValueError(f"deberta log_buckets need k >= 2 and max_distance > k/2 + 1; got k={k}, "
-                             f"max_distance={max_distance}")
-        if p2c not in P2C:
-            raise ValueError(f"deberta p2c must be one of {', '.join(P2C)}; got {p2c!r}")
         self.k, self.log_buckets, self.max_distance, self.p2c = k, log_buckets, max_distance, p2c
         if self.owns_shared():
             self.table = nn.Parameter(torch.randn(2 * k, self.d_model))  # P
@@ -70,6 +65,13 @@ class DeBERTa(PositionScheme):
             hd = self.n_heads * self.head_dim
             self.w_kr = nn.Parameter(torch.randn(self.d_model, hd) * init_std)
             self.w_qr = nn.Parameter(torch.randn(self.d_model, hd) * init_std)
+
+    @classmethod
+    def option_problems(cls, options: Mapping) -> List[str]:
+        k, far = options["k"], options["max_distance"]
+        if options["log_buckets"] and (k < 2 or far - 1 <= k // 2):
+            return [f"deberta log_buckets need k >= 2 and max_distance > k/2 + 1; got k={k}, max_distance={far}"]
+        return super().option_problems(options)
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(3 * self.head_dim)

@@ -28,13 +28,14 @@ The time input's weights start at zero (autonomous at init) and are learned.
 """
 import math
 import struct
+from typing import Annotated, List, Literal, Mapping
 
 import torch
 from torch import nn
 
 from linrope.ops.rope import compute_dtype
 
-from .base import PositionScheme, register
+from .base import PositionScheme, Rule, register
 
 INJECT = ("input", "blocks")
 FIXED_GRID = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -98,16 +99,12 @@ class Floater(PositionScheme):
     linear_ok = True
     paper = "Liu, Yu, Dhillon, Hsieh 2020, Learning to encode position for transformer with continuous dynamical model"
 
-    def __init__(self, *, hidden: int = 64, delta: float = 0.1, method: str = "rk4", step: float = 1.0,
-                 rtol: float = 1e-3, atol: float = 1e-4, inject: str = "input", **dims):
+    def __init__(self, *, hidden: Annotated[int, Rule(low=2, note="even")] = 64,
+                 delta: Annotated[float, Rule(above=0)] = 0.1, method: str = "rk4",
+                 step: Annotated[float, Rule(above=0)] = 1.0, rtol: Annotated[float, Rule(above=0)] = 1e-3,
+                 atol: Annotated[float, Rule(above=0)] = 1e-4, inject: Literal[INJECT] = "input", **dims):
         super().__init__(**dims)
-        if inject not in INJECT:
-            raise ValueError(f"floater inject must be one of {', '.join(INJECT)}; got {inject!r}")
         self.inject = inject
-        if delta <= 0 or step <= 0:
-            raise ValueError(f"floater needs delta > 0 and step > 0; got delta={delta}, step={step}")
-        if hidden < 2 or hidden % 2:
-            raise ValueError(f"floater hidden width must be even and >= 2; got {hidden}")
         self.hidden, self.delta, self.method, self.step, self.rtol, self.atol = hidden, delta, method, step, rtol, atol
         if self.where == "input":
             dm = self.d_model
@@ -119,6 +116,11 @@ class Floater(PositionScheme):
             # W1 W2 = (ABᵀ - BAᵀ) / (2 sqrt(D · hidden)): skew, spectral radius ≈ 1 (one radian per unit t)
             self.w2 = nn.Parameter(torch.cat([b.T, -a.T], 0) / (2 * math.sqrt(hidden)))
             self.b2 = nn.Parameter(torch.zeros(dm))
+
+    @classmethod
+    def option_problems(cls, options: Mapping) -> List[str]:
+        hidden = options["hidden"]
+        return super().option_problems(options) + ([f"floater hidden width must be even; got {hidden}"] if hidden % 2 else [])
 
     def encodings(self, positions: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         """(N, D) positions p(i·Δ), solved in ``dtype`` (float32, or float64 for float64 models), over every

@@ -6,13 +6,13 @@ multiplies its token embeddings (std 0.02) by sqrt(d_model), so by default the t
 starts at std 0.02·sqrt(d_model).
 """
 import math
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 from torch import nn
 
 
-from .base import PositionScheme, register
+from .base import InitStd, PositionScheme, register
 from .functional import check_table_positions
 
 
@@ -21,14 +21,19 @@ class Learned(PositionScheme):
     name = "learned"
     kind = "absolute"
     linear_ok = True
+    tables = ("table",)
     paper = "Gehring et al. 2017 (ConvS2S); Devlin et al. 2019 (BERT); Radford et al. 2019 (GPT-2)"
 
-    def __init__(self, *, init_std: Optional[float] = None, **dims):
+    def __init__(self, *, init_std: Optional[InitStd] = None, **dims):
         super().__init__(**dims)
         # the token term's std: the model's 0.02 embedding init times its sqrt(d_model) embed scale
         self.init_std = 0.02 * math.sqrt(self.d_model) if init_std is None else init_std
         if self.where == "input":
             self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * self.init_std)
+
+    @classmethod
+    def bounded_by_max_len(cls, options: Mapping) -> bool:
+        return True
 
     def embed(self, x, positions):
         check_table_positions(self.span(positions), self.max_len, "learned")

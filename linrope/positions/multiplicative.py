@@ -6,10 +6,12 @@ The choice of p: a gate around one, so no position erases a token's features.
 * ``table: learned``: p_i = 1 + P[i], P trainable (max_len rows, refused beyond),
   starting at std ``init_std`` around the identity gate.
 """
+from typing import Literal, Mapping
+
 import torch
 from torch import nn
 
-from .base import PositionScheme, register
+from .base import Base, InitStd, PositionScheme, register
 from .functional import check_table_positions, sinusoidal_table
 
 TABLES = ("sinusoidal", "learned")
@@ -20,16 +22,19 @@ class Multiplicative(PositionScheme):
     name = "multiplicative"
     kind = "absolute"
     linear_ok = True
+    tables = ("table",)  # with table: learned
     paper = "multiplicative counterpart of Vaswani et al. 2017's additive encoding (x_i ⊙ p_i)"
 
-    def __init__(self, *, table: str = "sinusoidal", scale: float = 0.5, base: float = 10000.0,
-                 init_std: float = 0.1, **dims):
+    def __init__(self, *, table: Literal[TABLES] = "sinusoidal", scale: float = 0.5, base: Base = 10000.0,
+                 init_std: InitStd = 0.1, **dims):
         super().__init__(**dims)
-        if table not in TABLES:
-            raise ValueError(f"multiplicative table must be one of {', '.join(TABLES)}; got {table!r}")
         self.table_kind, self.scale, self.base = table, scale, base
         if self.where == "input" and table == "learned":
             self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * init_std)
+
+    @classmethod
+    def bounded_by_max_len(cls, options: Mapping) -> bool:
+        return options["table"] == "learned"
 
     def gate(self, positions: torch.Tensor, dim: int, dtype) -> torch.Tensor:
         """(N, D) multiplicative gate p_i."""

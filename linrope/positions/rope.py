@@ -1,10 +1,10 @@
 """Rotary Position Embedding on q and k (Su et al. 2021), with position interpolation / NTK scaling."""
-from typing import Optional
+from typing import Annotated, Optional
 
 
-from linrope.ops.rope import check_rope_dim, compute_dtype, rope_cos_sin, rope_frequencies, rotate
+from linrope.ops.rope import SCALINGS, check_rope_dim, compute_dtype, rope_cos_sin, rope_frequencies, rotate
 
-from .base import PositionScheme, register
+from .base import Base, PositionScheme, Rule, register
 
 
 @register
@@ -15,7 +15,9 @@ class RoPE(PositionScheme):
     linear_note = "rotates φ(q), φ(k) in the numerator (or both, or neither: model.attention.placement)"
     paper = "Su et al. 2021, RoFormer: enhanced transformer with rotary position embedding"
 
-    def __init__(self, *, base: float = 10000.0, scaling: Optional[str] = None, factor: float = 1.0, **dims):
+    def __init__(self, *, base: Base = 10000.0,
+                 scaling: Annotated[Optional[str], Rule(choices=lambda: SCALINGS)] = None,
+                 factor: Annotated[float, Rule(above=0)] = 1.0, **dims):
         super().__init__(**dims)
         check_rope_dim(self.head_dim)
         self.base, self.scaling, self.factor = base, scaling, factor

@@ -12,12 +12,12 @@ rows (distances beyond ±(max_len-1) are clipped there).  Only ``shaw`` needs th
 probabilities (explicit attention); the variants go through SDPA.
 """
 import math
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
 
-from .base import PositionScheme, register
+from .base import InitStd, PositionScheme, Positive, register
 from .functional import clipped_rows, gather_rows, relative_distance, scatter_rows, used_rows
 
 VARIANTS = ("shaw", "relative_key", "relative_key_query")
@@ -29,16 +29,14 @@ class Shaw(PositionScheme):
     kind = "relative"
     linear_ok = False
     linear_note = "adds q_i·a^K_{i-j} to every score and a^V_{i-j} to every value"
+    tables = ("key_table", "value_table")
     has_value_term = True  # the variant "shaw"; the instance says False for the other variants
     paper = ("Shaw, Uszkoreit, Vaswani 2018, Self-attention with relative position representations; "
              "Huang, Liang, Xu, Xiang 2020, Improve transformer models with better relative position embeddings")
 
-    def __init__(self, *, variant: str = "shaw", k: int = 16, init_std: Optional[float] = None, **dims):
+    def __init__(self, *, variant: Literal[VARIANTS] = "shaw", k: Positive = 16, init_std: Optional[InitStd] = None,
+                 **dims):
         super().__init__(**dims)
-        if variant not in VARIANTS:
-            raise ValueError(f"shaw variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
-        if k < 1:
-            raise ValueError(f"shaw clipping distance k must be >= 1; got {k}")
         self.variant = variant
         self.has_value_term = variant == "shaw"
         self.clip = k if variant == "shaw" else self.max_len - 1

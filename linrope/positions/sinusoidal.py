@@ -1,6 +1,6 @@
 """Fixed sinusoidal absolute positions added at the input (Vaswani et al. 2017)."""
 
-from .base import PositionScheme, register
+from .base import Base, PositionScheme, register
 from .functional import sinusoidal_table
 
 
@@ -11,7 +11,7 @@ class Sinusoidal(PositionScheme):
     linear_ok = True
     paper = "Vaswani et al. 2017, Attention is all you need"
 
-    def __init__(self, *, base: float = 10000.0, **dims):
+    def __init__(self, *, base: Base = 10000.0, **dims):
         super().__init__(**dims)
         self.base = base
 

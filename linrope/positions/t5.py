@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .base import PositionScheme, register
+from .base import InitStd, PositionScheme, Positive, register
 from .functional import relative_distance, t5_bucket
 
 
@@ -24,8 +24,8 @@ class BucketBias(PositionScheme):
     linear_ok = False
     score_biases = ("bias",)  # β, b: not weight-decayed
 
-    def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: Optional[bool] = None,
-                 **dims):
+    def __init__(self, *, num_buckets: Positive = 32, max_distance: Positive = 128,
+                 bidirectional: Optional[bool] = None, **dims):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
@@ -57,7 +57,7 @@ class T5Bias(BucketBias):
     paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
     shares = "the bias table β (num_buckets × heads)"
 
-    def __init__(self, *, init_std: Optional[float] = None, **options):
+    def __init__(self, *, init_std: Optional[InitStd] = None, **options):
         super().__init__(**options)
         if self.owns_shared():
             self.bias = self.bucket_table(self.d_model ** -0.5 if init_std is None else init_std)  # T5's init

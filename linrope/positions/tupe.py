@@ -14,13 +14,14 @@ p, U and b at std ``init_std`` (0.02), biases zero, the layer norm at identity.
 TUPE's [CLS] untying is not modelled (no [CLS] token here).
 """
 import math
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .base import register
+from .base import InitStd, register
 from .functional import check_table_positions
 from .t5 import BucketBias
 
@@ -31,8 +32,9 @@ class TUPE(BucketBias):
     linear_note = "adds the positional correlation (p_iU_Q)(p_jU_K)ᵀ and a bias b_{j-i} to every score"
     paper = "Ke, He, Liu 2021, Rethinking positional encoding in language pre-training"
     shares = "everything: the table p, its layer norm, U_Q, U_K and the bucket bias b (one correlation for all layers)"
+    tables = ("table",)
 
-    def __init__(self, *, init_std: float = 0.02, **options):
+    def __init__(self, *, init_std: InitStd = 0.02, **options):
         super().__init__(**options)
         if self.owns_shared():
             d, hd = self.d_model, self.n_heads * self.head_dim
@@ -43,6 +45,10 @@ class TUPE(BucketBias):
                 nn.init.normal_(u.weight, std=init_std)
                 nn.init.zeros_(u.bias)
             self.bias = self.bucket_table(init_std)
+
+    @classmethod
+    def bounded_by_max_len(cls, options: Mapping) -> bool:
+        return True
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.head_dim)

@@ -11,7 +11,7 @@ import torch
 from einops import rearrange, einsum
 from torch import nn
 
-from .base import PositionScheme, register
+from .base import Base, InitStd, PositionScheme, register
 from .functional import gather_rows, relative_distance, sinusoidal_table
 
 
@@ -24,7 +24,7 @@ class TransformerXL(PositionScheme):
     paper = "Dai et al. 2019, Transformer-XL: attentive language models beyond a fixed-length context"
     score_biases = ("u", "v")  # the global content and position biases: not weight-decayed
 
-    def __init__(self, *, base: float = 10000.0, init_std: float = 0.02, **dims):
+    def __init__(self, *, base: Base = 10000.0, init_std: InitStd = 0.02, **dims):
         super().__init__(**dims)
         self.base = base
         if self.where == "attention":

@@ -6,7 +6,7 @@ null leaves the process's setting as it is.  The setting is process-wide and Lig
 linrope.training.builders.build_trainer applies it in the process that builds the Trainer, before fit, and
 ``MatmulPrecision`` (a callback build_callbacks adds) again in every process the Trainer runs in — processes
 started by ``ddp_spawn`` are new interpreters that would otherwise keep PyTorch's default.
-The values are checked with the rest of the config (linrope.base.options.MATMUL_PRECISIONS)."""
+The values are checked with the rest of the config (linrope.config.settings.MATMUL_PRECISIONS)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -113,8 +113,8 @@ def test_shared_role_allocates_only_the_shared_part():
 
 @pytest.mark.parametrize("overrides,message", [
     (["model=softmax_rope", "+model.position.share=true"], "rope has no parameters to share across layers"),
-    (["model=softmax_deberta", "model.position.p2c=both"], "p2c must be one of release, paper"),
-    (["model=softmax_floater", "model.position.inject=attention"], "inject must be one of input, blocks"),
+    (["model=softmax_deberta", "model.position.p2c=both"], "p2c=both: expected one of release, paper"),
+    (["model=softmax_floater", "model.position.inject=attention"], "inject=attention: expected one of input, blocks"),
     (["model=softmax_t5", "+model.position.buckets=8"], "model.position.buckets: unknown option; did you mean num_buckets?"),
 ])
 def test_bad_position_options_fail_in_the_config_check(compose, overrides, message):

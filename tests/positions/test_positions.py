@@ -412,7 +412,7 @@ def test_deberta_p2c_default_is_the_release_and_the_forms_differ():
     paper.load_state_dict(release.state_dict())
     x = torch.randn(2, 7, D, dtype=torch.float64)
     assert (release(x, torch.arange(7))[0] - paper(x, torch.arange(7))[0]).abs().max() > 1e-3
-    with pytest.raises(ValueError, match="p2c must be one of release, paper"):
+    with pytest.raises(ValueError, match="p2c=both: expected one of release, paper"):
         attention("deberta", p2c="both")
 
 
@@ -695,5 +695,5 @@ def test_floater_every_block_injection_shares_one_solve(monkeypatch):
     monkeypatch.setattr(type(every.pos), "encodings", lambda self, *a: solves.append(1) or original(self, *a))
     every(x, positions)
     assert len(solves) == 1
-    with pytest.raises(ValueError, match="inject must be one of input, blocks"):
+    with pytest.raises(ValueError, match="inject=attention: expected one of input, blocks"):
         tiny_lm("floater", inject="attention")
