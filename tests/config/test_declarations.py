@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.conftest import CONF, ROOT
+from tests.helpers import CONF, ROOT
 
 
 def compose_with(user_conf, *overrides):
