@@ -10,6 +10,7 @@ linrope's own forms are read from the backend registry ``linrope.ops.BACKENDS`` 
 that runs, ``auto`` excluded because it only chooses); the others are the baselines and variants below.
 ``python benchmarks/kernel_time.py --help`` lists them all.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,9 @@ def plain_chunk_linear_attention(q, k, v, *, rope: str = "numerator", chunk_size
     U = kc.transpose(-1, -2) @ vc
     num = (qc @ kc.transpose(-1, -2)).masked_fill(future, 0) @ vc + qc @ (U.cumsum(2) - U)
     zk = kdc.sum(3)
-    den = (qdc @ kdc.transpose(-1, -2)).masked_fill(future, 0).sum(-1) \
-        + (qdc * (zk.cumsum(2) - zk).unsqueeze(3)).sum(-1)
+    den = (qdc @ kdc.transpose(-1, -2)).masked_fill(future, 0).sum(-1) + (qdc * (zk.cumsum(2) - zk).unsqueeze(3)).sum(
+        -1
+    )
     return (num / (den.unsqueeze(-1) + eps)).flatten(2, 3)[:, :, :n]
 
 
@@ -128,8 +130,9 @@ def _fla_naive_torch(chunk_size, device):
     try:
         from fla.ops.linear_attn.naive import naive_chunk_linear_attn
     except Exception as e:  # noqa: BLE001 - any failure to import means "no row"
-        raise FormUnavailable(f"flash-linear-attention does not import ({type(e).__name__}: {e}); "
-                              "pip install -e '.[gpu]' (fla-core)") from e
+        raise FormUnavailable(
+            f"flash-linear-attention does not import ({type(e).__name__}: {e}); pip install -e '.[gpu]' (fla-core)"
+        ) from e
 
     def run(q, k, v):  # fla takes and returns (B, N, H, d); the transposes are views
         o = naive_chunk_linear_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), normalize=True)
@@ -178,38 +181,84 @@ GROWTH = {"naive": 2}  # the N×N reference; every other backend is linear in N
 
 
 def _registry() -> dict[str, Form]:
-    forms = [Form(name, LINROPE_LABELS.get(name, f"linrope {name}"),
-                  f'linrope.ops.linear_attention(q, k, v, impl="{name}"): {COMPUTES}; {b.what}',
-                  _linrope(name), growth=GROWTH.get(name, 1), chunk_flops=name == "chunk")
-             for name, b in BACKENDS.items() if b.choose is None]  # "auto" only chooses one of the others
+    forms = [
+        Form(
+            name,
+            LINROPE_LABELS.get(name, f"linrope {name}"),
+            f'linrope.ops.linear_attention(q, k, v, impl="{name}"): {COMPUTES}; {b.what}',
+            _linrope(name),
+            growth=GROWTH.get(name, 1),
+            chunk_flops=name == "chunk",
+        )
+        for name, b in BACKENDS.items()
+        if b.choose is None
+    ]  # "auto" only chooses one of the others
     forms += [
-        Form("chunk-none", "linrope chunk, rope=none",
-             'linear_attention(impl="chunk", rope="none"): elu+1 features, no RoPE, normalised: what '
-             "fla-naive-torch computes, plus the feature map", _linrope("chunk", rope="none"), chunk_flops=True),
-        Form("chunk-old", "linrope chunk, old plan",
-             'linear_attention(impl="chunk") under the plan before issue 31: a Python loop over chunks in every '
-             "scan (scans.SEQUENTIAL) and 512-position blocks at any N (tables.MAX_BLOCKS None)", _chunk_old),
-        Form("plain", "plain chunk (before)",
-             f"plain_chunk_linear_attention (benchmarks/forms.py), {COMPUTES}: a first chunked version in a dozen "
-             "lines of PyTorch: every chunk's state materialised, a cumsum, autograd for the backward; checked "
-             "against linrope naive before it is timed", _plain("numerator"), chunk_flops=True),
-        Form("plain-none", "plain chunk (before), rope=none",
-             "plain_chunk_linear_attention with rope='none': elu+1 features, no RoPE, normalised", _plain("none"),
-             chunk_flops=True),
-        Form("sdpa", "sdpa softmax",
-             "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), whichever backend torch "
-             "picks: softmax attention, no position scheme", _sdpa, growth=2),
-        Form("sdpa-flash", "sdpa flash",
-             "scaled_dot_product_attention(is_causal=True) with only the FlashAttention backend allowed (CUDA): "
-             "softmax attention", _sdpa_flash, growth=2),
-        Form("fla-triton", "fla chunk_simple_gla",
-             "fla.ops.simple_gla.chunk_simple_gla(q, k, v, scale=1) on fla's [B, N, H, d] layout: fla's own Triton "
-             "kernel, unnormalised linear attention with no feature map, RoPE, denominator or decay (CUDA): the "
-             "speed bound for linrope on fla", _fla_triton, layout="BNHD"),
-        Form("fla-naive-torch", "fla naive_chunk_linear_attn (fla's pure-PyTorch reference)",
-             "fla.ops.linear_attn.naive.naive_chunk_linear_attn(q, k, v, normalize=True): fla's pure-PyTorch "
-             "reference implementation, not its Triton kernel; on the raw q, k, v (no feature map, no RoPE), "
-             "normalised; compare with chunk-none", _fla_naive_torch, multiple_of=64),
+        Form(
+            "chunk-none",
+            "linrope chunk, rope=none",
+            'linear_attention(impl="chunk", rope="none"): elu+1 features, no RoPE, normalised: what '
+            "fla-naive-torch computes, plus the feature map",
+            _linrope("chunk", rope="none"),
+            chunk_flops=True,
+        ),
+        Form(
+            "chunk-old",
+            "linrope chunk, old plan",
+            'linear_attention(impl="chunk") under the plan before issue 31: a Python loop over chunks in every '
+            "scan (scans.SEQUENTIAL) and 512-position blocks at any N (tables.MAX_BLOCKS None)",
+            _chunk_old,
+        ),
+        Form(
+            "plain",
+            "plain chunk (before)",
+            f"plain_chunk_linear_attention (benchmarks/forms.py), {COMPUTES}: a first chunked version in a dozen "
+            "lines of PyTorch: every chunk's state materialised, a cumsum, autograd for the backward; checked "
+            "against linrope naive before it is timed",
+            _plain("numerator"),
+            chunk_flops=True,
+        ),
+        Form(
+            "plain-none",
+            "plain chunk (before), rope=none",
+            "plain_chunk_linear_attention with rope='none': elu+1 features, no RoPE, normalised",
+            _plain("none"),
+            chunk_flops=True,
+        ),
+        Form(
+            "sdpa",
+            "sdpa softmax",
+            "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), whichever backend torch "
+            "picks: softmax attention, no position scheme",
+            _sdpa,
+            growth=2,
+        ),
+        Form(
+            "sdpa-flash",
+            "sdpa flash",
+            "scaled_dot_product_attention(is_causal=True) with only the FlashAttention backend allowed (CUDA): "
+            "softmax attention",
+            _sdpa_flash,
+            growth=2,
+        ),
+        Form(
+            "fla-triton",
+            "fla chunk_simple_gla",
+            "fla.ops.simple_gla.chunk_simple_gla(q, k, v, scale=1) on fla's [B, N, H, d] layout: fla's own Triton "
+            "kernel, unnormalised linear attention with no feature map, RoPE, denominator or decay (CUDA): the "
+            "speed bound for linrope on fla",
+            _fla_triton,
+            layout="BNHD",
+        ),
+        Form(
+            "fla-naive-torch",
+            "fla naive_chunk_linear_attn (fla's pure-PyTorch reference)",
+            "fla.ops.linear_attn.naive.naive_chunk_linear_attn(q, k, v, normalize=True): fla's pure-PyTorch "
+            "reference implementation, not its Triton kernel; on the raw q, k, v (no feature map, no RoPE), "
+            "normalised; compare with chunk-none",
+            _fla_naive_torch,
+            multiple_of=64,
+        ),
     ]
     return {f.key: f for f in forms}
 
@@ -231,8 +280,18 @@ def legend(keys) -> list[str]:
     return [f"- {REGISTRY[k].label} [{k}]: {REGISTRY[k].what}" for k in keys]
 
 
-def make_inputs(form: Form, n: int, *, device="cpu", dtype=torch.float32, batch: int = B, heads: int = H,
-                dim: int = D, seed: int = 0, requires_grad: bool = True):
+def make_inputs(
+    form: Form,
+    n: int,
+    *,
+    device="cpu",
+    dtype=torch.float32,
+    batch: int = B,
+    heads: int = H,
+    dim: int = D,
+    seed: int = 0,
+    requires_grad: bool = True,
+):
     """q, k, v and a gradient for the output, random normal, in the form's layout."""
     g = torch.Generator(device=device).manual_seed(seed)
     shape = (batch, n, heads, dim) if form.layout == "BNHD" else (batch, heads, n, dim)
@@ -242,6 +301,7 @@ def make_inputs(form: Form, n: int, *, device="cpu", dtype=torch.float32, batch:
 
 def passes(fn, q, k, v, grad):
     """(forward+backward, forward under no_grad): the two calls a row times."""
+
     def fwd_bwd():
         q.grad = k.grad = v.grad = None
         fn(q, k, v).backward(grad)

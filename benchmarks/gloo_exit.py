@@ -8,6 +8,7 @@ return.  A rank that does not exit cleanly (SIGABRT: "terminate called without a
 torch.multiprocessing raise ProcessExitedException for that round.  Prints one line per failed round and
 the count.  ``tests/run/test_slow_reliability.py`` runs 12 rounds with the cleanup.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         failed = run_rounds(args.rounds, not args.no_cleanup, Path(folder))
-    print(f"{len(failed)} of {args.rounds} rounds lost a rank at exit "
-          f"({'without' if args.no_cleanup else 'with'} the process group destroyed at exit)")
+    print(
+        f"{len(failed)} of {args.rounds} rounds lost a rank at exit "
+        f"({'without' if args.no_cleanup else 'with'} the process group destroyed at exit)"
+    )
     return 0
 
 

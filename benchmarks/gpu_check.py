@@ -21,6 +21,7 @@ goals against the measured rows) is rewritten after every part, so a run killed 
 finished.  Exit status: 0 if every part passed, 1 if any failed, timed out or could not run, 2 if there is no
 CUDA GPU and ``--cpu`` was not given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,10 +55,30 @@ TOTAL_S = {"cuda": 420, "cpu": 290}
 TRAIN_MODELS = ("linear_rope:model.attention.impl=chunk", "linear_rope:model.attention.impl=fla", "softmax_rope")
 LINEAR_CHUNK, LINEAR_FLA, SOFTMAX = TRAIN_MODELS
 SIZES = {  # what each mode measures
-    "cuda": {"lengths": [1024, 4096, 16384, 65536], "warmup": 3, "repeats": 10, "size": "base", "batch": 4,
-             "context": 4096, "short_context": 2048, "long_context_s": 100, "train_warmup": 2, "train_steps": 5},
-    "cpu": {"lengths": [256, 512], "warmup": 1, "repeats": 2, "size": "tiny", "batch": 1,
-            "context": 128, "short_context": 64, "long_context_s": 30, "train_warmup": 1, "train_steps": 2},
+    "cuda": {
+        "lengths": [1024, 4096, 16384, 65536],
+        "warmup": 3,
+        "repeats": 10,
+        "size": "base",
+        "batch": 4,
+        "context": 4096,
+        "short_context": 2048,
+        "long_context_s": 100,
+        "train_warmup": 2,
+        "train_steps": 5,
+    },
+    "cpu": {
+        "lengths": [256, 512],
+        "warmup": 1,
+        "repeats": 2,
+        "size": "tiny",
+        "batch": 1,
+        "context": 128,
+        "short_context": 64,
+        "long_context_s": 30,
+        "train_warmup": 1,
+        "train_steps": 2,
+    },
 }
 GOAL_N = 16384
 
@@ -79,8 +100,16 @@ def run_part(cmd: list[str], budget_s: float, log: Log, env: Optional[dict] = No
     log.line(f"$ {shlex.join(cmd)}    # budget {budget_s:.0f} s")
     t0 = time.perf_counter()
     lines: list[str] = []
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
 
     def pump():
         for raw in proc.stdout:
@@ -122,8 +151,20 @@ def probe_env(device: str) -> dict:
     import platform
 
     env: dict = {"python": platform.python_version()}
-    for dist in ("torch", "triton", "fla-core", "lightning", "hydra-core", "omegaconf", "antlr4-python3-runtime",
-                 "einops", "numpy", "PyYAML", "pytest", "packaging"):
+    for dist in (
+        "torch",
+        "triton",
+        "fla-core",
+        "lightning",
+        "hydra-core",
+        "omegaconf",
+        "antlr4-python3-runtime",
+        "einops",
+        "numpy",
+        "PyYAML",
+        "pytest",
+        "packaging",
+    ):
         try:
             env[dist] = md.version(dist)
         except md.PackageNotFoundError:
@@ -144,8 +185,9 @@ def probe_env(device: str) -> dict:
     env["torch cuda"] = torch.version.cuda
     if env["cuda"]:
         p = torch.cuda.get_device_properties(0)
-        env["gpu"] = (f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, "
-                      f"{torch.cuda.device_count()} device(s)")
+        env["gpu"] = (
+            f"{p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, {torch.cuda.device_count()} device(s)"
+        )
         env["bf16"] = torch.cuda.is_bf16_supported()
     from linrope.run.provenance import machine_line
 
@@ -178,8 +220,11 @@ def part_env(ctx) -> dict:
 
 
 def gpu_test_files() -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if "mark.gpu" in p.read_text(errors="replace"))
+    return sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if "mark.gpu" in p.read_text(errors="replace")
+    )
 
 
 def part_tests(ctx) -> dict:
@@ -188,10 +233,19 @@ def part_tests(ctx) -> dict:
         return {"status": "failed", "note": "no test file carries the gpu marker", "wall_s": 0.0}
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfEs", "-p", "no:cacheprovider", *files]
     res = run_part(cmd, ctx.budget("tests"), ctx.log)
-    summary = next((ln.strip("= ") for ln in reversed(res["lines"])
-                    if re.search(r"\b(passed|failed|skipped|deselected|error|no tests ran)\b", ln)), "")
-    ctx.tests = {"summary": summary, "files": files,
-                 "failures": [ln for ln in res["lines"] if ln.startswith(("FAILED", "ERROR"))][:20]}
+    summary = next(
+        (
+            ln.strip("= ")
+            for ln in reversed(res["lines"])
+            if re.search(r"\b(passed|failed|skipped|deselected|error|no tests ran)\b", ln)
+        ),
+        "",
+    )
+    ctx.tests = {
+        "summary": summary,
+        "files": files,
+        "failures": [ln for ln in res["lines"] if ln.startswith(("FAILED", "ERROR"))][:20],
+    }
     passed = int(m.group(1)) if (m := re.search(r"(\d+) passed", summary)) else 0
     if res["timed_out"]:
         return dict(res, status="timed out", note=summary)
@@ -207,16 +261,37 @@ def part_tests(ctx) -> dict:
 def part_kernels(ctx) -> dict:
     s = SIZES[ctx.device]
     budget = ctx.budget("kernels")
-    cmd = [sys.executable, "benchmarks/gpu_table.py", "--device", ctx.device, "--lengths", *map(str, s["lengths"]),
-           "--warmup", str(s["warmup"]), "--repeats", str(s["repeats"]), "--budget-s", f"{max(budget - 20, 5):.0f}",
-           "--jsonl", str(ctx.jsonl)]
+    cmd = [
+        sys.executable,
+        "benchmarks/gpu_table.py",
+        "--device",
+        ctx.device,
+        "--lengths",
+        *map(str, s["lengths"]),
+        "--warmup",
+        str(s["warmup"]),
+        "--repeats",
+        str(s["repeats"]),
+        "--budget-s",
+        f"{max(budget - 20, 5):.0f}",
+        "--jsonl",
+        str(ctx.jsonl),
+    ]
     res = run_part(cmd, budget, ctx.log)
     rows = ctx.rows("kernels")
     done = {(r["n"], r["form"]) for r in rows}
     lost = [(n, f) for n in s["lengths"] for f in FORMS if (n, f) not in done]
     for n, f in lost:  # the process died or was killed before these rows: say so, in the rows
-        ctx.add_row({"part": "kernels", "n": n, "form": f, "device": ctx.device, "status": "not run",
-                     "note": "the table's process " + ("timed out" if res["timed_out"] else f"exited {res['rc']}")})
+        ctx.add_row(
+            {
+                "part": "kernels",
+                "n": n,
+                "form": f,
+                "device": ctx.device,
+                "status": "not run",
+                "note": "the table's process " + ("timed out" if res["timed_out"] else f"exited {res['rc']}"),
+            }
+        )
     failed = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and ctx.device == "cuda")]
     if res["timed_out"]:
         return dict(res, status="timed out", note=f"{len(lost)} rows not run")
@@ -231,41 +306,91 @@ def part_train(ctx) -> dict:
     budget = ctx.budget("train")
     context = s["context"] if budget >= s["long_context_s"] else s["short_context"]
     ctx.train_context = context
-    cmd = [sys.executable, "benchmarks/train_throughput.py", "--device", ctx.device, "--precision", "bf16-mixed",
-           "--context", str(context), "--batch", str(s["batch"]), "--warmup", str(s["train_warmup"]),
-           "--steps", str(s["train_steps"]), "--models", *TRAIN_MODELS, "--override", f"size={s['size']}",
-           "--jsonl", str(ctx.jsonl)]
+    cmd = [
+        sys.executable,
+        "benchmarks/train_throughput.py",
+        "--device",
+        ctx.device,
+        "--precision",
+        "bf16-mixed",
+        "--context",
+        str(context),
+        "--batch",
+        str(s["batch"]),
+        "--warmup",
+        str(s["train_warmup"]),
+        "--steps",
+        str(s["train_steps"]),
+        "--models",
+        *TRAIN_MODELS,
+        "--override",
+        f"size={s['size']}",
+        "--jsonl",
+        str(ctx.jsonl),
+    ]
     res = run_part(cmd, budget, ctx.log)
     rows = ctx.rows("train")
     done = {r["model"] for r in rows}
     for m in TRAIN_MODELS:
         if m not in done:
-            ctx.add_row({"part": "train", "model": m, "context": context, "batch": s["batch"], "device": ctx.device,
-                         "precision": "bf16-mixed", "status": "not run",
-                         "note": "timed out" if res["timed_out"] else _last(res, f"exit status {res['rc']}")})
-    failed = [r for r in ctx.rows("train") if r["status"] in ("failed", "not run")
-              or (r["status"] == "unavailable" and ctx.device == "cuda")]
+            ctx.add_row(
+                {
+                    "part": "train",
+                    "model": m,
+                    "context": context,
+                    "batch": s["batch"],
+                    "device": ctx.device,
+                    "precision": "bf16-mixed",
+                    "status": "not run",
+                    "note": "timed out" if res["timed_out"] else _last(res, f"exit status {res['rc']}"),
+                }
+            )
+    failed = [
+        r
+        for r in ctx.rows("train")
+        if r["status"] in ("failed", "not run") or (r["status"] == "unavailable" and ctx.device == "cuda")
+    ]
     if res["timed_out"]:
         return dict(res, status="timed out", note=f"context {context}")
     if failed or res["rc"] != 0:
-        return dict(res, status="failed", note="; ".join(f"{r['model']}: {r.get('note')}" for r in failed[:3])
-                    or _last(res, f"exit status {res['rc']}"))
+        return dict(
+            res,
+            status="failed",
+            note="; ".join(f"{r['model']}: {r.get('note')}" for r in failed[:3])
+            or _last(res, f"exit status {res['rc']}"),
+        )
     return dict(res, status="ok", note=f"context {context}")
 
 
 def part_fsdp(ctx) -> dict:
     preset = ROOT / "conf" / "trainer" / "fsdp.yaml"
     run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_fsdp_"))  # not under $OUT: the run tool keeps 8 files
-    cmd = [sys.executable, "train.py", "model=linear_rope", "size=tiny", "trainer=fsdp", "trainer.devices=1",
-           "trainer.max_steps=3", "trainer.val_check_interval=3", "logger=none", "trainer.enable_progress_bar=false",
-           f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "model=linear_rope",
+        "size=tiny",
+        "trainer=fsdp",
+        "trainer.devices=1",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "logger=none",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+    ]
     ctx.fsdp = {"command": shlex.join(["python", *cmd[1:-1]])}
     if not preset.exists():
-        return {"status": "missing", "wall_s": 0.0,
-                "note": "conf/trainer/fsdp.yaml is missing (the trainer=fsdp preset): not run"}
+        return {
+            "status": "missing",
+            "wall_s": 0.0,
+            "note": "conf/trainer/fsdp.yaml is missing (the trainer=fsdp preset): not run",
+        }
     if ctx.device == "cpu":  # Lightning refuses strategy=fsdp without a GPU: "requires a GPU accelerator"
-        return {"status": "unavailable", "wall_s": 0.0,
-                "note": "on cpu: Lightning's FSDP strategy needs a GPU; not run"}
+        return {
+            "status": "unavailable",
+            "wall_s": 0.0,
+            "note": "on cpu: Lightning's FSDP strategy needs a GPU; not run",
+        }
     res = run_part(cmd, ctx.budget("fsdp"), ctx.log)
     reached = any("max_steps=3` reached" in ln for ln in res["lines"])
     if res["timed_out"]:
@@ -302,24 +427,44 @@ def goals(ctx) -> list[list[str]]:
         return ("yes" if ok else "no") + (" (CPU stand-in: not a GPU result)" if stand_in else "")
 
     a, b = kernel_ms(k, GOAL_N, LINROPE_FLA), kernel_ms(k, GOAL_N, FLA_KERNEL)
-    out.append([f"linrope on fla within 1.3× of fla chunk_simple_gla, fwd+bwd, bf16, N = {GOAL_N}",
-                f"{a:.2f} / {b:.2f} ms = {a / b:.2f}×" if a and b else f"at N = {GOAL_N}: linrope on fla "
-                f"{_f(a)} ms, fla chunk_simple_gla {_f(b)} ms", verdict(a / b <= 1.3 if a and b else None)])
+    out.append(
+        [
+            f"linrope on fla within 1.3× of fla chunk_simple_gla, fwd+bwd, bf16, N = {GOAL_N}",
+            f"{a:.2f} / {b:.2f} ms = {a / b:.2f}×"
+            if a and b
+            else f"at N = {GOAL_N}: linrope on fla {_f(a)} ms, fla chunk_simple_gla {_f(b)} ms",
+            verdict(a / b <= 1.3 if a and b else None),
+        ]
+    )
     s = kernel_ms(k, GOAL_N, SDPA)
     for form in (LINROPE_FLA, LINROPE_CHUNK):
         x = kernel_ms(k, GOAL_N, form)
-        out.append([f"{form} ≥ 5× faster than sdpa flash (causal), fwd+bwd, N = {GOAL_N}",
-                    f"{s:.2f} / {x:.2f} ms = {s / x:.2f}×" if s and x else f"at N = {GOAL_N}: sdpa flash {_f(s)} ms, "
-                    f"{form} {_f(x)} ms", verdict(s / x >= 5 if s and x else None)])
+        out.append(
+            [
+                f"{form} ≥ 5× faster than sdpa flash (causal), fwd+bwd, N = {GOAL_N}",
+                f"{s:.2f} / {x:.2f} ms = {s / x:.2f}×"
+                if s and x
+                else f"at N = {GOAL_N}: sdpa flash {_f(s)} ms, {form} {_f(x)} ms",
+                verdict(s / x >= 5 if s and x else None),
+            ]
+        )
     sm = t.get(SOFTMAX, {}).get("tokens_per_s")
     for m in (LINEAR_FLA, LINEAR_CHUNK):
         lin = t.get(m, {}).get("tokens_per_s")
         at = t.get(m, {}).get("context", ctx.train_context)
         where = "" if at in (4096, None) else f" (measured at context {at}, not 4096)"
-        measured = (f"{lin:.0f} vs {sm:.0f} tokens/s = {lin / sm:.2f}×" if lin and sm else
-                    f"{m} {_f(lin, 0)}, softmax_rope {_f(sm, 0)} tokens/s")
-        out.append([f"training tokens/s at context 4096, {m} ≥ softmax_rope" + where, measured,
-                    verdict(lin >= sm if lin and sm else None)])
+        measured = (
+            f"{lin:.0f} vs {sm:.0f} tokens/s = {lin / sm:.2f}×"
+            if lin and sm
+            else f"{m} {_f(lin, 0)}, softmax_rope {_f(sm, 0)} tokens/s"
+        )
+        out.append(
+            [
+                f"training tokens/s at context 4096, {m} ≥ softmax_rope" + where,
+                measured,
+                verdict(lin >= sm if lin and sm else None),
+            ]
+        )
     return out
 
 
@@ -332,57 +477,132 @@ def report(ctx) -> str:
         when = f"{ctx.finished:.0f} s in all (budget {ctx.total_s:.0f} s); exit status {ctx.exit_status()}"
     L = [f"# Device check ({mode})", "", f"`{ctx.command}`, {ctx.started:%Y-%m-%d %H:%M} UTC, {when}.", ""]
     L += ["## Environment", ""]
-    keys = ["gpu", "machine", "python", "torch", "torch cuda", "triton", "fla-core", "lightning", "hydra-core",
-            "omegaconf", "antlr4-python3-runtime", "einops", "numpy", "PyYAML", "pytest", "packaging", "bf16",
-            "not importable", "wheels", "PYTHONPATH"]
-    L += table(["what", "value"], [[k, ", ".join(ctx.env[k]) if isinstance(ctx.env.get(k), list) else
-                                    ctx.env.get(k, "–")] for k in keys if k in ctx.env or k == "gpu"]) + [""]
+    keys = [
+        "gpu",
+        "machine",
+        "python",
+        "torch",
+        "torch cuda",
+        "triton",
+        "fla-core",
+        "lightning",
+        "hydra-core",
+        "omegaconf",
+        "antlr4-python3-runtime",
+        "einops",
+        "numpy",
+        "PyYAML",
+        "pytest",
+        "packaging",
+        "bf16",
+        "not importable",
+        "wheels",
+        "PYTHONPATH",
+    ]
+    L += table(
+        ["what", "value"],
+        [
+            [k, ", ".join(ctx.env[k]) if isinstance(ctx.env.get(k), list) else ctx.env.get(k, "–")]
+            for k in keys
+            if k in ctx.env or k == "gpu"
+        ],
+    ) + [""]
     L += ["## Parts", ""]
-    L += table(["part", "status", "wall s", "budget s", "note"],
-               [[p, r["status"], _f(r.get("wall_s"), 0), _f(r.get("budget_s"), 0), r.get("note", "")]
-                for p, r in ctx.results.items()]) + [""]
+    L += table(
+        ["part", "status", "wall s", "budget s", "note"],
+        [
+            [p, r["status"], _f(r.get("wall_s"), 0), _f(r.get("budget_s"), 0), r.get("note", "")]
+            for p, r in ctx.results.items()
+        ],
+    ) + [""]
     L += ["## CUDA tests (`pytest -m gpu`)", ""]
     if ctx.tests:
         L += [f"Files: {', '.join(ctx.tests['files'])}. Result: {ctx.tests['summary'] or '–'}.", ""]
         L += [f"- {ln}" for ln in ctx.tests["failures"]] + ([""] if ctx.tests["failures"] else [])
     else:
         L += ["Not run.", ""]
-    L += ["## Kernel table", "",
-          f"Forward+backward (fwd+bwd) and forward (fwd) of one attention call, B 1, H 8, d 64, bf16 inputs, causal, "
-          f"on {ctx.device}; median of {s['repeats']} after {s['warmup']} warm-up (benchmarks/gpu_table.py). "
-          f"Forms: **{SDPA}**: torch SDPA, FlashAttention backend only; **{FLA_KERNEL}**: fla's own kernel, "
-          f"unnormalised linear attention without feature map, RoPE or decay (the speed bound); **{LINROPE_FLA}**: "
-          f"`linear_attention(impl=\"fla\")`, elu+1, RoPE in the numerator, normalised, on two fla calls; "
-          f"**{LINROPE_CHUNK}**: the same on linrope's own chunked kernel. Peak MiB: allocated during one fwd+bwd "
-          f"above what was allocated before it (CUDA only). First call s: the first fwd+bwd, Triton's compile and "
-          f"autotuning included.", ""]
+    L += [
+        "## Kernel table",
+        "",
+        f"Forward+backward (fwd+bwd) and forward (fwd) of one attention call, B 1, H 8, d 64, bf16 inputs, causal, "
+        f"on {ctx.device}; median of {s['repeats']} after {s['warmup']} warm-up (benchmarks/gpu_table.py). "
+        f"Forms: **{SDPA}**: torch SDPA, FlashAttention backend only; **{FLA_KERNEL}**: fla's own kernel, "
+        f"unnormalised linear attention without feature map, RoPE or decay (the speed bound); **{LINROPE_FLA}**: "
+        f'`linear_attention(impl="fla")`, elu+1, RoPE in the numerator, normalised, on two fla calls; '
+        f"**{LINROPE_CHUNK}**: the same on linrope's own chunked kernel. Peak MiB: allocated during one fwd+bwd "
+        f"above what was allocated before it (CUDA only). First call s: the first fwd+bwd, Triton's compile and "
+        f"autotuning included.",
+        "",
+    ]
     k = ctx.rows("kernels")
-    head = ["N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "÷ fla chunk_simple_gla",
-            "sdpa flash ÷ form", "status"]
+    head = [
+        "N",
+        "form",
+        "fwd+bwd ms",
+        "fwd ms",
+        "peak MiB",
+        "first call s",
+        "÷ fla chunk_simple_gla",
+        "sdpa flash ÷ form",
+        "status",
+    ]
     rows = []
     for r in k:
         ms, base, sd = r.get("fwd_bwd_ms"), kernel_ms(k, r["n"], FLA_KERNEL), kernel_ms(k, r["n"], SDPA)
         status = r["status"] + (f": {r['note']}" if r.get("note") else "")
-        rows.append([r["n"], r["form"], _f(ms), _f(r.get("fwd_ms")), _f(r.get("peak_mib"), 0),
-                     _f(r.get("first_s"), 1), f"{ms / base:.2f}×" if ms and base else "–",
-                     f"{sd / ms:.2f}×" if ms and sd else "–", status])
+        rows.append(
+            [
+                r["n"],
+                r["form"],
+                _f(ms),
+                _f(r.get("fwd_ms")),
+                _f(r.get("peak_mib"), 0),
+                _f(r.get("first_s"), 1),
+                f"{ms / base:.2f}×" if ms and base else "–",
+                f"{sd / ms:.2f}×" if ms and sd else "–",
+                status,
+            ]
+        )
     L += (table(head, rows) if rows else ["Not run."]) + [""]
-    L += ["## Training throughput", "",
-          f"benchmarks/train_throughput.py --device {ctx.device}: `size={s['size']}`, bf16-mixed (autocast), batch "
-          f"{s['batch']}, context {ctx.train_context or '–'}, AdamW + clipping as in training; median of "
-          f"{s['train_steps']} timed steps after {s['train_warmup']} warm-up, the models alternating step by step. "
-          f"Peak MiB: the model's weights and optimizer state plus the largest rise of allocated memory during one "
-          f"of its steps (CUDA only).", ""]
-    rows = [[r["model"], r.get("size", "–"), r.get("context"), r.get("batch"), _f(r.get("ms_per_step"), 1),
-             _f(r.get("tokens_per_s"), 0), _f(r.get("peak_mib"), 0), _f(r.get("first_s"), 1),
-             r["status"] + (f": {r['note']}" if r.get("note") else "")] for r in ctx.rows("train")]
-    L += (table(["model", "size", "context", "batch", "ms/step", "tokens/s", "peak MiB", "first step s", "status"],
-                rows) if rows else ["Not run."]) + [""]
+    L += [
+        "## Training throughput",
+        "",
+        f"benchmarks/train_throughput.py --device {ctx.device}: `size={s['size']}`, bf16-mixed (autocast), batch "
+        f"{s['batch']}, context {ctx.train_context or '–'}, AdamW + clipping as in training; median of "
+        f"{s['train_steps']} timed steps after {s['train_warmup']} warm-up, the models alternating step by step. "
+        f"Peak MiB: the model's weights and optimizer state plus the largest rise of allocated memory during one "
+        f"of its steps (CUDA only).",
+        "",
+    ]
+    rows = [
+        [
+            r["model"],
+            r.get("size", "–"),
+            r.get("context"),
+            r.get("batch"),
+            _f(r.get("ms_per_step"), 1),
+            _f(r.get("tokens_per_s"), 0),
+            _f(r.get("peak_mib"), 0),
+            _f(r.get("first_s"), 1),
+            r["status"] + (f": {r['note']}" if r.get("note") else ""),
+        ]
+        for r in ctx.rows("train")
+    ]
+    L += (
+        table(["model", "size", "context", "batch", "ms/step", "tokens/s", "peak MiB", "first step s", "status"], rows)
+        if rows
+        else ["Not run."]
+    ) + [""]
     L += ["## FSDP", ""]
     f = ctx.results.get("fsdp")
-    L += (table(["command", "status", "wall s", "note"],
-                [[f"`{ctx.fsdp.get('command', '')}`", f["status"], _f(f.get("wall_s"), 0), f.get("note", "")]])
-          if f else ["Not run."]) + [""]
+    L += (
+        table(
+            ["command", "status", "wall s", "note"],
+            [[f"`{ctx.fsdp.get('command', '')}`", f["status"], _f(f.get("wall_s"), 0), f.get("note", "")]],
+        )
+        if f
+        else ["Not run."]
+    ) + [""]
     L += ["## GPU goals", ""] + table(["goal", "measured", "met"], goals(ctx)) + [""]
     return "\n".join(L)
 
@@ -400,8 +620,11 @@ class Context:
         self.total_s = args.total_s or TOTAL_S[self.device]
         self.t0 = time.perf_counter()
         self.started = dt.datetime.now(dt.timezone.utc)
-        self.command = "bash benchmarks/gpu_check.sh" + (" --cpu" if args.cpu else "") + \
-            (f" --parts {','.join(self.parts)}" if self.parts != list(PARTS) else "")
+        self.command = (
+            "bash benchmarks/gpu_check.sh"
+            + (" --cpu" if args.cpu else "")
+            + (f" --parts {','.join(self.parts)}" if self.parts != list(PARTS) else "")
+        )
         self.env: dict = {}
         self.tests: dict = {}
         self.fsdp: dict = {}
@@ -411,7 +634,7 @@ class Context:
 
     def budget(self, part: str) -> float:
         """What is left of the total, less the shares of the parts after this one (at least 5 s)."""
-        later = self.parts[self.parts.index(part) + 1:]
+        later = self.parts[self.parts.index(part) + 1 :]
         left = self.total_s - (time.perf_counter() - self.t0)
         return max(left - sum(SHARES[self.device][p] for p in later), 5.0)
 
@@ -442,16 +665,28 @@ class Context:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--cpu", action="store_true", help="the CPU stand-in: the same parts on the CPU, tiny sizes")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "outputs" / "gpu_check"),
-                   help="where gpu_check.md, .log and .jsonl go (default: $OUT, else outputs/gpu_check)")
-    p.add_argument("--parts", type=lambda s: [x for x in s.split(",") if x], default=list(PARTS),
-                   help=f"comma-separated subset of {','.join(PARTS)}")
-    p.add_argument("--total-s", type=float, default=None,
-                   help=f"the whole check's budget in seconds (default {TOTAL_S['cuda']} on CUDA, "
-                        f"{TOTAL_S['cpu']} with --cpu)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT") or ROOT / "outputs" / "gpu_check"),
+        help="where gpu_check.md, .log and .jsonl go (default: $OUT, else outputs/gpu_check)",
+    )
+    p.add_argument(
+        "--parts",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=list(PARTS),
+        help=f"comma-separated subset of {','.join(PARTS)}",
+    )
+    p.add_argument(
+        "--total-s",
+        type=float,
+        default=None,
+        help=f"the whole check's budget in seconds (default {TOTAL_S['cuda']} on CUDA, {TOTAL_S['cpu']} with --cpu)",
+    )
     p.add_argument("--probe-env", choices=("cuda", "cpu"), help=argparse.SUPPRESS)  # the env part's subprocess
     args = p.parse_args(argv)
     if args.probe_env:
@@ -463,8 +698,9 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--parts: unknown {', '.join(unknown)} (parts: {', '.join(PARTS)})")
     ctx = Context(args)
-    ctx.log.line(f"# {ctx.command}: {ctx.device}, parts {', '.join(ctx.parts)}, budget {ctx.total_s:.0f} s, "
-                 f"output {ctx.out}")
+    ctx.log.line(
+        f"# {ctx.command}: {ctx.device}, parts {', '.join(ctx.parts)}, budget {ctx.total_s:.0f} s, output {ctx.out}"
+    )
     runners = {"env": part_env, "tests": part_tests, "kernels": part_kernels, "train": part_train, "fsdp": part_fsdp}
     for part in ctx.parts:
         ctx.log.line(f"\n## {part}")
@@ -485,8 +721,10 @@ def main(argv=None) -> int:
     ctx.finished = time.perf_counter() - ctx.t0
     ctx.write()
     ctx.log.line("\n## summary\n")
-    for line in table(["part", "status", "wall s", "note"],
-                      [[p, r["status"], _f(r.get("wall_s"), 0), r.get("note", "")] for p, r in ctx.results.items()]):
+    for line in table(
+        ["part", "status", "wall s", "note"],
+        [[p, r["status"], _f(r.get("wall_s"), 0), r.get("note", "")] for p, r in ctx.results.items()],
+    ):
         ctx.log.line(line)
     ctx.log.line("")
     for line in table(["goal", "measured", "met"], goals(ctx)):

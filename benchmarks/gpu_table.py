@@ -19,6 +19,7 @@ Usage:  python benchmarks/gpu_table.py
         python benchmarks/gpu_table.py --lengths 1024 16384 --forms "sdpa flash" "linrope on fla"
         python benchmarks/gpu_table.py --device cpu --lengths 256 1024     # the CPU stand-in
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,14 +33,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import kernel_time  # noqa: E402
 from benchmarks.forms import REGISTRY  # noqa: E402
 
-NEEDS_GPU = ("benchmarks/gpu_table.py needs a CUDA GPU (torch.cuda.is_available() is False here): "
-             "nothing was measured (--device cpu runs the CPU stand-in)")
+NEEDS_GPU = (
+    "benchmarks/gpu_table.py needs a CUDA GPU (torch.cuda.is_available() is False here): "
+    "nothing was measured (--device cpu runs the CPU stand-in)"
+)
 KEYS = ("sdpa-flash", "fla-triton", "fla", "chunk")
 FORMS = tuple(REGISTRY[k].label for k in KEYS)  # the row labels gpu_check.py reads
 SDPA, FLA_KERNEL, LINROPE_FLA, LINROPE_CHUNK = FORMS
-DEFAULTS = ["--device", "cuda", "--dtype", "bf16", "--lengths", "1024", "4096", "16384", "65536", "--forms", *KEYS,
-            "--ratios", *kernel_time.DEFAULT_RATIOS["cuda"], "--warmup", "3", "--repeats", "10",
-            "--max-run-s", "inf", "--budget-s", "600", "--peak-size", "0"]
+DEFAULTS = [
+    "--device",
+    "cuda",
+    "--dtype",
+    "bf16",
+    "--lengths",
+    "1024",
+    "4096",
+    "16384",
+    "65536",
+    "--forms",
+    *KEYS,
+    "--ratios",
+    *kernel_time.DEFAULT_RATIOS["cuda"],
+    "--warmup",
+    "3",
+    "--repeats",
+    "10",
+    "--max-run-s",
+    "inf",
+    "--budget-s",
+    "600",
+    "--peak-size",
+    "0",
+]
 
 
 def main(argv=None) -> int:

@@ -36,6 +36,7 @@ Usage:  python benchmarks/kernel_time.py --quick
             --ratios fla-naive-torch/chunk-none
         python benchmarks/kernel_time.py --device cuda --dtype bf16 --forms sdpa-flash fla-triton fla chunk
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,19 +59,23 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COLUMNS = ("N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "status")
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 QUICK_LENGTHS = [1024, 2048, 4096]
-DEFAULT_FORMS = {"cpu": ["chunk", "plain", "naive", "sdpa", "chunk-none", "plain-none", "fla-naive-torch"],
-                 "cuda": ["sdpa-flash", "fla-triton", "fla", "chunk"]}
-DEFAULT_RATIOS = {"cpu": ["sdpa/chunk", "plain/chunk", "naive/chunk", "fla-naive-torch/chunk-none",
-                          "plain-none/chunk-none"],
-                  "cuda": ["fla/fla-triton", "sdpa-flash/fla", "sdpa-flash/chunk"]}
+DEFAULT_FORMS = {
+    "cpu": ["chunk", "plain", "naive", "sdpa", "chunk-none", "plain-none", "fla-naive-torch"],
+    "cuda": ["sdpa-flash", "fla-triton", "fla", "chunk"],
+}
+DEFAULT_RATIOS = {
+    "cpu": ["sdpa/chunk", "plain/chunk", "naive/chunk", "fla-naive-torch/chunk-none", "plain-none/chunk-none"],
+    "cuda": ["fla/fla-triton", "sdpa-flash/fla", "sdpa-flash/chunk"],
+}
 OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: only torch.cuda's
 
 
 def measure(key: str, n: int, args, device: torch.device) -> dict:
     form = REGISTRY[key]
     fn = form.build(args.chunk_size, device)
-    (q, k, v), grad = make_inputs(form, n, device=device, dtype=DTYPES[args.dtype], batch=args.batch,
-                                  heads=args.heads, dim=args.dim, seed=n)
+    (q, k, v), grad = make_inputs(
+        form, n, device=device, dtype=DTYPES[args.dtype], batch=args.batch, heads=args.heads, dim=args.dim, seed=n
+    )
 
     def checked(q, k, v):
         timing.forced_failure(key, form.label)
@@ -87,8 +92,12 @@ def measure(key: str, n: int, args, device: torch.device) -> dict:
     first = time.perf_counter() - t0
     peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if cuda else None
     reps = dict(warmup=args.warmup, repeats=args.repeats, device=device)
-    return {"fwd_bwd_ms": timing.median_time(fwd_bwd, **reps) * 1e3, "fwd_ms": timing.median_time(fwd, **reps) * 1e3,
-            "peak_mib": peak, "first_s": first}
+    return {
+        "fwd_bwd_ms": timing.median_time(fwd_bwd, **reps) * 1e3,
+        "fwd_ms": timing.median_time(fwd, **reps) * 1e3,
+        "peak_mib": peak,
+        "first_s": first,
+    }
 
 
 def failure_note(e: BaseException) -> str:
@@ -101,8 +110,20 @@ def failure_note(e: BaseException) -> str:
 
 def row_line(r: dict) -> str:
     status = r["status"] + (f": {r['note']}" if r.get("note") else "")
-    return timing.table(COLUMNS, [[r["n"], r["form"], timing.fmt(r.get("fwd_bwd_ms")), timing.fmt(r.get("fwd_ms")),
-                                   timing.fmt(r.get("peak_mib"), 0), timing.fmt(r.get("first_s"), 1), status]])[-1]
+    return timing.table(
+        COLUMNS,
+        [
+            [
+                r["n"],
+                r["form"],
+                timing.fmt(r.get("fwd_bwd_ms")),
+                timing.fmt(r.get("fwd_ms")),
+                timing.fmt(r.get("peak_mib"), 0),
+                timing.fmt(r.get("first_s"), 1),
+                status,
+            ]
+        ],
+    )[-1]
 
 
 def skip_reason(key: str, n: int, args, last: dict, left: float) -> Optional[str]:
@@ -130,8 +151,14 @@ def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
     rows, last, dead = [], {}, {}
     for n in args.lengths:
         for key in args.forms:
-            row = {"part": "kernels", "n": n, "form": REGISTRY[key].label, "key": key, "device": device.type,
-                   "dtype": args.dtype}
+            row = {
+                "part": "kernels",
+                "n": n,
+                "form": REGISTRY[key].label,
+                "key": key,
+                "device": device.type,
+                "dtype": args.dtype,
+            }
             why = skip_reason(key, n, args, last, args.budget_s - (time.perf_counter() - start))
             if key in dead:
                 row.update(dead[key])
@@ -158,8 +185,9 @@ def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
 
 def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
     """The ratios, growth and FLOP-rate tables of the rows measured."""
-    ms = {(r["n"], r["key"], kind): r.get(kind) for r in rows if r["status"] == "ok"
-          for kind in ("fwd_ms", "fwd_bwd_ms")}
+    ms = {
+        (r["n"], r["key"], kind): r.get(kind) for r in rows if r["status"] == "ok" for kind in ("fwd_ms", "fwd_bwd_ms")
+    }
     lengths = sorted({r["n"] for r in rows})
     out = ["", "Ratios: time of A ÷ time of B, both measured above in this process (> 1: B is faster)", ""]
     cells = []
@@ -168,47 +196,68 @@ def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
         for n in lengths:
             fwd, fb = (timing.ratio(ms.get((n, a, kind)), ms.get((n, b, kind))) for kind in ("fwd_ms", "fwd_bwd_ms"))
             if fwd or fb:
-                cells.append([n, f"{REGISTRY[a].label} ÷ {REGISTRY[b].label}", timing.fmt_ratio(fwd),
-                              timing.fmt_ratio(fb)])
+                cells.append(
+                    [n, f"{REGISTRY[a].label} ÷ {REGISTRY[b].label}", timing.fmt_ratio(fwd), timing.fmt_ratio(fb)]
+                )
     out += timing.table(["N", "ratio", "fwd", "fwd+bwd"], cells) if cells else ["(no pair measured at the same N)"]
     out += ["", "Growth: fwd+bwd time at N ÷ at the first N measured", ""]
     cells = []
     for key in args.forms:
         got = [(n, ms[n, key, "fwd_bwd_ms"]) for n in lengths if ms.get((n, key, "fwd_bwd_ms"))]
-        cells += [[REGISTRY[key].label, f"{got[0][0]} → {n}", f"{t / got[0][1]:.2f}", f"{n / got[0][0]:g}"]
-                  for n, t in got[1:]]
+        cells += [
+            [REGISTRY[key].label, f"{got[0][0]} → {n}", f"{t / got[0][1]:.2f}", f"{n / got[0][0]:g}"]
+            for n, t in got[1:]
+        ]
     out += timing.table(["form", "N", "time ratio", "N ratio"], cells) if cells else ["(one N only)"]
-    counts = {"8·C·d + 8·d²": 8 * args.chunk_size * args.dim + 8 * args.dim**2,
-              "4·C·d + 4·d²": 4 * args.chunk_size * args.dim + 4 * args.dim**2}
+    counts = {
+        "8·C·d + 8·d²": 8 * args.chunk_size * args.dim + 8 * args.dim**2,
+        "4·C·d + 4·d²": 4 * args.chunk_size * args.dim + 4 * args.dim**2,
+    }
     cells = []
     for n in lengths:
         for key in args.forms:
             t = ms.get((n, key, "fwd_ms"))
             if t and REGISTRY[key].chunk_flops:
                 rates = [args.batch * args.heads * n * c / (t / 1e3) / 1e9 for c in counts.values()]
-                cells.append([n, REGISTRY[key].label] + [x for r in rates for x in
-                                                         (f"{r:.1f}", f"{100 * r / peak:.0f}%" if peak else "–")])
+                cells.append(
+                    [n, REGISTRY[key].label]
+                    + [x for r in rates for x in (f"{r:.1f}", f"{100 * r / peak:.0f}%" if peak else "–")]
+                )
     if cells:
-        where = f"float32 matmul peak ({args.peak_size}³ torch.mm) {peak:.1f} GFLOP/s" if peak else \
-            "no matmul peak measured (--peak-size 0)"
+        where = (
+            f"float32 matmul peak ({args.peak_size}³ torch.mm) {peak:.1f} GFLOP/s"
+            if peak
+            else "no matmul peak measured (--peak-size 0)"
+        )
         out += ["", f"FLOP rate of the forward; {where}", ""]
         out += timing.table(["N", "form"] + [h for c in counts for h in (f"GFLOP/s ({c})", "% of peak")], cells)
     return out
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__ + "\nForms (--forms takes the key in brackets or the label):\n"
-                                + "\n".join(legend(REGISTRY)))
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__ + "\nForms (--forms takes the key in brackets or the label):\n" + "\n".join(legend(REGISTRY)),
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths N (default 1k … 64k)")
     p.add_argument("--quick", action="store_true", help="N = 1k, 2k, 4k only (a smoke run)")
-    p.add_argument("--forms", nargs="+", default=None, metavar="FORM",
-                   help="forms to time, in this order at each N (default on cpu: "
-                        f"{' '.join(DEFAULT_FORMS['cpu'])}; on cuda: {' '.join(DEFAULT_FORMS['cuda'])})")
-    p.add_argument("--ratios", nargs="+", default=None, metavar="A/B",
-                   help="time ratios to print, each of two forms' keys (default on cpu: "
-                        f"{' '.join(DEFAULT_RATIOS['cpu'])}; on cuda: {' '.join(DEFAULT_RATIOS['cuda'])})")
+    p.add_argument(
+        "--forms",
+        nargs="+",
+        default=None,
+        metavar="FORM",
+        help="forms to time, in this order at each N (default on cpu: "
+        f"{' '.join(DEFAULT_FORMS['cpu'])}; on cuda: {' '.join(DEFAULT_FORMS['cuda'])})",
+    )
+    p.add_argument(
+        "--ratios",
+        nargs="+",
+        default=None,
+        metavar="A/B",
+        help="time ratios to print, each of two forms' keys (default on cpu: "
+        f"{' '.join(DEFAULT_RATIOS['cpu'])}; on cuda: {' '.join(DEFAULT_RATIOS['cuda'])})",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help="input dtype (default fp32)")
     p.add_argument("--batch", type=int, default=1)
@@ -218,14 +267,21 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement; the median is reported")
     p.add_argument("--naive-max", type=int, default=4096, help="largest N for the naive form (B·H·N² weights)")
-    p.add_argument("--max-run-s", type=float, default=20.0,
-                   help="skip a form at an N where one fwd+bwd is predicted to take longer than this (default 20)")
+    p.add_argument(
+        "--max-run-s",
+        type=float,
+        default=20.0,
+        help="skip a form at an N where one fwd+bwd is predicted to take longer than this (default 20)",
+    )
     p.add_argument("--budget-s", type=float, default=math.inf, help="wall-clock budget of the whole table")
     p.add_argument("--peak-size", type=int, default=2048, help="size of the matmul whose rate is the peak (0: none)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
-                        "(linrope.base.memory.retain_freed_memory), for every form alike")
+    p.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
+        "(linrope.base.memory.retain_freed_memory), for every form alike",
+    )
     p.add_argument("--jsonl", type=Path, default=None, help="append each row here as one JSON line")
     args = p.parse_args(argv)
     kind = torch.device(args.device).type
@@ -245,10 +301,12 @@ def main(argv=None) -> int:
     timing.set_threads(args.threads)
     retained = False if args.system_malloc else retain_freed_memory()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    timing.header(f"kernel time: {where}; B={args.batch}, H={args.heads}, d={args.dim}, {args.dtype}, causal, "
-                  f"C={args.chunk_size}",
-                  f"fwd+bwd and fwd: median of {args.repeats} after {args.warmup} warm-up; malloc: "
-                  + ("freed memory kept for reuse" if retained else "as the system has it"))
+    timing.header(
+        f"kernel time: {where}; B={args.batch}, H={args.heads}, d={args.dim}, {args.dtype}, causal, "
+        f"C={args.chunk_size}",
+        f"fwd+bwd and fwd: median of {args.repeats} after {args.warmup} warm-up; malloc: "
+        + ("freed memory kept for reuse" if retained else "as the system has it"),
+    )
     print("\n".join(["Forms:"] + legend(args.forms) + [""] + timing.table(COLUMNS, [])[:2]), flush=True)
 
     def emit(row):

@@ -21,6 +21,7 @@ for its descheduled thread, so a kernel of many small operations slows most.
 Usage:  python benchmarks/loaded.py                      # N = 16 384, 5 rounds
         python benchmarks/loaded.py --length 4096 --rounds 3 --forms chunk sdpa
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,10 @@ def measure(length: int, rounds: int, forms, warmup: int = 1):
                 got = timing.rounds(calls, rounds=1, warmup=warmup if r == 0 and state == "quiet" else 0)
             for f in forms:
                 times[f, state] += got[f]
-        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{f} {s} {times[f, s][-1] * 1e3:.0f} ms" for f, s in times),
-              flush=True)
+        print(
+            f"round {r + 1}/{rounds}: " + ", ".join(f"{f} {s} {times[f, s][-1] * 1e3:.0f} ms" for f, s in times),
+            flush=True,
+        )
     return times
 
 
@@ -83,23 +86,29 @@ def report(times, forms) -> dict:
     linear = [f for f in forms if f != "sdpa"] if "sdpa" in forms else []
     adv = {(f, s): med["sdpa", s] / med[f, s] for f in linear for s in STATES}
     head = ["state"] + [f"{label[f]} f+b ms" for f in forms] + [f"{label['sdpa']} ÷ {label[f]}" for f in linear]
-    rows = [[s] + [f"{med[f, s] * 1e3:.1f}" for f in forms] + [timing.fmt_ratio(adv[f, s]) for f in linear]
-            for s in STATES]
+    rows = [
+        [s] + [f"{med[f, s] * 1e3:.1f}" for f in forms] + [timing.fmt_ratio(adv[f, s]) for f in linear] for s in STATES
+    ]
     print("\n".join([""] + timing.table(head, rows) + [""]))
     for f in linear:
-        print(f"{label[f]}: loaded / quiet advantage {adv[f, 'loaded'] / adv[f, 'quiet']:.2f} "
-              "(goal for the new plan: ≥ 0.80)")
+        print(
+            f"{label[f]}: loaded / quiet advantage {adv[f, 'loaded'] / adv[f, 'quiet']:.2f} "
+            "(goal for the new plan: ≥ 0.80)"
+        )
     if "chunk" in linear and "chunk-old" in linear:
-        print(f"quiet advantage, new / old plan: {adv['chunk', 'quiet'] / adv['chunk-old', 'quiet']:.3f} "
-              "(goal: ≥ 0.95); time old / new: quiet "
-              f"{med['chunk-old', 'quiet'] / med['chunk', 'quiet']:.3f}, loaded "
-              f"{med['chunk-old', 'loaded'] / med['chunk', 'loaded']:.3f}")
+        print(
+            f"quiet advantage, new / old plan: {adv['chunk', 'quiet'] / adv['chunk-old', 'quiet']:.3f} "
+            "(goal: ≥ 0.95); time old / new: quiet "
+            f"{med['chunk-old', 'quiet'] / med['chunk', 'quiet']:.3f}, loaded "
+            f"{med['chunk-old', 'loaded'] / med['chunk', 'loaded']:.3f}"
+        )
     return adv
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--length", type=int, default=16384, help="sequence length N")
     p.add_argument("--rounds", type=int, default=5, help="rounds, each quiet then loaded; medians reported")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each form before the rounds")
@@ -108,8 +117,11 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     timing.set_threads(args.threads)
     retained = retain_freed_memory()
-    timing.header(f"loaded machine: fwd+bwd quiet and beside one busy process; B={B} H={H} N={args.length} d={D} "
-                  f"float32 causal, C={C}", f"median of {args.rounds} rounds, freed memory kept: {retained}")
+    timing.header(
+        f"loaded machine: fwd+bwd quiet and beside one busy process; B={B} H={H} N={args.length} d={D} "
+        f"float32 causal, C={C}",
+        f"median of {args.rounds} rounds, freed memory kept: {retained}",
+    )
     return report(measure(args.length, args.rounds, args.forms, args.warmup), args.forms)
 
 

@@ -15,6 +15,7 @@ keep freed memory for reuse as train.py does, unless ``--system-malloc``.
 
 Usage:  python benchmarks/memory.py --lengths 4096 16384 65536 --forms chunk naive sdpa
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,17 @@ def child(key: str, n: int, chunk_size: int) -> dict:
 
 
 def measure(key: str, n: int, args) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", key, str(n), "--chunk-size", str(args.chunk_size),
-           "--threads", str(torch.get_num_threads())] + (["--system-malloc"] if args.system_malloc else [])
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_child",
+        key,
+        str(n),
+        "--chunk-size",
+        str(args.chunk_size),
+        "--threads",
+        str(torch.get_num_threads()),
+    ] + (["--system-malloc"] if args.system_malloc else [])
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, env=os.environ.copy())
     except subprocess.TimeoutExpired:
@@ -77,18 +87,28 @@ def measure(key: str, n: int, args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__ + "\nForms:\n" + "\n".join(legend(REGISTRY)))
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__ + "\nForms:\n" + "\n".join(legend(REGISTRY)),
+    )
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536], help="sequence lengths N")
-    p.add_argument("--forms", nargs="+", default=["chunk", "naive", "sdpa"], metavar="FORM",
-                   help="forms (keys or labels of benchmarks/forms.py; default chunk naive sdpa)")
+    p.add_argument(
+        "--forms",
+        nargs="+",
+        default=["chunk", "naive", "sdpa"],
+        metavar="FORM",
+        help="forms (keys or labels of benchmarks/forms.py; default chunk naive sdpa)",
+    )
     p.add_argument("--chunk-size", type=int, default=C)
     p.add_argument("--naive-max", type=int, default=4096, help="largest N for the naive form (B·H·N² weights)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="time limit of each child process")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does")
+    p.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does",
+    )
     p.add_argument("--_child", nargs=2, metavar=("FORM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     timing.set_threads(args.threads)
@@ -100,20 +120,38 @@ def main(argv=None) -> int:
         keys = [lookup(f).key for f in args.forms]
     except KeyError as e:
         p.error(f"--forms: {e.args[0]}")
-    timing.header(f"memory: peak RSS of one forward+backward in a fresh process; B={B}, H={H}, d={D}, float32, "
-                  f"causal, C={args.chunk_size}",
-                  "malloc: " + ("freed memory kept for reuse" if retained else "as the system has it"))
+    timing.header(
+        f"memory: peak RSS of one forward+backward in a fresh process; B={B}, H={H}, d={D}, float32, "
+        f"causal, C={args.chunk_size}",
+        "malloc: " + ("freed memory kept for reuse" if retained else "as the system has it"),
+    )
     print("\n".join(["Forms:"] + legend(keys) + [""] + timing.table(COLUMNS, [])[:2]), flush=True)
     failed = False
     for n in args.lengths:
         for key in keys:
-            r = ({"status": "skipped", "note": f"N above --naive-max {args.naive_max}"}
-                 if key == "naive" and n > args.naive_max else measure(key, n, args))
+            r = (
+                {"status": "skipped", "note": f"N above --naive-max {args.naive_max}"}
+                if key == "naive" and n > args.naive_max
+                else measure(key, n, args)
+            )
             failed = failed or r["status"] == "failed"
             status = r["status"] + (f": {r['note']}" if r.get("note") else "")
-            print(timing.table(COLUMNS, [[n, REGISTRY[key].label, timing.fmt(r.get("delta_mb"), 0),
-                                          timing.fmt(r.get("peak_mb"), 0), timing.fmt(3 * B * H * n * D * 4 / 2**20, 0),
-                                          status]])[-1], flush=True)
+            print(
+                timing.table(
+                    COLUMNS,
+                    [
+                        [
+                            n,
+                            REGISTRY[key].label,
+                            timing.fmt(r.get("delta_mb"), 0),
+                            timing.fmt(r.get("peak_mb"), 0),
+                            timing.fmt(3 * B * H * n * D * 4 / 2**20, 0),
+                            status,
+                        ]
+                    ],
+                )[-1],
+                flush=True,
+            )
     return 1 if failed else 0
 
 

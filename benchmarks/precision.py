@@ -15,6 +15,7 @@ the rule.
 Usage:  python benchmarks/precision.py --rounds 9
         python benchmarks/precision.py --threads 1 --no-errors
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,12 @@ def speed(key: str, lengths, rounds: int, warmup: int, mm_size: int) -> list[str
     fn = form.build(C, torch.device("cpu"))
     a, b = torch.randn(mm_size, mm_size), torch.randn(mm_size, mm_size)
     mats = {name: (a.to(dt), b.to(dt)) for name, dt in DTYPES.items()}
-    mm = timing.medians(timing.rounds({name: (lambda x=x, y=y: x @ y) for name, (x, y) in mats.items()},
-                                      rounds=rounds))
-    out = [f"{mm_size}³ torch.mm: float32 {2 * mm_size**3 / mm['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
-           f"{2 * mm_size**3 / mm['bfloat16'] / 1e9:.0f} GFLOP/s: {mm['float32'] / mm['bfloat16']:.2f}×", ""]
+    mm = timing.medians(timing.rounds({name: (lambda x=x, y=y: x @ y) for name, (x, y) in mats.items()}, rounds=rounds))
+    out = [
+        f"{mm_size}³ torch.mm: float32 {2 * mm_size**3 / mm['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
+        f"{2 * mm_size**3 / mm['bfloat16'] / 1e9:.0f} GFLOP/s: {mm['float32'] / mm['bfloat16']:.2f}×",
+        "",
+    ]
     rows = []
     for n in lengths:
         calls = {}
@@ -50,11 +53,21 @@ def speed(key: str, lengths, rounds: int, warmup: int, mm_size: int) -> list[str
             pair = passes(fn, q, k, v, grad)
             calls.update({(name, p): pair[i] for p, i in PASSES.items()})
         m = {key_: t * 1e3 for key_, t in timing.medians(timing.rounds(calls, rounds=rounds, warmup=warmup)).items()}
-        rows.append([n, form.label] + [x for p in ("fwd", "fwd+bwd") for x in
-                                       (f"{m['float32', p]:.1f}", f"{m['bfloat16', p]:.1f}",
-                                        timing.fmt_ratio(timing.ratio(m["float32", p], m["bfloat16", p])))])
-    head = ["N", "form"] + [f"{p} {h}" for p in ("fwd", "fwd+bwd")
-                            for h in ("float32 ms", "bfloat16 ms", "float32 ÷ bfloat16")]
+        rows.append(
+            [n, form.label]
+            + [
+                x
+                for p in ("fwd", "fwd+bwd")
+                for x in (
+                    f"{m['float32', p]:.1f}",
+                    f"{m['bfloat16', p]:.1f}",
+                    timing.fmt_ratio(timing.ratio(m["float32", p], m["bfloat16", p])),
+                )
+            ]
+        )
+    head = ["N", "form"] + [
+        f"{p} {h}" for p in ("fwd", "fwd+bwd") for h in ("float32 ms", "bfloat16 ms", "float32 ÷ bfloat16")
+    ]
     return out + timing.table(head, rows)
 
 
@@ -67,8 +80,12 @@ def errors(n: int, heads: int = 2) -> list[str]:
         return ((a.double() - b).norm() / b.norm()).item()
 
     rules = {"bfloat16 products": CK.matmul_dtype, "float32 products": lambda dtype, rope: compute_dtype(dtype)}
-    cases = [("elu", "numerator", None), ("elu", "numerator", torch.tensor([0.999, 0.99])),
-             ("cosine", "numerator", None), ("elu", "none", None)]
+    cases = [
+        ("elu", "numerator", None),
+        ("elu", "numerator", torch.tensor([0.999, 0.99])),
+        ("cosine", "numerator", None),
+        ("elu", "none", None),
+    ]
     rows = []
     try:
         for fm, rope, decay in cases:
@@ -87,18 +104,27 @@ def errors(n: int, heads: int = 2) -> list[str]:
                 (out.double() * w).sum().backward()
                 errs = [rel(out.detach(), ref.detach()), rel(state.S, ref_state.S.detach())]
                 errs += [rel(x.grad, r.grad) for x, r in zip(leaves, ref_leaves)]
-                rows.append([f"{fm}, {rope}, {'decay' if decay is not None else 'no decay'}", label,
-                             f"{errs[0]:.1e} ({floor:.1e})"] + [f"{e:.1e}" for e in errs[1:]])
+                rows.append(
+                    [
+                        f"{fm}, {rope}, {'decay' if decay is not None else 'no decay'}",
+                        label,
+                        f"{errs[0]:.1e} ({floor:.1e})",
+                    ]
+                    + [f"{e:.1e}" for e in errs[1:]]
+                )
     finally:
         CK.matmul_dtype = rules["bfloat16 products"]
-    return [f"linrope chunk on bfloat16 inputs against float64 linrope naive on the same inputs (N={n}, H={heads}, "
-            f"d={D}; relative error, in norm)", ""] + \
-        timing.table(["feature map, placement, decay", "products", "output (floor)", "final S", "dq", "dk", "dv"], rows)
+    return [
+        f"linrope chunk on bfloat16 inputs against float64 linrope naive on the same inputs (N={n}, H={heads}, "
+        f"d={D}; relative error, in norm)",
+        "",
+    ] + timing.table(["feature map, placement, decay", "products", "output (floor)", "final S", "dq", "dk", "dv"], rows)
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--form", default="chunk", help="the form timed in both precisions (a key of benchmarks/forms.py)")
     p.add_argument("--lengths", type=int, nargs="+", default=[16384], help="sequence lengths N of the speed table")
     p.add_argument("--rounds", type=int, default=9, help="alternating rounds; medians reported")
@@ -113,8 +139,10 @@ def main(argv=None) -> None:
     except KeyError as e:
         p.error(f"--form: {e.args[0]}")
     timing.set_threads(args.threads)
-    timing.header(f"precision: float32 vs bfloat16 inputs, B={B} H={H} d={D} causal, C={C}",
-                  f"median of {args.rounds} alternating rounds after {args.warmup} warm-up")
+    timing.header(
+        f"precision: float32 vs bfloat16 inputs, B={B} H={H} d={D} causal, C={C}",
+        f"median of {args.rounds} alternating rounds after {args.warmup} warm-up",
+    )
     lines = legend([key]) + [""] + speed(key, args.lengths, args.rounds, args.warmup, args.mm_size)
     print("\n".join(lines), flush=True)
     if not args.no_errors:

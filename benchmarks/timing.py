@@ -5,6 +5,7 @@ or, where several things are compared, of rounds in which they alternate (``roun
 a shared machine hits them alike.  On CUDA a call is timed between CUDA events and synchronised.  A ratio is
 only ever taken between two times measured in the same process (``ratio``: None where either is missing).
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,14 @@ def median_time(fn: Callable[[], object], *, warmup: int, repeats: int, device="
     return statistics.median(once(fn, device) for _ in range(repeats))
 
 
-def rounds(fns: dict[Hashable, Callable[[], object]], *, rounds: int, warmup: int = 1, device="cpu",
-           on_round: Optional[Callable[[int, dict], None]] = None) -> dict[Hashable, list[float]]:
+def rounds(
+    fns: dict[Hashable, Callable[[], object]],
+    *,
+    rounds: int,
+    warmup: int = 1,
+    device="cpu",
+    on_round: Optional[Callable[[int, dict], None]] = None,
+) -> dict[Hashable, list[float]]:
     """Seconds per call of each ``fns[key]()``, the keys alternating within each of ``rounds`` rounds, after
     ``warmup`` untimed calls of each; ``on_round(i, times)`` after each round (to print progress)."""
     for fn in fns.values():
@@ -101,8 +108,9 @@ def fmt_ratio(x: Optional[float]) -> str:
 def table(head: list, rows: list[list]) -> list[str]:
     """A markdown table, one line per row ('|' in a cell becomes '/')."""
     cell = lambda c: str(c).replace("|", "/").replace("\n", " ")  # noqa: E731
-    return ["| " + " | ".join(map(cell, head)) + " |", "|" + "---|" * len(head)] + \
-        ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return ["| " + " | ".join(map(cell, head)) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(cell(c) for c in r) + " |" for r in rows
+    ]
 
 
 def header(title: str, timing: str) -> None:

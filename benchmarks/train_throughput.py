@@ -49,6 +49,7 @@ Usage:  python benchmarks/train_throughput.py                       # context 81
         python benchmarks/train_throughput.py --device cuda --precision bf16-mixed --override size=base \
             --context 4096 --batch 4 --models linear_rope linear_rope:model.attention.impl=fla softmax_rope
 """
+
 from __future__ import annotations
 
 import argparse
@@ -223,38 +224,64 @@ def header(args, first, retained: bool) -> None:
     sizes = f"d_model={m.d_model} layers={m.n_layers} heads={m.n_heads} d_ff={m.d_ff} " if m is not None else ""
     opt = f"{type(first.opt).__name__} + clip {first.clip}" if hasattr(first, "opt") else "the optimizer did not build"
     print(f"# training throughput on {args.device}: {sizes}batch={args.batch}, {' / '.join(args.precision)}, {opt}")
-    print(f"{machine_line()}; {args.warmup} warm-up steps per model, "
-          f"median of {args.steps} timed steps (models alternating); malloc: "
-          + ("freed memory kept for reuse" if retained else "as the system has it"), flush=True)
+    print(
+        f"{machine_line()}; {args.warmup} warm-up steps per model, "
+        f"median of {args.steps} timed steps (models alternating); malloc: "
+        + ("freed memory kept for reuse" if retained else "as the system has it"),
+        flush=True,
+    )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--context", type=int, nargs="+", default=[8192], help="context lengths (tokens) to time")
-    p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, metavar="PRESET[:KEY=VALUE,...]",
-                   help=f"model presets (conf/model/) to time, each optionally with overrides of its own; "
-                        f"default: {' '.join(DEFAULT_MODELS)}")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        default=DEFAULT_MODELS,
+        metavar="PRESET[:KEY=VALUE,...]",
+        help=f"model presets (conf/model/) to time, each optionally with overrides of its own; "
+        f"default: {' '.join(DEFAULT_MODELS)}",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: model, optimizer and data there")
     p.add_argument("--d-model", type=int, default=None, help="model.d_model (default: conf/size/small.yaml's)")
     p.add_argument("--layers", type=int, default=None, help="model.n_layers (default: the size config's)")
     p.add_argument("--heads", type=int, default=None, help="model.n_heads (default: the size config's)")
     p.add_argument("--d-ff", type=int, default=None, help="model.d_ff (default: the size config's)")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--chunk-size", type=int, default=None,
-                   help="chunk size of linear attention's chunked kernel (default: conf/attention/linear.yaml's)")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help="chunk size of linear attention's chunked kernel (default: conf/attention/linear.yaml's)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per model before timing")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per model (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="time every model eager and compiled (torch.compile)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
-    p.add_argument("--precision", nargs="+", default=["32-true"], choices=list(AUTOCAST),
-                   help="trainer.precision values to time, each model at each (bf16-mixed: autocast as Lightning)")
-    p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="more Hydra overrides of conf/train.yaml for every model (size=tiny, optim.lr=1e-3, ...)")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
-                        "(linrope.base.memory.retain_freed_memory)")
+    p.add_argument(
+        "--precision",
+        nargs="+",
+        default=["32-true"],
+        choices=list(AUTOCAST),
+        help="trainer.precision values to time, each model at each (bf16-mixed: autocast as Lightning)",
+    )
+    p.add_argument(
+        "--override",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more Hydra overrides of conf/train.yaml for every model (size=tiny, optim.lr=1e-3, ...)",
+    )
+    p.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
+        "(linrope.base.memory.retain_freed_memory)",
+    )
     p.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and context here")
     args = p.parse_args(argv)
     for m in args.models:
@@ -270,8 +297,12 @@ def main(argv=None) -> int:
 
     rows, failed = [], False
     for ctx in args.context:
-        trainers = [make_trainer(name, args, ctx, c, prec) for name in args.models
-                    for c in ((False, True) if args.compile else (False,)) for prec in args.precision]
+        trainers = [
+            make_trainer(name, args, ctx, c, prec)
+            for name in args.models
+            for c in ((False, True) if args.compile else (False,))
+            for prec in args.precision
+        ]
         if not rows:
             header(args, next((t for t in trainers if hasattr(t, "cfg")), trainers[0]), retained)
         for tr in trainers:
@@ -284,22 +315,38 @@ def main(argv=None) -> int:
                     tr.times.append(dt)
         row = {"context": ctx}
         for tr in trainers:
-            rec = {"part": "train", "model": tr.model, "name": tr.name, "precision": tr.precision,
-                   "device": args.device, "context": ctx, "batch": args.batch, "status": tr.status,
-                   "note": tr.error}
+            rec = {
+                "part": "train",
+                "model": tr.model,
+                "name": tr.name,
+                "precision": tr.precision,
+                "device": args.device,
+                "context": ctx,
+                "batch": args.batch,
+                "status": tr.status,
+                "note": tr.error,
+            }
             if tr.error is None:
                 med = statistics.median(tr.times)
                 row[tr.name] = med
                 row[tr.name + " first"] = tr.first
-                rec.update(ms_per_step=med * 1e3, tokens_per_s=args.batch * ctx / med, first_s=tr.first,
-                           peak_mib=tr.peak_mib, steps=len(tr.times))
+                rec.update(
+                    ms_per_step=med * 1e3,
+                    tokens_per_s=args.batch * ctx / med,
+                    first_s=tr.first,
+                    peak_mib=tr.peak_mib,
+                    steps=len(tr.times),
+                )
                 if hasattr(tr, "cfg"):
                     m = tr.cfg.model
                     rec["size"] = f"d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads, d_ff {m.d_ff}"
                 peak = f", peak {tr.peak_mib:.0f} MiB" if tr.peak_mib is not None else ""
-                print(f"context={ctx} {tr.name}: first step {tr.first:.1f} s; step times "
-                      + ", ".join(f"{t * 1e3:.0f}" for t in tr.times)
-                      + f" ms; median {med * 1e3:.0f} ms, {args.batch * ctx / med:.0f} tokens/s{peak}", flush=True)
+                print(
+                    f"context={ctx} {tr.name}: first step {tr.first:.1f} s; step times "
+                    + ", ".join(f"{t * 1e3:.0f}" for t in tr.times)
+                    + f" ms; median {med * 1e3:.0f} ms, {args.batch * ctx / med:.0f} tokens/s{peak}",
+                    flush=True,
+                )
             else:
                 failed = failed or tr.status == "failed"  # "unavailable": fla on a CPU
                 print(f"context={ctx} {tr.name}: {tr.status}: {tr.error}", flush=True)
@@ -314,8 +361,11 @@ def main(argv=None) -> int:
     print()
     suffixes = [f" {p_}" for p_ in args.precision] if len(args.precision) > 1 else [""]
     names = [n + c + s_ for n in args.models for c in (("", " compiled") if args.compile else ("",)) for s_ in suffixes]
-    mixed = [n for n in args.models if len(args.precision) > 1 and not args.compile
-             and {"32-true", "bf16-mixed"} <= set(args.precision)]
+    mixed = [
+        n
+        for n in args.models
+        if len(args.precision) > 1 and not args.compile and {"32-true", "bf16-mixed"} <= set(args.precision)
+    ]
     head = ["context"] + [f"{n} ms/step" for n in names] + [f"{n} tokens/s" for n in names]
     both = "linear_rope" in names and "softmax_rope" in names
     if both:
@@ -328,6 +378,7 @@ def main(argv=None) -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
+
         def ratio(a, b, fmt="{:.2f}×", r=r):
             return fmt.format(r[a] / r[b]) if a in r and b in r else "failed"
 
@@ -339,8 +390,10 @@ def main(argv=None) -> int:
                 cells.append(ratio("softmax_rope compiled", "linear_rope compiled"))
         if args.compile:
             cells += [ratio(n, n + " compiled") for n in args.models]
-            cells += [f"{r[n + ' compiled first'] - r[n + ' compiled']:.0f}" if n + " compiled" in r else "failed"
-                      for n in args.models]
+            cells += [
+                f"{r[n + ' compiled first'] - r[n + ' compiled']:.0f}" if n + " compiled" in r else "failed"
+                for n in args.models
+            ]
         cells += [ratio(n + " 32-true", n + " bf16-mixed") for n in mixed]
         print("| " + " | ".join(cells) + " |")
     return 1 if failed else 0

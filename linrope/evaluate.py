@@ -2,6 +2,7 @@
 
 A command: the top level of linrope holds the commands, each the entry point its console script and
 ``python -m`` run; the work is done in ``linrope.evaluation.evaluate`` (docs/architecture.md)."""
+
 from linrope.evaluation.evaluate import main, run  # noqa: F401
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Reads like a table of contents: check the config, seed, build data / model / cal
 loggers / trainer, fit, test the best checkpoint (``train=false``: the ``ckpt_path`` given), return
 the metric a sweeper optimises. ``--help`` lists the config groups and their options; ``--config-dir DIR``
 adds a folder of the user's own presets and experiments (docs/package.md)."""
+
 from typing import Optional
 
 import hydra
@@ -34,6 +35,7 @@ def main(cfg: DictConfig) -> Optional[float]:
 
             retain_freed_memory()
         from lightning import seed_everything
+
         from linrope.training import builders as T
         from linrope.training.after_training import explain_stop
 

@@ -1,5 +1,6 @@
 """The suite's fixtures, and what makes it the same suite however it was started (tests/README.md): from any
 folder, in the background or not, from any shell's environment."""
+
 import os
 import signal
 import threading
@@ -18,9 +19,20 @@ from tests.helpers import CONF, ROOT
 #   HYDRA_FULL_ERROR: full tracebacks where the tests expect linrope's one line; TRITON_INTERPRET, LINROPE_*:
 #   switches that tests set themselves.
 LAUNCH_PREFIXES = ("WANDB_", "SLURM_", "TORCHELASTIC_", "LINROPE_")
-LAUNCH_VARIABLES = {"RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                    "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "HYDRA_FULL_ERROR",
-                    "TRITON_INTERPRET"}
+LAUNCH_VARIABLES = {
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PL_GLOBAL_SEED",
+    "PL_SEED_WORKERS",
+    "HYDRA_FULL_ERROR",
+    "TRITON_INTERPRET",
+}
 for _name in [n for n in os.environ if n.startswith(LAUNCH_PREFIXES) or n in LAUNCH_VARIABLES]:
     del os.environ[_name]
 os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true")

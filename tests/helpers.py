@@ -3,6 +3,7 @@ training run, train.py's main run in-process, seeded generators and the relative
 which Hydra finds a test-only class.  Fixtures are in tests/conftest.py; a helper that the tests of one folder
 share is in that folder, in a module not named test_* (tests/evaluation/helpers.py, tests/ops/fla_cases.py).
 A test module never imports another test module nor conftest."""
+
 from __future__ import annotations
 
 import zlib
@@ -14,8 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
 # A training run in seconds: the tiny model on 400 KB of the byte corpus, small evaluations, nothing logged.
-TINY = ("size=tiny", "logger=none", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
-        "data.val_windows=4", "data.test_windows=4", "data.batch_size=4", "data.eval_batch_size=4")
+TINY = (
+    "size=tiny",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "data.max_bytes=400000",
+    "data.val_windows=4",
+    "data.test_windows=4",
+    "data.batch_size=4",
+    "data.eval_batch_size=4",
+)
 
 
 def override_key(override: str) -> str:

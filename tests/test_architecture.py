@@ -3,10 +3,11 @@
 - the import graph of ``linrope/`` (module-level and function-level imports alike) has no cycle, and
   every import goes to a lower layer or to its own package (the layers are the packages: each names its
   layer in the first line of its docstring; the top-level modules are the commands, above them all);
-- no module of ``linrope/`` is longer than 400 lines;
+- no module of ``linrope/`` is longer than 550 lines (as ruff formats it: one argument a line where a call wraps);
 - no object is recognised by the string of its class name (``type(x).__name__ == ...``);
 - the repository explains itself: no tracked file cites a design note it does not contain.
 """
+
 import ast
 import re
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "linrope"
-MAX_LINES = 400
+MAX_LINES = 550  # lines as ruff formats them (one argument a line where a call wraps); 400 before the formatter
 
 
 def modules():
@@ -158,11 +159,16 @@ def upward_imports(graph, table) -> list:
 
 def test_the_layer_check_finds_an_upward_import():
     table = {"base": (0, "foundation"), "ops": (1, "operators"), "data": (1, "data")}
-    graph = {"linrope.base.errors": {"linrope.ops.rope"}, "linrope.ops.rope": {"linrope.data.bytes"},
-             "linrope.data.bytes": {"linrope.base.errors"}, "linrope.train": {"linrope.data.bytes"}}
+    graph = {
+        "linrope.base.errors": {"linrope.ops.rope"},
+        "linrope.ops.rope": {"linrope.data.bytes"},
+        "linrope.data.bytes": {"linrope.base.errors"},
+        "linrope.train": {"linrope.data.bytes"},
+    }
     assert upward_imports(graph, table) == [
         "linrope.base.errors (foundation) imports linrope.ops.rope (operators)",
-        "linrope.ops.rope (operators) imports linrope.data.bytes (data)"]
+        "linrope.ops.rope (operators) imports linrope.data.bytes (data)",
+    ]
 
 
 def test_every_import_goes_to_a_lower_layer_or_its_own_package():
@@ -176,8 +182,12 @@ def test_no_module_longer_than_the_limit():
 
 def test_no_class_recognised_by_its_name_string():
     pattern = re.compile(r"\)\.__name__\s*(==|!=|\bin\b)")  # type(x).__name__ == "Name"
-    hits = [f"{p.relative_to(ROOT)}:{i}" for p in modules().values()
-            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in modules().values()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert hits == []
 
 
@@ -202,8 +212,10 @@ def test_no_file_cites_a_design_note_outside_the_repository():
 def test_the_library_imports_neither_lightning_hydra_nor_wandb():
     """``import linrope.ops`` / ``linrope.models.attention`` / ``linrope.positions`` is what a user's own code does to use
     the kernels and layers: it loads none of the framework around them (issue 26)."""
-    code = ("import sys, linrope.ops, linrope.models.attention, linrope.positions; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'lightning', 'pytorch_lightning', 'lightning_fabric', 'hydra', 'wandb'}))")
+    code = (
+        "import sys, linrope.ops, linrope.models.attention, linrope.positions; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'lightning', 'pytorch_lightning', 'lightning_fabric', 'hydra', 'wandb'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"

@@ -1,5 +1,6 @@
 """The benchmark scripts: one registry of forms, one timing helper; every script runs at tiny sizes and labels
 its rows with what they time."""
+
 import argparse
 import json
 import os
@@ -31,8 +32,11 @@ TINY = ["--repeats", "1", "--warmup", "0", "--peak-size", "64", "--heads", "2", 
 
 def table_rows(text: str, first: str) -> list[list[str]]:
     """The cells of the markdown rows of ``text`` whose first cell is ``first``."""
-    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
-            if re.match(r"\| " + re.escape(first) + r" \|", line)]
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if re.match(r"\| " + re.escape(first) + r" \|", line)
+    ]
 
 
 @pytest.mark.parametrize("rope", ["numerator", "none"])
@@ -83,8 +87,9 @@ def test_fla_naive_form_says_it_is_fla_s_pure_pytorch_reference():
 def test_fla_naive_row_is_fla_s_reference_beside_linrope_without_rope(capsys):
     """kernel_time.py's row for it carries that label, and its ratio to linrope chunk rope=none is measured in the
     same run (or the row says fla is unavailable)."""
-    rc = kernel_time.main(["--lengths", "64", "--forms", "chunk-none", "fla-naive-torch", "--ratios",
-                           "fla-naive-torch/chunk-none", *TINY])
+    rc = kernel_time.main(
+        ["--lengths", "64", "--forms", "chunk-none", "fla-naive-torch", "--ratios", "fla-naive-torch/chunk-none", *TINY]
+    )
     text = capsys.readouterr().out
     label = forms.REGISTRY["fla-naive-torch"].label
     (row,) = table_rows(text, f"64 | {label}")
@@ -116,12 +121,31 @@ def test_timing_helper_takes_the_median_and_alternates_the_keys(monkeypatch):
 # --------------------------------------------------------------------------------------------------------
 def test_kernel_time_reports_every_form_it_timed_with_ratios_growth_and_flop_rate(tmp_path, capsys):
     rows_file = tmp_path / "rows.jsonl"
-    assert kernel_time.main(["--lengths", "64", "128", "--forms", "chunk", "plain", "sdpa", "--ratios", "sdpa/chunk",
-                             "plain/chunk", "--jsonl", str(rows_file), *TINY]) == 0
+    assert (
+        kernel_time.main(
+            [
+                "--lengths",
+                "64",
+                "128",
+                "--forms",
+                "chunk",
+                "plain",
+                "sdpa",
+                "--ratios",
+                "sdpa/chunk",
+                "plain/chunk",
+                "--jsonl",
+                str(rows_file),
+                *TINY,
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     got = [json.loads(line) for line in rows_file.read_text().splitlines()]
-    assert [(r["n"], r["key"], r["form"]) for r in got] == [(n, k, forms.REGISTRY[k].label) for n in (64, 128)
-                                                            for k in ("chunk", "plain", "sdpa")]
+    assert [(r["n"], r["key"], r["form"]) for r in got] == [
+        (n, k, forms.REGISTRY[k].label) for n in (64, 128) for k in ("chunk", "plain", "sdpa")
+    ]
     ms = {(r["n"], r["key"]): r for r in got}
     for n in (64, 128):
         for key in ("chunk", "plain", "sdpa"):
@@ -143,8 +167,10 @@ def test_kernel_time_says_why_it_skipped_a_row(capsys):
     kernel_time.main(["--lengths", "64", "128", "--forms", "chunk", "--max-run-s", "0", *TINY])
     text = capsys.readouterr().out
     assert table_rows(text, "128 | linrope naive")[0][-1] == "skipped: N above --naive-max 64 (B·H·N² weights)"
-    assert re.fullmatch(r"skipped: one fwd\+bwd predicted to take \d+ s, over --max-run-s 0",
-                        table_rows(text, "128 | linrope chunk")[0][-1])
+    assert re.fullmatch(
+        r"skipped: one fwd\+bwd predicted to take \d+ s, over --max-run-s 0",
+        table_rows(text, "128 | linrope chunk")[0][-1],
+    )
 
 
 def test_kernel_time_refuses_an_unknown_form_in_one_line(capsys):
@@ -194,8 +220,24 @@ def test_precision_reports_the_speed_ratio_and_what_bfloat16_products_cost(capsy
 
 
 def test_training_throughput_benchmark_reports_a_ratio(capsys):
-    train_throughput.main(["--context", "128", "--d-model", "32", "--layers", "1", "--heads", "2", "--d-ff", "64",
-                           "--warmup", "0", "--steps", "1"])
+    train_throughput.main(
+        [
+            "--context",
+            "128",
+            "--d-model",
+            "32",
+            "--layers",
+            "1",
+            "--heads",
+            "2",
+            "--d-ff",
+            "64",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+        ]
+    )
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.startswith("| 128 |"))
     ratio = float(row.rstrip(" |").split("|")[-1].strip().rstrip("×"))
@@ -216,11 +258,31 @@ def test_kernel_table_keeps_the_other_forms_when_one_fails(tmp_path, monkeypatch
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     rows = tmp_path / "rows.jsonl"
     forms = [gpu_table.SDPA, gpu_table.LINROPE_CHUNK, gpu_table.FLA_KERNEL]
-    rc = gpu_table.main(["--device", "cpu", "--lengths", "64", "128", "--forms", *forms, "--heads", "2", "--dim", "16",
-                         "--warmup", "0", "--repeats", "1", "--jsonl", str(rows)])
+    rc = gpu_table.main(
+        [
+            "--device",
+            "cpu",
+            "--lengths",
+            "64",
+            "128",
+            "--forms",
+            *forms,
+            "--heads",
+            "2",
+            "--dim",
+            "16",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--jsonl",
+            str(rows),
+        ]
+    )
     got = read_rows(rows)
     assert [(r["n"], r["form"], r["status"]) for r in got] == [
-        (n, f, s) for n in (64, 128) for f, s in zip(forms, ("failed", "ok", "unavailable"))]
+        (n, f, s) for n in (64, 128) for f, s in zip(forms, ("failed", "ok", "unavailable"))
+    ]
     assert rc == 1
     assert all("forced failure" in r["note"] for r in got if r["status"] == "failed")
     assert all(r["fwd_bwd_ms"] > 0 and r["fwd_ms"] > 0 and r["first_s"] > 0 for r in got if r["status"] == "ok")
@@ -231,8 +293,23 @@ def test_kernel_table_keeps_the_other_forms_when_one_fails(tmp_path, monkeypatch
 
 def test_kernel_table_says_when_its_budget_is_spent(tmp_path):
     rows = tmp_path / "rows.jsonl"
-    assert gpu_table.main(["--device", "cpu", "--lengths", "64", "--forms", gpu_table.LINROPE_CHUNK,
-                           "--budget-s", "0", "--jsonl", str(rows)]) == 0
+    assert (
+        gpu_table.main(
+            [
+                "--device",
+                "cpu",
+                "--lengths",
+                "64",
+                "--forms",
+                gpu_table.LINROPE_CHUNK,
+                "--budget-s",
+                "0",
+                "--jsonl",
+                str(rows),
+            ]
+        )
+        == 0
+    )
     (row,) = read_rows(rows)
     assert row["status"] == "skipped" and "budget" in row["note"] and "fwd_bwd_ms" not in row
 
@@ -240,13 +317,31 @@ def test_kernel_table_says_when_its_budget_is_spent(tmp_path):
 def test_training_throughput_keeps_the_other_models_when_one_fails(tmp_path, monkeypatch):
     monkeypatch.setenv("LINROPE_BENCH_FAIL", "softmax_rope")
     rows = tmp_path / "rows.jsonl"
-    rc = train_throughput.main(["--context", "32", "--override", "size=tiny", "--warmup", "0", "--steps", "1",
-                                "--models", "linear_rope:model.attention.chunk_size=16", "softmax_rope",
-                                "--jsonl", str(rows)])
+    rc = train_throughput.main(
+        [
+            "--context",
+            "32",
+            "--override",
+            "size=tiny",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--models",
+            "linear_rope:model.attention.chunk_size=16",
+            "softmax_rope",
+            "--jsonl",
+            str(rows),
+        ]
+    )
     lin, soft = read_rows(rows)
     assert rc == 1
-    assert (lin["model"], lin["status"], soft["model"], soft["status"]) == \
-        ("linear_rope:model.attention.chunk_size=16", "ok", "softmax_rope", "failed")
+    assert (lin["model"], lin["status"], soft["model"], soft["status"]) == (
+        "linear_rope:model.attention.chunk_size=16",
+        "ok",
+        "softmax_rope",
+        "failed",
+    )
     assert lin["tokens_per_s"] > 0 and lin["peak_mib"] is None  # peak memory: CUDA only
     assert "forced failure" in soft["note"]
 
@@ -260,8 +355,12 @@ def test_training_throughput_refuses_a_model_spec_that_is_not_key_value(capsys):
 @pytest.mark.parametrize("fla_ms,met", [(13.0, "yes"), (13.5, "no")])
 def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
     ctx = gpu_check.Context(argparse.Namespace(cpu=False, out=tmp_path, parts=list(gpu_check.PARTS), total_s=None))
-    for form, ms in ((gpu_table.SDPA, 80.0), (gpu_table.FLA_KERNEL, 10.0), (gpu_table.LINROPE_FLA, fla_ms),
-                     (gpu_table.LINROPE_CHUNK, 20.0)):
+    for form, ms in (
+        (gpu_table.SDPA, 80.0),
+        (gpu_table.FLA_KERNEL, 10.0),
+        (gpu_table.LINROPE_FLA, fla_ms),
+        (gpu_table.LINROPE_CHUNK, 20.0),
+    ):
         ctx.add_row({"part": "kernels", "n": 16384, "form": form, "status": "ok", "fwd_bwd_ms": ms, "fwd_ms": 1.0})
     for model, tps in zip(gpu_check.TRAIN_MODELS, (900.0, 1100.0, 1000.0)):  # impl=chunk, impl=fla, softmax
         ctx.add_row({"part": "train", "model": model, "context": 4096, "status": "ok", "tokens_per_s": tps})
@@ -280,12 +379,20 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OUT", "GPU_CHECK_CPU")}
     env.update(PYTHON=sys.executable, OUT=str(out), LINROPE_BENCH_FAIL=f"{gpu_table.LINROPE_CHUNK},softmax_rope")
-    res = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=900)
+    res = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     md = (out / "gpu_check.md").read_text()
-    for heading in ("## Environment", "## Parts", "## CUDA tests (`pytest -m gpu`)", "## Kernel table",
-                    "## Training throughput", "## FSDP", "## GPU goals"):
+    for heading in (
+        "## Environment",
+        "## Parts",
+        "## CUDA tests (`pytest -m gpu`)",
+        "## Kernel table",
+        "## Training throughput",
+        "## FSDP",
+        "## GPU goals",
+    ):
         assert heading in md, heading
 
     def row(*first):
@@ -307,16 +414,23 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     assert float(chunk[4].replace(" ", "")) > 0 and chunk[-1] == "ok"  # tokens/s
     assert row(gpu_check.SOFTMAX)[-1].startswith("failed: RuntimeError: forced failure")
     assert row(gpu_check.LINEAR_FLA)[-1].startswith("unavailable: impl=fla: fla's Triton kernels need a CUDA device")
-    assert re.search(r"^\| `python train.py model=linear_rope size=tiny trainer=fsdp .*\| (missing|unavailable) \|",
-                     md, re.M)
+    assert re.search(
+        r"^\| `python train.py model=linear_rope size=tiny trainer=fsdp .*\| (missing|unavailable) \|", md, re.M
+    )
     goals = md.split("## GPU goals")[1]
     assert goals.count("\n| ") == 1 + 5  # the header and the five goal rows
     assert "## summary" in (out / "gpu_check.log").read_text()
 
     # nothing forced to fail: the kernel part alone passes, exit status 0
     del env["LINROPE_BENCH_FAIL"]
-    res = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu", "--parts", "kernels"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--cpu", "--parts", "kernels"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:]
     assert row("kernels") and "| kernels | ok |" in (out / "gpu_check.md").read_text()
 

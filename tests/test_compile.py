@@ -4,6 +4,7 @@ pass torch.library.opcheck (schema, fake tensors, autograd registration, AOT dis
 The compiled-vs-eager runs go through Dynamo and AOTAutograd with the ``aot_eager`` backend in the default
 suite (where the linear path used to break and crash) and through Inductor, which has to build C++ on
 2 cores, as slow tests; each runs in a fresh process, so that no compile cache hides a crash."""
+
 import itertools
 import json
 import subprocess
@@ -15,7 +16,6 @@ import torch
 
 from linrope.ops.linear_attn.chunk import chunk_bwd, chunk_fwd
 from linrope.ops.linear_attn.recurrent import recurrent_step_op
-
 from tests.helpers import CONF, ROOT
 
 PRESETS = ["linear_rope", "linear_cosine_rope", "linear_rope_both", "linear_alibi", "softmax_rope"]
@@ -77,11 +77,16 @@ print("RESULT" + json.dumps(result))
 
 def compiled_vs_eager(preset: str, backend: str):
     code = CHILD.format(root=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(model_config(preset)), backend], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(model_config(preset)), backend],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    res = json.loads(line[len("RESULT"):])
+    res = json.loads(line[len("RESULT") :])
     eager, comp = res["eager"], res["compiled"]
     assert torch.allclose(torch.tensor(comp["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=1e-6), res
     assert eager["losses"][2] < eager["losses"][0]  # the steps did train (one batch, three times)
@@ -121,16 +126,26 @@ def _fwd_args(feature_map, rope, causal, decayed, with_state, n=40, chunk_size=1
     return (q, k, v, S0, z0, None, None, decay, feature_map, rope, causal, 1e-6, chunk_size)
 
 
-CONFIGS = [c for c in itertools.product(("elu", "cosine"), ("numerator", "both", "none"), (True, False), (False, True),
-                                        (False, True)) if c[2] or not c[4]]
+CONFIGS = [
+    c
+    for c in itertools.product(
+        ("elu", "cosine"), ("numerator", "both", "none"), (True, False), (False, True), (False, True)
+    )
+    if c[2] or not c[4]
+]
 
 
 # a few configurations in the default suite (each opcheck traces the op several times), the rest as slow tests
-FAST = [("elu", "numerator", True, True, True), ("cosine", "both", False, True, False), ("elu", "none", True, False, False)]
+FAST = [
+    ("elu", "numerator", True, True, True),
+    ("cosine", "both", False, True, False),
+    ("elu", "none", True, False, False),
+]
 
 
-@pytest.mark.parametrize("config", [*FAST, *(pytest.param(c, marks=pytest.mark.slow) for c in CONFIGS if c not in FAST)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "config", [*FAST, *(pytest.param(c, marks=pytest.mark.slow) for c in CONFIGS if c not in FAST)], ids=str
+)
 def test_opcheck_chunk_fwd(config, monkeypatch):
     from linrope.ops.linear_attn import tables
 
@@ -143,8 +158,9 @@ def test_opcheck_chunk_bwd():
     out, denom, S, z, saved_S, saved_z = chunk_fwd(*args)
     g = _gen("bwd")
     grads = [torch.randn(t.shape, generator=g, dtype=t.dtype) for t in (out, S, z)]
-    torch.library.opcheck(chunk_bwd, (*grads, *args[:8], out, denom, saved_S, saved_z, *args[8:], True, True, True,
-                                      True, True))
+    torch.library.opcheck(
+        chunk_bwd, (*grads, *args[:8], out, denom, saved_S, saved_z, *args[8:], True, True, True, True, True)
+    )
 
 
 @pytest.mark.parametrize("rope", ["numerator", "both"])
@@ -155,8 +171,9 @@ def test_opcheck_recurrent_step(rope):
     v = torch.randn(B, H, dv, generator=g, dtype=torch.float64).requires_grad_()
     S = torch.randn(B, H, d, dv, generator=g, dtype=torch.float64).requires_grad_()
     z = (torch.rand(B, H, d, generator=g, dtype=torch.float64) + 1).requires_grad_()
-    torch.library.opcheck(recurrent_step_op, (q, k, v, S, z, torch.tensor(7), None, torch.tensor([0.9, 0.8]),
-                                               "elu", rope, 1e-6))
+    torch.library.opcheck(
+        recurrent_step_op, (q, k, v, S, z, torch.tensor(7), None, torch.tensor([0.9, 0.8]), "elu", rope, 1e-6)
+    )
 
 
 def test_compile_true_where_torch_cannot_compile_is_one_line(monkeypatch, compose):

@@ -7,6 +7,7 @@ under a dispatch mode that notes every such read, answers it with a stand-in so 
 counts it: forward, loss, the LightningModule's ``training_step`` and batch hooks (with a stand-in Trainer:
 its logging is Lightning's), backward, the AdamW step and the schedule.  The optimizer's own step counter
 lives on the CPU (not a device read); only reads of device (here: meta) tensors count."""
+
 from __future__ import annotations
 
 import types
@@ -24,9 +25,17 @@ PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 # reads of a value: the host waits for the device
 SCALAR_READS = {aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default, aten.equal.default}
 # outputs whose shape depends on the values
-DATA_SHAPED = {aten.nonzero.default, aten.unique_dim.default, aten._unique.default, aten._unique2.default,
-               aten.unique_consecutive.default, aten.unique_dim_consecutive.default, aten.masked_select.default,
-               aten.repeat_interleave.Tensor, aten.bincount.default}
+DATA_SHAPED = {
+    aten.nonzero.default,
+    aten.unique_dim.default,
+    aten._unique.default,
+    aten._unique2.default,
+    aten.unique_consecutive.default,
+    aten.unique_dim_consecutive.default,
+    aten.masked_select.default,
+    aten.repeat_interleave.Tensor,
+    aten.bincount.default,
+}
 
 
 def _stand_in_scalar(t: torch.Tensor):
@@ -50,11 +59,18 @@ class CountHostSyncs(TorchDispatchMode):
             x = tensors[0]  # a stand-in of the largest size the values could give
             if func is aten.nonzero.default:
                 return x.new_empty((x.numel(), x.dim()), dtype=torch.long)
-            if func in (aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default,
-                        aten._unique.default):
+            if func in (
+                aten._unique2.default,
+                aten.unique_consecutive.default,
+                aten.unique_dim.default,
+                aten._unique.default,
+            ):
                 flat = x.flatten()
-                return flat, torch.empty(x.shape, dtype=torch.long, device=x.device), flat.new_empty(flat.shape,
-                                                                                                    dtype=torch.long)
+                return (
+                    flat,
+                    torch.empty(x.shape, dtype=torch.long, device=x.device),
+                    flat.new_empty(flat.shape, dtype=torch.long),
+                )
         if func is aten._to_copy.default and tensors[0].device.type != "cpu" and kwargs.get("device") == cpu:
             self.seen.append("to_cpu")  # .cpu(), .tolist(), .numpy() of a device tensor
             return torch.zeros(tensors[0].shape, dtype=kwargs.get("dtype") or tensors[0].dtype)
@@ -76,8 +92,9 @@ def module_and_batch(compose, preset):
     module = build_module(cfg).to("meta")
     sched_cfg = module.configure_optimizers()
     opt, sched = sched_cfg["optimizer"], sched_cfg["lr_scheduler"]["scheduler"]
-    module.trainer = types.SimpleNamespace(world_size=1, optimizers=[opt], log_every_n_steps=1, global_step=3,
-                                           global_rank=0)
+    module.trainer = types.SimpleNamespace(
+        world_size=1, optimizers=[opt], log_every_n_steps=1, global_step=3, global_rank=0
+    )
     logged = []
     module.log = lambda name, value, **kw: logged.append((name, value))  # Lightning's logging needs a Trainer
     b, n = int(cfg.data.batch_size), int(OmegaConf.select(cfg, "data.context"))
@@ -139,8 +156,10 @@ def test_floater_fixed_grid_is_torchdiffeq_bit_for_bit(method, step, dtype):
 
     t = torch.arange(30).to(dtype) * 0.1
     results = []
-    for solve in (lambda: fixed_grid(h, y0, t, 0.1, method, step * 0.1),
-                  lambda: odeint(h, y0, t, method=method, options=dict(step_size=step * 0.1))):
+    for solve in (
+        lambda: fixed_grid(h, y0, t, 0.1, method, step * 0.1),
+        lambda: odeint(h, y0, t, method=method, options=dict(step_size=step * 0.1)),
+    ):
         out = solve()
         results.append((out, *torch.autograd.grad((out * torch.linspace(-1, 1, 8, dtype=dtype)).sum(), (w, y0))))
     assert all(torch.equal(a, b) for a, b in zip(*results))
@@ -153,8 +172,18 @@ def test_table_range_is_checked_from_the_shapes():
     from linrope.base.errors import SequenceTooLong
     from linrope.models.model import TransformerLM
 
-    m = TransformerLM(dict(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8,
-                           attention={"kind": "softmax"}, position={"name": "learned"})).to("meta")
+    m = TransformerLM(
+        dict(
+            vocab_size=32,
+            d_model=16,
+            n_layers=1,
+            n_heads=2,
+            d_ff=32,
+            max_len=8,
+            attention={"kind": "softmax"},
+            position={"name": "learned"},
+        )
+    ).to("meta")
     x = torch.zeros(1, 8, dtype=torch.long, device="meta")
     with CountHostSyncs() as mode:
         m(x)  # exactly max_len: fine

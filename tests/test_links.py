@@ -1,5 +1,6 @@
 """Every relative link in README.md and docs/**/*.md points at a file git tracks, so a fresh clone
 shows what the text links to (results, figures, other docs)."""
+
 import posixpath
 import re
 import subprocess
@@ -39,12 +40,13 @@ DOCS = sorted(p for p in (TRACKED or ()) if p == "README.md" or (p.startswith("d
 
 
 def test_link_extraction():
-    text = ("See [the schemes](docs/schemes.md#rope) and ![plot](results/a.png \"title\").\n"
-            "[site](https://example.org) [top](#install) [mail](mailto:a@b.c) <img src=\"docs/x.png\" width=3>\n"
-            "`[not](a/link.md)` and\n```python\nx = cfg[\"a\"](docs/no.md)\n[neither](b.md)\n```\n"
-            "[ref]: ./docs/ref.md?plain=1\n[up](../outside.md)\n")
-    assert relative_links(text) == ["docs/schemes.md", "results/a.png", "../outside.md", "./docs/ref.md",
-                                    "docs/x.png"]
+    text = (
+        'See [the schemes](docs/schemes.md#rope) and ![plot](results/a.png "title").\n'
+        '[site](https://example.org) [top](#install) [mail](mailto:a@b.c) <img src="docs/x.png" width=3>\n'
+        '`[not](a/link.md)` and\n```python\nx = cfg["a"](docs/no.md)\n[neither](b.md)\n```\n'
+        "[ref]: ./docs/ref.md?plain=1\n[up](../outside.md)\n"
+    )
+    assert relative_links(text) == ["docs/schemes.md", "results/a.png", "../outside.md", "./docs/ref.md", "docs/x.png"]
 
 
 @pytest.mark.skipif(TRACKED is None, reason="not a git checkout: no list of tracked files")

@@ -1,4 +1,5 @@
 """Paths saved before linrope's folders became its layers keep loading (linrope.base.moved)."""
+
 import importlib
 import subprocess
 from pathlib import Path
@@ -24,10 +25,15 @@ def saved_targets():
     compact ``runs.json`` (linrope.analysis.compact), which holds each run's saved config as written."""
     import json
 
-    files = subprocess.run(["git", "ls-files", "docs/results/*config.yaml", "docs/results/**/config.yaml"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.split()
-    compact = subprocess.run(["git", "ls-files", "docs/results/**/runs.json"], cwd=ROOT, capture_output=True,
-                             text=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "docs/results/*config.yaml", "docs/results/**/config.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    compact = subprocess.run(
+        ["git", "ls-files", "docs/results/**/runs.json"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
     found = set()
 
     def walk(node):

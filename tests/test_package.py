@@ -3,6 +3,7 @@ commands; a user's own config folder adds presets, checked as the built-in ones.
 
 The slow test builds the wheel, installs it (no dependencies: they come from this environment through a .pth
 line, so nothing is downloaded and the checkout is not on sys.path) and runs every command from an empty folder."""
+
 import ast
 import os
 import shutil
@@ -15,9 +16,13 @@ import pytest
 
 from tests.helpers import CONF, ROOT
 
-SCRIPTS = {"linrope-train": "linrope.train:run", "linrope-evaluate": "linrope.evaluate:run",
-           "linrope-generate": "linrope.generate:run", "linrope-report": "linrope.report:main",
-           "linrope-dashboard": "linrope.dashboard:main"}
+SCRIPTS = {
+    "linrope-train": "linrope.train:run",
+    "linrope-evaluate": "linrope.evaluate:run",
+    "linrope-generate": "linrope.generate:run",
+    "linrope-report": "linrope.report:main",
+    "linrope-dashboard": "linrope.dashboard:main",
+}
 PRESET = "# @package _global_\ndefaults:\n  - override /attention: linear\n  - override /position: rope\nmodel:\n  name: {name}\n"
 
 
@@ -38,6 +43,7 @@ def test_the_five_commands_are_declared_and_defined():
 
 def _names(requirements):
     import re
+
     return {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in requirements}
 
 
@@ -101,8 +107,13 @@ def test_the_command_line_check_reads_the_users_config_folders(my_conf, monkeypa
 
     errors = command_line_errors(["model=my_preset"])
     assert len(errors) == 1 and errors[0].startswith("model=my_preset: no such option")
-    for flags in (["-cd", str(my_conf)], ["--config-dir", str(my_conf)], [f"--config-dir={my_conf}"],
-                  [f"hydra.searchpath=[file://{my_conf}]"], [f"+hydra.searchpath=[file://{my_conf},pkg://other]"]):
+    for flags in (
+        ["-cd", str(my_conf)],
+        ["--config-dir", str(my_conf)],
+        [f"--config-dir={my_conf}"],
+        [f"hydra.searchpath=[file://{my_conf}]"],
+        [f"+hydra.searchpath=[file://{my_conf},pkg://other]"],
+    ):
         assert command_line_errors([*flags, "model=my_preset", "dataset=mine", "size=tiny"]) == [], flags
     monkeypatch.chdir(my_conf.parent)  # relative to the folder the command is typed in, as for Hydra
     assert command_line_errors(["-cd", "my_conf", "model=my_preset,linear_rope"]) == []
@@ -118,8 +129,10 @@ def test_a_users_file_named_like_a_built_in_one_is_refused(my_conf):
 
     (my_conf / "model" / "linear_rope.yaml").write_text(PRESET.format(name="linear_rope"))
     errors = command_line_errors(["-cd", str(my_conf), "model=my_preset"])
-    assert errors == [f"{my_conf}/model/linear_rope.yaml: hidden by linrope's conf/model/linear_rope.yaml "
-                      "(Hydra reads that one); give yours another name"]
+    assert errors == [
+        f"{my_conf}/model/linear_rope.yaml: hidden by linrope's conf/model/linear_rope.yaml "
+        "(Hydra reads that one); give yours another name"
+    ]
 
 
 def compose_with(my_conf, *overrides):
@@ -129,8 +142,15 @@ def compose_with(my_conf, *overrides):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="train", overrides=[f"hydra.searchpath=[file://{my_conf}]", "size=tiny",
-                                                           f"paths.output_dir={my_conf.parent}", *overrides])
+            return compose(
+                config_name="train",
+                overrides=[
+                    f"hydra.searchpath=[file://{my_conf}]",
+                    "size=tiny",
+                    f"paths.output_dir={my_conf.parent}",
+                    *overrides,
+                ],
+            )
     finally:
         GlobalHydra.instance().clear()
 
@@ -149,11 +169,26 @@ def test_a_users_preset_is_found_and_checked_strictly(my_conf):
 @pytest.mark.slow  # (the installed command is tested the same way in the wheel test)
 def test_train_py_refuses_a_typo_in_a_users_preset_in_one_line(my_conf, tmp_path):
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", "my_conf", "model=typo", "size=tiny",
-                        "logger=none", f"hydra.run.dir={run}"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--config-dir",
+            "my_conf",
+            "model=typo",
+            "size=tiny",
+            "logger=none",
+            f"hydra.run.dir={run}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert [l for l in r.stderr.splitlines() if l.startswith("linrope:")] == \
-        ["linrope: model.n_layrs: unknown option; did you mean n_layers?"], r.stderr[-2000:]
+    assert [l for l in r.stderr.splitlines() if l.startswith("linrope:")] == [
+        "linrope: model.n_layrs: unknown option; did you mean n_layers?"
+    ], r.stderr[-2000:]
     assert not run.exists()
 
 
@@ -162,15 +197,37 @@ def build_wheel(out: Path) -> Path:
     """The wheel of the files git tracks or would (a clean copy: no stale build/ folder can add a deleted file)."""
     src = out / "src"
     if (ROOT / ".git").exists():
-        files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True)
+        files = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         for name in filter(None, files.stdout.split("\0")):
             if (ROOT / name).is_file():
                 (src / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / name, src / name)
     else:
         shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "logs", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", str(src),
-                    "-w", str(out / "dist")], check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            str(src),
+            "-w",
+            str(out / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return next((out / "dist").glob("linrope-*.whl"))
 
 
@@ -186,10 +243,20 @@ def install(wheel: Path, venv: Path) -> None:
     run, so the checkout stays off sys.path)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300, env=outside_env())
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=outside_env(),
+    )
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     (Path(purelib) / "_linrope_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
 
@@ -209,13 +276,23 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
 
     def run(command, *args):
-        r = subprocess.run([str(venv / "bin" / command), *args], capture_output=True, text=True, cwd=work, env=env,
-                           timeout=600)
+        r = subprocess.run(
+            [str(venv / "bin" / command), *args], capture_output=True, text=True, cwd=work, env=env, timeout=600
+        )
         return r
 
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import linrope, linrope.config.command_line as c; "
-                            "print(linrope.__file__); print(c.CONF_DIR)"], capture_output=True, text=True, cwd=work,
-                           env=env, check=True).stdout.split()
+    where = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import linrope, linrope.config.command_line as c; print(linrope.__file__); print(c.CONF_DIR)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=env,
+        check=True,
+    ).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in where), where  # the installed copy, not the checkout
 
     for command in SCRIPTS:
@@ -232,8 +309,13 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     assert sorted(p.name for p in work.iterdir()) == ["logs"]
     assert '"command": "linrope-train model=linear_rope' in (runs[0] / "provenance.json").read_text()
 
-    r = run("linrope-evaluate", f"ckpt={runs[0] / 'checkpoints' / 'last.ckpt'}", "lengths=[64]", "scored_bytes=4096",
-            "scalings=[]")
+    r = run(
+        "linrope-evaluate",
+        f"ckpt={runs[0] / 'checkpoints' / 'last.ckpt'}",
+        "lengths=[64]",
+        "scored_bytes=4096",
+        "scalings=[]",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     table = (runs[0] / "evaluate" / "evaluate.csv").read_text().splitlines()
     assert table[0].startswith("length") and table[1].startswith("64,"), table
@@ -248,8 +330,9 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     (mine / "my_preset.yaml").write_text(PRESET.format(name="my_preset") + "  n_layrs: 1\n")
     r = run("linrope-train", "-cd", "my_conf", "model=my_preset", "size=tiny", "trainer.max_steps=2")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert [l for l in r.stderr.splitlines() if l.startswith("linrope:")] == \
-        ["linrope: model.n_layrs: unknown option; did you mean n_layers?"], r.stderr[-2000:]
+    assert [l for l in r.stderr.splitlines() if l.startswith("linrope:")] == [
+        "linrope: model.n_layrs: unknown option; did you mean n_layers?"
+    ], r.stderr[-2000:]
     assert len(list((work / "logs" / "train" / "runs").iterdir())) == 1  # no folder for the refused run
 
 

@@ -5,6 +5,7 @@ A name resolves when its longest importable prefix is a module of that very name
 of it (``linrope.run.exit.one_line_errors``).  An old path, one that imports only through the alias table of
 ``linrope.base.moved``, is stale: committed run folders keep the paths they were saved with (``docs/results/`` is
 not read), and a text that quotes one as such an example lists it in ``OLD_PATHS_QUOTED``."""
+
 import ast
 import functools
 import importlib
@@ -18,8 +19,10 @@ import linrope  # noqa: F401 - installs the alias table, so that an old path is 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"(?<![\w./-])(?<!\$\{)linrope(?:\.[A-Za-z_]\w*)+")  # ${linrope.x:…}: an OmegaConf resolver
 # old paths quoted as what a saved run folder holds, by the files that explain the alias table
-OLD_PATHS_QUOTED = {"docs/architecture.md": {"linrope.movement.PositionMovement"},
-                    "linrope/base/moved.py": {"linrope.movement.PositionMovement", "linrope.movement"}}
+OLD_PATHS_QUOTED = {
+    "docs/architecture.md": {"linrope.movement.PositionMovement"},
+    "linrope/base/moved.py": {"linrope.movement.PositionMovement", "linrope.movement"},
+}
 
 
 PACKAGE_DIR = re.compile(r"^package-dir\s*=\s*\{(.*)\}", re.M)
@@ -81,8 +84,11 @@ def names(path: Path):
 
 def files():
     python = [ROOT / "train.py", *(p for d in ("linrope", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py"))]
-    return sorted(python) + sorted((ROOT / "conf").rglob("*.yaml")) + [ROOT / "README.md",
-                                                                      *sorted((ROOT / "docs").glob("*.md"))]
+    return (
+        sorted(python)
+        + sorted((ROOT / "conf").rglob("*.yaml"))
+        + [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    )
 
 
 def stale_names(paths) -> list:
@@ -107,10 +113,14 @@ def test_a_stale_or_old_name_is_found_and_a_current_one_is_not(tmp_path):
     assert problem("linrope.run.checkpoint.check_identity") == "linrope.run.checkpoint has no check_identity"
     assert problem("linrope.checkpoint.check_identity").startswith("an old path: linrope.checkpoint is")
     assert problem("linrope.nowhere.thing") == "linrope has no nowhere"
-    source = ('"""Reported by linrope.run.exit.one_line_errors."""\n'
-              'x = "linrope.in.code"  # see linrope.base.nested.get; ${linrope.evaluate_dir:x}\n')
+    source = (
+        '"""Reported by linrope.run.exit.one_line_errors."""\n'
+        'x = "linrope.in.code"  # see linrope.base.nested.get; ${linrope.evaluate_dir:x}\n'
+    )
     assert [name for _, name in names(_write(tmp_path / "m.py", source))] == [
-        "linrope.base.nested.get", "linrope.run.exit.one_line_errors"]
+        "linrope.base.nested.get",
+        "linrope.run.exit.one_line_errors",
+    ]
 
 
 def _write(path: Path, text: str) -> Path:

@@ -2,6 +2,7 @@
 never another test module nor conftest, and a test sees the same signals and environment however the suite was
 started (from another folder, as ``nohup pytest &`` with SIGINT ignored, under a shell with WANDB_*, a rank or
 another checkout on PYTHONPATH)."""
+
 import ast
 import math
 import os
@@ -31,8 +32,13 @@ def test_no_module_of_the_suite_imports_a_test_module_or_conftest():
     found = []
     for path in sorted(TESTS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             for name in names:
                 last = name.split(".")[-1]
                 if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
@@ -43,10 +49,10 @@ def test_no_module_of_the_suite_imports_a_test_module_or_conftest():
 def test_tiny_replaces_a_key_it_sets_and_appends_the_rest():
     assert tiny() == list(TINY)
     got = tiny("logger=csv", "test=false", "+callbacks.x._target_=a.B", "data.batch_size=2")
-    assert got[:len(TINY)] == [{"logger=none": "logger=csv", "data.batch_size=4": "data.batch_size=2"}.get(o, o)
-                               for o in TINY]
-    assert got[len(TINY):] == ["test=false", "+callbacks.x._target_=a.B"]
-
+    assert got[: len(TINY)] == [
+        {"logger=none": "logger=csv", "data.batch_size=4": "data.batch_size=2"}.get(o, o) for o in TINY
+    ]
+    assert got[len(TINY) :] == ["test=false", "+callbacks.x._target_=a.B"]
 
 
 def test_rel_is_measured_in_float64_and_nan_fails_it():
@@ -59,7 +65,7 @@ def test_rel_is_measured_in_float64_and_nan_fails_it():
     assert math.isnan(rel(torch.tensor([float("nan"), 1.0]), torch.ones(2)))  # fails every `rel(...) < tol`
 
 
-PROBE = '''
+PROBE = """
 import os, signal, subprocess, sys
 
 def test_the_launch_is_not_seen(tmp_path):
@@ -71,7 +77,7 @@ def test_the_launch_is_not_seen(tmp_path):
     assert child.stdout.split() == ["True", os.path.join(ROOT, "linrope", "__init__.py")]
     assert os.environ["WANDB_MODE"] == "offline" and os.environ["WANDB_SILENT"] == "true"
     assert not [k for k in os.environ if k.startswith(("WANDB_API", "SLURM_")) or k in ("RANK", "HYDRA_FULL_ERROR")]
-'''
+"""
 
 
 def test_a_launch_from_elsewhere_with_sigint_ignored_and_a_foreign_environment_is_not_seen(tmp_path):
@@ -83,14 +89,39 @@ def test_a_launch_from_elsewhere_with_sigint_ignored_and_a_foreign_environment_i
     (decoy / "linrope" / "__init__.py").write_text("")
     (tmp_path / "probe").mkdir()
     (tmp_path / "probe" / "test_probe.py").write_text(f"ROOT = {str(ROOT)!r}\n{PROBE}")
-    env = {**os.environ, "WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40, "SLURM_NTASKS": "2", "RANK": "1",
-           "HYDRA_FULL_ERROR": "1", "PYTHONPATH": os.pathsep.join([str(decoy), str(ROOT)])}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "online",
+        "WANDB_API_KEY": "x" * 40,
+        "SLURM_NTASKS": "2",
+        "RANK": "1",
+        "HYDRA_FULL_ERROR": "1",
+        "PYTHONPATH": os.pathsep.join([str(decoy), str(ROOT)]),
+    }
 
     def ignored():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
-                        "--rootdir", str(tmp_path / "probe"), str(tmp_path / "probe")], cwd=tmp_path, env=env,
-                       preexec_fn=ignored, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.conftest",
+            "--rootdir",
+            str(tmp_path / "probe"),
+            str(tmp_path / "probe"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        preexec_fn=ignored,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

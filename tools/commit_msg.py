@@ -6,6 +6,7 @@
 Merge commits, fixup!/squash! commits and git's own comment lines (#) are handled as git handles them.  Exits 1 with
 one line per problem, 0 when every message holds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ def problems(message: str) -> list[str]:
 
 
 def commits(spec: str) -> list[tuple[str, str]]:
-    out = subprocess.run(["git", "log", "--no-merges", "--format=%h%x00%B%x01", spec], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "log", "--no-merges", "--format=%h%x00%B%x01", spec], capture_output=True, text=True, check=True
+    ).stdout
     return [tuple(entry.strip("\n").split("\x00", 1)) for entry in out.split("\x01") if entry.strip()]
 
 

@@ -8,6 +8,7 @@ configuration and arm (``table.configurations``), every claim as a paired differ
 configurations finished at each arm with its verdict (``claims``, ``verdict``), a figure (``table.figure``) and
 every run's value behind the intervals (``table.per_run``).  An arm's label is what its runs recorded, and the
 runs of every arm come from one code (one line each, else).  Light: no torch."""
+
 from __future__ import annotations
 
 import re
@@ -35,7 +36,7 @@ def shown(folder: Path) -> str:
 
 
 def number(arm: Path, study: Study) -> int:
-    return int(arm.name[len(study.arms["folder"]):])
+    return int(arm.name[len(study.arms["folder"]) :])
 
 
 def label(arm: Path, study: Study) -> str:
@@ -60,9 +61,11 @@ def check_arms(folders: Sequence[Path], study: Study) -> None:
         wrong = [r for r in find_runs(arm) if r.get(key) != n]
         if wrong:
             more = f" and {len(wrong) - 1} more" if len(wrong) > 1 else ""
-            raise SystemExit(f"{TOOL}: {arm.name}/{wrong[0].path.relative_to(arm)} ran with {key}="
-                             f"{wrong[0].get(key)}{more}, not {n} as its folder {arm.name}/ says: move it to the arm "
-                             f"it belongs to")
+            raise SystemExit(
+                f"{TOOL}: {arm.name}/{wrong[0].path.relative_to(arm)} ran with {key}="
+                f"{wrong[0].get(key)}{more}, not {n} as its folder {arm.name}/ says: move it to the arm "
+                f"it belongs to"
+            )
 
 
 def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> Optional[str]:
@@ -75,8 +78,10 @@ def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> O
         runs += found
     line = provenance.mixed(runs)
     if line and not allow_mixed:
-        raise SystemExit(f"{TOOL}: across {', '.join(a.name for a in folders)}, {line}: pass --allow-mixed to "
-                         f"table them together, or run the older arms again")
+        raise SystemExit(
+            f"{TOOL}: across {', '.join(a.name for a in folders)}, {line}: pass --allow-mixed to "
+            f"table them together, or run the older arms again"
+        )
     return f"**Mixed provenance: {line}.**" if line else None
 
 
@@ -85,15 +90,25 @@ def value_of(metric: str):
     (``bpb@256``: as trained, no scaling)."""
     if "@" in metric:
         name, length = metric.split("@")
-        return lambda run: next((r[name] for r in run.extrapolation if r["scaling"] == "none"
-                                 and r["length"] == int(length) and r["status"] == "ok"), None)
+        return lambda run: next(
+            (
+                r[name]
+                for r in run.extrapolation
+                if r["scaling"] == "none" and r["length"] == int(length) and r["status"] == "ok"
+            ),
+            None,
+        )
     return lambda run: run.value(metric, "last")
 
 
 def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim]) -> Dict[Claim, Any]:
     """claim -> Paired in one arm (None when a configuration is missing)."""
-    return {c: paired(by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), LEVEL)
-            if c.a in groups and c.b in groups else None for c in claims}
+    return {
+        c: paired(by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), LEVEL)
+        if c.a in groups and c.b in groups
+        else None
+        for c in claims
+    }
 
 
 def sign(r) -> int:
@@ -149,8 +164,10 @@ def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
     verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
     parts = []
     if missed:
-        parts.append(f"Positive control NOT met: {name} must {verb[0]} {bar} {what} in every seed; it does not at "
-                     f"{', '.join(missed)}.")
+        parts.append(
+            f"Positive control NOT met: {name} must {verb[0]} {bar} {what} in every seed; it does not at "
+            f"{', '.join(missed)}."
+        )
     if met:
         parts.append(f"Positive control: {name} {verb[1]} {bar} {what} in every seed at {', '.join(met)}.")
     if missing:
@@ -178,8 +195,12 @@ def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: S
     """One row per configuration and seed: each claim metric at each arm (what every interval is made of)."""
     metrics = list(dict.fromkeys(c.metric for c in study.claims))
     configs = list(dict.fromkeys(x for c in study.claims for x in (c.a, c.b)))
-    values = {(arm.name, m, c): by_seed(groups[arm.name].get(c, []), value_of(m))
-              for arm in arms for m in metrics for c in configs}
+    values = {
+        (arm.name, m, c): by_seed(groups[arm.name].get(c, []), value_of(m))
+        for arm in arms
+        for m in metrics
+        for c in configs
+    }
     header = ["configuration", "seed", *(f"{m} at {number(a, study)}" for m in metrics for a in arms)]
     lines = []
     for c in configs:
@@ -189,22 +210,36 @@ def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: S
     return [markdown_table(header, lines), ""]
 
 
-def configuration_lines(study: Study, values: Dict[str, Dict[str, Dict[Any, float]]], arms: Sequence[Path],
-                        names: Sequence[str], rows: List[Dict[str, Any]]) -> List[str]:
+def configuration_lines(
+    study: Study,
+    values: Dict[str, Dict[str, Dict[Any, float]]],
+    arms: Sequence[Path],
+    names: Sequence[str],
+    rows: List[Dict[str, Any]],
+) -> List[str]:
     """The study's metric per configuration (best first) and arm; each run's value joins ``rows``."""
     configs = list(dict.fromkeys(c for a in arms for c in values[a.name]))
     sign = -1 if higher_is_better(study.metric) else 1
-    configs.sort(key=lambda c: min(sign * mean_ci(list(values[a.name][c].values())).mean for a in arms
-                                   if values[a.name].get(c)))
+    configs.sort(
+        key=lambda c: min(sign * mean_ci(list(values[a.name][c].values())).mean for a in arms if values[a.name].get(c))
+    )
     lines = [[c, *(value_cell(values[a.name].get(c, {})) for a in arms)] for c in configs]
-    rows += [{"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v}
-             for c in configs for a in arms
-             for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))]
+    rows += [
+        {"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v}
+        for c in configs
+        for a in arms
+        for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))
+    ]
     return [markdown_table(["configuration", *names], lines), ""]
 
 
-def claim_lines(study: Study, results: Dict[str, Dict[Claim, Any]], arms: Sequence[Path], names: Sequence[str],
-                rows: List[Dict[str, Any]]) -> List[str]:
+def claim_lines(
+    study: Study,
+    results: Dict[str, Dict[Claim, Any]],
+    arms: Sequence[Path],
+    names: Sequence[str],
+    rows: List[Dict[str, Any]],
+) -> List[str]:
     """Every claim at every arm, with its verdict when the study names them; each (claim, arm) joins ``rows``."""
     texts = any(c.text != f"{c.a} − {c.b}" for c in study.claims)
     metrics = len({c.metric for c in study.claims}) > 1 or texts
@@ -214,27 +249,37 @@ def claim_lines(study: Study, results: Dict[str, Dict[Claim, Any]], arms: Sequen
     for c in study.claims:
         per = [results[a.name][c] for a in arms]
         said = v[outcome(per)][0] if v else None
-        lines.append([*([c.text] * texts), f"{c.a} − {c.b}", *([c.metric] * metrics), *map(cell, per),
-                      *([said] if v else [])])
-        rows += [{"kind": "claim", "claim": c.text, "arm": a.name, **({"verdict": said} if v else {}),
-                  **pair_record(study.arms["task"], c.metric, c.a, c.b, r)} for a, r in zip(arms, per) if r is not None]
+        lines.append(
+            [*([c.text] * texts), f"{c.a} − {c.b}", *([c.metric] * metrics), *map(cell, per), *([said] if v else [])]
+        )
+        rows += [
+            {
+                "kind": "claim",
+                "claim": c.text,
+                "arm": a.name,
+                **({"verdict": said} if v else {}),
+                **pair_record(study.arms["task"], c.metric, c.a, c.b, r),
+            }
+            for a, r in zip(arms, per)
+            if r is not None
+        ]
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
     return [*intro, markdown_table(header, lines), ""]
 
 
-def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bool = False,
-               write: bool = True) -> str:
+def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bool = False, write: bool = True) -> str:
     """The study's table over its arms in ``folder`` (module docstring); ``write=False``: the text only."""
     arms = arm_folders(folder, study)
     if not arms:
-        raise SystemExit(f"{TOOL}: no arm folders ({study.arms['folder']}<N>/) in {folder}, as {study.path} "
-                         f"declares")
+        raise SystemExit(f"{TOOL}: no arm folders ({study.arms['folder']}<N>/) in {folder}, as {study.path} declares")
     task, table = study.arms["task"], study.table
     found = {a.name: group_runs(find_runs(a)) for a in arms}
     other = sorted({t for g in found.values() for t in g} - {task})
     if not any(g.get(task) for g in found.values()) and other:
-        raise SystemExit(f"{TOOL}: the runs under {folder} are {', '.join(other)} runs, not {task}: the study of "
-                         f"{study.path} tables {task} runs; choose another with --study")
+        raise SystemExit(
+            f"{TOOL}: the runs under {folder} are {', '.join(other)} runs, not {task}: the study of "
+            f"{study.path} tables {task} runs; choose another with --study"
+        )
     check_arms(arms, study)
     mixed = check_code(arms, folder, allow_mixed)
     written = [f"{table['file']}.{ext}" for ext in ("md", "csv", "png")]
@@ -246,17 +291,32 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     groups = {name: g.get(task, {}) for name, g in found.items()}
     names = [label(a, study) for a in arms]
     intro = table.get("intro", "")
-    for key, value in (("{arms}", ", ".join(names)), ("{folders}", ", ".join(a.name for a in arms)),
-                       ("{verdicts}", verdict_legend(study, names))):
+    for key, value in (
+        ("{arms}", ", ".join(names)),
+        ("{folders}", ", ".join(a.name for a in arms)),
+        ("{verdicts}", verdict_legend(study, names)),
+    ):
         intro = intro.replace(key, value)
     rows: List[Dict[str, Any]] = []
-    parts = [f"# {table['title']}", "", *([mixed, ""] if mixed else []),
-             f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}`.".lstrip(), ""]
-    values = {a.name: {c: by_seed(runs, value_of(study.metric)) for c, runs in groups[a.name].items()}
-              for a in arms} if study.metric else {}
+    parts = [
+        f"# {table['title']}",
+        "",
+        *([mixed, ""] if mixed else []),
+        f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}`.".lstrip(),
+        "",
+    ]
+    values = (
+        {a.name: {c: by_seed(runs, value_of(study.metric)) for c, runs in groups[a.name].items()} for a in arms}
+        if study.metric
+        else {}
+    )
     if study.control:
-        parts += [control_text(study, {n: values[a.name].get(study.control["configuration"], {})
-                                       for n, a in zip(names, arms)}), ""]
+        parts += [
+            control_text(
+                study, {n: values[a.name].get(study.control["configuration"], {}) for n, a in zip(names, arms)}
+            ),
+            "",
+        ]
     if table.get("configurations"):
         parts += configuration_lines(study, values, arms, names, rows)
     results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
@@ -268,8 +328,14 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     if table.get("per_run") and study.claims:
         at = "/".join(sorted({c.metric.split("@")[0] for c in study.claims if "@" in c.metric}))
         at = f"{at}@<length>: the extrapolation table as trained, no scaling; " if at else ""
-        parts += ["## Per-run values", "", f"What every interval above is made of: each run's value, by configuration "
-                  f"and seed ({at}–: the run has not finished).", "", *per_run_lines(study, groups, arms)]
+        parts += [
+            "## Per-run values",
+            "",
+            f"What every interval above is made of: each run's value, by configuration "
+            f"and seed ({at}–: the run has not finished).",
+            "",
+            *per_run_lines(study, groups, arms),
+        ]
     text = "\n".join(parts)
     if not write:  # tests/analysis/test_results.py: recomputed from the committed runs, compared with the files
         return text

@@ -8,6 +8,7 @@
 * **parameter counts** per configuration (``parameters.json`` or the loggers' ``n_params``);
 * **how far learned position parameters moved** from their initialisation (linrope.training.movement writes it):
   a scheme whose parameters barely moved had no budget to express itself."""
+
 from __future__ import annotations
 
 import math
@@ -44,11 +45,16 @@ def failed_note(failed: Dict[str, List[Tuple[Run, str]]], metric: str) -> List[s
     if not failed:
         return []
     n = sum(len(v) for v in failed.values())
-    lines = [f"**{n} failed run{'s' if n != 1 else ''}** ({metric} NaN, infinite or missing: a diverged or "
-             f"unfinished run). They are in no mean below; `n` counts only the runs behind each value, and "
-             f"paired differences use only the seeds where both configurations have one:", ""]
-    lines += [f"- {label}: " + "; ".join(f"seed {r.seed} ({metric} {why}, `{r.path}`)" for r, why in bad)
-              for label, bad in failed.items()]
+    lines = [
+        f"**{n} failed run{'s' if n != 1 else ''}** ({metric} NaN, infinite or missing: a diverged or "
+        f"unfinished run). They are in no mean below; `n` counts only the runs behind each value, and "
+        f"paired differences use only the seeds where both configurations have one:",
+        "",
+    ]
+    lines += [
+        f"- {label}: " + "; ".join(f"seed {r.seed} ({metric} {why}, `{r.path}`)" for r, why in bad)
+        for label, bad in failed.items()
+    ]
     return lines + [""]
 
 
@@ -71,8 +77,14 @@ def improvement(runs: List[Run], metric: str, window: int = WINDOW) -> Optional[
         return None
     drop = statistics.fmean(drops)
     spread = statistics.stdev(finals) if len(finals) > 1 else None
-    return {"drop": drop, "spread": spread, "n": len(drops), "improving": drop > (spread or 0.0),
-            "from": min(s for s, _ in steps), "to": max(s for _, s in steps)}
+    return {
+        "drop": drop,
+        "spread": spread,
+        "n": len(drops),
+        "improving": drop > (spread or 0.0),
+        "from": min(s for s, _ in steps),
+        "to": max(s for _, s in steps),
+    }
 
 
 def improving(groups: Dict[str, List[Run]], metric: str) -> Dict[str, Dict[str, Any]]:
@@ -90,13 +102,18 @@ def improving_note(found: Dict[str, Dict[str, Any]], metric: str, digits: int = 
     still = {label: imp for label, imp in found.items() if imp["improving"]}
     if not still:
         return []
-    lines = [f"**Still improving at the end of training: {len(still)} of {len(found)} configurations.** Their "
-             f"validation {metric} was still falling over the last {WINDOW} evaluations by more than its final "
-             f"values spread across seeds, so a longer budget may change their numbers and their order:", ""]
+    lines = [
+        f"**Still improving at the end of training: {len(still)} of {len(found)} configurations.** Their "
+        f"validation {metric} was still falling over the last {WINDOW} evaluations by more than its final "
+        f"values spread across seeds, so a longer budget may change their numbers and their order:",
+        "",
+    ]
     for label, imp in still.items():
         spread = "one seed: no spread" if imp["spread"] is None else f"spread across seeds {imp['spread']:.{digits}f}"
-        lines.append(f"- {label}: fell {imp['drop']:.{digits}f} from step {imp['from']} to {imp['to']} "
-                     f"(mean over {imp['n']} seed{'s' if imp['n'] != 1 else ''}; {spread})")
+        lines.append(
+            f"- {label}: fell {imp['drop']:.{digits}f} from step {imp['from']} to {imp['to']} "
+            f"(mean over {imp['n']} seed{'s' if imp['n'] != 1 else ''}; {spread})"
+        )
     return lines + [""]
 
 
@@ -120,12 +137,26 @@ def movement_rows(groups: Dict[str, List[Run]]) -> List[Dict[str, Any]]:
                 vs = [x[key] for x in recs if x.get(key) is not None]
                 return statistics.fmean(vs) if vs else None
 
-            rel = [x["change_norm"] / x["init_norm"] for x in recs
-                   if x.get("change_norm") is not None and x.get("init_norm")]
-            rows.append({"configuration": label, "parameter": name, "shape": recs[0].get("shape"), "n": len(recs),
-                         "init_min": mean("init_min"), "init_max": mean("init_max"), "min": mean("min"),
-                         "max": mean("max"), "change_norm": mean("change_norm"), "change_max": mean("change_max"),
-                         "relative_change": statistics.fmean(rel) if rel else None})
+            rel = [
+                x["change_norm"] / x["init_norm"]
+                for x in recs
+                if x.get("change_norm") is not None and x.get("init_norm")
+            ]
+            rows.append(
+                {
+                    "configuration": label,
+                    "parameter": name,
+                    "shape": recs[0].get("shape"),
+                    "n": len(recs),
+                    "init_min": mean("init_min"),
+                    "init_max": mean("init_max"),
+                    "min": mean("min"),
+                    "max": mean("max"),
+                    "change_norm": mean("change_norm"),
+                    "change_max": mean("change_max"),
+                    "relative_change": statistics.fmean(rel) if rel else None,
+                }
+            )
     return rows
 
 
@@ -140,15 +171,41 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
     def span(lo, hi):
         return "?" if lo is None or hi is None else f"[{lo:+.3f}, {hi:+.3f}] ({hi - lo:.3f})"
 
-    header = ["configuration", "parameter", "shape", "n", "range at init (width)", "range at end (width)",
-              "‖Δ‖", "‖Δ‖ / ‖init‖", "max \\|Δ\\|"]
-    lines = [[r["configuration"], f"`{r['parameter']}`", "×".join(map(str, r["shape"] or [])), str(r["n"]),
-              span(r["init_min"], r["init_max"]), span(r["min"], r["max"]), num(r["change_norm"], ".3f"),
-              num(r["relative_change"], ".3f"), num(r["change_max"], ".3f")] for r in rows]
+    header = [
+        "configuration",
+        "parameter",
+        "shape",
+        "n",
+        "range at init (width)",
+        "range at end (width)",
+        "‖Δ‖",
+        "‖Δ‖ / ‖init‖",
+        "max \\|Δ\\|",
+    ]
+    lines = [
+        [
+            r["configuration"],
+            f"`{r['parameter']}`",
+            "×".join(map(str, r["shape"] or [])),
+            str(r["n"]),
+            span(r["init_min"], r["init_max"]),
+            span(r["min"], r["max"]),
+            num(r["change_norm"], ".3f"),
+            num(r["relative_change"], ".3f"),
+            num(r["change_max"], ".3f"),
+        ]
+        for r in rows
+    ]
     table = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     table += ["| " + " | ".join(line) + " |" for line in lines]
-    return [f"### Learned position parameters: how far they moved ({task})", "",
-            "Per configuration with learned position parameters, each parameter's range at initialisation and "
-            "at the end of training, the norm of its change ‖Δ‖ (Frobenius), that norm relative to the initial "
-            "one, and the largest change of one entry; means over the seeds that recorded them (n). A scheme "
-            "whose parameters barely moved had no budget to express itself.", "", *table, ""]
+    return [
+        f"### Learned position parameters: how far they moved ({task})",
+        "",
+        "Per configuration with learned position parameters, each parameter's range at initialisation and "
+        "at the end of training, the norm of its change ‖Δ‖ (Frobenius), that norm relative to the initial "
+        "one, and the largest change of one entry; means over the seeds that recorded them (n). A scheme "
+        "whose parameters barely moved had no budget to express itself.",
+        "",
+        *table,
+        "",
+    ]

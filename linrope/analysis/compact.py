@@ -17,6 +17,7 @@
 (``train.log``, ``study.log``, Hydra's ``hydra.yaml`` and ``hparams.yaml``) are not kept: nothing is computed
 from them.  linrope.study writes these files after each job it finishes (``finished_only``: runs with a study
 record), and commits them with ``--commit``.  Light: no torch."""
+
 from __future__ import annotations
 
 import csv
@@ -27,14 +28,24 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from linrope.analysis.runs import (COMPACT, CURVES, FORMAT, compact_records, flatten, folder_record, metrics_rows,
-                                   run_folders)
+from linrope.analysis.runs import (
+    COMPACT,
+    CURVES,
+    FORMAT,
+    compact_records,
+    flatten,
+    folder_record,
+    metrics_rows,
+    run_folders,
+)
 
 STUDY_RECORD = "study_job.json"  # what linrope.study writes into a job's folder when the job has finished
 RESULTS = "results.csv"
 FILES = (COMPACT, CURVES, RESULTS)
-ABOUT = ("The runs of this folder (linrope.analysis.compact): each run's study record, saved config, parameters, "
-         "provenance and extrapolation rows; curves.csv holds every logged value, results.csv one row per run.")
+ABOUT = (
+    "The runs of this folder (linrope.analysis.compact): each run's study record, saved config, parameters, "
+    "provenance and extrapolation rows; curves.csv holds every logged value, results.csv one row per run."
+)
 Entry = Tuple[Dict[str, Any], List[str], List[Dict[str, str]]]  # record, its curves' columns, its curves' rows
 
 
@@ -48,8 +59,11 @@ def gather(folder: Path, finished_only: bool = False) -> Dict[str, Entry]:
             continue
         name = run_dir.relative_to(folder).as_posix()
         columns, rows = metrics_rows(metrics)
-        found[name] = ({"run": name, **({"study": study} if study is not None else {}),
-                        **folder_record(run_dir, metrics)}, columns, rows)
+        found[name] = (
+            {"run": name, **({"study": study} if study is not None else {}), **folder_record(run_dir, metrics)},
+            columns,
+            rows,
+        )
     for record, rows in compact_records(folder):
         found.setdefault(record["run"], (record, list(dict.fromkeys(k for r in rows for k in r)), rows))
     return dict(sorted(found.items(), key=lambda kv: (folder / kv[0] / kv[1][0]["metrics"]).parts))
@@ -64,8 +78,9 @@ def write(folder: Path, finished_only: bool = False) -> int:
     records = [record for record, _, _ in entries.values()]
     _replace(folder / COMPACT, dumps({"format": FORMAT, "about": ABOUT, "runs": records}))
     columns = ["run", *dict.fromkeys(c for _, cols, _ in entries.values() for c in cols if c != "run")]
-    _replace(folder / CURVES, _csv(columns, [{"run": name, **row} for name, (_, _, rows) in entries.items()
-                                             for row in rows]))
+    _replace(
+        folder / CURVES, _csv(columns, [{"run": name, **row} for name, (_, _, rows) in entries.items() for row in rows])
+    )
     _replace(folder / RESULTS, results_csv([(record, rows) for record, _, rows in entries.values()]))
     return len(entries)
 
@@ -91,10 +106,15 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
     study = record.get("study") or {}
     prov = record.get("provenance") or {}
     code, versions, machine = prov.get("linrope") or {}, prov.get("versions") or {}, prov.get("machine") or {}
-    who = {"run": record["run"], "model": record.get("model_name") or config.get("model.name"),
-           "task": config.get("data.task", "bytes"), "seed": config.get("seed"),
-           "job": " ".join(study.get("job") or prov.get("overrides") or []), "steps": config.get("trainer.max_steps"),
-           "n_params": (record.get("parameters") or {}).get("n_params")}
+    who = {
+        "run": record["run"],
+        "model": record.get("model_name") or config.get("model.name"),
+        "task": config.get("data.task", "bytes"),
+        "seed": config.get("seed"),
+        "job": " ".join(study.get("job") or prov.get("overrides") or []),
+        "steps": config.get("trainer.max_steps"),
+        "n_params": (record.get("parameters") or {}).get("n_params"),
+    }
     last: Dict[str, str] = {}
     for r in rows:
         last.update({k: v for k, v in r.items() if k not in ("step", "epoch") and v not in ("", None)})
@@ -103,11 +123,21 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
         if r.get("status") == "ok":
             where = f"@{r['length']}" + ("" if r.get("scaling") == "none" else f" {r.get('scaling')}")
             values.update({f"{m}{where}": r[m] for m in ("bpb", "acc") if r.get(m) is not None})
-    ran = {"commit": code.get("commit"), "dirty": code.get("dirty"), "code": code.get("code"),
-           "python": versions.get("python"), "torch": versions.get("torch"), "lightning": versions.get("lightning"),
-           "fla": versions.get("fla"), "machine": machine.get("gpu") or machine.get("cpu"),
-           "threads": study.get("threads", machine.get("threads")), "precision": prov.get("precision"),
-           "started": prov.get("started"), "finished": study.get("finished"), "wall_s": study.get("wall_s")}
+    ran = {
+        "commit": code.get("commit"),
+        "dirty": code.get("dirty"),
+        "code": code.get("code"),
+        "python": versions.get("python"),
+        "torch": versions.get("torch"),
+        "lightning": versions.get("lightning"),
+        "fla": versions.get("fla"),
+        "machine": machine.get("gpu") or machine.get("cpu"),
+        "threads": study.get("threads", machine.get("threads")),
+        "precision": prov.get("precision"),
+        "started": prov.get("started"),
+        "finished": study.get("finished"),
+        "wall_s": study.get("wall_s"),
+    }
     return who, values, ran
 
 

@@ -17,6 +17,7 @@ the report; runs grouped by attention × position × model, mean over seeds with
 
 Needs the ``wandb-workspaces`` library (``pip install -e '.[dashboards]'``); without it ``--dry-run``
 still writes the plain specification (``dashboard.json``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from linrope.config.command_line import program
 from linrope.base.naming import wandb_group
+from linrope.config.command_line import program
 
 # Imported inside the functions that need them: wandb-workspaces (an optional extra; without it, one line that
 # says how to install it), wandb and linrope.run.loggers (Lightning): --help and --dry-run stay fast (0.1 s, not ~5 s)
@@ -42,9 +43,9 @@ STEP = "trainer/global_step"  # the x axis Lightning's WandbLogger logs with eve
 
 @dataclass
 class Panel:
-    kind: str            # line (metrics against step) | bar (final value per group) | media | table
+    kind: str  # line (metrics against step) | bar (final value per group) | media | table
     title: str
-    metrics: List[str]   # the logged keys it shows (media: image keys; table: the table's key)
+    metrics: List[str]  # the logged keys it shows (media: image keys; table: the table's key)
 
 
 @dataclass
@@ -57,12 +58,13 @@ class Section:
 @dataclass
 class Target:
     """Which runs a dashboard shows, and what they logged."""
+
     project: str
     group: str
     entity: Optional[str] = None
     tasks: List[str] = field(default_factory=lambda: [BYTES])
-    lengths: List[int] = field(default_factory=list)       # extrapolation lengths ([] when not evaluated)
-    scalings: List[str] = field(default_factory=list)      # none, pi, ntk
+    lengths: List[int] = field(default_factory=list)  # extrapolation lengths ([] when not evaluated)
+    scalings: List[str] = field(default_factory=list)  # none, pi, ntk
     group_by: List[str] = field(default_factory=lambda: list(GROUP_BY))
 
 
@@ -75,32 +77,68 @@ def sections(target: Target) -> List[Section]:
     """The dashboard's content as plain data; ``panel_metrics`` lists every key it names."""
     out: List[Section] = []
     if BYTES in target.tasks:
-        out.append(Section("Comparison", "Bits per byte on the validation windows during training, and on the "
-                           "test windows for the best checkpoint (lower is better; mean over seeds, bars "
-                           "±1 std).", [Panel("line", "val/bpb against step", ["val/bpb"]),
-                                        Panel("bar", "test/bpb of the best checkpoint", ["test/bpb"])]))
-    out.append(Section("Speed and memory", "Training throughput and peak memory of each model.",
-                       [Panel("line", "tokens per second (training)", ["train/tokens_per_sec"]),
-                        Panel("bar", "tokens per second (final)", ["train/tokens_per_sec"]),
-                        Panel("line", "peak memory, MB", ["train/peak_mem_mb"])]))
+        out.append(
+            Section(
+                "Comparison",
+                "Bits per byte on the validation windows during training, and on the "
+                "test windows for the best checkpoint (lower is better; mean over seeds, bars "
+                "±1 std).",
+                [
+                    Panel("line", "val/bpb against step", ["val/bpb"]),
+                    Panel("bar", "test/bpb of the best checkpoint", ["test/bpb"]),
+                ],
+            )
+        )
+    out.append(
+        Section(
+            "Speed and memory",
+            "Training throughput and peak memory of each model.",
+            [
+                Panel("line", "tokens per second (training)", ["train/tokens_per_sec"]),
+                Panel("bar", "tokens per second (final)", ["train/tokens_per_sec"]),
+                Panel("line", "peak memory, MB", ["train/peak_mem_mb"]),
+            ],
+        )
+    )
     if target.lengths:
-        panels = [Panel("table", "extrapolation table", ["extrapolation/table"]),
-                  Panel("media", "extrapolation curves (per run)", ["extrapolation/plot"])]
+        panels = [
+            Panel("table", "extrapolation table", ["extrapolation/table"]),
+            Panel("media", "extrapolation curves (per run)", ["extrapolation/plot"]),
+        ]
         names = {"none": "as trained", "pi": "position interpolation", "ntk": "NTK-aware scaling"}
         for scaling in ["none", *[s for s in target.scalings if s != "none"]]:
-            panels.append(Panel("bar", f"{names.get(scaling, scaling)}: by evaluation length",
-                                extrapolation_keys(target, scaling)))
-        out.append(Section("Length extrapolation", "The model trained at one context, evaluated at longer ones "
-                           f"({', '.join(map(str, target.lengths))}); RoPE models also with pi and ntk scaling.",
-                           panels))
+            panels.append(
+                Panel(
+                    "bar", f"{names.get(scaling, scaling)}: by evaluation length", extrapolation_keys(target, scaling)
+                )
+            )
+        out.append(
+            Section(
+                "Length extrapolation",
+                "The model trained at one context, evaluated at longer ones "
+                f"({', '.join(map(str, target.lengths))}); RoPE models also with pi and ntk scaling.",
+                panels,
+            )
+        )
     if any(t != BYTES for t in target.tasks):
-        out.append(Section("Synthetic tasks", "Accuracy over the scored positions (mqar, offset_copy) or "
-                           "sequences (listops); higher is better.",
-                           [Panel("line", "val/acc against step", ["val/acc"]),
-                            Panel("bar", "test/acc of the best checkpoint", ["test/acc"]),
-                            Panel("line", "val/loss against step", ["val/loss"])]))
-    out.append(Section("Training", "Training loss and learning rate.",
-                       [Panel("line", "train/loss", ["train/loss"]), Panel("line", "learning rate", ["train/lr"])]))
+        out.append(
+            Section(
+                "Synthetic tasks",
+                "Accuracy over the scored positions (mqar, offset_copy) or sequences (listops); higher is better.",
+                [
+                    Panel("line", "val/acc against step", ["val/acc"]),
+                    Panel("bar", "test/acc of the best checkpoint", ["test/acc"]),
+                    Panel("line", "val/loss against step", ["val/loss"]),
+                ],
+            )
+        )
+    out.append(
+        Section(
+            "Training",
+            "Training loss and learning rate.",
+            [Panel("line", "train/loss", ["train/loss"]), Panel("line", "learning rate", ["train/lr"])],
+        )
+    )
     return out
 
 
@@ -109,8 +147,11 @@ def panel_metrics(secs: Sequence[Section]) -> List[str]:
 
 
 def plain_spec(target: Target) -> Dict[str, Any]:
-    return {"target": asdict(target), "runset": {"filter": {"group": target.group}, "group_by": target.group_by},
-            "sections": [asdict(s) for s in sections(target)]}
+    return {
+        "target": asdict(target),
+        "runset": {"filter": {"group": target.group}, "group_by": target.group_by},
+        "sections": [asdict(s) for s in sections(target)],
+    }
 
 
 # ---- wandb-workspaces ------------------------------------------------------------------------------------------
@@ -119,7 +160,9 @@ def _libs():
         import wandb_workspaces.reports.v2 as wr
         import wandb_workspaces.workspaces as ws
     except ImportError as e:
-        raise SystemExit(f"linrope: the dashboard needs wandb-workspaces ({e}): pip install -e '.[dashboards]'") from None
+        raise SystemExit(
+            f"linrope: the dashboard needs wandb-workspaces ({e}): pip install -e '.[dashboards]'"
+        ) from None
     return ws, wr
 
 
@@ -129,11 +172,26 @@ def _panels(secs_panels: Sequence[Panel]) -> list:
     made = []
     for p in secs_panels:
         if p.kind == "line":
-            made.append(wr.LinePlot(title=p.title, x=STEP, y=list(p.metrics), groupby_aggfunc="mean",
-                                    groupby_rangefunc="stddev", smoothing_type="none"))
+            made.append(
+                wr.LinePlot(
+                    title=p.title,
+                    x=STEP,
+                    y=list(p.metrics),
+                    groupby_aggfunc="mean",
+                    groupby_rangefunc="stddev",
+                    smoothing_type="none",
+                )
+            )
         elif p.kind == "bar":
-            made.append(wr.BarPlot(title=p.title, metrics=list(p.metrics), groupby_aggfunc="mean",
-                                   groupby_rangefunc="stddev", orientation="v"))
+            made.append(
+                wr.BarPlot(
+                    title=p.title,
+                    metrics=list(p.metrics),
+                    groupby_aggfunc="mean",
+                    groupby_rangefunc="stddev",
+                    orientation="v",
+                )
+            )
         elif p.kind == "media":
             made.append(wr.MediaBrowser(title=p.title, media_keys=list(p.metrics)))
         elif p.kind == "table":
@@ -145,10 +203,15 @@ def build_workspace(target: Target):
     ws, wr = _libs()
     secs = [ws.Section(name=s.name, panels=_panels(s.panels), is_open=True) for s in sections(target)]
     return ws.Workspace(
-        entity=target.entity or "<entity>", project=target.project, name=f"linrope: {target.group}", sections=secs,
+        entity=target.entity or "<entity>",
+        project=target.project,
+        name=f"linrope: {target.group}",
+        sections=secs,
         settings=ws.WorkspaceSettings(x_axis=STEP, max_runs=100),  # a sweep has dozens of runs (pe_compare: 48)
-        runset_settings=ws.RunsetSettings(filters=[ws.Metric("Group") == target.group],
-                                          groupby=[ws.Config(k) for k in target.group_by]))
+        runset_settings=ws.RunsetSettings(
+            filters=[ws.Metric("Group") == target.group], groupby=[ws.Config(k) for k in target.group_by]
+        ),
+    )
 
 
 def build_report(target: Target, *, offline: bool = True):
@@ -157,17 +220,30 @@ def build_report(target: Target, *, offline: bool = True):
     run sets name the report's project)."""
     _, wr = _libs()
     where = ("", "") if offline else (target.entity or "", target.project)
-    blocks: list = [wr.P(f"Runs of the wandb group {target.group} (project {target.project}): tasks "
-                         f"{', '.join(target.tasks)}, grouped by {' × '.join(target.group_by)}; lines and bars are "
-                         "the mean over seeds with ±1 standard deviation. Made by python -m linrope.dashboard.")]
+    blocks: list = [
+        wr.P(
+            f"Runs of the wandb group {target.group} (project {target.project}): tasks "
+            f"{', '.join(target.tasks)}, grouped by {' × '.join(target.group_by)}; lines and bars are "
+            "the mean over seeds with ±1 standard deviation. Made by python -m linrope.dashboard."
+        )
+    ]
     for s in sections(target):
-        runset = wr.Runset(entity=where[0], project=where[1], name=target.group,
-                           filters=f"Group = '{target.group}'", groupby=[f"config.{k}" for k in target.group_by])
+        runset = wr.Runset(
+            entity=where[0],
+            project=where[1],
+            name=target.group,
+            filters=f"Group = '{target.group}'",
+            groupby=[f"config.{k}" for k in target.group_by],
+        )
         blocks += [wr.H2(s.name), wr.P(s.about), wr.PanelGrid(runsets=[runset], panels=_panels(s.panels))]
-    return wr.Report(project=target.project, entity=target.entity or "<entity>",
-                     title=f"linrope: {target.group}"[:128],
-                     description="Attention × position comparison: validation and test bits per byte, speed, "
-                                 "length extrapolation and synthetic-task accuracy.", blocks=blocks)
+    return wr.Report(
+        project=target.project,
+        entity=target.entity or "<entity>",
+        title=f"linrope: {target.group}"[:128],
+        description="Attention × position comparison: validation and test bits per byte, speed, "
+        "length extrapolation and synthetic-task accuracy.",
+        blocks=blocks,
+    )
 
 
 def dump(obj) -> Dict[str, Any]:
@@ -179,8 +255,10 @@ def dump(obj) -> Dict[str, Any]:
 def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optional[str] = None) -> Target:
     configs = sorted(folder.glob("*/.hydra/config.yaml")) or sorted(folder.glob(".hydra/config.yaml"))
     if not configs:
-        raise SystemExit(f"linrope: {folder}: no run configs (<job>/.hydra/config.yaml): pass a sweep folder "
-                         f"(logs/<task_name>/multiruns/<time>) or --group")
+        raise SystemExit(
+            f"linrope: {folder}: no run configs (<job>/.hydra/config.yaml): pass a sweep folder "
+            f"(logs/<task_name>/multiruns/<time>) or --group"
+        )
     cfgs = [OmegaConf.load(p) for p in configs]
     first = cfgs[0]
     wandb_cfg = OmegaConf.select(first, "logger.wandb") or {}
@@ -196,24 +274,45 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
             lengths |= {int(round(f * context)) for f in ex.get("factors") or DEFAULT_FACTORS}
             if OmegaConf.select(c, "model.position.name") == "rope":
                 scalings |= set(ex.get("scalings") or [])
-    return Target(project=project or str(wandb_cfg.get("project") or "linrope"), group=str(group), entity=entity,
-                  tasks=tasks, lengths=sorted(lengths), scalings=sorted(scalings))
+    return Target(
+        project=project or str(wandb_cfg.get("project") or "linrope"),
+        group=str(group),
+        entity=entity,
+        tasks=tasks,
+        lengths=sorted(lengths),
+        scalings=sorted(scalings),
+    )
 
 
 # ---- command line ----------------------------------------------------------------------------------------------
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=program("python -m linrope.dashboard"), description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("sweep", nargs="?", type=Path, help="a sweep folder (logs/<task_name>/multiruns/<time>) or a run folder")
+    p = argparse.ArgumentParser(
+        prog=program("python -m linrope.dashboard"),
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    p.add_argument(
+        "sweep", nargs="?", type=Path, help="a sweep folder (logs/<task_name>/multiruns/<time>) or a run folder"
+    )
     p.add_argument("--group", help="the wandb group instead of a folder (e.g. pe_compare-2026-01-01_12-00-00)")
     p.add_argument("--project", help="wandb project (default: logger.wandb.project of the runs, else linrope)")
     p.add_argument("--entity", help="wandb entity (default: your default entity when saving)")
     p.add_argument("--tasks", nargs="+", help="with --group: the tasks the runs trained on (default: bytes)")
-    p.add_argument("--lengths", nargs="*", type=int, default=None,
-                   help="with --group: extrapolation lengths the runs evaluated (default: none)")
-    p.add_argument("--group-by", nargs="+", default=list(GROUP_BY), help="config keys runs are grouped by "
-                   "(default: %(default)s; an ablation adds e.g. model.attention.feature_map)")
+    p.add_argument(
+        "--lengths",
+        nargs="*",
+        type=int,
+        default=None,
+        help="with --group: extrapolation lengths the runs evaluated (default: none)",
+    )
+    p.add_argument(
+        "--group-by",
+        nargs="+",
+        default=list(GROUP_BY),
+        help="config keys runs are grouped by "
+        "(default: %(default)s; an ablation adds e.g. model.attention.feature_map)",
+    )
     p.add_argument("--dry-run", action="store_true", help="write the specs as JSON (no login, nothing saved)")
     p.add_argument("--out", type=Path, help="where --dry-run writes (default: <sweep>/dashboard, else ./dashboard)")
     args = p.parse_args(argv)
@@ -226,9 +325,14 @@ def target_from_args(args: argparse.Namespace) -> Target:
     if args.sweep is not None:
         target = target_from_sweep(args.sweep, args.project, args.entity)
     else:
-        target = Target(project=args.project or "linrope", group=args.group, entity=args.entity,
-                        tasks=list(args.tasks or [BYTES]), lengths=sorted(args.lengths or []),
-                        scalings=["pi", "ntk"] if args.lengths else [])
+        target = Target(
+            project=args.project or "linrope",
+            group=args.group,
+            entity=args.entity,
+            tasks=list(args.tasks or [BYTES]),
+            lengths=sorted(args.lengths or []),
+            scalings=["pi", "ntk"] if args.lengths else [],
+        )
     target.group_by = list(args.group_by)
     return target
 
@@ -252,8 +356,9 @@ def save(target: Target) -> List[str]:
     from linrope.run.loggers import wandb_logged_in
 
     if not wandb_logged_in():
-        raise SystemExit("linrope: saving a dashboard needs a wandb login (`wandb login`); "
-                         "--dry-run writes the specs without one")
+        raise SystemExit(
+            "linrope: saving a dashboard needs a wandb login (`wandb login`); --dry-run writes the specs without one"
+        )
     import wandb
 
     target.entity = target.entity or wandb.Api().default_entity

@@ -13,6 +13,7 @@
 
 The computations are plain functions (``rope_decay_bound``, ``sinusoidal_dot``) so tests can
 check them."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from linrope.config.command_line import program
 from linrope.base.plots import pyplot, save
+from linrope.config.command_line import program
 
 
 def rope_thetas(d: int = 128, base: float = 10000.0) -> np.ndarray:
@@ -78,17 +79,21 @@ def plot_sinusoidal_dot(path: Path, dim: int = 512, max_offset: int = 500) -> Pa
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog=program("python -m linrope.analysis.figures"),
-                                description="Recompute two figures from the papers: RoPE's long-term decay "
-                                            "(RoFormer Figure 2) and the sinusoidal PE_t·PE_{t+k} curve.")
+    p = argparse.ArgumentParser(
+        prog=program("python -m linrope.analysis.figures"),
+        description="Recompute two figures from the papers: RoPE's long-term decay "
+        "(RoFormer Figure 2) and the sinusoidal PE_t·PE_{t+k} curve.",
+    )
     p.add_argument("--out", type=Path, default=Path("figures"), help="output folder (default: figures)")
     p.add_argument("--d", type=int, default=128, help="RoPE head dimension (default 128, as the paper)")
     p.add_argument("--max-distance", type=int, default=250, help="largest relative distance (default 250)")
     p.add_argument("--dim", type=int, default=512, help="sinusoidal model dimension (default 512)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    for path in (plot_rope_decay(args.out / "rope_decay.png", args.d, args.max_distance),
-                 plot_sinusoidal_dot(args.out / "sinusoidal_dot.png", args.dim)):
+    for path in (
+        plot_rope_decay(args.out / "rope_decay.png", args.d, args.max_distance),
+        plot_sinusoidal_dot(args.out / "sinusoidal_dot.png", args.dim),
+    ):
         print(f"wrote {path}")
     return 0
 

@@ -26,6 +26,7 @@ the same model (e.g. ``linear_rope feature_map=cosine placement=both``).
 
 A folder of a study run in arms (its config declares ``arms``: ``steps800/``, ``steps3200/``) gets each arm's
 report and the study's table across them (linrope.analysis.arms)."""
+
 from __future__ import annotations
 
 import csv
@@ -34,14 +35,29 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
-from linrope.analysis.caveats import (failed_note, failed_runs, improving, improving_cell, improving_note, movement_section,
-                             params_cell)
 from linrope.analysis import study_config
-from linrope.base.errors import first_names
-from linrope.base.plots import (SCALING_STYLES, Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves,
-                           series_colour)
+from linrope.analysis.caveats import (
+    failed_note,
+    failed_runs,
+    improving,
+    improving_cell,
+    improving_note,
+    movement_section,
+    params_cell,
+)
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import LEVEL, Interval, Paired, mean_ci, paired
+from linrope.base.errors import first_names
+from linrope.base.plots import (
+    SCALING_STYLES,
+    Curve,
+    Panel,
+    by_last_value,
+    config_style,
+    distinct_styles,
+    plot_curves,
+    series_colour,
+)
 
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
 
@@ -49,10 +65,17 @@ LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.m
 def columns_for(task: str):
     """(header, metric, how, digits) of a task's table; the first is the headline (test) metric."""
     if task == "bytes":
-        return [("test/bpb", "test/bpb", "last", 3), ("best val/bpb (selection metric)", "val/bpb", "min", 3),
-                ("tokens/s", "train/tokens_per_sec", "mean", 0)]
-    return [("test/acc", "test/acc", "last", 3), ("test/loss", "test/loss", "last", 3),
-            ("best val/loss (selection metric)", "val/loss", "min", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)]
+        return [
+            ("test/bpb", "test/bpb", "last", 3),
+            ("best val/bpb (selection metric)", "val/bpb", "min", 3),
+            ("tokens/s", "train/tokens_per_sec", "mean", 0),
+        ]
+    return [
+        ("test/acc", "test/acc", "last", 3),
+        ("test/loss", "test/loss", "last", 3),
+        ("best val/loss (selection metric)", "val/loss", "min", 3),
+        ("tokens/s", "train/tokens_per_sec", "mean", 0),
+    ]
 
 
 def higher_is_better(metric: str) -> bool:
@@ -89,8 +112,12 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
     cols = columns_for(task)
     rows = []
     for label, runs in groups.items():
-        row: Dict[str, Any] = {"label": label, "attention": runs[0].get("model.attention.kind", "?"),
-                               "position": runs[0].get("model.position.name", "?"), "params": params_cell(runs)}
+        row: Dict[str, Any] = {
+            "label": label,
+            "attention": runs[0].get("model.attention.kind", "?"),
+            "position": runs[0].get("model.position.name", "?"),
+            "params": params_cell(runs),
+        }
         for header, metric, how, _ in cols:
             values = by_seed(runs, lambda r, metric=metric, how=how: r.value(metric, how))
             row[header] = mean_ci(list(values.values()), LEVEL)
@@ -103,11 +130,15 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
     return rows
 
 
-def pair_results(groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]],
-                 value) -> List[Tuple[str, str, Paired]]:
+def pair_results(
+    groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]], value
+) -> List[Tuple[str, str, Paired]]:
     """(A, B, A − B over matching seeds) for each pair whose two configurations are both in ``groups``."""
-    return [(a, b, paired(by_seed(groups[a], value), by_seed(groups[b], value), LEVEL))
-            for a, b in pairs if a in groups and b in groups]
+    return [
+        (a, b, paired(by_seed(groups[a], value), by_seed(groups[b], value), LEVEL))
+        for a, b in pairs
+        if a in groups and b in groups
+    ]
 
 
 def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
@@ -120,8 +151,10 @@ def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
         return f"- {head}: {numbers} — **not resolved**: the 95% interval includes 0."
     lower = d.mean < 0
     better = lower != higher_is_better(metric)
-    return (f"- {head}: {numbers} — **resolved**: {a} is {'lower' if lower else 'higher'} "
-            f"({'better' if better else 'worse'}) than {b}.")
+    return (
+        f"- {head}: {numbers} — **resolved**: {a} is {'lower' if lower else 'higher'} "
+        f"({'better' if better else 'worse'}) than {b}."
+    )
 
 
 def extrapolation_rows(groups: Dict[str, List[Run]], task: str):
@@ -133,9 +166,17 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str):
         if not any(run.extrapolation for run in runs):
             continue
         for scaling in dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation):
+
             def at(n, scaling=scaling):
-                return lambda one: next((r[metric] for r in one.extrapolation if r["scaling"] == scaling
-                                         and r["length"] == n and r["status"] == "ok"), None)
+                return lambda one: next(
+                    (
+                        r[metric]
+                        for r in one.extrapolation
+                        if r["scaling"] == scaling and r["length"] == n and r["status"] == "ok"
+                    ),
+                    None,
+                )
+
             rows.append({"label": label, "scaling": scaling, "values": {n: by_seed(runs, at(n)) for n in lengths}})
     return lengths, metric, rows
 
@@ -162,9 +203,14 @@ def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Opti
                 points.setdefault(step, []).append(v)
         curves.append(Curve(label, points, config_style(runs[0].config)))
     curves = distinct_styles(by_last_value(curves, descending=higher_is_better(metric)))
-    return plot_curves([Panel("", curves)], path, xlabel="training step", ylabel=metric,
-                       title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}",
-                       note=band_note(groups))
+    return plot_curves(
+        [Panel("", curves)],
+        path,
+        xlabel="training step",
+        ylabel=metric,
+        title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}",
+        note=band_note(groups),
+    )
 
 
 def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
@@ -175,58 +221,133 @@ def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> O
     def points(row):
         return {n: list(by.values()) for n, by in row["values"].items() if by}
 
-    plain = [Curve(r["label"], points(r), config_style(groups[r["label"]][0].config))
-             for r in rows if r["scaling"] == "none"]
+    plain = [
+        Curve(r["label"], points(r), config_style(groups[r["label"]][0].config)) for r in rows if r["scaling"] == "none"
+    ]
     panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")))]
     scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
     if scaled_labels:
-        scaled = [Curve(f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}", points(r),
-                        {"color": series_colour(scaled_labels.index(r["label"])),
-                         "linestyle": SCALING_STYLES.get(r["scaling"], "-.")})
-                  for r in rows if r["label"] in scaled_labels]
+        scaled = [
+            Curve(
+                f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}",
+                points(r),
+                {
+                    "color": series_colour(scaled_labels.index(r["label"])),
+                    "linestyle": SCALING_STYLES.get(r["scaling"], "-."),
+                },
+            )
+            for r in rows
+            if r["label"] in scaled_labels
+        ]
         panels.append(Panel("RoPE models: as trained (solid), pi (dashed), ntk (dotted)", scaled))
-    contexts = sorted({run.get("context") for runs in groups.values() for run in runs
-                       if run.extrapolation and isinstance(run.get("context"), int)})
+    contexts = sorted(
+        {
+            run.get("context")
+            for runs in groups.values()
+            for run in runs
+            if run.extrapolation and isinstance(run.get("context"), int)
+        }
+    )
     ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
-    return plot_curves(panels, path, xlabel="evaluation length (tokens)", ylabel=ylabel, log2_x=True,
-                       vlines=contexts, vline_label="training context",
-                       title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
-                       note=band_note(groups))
+    return plot_curves(
+        panels,
+        path,
+        xlabel="evaluation length (tokens)",
+        ylabel=ylabel,
+        log2_x=True,
+        vlines=contexts,
+        vline_label="training context",
+        title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
+        note=band_note(groups),
+    )
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
-def task_section(task: str, groups: Dict[str, List[Run]], pairs, out: Path, suffix: str, summary: list,
-                 pair_rows: list, run_rows: list) -> List[str]:
+def task_section(
+    task: str,
+    groups: Dict[str, List[Run]],
+    pairs,
+    out: Path,
+    suffix: str,
+    summary: list,
+    pair_rows: list,
+    run_rows: list,
+) -> List[str]:
     cols = columns_for(task)
     rows = summarize(groups, task)
     groups = {r["label"]: groups[r["label"]] for r in rows}  # every table of the task in this order
-    run_rows += [{"task": task, "configuration": label, "seed": run.seed, "run": str(run.path),
-                  **{c[0]: run.value(c[1], c[2]) for c in cols}}
-                 for label, runs in groups.items() for run in sorted(runs, key=lambda r: str(r.seed))]
+    run_rows += [
+        {
+            "task": task,
+            "configuration": label,
+            "seed": run.seed,
+            "run": str(run.path),
+            **{c[0]: run.value(c[1], c[2]) for c in cols},
+        }
+        for label, runs in groups.items()
+        for run in sorted(runs, key=lambda r: str(r.seed))
+    ]
     failed = failed_runs(groups, cols[0][1], cols[0][2])
     val_metric = next(c[1] for c in cols if c[1].startswith("val/"))
     still = improving(groups, val_metric)
-    header = (["configuration", "attention", "position", "n (seeds)", "parameters", f"still improving ({val_metric})"]
-              + [c[0] for c in cols])
-    lines = [[r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})", r["params"],
-              improving_cell(still.get(r["label"]))] + [cell_n(r[c[0]], r["n"], c[3]) for c in cols] for r in rows]
+    header = [
+        "configuration",
+        "attention",
+        "position",
+        "n (seeds)",
+        "parameters",
+        f"still improving ({val_metric})",
+    ] + [c[0] for c in cols]
+    lines = [
+        [
+            r["label"],
+            str(r["attention"]),
+            str(r["position"]),
+            f"{r['n']} ({','.join(r['seeds'])})",
+            r["params"],
+            improving_cell(still.get(r["label"])),
+        ]
+        + [cell_n(r[c[0]], r["n"], c[3]) for c in cols]
+        for r in rows
+    ]
     for r in rows:
-        summary.append({"task": task, "configuration": r["label"], "attention": r["attention"],
-                        "position": r["position"], "n": r["n"], "seeds": " ".join(r["seeds"]), "parameters": r["params"],
-                        "failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], [])),
-                        "still improving": (still[r["label"]]["improving"] if r["label"] in still else None),
-                        **{f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")}})
-    parts = [f"## Task: {task}", "", *failed_note(failed, cols[0][1]), *improving_note(still, val_metric),
-             markdown_table(header, lines), ""]
+        summary.append(
+            {
+                "task": task,
+                "configuration": r["label"],
+                "attention": r["attention"],
+                "position": r["position"],
+                "n": r["n"],
+                "seeds": " ".join(r["seeds"]),
+                "parameters": r["params"],
+                "failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], [])),
+                "still improving": (still[r["label"]]["improving"] if r["label"] in still else None),
+                **{f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")},
+            }
+        )
+    parts = [
+        f"## Task: {task}",
+        "",
+        *failed_note(failed, cols[0][1]),
+        *improving_note(still, val_metric),
+        markdown_table(header, lines),
+        "",
+    ]
     factors = {r.get("data.test_factor") for runs in groups.values() for r in runs} - {None, 1}
     if factors:
-        parts += [f"Test sequences are {' / '.join(map(str, sorted(factors)))} × the training context "
-                  f"(data.test_factor).", ""]
+        parts += [
+            f"Test sequences are {' / '.join(map(str, sorted(factors)))} × the training context (data.test_factor).",
+            "",
+        ]
     metric, how = cols[0][1], cols[0][2]
     results = pair_results(groups, pairs, lambda r: r.value(metric, how))
     if results:
-        parts += [f"### Paired differences, {task} ({metric}, A − B over matching seeds)", "",
-                  *[verdict(a, b, metric, res, cols[0][3]) for a, b, res in results], ""]
+        parts += [
+            f"### Paired differences, {task} ({metric}, A − B over matching seeds)",
+            "",
+            *[verdict(a, b, metric, res, cols[0][3]) for a, b, res in results],
+            "",
+        ]
         pair_rows += [pair_record(task, metric, a, b, res) for a, b, res in results]
     parts += movement_section(task, groups)
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
@@ -242,23 +363,39 @@ def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows
     context = contexts.pop() if len(contexts) == 1 else None
     names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
     header = ["configuration", "scaling"] + names
-    lines = [[r["label"], "as trained" if r["scaling"] == "none" else r["scaling"]]
-             + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
-             for r in rows]
-    parts = [f"## Length extrapolation: {task}", "",
-             f"{'Bits per byte' if metric == 'bpb' else 'Accuracy'} at each evaluation length in tokens (× the "
-             f"training context), mean ± 95% t-interval half-width over seeds"
-             + ("; RoPE models also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching "
-                "factor" * any(r["scaling"] != "none" for r in rows))
-             + ".  n/a: the scheme cannot go that far.", "",
-             markdown_table(header, lines), ""]
+    lines = [
+        [r["label"], "as trained" if r["scaling"] == "none" else r["scaling"]]
+        + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
+        for r in rows
+    ]
+    parts = [
+        f"## Length extrapolation: {task}",
+        "",
+        f"{'Bits per byte' if metric == 'bpb' else 'Accuracy'} at each evaluation length in tokens (× the "
+        f"training context), mean ± 95% t-interval half-width over seeds"
+        + (
+            "; RoPE models also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching "
+            "factor" * any(r["scaling"] != "none" for r in rows)
+        )
+        + ".  n/a: the scheme cannot go that far.",
+        "",
+        markdown_table(header, lines),
+        "",
+    ]
     plain = {r["label"]: r["values"] for r in rows if r["scaling"] == "none"}
-    found = [(a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
-             for a, b in pairs if a in plain and b in plain]
+    found = [
+        (a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
+        for a, b in pairs
+        if a in plain and b in plain
+    ]
     if found:
         cells = [[f"{a} − {b}"] + [cell(res[n]) for n in lengths] for a, b, res in found]
-        parts += ["Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):", "",
-                  markdown_table(["pair"] + names, cells), ""]
+        parts += [
+            "Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):",
+            "",
+            markdown_table(["pair"] + names, cells),
+            "",
+        ]
         pair_rows += [pair_record(task, f"{metric}@{n}", a, b, res[n]) for a, b, res in found for n in lengths]
     name = f"extrapolation{suffix}.png"
     if plot_extrapolation(groups, task, out / name):
@@ -274,9 +411,20 @@ def cell(r: Paired) -> str:
 
 
 def pair_record(task: str, metric: str, a: str, b: str, r: Paired) -> Dict[str, Any]:
-    return {"task": task, "metric": metric, "a": a, "b": b, "n": r.diff.n, "seeds": " ".join(map(str, r.seeds)),
-            "mean difference": r.diff.mean, "ci low": r.diff.lo, "ci high": r.diff.hi, "t": r.t, "p": r.p,
-            "resolved": r.diff.excludes_zero()}
+    return {
+        "task": task,
+        "metric": metric,
+        "a": a,
+        "b": b,
+        "n": r.diff.n,
+        "seeds": " ".join(map(str, r.seeds)),
+        "mean difference": r.diff.mean,
+        "ci low": r.diff.lo,
+        "ci high": r.diff.hi,
+        "t": r.t,
+        "p": r.p,
+        "resolved": r.diff.excludes_zero(),
+    }
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
@@ -287,50 +435,72 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
         w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
-def build_report(sweeps: Sequence[Path], out: Path, pairs: Sequence[Tuple[str, str]] = (),
-                 allow_mixed: bool = False, study: Optional[study_config.Study] = None) -> str:
+def build_report(
+    sweeps: Sequence[Path],
+    out: Path,
+    pairs: Sequence[Tuple[str, str]] = (),
+    allow_mixed: bool = False,
+    study: Optional[study_config.Study] = None,
+) -> str:
     """The report of the runs under ``sweeps``, written into ``out``: the pairs ``study`` declares (default: the
     study of the runs, ``study_config.for_runs``) where both ran, and ``pairs`` (``--pair``), which must."""
     skipped: List[Path] = []
     runs = [r for s in sweeps for r in find_runs(Path(s), skipped)]
     if not runs:
-        others = f" ({first_names([str(p) for p in skipped], 2)}: no provenance.json or .hydra/config.yaml of a " \
-                 f"linrope run beside {'it' if len(skipped) == 1 else 'them'})" if skipped else ""
-        raise SystemExit(f"linrope.report: no linrope runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}"
-                         f"{others}")
+        others = (
+            f" ({first_names([str(p) for p in skipped], 2)}: no provenance.json or .hydra/config.yaml of a "
+            f"linrope run beside {'it' if len(skipped) == 1 else 'them'})"
+            if skipped
+            else ""
+        )
+        raise SystemExit(
+            f"linrope.report: no linrope runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}{others}"
+        )
     provenance.fill_in(runs, [*map(Path, sweeps), out])  # runs that predate their own provenance.json
     mixed = provenance.check(runs, allow_mixed)  # one line; refused unless --allow-mixed
     declared = (study or study_config.for_runs(runs)).compared
     tasks = group_runs(runs)
     suffixes = [f"_{task}" if len(tasks) > 1 else "" for task in tasks]
-    written = ["report.md", "summary.csv", "runs.csv", "pairs.csv",
-               *(f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation"))]
+    written = [
+        "report.md",
+        "summary.csv",
+        "runs.csv",
+        "pairs.csv",
+        *(f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation")),
+    ]
     labels = {label for groups in tasks.values() for label in groups}
     for a, b in pairs:
         if a not in labels or b not in labels:
             if (a, b) not in declared:
                 missing = a if a not in labels else b
-                raise SystemExit(f"linrope.report: --pair {a}:{b}: no configuration named {missing!r} "
-                                 f"(have: {', '.join(sorted(labels))})")
+                raise SystemExit(
+                    f"linrope.report: --pair {a}:{b}: no configuration named {missing!r} "
+                    f"(have: {', '.join(sorted(labels))})"
+                )
     pairs = list(dict.fromkeys([*declared, *pairs]))
     outputs.claim(out, written, "linrope.report", LEGACY)  # never over a file a report did not write: one line
     out.mkdir(parents=True, exist_ok=True)
     n_configs = sum(len(g) for g in tasks.values())
     parts = [mixed, ""] if mixed else []
-    parts += [f"# Sweep report: {', '.join(str(s) for s in sweeps)}", "",
-             f"{len(runs)} runs in {n_configs} configurations.  Each cell is the mean over the configuration's "
-             f"seeds ± the half-width of the 95% t-interval (t_0.975,n-1 · s / √n; the mean alone for one "
-             f"seed).  The headline is the test score of the checkpoint chosen on validation; the best "
-             f"validation value is the selection metric, shown for reference only; tokens/s is the mean "
-             f"training throughput.  Paired differences take A − B seed by seed over the seeds both ran "
-             f"(same data order and initialisation) and test them with a two-sided paired t-test.", ""]
+    parts += [
+        f"# Sweep report: {', '.join(str(s) for s in sweeps)}",
+        "",
+        f"{len(runs)} runs in {n_configs} configurations.  Each cell is the mean over the configuration's "
+        f"seeds ± the half-width of the 95% t-interval (t_0.975,n-1 · s / √n; the mean alone for one "
+        f"seed).  The headline is the test score of the checkpoint chosen on validation; the best "
+        f"validation value is the selection metric, shown for reference only; tokens/s is the mean "
+        f"training throughput.  Paired differences take A − B seed by seed over the seeds both ran "
+        f"(same data order and initialisation) and test them with a two-sided paired t-test.",
+        "",
+    ]
     parts += provenance.section(runs)
     summary: List[Dict[str, Any]] = []
     pair_rows: List[Dict[str, Any]] = []
     run_rows: List[Dict[str, Any]] = []
     for task, groups in tasks.items():
-        parts += task_section(task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows,
-                              run_rows)
+        parts += task_section(
+            task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows, run_rows
+        )
     text = "\n".join(parts)
     (out / "report.md").write_text(text)
     write_csv(summary, out / "summary.csv")

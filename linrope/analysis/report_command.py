@@ -2,6 +2,7 @@
 (linrope.analysis.report), or, for the folder of a study run in arms, each arm's report and the study's table
 across them (linrope.analysis.arms).  Which pairs, claims and verdicts: the study's config
 (linrope.analysis.study_config), found from the runs or named with ``--study``.  Light: no torch."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,28 +26,43 @@ def parse_pair(text: str) -> Tuple[str, str]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=program("python -m linrope.report"), formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=program("python -m linrope.report"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
-                    "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
-                    "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"
-                    "summary.csv, pairs.csv, runs.csv (every run's values), val_curves.png and, when runs\n"
-                    "evaluated length extrapolation, extrapolation.png.  The pairs compared where both ran are\n"
-                    "those of the runs' study: conf/study/<experiment>.yaml (the runs' task_name), else\n"
-                    "conf/study/default.yaml.  A study whose config declares arms (<folder><N>/ of runs) gets\n"
-                    "each arm's report and its table of claims across the arms.",
+        "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
+        "over seeds with its 95% t-interval; paired differences of declared pairs with CI and p),\n"
+        "summary.csv, pairs.csv, runs.csv (every run's values), val_curves.png and, when runs\n"
+        "evaluated length extrapolation, extrapolation.png.  The pairs compared where both ran are\n"
+        "those of the runs' study: conf/study/<experiment>.yaml (the runs' task_name), else\n"
+        "conf/study/default.yaml.  A study whose config declares arms (<folder><N>/ of runs) gets\n"
+        "each arm's report and its table of claims across the arms.",
         epilog="examples:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
-               "--pair linear_alibi:linear\n"
-               "  python -m linrope.report docs/results/<study>   (a study in arms: each arm's report, its table)")
+        "--pair linear_alibi:linear\n"
+        "  python -m linrope.report docs/results/<study>   (a study in arms: each arm's report, its table)",
+    )
     p.add_argument("sweeps", nargs="+", type=Path, help="sweep folder(s) (e.g. logs/<task_name>/multiruns/<time>)")
     p.add_argument("--out", type=Path, default=None, help="where to write (default: the first sweep folder)")
-    p.add_argument("--pair", type=parse_pair, action="append", default=[], metavar="A:B",
-                   help="also compare configuration A with B, paired over seeds (repeatable)")
-    p.add_argument("--study", metavar="NAME|FILE",
-                   help="read the pairs and claims of conf/study/NAME.yaml, or of a YAML file (default: the runs')")
-    p.add_argument("--no-reports", action="store_true",
-                   help="a study in arms: only its table, not each arm's own report")
-    p.add_argument("--allow-mixed", action="store_true",
-                   help="report runs from more than one commit or torch version together (named at the top)")
+    p.add_argument(
+        "--pair",
+        type=parse_pair,
+        action="append",
+        default=[],
+        metavar="A:B",
+        help="also compare configuration A with B, paired over seeds (repeatable)",
+    )
+    p.add_argument(
+        "--study",
+        metavar="NAME|FILE",
+        help="read the pairs and claims of conf/study/NAME.yaml, or of a YAML file (default: the runs')",
+    )
+    p.add_argument(
+        "--no-reports", action="store_true", help="a study in arms: only its table, not each arm's own report"
+    )
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="report runs from more than one commit or torch version together (named at the top)",
+    )
     return p
 
 
@@ -63,8 +79,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             study = study or study_config.for_runs(find_runs(folder))
         if len(args.sweeps) == 1 and arm_folders(folder, study):
             if args.out or args.pair:
-                p.error(f"{'--out' if args.out else '--pair'}: {folder} holds the arms of {study.path}, which "
-                        f"declares their pairs and where their table goes")
+                p.error(
+                    f"{'--out' if args.out else '--pair'}: {folder} holds the arms of {study.path}, which "
+                    f"declares their pairs and where their table goes"
+                )
             print(arms_table(folder, study, reports=not args.no_reports, allow_mixed=args.allow_mixed))
             print(f"\nwrote {folder / study.table['file']}.md")
             return 0

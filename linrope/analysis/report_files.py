@@ -8,6 +8,7 @@ of a folder from before the manifest is recognised by its own first line (``lega
 its siblings of the names the tool writes are then taken as its own.  Anything else (a user's ``report.md`` or
 ``summary.csv``, a report edited by hand, a folder that cannot be written) is refused in one line before any
 file is touched.  Light: no torch."""
+
 from __future__ import annotations
 
 import hashlib
@@ -52,8 +53,11 @@ def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Seque
     if not existing.is_dir():
         raise SystemExit(f"{tool}: {existing} is a file: cannot write the report into {folder}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise SystemExit(f"{tool}: {existing} is not writable: nothing written (choose another folder with --out)"
-                         if tool == "linrope.report" else f"{tool}: {existing} is not writable: nothing written")
+        raise SystemExit(
+            f"{tool}: {existing} is not writable: nothing written (choose another folder with --out)"
+            if tool == "linrope.report"
+            else f"{tool}: {existing} is not writable: nothing written"
+        )
     known = manifest(folder)
     adopted = known is None and _legacy(folder, legacy)
     foreign: List[str] = []
@@ -70,8 +74,10 @@ def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Seque
             foreign.append(name)
     if foreign:
         more = "" if tool != "linrope.report" else ", or write the report elsewhere with --out"
-        raise SystemExit(f"{tool}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
-                         f"written; move {'it' if len(foreign) == 1 else 'them'} away{more}")
+        raise SystemExit(
+            f"{tool}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
+            f"written; move {'it' if len(foreign) == 1 else 'them'} away{more}"
+        )
 
 
 def record(folder: Path, names: Iterable[str]) -> None:

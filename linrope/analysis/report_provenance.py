@@ -6,6 +6,7 @@ states what could be determined after the fact and how.  Runs of more than one c
 ``code``: the committed ``linrope/`` and ``conf/`` with local changes; the commit for runs that predate it) or
 torch version are named in one line at the top of the report, and refused unless ``--allow-mixed``; runs of
 one code from several commits (a study that commits each run as it finishes) are one.  Light: no torch."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +35,11 @@ def _machine(p: Mapping[str, Any]) -> str:
     m = p.get("machine") or {}
     where = m.get("gpu") or m.get("cpu") or "not recorded"
     threads = m.get("threads")
-    extra = f"{m.get('gpu_driver')} driver" if m.get("gpu") else (f"{threads} thread{'s' * (threads != 1)}"
-                                                                    if threads else "")
+    extra = (
+        f"{m.get('gpu_driver')} driver"
+        if m.get("gpu")
+        else (f"{threads} thread{'s' * (threads != 1)}" if threads else "")
+    )
     return f"{where}" + (f" ({extra})" if extra else "")
 
 
@@ -64,8 +68,15 @@ def section(runs: Sequence[Any]) -> List[str]:
             key: Tuple = ("–", "not recorded") + ("–",) * 5
         else:
             v = _versions(p)
-            key = (code_text(p), str((p.get("linrope") or {}).get("code") or "not recorded"), str(v.get("torch") or "not recorded"), str(v.get("lightning") or "not recorded"),
-                   str(v.get("python") or "not recorded"), _machine(p), str(p.get("precision") or "not recorded"))
+            key = (
+                code_text(p),
+                str((p.get("linrope") or {}).get("code") or "not recorded"),
+                str(v.get("torch") or "not recorded"),
+                str(v.get("lightning") or "not recorded"),
+                str(v.get("python") or "not recorded"),
+                _machine(p),
+                str(p.get("precision") or "not recorded"),
+            )
             if p.get("source") == "study" and p.get("determined") and p["determined"] not in notes:
                 notes.append(p["determined"])
         rows[key] = rows.get(key, 0) + 1
@@ -77,8 +88,11 @@ def section(runs: Sequence[Any]) -> List[str]:
     out += ["| " + " | ".join([k[1], _commits(commits[k]), *k[2:], str(n)]) + " |" for k, n in rows.items()]
     out.append("")
     if notes:
-        out += ["Not recorded by the runs themselves (they predate linrope's provenance record); determined after "
-                "the fact: " + " ".join(notes), ""]
+        out += [
+            "Not recorded by the runs themselves (they predate linrope's provenance record); determined after "
+            "the fact: " + " ".join(notes),
+            "",
+        ]
     return out
 
 

@@ -8,6 +8,7 @@ counts as no value: ``by_seed`` leaves it out, and the report names the run (lin
 A study's committed results are the same runs in compact form (linrope.analysis.compact): ``runs.json`` holds
 each run's ``folder_record`` (what is read above but the curves) and ``curves.csv`` every row of every
 run's metrics.csv.  ``find_runs`` reads both: a run folder, else its record, into the same ``Run``."""
+
 from __future__ import annotations
 
 import csv
@@ -24,14 +25,33 @@ import yaml
 from omegaconf import OmegaConf
 
 from linrope.base.nested import flatten
-from linrope.run.provenance import read as read_provenance
 from linrope.evaluation.tables import read_csv
+from linrope.run.provenance import read as read_provenance
 
 # settings that do not tell configurations apart (the seed is what we average over)
-IGNORED = ("seed", "data.seed", "data.eval_seed", "paths.", "hydra.", "tags", "task_name", "logger.", "callbacks.",
-           "ckpt_path", "extrapolation.", "trainer.enable_progress_bar", "trainer.default_root_dir", "train", "test",
-           "data.num_workers")
-COMPACT, CURVES, FORMAT = "runs.json", "curves.csv", "linrope.runs/1"  # a study's compact results (linrope.analysis.compact)
+IGNORED = (
+    "seed",
+    "data.seed",
+    "data.eval_seed",
+    "paths.",
+    "hydra.",
+    "tags",
+    "task_name",
+    "logger.",
+    "callbacks.",
+    "ckpt_path",
+    "extrapolation.",
+    "trainer.enable_progress_bar",
+    "trainer.default_root_dir",
+    "train",
+    "test",
+    "data.num_workers",
+)
+COMPACT, CURVES, FORMAT = (
+    "runs.json",
+    "curves.csv",
+    "linrope.runs/1",
+)  # a study's compact results (linrope.analysis.compact)
 
 
 @dataclass
@@ -75,8 +95,10 @@ def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
             rows = [{k: v for k, v in row.items() if k is not None} for row in reader]
             return list(reader.fieldnames or []), rows
     except (UnicodeDecodeError, csv.Error) as e:
-        raise SystemExit(f"linrope: {path}: not a metrics CSV file ({type(e).__name__}: {str(e)[:80]}); "
-                         f"move it out of the runs' folder") from None
+        raise SystemExit(
+            f"linrope: {path}: not a metrics CSV file ({type(e).__name__}: {str(e)[:80]}); "
+            f"move it out of the runs' folder"
+        ) from None
 
 
 def series_of(rows: Iterable[Mapping[str, Optional[str]]]) -> Dict[str, List[Tuple[int, float]]]:
@@ -136,10 +158,14 @@ def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
     config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False) if config_path.exists() else {}
     extrap = run_dir / "extrapolation.csv"
     n_params, position = read_parameters(run_dir, metrics.parent)
-    return {"metrics": metrics.relative_to(run_dir).as_posix(),
-            "model_name": _logged_label(metrics.parent / "hparams.yaml").get("model.name"), "config": config,
-            "parameters": {"n_params": n_params, "position": position}, "provenance": read_provenance(run_dir),
-            "extrapolation": read_csv(extrap) if extrap.exists() else []}
+    return {
+        "metrics": metrics.relative_to(run_dir).as_posix(),
+        "model_name": _logged_label(metrics.parent / "hparams.yaml").get("model.name"),
+        "config": config,
+        "parameters": {"n_params": n_params, "position": position},
+        "provenance": read_provenance(run_dir),
+        "extrapolation": read_csv(extrap) if extrap.exists() else [],
+    }
 
 
 def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, List[Tuple[int, float]]]) -> Run:
@@ -147,8 +173,15 @@ def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, 
     if record.get("model_name") is not None:
         config["model.name"] = record["model_name"]
     parameters = record.get("parameters") or {}
-    return Run(run_dir, config, series, list(record.get("extrapolation") or []), parameters.get("n_params"),
-               dict(parameters.get("position") or {}), record.get("provenance"))
+    return Run(
+        run_dir,
+        config,
+        series,
+        list(record.get("extrapolation") or []),
+        parameters.get("n_params"),
+        dict(parameters.get("position") or {}),
+        record.get("provenance"),
+    )
 
 
 def compact_index(folder: Path) -> List[Dict[str, Any]]:
@@ -182,7 +215,9 @@ def find_runs(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Run]:
     for compact in sorted(sweep.rglob(COMPACT)):
         for record, rows in compact_records(compact.parent):
             run_dir = compact.parent / record["run"]
-            runs.setdefault(run_dir / record.get("metrics", "csv/metrics.csv"), run_from_record(run_dir, record, series_of(rows)))
+            runs.setdefault(
+                run_dir / record.get("metrics", "csv/metrics.csv"), run_from_record(run_dir, record, series_of(rows))
+            )
     return [runs[k] for k in sorted(runs)]
 
 

@@ -8,6 +8,7 @@
 
 Runs that share a seed share their data order and initialisation, so the paired test removes
 that shared part of the noise; an unpaired comparison would count it twice."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,10 @@ def _beta_cf(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > _TINY else _TINY)
     h = d
     for m in range(1, 10_000):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > _TINY else _TINY)
             c = 1.0 + num / c
@@ -91,6 +94,7 @@ def t_quantile(p: float, df: float) -> float:
 @dataclass(frozen=True)
 class Interval:
     """Mean of n values with its two-sided t-interval (lo, hi); no interval for n < 2."""
+
     n: int
     mean: Optional[float]
     lo: Optional[float] = None
@@ -122,6 +126,7 @@ def mean_ci(values: Sequence[Optional[float]], level: float = LEVEL) -> Interval
 @dataclass(frozen=True)
 class Paired:
     """A − B over matching seeds: the interval of the differences, t statistic and two-sided p."""
+
     seeds: Tuple[Hashable, ...]
     diff: Interval
     t: Optional[float]

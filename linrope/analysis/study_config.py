@@ -25,6 +25,7 @@ have no place.  Keys, each optional (docs/design.md, "Studies are data"):
 
 Read with ``yaml.safe_load``: nothing in it is built or imported.  A bad key, metric or pair is one line
 (``linrope.base.errors.ConfigError``) naming the file and the key.  Light: no torch."""
+
 from __future__ import annotations
 
 import re
@@ -41,8 +42,17 @@ KEYS = ("pairs", "metric", "arms", "claims", "verdict", "control", "table")
 ARMS = {"folder": str, "key": str, "label": str, "task": str, "axis": str}
 CLAIM = {"text": str, "metric": str, "a": str, "b": str}
 CONTROL = {"configuration": str, "at_least": float, "at_most": float, "what": str}
-TABLE = {"file": str, "title": str, "intro": str, "claims_intro": str, "configurations": bool, "per_run": bool,
-         "figure": str, "figure_title": str, "caption": str}
+TABLE = {
+    "file": str,
+    "title": str,
+    "intro": str,
+    "claims_intro": str,
+    "configurations": bool,
+    "per_run": bool,
+    "figure": str,
+    "figure_title": str,
+    "caption": str,
+}
 # a claim's signs (resolved or not) from the first arm to the last -> the verdict the study names for it
 OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "unpaired", "single")
 FIGURES = ("claims", "by_arm")
@@ -52,7 +62,7 @@ DEFAULT = "default"
 
 @dataclass(frozen=True)
 class Claim:
-    text: str       # the claim, as the study words it
+    text: str  # the claim, as the study words it
     metric: str
     a: str
     b: str
@@ -100,19 +110,27 @@ class _Reader:
             want = types[k]
             ok = (isinstance(v, (int, float)) and not isinstance(v, bool)) if want is float else isinstance(v, want)
             if not ok or (want is str and not v.strip()):
-                raise self.fail(f"{where}.{k}: {v!r}: a {'number' if want is float else want.__name__}"
-                                f"{' (not empty)' if want is str else ''}")
+                raise self.fail(
+                    f"{where}.{k}: {v!r}: a {'number' if want is float else want.__name__}"
+                    f"{' (not empty)' if want is str else ''}"
+                )
         return out
 
     def metric(self, value: Any, where: str) -> str:
         if not isinstance(value, str) or not METRIC.fullmatch(value):
-            raise self.fail(f"{where}: {value!r}: a metric is test/<name>, val/<name>, train/<name> (logged) or "
-                            f"bpb@<length> / acc@<length> (the extrapolation table, as trained)")
+            raise self.fail(
+                f"{where}: {value!r}: a metric is test/<name>, val/<name>, train/<name> (logged) or "
+                f"bpb@<length> / acc@<length> (the extrapolation table, as trained)"
+            )
         return value
 
     def pair(self, node: Any, where: str) -> Tuple[str, str]:
-        if (not isinstance(node, list) or len(node) != 2 or not all(isinstance(x, str) and x for x in node)
-                or node[0] == node[1]):
+        if (
+            not isinstance(node, list)
+            or len(node) != 2
+            or not all(isinstance(x, str) and x for x in node)
+            or node[0] == node[1]
+        ):
             raise self.fail(f"{where}: {node!r}: a pair is two different configuration names, [A, B]")
         return node[0], node[1]
 
@@ -147,8 +165,9 @@ def load(path: Path, name: Optional[str] = None) -> Study:
         a, b = read.pair([c["a"], c["b"]], f"claims[{i}]")
         if "metric" not in c and metric is None:
             raise read.fail(f"claims[{i}]: needs a metric (or the study's metric)")
-        study.claims += (Claim(c.get("text", f"{a} − {b}"), read.metric(c.get("metric", metric),
-                                                                         f"claims[{i}].metric"), a, b),)
+        study.claims += (
+            Claim(c.get("text", f"{a} − {b}"), read.metric(c.get("metric", metric), f"claims[{i}].metric"), a, b),
+        )
     if "arms" in data:
         study.arms = read.typed(data["arms"], ARMS, "arms")
         read.required(study.arms, ("folder", "key", "task"), "arms")
@@ -207,8 +226,7 @@ def _check_configurations(read: _Reader, study: Study) -> None:
     named += [("control.configuration", study.control["configuration"])] if study.control else []
     for where, x in named:
         if x not in models:
-            raise read.fail(f"{where}: {x!r} is no model experiment={study.path.stem} runs; "
-                            f"{nearest_hint(x, models)}")
+            raise read.fail(f"{where}: {x!r} is no model experiment={study.path.stem} runs; {nearest_hint(x, models)}")
 
 
 def named(text: str) -> Study:
@@ -230,6 +248,8 @@ def for_runs(runs: Sequence[Any]) -> Study:
     if len(found) == 1 and len(names) == 1:
         return load(conf_dir / "study" / f"{found[0]}.yaml")
     if found:
-        raise ConfigError(f"the runs come from {len(names)} experiments ({', '.join(names)}), each with its own "
-                          f"claims: report each apart, or choose one with --study NAME")
+        raise ConfigError(
+            f"the runs come from {len(names)} experiments ({', '.join(names)}), each with its own "
+            f"claims: report each apart, or choose one with --study NAME"
+        )
     return load(conf_dir / "study" / f"{DEFAULT}.yaml")

@@ -4,6 +4,7 @@ The bytes go to a temporary file of the writer's own (``.<name>.<host>-<pid>-<ra
 the target), are flushed and fsynced, and the file is renamed over the target (and the folder fsynced).
 A writer killed half-way leaves its temporary file, which the next save on the host removes; two
 writers of one file never touch each other's temporary file.  A full disk is one ``DiskFull`` line."""
+
 from __future__ import annotations
 
 import errno
@@ -58,7 +59,7 @@ def _remove_stale_temporaries(path: Path) -> None:
     """Temporaries of ``path`` left by writers of this host that no longer run (killed mid-write)."""
     host = socket.gethostname()
     for tmp in path.parent.glob(f".{glob.escape(path.name)}.{glob.escape(host)}-*{TMP_SUFFIX}"):
-        pid = tmp.name[len(f".{path.name}.{host}-"):].split("-", 1)[0]
+        pid = tmp.name[len(f".{path.name}.{host}-") :].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             tmp.unlink(missing_ok=True)
 

@@ -3,6 +3,7 @@
 torch.compile needs Dynamo (which supports only some Python versions per torch release) and a backend
 that can build code for the device: Inductor writes C++ for the CPU (a C++ compiler must be on PATH) and
 Triton kernels for CUDA (the ``triton`` package)."""
+
 from __future__ import annotations
 
 import os

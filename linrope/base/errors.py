@@ -8,6 +8,7 @@ catches those keeps working.
 
 This module imports nothing of linrope: every layer of linrope may raise these errors.
 """
+
 import difflib
 
 

@@ -13,6 +13,7 @@ mapped.  The resident size then stays at the peak of the run instead of falling 
 effect that PyTorch's CPU performance notes get by preloading jemalloc or tcmalloc, without a preload.
 Only glibc has these knobs; elsewhere the call does nothing and says so.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -8,6 +8,7 @@ a study's job identity, a report's grouping of runs: ``linrope.base.nested.flatt
 ``linrope.training`` were modules and are now packages of the same name: their old attribute paths are mapped by
 ``current_name`` alone.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -53,9 +54,9 @@ def current_name(dotted: str) -> str:
     """The dotted name today of a module or attribute path saved before the move (unchanged when it did not move)."""
     for old, new in MOVED.items():
         if dotted == old or dotted.startswith(old + "."):
-            return new + dotted[len(old):]
+            return new + dotted[len(old) :]
     for old, new in BECAME_PACKAGES.items():
-        rest = dotted[len(old) + 1:] if dotted.startswith(old + ".") else ""
+        rest = dotted[len(old) + 1 :] if dotted.startswith(old + ".") else ""
         if rest and importlib.util.find_spec(f"{old}.{rest.split('.')[0]}") is None:  # not a module of the package
             return f"{new}.{rest}"
     return dotted

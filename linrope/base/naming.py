@@ -3,6 +3,7 @@ named by its start time, ``logs/<task_name>/multiruns/<time>``); a single run is
 
 Light on purpose (no Lightning, no wandb): train.py and ``python -m linrope.dashboard`` use it.  What a
 model is called (``model.name``, the run name, the tags) is ``linrope.models.spec.ModelConfig``'s."""
+
 from __future__ import annotations
 
 from pathlib import Path

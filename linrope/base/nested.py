@@ -4,6 +4,7 @@ A config is a nested mapping: a ``dict`` (a checkpoint's saved config, ``OmegaCo
 OmegaConf ``DictConfig`` (a ``Mapping`` too).  Every layer that reads or compares configs uses these two,
 so that a dotted key means the same thing everywhere: the config checks, the sweep objective's check, a
 checkpoint's identity, a resume's changes, a study's job identity and a report's grouping of runs."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping

@@ -19,6 +19,7 @@ Why not OmegaConf's structured configs: they check types but not ranges or choic
 stop at the first error with a several-line message, and as Hydra schemas they would refuse a bad value while
 Hydra composes, before linrope can say it in one line.  The declarations here are plain dataclasses and
 signatures, so they also serve as structured configs wherever one is wanted."""
+
 from __future__ import annotations
 
 import collections.abc
@@ -33,14 +34,14 @@ from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Opti
 from linrope.base.errors import UnknownOption
 
 
-
 @dataclass(frozen=True)
 class Rule:
     """The type and range of one option: ``kind`` (read from the annotation) an int, a number, a bool, a str,
     one of ``choices``, or a list of ``item``; bounds inclusive (``low``, ``high``) or strict (``above``,
     ``below``); ``null``: None is allowed too; ``length``: a list of exactly that many; ``empty``: a list may
     be empty; ``note``: said after the expectation."""
-    kind: str = ""                                 # "int" | "number" | "bool" | "str" | "choice" | "list" | "any"
+
+    kind: str = ""  # "int" | "number" | "bool" | "str" | "choice" | "list" | "any"
     low: Optional[float] = None
     above: Optional[float] = None
     high: Optional[float] = None
@@ -60,10 +61,18 @@ class Rule:
             choices = [*self.choices(), *([None] if self.null and None not in self.choices() else [])]
             text = "one of " + ", ".join("null" if c is None else str(c) for c in choices)
         else:
-            text = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string",
-                    "any": "anything"}[self.kind]
-            bounds = [f"{op} {_num(v)}" for op, v in ((">=", self.low), (">", self.above), ("<=", self.high),
-                                                       ("<", self.below)) if v is not None]
+            text = {
+                "int": "an integer",
+                "number": "a number",
+                "bool": "true or false",
+                "str": "a string",
+                "any": "anything",
+            }[self.kind]
+            bounds = [
+                f"{op} {_num(v)}"
+                for op, v in ((">=", self.low), (">", self.above), ("<=", self.high), ("<", self.below))
+                if v is not None
+            ]
             text += (" " + " and ".join(bounds)) if bounds else ""
         text += " or null" if self.null and self.kind != "choice" else ""
         return text + (f" ({self.note})" if self.note else "")
@@ -85,17 +94,21 @@ class Rule:
             return False
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        return ((self.low is None or value >= self.low) and (self.above is None or value > self.above)
-                and (self.high is None or value <= self.high) and (self.below is None or value < self.below))
+        return (
+            (self.low is None or value >= self.low)
+            and (self.above is None or value > self.above)
+            and (self.high is None or value <= self.high)
+            and (self.below is None or value < self.below)
+        )
 
 
 def _plural(expectation: str) -> str:
     """``an integer >= 1`` -> ``integers >= 1``; ``one of pi, ntk`` -> ``pi, ntk``."""
     if expectation.startswith("one of "):
-        return expectation[len("one of "):]
+        return expectation[len("one of ") :]
     for one, many in (("an integer", "integers"), ("a number", "numbers"), ("a string", "strings")):
         if expectation.startswith(one):
-            return many + expectation[len(one):]
+            return many + expectation[len(one) :]
     return expectation
 
 
@@ -129,10 +142,12 @@ def rule_of(annotation: Any) -> Rule:
         item = rule_of(args[0]) if args else Rule("any")
         length = len(args) if origin is tuple and args and args[-1] is not Ellipsis else None
         ranged = {k: getattr(given, k) for k in ("low", "above", "high", "below", "choices")}
-        item = dataclasses.replace(item, **{k: v for k, v in ranged.items() if v is not None},
-                                   kind="choice" if given.choices else item.kind)
-        return dataclasses.replace(Rule(), kind="list", item=item, length=length, empty=given.empty, null=null,
-                                   note=given.note)
+        item = dataclasses.replace(
+            item, **{k: v for k, v in ranged.items() if v is not None}, kind="choice" if given.choices else item.kind
+        )
+        return dataclasses.replace(
+            Rule(), kind="list", item=item, length=length, empty=given.empty, null=null, note=given.note
+        )
     kind = "choice" if given.choices else _KINDS[annotation]
     return dataclasses.replace(given, kind=kind, null=null or given.null)
 
@@ -151,9 +166,16 @@ def declared(component: Any, skip: Iterable[str] = ()) -> Dict[str, Rule]:
             continue
         params = inspect.signature(init).parameters.values()
         hints = typing.get_type_hints(init, include_extras=True)
-        rules.update({p.name: rule_of(hints.get(p.name, Any)) for p in params
-                      if p.name not in rules and p.name not in skip and p.name != "self"
-                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)})
+        rules.update(
+            {
+                p.name: rule_of(hints.get(p.name, Any))
+                for p in params
+                if p.name not in rules
+                and p.name not in skip
+                and p.name != "self"
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            }
+        )
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return rules
@@ -193,8 +215,9 @@ def unknown_errors(rules: Iterable[str], given: Iterable[str], where: str) -> Li
     return [str(UnknownOption(f"{where}.{k}" if where else str(k), known)) for k in given if k not in known]
 
 
-def option_errors(rules: Mapping[str, Rule], given: Mapping[str, Any], where: str = "",
-                  also: Iterable[str] = ()) -> List[str]:
+def option_errors(
+    rules: Mapping[str, Rule], given: Mapping[str, Any], where: str = "", also: Iterable[str] = ()
+) -> List[str]:
     """The check of a component's options wherever they come from: one line per key of ``given`` that it does
     not take (``also``: keys taken but not checked here), naming the nearest it does; else one line per value
     it refuses.  A value of an OmegaConf node that is an interpolation (``data.context: ${context}``) is
@@ -210,8 +233,11 @@ def value_errors(rules: Mapping[str, Rule], given: Mapping[str, Any], where: str
 
     errors = []
     for key, rule in rules.items():
-        if rule.kind == "any" or key not in given or (isinstance(given, DictConfig)
-                                                       and OmegaConf.is_interpolation(given, key)):
+        if (
+            rule.kind == "any"
+            or key not in given
+            or (isinstance(given, DictConfig) and OmegaConf.is_interpolation(given, key))
+        ):
             continue
         value = given[key]
         if OmegaConf.is_config(value):

@@ -8,6 +8,7 @@ legends sit outside the axes and figures are saved with ``bbox_inches="tight"`` 
 
 ``plot_curves`` draws panels of ``Curve`` objects (x -> values over seeds); ``config_style`` gives the
 style of a run from its flat (dotted-key) config."""
+
 from __future__ import annotations
 
 import statistics
@@ -19,16 +20,35 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 # a qualitative palette, one hue per position scheme (tab10's ten plus two that stay apart from them)
 POSITION_COLOURS = {
-    "none": "#000000", "rope": "#d62728", "alibi": "#1f77b4", "t5": "#2ca02c", "xl": "#9467bd",
-    "learned": "#ff7f0e", "sinusoidal": "#8c564b", "floater": "#e377c2", "multiplicative": "#17becf",
-    "shaw": "#bcbd22", "deberta": "#7f7f7f", "tupe": "#0b3d91",
+    "none": "#000000",
+    "rope": "#d62728",
+    "alibi": "#1f77b4",
+    "t5": "#2ca02c",
+    "xl": "#9467bd",
+    "learned": "#ff7f0e",
+    "sinusoidal": "#8c564b",
+    "floater": "#e377c2",
+    "multiplicative": "#17becf",
+    "shaw": "#bcbd22",
+    "deberta": "#7f7f7f",
+    "tupe": "#0b3d91",
 }
 EXTRA_COLOURS = ("#b8860b", "#006d5b", "#8b0a50", "#4b0082", "#556b2f", "#cc5500")
 ATTENTION_STYLES = {("softmax", None): "-", ("linear", "elu"): "--", ("linear", "cosine"): ":"}
 VARIANT_MARKERS = {"both": "D", "pi": "^", "ntk": "v"}
 SCALING_STYLES = {"none": "-", "pi": "--", "ntk": ":"}  # a RoPE model evaluated as trained / scaled
-SERIES_COLOURS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-                  "#bcbd22", "#7f7f7f")  # tab10, for lines that are not one per position scheme
+SERIES_COLOURS = (
+    "#d62728",
+    "#1f77b4",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)  # tab10, for lines that are not one per position scheme
 BAND_ALPHA = 0.15
 
 
@@ -69,8 +89,15 @@ def distinct_styles(curves: Sequence["Curve"]) -> List["Curve"]:
         k = seen.get(key, 0)
         seen[key] = k + 1
         if k:
-            c = Curve(c.label, c.points, {**c.style, "marker": DISTINCT_MARKERS[(k - 1) % len(DISTINCT_MARKERS)],
-                                          "alpha": max(0.45, 1.0 - 0.2 * k)})
+            c = Curve(
+                c.label,
+                c.points,
+                {
+                    **c.style,
+                    "marker": DISTINCT_MARKERS[(k - 1) % len(DISTINCT_MARKERS)],
+                    "alpha": max(0.45, 1.0 - 0.2 * k),
+                },
+            )
         out.append(c)
     return out
 
@@ -78,21 +105,28 @@ def distinct_styles(curves: Sequence["Curve"]) -> List["Curve"]:
 @dataclass
 class Curve:
     """One line: ``points`` maps x to the values of the seeds at x; drawn as mean with a min–max band."""
+
     label: str
     points: Dict[float, List[float]]
     style: Dict[str, Any] = field(default_factory=dict)
 
     def summary(self):
         xs = sorted(x for x, vs in self.points.items() if vs)
-        return (xs, [statistics.fmean(self.points[x]) for x in xs], [min(self.points[x]) for x in xs],
-                [max(self.points[x]) for x in xs])
+        return (
+            xs,
+            [statistics.fmean(self.points[x]) for x in xs],
+            [min(self.points[x]) for x in xs],
+            [max(self.points[x]) for x in xs],
+        )
 
 
 def by_last_value(curves: Sequence[Curve], descending: bool = False) -> List[Curve]:
     """The curves ordered by their mean at the largest x (so the legend reads in the order the lines end)."""
+
     def last(c: Curve):
         means = c.summary()[1]
         return (not means, (-means[-1] if descending else means[-1]) if means else 0.0)
+
     return sorted(curves, key=last)
 
 
@@ -131,9 +165,17 @@ def save(fig, path: Path, dpi: int = 130) -> Path:
     return path
 
 
-def make_figure(panels: Sequence[Panel], *, xlabel: str, ylabel: str, title: str = "", log2_x: bool = False,
-                vlines: Sequence[float] = (), vline_label: str = "",
-                note: str = "line: mean over seeds; band: lowest to highest seed"):
+def make_figure(
+    panels: Sequence[Panel],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    log2_x: bool = False,
+    vlines: Sequence[float] = (),
+    vline_label: str = "",
+    note: str = "line: mean over seeds; band: lowest to highest seed",
+):
     """Panels one above the other, each with its legend to its right (constrained layout makes room for it);
     None when no curve has a point."""
     panels = [p for p in panels if any(c.summary()[0] for c in p.curves)]
@@ -143,14 +185,20 @@ def make_figure(panels: Sequence[Panel], *, xlabel: str, ylabel: str, title: str
     import matplotlib.ticker
 
     wide = max(len(p.curves) for p in panels) > 14  # legends in two columns
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9.8 if wide else 8.4, 4.6 * len(panels)), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(9.8 if wide else 8.4, 4.6 * len(panels)), squeeze=False, layout="constrained"
+    )
     for ax, panel in zip(axes[:, 0], panels):
         for curve in panel.curves:
             draw(ax, curve)
         for i, x in enumerate(sorted(set(vlines))):
-            ax.axvline(x, color="grey", linestyle=(0, (4, 3)), linewidth=1,
-                       label=vline_label if i == 0 and vline_label else None)
+            ax.axvline(
+                x,
+                color="grey",
+                linestyle=(0, (4, 3)),
+                linewidth=1,
+                label=vline_label if i == 0 and vline_label else None,
+            )
         if log2_x:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
@@ -159,8 +207,14 @@ def make_figure(panels: Sequence[Panel], *, xlabel: str, ylabel: str, title: str
         if panel.title:
             ax.set_title(panel.title, fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=2 if len(panel.curves) > 14 else 1, fontsize=8,
-                  handlelength=3.2, frameon=False)
+        ax.legend(
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            ncol=2 if len(panel.curves) > 14 else 1,
+            fontsize=8,
+            handlelength=3.2,
+            frameon=False,
+        )
     heading = "\n".join(t for t in (title, f"({note})" if note else "") if t)
     if heading:
         fig.suptitle(heading, fontsize=11)
@@ -173,17 +227,31 @@ def plot_curves(panels: Sequence[Panel], path: Path, **kwargs) -> Optional[Path]
     return None if fig is None else save(fig, path)
 
 
-def plot_length_table(rows: Sequence[Mapping[str, Any]], path: Path, *, train_context: Optional[int] = None,
-                      title: str = "") -> Optional[Path]:
+def plot_length_table(
+    rows: Sequence[Mapping[str, Any]], path: Path, *, train_context: Optional[int] = None, title: str = ""
+) -> Optional[Path]:
     """One model's length table (``linrope.evaluation.extrapolation.length_table`` rows: length, scaling, bpb / acc / loss,
     status) against length, one line per scaling in the shared scaling styles; n/a rows left out."""
     metric = next((k for k in ("bpb", "acc", "loss") if any(r.get(k) is not None for r in rows)), "loss")
     curves = []
     for i, scaling in enumerate(dict.fromkeys(r["scaling"] for r in rows)):
         points = {r["length"]: [r[metric]] for r in rows if r["scaling"] == scaling and r.get(metric) is not None}
-        curves.append(Curve("as trained" if scaling == "none" else str(scaling), points,
-                            {"color": series_colour(i), "linestyle": SCALING_STYLES.get(scaling, "-.")}))
+        curves.append(
+            Curve(
+                "as trained" if scaling == "none" else str(scaling),
+                points,
+                {"color": series_colour(i), "linestyle": SCALING_STYLES.get(scaling, "-.")},
+            )
+        )
     ylabel = {"bpb": "bits per byte", "acc": "accuracy (scored positions)"}.get(metric, "loss (scored positions)")
-    return plot_curves([Panel("", curves)], path, xlabel="evaluation length (tokens)", ylabel=ylabel, log2_x=True,
-                       vlines=[train_context] if train_context else [], vline_label="training context",
-                       title=title or "length extrapolation", note="")
+    return plot_curves(
+        [Panel("", curves)],
+        path,
+        xlabel="evaluation length (tokens)",
+        ylabel=ylabel,
+        log2_x=True,
+        vlines=[train_context] if train_context else [],
+        vline_label="training context",
+        title=title or "length extrapolation",
+        note="",
+    )

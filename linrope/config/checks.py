@@ -8,6 +8,7 @@ settings, the extrapolation table's, the Trainer keys linrope reads (``linrope.c
 data module (its constructor; this imports Lightning, as train.py has by then), the Trainer (Lightning's
 constructor: which keys it takes).  ``check_command_line`` (linrope.config.command_line) runs even earlier,
 before Hydra."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from linrope.base.errors import ConfigError, UnknownOption
 from linrope.base.nested import get
 from linrope.base.options import declared, option_errors, value_errors
-from linrope.config.settings import (LINROPE_TRAINER_KEYS, LastCheckpointSettings, TrainerSettings,
-                                     TrainExtrapolation, TrainSettings)
+from linrope.config.settings import (
+    LINROPE_TRAINER_KEYS,
+    LastCheckpointSettings,
+    TrainerSettings,
+    TrainExtrapolation,
+    TrainSettings,
+)
 
 
 def plain(node) -> Dict[str, Any]:
@@ -35,8 +41,11 @@ def settings_errors(cfg) -> List[str]:
     from linrope.models.optim import option_errors as optim_errors  # light: no torch
 
     errors = option_errors(declared(TrainSettings), cfg)
-    sections = [(TrainExtrapolation, "extrapolation", True), (TrainerSettings, "trainer", False),
-                (LastCheckpointSettings, "callbacks.last_checkpoint", False)]
+    sections = [
+        (TrainExtrapolation, "extrapolation", True),
+        (TrainerSettings, "trainer", False),
+        (LastCheckpointSettings, "callbacks.last_checkpoint", False),
+    ]
     for declaration, where, all_keys in sections:
         node = get(cfg, where)
         if isinstance(node, DictConfig):
@@ -89,11 +98,16 @@ def table_errors(cfg) -> List[str]:
     pos = get(position, "name")
     if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") != "bytes":
         return []
-    if not REGISTRY[pos].bounded_by_max_len(scheme_settings(pos, {k: v for k, v in plain(position).items()
-                                                                   if k != "name"})):
+    if not REGISTRY[pos].bounded_by_max_len(
+        scheme_settings(pos, {k: v for k, v in plain(position).items() if k != "name"})
+    ):
         return []
-    return [f"{key}={n} is longer than the {pos} position table (model.max_len={max_len}); raise model.max_len"
-            for key in ("data.context", "data.eval_context") for n in [get(cfg, key)] if n is not None and n > max_len]
+    return [
+        f"{key}={n} is longer than the {pos} position table (model.max_len={max_len}); raise model.max_len"
+        for key in ("data.context", "data.eval_context")
+        for n in [get(cfg, key)]
+        if n is not None and n > max_len
+    ]
 
 
 def validate(cfg: DictConfig, hardware: bool = True) -> None:
@@ -161,13 +175,27 @@ def data_errors(cfg) -> List[str]:
     sizes = {"train": a, "val": b - a, "test": n - b}
     short = [f"{s} {k} bytes" for s, k in sizes.items() if k < context + 1]
     if short:
-        return [f"data.path {path}: too short — {n} bytes split into {', '.join(short)}, but one context window "
-                f"needs {context + 1}; use a larger corpus or a smaller context"]
+        return [
+            f"data.path {path}: too short — {n} bytes split into {', '.join(short)}, but one context window "
+            f"needs {context + 1}; use a larger corpus or a smaller context"
+        ]
     return []
 
 
-PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "transformer-engine",
-              "transformer-engine-float16", "64", "32", "16", "bf16")
+PRECISIONS = (
+    "64-true",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "64",
+    "32",
+    "16",
+    "bf16",
+)
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
 
@@ -191,8 +219,10 @@ def trainer_errors(cfg, hardware: bool = True) -> List[str]:
     if precision is not None and str(precision) not in PRECISIONS:
         errors.append(f"trainer.precision={precision}: expected one of {', '.join(PRECISIONS[:6])}")
     elif str(precision) in ("16-mixed", "16") and kind == "cpu":
-        errors.append(f"trainer.precision={precision} (float16 mixed precision) does not run on CPU: "
-                      f"use trainer.precision=bf16-mixed")
+        errors.append(
+            f"trainer.precision={precision} (float16 mixed precision) does not run on CPU: "
+            f"use trainer.precision=bf16-mixed"
+        )
     if accel not in ACCELERATORS:
         errors.append(f"trainer.accelerator={accel}: expected one of {', '.join(ACCELERATORS)}")
     node = get(cfg, "trainer.strategy", "auto") or "auto"
@@ -202,13 +232,17 @@ def trainer_errors(cfg, hardware: bool = True) -> List[str]:
 
         known = StrategyRegistry.available_strategies()
         if strategy not in known:
-            errors.append(f"trainer.strategy={strategy}: unknown; e.g. {', '.join(COMMON_STRATEGIES)} "
-                          f"(all: lightning.pytorch.strategies.StrategyRegistry)")
+            errors.append(
+                f"trainer.strategy={strategy}: unknown; e.g. {', '.join(COMMON_STRATEGIES)} "
+                f"(all: lightning.pytorch.strategies.StrategyRegistry)"
+            )
     relaunched = strategy == "ddp" or strategy.startswith(("fsdp", "deepspeed"))  # Lightning re-runs train.py
     if relaunched and (n is None or n > 1) and sweep_dir() is not None and not _processes_started_externally():
-        errors.append(f"trainer.strategy={strategy} in a sweep (-m): Lightning starts the other processes by "
-                      "running train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in "
-                      "sweeps, or a launcher that starts them (hydra/launcher=submitit_slurm)")
+        errors.append(
+            f"trainer.strategy={strategy} in a sweep (-m): Lightning starts the other processes by "
+            "running train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in "
+            "sweeps, or a launcher that starts them (hydra/launcher=submitit_slurm)"
+        )
     return errors + fsdp_errors(strategy, node, kind)
 
 
@@ -228,7 +262,8 @@ def sharded_checkpoints(strategy) -> bool:
     with ``state_dict_type: sharded``): Lightning then bypasses the Trainer's CheckpointIO."""
     name = strategy_name(strategy)
     return name.startswith("deepspeed") or (
-        name.startswith("fsdp") and not isinstance(strategy, str) and get(strategy, "state_dict_type") == "sharded")
+        name.startswith("fsdp") and not isinstance(strategy, str) and get(strategy, "state_dict_type") == "sharded"
+    )
 
 
 def fsdp_errors(name: str, node, kind: Optional[str]) -> List[str]:
@@ -238,11 +273,15 @@ def fsdp_errors(name: str, node, kind: Optional[str]) -> List[str]:
         return []
     errors = []
     if kind is not None and kind != "gpu":
-        errors.append(f"trainer.strategy=fsdp needs GPUs (trainer.accelerator=gpu), not {kind}: Lightning's FSDP "
-                      f"does not run on a CPU; several CPU processes: trainer=ddp_spawn trainer.accelerator=cpu")
+        errors.append(
+            f"trainer.strategy=fsdp needs GPUs (trainer.accelerator=gpu), not {kind}: Lightning's FSDP "
+            f"does not run on a CPU; several CPU processes: trainer=ddp_spawn trainer.accelerator=cpu"
+        )
     if sharded_checkpoints(node):
-        errors.append("trainer.strategy.state_dict_type=sharded: linrope resumes, evaluates and reports from "
-                      "single-file checkpoints; use state_dict_type=full (rank 0 gathers the weights)")
+        errors.append(
+            "trainer.strategy.state_dict_type=sharded: linrope resumes, evaluates and reports from "
+            "single-file checkpoints; use state_dict_type=full (rank 0 gathers the weights)"
+        )
     return errors
 
 
@@ -315,8 +354,10 @@ def checkpoint_path(cfg) -> Optional[str]:
         if not last.exists() and not last.is_symlink():
             if ckpt == "auto":
                 return None
-            raise ConfigError(f"ckpt_path=last: no {last} (pass hydra.run.dir=<the run's folder> to resume a run, "
-                              f"or ckpt_path=auto to start afresh when there is none)")
+            raise ConfigError(
+                f"ckpt_path=last: no {last} (pass hydra.run.dir=<the run's folder> to resume a run, "
+                f"or ckpt_path=auto to start afresh when there is none)"
+            )
         path = last
     else:
         path = Path(os.path.expanduser(ckpt))
@@ -324,7 +365,9 @@ def checkpoint_path(cfg) -> Optional[str]:
 
     problem = file_problem(path) or _checkpoint_content_problem(path, get(cfg, "model"))
     if problem:
-        raise ConfigError(f"ckpt_path={ckpt}: {path} {problem}" if ckpt in ("last", "auto") else f"ckpt_path={ckpt}: {problem}")
+        raise ConfigError(
+            f"ckpt_path={ckpt}: {path} {problem}" if ckpt in ("last", "auto") else f"ckpt_path={ckpt}: {problem}"
+        )
     return str(path)
 
 

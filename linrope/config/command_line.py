@@ -6,6 +6,7 @@ the nearest key (Hydra's own messages are several lines).
 repository's top-level ``conf/`` there: pyproject.toml), else the checkout's ``conf/`` (a checkout, or an
 editable install). A user's own config folders (``--config-dir DIR`` / ``-cd DIR``, ``hydra.searchpath=[file://DIR]``)
 add their options to those of ``CONF_DIR``."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,20 @@ from typing import List, Optional, Sequence
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "conf"  # linrope/conf in an installed wheel
 CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-_FLAGS_WITH_VALUE = {"-c", "--cfg", "-p", "--package", "--info", "-cp", "--config-path", "-cn", "--config-name",
-                     "-cd", "--config-dir", "--experimental-rerun"}
+_FLAGS_WITH_VALUE = {
+    "-c",
+    "--cfg",
+    "-p",
+    "--package",
+    "--info",
+    "-cp",
+    "--config-path",
+    "-cn",
+    "--config-name",
+    "-cd",
+    "--config-dir",
+    "--experimental-rerun",
+}
 
 
 class _Unknown(Exception):
@@ -41,7 +54,7 @@ def _search_path_entries(value: str) -> List[Path]:
         if not item:
             continue
         if item.startswith("file://"):
-            item = item[len("file://"):]
+            item = item[len("file://") :]
         elif "://" in item:
             raise _Unknown(item)
         entries.append(Path(item).expanduser())
@@ -103,7 +116,9 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
         for path in sorted(folder.rglob("*.yaml")) if folder.is_dir() else ():
             name = path.relative_to(folder).as_posix()
             if (conf_dir / name).is_file():
-                errors.append(f"{path}: hidden by linrope's conf/{name} (Hydra reads that one); give yours another name")
+                errors.append(
+                    f"{path}: hidden by linrope's conf/{name} (Hydra reads that one); give yours another name"
+                )
     for arg in _overrides(args):
         if "=" not in arg:
             continue
@@ -139,6 +154,7 @@ def yaml_problem(path: Path) -> Optional[str]:
 
     try:
         from omegaconf._utils import get_yaml_loader  # the loader Hydra reads configs with
+
         loader = get_yaml_loader()
     except ImportError:  # pragma: no cover - an OmegaConf without it
         loader = yaml.SafeLoader
@@ -150,16 +166,27 @@ def yaml_problem(path: Path) -> Optional[str]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         what = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else \
-            f" at byte {e.position}" if isinstance(getattr(e, "position", None), int) else ""
+        where = (
+            f" at line {mark.line + 1}, column {mark.column + 1}"
+            if mark is not None
+            else f" at byte {e.position}"
+            if isinstance(getattr(e, "position", None), int)
+            else ""
+        )
         return f"is not YAML: {what}{where}"
     if content is not None and not isinstance(content, dict):
         return f"is not a config: YAML of keys and values is expected, this file holds a {type(content).__name__}"
     return None
 
 
-def preset_errors(group: str, option: str, conf_dir: Path = CONF_DIR, extra: Sequence[Path] = (),
-                  seen: Optional[set] = None, via: str = "") -> List[str]:
+def preset_errors(
+    group: str,
+    option: str,
+    conf_dir: Path = CONF_DIR,
+    extra: Sequence[Path] = (),
+    seen: Optional[set] = None,
+    via: str = "",
+) -> List[str]:
     """One line for the file of ``group=option`` — or of an option its defaults list chooses — that Hydra would
     stop on with a 70-line YAML traceback (a preset that is not YAML, or not a mapping), naming the file."""
     seen = set() if seen is None else seen
@@ -180,7 +207,7 @@ def preset_errors(group: str, option: str, conf_dir: Path = CONF_DIR, extra: Seq
     for entry in defaults if isinstance(defaults, list) else []:
         if not isinstance(entry, dict) or len(entry) != 1:
             continue
-        (key, value), = entry.items()
+        ((key, value),) = entry.items()
         key = str(key).replace("override ", "").strip().split("@", 1)[0]
         if not isinstance(value, str) or key.startswith("hydra") or "${" in value:
             continue
@@ -245,7 +272,7 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
             if not isinstance(node, dict):
                 break  # below a value or a list: Hydra's to say
             if part not in node:
-                errors.append(str(UnknownOption(".".join(parts[:i + 1]), node)))
+                errors.append(str(UnknownOption(".".join(parts[: i + 1]), node)))
                 break
             node = node[part]
     return errors
@@ -287,9 +314,13 @@ def launcher_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name:
         value = OmegaConf.select(cfg, source) if source else raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             bad.setdefault((source, str(value)), []).append(key)
-    return [f"hydra.launcher.{', '.join(keys)} follow{'s' * (len(keys) == 1)} {source}={value}: SLURM needs a number "
-            f">= 1; pass {source}=<a number>" if source else f"hydra.launcher.{keys[0]}={value}: SLURM needs a number >= 1"
-            for (source, value), keys in bad.items()]
+    return [
+        f"hydra.launcher.{', '.join(keys)} follow{'s' * (len(keys) == 1)} {source}={value}: SLURM needs a number "
+        f">= 1; pass {source}=<a number>"
+        if source
+        else f"hydra.launcher.{keys[0]}={value}: SLURM needs a number >= 1"
+        for (source, value), keys in bad.items()
+    ]
 
 
 def encoding_errors(argv: Sequence[str]) -> List[str]:
@@ -311,14 +342,19 @@ def encoding_errors(argv: Sequence[str]) -> List[str]:
     return errors
 
 
-def check_command_line(argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR,
-                       config_name: str = "train", prefix: str = "linrope") -> None:
+def check_command_line(
+    argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR, config_name: str = "train", prefix: str = "linrope"
+) -> None:
     """Exit with one line per argument that is not UTF-8, unknown config-group option (``model=nope``) or unknown key
     (``trainer.max_step=10``) on the command line, or a SLURM launcher asked for a count that is no number
     (``launcher_errors``) — before Hydra, whose own messages are several lines."""
     argv = sys.argv[1:] if argv is None else argv
-    errors = (encoding_errors(argv) or command_line_errors(argv, conf_dir)
-              or unknown_key_errors(argv, conf_dir, config_name) or launcher_errors(argv, conf_dir, config_name))
+    errors = (
+        encoding_errors(argv)
+        or command_line_errors(argv, conf_dir)
+        or unknown_key_errors(argv, conf_dir, config_name)
+        or launcher_errors(argv, conf_dir, config_name)
+    )
     if errors:
         raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
 

@@ -5,21 +5,20 @@ components declare their own options where they are built: the model (``linrope.
 attention (``linrope.models.attention``) and position scheme (``linrope.positions``), the optimiser
 (``linrope.models.optim``), a data module (its constructor).  No torch: this is read before any check that
 needs it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, List, Literal, Optional
 
-
 from linrope.base.options import Positive, Rule
-
-
 
 
 @dataclass
 class TrainSettings:
     """The top level of ``conf/train.yaml``: linrope's own settings and the sections of its config groups
     (each section is checked by its component)."""
+
     task_name: str
     tags: Any
     seed: int
@@ -45,6 +44,7 @@ class ExtrapolationSettings:
     """The settings of a length-extrapolation table (``linrope.evaluation.extrapolation.length_table``): under
     ``extrapolation.`` in train.py's config, at the top of ``python -m linrope.evaluate``'s.  Their values
     (the defaults) and what each means: ``conf/extrapolation/default.yaml``."""
+
     split: Literal["val", "test"]
     scored_bytes: Positive
     stride: Annotated[Optional[int], Rule(low=1, note="null: half the length")]
@@ -61,6 +61,7 @@ EXTRAPOLATION_SETTINGS = tuple(f.name for f in fields(ExtrapolationSettings))
 @dataclass
 class TrainExtrapolation(ExtrapolationSettings):
     """train.py's ``extrapolation.`` section: the table's settings, and whether to make it after testing."""
+
     enabled: bool
 
 
@@ -74,11 +75,13 @@ class TrainerSettings:
     """The ``trainer.`` keys linrope reads itself (``matmul_precision``, kept from Lightning:
     ``LINROPE_TRAINER_KEYS``) or bounds; the Trainer's other keys are its constructor's
     (``linrope.config.checks.trainer_option_errors``)."""
+
     max_steps: Annotated[int, Rule(low=-1, note="-1: no limit")]
     max_epochs: Annotated[Optional[int], Rule(low=-1, note="-1: no limit")]
     num_nodes: Positive
-    matmul_precision: Annotated[Optional[str], Rule(choices=lambda: (*MATMUL_PRECISIONS, None),
-                                                    note="float32 matmuls; high: TF32 on GPUs")]
+    matmul_precision: Annotated[
+        Optional[str], Rule(choices=lambda: (*MATMUL_PRECISIONS, None), note="float32 matmuls; high: TF32 on GPUs")
+    ]
     log_every_n_steps: Positive
     accumulate_grad_batches: Positive
     gradient_clip_val: Annotated[Optional[float], Rule(low=0)]
@@ -90,4 +93,5 @@ LINROPE_TRAINER_KEYS = ("matmul_precision",)  # linrope's, not Lightning's: buil
 @dataclass
 class LastCheckpointSettings:
     """``callbacks.last_checkpoint.``: how often ``linrope.run.last_checkpoint.LastCheckpoint`` writes."""
+
     every_n_train_steps: Annotated[Optional[int], Rule(low=1, note="null: only after validation and at the end")]

@@ -17,6 +17,7 @@ are read into memory.  Binary content is not trained on without a word: a single
 ``data.allow_binary=true``, a folder's binary files are skipped and named, and a file whose sampled bytes
 are all zero (a sparse or zeroed file: nothing to learn) is refused whatever ``allow_binary`` says.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,7 +74,7 @@ def sample(data) -> bytes:
     if n <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
         return bytes(data[:n])
     starts = np.linspace(0, n - SAMPLE_BLOCK, SAMPLE_BLOCKS).astype(np.int64)
-    return b"".join(bytes(data[int(a): int(a) + SAMPLE_BLOCK]) for a in starts)
+    return b"".join(bytes(data[int(a) : int(a) + SAMPLE_BLOCK]) for a in starts)
 
 
 def binary_reason(block: bytes) -> Optional[str]:
@@ -110,9 +111,16 @@ def position_split(n: int, val_fraction: float, test_fraction: float) -> Tuple[i
     return int(n * (1 - val_fraction - test_fraction)), int(n * (1 - test_fraction))
 
 
-def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05, test_fraction: float = 0.05,
-                suffixes: Optional[Sequence[str]] = None, max_bytes: Optional[int] = None,
-                allow_binary: bool = False) -> dict:
+def load_corpus(
+    path: Optional[str],
+    *,
+    context: int,
+    val_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    suffixes: Optional[Sequence[str]] = None,
+    max_bytes: Optional[int] = None,
+    allow_binary: bool = False,
+) -> dict:
     """Read a corpus into {split: uint8 array}.  Refuses a missing, empty or too-short corpus, and binary
     content unless ``allow_binary`` (see the module docstring).
 
@@ -129,7 +137,9 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
     if skipped:
         warnings.warn(f"data.path {root}: skipped {len(skipped)} entries that are not regular files: {_named(skipped)}")
     if not files:
-        raise CorpusError(f"data.path {root}: no files{(' ending in ' + ', '.join(suffixes)) if suffixes else ''} found")
+        raise CorpusError(
+            f"data.path {root}: no files{(' ending in ' + ', '.join(suffixes)) if suffixes else ''} found"
+        )
     need = context + 1
     if root.is_file():
         if root.stat().st_size == 0:
@@ -140,9 +150,14 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
         n = len(data)
         why = binary_reason(sample(data))
         if why and (why.startswith("every") or not allow_binary):
-            raise CorpusError(f"data.path {root}: does not look like text: {why}; " + (
-                "there is nothing to learn" if why.startswith("every") else
-                "linrope trains byte-level models on text — pass data.allow_binary=true to train on it anyway"))
+            raise CorpusError(
+                f"data.path {root}: does not look like text: {why}; "
+                + (
+                    "there is nothing to learn"
+                    if why.startswith("every")
+                    else "linrope trains byte-level models on text — pass data.allow_binary=true to train on it anyway"
+                )
+            )
         a, b = position_split(n, val_fraction, test_fraction)
         parts = {"train": data[:a], "val": data[a:b], "test": data[b:]}
     else:
@@ -167,11 +182,15 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
         if unreadable:
             warnings.warn(f"data.path {root}: skipped {len(unreadable)} unreadable files: {_named(unreadable)}")
         if binary and len(binary) + len(unreadable) == len(files):
-            raise CorpusError(f"data.path {root}: every file looks binary ({_named(binary)}); linrope trains "
-                              f"byte-level models on text — pass data.allow_binary=true to train on them anyway")
+            raise CorpusError(
+                f"data.path {root}: every file looks binary ({_named(binary)}); linrope trains "
+                f"byte-level models on text — pass data.allow_binary=true to train on them anyway"
+            )
         if binary:
-            warnings.warn(f"data.path {root}: skipped {len(binary)} binary files (NUL or control bytes in their first "
-                          f"{SAMPLE_BLOCK * 2} bytes; data.allow_binary=true keeps them): {_named(binary)}")
+            warnings.warn(
+                f"data.path {root}: skipped {len(binary)} binary files (NUL or control bytes in their first "
+                f"{SAMPLE_BLOCK * 2} bytes; data.allow_binary=true keeps them): {_named(binary)}"
+            )
         if not any(chunks.values()):
             raise CorpusError(f"data.path {root}: the corpus is empty (every file has 0 bytes)")
         parts = {s: np.frombuffer(bytearray(b"\n".join(c)), dtype=np.uint8) for s, c in chunks.items()}
@@ -184,9 +203,11 @@ def load_corpus(path: Optional[str], *, context: int, val_fraction: float = 0.05
             why = ""
             if not root.is_file():
                 counts = ", ".join(f"{k} {len(c)}" for k, c in chunks.items())
-                why = (f" (files are split whole by a hash of their path — {counts} files"
-                       + (f", {len(binary)} binary ones skipped" if binary else "")
-                       + "; a folder needs many files, or point data.path at one file, which is split by position)")
+                why = (
+                    f" (files are split whole by a hash of their path — {counts} files"
+                    + (f", {len(binary)} binary ones skipped" if binary else "")
+                    + "; a folder needs many files, or point data.path at one file, which is split by position)"
+                )
             raise CorpusError(
                 f"data.path {root}: too short — the {s} split has {len(parts[s])} bytes (corpus {total} bytes) but one "
                 f"context window needs {need}{why}; use a larger corpus or a smaller context"
@@ -215,11 +236,13 @@ class RandomWindows(Dataset):
         return self.length
 
     def offset(self, i: int) -> int:
-        return int(splitmix64(np.array([self.key ^ np.uint64(self.start + i)], dtype=np.uint64))[0] % np.uint64(self.span + 1))
+        return int(
+            splitmix64(np.array([self.key ^ np.uint64(self.start + i)], dtype=np.uint64))[0] % np.uint64(self.span + 1)
+        )
 
     def __getitem__(self, i):
         o = self.offset(i)
-        w = self.data[o: o + self.context + 1].long()
+        w = self.data[o : o + self.context + 1].long()
         return w[:-1], w[1:]
 
 
@@ -236,6 +259,5 @@ class ContiguousWindows(Dataset):
 
     def __getitem__(self, i):
         o = i * self.context
-        w = self.data[o: o + self.context + 1].long()
+        w = self.data[o : o + self.context + 1].long()
         return w[:-1], w[1:]
-

@@ -1,4 +1,5 @@
 """Lightning data modules."""
+
 from __future__ import annotations
 
 from typing import Annotated, Optional
@@ -27,8 +28,13 @@ class ResumableDataModule(L.LightningDataModule):
         raise NotImplementedError
 
     def _loader(self, ds, batch_size):
-        return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            ds,
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def samples_per_step(self) -> int:
         t = self.trainer
@@ -46,18 +52,35 @@ class ByteDataModule(ResumableDataModule):
     The training loader resumes where the run stands: sample ``i`` of the run is window
     ``hash(seed, i)``, and the loader starts at ``global_step × samples per step``."""
 
-    def __init__(self, path: Optional[str] = None, context: Positive = 256, batch_size: Positive = 16,
-                 eval_batch_size: Positive = 16, val_windows: Positive = 64, test_windows: Positive = 256,
-                 val_fraction: Fraction = 0.05, test_fraction: Fraction = 0.05, max_bytes: Optional[Positive] = None,
-                 num_workers: Count = 0, seed: int = 1234, eval_context: Optional[Positive] = None,
-                 allow_binary: bool = False):
+    def __init__(
+        self,
+        path: Optional[str] = None,
+        context: Positive = 256,
+        batch_size: Positive = 16,
+        eval_batch_size: Positive = 16,
+        val_windows: Positive = 64,
+        test_windows: Positive = 256,
+        val_fraction: Fraction = 0.05,
+        test_fraction: Fraction = 0.05,
+        max_bytes: Optional[Positive] = None,
+        num_workers: Count = 0,
+        seed: int = 1234,
+        eval_context: Optional[Positive] = None,
+        allow_binary: bool = False,
+    ):
         super().__init__()
         self.save_hyperparameters(logger=False)  # logged once, as data.* of the whole config (training.log_config)
         self.context, self.batch_size, self.eval_batch_size = context, batch_size, eval_batch_size
         self.num_workers, self.seed = num_workers, seed
         self.eval_context = eval_context or context
-        self.splits = load_corpus(path, context=max(context, self.eval_context), val_fraction=val_fraction,
-                                  test_fraction=test_fraction, max_bytes=max_bytes, allow_binary=allow_binary)
+        self.splits = load_corpus(
+            path,
+            context=max(context, self.eval_context),
+            val_fraction=val_fraction,
+            test_fraction=test_fraction,
+            max_bytes=max_bytes,
+            allow_binary=allow_binary,
+        )
 
     def train_dataset(self, start: int, length: int):
         return RandomWindows(self.splits["train"], self.context, self.seed, length=length, start=start)

@@ -6,6 +6,7 @@ file gives — code execution.  Here the task name picks one of linrope's own da
 fixed table, and each key and value is checked against that module's declaration (its constructor's annotated
 arguments) first.  A ``_target_`` other than the table's class for that task, a key the module does not take
 (naming the nearest) or a value it refuses is refused in one line (``SavedDataError``)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional
@@ -15,7 +16,6 @@ from linrope.base.options import Rule, declared, option_errors
 
 from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
-
 
 # task name -> its data module class; nothing outside this table is ever built
 DATA_MODULES: Dict[str, type] = {
@@ -59,6 +59,8 @@ def build_data_module(data: Mapping[str, Any], task: Optional[str] = None, *, wh
     cls = DATA_MODULES[task]
     target = data.get("_target_")
     if target is not None and target != class_path(cls):
-        raise SavedDataError(f"{where}: data._target_={target!r} is not linrope's data module for task {task!r} "
-                             f"({class_path(cls)}); refusing to build what a file names")
+        raise SavedDataError(
+            f"{where}: data._target_={target!r} is not linrope's data module for task {task!r} "
+            f"({class_path(cls)}); refusing to build what a file names"
+        )
     return cls(**checked_fields(cls, data, where))

@@ -1,6 +1,7 @@
 """Resuming in the data modules: the training set of a run starts where the run stands, and sample ``i``
 of a step goes to rank ``i mod world_size`` (so a resumed or multi-process run sees the samples of an
 uninterrupted single process)."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Tuple
@@ -36,7 +37,14 @@ def train_loader(dataset, trainer, batch_size: int, num_workers: int = 0) -> Res
     with a permutation of the whole dataset that changes when a resumed run's dataset does.)"""
     sampler = None
     if trainer is not None and trainer.world_size > 1:
-        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=trainer.world_size,
-                                                      rank=trainer.global_rank, shuffle=False, drop_last=False)
-    return ResumableLoader(dataset, batch_size=batch_size, shuffle=False, sampler=sampler, num_workers=num_workers,
-                           persistent_workers=num_workers > 0)
+        sampler = torch.utils.data.DistributedSampler(
+            dataset, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False, drop_last=False
+        )
+    return ResumableLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        sampler=sampler,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )

@@ -10,6 +10,7 @@ A task decides parts of the model: ``model_overrides_for(data_config)`` (a class
 ``linrope.training.builders.build_module`` can ask before any data exists) returns the ``vocab_size``,
 ``causal``, ``n_classes`` and the longest position (``max_len``) the task needs.  ``monitor``
 names the metric that picks checkpoints (``val/loss``; bits per byte exist only for bytes)."""
+
 from __future__ import annotations
 
 from typing import Any, ClassVar, Dict, Optional
@@ -19,7 +20,7 @@ from torch.utils.data import Dataset
 from linrope.base.options import Count, Positive
 
 from .modules import ResumableDataModule
-from .tasks import STREAMS, MQAR, ListOps, OffsetCopy, example_rng
+from .tasks import MQAR, STREAMS, ListOps, OffsetCopy, example_rng
 
 
 class TaskExamples(Dataset):
@@ -55,9 +56,20 @@ class TaskDataModule(ResumableDataModule):
     monitor: ClassVar[str] = "val/loss"
     default_test_factor: ClassVar[int] = 1
 
-    def __init__(self, task, *, context: Positive, batch_size: Positive = 16, eval_batch_size: Positive = 16,
-                 val_examples: Positive = 256, test_examples: Positive = 512, test_factor: Optional[Positive] = None,
-                 num_workers: Count = 0, seed: int = 1234, eval_seed: int = 0):
+    def __init__(
+        self,
+        task,
+        *,
+        context: Positive,
+        batch_size: Positive = 16,
+        eval_batch_size: Positive = 16,
+        val_examples: Positive = 256,
+        test_examples: Positive = 512,
+        test_factor: Optional[Positive] = None,
+        num_workers: Count = 0,
+        seed: int = 1234,
+        eval_seed: int = 0,
+    ):
         super().__init__()
         self.task, self.context = task, int(context)
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
@@ -105,16 +117,32 @@ class MQARDataModule(TaskDataModule):
 
     task_name = "mqar"
 
-    def __init__(self, context: Positive, num_kv_pairs: int = 8, num_queries: Optional[int] = None, key_vocab: int = 64,
-                 value_vocab: int = 64, **common):
-        super().__init__(self.build_task(dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab,
-                                              value_vocab=value_vocab)), context=context, **common)
+    def __init__(
+        self,
+        context: Positive,
+        num_kv_pairs: int = 8,
+        num_queries: Optional[int] = None,
+        key_vocab: int = 64,
+        value_vocab: int = 64,
+        **common,
+    ):
+        super().__init__(
+            self.build_task(
+                dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab, value_vocab=value_vocab)
+            ),
+            context=context,
+            **common,
+        )
         self.save_hyperparameters()
 
     @classmethod
     def build_task(cls, data):
-        return MQAR(num_kv_pairs=data.get("num_kv_pairs", 8), num_queries=data.get("num_queries"),
-                    key_vocab=data.get("key_vocab", 64), value_vocab=data.get("value_vocab", 64))
+        return MQAR(
+            num_kv_pairs=data.get("num_kv_pairs", 8),
+            num_queries=data.get("num_queries"),
+            key_vocab=data.get("key_vocab", 64),
+            value_vocab=data.get("value_vocab", 64),
+        )
 
 
 class OffsetCopyDataModule(TaskDataModule):
@@ -123,16 +151,19 @@ class OffsetCopyDataModule(TaskDataModule):
     task_name = "offset_copy"
     default_test_factor = 4
 
-    def __init__(self, context: Positive, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None,
-                 **common):
-        super().__init__(self.build_task(dict(n_symbols=n_symbols, offset=offset, max_offset=max_offset)),
-                         context=context, **common)
+    def __init__(
+        self, context: Positive, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None, **common
+    ):
+        super().__init__(
+            self.build_task(dict(n_symbols=n_symbols, offset=offset, max_offset=max_offset)), context=context, **common
+        )
         self.save_hyperparameters()
 
     @classmethod
     def build_task(cls, data):
-        return OffsetCopy(n_symbols=data.get("n_symbols", 64), offset=data.get("offset", 16),
-                          max_offset=data.get("max_offset"))
+        return OffsetCopy(
+            n_symbols=data.get("n_symbols", 64), offset=data.get("offset", 16), max_offset=data.get("max_offset")
+        )
 
 
 class ListOpsDataModule(TaskDataModule):
@@ -140,17 +171,40 @@ class ListOpsDataModule(TaskDataModule):
 
     task_name = "listops"
 
-    def __init__(self, context: Positive, max_depth: int = 10, max_args: int = 10, leaf_prob: float = 0.75,
-                 min_length: Optional[int] = None, max_tries: int = 200, **common):
-        super().__init__(self.build_task(dict(max_depth=max_depth, max_args=max_args, leaf_prob=leaf_prob,
-                                              min_length=min_length, max_tries=max_tries)), context=context, **common)
+    def __init__(
+        self,
+        context: Positive,
+        max_depth: int = 10,
+        max_args: int = 10,
+        leaf_prob: float = 0.75,
+        min_length: Optional[int] = None,
+        max_tries: int = 200,
+        **common,
+    ):
+        super().__init__(
+            self.build_task(
+                dict(
+                    max_depth=max_depth,
+                    max_args=max_args,
+                    leaf_prob=leaf_prob,
+                    min_length=min_length,
+                    max_tries=max_tries,
+                )
+            ),
+            context=context,
+            **common,
+        )
         self.save_hyperparameters()
 
     @classmethod
     def build_task(cls, data):
-        return ListOps(max_depth=data.get("max_depth", 10), max_args=data.get("max_args", 10),
-                       leaf_prob=data.get("leaf_prob", 0.75), min_length=data.get("min_length"),
-                       max_tries=data.get("max_tries", 200))
+        return ListOps(
+            max_depth=data.get("max_depth", 10),
+            max_args=data.get("max_args", 10),
+            leaf_prob=data.get("leaf_prob", 0.75),
+            min_length=data.get("min_length"),
+            max_tries=data.get("max_tries", 200),
+        )
 
     @classmethod
     def model_overrides_for(cls, data):

@@ -20,6 +20,7 @@ Targets use ``IGNORE = -100`` (``F.cross_entropy``'s ``ignore_index``) wherever 
   mod 10); the answer (10 classes) is the value of the expression.  A bidirectional encoder with
   mean pooling classifies it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ STREAMS = {"train": 0, "val": 1, "test": 2}
 
 def example_rng(seed: int, stream: int, index: int, context: int = 0) -> np.random.Generator:
     """The generator of one example: a pure function of (seed, stream, index, context)."""
-    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF,
-                                                         stream, index, context]))
+    return np.random.default_rng(
+        np.random.SeedSequence([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, stream, index, context])
+    )
 
 
 # ---- MQAR ------------------------------------------------------------------------------------------------------
@@ -75,8 +77,10 @@ class MQAR:
 
     def check_context(self, context: int) -> None:
         if context < self.min_context():
-            raise ValueError(f"mqar: context {context} is too short for {self.num_kv_pairs} pairs and "
-                             f"{self.queries} queries (needs >= {self.min_context()})")
+            raise ValueError(
+                f"mqar: context {context} is too short for {self.num_kv_pairs} pairs and "
+                f"{self.queries} queries (needs >= {self.min_context()})"
+            )
 
     def sample(self, rng: np.random.Generator, context: int) -> Tuple[torch.Tensor, torch.Tensor]:
         self.check_context(context)
@@ -88,13 +92,14 @@ class MQAR:
         return mqar_assemble(keys, values, asked, slots, context)
 
 
-def mqar_assemble(keys: Sequence[int], values: Sequence[int], asked: Sequence[int], slots: Sequence[int],
-                  context: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def mqar_assemble(
+    keys: Sequence[int], values: Sequence[int], asked: Sequence[int], slots: Sequence[int], context: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(inputs (context,), targets (context,)): pairs first, query ``q`` (pair ``asked[q]``) at slot
     ``slots[q]`` of the query region (slot s = positions 2P+2s, 2P+2s+1)."""
     p = len(keys)
     seq = np.zeros(context + 1, dtype=np.int64)
-    seq[0:2 * p:2], seq[1:2 * p:2] = keys, values
+    seq[0 : 2 * p : 2], seq[1 : 2 * p : 2] = keys, values
     target = np.full(context + 1, IGNORE, dtype=np.int64)
     for pair, slot in zip(asked, slots):
         at = 2 * p + 2 * int(slot)
@@ -150,7 +155,7 @@ def offset_copy_assemble(tokens: Sequence[int], d: int, marker: Optional[int] = 
         x[0] = marker
         first = d + 1
     y = np.full(len(x), IGNORE, dtype=np.int64)
-    y[first:] = x[first - d: len(x) - d]
+    y[first:] = x[first - d : len(x) - d]
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
@@ -159,8 +164,13 @@ PAD, OPEN, CLOSE = 0, 11, 12
 OPERATORS = ("MAX", "MIN", "MED", "SM")
 OP_TOKEN = {op: 13 + i for i, op in enumerate(OPERATORS)}
 LISTOPS_VOCAB = 17  # pad, ten digits (token = digit + 1), '[', ']', four operators
-TOKEN_TEXT = {PAD: "<pad>", OPEN: "[", CLOSE: "]", **{v: k for k, v in OP_TOKEN.items()},
-              **{d + 1: str(d) for d in range(10)}}
+TOKEN_TEXT = {
+    PAD: "<pad>",
+    OPEN: "[",
+    CLOSE: "]",
+    **{v: k for k, v in OP_TOKEN.items()},
+    **{d + 1: str(d) for d in range(10)},
+}
 
 
 def apply_op(op: str, args: Sequence[int]) -> int:

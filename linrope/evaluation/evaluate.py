@@ -13,6 +13,7 @@ through ``linrope.data.rebuild`` — a fixed table of linrope's data modules, ne
 
 train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.enabled=true``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,20 +30,18 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from linrope.run.checkpoint import load_checkpoint
-from linrope.config.command_line import CONF_DIR, check_command_line
-from linrope.data.rebuild import build_data_module
 from linrope.base.errors import ConfigError, LinropeError
 from linrope.base.options import Rule, declared, option_errors
-from linrope.config.settings import ExtrapolationSettings
-from linrope.evaluation.extrapolation import SETTINGS, length_table
-from linrope.training.lit import LanguageModel
 from linrope.base.plots import plot_length_table
+from linrope.config.command_line import CONF_DIR, check_command_line
+from linrope.config.settings import ExtrapolationSettings
+from linrope.data.rebuild import build_data_module
+from linrope.evaluation.extrapolation import SETTINGS, length_table
+from linrope.evaluation.tables import COLUMNS, HEADER, format_table, write_csv
+from linrope.run.checkpoint import load_checkpoint
 from linrope.run.provenance import collect as current_provenance
 from linrope.run.resume_diff import describe_checkpoint
-from linrope.evaluation.tables import COLUMNS, HEADER, format_table, write_csv
-
-
+from linrope.training.lit import LanguageModel
 
 
 class EvaluateError(ConfigError):
@@ -53,6 +52,7 @@ class EvaluateError(ConfigError):
 class EvaluateSettings(ExtrapolationSettings):
     """The keys of ``conf/evaluate.yaml`` (their values and meaning there): the extrapolation table's settings
     and these."""
+
     ckpt: Optional[str]
     lengths: Any  # a list of integers >= 1: checked in ``evaluate``, which says more
     device: Optional[str]
@@ -67,8 +67,19 @@ def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
     return f"length extrapolation: {name}{suffix}, trained at {train_context}"
 
 
-def write_table(module, datamodule, settings, out: Path, stem: str, *, train_context: int, lengths=None,
-                title_suffix: str = "", kept: Optional[list] = None, **score) -> tuple:
+def write_table(
+    module,
+    datamodule,
+    settings,
+    out: Path,
+    stem: str,
+    *,
+    train_context: int,
+    lengths=None,
+    title_suffix: str = "",
+    kept: Optional[list] = None,
+    **score,
+) -> tuple:
     """The table of one model (``length_table``) written as ``<out>/<stem>.csv`` and plotted as
     ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here.  The CSV is
     written again, atomically, as each row finishes: a stop keeps every row done (the plot is drawn at the end);
@@ -81,11 +92,22 @@ def write_table(module, datamodule, settings, out: Path, stem: str, *, train_con
             write_csv(done, csv_path)
             kept[:] = done
 
-    rows = length_table(module, datamodule, {k: settings[k] for k in SETTINGS}, train_context=train_context,
-                        lengths=lengths, on_row=written, **score)
+    rows = length_table(
+        module,
+        datamodule,
+        {k: settings[k] for k in SETTINGS},
+        train_context=train_context,
+        lengths=lengths,
+        on_row=written,
+        **score,
+    )
     write_csv(rows, csv_path)  # also a table of no row
-    png = plot_length_table(rows, out / f"{stem}.png", train_context=train_context,
-                            title=plot_title(module.hparams["model"], train_context, title_suffix))
+    png = plot_length_table(
+        rows,
+        out / f"{stem}.png",
+        train_context=train_context,
+        title=plot_title(module.hparams["model"], train_context, title_suffix),
+    )
     return rows, csv_path, png
 
 
@@ -99,14 +121,24 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
         return []
     device = trainer.strategy.root_device
     precision = str(trainer.precision)
-    autocast = (torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else None) \
-        if device.type == "cuda" else None
+    autocast = (
+        (torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else None)
+        if device.type == "cuda"
+        else None
+    )
     was = next(module.parameters()).device
     module.to(device)
     try:
-        rows, csv_path, png = write_table(module, datamodule, cfg.extrapolation, Path(cfg.paths.output_dir),
-                                          "extrapolation", train_context=int(datamodule.context), device=device,
-                                          autocast_dtype=autocast)
+        rows, csv_path, png = write_table(
+            module,
+            datamodule,
+            cfg.extrapolation,
+            Path(cfg.paths.output_dir),
+            "extrapolation",
+            train_context=int(datamodule.context),
+            device=device,
+            autocast_dtype=autocast,
+        )
     finally:
         module.to(was)
     print(f"length extrapolation ({csv_path}):\n{format_table(rows)}")
@@ -124,8 +156,13 @@ def _log_to_wandb(rows, png: Path, loggers: list, metric: str) -> None:
             try:
                 lg.log_table(key="extrapolation/table", columns=COLUMNS, data=[[r[k] for k in COLUMNS] for r in rows])
                 lg.log_image(key="extrapolation/plot", images=[str(png)])
-                lg.log_metrics({f"extrapolation/{r['scaling']}/{metric}@{r['length']}": r[metric]
-                                for r in rows if r[metric] is not None})
+                lg.log_metrics(
+                    {
+                        f"extrapolation/{r['scaling']}/{metric}@{r['length']}": r[metric]
+                        for r in rows
+                        if r[metric] is not None
+                    }
+                )
             except Exception as e:  # noqa: BLE001 - the CSV and PNG are written; do not fail a finished run
                 warnings.warn(f"could not log the extrapolation table to wandb: {e}")
 
@@ -174,8 +211,10 @@ def build_data(cfg: DictConfig, ckpt: Path, checkpoint: Dict[str, Any], task: st
     overrides = {k: v for k, v in OmegaConf.to_container(cfg.data or {}, resolve=True).items() if v is not None}
     if data is None:
         if task != "bytes":
-            raise EvaluateError(f"the checkpoint was trained on task {task!r} and holds no data config: "
-                                f"pass config=<run>/.hydra/config.yaml")
+            raise EvaluateError(
+                f"the checkpoint was trained on task {task!r} and holds no data config: "
+                f"pass config=<run>/.hydra/config.yaml"
+            )
         warnings.warn("no data config in the checkpoint or next to it: evaluating on the default byte corpus")
         context = cfg.train_context or (checkpoint.get("hyper_parameters") or {}).get("model", {}).get("max_len")
         data, where = {"context": int(context or 256)}, "the default byte corpus"
@@ -190,8 +229,10 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     if cfg.lengths is not None and not all(isinstance(n, int) and n >= 1 for n in cfg.lengths):
         problems.append(f"lengths={list(cfg.lengths)}: expected integers >= 1")
     elif cfg.lengths is not None and len(cfg.lengths) == 0:
-        problems.append("lengths=[]: no length to evaluate; give at least one (lengths=[256,512]), or leave lengths "
-                        "out for factors × the training context")
+        problems.append(
+            "lengths=[]: no length to evaluate; give at least one (lengths=[256,512]), or leave lengths "
+            "out for factors × the training context"
+        )
     if problems:
         raise EvaluateError("; ".join(problems))  # before the checkpoint is read
     ckpt = Path(str(cfg.ckpt)).expanduser()
@@ -203,14 +244,25 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     train_context = int(cfg.train_context or datamodule.context)
     lengths = [int(n) for n in cfg.lengths] if cfg.lengths else None
     m = module.model.cfg
-    print(f"checkpoint {ckpt} (task {module.task}, {m.attention.get('kind')} attention, position "
-          f"{m.position.get('name')}), trained at {train_context} tokens; evaluating on {device}\n{HEADER}")
+    print(
+        f"checkpoint {ckpt} (task {module.task}, {m.attention.get('kind')} attention, position "
+        f"{m.position.get('name')}), trained at {train_context} tokens; evaluating on {device}\n{HEADER}"
+    )
     kept: List[Dict[str, Any]] = []
     with _stop_says_what_is_kept(Path(str(cfg.out)) / "evaluate.csv", kept):
-        rows, csv_path, png = write_table(module, datamodule, cfg, Path(str(cfg.out)), "evaluate",
-                                          train_context=train_context, lengths=lengths, kept=kept,
-                                          title_suffix=f" ({ckpt.name})", device=device,
-                                          log=lambda line: print(line, flush=True))
+        rows, csv_path, png = write_table(
+            module,
+            datamodule,
+            cfg,
+            Path(str(cfg.out)),
+            "evaluate",
+            train_context=train_context,
+            lengths=lengths,
+            kept=kept,
+            title_suffix=f" ({ckpt.name})",
+            device=device,
+            log=lambda line: print(line, flush=True),
+        )
     print(f"wrote {csv_path} and {png}")
     return rows
 

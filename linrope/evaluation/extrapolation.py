@@ -28,6 +28,7 @@ model as trained.  A scheme whose table ends at ``max_len`` (learned, tupe, mult
 table) reports ``n/a`` beyond it.  Softmax attention is quadratic: the batch shrinks so that one
 batch's N×N scores stay under ``max_score_mb``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,13 +41,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from linrope.base.errors import SequenceTooLong
+from linrope.config.settings import EXTRAPOLATION_SETTINGS
 from linrope.data.bytes import LN2
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
-from linrope.base.errors import SequenceTooLong
-from linrope.positions.rope import RoPE
-from linrope.ops.rope import rope_frequencies
-from linrope.config.settings import EXTRAPOLATION_SETTINGS
 from linrope.evaluation.tables import format_row
+from linrope.ops.rope import rope_frequencies
+from linrope.positions.rope import RoPE
 
 # the settings of a table, declared once with their types and ranges (linrope.config.settings, which checks them
 # before a run or an evaluation starts); conf/extrapolation/default.yaml gives their values
@@ -113,7 +114,7 @@ class SlidingWindows(Dataset):
         end = self.ends[k]
         start = end - self.length
         first = 1 if k == 0 else self.ends[k - 1] + 1  # first offset this window scores
-        w = self.data[start: end + 1].long()
+        w = self.data[start : end + 1].long()
         offsets = torch.arange(start + 1, end + 1)
         scored = offsets >= first
         y = torch.where(scored, w[1:], torch.full_like(w[1:], IGNORE))
@@ -169,9 +170,18 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
     return out
 
 
-def length_table(module, datamodule, settings: Mapping[str, Any], *, train_context: int,
-                 lengths: Optional[Sequence[int]] = None, device=None, autocast_dtype=None,
-                 log=None, on_row=None) -> List[Dict[str, Any]]:
+def length_table(
+    module,
+    datamodule,
+    settings: Mapping[str, Any],
+    *,
+    train_context: int,
+    lengths: Optional[Sequence[int]] = None,
+    device=None,
+    autocast_dtype=None,
+    log=None,
+    on_row=None,
+) -> List[Dict[str, Any]]:
     """One row per (length, scaling): the columns of ``COLUMNS``; ``status`` is ``ok`` or ``n/a (why)``.
     ``settings``: every key of ``SETTINGS`` (conf/extrapolation/default.yaml); ``lengths``: default
     ``factors`` × ``train_context``.  ``log`` is called with each row as it is done (``format_row``),
@@ -180,8 +190,9 @@ def length_table(module, datamodule, settings: Mapping[str, Any], *, train_conte
     if missing:
         raise ValueError(f"length_table: settings without {', '.join(missing)} (see conf/extrapolation/default.yaml)")
     scalings, split, scored_bytes, stride, task_examples, batch_size, max_score_mb = (
-        settings[k] for k in ("scalings", "split", "scored_bytes", "stride", "task_examples", "batch_size",
-                              "max_score_mb"))
+        settings[k]
+        for k in ("scalings", "split", "scored_bytes", "stride", "task_examples", "batch_size", "max_score_mb")
+    )
     if lengths is None:
         lengths = [int(round(f * train_context)) for f in settings["factors"]]
     device = torch.device(device or next(module.parameters()).device)
@@ -197,24 +208,49 @@ def length_table(module, datamodule, settings: Mapping[str, Any], *, train_conte
     if text is not None:
         n = min(int(scored_bytes), len(text) - 1)
         if n < scored_bytes and log:
-            log(f"(the {split} split has {len(text)} bytes: scoring its first {n} at every length, "
-                f"not scored_bytes={scored_bytes})")
+            log(
+                f"(the {split} split has {len(text)} bytes: scoring its first {n} at every length, "
+                f"not scored_bytes={scored_bytes})"
+            )
     rows: List[Dict[str, Any]] = []
     for length in map(int, lengths):
         rho = length / train_context
         step = int(stride or default_stride(length)) if n is not None else None
         plain = None
         for label in ["none", *scalings]:
-            row = {"length": length, "factor": round(rho, 4), "scaling": label, "loss": None, "bpb": None,
-                   "acc": None, "examples": 0, "scored": 0, "stride": step, "scored_hash": None, "seconds": 0.0,
-                   "status": "ok"}
+            row = {
+                "length": length,
+                "factor": round(rho, 4),
+                "scaling": label,
+                "loss": None,
+                "bpb": None,
+                "acc": None,
+                "examples": 0,
+                "scored": 0,
+                "stride": step,
+                "scored_hash": None,
+                "seconds": 0.0,
+                "status": "ok",
+            }
             if label != "none" and rho <= 1 and plain is not None:
                 row.update({k: plain[k] for k in ("loss", "bpb", "acc", "examples", "scored", "scored_hash", "status")})
             else:
                 t0 = time.perf_counter()
-                _fill(row, module, datamodule, text, n, split, task_examples,
-                      dict(batch_size=batch_for(length, model.cfg, batch_size, max_score_mb), device=device,
-                           autocast_dtype=autocast_dtype), rope_row(model, label, rho))
+                _fill(
+                    row,
+                    module,
+                    datamodule,
+                    text,
+                    n,
+                    split,
+                    task_examples,
+                    dict(
+                        batch_size=batch_for(length, model.cfg, batch_size, max_score_mb),
+                        device=device,
+                        autocast_dtype=autocast_dtype,
+                    ),
+                    rope_row(model, label, rho),
+                )
                 row["seconds"] = round(time.perf_counter() - t0, 2)
             plain = row if label == "none" else plain
             rows.append(row)
@@ -250,5 +286,3 @@ def _fill(row, module, datamodule, text, n, split, task_examples, kw, scaled) ->
         row["bpb"] = loss / LN2
     else:
         row["acc"] = s["correct"] / max(s["scored"], 1)
-
-

@@ -13,6 +13,7 @@ it with every byte sampled so far printed, one line on stderr and exit status 13
 not UTF-8 (the bytes of another encoding in the shell's argument) is one line, before Hydra reads it
 (``linrope.config.command_line.encoding_errors``).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -25,13 +26,13 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from linrope.run.checkpoint import load_checkpoint
-from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.base.errors import ConfigError, LinropeError
 from linrope.base.options import Count, Rule, declared, option_errors
-from linrope.training.lit import LanguageModel
+from linrope.config.command_line import CONF_DIR, check_command_line
+from linrope.run.checkpoint import load_checkpoint
 from linrope.run.provenance import collect as current_provenance
 from linrope.run.resume_diff import describe_checkpoint
+from linrope.training.lit import LanguageModel
 
 MAX_NEW_TOKENS = 1_000_000  # above this, allow_long=true is needed (about an hour of CPU for a small model)
 
@@ -54,8 +55,17 @@ def decode(ids: torch.Tensor) -> str:
     return bytes(int(i) for i in ids.flatten().tolist()).decode("utf-8", errors="replace")
 
 
-def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float = 0.8, top_k: Optional[int] = 40,
-                  seed: int = 0, device: str = "cpu", write: Optional[Callable[[str], None]] = None) -> str:
+def generate_text(
+    model,
+    prompt: str,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.8,
+    top_k: Optional[int] = 40,
+    seed: int = 0,
+    device: str = "cpu",
+    write: Optional[Callable[[str], None]] = None,
+) -> str:
     """Prompt + ``max_new_tokens`` sampled bytes, as text.  ``write`` (e.g. ``sys.stdout.write``) is given the
     prompt and then each piece of text as its bytes are sampled.  A signal (``Stopped``, raised by the
     caller's handler) carries the text sampled so far, all of it already given to ``write``."""
@@ -67,8 +77,9 @@ def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float
     emit(prompt)
     sampled = 0
     try:
-        for nxt in model.stream(encode(prompt).to(device), max_new_tokens, temperature=temperature, top_k=top_k,
-                                generator=g):
+        for nxt in model.stream(
+            encode(prompt).to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g
+        ):
             sampled += 1
             piece = decoder.decode(bytes([int(nxt[0, 0])]))
             if piece:
@@ -88,6 +99,7 @@ def generate_text(model, prompt: str, max_new_tokens: int, *, temperature: float
 @dataclass
 class GenerateSettings:
     """The keys of ``conf/generate.yaml`` (their values and meaning there), with their types and ranges."""
+
     ckpt: Optional[str]
     prompt: Any  # text; Hydra reads prompt=42 as a number, used as its text
     max_new_tokens: Count
@@ -106,8 +118,10 @@ def check(cfg: DictConfig) -> None:
     if problems:
         raise ConfigError("; ".join(problems))
     if int(cfg.max_new_tokens) > MAX_NEW_TOKENS and not cfg.get("allow_long", False):
-        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens}: more than {MAX_NEW_TOKENS:,} bytes; if you mean "
-                          f"it, add allow_long=true (the text streams as it is sampled; Ctrl+C keeps what is printed)")
+        raise ConfigError(
+            f"max_new_tokens={cfg.max_new_tokens}: more than {MAX_NEW_TOKENS:,} bytes; if you mean "
+            f"it, add allow_long=true (the text streams as it is sampled; Ctrl+C keeps what is printed)"
+        )
 
 
 def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> str:
@@ -115,11 +129,20 @@ def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> 
     check(cfg)
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
-    print(describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr)  # stdout: the text
+    print(
+        describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr
+    )  # stdout: the text
     model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model
-    return generate_text(model, str(cfg.prompt), int(cfg.max_new_tokens), temperature=float(cfg.temperature),
-                         top_k=None if cfg.top_k is None else int(cfg.top_k), seed=int(cfg.seed), device=device,
-                         write=write)
+    return generate_text(
+        model,
+        str(cfg.prompt),
+        int(cfg.max_new_tokens),
+        temperature=float(cfg.temperature),
+        top_k=None if cfg.top_k is None else int(cfg.top_k),
+        seed=int(cfg.seed),
+        device=device,
+        write=write,
+    )
 
 
 def _streamed(text: str) -> None:
@@ -142,8 +165,12 @@ def main(cfg: DictConfig) -> None:
             print(f"linrope.generate: stopped by {name} before any byte was sampled", file=sys.stderr, flush=True)
         else:
             _streamed("\n")
-            print(f"linrope.generate: stopped by {name} after {e.sampled} of {cfg.max_new_tokens} bytes: all of "
-                  f"them are printed above", file=sys.stderr, flush=True)
+            print(
+                f"linrope.generate: stopped by {name} after {e.sampled} of {cfg.max_new_tokens} bytes: all of "
+                f"them are printed above",
+                file=sys.stderr,
+                flush=True,
+            )
         raise SystemExit(128 + e.signum) from None
     except LinropeError as e:
         print(f"linrope.generate: {e}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The length-extrapolation table on disk and on the console: its columns, ``extrapolation.csv`` /
 ``evaluate.csv`` written and read back, one console line per row.  No torch here: ``linrope.report``
 reads these files without loading a model."""
+
 from __future__ import annotations
 
 import csv
@@ -8,8 +9,20 @@ import io
 from pathlib import Path
 from typing import Any, Dict, List
 
-COLUMNS = ["length", "factor", "scaling", "loss", "bpb", "acc", "examples", "scored", "stride", "scored_hash",
-           "seconds", "status"]
+COLUMNS = [
+    "length",
+    "factor",
+    "scaling",
+    "loss",
+    "bpb",
+    "acc",
+    "examples",
+    "scored",
+    "stride",
+    "scored_hash",
+    "seconds",
+    "status",
+]
 HEADER = f"{'length':>7} {'factor':>7}  {'scaling':<7} {'loss':>7}  {'metric':<12} {'scored':>7} {'seconds':>8}  status"
 
 
@@ -22,8 +35,10 @@ def format_row(row: Dict[str, Any]) -> str:
     ok = row["status"] == "ok"
     metric = (f"bpb {_fmt(row['bpb'])}" if row.get("bpb") is not None else f"acc {_fmt(row['acc'])}") if ok else "n/a"
     loss = _fmt(row["loss"]) if ok else "n/a"
-    return (f"{row['length']:>7} {row['factor']:>7g}  {row['scaling']:<7} {loss:>7}  {metric:<12} "
-            f"{row['scored']:>7} {row['seconds']:>8.1f}  {row['status']}")
+    return (
+        f"{row['length']:>7} {row['factor']:>7g}  {row['scaling']:<7} {loss:>7}  {metric:<12} "
+        f"{row['scored']:>7} {row['seconds']:>8.1f}  {row['status']}"
+    )
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:

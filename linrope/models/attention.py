@@ -1,5 +1,6 @@
 """Attention layers: softmax (torch SDPA, or explicit where a scheme needs the probabilities) and
 kernelised linear attention (linrope.ops).  Both take a position scheme built for role "attention"."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Dict, List, Mapping, Optional
@@ -9,9 +10,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from linrope.base.options import Rule, declared, defaults, option_errors
 from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention, recurrent_step
 from linrope.positions import PositionScheme
-from linrope.base.options import Rule, declared, defaults, option_errors
 
 # what the model passes every attention layer itself (not options of model.attention)
 MODEL_ARGUMENTS = ("d_model", "n_heads", "position", "causal", "dropout")
@@ -60,8 +61,9 @@ class _Projections(nn.Module):
 class SoftmaxAttention(_Projections):
     kind = "softmax"
 
-    def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
-                 dropout: float = 0.0):
+    def __init__(
+        self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True, dropout: float = 0.0
+    ):
         super().__init__(d_model, n_heads)
         self.pos, self.causal, self.dropout = position, causal, dropout
 
@@ -80,8 +82,9 @@ class SoftmaxAttention(_Projections):
                 mask = bias + causal_mask(q.shape[-2], q.device, bias.dtype)
             if mask is not None:  # SDPA takes the mask in the query's dtype: under bf16 autocast the float32
                 mask = mask.to(q.dtype)  # bias is rounded here, by ~|bias|/256, the order of bf16's error on q·k
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                               is_causal=self.causal and mask is None, scale=scale)
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=self.causal and mask is None, scale=scale
+            )
         return self.merge(o), None
 
     def _explicit(self, q, k, v, bias, scale, positions, p):
@@ -108,25 +111,49 @@ class LinearAttention(_Projections):
 
     kind = "linear"
 
-    def __init__(self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True,
-                 feature_map: Annotated[str, Rule(choices=lambda: tuple(FEATURE_MAPS))] = "elu",
-                 placement: Annotated[str, Rule(choices=lambda: tuple(PLACEMENTS))] = "numerator",
-                 impl: Annotated[str, Rule(choices=lambda: tuple(sorted(IMPLS)))] = "chunk",
-                 chunk_size: Annotated[int, Rule(low=1)] = 64, eps: Annotated[float, Rule(above=0)] = 1e-6,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        position: PositionScheme,
+        *,
+        causal: bool = True,
+        feature_map: Annotated[str, Rule(choices=lambda: tuple(FEATURE_MAPS))] = "elu",
+        placement: Annotated[str, Rule(choices=lambda: tuple(PLACEMENTS))] = "numerator",
+        impl: Annotated[str, Rule(choices=lambda: tuple(sorted(IMPLS)))] = "chunk",
+        chunk_size: Annotated[int, Rule(low=1)] = 64,
+        eps: Annotated[float, Rule(above=0)] = 1e-6,
+        dropout: float = 0.0,
+    ):
         super().__init__(d_model, n_heads)
         self.pos, self.causal = position, causal
-        self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = feature_map, placement, impl, chunk_size, eps
+        self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = (
+            feature_map,
+            placement,
+            impl,
+            chunk_size,
+            eps,
+        )
 
     def kernel_options(self) -> Dict[str, Any]:
         """The kernel's options of this layer (``linrope.ops.linear_attention``'s keywords but impl, positions
         and the state), read from the scheme at each call (the extrapolation may switch its RoPE scaling)."""
         theta = self.pos.linear_rope_theta()
-        return dict(feature_map=self.feature_map, rope=self.placement if theta is not None else "none",
-                    eps=self.eps, decay=self.pos.linear_decay(), rope_theta=theta)
+        return dict(
+            feature_map=self.feature_map,
+            rope=self.placement if theta is not None else "none",
+            eps=self.eps,
+            decay=self.pos.linear_decay(),
+            rope_theta=theta,
+        )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, state: Optional[LinearAttentionState] = None,
-                return_state: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        state: Optional[LinearAttentionState] = None,
+        return_state: bool = False,
+    ):
         q, k, v = self.split(x)
         kw = self.kernel_options()
         if x.shape[1] == 1 and (return_state or state is not None) and self.causal:

@@ -1,5 +1,6 @@
 """A decoder-only (or, with causal=False, encoder) Transformer whose attention and position
 scheme are chosen by config.  Reads top to bottom: config -> block -> model -> generation."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from linrope.models.attention import ATTENTION
-from linrope.positions import PositionScheme, build_position, build_shared
 from linrope.models.spec import ModelConfig  # what a model is: its checks, identity and names (linrope.models.spec)
+from linrope.positions import PositionScheme, build_position, build_shared
 
 
 def split_options(spec: Dict[str, Any], key: str):
@@ -47,7 +48,7 @@ class ShortConv(nn.Module):
             return h + self.conv(padded).transpose(1, 2), None
         before = h.new_zeros(h.shape[0], k - 1, h.shape[2]) if tail is None else tail.to(h.dtype)
         seq = torch.cat([before, h], dim=1)
-        return h + self.conv(seq.transpose(1, 2)).transpose(1, 2), seq[:, seq.shape[1] - (k - 1):]
+        return h + self.conv(seq.transpose(1, 2)).transpose(1, 2), seq[:, seq.shape[1] - (k - 1) :]
 
 
 class Block(nn.Module):
@@ -58,11 +59,13 @@ class Block(nn.Module):
         super().__init__()
         kind, attn_opts = split_options(cfg.attention, "kind")
         pos_name, pos_opts = split_options(cfg.position, "name")
-        position = build_position(pos_name, where="attention", shared=shared_position, **cfg.position_dims(),
-                                  **pos_opts)
+        position = build_position(
+            pos_name, where="attention", shared=shared_position, **cfg.position_dims(), **pos_opts
+        )
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.attn = ATTENTION[kind](cfg.d_model, cfg.n_heads, position, causal=cfg.causal, dropout=cfg.dropout,
-                                    **attn_opts)
+        self.attn = ATTENTION[kind](
+            cfg.d_model, cfg.n_heads, position, causal=cfg.causal, dropout=cfg.dropout, **attn_opts
+        )
         self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.short = ShortConv(cfg.d_model, cfg.short_conv, cfg.causal) if cfg.short_conv else None
 
@@ -115,8 +118,16 @@ class TransformerLM(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *, offset: int = 0,
-                states: Optional[List] = None, return_states: bool = False, mask: Optional[torch.Tensor] = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        positions: Optional[torch.Tensor] = None,
+        *,
+        offset: int = 0,
+        states: Optional[List] = None,
+        return_states: bool = False,
+        mask: Optional[torch.Tensor] = None,
+    ):
         """idx: (B, N) token ids -> logits (B, N, V), or (B, n_classes) for a classifier.
 
         ``positions`` (N,) or ``offset`` (positions offset…offset+N-1) place the window in a longer
@@ -153,15 +164,38 @@ class TransformerLM(nn.Module):
         return (out, new_states) if return_states else out
 
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                 top_k: Optional[int] = None, generator: Optional[torch.Generator] = None, window: Optional[int] = None):
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        generator: Optional[torch.Generator] = None,
+        window: Optional[int] = None,
+    ):
         """Sample token by token (``stream``): the prompt and the new tokens, (B, prompt + max_new_tokens)."""
-        return torch.cat([prompt, *self.stream(prompt, max_new_tokens, temperature=temperature, top_k=top_k,
-                                               generator=generator, window=window)], dim=1)
+        return torch.cat(
+            [
+                prompt,
+                *self.stream(
+                    prompt, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, window=window
+                ),
+            ],
+            dim=1,
+        )
 
     @torch.no_grad()
-    def stream(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-               top_k: Optional[int] = None, generator: Optional[torch.Generator] = None, window: Optional[int] = None):
+    def stream(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        generator: Optional[torch.Generator] = None,
+        window: Optional[int] = None,
+    ):
         """Yield each sampled token, (B, 1), as it is drawn.  Linear attention carries its recurrent
         state (O(1) memory per token); softmax attention re-reads the last ``window`` tokens (default max_len),
         and keeps no more of them, so memory does not grow with ``max_new_tokens``."""

@@ -3,12 +3,14 @@
 ``linrope.training.lit.LanguageModel.configure_optimizers`` reads them (AdamW, linear warm-up, cosine decay) and has
 no defaults of its own: conf/optim/adamw.yaml gives their values; ``linrope.config.checks.validate`` checks them
 here, before any data is read.  Light: no torch."""
+
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, Any, List, Mapping, Optional, Tuple
 
-from linrope.base.options import Rule, declared, option_errors as declared_errors
+from linrope.base.options import Rule, declared
+from linrope.base.options import option_errors as declared_errors
 
 
 @dataclass

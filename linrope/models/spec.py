@@ -11,15 +11,17 @@ every parameter name and shape, so a checkpoint of one loads into another withou
 checkpoint therefore carries ``identity()`` under ``IDENTITY_KEY`` (attention kind, feature map,
 placement, position scheme and its options), and resuming, testing or loading under another identity
 is refused in one line that names what differs."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
-from linrope.models.attention import ATTENTION
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
 from linrope.base.options import Rule, declared, option_errors
-from linrope.positions import check_pairing, option_errors as position_errors
+from linrope.models.attention import ATTENTION
+from linrope.positions import check_pairing
+from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
 # position options that evaluation may change without changing the trained model (RoPE context scaling)
@@ -33,6 +35,7 @@ Positive = Annotated[int, Rule(low=1)]
 class ModelConfig:
     """The model's own options, each with its type and range (its attention and position scheme declare
     theirs: ``linrope.models.attention``, ``linrope.positions``)."""
+
     vocab_size: Positive = 256
     d_model: Positive = 256
     n_layers: Positive = 4
@@ -109,8 +112,9 @@ class ModelConfig:
         if d % h:
             found.append(ConfigError(f"model.d_model={d} is not divisible by model.n_heads={h}"))
         elif pos == "rope" and (d // h) % 2:
-            found.append(ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = "
-                                     f"{d // h}"))
+            found.append(
+                ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
+            )
         return found
 
     # ---- the parts, as the layers take them ----------------------------------------------------------------
@@ -121,8 +125,9 @@ class ModelConfig:
         return {k: v for k, v in self.position.items() if k != "name"}
 
     def position_dims(self) -> Dict[str, Any]:
-        return dict(d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim, max_len=self.max_len,
-                    causal=self.causal)
+        return dict(
+            d_model=self.d_model, n_heads=self.n_heads, head_dim=self.head_dim, max_len=self.max_len, causal=self.causal
+        )
 
     def attention_setting(self, option: str) -> Any:
         """An attention option as the layer uses it: given, or the kind's default."""
@@ -165,7 +170,9 @@ class ModelConfig:
             name += f"-{self.attention['placement']}"
         return f"{name}-s{seed}"
 
-    def label(self, chosen: Optional[Tuple[str, str]] = None, preset: Optional[Tuple[str, str]] = None) -> Optional[str]:
+    def label(
+        self, chosen: Optional[Tuple[str, str]] = None, preset: Optional[Tuple[str, str]] = None
+    ) -> Optional[str]:
         """``model.name`` of a model whose config options (conf/attention, conf/position) were ``chosen``
         where its preset chose ``preset``: the preset's name while they agree (or either is unknown), else
         the label of the chosen pairing (``pair_label``)."""
@@ -205,11 +212,16 @@ def identity_differences(found: Optional[Mapping[str, Any]], expected: Optional[
     # another attention kind or position scheme: its options are another vocabulary, name the kind alone
     changed = {k.split(".")[0] for k in ("attention.kind", "position.name") if found.get(k) != expected.get(k)}
     keys = [k for k in keys if k.split(".")[0] not in changed or k in ("attention.kind", "position.name")]
-    return "; ".join(f"model.{k}: {found.get(k, '(absent)')} in the checkpoint, {expected.get(k, '(absent)')} now"
-                     for k in keys if found.get(k) != expected.get(k))
+    return "; ".join(
+        f"model.{k}: {found.get(k, '(absent)')} in the checkpoint, {expected.get(k, '(absent)')} now"
+        for k in keys
+        if found.get(k) != expected.get(k)
+    )
 
 
-def check_identity(checkpoint: Mapping[str, Any], model_cfg: Optional[Mapping], *, where: str = "the checkpoint") -> None:
+def check_identity(
+    checkpoint: Mapping[str, Any], model_cfg: Optional[Mapping], *, where: str = "the checkpoint"
+) -> None:
     """Raise ``CheckpointMismatch`` when the checkpoint is another model (attention kind, feature map, RoPE
     placement, position scheme or its options), even where every parameter fits."""
     diff = identity_differences(checkpoint_identity(checkpoint), model_identity(model_cfg))

@@ -1,6 +1,7 @@
 """Layer 1, operators (may import: linrope.base). Attention operators and RoPE's rotation.  ``linear_attention`` checks its arguments once (``Args``), picks a backend from the
 registry (``linear_attn/backends.py``: naive, chunk, recurrent, fla, auto), which says what it supports, and
 runs it.  ``recurrent_step`` is the generation step (the registered operator ``linrope::recurrent_step``)."""
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,9 @@ def linear_attention(
     ``initial_state`` / ``output_final_state``: carry (S, z) across pieces of a causal sequence.
     ``impl``: a name of the registry (``IMPLS``); ``chunk_size`` is the chunk kernel's.
     """
-    a = Args(feature_map, rope, causal, chunk_size, positions, eps, decay, rope_theta, initial_state,
-             output_final_state).checked(q, k, v)
+    a = Args(
+        feature_map, rope, causal, chunk_size, positions, eps, decay, rope_theta, initial_state, output_final_state
+    ).checked(q, k, v)
     return resolve(impl, q, a).run(q, k, v, a)
 
 
@@ -59,6 +61,16 @@ chunk_linear_attention = _form("chunk")
 recurrent_linear_attention = _form("recurrent")
 fla_linear_attention = _form("fla")
 
-__all__ = ["linear_attention", "recurrent_step", "LinearAttentionState", "FEATURE_MAPS", "PLACEMENTS", "IMPLS",
-           "BACKENDS", "naive_linear_attention", "chunk_linear_attention", "recurrent_linear_attention",
-           "fla_linear_attention"]
+__all__ = [
+    "linear_attention",
+    "recurrent_step",
+    "LinearAttentionState",
+    "FEATURE_MAPS",
+    "PLACEMENTS",
+    "IMPLS",
+    "BACKENDS",
+    "naive_linear_attention",
+    "chunk_linear_attention",
+    "recurrent_linear_attention",
+    "fla_linear_attention",
+]

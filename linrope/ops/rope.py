@@ -13,6 +13,7 @@ Length scaling reduces to a change of the frequencies θ:
   - position interpolation ("pi"):  m -> m / factor   ⇔ θ -> θ / factor
   - NTK-aware ("ntk"):              base -> base * factor^(d/(d-2))
 """
+
 from __future__ import annotations
 
 from typing import Optional

@@ -7,22 +7,37 @@
 values it refuses, before anything is built: a scheme's options are its constructor's annotated keyword
 arguments (``linrope.base.options``), read here and nowhere else.
 """
+
 from __future__ import annotations
 
 from importlib import import_module
 from typing import Any, Dict, List, Mapping, Optional
 
 from linrope.base.errors import IncompatiblePairing
-from linrope.base.options import Rule, declared, defaults, option_errors as declared_errors
+from linrope.base.options import Rule, declared, defaults
+from linrope.base.options import option_errors as declared_errors
 
 from .base import DIMS, REGISTRY, PositionScheme, register
 from .functional import alibi_slopes, relative_distance, t5_bucket
 
 # one module per scheme; importing registers it
-SCHEME_MODULES = ("none", "learned", "sinusoidal", "rope", "floater", "multiplicative", "shaw", "xl", "t5",
-                  "deberta", "tupe", "alibi")
+SCHEME_MODULES = (
+    "none",
+    "learned",
+    "sinusoidal",
+    "rope",
+    "floater",
+    "multiplicative",
+    "shaw",
+    "xl",
+    "t5",
+    "deberta",
+    "tupe",
+    "alibi",
+)
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
+
 
 def scheme_class(name: str):
     if name not in REGISTRY:
@@ -52,14 +67,32 @@ def option_errors(name: str, options: Mapping[str, Any], where: str = "model.pos
     return errors or [f"{where}: {e}" for e in cls.option_problems(scheme_settings(name, options))]
 
 
-def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
-                   causal: bool = True, shared: Optional[PositionScheme] = None, **options) -> PositionScheme:
+def build_position(
+    name: str,
+    *,
+    where: str,
+    d_model: int,
+    n_heads: int,
+    head_dim: int,
+    max_len: int,
+    causal: bool = True,
+    shared: Optional[PositionScheme] = None,
+    **options,
+) -> PositionScheme:
     """The scheme ``name`` in the role ``where``; its options checked first (``ValueError``, one line each)."""
     errors = option_errors(name, options, where=name)
     if errors:
         raise ValueError("\n".join(errors))
-    return scheme_class(name)(where=where, d_model=d_model, n_heads=n_heads, head_dim=head_dim, max_len=max_len,
-                              causal=causal, shared=shared, **options)
+    return scheme_class(name)(
+        where=where,
+        d_model=d_model,
+        n_heads=n_heads,
+        head_dim=head_dim,
+        max_len=max_len,
+        causal=causal,
+        shared=shared,
+        **options,
+    )
 
 
 def build_shared(name: str, **dims_and_options) -> Optional[PositionScheme]:
@@ -81,5 +114,18 @@ def check_pairing(attention_kind: str, name: str) -> None:
         )
 
 
-__all__ = ["PositionScheme", "REGISTRY", "register", "build_position", "build_shared", "check_pairing", "option_errors", "scheme_class",
-           "IncompatiblePairing", "relative_distance", "t5_bucket", "alibi_slopes", "SCHEME_MODULES"]
+__all__ = [
+    "PositionScheme",
+    "REGISTRY",
+    "register",
+    "build_position",
+    "build_shared",
+    "check_pairing",
+    "option_errors",
+    "scheme_class",
+    "IncompatiblePairing",
+    "relative_distance",
+    "t5_bucket",
+    "alibi_slopes",
+    "SCHEME_MODULES",
+]

@@ -5,6 +5,7 @@ one formula serves both.  No parameters.  Linear attention takes it as the
 per-head decay γ_h^(i-j) with γ_h = exp(-m_h), the same weight
 factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
 """
+
 import torch
 
 from linrope.ops.rope import compute_dtype
@@ -19,8 +20,10 @@ class ALiBi(PositionScheme):
     kind = "relative"
     linear_ok = True
     linear_note = "as the per-head decay γ_h^(i-j), γ_h = exp(-m_h), on the kernel weights"
-    paper = ("Press, Smith, Lewis 2022, Train short, test long: attention with linear biases enables input length "
-             "extrapolation")
+    paper = (
+        "Press, Smith, Lewis 2022, Train short, test long: attention with linear biases enables input length "
+        "extrapolation"
+    )
 
     def __init__(self, **dims):
         super().__init__(**dims)

@@ -30,6 +30,7 @@ name: ``linear_ok`` (linear attention may take it; ``check_pairing`` refuses the
 position tables, not weight-decayed), ``score_biases`` (its additive score biases, not weight-decayed),
 ``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,8 +81,18 @@ class PositionScheme(nn.Module):
             return [f"{cls.name} has no parameters to share across layers; drop its 'share' option"]
         return []
 
-    def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int, causal: bool = True,
-                 share: Optional[bool] = None, shared: Optional["PositionScheme"] = None):
+    def __init__(
+        self,
+        *,
+        where: str,
+        d_model: int,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        causal: bool = True,
+        share: Optional[bool] = None,
+        shared: Optional["PositionScheme"] = None,
+    ):
         super().__init__()
         if where not in ROLES:
             raise ValueError(f"position scheme role must be one of {ROLES}, got {where!r}")

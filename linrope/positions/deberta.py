@@ -18,6 +18,7 @@ relative-embedding table); the projections are per layer; ``share: false`` gives
 layer its own P.  P starts unit-scale (like the layer-normed x that feeds W_Q), the
 projections at std 0.02, so the position terms start at the size of the content term.
 """
+
 import math
 from typing import List, Literal, Mapping
 
@@ -55,8 +56,16 @@ class DeBERTa(PositionScheme):
     tables = ("table",)  # P
     shares = "the relative-embedding table P (2k × d_model); the projections W_{K,r}, W_{Q,r} stay per layer"
 
-    def __init__(self, *, k: Positive = 128, log_buckets: bool = False, max_distance: Positive = 512,
-                 p2c: Literal[P2C] = "release", init_std: InitStd = 0.02, **dims):
+    def __init__(
+        self,
+        *,
+        k: Positive = 128,
+        log_buckets: bool = False,
+        max_distance: Positive = 512,
+        p2c: Literal[P2C] = "release",
+        init_std: InitStd = 0.02,
+        **dims,
+    ):
         super().__init__(**dims)
         self.k, self.log_buckets, self.max_distance, self.p2c = k, log_buckets, max_distance, p2c
         if self.owns_shared():
@@ -98,5 +107,7 @@ class DeBERTa(PositionScheme):
         return (c2p + p2c) * self.score_scale()
 
     def extra_repr(self):
-        return (f"{super().extra_repr()}, k={self.k}, log_buckets={self.log_buckets}, "
-                f"max_distance={self.max_distance}, p2c={self.p2c}")
+        return (
+            f"{super().extra_repr()}, k={self.k}, log_buckets={self.log_buckets}, "
+            f"max_distance={self.max_distance}, p2c={self.p2c}"
+        )

@@ -26,6 +26,7 @@ tens of positions and longer, instead of drifting off along a line (what a gener
 MLP init does).
 The time input's weights start at zero (autonomous at init) and are learned.
 """
+
 import math
 import struct
 from typing import Annotated, List, Literal, Mapping
@@ -99,10 +100,18 @@ class Floater(PositionScheme):
     linear_ok = True
     paper = "Liu, Yu, Dhillon, Hsieh 2020, Learning to encode position for transformer with continuous dynamical model"
 
-    def __init__(self, *, hidden: Annotated[int, Rule(low=2, note="even")] = 64,
-                 delta: Annotated[float, Rule(above=0)] = 0.1, method: str = "rk4",
-                 step: Annotated[float, Rule(above=0)] = 1.0, rtol: Annotated[float, Rule(above=0)] = 1e-3,
-                 atol: Annotated[float, Rule(above=0)] = 1e-4, inject: Literal[INJECT] = "input", **dims):
+    def __init__(
+        self,
+        *,
+        hidden: Annotated[int, Rule(low=2, note="even")] = 64,
+        delta: Annotated[float, Rule(above=0)] = 0.1,
+        method: str = "rk4",
+        step: Annotated[float, Rule(above=0)] = 1.0,
+        rtol: Annotated[float, Rule(above=0)] = 1e-3,
+        atol: Annotated[float, Rule(above=0)] = 1e-4,
+        inject: Literal[INJECT] = "input",
+        **dims,
+    ):
         super().__init__(**dims)
         self.inject = inject
         self.hidden, self.delta, self.method, self.step, self.rtol, self.atol = hidden, delta, method, step, rtol, atol
@@ -120,7 +129,9 @@ class Floater(PositionScheme):
     @classmethod
     def option_problems(cls, options: Mapping) -> List[str]:
         hidden = options["hidden"]
-        return super().option_problems(options) + ([f"floater hidden width must be even; got {hidden}"] if hidden % 2 else [])
+        return super().option_problems(options) + (
+            [f"floater hidden width must be even; got {hidden}"] if hidden % 2 else []
+        )
 
     def encodings(self, positions: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
         """(N, D) positions p(i·Δ), solved in ``dtype`` (float32, or float64 for float64 models), over every
@@ -142,7 +153,9 @@ class Floater(PositionScheme):
             if self.method in SYNC_FREE:
                 sol = fixed_grid(h, p0, t, self.delta, self.method, self.step * self.delta)
             else:  # adaptive (and the Adams) solvers: torchdiffeq, which reads its error estimates on the host
-                from torchdiffeq import odeint  # here, not at import: torchdiffeq imports scipy, which only FLOATER needs
+                from torchdiffeq import (
+                    odeint,  # here, not at import: torchdiffeq imports scipy, which only FLOATER needs
+                )
 
                 options = dict(step_size=self.step * self.delta) if self.method in FIXED_GRID else None
                 sol = odeint(h, p0, t, method=self.method, rtol=self.rtol, atol=self.atol, options=options)
@@ -159,5 +172,7 @@ class Floater(PositionScheme):
         return x + self._solved(positions, x) if self.inject == "blocks" else x
 
     def extra_repr(self):
-        return (f"where={self.where}, hidden={self.hidden}, delta={self.delta}, method={self.method}, "
-                f"step={self.step}, inject={self.inject}")
+        return (
+            f"where={self.where}, hidden={self.hidden}, delta={self.delta}, method={self.method}, "
+            f"step={self.step}, inject={self.inject}"
+        )

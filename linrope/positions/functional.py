@@ -10,6 +10,7 @@ index, never an (N, N, d) tensor and never a loop over positions.  The value sid
 (shaw) is the transpose: ``scatter_add`` the probabilities into their rows, then
 ``@ table``.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,9 @@ def position_span(positions: torch.Tensor) -> Tuple[int, int]:
     return int(first), int(last)
 
 
-def check_table_positions(span: Tuple[int, int], max_len: int, table: str,
-                          remedy: str = "use a relative scheme for longer sequences") -> None:
+def check_table_positions(
+    span: Tuple[int, int], max_len: int, table: str, remedy: str = "use a relative scheme for longer sequences"
+) -> None:
     """One line if a position of ``span`` (smallest, largest; Python ints) falls outside a table of ``max_len``
     rows (learned, tupe, multiplicative)."""
     bottom, top = span
@@ -59,8 +61,9 @@ def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -
     return table.float()
 
 
-def t5_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,
-              max_distance: int = 128) -> torch.Tensor:
+def t5_bucket(
+    relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
     """T5's bucket of ``relative_position = j - i`` (key minus query), an integer tensor of any shape.
 
     Bidirectional: keys ahead (j > i) use buckets num_buckets/2 …; one-sided: keys ahead fall in bucket 0.
@@ -76,8 +79,9 @@ def t5_bucket(relative_position: torch.Tensor, *, bidirectional: bool = True, nu
         n = n.clamp_min(0)
     max_exact = num_buckets // 2
     # float32, in the published order of operations (n = 0 never reaches this branch; clamped for the log)
-    log_part = (torch.log(n.clamp_min(1).float() / max_exact) / math.log(max_distance / max_exact)
-                * (num_buckets - max_exact))
+    log_part = (
+        torch.log(n.clamp_min(1).float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    )
     large = (max_exact + log_part.long()).clamp_max(num_buckets - 1)
     return ret + torch.where(n < max_exact, n, large)
 

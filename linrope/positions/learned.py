@@ -5,12 +5,12 @@ release (token and position tables both at std 0.02, added unscaled: ratio 1).  
 multiplies its token embeddings (std 0.02) by sqrt(d_model), so by default the table
 starts at std 0.02·sqrt(d_model).
 """
+
 import math
 from typing import Mapping, Optional
 
 import torch
 from torch import nn
-
 
 from .base import InitStd, PositionScheme, register
 from .functional import check_table_positions

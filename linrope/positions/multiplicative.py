@@ -6,6 +6,7 @@ The choice of p: a gate around one, so no position erases a token's features.
 * ``table: learned``: p_i = 1 + P[i], P trainable (max_len rows, refused beyond),
   starting at std ``init_std`` around the identity gate.
 """
+
 from typing import Literal, Mapping
 
 import torch
@@ -25,8 +26,15 @@ class Multiplicative(PositionScheme):
     tables = ("table",)  # with table: learned
     paper = "multiplicative counterpart of Vaswani et al. 2017's additive encoding (x_i ⊙ p_i)"
 
-    def __init__(self, *, table: Literal[TABLES] = "sinusoidal", scale: float = 0.5, base: Base = 10000.0,
-                 init_std: InitStd = 0.1, **dims):
+    def __init__(
+        self,
+        *,
+        table: Literal[TABLES] = "sinusoidal",
+        scale: float = 0.5,
+        base: Base = 10000.0,
+        init_std: InitStd = 0.1,
+        **dims,
+    ):
         super().__init__(**dims)
         self.table_kind, self.scale, self.base = table, scale, base
         if self.where == "input" and table == "learned":

@@ -1,4 +1,5 @@
 """No position information (NoPE): causal masking alone carries order."""
+
 from .base import PositionScheme, register
 
 
@@ -7,7 +8,9 @@ class NoPosition(PositionScheme):
     name = "none"
     kind = "none"
     linear_ok = True
-    paper = "Haviv et al. 2022, Transformer language models without positional encodings still learn positional information"
+    paper = (
+        "Haviv et al. 2022, Transformer language models without positional encodings still learn positional information"
+    )
 
     def __init__(self, **dims):
         super().__init__(**dims)

@@ -11,6 +11,7 @@ a table of 2·max_len-1 distances; a window longer than max_len reuses the edge
 rows (distances beyond ±(max_len-1) are clipped there).  Only ``shaw`` needs the
 probabilities (explicit attention); the variants go through SDPA.
 """
+
 import math
 from typing import Literal, Optional
 
@@ -31,11 +32,14 @@ class Shaw(PositionScheme):
     linear_note = "adds q_i·a^K_{i-j} to every score and a^V_{i-j} to every value"
     tables = ("key_table", "value_table")
     has_value_term = True  # the variant "shaw"; the instance says False for the other variants
-    paper = ("Shaw, Uszkoreit, Vaswani 2018, Self-attention with relative position representations; "
-             "Huang, Liang, Xu, Xiang 2020, Improve transformer models with better relative position embeddings")
+    paper = (
+        "Shaw, Uszkoreit, Vaswani 2018, Self-attention with relative position representations; "
+        "Huang, Liang, Xu, Xiang 2020, Improve transformer models with better relative position embeddings"
+    )
 
-    def __init__(self, *, variant: Literal[VARIANTS] = "shaw", k: Positive = 16, init_std: Optional[InitStd] = None,
-                 **dims):
+    def __init__(
+        self, *, variant: Literal[VARIANTS] = "shaw", k: Positive = 16, init_std: Optional[InitStd] = None, **dims
+    ):
         super().__init__(**dims)
         self.variant = variant
         self.has_value_term = variant == "shaw"

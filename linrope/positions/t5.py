@@ -8,6 +8,7 @@ one table β for all layers by default, and the (H, N, N) bias is gathered once 
 forward; ``share: false`` gives each layer its own table.  ``BucketBias`` is this bias without its
 initialisation: TUPE (``linrope.positions.tupe``) adds the same bias b beside its positional correlation.
 """
+
 from typing import Optional
 
 import torch
@@ -20,12 +21,14 @@ from .functional import relative_distance, t5_bucket
 class BucketBias(PositionScheme):
     """A per-head bias over T5's buckets of j - i (T5's β, TUPE's b): the bucket options, the buckets of the
     positions and the score bias, computed once per forward by ``position_bias``.  Not a scheme of its own."""
+
     kind = "relative"
     linear_ok = False
     score_biases = ("bias",)  # β, b: not weight-decayed
 
-    def __init__(self, *, num_buckets: Positive = 32, max_distance: Positive = 128,
-                 bidirectional: Optional[bool] = None, **dims):
+    def __init__(
+        self, *, num_buckets: Positive = 32, max_distance: Positive = 128, bidirectional: Optional[bool] = None, **dims
+    ):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
@@ -35,8 +38,12 @@ class BucketBias(PositionScheme):
         return nn.Parameter(torch.randn(self.num_buckets, self.n_heads) * std)
 
     def buckets(self, positions: torch.Tensor) -> torch.Tensor:
-        return t5_bucket(relative_distance(positions), bidirectional=self.bidirectional,
-                         num_buckets=self.num_buckets, max_distance=self.max_distance)
+        return t5_bucket(
+            relative_distance(positions),
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+        )
 
     def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
         return self.bias.T[:, self.buckets(positions)].unsqueeze(0).to(dtype)  # (1, H, N, N)
@@ -46,8 +53,10 @@ class BucketBias(PositionScheme):
         return src.memo((id(positions), q.dtype), lambda: src.position_bias(positions, q.dtype))
 
     def extra_repr(self):
-        return (f"{super().extra_repr()}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
-                f"bidirectional={self.bidirectional}")
+        return (
+            f"{super().extra_repr()}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
+            f"bidirectional={self.bidirectional}"
+        )
 
 
 @register
@@ -60,4 +69,4 @@ class T5Bias(BucketBias):
     def __init__(self, *, init_std: Optional[InitStd] = None, **options):
         super().__init__(**options)
         if self.owns_shared():
-            self.bias = self.bucket_table(self.d_model ** -0.5 if init_std is None else init_std)  # T5's init
+            self.bias = self.bucket_table(self.d_model**-0.5 if init_std is None else init_std)  # T5's init

@@ -13,6 +13,7 @@ encoder; ``share: false`` gives each layer its own.  Initialisation as theirs (B
 p, U and b at std ``init_std`` (0.02), biases zero, the layer norm at identity.
 TUPE's [CLS] untying is not modelled (no [CLS] token here).
 """
+
 import math
 from typing import Mapping
 
@@ -57,8 +58,10 @@ class TUPE(BucketBias):
         """(1, H, N, N): the positional correlation, scaled, plus the bucket bias."""
         check_table_positions(self.span(positions), self.max_len, "tupe")
         p = self.ln(self.table[positions]).to(dtype)  # (N, D)
-        pq, pk = (rearrange(F.linear(p, u.weight.to(dtype), u.bias.to(dtype)), "n (h d) -> h n d", h=self.n_heads)
-                  for u in (self.u_q, self.u_k))
+        pq, pk = (
+            rearrange(F.linear(p, u.weight.to(dtype), u.bias.to(dtype)), "n (h d) -> h n d", h=self.n_heads)
+            for u in (self.u_q, self.u_k)
+        )
         absolute = (pq @ pk.transpose(-1, -2)) * self.score_scale()
         return (absolute + self.bias.T.to(dtype)[:, self.buckets(positions)]).unsqueeze(0)
 

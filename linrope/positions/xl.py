@@ -7,8 +7,9 @@ R_{i-j} is the fixed sinusoidal encoding (width d_model) of the distance i - j
 vector per head) are trainable.  The three position terms form the additive bias;
 they are computed per distance (at most 2N-1 rows) and gathered into N×N.
 """
+
 import torch
-from einops import rearrange, einsum
+from einops import einsum, rearrange
 from torch import nn
 
 from .base import Base, InitStd, PositionScheme, register
@@ -45,9 +46,9 @@ class TransformerXL(PositionScheme):
 
     def score_bias(self, q, k, positions):
         rows, idx = self.projected_distances(positions, q.dtype)
-        q_r = gather_rows(q @ rows.transpose(-1, -2), idx)                          # q_i·W_R R_{i-j}
+        q_r = gather_rows(q @ rows.transpose(-1, -2), idx)  # q_i·W_R R_{i-j}
         u_k = einsum(self.u.to(q.dtype), k, "h d, b h n d -> b h n").unsqueeze(-2)  # u·k_j
-        v_r = einsum(self.v.to(q.dtype), rows, "h d, h r d -> h r")[:, idx]         # v·W_R R_{i-j}
+        v_r = einsum(self.v.to(q.dtype), rows, "h d, h r d -> h r")[:, idx]  # v·W_R R_{i-j}
         return (q_r + u_k + v_r) * self.score_scale()
 
     def extra_repr(self):

@@ -13,6 +13,7 @@
 This module is about files: it imports nothing of the model (``linrope.training.lit`` imports it).  When ``last.ckpt``
 is written during a run is decided in linrope.run.last_checkpoint.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,11 @@ def _is_local(path) -> bool:
 
 
 def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
-    return [k for k, v in state_dict.items()
-            if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    return [
+        k
+        for k, v in state_dict.items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+    ]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -47,14 +51,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if bad:
             raise NonFiniteCheckpoint(
                 f"parameters are not finite at step {checkpoint.get('global_step', '?')} ({first_names(bad)}): "
-                f"{Path(str(path)).name} was not written; the last good checkpoint is kept")
+                f"{Path(str(path)).name} was not written; the last good checkpoint is kept"
+            )
         if not _is_local(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         atomic_torch_save(checkpoint, path)
 
     def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None):
-        return super().load_checkpoint(path, map_location=map_location,
-                                       weights_only=True if weights_only is None else weights_only)
+        return super().load_checkpoint(
+            path, map_location=map_location, weights_only=True if weights_only is None else weights_only
+        )
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
@@ -70,21 +76,32 @@ def config_differences(found: Optional[Mapping], expected: Optional[Mapping], li
     if not found or not expected:
         return ""
     a, b = flatten(found, "model."), flatten(expected, "model.")
-    diffs = [f"{k}: {a.get(k, '(absent)')} in the checkpoint, {b.get(k, '(absent)')} now"
-             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    diffs = [
+        f"{k}: {a.get(k, '(absent)')} in the checkpoint, {b.get(k, '(absent)')} now"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
     if not diffs:
         return ""
     return "; ".join(diffs[:limit]) + (f"; … {len(diffs) - limit} more" if len(diffs) > limit else "")
 
 
-def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, where: str = "the checkpoint",
-                     found_cfg: Optional[Mapping] = None, expected_cfg: Optional[Mapping] = None) -> None:
+def check_state_dict(
+    expected: Mapping[str, Any],
+    found: Mapping[str, Any],
+    *,
+    where: str = "the checkpoint",
+    found_cfg: Optional[Mapping] = None,
+    expected_cfg: Optional[Mapping] = None,
+) -> None:
     """Raise ``CheckpointMismatch`` naming the missing, unexpected and shape-mismatched keys (one line)."""
     missing = [k for k in expected if k not in found]
     unexpected = [k for k in found if k not in expected]
-    shapes = [f"{k} {tuple(found[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
-              for k, v in expected.items() if k in found and hasattr(v, "shape") and hasattr(found[k], "shape")
-              and tuple(v.shape) != tuple(found[k].shape)]
+    shapes = [
+        f"{k} {tuple(found[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
+        for k, v in expected.items()
+        if k in found and hasattr(v, "shape") and hasattr(found[k], "shape") and tuple(v.shape) != tuple(found[k].shape)
+    ]
     if not (missing or unexpected or shapes):
         return
     parts = []
@@ -95,8 +112,11 @@ def check_state_dict(expected: Mapping[str, Any], found: Mapping[str, Any], *, w
     if shapes:
         parts.append(f"{len(shapes)} of another shape ({first_names(shapes, 3)})")
     diff = config_differences(found_cfg, expected_cfg)
-    raise CheckpointMismatch(f"{where} does not fit the model config: " + "; ".join(parts)
-                             + (f" — the model configs differ: {diff}" if diff else ""))
+    raise CheckpointMismatch(
+        f"{where} does not fit the model config: "
+        + "; ".join(parts)
+        + (f" — the model configs differ: {diff}" if diff else "")
+    )
 
 
 def load_checkpoint(path, map_location: Any = "cpu") -> Dict[str, Any]:

@@ -1,5 +1,6 @@
 """How a run ends when it does not end well: the errors a user can fix (``linrope.base.errors.LinropeError``)
 and a stop by SIGTERM / SIGINT, each as one ``linrope: …`` line and an exit status, no traceback."""
+
 from __future__ import annotations
 
 import importlib

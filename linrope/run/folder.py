@@ -11,6 +11,7 @@
   the same way, job folder by job folder, before its first job starts.
 
 Light: no torch, no Lightning."""
+
 from __future__ import annotations
 
 import fcntl
@@ -42,7 +43,9 @@ def previous_outputs(cfg: DictConfig, folder: Path, callbacks: bool = True) -> L
         if cb and cb.get("dirpath"):
             dirs.add(Path(str(cb.dirpath)))
     found = [p for d in sorted(dirs) if d.is_dir() for p in sorted(d.glob("*.ckpt"))]
-    found += [p for pattern in ("metrics.csv", "*/metrics.csv", "*/*/metrics.csv") for p in sorted(folder.glob(pattern))]
+    found += [
+        p for pattern in ("metrics.csv", "*/metrics.csv", "*/*/metrics.csv") for p in sorted(folder.glob(pattern))
+    ]
     return [str(p.relative_to(folder)) if p.is_relative_to(folder) else str(p) for p in found]
 
 
@@ -86,8 +89,10 @@ def _in_use(folder: Path, holder: str, option: str = "hydra.run.dir") -> str:
 
 
 def _holds_a_run(folder: Path, earlier: List[str]) -> str:
-    return (f"run folder {folder} already holds a run ({first_names(earlier, 3)}); resume it with ckpt_path=last, or "
-            f"choose a new hydra.run.dir — it is not overwritten")
+    return (
+        f"run folder {folder} already holds a run ({first_names(earlier, 3)}); resume it with ckpt_path=last, or "
+        f"choose a new hydra.run.dir — it is not overwritten"
+    )
 
 
 def lock_holder(folder: Path) -> Optional[str]:
@@ -154,9 +159,11 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
             raise SystemExit("linrope: " + _holds_a_run(folders[0], earlier[folders[0]]))
         names = [str(f.relative_to(sweep)) for f in earlier]
         one = len(names) == 1
-        raise SystemExit(f"linrope: sweep folder {sweep} already holds {len(names)} earlier run{'' if one else 's'} "
-                         f"({first_names(names, 3)}); resume {'it' if one else 'them'} with ckpt_path=auto, or choose "
-                         f"a new hydra.sweep.dir — {'it is' if one else 'they are'} not overwritten")
+        raise SystemExit(
+            f"linrope: sweep folder {sweep} already holds {len(names)} earlier run{'' if one else 's'} "
+            f"({first_names(names, 3)}); resume {'it' if one else 'them'} with ckpt_path=auto, or choose "
+            f"a new hydra.sweep.dir — {'it is' if one else 'they are'} not overwritten"
+        )
     for folder in earlier:
         k = len(list(folder.glob(".hydra.before-resume-*")))
         shutil.copytree(folder / ".hydra", folder / f".hydra.before-resume-{k}")

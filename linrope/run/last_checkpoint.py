@@ -1,12 +1,12 @@
 """``last.ckpt``, the file that ``ckpt_path=last`` (or ``auto``) resumes from (written atomically by
 linrope.run.checkpoint.AtomicCheckpointIO, the Trainer's CheckpointIO)."""
+
 from __future__ import annotations
 
 import os
 from typing import Any, Dict, Optional
 
 from lightning.pytorch.callbacks import Checkpoint
-
 
 
 def validation_follows(trainer) -> bool:
@@ -37,8 +37,14 @@ class LastCheckpoint(Checkpoint):
     best_model_path = ""
     best_model_score = None
 
-    def __init__(self, dirpath, filename: str = "last.ckpt", every_n_train_steps: Optional[int] = 50,
-                 save_on_validation: bool = True, save_on_train_end: bool = True):
+    def __init__(
+        self,
+        dirpath,
+        filename: str = "last.ckpt",
+        every_n_train_steps: Optional[int] = 50,
+        save_on_validation: bool = True,
+        save_on_train_end: bool = True,
+    ):
         super().__init__()
         if every_n_train_steps is not None and int(every_n_train_steps) < 1:
             raise ValueError(f"every_n_train_steps={every_n_train_steps}: must be >= 1 (or null for never)")
@@ -88,8 +94,10 @@ class LastCheckpoint(Checkpoint):
         """Save now (a signal stopped the run, linrope.run.signals); what the user is told about it."""
         if not self._skip(trainer):
             self._save(trainer)
-            return (f"saved {self.path} (step {self.last_saved_step}); resume with ckpt_path=last "
-                    f"hydra.run.dir={trainer.default_root_dir}")
+            return (
+                f"saved {self.path} (step {self.last_saved_step}); resume with ckpt_path=last "
+                f"hydra.run.dir={trainer.default_root_dir}"
+            )
         if self.last_model_path:
             return f"the last checkpoint is {self.last_model_path} (step {self.last_saved_step})"
         return "no checkpoint was saved"

@@ -3,6 +3,7 @@
 Written against the Lightning versions ``LIGHTNING`` names (the requirement in pyproject.toml);
 tests/run/test_run.py fails when the installed Lightning is outside that range, and exercises each use below.
 On an upgrade: read the lines below against the new Lightning, then widen the range."""
+
 from __future__ import annotations
 
 LIGHTNING = ">=2.6,<2.7"

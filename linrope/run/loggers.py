@@ -9,6 +9,7 @@
 * ``wandb_settings`` chooses the mode the way wandb does — ``logger.wandb.mode``, else ``$WANDB_MODE``,
   else online when logged in and offline otherwise — and names the group of a sweep
   (``linrope.base.naming.wandb_group``)."""
+
 from __future__ import annotations
 
 import csv
@@ -77,8 +78,9 @@ def wandb_logged_in() -> bool:
         return False
 
 
-def wandb_mode(requested: Optional[str], env: Mapping[str, str] = os.environ,
-               logged_in: Callable[[], bool] = wandb_logged_in) -> str:
+def wandb_mode(
+    requested: Optional[str], env: Mapping[str, str] = os.environ, logged_in: Callable[[], bool] = wandb_logged_in
+) -> str:
     """``requested`` (logger.wandb.mode), else ``$WANDB_MODE``, else online when logged in, else offline.
     Online without a login falls back to offline with a warning (a batch job cannot answer a prompt)."""
     source = "logger.wandb.mode" if requested else "WANDB_MODE"

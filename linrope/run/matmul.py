@@ -7,6 +7,7 @@ linrope.training.builders.build_trainer applies it in the process that builds th
 ``MatmulPrecision`` (a callback build_callbacks adds) again in every process the Trainer runs in — processes
 started by ``ddp_spawn`` are new interpreters that would otherwise keep PyTorch's default.
 The values are checked with the rest of the config (linrope.config.settings.MATMUL_PRECISIONS)."""
+
 from __future__ import annotations
 
 from typing import Optional

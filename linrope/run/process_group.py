@@ -4,6 +4,7 @@ Lightning does this only for nccl.  A gloo group left alive keeps worker threads
 interpreter then tears down around them, and now and then a rank dies with SIGABRT ("terminate called without
 an active exception") after its work is done: trainer=ddp_spawn on CPU lost a whole sweep job that way
 (benchmarks/gloo_exit.py measures it).  atexit handlers run while the interpreter is still whole."""
+
 from __future__ import annotations
 
 import atexit

@@ -18,6 +18,7 @@ It is written to ``<run folder>/provenance.json`` (``write``), put in every chec
 config and the CSV logger's hparams.yaml (``provenance``), and read back by ``linrope.report``.
 
 Foundation layer: no Lightning, no linrope import; torch only inside ``collect`` (it is loaded by then)."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -69,9 +70,12 @@ def git_state(folder: Path = SOURCE) -> Dict[str, Any]:
         code.update(path.encode() + b"=" + (_git(["rev-parse", f"HEAD:{path}"], root) or b"-").strip() + b"\n")
     if dirty:
         code.update(_git(["diff", "HEAD", "--binary", "--", *CODE_PATHS], root) or b"")
-    return {"commit": commit.decode().strip(), "dirty": dirty,
-            "diff_hash": hashlib.sha256(diff).hexdigest()[:12] if diff is not None else None,
-            "code": code.hexdigest()[:12]}
+    return {
+        "commit": commit.decode().strip(),
+        "dirty": dirty,
+        "diff_hash": hashlib.sha256(diff).hexdigest()[:12] if diff is not None else None,
+        "code": code.hexdigest()[:12],
+    }
 
 
 def version_of(package: str) -> Optional[str]:
@@ -103,8 +107,13 @@ def gpu() -> Dict[str, Any]:
         return {"gpu": None, "gpu_driver": None, "cuda": None}
     driver = None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, timeout=GIT_TIMEOUT_S, text=True, check=False).stdout.strip()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            timeout=GIT_TIMEOUT_S,
+            text=True,
+            check=False,
+        ).stdout.strip()
         driver = out.splitlines()[0] if out else None
     except (OSError, subprocess.TimeoutExpired):
         pass
@@ -115,26 +124,41 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def collect(*, precision: Any = None, seed: Any = None, argv: Optional[Sequence[str]] = None,
-            overrides: Optional[Sequence[str]] = None, started: Optional[str] = None) -> Dict[str, Any]:
+def collect(
+    *,
+    precision: Any = None,
+    seed: Any = None,
+    argv: Optional[Sequence[str]] = None,
+    overrides: Optional[Sequence[str]] = None,
+    started: Optional[str] = None,
+) -> Dict[str, Any]:
     """The provenance of a run started now (see the module docstring): a dict of plain values."""
     torch = sys.modules.get("torch")
     versions = {"python": platform.python_version(), **{p: version_of(p) for p in PACKAGES}}
     if torch is not None:  # the build too: PyPI's CUDA wheels are "2.4.0" to pip and "2.4.0+cu121" to torch
         versions["torch"] = str(torch.__version__)  # a plain str: TorchVersion is no weights_only global
-    machine = {"cpu": cpu_model(), "threads": int(torch.get_num_threads()) if torch is not None else None,
-               "cores": os.cpu_count(), "host": platform.node(), **gpu()}
+    machine = {
+        "cpu": cpu_model(),
+        "threads": int(torch.get_num_threads()) if torch is not None else None,
+        "cores": os.cpu_count(),
+        "host": platform.node(),
+        **gpu(),
+    }
     argv = list(sys.argv if argv is None else argv)
     if argv and argv[0].endswith(".py"):
         argv = ["python", *argv]
     elif argv and Path(argv[0]).name.startswith("linrope-"):  # a console script: its name, as it is typed
         argv = [Path(argv[0]).name, *argv[1:]]
-    return {"linrope": {"version": version_of("linrope"), **git_state()},
-            "versions": versions, "machine": machine,
-            "precision": None if precision is None else str(precision), "seed": seed,
-            "command": " ".join(shlex.quote(a) for a in argv),
-            "overrides": None if overrides is None else [str(o) for o in overrides],
-            "started": started or utc_now()}
+    return {
+        "linrope": {"version": version_of("linrope"), **git_state()},
+        "versions": versions,
+        "machine": machine,
+        "precision": None if precision is None else str(precision),
+        "seed": seed,
+        "command": " ".join(shlex.quote(a) for a in argv),
+        "overrides": None if overrides is None else [str(o) for o in overrides],
+        "started": started or utc_now(),
+    }
 
 
 def write(folder: Path, provenance: Mapping[str, Any], name: str = FILE_NAME) -> Path:
@@ -178,5 +202,6 @@ def machine_line() -> str:
     the CPU (or GPU) and the threads."""
     p = collect()
     m = p["machine"]
-    return (f"commit {commit_text(p)}, torch {p['versions']['torch']}, {m.get('gpu') or m['cpu']}, "
-            f"{m['threads']} threads")
+    return (
+        f"commit {commit_text(p)}, torch {p['versions']['torch']}, {m.get('gpu') or m['cpu']}, {m['threads']} threads"
+    )

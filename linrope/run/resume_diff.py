@@ -10,6 +10,7 @@ size, the context or the data are announced as breaking the reproducibility of t
 the model's identity is refused elsewhere (``linrope.models.spec.check_identity``).
 
 Foundation layer: plain dicts in, plain dicts out (no torch, no Lightning)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,21 @@ from linrope.base.nested import flatten
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
 # settings that differ between a run and its continuation by construction (folders, what to do now, output)
-NOT_COMPARED = ("paths.", "hydra.", "ckpt_path", "train", "test", "callbacks.", "logger.", "tags", "task_name",
-                "trainer.default_root_dir", "trainer.enable_progress_bar", "extrapolation.", "data.num_workers")
+NOT_COMPARED = (
+    "paths.",
+    "hydra.",
+    "ckpt_path",
+    "train",
+    "test",
+    "callbacks.",
+    "logger.",
+    "tags",
+    "task_name",
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "extrapolation.",
+    "data.num_workers",
+)
 # settings that decide which examples come in which order: changing them breaks the data order's reproducibility
 DATA_ORDER = ("seed", "context", "data.")
 DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"
@@ -57,13 +71,21 @@ def _show(v: Any) -> str:
 _ABSENT = object()
 
 
-def changes(old: Mapping[str, Any], new: Mapping[str, Any], *, whole: bool = True,
-            new_unresolved: Optional[Mapping[str, Any]] = None) -> List[Dict[str, Any]]:
+def changes(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    *,
+    whole: bool = True,
+    new_unresolved: Optional[Mapping[str, Any]] = None,
+) -> List[Dict[str, Any]]:
     """``[{"key", "old", "new", "also": [folded keys], "data_order": bool}]`` for the compared keys that differ.
     ``whole``: ``old`` is a run's whole config (else only keys ``old`` holds are compared)."""
     keys = sorted(set(old) | set(new)) if whole else sorted(old)
-    differ = {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in keys
-              if not _matches(k, NOT_COMPARED) and old.get(k, _ABSENT) != new.get(k, _ABSENT)}
+    differ = {
+        k: (old.get(k, _ABSENT), new.get(k, _ABSENT))
+        for k in keys
+        if not _matches(k, NOT_COMPARED) and old.get(k, _ABSENT) != new.get(k, _ABSENT)
+    }
     raw = new_unresolved or {}
     follows = {}
     for k in differ:
@@ -75,10 +97,16 @@ def changes(old: Mapping[str, Any], new: Mapping[str, Any], *, whole: bool = Tru
         if k in follows:
             continue
         also = sorted(f for f, src in follows.items() if src == k)
-        out.append({"key": k, "old": None if a is _ABSENT else a, "new": None if b is _ABSENT else b,
-                    "line": f"resume: {k} {_show(a)} → {_show(b)}"
-                            + (f" (also {', '.join(also)})" if also else ""),
-                    "also": also, "data_order": _matches(k, DATA_ORDER) or any(_matches(f, DATA_ORDER) for f in also)})
+        out.append(
+            {
+                "key": k,
+                "old": None if a is _ABSENT else a,
+                "new": None if b is _ABSENT else b,
+                "line": f"resume: {k} {_show(a)} → {_show(b)}" + (f" (also {', '.join(also)})" if also else ""),
+                "also": also,
+                "data_order": _matches(k, DATA_ORDER) or any(_matches(f, DATA_ORDER) for f in also),
+            }
+        )
     for c in out:
         if c["data_order"]:
             c["line"] += f" — {DATA_ORDER_NOTE}"
@@ -98,9 +126,16 @@ def chain(checkpoint: Mapping[str, Any], ckpt_path: Path) -> List[Dict[str, Any]
     prov = checkpoint.get(PROVENANCE_KEY) or {}
     earlier = [dict(e) for e in (prov.get("resumed_from") or []) if isinstance(e, Mapping)]
     lr = prov.get("linrope") or {}
-    return earlier + [{"run": run_folder_of(ckpt_path), "checkpoint": str(ckpt_path),
-                       "step": checkpoint.get("global_step"), "commit": lr.get("commit"),
-                       "dirty": lr.get("dirty"), "started": prov.get("started")}]
+    return earlier + [
+        {
+            "run": run_folder_of(ckpt_path),
+            "checkpoint": str(ckpt_path),
+            "step": checkpoint.get("global_step"),
+            "commit": lr.get("commit"),
+            "dirty": lr.get("dirty"),
+            "started": prov.get("started"),
+        }
+    ]
 
 
 def code_change(saved: Optional[Mapping[str, Any]], current: Optional[Mapping[str, Any]]) -> Optional[str]:
@@ -116,24 +151,39 @@ def code_change(saved: Optional[Mapping[str, Any]], current: Optional[Mapping[st
         old, new = commit_text(saved), commit_text(current)
     else:
         return None
-    return (f"resume: the code changed: the checkpoint was written by {old}, this run is {new} — the continued "
-            f"run is not what either code alone trains")
+    return (
+        f"resume: the code changed: the checkpoint was written by {old}, this run is {new} — the continued "
+        f"run is not what either code alone trains"
+    )
 
 
-def resume_record(checkpoint: Mapping[str, Any], ckpt_path, new_cfg: Mapping[str, Any],
-                  new_unresolved: Optional[Mapping[str, Any]] = None,
-                  current: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+def resume_record(
+    checkpoint: Mapping[str, Any],
+    ckpt_path,
+    new_cfg: Mapping[str, Any],
+    new_unresolved: Optional[Mapping[str, Any]] = None,
+    current: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
     """What ``resume.json`` holds: the checkpoint, its commit, the changes (with their lines) and the chain.
     ``current``: this run's provenance; code that differs from the checkpoint's is the first line."""
     old, whole = saved_config(checkpoint)
-    found = changes(old, flatten(new_cfg), whole=whole,
-                    new_unresolved=flatten(new_unresolved) if new_unresolved is not None else None)
+    found = changes(
+        old,
+        flatten(new_cfg),
+        whole=whole,
+        new_unresolved=flatten(new_unresolved) if new_unresolved is not None else None,
+    )
     code = code_change(checkpoint.get(PROVENANCE_KEY), current)
-    return {"checkpoint": str(ckpt_path), "step": checkpoint.get("global_step"),
-            "commit": commit_text(checkpoint.get(PROVENANCE_KEY)),
-            "compared": "the whole config" if whole else "model, optim and data (an older checkpoint)",
-            "code_changed": code is not None, "changes": found,
-            "lines": ([code] if code else []) + [c["line"] for c in found], "continues": chain(checkpoint, Path(ckpt_path))}
+    return {
+        "checkpoint": str(ckpt_path),
+        "step": checkpoint.get("global_step"),
+        "commit": commit_text(checkpoint.get(PROVENANCE_KEY)),
+        "compared": "the whole config" if whole else "model, optim and data (an older checkpoint)",
+        "code_changed": code is not None,
+        "changes": found,
+        "lines": ([code] if code else []) + [c["line"] for c in found],
+        "continues": chain(checkpoint, Path(ckpt_path)),
+    }
 
 
 def announce(record: Mapping[str, Any], folder: Path, name: str = "resume.json") -> None:
@@ -165,13 +215,17 @@ def default_differences(model_cfg: Mapping[str, Any], conf_dir: Path) -> List[st
             today = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError):
             continue
-        out += [f"model.{group}.{k} is not in the checkpoint: built with today's default {_show(v)}"
-                for k, v in today.items() if k not in saved and not str(k).startswith(("_", "defaults"))]
+        out += [
+            f"model.{group}.{k} is not in the checkpoint: built with today's default {_show(v)}"
+            for k, v in today.items()
+            if k not in saved and not str(k).startswith(("_", "defaults"))
+        ]
     return out
 
 
-def describe_checkpoint(checkpoint: Mapping[str, Any], ckpt_path, conf_dir: Path,
-                        current: Optional[Mapping[str, Any]] = None) -> str:
+def describe_checkpoint(
+    checkpoint: Mapping[str, Any], ckpt_path, conf_dir: Path, current: Optional[Mapping[str, Any]] = None
+) -> str:
     """One line: the checkpoint's step, commit and versions, whether today's code is another commit, and the
     options the current code's defaults decide (``default_differences``)."""
     prov = checkpoint.get(PROVENANCE_KEY)

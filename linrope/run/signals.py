@@ -10,6 +10,7 @@ a gloo group made once beside NCCL's), so the exchange never waits for the accel
 docs/reliability.md#several-processes-ddp for why it is still every step).
 Lightning's own SIGTERM handler broadcasts from inside the handler, which hangs every rank when the signal
 reaches a process other than rank 0 first.  A second Ctrl+C interrupts at once."""
+
 from __future__ import annotations
 
 import signal
@@ -37,8 +38,9 @@ class SignalStop(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.stopped_by = self._signalled = None
         self._previous = {}
-        self._distributed = (trainer.world_size > 1 and torch.distributed.is_available()
-                             and torch.distributed.is_initialized())
+        self._distributed = (
+            trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+        )
         if self._distributed:  # every process calls this hook: a new group is made on all of them alike
             self._exchange = host_group()
         if threading.current_thread() is not threading.main_thread():
@@ -83,8 +85,10 @@ class SignalStop(Callback):
         last = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
         saved = last.save_on_stop(trainer) if last is not None else "no checkpoint was saved"
         message = f"stopped by {self.stopped_by} at step {trainer.global_step}: {saved}"
-        exception.linrope_stop = (message if trainer.is_global_zero else None,
-                                  128 + int(getattr(signal, self.stopped_by)))
+        exception.linrope_stop = (
+            message if trainer.is_global_zero else None,
+            128 + int(getattr(signal, self.stopped_by)),
+        )
 
 
 def host_group():

@@ -3,6 +3,7 @@ this run filtered, and no empty run folder left behind by a refused config.
 
 Imports only the standard library: train.py applies ``filter_warnings`` when it is imported (also in the
 processes ``trainer=ddp_spawn`` and submitit start, which import it again)."""
+
 from __future__ import annotations
 
 import logging
@@ -23,10 +24,14 @@ HYDRA_FILES = {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml
 def filter_warnings() -> None:
     """Warnings raised inside dependencies about their own use of other dependencies."""
     # Lightning's pytree helper still constructs torch's deprecated LeafSpec (torch >= 2.10)
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
     # conf/hydra/launcher/submitit_{local,slurm}.yaml keep the plugin's names on purpose, so that
     # `hydra/launcher=submitit_local` gives our defaults, checked against the plugin's schema
-    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema")
+    warnings.filterwarnings(
+        "ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
+    )
 
 
 class _DropNotices(logging.Filter):

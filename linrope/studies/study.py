@@ -30,6 +30,7 @@ ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores /
   from where the driver was started (each job runs there, its run folder given absolute).
 
 ``python -m linrope.report <dir>`` reads whatever has finished."""
+
 from __future__ import annotations
 
 import argparse
@@ -85,6 +86,7 @@ def state(folder: Path) -> str:
 def test_metrics(folder: Path) -> Dict[str, float]:
     """The last ``test/*`` values the run logged."""
     from linrope.analysis.runs import read_metrics  # light: csv + omegaconf
+
     found: Dict[str, float] = {}
     for path in sorted(folder.rglob("metrics.csv")):
         for key, series in read_metrics(path).items():
@@ -125,9 +127,17 @@ def _claim(folder: Path) -> Optional[int]:
 
 
 class Study:
-    def __init__(self, dir_: Path, overrides: Sequence[str], threads: int, commit: bool, new_folder: bool = False,
-                 resume_command: Optional[str] = None):
+    def __init__(
+        self,
+        dir_: Path,
+        overrides: Sequence[str],
+        threads: int,
+        commit: bool,
+        new_folder: bool = False,
+        resume_command: Optional[str] = None,
+    ):
         from linrope.studies.sweeps import compose_train, sweep_jobs
+
         self.dir = Path(os.path.abspath(dir_))  # jobs run in the caller's folder: this one, given absolute
         self.threads, self.commit, self.new_folder = threads, commit, new_folder
         self.fixed = list(overrides)
@@ -138,10 +148,13 @@ class Study:
         self.configs = [compose_train(self.job_overrides(job)) for job in self.jobs]
         self.requested = [flat(cfg) for cfg in self.configs]
         self.code = current_code()
-        self.places = [place(self.dir, name, req, self.code, new_folder, self.names)
-                       for name, req in zip(self.names, self.requested)]
+        self.places = [
+            place(self.dir, name, req, self.code, new_folder, self.names)
+            for name, req in zip(self.names, self.requested)
+        ]
         self.resume_command = resume_command or " ".join(
-            ["python -m linrope.study", shlex.quote(str(self.dir)), *map(shlex.quote, overrides)])
+            ["python -m linrope.study", shlex.quote(str(self.dir)), *map(shlex.quote, overrides)]
+        )
         self._lock = threading.Lock()
         self._children: List[subprocess.Popen] = []
         self.failed: List[str] = []
@@ -157,8 +170,14 @@ class Study:
         return [o for o in self.fixed if o.split("=", 1)[0] not in fixed_keys] + list(job)  # the sweep value wins
 
     def command(self, job: Sequence[str], folder: Path) -> List[str]:
-        return [sys.executable, "-m", "linrope.train", *self.job_overrides(job), f"hydra.run.dir={folder}",
-                "ckpt_path=auto"]
+        return [
+            sys.executable,
+            "-m",
+            "linrope.train",
+            *self.job_overrides(job),
+            f"hydra.run.dir={folder}",
+            "ckpt_path=auto",
+        ]
 
     def status(self, i: int) -> str:
         """done / partial / todo, or ``differs`` when the job's folder holds another job."""
@@ -166,14 +185,18 @@ class Study:
 
     def conflicts(self) -> List[str]:
         """One line per job whose folder holds another configuration or code (the keys that differ)."""
-        return [f"linrope.study: job {self.names[i]}: {self.folder(i)} holds another run ({p.conflict}); pass "
-                f"--new-folder to train this job in a folder of its own, or choose another study folder"
-                for i, p in enumerate(self.places) if p.conflict]
+        return [
+            f"linrope.study: job {self.names[i]}: {self.folder(i)} holds another run ({p.conflict}); pass "
+            f"--new-folder to train this job in a folder of its own, or choose another study folder"
+            for i, p in enumerate(self.places)
+            if p.conflict
+        ]
 
     def check(self) -> List[str]:
         """Every job's configuration checked before any starts (linrope.config.checks: values, pairings, the corpus)."""
-        from linrope.config.checks import validate  # torch: only when a study is about to train
         from linrope.base.errors import LinropeError
+        from linrope.config.checks import validate  # torch: only when a study is about to train
+
         errors = []
         for i, cfg in enumerate(self.configs):
             if state(self.folder(i)) == "done":
@@ -186,6 +209,7 @@ class Study:
 
     def run_one(self, i: int) -> None:
         from linrope.run.folder import lock_holder  # light: no torch
+
         job, name, folder = self.jobs[i], self.names[i], self.folder(i)
         if self.signal is not None or state(folder) == "done":  # stopping; or finished meanwhile by another driver
             return
@@ -232,8 +256,11 @@ class Study:
             with self._lock:
                 self.stopped.append(name)
             saved = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
-            print(f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({saved}): "
-                  f"resumable, see {log}", flush=True)
+            print(
+                f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({saved}): "
+                f"resumable, see {log}",
+                flush=True,
+            )
             return
         if rc != 0 or not metrics:
             with self._lock:
@@ -241,8 +268,15 @@ class Study:
             why = f"exit status {rc}" if rc else "no test metric was logged"
             print(f"[{name}] FAILED ({why}) after {wall / 60:.1f} min: see {log}", flush=True)
             return
-        record = dict(job=list(job), overrides=self.fixed, command=cmd, wall_s=round(wall, 1), threads=self.threads,
-                      test=metrics, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        record = dict(
+            job=list(job),
+            overrides=self.fixed,
+            command=cmd,
+            wall_s=round(wall, 1),
+            threads=self.threads,
+            test=metrics,
+            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
         (folder / DONE).write_text(json.dumps(record, indent=1) + "\n")
         log.replace(folder / "study.log")
         print(f"[{name}] done in {wall / 60:.1f} min: {shown}", flush=True)
@@ -261,8 +295,10 @@ class Study:
         """SIGTERM / SIGINT: start nothing more; each running job gets the signal, saves and stops."""
         if self.signal is None:
             self.signal = signum
-            print(f"linrope.study: {signal.Signals(signum).name}: stopping after the running jobs save "
-                  f"(no job starts)", flush=True)
+            print(
+                f"linrope.study: {signal.Signals(signum).name}: stopping after the running jobs save (no job starts)",
+                flush=True,
+            )
         with self._lock:
             for p in self._children:
                 if p.poll() is None:
@@ -280,8 +316,11 @@ class Study:
         if missing:
             gitignore.write_text("".join(f"{line}\n" for line in kept + missing))
         todo = [i for i in range(len(self.jobs)) if state(self.folder(i)) != "done"]
-        print(f"linrope.study: {len(self.jobs)} jobs in {self.dir}: {len(self.jobs) - len(todo)} done, "
-              f"{len(todo)} to run, {jobs} at a time with {self.threads} thread(s) each", flush=True)
+        print(
+            f"linrope.study: {len(self.jobs)} jobs in {self.dir}: {len(self.jobs) - len(todo)} done, "
+            f"{len(todo)} to run, {jobs} at a time with {self.threads} thread(s) each",
+            flush=True,
+        )
         main_thread = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
         try:
@@ -291,37 +330,59 @@ class Study:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         left = [self.folder(i).name for i in range(len(self.jobs)) if state(self.folder(i)) != "done"]
-        print(f"linrope.study: {len(self.jobs) - len(left)}/{len(self.jobs)} jobs done"
-              + (f"; not finished: {', '.join(left)}" if left else "")
-              + (f" ({', '.join(self.elsewhere)} running elsewhere)" if self.elsewhere else ""), flush=True)
+        print(
+            f"linrope.study: {len(self.jobs) - len(left)}/{len(self.jobs)} jobs done"
+            + (f"; not finished: {', '.join(left)}" if left else "")
+            + (f" ({', '.join(self.elsewhere)} running elsewhere)" if self.elsewhere else ""),
+            flush=True,
+        )
         if self.signal is not None:
-            print(f"linrope.study: stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}",
-                  flush=True)
+            print(
+                f"linrope.study: stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}",
+                flush=True,
+            )
             return 128 + int(self.signal)
         return 1 if self.failed or set(left) - set(self.elsewhere) else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m linrope.study", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="example:\n  python -m linrope.study docs/results/budget/steps3200 "
-                                        "experiment=budget --jobs 2 --commit")
+    ap = argparse.ArgumentParser(
+        prog="python -m linrope.study",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  python -m linrope.study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit",
+    )
     ap.add_argument("dir", type=Path, help="the study's folder: one sub-folder per job")
     ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
     ap.add_argument("--jobs", type=int, default=1, help="jobs at a time (default 1)")
     ap.add_argument("--threads", type=int, default=None, help="threads per job (default: cores / jobs)")
-    ap.add_argument("--commit", action="store_true",
-                    help="git-commit the compact results as each job finishes, one commit per study part")
+    ap.add_argument(
+        "--commit",
+        action="store_true",
+        help="git-commit the compact results as each job finishes, one commit per study part",
+    )
     ap.add_argument("--list", action="store_true", help="list the jobs and their state, train nothing")
-    ap.add_argument("--compact", action="store_true",
-                    help="write the folder's compact results (runs.json, curves.csv, results.csv) from its run "
-                         "folders, train nothing")
-    ap.add_argument("--new-folder", action="store_true",
-                    help="a job whose folder holds another configuration or code trains in a folder of its own "
-                         "(<name>-run2) instead of being refused")
-    ap.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
-                    help="a folder of your own configs (presets, experiments), as for train.py")
+    ap.add_argument(
+        "--compact",
+        action="store_true",
+        help="write the folder's compact results (runs.json, curves.csv, results.csv) from its run "
+        "folders, train nothing",
+    )
+    ap.add_argument(
+        "--new-folder",
+        action="store_true",
+        help="a job whose folder holds another configuration or code trains in a folder of its own "
+        "(<name>-run2) instead of being refused",
+    )
+    ap.add_argument(
+        "--config-dir",
+        "-cd",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder of your own configs (presets, experiments), as for train.py",
+    )
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
@@ -337,11 +398,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     from linrope.config.command_line import check_command_line, config_dirs_as_overrides
+
     command_line = [*args.overrides, *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir)]
     check_command_line(command_line, prefix="linrope.study")  # model=nope, trainer.max_step=3: one line
     overrides = config_dirs_as_overrides(command_line)
-    flags = [f"--jobs={args.jobs}", *([f"--threads={args.threads}"] if args.threads else []),
-             *(["--commit"] if args.commit else []), *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir)]
+    flags = [
+        f"--jobs={args.jobs}",
+        *([f"--threads={args.threads}"] if args.threads else []),
+        *(["--commit"] if args.commit else []),
+        *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir),
+    ]
     resume = shlex.join(["python", "-m", "linrope.study", os.path.abspath(args.dir), *args.overrides, *flags])
     study = Study(args.dir, overrides, threads, args.commit, args.new_folder, resume)
     if args.list:

@@ -8,6 +8,7 @@ finished job with its test metrics and wall time, and the trailer ``Study-part: 
 amended only while it is HEAD, has one parent, changes nothing outside the part's folder, and no other ref
 (a merge into another branch, a push, a branch made from it) holds it; else a new commit starts.  A study of
 several parts (``budget/steps800``, ``budget/steps3200``) gets one commit per part.  Light: git and json."""
+
 from __future__ import annotations
 
 import os
@@ -53,20 +54,37 @@ def commit_part(dir_: Path, jobs: int) -> None:
     subject = f"{part}: {len(done)} of {jobs} jobs finished"
     if len(subject) > 72:
         subject = f"{dir_.name}: {len(done)} of {jobs} jobs finished"
-    lines = [f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted((s.get("test") or {}).items()) if "@" not in k)
-             + (f" ({s['wall_s'] / 60:.1f} min)" if isinstance(s.get("wall_s"), (int, float)) else "") for name, s in done]
-    message = "\n".join([subject, "", "The study's compact results (runs.json, curves.csv, results.csv), written by",
-                         "linrope.study as each job finishes and amended into this one commit, so that",
-                         "no finished run waits for the part to end.", "", *lines, "", trailer])
+    lines = [
+        f"{name}: "
+        + ", ".join(f"{k} {v:.4f}" for k, v in sorted((s.get("test") or {}).items()) if "@" not in k)
+        + (f" ({s['wall_s'] / 60:.1f} min)" if isinstance(s.get("wall_s"), (int, float)) else "")
+        for name, s in done
+    ]
+    message = "\n".join(
+        [
+            subject,
+            "",
+            "The study's compact results (runs.json, curves.csv, results.csv), written by",
+            "linrope.study as each job finishes and amended into this one commit, so that",
+            "no finished run waits for the part to end.",
+            "",
+            *lines,
+            "",
+            trailer,
+        ]
+    )
     for _ in range(30):
         amend = ["--amend"] if _amendable(dir_, trailer, part) else []
         add = _git(dir_, "add", "--", *paths)
         result = _git(dir_, "commit", "-q", *amend, "-m", message, "--", *paths) if add.returncode == 0 else add
-        if result.returncode == 0 or (add.returncode == 0 and not _git(dir_, "diff", "--cached", "--name-only", "--",
-                                                                       *paths).stdout.strip()):
+        if result.returncode == 0 or (
+            add.returncode == 0 and not _git(dir_, "diff", "--cached", "--name-only", "--", *paths).stdout.strip()
+        ):
             return  # committed, or nothing of the part changed
         if "index.lock" not in result.stderr and "cannot lock ref" not in result.stderr:
-            print(f"linrope.study: could not commit {dir_}: {(result.stderr or result.stdout).strip()}", file=sys.stderr)
+            print(
+                f"linrope.study: could not commit {dir_}: {(result.stderr or result.stdout).strip()}", file=sys.stderr
+            )
             return
         time.sleep(2)
     print(f"linrope.study: could not commit {dir_}: the git index stayed locked", file=sys.stderr)

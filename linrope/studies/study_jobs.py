@@ -18,6 +18,7 @@ linrope.analysis.compact: its saved configuration, provenance and study record) 
 compact form goes on in a fresh checkout without its run folders.
 
 Light: Hydra's compose and omegaconf; no torch."""
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,18 @@ from linrope.run.provenance import read as read_provenance
 
 # settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
 # its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)
-IGNORED = ("paths.", "hydra.", "ckpt_path", "logger.", "tags", "task_name", "trainer.enable_progress_bar",
-           "trainer.default_root_dir", "data.num_workers", "model.name")
+IGNORED = (
+    "paths.",
+    "hydra.",
+    "ckpt_path",
+    "logger.",
+    "tags",
+    "task_name",
+    "trainer.enable_progress_bar",
+    "trainer.default_root_dir",
+    "data.num_workers",
+    "model.name",
+)
 SHOWN = 4  # differing keys named in a refusal; the rest are counted
 
 
@@ -91,7 +102,11 @@ def differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
     """``key: old → new`` for every compared key whose value differs: first the keys both hold, then the keys
     only one holds (a component swapped for another brings its own options)."""
     keys = sorted((k for k in set(old) | set(new) if not _ignored(k)), key=lambda k: (not (k in old and k in new), k))
-    return [f"{k}: {old.get(k, _ABSENT)} → {new.get(k, _ABSENT)}" for k in keys if old.get(k, _ABSENT) != new.get(k, _ABSENT)]
+    return [
+        f"{k}: {old.get(k, _ABSENT)} → {new.get(k, _ABSENT)}"
+        for k in keys
+        if old.get(k, _ABSENT) != new.get(k, _ABSENT)
+    ]
 
 
 def current_code() -> str:
@@ -102,9 +117,16 @@ def current_code() -> str:
 def holds_a_run(folder: Path) -> bool:
     """The folder holds something of a run: finished (``study_job.json``), checkpoints or logged metrics; or the
     study's compact results hold its run."""
-    return (folder.is_dir() and ((folder / DONE).is_file() or any(folder.glob("checkpoints/*.ckpt"))
-                                 or any(folder.glob("csv/metrics.csv")) or (folder / "metrics.csv").is_file())
-            or record(folder) is not None)
+    return (
+        folder.is_dir()
+        and (
+            (folder / DONE).is_file()
+            or any(folder.glob("checkpoints/*.ckpt"))
+            or any(folder.glob("csv/metrics.csv"))
+            or (folder / "metrics.csv").is_file()
+        )
+        or record(folder) is not None
+    )
 
 
 def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Optional[str]:
@@ -118,8 +140,11 @@ def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Op
     parts = []
     if diff:
         parts.append(", ".join(diff[:SHOWN]) + (f" and {len(diff) - SHOWN} more" if len(diff) > SHOWN else ""))
-    prov = read_provenance(folder) if (folder / ".hydra" / "config.yaml").is_file() else (record(folder) or {}).get(
-        "provenance")
+    prov = (
+        read_provenance(folder)
+        if (folder / ".hydra" / "config.yaml").is_file()
+        else (record(folder) or {}).get("provenance")
+    )
     theirs = code_text(prov) if prov else None
     if theirs and code and theirs != code:
         parts.append(f"trained on {theirs}, the checkout is {code}")
@@ -138,8 +163,9 @@ def candidates(dir_: Path, name: str):
         yield dir_ / (name if k == 1 else f"{name}-run{k}")
 
 
-def place(dir_: Path, name: str, requested: Dict[str, Any], code: Optional[str], new_folder: bool,
-          names: Sequence[str] = ()) -> Place:
+def place(
+    dir_: Path, name: str, requested: Dict[str, Any], code: Optional[str], new_folder: bool, names: Sequence[str] = ()
+) -> Place:
     """The folder of one job (see the module docstring); ``names``: the study's other folder names, never taken."""
     first: Optional[Place] = None
     free: Optional[Path] = None

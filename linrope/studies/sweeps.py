@@ -9,6 +9,7 @@ Expands ``hydra.sweeper.params`` of the composed config and the sweeps on the co
 (``a=x,y``) the way Hydra's basic sweeper does (the command line wins over the config for one key).
 Each job's config is checked, not this machine: ``trainer=gpu`` jobs check on a login node without a GPU.
 Exit status 1 when a job's config is refused."""
+
 from __future__ import annotations
 
 import sys
@@ -19,9 +20,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from linrope.config.command_line import CONF_DIR, check_command_line, config_dirs_as_overrides
 from linrope.base.errors import ConfigError
 from linrope.config.checks import validate
+from linrope.config.command_line import CONF_DIR, check_command_line, config_dirs_as_overrides
 
 
 def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):

@@ -14,6 +14,7 @@ runs can never log is refused before its first trial.
   refused in one line naming the metric and the setting to change.
 
 No Lightning import (the trainer is passed in); Hydra only."""
+
 from __future__ import annotations
 
 import shlex
@@ -52,8 +53,15 @@ def job_overrides() -> List[str]:
 def completing_command(cfg, ckpt: str) -> str:
     kept = [o for o in job_overrides() if o.lstrip("+~").split("=", 1)[0] not in NOT_REPEATED]
     run = str(cfg.paths.output_dir)
-    return " ".join(["python train.py", *map(shlex.quote, kept), "train=false", f"ckpt_path={shlex.quote(ckpt)}",
-                     f"hydra.run.dir={shlex.quote(run)}"])
+    return " ".join(
+        [
+            "python train.py",
+            *map(shlex.quote, kept),
+            "train=false",
+            f"ckpt_path={shlex.quote(ckpt)}",
+            f"hydra.run.dir={shlex.quote(run)}",
+        ]
+    )
 
 
 def _checkpoint(cfg, trainer) -> Optional[str]:
@@ -70,18 +78,26 @@ def _checkpoint(cfg, trainer) -> Optional[str]:
 
 
 def completed_message(cfg, signum: int, tested: bool) -> str:
-    done = " and ".join((["training"] if cfg.get("train", True) else []) + (["the test"] if tested else [])
-                        + (["the extrapolation"] if tested and (cfg.get("extrapolation") or {}).get("enabled") else []))
-    return (f"stopped by {signal.Signals(signum).name} after the run completed ({done or 'nothing to do'}): its "
-            f"results are in {cfg.paths.output_dir}")
+    done = " and ".join(
+        (["training"] if cfg.get("train", True) else [])
+        + (["the test"] if tested else [])
+        + (["the extrapolation"] if tested and (cfg.get("extrapolation") or {}).get("enabled") else [])
+    )
+    return (
+        f"stopped by {signal.Signals(signum).name} after the run completed ({done or 'nothing to do'}): its "
+        f"results are in {cfg.paths.output_dir}"
+    )
 
 
 def test_finished(trainer) -> bool:
     """Whether the test's metrics are logged: the test has finished (``trainer.state``), or its loop has logged
     its metrics (``test/…`` in ``trainer.callback_metrics``) and is printing its table or tearing down."""
     state = getattr(trainer, "state", None)
-    if state is not None and str(getattr(state, "fn", "")) in ("test", "TrainerFn.TESTING") \
-            and str(getattr(state, "status", "")) in ("finished", "TrainerStatus.FINISHED"):
+    if (
+        state is not None
+        and str(getattr(state, "fn", "")) in ("test", "TrainerFn.TESTING")
+        and str(getattr(state, "status", "")) in ("finished", "TrainerStatus.FINISHED")
+    ):
         return True
     return any(str(k).startswith("test/") for k in (getattr(trainer, "callback_metrics", None) or {}))
 
@@ -95,8 +111,10 @@ def stop_message(cfg, trainer, signum: int, test_finished: bool) -> str:
     head = f"stopped by {signal.Signals(signum).name} during {during}: finished {' and '.join(done) or 'nothing'}"
     if ckpt is None:
         return f"{head} (no checkpoint was saved); not done: {', '.join(not_done)}"
-    return (f"{head} (checkpoint {ckpt}); not done: {', '.join(not_done)}; complete it with: "
-            f"{completing_command(cfg, ckpt)}")
+    return (
+        f"{head} (checkpoint {ckpt}); not done: {', '.join(not_done)}; complete it with: "
+        f"{completing_command(cfg, ckpt)}"
+    )
 
 
 class _Progress:
@@ -135,8 +153,9 @@ def explain_stop(cfg, trainer):
         yield progress
     except _Stopped as e:
         if getattr(trainer, "is_global_zero", True):
-            print("linrope: " + stop_message(cfg, trainer, e.signum, test_finished(trainer)), file=sys.stderr,
-                  flush=True)
+            print(
+                "linrope: " + stop_message(cfg, trainer, e.signum, test_finished(trainer)), file=sys.stderr, flush=True
+            )
         raise SystemExit(128 + e.signum) from None
     finally:
         for s, h in previous.items():
@@ -172,19 +191,31 @@ def objective_problem(cfg) -> Optional[str]:
     if stage == "test":
         return f"{head} train.py returns before testing: set optimized_metric=val/{name}"
     if stage == "train":
-        return None if name in TRAIN_METRICS else \
-            f"{head} no run logs (train/{', train/'.join(TRAIN_METRICS)}): change optimized_metric"
+        return (
+            None
+            if name in TRAIN_METRICS
+            else f"{head} no run logs (train/{', train/'.join(TRAIN_METRICS)}): change optimized_metric"
+        )
     if stage != "val" or name not in logged:
-        return (f"{head} task {task} never logs (it logs val/{', val/'.join(logged)}): set optimized_metric="
-                f"val/{logged[0]}")
+        return (
+            f"{head} task {task} never logs (it logs val/{', val/'.join(logged)}): set optimized_metric=val/{logged[0]}"
+        )
     if get(cfg, "trainer.limit_val_batches") == 0:
         return f"{head} is never measured with trainer.limit_val_batches=0: set it to null (every batch) or > 0"
     max_steps, every = get(cfg, "trainer.max_steps"), get(cfg, "trainer.val_check_interval")
-    if isinstance(max_steps, int) and max_steps > 0 and isinstance(every, int) and not isinstance(every, bool) \
-            and get(cfg, "trainer.check_val_every_n_epoch") is None and every > max_steps:
-        return (f"{head} is never logged: no validation before trainer.max_steps={max_steps} "
-                f"(trainer.val_check_interval={every}); set trainer.val_check_interval={max_steps} or less, "
-                f"or trainer.max_steps={every} or more")
+    if (
+        isinstance(max_steps, int)
+        and max_steps > 0
+        and isinstance(every, int)
+        and not isinstance(every, bool)
+        and get(cfg, "trainer.check_val_every_n_epoch") is None
+        and every > max_steps
+    ):
+        return (
+            f"{head} is never logged: no validation before trainer.max_steps={max_steps} "
+            f"(trainer.val_check_interval={every}); set trainer.val_check_interval={max_steps} or less, "
+            f"or trainer.max_steps={every} or more"
+        )
     return None
 
 

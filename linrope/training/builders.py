@@ -1,4 +1,5 @@
 """Builders that train.py calls in order: data, model, callbacks, loggers, trainer."""
+
 from __future__ import annotations
 
 import os
@@ -11,18 +12,24 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from linrope.run import provenance as P
-from linrope.training.after_training import job_overrides, task_metric
-from linrope.run.checkpoint import AtomicCheckpointIO, load_checkpoint
-from linrope.config.checks import (LINROPE_TRAINER_KEYS, checkpoint_path, plain, resolved_accelerator, sharded_checkpoints,
-                            sweep_dir)
 from linrope.base.errors import UserError
-from linrope.training.lit import LanguageModel
-from linrope.run.resume_diff import announce, resume_record
-from linrope.run.loggers import keep_csv_history, wandb_settings
-from linrope.run import matmul
-from linrope.run.signals import SignalStop
+from linrope.config.checks import (
+    LINROPE_TRAINER_KEYS,
+    checkpoint_path,
+    plain,
+    resolved_accelerator,
+    sharded_checkpoints,
+    sweep_dir,
+)
 from linrope.models.spec import ModelConfig
+from linrope.run import matmul
+from linrope.run import provenance as P
+from linrope.run.checkpoint import AtomicCheckpointIO, load_checkpoint
+from linrope.run.loggers import keep_csv_history, wandb_settings
+from linrope.run.resume_diff import announce, resume_record
+from linrope.run.signals import SignalStop
+from linrope.training.after_training import job_overrides, task_metric
+from linrope.training.lit import LanguageModel
 
 
 def run_tags(cfg: DictConfig) -> List[str]:
@@ -54,9 +61,14 @@ def name_model(cfg: DictConfig) -> None:
     chosen = (choices.get("attention"), choices.get("position"))
     if not (choices.get("model") and all(chosen)):
         return
-    known = GlobalHydra.instance().config_loader().compute_defaults_list(
-        config_name=hc.job.config_name, overrides=[f"model={choices.get('model')}"], run_mode=RunMode.RUN
-    ).overrides.known_choices
+    known = (
+        GlobalHydra.instance()
+        .config_loader()
+        .compute_defaults_list(
+            config_name=hc.job.config_name, overrides=[f"model={choices.get('model')}"], run_mode=RunMode.RUN
+        )
+        .overrides.known_choices
+    )
     name = ModelConfig.from_dict(plain(cfg.model)).label(chosen, (known.get("attention"), known.get("position")))
     if name != cfg.model.get("name"):
         with open_dict(cfg):
@@ -136,8 +148,11 @@ def build_callbacks(cfg: DictConfig) -> list:
         skip.add("progress_bar")
     if not cfg.trainer.get("enable_checkpointing", True):
         skip |= {"model_checkpoint", "last_checkpoint"}
-    callbacks = [hydra.utils.instantiate(c) for name, c in (cfg.get("callbacks") or {}).items()
-                 if c and "_target_" in c and name not in skip]
+    callbacks = [
+        hydra.utils.instantiate(c)
+        for name, c in (cfg.get("callbacks") or {}).items()
+        if c and "_target_" in c and name not in skip
+    ]
     # after the config's: a signal sent in their on_train_batch_end counts
     return callbacks + [SignalStop(), matmul.MatmulPrecision(cfg.trainer.get("matmul_precision"))]
 
@@ -216,8 +231,9 @@ def record_provenance(cfg: DictConfig) -> dict:
     first = not any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
     path = resolve_ckpt(cfg) if cfg.get("train", True) else None
     if path:
-        record = resume_record(load_checkpoint(path), path, plain(cfg), OmegaConf.to_container(cfg, resolve=False),
-                               current=prov)
+        record = resume_record(
+            load_checkpoint(path), path, plain(cfg), OmegaConf.to_container(cfg, resolve=False), current=prov
+        )
         prov["resumed_from"] = record["continues"]
         if first:
             announce(record, Path(str(cfg.paths.output_dir)))
@@ -242,8 +258,10 @@ def test_checkpoint(cfg: DictConfig) -> Optional[str]:
         return None
     path = resolve_ckpt(cfg)
     if path is None:
-        raise UserError("train=false test=true tests a checkpoint: pass ckpt_path=<file> (or last, in the run's "
-                        f"folder){' — ckpt_path=auto found none' if cfg.get('ckpt_path') else ''}")
+        raise UserError(
+            "train=false test=true tests a checkpoint: pass ckpt_path=<file> (or last, in the run's "
+            f"folder){' — ckpt_path=auto found none' if cfg.get('ckpt_path') else ''}"
+        )
     return path
 
 

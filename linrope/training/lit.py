@@ -1,5 +1,6 @@
 """The LightningModule: next-token cross-entropy, AdamW with linear warm-up and cosine decay,
 metrics train/loss, train/lr, val/loss, val/bpb (bits per byte), test/*, tokens per second."""
+
 from __future__ import annotations
 
 import math
@@ -12,18 +13,18 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from linrope.run.checkpoint import check_state_dict, load_checkpoint
 from linrope.base.compiling import compile_unsupported
+from linrope.base.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.config.checks import plain
 from linrope.data.bytes import LN2
 from linrope.data.tasks import IGNORE  # -100: the target of positions that are not scored
-from linrope.base.errors import CheckpointError, ConfigError, NonFiniteLoss
 from linrope.models.model import TransformerLM, weight_decay_split
 from linrope.models.optim import REQUIRED as OPTIM_KEYS  # conf/optim/adamw.yaml
-from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY
+from linrope.models.spec import IDENTITY_KEY, check_identity, model_identity
+from linrope.run.checkpoint import check_state_dict, load_checkpoint
 from linrope.run.last_checkpoint import last_good_checkpoint
 from linrope.run.process_group import destroy_process_group_at_exit
-from linrope.models.spec import IDENTITY_KEY, check_identity, model_identity
+from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY
 
 
 def step_seed(base: int, step: int, rank: int) -> int:
@@ -52,7 +53,9 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
 
 
 class LanguageModel(L.LightningModule):
-    provenance: Optional[Dict[str, Any]] = None  # linrope.run.provenance of the run (linrope.training.builders.log_config)
+    provenance: Optional[Dict[str, Any]] = (
+        None  # linrope.run.provenance of the run (linrope.training.builders.log_config)
+    )
     run_config: Optional[Dict[str, Any]] = None  # the run's whole resolved config (what a resume compares against)
 
     def __init__(self, model: Dict[str, Any], optim: Optional[Dict[str, Any]] = None, compile: bool = False):
@@ -145,8 +148,10 @@ class LanguageModel(L.LightningModule):
             return
         self._bad_step = None  # said once
         last = last_good_checkpoint(self.trainer)
-        raise NonFiniteLoss(f"loss is {self._bad_loss.item()} at step {step}: training stopped; "
-                            + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"))
+        raise NonFiniteLoss(
+            f"loss is {self._bad_loss.item()} at step {step}: training stopped; "
+            + (f"the last good checkpoint is {last}" if last else "no checkpoint was written yet")
+        )
 
     def on_validation_start(self):
         self.raise_if_loss_was_not_finite()
@@ -169,9 +174,12 @@ class LanguageModel(L.LightningModule):
         loaded them already (strictly, into the sharded model) and taken ``state_dict`` out of the dict: only
         the model's identity is left to check (linrope.config.checks checked the file before the run started)."""
         if "state_dict" in checkpoint:
-            check_state_dict(self.state_dict(), checkpoint["state_dict"] or {},
-                             found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
-                             expected_cfg=self.hparams.get("model"))
+            check_state_dict(
+                self.state_dict(),
+                checkpoint["state_dict"] or {},
+                found_cfg=(checkpoint.get("hyper_parameters") or {}).get("model"),
+                expected_cfg=self.hparams.get("model"),
+            )
         check_identity(checkpoint, self.hparams.get("model"))
 
     def on_save_checkpoint(self, checkpoint):
@@ -232,13 +240,20 @@ class LanguageModel(L.LightningModule):
             raise ConfigError(f"optim: no {', '.join(missing)} (the settings of conf/optim/adamw.yaml)")
         params = dict(self.model.named_parameters())
         decay, no_decay = ([params[n] for n in names] for names in weight_decay_split(self.model))
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=o["lr"],
+            betas=tuple(o["betas"]),
+        )
         total = o.get("schedule_steps") or self._trainer_max_steps()
         if total is None or total <= 0:
             raise ConfigError("optim.schedule_steps: the cosine schedule needs a length; set it, or trainer.max_steps")
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(
-            s, warmup_steps=o["warmup_steps"], total_steps=total, min_lr_ratio=o["min_lr_ratio"]))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt,
+            lambda s: warmup_cosine(
+                s, warmup_steps=o["warmup_steps"], total_steps=total, min_lr_ratio=o["min_lr_ratio"]
+            ),
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "name": "lr"}}
 
     def _trainer_max_steps(self) -> Optional[int]:
@@ -249,8 +264,14 @@ class LanguageModel(L.LightningModule):
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
-    def from_checkpoint(cls, path, expected_model_cfg: Optional[Mapping] = None, *, map_location: Any = "cpu",
-                        checkpoint: Optional[Mapping[str, Any]] = None) -> "LanguageModel":
+    def from_checkpoint(
+        cls,
+        path,
+        expected_model_cfg: Optional[Mapping] = None,
+        *,
+        map_location: Any = "cpu",
+        checkpoint: Optional[Mapping[str, Any]] = None,
+    ) -> "LanguageModel":
         """The model of a checkpoint, in eval mode, loaded with ``weights_only=True`` (or ``checkpoint``, the
         dict a caller already loaded from ``path`` that way: the file is read once).
 
@@ -272,8 +293,13 @@ class LanguageModel(L.LightningModule):
         except ConfigError as e:
             first = str(e).splitlines()[0]
             raise CheckpointError(f"checkpoint {path}: its model config is not one linrope builds: {first}") from None
-        check_state_dict(module.state_dict(), ckpt["state_dict"], where=f"checkpoint {path}",
-                         found_cfg=found_cfg, expected_cfg=model_cfg)
+        check_state_dict(
+            module.state_dict(),
+            ckpt["state_dict"],
+            where=f"checkpoint {path}",
+            found_cfg=found_cfg,
+            expected_cfg=model_cfg,
+        )
         check_identity(ckpt, model_cfg, where=f"checkpoint {path}")
         module.load_state_dict(ckpt["state_dict"])
         if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
@@ -286,8 +312,11 @@ def merge_config(base: Mapping, over: Mapping) -> Dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
         old = out.get(k)
-        if isinstance(v, Mapping) and isinstance(old, Mapping) and all(
-                v.get(t, old.get(t)) == old.get(t) for t in ("name", "kind")):
+        if (
+            isinstance(v, Mapping)
+            and isinstance(old, Mapping)
+            and all(v.get(t, old.get(t)) == old.get(t) for t in ("name", "kind"))
+        ):
             out[k] = merge_config(old, v)
         else:
             out[k] = dict(v) if isinstance(v, Mapping) else v

@@ -13,6 +13,7 @@ when training starts at step 0 (``<run>/position_init.pt``, tensors only, read b
 (norms are Frobenius norms; ``change_*`` of the difference from the initial values; ``init_*`` and
 ``change_*`` are null when the initial values are unknown, e.g. a run resumed in another folder).
 The two pure functions under it, ``position_parameters`` and ``movement``, need no Trainer."""
+
 from __future__ import annotations
 
 import json
@@ -37,22 +38,36 @@ def position_parameters(model: nn.Module) -> Dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters() if id(p) in inside and p.requires_grad}
 
 
-def movement(final: Mapping[str, torch.Tensor], init: Optional[Mapping[str, torch.Tensor]] = None
-             ) -> Dict[str, Dict[str, Any]]:
+def movement(
+    final: Mapping[str, torch.Tensor], init: Optional[Mapping[str, torch.Tensor]] = None
+) -> Dict[str, Dict[str, Any]]:
     """Per parameter: its shape, range and norm now and at ``init`` (when known), and the norm and the
     largest entry of its change, in float64."""
     out = {}
     for name, p in final.items():
         x = p.detach().double().cpu()
-        rec: Dict[str, Any] = {"shape": list(x.shape), "min": x.min().item(), "max": x.max().item(),
-                               "norm": x.norm().item(), "init_min": None, "init_max": None, "init_norm": None,
-                               "change_norm": None, "change_max": None}
+        rec: Dict[str, Any] = {
+            "shape": list(x.shape),
+            "min": x.min().item(),
+            "max": x.max().item(),
+            "norm": x.norm().item(),
+            "init_min": None,
+            "init_max": None,
+            "init_norm": None,
+            "change_norm": None,
+            "change_max": None,
+        }
         x0 = None if init is None else init.get(name)
         if x0 is not None and tuple(x0.shape) == tuple(x.shape):
             x0 = x0.detach().double().cpu()
             d = x - x0
-            rec.update(init_min=x0.min().item(), init_max=x0.max().item(), init_norm=x0.norm().item(),
-                       change_norm=d.norm().item(), change_max=d.abs().max().item())
+            rec.update(
+                init_min=x0.min().item(),
+                init_max=x0.max().item(),
+                init_norm=x0.norm().item(),
+                change_norm=d.norm().item(),
+                change_max=d.abs().max().item(),
+            )
         out[name] = rec
     return out
 
@@ -80,8 +95,11 @@ class PositionMovement(L.Callback):
         if not trainer.is_global_zero:
             return
         model = getattr(pl_module, "model", pl_module)
-        record = {"n_params": sum(p.numel() for p in model.parameters()), "step": trainer.global_step,
-                  "position": movement(position_parameters(model), self._init)}
+        record = {
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "step": trainer.global_step,
+            "position": movement(position_parameters(model), self._init),
+        }
         self.dirpath.mkdir(parents=True, exist_ok=True)
         tmp = self.dirpath / f".{RECORD_FILE}.{os.getpid()}.partial"
         tmp.write_text(json.dumps(record, indent=1) + "\n")

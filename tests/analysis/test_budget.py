@@ -1,6 +1,7 @@
 """A study in arms read from its config (conf/study/budget.yaml, linrope.analysis.arms): the headline claims at
 each budget, paired over seeds, and the verdict the config names for what became of each with more budget (holds,
 flips, budget artefact, emerges, undecided), from small hand-made run folders."""
+
 import pytest
 
 from linrope.analysis import study_config
@@ -14,10 +15,16 @@ CLAIMS = BUDGET.claims
 
 
 def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
-    write_budget(tmp_path, 800, {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.00, 3.03, 3.01],
-                                 "softmax_rope": [3.00, 3.03, 3.01]})
-    write_budget(tmp_path, 3200, {"linear": [3.10, 3.12, 3.11], "linear_rope": [3.20, 3.23, 3.22],
-                                  "softmax_rope": [2.50, 2.52, 2.53]})
+    write_budget(
+        tmp_path,
+        800,
+        {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.00, 3.03, 3.01], "softmax_rope": [3.00, 3.03, 3.01]},
+    )
+    write_budget(
+        tmp_path,
+        3200,
+        {"linear": [3.10, 3.12, 3.11], "linear_rope": [3.20, 3.23, 3.22], "softmax_rope": [2.50, 2.52, 2.53]},
+    )
     text = arms_table(tmp_path, BUDGET, reports=True)
     rope = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))
     r800 = claim_results(group_runs(find_runs(tmp_path / "steps800"))["bytes"], CLAIMS)[rope]
@@ -41,30 +48,40 @@ def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
 
 def test_extrapolation_claims_read_the_table_as_trained():
     """bpb@L is the 'none' scaling row of extrapolation.csv at that length."""
-    from linrope.analysis.arms import value_of
     from types import SimpleNamespace
-    run = SimpleNamespace(extrapolation=[{"length": 256, "scaling": "pi", "bpb": 1.0, "status": "ok"},
-                                         {"length": 256, "scaling": "none", "bpb": 2.0, "status": "ok"},
-                                         {"length": 512, "scaling": "none", "bpb": None, "status": "n/a"}])
+
+    from linrope.analysis.arms import value_of
+
+    run = SimpleNamespace(
+        extrapolation=[
+            {"length": 256, "scaling": "pi", "bpb": 1.0, "status": "ok"},
+            {"length": 256, "scaling": "none", "bpb": 2.0, "status": "ok"},
+            {"length": 512, "scaling": "none", "bpb": None, "status": "n/a"},
+        ]
+    )
     assert value_of("bpb@256")(run) == 2.0 and value_of("bpb@512")(run) is None
 
 
 class R:  # a Paired stand-in: resolved iff lo and hi share a sign
     def __init__(self, mean, lo, hi, n=3):
-        self.diff = type("D", (), {"mean": mean, "lo": lo, "hi": hi, "n": n,
-                                   "excludes_zero": lambda s: lo > 0 or hi < 0})()
+        self.diff = type(
+            "D", (), {"mean": mean, "lo": lo, "hi": hi, "n": n, "excludes_zero": lambda s: lo > 0 or hi < 0}
+        )()
 
 
-@pytest.mark.parametrize("results, expected", [
-    ([R(-1, -2, -0.5), R(-1, -1.5, -0.2)], "holds"),
-    ([R(-1, -2, -0.5), R(1, 0.5, 1.5)], "flips"),
-    ([R(-1, -2, -0.5), R(-0.1, -0.5, 0.3)], "budget artefact"),
-    ([R(0.1, -0.5, 0.6), R(1, 0.5, 1.5)], "emerges"),
-    ([R(0.1, -0.5, 0.6), R(0.1, -0.5, 0.6)], "undecided"),
-    ([R(-1, -2, -0.5), None], "incomplete"),
-    ([R(-1, -2, -0.5), R(-1, -2, -0.5, n=1)], "incomplete"),
-    ([R(-1, -2, -0.5)], "one budget so far"),
-])
+@pytest.mark.parametrize(
+    "results, expected",
+    [
+        ([R(-1, -2, -0.5), R(-1, -1.5, -0.2)], "holds"),
+        ([R(-1, -2, -0.5), R(1, 0.5, 1.5)], "flips"),
+        ([R(-1, -2, -0.5), R(-0.1, -0.5, 0.3)], "budget artefact"),
+        ([R(0.1, -0.5, 0.6), R(1, 0.5, 1.5)], "emerges"),
+        ([R(0.1, -0.5, 0.6), R(0.1, -0.5, 0.6)], "undecided"),
+        ([R(-1, -2, -0.5), None], "incomplete"),
+        ([R(-1, -2, -0.5), R(-1, -2, -0.5, n=1)], "incomplete"),
+        ([R(-1, -2, -0.5)], "one budget so far"),
+    ],
+)
 def test_the_verdict_is_the_configs_word_for_the_outcome(results, expected):
     assert BUDGET.verdict[outcome(results)][0] == expected
 

@@ -1,14 +1,15 @@
 """A study's compact results (linrope.analysis.compact) read back as the same runs as its run folders
 (linrope.analysis.runs.find_runs): a tiny study fabricated by hand, written compact, its folders removed."""
+
 import csv
 import json
 import shutil
 from dataclasses import astuple
 
-
 from linrope.analysis import compact
 from linrope.analysis.runs import find_runs, group_runs
 from tests.analysis.helpers import fake_run
+
 
 def study(tmp_path):
     s = tmp_path / "study"
@@ -35,12 +36,29 @@ def test_the_compact_files_read_back_as_the_same_runs(tmp_path):
     assert after[0].config["model.name"] == "a_logged" and after[0].config["optim.betas"] == [0.9, 0.95]
     assert after[0].series["val/bpb"] == [(1, 3.35), (3, 3.1)]
     assert len(after[0].extrapolation) == 4 and after[0].extrapolation[1] == {
-        "length": 16, "factor": 2.0, "scaling": "none", "loss": 2.5, "bpb": 4.1, "acc": None, "examples": 5,
-        "scored": 80, "stride": 8, "scored_hash": "abc", "seconds": 0.5, "status": "ok"}
-    assert after[0].provenance["linrope"]["code"] == "abcdefabcdef" and (after[1].n_params, after[1].position) == (1234, {})
-    labels = {task: {label: [r.path for r in runs] for label, runs in g.items()} for task, g in group_runs(after).items()}
-    assert labels == {task: {label: [r.path for r in runs] for label, runs in g.items()}
-                      for task, g in group_runs(before).items()}
+        "length": 16,
+        "factor": 2.0,
+        "scaling": "none",
+        "loss": 2.5,
+        "bpb": 4.1,
+        "acc": None,
+        "examples": 5,
+        "scored": 80,
+        "stride": 8,
+        "scored_hash": "abc",
+        "seconds": 0.5,
+        "status": "ok",
+    }
+    assert after[0].provenance["linrope"]["code"] == "abcdefabcdef" and (after[1].n_params, after[1].position) == (
+        1234,
+        {},
+    )
+    labels = {
+        task: {label: [r.path for r in runs] for label, runs in g.items()} for task, g in group_runs(after).items()
+    }
+    assert labels == {
+        task: {label: [r.path for r in runs] for label, runs in g.items()} for task, g in group_runs(before).items()
+    }
     assert set(labels["bytes"]) == {"a_logged", "b_logged lr=0.001", "b_logged lr=0.003"}
     assert compact.write(s) == 5  # written again from the compact files alone: the same files
     assert find_runs(s) == after
@@ -68,11 +86,33 @@ def test_results_csv_is_one_row_per_run_with_every_last_value_and_its_provenance
         table = {r["run"]: r for r in csv.DictReader(f)}
     assert list(table) == ["a-seed1", "a-seed2", "b-seed1", "b-seed2", "b-seed3"]
     a = table["a-seed1"]
-    assert list(a)[:10] == ["run", "model", "task", "seed", "job", "steps", "n_params", "test/bpb", "val/bpb",
-                           "train/loss"]
-    assert (a["model"], a["seed"], a["job"], a["steps"], a["n_params"]) == ("a_logged", "1", "model=a seed=1", "4", "999")
+    assert list(a)[:10] == [
+        "run",
+        "model",
+        "task",
+        "seed",
+        "job",
+        "steps",
+        "n_params",
+        "test/bpb",
+        "val/bpb",
+        "train/loss",
+    ]
+    assert (a["model"], a["seed"], a["job"], a["steps"], a["n_params"]) == (
+        "a_logged",
+        "1",
+        "model=a seed=1",
+        "4",
+        "999",
+    )
     assert (float(a["test/bpb"]), float(a["val/bpb"]), float(a["train/loss"])) == (3.0375, 3.1, 3.225)
     assert (a["bpb@8"], a["bpb@16"], a["bpb@16 pi"]) == ("3.1", "4.1", "3.6") and "bpb@32" not in a
     assert (a["commit"], a["code"], a["torch"], a["machine"], a["threads"], a["wall_s"]) == (
-        "c" * 40, "abcdefabcdef", "2.13.0", "AMD EPYC", "1", "6.0")
+        "c" * 40,
+        "abcdefabcdef",
+        "2.13.0",
+        "AMD EPYC",
+        "1",
+        "6.0",
+    )
     assert table["b-seed1"]["bpb@8"] == "" and table["b-seed3"]["job"] == "model=b" and table["b-seed3"]["wall_s"] == ""

@@ -2,6 +2,7 @@
 every metric a panel names is one the training loop logs — checked against two real tiny runs (bytes
 with length extrapolation, and mqar) whose wandb calls are recorded (those two tests are slow: about 15 s
 of CPU for the two runs)."""
+
 import json
 import os
 import subprocess
@@ -10,20 +11,35 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers import CONF, ROOT
 import linrope.run.loggers
+from tests.helpers import CONF, ROOT
 
-TINY = ["size=tiny", "trainer.enable_progress_bar=false", "trainer.max_steps=2", "trainer.val_check_interval=2",
-        "trainer.log_every_n_steps=1", "data.batch_size=2", "data.eval_batch_size=2",
-        f"logger.wandb._target_={__name__}.WandbLogger"]  # the class below
-BYTES = ["data.max_bytes=200000", "data.val_windows=2", "data.test_windows=2", "extrapolation.enabled=true",
-         "extrapolation.factors=[1,2]", "extrapolation.scalings=[pi]", "extrapolation.scored_bytes=512"]
+TINY = [
+    "size=tiny",
+    "trainer.enable_progress_bar=false",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=2",
+    "trainer.log_every_n_steps=1",
+    "data.batch_size=2",
+    "data.eval_batch_size=2",
+    f"logger.wandb._target_={__name__}.WandbLogger",
+]  # the class below
+BYTES = [
+    "data.max_bytes=200000",
+    "data.val_windows=2",
+    "data.test_windows=2",
+    "extrapolation.enabled=true",
+    "extrapolation.factors=[1,2]",
+    "extrapolation.scalings=[pi]",
+    "extrapolation.scored_bytes=512",
+]
 MQAR = ["data=mqar", "data.val_examples=8", "data.test_examples=8"]
 
 
 class WandbLogger(linrope.run.loggers.WandbLogger):
     """Test-only: the keys of everything logged to wandb, as wandb receives them (with Lightning's step key).
     (Named like the real one: train.py and linrope.evaluate find the wandb logger by its class name.)"""
+
     logged: set = set()
 
     def log_metrics(self, metrics, step=None):
@@ -87,8 +103,16 @@ def test_every_panel_metric_is_logged_by_the_training_loop(sweep):
     target = target_from_sweep(folder)
     assert target.tasks == ["bytes", "mqar"] and target.lengths == [64, 128] and target.scalings == ["pi"]
     names = panel_metrics(sections(target))
-    assert {"val/bpb", "test/bpb", "val/acc", "test/acc", "train/tokens_per_sec", "extrapolation/table",
-            "extrapolation/none/bpb@128", "extrapolation/pi/bpb@64"} <= set(names)
+    assert {
+        "val/bpb",
+        "test/bpb",
+        "val/acc",
+        "test/acc",
+        "train/tokens_per_sec",
+        "extrapolation/table",
+        "extrapolation/none/bpb@128",
+        "extrapolation/pi/bpb@64",
+    } <= set(names)
     missing = [m for m in names if m not in logged]
     assert not missing, f"panels name metrics the training loop never logged: {missing}"
     # what is logged step by step is in metrics.csv too (the extrapolation table and plot go to wandb only)
@@ -104,8 +128,14 @@ def test_dry_run_writes_the_workspace_and_the_report(sweep, tmp_path):
     folder, _, _ = sweep
     env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     env["HOME"] = str(tmp_path)  # no ~/.netrc: nothing may need a login
-    r = subprocess.run([sys.executable, "-m", "linrope.dashboard", str(folder), "--dry-run", "--out", str(tmp_path)],
-                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "linrope.dashboard", str(folder), "--dry-run", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["dashboard.json", "report.json", "workspace.json"]
     target = target_from_sweep(folder)
@@ -114,10 +144,17 @@ def test_dry_run_writes_the_workspace_and_the_report(sweep, tmp_path):
     workspace = json.loads((tmp_path / "workspace.json").read_text())
     report = json.loads((tmp_path / "report.json").read_text())
     run_set = workspace["spec"]["section"]["runSets"][0]
-    assert run_set["filters"]["filters"][0] == {"key": {"section": "run", "name": "group"}, "op": "=",
-                                                "value": group, "disabled": False}
-    assert [g["name"] for g in run_set["grouping"]] == ["model.value.attention.kind", "model.value.position.name",
-                                                        "model.value.name"]
+    assert run_set["filters"]["filters"][0] == {
+        "key": {"section": "run", "name": "group"},
+        "op": "=",
+        "value": group,
+        "disabled": False,
+    }
+    assert [g["name"] for g in run_set["grouping"]] == [
+        "model.value.attention.kind",
+        "model.value.position.name",
+        "model.value.name",
+    ]
     sections_made = workspace["spec"]["section"]["panelBankConfig"]["sections"]
     assert [s["name"] for s in sections_made] == [s.name for s in sections(target)]
     shown = {json.dumps(p["config"]) for s in sections_made for p in s["panels"]}
@@ -132,14 +169,30 @@ def test_plain_spec_without_wandb_workspaces(tmp_path, monkeypatch, capsys):
     from linrope.analysis.dashboard import main
 
     monkeypatch.setitem(sys.modules, "wandb_workspaces", None)  # import fails
-    assert main(["--group", "pe_compare-2026-01-01_00-00-00", "--dry-run", "--out", str(tmp_path),
-                 "--lengths", "256", "512"]) == 0
+    assert (
+        main(
+            [
+                "--group",
+                "pe_compare-2026-01-01_00-00-00",
+                "--dry-run",
+                "--out",
+                str(tmp_path),
+                "--lengths",
+                "256",
+                "512",
+            ]
+        )
+        == 0
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["dashboard.json"]
     assert "wandb-workspaces is not installed" in capsys.readouterr().out
     spec = json.loads((tmp_path / "dashboard.json").read_text())
     panels = [p for s in spec["sections"] for p in s["panels"]]
-    assert {"kind": "bar", "title": "as trained: by evaluation length",
-            "metrics": ["extrapolation/none/bpb@256", "extrapolation/none/bpb@512"]} in panels
+    assert {
+        "kind": "bar",
+        "title": "as trained: by evaluation length",
+        "metrics": ["extrapolation/none/bpb@256", "extrapolation/none/bpb@512"],
+    } in panels
     assert spec["runset"]["filter"] == {"group": "pe_compare-2026-01-01_00-00-00"}
 
 
@@ -157,7 +210,14 @@ def test_cli_help_and_errors(tmp_path, capsys):
     assert str(e.value.code).startswith("linrope:") and "no run configs" in str(e.value.code)
     env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     env["HOME"] = str(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "linrope.dashboard", "--group", "g"], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "linrope.dashboard", "--group", "g"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-        "linrope: saving a dashboard needs a wandb login (`wandb login`); --dry-run writes the specs without one"]
+        "linrope: saving a dashboard needs a wandb login (`wandb login`); --dry-run writes the specs without one"
+    ]

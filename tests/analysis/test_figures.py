@@ -1,5 +1,6 @@
 """The paper figures' computations: RoPE's long-term decay bound (RoFormer §3.4.3) and the sinusoidal
 dot-product curve, checked against closed forms and against the project's own RoPE / sinusoidal code."""
+
 import numpy as np
 import pytest
 import torch
@@ -77,8 +78,13 @@ def test_config_style_hue_per_position_scheme_style_per_attention():
     from linrope.base.plots import POSITION_COLOURS, config_style
 
     def style(kind, position, **extra):
-        return config_style({"model.attention.kind": kind, "model.position.name": position,
-                             **{f"model.{k.replace('__', '.')}": v for k, v in extra.items()}})
+        return config_style(
+            {
+                "model.attention.kind": kind,
+                "model.position.name": position,
+                **{f"model.{k.replace('__', '.')}": v for k, v in extra.items()},
+            }
+        )
 
     softmax_rope, linear_rope = style("softmax", "rope"), style("linear", "rope", attention__feature_map="elu")
     assert softmax_rope["color"] == linear_rope["color"]  # one hue per scheme
@@ -126,17 +132,20 @@ def test_curves_are_seed_means_with_a_band_and_the_legend_is_outside_and_kept(tm
 def test_plot_length_table_draws_one_line_per_scaling_without_na(tmp_path, monkeypatch):
     from linrope.base import plots
 
-    rows = [{"length": 64, "scaling": "none", "bpb": 2.0, "status": "ok"},
-            {"length": 128, "scaling": "none", "bpb": 2.5, "status": "ok"},
-            {"length": 128, "scaling": "ntk", "bpb": 2.2, "status": "ok"},
-            {"length": 256, "scaling": "none", "bpb": None, "status": "n/a (position table has 64 rows)"}]
+    rows = [
+        {"length": 64, "scaling": "none", "bpb": 2.0, "status": "ok"},
+        {"length": 128, "scaling": "none", "bpb": 2.5, "status": "ok"},
+        {"length": 128, "scaling": "ntk", "bpb": 2.2, "status": "ok"},
+        {"length": 256, "scaling": "none", "bpb": None, "status": "n/a (position table has 64 rows)"},
+    ]
     seen = {}
     real = plots.make_figure
 
     def spy(panels, **kw):
         fig = real(panels, **kw)
-        seen["lines"] = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata()))
-                         for line in fig.axes[0].get_lines()}
+        seen["lines"] = {
+            line.get_label(): list(zip(line.get_xdata(), line.get_ydata())) for line in fig.axes[0].get_lines()
+        }
         seen["kw"] = kw
         return fig
 

@@ -1,6 +1,7 @@
 """linrope.report on fabricated run folders, and the statistics under it (linrope.analysis.stats): t quantiles
 and p-values against table values and closed forms, intervals and paired differences against
 numbers computed by hand."""
+
 import csv
 import math
 import random
@@ -16,17 +17,27 @@ from tests.analysis.helpers import lm_rows, table_row, write_run
 
 
 # ---- the t distribution ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("df,table", [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (9, 2.262),
-                                      (10, 2.228), (30, 2.042), (100, 1.984)])
+@pytest.mark.parametrize(
+    "df,table",
+    [(1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (9, 2.262), (10, 2.228), (30, 2.042), (100, 1.984)],
+)
 def test_t_quantile_matches_the_printed_table(df, table):
     assert t_quantile(0.975, df) == pytest.approx(table, abs=5e-4)
     assert t_quantile(0.025, df) == -t_quantile(0.975, df)
 
 
-@pytest.mark.parametrize("df,p,ref", [(1, 0.975, 12.706204736174705), (3, 0.995, 5.8409093097333573),
-                                      (7, 0.9, 1.4149239276505085), (25, 0.975, 2.0595385527532977),
-                                      (120, 0.999, 3.1595387433171106), (4, 0.975, 2.7764451051977944),
-                                      (9, 0.975, 2.2621571627982055)])
+@pytest.mark.parametrize(
+    "df,p,ref",
+    [
+        (1, 0.975, 12.706204736174705),
+        (3, 0.995, 5.8409093097333573),
+        (7, 0.9, 1.4149239276505085),
+        (25, 0.975, 2.0595385527532977),
+        (120, 0.999, 3.1595387433171106),
+        (4, 0.975, 2.7764451051977944),
+        (9, 0.975, 2.2621571627982055),
+    ],
+)
 def test_t_quantile_to_float64_precision(df, p, ref):
     """References computed with 40-digit arithmetic (mpmath)."""
     assert t_quantile(p, df) == pytest.approx(ref, rel=1e-13)
@@ -51,7 +62,7 @@ def test_t_distribution_closed_forms():
 def test_incomplete_beta_identities_and_bad_input():
     for x in (0.0, 0.1, 0.5, 0.93, 1.0):
         assert betainc(1, 1, x) == pytest.approx(x)
-        assert betainc(3.5, 1, x) == pytest.approx(x ** 3.5)
+        assert betainc(3.5, 1, x) == pytest.approx(x**3.5)
         assert betainc(1, 2.5, x) == pytest.approx(1 - (1 - x) ** 2.5)
         assert betainc(2.3, 0.7, x) == pytest.approx(1 - betainc(0.7, 2.3, 1 - x))
     with pytest.raises(ValueError, match="0 <= x <= 1"):
@@ -104,25 +115,70 @@ def sweep(tmp_path):
     def run(name, kind, position, seed, val, test, tps=(1000, 1000), **kw):
         nonlocal i
         n_params = {"softmax_learned": 444928, "linear_rope_both": None}.get(name, 428544)
-        write_run(s / str(i), name=name, kind=kind, position=position, seed=seed, rows=lm_rows(val, test, tps),
-                  n_params=n_params, **kw)
+        write_run(
+            s / str(i),
+            name=name,
+            kind=kind,
+            position=position,
+            seed=seed,
+            rows=lm_rows(val, test, tps),
+            n_params=n_params,
+            **kw,
+        )
         i += 1
 
-    run("softmax_rope", "softmax", "rope", 1, [3.0, 2.0], 2.1, (1000, 1200),
-        extrapolation=[(64, "none", 2.0), (128, "none", 2.5), (128, "pi", 2.2)])
-    run("softmax_rope", "softmax", "rope", 2, [2.8, 2.4], 2.5, (900, 1100),
-        extrapolation=[(64, "none", 2.4), (128, "none", 2.9), (128, "pi", 2.6)])
+    run(
+        "softmax_rope",
+        "softmax",
+        "rope",
+        1,
+        [3.0, 2.0],
+        2.1,
+        (1000, 1200),
+        extrapolation=[(64, "none", 2.0), (128, "none", 2.5), (128, "pi", 2.2)],
+    )
+    run(
+        "softmax_rope",
+        "softmax",
+        "rope",
+        2,
+        [2.8, 2.4],
+        2.5,
+        (900, 1100),
+        extrapolation=[(64, "none", 2.4), (128, "none", 2.9), (128, "pi", 2.6)],
+    )
     # linear_rope and linear: seeds 1-3; linear_rope lower by 0.1, 0.2, 0.15 (resolved)
     for seed, (lr, ln) in enumerate([(3.0, 3.1), (3.2, 3.4), (3.1, 3.25)], start=1):
-        run("linear_rope", "linear", "rope", seed, [3.5, lr - 0.05], lr,
-            extrapolation=[(64, "none", lr), (128, "none", lr + 0.1)])
-        run("linear", "linear", "none", seed, [3.5, ln - 0.05], ln,
-            extrapolation=[(64, "none", ln), (128, "none", ln + 0.2)])
+        run(
+            "linear_rope",
+            "linear",
+            "rope",
+            seed,
+            [3.5, lr - 0.05],
+            lr,
+            extrapolation=[(64, "none", lr), (128, "none", lr + 0.1)],
+        )
+        run(
+            "linear",
+            "linear",
+            "none",
+            seed,
+            [3.5, ln - 0.05],
+            ln,
+            extrapolation=[(64, "none", ln), (128, "none", ln + 0.2)],
+        )
     # linear_rope_both: differs from linear_rope by -0.1, +0.1, 0.0 (not resolved)
     for seed, v in enumerate([3.1, 3.1, 3.1], start=1):
         run("linear_rope_both", "linear", "rope", seed, [3.5, v], v, extra_model="    placement: both\n")
-    run("softmax_learned", "softmax", "learned", 1, [3.3, 3.0], 3.05,
-        extrapolation=[(64, "none", 3.0), (128, "none", None)])
+    run(
+        "softmax_learned",
+        "softmax",
+        "learned",
+        1,
+        [3.3, 3.0],
+        3.05,
+        extrapolation=[(64, "none", 3.0), (128, "none", None)],
+    )
     return s
 
 
@@ -132,18 +188,27 @@ def test_report_table_holds_test_mean_and_t_interval(sweep, tmp_path):
     # softmax_rope test 2.1, 2.5: mean 2.3, half-width 12.7062 · √0.08 / √2 = 2.541; best val 2.0, 2.4 -> 2.2
     # tokens/s: run means 1100, 1000 -> 1050 ± 12.7062 · 70.71 / √2 = 635; val/bpb fell 1.0 and 0.4 over the
     # last evaluations (mean 0.7), more than the final values 2.0, 2.4 spread (s = 0.283): still improving
-    assert table_row(text, "softmax_rope") == \
-        "| softmax_rope | softmax | rope | 2 (1,2) | 428 544 | yes (-0.700) | 2.300 ± 2.541 | 2.200 ± 2.541 | 1050 ± 635 |"
+    assert (
+        table_row(text, "softmax_rope")
+        == "| softmax_rope | softmax | rope | 2 (1,2) | 428 544 | yes (-0.700) | 2.300 ± 2.541 | 2.200 ± 2.541 | 1050 ± 635 |"
+    )
     # linear_rope test 3.0, 3.2, 3.1: mean 3.1, s = 0.1, half-width 4.3027 · 0.1 / √3 = 0.248
-    assert table_row(text, "linear_rope") == \
-        "| linear_rope | linear | rope | 3 (1,2,3) | 428 544 | yes (-0.450) | 3.100 ± 0.248 | 3.050 ± 0.248 | 1000 ± 0 |"
-    assert table_row(text, "softmax_learned") == \
-        "| softmax_learned | softmax | learned | 1 (1) | 444 928 | yes (-0.300) | 3.050 | 3.000 | 1000 |"
+    assert (
+        table_row(text, "linear_rope")
+        == "| linear_rope | linear | rope | 3 (1,2,3) | 428 544 | yes (-0.450) | 3.100 ± 0.248 | 3.050 ± 0.248 | 1000 ± 0 |"
+    )
+    assert (
+        table_row(text, "softmax_learned")
+        == "| softmax_learned | softmax | learned | 1 (1) | 444 928 | yes (-0.300) | 3.050 | 3.000 | 1000 |"
+    )
     assert "| linear_rope_both | linear | rope | 3 (1,2,3) | ? |" in text  # no parameter count recorded
     assert "best val/bpb (selection metric)" in text
     table = text.split("## Task: bytes")[1].split("##")[0]
-    order = [line.split("|")[1].strip() for line in table.splitlines()
-             if line.startswith("| ") and not line.startswith("| configuration")]
+    order = [
+        line.split("|")[1].strip()
+        for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith("| configuration")
+    ]
     assert order == ["softmax_rope", "softmax_learned", "linear_rope", "linear_rope_both", "linear"]  # by test/bpb
     assert (out / "report.md").read_text() == text
     for png in ("val_curves.png", "extrapolation.png"):
@@ -155,8 +220,11 @@ def test_report_table_holds_test_mean_and_t_interval(sweep, tmp_path):
     assert rows["softmax_learned"]["test/bpb lo"] == ""
     # every run's own values, from which the intervals above can be recomputed by hand
     runs = [r for r in csv.DictReader(open(out / "runs.csv")) if r["configuration"] == "linear_rope"]
-    assert [(r["seed"], float(r["test/bpb"]), float(r["best val/bpb (selection metric)"])) for r in runs] == \
-        [("1", 3.0, pytest.approx(2.95)), ("2", 3.2, pytest.approx(3.15)), ("3", 3.1, pytest.approx(3.05))]
+    assert [(r["seed"], float(r["test/bpb"]), float(r["best val/bpb (selection metric)"])) for r in runs] == [
+        ("1", 3.0, pytest.approx(2.95)),
+        ("2", 3.2, pytest.approx(3.15)),
+        ("3", 3.1, pytest.approx(3.05)),
+    ]
     assert all(Path(r["run"]).parent == sweep for r in runs)
 
 
@@ -164,11 +232,15 @@ def test_report_states_which_paired_differences_are_resolved(sweep, tmp_path):
     text = build_report([sweep], tmp_path)
     # linear_rope - linear: -0.1, -0.2, -0.15 -> mean -0.15, s 0.05, half-width 4.3027 · 0.05/√3 = 0.124,
     # t = -5.196, p = 0.0351
-    assert ("- **linear_rope − linear** (test/bpb, 3 matching seeds): -0.150 [-0.274, -0.026], p = 0.035 — "
-            "**resolved**: linear_rope is lower (better) than linear.") in text
+    assert (
+        "- **linear_rope − linear** (test/bpb, 3 matching seeds): -0.150 [-0.274, -0.026], p = 0.035 — "
+        "**resolved**: linear_rope is lower (better) than linear."
+    ) in text
     # linear_rope - linear_rope_both: -0.1, +0.1, 0 -> mean 0, s 0.1
-    assert ("- **linear_rope − linear_rope_both** (test/bpb, 3 matching seeds): +0.000 [-0.248, +0.248], p = 1.000 "
-            "— **not resolved**: the 95% interval includes 0.") in text
+    assert (
+        "- **linear_rope − linear_rope_both** (test/bpb, 3 matching seeds): +0.000 [-0.248, +0.248], p = 1.000 "
+        "— **not resolved**: the 95% interval includes 0."
+    ) in text
     # softmax_rope ran seeds 1, 2: two pairs with linear_rope (3.0 - 2.1, 3.2 - 2.5) = 0.9, 0.7
     assert "**linear_rope − softmax_rope** (test/bpb, 2 matching seeds): +0.800 [-0.471, +2.071]" in text
     assert "linear_cosine_rope − linear_cosine" not in text  # not in this sweep
@@ -201,8 +273,15 @@ def test_pair_flag_adds_a_pair_and_refuses_unknown_names(sweep, tmp_path, capsys
 def test_runs_of_one_model_are_told_apart_by_what_differs(tmp_path):
     s = tmp_path / "ablation"
     for i, (placement, seed) in enumerate([("numerator", 1), ("numerator", 2), ("both", 1)]):
-        write_run(s / str(i), name="linear_rope", kind="linear", position="rope", seed=seed,
-                  extra_model=f"    placement: {placement}\n", rows=lm_rows([3.0, 2.0 + i / 10], 2.5, [10, 10]))
+        write_run(
+            s / str(i),
+            name="linear_rope",
+            kind="linear",
+            position="rope",
+            seed=seed,
+            extra_model=f"    placement: {placement}\n",
+            rows=lm_rows([3.0, 2.0 + i / 10], 2.5, [10, 10]),
+        )
     groups = group_runs(find_runs(s))["bytes"]
     assert sorted(groups) == ["linear_rope placement=both", "linear_rope placement=numerator"]
     assert len(groups["linear_rope placement=numerator"]) == 2
@@ -216,19 +295,32 @@ def test_probe_tasks_report_accuracy_at_each_length(tmp_path, capsys):
         for name, kind, position in (("linear_rope", "linear", "rope"), ("linear", "linear", "none")):
             for seed, acc in ((1, 0.9), (2, 0.7), (3, 0.8)):
                 acc = acc if name == "linear_rope" else acc - 0.5
-                rows = [{"epoch": 0, "step": 99, "val/loss": 1.0, "val/acc": acc - 0.2},
-                        {"epoch": 0, "step": 199, "val/loss": 0.5, "val/acc": acc},
-                        {"epoch": 0, "step": 200, "test/loss": 0.6, "test/acc": acc - 0.1}]
+                rows = [
+                    {"epoch": 0, "step": 99, "val/loss": 1.0, "val/acc": acc - 0.2},
+                    {"epoch": 0, "step": 199, "val/loss": 0.5, "val/acc": acc},
+                    {"epoch": 0, "step": 200, "test/loss": 0.6, "test/acc": acc - 0.1},
+                ]
                 ext = [(64, "none", acc), (256, "none", acc / 2)] if task == "offset_copy" else None
-                write_run(s / str(i), name=name, kind=kind, position=position, seed=seed, rows=rows, task=task,
-                          extrapolation=ext, test_factor=factor)
+                write_run(
+                    s / str(i),
+                    name=name,
+                    kind=kind,
+                    position=position,
+                    seed=seed,
+                    rows=rows,
+                    task=task,
+                    extrapolation=ext,
+                    test_factor=factor,
+                )
                 i += 1
     assert main([str(s)]) == 0
     text = capsys.readouterr().out
     assert "## Task: offset_copy" in text and "## Task: mqar" in text and "(2)" not in text
     # test/acc 0.8, 0.6, 0.7: mean 0.7, s 0.1, half-width 0.248; test/loss 0.6 each: ± 0.000
-    assert table_row(text.split("## Task: mqar")[1], "linear_rope") == \
-        "| linear_rope | linear | rope | 3 (1,2,3) | ? | yes (-0.500) | 0.700 ± 0.248 | 0.600 ± 0.000 | 0.500 ± 0.000 | – |"
+    assert (
+        table_row(text.split("## Task: mqar")[1], "linear_rope")
+        == "| linear_rope | linear | rope | 3 (1,2,3) | ? | yes (-0.500) | 0.700 ± 0.248 | 0.600 ± 0.000 | 0.500 ± 0.000 | – |"
+    )
     offset = text.split("## Task: offset_copy")[1].split("## Task: mqar")[0]
     assert "Test sequences are 4 × the training context" in offset
     assert "| configuration | scaling | 64 (1×) | 256 (4×) |" in offset and "pi" not in offset
@@ -259,10 +351,11 @@ def test_figures_name_only_what_ran_in_the_shared_encoding(sweep, tmp_path, monk
     curves = {c.label: c for c in val_panels[0].curves}
     # the legend reads in the order the lines end (lowest final mean first for bits per byte)
     assert [c.label for c in val_panels[0].curves][0] == "softmax_rope"
-    assert curves["linear_rope"].points[199] == pytest.approx([2.95, 3.15, 3.05])  # every seed, for the mean and the band
+    assert curves["linear_rope"].points[199] == pytest.approx(
+        [2.95, 3.15, 3.05]
+    )  # every seed, for the mean and the band
     assert curves["linear_rope"].style["color"] == curves["softmax_rope"].style["color"]
     assert curves["linear_rope"].style["linestyle"] != curves["softmax_rope"].style["linestyle"]
-    assert [p.title for p in ext_panels] == ["as trained",
-                                             "RoPE models: as trained (solid), pi (dashed), ntk (dotted)"]
+    assert [p.title for p in ext_panels] == ["as trained", "RoPE models: as trained (solid), pi (dashed), ntk (dotted)"]
     assert {c.label for c in ext_panels[1].curves} == {"softmax_rope as trained", "softmax_rope pi"}
     assert ext_kw["vlines"] == [64] and ext_kw["log2_x"]

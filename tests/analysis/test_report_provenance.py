@@ -1,6 +1,7 @@
 """linrope.report's provenance (linrope/analysis/report_provenance.py): a section per study naming commits, versions and
 machines; runs from more than one commit or torch version are refused unless --allow-mixed, and then named in one
 line at the top; the committed studies state the provenance recovered for them."""
+
 import csv
 import json
 from pathlib import Path
@@ -8,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from linrope.run import provenance as P
 from linrope.analysis import report_provenance as RP
 from linrope.analysis.report import build_report
 from linrope.analysis.report_command import main
+from linrope.run import provenance as P
 from tests.analysis.helpers import lm_rows, recorded, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,8 +22,14 @@ def two_runs(tmp_path, first: dict, second) -> Path:
     sweep = tmp_path / "sweep"
     for i, prov in enumerate((first, second)):
         folder = sweep / str(i)
-        write_run(folder, name="linear_rope", kind="linear", position="rope", seed=i + 1,
-                  rows=lm_rows((3.0 + i, 2.5 + i), 2.4 + i, (1000, 1000)))
+        write_run(
+            folder,
+            name="linear_rope",
+            kind="linear",
+            position="rope",
+            seed=i + 1,
+            rows=lm_rows((3.0 + i, 2.5 + i), 2.4 + i, (1000, 1000)),
+        )
         if prov is not None:
             P.write(folder, prov)
     return sweep
@@ -32,8 +39,10 @@ def test_runs_from_two_commits_are_refused_in_one_line_and_reported_with_allow_m
     sweep = two_runs(tmp_path, recorded("a" * 40), recorded("b" * 40))
     with pytest.raises(SystemExit) as e:
         build_report([sweep], tmp_path / "out")
-    assert str(e.value) == ("linrope.report: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb): pass --allow-mixed "
-                            "to report them together, or report each apart")
+    assert str(e.value) == (
+        "linrope.report: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb): pass --allow-mixed "
+        "to report them together, or report each apart"
+    )
     assert not (tmp_path / "out" / "report.md").exists()
     assert main([str(sweep), "--out", str(tmp_path / "out"), "--allow-mixed"]) == 0
     top = "**Mixed provenance: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb).**"
@@ -50,8 +59,11 @@ def test_runs_of_one_code_from_several_commits_are_one_study_and_two_codes_are_r
     assert "Mixed" not in text
     assert "| c0de00000001 | aaaaaaaaaa, bbbbbbbbbb | 2.13.0+cpu |" in text
     two = two_runs(tmp_path / "two", recorded("a" * 40, code="c0de00000001"), recorded("a" * 40, code="c0de00000002"))
-    with pytest.raises(SystemExit, match=r"the runs come from 2 versions of the code \(code c0de00000001, "
-                                         r"code c0de00000002\)"):
+    with pytest.raises(
+        SystemExit,
+        match=r"the runs come from 2 versions of the code \(code c0de00000001, "
+        r"code c0de00000002\)",
+    ):
         build_report([two], tmp_path / "out2")
 
 

@@ -1,17 +1,18 @@
 """Reports fail safe (issue 33): they read only linrope runs, never write over a file they did not write, refuse
 runs of mixed code across a study's arms under every flag, and take an arm's label from what its runs recorded.
 Odd files (a binary metrics.csv, an unrelated hparams.yaml, a read-only folder) are one line."""
+
 import os
 from pathlib import Path
 
 import pytest
 
-from linrope.run import provenance as P
 from linrope.analysis import study_config
 from linrope.analysis.arms import arms_table
 from linrope.analysis.report import build_report
 from linrope.analysis.report_command import main
 from linrope.analysis.report_files import MANIFEST
+from linrope.run import provenance as P
 from tests.analysis.helpers import lm_rows, recorded, write_budget, write_run, write_width
 
 
@@ -21,8 +22,14 @@ def users_files(folder: Path):
 
 
 def one_run(folder: Path, seed: int = 1):
-    write_run(folder, name="linear_rope", kind="linear", position="rope", seed=seed,
-              rows=lm_rows((3.0, 2.5), 2.4 + seed / 10, (1000, 1000)))
+    write_run(
+        folder,
+        name="linear_rope",
+        kind="linear",
+        position="rope",
+        seed=seed,
+        rows=lm_rows((3.0, 2.5), 2.4 + seed / 10, (1000, 1000)),
+    )
 
 
 def test_a_folder_with_a_metrics_csv_of_no_linrope_run_is_not_reported_nor_overwritten(tmp_path):
@@ -33,10 +40,14 @@ def test_a_folder_with_a_metrics_csv_of_no_linrope_run_is_not_reported_nor_overw
     users_files(tmp_path)
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
-    assert str(e.value) == (f"linrope.report: no linrope runs (csv/metrics.csv) under {tmp_path} "
-                            f"({tmp_path / 'exp1' / 'metrics.csv'}: no provenance.json or .hydra/config.yaml of a "
-                            f"linrope run beside it)")
-    assert (tmp_path / "report.md").read_text() == "# my notes\n" and (tmp_path / "summary.csv").read_text() == "mine,1\n"
+    assert str(e.value) == (
+        f"linrope.report: no linrope runs (csv/metrics.csv) under {tmp_path} "
+        f"({tmp_path / 'exp1' / 'metrics.csv'}: no provenance.json or .hydra/config.yaml of a "
+        f"linrope run beside it)"
+    )
+    assert (tmp_path / "report.md").read_text() == "# my notes\n" and (
+        tmp_path / "summary.csv"
+    ).read_text() == "mine,1\n"
 
 
 def test_a_report_never_writes_over_a_file_it_did_not_write(tmp_path, capsys):
@@ -46,8 +57,10 @@ def test_a_report_never_writes_over_a_file_it_did_not_write(tmp_path, capsys):
     users_files(tmp_path / "sweep")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "sweep")])
-    assert str(e.value) == (f"linrope.report: {tmp_path / 'sweep'} holds report.md, summary.csv, not written by a "
-                            f"linrope report: nothing written; move them away, or write the report elsewhere with --out")
+    assert str(e.value) == (
+        f"linrope.report: {tmp_path / 'sweep'} holds report.md, summary.csv, not written by a "
+        f"linrope report: nothing written; move them away, or write the report elsewhere with --out"
+    )
     assert (tmp_path / "sweep" / "report.md").read_text() == "# my notes\n"
     assert not (tmp_path / "sweep" / "runs.csv").exists() and not (tmp_path / "sweep" / MANIFEST).exists()
     out = tmp_path / "out"
@@ -82,8 +95,9 @@ def test_a_read_only_folder_is_one_line(tmp_path, monkeypatch):
             main([str(tmp_path / "sweep")])
     finally:
         (tmp_path / "sweep").chmod(0o755)
-    assert str(e.value) == (f"linrope.report: {tmp_path / 'sweep'} is not writable: nothing written (choose another "
-                            f"folder with --out)")
+    assert str(e.value) == (
+        f"linrope.report: {tmp_path / 'sweep'} is not writable: nothing written (choose another folder with --out)"
+    )
 
 
 def test_a_binary_metrics_csv_and_an_unrelated_hparams_yaml_are_one_line(tmp_path):
@@ -98,8 +112,9 @@ def test_a_binary_metrics_csv_and_an_unrelated_hparams_yaml_are_one_line(tmp_pat
     (tmp_path / "sweep" / "0" / "csv" / "metrics.csv").write_bytes(bytes(range(256)) * 4)
     with pytest.raises(SystemExit) as e:
         build_report([tmp_path / "sweep"], tmp_path / "out")
-    assert str(e.value).startswith(f"linrope: {tmp_path / 'sweep' / '0' / 'csv' / 'metrics.csv'}: not a metrics "
-                                   f"CSV file (") and "\n" not in str(e.value)
+    assert str(e.value).startswith(
+        f"linrope: {tmp_path / 'sweep' / '0' / 'csv' / 'metrics.csv'}: not a metrics CSV file ("
+    ) and "\n" not in str(e.value)
 
 
 def test_budget_arms_are_labelled_by_the_steps_their_runs_recorded(tmp_path):
@@ -111,8 +126,10 @@ def test_budget_arms_are_labelled_by_the_steps_their_runs_recorded(tmp_path):
     for flags in ([], ["--no-reports"]):
         with pytest.raises(SystemExit) as e:
             main([str(tmp_path), *flags])
-        assert str(e.value) == ("linrope.report: steps800/linear-seed1 ran with trainer.max_steps=20, not 800 as its "
-                                "folder steps800/ says: move it to the arm it belongs to")
+        assert str(e.value) == (
+            "linrope.report: steps800/linear-seed1 ran with trainer.max_steps=20, not 800 as its "
+            "folder steps800/ says: move it to the arm it belongs to"
+        )
     assert not (tmp_path / "budget.md").exists() and not (tmp_path / "steps800" / "report.md").exists()
 
 
@@ -132,12 +149,16 @@ def test_runs_of_two_codes_across_arms_are_refused_under_every_flag(tmp_path, ca
         for flags in ([], ["--no-reports"]):
             with pytest.raises(SystemExit) as e:
                 main([str(folder), *flags])
-            assert "the runs come from 2 versions of the code (code aaaaaaaaaaaa, code bbbbbbbbbbbb): pass " \
-                   "--allow-mixed" in str(e.value) and "\n" not in str(e.value)
+            assert (
+                "the runs come from 2 versions of the code (code aaaaaaaaaaaa, code bbbbbbbbbbbb): pass --allow-mixed"
+                in str(e.value)
+                and "\n" not in str(e.value)
+            )
     assert not (tmp_path / "b" / "budget.md").exists() and not (tmp_path / "r" / "recall.md").exists()
     text = arms_table(tmp_path / "b", study_config.named("budget"), reports=False, allow_mixed=True)
-    assert text.splitlines()[2] == ("**Mixed provenance: the runs come from 2 versions of the code (code aaaaaaaaaaaa, "
-                                    "code bbbbbbbbbbbb).**")
+    assert text.splitlines()[2] == (
+        "**Mixed provenance: the runs come from 2 versions of the code (code aaaaaaaaaaaa, code bbbbbbbbbbbb).**"
+    )
 
 
 def test_budget_never_writes_over_an_arms_or_the_studys_own_files(tmp_path):
@@ -160,8 +181,10 @@ def test_recall_on_runs_that_are_not_mqar_says_so(tmp_path):
     one_run(tmp_path / "width64" / "linear_rope-seed1")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--study", "recall"])
-    assert str(e.value) == (f"linrope.report: the runs under {tmp_path} are bytes runs, not mqar: the study of "
-                            f"{study_config.named('recall').path} tables mqar runs; choose another with --study")
+    assert str(e.value) == (
+        f"linrope.report: the runs under {tmp_path} are bytes runs, not mqar: the study of "
+        f"{study_config.named('recall').path} tables mqar runs; choose another with --study"
+    )
 
 
 def test_report_paths_mean_what_they_say_from_any_folder(tmp_path, monkeypatch):

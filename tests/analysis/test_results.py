@@ -3,6 +3,7 @@ per-run values committed beside it (``runs.csv``), every table of a study commit
 (linrope.analysis.compact: ``runs.json`` and ``curves.csv``, no run folders) is recomputed from those two files,
 and every number ``docs/results.md`` (the full results) and README's results section (the headline lines) quote
 is one of those report tables' numbers."""
+
 import csv
 import re
 from collections import defaultdict
@@ -108,7 +109,7 @@ def test_the_reproduce_script_runs_exactly_the_two_studies():
     expected = sorted(sorted(job) for study in REPRODUCED for job in sweep_jobs([f"experiment={study}"]))
     assert ran == expected and len(ran) == 60 + 48
     for name, _ in pieces:
-        assert f"$LOGS\"/{name}" in script  # every piece is read by a report
+        assert f'$LOGS"/{name}' in script  # every piece is read by a report
 
 
 # ---- studies run job by job (linrope.study), committed in compact form, read by arm --------------------------------
@@ -123,8 +124,9 @@ def armed_studies():
 def test_the_job_by_job_studies_are_committed_in_compact_form():
     """Every arm of budget/ and recall/ and the recall calibration: runs.json, curves.csv and results.csv, and
     no run folder (1,072 files were 75)."""
-    assert {"budget/steps800", "budget/steps3200", "recall/width64", "recall/width128",
-            "recall/calibration"} <= set(COMPACT_PARTS)
+    assert {"budget/steps800", "budget/steps3200", "recall/width64", "recall/width128", "recall/calibration"} <= set(
+        COMPACT_PARTS
+    )
     for part in COMPACT_PARTS:
         folder = RESULTS / part
         assert all((folder / f).is_file() for f in ("runs.json", "curves.csv", "results.csv")), part
@@ -146,7 +148,11 @@ def test_a_compact_studys_report_is_recomputed_from_runs_json_and_curves_csv(par
     assert records and all("study" in r and r["provenance"] and rows for r, rows in records)
     assert [r.path.name for r in find_runs(folder)] == sorted(r["run"] for r, _ in records)
     assert compact.results_csv(records) == (folder / "results.csv").read_text()
-    pairs = list(dict.fromkeys((r["a"], r["b"]) for r in rows(folder / "pairs.csv"))) if (folder / "pairs.csv").is_file() else []
+    pairs = (
+        list(dict.fromkeys((r["a"], r["b"]) for r in rows(folder / "pairs.csv")))
+        if (folder / "pairs.csv").is_file()
+        else []
+    )
     monkeypatch.setattr("linrope.base.plots.save", lambda fig, path, dpi=130: path)
     monkeypatch.chdir(ROOT)  # the report names its folder as given
     build_report([Path("docs/results") / part], tmp_path, pairs)
@@ -161,6 +167,7 @@ def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
     the study's config (conf/study/<study>.yaml); each arm's runs.csv matches its runs."""
     from linrope.analysis.arms import arm_folders, arms_table
     from linrope.analysis.runs import find_runs
+
     prefix, table = ARMED[study]
     folder = RESULTS / study
     config = study_config.for_runs(find_runs(folder))

@@ -1,6 +1,7 @@
 """Studies are data (issue 32): a study's pairs, claims, verdicts and control live in ``conf/study/<experiment>.yaml``,
 read by one generic path (linrope.analysis.study_config, linrope.analysis.arms), never written in the analysis
 code; a bad key, metric or pair in such a file is one line naming the file and the key."""
+
 import re
 from pathlib import Path
 
@@ -26,7 +27,7 @@ def what_the_studies_say():
         texts |= {c.text for c in study.claims}
         texts |= {v for k, v in study.table.items() if isinstance(v, str) and " " in v}
         for outcome, said in (study.verdict or {}).items():
-            for text in ([said] if outcome == "column" else said):
+            for text in [said] if outcome == "column" else said:
                 (texts if " " in text else words).add(text)
         words |= {x for pair in study.compared for x in pair}
         words |= {study.control["configuration"]} if study.control else set()
@@ -74,23 +75,26 @@ def test_the_study_is_found_from_the_runs_and_named_in_one_line():
         study_config.named("budgt")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("pairs: [[linear_rope]]", "pairs[0]: ['linear_rope']: a pair is two different configuration names, [A, B]"),
-    ("pairs: [[linear, linear]]", "pairs[0]: ['linear', 'linear']: a pair is two different configuration names"),
-    ("tables: {}", "tables: unknown key; did you mean table?"),
-    ("claims: [{a: x, b: y, metrc: test/bpb}]", "claims[0].metrc: unknown key; did you mean metric?"),
-    ("claims: [{a: x, b: y, metric: tst/bpb}]", "claims[0].metric: 'tst/bpb': a metric is test/<name>, val/<name>"),
-    ("claims: [{a: x, b: y}]", "claims[0]: needs a metric (or the study's metric)"),
-    ("metric: test/acc\ncontrol: {configuration: x}", "control: needs one bar, at_least or at_most"),
-    ("metric: test/acc\ncontrol: {configuration: x, at_least: high}", "control.at_least: 'high': a number"),
-    ("arms: {folder: steps, key: trainer.max_steps}", "arms: needs task"),
-    ("verdict: {column: c}", "verdict: needs same, opposite, first_only"),
-    ("table: {figure: pie}", "table.figure: 'pie': one of claims, by_arm"),
-    ("table: {configurations: true}", "table: its configurations and the by_arm figure need the study's metric"),
-    ("- a\n- b", "the file: a mapping of pairs, metric"),
-    ("pairs: [a", "not YAML text"),
-    ("!!python/object/apply:os.system ['touch pwned']", "not YAML text"),  # safe_load builds nothing
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("pairs: [[linear_rope]]", "pairs[0]: ['linear_rope']: a pair is two different configuration names, [A, B]"),
+        ("pairs: [[linear, linear]]", "pairs[0]: ['linear', 'linear']: a pair is two different configuration names"),
+        ("tables: {}", "tables: unknown key; did you mean table?"),
+        ("claims: [{a: x, b: y, metrc: test/bpb}]", "claims[0].metrc: unknown key; did you mean metric?"),
+        ("claims: [{a: x, b: y, metric: tst/bpb}]", "claims[0].metric: 'tst/bpb': a metric is test/<name>, val/<name>"),
+        ("claims: [{a: x, b: y}]", "claims[0]: needs a metric (or the study's metric)"),
+        ("metric: test/acc\ncontrol: {configuration: x}", "control: needs one bar, at_least or at_most"),
+        ("metric: test/acc\ncontrol: {configuration: x, at_least: high}", "control.at_least: 'high': a number"),
+        ("arms: {folder: steps, key: trainer.max_steps}", "arms: needs task"),
+        ("verdict: {column: c}", "verdict: needs same, opposite, first_only"),
+        ("table: {figure: pie}", "table.figure: 'pie': one of claims, by_arm"),
+        ("table: {configurations: true}", "table: its configurations and the by_arm figure need the study's metric"),
+        ("- a\n- b", "the file: a mapping of pairs, metric"),
+        ("pairs: [a", "not YAML text"),
+        ("!!python/object/apply:os.system ['touch pwned']", "not YAML text"),  # safe_load builds nothing
+    ],
+)
 def test_a_bad_study_config_is_one_line_naming_the_file_and_the_key(tmp_path, text, message):
     path = tmp_path / "mine.yaml"
     path.write_text(text + "\n")
@@ -105,17 +109,27 @@ def test_a_committed_study_naming_a_model_its_experiment_does_not_run_is_one_lin
     (conf / "study").mkdir(parents=True)
     (conf / "experiment").mkdir()
     (conf / "experiment" / "mine.yaml").write_text("hydra:\n  sweeper:\n    params:\n      model: linear,linear_rope\n")
-    (conf / "study" / "mine.yaml").write_text("pairs: [[linear_rope, linear]]\nmetric: test/bpb\n"
-                                              "claims: [{a: linear_rope, b: linera}]\n")
+    (conf / "study" / "mine.yaml").write_text(
+        "pairs: [[linear_rope, linear]]\nmetric: test/bpb\nclaims: [{a: linear_rope, b: linera}]\n"
+    )
     monkeypatch.setattr(study_config, "CONF_DIR", conf)
-    with pytest.raises(ConfigError, match=r"mine.yaml: claims\[0\].b: 'linera' is no model experiment=mine runs; "
-                                          r"did you mean linear\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"mine.yaml: claims\[0\].b: 'linera' is no model experiment=mine runs; "
+        r"did you mean linear\?",
+    ):
         study_config.named("mine")
 
 
 def test_a_bad_study_on_the_command_line_is_one_line(tmp_path):
-    write_run(tmp_path / "sweep" / "0", name="linear_rope", kind="linear", position="rope", seed=1,
-              rows=lm_rows((3.0, 2.5), 2.4, (1000, 1000)))
+    write_run(
+        tmp_path / "sweep" / "0",
+        name="linear_rope",
+        kind="linear",
+        position="rope",
+        seed=1,
+        rows=lm_rows((3.0, 2.5), 2.4, (1000, 1000)),
+    )
     (tmp_path / "mine.yaml").write_text("pairs: [[linear_rope, linear]]\ncliams: []\n")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "sweep"), "--study", str(tmp_path / "mine.yaml")])
@@ -125,33 +139,63 @@ def test_a_bad_study_on_the_command_line_is_one_line(tmp_path):
 def test_a_study_of_your_own_is_tabled_with_its_own_words(tmp_path, capsys):
     """Arms, claims, verdicts and a control that no committed study uses (context<N>/, a bar on bpb from above):
     the table says what the config says, through the one generic path."""
-    study = {"pairs": [["linear_rope", "linear"]], "metric": "test/bpb",
-             "arms": {"folder": "context", "key": "context", "label": "{n} bytes", "task": "bytes"},
-             "control": {"configuration": "softmax_rope", "at_most": 2.5, "what": "test bpb"},
-             "claims": [{"text": "RoPE pays off", "a": "linear_rope", "b": "linear"}],
-             "verdict": {"column": "longer context", "same": ["stands", "one sign"], "opposite": ["turns", "x"],
-                         "first_only": ["fades", "only at {first}"], "last_only": ["appears", "only at {last}"],
-                         "none": ["open", "never"], "unpaired": ["partial", "x"], "single": ["early", "x"]},
-             "table": {"file": "context", "title": "By context", "intro": "Mine. {verdicts}", "configurations": True,
-                       "figure": "by_arm", "caption": "bpb by context"}}
+    study = {
+        "pairs": [["linear_rope", "linear"]],
+        "metric": "test/bpb",
+        "arms": {"folder": "context", "key": "context", "label": "{n} bytes", "task": "bytes"},
+        "control": {"configuration": "softmax_rope", "at_most": 2.5, "what": "test bpb"},
+        "claims": [{"text": "RoPE pays off", "a": "linear_rope", "b": "linear"}],
+        "verdict": {
+            "column": "longer context",
+            "same": ["stands", "one sign"],
+            "opposite": ["turns", "x"],
+            "first_only": ["fades", "only at {first}"],
+            "last_only": ["appears", "only at {last}"],
+            "none": ["open", "never"],
+            "unpaired": ["partial", "x"],
+            "single": ["early", "x"],
+        },
+        "table": {
+            "file": "context",
+            "title": "By context",
+            "intro": "Mine. {verdicts}",
+            "configurations": True,
+            "figure": "by_arm",
+            "caption": "bpb by context",
+        },
+    }
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump(study))
     values = {"linear": (3.3, 3.32, 3.31), "linear_rope": (3.0, 3.03, 3.01), "softmax_rope": (2.4, 2.6, 2.45)}
     kinds = {"linear": ("linear", "none"), "linear_rope": ("linear", "rope"), "softmax_rope": ("softmax", "rope")}
     for context, shift in ((64, 0.0), (128, 0.5)):
         for name, tests in values.items():
             for seed, test in enumerate(tests, 1):
-                write_run(tmp_path / "study" / f"context{context}" / f"{name}-{seed}", name=name, kind=kinds[name][0],
-                          position=kinds[name][1], seed=seed, context=context,
-                          rows=lm_rows((test + 0.2, test + 0.1), test + shift * (name == "linear_rope"), (1000, 1000)))
+                write_run(
+                    tmp_path / "study" / f"context{context}" / f"{name}-{seed}",
+                    name=name,
+                    kind=kinds[name][0],
+                    position=kinds[name][1],
+                    seed=seed,
+                    context=context,
+                    rows=lm_rows((test + 0.2, test + 0.1), test + shift * (name == "linear_rope"), (1000, 1000)),
+                )
     assert main([str(tmp_path / "study"), "--study", str(tmp_path / "mine.yaml"), "--no-reports"]) == 0
     text = (tmp_path / "study" / "context.md").read_text()
-    assert text.startswith("# By context\n") and "Mine. 'longer context': stands (one sign), turns (x), fades " \
-        "(only at 64 bytes), appears (only at 128 bytes), open (never), partial (x).  Written by" in text
+    assert (
+        text.startswith("# By context\n")
+        and "Mine. 'longer context': stands (one sign), turns (x), fades "
+        "(only at 64 bytes), appears (only at 128 bytes), open (never), partial (x).  Written by"
+        in text
+    )
     assert "| claim | A − B | metric | 64 bytes | 128 bytes | longer context |" in text
-    assert ("| RoPE pays off | linear_rope − linear | test/bpb | **-0.297 [-0.311, -0.282]** (n=3) | "
-            "**+0.203 [+0.189, +0.218]** (n=3) | turns |") in text  # resolved at both, with opposite signs
-    assert "Positive control NOT met: softmax_rope must stay at or below 2.5 test bpb in every seed; it does not at " \
-           "64 bytes (highest seed 2.600), 128 bytes (highest seed 2.600)." in text
+    assert (
+        "| RoPE pays off | linear_rope − linear | test/bpb | **-0.297 [-0.311, -0.282]** (n=3) | "
+        "**+0.203 [+0.189, +0.218]** (n=3) | turns |"
+    ) in text  # resolved at both, with opposite signs
+    assert (
+        "Positive control NOT met: softmax_rope must stay at or below 2.5 test bpb in every seed; it does not at "
+        "64 bytes (highest seed 2.600), 128 bytes (highest seed 2.600)." in text
+    )
     assert text.index("| softmax_rope |") < text.index("| linear_rope |")  # lower bpb first
     assert (tmp_path / "study" / "context.png").read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "study" / "context64" / "report.md").exists()  # --no-reports

@@ -1,4 +1,5 @@
 """linrope.base.memory.retain_freed_memory: large freed tensors are reused without faulting their pages in again."""
+
 import json
 import platform
 import subprocess

@@ -3,6 +3,7 @@ place options enter: the command line, a preset file of the user's own (``--conf
 (evaluate's ``config=PATH``) and a checkpoint's hyper-parameters — a typo in one line naming the nearest key, a
 bad value in one line naming what is expected.  The config files agree with the declarations: each file's keys
 are its component's, and its values pass."""
+
 import subprocess
 import sys
 
@@ -23,36 +24,73 @@ def compose_with(user_conf, *overrides):
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="train", overrides=config_dirs_as_overrides(
-                ["--config-dir", str(user_conf), "size=tiny", "trainer.accelerator=cpu", *overrides]))
+            return compose(
+                config_name="train",
+                overrides=config_dirs_as_overrides(
+                    ["--config-dir", str(user_conf), "size=tiny", "trainer.accelerator=cpu", *overrides]
+                ),
+            )
     finally:
         GlobalHydra.instance().clear()
 
 
-@pytest.mark.parametrize("group,text,message", [
-    ("model", "# @package _global_\ndefaults:\n  - /model/linear_rope@_here_\n  - _self_\nmodel:\n  name: mine\n"
-              "  attention:\n    chunk_sise: 8\n",
-     "model.attention.chunk_sise: unknown option; did you mean chunk_size?"),
-    ("model", "# @package _global_\ndefaults:\n  - /model/linear_rope@_here_\n  - _self_\nmodel:\n  name: mine\n"
-              "  attention:\n    chunk_size: 0\n",
-     "model.attention.chunk_size=0: expected an integer >= 1"),
-    ("position", "# @package model.position\nname: t5\nnum_bucket: 8\n",
-     "model.position.num_bucket: unknown option; did you mean num_buckets?"),
-    ("position", "# @package model.position\nname: t5\nnum_buckets: 0\n",
-     "model.position.num_buckets=0: expected an integer >= 1"),
-    ("data", "_target_: linrope.data.modules.ByteDataModule\ntask: bytes\ncontext: ${context}\nbach_size: 8\n",
-     "data.bach_size: unknown option; did you mean batch_size?"),
-    ("data", "_target_: linrope.data.modules.ByteDataModule\ntask: bytes\ncontext: ${context}\nval_fraction: 1.5\n",
-     "data.val_fraction=1.5: expected a number > 0 and < 1"),
-    ("optim", "lr: 1.0e-3\nbetas: [0.9, 0.95]\nweight_decay: 0.1\nwarmup_steps: 0\nmin_lr_ratoi: 0.1\n",
-     "optim.min_lr_ratoi: unknown option; did you mean min_lr_ratio?"),
-    ("optim", "lr: 1.0e-3\nbetas: [0.9, 1.5]\nweight_decay: 0.1\nwarmup_steps: 0\nmin_lr_ratio: 0.1\n",
-     "optim.betas=[0.9, 1.5]: expected two numbers >= 0 and < 1"),
-    ("extrapolation", "defaults:\n  - default\n  - _self_\nscaling: [pi]\n",
-     "extrapolation.scaling: unknown option; did you mean scalings?"),
-    ("extrapolation", "defaults:\n  - default\n  - _self_\nsplit: train\n",
-     "extrapolation.split=train: expected one of val, test"),
-])
+@pytest.mark.parametrize(
+    "group,text,message",
+    [
+        (
+            "model",
+            "# @package _global_\ndefaults:\n  - /model/linear_rope@_here_\n  - _self_\nmodel:\n  name: mine\n"
+            "  attention:\n    chunk_sise: 8\n",
+            "model.attention.chunk_sise: unknown option; did you mean chunk_size?",
+        ),
+        (
+            "model",
+            "# @package _global_\ndefaults:\n  - /model/linear_rope@_here_\n  - _self_\nmodel:\n  name: mine\n"
+            "  attention:\n    chunk_size: 0\n",
+            "model.attention.chunk_size=0: expected an integer >= 1",
+        ),
+        (
+            "position",
+            "# @package model.position\nname: t5\nnum_bucket: 8\n",
+            "model.position.num_bucket: unknown option; did you mean num_buckets?",
+        ),
+        (
+            "position",
+            "# @package model.position\nname: t5\nnum_buckets: 0\n",
+            "model.position.num_buckets=0: expected an integer >= 1",
+        ),
+        (
+            "data",
+            "_target_: linrope.data.modules.ByteDataModule\ntask: bytes\ncontext: ${context}\nbach_size: 8\n",
+            "data.bach_size: unknown option; did you mean batch_size?",
+        ),
+        (
+            "data",
+            "_target_: linrope.data.modules.ByteDataModule\ntask: bytes\ncontext: ${context}\nval_fraction: 1.5\n",
+            "data.val_fraction=1.5: expected a number > 0 and < 1",
+        ),
+        (
+            "optim",
+            "lr: 1.0e-3\nbetas: [0.9, 0.95]\nweight_decay: 0.1\nwarmup_steps: 0\nmin_lr_ratoi: 0.1\n",
+            "optim.min_lr_ratoi: unknown option; did you mean min_lr_ratio?",
+        ),
+        (
+            "optim",
+            "lr: 1.0e-3\nbetas: [0.9, 1.5]\nweight_decay: 0.1\nwarmup_steps: 0\nmin_lr_ratio: 0.1\n",
+            "optim.betas=[0.9, 1.5]: expected two numbers >= 0 and < 1",
+        ),
+        (
+            "extrapolation",
+            "defaults:\n  - default\n  - _self_\nscaling: [pi]\n",
+            "extrapolation.scaling: unknown option; did you mean scalings?",
+        ),
+        (
+            "extrapolation",
+            "defaults:\n  - default\n  - _self_\nsplit: train\n",
+            "extrapolation.split=train: expected one of val, test",
+        ),
+    ],
+)
 def test_a_users_preset_with_a_typo_or_a_bad_value_is_one_line(tmp_path, group, text, message):
     """A preset of the user's own (``--config-dir DIR``, ``DIR/<group>/mine.yaml``), checked by the declaration
     of its component as the command line is."""
@@ -65,12 +103,18 @@ def test_a_users_preset_with_a_typo_or_a_bad_value_is_one_line(tmp_path, group, 
     assert str(e.value) == message
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["model.attention.chunk_sise=8"], "linrope: model.attention.chunk_sise: unknown option; did you mean chunk_size?"),
-    (["model.attention.chunk_size=0"], "linrope: model.attention.chunk_size=0: expected an integer >= 1"),
-    (["extrapolation.max_score_mb=0"], "linrope: extrapolation.max_score_mb=0: expected a number > 0"),
-    (["data=mqar", "data.batch_size=0"], "linrope: data.batch_size=0: expected an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["model.attention.chunk_sise=8"],
+            "linrope: model.attention.chunk_sise: unknown option; did you mean chunk_size?",
+        ),
+        (["model.attention.chunk_size=0"], "linrope: model.attention.chunk_size=0: expected an integer >= 1"),
+        (["extrapolation.max_score_mb=0"], "linrope: extrapolation.max_score_mb=0: expected a number > 0"),
+        (["data=mqar", "data.batch_size=0"], "linrope: data.batch_size=0: expected an integer >= 1"),
+    ],
+)
 def test_the_command_line_is_checked_by_the_same_declarations(compose, argv, message):
     """A typo is named before Hydra runs (``check_command_line``, no torch); a value once the config is composed
     (``validate``): the same declarations as a preset's."""
@@ -89,10 +133,13 @@ def test_the_command_line_is_checked_by_the_same_declarations(compose, argv, mes
         pytest.fail("not refused")
 
 
-@pytest.mark.parametrize("section,message", [
-    ({"bach_size": 8}, "data.bach_size: unknown option; did you mean batch_size?"),
-    ({"batch_size": 0}, "data.batch_size=0: expected an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "section,message",
+    [
+        ({"bach_size": 8}, "data.bach_size: unknown option; did you mean batch_size?"),
+        ({"batch_size": 0}, "data.batch_size=0: expected an integer >= 1"),
+    ],
+)
 def test_a_saved_config_given_to_evaluate_is_checked_by_the_data_modules_declaration(tmp_path, section, message):
     """evaluate's ``config=PATH`` (a run's .hydra/config.yaml): a typo or a bad value in its data section is one
     line naming the key, before any data module is built."""
@@ -100,23 +147,32 @@ def test_a_saved_config_given_to_evaluate_is_checked_by_the_data_modules_declara
     from linrope.evaluation.evaluate import build_data
 
     saved = tmp_path / "config.yaml"
-    saved.write_text(OmegaConf.to_yaml({"data": {"_target_": "linrope.data.modules.ByteDataModule", "task": "bytes",
-                                                 "context": 64, **section}}))
+    saved.write_text(
+        OmegaConf.to_yaml(
+            {"data": {"_target_": "linrope.data.modules.ByteDataModule", "task": "bytes", "context": 64, **section}}
+        )
+    )
     cfg = OmegaConf.create({"config": str(saved), "data": {"path": None, "max_bytes": None}, "train_context": None})
     with pytest.raises(SavedDataError) as e:
         build_data(cfg, tmp_path / "x.ckpt", {}, "bytes")
     assert str(e.value) == f"config {saved}: {message}"
 
 
-@pytest.mark.parametrize("part,change,message", [
-    ("model", {"attention": {"feture_map": "cosine"}}, "model.attention.feture_map: unknown option; did you mean "
-                                                        "feature_map?"),
-    ("model", {"position": {"bse": 500.0}}, "model.position.bse: unknown option; did you mean base?"),
-    ("model", {"position": {"base": -1.0}}, "model.position.base=-1.0: expected a number > 0"),
-    ("model", {"dropout": 1.5}, "model.dropout=1.5: expected a number >= 0 and < 1"),
-    ("data", {"eval_batch_sise": 4}, "data.eval_batch_sise: unknown option; did you mean eval_batch_size?"),
-    ("data", {"test_windows": -1}, "data.test_windows=-1: expected an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "part,change,message",
+    [
+        (
+            "model",
+            {"attention": {"feture_map": "cosine"}},
+            "model.attention.feture_map: unknown option; did you mean feature_map?",
+        ),
+        ("model", {"position": {"bse": 500.0}}, "model.position.bse: unknown option; did you mean base?"),
+        ("model", {"position": {"base": -1.0}}, "model.position.base=-1.0: expected a number > 0"),
+        ("model", {"dropout": 1.5}, "model.dropout=1.5: expected a number >= 0 and < 1"),
+        ("data", {"eval_batch_sise": 4}, "data.eval_batch_sise: unknown option; did you mean eval_batch_size?"),
+        ("data", {"test_windows": -1}, "data.test_windows=-1: expected an integer >= 1"),
+    ],
+)
 def test_a_checkpoints_hyper_parameters_are_checked_by_the_same_declarations(tmp_path, part, change, message):
     from linrope.base.errors import CheckpointError, SavedDataError
     from linrope.evaluation.evaluate import build_data
@@ -130,8 +186,9 @@ def test_a_checkpoints_hyper_parameters_are_checked_by_the_same_declarations(tmp
             model[key] = {**model[key], **value} if isinstance(value, dict) else value
         with pytest.raises(CheckpointError) as e:
             LanguageModel.from_checkpoint(tmp_path / "x.ckpt", checkpoint=ckpt)
-        assert str(e.value) == f"checkpoint {tmp_path / 'x.ckpt'}: its model config is not one linrope builds: " \
-                               f"{message}"
+        assert (
+            str(e.value) == f"checkpoint {tmp_path / 'x.ckpt'}: its model config is not one linrope builds: {message}"
+        )
     else:
         ckpt["datamodule_hyper_parameters"] = {**ckpt["datamodule_hyper_parameters"], **change}
         cfg = OmegaConf.create({"config": None, "data": {"path": None, "max_bytes": None}, "train_context": None})
@@ -157,10 +214,11 @@ def test_evaluate_and_generate_check_their_own_keys_by_their_declarations(tmp_pa
             GlobalHydra.instance().clear()
 
     for name, override, message in [
-            ("evaluate", "+lenghts=[64]", "lenghts: unknown option; did you mean lengths?"),
-            ("evaluate", "train_context=0", "train_context=0: expected an integer >= 1 or null"),
-            ("generate", "+top=5", "top: unknown option; did you mean top_k?"),
-            ("generate", "top_k=0", "top_k=0: expected an integer >= 1 or null (null: every byte)")]:
+        ("evaluate", "+lenghts=[64]", "lenghts: unknown option; did you mean lengths?"),
+        ("evaluate", "train_context=0", "train_context=0: expected an integer >= 1 or null"),
+        ("generate", "+top=5", "top: unknown option; did you mean top_k?"),
+        ("generate", "top_k=0", "top_k=0: expected an integer >= 1 or null (null: every byte)"),
+    ]:
         with pytest.raises(LinropeError) as e:
             (evaluate if name == "evaluate" else generate)(composed(name, override))
         assert str(e.value) == message, (name, override)
@@ -169,15 +227,20 @@ def test_evaluate_and_generate_check_their_own_keys_by_their_declarations(tmp_pa
 def test_a_bad_setting_is_refused_without_torch():
     """linrope's own settings, the extrapolation table's and the optimiser's are checked before torch is
     imported, so such a value is refused in about a second."""
-    code = ("import sys\nfrom hydra import compose, initialize_config_dir\n"
-            "from linrope.config.checks import ConfigError, validate\n"
-            f"with initialize_config_dir(config_dir={str(CONF)!r}, version_base='1.3'):\n"
-            "    cfg = compose(config_name='train', overrides=['extrapolation.stride=0', 'optim.lr=0'])\n"
-            "try:\n    validate(cfg)\nexcept ConfigError as e:\n    print(e)\n"
-            "print('torch' in sys.modules, 'lightning' in sys.modules)\n")
+    code = (
+        "import sys\nfrom hydra import compose, initialize_config_dir\n"
+        "from linrope.config.checks import ConfigError, validate\n"
+        f"with initialize_config_dir(config_dir={str(CONF)!r}, version_base='1.3'):\n"
+        "    cfg = compose(config_name='train', overrides=['extrapolation.stride=0', 'optim.lr=0'])\n"
+        "try:\n    validate(cfg)\nexcept ConfigError as e:\n    print(e)\n"
+        "print('torch' in sys.modules, 'lightning' in sys.modules)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.stdout.splitlines() == ["extrapolation.stride=0: expected an integer >= 1 or null (null: half the length)",
-                                     "optim.lr=0: expected a number > 0", "False False"], r.stderr[-2000:]
+    assert r.stdout.splitlines() == [
+        "extrapolation.stride=0: expected an integer >= 1 or null (null: half the length)",
+        "optim.lr=0: expected a number > 0",
+        "False False",
+    ], r.stderr[-2000:]
 
 
 # ---- the config files agree with the declarations ------------------------------------------------------------------
@@ -210,8 +273,10 @@ def test_the_extrapolation_and_optimiser_files_give_every_declared_setting():
     from linrope.evaluation.extrapolation import SETTINGS
     from linrope.models.optim import REQUIRED, AdamW
 
-    for declaration, path in ((ExtrapolationSettings, CONF / "extrapolation" / "default.yaml"),
-                              (AdamW, CONF / "optim" / "adamw.yaml")):
+    for declaration, path in (
+        (ExtrapolationSettings, CONF / "extrapolation" / "default.yaml"),
+        (AdamW, CONF / "optim" / "adamw.yaml"),
+    ):
         values, rules = _file_options(path), declared(declaration)
         assert set(values) == set(rules), path
         assert [k for k, v in values.items() if not rules[k].accepts(v)] == [], path
@@ -229,8 +294,12 @@ def test_traits_not_names_say_what_a_scheme_holds():
     assert REGISTRY["multiplicative"].bounded_by_max_len(scheme_settings("multiplicative", {"table": "learned"}))
     for name, cls in REGISTRY.items():
         options = {"table": "learned"} if name == "multiplicative" else {}
-        held = {n for role in ("input", "attention", "shared") if role != "shared" or cls.shares
-                for n, _ in build_position(name, where=role, **dims, **options).named_parameters(recurse=False)}
+        held = {
+            n
+            for role in ("input", "attention", "shared")
+            if role != "shared" or cls.shares
+            for n, _ in build_position(name, where=role, **dims, **options).named_parameters(recurse=False)
+        }
         assert set(cls.tables) - {"value_table"} <= held, name  # shaw's value table: its default variant only
 
 
@@ -240,12 +309,27 @@ def test_train_py_refuses_a_bad_value_in_a_config_dir_preset_in_one_line(tmp_pat
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "mine.yaml").write_text(
         "# @package _global_\ndefaults:\n  - /model/linear_rope@_here_\n  - _self_\nmodel:\n  name: mine\n"
-        "  attention:\n    eps: 0\n")
+        "  attention:\n    eps: 0\n"
+    )
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config-dir", str(tmp_path / "conf"), "model=mine",
-                        "size=tiny", "logger=none", f"hydra.run.dir={run}"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "model=mine",
+            "size=tiny",
+            "logger=none",
+            f"hydra.run.dir={run}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert [l for l in r.stderr.splitlines() if l.startswith("linrope:")] == [
-        "linrope: model.attention.eps=0: expected a number > 0"], r.stderr[-2000:]
+        "linrope: model.attention.eps=0: expected a number > 0"
+    ], r.stderr[-2000:]
     assert not run.exists()

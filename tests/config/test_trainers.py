@@ -4,12 +4,12 @@ the dry run of a sweep checks GPU jobs on a machine without a GPU; FSDP is refus
 
 These tests compose presets as they are (``linrope.studies.sweeps.compose_train``): the ``compose`` fixture pins
 ``trainer.accelerator=cpu``, which would hide what a preset picks."""
+
 import pytest
 import torch
 
-from tests.helpers import CONF
-
 from linrope.studies.sweeps import compose_train
+from tests.helpers import CONF
 
 # preset: (accelerator, devices, num_nodes, precision, strategy, matmul_precision)
 PRESETS = {
@@ -51,15 +51,26 @@ def test_fsdp_preset_is_lightnings_fsdp_strategy_writing_whole_checkpoints():
     strategy = hydra.utils.instantiate(cfg.trainer.strategy)  # the object builds on a CPU; the Trainer refuses it
     assert type(strategy) is FSDPStrategy and strategy._state_dict_type == "full"
     assert not sharded_checkpoints(cfg.trainer.strategy)  # so build_trainer gives it AtomicCheckpointIO
-    assert sharded_checkpoints(compose_train(["trainer=fsdp", "trainer.strategy.state_dict_type=sharded"]).trainer.strategy)
+    assert sharded_checkpoints(
+        compose_train(["trainer=fsdp", "trainer.strategy.state_dict_type=sharded"]).trainer.strategy
+    )
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["trainer=fsdp", "trainer.accelerator=cpu"], "trainer.strategy=fsdp needs GPUs (trainer.accelerator=gpu), not cpu"),
-    (["trainer=fsdp", "trainer.strategy.state_dict_type=sharded"], "state_dict_type=sharded: linrope resumes"),
-    (["trainer.matmul_precision=fast"], "trainer.matmul_precision=fast: expected one of highest, high, medium, null"),
-    (["trainer.num_nodes=0"], "trainer.num_nodes=0: expected an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["trainer=fsdp", "trainer.accelerator=cpu"],
+            "trainer.strategy=fsdp needs GPUs (trainer.accelerator=gpu), not cpu",
+        ),
+        (["trainer=fsdp", "trainer.strategy.state_dict_type=sharded"], "state_dict_type=sharded: linrope resumes"),
+        (
+            ["trainer.matmul_precision=fast"],
+            "trainer.matmul_precision=fast: expected one of highest, high, medium, null",
+        ),
+        (["trainer.num_nodes=0"], "trainer.num_nodes=0: expected an integer >= 1"),
+    ],
+)
 def test_trainer_config_refusals_are_one_line(overrides, message):
     from linrope.config.checks import ConfigError, validate
 
@@ -72,8 +83,8 @@ def test_trainer_config_refusals_are_one_line(overrides, message):
 def test_a_gpu_preset_is_refused_here_but_its_sweep_checks(capsys):
     """On this machine (no CUDA) a run of trainer=gpu is refused before anything is built; the dry run of a
     sweep of such jobs checks their configs and refuses none of them for want of a local GPU."""
-    from linrope.studies import sweeps
     from linrope.config.checks import ConfigError, validate
+    from linrope.studies import sweeps
 
     for preset in ("gpu", "ddp_gpu", "fsdp"):
         with pytest.raises(ConfigError, match="this machine has no CUDA GPU"):
@@ -106,13 +117,16 @@ def test_linrope_trainer_keys_are_known_to_the_option_check_and_kept_from_lightn
     cfg = compose_train(["paths.output_dir=/tmp/x"])
     assert C.trainer_option_errors(cfg.trainer._target_, list(cfg.trainer)) == []
     assert C.trainer_option_errors(cfg.trainer._target_, ["matmul_precison"]) == [
-        "trainer.matmul_precison: unknown option; did you mean matmul_precision?"]
+        "trainer.matmul_precison: unknown option; did you mean matmul_precision?"
+    ]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = trainer_arguments(cfg)
     assert "matmul_precision" not in args and args["accelerator"] == "cpu" and args["num_nodes"] == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert trainer_arguments(cfg)["accelerator"] == "gpu"
-    assert trainer_arguments(compose_train(["paths.output_dir=/tmp/x", "trainer.accelerator=mps"]))["accelerator"] == "mps"
+    assert (
+        trainer_arguments(compose_train(["paths.output_dir=/tmp/x", "trainer.accelerator=mps"]))["accelerator"] == "mps"
+    )
 
 
 def test_matmul_precision_is_applied_before_fit_and_in_every_process(compose):
@@ -141,13 +155,17 @@ def test_slurm_launcher_follows_the_trainer():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     import hydra
 
-    cfg = compose_train(["hydra/launcher=submitit_slurm", "trainer=ddp_gpu", "trainer.devices=4", "trainer.num_nodes=2"],
-                        hydra_config=True)
+    cfg = compose_train(
+        ["hydra/launcher=submitit_slurm", "trainer=ddp_gpu", "trainer.devices=4", "trainer.num_nodes=2"],
+        hydra_config=True,
+    )
     params = hydra.utils.instantiate(cfg.hydra.launcher).params  # what the plugin hands submitit
     assert (params["nodes"], params["tasks_per_node"], params["gpus_per_node"]) == (2, 4, 4)
     assert params["timeout_min"] == 240 and params["signal_delay_s"] == 120 and params["max_num_timeout"] == 0
-    one = compose_train(["hydra/launcher=submitit_slurm", "trainer=gpu", "hydra.launcher.timeout_min=60",
-                         "hydra.launcher.partition=p"], hydra_config=True).hydra.launcher
+    one = compose_train(
+        ["hydra/launcher=submitit_slurm", "trainer=gpu", "hydra.launcher.timeout_min=60", "hydra.launcher.partition=p"],
+        hydra_config=True,
+    ).hydra.launcher
     assert (one.nodes, one.tasks_per_node, one.gpus_per_node, one.timeout_min, one.partition) == (1, 1, 1, 60, "p")
 
 
@@ -159,8 +177,10 @@ def test_slurm_counts_that_are_no_numbers_are_one_line_before_launch():
     assert launcher_errors(["-m", "trainer=ddp_gpu"]) == []  # another launcher: nothing to check
     with pytest.raises(SystemExit) as e:
         check_command_line([*base, "trainer=ddp_gpu"])
-    assert str(e.value) == ("linrope: hydra.launcher.tasks_per_node, gpus_per_node follow trainer.devices=auto: "
-                            "SLURM needs a number >= 1; pass trainer.devices=<a number>")
+    assert str(e.value) == (
+        "linrope: hydra.launcher.tasks_per_node, gpus_per_node follow trainer.devices=auto: "
+        "SLURM needs a number >= 1; pass trainer.devices=<a number>"
+    )
     assert launcher_errors([*base, "hydra.launcher.nodes=0"]) == ["hydra.launcher.nodes=0: SLURM needs a number >= 1"]
 
 
@@ -168,8 +188,8 @@ def test_a_checkpoint_whose_weights_the_strategy_loaded_is_still_checked_for_ide
     """Under FSDP, Lightning's strategy loads the weights itself and takes ``state_dict`` out of the dict it
     hands on_load_checkpoint: the model's identity is still compared, the parameters are not."""
     from linrope.base.errors import CheckpointMismatch
-    from linrope.training.lit import LanguageModel
     from linrope.models.spec import IDENTITY_KEY, model_identity
+    from linrope.training.lit import LanguageModel
 
     cfg = compose_train(["size=tiny"])
     from linrope.config.checks import plain

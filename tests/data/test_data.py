@@ -1,9 +1,17 @@
 """The byte corpus: deterministic split by file, deterministic windows, one-line refusals."""
+
 import numpy as np
 import pytest
 
-from linrope.data.bytes import (ContiguousWindows, CorpusError, RandomWindows, list_files, load_corpus, split_of,
-                                stdlib_dir)
+from linrope.data.bytes import (
+    ContiguousWindows,
+    CorpusError,
+    RandomWindows,
+    list_files,
+    load_corpus,
+    split_of,
+    stdlib_dir,
+)
 
 
 def test_default_corpus_is_the_stdlib_without_tests():
@@ -93,8 +101,9 @@ def test_only_regular_files_are_read_and_the_rest_is_named(tmp_path):
         parts = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
     assert sum(len(p) for p in parts.values()) > 60 * 300
     messages = [str(w.message) for w in caught]
-    assert any("skipped 1 entries that are not regular files: " + str(tmp_path / "gone.txt") in m
-               for m in messages), messages
+    assert any("skipped 1 entries that are not regular files: " + str(tmp_path / "gone.txt") in m for m in messages), (
+        messages
+    )
 
 
 def test_unreadable_files_are_named(tmp_path, monkeypatch):
@@ -114,8 +123,9 @@ def test_unreadable_files_are_named(tmp_path, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
-    assert any(f"skipped 2 unreadable files: {tmp_path / 'f03.txt'}, {tmp_path / 'f07.txt'}" in str(w.message)
-               for w in caught), [str(w.message) for w in caught]
+    assert any(
+        f"skipped 2 unreadable files: {tmp_path / 'f03.txt'}, {tmp_path / 'f07.txt'}" in str(w.message) for w in caught
+    ), [str(w.message) for w in caught]
     monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(PermissionError(13, "denied")))
     with pytest.raises(CorpusError, match=r"no file could be read \(.*f00.txt, .*f01.txt, .*f02.txt and 57 more\)"):
         load_corpus(str(tmp_path), context=8)
@@ -127,9 +137,11 @@ def test_a_folder_of_a_few_binaries_says_why_a_split_is_empty(tmp_path):
         (tmp_path / name).write_bytes(rng.integers(0, 256, 50_000, dtype=np.uint8).tobytes() + b"\0")
     with pytest.raises(CorpusError) as e:  # binary files are skipped: here that leaves none
         load_corpus(str(tmp_path), context=64)
-    assert str(e.value) == (f"data.path {tmp_path}: every file looks binary ({tmp_path / 'a.bin'}, {tmp_path / 'b.bin'}, "
-                            f"{tmp_path / 'c.bin'}); linrope trains byte-level models on text — pass "
-                            f"data.allow_binary=true to train on them anyway")
+    assert str(e.value) == (
+        f"data.path {tmp_path}: every file looks binary ({tmp_path / 'a.bin'}, {tmp_path / 'b.bin'}, "
+        f"{tmp_path / 'c.bin'}); linrope trains byte-level models on text — pass "
+        f"data.allow_binary=true to train on them anyway"
+    )
     with pytest.raises(CorpusError) as e:
         load_corpus(str(tmp_path), context=64, allow_binary=True)
     msg = str(e.value)
@@ -147,8 +159,9 @@ def test_an_executable_is_refused_in_one_line_unless_binary_is_allowed():
     with pytest.raises(CorpusError) as e:
         load_corpus(str(exe), context=64)
     assert str(e.value).startswith(f"data.path {exe}: does not look like text: it holds NUL bytes (")
-    assert str(e.value).endswith("linrope trains byte-level models on text — pass data.allow_binary=true to train "
-                                 "on it anyway") and "\n" not in str(e.value)
+    assert str(e.value).endswith(
+        "linrope trains byte-level models on text — pass data.allow_binary=true to train on it anyway"
+    ) and "\n" not in str(e.value)
     parts = load_corpus(str(exe), context=64, allow_binary=True)
     assert sum(len(p) for p in parts.values()) == exe.stat().st_size
 
@@ -167,8 +180,10 @@ def test_a_huge_sparse_file_is_memory_mapped_and_its_zeros_refused(tmp_path):
     for allow in (False, True):
         with pytest.raises(CorpusError) as e:
             load_corpus(str(path), context=64, allow_binary=allow)
-        assert str(e.value) == (f"data.path {path}: does not look like text: every sampled byte is 0 (a sparse or "
-                                f"zeroed file); there is nothing to learn")
+        assert str(e.value) == (
+            f"data.path {path}: does not look like text: every sampled byte is 0 (a sparse or "
+            f"zeroed file); there is nothing to learn"
+        )
     assert time.perf_counter() - t0 < 5
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # under 100 MB more
 
@@ -193,7 +208,8 @@ def test_a_folders_binary_files_are_skipped_and_named(tmp_path):
         parts = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
     assert [str(w.message) for w in caught] == [
         f"data.path {tmp_path}: skipped 1 binary files (NUL or control bytes in their first 8192 bytes; "
-        f"data.allow_binary=true keeps them): {tmp_path / 'tool.bin'}"]
+        f"data.allow_binary=true keeps them): {tmp_path / 'tool.bin'}"
+    ]
     assert all(0 not in bytes(p) for p in parts.values())
     kept = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2, allow_binary=True)
     assert sum(bytes(p).count(0) for p in kept.values()) > 0

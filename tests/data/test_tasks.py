@@ -1,16 +1,38 @@
 """The synthetic tasks: generators right on hand-checked examples and deterministic per seed; data
 modules resume and evaluate as ByteDataModule does; a task sets the model's mode; each trains."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from linrope.data.tasks import (CLOSE, IGNORE, MQAR, OPEN, PAD, ListOps, OffsetCopy, apply_op, example_rng,
-                                listops_eval, listops_text, listops_tokenize, mqar_assemble, offset_copy_assemble)
+from linrope.data.tasks import (
+    CLOSE,
+    IGNORE,
+    MQAR,
+    OPEN,
+    PAD,
+    ListOps,
+    OffsetCopy,
+    apply_op,
+    example_rng,
+    listops_eval,
+    listops_text,
+    listops_tokenize,
+    mqar_assemble,
+    offset_copy_assemble,
+)
 
-TASK_TINY = ["size=tiny", "logger=none", "trainer.enable_progress_bar=false", "data.val_examples=4",
-             "data.test_examples=4", "data.batch_size=4", "data.eval_batch_size=4"]
+TASK_TINY = [
+    "size=tiny",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "data.val_examples=4",
+    "data.test_examples=4",
+    "data.batch_size=4",
+    "data.eval_batch_size=4",
+]
 
 
 def same(a, b):
@@ -77,12 +99,15 @@ def test_offset_copy_targets_are_the_token_d_back(max_offset):
 
 
 # ---- ListOps ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text,value", [
-    ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
-    ("[SM 3 [MED 1 5 8 2 ] 7 ]", 3),  # MED(1,5,8,2) = (2+5)//2 = 3; (3+3+7) mod 10 = 3
-    ("[MED 4 [MAX 1 8 ] [MIN 6 2 5 ] 3 0 ]", 3),  # MED(4,8,2,3,0) = 3
-    ("[MIN [SM 9 9 ] [MAX 0 [MED 7 7 1 ] ] ]", 7),  # SM = 8, MED = 7, MAX = 7, MIN(8, 7) = 7
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
+        ("[SM 3 [MED 1 5 8 2 ] 7 ]", 3),  # MED(1,5,8,2) = (2+5)//2 = 3; (3+3+7) mod 10 = 3
+        ("[MED 4 [MAX 1 8 ] [MIN 6 2 5 ] 3 0 ]", 3),  # MED(4,8,2,3,0) = 3
+        ("[MIN [SM 9 9 ] [MAX 0 [MED 7 7 1 ] ] ]", 7),  # SM = 8, MED = 7, MAX = 7, MIN(8, 7) = 7
+    ],
+)
 def test_listops_expressions_by_hand(text, value):
     tokens = listops_tokenize(text)
     assert listops_eval(tokens) == value
@@ -160,11 +185,14 @@ def test_eval_sets_are_fixed_across_seeds_and_given_at_any_length():
     assert x.shape == (3, 64) and y.shape == (3,) and mask.dtype == torch.bool
 
 
-@pytest.mark.parametrize("task,expected", [
-    ("mqar", dict(vocab_size=129, causal=True, n_classes=None)),
-    ("offset_copy", dict(vocab_size=64, causal=True, n_classes=None, max_len=256)),
-    ("listops", dict(vocab_size=17, causal=False, n_classes=10)),
-])
+@pytest.mark.parametrize(
+    "task,expected",
+    [
+        ("mqar", dict(vocab_size=129, causal=True, n_classes=None)),
+        ("offset_copy", dict(vocab_size=64, causal=True, n_classes=None, max_len=256)),
+        ("listops", dict(vocab_size=17, causal=False, n_classes=10)),
+    ],
+)
 def test_the_task_sets_the_model(compose, task, expected):
     from linrope.training import builders as T
 
@@ -190,28 +218,59 @@ def test_loss_ignores_unscored_positions_and_classifies():
     from linrope.training.lit import LanguageModel
 
     torch.manual_seed(0)
-    lm = LanguageModel(model=dict(vocab_size=20, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=12,
-                                  attention={"kind": "softmax"}, position={"name": "rope"}, task="mqar"))
+    lm = LanguageModel(
+        model=dict(
+            vocab_size=20,
+            d_model=16,
+            n_heads=2,
+            n_layers=1,
+            d_ff=32,
+            max_len=12,
+            attention={"kind": "softmax"},
+            position={"name": "rope"},
+            task="mqar",
+        )
+    )
     x = torch.randint(0, 20, (2, 12))
     y = torch.full((2, 12), IGNORE)
     y[0, 5], y[1, 9] = 3, 7
     logits = lm.model(x)
     expected = F.cross_entropy(torch.stack([logits[0, 5], logits[1, 9]]), torch.tensor([3, 7]))
     assert torch.allclose(lm.loss((x, y)), expected, atol=1e-6)
-    clf = LanguageModel(model=dict(vocab_size=17, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=12, causal=False,
-                                   n_classes=10, attention={"kind": "linear", "impl": "naive"},
-                                   position={"name": "rope"}, task="listops"))
+    clf = LanguageModel(
+        model=dict(
+            vocab_size=17,
+            d_model=16,
+            n_heads=2,
+            n_layers=1,
+            d_ff=32,
+            max_len=12,
+            causal=False,
+            n_classes=10,
+            attention={"kind": "linear", "impl": "naive"},
+            position={"name": "rope"},
+            task="listops",
+        )
+    )
     mask = torch.ones(2, 12, dtype=torch.bool)
     mask[1, 6:] = False
     labels = torch.tensor([4, 9])
     out = clf.model(x.clamp(max=16), mask=mask)
     assert out.shape == (2, 10)
-    assert math.isclose(float(clf.loss((x.clamp(max=16), labels, mask))), float(F.cross_entropy(out, labels)),
-                        rel_tol=1e-5)
+    assert math.isclose(
+        float(clf.loss((x.clamp(max=16), labels, mask))), float(F.cross_entropy(out, labels)), rel_tol=1e-5
+    )
 
 
-@pytest.mark.parametrize("task,model", [("mqar", "linear_rope"), ("offset_copy", "softmax_learned"),
-                                        ("listops", "linear_rope"), ("listops", "softmax_t5")])
+@pytest.mark.parametrize(
+    "task,model",
+    [
+        ("mqar", "linear_rope"),
+        ("offset_copy", "softmax_learned"),
+        ("listops", "linear_rope"),
+        ("listops", "softmax_t5"),
+    ],
+)
 def test_each_task_trains_fast_dev_run(compose, task, model):
     import train
 
@@ -226,6 +285,13 @@ def test_offset_copy_is_learned_by_softmax_rope(compose):
     """A few hundred steps: softmax attention with RoPE copies from 16 back almost perfectly."""
     import train
 
-    cfg = compose("data=offset_copy", "model=softmax_rope", *TASK_TINY, "data.val_examples=32", "data.batch_size=16",
-                  "trainer.max_steps=250", "trainer.val_check_interval=250")
+    cfg = compose(
+        "data=offset_copy",
+        "model=softmax_rope",
+        *TASK_TINY,
+        "data.val_examples=32",
+        "data.batch_size=16",
+        "trainer.max_steps=250",
+        "trainer.val_check_interval=250",
+    )
     assert train.main(cfg) < 0.5

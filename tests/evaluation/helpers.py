@@ -1,5 +1,6 @@
 """What the tests of tests/evaluation share: the evaluate and generate configs composed as their commands compose
 them, and a tiny linear-attention model in float64."""
+
 import torch
 
 from linrope.models.model import TransformerLM
@@ -8,9 +9,22 @@ from tests.helpers import CONF
 
 def tiny(position, short_conv=0, **attention):
     torch.manual_seed(0)
-    return TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64, short_conv=short_conv,
-                              attention={"kind": "linear", "impl": "chunk", "chunk_size": 8, **attention},
-                              position=position)).double().eval()
+    return (
+        TransformerLM(
+            dict(
+                d_model=32,
+                n_heads=2,
+                n_layers=2,
+                d_ff=64,
+                max_len=64,
+                short_conv=short_conv,
+                attention={"kind": "linear", "impl": "chunk", "chunk_size": 8, **attention},
+                position=position,
+            )
+        )
+        .double()
+        .eval()
+    )
 
 
 def compose_evaluate(*overrides):

@@ -1,5 +1,6 @@
 """python -m linrope.evaluate: the same scored bytes at every length, like-for-like RoPE rows, a data
 module rebuilt without running what a saved file names, and a Hydra command line."""
+
 import csv
 import subprocess
 import sys
@@ -17,8 +18,7 @@ from tests.helpers import CONF, ROOT
 
 
 def run_cli(module, *args, cwd):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +37,22 @@ def corpus(tmp_path_factory):
 def run_folder(tmp_path_factory, corpus):
     """A tiny linear_rope run, trained 2 steps on `corpus`: <run>/checkpoints/last.ckpt and <run>/.hydra/."""
     run = tmp_path_factory.mktemp("run")
-    cmd = [sys.executable, str(ROOT / "train.py"), "model=linear_rope", "size=tiny", "logger=none",
-           "trainer.enable_progress_bar=false", f"data.path={corpus}", "trainer.max_steps=2",
-           "trainer.val_check_interval=2", "data.val_windows=2", "data.test_windows=2", "data.batch_size=4",
-           "test=false", f"hydra.run.dir={run}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "model=linear_rope",
+        "size=tiny",
+        "logger=none",
+        "trainer.enable_progress_bar=false",
+        f"data.path={corpus}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "data.val_windows=2",
+        "data.test_windows=2",
+        "data.batch_size=4",
+        "test=false",
+        f"hydra.run.dir={run}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=run, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (run / "checkpoints" / "last.ckpt").exists()
@@ -87,8 +99,14 @@ def test_evaluate_scores_2_to_the_17_same_bytes_at_every_length_by_default(run_f
     cfg = compose_evaluate(f"ckpt={ckpt}", "lengths=[32,64,128]", "scalings=[pi]", f"out={tmp_path}")
     rows = evaluate(cfg)
     out = capsys.readouterr().out
-    assert [(r["length"], r["scaling"]) for r in rows] == [(32, "none"), (32, "pi"),
-        (64, "none"), (64, "pi"), (128, "none"), (128, "pi")]
+    assert [(r["length"], r["scaling"]) for r in rows] == [
+        (32, "none"),
+        (32, "pi"),
+        (64, "none"),
+        (64, "pi"),
+        (128, "none"),
+        (128, "pi"),
+    ]
     assert {r["scored"] for r in rows} == {2**17} and all(r["status"] == "ok" for r in rows)
     assert len({r["scored_hash"] for r in rows}) == 1
     assert [r["stride"] for r in rows] == [16, 16, 32, 32, 64, 64]
@@ -104,16 +122,22 @@ def test_every_length_scores_the_same_bytes_and_prints_each_row_once(run_folder,
     from linrope.evaluation.evaluate import evaluate
 
     ckpt = run_folder / "checkpoints" / "last.ckpt"
-    rows = evaluate(compose_evaluate(f"ckpt={ckpt}", "lengths=[32,64]", "scalings=[ntk]", "scored_bytes=4096",
-                                     f"out={tmp_path}"))
+    rows = evaluate(
+        compose_evaluate(f"ckpt={ckpt}", "lengths=[32,64]", "scalings=[ntk]", "scored_bytes=4096", f"out={tmp_path}")
+    )
     assert [r["scored"] for r in rows] == [4096] * 4 and len({r["scored_hash"] for r in rows}) == 1
     out = capsys.readouterr().out
-    assert sorted(line.split()[2] for line in out.splitlines() if line.split()[:1] in (["32"], ["64"])) == \
-        ["none", "none", "ntk", "ntk"]
+    assert sorted(line.split()[2] for line in out.splitlines() if line.split()[:1] in (["32"], ["64"])) == [
+        "none",
+        "none",
+        "ntk",
+        "ntk",
+    ]
     written = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
     assert [w["scored_hash"] for w in written] == [r["scored_hash"] for r in rows]
-    more = evaluate(compose_evaluate(f"ckpt={ckpt}", "lengths=[32]", "scalings=[]", "scored_bytes=4097",
-                                     f"out={tmp_path}"))
+    more = evaluate(
+        compose_evaluate(f"ckpt={ckpt}", "lengths=[32]", "scalings=[]", "scored_bytes=4097", f"out={tmp_path}")
+    )
     assert more[0]["scored"] == 4097 and more[0]["scored_hash"] != rows[0]["scored_hash"]
 
 
@@ -127,20 +151,34 @@ class Text:
 
 @pytest.mark.parametrize("trained", [(None, 1.0), ("pi", 2.0), ("ntk", 3.0)])
 def test_rope_rows_compose_with_the_trained_scaling(trained, monkeypatch):
-    from linrope.training.lit import LanguageModel
     import linrope.positions.rope as rope_module
+    from linrope.training.lit import LanguageModel
 
     scaling, f0 = trained
     base, d, l0 = 10000.0, 16, 32
-    module = LanguageModel(model=dict(vocab_size=256, d_model=32, n_heads=2, n_layers=1, d_ff=32, max_len=l0,
-                                      attention={"kind": "softmax"},
-                                      position={"name": "rope", "base": base, "scaling": scaling, "factor": f0}))
+    module = LanguageModel(
+        model=dict(
+            vocab_size=256,
+            d_model=32,
+            n_heads=2,
+            n_layers=1,
+            d_ff=32,
+            max_len=l0,
+            attention={"kind": "softmax"},
+            position={"name": "rope", "base": base, "scaling": scaling, "factor": f0},
+        )
+    )
     used = []
     real = rope_module.rope_cos_sin
-    monkeypatch.setattr(rope_module, "rope_cos_sin", lambda p, theta, dtype: used.append(theta.clone())
-                        or real(p, theta, dtype))
-    settings = {**OmegaConf.to_container(OmegaConf.load(CONF / "extrapolation" / "default.yaml")),
-                "scalings": ["pi", "ntk"], "scored_bytes": 512, "batch_size": 64}
+    monkeypatch.setattr(
+        rope_module, "rope_cos_sin", lambda p, theta, dtype: used.append(theta.clone()) or real(p, theta, dtype)
+    )
+    settings = {
+        **OmegaConf.to_container(OmegaConf.load(CONF / "extrapolation" / "default.yaml")),
+        "scalings": ["pi", "ntk"],
+        "scored_bytes": 512,
+        "batch_size": 64,
+    }
     rows = length_table(module, Text(), settings, train_context=l0, lengths=[l0, 2 * l0, 4 * l0])
     t = np.arange(d // 2, dtype=np.float64)
     p0 = f0 if scaling == "pi" else 1.0
@@ -151,8 +189,9 @@ def test_rope_rows_compose_with_the_trained_scaling(trained, monkeypatch):
 
     expected = {("none", 1): theta(p0, k0)}
     for rho in (2, 4):
-        expected.update({("none", rho): theta(p0, k0), ("pi", rho): theta(p0 * rho, k0),
-                         ("ntk", rho): theta(p0, k0 * rho)})
+        expected.update(
+            {("none", rho): theta(p0, k0), ("pi", rho): theta(p0 * rho, k0), ("ntk", rho): theta(p0, k0 * rho)}
+        )
     # one forward per row (one batch, one layer): the rows at the training length repeat the first
     computed = [(r["scaling"], int(r["factor"])) for r in rows if r["factor"] > 1 or r["scaling"] == "none"]
     assert len(used) == len(computed) == 7
@@ -165,9 +204,22 @@ def test_rope_rows_compose_with_the_trained_scaling(trained, monkeypatch):
 # ---- the data module, rebuilt without running code ----------------------------------------------------------------
 def _malicious_config(path, payload):
     """What `hydra.utils.instantiate` would run: the nested _target_ makes a folder (any code could run)."""
-    OmegaConf.save(OmegaConf.create({"context": 64, "seed": 1, "data": {
-        "_target_": "linrope.data.modules.ByteDataModule", "task": "bytes", "context": "${context}",
-        "max_bytes": 400000, "path": {"_target_": "os.makedirs", "name": str(payload)}}}), path)
+    OmegaConf.save(
+        OmegaConf.create(
+            {
+                "context": 64,
+                "seed": 1,
+                "data": {
+                    "_target_": "linrope.data.modules.ByteDataModule",
+                    "task": "bytes",
+                    "context": "${context}",
+                    "max_bytes": 400000,
+                    "path": {"_target_": "os.makedirs", "name": str(payload)},
+                },
+            }
+        ),
+        path,
+    )
 
 
 def test_a_run_config_that_names_code_is_refused_in_one_line(run_folder, tmp_path):
@@ -175,8 +227,9 @@ def test_a_run_config_that_names_code_is_refused_in_one_line(run_folder, tmp_pat
     config = tmp_path / "config.yaml"
     _malicious_config(config, payload)
     ckpt = run_folder / "checkpoints" / "last.ckpt"
-    r = run_cli("linrope.evaluate", f"ckpt={ckpt}", f"config={config}", "lengths=[32]", f"out={tmp_path / 'o'}",
-                cwd=tmp_path)
+    r = run_cli(
+        "linrope.evaluate", f"ckpt={ckpt}", f"config={config}", "lengths=[32]", f"out={tmp_path / 'o'}", cwd=tmp_path
+    )
     assert not payload.exists()
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert "data.path={'_target_': 'os.makedirs'" in r.stderr and "expected a string or null" in r.stderr
@@ -194,8 +247,11 @@ def test_a_malicious_run_folder_is_not_read(run_folder, tmp_path, capsys):
     (run / ".hydra").mkdir()
     payload = tmp_path / "pwned"
     _malicious_config(run / ".hydra" / "config.yaml", payload)
-    rows = evaluate(compose_evaluate(f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "lengths=[32]", "scalings=[]",
-                                     "scored_bytes=1024"))
+    rows = evaluate(
+        compose_evaluate(
+            f"ckpt={run / 'checkpoints' / 'last.ckpt'}", "lengths=[32]", "scalings=[]", "scored_bytes=1024"
+        )
+    )
     assert not payload.exists() and rows[0]["status"] == "ok" and rows[0]["scored"] == 1024
     assert (run / "evaluate" / "evaluate.csv").exists()
 
@@ -211,11 +267,15 @@ def test_saved_data_is_type_checked_and_rebuilt_from_the_table(corpus):
         build_data_module({"task": "evil", "context": 64})
     with pytest.raises(SavedDataError, match="trained on task 'bytes'"):
         build_data_module({"task": "mqar", "context": 64}, "bytes")
-    with pytest.raises(SavedDataError, match=r"^the data config: data.bach_size: unknown option; did you mean "
-                                             r"batch_size\?$"):  # a typo in a saved config: refused, naming the key
+    with pytest.raises(
+        SavedDataError,
+        match=r"^the data config: data.bach_size: unknown option; did you mean "
+        r"batch_size\?$",
+    ):  # a typo in a saved config: refused, naming the key
         build_data_module({"path": str(corpus), "context": 64, "bach_size": 8})
-    dm = build_data_module({"_target_": "linrope.data.modules.ByteDataModule", "task": "bytes",
-                            "path": str(corpus), "context": 64})
+    dm = build_data_module(
+        {"_target_": "linrope.data.modules.ByteDataModule", "task": "bytes", "path": str(corpus), "context": 64}
+    )
     assert type(dm).__name__ == "ByteDataModule" and dm.context == 64
     dm = build_data_module({"context": 32, "num_kv_pairs": 4}, "mqar")
     assert type(dm).__name__ == "MQARDataModule" and dm.task.num_kv_pairs == 4
@@ -245,19 +305,27 @@ def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
     assert r.returncode == 0 and "ckpt=PATH" in r.stdout and "scored_bytes" in r.stdout
     assert "'ckpt=\"logs/.../epoch=1-step=32.ckpt\"'" in r.stdout and "scalings:" in r.stdout  # + the defaults
     r = run_cli("linrope.evaluate", f"ckpt={tmp_path / 'none.ckpt'}", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip() == f"linrope.evaluate: checkpoint {tmp_path / 'none.ckpt'}: " \
-                                                      f"does not exist"
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == f"linrope.evaluate: checkpoint {tmp_path / 'none.ckpt'}: does not exist"
+    )
     assert list(tmp_path.iterdir()) == []  # no outputs/, no .hydra/, no log in the current directory
     from linrope.evaluation.evaluate import EvaluateError, evaluate
 
     with pytest.raises(EvaluateError, match="ckpt=PATH is required"):
         evaluate(compose_evaluate("lengths=[64]"))
     # bad settings: one line naming each, before the checkpoint is read
-    with pytest.raises(EvaluateError, match=r"^scored_bytes=0: expected an integer >= 1; stride=-2: expected an "
-                                            r"integer >= 1 or null \(null: half the length\); factors=\[\]: expected "
-                                            r"a list of numbers > 0; lengths=\[64, 0\]: expected integers >= 1$"):
-        evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scored_bytes=0", "stride=-2", "factors=[]",
-                                  "lengths=[64,0]"))
+    with pytest.raises(
+        EvaluateError,
+        match=r"^scored_bytes=0: expected an integer >= 1; stride=-2: expected an "
+        r"integer >= 1 or null \(null: half the length\); factors=\[\]: expected "
+        r"a list of numbers > 0; lengths=\[64, 0\]: expected integers >= 1$",
+    ):
+        evaluate(
+            compose_evaluate(
+                f"ckpt={tmp_path / 'none.ckpt'}", "scored_bytes=0", "stride=-2", "factors=[]", "lengths=[64,0]"
+            )
+        )
     with pytest.raises(EvaluateError, match=r"^scalings=\['yarn'\]: expected a list of pi, ntk"):
         evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scalings=[yarn]"))
 

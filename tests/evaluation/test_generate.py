@@ -1,4 +1,5 @@
 """Generation with the recurrent state reproduces the chunk form's logits position by position."""
+
 import pytest
 import torch
 
@@ -6,12 +7,15 @@ from linrope.models.model import TransformerLM
 from tests.evaluation.helpers import compose_generate, tiny
 
 
-@pytest.mark.parametrize("position,attention", [
-    ({"name": "rope"}, {}),
-    ({"name": "rope"}, {"feature_map": "cosine", "placement": "both"}),
-    ({"name": "alibi"}, {}),
-    ({"name": "sinusoidal"}, {}),
-])
+@pytest.mark.parametrize(
+    "position,attention",
+    [
+        ({"name": "rope"}, {}),
+        ({"name": "rope"}, {"feature_map": "cosine", "placement": "both"}),
+        ({"name": "alibi"}, {}),
+        ({"name": "sinusoidal"}, {}),
+    ],
+)
 @pytest.mark.parametrize("short_conv", [0, 3])
 def test_recurrent_steps_match_chunk_logits(position, attention, short_conv):
     """With a short convolution the state also carries its last inputs."""
@@ -23,7 +27,7 @@ def test_recurrent_steps_match_chunk_logits(position, attention, short_conv):
         logits, states = model(idx[:, :5], return_states=True)
         steps = [logits]
         for t in range(5, idx.shape[1]):
-            logits, states = model(idx[:, t:t + 1], offset=t, states=states, return_states=True)
+            logits, states = model(idx[:, t : t + 1], offset=t, states=states, return_states=True)
             steps.append(logits)
     stepped = torch.cat(steps, dim=1)
     torch.testing.assert_close(stepped, full, rtol=1e-10, atol=1e-10)
@@ -43,17 +47,27 @@ def test_generate_is_seeded_and_constant_state():
 
 def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys):
     """python -m linrope.generate ckpt=... (conf/generate.yaml) samples prompt + bytes from a real checkpoint."""
-    import train
     from pathlib import Path
 
     from hydra.errors import ConfigCompositionException
 
+    import train
     from linrope.base.errors import CheckpointError
     from linrope.evaluation.generate import generate
 
-    cfg = compose("model=linear_rope", "size=tiny", "logger=none", "trainer.enable_progress_bar=false",
-                  f"data.path={small_corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-                  "data.val_windows=2", "data.test_windows=2", "data.batch_size=4", "test=false")
+    cfg = compose(
+        "model=linear_rope",
+        "size=tiny",
+        "logger=none",
+        "trainer.enable_progress_bar=false",
+        f"data.path={small_corpus}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "data.val_windows=2",
+        "data.test_windows=2",
+        "data.batch_size=4",
+        "test=false",
+    )
     train.main(cfg)
     capsys.readouterr()  # drop the training output
     ckpt = Path(cfg.paths.output_dir, "checkpoints", "last.ckpt")
@@ -71,15 +85,31 @@ def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys)
     saved["hyper_parameters"]["model"]["n_heads"] = d  # head dimension 1
     odd = ckpt.with_name("odd-head.ckpt")
     torch.save(saved, odd)
-    with pytest.raises(CheckpointError, match=f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{d}"):
+    with pytest.raises(
+        CheckpointError, match=f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{d}"
+    ):
         generate(compose_generate(f"ckpt={odd}"))
 
 
 @pytest.mark.parametrize("kind", ["linear", "softmax"])
 def test_a_model_with_a_short_convolution_stays_causal(kind):
     torch.manual_seed(0)
-    model = TransformerLM(dict(d_model=16, n_heads=2, n_layers=2, d_ff=32, max_len=32, short_conv=4,
-                               attention={"kind": kind}, position={"name": "rope"})).double().eval()
+    model = (
+        TransformerLM(
+            dict(
+                d_model=16,
+                n_heads=2,
+                n_layers=2,
+                d_ff=32,
+                max_len=32,
+                short_conv=4,
+                attention={"kind": kind},
+                position={"name": "rope"},
+            )
+        )
+        .double()
+        .eval()
+    )
     idx = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(2))
     other = idx.clone()
     other[0, 9] = (idx[0, 9] + 1) % 256
@@ -93,6 +123,7 @@ def test_the_short_convolution_reaches_its_kernel_and_continues_from_its_tail(ca
     """A causal kernel of 4 moves outputs t … t+3 when input t changes (centred: t-2 … t+1); fed in two pieces
     with the tail carried, it gives what the whole sequence gives."""
     from linrope.models.model import ShortConv
+
     torch.manual_seed(0)
     conv = ShortConv(8, 4, causal).double()
     h = torch.randn(2, 20, 8, dtype=torch.float64)

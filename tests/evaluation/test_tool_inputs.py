@@ -1,5 +1,6 @@
 """Inputs of evaluate and generate that did what a user would not expect (issue 33): `lengths=[]` silently ran
 the default table; `temperature=0` was refused, where users expect greedy decoding."""
+
 import pytest
 
 from linrope.evaluation.generate import generate, generate_text
@@ -8,16 +9,20 @@ from tests.evaluation.helpers import compose_evaluate, compose_generate, tiny
 
 def test_an_empty_list_of_lengths_is_refused_in_one_line(tmp_path):
     from linrope.evaluation.evaluate import EvaluateError, evaluate
+
     with pytest.raises(EvaluateError) as e:
         evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "lengths=[]"))
-    assert str(e.value) == ("lengths=[]: no length to evaluate; give at least one (lengths=[256,512]), or leave "
-                            "lengths out for factors × the training context")
+    assert str(e.value) == (
+        "lengths=[]: no length to evaluate; give at least one (lengths=[256,512]), or leave "
+        "lengths out for factors × the training context"
+    )
 
 
 def test_temperature_zero_is_greedy(tmp_path):
     """temperature=0 passes the checks (the next problem named is the missing checkpoint) and decodes greedily:
     the same bytes as top_k=1, whatever the seed."""
     from linrope.base.errors import LinropeError
+
     with pytest.raises(LinropeError) as e:
         generate(compose_generate(f"ckpt={tmp_path / 'none.ckpt'}", "temperature=0"))
     assert str(e.value) == f"checkpoint {tmp_path / 'none.ckpt'}: does not exist"
@@ -36,10 +41,25 @@ def saved_tiny_checkpoint(path):
     from linrope.training.lit import LanguageModel
 
     torch.manual_seed(0)
-    module = LanguageModel(model=dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_len=64,
-                                      attention={"kind": "linear"}, position={"name": "rope"}))
-    torch.save({"state_dict": module.state_dict(), "global_step": 0,
-                "hyper_parameters": {"model": dict(module.hparams["model"]), "optim": None}}, path)
+    module = LanguageModel(
+        model=dict(
+            d_model=32,
+            n_heads=2,
+            n_layers=1,
+            d_ff=64,
+            max_len=64,
+            attention={"kind": "linear"},
+            position={"name": "rope"},
+        )
+    )
+    torch.save(
+        {
+            "state_dict": module.state_dict(),
+            "global_step": 0,
+            "hyper_parameters": {"model": dict(module.hparams["model"]), "optim": None},
+        },
+        path,
+    )
     return path
 
 
@@ -66,10 +86,13 @@ def test_generation_streams_each_piece_as_it_is_sampled_and_a_stop_keeps_them():
 
 def test_a_huge_request_needs_allow_long(tmp_path):
     from linrope.base.errors import LinropeError
+
     with pytest.raises(LinropeError) as e:
         generate(compose_generate(f"ckpt={tmp_path / 'none.ckpt'}", "max_new_tokens=1000000000"))
-    assert str(e.value) == ("max_new_tokens=1000000000: more than 1,000,000 bytes; if you mean it, add allow_long=true "
-                            "(the text streams as it is sampled; Ctrl+C keeps what is printed)")
+    assert str(e.value) == (
+        "max_new_tokens=1000000000: more than 1,000,000 bytes; if you mean it, add allow_long=true "
+        "(the text streams as it is sampled; Ctrl+C keeps what is printed)"
+    )
     with pytest.raises(LinropeError, match="does not exist"):  # allowed: the next problem is the missing checkpoint
         generate(compose_generate(f"ckpt={tmp_path / 'none.ckpt'}", "max_new_tokens=1000000000", "allow_long=true"))
 
@@ -77,11 +100,13 @@ def test_a_huge_request_needs_allow_long(tmp_path):
 def test_an_argument_that_is_not_utf8_is_one_line():
     """``prompt=$'ab\\xff'`` reached Hydra's parser as a lone surrogate: LexerNoViableAltException."""
     from linrope.config.command_line import check_command_line
+
     prompt = b"prompt=ab\xff\xfe".decode("utf-8", errors="surrogateescape")  # what Python makes of the argument
     with pytest.raises(SystemExit) as e:
         check_command_line(["ckpt=x.ckpt", prompt], config_name="generate", prefix="linrope.generate")
-    assert str(e.value) == ("linrope.generate: prompt: is not UTF-8 text (byte 0xff at byte 2 of the value); "
-                            "give it in UTF-8")
+    assert str(e.value) == (
+        "linrope.generate: prompt: is not UTF-8 text (byte 0xff at byte 2 of the value); give it in UTF-8"
+    )
 
 
 def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
@@ -92,11 +117,16 @@ def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     import sys
 
     from tests.helpers import ROOT
+
     ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen([sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "prompt=abc",
-                          "max_new_tokens=999999", "device=cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         cwd=tmp_path, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "prompt=abc", "max_new_tokens=999999", "device=cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=env,
+    )
     try:
         head = os.read(p.stdout.fileno(), 200)  # the prompt and the first bytes, streamed
         while len(head) < 200:
@@ -138,11 +168,22 @@ def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp
     monkeypatch.setattr(E, "write_csv", write_then_stop)
     out = tmp_path / "eval"
     with pytest.warns(UserWarning, match="default byte corpus"), pytest.raises(SystemExit) as e:
-        E.evaluate(compose_evaluate(f"ckpt={ckpt}", "lengths=[32,64,128]", "scalings=[pi]", "scored_bytes=2048",
-                                    "data.max_bytes=300000", "device=cpu", f"out={out}"))
+        E.evaluate(
+            compose_evaluate(
+                f"ckpt={ckpt}",
+                "lengths=[32,64,128]",
+                "scalings=[pi]",
+                "scored_bytes=2048",
+                "data.max_bytes=300000",
+                "device=cpu",
+                f"out={out}",
+            )
+        )
     assert e.value.code == 128 + signal.SIGTERM
-    assert capsys.readouterr().err.strip().splitlines()[-1] == \
-        f"linrope.evaluate: stopped by SIGTERM: the 2 rows done are in {out / 'evaluate.csv'}"
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1]
+        == f"linrope.evaluate: stopped by SIGTERM: the 2 rows done are in {out / 'evaluate.csv'}"
+    )
     rows = read_csv(out / "evaluate.csv")
     assert [(r["length"], r["scaling"]) for r in rows] == [(32, "none"), (32, "pi")]
     assert all(r["status"] == "ok" and r["scored"] == 2048 for r in rows)
@@ -154,6 +195,7 @@ def test_a_preset_that_is_not_yaml_is_one_line_naming_the_file(tmp_path):
     """A preset of the user's (--config-dir) that is not YAML gave Hydra's 71-89-line PyYAML traceback; now one
     line naming the file and where it breaks, also when an experiment's defaults list chooses it."""
     from linrope.config.command_line import check_command_line
+
     (tmp_path / "model").mkdir()
     (tmp_path / "experiment").mkdir()
     (tmp_path / "model" / "nul.yaml").write_bytes(b"d_model: 64\n\0")
@@ -162,13 +204,13 @@ def test_a_preset_that_is_not_yaml_is_one_line_naming_the_file(tmp_path):
     (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - override /model: colon\n")
     expected = {
         "model=nul": f"model=nul: {tmp_path / 'model' / 'nul.yaml'} is not YAML: unacceptable character #x0000: "
-                     f"special characters are not allowed at byte 12",
+        f"special characters are not allowed at byte 12",
         "model=colon": f"model=colon: {tmp_path / 'model' / 'colon.yaml'} is not YAML: mapping values are not "
-                       f"allowed here at line 1, column 17",
+        f"allowed here at line 1, column 17",
         "model=listed": f"model=listed: {tmp_path / 'model' / 'listed.yaml'} is not a config: YAML of keys and "
-                        f"values is expected, this file holds a list",
+        f"values is expected, this file holds a list",
         "experiment=mine": f"experiment=mine chooses model=colon: {tmp_path / 'model' / 'colon.yaml'} is not YAML: "
-                           f"mapping values are not allowed here at line 1, column 17",
+        f"mapping values are not allowed here at line 1, column 17",
     }
     for arg, line in expected.items():
         with pytest.raises(SystemExit) as e:
@@ -190,12 +232,14 @@ def test_a_resume_on_other_code_says_the_code_changed():
     rec = resume_record(ckpt, "/r/checkpoints/last.ckpt", new, current=prov("222222222222", dirty=True))
     assert rec["code_changed"] and rec["lines"] == [
         "resume: the code changed: the checkpoint was written by code 111111111111 (aaaaaaaaaa), this run is code "
-        "222222222222 (aaaaaaaaaa+dirty (diff dddddddddddd)) — the continued run is not what either code alone trains"]
+        "222222222222 (aaaaaaaaaa+dirty (diff dddddddddddd)) — the continued run is not what either code alone trains"
+    ]
     assert resume_record(ckpt, "/r/last.ckpt", new, current=prov("111111111111"))["lines"] == []
     old = {PROVENANCE_KEY: prov(None, commit="b" * 40), "hyper_parameters": {"model": {"d_model": 32}}}
     assert resume_record(old, "/r/last.ckpt", new, current=prov("1" * 12))["lines"] == [
         "resume: the code changed: the checkpoint was written by bbbbbbbbbb, this run is aaaaaaaaaa — the continued "
-        "run is not what either code alone trains"]
+        "run is not what either code alone trains"
+    ]
     assert resume_record({"hyper_parameters": {}}, "/r/last.ckpt", {}, current=prov("1" * 12))["lines"] == []
 
 
@@ -209,6 +253,7 @@ def test_a_run_folder_lock_replaced_while_it_is_taken_is_taken_again(tmp_path, m
     from omegaconf import OmegaConf
 
     import linrope.run.folder as F
+
     real = fcntl.flock
     removed = []
 

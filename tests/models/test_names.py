@@ -9,49 +9,261 @@ from tests.helpers import CONF
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 # overrides -> (model.name, wandb run name, wandb tags)
 PINNED = [
-    (['model=linear'], ('linear', 'linear-elu-none-s1234', ['attention:linear', 'position:none', 'task:bytes', 'feature_map:elu'])),
-    (['model=linear_alibi'], ('linear_alibi', 'linear-elu-alibi-s1234', ['attention:linear', 'position:alibi', 'task:bytes', 'feature_map:elu'])),
-    (['model=linear_cosine'], ('linear_cosine', 'linear-cosine-none-s1234', ['attention:linear', 'position:none', 'task:bytes', 'feature_map:cosine'])),
-    (['model=linear_cosine_rope'], ('linear_cosine_rope', 'linear-cosine-rope-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:cosine', 'placement:numerator'])),
-    (['model=linear_floater'], ('linear_floater', 'linear-elu-floater-s1234', ['attention:linear', 'position:floater', 'task:bytes', 'feature_map:elu'])),
-    (['model=linear_learned'], ('linear_learned', 'linear-elu-learned-s1234', ['attention:linear', 'position:learned', 'task:bytes', 'feature_map:elu'])),
-    (['model=linear_multiplicative'], ('linear_multiplicative', 'linear-elu-multiplicative-s1234', ['attention:linear', 'position:multiplicative', 'task:bytes', 'feature_map:elu'])),
-    (['model=linear_rope'], ('linear_rope', 'linear-elu-rope-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:elu', 'placement:numerator'])),
-    (['model=linear_rope_both'], ('linear_rope_both', 'linear-elu-rope-both-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:elu', 'placement:both'])),
-    (['model=linear_sinusoidal'], ('linear_sinusoidal', 'linear-elu-sinusoidal-s1234', ['attention:linear', 'position:sinusoidal', 'task:bytes', 'feature_map:elu'])),
-    (['model=softmax'], ('softmax', 'softmax-none-s1234', ['attention:softmax', 'position:none', 'task:bytes'])),
-    (['model=softmax_alibi'], ('softmax_alibi', 'softmax-alibi-s1234', ['attention:softmax', 'position:alibi', 'task:bytes'])),
-    (['model=softmax_deberta'], ('softmax_deberta', 'softmax-deberta-s1234', ['attention:softmax', 'position:deberta', 'task:bytes'])),
-    (['model=softmax_floater'], ('softmax_floater', 'softmax-floater-s1234', ['attention:softmax', 'position:floater', 'task:bytes'])),
-    (['model=softmax_learned'], ('softmax_learned', 'softmax-learned-s1234', ['attention:softmax', 'position:learned', 'task:bytes'])),
-    (['model=softmax_multiplicative'], ('softmax_multiplicative', 'softmax-multiplicative-s1234', ['attention:softmax', 'position:multiplicative', 'task:bytes'])),
-    (['model=softmax_none'], ('softmax_none', 'softmax-none-s1234', ['attention:softmax', 'position:none', 'task:bytes'])),
-    (['model=softmax_rope'], ('softmax_rope', 'softmax-rope-s1234', ['attention:softmax', 'position:rope', 'task:bytes'])),
-    (['model=softmax_rope_ntk'], ('softmax_rope_ntk', 'softmax-rope-s1234', ['attention:softmax', 'position:rope', 'task:bytes', 'rope_scaling:ntk'])),
-    (['model=softmax_rope_pi'], ('softmax_rope_pi', 'softmax-rope-s1234', ['attention:softmax', 'position:rope', 'task:bytes', 'rope_scaling:pi'])),
-    (['model=softmax_shaw'], ('softmax_shaw', 'softmax-shaw-s1234', ['attention:softmax', 'position:shaw', 'task:bytes'])),
-    (['model=softmax_sinusoidal'], ('softmax_sinusoidal', 'softmax-sinusoidal-s1234', ['attention:softmax', 'position:sinusoidal', 'task:bytes'])),
-    (['model=softmax_t5'], ('softmax_t5', 'softmax-t5-s1234', ['attention:softmax', 'position:t5', 'task:bytes'])),
-    (['model=softmax_tupe'], ('softmax_tupe', 'softmax-tupe-s1234', ['attention:softmax', 'position:tupe', 'task:bytes'])),
-    (['model=softmax_xl'], ('softmax_xl', 'softmax-xl-s1234', ['attention:softmax', 'position:xl', 'task:bytes'])),
-    (['attention=softmax', 'position=none'], ('softmax_none', 'softmax-none-s1234', ['attention:softmax', 'position:none', 'task:bytes'])),
-    (['position=alibi'], ('linear_alibi', 'linear-elu-alibi-s1234', ['attention:linear', 'position:alibi', 'task:bytes', 'feature_map:elu'])),
-    (['attention=linear_cosine'], ('linear_cosine_rope', 'linear-cosine-rope-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:cosine', 'placement:numerator'])),
-    (['attention=softmax', 'model.name=mine'], ('mine', 'softmax-rope-s1234', ['attention:softmax', 'position:rope', 'task:bytes'])),
-    (['attention=linear_cosine', 'position=alibi'], ('linear_cosine_alibi', 'linear-cosine-alibi-s1234', ['attention:linear', 'position:alibi', 'task:bytes', 'feature_map:cosine'])),
-    (['attention=linear', 'position=none'], ('linear', 'linear-elu-none-s1234', ['attention:linear', 'position:none', 'task:bytes', 'feature_map:elu'])),
-    (['attention=linear_cosine', 'position=none'], ('linear_cosine', 'linear-cosine-none-s1234', ['attention:linear', 'position:none', 'task:bytes', 'feature_map:cosine'])),
-    (['model=softmax', 'position=t5'], ('softmax_t5', 'softmax-t5-s1234', ['attention:softmax', 'position:t5', 'task:bytes'])),
-    (['model=linear_rope_both', 'attention=linear'], ('linear_rope_both', 'linear-elu-rope-both-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:elu', 'placement:both'])),
-    (['model=linear_rope_both', 'attention=linear_cosine'], ('linear_cosine_rope', 'linear-cosine-rope-both-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:cosine', 'placement:both'])),
-    (['model=softmax_rope_ntk', 'position=rope'], ('softmax_rope_ntk', 'softmax-rope-s1234', ['attention:softmax', 'position:rope', 'task:bytes', 'rope_scaling:ntk'])),
-    (['model=softmax_rope_ntk', 'position=xl'], ('softmax_xl', 'softmax-xl-s1234', ['attention:softmax', 'position:xl', 'task:bytes'])),
-    (['model=softmax', 'attention=softmax'], ('softmax', 'softmax-none-s1234', ['attention:softmax', 'position:none', 'task:bytes'])),
-    (['model=linear', 'attention=softmax'], ('softmax_none', 'softmax-none-s1234', ['attention:softmax', 'position:none', 'task:bytes'])),
-    (['model=linear_cosine_rope', 'attention=linear'], ('linear_rope', 'linear-elu-rope-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:elu', 'placement:numerator'])),
-    (['model=softmax_rope_pi', 'seed=7', 'tags=[x]', 'data=mqar'], ('softmax_rope_pi', 'softmax-rope-s7', ['attention:softmax', 'position:rope', 'task:mqar', 'rope_scaling:pi', 'x'])),
-    (['model=linear_rope', 'model.attention.placement=both'], ('linear_rope', 'linear-elu-rope-both-s1234', ['attention:linear', 'position:rope', 'task:bytes', 'feature_map:elu', 'placement:both'])),
-    (['model=linear_rope', 'model.attention.feature_map=cosine', 'position=alibi'], ('linear_alibi', 'linear-cosine-alibi-s1234', ['attention:linear', 'position:alibi', 'task:bytes', 'feature_map:cosine'])),
+    (
+        ["model=linear"],
+        ("linear", "linear-elu-none-s1234", ["attention:linear", "position:none", "task:bytes", "feature_map:elu"]),
+    ),
+    (
+        ["model=linear_alibi"],
+        (
+            "linear_alibi",
+            "linear-elu-alibi-s1234",
+            ["attention:linear", "position:alibi", "task:bytes", "feature_map:elu"],
+        ),
+    ),
+    (
+        ["model=linear_cosine"],
+        (
+            "linear_cosine",
+            "linear-cosine-none-s1234",
+            ["attention:linear", "position:none", "task:bytes", "feature_map:cosine"],
+        ),
+    ),
+    (
+        ["model=linear_cosine_rope"],
+        (
+            "linear_cosine_rope",
+            "linear-cosine-rope-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:cosine", "placement:numerator"],
+        ),
+    ),
+    (
+        ["model=linear_floater"],
+        (
+            "linear_floater",
+            "linear-elu-floater-s1234",
+            ["attention:linear", "position:floater", "task:bytes", "feature_map:elu"],
+        ),
+    ),
+    (
+        ["model=linear_learned"],
+        (
+            "linear_learned",
+            "linear-elu-learned-s1234",
+            ["attention:linear", "position:learned", "task:bytes", "feature_map:elu"],
+        ),
+    ),
+    (
+        ["model=linear_multiplicative"],
+        (
+            "linear_multiplicative",
+            "linear-elu-multiplicative-s1234",
+            ["attention:linear", "position:multiplicative", "task:bytes", "feature_map:elu"],
+        ),
+    ),
+    (
+        ["model=linear_rope"],
+        (
+            "linear_rope",
+            "linear-elu-rope-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:elu", "placement:numerator"],
+        ),
+    ),
+    (
+        ["model=linear_rope_both"],
+        (
+            "linear_rope_both",
+            "linear-elu-rope-both-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:elu", "placement:both"],
+        ),
+    ),
+    (
+        ["model=linear_sinusoidal"],
+        (
+            "linear_sinusoidal",
+            "linear-elu-sinusoidal-s1234",
+            ["attention:linear", "position:sinusoidal", "task:bytes", "feature_map:elu"],
+        ),
+    ),
+    (["model=softmax"], ("softmax", "softmax-none-s1234", ["attention:softmax", "position:none", "task:bytes"])),
+    (
+        ["model=softmax_alibi"],
+        ("softmax_alibi", "softmax-alibi-s1234", ["attention:softmax", "position:alibi", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_deberta"],
+        ("softmax_deberta", "softmax-deberta-s1234", ["attention:softmax", "position:deberta", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_floater"],
+        ("softmax_floater", "softmax-floater-s1234", ["attention:softmax", "position:floater", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_learned"],
+        ("softmax_learned", "softmax-learned-s1234", ["attention:softmax", "position:learned", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_multiplicative"],
+        (
+            "softmax_multiplicative",
+            "softmax-multiplicative-s1234",
+            ["attention:softmax", "position:multiplicative", "task:bytes"],
+        ),
+    ),
+    (
+        ["model=softmax_none"],
+        ("softmax_none", "softmax-none-s1234", ["attention:softmax", "position:none", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_rope"],
+        ("softmax_rope", "softmax-rope-s1234", ["attention:softmax", "position:rope", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_rope_ntk"],
+        (
+            "softmax_rope_ntk",
+            "softmax-rope-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "rope_scaling:ntk"],
+        ),
+    ),
+    (
+        ["model=softmax_rope_pi"],
+        (
+            "softmax_rope_pi",
+            "softmax-rope-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "rope_scaling:pi"],
+        ),
+    ),
+    (
+        ["model=softmax_shaw"],
+        ("softmax_shaw", "softmax-shaw-s1234", ["attention:softmax", "position:shaw", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_sinusoidal"],
+        ("softmax_sinusoidal", "softmax-sinusoidal-s1234", ["attention:softmax", "position:sinusoidal", "task:bytes"]),
+    ),
+    (["model=softmax_t5"], ("softmax_t5", "softmax-t5-s1234", ["attention:softmax", "position:t5", "task:bytes"])),
+    (
+        ["model=softmax_tupe"],
+        ("softmax_tupe", "softmax-tupe-s1234", ["attention:softmax", "position:tupe", "task:bytes"]),
+    ),
+    (["model=softmax_xl"], ("softmax_xl", "softmax-xl-s1234", ["attention:softmax", "position:xl", "task:bytes"])),
+    (
+        ["attention=softmax", "position=none"],
+        ("softmax_none", "softmax-none-s1234", ["attention:softmax", "position:none", "task:bytes"]),
+    ),
+    (
+        ["position=alibi"],
+        (
+            "linear_alibi",
+            "linear-elu-alibi-s1234",
+            ["attention:linear", "position:alibi", "task:bytes", "feature_map:elu"],
+        ),
+    ),
+    (
+        ["attention=linear_cosine"],
+        (
+            "linear_cosine_rope",
+            "linear-cosine-rope-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:cosine", "placement:numerator"],
+        ),
+    ),
+    (
+        ["attention=softmax", "model.name=mine"],
+        ("mine", "softmax-rope-s1234", ["attention:softmax", "position:rope", "task:bytes"]),
+    ),
+    (
+        ["attention=linear_cosine", "position=alibi"],
+        (
+            "linear_cosine_alibi",
+            "linear-cosine-alibi-s1234",
+            ["attention:linear", "position:alibi", "task:bytes", "feature_map:cosine"],
+        ),
+    ),
+    (
+        ["attention=linear", "position=none"],
+        ("linear", "linear-elu-none-s1234", ["attention:linear", "position:none", "task:bytes", "feature_map:elu"]),
+    ),
+    (
+        ["attention=linear_cosine", "position=none"],
+        (
+            "linear_cosine",
+            "linear-cosine-none-s1234",
+            ["attention:linear", "position:none", "task:bytes", "feature_map:cosine"],
+        ),
+    ),
+    (
+        ["model=softmax", "position=t5"],
+        ("softmax_t5", "softmax-t5-s1234", ["attention:softmax", "position:t5", "task:bytes"]),
+    ),
+    (
+        ["model=linear_rope_both", "attention=linear"],
+        (
+            "linear_rope_both",
+            "linear-elu-rope-both-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:elu", "placement:both"],
+        ),
+    ),
+    (
+        ["model=linear_rope_both", "attention=linear_cosine"],
+        (
+            "linear_cosine_rope",
+            "linear-cosine-rope-both-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:cosine", "placement:both"],
+        ),
+    ),
+    (
+        ["model=softmax_rope_ntk", "position=rope"],
+        (
+            "softmax_rope_ntk",
+            "softmax-rope-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "rope_scaling:ntk"],
+        ),
+    ),
+    (
+        ["model=softmax_rope_ntk", "position=xl"],
+        ("softmax_xl", "softmax-xl-s1234", ["attention:softmax", "position:xl", "task:bytes"]),
+    ),
+    (
+        ["model=softmax", "attention=softmax"],
+        ("softmax", "softmax-none-s1234", ["attention:softmax", "position:none", "task:bytes"]),
+    ),
+    (
+        ["model=linear", "attention=softmax"],
+        ("softmax_none", "softmax-none-s1234", ["attention:softmax", "position:none", "task:bytes"]),
+    ),
+    (
+        ["model=linear_cosine_rope", "attention=linear"],
+        (
+            "linear_rope",
+            "linear-elu-rope-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:elu", "placement:numerator"],
+        ),
+    ),
+    (
+        ["model=softmax_rope_pi", "seed=7", "tags=[x]", "data=mqar"],
+        (
+            "softmax_rope_pi",
+            "softmax-rope-s7",
+            ["attention:softmax", "position:rope", "task:mqar", "rope_scaling:pi", "x"],
+        ),
+    ),
+    (
+        ["model=linear_rope", "model.attention.placement=both"],
+        (
+            "linear_rope",
+            "linear-elu-rope-both-s1234",
+            ["attention:linear", "position:rope", "task:bytes", "feature_map:elu", "placement:both"],
+        ),
+    ),
+    (
+        ["model=linear_rope", "model.attention.feature_map=cosine", "position=alibi"],
+        (
+            "linear_alibi",
+            "linear-cosine-alibi-s1234",
+            ["attention:linear", "position:alibi", "task:bytes", "feature_map:cosine"],
+        ),
+    ),
 ]
 
 

@@ -1,6 +1,7 @@
 """Which parameters AdamW decays (docs/design.md#weight-decay): for every model preset, listed and checked
 against what they are — never a bias, a norm gain, an embedding or position table, or an additive score
 bias (T5's β, TUPE's b, XL's u and v); always every matrix that multiplies activations."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -53,8 +54,12 @@ def test_the_decayed_parameters_of_every_preset(compose, preset):
     assert not SCORE_BIASES.get(preset, set()) & set(decay), f"{preset}: a score-bias table is decayed"
     assert SCORE_BIASES.get(preset, set()) <= set(spared)
     # every projection is decayed (the rule does not spare everything), except the head tied to the embedding
-    linear = {n for n, hs in held.items() for m, a in hs if isinstance(m, nn.Linear) and a == "weight"
-              and not any(isinstance(o, nn.Embedding) for o, _ in hs)}
+    linear = {
+        n
+        for n, hs in held.items()
+        for m, a in hs
+        if isinstance(m, nn.Linear) and a == "weight" and not any(isinstance(o, nn.Embedding) for o, _ in hs)
+    }
     assert linear and linear <= set(decay)
 
 

@@ -3,6 +3,7 @@ Triton's interpreter) share: seeded inputs, a realistic initial state, the outpu
 generator and the relative error are tests/helpers.py's).  Every tensor is made on the CPU from a seeded generator
 and moved to the inputs' device explicitly, so a reference on one device multiplied with results on another fails,
 whatever the device."""
+
 import torch
 
 from linrope.ops import linear_attention
@@ -21,8 +22,9 @@ def inputs(key, *, feature_map, rope="numerator", decay=None, n, initial, B=2, H
         return q, k, v, None, None
     p = [torch.randn(B, H, 20, w, generator=g, dtype=torch.float64).to(device) for w in (d, d, dv)]
     decay = None if decay is None else decay.to(device)
-    _, (S0, z0) = linear_attention(*p, impl="naive", feature_map=feature_map, rope=rope, decay=decay,
-                                   output_final_state=True)
+    _, (S0, z0) = linear_attention(
+        *p, impl="naive", feature_map=feature_map, rope=rope, decay=decay, output_final_state=True
+    )
     return q, k, v, S0.float(), z0.float()
 
 

@@ -19,6 +19,7 @@ CUDA ones (tests/ops/test_fla.py).  Checked with fla-core 0.6.0 and triton 3.9.0
 Only float32 and float16 are meaningful here: under the interpreter fla's float64 results are garbage and
 ``tl.dot`` is wrong in bfloat16 (right in float16), so float16 stands in for 16-bit on this CPU.
 """
+
 from __future__ import annotations
 
 import ast
@@ -55,7 +56,8 @@ def _patch_autotune() -> None:
 def _is_range(it: ast.expr) -> bool:
     return isinstance(it, ast.Call) and (
         (isinstance(it.func, ast.Name) and it.func.id == "range")
-        or (isinstance(it.func, ast.Attribute) and it.func.attr == "range"))
+        or (isinstance(it.func, ast.Attribute) and it.func.attr == "range")
+    )
 
 
 def _patch_counters() -> None:
@@ -72,8 +74,9 @@ def _patch_counters() -> None:
         def visit_For(self, node: ast.For):
             if _is_range(node.iter) and isinstance(node.target, ast.Name):
                 name = node.target.id
-                node.body.insert(0, ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())],
-                                               value=ast.Name(id=name, ctx=ast.Load())))
+                node.body.insert(
+                    0, ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=ast.Name(id=name, ctx=ast.Load()))
+                )
             return self.generic_visit(node)
 
     rewriter.ast_transformer = Transformer()
@@ -125,8 +128,10 @@ def triton_version() -> str:
 def refusal() -> Optional[str]:
     """Why the shim must not, or cannot, be loaded in this process, or None.  Checked at every ``load()``."""
     if torch.cuda.is_available() or torch.cuda.is_initialized():
-        return ("CUDA is available: the interpreter shim patches Triton for the whole process and would interpret "
-                "the CUDA tests' kernels (run the interpreted tests with CUDA_VISIBLE_DEVICES='')")
+        return (
+            "CUDA is available: the interpreter shim patches Triton for the whole process and would interpret "
+            "the CUDA tests' kernels (run the interpreted tests with CUDA_VISIBLE_DEVICES='')"
+        )
     missing = [m for m in ("fla", "triton") if importlib.util.find_spec(m) is None]
     if missing:
         return f"{' and '.join(missing)} not installed (the interp extra, CPU torch: pip install -e '.[interp]')"
@@ -149,7 +154,9 @@ def load() -> Optional[str]:
     if _STATE.get("loaded"):
         return None
     if "fla" in sys.modules:  # (importing fla again after removing it from sys.modules does not help)
-        raise RuntimeError("fla was imported before tests/ops/fla_interpreter.py: its kernels are compiled, not interpreted")
+        raise RuntimeError(
+            "fla was imported before tests/ops/fla_interpreter.py: its kernels are compiled, not interpreted"
+        )
     before = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
@@ -172,13 +179,17 @@ def load() -> Optional[str]:
 def nan_empty():
     """Every uninitialised float tensor (``torch.empty``, ``torch.empty_like``, ``Tensor.new_empty``: what fla
     allocates its outputs with) starts as NaN, so an element a kernel leaves unwritten shows in the result."""
-    originals = {(torch, "empty"): torch.empty, (torch, "empty_like"): torch.empty_like,
-                 (torch.Tensor, "new_empty"): torch.Tensor.new_empty}
+    originals = {
+        (torch, "empty"): torch.empty,
+        (torch, "empty_like"): torch.empty_like,
+        (torch.Tensor, "new_empty"): torch.Tensor.new_empty,
+    }
 
     def poisoned(fn):
         def make(*args, **kwargs):
             out = fn(*args, **kwargs)
             return out.fill_(float("nan")) if out.is_floating_point() else out
+
         return make
 
     try:

@@ -6,6 +6,7 @@ tests/ops/test_fla_interpreted.py.  This module never loads that shim (it patche
 CUDA tests assert it is not loaded, and their bodies also run here on the meta device standing in for CUDA
 (linrope's fla operators have fake kernels there), so a tensor left on the CPU beside device tensors fails here.
 """
+
 import dataclasses
 import logging
 import os
@@ -17,12 +18,12 @@ import pytest
 import torch
 
 import tests.ops.fla_interpreter as fla_interpreter
-from tests.helpers import gen, rel
-from tests.ops.fla_cases import DECAY, inputs, results
 from linrope.base.errors import BackendUnavailable, LinropeError
 from linrope.ops import IMPLS, linear_attention
 from linrope.ops.linear_attn import backends, fla_backend
 from linrope.ops.linear_attn.common import Args
+from tests.helpers import gen, rel
+from tests.ops.fla_cases import DECAY, inputs, results
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -62,15 +63,17 @@ def test_auto_on_cpu_is_the_chunk_kernel_and_says_so_once(caplog, monkeypatch):
 
 
 def test_import_linrope_ops_imports_neither_fla_nor_triton():
-    code = ("import sys, linrope.ops, linrope.models.attention; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fla', 'triton')))")
+    code = (
+        "import sys, linrope.ops, linrope.models.attention; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fla', 'triton')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_config_refuses_fla_on_cpu_and_accepts_auto(compose, monkeypatch):
-    from linrope.config.checks import validate
     from linrope.base.errors import ConfigError
+    from linrope.config.checks import validate
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(fla_backend, "INSTALLED", True)  # installed or not, a CPU run is refused for its device
@@ -96,8 +99,10 @@ def test_fla_states_its_torch_floor(monkeypatch):
 # --------------------------------------------------------------------------------------------------------
 # what auto chooses, the default config, the kernel dtype
 # --------------------------------------------------------------------------------------------------------
-fla_torch = pytest.mark.skipif(fla_backend.torch_too_old() is not None,
-                               reason="impl=fla needs torch >= 2.7 (fla-core 0.6.0): refused on this torch")
+fla_torch = pytest.mark.skipif(
+    fla_backend.torch_too_old() is not None,
+    reason="impl=fla needs torch >= 2.7 (fla-core 0.6.0): refused on this torch",
+)
 
 
 def fake_q(device, dtype):
@@ -105,19 +110,23 @@ def fake_q(device, dtype):
     return SimpleNamespace(device=torch.device(device), dtype=dtype)
 
 
-@pytest.mark.parametrize("device,dtype,installed,version,causal,chosen", [
-    ("cpu", torch.float32, True, "2.13.0", True, "chunk"),
-    ("cpu", torch.float16, True, "2.13.0", True, "chunk"),
-    ("cuda", torch.float32, True, "2.13.0", True, "fla"),
-    ("cuda", torch.float16, True, "2.13.0", True, "fla"),      # fla computes it in float32 (kernel_dtype)
-    ("cuda", torch.bfloat16, True, "2.13.0", True, "fla"),
-    ("cuda", torch.float64, True, "2.13.0", True, "chunk"),    # fla has no float64
-    ("cuda", torch.float32, True, "2.13.0", False, "chunk"),   # fla is causal only
-    ("cuda", torch.float32, False, "2.13.0", True, "chunk"),   # fla not installed
-    ("cuda", torch.float32, True, "2.6.0", True, "chunk"),     # torch below fla's floor
-])
-def test_auto_resolves_to_fla_on_cuda_where_it_can_run_else_chunk(monkeypatch, device, dtype, installed, version,
-                                                                  causal, chosen):
+@pytest.mark.parametrize(
+    "device,dtype,installed,version,causal,chosen",
+    [
+        ("cpu", torch.float32, True, "2.13.0", True, "chunk"),
+        ("cpu", torch.float16, True, "2.13.0", True, "chunk"),
+        ("cuda", torch.float32, True, "2.13.0", True, "fla"),
+        ("cuda", torch.float16, True, "2.13.0", True, "fla"),  # fla computes it in float32 (kernel_dtype)
+        ("cuda", torch.bfloat16, True, "2.13.0", True, "fla"),
+        ("cuda", torch.float64, True, "2.13.0", True, "chunk"),  # fla has no float64
+        ("cuda", torch.float32, True, "2.13.0", False, "chunk"),  # fla is causal only
+        ("cuda", torch.float32, False, "2.13.0", True, "chunk"),  # fla not installed
+        ("cuda", torch.float32, True, "2.6.0", True, "chunk"),  # torch below fla's floor
+    ],
+)
+def test_auto_resolves_to_fla_on_cuda_where_it_can_run_else_chunk(
+    monkeypatch, device, dtype, installed, version, causal, chosen
+):
     monkeypatch.setattr(backends, "_CHOSEN", {})
     monkeypatch.setattr(fla_backend, "INSTALLED", installed)
     monkeypatch.setattr(torch, "__version__", version)
@@ -145,13 +154,16 @@ def test_the_linear_attention_configs_default_to_auto_and_compute_chunks_numbers
 
 
 @fla_torch
-@pytest.mark.parametrize("dtype,autocast,kernel", [
-    (torch.float32, None, torch.float32),
-    (torch.float16, None, torch.float32),      # float16 overflows in fla's outputs and states: float32
-    (torch.bfloat16, None, torch.bfloat16),
-    (torch.float32, torch.float16, torch.float32),
-    (torch.float32, torch.bfloat16, torch.bfloat16),
-])
+@pytest.mark.parametrize(
+    "dtype,autocast,kernel",
+    [
+        (torch.float32, None, torch.float32),
+        (torch.float16, None, torch.float32),  # float16 overflows in fla's outputs and states: float32
+        (torch.bfloat16, None, torch.bfloat16),
+        (torch.float32, torch.float16, torch.float32),
+        (torch.float32, torch.bfloat16, torch.bfloat16),
+    ],
+)
 def test_fla_computes_float16_in_float32(dtype, autocast, kernel):
     q = torch.zeros(1, 1, 2, 2, dtype=dtype)
     with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
@@ -162,8 +174,10 @@ def test_fla_computes_float16_in_float32(dtype, autocast, kernel):
 # --------------------------------------------------------------------------------------------------------
 # CUDA (compiled Triton kernels): skipped without a GPU; each body also runs on the meta device standing in
 # --------------------------------------------------------------------------------------------------------
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or fla_backend.unavailable("cuda") is not None,
-                                reason="needs CUDA and the gpu extra (fla, triton; torch >= 2.7)")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or fla_backend.unavailable("cuda") is not None,
+    reason="needs CUDA and the gpu extra (fla, triton; torch >= 2.7)",
+)
 CUDA_DTYPES = [(torch.float32, 5e-3), (torch.float16, 5e-3), (torch.bfloat16, 3e-2)]  # TF32 dots; bf16 kernels
 CUDA_MAPS = [("elu", "numerator"), ("cosine", "both"), ("elu", "none")]
 
@@ -173,8 +187,13 @@ def meta_for_cuda(monkeypatch):
     """The meta device standing in for CUDA: impl=fla takes meta tensors (its operators' fake kernels run: no
     Triton, no fla), every other check as on CUDA.  Any tensor left on the CPU among them fails."""
     fla = backends.BACKENDS["fla"]
-    monkeypatch.setitem(backends.BACKENDS, "fla", dataclasses.replace(
-        fla, unavailable=lambda device: None if torch.device(device).type == "meta" else fla.unavailable(device)))
+    monkeypatch.setitem(
+        backends.BACKENDS,
+        "fla",
+        dataclasses.replace(
+            fla, unavailable=lambda device: None if torch.device(device).type == "meta" else fla.unavailable(device)
+        ),
+    )
 
 
 def assert_compiled_kernels():
@@ -187,8 +206,19 @@ def cuda_matches_naive(device, dtype, tol, feature_map, rope):
     outputs): outputs, states and every gradient.  On meta: devices, dtypes and shapes only."""
     B, H, n, d = 2, 4, 2048, 32
     decay = DECAY.repeat(2)
-    q, k, v, S0, z0 = inputs(("cuda", feature_map, rope), feature_map=feature_map, rope=rope, decay=decay, n=n,
-                             initial=True, B=B, H=H, d=d, dv=d, device=device)
+    q, k, v, S0, z0 = inputs(
+        ("cuda", feature_map, rope),
+        feature_map=feature_map,
+        rope=rope,
+        decay=decay,
+        n=n,
+        initial=True,
+        B=B,
+        H=H,
+        d=d,
+        dv=d,
+        device=device,
+    )
     q, k, v = (x.to(dtype).float() for x in (q, k, v))  # the reference sees exactly the rounded inputs
     kw = dict(feature_map=feature_map, rope=rope, decay=decay.to(device))
     ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
@@ -205,8 +235,10 @@ def cuda_matches_naive(device, dtype, tol, feature_map, rope):
 
 
 def compiles_fullgraph(device, backend):
-    q, k, v = (torch.randn(1, 2, 256, 32, generator=gen("compile", i)).to(device, torch.bfloat16).requires_grad_()
-               for i in range(3))
+    q, k, v = (
+        torch.randn(1, 2, 256, 32, generator=gen("compile", i)).to(device, torch.bfloat16).requires_grad_()
+        for i in range(3)
+    )
     torch._dynamo.reset()
     run = torch.compile(lambda q, k, v: linear_attention(q, k, v, impl="fla"), fullgraph=True, backend=backend)
     out = run(q, k, v)
@@ -257,8 +289,11 @@ def test_fla_hands_float16_inputs_to_fla_in_float32(meta_for_cuda, monkeypatch):
         return op(q, k, v, decay, h0, final)
 
     monkeypatch.setattr(fla_backend, "fla_chunk_fwd", spy)
-    for dtype, kernel in ((torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16),
-                          (torch.float32, torch.float32)):
+    for dtype, kernel in (
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float32),
+    ):
         seen.clear()
         q = torch.zeros(1, 2, 100, 8, device="meta", dtype=dtype)
         assert linear_attention(q, q, q, impl="fla", decay=DECAY.to("meta")).dtype == dtype

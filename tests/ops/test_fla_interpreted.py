@@ -10,19 +10,20 @@ The shim patches Triton for the whole process, so it refuses to load (these test
 CUDA is available, and where fla or triton 3.9.x is not installed (the ``interp`` extra, CPU torch only).  The
 CUDA checks are in tests/ops/test_fla.py, which never loads it.
 """
+
 import itertools
 
 import pytest
 import torch
 
 import tests.ops.fla_interpreter as fla_interpreter
-from tests.helpers import gen, rel
-from tests.ops.fla_cases import DECAY, inputs, results
 from linrope.ops import linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
+from tests.helpers import gen, rel
+from tests.ops.fla_cases import DECAY, inputs, results
 
-FLOAT32_TOL = 2e-5   # relative, every output, state and gradient against float64 naive (seen: <= 3.2e-6)
-FLOAT16_TOL = 5e-3   # relative, float16 inputs (seen: <= 1.2e-3, a few float16 roundings)
+FLOAT32_TOL = 2e-5  # relative, every output, state and gradient against float64 naive (seen: <= 3.2e-6)
+FLOAT16_TOL = 5e-3  # relative, float16 inputs (seen: <= 1.2e-3, a few float16 roundings)
 
 
 @pytest.fixture
@@ -76,8 +77,9 @@ def test_the_shim_refuses_to_load_where_cuda_is_available(monkeypatch, cuda):
 def test_the_shim_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(fla_interpreter, "triton_version", lambda: "3.5.1")
-    assert fla_interpreter.refusal() == ("triton 3.5.1 installed; the interpreter shim needs triton 3.9.x "
-                                         "(the interp extra)")
+    assert fla_interpreter.refusal() == (
+        "triton 3.5.1 installed; the interpreter shim needs triton 3.9.x (the interp extra)"
+    )
     monkeypatch.setattr(fla_interpreter, "triton_version", lambda: "3.9.0")
     monkeypatch.setattr(torch, "__version__", "2.6.0")
     assert fla_interpreter.refusal() == "fla-core 0.6.0 needs torch >= 2.7 (here 2.6.0); use impl=chunk"
@@ -89,12 +91,15 @@ def test_the_shim_names_what_is_missing(monkeypatch):
 # --------------------------------------------------------------------------------------------------------
 # default suite: the mapping through fla's kernels (interpreted), a handful of configurations
 # --------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("feature_map,rope,decayed,initial,n", [
-    ("elu", "numerator", True, True, 100),
-    ("cosine", "both", False, True, 130),
-    ("elu", "none", True, False, 37),
-    ("cosine", "numerator", True, False, 64),
-])
+@pytest.mark.parametrize(
+    "feature_map,rope,decayed,initial,n",
+    [
+        ("elu", "numerator", True, True, 100),
+        ("cosine", "both", False, True, 130),
+        ("elu", "none", True, False, 37),
+        ("cosine", "numerator", True, False, 64),
+    ],
+)
 def test_fla_mapping_matches_naive_float32(fla_cpu, feature_map, rope, decayed, initial, n):
     compare(feature_map, rope, decayed, initial, n)
 
@@ -114,8 +119,9 @@ def long_float16(n, d, shift, backward):
     out = linear_attention(*leaves, impl="fla")
     ref_leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref = linear_attention(*ref_leaves, impl="naive")
-    assert out.dtype == torch.float16 and torch.isfinite(out).all(), \
+    assert out.dtype == torch.float16 and torch.isfinite(out).all(), (
         f"not finite from position {(~torch.isfinite(out)).any(-1).nonzero()[0, -1].item()}"
+    )
     errors = {"out": rel(out, ref)}
     if backward:
         w = torch.randn(out.shape, generator=g, dtype=torch.float64)
@@ -144,8 +150,9 @@ def test_fla_float16_at_2k_positions_is_finite_and_right(fla_cpu):
 
 def test_fla_empty_sequence_passes_the_state_through(fla_cpu):
     q, k, v, S0, z0 = inputs(("empty",), feature_map="cosine", n=0, initial=True)
-    out, st = linear_attention(q, k, v, impl="fla", feature_map="cosine", initial_state=LinearAttentionState(S0, z0),
-                               output_final_state=True)
+    out, st = linear_attention(
+        q, k, v, impl="fla", feature_map="cosine", initial_state=LinearAttentionState(S0, z0), output_final_state=True
+    )
     assert out.shape == v.shape and torch.equal(st.S, S0) and torch.equal(st.z, z0)
     _, st = linear_attention(q, k, v, impl="fla", feature_map="cosine", output_final_state=True)
     assert st.S.shape == S0.shape and not st.S.any() and not st.z.any()
@@ -156,8 +163,9 @@ def test_fla_is_one_graph_under_torch_compile(fla_cpu):
     q, k, v, S0, z0 = inputs(("compile",), feature_map="elu", decay=DECAY, n=70, initial=True)
 
     def run(q, k, v, S0, z0):
-        out, st = linear_attention(q, k, v, impl="fla", decay=DECAY, initial_state=LinearAttentionState(S0, z0),
-                                   output_final_state=True)
+        out, st = linear_attention(
+            q, k, v, impl="fla", decay=DECAY, initial_state=LinearAttentionState(S0, z0), output_final_state=True
+        )
         return out, st.S, st.z
 
     torch._dynamo.reset()
@@ -185,8 +193,9 @@ def test_fla_operator_registration(fla_cpu):
 # --------------------------------------------------------------------------------------------------------
 # slow suite: the whole float32 matrix
 # --------------------------------------------------------------------------------------------------------
-MATRIX = list(itertools.product(("elu", "cosine"), ("numerator", "both", "none"), (False, True), (False, True),
-                                (37, 100, 200)))
+MATRIX = list(
+    itertools.product(("elu", "cosine"), ("numerator", "both", "none"), (False, True), (False, True), (37, 100, 200))
+)
 
 
 @pytest.mark.slow

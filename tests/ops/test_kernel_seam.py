@@ -1,19 +1,23 @@
 """The kernel seam: one argument spec, a backend registry that words every refusal, the config's impl values
 from the registry, generation through the registered step operator, and a forward that never waits for the
 device (no host sync: what a CUDA step needs)."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from linrope.models.attention import LinearAttention
 from linrope.base.errors import BackendUnavailable
+from linrope.models.attention import LinearAttention
 from linrope.models.model import TransformerLM
 from linrope.ops import BACKENDS, IMPLS, linear_attention
-from linrope.ops.linear_attn.common import Args
 from linrope.ops.linear_attn import recurrent
+from linrope.ops.linear_attn.common import Args
 
-HOST_SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
-              torch.ops.aten.is_nonzero.default}
+HOST_SYNCS = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.item.default,
+    torch.ops.aten.is_nonzero.default,
+}
 
 
 class RecordSyncs(TorchDispatchMode):
@@ -28,8 +32,17 @@ class RecordSyncs(TorchDispatchMode):
 
 
 def tiny(position, **attention):
-    return TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64,
-                              attention={"kind": "linear", **attention}, position={"name": position}))
+    return TransformerLM(
+        dict(
+            d_model=32,
+            n_heads=2,
+            n_layers=2,
+            d_ff=64,
+            max_len=64,
+            attention={"kind": "linear", **attention},
+            position={"name": position},
+        )
+    )
 
 
 @pytest.mark.parametrize("position,attention", [("alibi", {}), ("rope", {}), ("rope", {"feature_map": "cosine"})])
@@ -51,8 +64,17 @@ def test_training_step_and_generation_never_read_a_tensor_on_the_host(position, 
 @pytest.mark.filterwarnings("ignore")
 def test_softmax_alibi_bias_is_built_without_reading_the_device():
     """ALiBi's score bias used to size its table by ``int(dist.max())``: a host sync per layer and forward."""
-    model = TransformerLM(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=64,
-                               attention={"kind": "softmax"}, position={"name": "alibi"})).to("meta")
+    model = TransformerLM(
+        dict(
+            d_model=32,
+            n_heads=2,
+            n_layers=2,
+            d_ff=64,
+            max_len=64,
+            attention={"kind": "softmax"},
+            position={"name": "alibi"},
+        )
+    ).to("meta")
     idx = torch.zeros(2, 100, dtype=torch.long, device="meta")
     with RecordSyncs() as mode:
         model(idx).sum().backward()
@@ -78,6 +100,7 @@ def test_registry_is_the_config_vocabulary_and_words_the_refusals():
 def test_decay_range_is_checked_once_per_call_at_the_entry(monkeypatch):
     calls = []
     from linrope.ops.linear_attn import common
+
     orig = common.check_decay_range
     monkeypatch.setattr(common, "check_decay_range", lambda d: (calls.append(1), orig(d))[1])
     q = torch.randn(1, 2, 70, 4)
@@ -106,8 +129,9 @@ def test_fla_unavailable_comes_from_the_registry(monkeypatch):
 def test_compiled_decay_check_is_traced_not_a_graph_break():
     """Under torch.compile the range check is ``torch._assert_async`` in the graph (fullgraph compiles); a bad
     decay still fails, at run time, with the same words."""
-    fn = torch.compile(lambda q, d: linear_attention(q, q, q, decay=d, chunk_size=8), fullgraph=True,
-                       backend="aot_eager")
+    fn = torch.compile(
+        lambda q, d: linear_attention(q, q, q, decay=d, chunk_size=8), fullgraph=True, backend="aot_eager"
+    )
     q = torch.randn(1, 2, 20, 4)
     good = torch.tensor([0.9, 0.8])
     assert torch.equal(fn(q, good), linear_attention(q, q, q, decay=good, chunk_size=8))

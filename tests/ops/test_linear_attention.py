@@ -3,21 +3,26 @@
 float64, forward and backward (q, k, v and the initial state), lengths that are not multiples of the chunk
 size, every feature map / placement / causality / decay, preallocated buffers poisoned with NaN.
 """
+
 import contextlib
 import itertools
 
 import pytest
 import torch
 
-from linrope.ops import IMPLS, linear_attention
+from linrope.ops import (
+    IMPLS,
+    chunk_linear_attention,
+    linear_attention,
+    naive_linear_attention,
+    recurrent_linear_attention,
+    recurrent_step,
+)
 from linrope.ops.linear_attn import matrix as matrix_mod
 from linrope.ops.linear_attn import scans as scans_mod
 from linrope.ops.linear_attn import tables as tables_mod
 from linrope.ops.linear_attn.buffers import alloc, poison_buffers
-from linrope.ops import chunk_linear_attention
 from linrope.ops.linear_attn.common import LinearAttentionState
-from linrope.ops import naive_linear_attention
-from linrope.ops import recurrent_linear_attention, recurrent_step
 from tests.helpers import gen, rel
 
 FEATURE_MAPS = ("elu", "cosine")
@@ -64,7 +69,7 @@ def run_with_grads(fn, q, k, v, state, weights, **kw):
         init = LinearAttentionState(*(t.detach().clone().requires_grad_() for t in state))
         leaves += list(init)
     res = fn(*leaves[:3], initial_state=init, output_final_state=kw["causal"], **kw)
-    out, fin = (res if kw["causal"] else (res, None))
+    out, fin = res if kw["causal"] else (res, None)
     loss = (out * weights[0]).sum()
     if fin is not None:
         loss = loss + (fin.S * weights[1]).sum() + (fin.z * weights[2]).sum()
@@ -83,9 +88,11 @@ def case(g, n, feature_map, with_state):
     q, k, v = inputs(n, g)
     state = random_state(g, feature_map) if with_state else None
     dd = D + 1 if feature_map == "cosine" else D
-    weights = (torch.randn(B, H, n, DV, generator=g, dtype=torch.float64),
-               torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
-               torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+    weights = (
+        torch.randn(B, H, n, DV, generator=g, dtype=torch.float64),
+        torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
+        torch.randn(B, H, dd, generator=g, dtype=torch.float64),
+    )
     return q, k, v, state, weights
 
 
@@ -99,13 +106,13 @@ def test_chunk_and_recurrent_match_naive(n, feature_map, rope):
     for causal, decayed, with_state in itertools.product((True, False), (False, True), (False, True)):
         if with_state and not causal:
             continue
-        q, k, v, state, weights = case(gen(n, feature_map, rope, causal, decayed, with_state), n, feature_map,
-                                       with_state)
+        q, k, v, state, weights = case(
+            gen(n, feature_map, rope, causal, decayed, with_state), n, feature_map, with_state
+        )
         # one key and no state: o = v·w/(w+eps), so ∂o/∂q = O(eps) is pure cancellation in every form;
         # a larger eps keeps that gradient well-conditioned enough to compare to 1e-10
         eps = 0.1 if n == 1 and not with_state else 1e-6
-        kw = dict(feature_map=feature_map, rope=rope, causal=causal, eps=eps,
-                  decay=DECAY if decayed else None)
+        kw = dict(feature_map=feature_map, rope=rope, causal=causal, eps=eps, decay=DECAY if decayed else None)
         ref_out, ref_fin, ref_grads = run_with_grads(naive_linear_attention, q, k, v, state, weights, **kw)
         forms = [(f"chunk C={c}", lambda *a, c=c, **k_: chunked(*a, chunk_size=c, **k_)) for c in (16, 64)]
         if causal and (n < 1000 or with_state):  # (the 1000-step autograd loop is slow: 2 of 4 configs there)
@@ -147,18 +154,22 @@ def test_scans_match_the_sequential_loop(nc, decayed, monkeypatch):
 def test_chunk_matches_naive_over_many_chunks(chunk_size):
     """Hundreds of chunks in a block (550 at C=2: a scan of three levels), in one block and in four."""
     n = 1099
-    for feature_map, rope, causal, decayed, with_state in (("elu", "numerator", True, True, True),
-                                                           ("cosine", "both", True, False, True),
-                                                           ("elu", "none", True, True, False),
-                                                           ("elu", "numerator", False, True, False)):
-        q, k, v, state, weights = case(gen("many", chunk_size, feature_map, rope, causal, decayed), n, feature_map,
-                                       with_state)
+    for feature_map, rope, causal, decayed, with_state in (
+        ("elu", "numerator", True, True, True),
+        ("cosine", "both", True, False, True),
+        ("elu", "none", True, True, False),
+        ("elu", "numerator", False, True, False),
+    ):
+        q, k, v, state, weights = case(
+            gen("many", chunk_size, feature_map, rope, causal, decayed), n, feature_map, with_state
+        )
         kw = dict(feature_map=feature_map, rope=rope, causal=causal, decay=DECAY if decayed else None)
         ref_out, ref_fin, ref_grads = run_with_grads(naive_linear_attention, q, k, v, state, weights, **kw)
         for blocks in (contextlib.nullcontext, small_blocks):
             with blocks():
-                out, fin, grads = run_with_grads(chunk_linear_attention, q, k, v, state, weights,
-                                                 chunk_size=chunk_size, **kw)
+                out, fin, grads = run_with_grads(
+                    chunk_linear_attention, q, k, v, state, weights, chunk_size=chunk_size, **kw
+                )
             what = (feature_map, rope, causal, decayed, with_state, blocks.__name__)
             assert rel(out, ref_out) < 1e-10, what
             if causal:
@@ -188,6 +199,7 @@ def aten_ops(fn) -> int:
 def test_operations_do_not_grow_with_the_number_of_chunks():
     """Issue 31: fwd+bwd at N = 64k runs at most 4x the aten operations it runs at 1k (B 1, H 8, d 64, elu,
     RoPE in the numerator, causal, C 64, float32); a loop over chunks or 512-position blocks ran 62x."""
+
     def fwd_bwd(n):
         g = gen("ops", n)
         q, k, v = (torch.randn(1, 8, n, 64, generator=g).requires_grad_() for _ in range(3))
@@ -266,8 +278,15 @@ def test_two_pieces_equal_one_pass(decayed, feature_map):
         full, fin = chunk_linear_attention(q, k, v, chunk_size=16, output_final_state=True, **kw)
         for fn in (lambda *a, **k_: chunk_linear_attention(*a, chunk_size=16, **k_), recurrent_linear_attention):
             o1, s1 = fn(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], output_final_state=True, **kw)
-            o2, s2 = fn(q[:, :, cut:], k[:, :, cut:], v[:, :, cut:], positions=torch.arange(cut, n),
-                        initial_state=s1, output_final_state=True, **kw)
+            o2, s2 = fn(
+                q[:, :, cut:],
+                k[:, :, cut:],
+                v[:, :, cut:],
+                positions=torch.arange(cut, n),
+                initial_state=s1,
+                output_final_state=True,
+                **kw,
+            )
             assert rel(torch.cat((o1, o2), dim=2), full) < 1e-12, (rope, fn)
             assert rel(s2.S, fin.S) < 1e-12 and rel(s2.z, fin.z) < 1e-12, (rope, fn)
 
@@ -314,7 +333,9 @@ def test_shifting_all_positions_changes_nothing(rope, causal):
         shifted = chunk_linear_attention(q, k, v, positions=torch.arange(n) + 12345, **kw)
         assert rel(shifted, base) < 1e-9, feature_map
         if causal:
-            stepped = recurrent_linear_attention(q, k, v, feature_map=feature_map, rope=rope, positions=torch.arange(n) + 777)
+            stepped = recurrent_linear_attention(
+                q, k, v, feature_map=feature_map, rope=rope, positions=torch.arange(n) + 777
+            )
             assert rel(stepped, base) < 1e-9, feature_map
 
 
@@ -414,8 +435,12 @@ def test_bad_input_raises_clear_errors():
         linear_attention(q, k, v, impl="fused_magic")
     with pytest.raises(ValueError, match="causal only"):
         linear_attention(q, k, v, impl="recurrent", causal=False)
-    bad_state = LinearAttentionState(torch.zeros(B, H, D + 1, DV, dtype=torch.float64), torch.zeros(B, H, D + 1, dtype=torch.float64))
-    one_row = LinearAttentionState(torch.zeros(1, H, D, DV, dtype=torch.float64), torch.zeros(1, H, D, dtype=torch.float64))
+    bad_state = LinearAttentionState(
+        torch.zeros(B, H, D + 1, DV, dtype=torch.float64), torch.zeros(B, H, D + 1, dtype=torch.float64)
+    )
+    one_row = LinearAttentionState(
+        torch.zeros(1, H, D, DV, dtype=torch.float64), torch.zeros(1, H, D, dtype=torch.float64)
+    )
     for impl in ("naive", "chunk", "recurrent"):
         with pytest.raises(ValueError, match="expected S"):
             linear_attention(q, k, v, impl=impl, initial_state=bad_state)  # elu wants d, not d+1
@@ -473,8 +498,11 @@ def test_recurrent_step_gradients_match_naive(feature_map):
         state = random_state(g, feature_map)
         kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None)
         dd = D + 1 if feature_map == "cosine" else D
-        w = (torch.randn(B, H, DV, generator=g, dtype=torch.float64), torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
-             torch.randn(B, H, dd, generator=g, dtype=torch.float64))
+        w = (
+            torch.randn(B, H, DV, generator=g, dtype=torch.float64),
+            torch.randn(B, H, dd, DV, generator=g, dtype=torch.float64),
+            torch.randn(B, H, dd, generator=g, dtype=torch.float64),
+        )
         grads = []
         for step in (True, False):
             leaves = [t.clone().requires_grad_() for t in (q, k, v, *state)]
@@ -482,8 +510,9 @@ def test_recurrent_step_gradients_match_naive(feature_map):
             if step:
                 o, fin = recurrent_step(*(t[:, :, 0] for t in leaves[:3]), init, position=9, **kw)
             else:
-                o, fin = naive_linear_attention(*leaves[:3], positions=torch.tensor([9]), initial_state=init,
-                                                output_final_state=True, **kw)
+                o, fin = naive_linear_attention(
+                    *leaves[:3], positions=torch.tensor([9]), initial_state=init, output_final_state=True, **kw
+                )
                 o = o[:, :, 0]
             loss = (o * w[0]).sum() + (fin.S * w[1]).sum() + (fin.z * w[2]).sum()
             grads.append(torch.autograd.grad(loss, leaves))

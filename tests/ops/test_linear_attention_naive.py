@@ -1,5 +1,6 @@
 """linear_attention(impl="naive") equals the quadratic formula of linear attention written out by hand:
 numerator over denominator, each a sum over keys, RoPE where the placement says."""
+
 import itertools
 
 import pytest

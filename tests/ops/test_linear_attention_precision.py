@@ -1,14 +1,19 @@
 """Low precision and devices: float32 states for float16/bfloat16 inputs, long sequences, CUDA."""
+
 import contextlib
 import itertools
 
 import pytest
 import torch
 
-from linrope.ops import LinearAttentionState, linear_attention
-from linrope.ops import chunk_linear_attention
-from linrope.ops import naive_linear_attention
-from linrope.ops import recurrent_linear_attention, recurrent_step
+from linrope.ops import (
+    LinearAttentionState,
+    chunk_linear_attention,
+    linear_attention,
+    naive_linear_attention,
+    recurrent_linear_attention,
+    recurrent_step,
+)
 from tests.helpers import gen, rel
 
 DECAY = torch.tensor([0.99, 0.9])
@@ -108,8 +113,13 @@ def test_chunk_on_cuda_matches_naive(dtype):
 #   fp16 / autocast-fp16: float16 inputs (11 bits), float32 compute.  Seen: 3.0e-4, 1.4e-3.
 #   autocast-fp32-inputs: autocast does not reach inside linear attention (``common.autocast_off``), so
 #       float32 inputs are computed in float32 under autocast too.  Seen: 5.7e-6, 9.2e-6.
-MATRIX_TOL = {"autocast-bf16": (1.5e-2, 4e-2), "bf16": (1.5e-2, 4e-2), "fp16": (1e-3, 4e-3),
-              "autocast-fp16": (1e-3, 4e-3), "autocast-fp32-inputs": (2e-5, 3e-5)}  # (forward, backward)
+MATRIX_TOL = {
+    "autocast-bf16": (1.5e-2, 4e-2),
+    "bf16": (1.5e-2, 4e-2),
+    "fp16": (1e-3, 4e-3),
+    "autocast-fp16": (1e-3, 4e-3),
+    "autocast-fp32-inputs": (2e-5, 3e-5),
+}  # (forward, backward)
 MATRIX_N, MATRIX_D, MATRIX_CHUNK = 200, 8, 64
 VERBOSE = False
 MATRIX_DECAY = torch.tensor([0.97, 0.9])
@@ -158,8 +168,9 @@ def _loss(res, w):
 def test_precision_matrix_against_float64_naive(form, mode):
     tol_fwd, tol_bwd = MATRIX_TOL[mode]
     worst = {}
-    for feature_map, rope, decayed, with_state in itertools.product(("elu", "cosine"), ("numerator", "both", "none"),
-                                                                    (False, True), (False, True)):
+    for feature_map, rope, decayed, with_state in itertools.product(
+        ("elu", "cosine"), ("numerator", "both", "none"), (False, True), (False, True)
+    ):
         case = (feature_map, rope, decayed, with_state)
         g = gen("matrix", form, mode, *case)
         B, H, N, d = 1, 2, (70 if form == "recurrent_step" else MATRIX_N), MATRIX_D  # one operator call a step
@@ -172,8 +183,11 @@ def test_precision_matrix_against_float64_naive(form, mode):
             S0, z0 = (t.float() for t in naive_linear_attention(*prefix, output_final_state=True, **kw)[1])
         else:
             S0, z0 = torch.zeros(B, H, D, d), torch.zeros(B, H, D)
-        w = [torch.randn(B, H, N, d, generator=g, dtype=torch.float64), torch.randn(B, H, D, d, generator=g,
-             dtype=torch.float64), torch.randn(B, H, D, generator=g, dtype=torch.float64)]
+        w = [
+            torch.randn(B, H, N, d, generator=g, dtype=torch.float64),
+            torch.randn(B, H, D, d, generator=g, dtype=torch.float64),
+            torch.randn(B, H, D, generator=g, dtype=torch.float64),
+        ]
         leaves = [t.clone().requires_grad_() for t in (q, k, v, S0, z0)]
         with _autocast(mode):
             qkv = [_as_mode(t, mode) for t in leaves[:3]]
@@ -185,8 +199,11 @@ def test_precision_matrix_against_float64_naive(form, mode):
         ref_leaves = [t.detach().double().requires_grad_() for t in (*qkv, S0, z0)]
         ref = _run_form("naive", *ref_leaves, **kw)
         _loss(ref, w).backward()
-        errs = {"out": rel(res[0].detach(), ref[0]), "S": rel(res[1].detach(), ref[1]),
-                "z": rel(res[2].detach(), ref[2])}
+        errs = {
+            "out": rel(res[0].detach(), ref[0]),
+            "S": rel(res[1].detach(), ref[1]),
+            "z": rel(res[2].detach(), ref[2]),
+        }
         # inputs handed in 16-bit: their gradient is the leaf's (the rounding is the identity for autograd)
         for name, i in zip(("dq", "dk", "dv", "dS0", "dz0"), range(5)):
             gr = leaves[i].grad
@@ -197,5 +214,6 @@ def test_precision_matrix_against_float64_naive(form, mode):
             worst[name] = max(worst.get(name, 0.0), e)
             tol = tol_fwd if name in ("out", "S", "z") else tol_bwd
             assert e < tol, (case, name, e, tol)
-        if VERBOSE: print(case, {k_: f"{e:.1e}" for k_, e in errs.items()})
+        if VERBOSE:
+            print(case, {k_: f"{e:.1e}" for k_, e in errs.items()})
     print(form, mode, {k_: f"{e:.1e}" for k_, e in worst.items()})

@@ -1,4 +1,5 @@
 """apply_rope follows docs/design.md#the-rotation element by element; <R_m q, R_n k> depends only on n - m."""
+
 import math
 
 import pytest

@@ -1,6 +1,7 @@
 """Position parameters shared across layers as the papers share them (T5: the bias table; DeBERTa: the
 relative-embedding table P, projections per layer; TUPE: everything, one correlation for all layers), and
 ``share: false`` for one set per layer."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,13 +12,24 @@ from linrope.positions import REGISTRY, build_position
 
 SHARING = ("t5", "deberta", "tupe")
 PER_LAYER = {  # parameters each layer keeps with sharing on (DeBERTa's projections)
-    "t5": 0, "deberta": 2 * 32 * 32, "tupe": 0,
+    "t5": 0,
+    "deberta": 2 * 32 * 32,
+    "tupe": 0,
 }
 
 
 def lm(name, n_layers, **opts):
-    return TransformerLM(dict(vocab_size=32, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, max_len=64,
-                              position={"name": name, **opts}))
+    return TransformerLM(
+        dict(
+            vocab_size=32,
+            d_model=32,
+            n_layers=n_layers,
+            n_heads=4,
+            d_ff=64,
+            max_len=64,
+            position={"name": name, **opts},
+        )
+    )
 
 
 @pytest.mark.parametrize("name", SHARING)
@@ -38,8 +50,9 @@ def test_every_layer_uses_the_one_shared_module(name):
     m = lm(name, 3)
     assert all(b.attn.pos.src is m.pos_shared for b in m.blocks)
     keys = list(m.state_dict())
-    assert not any(".attn.pos." in k and k.split(".attn.pos.")[1] in dict(m.pos_shared.named_parameters())
-                   for k in keys)  # saved once, under pos_shared
+    assert not any(
+        ".attn.pos." in k and k.split(".attn.pos.")[1] in dict(m.pos_shared.named_parameters()) for k in keys
+    )  # saved once, under pos_shared
     x = torch.randint(0, 32, (2, 10))
     m(x).pow(2).mean().backward()
     for n, p in m.pos_shared.named_parameters():  # every layer's gradient lands on the one copy
@@ -56,7 +69,7 @@ def test_sharing_is_per_layer_copies_tied(name):
     for key, value in shared.state_dict().items():
         if key.startswith("pos_shared."):
             for i in range(2):
-                state[f"blocks.{i}.attn.pos.{key[len('pos_shared.'):]}"] = value
+                state[f"blocks.{i}.attn.pos.{key[len('pos_shared.') :]}"] = value
         else:
             state[key] = value
     own.load_state_dict(state)
@@ -97,8 +110,15 @@ def test_share_option_only_where_there_is_something_to_share():
     for name in SHARING:
         assert REGISTRY[name].shares
     with pytest.raises(ValueError, match="only an attention layer borrows"):
-        build_position("t5", where="attention", d_model=32, n_heads=4, head_dim=8, max_len=8,
-                       shared=build_position("deberta", where="shared", d_model=32, n_heads=4, head_dim=8, max_len=8))
+        build_position(
+            "t5",
+            where="attention",
+            d_model=32,
+            n_heads=4,
+            head_dim=8,
+            max_len=8,
+            shared=build_position("deberta", where="shared", d_model=32, n_heads=4, head_dim=8, max_len=8),
+        )
 
 
 def test_shared_role_allocates_only_the_shared_part():
@@ -111,12 +131,21 @@ def test_shared_role_allocates_only_the_shared_part():
     assert {n for n, _ in alone.named_parameters()} == {"table", "w_kr", "w_qr"}
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["model=softmax_rope", "+model.position.share=true"], "rope has no parameters to share across layers"),
-    (["model=softmax_deberta", "model.position.p2c=both"], "p2c=both: expected one of release, paper"),
-    (["model=softmax_floater", "model.position.inject=attention"], "inject=attention: expected one of input, blocks"),
-    (["model=softmax_t5", "+model.position.buckets=8"], "model.position.buckets: unknown option; did you mean num_buckets?"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model=softmax_rope", "+model.position.share=true"], "rope has no parameters to share across layers"),
+        (["model=softmax_deberta", "model.position.p2c=both"], "p2c=both: expected one of release, paper"),
+        (
+            ["model=softmax_floater", "model.position.inject=attention"],
+            "inject=attention: expected one of input, blocks",
+        ),
+        (
+            ["model=softmax_t5", "+model.position.buckets=8"],
+            "model.position.buckets: unknown option; did you mean num_buckets?",
+        ),
+    ],
+)
 def test_bad_position_options_fail_in_the_config_check(compose, overrides, message):
     """Before any data is read or model built: one line naming the option."""
     from linrope.config.checks import ConfigError, validate

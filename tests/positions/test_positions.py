@@ -3,6 +3,7 @@
 Every scheme is checked against its own formula written as a loop, for invariance (relative
 schemes) or sensitivity (absolute ones) to a shift of all positions, for its zero-parameter
 reduction to plain attention, and end to end in a TransformerLM (forward + backward)."""
+
 from __future__ import annotations
 
 import math
@@ -11,16 +12,35 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from linrope.base.errors import SequenceTooLong
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM
-from linrope.positions import (REGISTRY, SCHEME_MODULES, IncompatiblePairing, alibi_slopes, build_position,
-                               check_pairing, t5_bucket)
+from linrope.positions import (
+    REGISTRY,
+    SCHEME_MODULES,
+    IncompatiblePairing,
+    alibi_slopes,
+    build_position,
+    check_pairing,
+    t5_bucket,
+)
 from linrope.positions.deberta import log_bucket_distance
-from linrope.base.errors import SequenceTooLong
 
 D, H, HD = 16, 2, 8  # d_model, heads, head dim of the attention-level tests
-ALL = ("none", "learned", "sinusoidal", "rope", "floater", "multiplicative", "shaw", "xl", "t5", "deberta", "tupe",
-       "alibi")
+ALL = (
+    "none",
+    "learned",
+    "sinusoidal",
+    "rope",
+    "floater",
+    "multiplicative",
+    "shaw",
+    "xl",
+    "t5",
+    "deberta",
+    "tupe",
+    "alibi",
+)
 SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe")  # act on the N×N scores: softmax only
 LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope", "alibi")
 
@@ -28,8 +48,9 @@ LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope
 def attention(name, *, causal=True, max_len=128, randomize=True, **opts):
     """A float64 SoftmaxAttention layer with scheme ``name``; its position parameters drawn large
     (std 0.5) so that every position term visibly moves the output."""
-    pos = build_position(name, where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=max_len,
-                         causal=causal, **opts)
+    pos = build_position(
+        name, where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=max_len, causal=causal, **opts
+    )
     att = SoftmaxAttention(D, H, pos, causal=causal).double()
     if randomize:
         with torch.no_grad():
@@ -55,8 +76,12 @@ def loop_attention(q, k, v, causal, score, value=None):
     for b in range(B):
         for h in range(Hh):
             for i in range(N):
-                s = torch.stack([score(b, h, i, j) if (j <= i or not causal) else torch.tensor(-math.inf,
-                                 dtype=q.dtype) for j in range(N)])
+                s = torch.stack(
+                    [
+                        score(b, h, i, j) if (j <= i or not causal) else torch.tensor(-math.inf, dtype=q.dtype)
+                        for j in range(N)
+                    ]
+                )
                 a = s.softmax(0)
                 for j in range(N):
                     vj = v[b, h, j] if value is None else v[b, h, j] + value(h, i, j)
@@ -77,6 +102,7 @@ def sinusoid(r, dim, base=10000.0):
 # ---------------------------------------------------------------------------------------------------
 # registry and pairing
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_every_scheme_is_registered():
     assert set(ALL) <= set(REGISTRY) and set(ALL) <= set(SCHEME_MODULES)
@@ -144,10 +170,10 @@ def test_alibi_slopes():
     # 6 heads: the 4-head slopes 2^-2, 2^-4, 2^-6, 2^-8, then every other 8-head slope: 2^-1, 2^-3
     assert alibi_slopes(6).tolist() == [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]
     # 12 heads: the 8-head slopes, then every other 16-head slope (2^-k/2, k = 1, 3, 5, 7)
-    want12 = [2.0 ** -(h + 1) for h in range(8)] + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
+    want12 = [2.0 ** -(h + 1) for h in range(8)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
     torch.testing.assert_close(alibi_slopes(12), torch.tensor(want12, dtype=torch.float64), rtol=1e-14, atol=0)
     torch.testing.assert_close(alibi_slopes(4), torch.tensor([1 / 4, 1 / 16, 1 / 64, 1 / 256], dtype=torch.float64))
-    assert alibi_slopes(1).tolist() == [2.0 ** -8]
+    assert alibi_slopes(1).tolist() == [2.0**-8]
     with pytest.raises(ValueError):
         alibi_slopes(0)
 
@@ -158,7 +184,7 @@ def test_alibi_bias_matrix_and_linear_decay():
     q = torch.randn(1, 2, 3, HD, dtype=torch.float64)
     bias = pos.score_bias(q, q, positions)
     dist = torch.tensor([[0, 1, 2], [1, 0, 1], [2, 1, 0]], dtype=torch.float64)
-    want = -torch.stack([dist * 2.0 ** -4, dist * 2.0 ** -8])[None]  # H = 2: m = 2^-4, 2^-8
+    want = -torch.stack([dist * 2.0**-4, dist * 2.0**-8])[None]  # H = 2: m = 2^-4, 2^-8
     torch.testing.assert_close(bias, want)
     torch.testing.assert_close(pos.linear_decay().double(), torch.exp(-alibi_slopes(2)), rtol=1e-6, atol=0)
 
@@ -185,8 +211,9 @@ RELATIVE_CASES = [
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("name,opts", RELATIVE_CASES, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in
-                                                          RELATIVE_CASES])
+@pytest.mark.parametrize(
+    "name,opts", RELATIVE_CASES, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in RELATIVE_CASES]
+)
 def test_relative_scheme_ignores_a_shift(name, opts, causal):
     att = attention(name, causal=causal, **opts)
     if name == "tupe":
@@ -211,8 +238,19 @@ def test_tupe_absolute_term_sees_the_shift(causal):
 
 def tiny_lm(name, *, causal=True, attention_kind="softmax", **opts):
     attn = {"kind": "softmax"} if attention_kind == "softmax" else {"kind": "linear", "impl": "naive"}
-    return TransformerLM(dict(vocab_size=32, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64, causal=causal,
-                              attention=attn, position={"name": name, **opts}))
+    return TransformerLM(
+        dict(
+            vocab_size=32,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            d_ff=64,
+            max_len=64,
+            causal=causal,
+            attention=attn,
+            position={"name": name, **opts},
+        )
+    )
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
@@ -223,8 +261,16 @@ def test_model_with_relative_scheme_ignores_offset(name, causal):
     torch.testing.assert_close(m(x, offset=23), m(x), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("name,opts", [("learned", {}), ("sinusoidal", {}), ("multiplicative", {}),
-                                       ("multiplicative", {"table": "learned"}), ("floater", {})])
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("learned", {}),
+        ("sinusoidal", {}),
+        ("multiplicative", {}),
+        ("multiplicative", {"table": "learned"}),
+        ("floater", {}),
+    ],
+)
 def test_model_with_absolute_scheme_sees_offset(name, opts):
     m = tiny_lm(name, **opts).double()
     x = torch.randint(0, 32, (2, 10))
@@ -235,12 +281,13 @@ def test_model_with_absolute_scheme_sees_offset(name, opts):
 # zero position parameters: plain attention (at the scheme's own scale)
 # ---------------------------------------------------------------------------------------------------
 
+
 def zero(scheme, *names):
     """Zero the named parameters (or every parameter of a named submodule) of a scheme."""
     with torch.no_grad():
         for n in names:
             obj = getattr(scheme, n)
-            for p in (obj.parameters() if isinstance(obj, torch.nn.Module) else [obj]):
+            for p in obj.parameters() if isinstance(obj, torch.nn.Module) else [obj]:
                 p.zero_()
 
 
@@ -256,16 +303,16 @@ ZERO_CASES = [  # (name, options, parameters zeroed, score scale that remains)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("name,opts,zeroed,scale", ZERO_CASES,
-                         ids=[f"{c[0]}-{c[1].get('variant', '')}" for c in ZERO_CASES])
+@pytest.mark.parametrize(
+    "name,opts,zeroed,scale", ZERO_CASES, ids=[f"{c[0]}-{c[1].get('variant', '')}" for c in ZERO_CASES]
+)
 def test_zero_parameters_reduce_to_plain_attention(name, opts, zeroed, scale, causal):
     att = attention(name, causal=causal, **opts)
     x = torch.randn(2, 9, D, dtype=torch.float64)
     positions = torch.arange(9) + 11
     assert not torch.allclose(att(x, positions)[0], plain(att, x, causal=causal, scale=scale), atol=1e-6)
     zero(att.pos, *zeroed)
-    torch.testing.assert_close(att(x, positions)[0], plain(att, x, causal=causal, scale=scale), rtol=1e-10,
-                               atol=1e-12)
+    torch.testing.assert_close(att(x, positions)[0], plain(att, x, causal=causal, scale=scale), rtol=1e-10, atol=1e-12)
 
 
 def test_input_schemes_with_zero_parameters_leave_x_alone():
@@ -288,22 +335,29 @@ def test_input_schemes_with_zero_parameters_leave_x_alone():
 # each formula against a loop over (b, h, i, j)
 # ---------------------------------------------------------------------------------------------------
 
+
 def loop_check(att, score, value=None, *, n=5, offset=7, causal=True):
     x = torch.randn(2, n, D, dtype=torch.float64)
     positions = torch.arange(n) + offset
     q, k, v = att.split(x)
-    want = att.merge(loop_attention(q, k, v, causal, lambda b, h, i, j: score(q, k, positions, b, h, i, j),
-                                    None if value is None else lambda h, i, j: value(positions, h, i, j)))
+    want = att.merge(
+        loop_attention(
+            q,
+            k,
+            v,
+            causal,
+            lambda b, h, i, j: score(q, k, positions, b, h, i, j),
+            None if value is None else lambda h, i, j: value(positions, h, i, j),
+        )
+    )
     torch.testing.assert_close(att(x, positions)[0], want, rtol=1e-9, atol=1e-10)
 
 
 def test_shaw_clipping_table_index():
     pos = build_position("shaw", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=16, k=2)
-    want = torch.tensor([[2, 1, 0, 0, 0],
-                         [3, 2, 1, 0, 0],
-                         [4, 3, 2, 1, 0],
-                         [4, 4, 3, 2, 1],
-                         [4, 4, 4, 3, 2]])  # clip(i - j, -2, 2) + 2
+    want = torch.tensor(
+        [[2, 1, 0, 0, 0], [3, 2, 1, 0, 0], [4, 3, 2, 1, 0], [4, 4, 3, 2, 1], [4, 4, 4, 3, 2]]
+    )  # clip(i - j, -2, 2) + 2
     assert torch.equal(pos.table_index(torch.arange(5) + 40), want)
 
 
@@ -344,7 +398,7 @@ def test_xl_four_terms(causal):
     w_r, u, vb = att.pos.w_r, att.pos.u, att.pos.v
 
     def score(q, k, p, b, h, i, j):
-        wr = (sinusoid(int(p[i] - p[j]), D) @ w_r)[h * HD:(h + 1) * HD]  # W_R R_{i-j}, head h
+        wr = (sinusoid(int(p[i] - p[j]), D) @ w_r)[h * HD : (h + 1) * HD]  # W_R R_{i-j}, head h
         return (q[b, h, i] @ k[b, h, j] + q[b, h, i] @ wr + u[h] @ k[b, h, j] + vb[h] @ wr) / math.sqrt(HD)
 
     x = torch.randn(2, 5, D, dtype=torch.float64)
@@ -384,8 +438,9 @@ def deberta_row(a: int, b: int, kk: int, log_buckets: bool = False, max_distance
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("p2c", ["release", "paper"])
-@pytest.mark.parametrize("opts", [{"k": 2}, {"k": 4, "log_buckets": True, "max_distance": 7}],
-                         ids=["clip", "log_buckets"])
+@pytest.mark.parametrize(
+    "opts", [{"k": 2}, {"k": 4, "log_buckets": True, "max_distance": 7}], ids=["clip", "log_buckets"]
+)
 def test_deberta_disentangled_formula(causal, p2c, opts):
     kk = opts["k"]
     att = attention("deberta", causal=causal, p2c=p2c, **opts)
@@ -447,8 +502,7 @@ def test_alibi_formula(causal):
     loop_check(att, score, causal=causal)
 
 
-@pytest.mark.parametrize("k,max_distance", [(128, 512), (256, 512), (8, 32), (16, 53), (4, 7), (64, 1000),
-                                            (32, 33)])
+@pytest.mark.parametrize("k,max_distance", [(128, 512), (256, 512), (8, 32), (16, 53), (4, 7), (64, 1000), (32, 33)])
 def test_deberta_log_buckets_match_the_release(k, max_distance):
     r = torch.arange(-3000, 3001)
     got = log_bucket_distance(r, k, max_distance)
@@ -470,24 +524,52 @@ def test_deberta_log_buckets_match_the_release(k, max_distance):
 def test_deberta_log_buckets_use_every_row():
     """k = 128, max distance 512: the far left reaches row 0 and the far right row 2k-1, and every distance of
     the window lands where the release puts it (47 of these 1025 landed one row off before)."""
-    pos = build_position("deberta", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, k=128,
-                         log_buckets=True, max_distance=512)
+    pos = build_position(
+        "deberta",
+        where="attention",
+        d_model=D,
+        n_heads=H,
+        head_dim=HD,
+        max_len=8,
+        k=128,
+        log_buckets=True,
+        max_distance=512,
+    )
     rows = pos.delta(torch.arange(513))  # i - j over -512 … 512
     assert rows.min() == 0 and rows.max() == 255
     want = torch.tensor([deberta_row(i, j, 128, True, 512) for i in range(0, 513, 8) for j in range(513)])
     assert torch.equal(rows[::8].reshape(-1), want)
     with pytest.raises(ValueError, match="max_distance"):
-        build_position("deberta", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, k=8,
-                       log_buckets=True, max_distance=5)
+        build_position(
+            "deberta",
+            where="attention",
+            d_model=D,
+            n_heads=H,
+            head_dim=HD,
+            max_len=8,
+            k=8,
+            log_buckets=True,
+            max_distance=5,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
 # attention paths and the value term
 # ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,opts", [("t5", {}), ("alibi", {}), ("xl", {}), ("deberta", {}), ("tupe", {}),
-                                       ("shaw", {"variant": "relative_key"}),
-                                       ("shaw", {"variant": "relative_key_query"})])
+
+@pytest.mark.parametrize(
+    "name,opts",
+    [
+        ("t5", {}),
+        ("alibi", {}),
+        ("xl", {}),
+        ("deberta", {}),
+        ("tupe", {}),
+        ("shaw", {"variant": "relative_key"}),
+        ("shaw", {"variant": "relative_key_query"}),
+    ],
+)
 def test_score_schemes_take_the_sdpa_path(name, opts, monkeypatch):
     att = attention(name, **opts)
 
@@ -505,7 +587,7 @@ def test_shaw_value_term_uses_the_dropped_weights():
     att = SoftmaxAttention(D, H, pos, causal=True, dropout=0.5).double().train()
     x = torch.randn(1, 1, D, dtype=torch.float64).expand(2, 8, D)  # identical rows: identical v_j
     with torch.no_grad():
-        v_rows = att.qkv.weight[2 * D:].view(H, HD, D)  # the v projection, head by head
+        v_rows = att.qkv.weight[2 * D :].view(H, HD, D)  # the v projection, head by head
         v_rows[1:] = v_rows[0]  # every head the same v
         v = att.split(x)[2][0, 0, 0]
         att.pos.key_table.normal_()  # non-uniform attention
@@ -522,10 +604,12 @@ def test_shaw_value_term_uses_the_dropped_weights():
 # learned tables: one clear line beyond max_len
 # ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name,opts", [("learned", {}), ("tupe", {}), ("multiplicative", {"table": "learned"})])
 def test_learned_tables_refuse_long_sequences(name, opts):
-    m = TransformerLM(dict(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8,
-                           position={"name": name, **opts}))
+    m = TransformerLM(
+        dict(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8, position={"name": name, **opts})
+    )
     m(torch.randint(0, 32, (1, 8)))  # exactly max_len: fine
     for call in (lambda: m(torch.randint(0, 32, (1, 9))), lambda: m(torch.randint(0, 32, (1, 4)), offset=5)):
         with pytest.raises(SequenceTooLong) as e:
@@ -537,6 +621,7 @@ def test_learned_tables_refuse_long_sequences(name, opts):
 # ---------------------------------------------------------------------------------------------------
 # floater
 # ---------------------------------------------------------------------------------------------------
+
 
 def floater(**opts):
     return build_position("floater", where="input", d_model=D, n_heads=H, head_dim=HD, max_len=8, **opts).double()
@@ -580,6 +665,7 @@ def test_floater_gradients_reach_the_ode():
 # ---------------------------------------------------------------------------------------------------
 # end to end: a TransformerLM with each scheme trains a step
 # ---------------------------------------------------------------------------------------------------
+
 
 def lm_step(m, causal):
     x = torch.randint(0, 32, (2, 12))
@@ -636,13 +722,15 @@ def test_rope_position_interpolation_through_the_scheme(causal):
 # initial scale of the learned table; ALiBi's precision
 # ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("d_model", [64, 256])
 def test_learned_positions_start_at_the_size_of_the_tokens(d_model):
     """BERT's release starts token and position tables at the same std and adds them unscaled (ratio 1);
     here the tokens are scaled by sqrt(d_model), so the table starts that much larger."""
     torch.manual_seed(0)
-    m = TransformerLM(dict(vocab_size=256, d_model=d_model, n_layers=1, n_heads=4, d_ff=64, max_len=256,
-                           position={"name": "learned"}))
+    m = TransformerLM(
+        dict(vocab_size=256, d_model=d_model, n_layers=1, n_heads=4, d_ff=64, max_len=256, position={"name": "learned"})
+    )
     tokens = m.embed.weight * m.embed_scale
     ratio = m.pos.table.detach().pow(2).mean().sqrt() / tokens.detach().pow(2).mean().sqrt()
     assert abs(float(ratio) - 1.0) < 0.03
@@ -650,8 +738,9 @@ def test_learned_positions_start_at_the_size_of_the_tokens(d_model):
     term_tok = (m.embed(x) * m.embed_scale).detach().pow(2).mean().sqrt()
     term_pos = m.pos.embed(torch.zeros(1, 200, d_model), torch.arange(200)).detach().pow(2).mean().sqrt()
     assert abs(float(term_pos / term_tok) - 1.0) < 0.05
-    small = build_position("learned", where="input", d_model=d_model, n_heads=4, head_dim=d_model // 4,
-                           max_len=256, init_std=0.02)
+    small = build_position(
+        "learned", where="input", d_model=d_model, n_heads=4, head_dim=d_model // 4, max_len=256, init_std=0.02
+    )
     assert abs(float(small.table.std()) - 0.02) < 0.002  # an explicit init_std still wins
 
 
@@ -661,8 +750,9 @@ def test_alibi_slopes_stay_float64_and_the_bias_is_exact():
         assert convert(pos).slopes.dtype == torch.float64
     torch.testing.assert_close(pos.slopes, alibi_slopes(12), rtol=0, atol=0)
     positions = torch.arange(1000) + 5
-    want = torch.stack([-alibi_slopes(12)[h] * (positions[:, None] - positions[None, :]).abs().double()
-                        for h in range(12)])[None]
+    want = torch.stack(
+        [-alibi_slopes(12)[h] * (positions[:, None] - positions[None, :]).abs().double() for h in range(12)]
+    )[None]
     q64 = torch.zeros(1, 12, 1, 4, dtype=torch.float64)
     assert torch.equal(pos.score_bias(q64, q64, positions), want)  # float64 scores: exact
     q32 = q64.float()

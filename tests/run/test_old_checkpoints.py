@@ -3,6 +3,7 @@ load: through LanguageModel.from_checkpoint, with the logits computed when they 
 1e-6: bit for bit on the CPU kind that wrote them; another CPU's matmul kernels round differently, seen up to
 7e-8 on an AMD EPYC), and through the identity checks of a resume (ckpt_path=…), which accept the same model and refuse
 another."""
+
 from pathlib import Path
 
 import pytest
@@ -10,11 +11,17 @@ import torch
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures"
 SMALL = ["size=tiny", "context=32", "model.d_model=32", "model.n_heads=2", "model.n_layers=1", "model.d_ff=32"]
-RUNS = {"linear_rope": ["model=linear_rope"],
-        "softmax_t5": ["model=softmax_t5", "model.position.num_buckets=8", "model.position.max_distance=16"]}
-OTHER = {"linear_rope": ("model.attention.feature_map=cosine",
-                         "model.attention.feature_map: elu in the checkpoint, cosine now"),
-         "softmax_t5": ("model.position.num_buckets=16", "model.position.num_buckets: 8 in the checkpoint, 16 now")}
+RUNS = {
+    "linear_rope": ["model=linear_rope"],
+    "softmax_t5": ["model=softmax_t5", "model.position.num_buckets=8", "model.position.max_distance=16"],
+}
+OTHER = {
+    "linear_rope": (
+        "model.attention.feature_map=cosine",
+        "model.attention.feature_map: elu in the checkpoint, cosine now",
+    ),
+    "softmax_t5": ("model.position.num_buckets=16", "model.position.num_buckets: 8 in the checkpoint, 16 now"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))

@@ -1,6 +1,7 @@
 """Every run records what produced it (linrope/run/provenance.py): in its folder, its checkpoints, the wandb config
 and the CSV hparams.yaml; a resume prints and records what it changes (linrope/run/resume_diff.py); evaluate and
 generate name their checkpoint's provenance."""
+
 import contextlib
 import io
 import json
@@ -12,10 +13,10 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import CONF, ROOT, run_main, target, tiny
-from linrope.run import provenance as P
 from linrope.base.nested import flatten
+from linrope.run import provenance as P
 from linrope.run.resume_diff import changes, describe_checkpoint, resume_record
+from tests.helpers import CONF, ROOT, run_main, target, tiny
 
 TINY = tiny("logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=4", "extrapolation.enabled=false")
 KEYS = {"linrope", "versions", "machine", "precision", "seed", "command", "overrides", "started"}
@@ -23,6 +24,7 @@ KEYS = {"linrope", "versions", "machine", "precision", "seed", "command", "overr
 
 class KeptWandbLogger:
     """Test-only target for logger.wandb: linrope's WandbLogger, kept to read its config afterwards."""
+
     made: list = []
 
     def __new__(cls, **kwargs):
@@ -35,9 +37,19 @@ class KeptWandbLogger:
 
 # ---- collecting --------------------------------------------------------------------------------------------------
 def git(folder, *args):
-    subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True,
-                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        ["git", *args],
+        cwd=folder,
+        check=True,
+        capture_output=True,
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+            "PATH": "/usr/bin:/bin",
+        },
+    )
 
 
 def test_git_state_names_the_commit_the_local_changes_and_a_wheel(tmp_path):
@@ -93,8 +105,14 @@ def test_collect_holds_versions_machine_and_the_run_settings():
 @pytest.fixture
 def tiny_run(compose, small_corpus, tmp_path):
     KeptWandbLogger.made = []
-    cfg = compose("model=linear_rope", *TINY, f"data.path={small_corpus}", "logger=default",
-                  "logger.wandb.mode=disabled", f"logger.wandb._target_={target(KeptWandbLogger)}")
+    cfg = compose(
+        "model=linear_rope",
+        *TINY,
+        f"data.path={small_corpus}",
+        "logger=default",
+        "logger.wandb.mode=disabled",
+        f"logger.wandb._target_={target(KeptWandbLogger)}",
+    )
     run_main(cfg)
     return Path(cfg.paths.output_dir)
 
@@ -120,29 +138,49 @@ def write_corpus(path: Path) -> Path:
     return path
 
 
-def test_a_resume_prints_and_records_each_change_and_the_chain_it_continues(tiny_run, compose, small_corpus,
-                                                                              tmp_path, capsys):
+def test_a_resume_prints_and_records_each_change_and_the_chain_it_continues(
+    tiny_run, compose, small_corpus, tmp_path, capsys
+):
     """End to end from a real tiny checkpoint: context, data.path, optim.lr and seed changed at once."""
     last = tiny_run / "checkpoints" / "last.ckpt"
     other = write_corpus(tmp_path / "other.txt")
     new = tmp_path / "resumed"
     capsys.readouterr()
-    cfg = compose("model=linear_rope", *TINY, f"data.path={other}", f"paths.output_dir={new}", f"ckpt_path='{last}'",
-                  "trainer.max_steps=6", "context=128", "optim.lr=0.05", "seed=7", "test=false")
+    cfg = compose(
+        "model=linear_rope",
+        *TINY,
+        f"data.path={other}",
+        f"paths.output_dir={new}",
+        f"ckpt_path='{last}'",
+        "trainer.max_steps=6",
+        "context=128",
+        "optim.lr=0.05",
+        "seed=7",
+        "test=false",
+    )
     run_main(cfg)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("resume: ")]
     order = "the data order no longer reproduces the uninterrupted run"
     assert f"resume: context 64 → 128 (also data.context, model.max_len) — {order}" in lines
     assert f"resume: data.path {small_corpus} → {other} — {order}" in lines
     assert f"resume: seed 1234 → 7 (also data.seed) — {order}" in lines
-    assert ("resume: optim.lr 0.002 → 0.05 — no effect: the optimizer state restored from the checkpoint keeps "
-            "0.002") in lines
+    assert (
+        "resume: optim.lr 0.002 → 0.05 — no effect: the optimizer state restored from the checkpoint keeps 0.002"
+    ) in lines
     assert "resume: trainer.max_steps 4 → 6" in lines and len(lines) == 5
     (record,) = json.loads((new / "resume.json").read_text())
     assert record["lines"] == lines and record["step"] == 4
     first = json.loads((tiny_run / "provenance.json").read_text())
-    chain = [{"run": str(tiny_run.resolve()), "checkpoint": str(last), "step": 4,
-              "commit": first["linrope"]["commit"], "dirty": first["linrope"]["dirty"], "started": first["started"]}]
+    chain = [
+        {
+            "run": str(tiny_run.resolve()),
+            "checkpoint": str(last),
+            "step": 4,
+            "commit": first["linrope"]["commit"],
+            "dirty": first["linrope"]["dirty"],
+            "started": first["started"],
+        }
+    ]
     assert record["continues"] == chain
     assert json.loads((new / "provenance.json").read_text())["resumed_from"] == chain
     # the resumed run's checkpoint carries the chain on
@@ -155,26 +193,45 @@ def test_changes_fold_interpolated_keys_and_compare_an_older_checkpoint_by_what_
     new = {"context": 64, "model": {"max_len": 64, "d_model": 32}, "data": {"batch_size": 16}, "paths": {"x": 2}}
     found = changes(flatten(old), flatten(new))
     assert [c["line"] for c in found] == [
-        "resume: data.batch_size 8 → 16 — the data order no longer reproduces the uninterrupted run"]
+        "resume: data.batch_size 8 → 16 — the data order no longer reproduces the uninterrupted run"
+    ]
     raw = {"model": {"max_len": "${context}"}}
-    found = changes(flatten(old), flatten({**new, "context": 128, "model": {"max_len": 128, "d_model": 32},
-                                           "data": {"batch_size": 8}}), new_unresolved=flatten(raw))
+    found = changes(
+        flatten(old),
+        flatten({**new, "context": 128, "model": {"max_len": 128, "d_model": 32}, "data": {"batch_size": 8}}),
+        new_unresolved=flatten(raw),
+    )
     assert [c["key"] for c in found] == ["context"] and found[0]["also"] == ["model.max_len"]
     # a checkpoint without the whole config: only its model, optim and data settings are compared
     ckpt = {"hyper_parameters": {"model": {"d_model": 32}, "optim": {"lr": 0.002}}, "global_step": 3}
-    rec = resume_record(ckpt, "/x/run/checkpoints/last.ckpt", {"seed": 1, "model": {"d_model": 32},
-                                                               "optim": {"lr": 0.002}})
+    rec = resume_record(
+        ckpt, "/x/run/checkpoints/last.ckpt", {"seed": 1, "model": {"d_model": 32}, "optim": {"lr": 0.002}}
+    )
     assert rec["changes"] == [] and rec["compared"].startswith("model, optim")
-    assert rec["continues"] == [{"run": "/x/run", "checkpoint": "/x/run/checkpoints/last.ckpt", "step": 3,
-                                 "commit": None, "dirty": None, "started": None}]
+    assert rec["continues"] == [
+        {
+            "run": "/x/run",
+            "checkpoint": "/x/run/checkpoints/last.ckpt",
+            "step": 3,
+            "commit": None,
+            "dirty": None,
+            "started": None,
+        }
+    ]
 
 
 def test_describe_checkpoint_names_commit_step_and_the_defaults_it_was_not_written_with():
     prov = P.collect(precision="32-true", seed=1)
-    ckpt = {"global_step": 12, P.PROVENANCE_KEY: {**prov, "linrope": {**prov["linrope"], "commit": "0" * 40,
-                                                                       "dirty": False}},
-            "hyper_parameters": {"model": {"attention": {"kind": "linear", "feature_map": "elu"},
-                                           "position": {"name": "rope", "base": 10000.0}}}}
+    ckpt = {
+        "global_step": 12,
+        P.PROVENANCE_KEY: {**prov, "linrope": {**prov["linrope"], "commit": "0" * 40, "dirty": False}},
+        "hyper_parameters": {
+            "model": {
+                "attention": {"kind": "linear", "feature_map": "elu"},
+                "position": {"name": "rope", "base": 10000.0},
+            }
+        },
+    }
     line = describe_checkpoint(ckpt, "a.ckpt", CONF, prov)
     assert line.startswith(f"checkpoint a.ckpt: step 12, commit 0000000000, torch {torch.__version__}")
     assert f"(this code: {P.commit_text(prov)})" in line
@@ -188,8 +245,13 @@ def test_describe_checkpoint_names_commit_step_and_the_defaults_it_was_not_writt
 def test_evaluate_and_generate_name_their_checkpoints_provenance(tiny_run):
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
     commit = P.commit_text(json.loads((tiny_run / "provenance.json").read_text()))
-    r = subprocess.run([sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "max_new_tokens=3"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "max_new_tokens=3"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert f"checkpoint {ckpt}: step 4, commit {commit}" in r.stderr
     from hydra import compose, initialize_config_dir
@@ -199,8 +261,16 @@ def test_evaluate_and_generate_name_their_checkpoints_provenance(tiny_run):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="evaluate", overrides=[f"ckpt={ckpt}", "lengths=[64]", "scalings=[]", "scored_bytes=4096",
-                                                          f"out={tiny_run / 'evaluate'}"])
+        cfg = compose(
+            config_name="evaluate",
+            overrides=[
+                f"ckpt={ckpt}",
+                "lengths=[64]",
+                "scalings=[]",
+                "scored_bytes=4096",
+                f"out={tiny_run / 'evaluate'}",
+            ],
+        )
     GlobalHydra.instance().clear()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

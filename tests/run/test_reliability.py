@@ -3,6 +3,7 @@ loading with plain hyperparameters, one-line errors for checkpoints that do not 
 losses (the last good checkpoint is kept), bf16-mixed on CPU, validation never lost on resume, the
 training loader's sharding and resume arithmetic, and config / command-line checks before anything
 is built.  The multi-process and kill-and-resume tests are in test_slow_reliability.py."""
+
 import math
 import signal
 import subprocess
@@ -28,8 +29,13 @@ def exit_message(excinfo) -> str:
 @pytest.fixture
 def trained(compose, tmp_path):
     """A tiny run of 4 steps; its last.ckpt."""
-    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=4", "trainer.val_check_interval=4",
-                  "callbacks.last_checkpoint.every_n_train_steps=2")
+    cfg = compose(
+        "model=linear_rope",
+        *TINY,
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=4",
+        "callbacks.last_checkpoint.every_n_train_steps=2",
+    )
     run_main(cfg)
     return Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
 
@@ -134,7 +140,9 @@ def test_load_model_names_the_keys_that_do_not_fit(trained):
     msg = str(e.value)
     assert "\n" not in msg and "of another shape" in msg and "(64,) in the checkpoint, (32,) in the model" in msg
     assert "model.d_model: 64 in the checkpoint, 32 now" in msg
-    with pytest.raises(CheckpointMismatch, match=r"missing key.*table.*position.name: rope in the checkpoint, learned now"):
+    with pytest.raises(
+        CheckpointMismatch, match=r"missing key.*table.*position.name: rope in the checkpoint, learned now"
+    ):
         LanguageModel.from_checkpoint(trained, {"position": {"name": "learned", "init_std": 0.02}})
     # what does not change parameters is fine: RoPE scaling for evaluation
     m = LanguageModel.from_checkpoint(trained, {"position": {"scaling": "pi", "factor": 2.0}})
@@ -170,20 +178,31 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(compo
         return value * math.nan if self.training and self.global_step == 7 else value
 
     monkeypatch.setattr(LanguageModel, "loss", loss)
-    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=12", "trainer.val_check_interval=100",
-                  "callbacks.last_checkpoint.every_n_train_steps=5")
+    cfg = compose(
+        "model=linear_rope",
+        *TINY,
+        "trainer.max_steps=12",
+        "trainer.val_check_interval=100",
+        "callbacks.last_checkpoint.every_n_train_steps=5",
+    )
     with pytest.raises(SystemExit) as e:
         run_main(cfg)
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    assert exit_message(e) == (f"linrope: loss is nan at step 7: training stopped; the last good checkpoint is "
-                               f"{last} (step 5)")
+    assert exit_message(e) == (
+        f"linrope: loss is nan at step 7: training stopped; the last good checkpoint is {last} (step 5)"
+    )
     c = torch.load(last, weights_only=True)
     assert c["global_step"] == 5 and all(torch.isfinite(v).all() for v in c["state_dict"].values())
 
 
 def test_bf16_mixed_trains_on_cpu(compose):
-    cfg = compose("model=linear_rope", *TINY, "trainer.precision=bf16-mixed", "trainer.max_steps=3",
-                  "trainer.val_check_interval=3")
+    cfg = compose(
+        "model=linear_rope",
+        *TINY,
+        "trainer.precision=bf16-mixed",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+    )
     metric = run_main(cfg)
     assert metric is not None and math.isfinite(metric) and metric < 9
     c = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
@@ -205,8 +224,15 @@ class CrashInValidation(L.Callback):
 def test_a_crash_during_validation_resumes_before_that_validation(compose):
     """last.ckpt of a step that validation follows is written after validation: resuming from a
     checkpoint written before it, Lightning would skip that validation."""
-    common = ["model=linear_rope", *TINY, "logger=csv", "trainer.max_steps=12", "trainer.val_check_interval=10",
-              "callbacks.last_checkpoint.every_n_train_steps=5", "trainer.log_every_n_steps=1"]
+    common = [
+        "model=linear_rope",
+        *TINY,
+        "logger=csv",
+        "trainer.max_steps=12",
+        "trainer.val_check_interval=10",
+        "callbacks.last_checkpoint.every_n_train_steps=5",
+        "trainer.log_every_n_steps=1",
+    ]
     cfg = compose(*common, f"+callbacks.crash._target_={target(CrashInValidation)}", "+callbacks.crash.step=10")
     with pytest.raises(RuntimeError, match="crash during validation"):
         run_main(cfg)
@@ -240,16 +266,22 @@ def test_train_loader_deals_sample_i_to_rank_i_mod_world_size():
 
 
 # ---- config checks before anything is built --------------------------------------------------------------
-@pytest.mark.parametrize("overrides,message", [
-    (["trainer.precision=16-mixed"], "does not run on CPU: use trainer.precision=bf16-mixed"),
-    (["trainer.precision=fp8"], "trainer.precision=fp8: expected one of"),
-    (["trainer.strategy=nope"], "trainer.strategy=nope: unknown; e.g. auto, ddp, ddp_spawn"),
-    (["trainer.accelerator=abacus"], "trainer.accelerator=abacus: expected one of"),
-    (["trainer=ddp", "trainer.devices=4096"], "trainer.devices=4096 but only"),
-    (["ckpt_path=/nonexistent/x.ckpt"], "ckpt_path=/nonexistent/x.ckpt: does not exist"),
-    (["ckpt_path=last"], "ckpt_path=last: no "),
-    (["callbacks.last_checkpoint.every_n_train_steps=0"], "every_n_train_steps=0: expected an integer >= 1 or null"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["trainer.precision=16-mixed"], "does not run on CPU: use trainer.precision=bf16-mixed"),
+        (["trainer.precision=fp8"], "trainer.precision=fp8: expected one of"),
+        (["trainer.strategy=nope"], "trainer.strategy=nope: unknown; e.g. auto, ddp, ddp_spawn"),
+        (["trainer.accelerator=abacus"], "trainer.accelerator=abacus: expected one of"),
+        (["trainer=ddp", "trainer.devices=4096"], "trainer.devices=4096 but only"),
+        (["ckpt_path=/nonexistent/x.ckpt"], "ckpt_path=/nonexistent/x.ckpt: does not exist"),
+        (["ckpt_path=last"], "ckpt_path=last: no "),
+        (
+            ["callbacks.last_checkpoint.every_n_train_steps=0"],
+            "every_n_train_steps=0: expected an integer >= 1 or null",
+        ),
+    ],
+)
 def test_config_errors_are_one_line_each(compose, overrides, message):
     from linrope.config.checks import ConfigError, validate
 
@@ -286,17 +318,38 @@ def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
 def test_unknown_group_options_on_the_command_line():
     from linrope.config.command_line import command_line_errors
 
-    assert command_line_errors(["model=linear_rope", "data=bytes", "trainer=ddp", "seed=3", "model.d_model=64",
-                                "experiment=null", "-m", "model=linear,softmax", "hydra/launcher=basic",
-                                "+model=glob(*)", "-c", "job"]) == []
+    assert (
+        command_line_errors(
+            [
+                "model=linear_rope",
+                "data=bytes",
+                "trainer=ddp",
+                "seed=3",
+                "model.d_model=64",
+                "experiment=null",
+                "-m",
+                "model=linear,softmax",
+                "hydra/launcher=basic",
+                "+model=glob(*)",
+                "-c",
+                "job",
+            ]
+        )
+        == []
+    )
     errors = command_line_errors(["model=nope", "trainer=gpu,tpu", "+data=missing", "position@x=rope"])
     assert [e.split(":")[0] for e in errors] == ["model=nope", "trainer=tpu", "data=missing"]
     assert "choose from" in errors[0] and "linear_rope" in errors[0] and "softmax_rope" in errors[0]
 
 
 def test_unknown_model_is_one_line_at_the_cli(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "model=nope", f"hydra.run.dir={tmp_path}"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "model=nope", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr
     lines = [l for l in r.stderr.strip().splitlines()]
     assert len(lines) == 1 and lines[0].startswith("linrope: model=nope: no such option"), r.stderr
@@ -304,32 +357,46 @@ def test_unknown_model_is_one_line_at_the_cli(tmp_path):
 
 
 # ---- issue 12: every bad value is one line, before any data is read ---------------------------------------
-@pytest.mark.parametrize("overrides,message", [
-    (["trainer.max_steps=abc"], "trainer.max_steps=abc: expected an integer >= -1"),
-    (["optim.lr=abc"], "optim.lr=abc: expected a number > 0"),
-    (["optim.lr=-1"], "optim.lr=-1: expected a number > 0"),
-    (["model.d_model=-64"], "model.d_model=-64: expected an integer >= 1"),
-    (["model.n_layers=-1"], "model.n_layers=-1: expected an integer >= 1"),
-    (["model.n_layers=0"], "model.n_layers=0: expected an integer >= 1"),
-    (["data.batch_size=0"], "data.batch_size=0: expected an integer >= 1"),
-    (["context=0"], "context=0: expected an integer >= 1"),
-    (["context=-8"], "context=-8: expected an integer >= 1"),
-    (["model.attention.impl=chunky"], "model.attention.impl=chunky: expected one of auto, chunk, fla, naive, recurrent"),
-    (["model.attention.chunk_size=abc"], "model.attention.chunk_size=abc: expected an integer >= 1"),
-    (["model.attention.feature_map=relu"], "model.attention.feature_map=relu: expected one of elu, cosine"),
-    (["model.dropout=1.5"], "model.dropout=1.5: expected a number >= 0 and < 1"),
-    (["model=softmax_learned", "size=tiny", "+data.eval_context=128"],
-     "data.eval_context=128 is longer than the learned position table (model.max_len=64)"),
-    (["model=softmax_multiplicative", "model.position.table=learned", "model.max_len=32"],
-     "data.context=256 is longer than the multiplicative position table (model.max_len=32)"),
-    (["model=softmax_multiplicative", "model.position.table=lookup"],
-     "model.position.table=lookup: expected one of sinusoidal, learned"),
-    # checked before training, not after it when the table is made
-    (["extrapolation.enabled=true", "extrapolation.scored_bytes=0"],
-     "extrapolation.scored_bytes=0: expected an integer >= 1"),
-    (["extrapolation.split=train"], "extrapolation.split=train: expected one of val, test"),
-    (["extrapolation.factors=[1,-2]"], "extrapolation.factors=[1, -2]: expected a list of numbers > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["trainer.max_steps=abc"], "trainer.max_steps=abc: expected an integer >= -1"),
+        (["optim.lr=abc"], "optim.lr=abc: expected a number > 0"),
+        (["optim.lr=-1"], "optim.lr=-1: expected a number > 0"),
+        (["model.d_model=-64"], "model.d_model=-64: expected an integer >= 1"),
+        (["model.n_layers=-1"], "model.n_layers=-1: expected an integer >= 1"),
+        (["model.n_layers=0"], "model.n_layers=0: expected an integer >= 1"),
+        (["data.batch_size=0"], "data.batch_size=0: expected an integer >= 1"),
+        (["context=0"], "context=0: expected an integer >= 1"),
+        (["context=-8"], "context=-8: expected an integer >= 1"),
+        (
+            ["model.attention.impl=chunky"],
+            "model.attention.impl=chunky: expected one of auto, chunk, fla, naive, recurrent",
+        ),
+        (["model.attention.chunk_size=abc"], "model.attention.chunk_size=abc: expected an integer >= 1"),
+        (["model.attention.feature_map=relu"], "model.attention.feature_map=relu: expected one of elu, cosine"),
+        (["model.dropout=1.5"], "model.dropout=1.5: expected a number >= 0 and < 1"),
+        (
+            ["model=softmax_learned", "size=tiny", "+data.eval_context=128"],
+            "data.eval_context=128 is longer than the learned position table (model.max_len=64)",
+        ),
+        (
+            ["model=softmax_multiplicative", "model.position.table=learned", "model.max_len=32"],
+            "data.context=256 is longer than the multiplicative position table (model.max_len=32)",
+        ),
+        (
+            ["model=softmax_multiplicative", "model.position.table=lookup"],
+            "model.position.table=lookup: expected one of sinusoidal, learned",
+        ),
+        # checked before training, not after it when the table is made
+        (
+            ["extrapolation.enabled=true", "extrapolation.scored_bytes=0"],
+            "extrapolation.scored_bytes=0: expected an integer >= 1",
+        ),
+        (["extrapolation.split=train"], "extrapolation.split=train: expected one of val, test"),
+        (["extrapolation.factors=[1,-2]"], "extrapolation.factors=[1, -2]: expected a list of numbers > 0"),
+    ],
+)
 def test_bad_values_are_one_line_each(compose, overrides, message):
     from linrope.config.checks import ConfigError, validate
 
@@ -360,8 +427,13 @@ def test_an_interpolated_value_is_reported_once_where_it_is_set(compose):
 
 def test_a_bad_value_is_one_line_at_the_cli(tmp_path):
     run = tmp_path / "runs" / "refused"
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "model.n_layers=-1", f"hydra.run.dir={run}"],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "model.n_layers=-1", f"hydra.run.dir={run}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and lines == ["linrope: model.n_layers=-1: expected an integer >= 1"], r.stderr
     assert not (run / ".linrope.lock").exists()  # refused before the run folder was claimed
@@ -378,19 +450,24 @@ def test_ckpt_path_that_is_not_a_lightning_checkpoint(compose, tmp_path):
         z.writestr("notes.txt", "not a checkpoint")
     tensor = tmp_path / "tensor.ckpt"
     torch.save(torch.ones(3), tensor)
-    for path, message in [(other_zip, "is not a torch checkpoint that loads with weights_only=True"),
-                          (tensor, "is not a Lightning checkpoint (it holds Tensor, not a dict with a state_dict)")]:
+    for path, message in [
+        (other_zip, "is not a torch checkpoint that loads with weights_only=True"),
+        (tensor, "is not a Lightning checkpoint (it holds Tensor, not a dict with a state_dict)"),
+    ]:
         with pytest.raises(ConfigError) as e:
             validate(compose(f"ckpt_path={path}"))
         assert str(e.value).startswith(f"ckpt_path={path}: {message}") and "\n" not in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("overrides,difference", [
-    (["model=softmax_rope"], "model.attention.kind: linear in the checkpoint, softmax now"),
-    (["model.attention.feature_map=cosine"], "model.attention.feature_map: elu in the checkpoint, cosine now"),
-    (["model.attention.placement=both"], "model.attention.placement: numerator in the checkpoint, both now"),
-    (["model.position.base=500"], "model.position.base: 10000.0 in the checkpoint, 500 now"),
-])
+@pytest.mark.parametrize(
+    "overrides,difference",
+    [
+        (["model=softmax_rope"], "model.attention.kind: linear in the checkpoint, softmax now"),
+        (["model.attention.feature_map=cosine"], "model.attention.feature_map: elu in the checkpoint, cosine now"),
+        (["model.attention.placement=both"], "model.attention.placement: numerator in the checkpoint, both now"),
+        (["model.position.base=500"], "model.position.base: 10000.0 in the checkpoint, 500 now"),
+    ],
+)
 def test_resuming_another_model_is_refused_naming_the_difference(compose, trained, overrides, difference):
     """Softmax and linear attention, the feature maps and the placements share every parameter name and
     shape: only the identity stored in the checkpoint tells them apart."""
@@ -407,9 +484,13 @@ def test_loading_another_model_is_refused_in_every_path(trained):
     from linrope.training.lit import LanguageModel
 
     c = torch.load(trained, map_location="cpu", weights_only=True)
-    assert c[IDENTITY_KEY] == {"attention.kind": "linear", "attention.feature_map": "elu",
-                               "attention.placement": "numerator", "position.base": 10000.0,
-                               "position.name": "rope"}
+    assert c[IDENTITY_KEY] == {
+        "attention.kind": "linear",
+        "attention.feature_map": "elu",
+        "attention.placement": "numerator",
+        "position.base": 10000.0,
+        "position.name": "rope",
+    }
     with pytest.raises(CheckpointMismatch, match="feature_map: elu in the checkpoint, cosine now"):
         LanguageModel.from_checkpoint(trained, {"attention": {"feature_map": "cosine"}})
     cfg = {**c["hyper_parameters"]["model"], "attention": {"kind": "softmax"}}
@@ -419,7 +500,9 @@ def test_loading_another_model_is_refused_in_every_path(trained):
     del c[IDENTITY_KEY]
     with pytest.raises(CheckpointMismatch, match="attention.kind: linear in the checkpoint, softmax now"):
         LanguageModel(model=cfg).on_load_checkpoint(c)
-    assert LanguageModel.from_checkpoint(trained, {"position": {"scaling": "ntk", "factor": 2.0}}) is not None  # evaluation options
+    assert (
+        LanguageModel.from_checkpoint(trained, {"position": {"scaling": "ntk", "factor": 2.0}}) is not None
+    )  # evaluation options
 
 
 # ---- process groups ---------------------------------------------------------------------------------------
@@ -431,7 +514,7 @@ import atexit, torch.distributed as dist
 from linrope.training.lit import LanguageModel
 module = LanguageModel(model=dict(vocab_size=16, d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=8))
 module.setup("fit")  # no process group yet: nothing to destroy, nothing registered
-dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+dist.init_process_group("gloo", init_method="file://{tmp_path / "store"}", rank=0, world_size=1)
 atexit.register(lambda: print("at exit, still initialized:", dist.is_initialized()))  # runs after ours
 module.setup("fit"); module.setup("test")
 """
@@ -446,9 +529,12 @@ def test_rerunning_into_a_run_folder_without_ckpt_path_is_refused(compose, train
     csv_file = Path(compose().paths.output_dir) / "checkpoints"
     with pytest.raises(SystemExit) as e:
         run_main(compose("model=linear_rope", *TINY, "trainer.max_steps=2"))
-    assert exit_message(e).startswith(f"linrope: run folder {trained.parent.parent} already holds a run (checkpoints/best")
-    assert exit_message(e).endswith("checkpoints/last.ckpt); resume it with ckpt_path=last, or choose a new "
-                                    "hydra.run.dir — it is not overwritten")
+    assert exit_message(e).startswith(
+        f"linrope: run folder {trained.parent.parent} already holds a run (checkpoints/best"
+    )
+    assert exit_message(e).endswith(
+        "checkpoints/last.ckpt); resume it with ckpt_path=last, or choose a new hydra.run.dir — it is not overwritten"
+    )
     assert trained.read_bytes() == before and csv_file.is_dir()
 
 
@@ -474,8 +560,10 @@ def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
     (run / "checkpoints" / "last.ckpt").write_bytes(b"PK")
     with pytest.raises(SystemExit) as e:
         hook.on_run_start(config=config)
-    assert exit_message(e) == (f"linrope: run folder {run} already holds a run (checkpoints/last.ckpt); resume it "
-                               f"with ckpt_path=last, or choose a new hydra.run.dir — it is not overwritten")
+    assert exit_message(e) == (
+        f"linrope: run folder {run} already holds a run (checkpoints/last.ckpt); resume it "
+        f"with ckpt_path=last, or choose a new hydra.run.dir — it is not overwritten"
+    )
     config.ckpt_path = "last"
     hook.on_run_start(config=config)
     hook.on_run_start(config=config)
@@ -502,8 +590,10 @@ def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
         (sweep / job / "csv" / "metrics.csv").write_text("step,val/bpb\n")
     with pytest.raises(SystemExit) as e:
         hook.on_multirun_start(config=config)
-    assert exit_message(e) == (f"linrope: sweep folder {sweep} already holds 2 earlier runs (0, 2); resume them with "
-                               f"ckpt_path=auto, or choose a new hydra.sweep.dir — they are not overwritten")
+    assert exit_message(e) == (
+        f"linrope: sweep folder {sweep} already holds 2 earlier runs (0, 2); resume them with "
+        f"ckpt_path=auto, or choose a new hydra.sweep.dir — they are not overwritten"
+    )
     config.ckpt_path = "auto"
     hook.on_multirun_start(config=config)
     assert (sweep / "0" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 0\n"
@@ -520,11 +610,25 @@ def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):
     (sweep / "0" / "checkpoints").mkdir()
     (sweep / "0" / "checkpoints" / "last.ckpt").write_bytes(b"PK")
     (sweep / "multirun.yaml").write_text("first sweep\n")
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "model=linear_rope,linear", "size=tiny",
-                        f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            "model=linear_rope,linear",
+            "size=tiny",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode != 0
-    assert (f"linrope: sweep folder {sweep} already holds 1 earlier run (0); resume it with ckpt_path=auto"
-            in r.stderr + r.stdout)
+    assert (
+        f"linrope: sweep folder {sweep} already holds 1 earlier run (0); resume it with ckpt_path=auto"
+        in r.stderr + r.stdout
+    )
     assert (sweep / "0" / ".hydra" / "config.yaml").read_text() == "seed: 7\n"
     assert (sweep / "multirun.yaml").read_text() == "first sweep\n"
     assert sorted(p.name for p in sweep.iterdir()) == ["0", "multirun.yaml"]
@@ -541,8 +645,10 @@ def test_a_run_folder_in_use_is_refused(compose, tmp_path):
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)
         with pytest.raises(SystemExit) as e:
             run_main(compose("model=linear_rope", *TINY, "trainer.max_steps=2"))
-    assert exit_message(e) == (f"linrope: run folder {tmp_path} is in use by another run (pid 4242 on elsewhere); "
-                               f"wait for it to end, or choose another hydra.run.dir")
+    assert exit_message(e) == (
+        f"linrope: run folder {tmp_path} is in use by another run (pid 4242 on elsewhere); "
+        f"wait for it to end, or choose another hydra.run.dir"
+    )
     assert not (tmp_path / "checkpoints").exists()
 
 
@@ -613,13 +719,20 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(compose, monk
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(C.torch, "save", save)
-    cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=6", "trainer.val_check_interval=100",
-                  "callbacks.last_checkpoint.every_n_train_steps=2")
+    cfg = compose(
+        "model=linear_rope",
+        *TINY,
+        "trainer.max_steps=6",
+        "trainer.val_check_interval=100",
+        "callbacks.last_checkpoint.every_n_train_steps=2",
+    )
     with pytest.raises(SystemExit) as e:
         run_main(cfg)
     last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
-    assert exit_message(e) == (f"linrope: cannot write checkpoint {last}: no space left on device ({last.parent}); "
-                               f"the previous last.ckpt is kept")
+    assert exit_message(e) == (
+        f"linrope: cannot write checkpoint {last}: no space left on device ({last.parent}); "
+        f"the previous last.ckpt is kept"
+    )
     assert torch.load(last, weights_only=True)["global_step"] == 2
     assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
 

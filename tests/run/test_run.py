@@ -2,19 +2,20 @@
 Lightning versions it was written against; last.ckpt's state key unchanged for the checkpoints of earlier
 versions; the CSV history kept when another process wrote metrics.csv; the signal stop asks Lightning to stop.
 The signals, locks and DDP themselves are tested in test_reliability.py and test_slow_reliability.py."""
+
 import ast
 import csv
 import importlib
 import inspect
 import re
 import signal
-import tomllib
 import types
 from importlib.metadata import version
 from pathlib import Path
 
 import lightning as L
 import pytest
+import tomllib
 import torch
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -56,22 +57,39 @@ def private_uses(path: Path) -> list:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
             own.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
-                and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
             own.add(node.attr)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             own.add(node.id)
     found = []
     for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
         inherited = lightning_privates(getattr(module, cls.name)) if hasattr(module, cls.name) else set()
-        found += [f"{path.name}:{n.lineno} .{n.attr}" for n in ast.walk(cls) if isinstance(n, ast.Attribute)
-                  and isinstance(n.value, ast.Name) and n.value.id == "self" and n.attr in inherited]
+        found += [
+            f"{path.name}:{n.lineno} .{n.attr}"
+            for n in ast.walk(cls)
+            if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "self"
+            and n.attr in inherited
+        ]
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                and node.attr not in own:
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and node.attr not in own
+        ):
             found.append(f"{path.name}:{node.lineno} .{node.attr}")
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lightning") \
-                and any(part.startswith("_") for part in node.module.split(".")):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("lightning")
+            and any(part.startswith("_") for part in node.module.split("."))
+        ):
             found.append(f"{path.name}:{node.lineno} from {node.module}")
     return sorted(set(found))
 
@@ -97,8 +115,9 @@ def test_the_private_uses_still_do_what_they_are_used_for(tmp_path):
     from linrope.run.lightning_internals import stop_after_this_step
     from linrope.run.loggers import WandbLogger
 
-    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        default_root_dir=str(tmp_path))
+    trainer = L.Trainer(
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, default_root_dir=str(tmp_path)
+    )
     assert not trainer.received_sigterm
     stop_after_this_step(trainer)
     assert trainer.received_sigterm
@@ -112,6 +131,7 @@ def test_validation_follows_is_lightnings_own_decision_at_every_step(tmp_path, e
     training step of a fit (steps counted across epochs, or epoch by epoch, fractions of an epoch, the last
     batch) it agrees with Lightning's private decision, and validation ran exactly after the steps it named."""
     import torch
+
     from linrope.run.last_checkpoint import validation_follows
 
     class Net(L.LightningModule):
@@ -139,9 +159,17 @@ def test_validation_follows_is_lightnings_own_decision_at_every_step(tmp_path, e
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(batches, 2)), batch_size=1)
     net = Net()
-    trainer = L.Trainer(max_steps=12, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
-                        check_val_every_n_epoch=every_n_epoch, val_check_interval=interval)
+    trainer = L.Trainer(
+        max_steps=12,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+        check_val_every_n_epoch=every_n_epoch,
+        val_check_interval=interval,
+    )
     trainer.fit(net, data, data)
     assert net.said and net.said == net.validated
 
@@ -152,7 +180,10 @@ def test_last_ckpt_state_key_is_the_one_earlier_checkpoints_hold(compose):
     earlier versions, whose LastCheckpoint lived in linrope.run.checkpoint, resume with their state found."""
     from linrope.run.last_checkpoint import LastCheckpoint
 
-    assert LastCheckpoint("/r/checkpoints").state_key == "LastCheckpoint{'dirpath': '/r/checkpoints', 'filename': 'last.ckpt'}"
+    assert (
+        LastCheckpoint("/r/checkpoints").state_key
+        == "LastCheckpoint{'dirpath': '/r/checkpoints', 'filename': 'last.ckpt'}"
+    )
     import train
 
     cfg = compose("model=linear_rope", *TINY, "trainer.max_steps=2", "trainer.val_check_interval=2")
@@ -165,8 +196,9 @@ def test_last_ckpt_state_key_is_the_one_earlier_checkpoints_hold(compose):
     seen = []
     LastCheckpoint.load_state_dict = lambda self, state: seen.append(state)
     try:
-        train.main(compose("model=linear_rope", *TINY, "trainer.max_steps=3", "trainer.val_check_interval=3",
-                           "ckpt_path=last"))
+        train.main(
+            compose("model=linear_rope", *TINY, "trainer.max_steps=3", "trainer.val_check_interval=3", "ckpt_path=last")
+        )
     finally:
         del LastCheckpoint.load_state_dict
     assert seen == [c["callbacks"][key]]

@@ -3,6 +3,7 @@ loss of one process with the same global batch; runs killed with SIGKILL — in 
 training or while a checkpoint is being written — resume (``ckpt_path=last`` in the run folder, or
 an explicit path in a new one) and end where an uninterrupted run ends; sweeps run with
 ``trainer=ddp_spawn`` and through the submitit launcher."""
+
 import csv
 import io
 import os
@@ -23,9 +24,18 @@ from tests.helpers import ROOT, target
 
 pytestmark = pytest.mark.slow
 
-TINY = ["size=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.max_bytes=400000",
-        "data.val_windows=4", "data.test_windows=4", "data.eval_batch_size=4", "trainer.log_every_n_steps=1",
-        "test=false", "trainer.accelerator=cpu"]  # DDP through gloo on CPU processes, on any machine
+TINY = [
+    "size=tiny",
+    "logger=csv",
+    "trainer.enable_progress_bar=false",
+    "data.max_bytes=400000",
+    "data.val_windows=4",
+    "data.test_windows=4",
+    "data.eval_batch_size=4",
+    "trainer.log_every_n_steps=1",
+    "test=false",
+    "trainer.accelerator=cpu",
+]  # DDP through gloo on CPU processes, on any machine
 
 
 class SigkillAt(L.Callback):
@@ -67,8 +77,9 @@ class SigkillAt(L.Callback):
 def train(tmp_path, run_dir, *overrides, expect=0, timeout=300):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
     cmd = [sys.executable, str(ROOT / "train.py"), *TINY, *overrides, f"hydra.run.dir={run_dir}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout,
-                       start_new_session=True)  # its own process group: SigkillAt(group=true) kills only the run
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout, start_new_session=True
+    )  # its own process group: SigkillAt(group=true) kills only the run
     if expect is not None:
         assert r.returncode == expect, f"exit {r.returncode}\n{r.stderr[-4000:]}"
     return r
@@ -79,7 +90,9 @@ def metrics(run_dir) -> dict:
     out = {}
     with open(Path(run_dir) / "csv" / "metrics.csv") as f:
         for row in csv.DictReader(f):
-            out.setdefault(int(row["step"]), {}).update({k: float(v) for k, v in row.items() if v != "" and k != "step"})
+            out.setdefault(int(row["step"]), {}).update(
+                {k: float(v) for k, v in row.items() if v != "" and k != "step"}
+            )
     return out
 
 
@@ -116,7 +129,11 @@ def test_spawned_gloo_ranks_exit_cleanly(tmp_path):
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     """2 processes × batch 4 (gloo on CPU) against 1 process × batch 8: the same samples per step
     (sample i to rank i mod 2), so the same losses — train/loss is the mean over processes."""
-    steps = ["trainer.max_steps=5", "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=null"]
+    steps = [
+        "trainer.max_steps=5",
+        "trainer.val_check_interval=5",
+        "callbacks.last_checkpoint.every_n_train_steps=null",
+    ]
     train(tmp_path, tmp_path / "ddp", *steps, "trainer=ddp", "trainer.devices=2", "data.batch_size=4")
     train(tmp_path, tmp_path / "one", *steps, "data.batch_size=8")
     ddp, one = metrics(tmp_path / "ddp"), metrics(tmp_path / "one")
@@ -128,20 +145,42 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
 def test_ddp_killed_run_resumes_like_an_uninterrupted_one(tmp_path):
     """Both ranks killed with SIGKILL after step 7; resuming from last.ckpt (step 5) gives the run that
     was never interrupted (each rank's data restarts at its own share of the resume sample)."""
-    common = ["trainer=ddp", "trainer.devices=2", "data.batch_size=2", "trainer.max_steps=10",
-              "trainer.val_check_interval=5", "callbacks.last_checkpoint.every_n_train_steps=5"]
+    common = [
+        "trainer=ddp",
+        "trainer.devices=2",
+        "data.batch_size=2",
+        "trainer.max_steps=10",
+        "trainer.val_check_interval=5",
+        "callbacks.last_checkpoint.every_n_train_steps=5",
+    ]
     train(tmp_path, tmp_path / "whole", *common)
     run = tmp_path / "killed"
-    train(tmp_path, run, *common, f"+callbacks.kill._target_={target(SigkillAt)}", "+callbacks.kill.step=7",
-          "+callbacks.kill.group=true", expect=None)
+    train(
+        tmp_path,
+        run,
+        *common,
+        f"+callbacks.kill._target_={target(SigkillAt)}",
+        "+callbacks.kill.step=7",
+        "+callbacks.kill.group=true",
+        expect=None,
+    )
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 5
     train(tmp_path, run, *common, "ckpt_path=last")
     assert_same_end(tmp_path / "whole", run, 10)
 
 
 def test_ddp_nan_loss_stops_every_rank_in_one_line(tmp_path):
-    r = train(tmp_path, tmp_path / "nan", "trainer=ddp", "trainer.devices=2", "data.batch_size=2", "optim.lr=1e30",
-              "trainer.max_steps=20", expect=None, timeout=240)
+    r = train(
+        tmp_path,
+        tmp_path / "nan",
+        "trainer=ddp",
+        "trainer.devices=2",
+        "data.batch_size=2",
+        "optim.lr=1e30",
+        "trainer.max_steps=20",
+        expect=None,
+        timeout=240,
+    )
     assert r.returncode != 0
     lines = [l for l in r.stderr.splitlines() if l.startswith("linrope:")]
     assert lines and all("loss is nan at step" in l for l in lines), r.stderr[-3000:]
@@ -154,15 +193,22 @@ def test_sigkill_mid_training_and_mid_checkpoint_write_resume_to_the_same_end(tm
     resumes — with an explicit path into a new folder, and with ckpt_path=last in its own folder —
     and ends at step 30 with the uninterrupted run's loss, logged steps, learning rates and weights.
     Dropout is on: the random state of every step is a function of (seed, step, rank)."""
-    common = ["trainer.max_steps=30", "trainer.val_check_interval=10", "callbacks.last_checkpoint.every_n_train_steps=5",
-              "data.batch_size=4", "model.dropout=0.1", "optim.warmup_steps=10"]
+    common = [
+        "trainer.max_steps=30",
+        "trainer.val_check_interval=10",
+        "callbacks.last_checkpoint.every_n_train_steps=5",
+        "data.batch_size=4",
+        "model.dropout=0.1",
+        "optim.warmup_steps=10",
+    ]
     whole = tmp_path / "whole"
     train(tmp_path, whole, *common)
 
     # killed in the middle of training: last.ckpt is step 10's (written after that step's validation)
     run = tmp_path / "killed_mid_training"
-    r = train(tmp_path, run, *common, f"+callbacks.kill._target_={target(SigkillAt)}",
-              "+callbacks.kill.step=13", expect=None)
+    r = train(
+        tmp_path, run, *common, f"+callbacks.kill._target_={target(SigkillAt)}", "+callbacks.kill.step=13", expect=None
+    )
     assert r.returncode == -signal.SIGKILL
     saved = tmp_path / "step10.ckpt"
     shutil.copy(run / "checkpoints" / "last.ckpt", saved)
@@ -174,8 +220,15 @@ def test_sigkill_mid_training_and_mid_checkpoint_write_resume_to_the_same_end(tm
 
     # killed while writing step 25's checkpoint: step 20's last.ckpt is whole and loads
     run = tmp_path / "killed_mid_write"
-    r = train(tmp_path, run, *common, f"+callbacks.kill._target_={target(SigkillAt)}",
-              "+callbacks.kill.step=25", "+callbacks.kill.during_save=true", expect=None)
+    r = train(
+        tmp_path,
+        run,
+        *common,
+        f"+callbacks.kill._target_={target(SigkillAt)}",
+        "+callbacks.kill.step=25",
+        "+callbacks.kill.during_save=true",
+        expect=None,
+    )
     assert r.returncode == -signal.SIGKILL
     assert len(list((run / "checkpoints").glob(".last.ckpt.*.partial"))) == 1  # the half-written file, never renamed
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 20
@@ -187,8 +240,17 @@ def test_sigkill_mid_training_and_mid_checkpoint_write_resume_to_the_same_end(tm
 # ---- sweeps -----------------------------------------------------------------------------------------------
 def sweep(tmp_path, *overrides, timeout=400):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
-    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *TINY, "trainer.max_steps=3", "trainer.val_check_interval=3",
-           "data.batch_size=2", f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "-m",
+        *TINY,
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "data.batch_size=2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *overrides,
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
     assert r.returncode == 0, r.stderr[-4000:]
     return tmp_path / "sweep"
@@ -210,9 +272,22 @@ def test_ddp_spawn_sweep_runs_each_job_once_and_keeps_the_metrics_history(tmp_pa
 
 def test_ddp_in_a_sweep_is_refused_in_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *TINY, "trainer=ddp", "seed=1,2",
-                        f"hydra.sweep.dir={tmp_path / 'sweep'}"], capture_output=True, text=True, cwd=tmp_path,
-                       env=env, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            *TINY,
+            "trainer=ddp",
+            "seed=1,2",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode != 0
     lines = [l for l in r.stderr.splitlines() if l.startswith("linrope:")]
     assert len(lines) == 1 and "use trainer=ddp_spawn" in lines[0], r.stderr[-3000:]
@@ -220,8 +295,13 @@ def test_ddp_in_a_sweep_is_refused_in_one_line(tmp_path):
 
 def test_submitit_local_sweep(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[cluster]'")
-    out = sweep(tmp_path, "hydra/launcher=submitit_local", "hydra.launcher.cpus_per_task=1",
-                "hydra.launcher.timeout_min=10", "seed=1,2")
+    out = sweep(
+        tmp_path,
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=10",
+        "seed=1,2",
+    )
     for j in ("0", "1"):
         assert weights(out / j / "checkpoints" / "last.ckpt")[0] == 3
         assert (out / j / "csv" / "metrics.csv").exists()
@@ -250,12 +330,23 @@ def assert_signal_stops_at_step_7_and_resumes(tmp_path, name: str, *common, sign
     that step, writes last.ckpt at step 7, says so in one line and exits with 128 + the signal's number;
     resuming ends where a run that was never stopped ends."""
     run = tmp_path / "stopped"
-    r = train(tmp_path, run, *STEPS, *common, f"+callbacks.stop._target_={target(SignalAt)}",
-              "+callbacks.stop.step=7", f"+callbacks.stop.signal={name}", *signal_options, expect=None)
+    r = train(
+        tmp_path,
+        run,
+        *STEPS,
+        *common,
+        f"+callbacks.stop._target_={target(SignalAt)}",
+        "+callbacks.stop.step=7",
+        f"+callbacks.stop.signal={name}",
+        *signal_options,
+        expect=None,
+    )
     assert r.returncode == 128 + getattr(signal, name), r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
-    assert lines == [f"linrope: stopped by {name} at step 7: saved {run / 'checkpoints' / 'last.ckpt'} (step 7); "
-                     f"resume with ckpt_path=last hydra.run.dir={run}"], r.stderr[-3000:]
+    assert lines == [
+        f"linrope: stopped by {name} at step 7: saved {run / 'checkpoints' / 'last.ckpt'} (step 7); "
+        f"resume with ckpt_path=last hydra.run.dir={run}"
+    ], r.stderr[-3000:]
     assert weights(run / "checkpoints" / "last.ckpt")[0] == 7
     train(tmp_path, tmp_path / "whole", *STEPS, *common)
     train(tmp_path, run, *STEPS, *common, "ckpt_path=last")
@@ -272,8 +363,14 @@ def test_a_signal_saves_a_checkpoint_exits_non_zero_and_the_run_resumes(tmp_path
 def test_ddp_sigterm_to_one_process_stops_every_rank_and_the_run_resumes(tmp_path, rank):
     """Two processes (gloo); SIGTERM reaches one of them only (rank 0: the process a scheduler started):
     every rank ends the same step.  Lightning's own handler hung both ranks when rank 1 was signalled."""
-    assert_signal_stops_at_step_7_and_resumes(tmp_path, "SIGTERM", "trainer=ddp", "trainer.devices=2",
-                                              "data.batch_size=2", signal_options=[f"+callbacks.stop.rank={rank}"])
+    assert_signal_stops_at_step_7_and_resumes(
+        tmp_path,
+        "SIGTERM",
+        "trainer=ddp",
+        "trainer.devices=2",
+        "data.batch_size=2",
+        signal_options=[f"+callbacks.stop.rank={rank}"],
+    )
 
 
 def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
@@ -281,9 +378,22 @@ def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
     refuses in one line and leaves the first one's files alone."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
     run = tmp_path / "shared"
-    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *TINY, "data.batch_size=4", "trainer.max_steps=400",
-                              "trainer.val_check_interval=1000", f"hydra.run.dir={run}"], cwd=tmp_path, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *TINY,
+            "data.batch_size=4",
+            "trainer.max_steps=400",
+            "trainer.val_check_interval=1000",
+            f"hydra.run.dir={run}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(600):  # until the first run has started training (it holds the lock from before that)
             if (run / "csv").exists() or first.poll() is not None:
@@ -293,7 +403,8 @@ def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
         r = train(tmp_path, run, "data.batch_size=4", "trainer.max_steps=5", expect=1)
         assert r.stderr.strip().splitlines()[-1] == (
             f"linrope: run folder {run} is in use by another run (pid {first.pid} on {socket.gethostname()}); "
-            f"wait for it to end, or choose another hydra.run.dir")
+            f"wait for it to end, or choose another hydra.run.dir"
+        )
         assert "max_steps: 400" in (run / ".hydra" / "config.yaml").read_text()  # the first run's config is kept
         assert first.wait(timeout=400) == 0
     finally:
@@ -306,8 +417,9 @@ def test_two_runs_into_one_folder_the_second_refuses(tmp_path):
     assert r.stderr.strip().splitlines()[-1].startswith(f"linrope: run folder {run} already holds a run (")
     assert (run / ".hydra" / "config.yaml").read_text() == saved
     # ... and resuming it keeps the earlier config beside the new one
-    train(tmp_path, run, "data.batch_size=4", "trainer.max_steps=402", "trainer.val_check_interval=1000",
-          "ckpt_path=last")
+    train(
+        tmp_path, run, "data.batch_size=4", "trainer.max_steps=402", "trainer.val_check_interval=1000", "ckpt_path=last"
+    )
     assert (run / ".hydra.before-resume-0" / "config.yaml").read_text() == saved
     assert "max_steps: 402" in (run / ".hydra" / "config.yaml").read_text()
 
@@ -330,8 +442,12 @@ for i in range(40):
 print("ok")
 """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(k)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for k in (1, 2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(k)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for k in (1, 2)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
     assert [out.strip() for out, _ in results] == ["ok", "ok"]
@@ -358,8 +474,20 @@ print(sum(len(p) for p in parts.values()), [str(w.message) for w in caught])
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"skipped 1 entries that are not regular files: {corpus / 'pipe.txt'}" in r.stdout
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY, f"data.path={corpus / 'pipe.txt'}",
-                        f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path, env=env,
-                       timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *TINY,
+            f"data.path={corpus / 'pipe.txt'}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-        f"linrope: data.path {corpus / 'pipe.txt'}: is not a regular file or a folder (a FIFO, socket or device)"]
+        f"linrope: data.path {corpus / 'pipe.txt'}: is not a regular file or a folder (a FIFO, socket or device)"
+    ]

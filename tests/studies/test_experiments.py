@@ -1,6 +1,7 @@
 """Sweeps: every experiment composes into valid jobs, pe_compare covers every distinct model preset,
 the launcher / optuna configs compose, and a two-model sweep runs end to end (train, extrapolation,
 report, standalone evaluation) on CPU."""
+
 import csv
 import subprocess
 import sys
@@ -40,8 +41,10 @@ def test_experiment_sets_its_group_name_and_tag(compose, experiment):
 
     # runs of one sweep share a wandb group, <experiment>-<sweep folder> (null in the config: set per sweep)
     assert cfg.logger.wandb.group is None
-    assert wandb_group(cfg.task_name, f"logs/{experiment}/multiruns/2026-01-01_00-00-00") == \
-        f"{experiment}-2026-01-01_00-00-00"
+    assert (
+        wandb_group(cfg.task_name, f"logs/{experiment}/multiruns/2026-01-01_00-00-00")
+        == f"{experiment}-2026-01-01_00-00-00"
+    )
     from linrope.training.builders import run_tags
 
     assert "task:bytes" in run_tags(cfg)
@@ -88,11 +91,19 @@ def test_the_published_studies_have_the_budget_their_claims_need(compose):
     assert {m for pair in named("rope_study").compared for m in pair} <= set(models)
     cfg = compose("experiment=rope_study")
     assert cfg.trainer.max_steps >= 800 and cfg.extrapolation.enabled
-    assert max(cfg.extrapolation.factors) == 16 and cfg.extrapolation.scored_bytes >= 2 ** 17
+    assert max(cfg.extrapolation.factors) == 16 and cfg.extrapolation.scored_bytes >= 2**17
     jobs, models = job_models("probes")
     assert len(models) == 8 and len(jobs) == 2 * 3 * len(models)
-    assert {"linear", "linear_rope", "linear_rope_both", "linear_cosine_rope", "linear_alibi", "softmax_none",
-            "softmax_rope", "softmax_alibi"} == set(models)
+    assert {
+        "linear",
+        "linear_rope",
+        "linear_rope_both",
+        "linear_cosine_rope",
+        "linear_alibi",
+        "softmax_none",
+        "softmax_rope",
+        "softmax_alibi",
+    } == set(models)
     assert {o for job in jobs for o in job if o.startswith("data=")} == {"data=offset_copy", "data=mqar"}
 
 
@@ -137,9 +148,18 @@ def test_submitit_launchers_compose(launcher, target):
 def sweep(tmp_path_factory):
     """python train.py -m model=softmax_rope,linear_rope (tiny, 3 steps, extrapolation at 1× and 2×)."""
     tmp = tmp_path_factory.mktemp("sweep")
-    cmd = [sys.executable, str(ROOT / "train.py"), "-m", "model=softmax_rope,linear_rope", "experiment=pe_compare",
-           "seed=1", *SWEEP_TINY, "extrapolation.enabled=true", "extrapolation.factors=[1,2]",
-           f"hydra.sweep.dir={tmp / 'multirun'}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "-m",
+        "model=softmax_rope,linear_rope",
+        "experiment=pe_compare",
+        "seed=1",
+        *SWEEP_TINY,
+        "extrapolation.enabled=true",
+        "extrapolation.factors=[1,2]",
+        f"hydra.sweep.dir={tmp / 'multirun'}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return tmp / "multirun"
@@ -155,15 +175,26 @@ def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
         assert {"val/bpb", "test/bpb", "train/loss"} <= set(header)
         rows = list(csv.DictReader(open(r / "extrapolation.csv")))
         assert [(row["length"], row["scaling"]) for row in rows] == [
-            ("64", "none"), ("64", "pi"), ("64", "ntk"), ("128", "none"), ("128", "pi"), ("128", "ntk")]
+            ("64", "none"),
+            ("64", "pi"),
+            ("64", "ntk"),
+            ("128", "none"),
+            ("128", "pi"),
+            ("128", "ntk"),
+        ]
         assert all(row["status"] == "ok" and 0 < float(row["bpb"]) < 12 for row in rows)
         assert len({(row["scored"], row["scored_hash"]) for row in rows}) == 1  # the same bytes at both lengths
         assert (r / "extrapolation.png").stat().st_size > 0
 
 
 def test_report_on_the_sweep(sweep, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "linrope.report", str(sweep), "--out", str(tmp_path)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "linrope.report", str(sweep), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = (tmp_path / "report.md").read_text()
     assert "| softmax_rope | softmax | rope | 1 (1) |" in report and "| linear_rope | linear | rope | 1 (1) |" in report
@@ -176,13 +207,26 @@ def test_report_on_the_sweep(sweep, tmp_path):
 
 def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     ckpt = sweep / "0" / "checkpoints" / "last.ckpt"
-    cmd = [sys.executable, "-m", "linrope.evaluate", f"ckpt={ckpt}", "lengths=[64,128,256]", "scalings=[pi]",
-           f"out={tmp_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "linrope.evaluate",
+        f"ckpt={ckpt}",
+        "lengths=[64,128,256]",
+        "scalings=[pi]",
+        f"out={tmp_path}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
     assert [(row["length"], row["scaling"]) for row in rows] == [
-        ("64", "none"), ("64", "pi"), ("128", "none"), ("128", "pi"), ("256", "none"), ("256", "pi")]
+        ("64", "none"),
+        ("64", "pi"),
+        ("128", "none"),
+        ("128", "pi"),
+        ("256", "none"),
+        ("256", "pi"),
+    ]
     assert all(row["status"] == "ok" for row in rows)
     # the test split of data.max_bytes=400000 holds 20 000 bytes: all but the first scored at every length
     assert {row["scored"] for row in rows} == {"19999"} and len({row["scored_hash"] for row in rows}) == 1

@@ -1,6 +1,7 @@
 """linrope.study: a sweep run job by job into named folders; finished jobs are skipped on the next call,
 stopped ones resume, a failed one is reported and left to run again; the finished ones are kept in the study's
 compact results, committed as one commit with --commit."""
+
 import json
 import subprocess
 
@@ -12,8 +13,10 @@ from linrope.studies.study import DONE, Study, job_names, state
 def test_job_names_are_the_values_that_differ():
     jobs = [["experiment=budget", "model=linear", "seed=1"], ["experiment=budget", "model=linear_rope", "seed=2"]]
     assert job_names(jobs) == ["linear-seed1", "linear_rope-seed2"]
-    assert job_names([["trainer.max_steps=800", "a=b"], ["trainer.max_steps=3200", "a=b"]]) == ["max_steps800",
-                                                                                                "max_steps3200"]
+    assert job_names([["trainer.max_steps=800", "a=b"], ["trainer.max_steps=3200", "a=b"]]) == [
+        "max_steps800",
+        "max_steps3200",
+    ]
 
 
 def test_state_of_a_job_folder(tmp_path):
@@ -36,8 +39,15 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
     git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "start")
     git(tmp_path, "config", "user.name", "t")
     git(tmp_path, "config", "user.email", "t@t")
-    overrides = ["size=tiny", "trainer.max_steps=4", "trainer.val_check_interval=2", "data.val_windows=2",
-                 "data.test_windows=2", "model=linear_rope,softmax_rope", "seed=1"]
+    overrides = [
+        "size=tiny",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "data.val_windows=2",
+        "data.test_windows=2",
+        "model=linear_rope,softmax_rope",
+        "seed=1",
+    ]
     study = Study(tmp_path / "s", overrides, threads=1, commit=True)
     assert study.names == ["linear_rope", "softmax_rope"]
     assert study.run(jobs=2) == 0
@@ -45,13 +55,31 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
     for name, record in records.items():
         assert record["test"]["test/bpb"] > 0 and f"model={name}" in record["job"]
         assert "logger=csv" in record["command"] and f"hydra.run.dir={tmp_path / 's' / name}" in record["command"]
-        assert (tmp_path / "s" / name / "study.log").is_file() and (tmp_path / "s" / name / "csv" / "metrics.csv").is_file()
-    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "*.pt", ".linrope.lock", ".study.lock", "/*/"]
+        assert (tmp_path / "s" / name / "study.log").is_file() and (
+            tmp_path / "s" / name / "csv" / "metrics.csv"
+        ).is_file()
+    assert (tmp_path / "s" / ".gitignore").read_text().split() == [
+        "*.ckpt",
+        "*.pt",
+        ".linrope.lock",
+        ".study.lock",
+        "/*/",
+    ]
     kept = json.loads((tmp_path / "s" / "runs.json").read_text())["runs"]
     assert {r["run"]: r["study"] for r in kept} == records
     assert git(tmp_path, "rev-list", "--count", "HEAD") == "2\n"  # one commit for the part
     assert git(tmp_path, "show", "--name-only", "--format=%s", "HEAD").split() == [
-        "s:", "2", "of", "2", "jobs", "finished", "s/.gitignore", "s/curves.csv", "s/results.csv", "s/runs.json"]
+        "s:",
+        "2",
+        "of",
+        "2",
+        "jobs",
+        "finished",
+        "s/.gitignore",
+        "s/curves.csv",
+        "s/results.csv",
+        "s/runs.json",
+    ]
     assert not git(tmp_path, "status", "--porcelain")  # the run folders are ignored, nothing else left out
     capsys.readouterr()
     again = Study(tmp_path / "s", overrides, threads=1, commit=False)
@@ -63,15 +91,20 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
     # counted as done); one setting more is another job, which the finished folders are not
     more = Study(tmp_path / "s", [o.replace("max_steps=4", "max_steps=6") for o in overrides], threads=1, commit=False)
     assert [line.split(" holds another run ")[1].split(";")[0] for line in more.conflicts()] == [
-        "(trainer.max_steps: 4 → 6)"] * 2
+        "(trainer.max_steps: 4 → 6)"
+    ] * 2
 
 
 def test_a_failed_job_is_named_and_left_unfinished(tmp_path, capsys):
     """A job that passes the checks made before launching but fails once it runs (a corpus folder with no
     file in it is only measured when read)."""
     (tmp_path / "empty").mkdir()
-    study = Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope",
-                                   f"data.path={tmp_path / 'empty'}"], threads=1, commit=False)
+    study = Study(
+        tmp_path / "s",
+        ["size=tiny", "trainer.max_steps=2", "model=linear_rope", f"data.path={tmp_path / 'empty'}"],
+        threads=1,
+        commit=False,
+    )
     assert study.run(jobs=1) == 1
     out = capsys.readouterr().out
     assert "[job] FAILED (exit status 1)" in out and "not finished: job" in out
@@ -82,6 +115,7 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     """Two drivers may share a study: a job whose run folder is locked by a live run is not started again."""
     import fcntl
     import os
+
     folder = tmp_path / "s" / "job"
     folder.mkdir(parents=True)
     (tmp_path / "s" / ".gitignore").write_text("*.ckpt\nmine\n")  # an older study's: it gains what it lacks
@@ -89,8 +123,9 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     os.write(fd, b"pid 1 on elsewhere\n")
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        study = Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1,
-                      commit=False)
+        study = Study(
+            tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1, commit=False
+        )
         assert study.run(jobs=1) == 0  # nothing failed: the job is left to the run that holds it
     finally:
         os.close(fd)
@@ -98,13 +133,23 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
     assert "[job] running elsewhere (pid 1 on elsewhere): left to it" in out and "training" not in out
     assert "0/1 jobs done; not finished: job (job running elsewhere)" in out
     assert not (tmp_path / "s" / "job.log").exists()
-    assert (tmp_path / "s" / ".gitignore").read_text().split() == ["*.ckpt", "mine", "*.pt", ".linrope.lock",
-                                                                    ".study.lock", "/*/"]
+    assert (tmp_path / "s" / ".gitignore").read_text().split() == [
+        "*.ckpt",
+        "mine",
+        "*.pt",
+        ".linrope.lock",
+        ".study.lock",
+        "/*/",
+    ]
     claim = os.open(folder / ".study.lock", os.O_RDWR | os.O_CREAT)  # another driver's claim, before its run starts
     fcntl.flock(claim, fcntl.LOCK_EX)
     try:
-        assert Study(tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1,
-                     commit=False).run(jobs=1) == 0
+        assert (
+            Study(
+                tmp_path / "s", ["size=tiny", "trainer.max_steps=2", "model=linear_rope"], threads=1, commit=False
+            ).run(jobs=1)
+            == 0
+        )
     finally:
         os.close(claim)
     assert "[job] running elsewhere (another driver): left to it" in capsys.readouterr().out
@@ -115,10 +160,12 @@ def test_a_users_config_folder_reaches_the_dry_run_and_the_study(tmp_path, capsy
     typo in such a preset is refused by the dry run in one line."""
     from linrope.studies import sweeps
     from linrope.studies.study import main
+
     (tmp_path / "mine" / "model").mkdir(parents=True)
     (tmp_path / "mine" / "model" / "my_preset.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /attention: linear\n  - override /position: rope\n"
-        "model:\n  name: my_preset\n")
+        "model:\n  name: my_preset\n"
+    )
     (tmp_path / "mine" / "model" / "typo.yaml").write_text("# @package _global_\nmodel:\n  d_modle: 5\n")
     assert main([str(tmp_path / "s"), "model=my_preset,linear", "seed=1", "-cd", str(tmp_path / "mine"), "--list"]) == 0
     out = capsys.readouterr().out

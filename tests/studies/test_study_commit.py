@@ -2,6 +2,7 @@
 finishes, amending the part's commit while it is the branch's own; a finished run is in git at once, and a
 fresh checkout of that commit goes on without the run folders.  Tiny fake studies in temporary git
 repositories; nothing trains."""
+
 import json
 import shutil
 import subprocess
@@ -53,8 +54,11 @@ def test_each_finished_job_amends_the_parts_one_commit(tmp_path):
     assert "a-seed1: test/bpb 3.0375 (0.1 min)" in message and "b-seed1: test/bpb 4.0375 (0.1 min)" in message
     assert message.strip().endswith("Study-part: results/steps8")
     assert git(r, "show", "--name-only", "--format=", "HEAD").split() == [
-        "results/steps8/.gitignore", "results/steps8/curves.csv", "results/steps8/results.csv",
-        "results/steps8/runs.json"]
+        "results/steps8/.gitignore",
+        "results/steps8/curves.csv",
+        "results/steps8/results.csv",
+        "results/steps8/runs.json",
+    ]
     kept = json.loads(git(r, "show", "HEAD:results/steps8/runs.json"))["runs"]
     assert [k["run"] for k in kept] == ["a-seed1", "b-seed1"]  # every finished run is in the commit at once
     assert not git(r, "status", "--porcelain")
@@ -70,15 +74,22 @@ def test_a_commit_that_is_no_longer_the_parts_own_is_never_amended(tmp_path):
     git(r, "add", "notes")
     git(r, "commit", "-q", "-m", "a commit of someone else")
     finish(part, "a-seed2", 2)
-    assert subjects(r) == ["steps8: 2 of 3 jobs finished", "a commit of someone else",
-                           "steps8: 1 of 3 jobs finished", "start"]
+    assert subjects(r) == [
+        "steps8: 2 of 3 jobs finished",
+        "a commit of someone else",
+        "steps8: 1 of 3 jobs finished",
+        "start",
+    ]
     git(r, "branch", "merged")  # what a merge into main or a push leaves: another ref holds it
     finish(part, "a-seed3", 3)
     assert subjects(r)[:2] == ["steps8: 3 of 3 jobs finished", "steps8: 2 of 3 jobs finished"]
     finish(part, "b-seed1", 1, jobs=4)  # amends the last one: no other ref holds it
     finish(other, "a-seed1", 1)
-    assert subjects(r)[:3] == ["steps16: 1 of 3 jobs finished", "steps8: 4 of 4 jobs finished",
-                               "steps8: 2 of 3 jobs finished"]
+    assert subjects(r)[:3] == [
+        "steps16: 1 of 3 jobs finished",
+        "steps8: 4 of 4 jobs finished",
+        "steps8: 2 of 3 jobs finished",
+    ]
     assert git(r, "log", "-1", "--format=%s", "merged") == "steps8: 2 of 3 jobs finished\n"
 
 
@@ -108,4 +119,5 @@ def test_a_fresh_checkout_of_the_parts_commit_goes_on_without_the_run_folders(tm
 
 def _code():
     from linrope.studies.study_jobs import current_code
+
     return current_code().split()[-1]

@@ -2,6 +2,7 @@
 mean what they say from any folder; every job is checked before the first starts; odd folders are one line;
 SIGTERM / SIGINT stop the driver after the running job has saved.  Finished jobs are made by hand here as a run
 leaves them (the configuration Hydra saves, metrics, study_job.json); two tests train (one of them slow)."""
+
 import json
 import os
 import signal
@@ -39,7 +40,8 @@ def test_a_study_never_reports_a_run_it_did_not_train(tmp_path, capsys):
     line = str(e.value)
     assert line.startswith(f"linrope.study: job job: {s / 'job'} holds another run (") and "\n" not in line
     assert "trainer.max_steps: 40 → 80" in line and line.endswith(
-        "pass --new-folder to train this job in a folder of its own, or choose another study folder")
+        "pass --new-folder to train this job in a folder of its own, or choose another study folder"
+    )
     assert not (s / "job.log").exists() and json.loads((s / "job" / DONE).read_text())["test"]  # nothing touched
 
     finished_job(s / "budget" / "job", ["model=linear_rope", "size=tiny", "trainer.max_steps=150"])
@@ -59,6 +61,7 @@ def test_a_study_never_reports_a_run_it_did_not_train(tmp_path, capsys):
 def test_a_run_of_other_code_is_not_counted_as_done(tmp_path, capsys):
     """The code a run recorded (provenance.json) is part of the job: a finished job of other code differs."""
     from linrope.studies.study_jobs import current_code
+
     s = tmp_path / "S"
     finished_job(s / "job", ["model=linear_rope", "size=tiny"], code="0123456789ab")
     assert main([str(s), "model=linear_rope", "size=tiny", "--list"]) == 0
@@ -87,8 +90,12 @@ def test_a_stopped_job_of_another_configuration_is_not_resumed(tmp_path):
 def test_every_job_is_checked_before_the_first_starts(tmp_path):
     """Bad values and impossible pairings are refused in one line per job before any job launches (they were
     each launched and `FAILED … see job.log`)."""
-    study = Study(tmp_path / "s", ["size=tiny", "attention=linear", "position=t5,rope", "trainer.max_steps=2"],
-                  threads=1, commit=False)
+    study = Study(
+        tmp_path / "s",
+        ["size=tiny", "attention=linear", "position=t5,rope", "trainer.max_steps=2"],
+        threads=1,
+        commit=False,
+    )
     with pytest.raises(SystemExit) as e:
         study.run(jobs=1)
     lines = str(e.value).splitlines()
@@ -113,13 +120,18 @@ def test_odd_study_folders_are_one_line(tmp_path, monkeypatch):
                 m.setattr("linrope.studies.study.os.access", lambda path, mode: False)
             with pytest.raises(SystemExit) as e:
                 Study(tmp_path / "ro" / "s", ["model=linear_rope", "size=tiny"], threads=1, commit=False).run(1)
-        assert str(e.value) == f"linrope.study: {tmp_path / 'ro'} is not writable: the study cannot write its runs there"
+        assert (
+            str(e.value) == f"linrope.study: {tmp_path / 'ro'} is not writable: the study cannot write its runs there"
+        )
     finally:
         (tmp_path / "ro").chmod(0o755)
     (tmp_path / "s" / "job" / ".study.lock").mkdir(parents=True)
     with pytest.raises(SystemExit) as e:
         Study(tmp_path / "s", ["model=linear_rope", "size=tiny"], threads=1, commit=False).run(1)
-    assert str(e.value) == f"linrope.study: {tmp_path / 's' / 'job' / '.study.lock'} is a folder, not the study's lock file; remove it"
+    assert (
+        str(e.value)
+        == f"linrope.study: {tmp_path / 's' / 'job' / '.study.lock'} is a folder, not the study's lock file; remove it"
+    )
 
 
 def test_a_deleted_claim_is_not_shared_by_two_drivers(tmp_path):
@@ -128,6 +140,7 @@ def test_a_deleted_claim_is_not_shared_by_two_drivers(tmp_path):
     import fcntl
 
     from linrope.studies.study import _claim
+
     folder = tmp_path / "job"
     folder.mkdir()
     first = _claim(folder)
@@ -156,8 +169,18 @@ def test_a_relative_study_folder_outside_the_checkout_trains_there(tmp_path):
     while the driver looked in /tmp/x/relstudy (`FAILED (no test metric was logged)`).  A relative data.path
     means the caller's file too."""
     (tmp_path / "corpus.txt").write_bytes((Path(os.__file__).read_bytes() * 2)[:60_000])
-    cmd = [sys.executable, "-m", "linrope.study", "relstudy", *TINY, "trainer.max_steps=4", "model=linear_rope",
-           "data.path=corpus.txt", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "linrope.study",
+        "relstudy",
+        *TINY,
+        "trainer.max_steps=4",
+        "model=linear_rope",
+        "data.path=corpus.txt",
+        "--threads",
+        "1",
+    ]
     done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1/1 jobs done" in done.stdout
@@ -174,8 +197,17 @@ def test_a_signal_to_the_driver_stops_after_the_job_saved_and_starts_nothing(tmp
     """SIGTERM (preemption) or SIGINT (Ctrl+C) to the driver: the running job saves last.ckpt and is left
     resumable (not FAILED), the next job never starts, one line gives the command that resumes, exit 143 / 130
     (SIGTERM marked the job FAILED and started the next; Ctrl+C ended in a KeyboardInterrupt traceback)."""
-    cmd = [sys.executable, "-m", "linrope.study", str(tmp_path / "s"), *TINY, "trainer.max_steps=100000",
-           "model=linear_rope,linear", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "linrope.study",
+        str(tmp_path / "s"),
+        *TINY,
+        "trainer.max_steps=100000",
+        "model=linear_rope,linear",
+        "--threads",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while not list((tmp_path / "s" / "linear_rope").glob("csv/metrics.csv")) and time.time() < deadline:
@@ -187,8 +219,10 @@ def test_a_signal_to_the_driver_stops_after_the_job_saved_and_starts_nothing(tmp
     assert "Traceback" not in out and "FAILED" not in out
     assert f"[linear_rope] stopped by {sig.name}" in out and "last.ckpt saved" in out and "[linear]" not in out
     last = out.strip().splitlines()[-1]
-    assert last.startswith(f"linrope.study: stopped by {sig.name}; resume with: python -m linrope.study "
-                           f"{tmp_path / 's'} ") and "model=linear_rope,linear" in last
+    assert (
+        last.startswith(f"linrope.study: stopped by {sig.name}; resume with: python -m linrope.study {tmp_path / 's'} ")
+        and "model=linear_rope,linear" in last
+    )
     assert (tmp_path / "s" / "linear_rope" / "checkpoints" / "last.ckpt").is_file()
     assert not (tmp_path / "s" / "linear").exists()
     listed = subprocess.run(cmd + ["--list"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)

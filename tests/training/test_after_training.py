@@ -1,6 +1,7 @@
 """After training (linrope/training/after_training.py): a signal during the test or the extrapolation ends the run with one
 line naming what finished, what did not and the command that completes it; a sweep whose objective no run can
 log is refused before its first trial."""
+
 import os
 import shlex
 import signal
@@ -10,12 +11,18 @@ import sys
 import lightning as L
 import pytest
 
-from tests.helpers import ROOT, target, tiny
-from linrope.training.after_training import objective_problem
 from linrope.studies.sweeps import compose_train
+from linrope.training.after_training import objective_problem
+from tests.helpers import ROOT, target, tiny
 
-TINY = tiny("logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=4", "extrapolation.enabled=true",
-            "extrapolation.scored_bytes=4096", "extrapolation.factors=[1,2]")
+TINY = tiny(
+    "logger=csv",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=4",
+    "extrapolation.enabled=true",
+    "extrapolation.scored_bytes=4096",
+    "extrapolation.factors=[1,2]",
+)
 
 
 class SigtermAt(L.Callback):
@@ -53,7 +60,9 @@ def train(tmp_path, *overrides, timeout=300):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
 
 
-@pytest.mark.parametrize("when, complete", [("extrapolation", False), pytest.param("test", True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "when, complete", [("extrapolation", False), pytest.param("test", True, marks=pytest.mark.slow)]
+)
 def test_a_sigterm_after_training_says_what_is_left_and_how_to_finish_it(tmp_path, when, complete):
     """Stopped during the extrapolation (default suite) or the test (slow: then its command completes the run)."""
     run = tmp_path / "run"
@@ -63,13 +72,17 @@ def test_a_sigterm_after_training_says_what_is_left_and_how_to_finish_it(tmp_pat
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
     ckpt = next((run / "checkpoints").glob("best-*.ckpt"))
     finish = [*TINY, "train=false", f"ckpt_path={ckpt}", f"hydra.run.dir={run}"]
-    command = shlex.join(["python", "train.py", *TINY, *stop, *finish[len(TINY):]])
+    command = shlex.join(["python", "train.py", *TINY, *stop, *finish[len(TINY) :]])
     if when == "extrapolation":
-        expected = (f"linrope: stopped by SIGTERM during the extrapolation: finished training and the test (checkpoint "
-                    f"{ckpt}); not done: the extrapolation; complete it with: {command}")
+        expected = (
+            f"linrope: stopped by SIGTERM during the extrapolation: finished training and the test (checkpoint "
+            f"{ckpt}); not done: the extrapolation; complete it with: {command}"
+        )
     else:
-        expected = (f"linrope: stopped by SIGTERM during the test: finished training (checkpoint {ckpt}); not done: "
-                    f"the test, the extrapolation; complete it with: {command}")
+        expected = (
+            f"linrope: stopped by SIGTERM during the test: finished training (checkpoint {ckpt}); not done: "
+            f"the test, the extrapolation; complete it with: {command}"
+        )
     assert lines == [expected], r.stderr[-3000:]
     assert not (run / "extrapolation.csv").exists()
     if not complete:
@@ -86,12 +99,18 @@ def test_a_sigint_once_the_test_has_logged_says_the_run_completed_and_where(tmp_
     the test's table and metrics.csv are written as without the signal; exit status 130."""
     run = tmp_path / "run"
     tiny = [o for o in TINY if not o.startswith("extrapolation.")]
-    r = train(tmp_path, *tiny, f"+callbacks.stop._target_={target(SigtermAt)}", "+callbacks.stop.when=test_end",
-              f"hydra.run.dir={run}")
+    r = train(
+        tmp_path,
+        *tiny,
+        f"+callbacks.stop._target_={target(SigtermAt)}",
+        "+callbacks.stop.when=test_end",
+        f"hydra.run.dir={run}",
+    )
     assert r.returncode == 130, r.stderr[-3000:]
     lines = [line for line in r.stderr.splitlines() if line.startswith("linrope:")]
-    assert lines == [f"linrope: stopped by SIGINT after the run completed (training and the test): its results are "
-                     f"in {run}"], r.stderr[-3000:]
+    assert lines == [
+        f"linrope: stopped by SIGINT after the run completed (training and the test): its results are in {run}"
+    ], r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "test/bpb" in r.stdout  # the test's table
     assert "test/bpb" in (run / "csv" / "metrics.csv").read_text().splitlines()[0]
 
@@ -102,8 +121,9 @@ def test_a_signal_after_the_run_completed_lets_it_finish_then_exits(capsys, tmp_
     then exit 128 + the signal; the handlers are restored."""
     from types import SimpleNamespace
 
-    from linrope.training.after_training import explain_stop
     from omegaconf import OmegaConf
+
+    from linrope.training.after_training import explain_stop
 
     cfg = OmegaConf.create({"train": True, "test": False, "paths": {"output_dir": str(tmp_path)}})
     trainer = SimpleNamespace(is_global_zero=True, callback_metrics={})
@@ -117,7 +137,8 @@ def test_a_signal_after_the_run_completed_lets_it_finish_then_exits(capsys, tmp_
     assert e.value.code == 128 + signum and finished == [True]
     assert capsys.readouterr().err.splitlines() == [
         f"linrope: stopped by {signal.Signals(signum).name} after the run completed (training): its results are in "
-        f"{tmp_path}"]
+        f"{tmp_path}"
+    ]
     assert signal.getsignal(signum) is before
 
 
@@ -125,28 +146,41 @@ def test_a_signal_after_the_run_completed_lets_it_finish_then_exits(capsys, tmp_
 def test_an_objective_no_run_can_log_is_named_with_the_setting_to_change():
     base = ["hparams_search=optuna", "size=tiny"]
     problem = objective_problem(compose_train([*base, "trainer.max_steps=10"]))
-    assert problem == ("the sweep optimises optimized_metric=val/bpb, which is never logged: no validation before "
-                       "trainer.max_steps=10 (trainer.val_check_interval=100); set trainer.val_check_interval=10 or "
-                       "less, or trainer.max_steps=100 or more")
+    assert problem == (
+        "the sweep optimises optimized_metric=val/bpb, which is never logged: no validation before "
+        "trainer.max_steps=10 (trainer.val_check_interval=100); set trainer.val_check_interval=10 or "
+        "less, or trainer.max_steps=100 or more"
+    )
     assert objective_problem(compose_train([*base, "trainer.max_steps=10", "trainer.val_check_interval=10"])) is None
     assert objective_problem(compose_train(base)) is None  # 500 steps, validation every 100
-    assert "task bytes never logs (it logs val/loss, val/bpb): set optimized_metric=val/loss" in \
-        objective_problem(compose_train([*base, "optimized_metric=val/acc"]))
+    assert "task bytes never logs (it logs val/loss, val/bpb): set optimized_metric=val/loss" in objective_problem(
+        compose_train([*base, "optimized_metric=val/acc"])
+    )
     assert objective_problem(compose_train([*base, "data=mqar"])) is None  # val/bpb becomes val/loss for a task
     assert "task mqar never logs" in objective_problem(compose_train([*base, "data=mqar", "optimized_metric=val/bpb2"]))
-    assert "returns before testing: set optimized_metric=val/bpb" in \
-        objective_problem(compose_train([*base, "optimized_metric=test/bpb"]))
+    assert "returns before testing: set optimized_metric=val/bpb" in objective_problem(
+        compose_train([*base, "optimized_metric=test/bpb"])
+    )
     assert "train=false" in objective_problem(compose_train([*base, "train=false"]))
     assert "limit_val_batches=0" in objective_problem(compose_train([*base, "trainer.limit_val_batches=0"]))
 
 
 def test_the_optuna_sweep_that_cannot_score_is_refused_before_its_first_trial(tmp_path):
     sweep = tmp_path / "sweep"
-    r = train(tmp_path, "-m", "hparams_search=optuna", "size=tiny", "trainer.max_steps=10",
-              "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep}", timeout=120)
+    r = train(
+        tmp_path,
+        "-m",
+        "hparams_search=optuna",
+        "size=tiny",
+        "trainer.max_steps=10",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={sweep}",
+        timeout=120,
+    )
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "linrope: the sweep optimises optimized_metric=val/bpb, which is never logged: no validation before "
         "trainer.max_steps=10 (trainer.val_check_interval=100); set trainer.val_check_interval=10 or less, or "
-        "trainer.max_steps=100 or more"]
+        "trainer.max_steps=100 or more"
+    ]
     assert not sweep.exists() or not any(sweep.iterdir())  # no trial ran

@@ -4,6 +4,7 @@ Before the operators declared what autocast does to them, ``trainer.precision=bf
 for every linear preset as the context exceeded one chunk (64 tokens): the chunk kernel's matmuls were
 re-cast to bfloat16 by autocast while its float32 states met them.  size=tiny has context 64, so these tests
 raise the context."""
+
 import math
 from pathlib import Path
 
@@ -12,22 +13,36 @@ import torch
 
 from tests.helpers import CONF
 
-FAST = ["logger=none", "trainer.enable_progress_bar=false", "data.max_bytes=400000", "data.val_windows=2",
-        "data.test_windows=2", "data.batch_size=2", "data.eval_batch_size=2", "test=false"]
+FAST = [
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "data.max_bytes=400000",
+    "data.val_windows=2",
+    "data.test_windows=2",
+    "data.batch_size=2",
+    "data.eval_batch_size=2",
+    "test=false",
+]
 LINEAR_PRESETS = sorted(p.stem for p in (CONF / "model").glob("linear*.yaml"))
 
 
 def train_bf16(compose, *overrides, steps: int = 3) -> float:
     import train
 
-    cfg = compose(*FAST, "trainer.precision=bf16-mixed", f"trainer.max_steps={steps}",
-                  f"trainer.val_check_interval={steps}", *overrides)
+    cfg = compose(
+        *FAST,
+        "trainer.precision=bf16-mixed",
+        f"trainer.max_steps={steps}",
+        f"trainer.val_check_interval={steps}",
+        *overrides,
+    )
     metric = train.main(cfg)
     assert metric is not None and math.isfinite(metric), metric
     c = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=True)
     assert c["global_step"] == steps
-    assert all(v.dtype == torch.float32 and torch.isfinite(v).all()
-               for v in c["state_dict"].values() if v.is_floating_point())
+    assert all(
+        v.dtype == torch.float32 and torch.isfinite(v).all() for v in c["state_dict"].values() if v.is_floating_point()
+    )
     return metric
 
 
@@ -59,8 +74,10 @@ def tiny_model_config(preset: str, context: int) -> dict:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"model={preset}", "size=tiny", "model.n_layers=1",
-                                                          f"context={context}"])
+            cfg = compose(
+                config_name="train",
+                overrides=[f"model={preset}", "size=tiny", "model.n_layers=1", f"context={context}"],
+            )
     finally:
         GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg.model, resolve=True)

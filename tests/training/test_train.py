@@ -1,5 +1,6 @@
 """The real Hydra configs compose, every model config trains (fast_dev_run), the LM learns,
 and bad configs stop early with one line."""
+
 import math
 import os
 import re
@@ -42,11 +43,12 @@ def test_the_optimizer_settings_come_only_from_conf_optim(compose):
     from types import SimpleNamespace
 
     from linrope.config.checks import ConfigError
-    from linrope.training.lit import LanguageModel
     from linrope.training.builders import build_module
+    from linrope.training.lit import LanguageModel
 
-    cfg = compose("size=tiny", "optim.lr=0.00123", "optim.weight_decay=0.05", "optim.warmup_steps=4",
-                  "trainer.max_steps=20")
+    cfg = compose(
+        "size=tiny", "optim.lr=0.00123", "optim.weight_decay=0.05", "optim.warmup_steps=4", "trainer.max_steps=20"
+    )
     module = build_module(cfg)
     module.trainer = SimpleNamespace(max_steps=20)  # what configure_optimizers reads of the Trainer
     built = module.configure_optimizers()
@@ -78,10 +80,13 @@ def test_lm_loss_falls(small_corpus):
     torch.manual_seed(0)
     data = load_corpus(str(small_corpus), context=64)["train"]
     ds = RandomWindows(data, 64, seed=0, length=16 * 40)
-    for attention, position in [({"kind": "linear", "impl": "naive"}, {"name": "rope"}),
-                                ({"kind": "softmax"}, {"name": "rope"})]:
-        model = TransformerLM(dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, max_len=64,
-                                   attention=attention, position=position))
+    for attention, position in [
+        ({"kind": "linear", "impl": "naive"}, {"name": "rope"}),
+        ({"kind": "softmax"}, {"name": "rope"}),
+    ]:
+        model = TransformerLM(
+            dict(d_model=64, n_heads=4, n_layers=2, d_ff=128, max_len=64, attention=attention, position=position)
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses = []
         for step in range(40):
@@ -98,8 +103,15 @@ def test_lm_loss_falls(small_corpus):
 
 def test_short_training_run_improves_val_bpb_and_train_false_tests_its_checkpoint(compose, small_corpus, tmp_path):
     tiny_csv = tiny("logger=csv")
-    cfg = compose("model=linear_rope", *tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=30",
-                  "trainer.val_check_interval=30", "optim.warmup_steps=5", "trainer.log_every_n_steps=5")
+    cfg = compose(
+        "model=linear_rope",
+        *tiny_csv,
+        f"data.path={small_corpus}",
+        "trainer.max_steps=30",
+        "trainer.val_check_interval=30",
+        "optim.warmup_steps=5",
+        "trainer.log_every_n_steps=5",
+    )
     best = run_main(cfg)
     assert best < 6.0  # well below 8 bits of a uniform guess after 30 steps
     ckpts = list(Path(cfg.paths.output_dir, "checkpoints").glob("*.ckpt"))
@@ -117,8 +129,9 @@ def test_short_training_run_improves_val_bpb_and_train_false_tests_its_checkpoin
     # train=false ckpt_path=<best>: tests that checkpoint (not the random weights of a new model)
     best_ckpt = next(p for p in ckpts if p.name.startswith("best"))
     again = tmp_path / "test_only"
-    cfg = compose(*tiny_csv, f"data.path={small_corpus}", "train=false", f"ckpt_path='{best_ckpt}'",
-                  f"paths.output_dir={again}")
+    cfg = compose(
+        *tiny_csv, f"data.path={small_corpus}", "train=false", f"ckpt_path='{best_ckpt}'", f"paths.output_dir={again}"
+    )
     assert run_main(cfg) is None
     rows = list(csv.DictReader(open(again / "csv" / "metrics.csv")))
     assert float(next(r["test/bpb"] for r in rows if r.get("test/bpb"))) == pytest.approx(test_bpb, rel=1e-5)
@@ -126,6 +139,7 @@ def test_short_training_run_improves_val_bpb_and_train_false_tests_its_checkpoin
 
 class CountingCSVLogger:
     """Test-only wrapper target: records every log_hyperparams call of a real CSV logger."""
+
     calls: list = []
 
     def __new__(cls, **kwargs):
@@ -145,8 +159,13 @@ class CountingCSVLogger:
 def test_hyperparameters_are_logged_once_as_the_config(compose, small_corpus):
     """Once (not again at fit and at test), and the data settings only under data.* (not as top-level keys)."""
     tiny_csv = tiny("logger=csv")
-    cfg = compose(*tiny_csv, f"data.path={small_corpus}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-                  f"logger.csv._target_={target(CountingCSVLogger)}")
+    cfg = compose(
+        *tiny_csv,
+        f"data.path={small_corpus}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        f"logger.csv._target_={target(CountingCSVLogger)}",
+    )
     CountingCSVLogger.calls = []
     run_main(cfg)
     assert len(CountingCSVLogger.calls) == 1
@@ -164,15 +183,27 @@ def test_model_name_follows_the_chosen_attention_and_position_into_the_logs_and_
     from linrope.analysis.runs import base_label, find_runs
 
     run = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "train.py"), "attention=softmax", "position=none", *TINY, "logger=csv",
-           "trainer.max_steps=1", "trainer.val_check_interval=1", "test=false", f"hydra.run.dir={run}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "attention=softmax",
+        "position=none",
+        *TINY,
+        "logger=csv",
+        "trainer.max_steps=1",
+        "trainer.val_check_interval=1",
+        "test=false",
+        f"hydra.run.dir={run}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     saved = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
     assert saved["model"]["name"] == "softmax_none" and saved["model"]["attention"]["kind"] == "softmax"
     assert yaml.safe_load((run / "csv" / "hparams.yaml").read_text())["model"]["name"] == "softmax_none"
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["model"]["name"] \
+    assert (
+        torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["model"]["name"]
         == "softmax_none"
+    )
     (found,) = find_runs(run)
     assert base_label(found) == "softmax_none"
 
@@ -212,10 +243,22 @@ def test_default_run_prints_every_line_once(tmp_path):
     Lightning's own (its FLOPs column reads 0: a language model declares no example input)."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
     env.pop("WANDB_SILENT", None)
-    cmd = [sys.executable, "-W", "default::DeprecationWarning", str(ROOT / "train.py"), "size=tiny",
-           "trainer.max_steps=4", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1",
-           "data.max_bytes=200000", "data.val_windows=2", "data.test_windows=2", "data.batch_size=2",
-           "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-W",
+        "default::DeprecationWarning",
+        str(ROOT / "train.py"),
+        "size=tiny",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "trainer.log_every_n_steps=1",
+        "data.max_bytes=200000",
+        "data.val_windows=2",
+        "data.test_windows=2",
+        "data.batch_size=2",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
@@ -226,22 +269,27 @@ def test_default_run_prints_every_line_once(tmp_path):
     for noise in ("Tip:", "litlogger", "LeafSpec", "anonymous setting", "limit_val_batches", "ModelSummary"):
         assert noise not in out, f"{noise!r} in\n{out[-3000:]}"
     assert "Seed set to 1234" in out and "Trainer.fit` stopped" in out  # Lightning's lines still come, once
-    ours = [l for l in out.splitlines() if "DeprecationWarning" in l and (str(ROOT / "linrope") in l or "train.py" in l)]
+    ours = [
+        l for l in out.splitlines() if "DeprecationWarning" in l and (str(ROOT / "linrope") in l or "train.py" in l)
+    ]
     assert not ours, ours
     assert "train/lr" in (tmp_path / "run" / "csv" / "metrics.csv").read_text().splitlines()[0]
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["model=linear", "position=alibi_nonexistent"], "position=alibi_nonexistent: no such option"),
-    (["model=linear", "position=t5"], "attention=linear with position=t5 cannot work"),
-    (["trainer.devices=4096"], "trainer.devices=4096 but only"),
-    (["data.path=/nonexistent/corpus"], "data.path /nonexistent/corpus: does not exist"),
-    (["model.n_heads=8", "model.d_model=40"], "even head dimension"),
-    (["model.attention.chunk_size=0"], "model.attention.chunk_size=0: expected an integer >= 1"),
-    (["model=softmax_learned", "context=128", "model.max_len=64"], "longer than the learned position table"),
-    (["train=false"], "train=false test=true tests a checkpoint: pass ckpt_path="),
-    (["train=false", "ckpt_path=auto"], "ckpt_path=auto found none"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model=linear", "position=alibi_nonexistent"], "position=alibi_nonexistent: no such option"),
+        (["model=linear", "position=t5"], "attention=linear with position=t5 cannot work"),
+        (["trainer.devices=4096"], "trainer.devices=4096 but only"),
+        (["data.path=/nonexistent/corpus"], "data.path /nonexistent/corpus: does not exist"),
+        (["model.n_heads=8", "model.d_model=40"], "even head dimension"),
+        (["model.attention.chunk_size=0"], "model.attention.chunk_size=0: expected an integer >= 1"),
+        (["model=softmax_learned", "context=128", "model.max_len=64"], "longer than the learned position table"),
+        (["train=false"], "train=false test=true tests a checkpoint: pass ckpt_path="),
+        (["train=false", "ckpt_path=auto"], "ckpt_path=auto found none"),
+    ],
+)
 def test_bad_config_fails_early_in_one_line(tmp_path, overrides, message):
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)

@@ -14,6 +14,7 @@ differentiated tables, device), and runs ``backend.run(q, k, v, args)``.  Every 
 
 A new backend is one ``Backend(...)`` entry below and one form ``fn(q, k, v, args)`` beside its naive twin.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,10 @@ class Backend:
         for name in ("decay", "rope_theta"):
             t = getattr(a, name)
             if name not in self.grads and torch.is_tensor(t) and t.requires_grad and torch.is_grad_enabled():
-                return ValueError(f"impl={self.name} does not differentiate {name}; pass a fixed tensor "
-                                  f"({name}.detach()) or use impl=naive")
+                return ValueError(
+                    f"impl={self.name} does not differentiate {name}; pass a fixed tensor "
+                    f"({name}.detach()) or use impl=naive"
+                )
         return None
 
 
@@ -83,23 +86,42 @@ def _auto(q: Tensor, a: Args) -> str:
     impl = "fla" if (kind == "cuda" and refused is None) else "chunk"
     if (kind, impl) not in _CHOSEN and not torch.compiler.is_compiling():
         _CHOSEN[(kind, impl)] = True
-        why = ("CUDA and the gpu extra" if impl == "fla" else f"fla needs CUDA, these tensors are on {kind}"
-               if kind != "cuda" else str(refused))
+        why = (
+            "CUDA and the gpu extra"
+            if impl == "fla"
+            else f"fla needs CUDA, these tensors are on {kind}"
+            if kind != "cuda"
+            else str(refused)
+        )
         log.info("linear attention impl=auto: %s (%s)", impl, why)
     return impl
 
 
-BACKENDS = {b.name: b for b in (
-    Backend("naive", "the N×N reference: every other form is tested against it; autograd in everything",
-            naive_form),
-    Backend("chunk", "chunked, hand-written backward: training and long sequences", chunk_form, grads=()),
-    Backend("recurrent", "position by position through autograd: a check of the recurrence", recurrent_form,
-            causal_only=True),
-    Backend("fla", "fla's chunked Triton kernels (CUDA, the gpu extra)", fla_backend.fla_form, causal_only=True,
-            dtypes=(torch.float32, torch.float16, torch.bfloat16), grads=("rope_theta",),
-            unavailable=fla_backend.unavailable),
-    Backend("auto", "fla where it can run on CUDA, the chunk kernel elsewhere", choose=_auto),
-)}
+BACKENDS = {
+    b.name: b
+    for b in (
+        Backend(
+            "naive", "the N×N reference: every other form is tested against it; autograd in everything", naive_form
+        ),
+        Backend("chunk", "chunked, hand-written backward: training and long sequences", chunk_form, grads=()),
+        Backend(
+            "recurrent",
+            "position by position through autograd: a check of the recurrence",
+            recurrent_form,
+            causal_only=True,
+        ),
+        Backend(
+            "fla",
+            "fla's chunked Triton kernels (CUDA, the gpu extra)",
+            fla_backend.fla_form,
+            causal_only=True,
+            dtypes=(torch.float32, torch.float16, torch.bfloat16),
+            grads=("rope_theta",),
+            unavailable=fla_backend.unavailable,
+        ),
+        Backend("auto", "fla where it can run on CUDA, the chunk kernel elsewhere", choose=_auto),
+    )
+}
 
 
 def resolve(impl: str, q: Tensor, a: Args) -> Backend:

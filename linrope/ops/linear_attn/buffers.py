@@ -5,6 +5,7 @@ A kernel that preallocates its output and writes it piece by piece can leave an 
 ``poison_buffers()`` every such buffer starts as NaN instead, so a test that checks for finite output
 catches the gap.  Every form of linear attention allocates through ``alloc``.
 """
+
 from __future__ import annotations
 
 import contextlib

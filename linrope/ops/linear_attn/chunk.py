@@ -19,9 +19,9 @@ from torch import Tensor
 
 from linrope.ops.rope import compute_dtype
 
+from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .common import Args, LinearAttentionState, autocast_off, decay_log, shared_features, zero_state
 from .features import feature_width
-from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .tables import plan_blocks
 
 _NONE = (0,)  # the shape of a placeholder
@@ -52,14 +52,27 @@ def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool,
 
 
 @torch.library.custom_op("linrope::chunk_fwd", mutates_args=())
-def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optional[Tensor],
-              positions: Optional[Tensor], theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str,
-              rope: str, causal: bool, eps: float, chunk_size: int
-              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def chunk_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    S0: Optional[Tensor],
+    z0: Optional[Tensor],
+    positions: Optional[Tensor],
+    theta: Optional[Tensor],
+    decay: Optional[Tensor],
+    feature_map: str,
+    rope: str,
+    causal: bool,
+    eps: float,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``."""
     log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
     with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
-        res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size))
+        res = chunk_forward(
+            q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size)
+        )
     dtype = compute_dtype(q.dtype)
     return tuple(_or_empty(t, q, dtype) for t in res)
 
@@ -72,24 +85,87 @@ def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, 
 
 
 @torch.library.custom_op("linrope::chunk_bwd", mutates_args=())
-def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
-              S0: Optional[Tensor], z0: Optional[Tensor], positions: Optional[Tensor], theta: Optional[Tensor],
-              decay: Optional[Tensor], out: Tensor, denom: Tensor, saved_S: Tensor, saved_z: Tensor, feature_map: str,
-              rope: str, causal: bool, eps: float, chunk_size: int, need_q: bool, need_k: bool, need_v: bool,
-              need_S0: bool, need_z0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def chunk_bwd(
+    g_out: Optional[Tensor],
+    g_S: Optional[Tensor],
+    g_z: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    S0: Optional[Tensor],
+    z0: Optional[Tensor],
+    positions: Optional[Tensor],
+    theta: Optional[Tensor],
+    decay: Optional[Tensor],
+    out: Tensor,
+    denom: Tensor,
+    saved_S: Tensor,
+    saved_z: Tensor,
+    feature_map: str,
+    rope: str,
+    causal: bool,
+    eps: float,
+    chunk_size: int,
+    need_q: bool,
+    need_k: bool,
+    need_v: bool,
+    need_S0: bool,
+    need_z0: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
     log_gamma = decay_log(decay)
     with autocast_off(q.device.type):
-        grads = chunk_backward(g_out, _or_none_opt(g_S), _or_none_opt(g_z), q, k, v, S0, z0, positions, theta,
-                               log_gamma, out, denom, _or_none(saved_S), _or_none(saved_z),
-                               Cfg(feature_map, rope, causal, eps, chunk_size), (need_q, need_k, need_v, need_S0, need_z0))
+        grads = chunk_backward(
+            g_out,
+            _or_none_opt(g_S),
+            _or_none_opt(g_z),
+            q,
+            k,
+            v,
+            S0,
+            z0,
+            positions,
+            theta,
+            log_gamma,
+            out,
+            denom,
+            _or_none(saved_S),
+            _or_none(saved_z),
+            Cfg(feature_map, rope, causal, eps, chunk_size),
+            (need_q, need_k, need_v, need_S0, need_z0),
+        )
     dq, dk, dv, dS0, dz0 = (_or_empty(g, like) for g, like in zip(grads, (q, k, v, q, q)))
     return dq, dk, dv, dS0.clone(), dz0.clone()  # the state's gradients may be views of one buffer
 
 
 @chunk_bwd.register_fake
-def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z, feature_map, rope,
-      causal, eps, chunk_size, need_q, need_k, need_v, need_S0, need_z0):
+def _(
+    g_out,
+    g_S,
+    g_z,
+    q,
+    k,
+    v,
+    S0,
+    z0,
+    positions,
+    theta,
+    decay,
+    out,
+    denom,
+    saved_S,
+    saved_z,
+    feature_map,
+    rope,
+    causal,
+    eps,
+    chunk_size,
+    need_q,
+    need_k,
+    need_v,
+    need_S0,
+    need_z0,
+):
     def grad(need, x):
         return x.new_empty(x.shape) if (need and x is not None) else q.new_empty(_NONE)
 
@@ -112,8 +188,9 @@ def _backward(ctx, g_out, _g_denom, g_S, g_z, _g_saved_S, _g_saved_z):
     needs[4] = needs[4] and z0 is not None
     if g_out is None and g_S is None and g_z is None:
         return (None,) * 13
-    grads = chunk_bwd(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z,
-                      *ctx.cfg, *needs)
+    grads = chunk_bwd(
+        g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z, *ctx.cfg, *needs
+    )
     return (*(g if need else None for g, need in zip(grads, needs)), *(None,) * 8)
 
 
@@ -139,8 +216,9 @@ def chunk_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     S0 = z0 = None
     if initial_state is not None:
         S0, z0 = initial_state.S, initial_state.z
-    out, _, S, z, _, _ = chunk_fwd(q, k, v, S0, z0, a.positions, a.rope_theta, a.decay, a.feature_map, a.rope,
-                                   a.causal, a.eps, a.chunk_size)
+    out, _, S, z, _, _ = chunk_fwd(
+        q, k, v, S0, z0, a.positions, a.rope_theta, a.decay, a.feature_map, a.rope, a.causal, a.eps, a.chunk_size
+    )
     if not a.output_final_state:
         return out
     return out, LinearAttentionState(S, z)

@@ -39,6 +39,7 @@ bfloat16 operands with float32 accumulation for bfloat16 inputs (except placemen
 dtype otherwise (docs/design.md, "Precision").  The output comes back in v's dtype, the final state in
 float32/float64.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -110,8 +111,14 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
             starts_S.append(S)
             starts_z.append(z)
         ch = tables(e - s)
-        _, _, qn, kn, qd, kd = split_features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map, rope=cfg.rope,
-                                              rot=None if rot is None else rot[s:e], dtype=dtype)
+        _, _, qn, kn, qd, kd = split_features(
+            q[:, :, s:e],
+            k[:, :, s:e],
+            feature_map=cfg.feature_map,
+            rope=cfg.rope,
+            rot=None if rot is None else rot[s:e],
+            dtype=dtype,
+        )
         num, S = matrix_fwd(_lowp(qn, mm), _lowp(kn, mm), _values(v[:, :, s:e], shared, ch, mm), ch, cfg.causal, S)
         if shared:
             den, num = num[..., dv], num[..., :dv]
@@ -137,8 +144,9 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
     return out, denom, S.contiguous(), z.contiguous(), saved_S, saved_z
 
 
-def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z,
-                   cfg: Cfg, needs):
+def chunk_backward(
+    g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z, cfg: Cfg, needs
+):
     """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient."""
     shared = shared_features(cfg.rope)
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
@@ -177,8 +185,9 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
         z_start = z_first if b == 0 else (None if saved_z is None else saved_z[b - 1])
         rot_b = None if rot is None else rot[s:e]
         unrot_b = None if rot is None else rot_b.conj().resolve_conj()  # the inverse rotation
-        qf, kf, qn, kn, qd, kd = split_features(q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map,
-                                           rope=cfg.rope, rot=rot_b, dtype=dtype)  # recomputed
+        qf, kf, qn, kn, qd, kd = split_features(
+            q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map, rope=cfg.rope, rot=rot_b, dtype=dtype
+        )  # recomputed
         # ∂L/∂num = g / D and ∂L/∂den = -(g·o) / D, written into a zero-padded (B,H,nc·C,E) buffer
         do = alloc((B, H, ch.nc * ch.C, E), dtype=mm, device=q.device)
         do[:, :, n:].zero_()
@@ -197,8 +206,9 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
             dden.mul_(unclamped(denom[:, :, s:e]))
         if shared:
             do[:, :, :n, dv].copy_(dden)
-        dqn, dkn, dvv, dS = matrix_bwd(_lowp(qn, mm), _lowp(kn, mm), _values(v[:, :, s:e], shared, ch, mm), do, ch,
-                                        cfg.causal, S_start, dS)
+        dqn, dkn, dvv, dS = matrix_bwd(
+            _lowp(qn, mm), _lowp(kn, mm), _values(v[:, :, s:e], shared, ch, mm), do, ch, cfg.causal, S_start, dS
+        )
         if mm != dtype:  # the features' backward (rotation, φ') runs in the compute dtype
             dqn, dkn = dqn.to(dtype), dkn.to(dtype)
         del do
@@ -220,8 +230,16 @@ def chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma
         del dvv, qn, kn, qd, kd
         for x, f, d_num, d_den, grad in ((q, qf, dqn, dqd, dq), (k, kf, dkn, dkd, dk)):
             if grad is not None:
-                features_backward_(x[:, :, s:e], f, d_num, d_den, feature_map=cfg.feature_map, rope=cfg.rope,
-                                    unrot=unrot_b, out=grad[:, :, s:e])
+                features_backward_(
+                    x[:, :, s:e],
+                    f,
+                    d_num,
+                    d_den,
+                    feature_map=cfg.feature_map,
+                    rope=cfg.rope,
+                    unrot=unrot_b,
+                    out=grad[:, :, s:e],
+                )
         del qf, kf, dqn, dkn, dqd, dkd
     dS0 = dz0 = None
     if S0 is not None and cfg.causal:

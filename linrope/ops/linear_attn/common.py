@@ -1,5 +1,6 @@
 """Pieces shared by every form of linear attention: the argument spec (``Args``) and its checks, the state, the
 denominator's guard, autocast.  (φ and the RoPE features are in ``features.py``.)"""
+
 from __future__ import annotations
 
 import contextlib
@@ -45,6 +46,7 @@ def autocast_off(device_type: str):
 
 def without_autocast(fn):
     """Decorate a form ``fn(q, k, v, …)`` to run with autocast disabled for q's device."""
+
     @functools.wraps(fn)
     def wrapper(q, *args, **kwargs):
         with autocast_off(q.device.type):
@@ -83,14 +85,25 @@ class Args(NamedTuple):
             if positions.dim() != 1 or positions.shape[0] != n:
                 raise ValueError(f"positions must be a 1-D tensor of length N={n}; got shape {tuple(positions.shape)}")
         # built field by field, not with ``_replace``: torch 2.4's compiler does not trace into collections
-        return Args(self.feature_map, self.rope, bool(self.causal), int(self.chunk_size), positions, float(self.eps),
-                    check_decay(self.decay, q.shape[1], q.device), self.rope_theta, self.initial_state,
-                    self.output_final_state)
+        return Args(
+            self.feature_map,
+            self.rope,
+            bool(self.causal),
+            int(self.chunk_size),
+            positions,
+            float(self.eps),
+            check_decay(self.decay, q.shape[1], q.device),
+            self.rope_theta,
+            self.initial_state,
+            self.output_final_state,
+        )
 
 
 def check_args(q, k, v, feature_map: str, rope: str, chunk_size: int | None = None):
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"linear_attention expects (B, H, N, d) tensors; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+        raise ValueError(
+            f"linear_attention expects (B, H, N, d) tensors; got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}"
+        )
     if q.shape != k.shape:
         raise ValueError(f"q and k must have the same shape; got {tuple(q.shape)} and {tuple(k.shape)}")
     if v.shape[:3] != q.shape[:3]:
@@ -174,12 +187,18 @@ def decay_log(decay: Optional[Tensor]) -> Optional[Tensor]:
 
 
 def zero_state(B: int, H: int, D: int, dv: int, dtype, device) -> LinearAttentionState:
-    return LinearAttentionState(torch.zeros(B, H, D, dv, dtype=dtype, device=device),
-                                torch.zeros(B, H, D, dtype=dtype, device=device))
+    return LinearAttentionState(
+        torch.zeros(B, H, D, dv, dtype=dtype, device=device), torch.zeros(B, H, D, dtype=dtype, device=device)
+    )
 
 
-def check_state(state: Optional[LinearAttentionState], q: torch.Tensor, v: torch.Tensor, feature_map: str,
-                name: str = "initial_state") -> None:
+def check_state(
+    state: Optional[LinearAttentionState],
+    q: torch.Tensor,
+    v: torch.Tensor,
+    feature_map: str,
+    name: str = "initial_state",
+) -> None:
     """A carried state must have S (B, H, D, d_v) and z (B, H, D) for q (B, H, N, d) and v (B, H, N, d_v)."""
     if state is None:
         return
@@ -187,5 +206,7 @@ def check_state(state: Optional[LinearAttentionState], q: torch.Tensor, v: torch
     D = feature_width(feature_map, d)
     want_S, want_z = (B, H, D, v.shape[-1]), (B, H, D)
     if tuple(state.S.shape) != want_S or tuple(state.z.shape) != want_z:
-        raise ValueError(f"{name} has S{tuple(state.S.shape)} z{tuple(state.z.shape)}; "
-                         f"expected S{want_S} z{want_z} for feature_map={feature_map!r}")
+        raise ValueError(
+            f"{name} has S{tuple(state.S.shape)} z{tuple(state.z.shape)}; "
+            f"expected S{want_S} z{want_z} for feature_map={feature_map!r}"
+        )

@@ -16,6 +16,7 @@ Two ways to build the same features live here:
     computed without an autograd graph and differentiated by hand (the chunk form, the generation step's
     backward).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -179,8 +180,9 @@ def split_features(q, k, *, feature_map: str, rope: str, rot: Optional[torch.Ten
     return Features(qf, kf, q_num, k_num, with_one(qf, feature_map), with_one(kf, feature_map))
 
 
-def features_backward_(x, f, d_num, d_den, *, feature_map: str, rope: str, unrot: Optional[torch.Tensor],
-                       out: torch.Tensor) -> None:
+def features_backward_(
+    x, f, d_num, d_den, *, feature_map: str, rope: str, unrot: Optional[torch.Tensor], out: torch.Tensor
+) -> None:
     """out = ∂L/∂x from the gradients of x's numerator and denominator features (``d_den`` None when they
     are shared), given the inverse rotors ``unrot``; ``f`` = φ(x) before rotation and ``d_num`` are
     overwritten."""
@@ -193,5 +195,19 @@ def features_backward_(x, f, d_num, d_den, *, feature_map: str, rope: str, unrot
     phi_backward_(g, x, f, feature_map, out)
 
 
-__all__ = ["FEATURE_MAPS", "feature_width", "phi", "with_one", "rope_tables", "reference_features", "rope_rotors", "rotors_for", "rotate_complex", "phi_no_grad", "phi_backward_",
-           "Features", "split_features", "features_backward_"]
+__all__ = [
+    "FEATURE_MAPS",
+    "feature_width",
+    "phi",
+    "with_one",
+    "rope_tables",
+    "reference_features",
+    "rope_rotors",
+    "rotors_for",
+    "rotate_complex",
+    "phi_no_grad",
+    "phi_backward_",
+    "Features",
+    "split_features",
+    "features_backward_",
+]

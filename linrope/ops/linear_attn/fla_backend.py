@@ -46,7 +46,7 @@ from .common import Args, LinearAttentionState, decay_log, guard_denominator, ze
 from .features import feature_width, reference_features
 
 FLA_VERSION = "0.6.0"  # the fla-core release this mapping was checked against (pyproject's `gpu` extra)
-FLA_CHUNK = 64         # fla's chunk length (its default, the one its kernels are tuned for)
+FLA_CHUNK = 64  # fla's chunk length (its default, the one its kernels are tuned for)
 _LOG2E = 1.0 / math.log(2.0)  # fla's kernels take the log-decay in base 2
 _NONE = (0,)  # the shape of a placeholder output
 TORCH_FLOOR = (2, 7)  # fla-core 0.6.0's own requirement (its metadata: torch>=2.7.0 with its cuda extra)
@@ -57,8 +57,10 @@ def torch_too_old() -> Optional[str]:
     """Why this torch is older than fla-core's floor, or None (read from ``torch.__version__`` at each call)."""
     found = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
     if found and tuple(map(int, found.groups())) < TORCH_FLOOR:
-        return (f"fla-core {FLA_VERSION} needs torch >= {'.'.join(map(str, TORCH_FLOOR))} "
-                f"(here {torch.__version__}); use impl=chunk")
+        return (
+            f"fla-core {FLA_VERSION} needs torch >= {'.'.join(map(str, TORCH_FLOOR))} "
+            f"(here {torch.__version__}); use impl=chunk"
+        )
     return None
 
 
@@ -73,7 +75,9 @@ def unavailable(device) -> Optional[str]:
         return old
     kind = torch.device(device).type
     if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return f"fla's Triton kernels need a CUDA device (here: {kind}); use impl=chunk, or impl=auto to choose by device"
+        return (
+            f"fla's Triton kernels need a CUDA device (here: {kind}); use impl=chunk, or impl=auto to choose by device"
+        )
     return None
 
 
@@ -98,13 +102,23 @@ def _on(x: Tensor):
 # one fla computation as a registered operator, q, k, v in fla's [B, T, H, ·] layout, contiguous
 # --------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("linrope::fla_chunk_fwd", mutates_args=())
-def fla_chunk_fwd(q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor], h0: Optional[Tensor],
-                  final: bool) -> tuple[Tensor, Tensor]:
+def fla_chunk_fwd(
+    q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor], h0: Optional[Tensor], final: bool
+) -> tuple[Tensor, Tensor]:
     """-> (o [B, T, H, V] in v's dtype, h_T [B, H, K, V] float32 or an empty placeholder)."""
     fwd, _ = kernels()
     with _on(q):
-        o, ht = fwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay), scale=1.0, initial_state=h0,
-                    output_final_state=final, chunk_size=FLA_CHUNK)
+        o, ht = fwd(
+            q=q,
+            k=k,
+            v=v,
+            g=None,
+            g_gamma=_g_gamma(decay),
+            scale=1.0,
+            initial_state=h0,
+            output_final_state=final,
+            chunk_size=FLA_CHUNK,
+        )
     return o, (ht if final else q.new_empty(_NONE, dtype=torch.float32))
 
 
@@ -115,13 +129,24 @@ def _(q, k, v, decay, h0, final):
 
 
 @torch.library.custom_op("linrope::fla_chunk_bwd", mutates_args=())
-def fla_chunk_bwd(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor],
-                  h0: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def fla_chunk_bwd(
+    do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor], h0: Optional[Tensor]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dh0), an empty placeholder for dh0 without h0."""
     _, bwd = kernels()
     with _on(q):
-        dq, dk, dv, _, dh0 = bwd(q=q, k=k, v=v, g=None, g_gamma=_g_gamma(decay), initial_state=h0,
-                                 do=do.contiguous(), dht=dht, scale=1.0, chunk_size=FLA_CHUNK)
+        dq, dk, dv, _, dh0 = bwd(
+            q=q,
+            k=k,
+            v=v,
+            g=None,
+            g_gamma=_g_gamma(decay),
+            initial_state=h0,
+            do=do.contiguous(),
+            dht=dht,
+            scale=1.0,
+            chunk_size=FLA_CHUNK,
+        )
     return dq, dk, dv, (dh0 if h0 is not None else q.new_empty(_NONE, dtype=torch.float32))
 
 
@@ -161,8 +186,9 @@ def _chunk(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], decay: Optiona
     pk, pv = K % 2, V % 2
     if h0 is not None:
         h0 = F.pad(h0.to(torch.float32), (0, pv, 0, pk)).contiguous()
-    o, ht = fla_chunk_fwd(_fla_layout(q, pk, dtype), _fla_layout(k, pk, dtype), _fla_layout(v, pv, dtype),
-                          decay, h0, final)
+    o, ht = fla_chunk_fwd(
+        _fla_layout(q, pk, dtype), _fla_layout(k, pk, dtype), _fla_layout(v, pv, dtype), decay, h0, final
+    )
     return o.transpose(1, 2)[..., :V], (ht[:, :, :K, :V] if final else None)
 
 
@@ -186,8 +212,9 @@ def fla_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
     if N == 0:
         return _empty(q, v, a.feature_map, initial_state, a.output_final_state)
     f32, dtype = torch.float32, kernel_dtype(q)
-    qn, kn, qd, kd = reference_features(q, k, feature_map=a.feature_map, rope=a.rope, positions=a.positions,
-                                        theta=a.rope_theta, dtype=f32)
+    qn, kn, qd, kd = reference_features(
+        q, k, feature_map=a.feature_map, rope=a.rope, positions=a.positions, theta=a.rope_theta, dtype=f32
+    )
     S0 = z0 = None
     if initial_state is not None:
         S0, z0 = initial_state.S, initial_state.z.unsqueeze(-1)

@@ -18,6 +18,7 @@ Backward, with dO = ∂L/∂o and the reverse state R (∂L/∂S_in):
     R_in[nc-1] = ∂L/∂S_final,  R_in[c-1] = γ^(ℓ_c) R_in[c] + Σ_t γ^(t+1) q_t dO_tᵀ
 and ∂L/∂S0 = γ^(ℓ_0) R_in[0] + Σ_{t in chunk 0} γ^(t+1) q_t dO_tᵀ.  The forward states are recomputed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -95,8 +96,9 @@ def matrix_fwd(qn, kn, v, ch: Chunks, causal: bool, S0):
     o, S_fin = fwd_core(ch.split(qn), ch.split(kn), ch.split(v), ch, S0, strict=False)
     o = ch.merge(o)
     if not causal:  # anti-causal part, diagonal excluded: the strict causal kernel on the reversed sequence
-        o_rev, _ = fwd_core(ch.split(qn.flip(2)), ch.split(kn.flip(2)), ch.split(v[:, :, :N].flip(2)), ch, None,
-                            strict=True)
+        o_rev, _ = fwd_core(
+            ch.split(qn.flip(2)), ch.split(kn.flip(2)), ch.split(v[:, :, :N].flip(2)), ch, None, strict=True
+        )
         return o + ch.merge(o_rev).flip(2), None
     return o, S_fin
 

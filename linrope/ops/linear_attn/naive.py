@@ -6,6 +6,7 @@
 (the denominator rotated too for placement "both"; nothing rotated for "none").
 Quadratic in N; float64 capable.  Every faster form is tested against this one.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,8 +31,9 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     decay, initial_state = a.decay, a.initial_state
     dtype = compute_dtype(q.dtype)
     B, H, N, _ = q.shape
-    q_num, k_num, q_den, k_den = reference_features(q, k, feature_map=feature_map, rope=rope, positions=positions,
-                                                    theta=a.rope_theta, dtype=dtype)
+    q_num, k_num, q_den, k_den = reference_features(
+        q, k, feature_map=feature_map, rope=rope, positions=positions, theta=a.rope_theta, dtype=dtype
+    )
     vv = v.to(dtype)
     w_num = q_num @ k_num.transpose(-1, -2)
     w_den = q_den @ k_den.transpose(-1, -2)
@@ -49,7 +51,9 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
         # the state sits at position -1: a query at i sees it through γ^(i+1)
         carry = torch.ones(H, N, dtype=dtype, device=q.device)
         if log_gamma is not None:
-            carry = torch.exp(log_gamma[:, None] * torch.arange(1, N + 1, device=q.device, dtype=torch.float64)).to(dtype)
+            carry = torch.exp(log_gamma[:, None] * torch.arange(1, N + 1, device=q.device, dtype=torch.float64)).to(
+                dtype
+            )
         num = num + (q_num @ S0) * carry[None, :, :, None]
         den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
     out = (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype)

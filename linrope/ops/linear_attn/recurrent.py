@@ -18,8 +18,18 @@ from torch import Tensor
 from linrope.ops.rope import compute_dtype
 
 from .buffers import alloc
-from .common import (Args, LinearAttentionState, autocast_off, check_args, check_decay, check_state, decay_log,
-                     guard_denominator, without_autocast, zero_state)
+from .common import (
+    Args,
+    LinearAttentionState,
+    autocast_off,
+    check_args,
+    check_decay,
+    check_state,
+    decay_log,
+    guard_denominator,
+    without_autocast,
+    zero_state,
+)
 from .features import feature_width, reference_features
 
 
@@ -43,9 +53,18 @@ def _advance(S: Tensor, z: Tensor, kn: Tensor, kd: Tensor, v: Tensor, gamma: Opt
 def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, eps: float):
     """q, k: (B, H, d); v: (B, H, d_v); S, z: the state before the step -> (o, S, z) after it."""
     dtype = compute_dtype(q.dtype)
-    qn, kn, qd, kd = (f[:, :, 0] for f in reference_features(q.unsqueeze(2), k.unsqueeze(2), feature_map=feature_map,
-                                                              rope=rope, positions=position.reshape(1), theta=theta,
-                                                              dtype=dtype))
+    qn, kn, qd, kd = (
+        f[:, :, 0]
+        for f in reference_features(
+            q.unsqueeze(2),
+            k.unsqueeze(2),
+            feature_map=feature_map,
+            rope=rope,
+            positions=position.reshape(1),
+            theta=theta,
+            dtype=dtype,
+        )
+    )
     S, z = _advance(S.to(dtype), z.to(dtype), kn, kd, v.to(dtype), _gamma(decay, dtype))
     num = (qn.unsqueeze(-2) @ S).squeeze(-2)
     den = (qd * z).sum(-1)
@@ -53,8 +72,19 @@ def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, ep
 
 
 @torch.library.custom_op("linrope::recurrent_step", mutates_args=())
-def recurrent_step_op(q: Tensor, k: Tensor, v: Tensor, S: Tensor, z: Tensor, position: Tensor, theta: Optional[Tensor],
-                      decay: Optional[Tensor], feature_map: str, rope: str, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def recurrent_step_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    S: Tensor,
+    z: Tensor,
+    position: Tensor,
+    theta: Optional[Tensor],
+    decay: Optional[Tensor],
+    feature_map: str,
+    rope: str,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
     with autocast_off(q.device.type):  # autocast does not reach inside (common.autocast_off)
         return _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps)  # S, z: new (S + …, z + …)
 
@@ -119,8 +149,19 @@ def recurrent_step(
         state = zero_state(B, H, D, dv, dtype, q_t.device)
     pos = torch.as_tensor(position, device=q_t.device).reshape(())
     decay = check_decay(decay, H, q_t.device)
-    o, S, z = recurrent_step_op(q_t[:, :, 0], k_t[:, :, 0], v_t[:, :, 0], state.S, state.z, pos, rope_theta, decay,
-                                feature_map, rope, float(eps))
+    o, S, z = recurrent_step_op(
+        q_t[:, :, 0],
+        k_t[:, :, 0],
+        v_t[:, :, 0],
+        state.S,
+        state.z,
+        pos,
+        rope_theta,
+        decay,
+        feature_map,
+        rope,
+        float(eps),
+    )
     if not squeeze:
         o = o.unsqueeze(2)
     return o, LinearAttentionState(S, z)
@@ -134,16 +175,16 @@ def recurrent_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     dtype = compute_dtype(q.dtype)
-    qn, kn, qd, kd = reference_features(q, k, feature_map=a.feature_map, rope=a.rope, positions=a.positions,
-                                        theta=a.rope_theta, dtype=dtype)
+    qn, kn, qd, kd = reference_features(
+        q, k, feature_map=a.feature_map, rope=a.rope, positions=a.positions, theta=a.rope_theta, dtype=dtype
+    )
     D, initial_state = qn.shape[-1], a.initial_state
     if initial_state is None:
         S, z = zero_state(B, H, D, dv, dtype, q.device)
     else:
         S, z = initial_state.S.to(dtype), initial_state.z.to(dtype)
     gamma, vv = _gamma(a.decay, dtype), v.to(dtype)
-    track = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, S, z))
+    track = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, S, z))
     outs = [] if track else None
     out = None if track else alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
     for t in range(N):

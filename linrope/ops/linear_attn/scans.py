@@ -21,6 +21,7 @@ overflows), and every sum adds terms of one decay pattern, so the rounding is th
 ``SEQUENTIAL = True`` restores the loop over chunks (one add per chunk), the plan before issue 31; it stays
 as the reference the tests hold the scans to and for the benchmark's old-against-new comparison.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -150,5 +151,4 @@ def dsum_symmetric(x: torch.Tensor, ch: Chunks) -> torch.Tensor:
     return dcumsum(x, ch) + dcumsum_reverse(x, ch) - x
 
 
-__all__ = ["GROUP", "SEQUENTIAL", "scan_states", "scan_states_reverse", "dcumsum", "dcumsum_reverse",
-           "dsum_symmetric"]
+__all__ = ["GROUP", "SEQUENTIAL", "scan_states", "scan_states_reverse", "dcumsum", "dcumsum_reverse", "dsum_symmetric"]

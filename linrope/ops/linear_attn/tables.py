@@ -13,6 +13,7 @@ power itself:
 Blocks: causal sequences are walked in blocks of whole chunks, the state handed from block to block, so
 the temporaries of one block (features, C×C products, chunk states) are all that exists at a time.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -95,7 +96,7 @@ class Chunks:
         B, H = parts[0].shape[:2]
         width = sum(p.shape[-1] for p in parts)
         buf = alloc((B, H, self.nc * self.C, width), dtype=dtype, device=parts[0].device)
-        buf[:, :, self.N:].zero_()
+        buf[:, :, self.N :].zero_()
         col = 0
         for p in parts:
             buf[:, :, : self.N, col : col + p.shape[-1]].copy_(p)
