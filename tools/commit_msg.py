@@ -32,7 +32,7 @@ def problems(message: str) -> list[str]:
         found.append(f"the subject has {len(subject)} characters (at most {MAX_SUBJECT}): {subject[:MAX_SUBJECT]}…")
     if len(lines) > 1 and lines[1]:
         found.append("the subject is not followed by a blank line")
-    if not any(lines[2:]):
+    elif not any(lines[2:]):
         found.append("no body: say why the change is made, after a blank line")
     return found
 

@@ -73,72 +73,49 @@ def extrapolation_keys(target: Target, scaling: str) -> List[str]:
     return [f"extrapolation/{scaling}/{metric}@{n}" for n in target.lengths]
 
 
+def section(title: str, text: str, panels) -> Section:
+    """A section from (kind, title, keys) rows."""
+    return Section(title, text, [Panel(kind, name, keys) for kind, name, keys in panels])
+
+
+COMPARISON = [("line", "val/bpb against step", ["val/bpb"]), ("bar", "test/bpb of the best checkpoint", ["test/bpb"])]
+SPEED = [
+    ("line", "tokens per second (training)", ["train/tokens_per_sec"]),
+    ("bar", "tokens per second (final)", ["train/tokens_per_sec"]),
+    ("line", "peak memory, MB", ["train/peak_mem_mb"]),
+]
+TASKS = [
+    ("line", "val/acc against step", ["val/acc"]),
+    ("bar", "test/acc of the best checkpoint", ["test/acc"]),
+    ("line", "val/loss against step", ["val/loss"]),
+]
+TRAINING = [("line", "train/loss", ["train/loss"]), ("line", "learning rate", ["train/lr"])]
+SCALINGS = {"none": "as trained", "pi": "position interpolation", "ntk": "NTK-aware scaling"}
+
+
 def sections(target: Target) -> List[Section]:
     """The dashboard's content as plain data; ``panel_metrics`` lists every key it names."""
     out: List[Section] = []
     if BYTES in target.tasks:
-        out.append(
-            Section(
-                "Comparison",
-                "Bits per byte on the validation windows during training, and on the "
-                "test windows for the best checkpoint (lower is better; mean over seeds, bars "
-                "±1 std).",
-                [
-                    Panel("line", "val/bpb against step", ["val/bpb"]),
-                    Panel("bar", "test/bpb of the best checkpoint", ["test/bpb"]),
-                ],
-            )
+        text = (
+            "Bits per byte on the validation windows during training, and on the test windows for the best "
+            "checkpoint (lower is better; mean over seeds, bars ±1 std)."
         )
-    out.append(
-        Section(
-            "Speed and memory",
-            "Training throughput and peak memory of each model.",
-            [
-                Panel("line", "tokens per second (training)", ["train/tokens_per_sec"]),
-                Panel("bar", "tokens per second (final)", ["train/tokens_per_sec"]),
-                Panel("line", "peak memory, MB", ["train/peak_mem_mb"]),
-            ],
-        )
-    )
+        out.append(section("Comparison", text, COMPARISON))
+    out.append(section("Speed and memory", "Training throughput and peak memory of each model.", SPEED))
     if target.lengths:
-        panels = [
-            Panel("table", "extrapolation table", ["extrapolation/table"]),
-            Panel("media", "extrapolation curves (per run)", ["extrapolation/plot"]),
-        ]
-        names = {"none": "as trained", "pi": "position interpolation", "ntk": "NTK-aware scaling"}
+        panels = [("table", "extrapolation table", ["extrapolation/table"])]
+        panels.append(("media", "extrapolation curves (per run)", ["extrapolation/plot"]))
         for scaling in ["none", *[s for s in target.scalings if s != "none"]]:
-            panels.append(
-                Panel(
-                    "bar", f"{names.get(scaling, scaling)}: by evaluation length", extrapolation_keys(target, scaling)
-                )
-            )
-        out.append(
-            Section(
-                "Length extrapolation",
-                "The model trained at one context, evaluated at longer ones "
-                f"({', '.join(map(str, target.lengths))}); RoPE models also with pi and ntk scaling.",
-                panels,
-            )
-        )
+            name = f"{SCALINGS.get(scaling, scaling)}: by evaluation length"
+            panels.append(("bar", name, extrapolation_keys(target, scaling)))
+        lengths = ", ".join(map(str, target.lengths))
+        text = f"The model trained at one context, evaluated at longer ones ({lengths}); RoPE models also with pi and ntk scaling."
+        out.append(section("Length extrapolation", text, panels))
     if any(t != BYTES for t in target.tasks):
-        out.append(
-            Section(
-                "Synthetic tasks",
-                "Accuracy over the scored positions (mqar, offset_copy) or sequences (listops); higher is better.",
-                [
-                    Panel("line", "val/acc against step", ["val/acc"]),
-                    Panel("bar", "test/acc of the best checkpoint", ["test/acc"]),
-                    Panel("line", "val/loss against step", ["val/loss"]),
-                ],
-            )
-        )
-    out.append(
-        Section(
-            "Training",
-            "Training loss and learning rate.",
-            [Panel("line", "train/loss", ["train/loss"]), Panel("line", "learning rate", ["train/lr"])],
-        )
-    )
+        text = "Accuracy over the scored positions (mqar, offset_copy) or sequences (listops); higher is better."
+        out.append(section("Synthetic tasks", text, TASKS))
+    out.append(section("Training", "Training loss and learning rate.", TRAINING))
     return out
 
 

@@ -52,22 +52,11 @@ class ByteDataModule(ResumableDataModule):
     The training loader resumes where the run stands: sample ``i`` of the run is window
     ``hash(seed, i)``, and the loader starts at ``global_step × samples per step``."""
 
-    def __init__(
-        self,
-        path: Optional[str] = None,
-        context: Positive = 256,
-        batch_size: Positive = 16,
-        eval_batch_size: Positive = 16,
-        val_windows: Positive = 64,
-        test_windows: Positive = 256,
-        val_fraction: Fraction = 0.05,
-        test_fraction: Fraction = 0.05,
-        max_bytes: Optional[Positive] = None,
-        num_workers: Count = 0,
-        seed: int = 1234,
-        eval_context: Optional[Positive] = None,
-        allow_binary: bool = False,
-    ):
+    def __init__(self, path: Optional[str] = None, context: Positive = 256, batch_size: Positive = 16,
+                 eval_batch_size: Positive = 16, val_windows: Positive = 64, test_windows: Positive = 256,
+                 val_fraction: Fraction = 0.05, test_fraction: Fraction = 0.05,
+                 max_bytes: Optional[Positive] = None, num_workers: Count = 0, seed: int = 1234,
+                 eval_context: Optional[Positive] = None, allow_binary: bool = False):  # fmt: skip
         super().__init__()
         self.save_hyperparameters(logger=False)  # logged once, as data.* of the whole config (training.log_config)
         self.context, self.batch_size, self.eval_batch_size = context, batch_size, eval_batch_size

@@ -56,20 +56,10 @@ class TaskDataModule(ResumableDataModule):
     monitor: ClassVar[str] = "val/loss"
     default_test_factor: ClassVar[int] = 1
 
-    def __init__(
-        self,
-        task,
-        *,
-        context: Positive,
-        batch_size: Positive = 16,
-        eval_batch_size: Positive = 16,
-        val_examples: Positive = 256,
-        test_examples: Positive = 512,
-        test_factor: Optional[Positive] = None,
-        num_workers: Count = 0,
-        seed: int = 1234,
-        eval_seed: int = 0,
-    ):
+    def __init__(self, task, *, context: Positive, batch_size: Positive = 16,
+                 eval_batch_size: Positive = 16, val_examples: Positive = 256,
+                 test_examples: Positive = 512, test_factor: Optional[Positive] = None,
+                 num_workers: Count = 0, seed: int = 1234, eval_seed: int = 0):  # fmt: skip
         super().__init__()
         self.task, self.context = task, int(context)
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
@@ -117,22 +107,10 @@ class MQARDataModule(TaskDataModule):
 
     task_name = "mqar"
 
-    def __init__(
-        self,
-        context: Positive,
-        num_kv_pairs: int = 8,
-        num_queries: Optional[int] = None,
-        key_vocab: int = 64,
-        value_vocab: int = 64,
-        **common,
-    ):
-        super().__init__(
-            self.build_task(
-                dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab, value_vocab=value_vocab)
-            ),
-            context=context,
-            **common,
-        )
+    def __init__(self, context: Positive, num_kv_pairs: int = 8, num_queries: Optional[int] = None,
+                 key_vocab: int = 64, value_vocab: int = 64, **common):  # fmt: skip
+        task = dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab, value_vocab=value_vocab)
+        super().__init__(self.build_task(task), context=context, **common)
         self.save_hyperparameters()
 
     @classmethod
@@ -151,9 +129,7 @@ class OffsetCopyDataModule(TaskDataModule):
     task_name = "offset_copy"
     default_test_factor = 4
 
-    def __init__(
-        self, context: Positive, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None, **common
-    ):
+    def __init__(self, context: Positive, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None, **common):  # fmt: skip
         super().__init__(
             self.build_task(dict(n_symbols=n_symbols, offset=offset, max_offset=max_offset)), context=context, **common
         )
@@ -171,29 +147,10 @@ class ListOpsDataModule(TaskDataModule):
 
     task_name = "listops"
 
-    def __init__(
-        self,
-        context: Positive,
-        max_depth: int = 10,
-        max_args: int = 10,
-        leaf_prob: float = 0.75,
-        min_length: Optional[int] = None,
-        max_tries: int = 200,
-        **common,
-    ):
-        super().__init__(
-            self.build_task(
-                dict(
-                    max_depth=max_depth,
-                    max_args=max_args,
-                    leaf_prob=leaf_prob,
-                    min_length=min_length,
-                    max_tries=max_tries,
-                )
-            ),
-            context=context,
-            **common,
-        )
+    def __init__(self, context: Positive, max_depth: int = 10, max_args: int = 10, leaf_prob: float = 0.75,
+                 min_length: Optional[int] = None, max_tries: int = 200, **common):  # fmt: skip
+        task = dict(max_depth=max_depth, max_args=max_args, leaf_prob=leaf_prob, min_length=min_length)
+        super().__init__(self.build_task(dict(task, max_tries=max_tries)), context=context, **common)
         self.save_hyperparameters()
 
     @classmethod

@@ -164,26 +164,10 @@ class TransformerLM(nn.Module):
         return (out, new_states) if return_states else out
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompt: torch.Tensor,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_k: Optional[int] = None,
-        generator: Optional[torch.Generator] = None,
-        window: Optional[int] = None,
-    ):
-        """Sample token by token (``stream``): the prompt and the new tokens, (B, prompt + max_new_tokens)."""
-        return torch.cat(
-            [
-                prompt,
-                *self.stream(
-                    prompt, max_new_tokens, temperature=temperature, top_k=top_k, generator=generator, window=window
-                ),
-            ],
-            dim=1,
-        )
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, **sampling):
+        """Sample token by token: the prompt and the new tokens, (B, prompt + max_new_tokens).  ``sampling``:
+        ``temperature``, ``top_k``, ``generator``, ``window``, as ``stream`` takes them."""
+        return torch.cat([prompt, *self.stream(prompt, max_new_tokens, **sampling)], dim=1)
 
     @torch.no_grad()
     def stream(

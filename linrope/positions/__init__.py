@@ -67,32 +67,14 @@ def option_errors(name: str, options: Mapping[str, Any], where: str = "model.pos
     return errors or [f"{where}: {e}" for e in cls.option_problems(scheme_settings(name, options))]
 
 
-def build_position(
-    name: str,
-    *,
-    where: str,
-    d_model: int,
-    n_heads: int,
-    head_dim: int,
-    max_len: int,
-    causal: bool = True,
-    shared: Optional[PositionScheme] = None,
-    **options,
-) -> PositionScheme:
+def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
+                   causal: bool = True, shared: Optional[PositionScheme] = None, **options) -> PositionScheme:  # fmt: skip
     """The scheme ``name`` in the role ``where``; its options checked first (``ValueError``, one line each)."""
     errors = option_errors(name, options, where=name)
     if errors:
         raise ValueError("\n".join(errors))
-    return scheme_class(name)(
-        where=where,
-        d_model=d_model,
-        n_heads=n_heads,
-        head_dim=head_dim,
-        max_len=max_len,
-        causal=causal,
-        shared=shared,
-        **options,
-    )
+    return scheme_class(name)(where=where, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
+                              max_len=max_len, causal=causal, shared=shared, **options)  # fmt: skip
 
 
 def build_shared(name: str, **dims_and_options) -> Optional[PositionScheme]:

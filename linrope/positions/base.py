@@ -81,18 +81,9 @@ class PositionScheme(nn.Module):
             return [f"{cls.name} has no parameters to share across layers; drop its 'share' option"]
         return []
 
-    def __init__(
-        self,
-        *,
-        where: str,
-        d_model: int,
-        n_heads: int,
-        head_dim: int,
-        max_len: int,
-        causal: bool = True,
-        share: Optional[bool] = None,
-        shared: Optional["PositionScheme"] = None,
-    ):
+    def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
+                 causal: bool = True, share: Optional[bool] = None,
+                 shared: Optional["PositionScheme"] = None):  # fmt: skip
         super().__init__()
         if where not in ROLES:
             raise ValueError(f"position scheme role must be one of {ROLES}, got {where!r}")

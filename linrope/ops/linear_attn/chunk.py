@@ -52,21 +52,10 @@ def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool,
 
 
 @torch.library.custom_op("linrope::chunk_fwd", mutates_args=())
-def chunk_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    S0: Optional[Tensor],
-    z0: Optional[Tensor],
-    positions: Optional[Tensor],
-    theta: Optional[Tensor],
-    decay: Optional[Tensor],
-    feature_map: str,
-    rope: str,
-    causal: bool,
-    eps: float,
-    chunk_size: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optional[Tensor],
+              positions: Optional[Tensor], theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str,
+              rope: str, causal: bool, eps: float, chunk_size: int
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``."""
     log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
     with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
@@ -85,33 +74,11 @@ def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, 
 
 
 @torch.library.custom_op("linrope::chunk_bwd", mutates_args=())
-def chunk_bwd(
-    g_out: Optional[Tensor],
-    g_S: Optional[Tensor],
-    g_z: Optional[Tensor],
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    S0: Optional[Tensor],
-    z0: Optional[Tensor],
-    positions: Optional[Tensor],
-    theta: Optional[Tensor],
-    decay: Optional[Tensor],
-    out: Tensor,
-    denom: Tensor,
-    saved_S: Tensor,
-    saved_z: Tensor,
-    feature_map: str,
-    rope: str,
-    causal: bool,
-    eps: float,
-    chunk_size: int,
-    need_q: bool,
-    need_k: bool,
-    need_v: bool,
-    need_S0: bool,
-    need_z0: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+              S0: Optional[Tensor], z0: Optional[Tensor], positions: Optional[Tensor], theta: Optional[Tensor],
+              decay: Optional[Tensor], out: Tensor, denom: Tensor, saved_S: Tensor, saved_z: Tensor, feature_map: str,
+              rope: str, causal: bool, eps: float, chunk_size: int, need_q: bool, need_k: bool, need_v: bool,
+              need_S0: bool, need_z0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
     log_gamma = decay_log(decay)
     with autocast_off(q.device.type):
