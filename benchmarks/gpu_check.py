@@ -144,6 +144,23 @@ def run_part(cmd: list[str], budget_s: float, log: Log, env: Optional[dict] = No
 # ------------------------------------------------------------------------------------------------------------
 # the parts
 # ------------------------------------------------------------------------------------------------------------
+# the installed distributions the environment part records (and its table lists, in this order)
+DISTRIBUTIONS = (
+    "torch",
+    "triton",
+    "fla-core",
+    "lightning",
+    "hydra-core",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "einops",
+    "numpy",
+    "PyYAML",
+    "pytest",
+    "packaging",
+)
+
+
 def probe_env(device: str) -> dict:
     """What the device has: versions (from the installed metadata) and what does not import."""
     import importlib
@@ -151,20 +168,7 @@ def probe_env(device: str) -> dict:
     import platform
 
     env: dict = {"python": platform.python_version()}
-    for dist in (
-        "torch",
-        "triton",
-        "fla-core",
-        "lightning",
-        "hydra-core",
-        "omegaconf",
-        "antlr4-python3-runtime",
-        "einops",
-        "numpy",
-        "PyYAML",
-        "pytest",
-        "packaging",
-    ):
+    for dist in DISTRIBUTIONS:
         try:
             env[dist] = md.version(dist)
         except md.PackageNotFoundError:
@@ -483,17 +487,7 @@ def report(ctx) -> str:
         "python",
         "torch",
         "torch cuda",
-        "triton",
-        "fla-core",
-        "lightning",
-        "hydra-core",
-        "omegaconf",
-        "antlr4-python3-runtime",
-        "einops",
-        "numpy",
-        "PyYAML",
-        "pytest",
-        "packaging",
+        *DISTRIBUTIONS[1:],  # the rest after torch
         "bf16",
         "not importable",
         "wheels",
