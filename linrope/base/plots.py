@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 # matplotlib (~0.5 s) is imported inside the functions that draw: `python -m linrope.report --help` stays fast
 
@@ -228,19 +228,26 @@ def plot_curves(panels: Sequence[Panel], path: Path, **kwargs) -> Optional[Path]
 
 
 def plot_length_table(
-    rows: Sequence[Mapping[str, Any]], path: Path, *, train_context: Optional[int] = None, title: str = ""
+    rows: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    train_context: Optional[int] = None,
+    title: str = "",
+    name: Optional[Callable[[Mapping[str, Any]], str]] = None,
 ) -> Optional[Path]:
     """One model's length table (``linrope.evaluation.extrapolation.length_table`` rows: length, scaling, bpb / acc / loss,
-    status) against length, one line per scaling in the shared scaling styles; n/a rows left out."""
+    status) against length, one line per row name (``name(row)``; default its scaling) in the shared scaling styles
+    (a scaling's style for a name that is one); n/a rows left out."""
     metric = next((k for k in ("bpb", "acc", "loss") if any(r.get(k) is not None for r in rows)), "loss")
+    name = name or (lambda r: r["scaling"])
     curves = []
-    for i, scaling in enumerate(dict.fromkeys(r["scaling"] for r in rows)):
-        points = {r["length"]: [r[metric]] for r in rows if r["scaling"] == scaling and r.get(metric) is not None}
+    for i, label in enumerate(dict.fromkeys(map(name, rows))):
+        points = {r["length"]: [r[metric]] for r in rows if name(r) == label and r.get(metric) is not None}
         curves.append(
             Curve(
-                "as trained" if scaling == "none" else str(scaling),
+                "as trained" if label == "none" else str(label),
                 points,
-                {"color": series_colour(i), "linestyle": SCALING_STYLES.get(scaling, "-.")},
+                {"color": series_colour(i), "linestyle": SCALING_STYLES.get(label, "-" if i == 0 else "-.")},
             )
         )
     ylabel = {"bpb": "bits per byte", "acc": "accuracy (scored positions)"}.get(metric, "loss (scored positions)")

@@ -46,8 +46,11 @@ class ExtrapolationSettings:
     (the defaults) and what each means: ``conf/extrapolation/default.yaml``."""
 
     split: Literal["val", "test"]
-    scored_bytes: Positive
+    scored_bytes: Annotated[Optional[int], Rule(low=1, note="null: the whole split")]
     stride: Annotated[Optional[int], Rule(low=1, note="null: half the length")]
+    protocols: Annotated[List[Literal["sliding", "windows"]], Rule(empty=False)]
+    window_control: bool
+    position_bucket: Annotated[Optional[int], Rule(low=1, note="null: a quarter of the training context")]
     task_examples: Positive
     batch_size: Positive
     max_score_mb: Annotated[float, Rule(above=0)]

@@ -26,7 +26,7 @@ import os
 import sysconfig
 import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -34,7 +34,11 @@ from torch.utils.data import Dataset
 
 from linrope.base.errors import CorpusError
 
+from .tasks import IGNORE
+
 LN2 = math.log(2.0)  # bits per byte = cross-entropy per byte (nats) / LN2
+
+Document = Tuple[str, int, int]  # (name, start, end): the bytes [start, end) of a split that one file holds
 
 SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "__pycache__", "idle_test"}
 SPLITS = ("train", "val", "test")
@@ -111,6 +115,35 @@ def position_split(n: int, val_fraction: float, test_fraction: float) -> Tuple[i
     return int(n * (1 - val_fraction - test_fraction)), int(n * (1 - test_fraction))
 
 
+class Corpus(dict):
+    """{split: uint8 array}, and ``documents``: {split: [(name, start, end), ...]}, the files each split holds,
+    in order, covering it without gaps (a file's bytes and the newline that joins it to the next one).  A
+    single-file corpus is one document per split."""
+
+    def __init__(self, parts: Dict[str, np.ndarray], documents: Dict[str, List[Document]]):
+        super().__init__(parts)
+        self.documents = documents
+
+
+def document_index(documents: Sequence[Document], offsets: np.ndarray) -> np.ndarray:
+    """The document (its index in ``documents``) that holds the byte at each offset of the split."""
+    starts = np.asarray([d[1] for d in documents], dtype=np.int64)
+    return np.searchsorted(starts, np.asarray(offsets, dtype=np.int64), side="right") - 1
+
+
+def _documents(names: Sequence[str], sizes: Sequence[int], total: int) -> List[Document]:
+    """The spans of files joined by one newline each, cut at ``total`` bytes (a ``max_bytes`` budget)."""
+    docs, start = [], 0
+    for i, (name, size) in enumerate(zip(names, sizes)):
+        end = min(start + size + (1 if i < len(sizes) - 1 else 0), total)  # the joining newline is the file's
+        if end > start:
+            docs.append((name, start, end))
+        start += size + 1
+        if start >= total:
+            break
+    return docs
+
+
 def load_corpus(
     path: Optional[str],
     *,
@@ -121,7 +154,7 @@ def load_corpus(
     max_bytes: Optional[int] = None,
     allow_binary: bool = False,
 ) -> dict:
-    """Read a corpus into {split: uint8 array}.  Refuses a missing, empty or too-short corpus, and binary
+    """Read a corpus into {split: uint8 array} (a ``Corpus``, which also lists each split's documents).  Refuses a missing, empty or too-short corpus, and binary
     content unless ``allow_binary`` (see the module docstring).
 
     A single file is split by position (first 90% train, then val, then test), memory-mapped."""
@@ -160,8 +193,10 @@ def load_corpus(
             )
         a, b = position_split(n, val_fraction, test_fraction)
         parts = {"train": data[:a], "val": data[a:b], "test": data[b:]}
+        documents = {s: [(root.name, 0, len(p))] for s, p in parts.items()}
     else:
         chunks = {s: [] for s in SPLITS}
+        names: Dict[str, List[str]] = {s: [] for s in SPLITS}
         unreadable: List[Path] = []
         binary: List[Path] = []
         for f in files:
@@ -176,7 +211,9 @@ def load_corpus(
                 binary.append(f)
                 continue
             if raw:
-                chunks[split_of(f.relative_to(root).as_posix(), val_fraction, test_fraction)].append(raw)
+                rel = f.relative_to(root).as_posix()
+                chunks[split_of(rel, val_fraction, test_fraction)].append(raw)
+                names[split_of(rel, val_fraction, test_fraction)].append(rel)
         if unreadable and len(unreadable) == len(files):
             raise CorpusError(f"data.path {root}: no file could be read ({_named(unreadable)})")
         if unreadable:
@@ -197,6 +234,7 @@ def load_corpus(
         if max_bytes:  # keep each split's share of the budget
             share = {"train": 1.0 - val_fraction - test_fraction, "val": val_fraction, "test": test_fraction}
             parts = {s: p[: max(int(max_bytes * share[s]), 1)] for s, p in parts.items()}
+        documents = {s: _documents(names[s], [len(c) for c in chunks[s]], len(parts[s])) for s in SPLITS}
     for s in SPLITS:
         if len(parts[s]) < need:
             total = sum(len(p) for p in parts.values())
@@ -212,7 +250,7 @@ def load_corpus(
                 f"data.path {root}: too short — the {s} split has {len(parts[s])} bytes (corpus {total} bytes) but one "
                 f"context window needs {need}{why}; use a larger corpus or a smaller context"
             )
-    return parts
+    return Corpus(parts, documents)
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -247,17 +285,54 @@ class RandomWindows(Dataset):
 
 
 class ContiguousWindows(Dataset):
-    """Non-overlapping windows covering the split from its start, at most ``max_windows`` of them."""
+    """Non-overlapping windows of the split; all of them, or ``max_windows`` spread evenly over the split (so a
+    validation pass of a few windows reads many files, not the first one)."""
 
     def __init__(self, data: np.ndarray, context: int, max_windows: Optional[int] = None):
         self.data, self.context = torch.from_numpy(np.asarray(data)), context
         n = (len(data) - 1) // context
-        self.n = n if not max_windows else min(n, max_windows)
+        m = n if not max_windows else min(n, max_windows)
+        self.starts = (np.arange(m, dtype=np.int64) * n // max(m, 1)) * context  # evenly spread, in order
+        self.n = m
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        o = i * self.context
+        o = int(self.starts[i])
         w = self.data[o : o + self.context + 1].long()
         return w[:-1], w[1:]
+
+
+def default_stride(length: int) -> int:
+    return max(1, length // 2)
+
+
+class SlidingWindows(Dataset):
+    """Windows of ``length`` bytes over ``data[0 : n + 1]`` that score the targets at offsets 1 … n once each.
+
+    Window k ends at e_k (inputs ``data[e_k − length : e_k]``): e_0 = length, e_k = min(e_{k−1} + stride, n);
+    it scores the targets at offsets e_{k−1}+1 … e_k.  With ``stride = length`` the windows do not overlap
+    (the last one, ending at n, scores only what the others left).  Item: (inputs, targets with ``IGNORE``
+    (-100) where not scored, the offset of each scored target or −1)."""
+
+    def __init__(self, data: np.ndarray, length: int, stride: int, n: int):
+        if not 1 <= stride <= length:
+            raise ValueError(f"stride={stride}: must be between 1 and the length ({length})")
+        if n < length:
+            raise ValueError(f"the scored text ({n} bytes) is shorter than the length {length}")
+        self.data, self.length = torch.from_numpy(np.asarray(data[: n + 1])), length
+        self.ends = list(range(length, n, stride)) + [n]
+
+    def __len__(self):
+        return len(self.ends)
+
+    def __getitem__(self, k):
+        end = self.ends[k]
+        start = end - self.length
+        first = 1 if k == 0 else self.ends[k - 1] + 1  # first offset this window scores
+        w = self.data[start : end + 1].long()
+        offsets = torch.arange(start + 1, end + 1)
+        scored = offsets >= first
+        y = torch.where(scored, w[1:], torch.full_like(w[1:], IGNORE))
+        return w[:-1], y, torch.where(scored, offsets, torch.full_like(offsets, -1))

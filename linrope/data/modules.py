@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Dict, Optional
 
 import lightning as L
+import numpy as np
 from torch.utils.data import DataLoader
 
 from linrope.base.options import Count, Positive, Rule
 
-from .bytes import ContiguousWindows, RandomWindows, load_corpus
+from .bytes import ContiguousWindows, RandomWindows, SlidingWindows, document_index, load_corpus
 from .resume import train_loader, train_span
 
 Fraction = Annotated[float, Rule(above=0, below=1)]  # of the corpus
@@ -50,10 +51,13 @@ class ByteDataModule(ResumableDataModule):
     """Next-byte prediction on a corpus read at construction (so a bad path fails at start).
 
     The training loader resumes where the run stands: sample ``i`` of the run is window
-    ``hash(seed, i)``, and the loader starts at ``global_step × samples per step``."""
+    ``hash(seed, i)``, and the loader starts at ``global_step × samples per step``.  Validation reads
+    ``val_windows`` windows spread evenly over the validation split (many files, not the first); the test scores
+    the whole test split (every byte but the first, in non-overlapping windows, the last one ending at the
+    split's end), or ``test_windows`` windows spread over it."""
 
     def __init__(self, path: Optional[str] = None, context: Positive = 256, batch_size: Positive = 16,
-                 eval_batch_size: Positive = 16, val_windows: Positive = 64, test_windows: Positive = 256,
+                 eval_batch_size: Positive = 16, val_windows: Positive = 64, test_windows: Optional[Positive] = None,
                  val_fraction: Fraction = 0.05, test_fraction: Fraction = 0.05,
                  max_bytes: Optional[Positive] = None, num_workers: Count = 0, seed: int = 1234,
                  eval_context: Optional[Positive] = None, allow_binary: bool = False):  # fmt: skip
@@ -74,10 +78,27 @@ class ByteDataModule(ResumableDataModule):
     def train_dataset(self, start: int, length: int):
         return RandomWindows(self.splits["train"], self.context, self.seed, length=length, start=start)
 
+    @property
+    def documents(self):
+        """{split: [(name, start, end), ...]}: the files each split holds (linrope.data.bytes.Corpus)."""
+        return self.splits.documents
+
     def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
         context = context or self.eval_context
-        default = self.hparams.val_windows if split == "val" else self.hparams.test_windows
-        return ContiguousWindows(self.splits[split], context, max_windows or default)
+        windows = max_windows or (self.hparams.val_windows if split == "val" else self.hparams.test_windows)
+        data = self.splits[split]
+        if windows is None:  # the whole split, each target once
+            return SlidingWindows(data, context, context, len(data) - 1)
+        return ContiguousWindows(data, context, windows)
+
+    def scored_text(self, split: str) -> Dict[str, int]:
+        """How much of ``split`` its evaluation scores: {bytes, documents} (targets, and the files they lie in)."""
+        ds, documents = self.eval_dataset(split), self.documents[split]
+        if isinstance(ds, SlidingWindows):  # every target 1 … last: the documents from the first to the last
+            first, last = document_index(documents, np.array([1, ds.ends[-1]]))
+            return {"bytes": int(ds.ends[-1]), "documents": int(last - first + 1)}
+        offsets = (ds.starts[:, None] + np.arange(1, ds.context + 1)[None, :]).ravel()
+        return {"bytes": int(offsets.size), "documents": int(np.unique(document_index(documents, offsets)).size)}
 
     def val_dataloader(self):
         return self._loader(self.eval_dataset("val"), self.eval_batch_size)

@@ -37,7 +37,7 @@ from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.config.settings import ExtrapolationSettings
 from linrope.data.rebuild import build_data_module
 from linrope.evaluation.extrapolation import SETTINGS, length_table
-from linrope.evaluation.tables import COLUMNS, HEADER, format_table, write_csv
+from linrope.evaluation.tables import COLUMNS, HEADER, format_table, row_name, write_csv, write_details
 from linrope.run.checkpoint import load_checkpoint
 from linrope.run.provenance import collect as current_provenance
 from linrope.run.resume_diff import describe_checkpoint
@@ -80,7 +80,8 @@ def write_table(
     kept: Optional[list] = None,
     **score,
 ) -> tuple:
-    """The table of one model (``length_table``) written as ``<out>/<stem>.csv`` and plotted as
+    """The table of one model (``length_table``) written as ``<out>/<stem>.csv`` (bytes: with each row's loss per
+    document and per position in ``<stem>_documents.csv`` and ``<stem>_positions.csv``) and plotted as
     ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here.  The CSV is
     written again, atomically, as each row finishes: a stop keeps every row done (the plot is drawn at the end);
     ``kept``, a list, holds the rows written so far."""
@@ -88,9 +89,15 @@ def write_table(
     kept = [] if kept is None else kept
 
     def written(done):
-        with _signals_held():  # the file and the count of rows it holds change together
-            write_csv(done, csv_path)
+        with _signals_held():  # the files and the count of rows they hold change together
+            write_all(done)
             kept[:] = done
+
+    def write_all(done):
+        write_csv(done, csv_path)
+        if any(r.get("per_document") for r in done):  # bytes: each row's loss per document and per position
+            write_details(done, out / f"{stem}_documents.csv", "documents")
+            write_details(done, out / f"{stem}_positions.csv", "positions")
 
     rows = length_table(
         module,
@@ -101,12 +108,13 @@ def write_table(
         on_row=written,
         **score,
     )
-    write_csv(rows, csv_path)  # also a table of no row
+    write_all(rows)  # also a table of no row
     png = plot_length_table(
         rows,
         out / f"{stem}.png",
         train_context=train_context,
         title=plot_title(module.hparams["model"], train_context, title_suffix),
+        name=row_name,
     )
     return rows, csv_path, png
 
@@ -269,15 +277,23 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
 
 @contextlib.contextmanager
 def _signals_held():
-    """SIGTERM and SIGINT wait (blocked, delivered at the end of the block)."""
-    signals = {signal.SIGTERM, signal.SIGINT}
-    held = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals) if held else None
+    """SIGTERM and SIGINT wait: caught during the block, raised again at its end.  (Blocking them with
+    pthread_sigmask is not enough: the kernel may hand a process signal to another thread — torch's workers —
+    and Python then runs the handler in the main thread at once.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list = []
+    previous = {
+        s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         yield
     finally:
-        if held:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
 
 
 class _Stopped(BaseException):

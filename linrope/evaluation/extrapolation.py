@@ -1,15 +1,29 @@
 """Length extrapolation: a model trained at context L₀, scored at other lengths L.
 
-**Bytes: the same text at every length.**  The scored set is fixed before any length is chosen:
-the targets at offsets 1 … n of the split (n = ``scored_bytes``, 131 072 by default, fewer only if
-the split is shorter — then said once).  At length L, windows of exactly L bytes slide over those
-n + 1 bytes with a stride S (default L/2): the first window scores all its targets, each later one
-only its last S, and the last window ends at offset n.  So every length scores exactly the same
-bytes, each once, and after the first window each scored byte sees at least L − S (and at most
-L − 1) bytes before it — the sliding-window evaluation of Press et al. 2022 (ALiBi).  The cost is
-about n · L / S tokens of forward passes per row (2n with the default stride, whatever L), plus
-softmax's N² per window.  The CSV's ``scored`` and ``scored_hash`` (sha1 of the scored offsets and
-their bytes) show the sets match across rows.
+**Bytes: the same text at every length.**  The scored set is fixed before any length is chosen: every
+target of the split (offsets 1 … n, n = the split's size − 1: only its first byte has nothing to be
+predicted from) when ``scored_bytes`` is null (the default), else ``scored_bytes`` targets in segments
+spread evenly over the split (never its first N bytes).  Each row says how many bytes (``scored``) and
+documents (``documents``) it scored, and ``scored_hash`` (sha1 of the scored offsets and their bytes) shows
+the sets match across rows.  Two protocols separate what a longer window changes:
+
+* ``sliding`` — windows of exactly L bytes move by a stride S (default L/2): the first window scores all its
+  targets, each later one only its last S, and the last window ends at the segment's end.  After the first
+  window each scored byte sees at least L − S (and at most L − 1) bytes before it — the sliding-window
+  evaluation of Press et al. 2022 (ALiBi).  A longer L brings both unseen distances and *more context*.
+  About n · L / S tokens of forward passes (2n with the default stride, whatever L).
+* ``windows`` — non-overlapping windows of L bytes: the byte at position p of its window sees the p bytes
+  before it.  Its loss per position (``per_position``, buckets of ``position_bucket`` positions) separates
+  the two effects: positions below L₀ are the training distribution; beyond it, a model that uses the extra
+  context gets better and one hurt by unseen distances gets worse.  n tokens of forward passes.
+
+**The context-limited control** (``window_control``): at each L > L₀, the ``windows`` protocol again with
+every attention layer limited to the last L₀ keys (``linrope.models.attention.attention_window``): the same
+model, seeing no more than it was trained on.  A model that beats its control beyond L₀ uses the longer
+context; one that loses to it is hurt by the length itself.
+
+Every bytes row also keeps its loss per document (``per_document``: the split's files, for intervals that
+resample documents; linrope.evaluation.evaluate writes them beside the table).
 
 **Tasks** (mqar, offset_copy, listops) are generated at each length: ``task_examples`` fixed
 examples per length, loss and accuracy over their scored positions.
@@ -43,7 +57,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from linrope.base.errors import SequenceTooLong
 from linrope.config.settings import EXTRAPOLATION_SETTINGS
-from linrope.data.bytes import LN2
+from linrope.data.bytes import LN2, SlidingWindows, default_stride, document_index
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
 from linrope.evaluation.tables import format_row
 from linrope.ops.rope import rope_frequencies
@@ -88,37 +102,41 @@ def rope_row(model: torch.nn.Module, row: str, rho: float):
 
 
 # ---- bytes: the same scored text at every length ---------------------------------------------------------------
-def default_stride(length: int) -> int:
-    return max(1, length // 2)
+class Segments(Dataset):
+    """The windows of several stretches of a split, scored as one set: segment ``(start, size)`` holds the
+    targets at offsets ``start + 1 … start + size`` of the split, scored by ``SlidingWindows`` (offsets are
+    the split's)."""
 
-
-class SlidingWindows(Dataset):
-    """Windows of ``length`` bytes over ``data[0 : n + 1]`` that score the targets at offsets 1 … n once each.
-
-    Window k ends at e_k (inputs ``data[e_k − length : e_k]``): e_0 = length, e_k = min(e_{k−1} + stride, n);
-    it scores the targets at offsets e_{k−1}+1 … e_k.  Item: (inputs, targets with ``IGNORE`` where not
-    scored, the offset of each scored target or −1)."""
-
-    def __init__(self, data: np.ndarray, length: int, stride: int, n: int):
-        if not 1 <= stride <= length:
-            raise ValueError(f"stride={stride}: must be between 1 and the length ({length})")
-        if n < length:
-            raise ValueError(f"the scored text ({n} bytes) is shorter than the length {length}")
-        self.data, self.length = torch.from_numpy(np.asarray(data[: n + 1])), length
-        self.ends = list(range(length, n, stride)) + [n]
+    def __init__(self, data: np.ndarray, segments: Sequence[tuple], length: int, stride: int):
+        self.parts = [(int(s), SlidingWindows(data[int(s) :], length, stride, int(n))) for s, n in segments]
+        self.index = [(p, k) for p, (_, w) in enumerate(self.parts) for k in range(len(w))]
 
     def __len__(self):
-        return len(self.ends)
+        return len(self.index)
 
-    def __getitem__(self, k):
-        end = self.ends[k]
-        start = end - self.length
-        first = 1 if k == 0 else self.ends[k - 1] + 1  # first offset this window scores
-        w = self.data[start : end + 1].long()
-        offsets = torch.arange(start + 1, end + 1)
-        scored = offsets >= first
-        y = torch.where(scored, w[1:], torch.full_like(w[1:], IGNORE))
-        return w[:-1], y, torch.where(scored, offsets, torch.full_like(offsets, -1))
+    def __getitem__(self, i):
+        p, k = self.index[i]
+        start, windows = self.parts[p]
+        x, y, where = windows[k]
+        return x, y, torch.where(where >= 0, where + start, where)
+
+
+MAX_SEGMENTS = 16
+
+
+def segments(split_bytes: int, scored_bytes: Optional[int], longest: int) -> List[tuple]:
+    """The (start, size) stretches every length scores: the whole split (every target but the first byte's)
+    when ``scored_bytes`` is None or covers it, else exactly ``scored_bytes`` targets in up to ``MAX_SEGMENTS``
+    segments of at least ``longest`` (the longest length scored) bytes, spread evenly from the split's start to
+    its end."""
+    n = split_bytes - 1
+    if scored_bytes is None or scored_bytes >= n:
+        return [(0, n)]
+    total = int(scored_bytes)
+    k = max(1, min(MAX_SEGMENTS, total // max(int(longest), 1)))
+    sizes = [total // k + (1 if i < total % k else 0) for i in range(k)]
+    gaps = [((n - total) * i) // max(k - 1, 1) for i in range(k)]
+    return [(gaps[i] + sum(sizes[:i]), sizes[i]) for i in range(k)]
 
 
 def scored_hash(offsets: torch.Tensor, targets: torch.Tensor) -> str:
@@ -142,9 +160,10 @@ def batch_for(length: int, model_cfg, max_batch: int, max_score_mb: float) -> in
 @torch.no_grad()
 def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offsets: bool = False) -> Dict[str, Any]:
     """Sum of cross-entropy, correct argmax predictions, scored targets; with ``offsets`` (items carry
-    the scored offsets third) also the hash of the scored text and a check that no offset repeats."""
+    the scored offsets third) also the hash of the scored text, a check that no offset repeats, and each
+    scored target's offset, loss (nats, float64) and position in its window (``per_target``)."""
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    loss_sum, correct, count, examples, seen, values = 0.0, 0, 0, 0, [], []
+    loss_sum, correct, count, examples, seen, values, losses, places = 0.0, 0, 0, 0, [], [], [], []
     for batch in loader:
         if offsets:
             *batch, where = batch
@@ -154,20 +173,53 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
             logits, y = module.outputs(batch)
         logits = logits.float()
         scored = y != IGNORE
-        loss_sum += float(F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="sum"))
+        each = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="none")
+        loss_sum += float(each.sum())
         correct += int((logits.argmax(-1)[scored] == y[scored]).sum())
         count += int(scored.sum())
         examples += batch[0].shape[0]
         if offsets:
-            seen.append(where.flatten()[scored.cpu()])
+            kept = scored.cpu()
+            seen.append(where.flatten()[kept])
             values.append(y[scored].cpu())
+            losses.append(each[scored].double().cpu())
+            length = batch[0].shape[1]
+            places.append(torch.arange(length).repeat(batch[0].shape[0])[kept])
     out = {"loss_sum": loss_sum, "correct": correct, "scored": count, "examples": examples}
     if offsets:
         seen_t, values_t = torch.cat(seen), torch.cat(values)
         if len(torch.unique(seen_t)) != len(seen_t):
             raise RuntimeError("sliding windows scored a byte twice")
         out["scored_hash"] = scored_hash(seen_t, values_t)
+        out["per_target"] = (seen_t.numpy(), torch.cat(losses).numpy(), torch.cat(places).numpy())
     return out
+
+
+def per_document(documents, offsets: np.ndarray, losses: np.ndarray) -> List[Dict[str, Any]]:
+    """{document, bytes, nats} of each document with a scored target (``documents``: the split's
+    (name, start, end) spans; a target belongs to the document holding its byte)."""
+    which = document_index(documents, offsets)
+    nbytes = np.bincount(which, minlength=len(documents))
+    nats = np.bincount(which, weights=losses, minlength=len(documents))
+    return [
+        {"document": documents[i][0], "bytes": int(nbytes[i]), "nats": float(nats[i])}
+        for i in range(len(documents))
+        if nbytes[i]
+    ]
+
+
+def per_position(places: np.ndarray, losses: np.ndarray, bucket: int, length: int) -> List[Dict[str, Any]]:
+    """{start, end, bytes, nats} per bucket of ``bucket`` positions within the windows (position p: the
+    target predicted from the p bytes before it in its window)."""
+    which = places // bucket
+    k = -(-length // bucket)
+    nbytes = np.bincount(which, minlength=k)
+    nats = np.bincount(which, weights=losses, minlength=k)
+    return [
+        {"start": i * bucket, "end": min((i + 1) * bucket, length), "bytes": int(nbytes[i]), "nats": float(nats[i])}
+        for i in range(k)
+        if nbytes[i]
+    ]
 
 
 def length_table(
@@ -182,7 +234,8 @@ def length_table(
     log=None,
     on_row=None,
 ) -> List[Dict[str, Any]]:
-    """One row per (length, scaling): the columns of ``COLUMNS``; ``status`` is ``ok`` or ``n/a (why)``.
+    """One row per (length, protocol, scaling, window): the columns of ``COLUMNS``; ``status`` is ``ok`` or
+    ``n/a (why)``.  Bytes rows also carry ``per_document`` and (protocol ``windows``) ``per_position`` lists.
     ``settings``: every key of ``SETTINGS`` (conf/extrapolation/default.yaml); ``lengths``: default
     ``factors`` × ``train_context``.  ``log`` is called with each row as it is done (``format_row``),
     ``on_row`` with the list of the rows done so far (the caller writes them: nothing done is lost to a stop)."""
@@ -195,6 +248,7 @@ def length_table(
     )
     if lengths is None:
         lengths = [int(round(f * train_context)) for f in settings["factors"]]
+    lengths = [int(n) for n in lengths]
     device = torch.device(device or next(module.parameters()).device)
     module.eval()
     model = module.model
@@ -204,55 +258,69 @@ def length_table(
         if s not in ("pi", "ntk"):
             raise ValueError(f"scalings: unknown RoPE row {s!r}; expected pi or ntk")
     text = getattr(datamodule, "splits", {}).get(split) if getattr(module, "bytes_like", True) else None
-    n = None
+    scored = None
+    protocols = list(settings["protocols"]) if text is not None else ["windows"]
     if text is not None:
-        n = min(int(scored_bytes), len(text) - 1)
-        if n < scored_bytes and log:
+        parts = segments(len(text), scored_bytes, max(lengths))
+        scored = dict(segments=parts, documents=_documents_of(datamodule, split, len(text)))
+        if log and parts[0][1] < len(text) - 1:
             log(
-                f"(the {split} split has {len(text)} bytes: scoring its first {n} at every length, "
-                f"not scored_bytes={scored_bytes})"
+                f"(scoring {sum(n for _, n in parts)} of the {split} split's {len(text) - 1} bytes: {len(parts)} segments)"
             )
+    bucket = int(settings.get("position_bucket") or max(1, train_context // 4))
     rows: List[Dict[str, Any]] = []
-    for length in map(int, lengths):
+    for length in lengths:
         rho = length / train_context
-        step = int(stride or default_stride(length)) if n is not None else None
-        plain = None
-        for label in ["none", *scalings]:
+        controls = [train_context] if settings["window_control"] and text is not None and length > train_context else []
+        variants = [(p, label, None) for p in protocols for label in ["none", *scalings]]
+        variants += [("windows", "none", w) for w in controls]
+        plain = {}
+        for protocol, label, window in variants:
+            step = None
+            if text is not None:
+                step = length if protocol == "windows" else int(stride or default_stride(length))
             row = {
                 "length": length,
                 "factor": round(rho, 4),
+                "protocol": protocol if text is not None else None,
                 "scaling": label,
+                "window": window,
                 "loss": None,
                 "bpb": None,
                 "acc": None,
                 "examples": 0,
                 "scored": 0,
+                "documents": None,
                 "stride": step,
                 "scored_hash": None,
                 "seconds": 0.0,
                 "status": "ok",
             }
-            if label != "none" and rho <= 1 and plain is not None:
-                row.update({k: plain[k] for k in ("loss", "bpb", "acc", "examples", "scored", "scored_hash", "status")})
+            same = plain.get(protocol)
+            if label != "none" and rho <= 1 and same is not None:  # at or below the training length: as trained
+                row.update({k: same[k] for k in SAME if k in same})
             else:
                 t0 = time.perf_counter()
+                limited = _window(model, window)
                 _fill(
                     row,
                     module,
                     datamodule,
                     text,
-                    n,
+                    scored,
                     split,
                     task_examples,
+                    bucket,
                     dict(
                         batch_size=batch_for(length, model.cfg, batch_size, max_score_mb),
                         device=device,
                         autocast_dtype=autocast_dtype,
                     ),
-                    rope_row(model, label, rho),
+                    _both(rope_row(model, label, rho), limited),
                 )
                 row["seconds"] = round(time.perf_counter() - t0, 2)
-            plain = row if label == "none" else plain
+            if label == "none" and not window:
+                plain[protocol] = row
             rows.append(row)
             if on_row:
                 on_row(rows)
@@ -261,12 +329,49 @@ def length_table(
     return rows
 
 
-def _fill(row, module, datamodule, text, n, split, task_examples, kw, scaled) -> None:
+# what a scaled row at or below the training length repeats of the row as trained
+SAME = (
+    "loss",
+    "bpb",
+    "acc",
+    "examples",
+    "scored",
+    "documents",
+    "scored_hash",
+    "status",
+    "per_document",
+    "per_position",
+)
+
+
+def _window(model, window: Optional[int]):
+    """Every attention layer of ``model`` limited to the last ``window`` keys inside the block (None: as is)."""
+    if not window:
+        return contextlib.nullcontext()
+    from linrope.models.attention import attention_window
+
+    return attention_window(model, window)
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
+
+
+def _documents_of(datamodule, split: str, n: int) -> list:
+    """The split's documents (linrope.data.bytes.Corpus), or the split as one document when the data module
+    does not list them."""
+    documents = getattr(getattr(datamodule, "splits", None), "documents", None)
+    return list(documents[split]) if documents else [(split, 0, n)]
+
+
+def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, kw, scaled) -> None:
     """Score one row in place; data that cannot be that long, or a position table that ends before it: n/a."""
     length = row["length"]
     try:
         if text is not None:
-            dataset = SlidingWindows(text, length, row["stride"], n)
+            dataset = Segments(text, scored["segments"], length, row["stride"])
         else:
             dataset = datamodule.eval_dataset(split, context=length, max_windows=task_examples)
             if len(dataset) == 0:
@@ -286,3 +391,10 @@ def _fill(row, module, datamodule, text, n, split, task_examples, kw, scaled) ->
         row["bpb"] = loss / LN2
     else:
         row["acc"] = s["correct"] / max(s["scored"], 1)
+    if text is None:
+        return
+    where, losses, places = s["per_target"]
+    row["per_document"] = per_document(scored["documents"], where, losses)
+    row["documents"] = len(row["per_document"])
+    if row["protocol"] == "windows":
+        row["per_position"] = per_position(places, losses, bucket, length)

@@ -12,18 +12,24 @@ from typing import Any, Dict, List
 COLUMNS = [
     "length",
     "factor",
+    "protocol",
     "scaling",
+    "window",
     "loss",
     "bpb",
     "acc",
     "examples",
     "scored",
+    "documents",
     "stride",
     "scored_hash",
     "seconds",
     "status",
 ]
-HEADER = f"{'length':>7} {'factor':>7}  {'scaling':<7} {'loss':>7}  {'metric':<12} {'scored':>7} {'seconds':>8}  status"
+HEADER = (
+    f"{'length':>7} {'factor':>7}  {'row':<18} {'loss':>7}  {'metric':<12} {'scored':>7} {'docs':>5} {'seconds':>8}"
+    "  status"
+)
 
 
 def _fmt(v, digits=4):
@@ -35,10 +41,21 @@ def format_row(row: Dict[str, Any]) -> str:
     ok = row["status"] == "ok"
     metric = (f"bpb {_fmt(row['bpb'])}" if row.get("bpb") is not None else f"acc {_fmt(row['acc'])}") if ok else "n/a"
     loss = _fmt(row["loss"]) if ok else "n/a"
+    docs = "" if row.get("documents") is None else row["documents"]
     return (
-        f"{row['length']:>7} {row['factor']:>7g}  {row['scaling']:<7} {loss:>7}  {metric:<12} "
-        f"{row['scored']:>7} {row['seconds']:>8.1f}  {row['status']}"
+        f"{row['length']:>7} {row['factor']:>7g}  {row_name(row):<18} {loss:>7}  {metric:<12} "
+        f"{row['scored']:>7} {docs:>5} {row['seconds']:>8.1f}  {row['status']}"
     )
+
+
+def row_name(row: Dict[str, Any]) -> str:
+    """A row's name besides its length: ``none`` for the model as trained under sliding windows (an older table's
+    every plain row), else its protocol, RoPE scaling and attention window (``windows``, ``pi``, ``windows
+    window128``) — the suffix of its metric in a study's results (``bpb@2048 windows``)."""
+    protocol, scaling, window = row.get("protocol") or "sliding", row.get("scaling") or "none", row.get("window")
+    named = [protocol if protocol != "sliding" else "", scaling if scaling != "none" else ""]
+    named.append(f"window{window}" if window else "")
+    return " ".join(p for p in named if p) or "none"
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:
@@ -64,9 +81,47 @@ def read_csv(path: Path) -> List[Dict[str, Any]]:
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             row: Dict[str, Any] = dict(r)
-            for k in ("length", "examples", "scored", "stride"):
-                row[k] = int(r[k]) if r.get(k) else (None if k == "stride" else 0)
+            for k in ("length", "examples", "scored", "stride", "window", "documents"):
+                row[k] = int(r[k]) if r.get(k) else (0 if k in ("examples", "scored") else None)
+            row["protocol"] = r.get("protocol") or "sliding"  # a table from before the protocols were named
             for k in ("factor", "loss", "bpb", "acc", "seconds"):
                 row[k] = float(r[k]) if r.get(k) not in (None, "") else None
             rows.append(row)
     return rows
+
+
+DETAILS = {
+    "documents": ("per_document", ["document", "bytes", "nats"]),
+    "positions": ("per_position", ["start", "end", "bytes", "nats"]),
+}
+KEY = ["length", "protocol", "scaling", "window"]
+
+
+def write_details(rows: List[Dict[str, Any]], path: Path, which: str) -> Path:
+    """Each row's loss per document (``which="documents"``) or per position bucket (``"positions"``), one line
+    per (row, document or bucket), keyed by the row's length, protocol, scaling and window; atomically."""
+    from linrope.base.atomic import atomic_write_bytes
+
+    field, columns = DETAILS[which]
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(KEY + columns)
+    for r in rows:
+        for d in r.get(field) or []:
+            w.writerow([("" if r.get(k) is None else r[k]) for k in KEY] + [d[c] for c in columns])
+    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
+    return path
+
+
+def read_details(path: Path) -> List[Dict[str, Any]]:
+    """The lines ``write_details`` wrote, with numbers as numbers."""
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            d: Dict[str, Any] = dict(r)
+            for k in ("length", "bytes", "start", "end", "window"):
+                if k in d:
+                    d[k] = int(d[k]) if d[k] else None
+            d["nats"] = float(d["nats"])
+            out.append(d)
+    return out

@@ -212,12 +212,12 @@ class LanguageModel(L.LightningModule):
         (every answer of the epoch counts alike)."""
         logits, y = self.outputs(batch)
         loss = F.cross_entropy(logits, y, ignore_index=IGNORE)
-        if self.bytes_like:
-            self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
-            self.log(f"{stage}/bpb", loss / LN2, prog_bar=stage == "val", sync_dist=True)
-            return loss
         scored = y != IGNORE
-        n = max(int(scored.sum()), 1)
+        n = max(int(scored.sum()), 1)  # each batch weighs its scored targets: the epoch's value is per target
+        if self.bytes_like:
+            self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+            self.log(f"{stage}/bpb", loss / LN2, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+            return loss
         acc = (logits.argmax(-1)[scored] == y[scored]).float().sum() / n
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=n)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val", sync_dist=True, batch_size=n)
@@ -228,6 +228,13 @@ class LanguageModel(L.LightningModule):
 
     def test_step(self, batch, batch_idx):
         return self._eval(batch, "test")
+
+    def on_test_epoch_end(self):
+        """How much text the test scored (bytes, documents), beside its score, when the data says."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self.bytes_like and hasattr(datamodule, "scored_text"):
+            for key, value in datamodule.scored_text("test").items():
+                self.log(f"test/{key}", float(value), sync_dist=False, rank_zero_only=True)
 
     # ---- optimisation ----------------------------------------------------------------------------
     def configure_optimizers(self):

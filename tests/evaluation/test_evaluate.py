@@ -92,30 +92,32 @@ def test_sliding_windows_refuse_a_length_beyond_the_scored_text():
 
 
 @pytest.mark.slow  # 5 rows of 2^18 tokens through the tiny model
-def test_evaluate_scores_2_to_the_17_same_bytes_at_every_length_by_default(run_folder, tmp_path, capsys):
+def test_evaluate_scores_the_whole_split_at_every_length_by_default(run_folder, tmp_path, capsys):
+    from linrope.data.bytes import load_corpus
     from linrope.evaluation.evaluate import evaluate
 
     ckpt = run_folder / "checkpoints" / "last.ckpt"
     cfg = compose_evaluate(f"ckpt={ckpt}", "lengths=[32,64,128]", "scalings=[pi]", f"out={tmp_path}")
     rows = evaluate(cfg)
     out = capsys.readouterr().out
-    assert [(r["length"], r["scaling"]) for r in rows] == [
-        (32, "none"),
-        (32, "pi"),
-        (64, "none"),
-        (64, "pi"),
-        (128, "none"),
-        (128, "pi"),
-    ]
-    assert {r["scored"] for r in rows} == {2**17} and all(r["status"] == "ok" for r in rows)
+    named = [(r["length"], r["protocol"], r["scaling"], r["window"]) for r in rows]
+    plain = [(p, s, None) for p in ("sliding", "windows") for s in ("none", "pi")]
+    # beyond the training context (64) the context-limited control: windows, attention to the last 64 keys
+    assert named == [(n, *v) for n in (32, 64, 128) for v in plain] + [(128, "windows", "none", 64)]
+    # every byte of the test split but its first, the same at every row; the documents it holds
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.load(run_folder / ".hydra" / "config.yaml").data
+    test = load_corpus(data.path, context=32, val_fraction=data.val_fraction, test_fraction=data.test_fraction)
+    assert {r["scored"] for r in rows} == {len(test["test"]) - 1} and all(r["status"] == "ok" for r in rows)
+    assert {r["documents"] for r in rows} == {len(test.documents["test"])}
     assert len({r["scored_hash"] for r in rows}) == 1
-    assert [r["stride"] for r in rows] == [16, 16, 32, 32, 64, 64]
     assert all(0 < r["bpb"] < 12 for r in rows)
     written = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
-    assert [int(r["scored"]) for r in written] == [2**17] * 6 and len({r["scored_hash"] for r in written}) == 1
+    assert [int(r["scored"]) for r in written] == [len(test["test"]) - 1] * len(rows)
     # every row printed once
     lines = [line.split() for line in out.splitlines() if line.split()[:1] in (["32"], ["64"], ["128"])]
-    assert sorted((line[0], line[2]) for line in lines) == sorted((str(r["length"]), r["scaling"]) for r in rows)
+    assert len(lines) == len(rows)
 
 
 def test_every_length_scores_the_same_bytes_and_prints_each_row_once(run_folder, tmp_path, capsys):
@@ -125,14 +127,11 @@ def test_every_length_scores_the_same_bytes_and_prints_each_row_once(run_folder,
     rows = evaluate(
         compose_evaluate(f"ckpt={ckpt}", "lengths=[32,64]", "scalings=[ntk]", "scored_bytes=4096", f"out={tmp_path}")
     )
-    assert [r["scored"] for r in rows] == [4096] * 4 and len({r["scored_hash"] for r in rows}) == 1
+    # sliding and windows, each as trained and ntk (no control: the model was trained at 64)
+    assert len(rows) == 8 and [r["scored"] for r in rows] == [4096] * 8 and len({r["scored_hash"] for r in rows}) == 1
     out = capsys.readouterr().out
-    assert sorted(line.split()[2] for line in out.splitlines() if line.split()[:1] in (["32"], ["64"])) == [
-        "none",
-        "none",
-        "ntk",
-        "ntk",
-    ]
+    printed = [" ".join(line.split()[2:-7]) for line in out.splitlines() if line.split()[:1] in (["32"], ["64"])]
+    assert sorted(printed) == sorted(["none", "ntk", "windows", "windows ntk"] * 2)
     written = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
     assert [w["scored_hash"] for w in written] == [r["scored_hash"] for r in rows]
     more = evaluate(
@@ -317,7 +316,7 @@ def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
     # bad settings: one line naming each, before the checkpoint is read
     with pytest.raises(
         EvaluateError,
-        match=r"^scored_bytes=0: expected an integer >= 1; stride=-2: expected an "
+        match=r"^scored_bytes=0: expected an integer >= 1 or null \(null: the whole split\); stride=-2: expected an "
         r"integer >= 1 or null \(null: half the length\); factors=\[\]: expected "
         r"a list of numbers > 0; lengths=\[64, 0\]: expected integers >= 1$",
     ):
