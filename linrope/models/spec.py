@@ -115,6 +115,9 @@ class ModelConfig:
             found.append(
                 ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
             )
+        window = self.attention.get("window")
+        if window is not None and not self.causal:
+            found.append(ConfigError(f"model.attention.window={window} limits causal attention; model.causal is false"))
         return found
 
     # ---- the parts, as the layers take them ----------------------------------------------------------------

@@ -157,3 +157,8 @@ def test_window_is_a_declared_option_of_both_kinds(kind, compose):
     assert not spec.problems()
     bad = ModelConfig.from_dict({**dict(cfg.model), "attention": {**dict(cfg.model.attention), "window": 0}})
     assert any("model.attention.window=0: expected an integer >= 1" in str(p) for p in bad.problems())
+    encoder = ModelConfig.from_dict({**dict(cfg.model), "causal": False})
+    assert encoder.problems() == ["model.attention.window=128 limits causal attention; model.causal is false"]
+    layer = SoftmaxAttention if kind == "softmax" else LinearAttention
+    with pytest.raises(ValueError, match="limits causal attention; this model has causal=false"):
+        layer(D, H, scheme("none"), causal=False, window=4)
