@@ -140,7 +140,8 @@ class LinearAttention(_Projections):
 
     The config names where RoPE goes ``placement`` (numerator | both | none); the kernel's keyword is ``rope``.
     ``kernel_options`` is the one place the first becomes the second: ``rope = placement`` when the position
-    scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says."""
+    scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says.  ``window`` (both kinds): each
+    query sees only its last ``window`` keys, the context-limited control (``attention_window``)."""
 
     kind = "linear"
 
