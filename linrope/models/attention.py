@@ -3,6 +3,7 @@ kernelised linear attention (linrope.ops).  Both take a position scheme built fo
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any, ClassVar, Dict, List, Mapping, Optional
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 
 from linrope.base.options import Rule, declared, defaults, option_errors
 from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention, recurrent_step
+from linrope.ops.linear_attn.window import band
 from linrope.positions import PositionScheme
 
 # what the model passes every attention layer itself (not options of model.attention)
@@ -21,6 +23,21 @@ MODEL_ARGUMENTS = ("d_model", "n_heads", "position", "causal", "dropout")
 def causal_mask(n: int, device, dtype) -> torch.Tensor:
     """(N, N) additive mask: 0 on and below the diagonal, -inf above."""
     return torch.full((n, n), float("-inf"), device=device, dtype=dtype).triu(1)
+
+
+def window_mask(n: int, window: int, device, dtype) -> torch.Tensor:
+    """(N, N) additive mask of the context-limited control: 0 where i - window < j <= i, -inf elsewhere (causality
+    included)."""
+    return torch.zeros(n, n, device=device, dtype=dtype).masked_fill(~band(n, window, device), float("-inf"))
+
+
+# the attention option of the context-limited control (both kinds): each query sees only its last `window` keys
+Window = Annotated[Optional[int], Rule(low=1, note="null: every earlier key; else keys i - window < j <= i")]
+
+
+def check_window(window: Optional[int], causal: bool) -> None:
+    if window is not None and not causal:
+        raise ValueError(f"model.attention.window={window} limits causal attention; this model has causal=false")
 
 
 class _Projections(nn.Module):
@@ -62,10 +79,24 @@ class SoftmaxAttention(_Projections):
     kind = "softmax"
 
     def __init__(
-        self, d_model: int, n_heads: int, position: PositionScheme, *, causal: bool = True, dropout: float = 0.0
+        self,
+        d_model: int,
+        n_heads: int,
+        position: PositionScheme,
+        *,
+        causal: bool = True,
+        dropout: float = 0.0,
+        window: Window = None,
     ):
         super().__init__(d_model, n_heads)
-        self.pos, self.causal, self.dropout = position, causal, dropout
+        check_window(window, causal)
+        self.pos, self.causal, self.dropout, self.window = position, causal, dropout, window
+
+    def _mask(self, n: int, device, dtype) -> Optional[torch.Tensor]:
+        """The additive mask of the scores: the window's band, else the causal mask (None: neither)."""
+        if self.window is not None:
+            return window_mask(n, self.window, device, dtype)
+        return causal_mask(n, device, dtype) if self.causal else None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, state=None, return_state: bool = False):
         """Softmax attention keeps no recurrent state: generation re-reads the window (state is None)."""
@@ -79,7 +110,9 @@ class SoftmaxAttention(_Projections):
         else:
             mask = bias
             if bias is not None and self.causal:
-                mask = bias + causal_mask(q.shape[-2], q.device, bias.dtype)
+                mask = bias + self._mask(q.shape[-2], q.device, bias.dtype)
+            elif self.window is not None:  # no bias: the band alone (SDPA is then not told is_causal)
+                mask = self._mask(q.shape[-2], q.device, q.dtype)
             if mask is not None:  # SDPA takes the mask in the query's dtype: under bf16 autocast the float32
                 mask = mask.to(q.dtype)  # bias is rounded here, by ~|bias|/256, the order of bf16's error on q·k
             o = F.scaled_dot_product_attention(
@@ -92,7 +125,7 @@ class SoftmaxAttention(_Projections):
         if bias is not None:
             s = s + bias
         if self.causal:
-            s = s + causal_mask(s.shape[-1], s.device, s.dtype)
+            s = s + self._mask(s.shape[-1], s.device, s.dtype)
         a = s.softmax(-1)
         a = F.dropout(a, p) if p else a  # the same (dropped) weights serve v_j and the value term
         extra = self.pos.value_term(a, positions)
@@ -107,7 +140,8 @@ class LinearAttention(_Projections):
 
     The config names where RoPE goes ``placement`` (numerator | both | none); the kernel's keyword is ``rope``.
     ``kernel_options`` is the one place the first becomes the second: ``rope = placement`` when the position
-    scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says."""
+    scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says.  ``window`` (both kinds): each
+    query sees only its last ``window`` keys, the context-limited control (``attention_window``)."""
 
     kind = "linear"
 
@@ -124,9 +158,11 @@ class LinearAttention(_Projections):
         chunk_size: Annotated[int, Rule(low=1)] = 64,
         eps: Annotated[float, Rule(above=0)] = 1e-6,
         dropout: float = 0.0,
+        window: Window = None,
     ):
         super().__init__(d_model, n_heads)
-        self.pos, self.causal = position, causal
+        check_window(window, causal)
+        self.pos, self.causal, self.window = position, causal, window
         self.feature_map, self.placement, self.impl, self.chunk_size, self.eps = (
             feature_map,
             placement,
@@ -156,11 +192,18 @@ class LinearAttention(_Projections):
     ):
         q, k, v = self.split(x)
         kw = self.kernel_options()
+        if self.window is not None and (return_state or state is not None):
+            raise ValueError(
+                f"model.attention.window={self.window}: linear attention with a window carries no state "
+                "(generation's recurrent step); use window=null to generate"
+            )
         if x.shape[1] == 1 and (return_state or state is not None) and self.causal:
             # one token carrying a state (generation): the registered step operator, O(D'·d_v) per head
             o, new_state = recurrent_step(q, k, v, state, position=positions[0], **kw)
             return self.merge(o), new_state
         whole = dict(impl=self.impl, causal=self.causal, chunk_size=self.chunk_size, positions=positions)
+        if self.window is not None:
+            whole["window"] = self.window
         if not (return_state or state is not None):
             return self.merge(linear_attention(q, k, v, **whole, **kw)), None
         o, new_state = linear_attention(q, k, v, initial_state=state, output_final_state=True, **whole, **kw)
@@ -168,3 +211,25 @@ class LinearAttention(_Projections):
 
 
 ATTENTION = {"softmax": SoftmaxAttention, "linear": LinearAttention}
+
+
+@contextlib.contextmanager
+def attention_window(model: nn.Module, window: Optional[int]):
+    """Inside the block every attention layer of ``model`` sees only its last ``window`` keys (None: all keys);
+    after it, each has its own ``window`` again.  The context-limited control of the extrapolation: a model
+    trained without a window scored at longer lengths with attention limited to its training context."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"attention_window: window must be an integer >= 1 or None; got {window!r}")
+    layers = [m for m in model.modules() if isinstance(m, _Projections)]
+    if not layers:
+        raise ValueError(f"attention_window: {type(model).__name__} has no attention layer")
+    for layer in layers:
+        check_window(window, layer.causal)
+    saved = [layer.window for layer in layers]
+    try:
+        for layer in layers:
+            layer.window = window
+        yield model
+    finally:
+        for layer, old in zip(layers, saved):
+            layer.window = old

@@ -115,6 +115,9 @@ class ModelConfig:
             found.append(
                 ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
             )
+        window = self.attention.get("window")
+        if window is not None and not self.causal:
+            found.append(ConfigError(f"model.attention.window={window} limits causal attention; model.causal is false"))
         return found
 
     # ---- the parts, as the layers take them ----------------------------------------------------------------
@@ -148,7 +151,7 @@ class ModelConfig:
         return out
 
     def tags(self, task: Optional[str] = None) -> List[str]:
-        """wandb tags: attention kind, position scheme, task, feature map, RoPE placement and scaling."""
+        """wandb tags: attention kind, position scheme, task, feature map, RoPE placement, scaling and decay."""
         kind, pos = self.attention.get("kind"), self.position.get("name")
         tags = [f"attention:{kind}", f"position:{pos}", f"task:{task or self.task}"]
         if kind == "linear":
@@ -157,10 +160,13 @@ class ModelConfig:
                 tags += [f"placement:{self.attention_setting('placement')}"]
         if pos == "rope" and self.position.get("scaling"):
             tags += [f"rope_scaling:{self.position['scaling']}"]
+        if pos == "rope" and self.position.get("decay"):
+            tags += [f"rope_decay:{self.position['decay']}"]
         return tags
 
     def run_name(self, seed: Any) -> str:
-        """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator)."""
+        """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator, RoPE's decay
+        when it has one: ``linear-elu-rope-retnet-s1234``)."""
         kind, pos = self.attention.get("kind"), self.position.get("name")
         name = kind
         if kind == "linear":
@@ -168,6 +174,8 @@ class ModelConfig:
         name += f"-{pos}"
         if kind == "linear" and pos == "rope" and self.attention_setting("placement") != "numerator":
             name += f"-{self.attention['placement']}"
+        if pos == "rope" and self.position.get("decay"):
+            name += f"-{self.position['decay']}"
         return f"{name}-s{seed}"
 
     def label(

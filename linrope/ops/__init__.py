@@ -33,6 +33,7 @@ def linear_attention(
     rope_theta: Optional[torch.Tensor] = None,
     initial_state: Optional[LinearAttentionState] = None,
     output_final_state: bool = False,
+    window: Optional[int] = None,
 ):
     """Kernelised linear attention with RoPE placed in the numerator, both, or nowhere.
 
@@ -41,9 +42,20 @@ def linear_attention(
     ``rope_theta``: RoPE frequencies (default base 10000; see ``linrope.ops.rope.rope_frequencies``).
     ``initial_state`` / ``output_final_state``: carry (S, z) across pieces of a causal sequence.
     ``impl``: a name of the registry (``IMPLS``); ``chunk_size`` is the chunk kernel's.
+    ``window``: each query sees only its last ``window`` keys (i - window < j <= i; causal, no state).
     """
     a = Args(
-        feature_map, rope, causal, chunk_size, positions, eps, decay, rope_theta, initial_state, output_final_state
+        feature_map,
+        rope,
+        causal,
+        chunk_size,
+        positions,
+        eps,
+        decay,
+        rope_theta,
+        initial_state,
+        output_final_state,
+        window,
     ).checked(q, k, v)
     return resolve(impl, q, a).run(q, k, v, a)
 

@@ -11,7 +11,7 @@ import torch
 from linrope.ops.rope import compute_dtype
 
 from .base import PositionScheme, register
-from .functional import alibi_slopes, relative_distance
+from .functional import alibi_slopes, distance_bias
 
 
 @register
@@ -45,14 +45,7 @@ class ALiBi(PositionScheme):
         """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32.
         (Softmax attention hands SDPA the mask in the query's dtype, so under bf16/fp16 autocast it is rounded
         once more there; see linrope/models/attention.py.)"""
-        dtype = compute_dtype(q.dtype)
-        dist = relative_distance(positions).abs()
-        n = dist.shape[0]
-        bias = torch.empty(1, self.n_heads, n, n, dtype=dtype, device=dist.device)
-        for h in range(self.n_heads):  # float64 products m_h·|i-j| (exact distances), rounded once; head by head,
-            # so the float64 temporary is one (N, N), and nothing is read back to size a table (no host sync)
-            bias[0, h].copy_(-(dist * self.slopes[h]))
-        return bias  # (1, H, N, N)
+        return distance_bias(self.slopes, positions, compute_dtype(q.dtype))  # (1, H, N, N)
 
     def linear_decay(self):
         return self.gamma

@@ -102,6 +102,36 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(_geometric(c) + _geometric(2 * c)[0::2][: n_heads - c], dtype=torch.float64)
 
 
+# the per-head decays a scheme may add (RoPE's ``decay`` option): γ_h, and the rate -log γ_h of the score bias
+DECAYS = ("retnet", "alibi")
+
+
+def decay_gamma_rate(kind: str, n_heads: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(γ_h, -log γ_h), float64 (H,) each: ``retnet`` γ_h = 1 - 2^(-5-h) (Sun et al. 2023, RetNet's retention,
+    h = 0 … H-1), exact in float64, its rate -log1p(-2^(-5-h)); ``alibi`` the rate m_h of ALiBi's slopes and
+    γ_h = exp(-m_h), as linear attention takes ALiBi."""
+    if kind == "retnet":
+        step = torch.tensor([2.0 ** (-5 - h) for h in range(n_heads)], dtype=torch.float64)
+        return 1.0 - step, -torch.log1p(-step)
+    if kind == "alibi":
+        rate = alibi_slopes(n_heads)
+        return torch.exp(-rate), rate
+    raise ValueError(f"unknown decay {kind!r}; expected one of {', '.join(DECAYS)}")
+
+
+def distance_bias(rates: torch.Tensor, positions: torch.Tensor, dtype) -> torch.Tensor:
+    """(1, H, N, N) score bias -rate_h·|i - j|: float64 products (exact distances) rounded once to ``dtype``; head
+    by head, so the float64 temporary is one (N, N), and nothing is read back to size a table (no host sync).
+    ALiBi's bias (rates m_h), and RoPE's with a decay (rates -log γ_h: the decay's weight γ_h^(i-j) moved onto the
+    scores as its log)."""
+    dist = relative_distance(positions).abs()
+    n = dist.shape[0]
+    bias = torch.empty(1, rates.shape[0], n, n, dtype=dtype, device=dist.device)
+    for h in range(rates.shape[0]):
+        bias[0, h].copy_(-(dist * rates[h]))
+    return bias
+
+
 def used_rows(idx: torch.Tensor, lo: int, hi: int) -> Tuple[torch.Tensor, int, int]:
     """Restrict a table-row index matrix to the rows ``lo … hi - 1`` it uses: (idx - lo, lo, hi).
 

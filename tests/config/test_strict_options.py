@@ -22,7 +22,7 @@ from tests.helpers import CONF, ROOT
         ),
         (
             ["model=softmax_rope", "+model.attention.chunk_sise=8"],
-            "model.attention.chunk_sise: unknown option; it takes none",
+            "model.attention.chunk_sise: unknown option; it takes window",
         ),
         (["+model.position.bse=500"], "model.position.bse: unknown option; did you mean base?"),
         (
@@ -118,8 +118,8 @@ def test_the_model_and_its_layers_take_only_their_options():
     for cls in (LinearAttention, SoftmaxAttention):
         with pytest.raises(TypeError):
             cls(8, 2, position, feture_map="cosine")
-    assert set(LinearAttention.options()) == {"feature_map", "placement", "impl", "chunk_size", "eps"}
-    assert SoftmaxAttention.options() == {}
+    assert set(LinearAttention.options()) == {"feature_map", "placement", "impl", "chunk_size", "eps", "window"}
+    assert SoftmaxAttention.options() == {"window": None}
 
 
 def test_a_checkpoint_whose_model_config_has_a_typo_is_refused_in_one_line(tmp_path):

@@ -70,6 +70,21 @@ PINNED = [
         ),
     ),
     (
+        ["model=linear_rope_decay"],
+        (
+            "linear_rope_decay",
+            "linear-elu-rope-retnet-s1234",
+            [
+                "attention:linear",
+                "position:rope",
+                "task:bytes",
+                "feature_map:elu",
+                "placement:numerator",
+                "rope_decay:retnet",
+            ],
+        ),
+    ),
+    (
         ["model=linear_rope_both"],
         (
             "linear_rope_both",
@@ -117,6 +132,14 @@ PINNED = [
     (
         ["model=softmax_rope"],
         ("softmax_rope", "softmax-rope-s1234", ["attention:softmax", "position:rope", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_rope_decay"],
+        (
+            "softmax_rope_decay",
+            "softmax-rope-retnet-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "rope_decay:retnet"],
+        ),
     ),
     (
         ["model=softmax_rope_ntk"],

@@ -43,7 +43,8 @@ class Backend:
     ``run(q, k, v, args)`` computes the call; ``causal_only``: refuses ``causal=False``; ``dtypes``: the input
     dtypes it computes; ``grads``: the table arguments (``decay``, ``rope_theta``) it differentiates (a tensor
     that requires grad elsewhere is refused rather than silently not differentiated); ``unavailable(device)``:
-    why it cannot run on a device, or None; ``choose(q, args)``: for ``auto``, the backend to run instead."""
+    why it cannot run on a device, or None; ``choose(q, args)``: for ``auto``, the backend to run instead;
+    ``windowed``: takes a ``window`` (the context-limited control, ``window.py``)."""
 
     name: str
     what: str
@@ -54,11 +55,14 @@ class Backend:
     unavailable: Callable[[torch.device], Optional[str]] = lambda device: None
     choose: Optional[Callable[[Tensor, Args], str]] = None
     instead: str = "impl=chunk or impl=naive"
+    windowed: bool = True
 
     def refusal(self, q: Tensor, a: Args) -> Optional[Exception]:
         """The one-line error for a call this backend does not take, or None."""
         if self.causal_only and not a.causal:
             return ValueError(f"impl={self.name} is causal only; use {self.instead} for causal=False")
+        if a.window is not None and not self.windowed:
+            return ValueError(f"impl={self.name} takes no window; use {self.instead} for window={a.window}")
         if q.dtype not in self.dtypes:
             most = "float32 at most" if torch.float64 not in self.dtypes else "not " + str(q.dtype)
             return ValueError(f"impl={self.name} computes in {most} (got {q.dtype}); use {self.instead}")
@@ -109,6 +113,7 @@ BACKENDS = {
             "position by position through autograd: a check of the recurrence",
             recurrent_form,
             causal_only=True,
+            windowed=False,
         ),
         Backend(
             "fla",
@@ -118,6 +123,7 @@ BACKENDS = {
             dtypes=(torch.float32, torch.float16, torch.bfloat16),
             grads=("rope_theta",),
             unavailable=fla_backend.unavailable,
+            windowed=False,
         ),
         Backend("auto", "fla where it can run on CUDA, the chunk kernel elsewhere", choose=_auto),
     )

@@ -23,6 +23,7 @@ from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .common import Args, LinearAttentionState, autocast_off, decay_log, shared_features, zero_state
 from .features import feature_width
 from .tables import plan_blocks
+from .window import windowed_form
 
 _NONE = (0,)  # the shape of a placeholder
 
@@ -169,8 +170,11 @@ chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 # --------------------------------------------------------------------------------------------------------
 def chunk_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     """Chunked linear attention (the semantics of the naive form), ``Args`` checked; memory linear in N in forward
-    and backward.  ``linrope.ops.linear_attention`` calls it with impl="chunk"."""
+    and backward.  ``linrope.ops.linear_attention`` calls it with impl="chunk".  A window shorter than the
+    sequence runs the blocked windowed form (``window.py``); a longer one is no window."""
     B, H, N, d = q.shape
+    if a.window is not None and a.window < N:
+        return windowed_form(q, k, v, a)
     initial_state = a.initial_state
     if N == 0:
         out = v.new_empty(v.shape)

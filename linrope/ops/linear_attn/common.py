@@ -59,7 +59,8 @@ class Args(NamedTuple):
     """Everything a call of linear attention says besides q, k, v and ``impl``: the keywords of
     ``linrope.ops.linear_attention``, written once.  Every form is ``form(q, k, v, args)``;
     ``checked`` makes the checks all forms share (shapes, names, state, positions, decay), once per call.
-    ``chunk_size`` is the chunk kernel's; the other forms ignore it."""
+    ``chunk_size`` is the chunk kernel's; the other forms ignore it.  ``window``: key j visible to query i only
+    for i - window < j <= i (``window.py``)."""
 
     feature_map: str = "elu"
     rope: str = "numerator"
@@ -71,6 +72,7 @@ class Args(NamedTuple):
     rope_theta: Optional[Tensor] = None
     initial_state: Optional[LinearAttentionState] = None
     output_final_state: bool = False
+    window: Optional[int] = None
 
     def checked(self, q: Tensor, k: Tensor, v: Tensor) -> "Args":
         """These arguments checked against q, k, v (a one-line ValueError naming the problem), with the tensors
@@ -79,6 +81,7 @@ class Args(NamedTuple):
         if not self.causal and (self.initial_state is not None or self.output_final_state):
             raise ValueError("initial/final states only make sense for causal linear attention")
         check_state(self.initial_state, q, v, self.feature_map)
+        window = check_window(self.window, self.causal, self.initial_state is not None or self.output_final_state)
         positions, n = self.positions, q.shape[2]
         if positions is not None:
             positions = positions.to(q.device)
@@ -96,6 +99,7 @@ class Args(NamedTuple):
             self.rope_theta,
             self.initial_state,
             self.output_final_state,
+            window,
         )
 
 
@@ -116,6 +120,19 @@ def check_args(q, k, v, feature_map: str, rope: str, chunk_size: int | None = No
         check_rope_dim(q.shape[-1])
     if chunk_size is not None and int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def check_window(window, causal: bool, stateful: bool) -> Optional[int]:
+    """``window`` as an int >= 1 (or None); a window needs causal attention and carries no state."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1 or None; got {window!r}")
+    if not causal:
+        raise ValueError("window limits causal attention (keys i - window < j <= i); causal=False has none")
+    if stateful:
+        raise ValueError("window carries no state: initial_state/output_final_state need window=None")
+    return int(window)
 
 
 # Placement "both" rotates the denominator too: den_i = Σ_j γ^(i-j) (R_i φ(q_i))·(R_j φ(k_j)) is then a sum of

@@ -3,7 +3,8 @@
     o_i = Σ_{j≤i} w^num_ij v_j / (Σ_{j≤i} w^den_ij + eps)
     w^num_ij = (R_i φ(q_i))·(R_j φ(k_j)) γ^(i-j),   w^den_ij = φ(q_i)·φ(k_j) γ^(i-j)
 
-(the denominator rotated too for placement "both"; nothing rotated for "none").
+(the denominator rotated too for placement "both"; nothing rotated for "none"); with a ``window`` only the keys
+i - window < j <= i (``window.py``).
 Quadratic in N; float64 capable.  Every faster form is tested against this one.
 """
 
@@ -15,6 +16,7 @@ from linrope.ops.rope import compute_dtype
 
 from .common import Args, LinearAttentionState, decay_log, guard_denominator, without_autocast
 from .features import reference_features
+from .window import band
 
 
 def decay_matrix(log_gamma: torch.Tensor, n: int, device) -> torch.Tensor:
@@ -40,6 +42,8 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     mask = torch.ones(N, N, dtype=dtype, device=q.device)
     if causal:
         mask = torch.tril(mask)
+    if a.window is not None:
+        mask = mask * band(N, a.window, q.device, dtype)
     log_gamma = decay_log(decay)
     if log_gamma is not None:
         mask = mask * decay_matrix(log_gamma, N, q.device).to(dtype)
