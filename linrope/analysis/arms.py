@@ -22,6 +22,7 @@ from linrope.analysis.report import build_report, higher_is_better, markdown_tab
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
+from linrope.evaluation.tables import row_name
 
 TOOL = "linrope.report"
 LEVEL = 0.95
@@ -87,14 +88,16 @@ def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> O
 
 def value_of(metric: str):
     """run -> its value of ``metric``: the logged value (its last), or the extrapolation table's value at a length
-    (``bpb@256``: as trained, no scaling)."""
+    (``bpb@256``: as trained, sliding windows; ``bpb@256 windows window128``: the row of that name,
+    linrope.evaluation.tables.row_name)."""
     if "@" in metric:
-        name, length = metric.split("@")
+        name, rest = metric.split("@")
+        length, _, row = rest.partition(" ")
         return lambda run: next(
             (
                 r[name]
                 for r in run.extrapolation
-                if r["scaling"] == "none" and r["length"] == int(length) and r["status"] == "ok"
+                if row_name(r) == (row or "none") and r["length"] == int(length) and r["status"] == "ok"
             ),
             None,
         )

@@ -10,7 +10,10 @@
 * ``curves.csv`` — every row of every run's ``metrics.csv`` (Lightning's CSVLogger: step, epoch and the values
   logged then, as written), the run's name in front: what the report's curves and every reduction are made of;
 * ``results.csv`` — for a reader: one row per run with its seed, job and steps, every metric's last value, the
-  extrapolation table's bpb / accuracy at each length, and its provenance.
+  extrapolation table's bpb / accuracy at each length, and its provenance;
+* ``documents.csv``, ``positions.csv`` (bytes runs that wrote them) — each extrapolation row's loss per test
+  document and per position bucket (linrope.evaluation.tables.write_details), the run's name in front: what
+  intervals over documents and the per-position curves are made of.
 
 ``linrope.analysis.runs.find_runs`` reads ``runs.json`` with ``curves.csv`` into the same runs as the folders
 (a folder still there wins), so a report, a figure or a table of a study reads either form.  The raw logs
@@ -38,10 +41,11 @@ from linrope.analysis.runs import (
     metrics_rows,
     run_folders,
 )
+from linrope.evaluation.tables import DETAILS, KEY, row_name
 
 STUDY_RECORD = "study_job.json"  # what linrope.study writes into a job's folder when the job has finished
 RESULTS = "results.csv"
-FILES = (COMPACT, CURVES, RESULTS)
+FILES = (COMPACT, CURVES, RESULTS, "documents.csv", "positions.csv")  # the last two: bytes runs with details
 ABOUT = (
     "The runs of this folder (linrope.analysis.compact): each run's study record, saved config, parameters, "
     "provenance and extrapolation rows; curves.csv holds every logged value, results.csv one row per run."
@@ -76,7 +80,21 @@ def write(folder: Path, finished_only: bool = False) -> int:
     if not entries:
         return 0
     records = [record for record, _, _ in entries.values()]
-    _replace(folder / COMPACT, dumps({"format": FORMAT, "about": ABOUT, "runs": records}))
+    details = {which: [] for which in DETAILS}  # each row's per-document and per-position loss: CSV, not JSON
+    kept = []
+    for record in records:
+        rows = []
+        for r in record.get("extrapolation") or []:
+            for which, (field_name, _) in DETAILS.items():
+                details[which] += [
+                    {"run": record["run"], **{k: r.get(k) for k in KEY}, **d} for d in r.get(field_name) or []
+                ]
+            rows.append({k: v for k, v in r.items() if k not in ("per_document", "per_position")})
+        kept.append({**record, "extrapolation": rows} if "extrapolation" in record else record)
+    _replace(folder / COMPACT, dumps({"format": FORMAT, "about": ABOUT, "runs": kept}))
+    for which, lines in details.items():
+        if lines:
+            _replace(folder / f"{which}.csv", _csv(["run", *KEY, *DETAILS[which][1]], lines))
     columns = ["run", *dict.fromkeys(c for _, cols, _ in entries.values() for c in cols if c != "run")]
     _replace(
         folder / CURVES, _csv(columns, [{"run": name, **row} for name, (_, _, rows) in entries.items() for row in rows])
@@ -119,9 +137,9 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
     for r in rows:
         last.update({k: v for k, v in r.items() if k not in ("step", "epoch") and v not in ("", None)})
     values: Dict[str, Any] = dict(sorted(last.items(), key=lambda kv: (_rank(kv[0]), kv[0])))
-    for r in sorted(record.get("extrapolation") or [], key=lambda r: r.get("scaling") != "none"):
+    for r in sorted(record.get("extrapolation") or [], key=lambda r: row_name(r) != "none"):
         if r.get("status") == "ok":
-            where = f"@{r['length']}" + ("" if r.get("scaling") == "none" else f" {r.get('scaling')}")
+            where = f"@{r['length']}" + ("" if row_name(r) == "none" else f" {row_name(r)}")
             values.update({f"{m}{where}": r[m] for m in ("bpb", "acc") if r.get(m) is not None})
     ran = {
         "commit": code.get("commit"),

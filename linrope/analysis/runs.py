@@ -25,7 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from linrope.base.nested import flatten
-from linrope.evaluation.tables import read_csv
+from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details
 from linrope.run.provenance import read as read_provenance
 
 # settings that do not tell configurations apart (the seed is what we average over)
@@ -157,6 +157,11 @@ def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
     config_path = run_dir / ".hydra" / "config.yaml"
     config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False) if config_path.exists() else {}
     extrap = run_dir / "extrapolation.csv"
+    rows = read_csv(extrap) if extrap.exists() else []
+    for which in DETAILS:  # each row's loss per document and per position (bytes), where the run wrote them
+        path = run_dir / f"extrapolation_{which}.csv"
+        if path.is_file():
+            attach(rows, read_details(path), which)
     n_params, position = read_parameters(run_dir, metrics.parent)
     return {
         "metrics": metrics.relative_to(run_dir).as_posix(),
@@ -164,8 +169,24 @@ def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
         "config": config,
         "parameters": {"n_params": n_params, "position": position},
         "provenance": read_provenance(run_dir),
-        "extrapolation": read_csv(extrap) if extrap.exists() else [],
+        "extrapolation": rows,
     }
+
+
+def row_key(r: Mapping[str, Any]) -> Tuple:
+    """An extrapolation row's identity in its run: (length, protocol, scaling, window)."""
+    return tuple(r.get(k) if k != "protocol" else (r.get(k) or "sliding") for k in KEY)
+
+
+def attach(rows: List[Dict[str, Any]], details: Iterable[Mapping[str, Any]], which: str) -> None:
+    """Put each detail line (linrope.evaluation.tables.write_details: per document or per position) on the row
+    it belongs to, as that row's ``per_document`` / ``per_position`` list."""
+    field_name, columns = DETAILS[which]
+    by_key = {row_key(r): r for r in rows}
+    for d in details:
+        row = by_key.get(row_key(d))
+        if row is not None:
+            row.setdefault(field_name, []).append({c: d[c] for c in columns})
 
 
 def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, List[Tuple[int, float]]]) -> Run:
@@ -203,6 +224,13 @@ def compact_records(folder: Path) -> List[Tuple[Dict[str, Any], List[Dict[str, s
     if records and (folder / CURVES).is_file():
         for row in metrics_rows(folder / CURVES)[1]:
             curves[row.pop("run", "")].append(row)
+    for which in DETAILS:  # documents.csv, positions.csv: the rows' details, the run's name in front
+        if records and (folder / f"{which}.csv").is_file():
+            lines: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
+            for d in read_details(folder / f"{which}.csv"):
+                lines[d.pop("run", "")].append(d)
+            for r in records:
+                attach(r.get("extrapolation") or [], lines.get(r["run"], []), which)
     return [(r, curves.get(r["run"], [])) for r in records]
 
 

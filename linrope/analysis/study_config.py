@@ -56,7 +56,8 @@ TABLE = {
 # a claim's signs (resolved or not) from the first arm to the last -> the verdict the study names for it
 OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "unpaired", "single")
 FIGURES = ("claims", "by_arm")
-METRIC = re.compile(r"(train|val|test)/\w+|(bpb|acc)@\d+")
+# bpb@2048 (sliding windows, as trained), bpb@2048 windows, bpb@2048 windows window128: the extrapolation table's rows
+METRIC = re.compile(r"(train|val|test)/\w+|(bpb|acc)@\d+( (windows|pi|ntk|window\d+))*")
 DEFAULT = "default"
 
 
@@ -120,7 +121,8 @@ class _Reader:
         if not isinstance(value, str) or not METRIC.fullmatch(value):
             raise self.fail(
                 f"{where}: {value!r}: a metric is test/<name>, val/<name>, train/<name> (logged) or "
-                f"bpb@<length> / acc@<length> (the extrapolation table, as trained)"
+                f"bpb@<length> / acc@<length> (the extrapolation table, as trained, sliding windows; a row of another "
+                f"protocol, scaling or window: bpb@<length> windows, bpb@<length> windows window<keys>)"
             )
         return value
 

@@ -60,6 +60,7 @@ from linrope.config.settings import EXTRAPOLATION_SETTINGS
 from linrope.data.bytes import LN2, SlidingWindows, default_stride, document_index
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
 from linrope.evaluation.tables import format_row
+from linrope.models.attention import attention_window
 from linrope.ops.rope import rope_frequencies
 from linrope.positions.rope import RoPE
 
@@ -346,11 +347,7 @@ SAME = (
 
 def _window(model, window: Optional[int]):
     """Every attention layer of ``model`` limited to the last ``window`` keys inside the block (None: as is)."""
-    if not window:
-        return contextlib.nullcontext()
-    from linrope.models.attention import attention_window
-
-    return attention_window(model, window)
+    return attention_window(model, window) if window else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -394,7 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         n = compact.write(args.dir)
         if not n:
             raise SystemExit(f"linrope.study: no linrope runs under {args.dir}: nothing written")
-        print(f"wrote {', '.join(str(args.dir / f) for f in compact.FILES)}: {n} runs")
+        print(f"wrote {', '.join(str(args.dir / f) for f in compact.FILES if (args.dir / f).is_file())}: {n} runs")
         return 0
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     from linrope.config.command_line import check_command_line, config_dirs_as_overrides
