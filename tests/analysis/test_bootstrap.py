@@ -106,6 +106,20 @@ def test_bits_per_byte_are_byte_weighted_over_documents_and_averaged_over_seeds(
     assert bpb_difference(data, "A", "B").value == pytest.approx(a - b, rel=1e-12)
 
 
+def test_accuracy_from_correct_and_count_per_group_of_queries():
+    """Recall: per seed and group of test queries, (correct, count); accuracy is Σ correct / Σ count."""
+    rng = np.random.default_rng(13)
+    count = rng.integers(20, 60, 30).astype(float)
+    data = {
+        c: {s: {g: (float(rng.binomial(int(n), p)), n) for g, n in enumerate(count)} for s in range(5)}
+        for c, p in (("A", 0.9), ("B", 0.6))
+    }
+    e = ratio_difference(data, "A", "B")
+    acc = {c: np.mean([sum(x for x, _ in r[s].values()) / count.sum() for s in r]) for c, r in data.items()}
+    assert e.value == pytest.approx(acc["A"] - acc["B"], rel=1e-12)
+    assert e.lo < 0.3 < e.hi and e.p < 1e-6 and e.documents == 30
+
+
 # ---- pairing -----------------------------------------------------------------------------------------------------
 def test_a_shared_document_effect_cancels_in_the_difference():
     """Documents differ a lot in difficulty, equally for A and B: drawn once for both, that difficulty cancels;
