@@ -86,6 +86,11 @@ class DiskFull(LinropeError, OSError):
     """No space left on the device while writing a checkpoint (the previous one is kept)."""
 
 
+class ResultsError(LinropeError, ValueError):
+    """Per-run results that cannot be compared as asked: a configuration or seed missing, documents that differ
+    between runs, a value that is not a finite number (linrope.analysis.bootstrap, .multiplicity, .seed_outcomes)."""
+
+
 def first_names(names, limit: int = 4) -> str:
     """``a, b, c, … 7 more``: the first ``limit`` of ``names`` for a one-line message."""
     names = list(names)

@@ -1,0 +1,152 @@
+"""A report's family of comparisons, corrected for their number: adjusted p-values, intervals and verdicts.
+
+A report that tests m comparisons at 5% each finds about 0.05 · m differences where there are none.  Each report's
+family (every claim it makes a verdict on, at every arm and length it tables) is corrected together:
+
+* **Holm** (1979), step-down, controls the family-wise error rate (the chance of any false verdict) at α under any
+  dependence between the comparisons, and rejects everything Bonferroni does and more.  With the p-values sorted,
+  ``p_(1) ≤ … ≤ p_(m)``, the adjusted ``p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))``; a comparison is
+  resolved when ``p̃ ≤ α``.  **Verdicts use Holm.**
+* **Benjamini–Hochberg** (1995) controls the false discovery rate (the expected share of false verdicts among
+  those made) under independence or positive dependence: ``p̃_(i) = min_{j ≥ i} min(1, m / j · p_(j))``.  Shown
+  beside Holm, for a reader who accepts that some of the verdicts are false.
+* **Intervals** beside a Holm verdict are the simultaneous ones at level ``1 − α / m`` (Bonferroni): all m cover
+  their true values together with probability at least ``1 − α``.  Holm has no simultaneous intervals of its own
+  that say more than the sign; Bonferroni's are the usual choice and agree with the verdict one way: an interval
+  that excludes 0 is a Holm rejection (its p ≤ α / m).  A comparison Holm resolves whose interval still includes 0
+  (possible for all but the smallest p) says so in its verdict.
+
+A comparison without a p-value (too few seeds) is in the family for no one: ``m`` counts the comparisons with a
+p-value, and the others keep None.  Light: standard library only."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+from linrope.base.errors import ResultsError
+
+ALPHA = 0.05
+
+
+def _checked(p_values: Sequence[Optional[float]]) -> list:
+    out = []
+    for i, p in enumerate(p_values):
+        if p is not None and not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+            raise ResultsError(f"p-value {i} of the family is {p!r}: a p-value is a number in [0, 1] (or None)")
+        out.append(None if p is None else float(p))
+    return out
+
+
+def holm(p_values: Sequence[Optional[float]]) -> list:
+    """Holm's step-down adjusted p-values, in the order given (None stays None)."""
+    ps = _checked(p_values)
+    order = sorted((i for i, p in enumerate(ps) if p is not None), key=lambda i: ps[i])
+    m, out, running = len(order), list(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def benjamini_hochberg(p_values: Sequence[Optional[float]]) -> list:
+    """Benjamini–Hochberg's step-up adjusted p-values (FDR), in the order given (None stays None)."""
+    ps = _checked(p_values)
+    order = sorted((i for i, p in enumerate(ps) if p is not None), key=lambda i: ps[i])
+    m, out, running = len(order), list(ps), 1.0
+    for rank in range(m - 1, -1, -1):
+        i = order[rank]
+        running = min(running, min(1.0, m / (rank + 1) * ps[i]))
+        out[i] = running
+    return out
+
+
+def bonferroni(p_values: Sequence[Optional[float]]) -> list:
+    """``min(1, m · p)`` (None stays None): the p-values the simultaneous intervals agree with."""
+    ps = _checked(p_values)
+    m = sum(p is not None for p in ps)
+    return [None if p is None else min(1.0, m * p) for p in ps]
+
+
+def family_level(m: int, alpha: float = ALPHA) -> float:
+    """The level of each of m simultaneous (Bonferroni) intervals: ``1 − α / m`` (``1 − α`` for m ≤ 1)."""
+    if not 0.0 < alpha < 1.0:
+        raise ResultsError(f"alpha={alpha}: a significance level is between 0 and 1")
+    return 1.0 - alpha / max(m, 1)
+
+
+@dataclass(frozen=True)
+class Adjusted:
+    """One comparison of a family: its raw numbers, its adjusted p-values, its simultaneous interval and the
+    verdict (on the Holm-adjusted p)."""
+
+    name: str
+    value: Optional[float]
+    lo: Optional[float]  # the raw interval, at the comparison's own level
+    hi: Optional[float]
+    p: Optional[float]
+    p_holm: Optional[float]
+    p_bh: Optional[float]
+    family_lo: Optional[float]  # the simultaneous interval, at family_level(m, alpha)
+    family_hi: Optional[float]
+    m: int
+    alpha: float
+
+    @property
+    def resolved(self) -> bool:
+        return self.p_holm is not None and self.p_holm <= self.alpha
+
+    @property
+    def sign(self) -> int:
+        """+1 / −1 when resolved (the sign of the difference), 0 when not."""
+        return 0 if not self.resolved or not self.value else int(math.copysign(1, self.value))
+
+    def verdict(self) -> str:
+        """'resolved' / 'not resolved' on the Holm-adjusted p, with the caveat when the intervals disagree."""
+        if self.p_holm is None:
+            return "no test (fewer than 2 seeds)"
+        if not self.resolved:
+            return f"not resolved (Holm p {self.p_holm:.3g} > {self.alpha:g} over {self.m} comparisons)"
+        inside = self.family_lo is not None and self.family_lo <= 0.0 <= self.family_hi
+        note = "; its simultaneous interval still includes 0" if inside else ""
+        return f"resolved (Holm p {self.p_holm:.3g} ≤ {self.alpha:g} over {self.m} comparisons{note})"
+
+
+def adjust(family: Sequence[Tuple[str, object]], alpha: float = ALPHA) -> list:
+    """[(name, estimate)] → [Adjusted], one per comparison, in the order given.  An estimate is anything with
+    ``value``, ``lo``, ``hi``, ``p`` and ``interval(level)`` (linrope.analysis.bootstrap.Estimate); a None
+    estimate (a configuration missing) stays in the list with no numbers."""
+    ps = [None if e is None else e.p for _, e in family]
+    m = sum(p is not None for p in ps)
+    level = family_level(m, alpha)
+    out = []
+    for (name, e), ph, pb in zip(family, holm(ps), benjamini_hochberg(ps)):
+        lo, hi = (None, None) if e is None or e.p is None else e.interval(level)
+        out.append(
+            Adjusted(
+                name,
+                None if e is None else e.value,
+                None if e is None else e.lo,
+                None if e is None else e.hi,
+                None if e is None else e.p,
+                ph,
+                pb,
+                lo,
+                hi,
+                m,
+                alpha,
+            )
+        )
+    return out
+
+
+def resolved_count(adjusted: Sequence[Adjusted]) -> Tuple[int, int, int]:
+    """(resolved raw at α, resolved after Holm, resolved after BH at α as FDR) over the family: what the report
+    prints above its verdicts."""
+    if not adjusted:
+        return 0, 0, 0
+    alpha = adjusted[0].alpha
+    raw = sum(a.p is not None and a.p <= alpha for a in adjusted)
+    bh = sum(a.p_bh is not None and a.p_bh <= alpha for a in adjusted)
+    return raw, sum(a.resolved for a in adjusted), bh
