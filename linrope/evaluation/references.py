@@ -349,7 +349,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--path", help="the corpus, as data.path (default: the Python standard library's .py sources)")
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split scored (default test)")
     p.add_argument(
-        "--orders", type=parse_orders, default=(1, 5), help="models, comma-separated: 1 = unigram, n = n-gram (1,5)"
+        "--orders",
+        type=parse_orders,
+        default=(1, 5),
+        help="models, comma-separated: 1 = unigram, n = n-gram (default 1,5)",
     )
     p.add_argument("--out", type=Path, help="CSV to write (default: print only)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="as data.val_fraction (default 0.05)")
