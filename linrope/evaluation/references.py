@@ -1,0 +1,398 @@
+"""Reference rows: byte models fitted on the train split, scored per byte on another split.
+
+A trained model's bpb means little alone: a model that has collapsed (learnt less than which bytes are
+common) still gets a number, and two collapsed models still differ.  These models say where the floor is.
+Each is fitted on the **train** split and scores the targets at offsets 1 … n of another split (n = its
+length − 1): entry t − 1 of the returned float64 array is −ln p(byte t | the bytes before it), in nats, the
+loss the trained models pay at that byte.  A split is the corpus loader's (``linrope.data.bytes.load_corpus``):
+its files joined with ``b"\\n"``, so a context reaches across a file boundary as a model's window does; only
+the first bytes of the split have shorter contexts.
+
+* **unigram** — add-one smoothed byte frequencies of the train split: p(w) = (c(w) + 1) / (N + 256).
+  A row worse than this has collapsed.
+* **n-gram** (``"5-gram"``: order 5, four bytes of context) — interpolated modified Kneser–Ney (Chen &
+  Goodman 1999), down to the uniform distribution over the 256 bytes.  At level k = n … 1, with h the last
+  k − 1 bytes of the context and h′ = h without its first byte::
+
+      p_k(w | h) = max(a_k(hw) − D_k(a_k(hw)), 0) / T_k(h) + γ_k(h) · p_{k−1}(w | h′),      p_0(w) = 1/256
+      T_k(h) = Σ_w a_k(hw),     γ_k(h) = (D_k1·N1(h) + D_k2·N2(h) + D_k3·N3+(h)) / T_k(h)
+
+  where N_j(h) counts the bytes w with a_k(hw) = j (3+: at least 3), D_k(0) = 0 and D_k(a) = D_k{min(a, 3)}.
+  A context with T_k(h) = 0 (never seen, or shorter than k − 1 bytes at the start of a split) passes
+  p_{k−1} through.  a_n is the count of each n-gram in the train split; below it a_k(g) is the continuation
+  count: the number of distinct bytes v with v·g one of the (k+1)-grams — the distinct n-grams of the train
+  split, then their suffixes level by level.  The discounts come from each level's counts of counts n_1 … n_4:
+  Y = n_1/(n_1 + 2n_2), D_1 = 1 − 2Y·n_2/n_1, D_2 = 2 − 3Y·n_3/n_2, D_3 = 3 − 4Y·n_4/n_3; one that cannot be
+  estimated (a count of counts is 0: tiny corpora) is taken as 0.75, and each is clipped to [0.1, j], so
+  D_k(a) ≤ a (no negative mass) and every seen context leaves mass to the level below.  Each level is then a
+  distribution, and so is p_n: the probabilities over the 256 bytes sum to 1 at every context (tested).
+
+Fitting is numpy throughout: every n-gram of the train split packed into one uint64 key (first byte most
+significant), sorted once; each lower level from the suffixes of the level above; a query is a
+``searchsorted`` per level.  The stdlib corpus's 11 MB train split fits a 5-gram in seconds.
+
+``python -m linrope.evaluation.references`` prints and writes the bpb of each model on a split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from linrope.base.errors import ConfigError
+
+LN2 = math.log(2.0)  # bits per byte = nats per byte / LN2 (as linrope.data.bytes, which imports torch)
+MAX_ORDER = 8  # an n-gram is packed into one uint64 key
+UNCOUNTED_DISCOUNT = 0.75  # a discount whose counts of counts are 0 (Kneser–Ney's customary single discount)
+MIN_DISCOUNT = 0.1  # every seen context leaves at least this much of each count to the level below
+COLUMNS = ["model", "split", "document", "bytes", "nats", "bpb"]
+
+
+def _as_bytes(text, what: str) -> np.ndarray:
+    arr = np.frombuffer(text, dtype=np.uint8) if isinstance(text, (bytes, bytearray)) else np.asarray(text)
+    if arr.ndim != 1 or arr.dtype != np.uint8:
+        raise ConfigError(f"{what}: expected bytes or a 1-D uint8 array, got {arr.dtype} of shape {arr.shape}")
+    return arr
+
+
+def _runs(sorted_keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a sorted array, their first indices and how often each occurs."""
+    starts = np.flatnonzero(np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1])))
+    return starts, np.diff(np.append(starts, len(sorted_keys)))
+
+
+def _mask(k: int) -> np.uint64:
+    """The bits of the last k bytes of a key."""
+    return np.uint64((1 << (8 * k)) - 1)
+
+
+def pack_windows(text: np.ndarray, k: int) -> np.ndarray:
+    """The k bytes starting at each offset 0 … len − k as one uint64 each, the first byte most significant."""
+    n = max(len(text) - k + 1, 0)
+    key = np.zeros(n, np.uint64)
+    for j in range(k):
+        key <<= np.uint64(8)
+        key |= text[j : j + n]
+    return key
+
+
+def contexts_of(text: np.ndarray, width: int) -> Tuple[np.ndarray, np.ndarray]:
+    """For each target offset t = 1 … len − 1: the last ``width`` bytes before t packed into a uint64 (byte
+    t − 1 least significant) and how many of them there are (min(t, width))."""
+    m = len(text) - 1
+    ctx = np.zeros(max(m, 0), np.uint64)
+    for j in range(1, min(width, m) + 1):
+        ctx[j - 1 :] |= text[: m - j + 1].astype(np.uint64) << np.uint64(8 * (j - 1))
+    return ctx, np.minimum(np.arange(1, m + 1), width)
+
+
+def discounts(counts: np.ndarray) -> np.ndarray:
+    """[0, D_1, D_2, D_3+] of one level from its counts of counts (Chen & Goodman 1999; see the module)."""
+    n1, n2, n3, n4 = (float(v) for v in np.bincount(np.minimum(counts, 5), minlength=6)[1:5])
+    y = n1 / (n1 + 2 * n2) if n1 + 2 * n2 > 0 else math.nan
+    est = [
+        1 - 2 * y * n2 / n1 if n1 > 0 else math.nan,
+        2 - 3 * y * n3 / n2 if n2 > 0 else math.nan,
+        3 - 4 * y * n4 / n3 if n3 > 0 else math.nan,
+    ]
+    out = [0.0]
+    for j, d in enumerate(est, start=1):
+        out.append(min(max(UNCOUNTED_DISCOUNT if not math.isfinite(d) else d, MIN_DISCOUNT), float(j)))
+    return np.array(out)
+
+
+class _Level:
+    """One level of the Kneser–Ney model: its k-grams (sorted keys) with their counts, and per context (the
+    k-gram without its last byte) the total count and the weight γ of the level below."""
+
+    def __init__(self, keys: np.ndarray, counts: np.ndarray):
+        self.keys, self.counts = keys, counts.astype(np.int64)
+        self.discount = discounts(self.counts)
+        ctx = keys >> np.uint64(8)
+        starts, _ = _runs(ctx)
+        self.contexts = ctx[starts]
+        self.total = np.add.reduceat(self.counts, starts).astype(np.float64)
+        capped = np.minimum(self.counts, 3)
+        mass = np.add.reduceat(self.discount[capped], starts)  # Σ_j D_j N_j(h)
+        self.gamma = mass / self.total
+
+    def prob(self, key: np.ndarray, lower: np.ndarray, use: np.ndarray) -> np.ndarray:
+        """p_k(w | h) for the k-grams ``key`` = h·w given p_{k−1}(w | h′) (``lower``); where ``use`` is false
+        (the context is shorter than k − 1 bytes) or h was never seen, ``lower`` itself."""
+        ctx = key >> np.uint64(8)
+        j = np.minimum(np.searchsorted(self.contexts, ctx), len(self.contexts) - 1)
+        seen = use & (self.contexts[j] == ctx)
+        i = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        a = np.where(self.keys[i] == key, self.counts[i], 0)
+        higher = np.maximum(a - self.discount[np.minimum(a, 3)], 0.0) / self.total[j]
+        return np.where(seen, higher + self.gamma[j] * lower, lower)
+
+
+class Unigram:
+    """Add-``alpha`` smoothed byte frequencies (alpha = 1: add-one, Laplace)."""
+
+    order = 1
+
+    def __init__(self, alpha: float = 1.0):
+        if not alpha > 0:
+            raise ConfigError(f"unigram alpha={alpha}: must be > 0 (every byte needs a probability)")
+        self.alpha, self.probs = float(alpha), None
+        self.name = "unigram"
+
+    def fit(self, train) -> "Unigram":
+        train = _as_bytes(train, "unigram: the train split")
+        counts = np.bincount(train, minlength=256).astype(np.float64)
+        self.probs = (counts + self.alpha) / (len(train) + 256 * self.alpha)
+        return self
+
+    def nll(self, text) -> np.ndarray:
+        """−ln p of the bytes at offsets 1 … len − 1, in nats (float64)."""
+        text = _as_bytes(text, "unigram: the scored split")
+        return -np.log(self.probs)[text[1:]]
+
+    def distribution(self, context: bytes = b"") -> np.ndarray:
+        """p(w | context) for w = 0 … 255 (the context is not read)."""
+        return self.probs.copy()
+
+
+class KneserNey:
+    """Interpolated modified Kneser–Ney byte model of order n (n − 1 bytes of context); see the module."""
+
+    def __init__(self, order: int = 5):
+        if not (isinstance(order, (int, np.integer)) and 1 <= order <= MAX_ORDER):
+            raise ConfigError(f"n-gram order {order!r}: must be an integer from 1 to {MAX_ORDER}")
+        self.order, self.levels = int(order), []
+        self.name = f"{self.order}-gram"
+
+    def fit(self, train) -> "KneserNey":
+        train = _as_bytes(train, f"{self.name}: the train split")
+        if len(train) < self.order:
+            raise ConfigError(f"{self.name}: the train split has {len(train)} bytes, fewer than one {self.name}")
+        keys = pack_windows(train, self.order)
+        keys.sort()
+        starts, counts = _runs(keys)
+        grams = keys[starts]
+        del keys
+        levels = [_Level(grams, counts)]  # level n: raw counts
+        for k in range(self.order - 1, 0, -1):  # level k: distinct left extensions among the (k+1)-grams
+            suffix = grams & _mask(k)
+            suffix.sort()
+            starts, counts = _runs(suffix)
+            grams = suffix[starts]
+            levels.append(_Level(grams, counts))
+        self.levels = levels[::-1]  # levels[k - 1] is level k
+        return self
+
+    def nll_next(self, contexts: np.ndarray, lengths: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """−ln p(target | context) in nats: ``contexts`` uint64 (the byte just before the target least
+        significant), ``lengths`` how many of its bytes are context (0 … n − 1), ``targets`` the bytes."""
+        if not self.levels:
+            raise RuntimeError(f"{self.name}: fit it on the train split before scoring")
+        tgt = np.asarray(targets).astype(np.uint64)
+        contexts, lengths = np.asarray(contexts, np.uint64), np.asarray(lengths)
+        p = np.full(len(tgt), 1.0 / 256)
+        for k, level in enumerate(self.levels, start=1):
+            key = ((contexts & _mask(k - 1)) << np.uint64(8)) | tgt
+            p = level.prob(key, p, lengths >= k - 1)
+        return -np.log(p)
+
+    def nll(self, text) -> np.ndarray:
+        """−ln p of the bytes at offsets 1 … len − 1 given the (up to n − 1) bytes before each, in nats."""
+        text = _as_bytes(text, f"{self.name}: the scored split")
+        ctx, lengths = contexts_of(text, self.order - 1)
+        return self.nll_next(ctx, lengths, text[1:])
+
+    def distribution(self, context: bytes = b"") -> np.ndarray:
+        """p(w | context) for w = 0 … 255; only the last n − 1 bytes of ``context`` are read."""
+        tail = bytes(context)[len(context) - (self.order - 1) :] if self.order > 1 else b""
+        packed = np.uint64(int.from_bytes(tail, "big")) if tail else np.uint64(0)
+        w = np.arange(256)
+        return np.exp(-self.nll_next(np.full(256, packed), np.full(256, len(tail)), w))
+
+
+def model(order: int):
+    """Order 1: the add-one unigram; order n ≥ 2: the interpolated modified Kneser–Ney n-gram."""
+    return Unigram() if order == 1 else KneserNey(order)
+
+
+def reference_scores(
+    splits: Mapping[str, np.ndarray],
+    split: str = "test",
+    orders: Sequence[int] = (1, 5),
+    log: Optional[Callable[[str], None]] = None,
+) -> Dict[str, np.ndarray]:
+    """{model name: per-byte nats on ``split``}, each model (``model(order)``) fitted on ``splits["train"]``;
+    ``splits`` as ``linrope.data.bytes.load_corpus`` returns them.  ``log`` gets a progress line per model."""
+    for s in ("train", split):
+        if s not in splits:
+            raise ConfigError(f"split {s!r}: not among the corpus's splits ({', '.join(splits)})")
+    if not orders:
+        raise ConfigError("orders: name at least one model (1: the unigram, n ≥ 2: the n-gram)")
+    train, text = splits["train"], splits[split]
+    if len(text) < 2:
+        raise ConfigError(f"the {split} split has {len(text)} bytes: nothing to score")
+    out = {}
+    for order in orders:
+        m = model(order)
+        t0 = time.perf_counter()
+        m.fit(train)
+        t1 = time.perf_counter()
+        out[m.name] = m.nll(text)
+        if log:
+            log(
+                f"{m.name}: fitted on {len(train):,} train bytes in {t1 - t0:.1f} s, "
+                f"scored {len(text) - 1:,} {split} bytes in {time.perf_counter() - t1:.1f} s"
+            )
+    return out
+
+
+def per_document(nats: np.ndarray, documents: Sequence[Tuple[str, int, int]]) -> List[Dict]:
+    """Per document ``(name, start, end)`` (offsets in the split, end exclusive): the nats of the targets whose
+    offset falls in [start, end) and how many there are.  ``nats[t − 1]`` is the target at offset t (as the
+    models return), so offset 0, which has no target, counts in no document.  Documents must lie in the split
+    and not overlap; the bytes between them (the ``b"\\n"`` that joins files) belong to none."""
+    nats = np.asarray(nats, np.float64)
+    n = len(nats)
+    rows, last_end = [], 0
+    for i, doc in enumerate(documents):
+        try:
+            name, start, end = doc
+            start, end = int(start), int(end)
+        except (TypeError, ValueError):
+            raise ConfigError(f"document {i}: {doc!r} is not (name, start, end)") from None
+        if not 0 <= start <= end <= n + 1:
+            raise ConfigError(f"document {name!r}: [{start}, {end}) is not within the split's {n + 1} bytes")
+        if start < last_end:
+            raise ConfigError(f"document {name!r}: starts at {start}, before the previous one ends ({last_end})")
+        last_end = end
+        lo, hi = max(start, 1), max(end, 1)
+        rows.append(
+            {
+                "document": str(name),
+                "start": start,
+                "end": end,
+                "bytes": hi - lo,
+                "nats": float(nats[lo - 1 : hi - 1].sum()),
+            }
+        )
+    return rows
+
+
+def bpb(nats: float, count: int) -> float:
+    return nats / count / LN2 if count else math.nan
+
+
+def summary_rows(
+    scores: Mapping[str, np.ndarray], split: str, documents: Optional[Sequence[Tuple[str, int, int]]] = None
+) -> List[Dict]:
+    """The rows of the CSV (``COLUMNS``): per model the whole split (``document`` empty), then, with
+    ``documents``, one row per document."""
+    rows = []
+    for name, nats in scores.items():
+        total = float(np.sum(nats))
+        rows.append({"model": name, "split": split, "document": "", "bytes": len(nats), "nats": total})
+        for d in per_document(nats, documents) if documents is not None else []:
+            rows.append(
+                {"model": name, "split": split, "document": d["document"], "bytes": d["bytes"], "nats": d["nats"]}
+            )
+    for r in rows:
+        r["bpb"] = bpb(r["nats"], r["bytes"])
+    return rows
+
+
+def write_csv(rows: Sequence[Dict], path: Path) -> Path:
+    from linrope.base.atomic import atomic_write_bytes  # imports torch: only when a file is written
+
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=COLUMNS)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else r[k]) for k in COLUMNS})
+    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
+    return path
+
+
+def parse_orders(text: str) -> Tuple[int, ...]:
+    try:
+        orders = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: orders are integers separated by commas, e.g. 1,5") from None
+    bad = [o for o in orders if not 1 <= o <= MAX_ORDER]
+    if bad or len(set(orders)) != len(orders):
+        raise argparse.ArgumentTypeError(f"{text!r}: each order once, each from 1 (the unigram) to {MAX_ORDER}")
+    return orders
+
+
+def parser() -> argparse.ArgumentParser:
+    from linrope.config.command_line import program
+
+    p = argparse.ArgumentParser(
+        prog=program("python -m linrope.evaluation.references"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Reference rows: byte models fitted on the corpus's train split, scored on another split\n"
+        "(every target byte of it, offsets 1..n, as the extrapolation table scores them).  Order 1 is the\n"
+        "add-one unigram (a trained model worse than it has collapsed); order n >= 2 an interpolated\n"
+        "modified Kneser-Ney n-gram with n - 1 bytes of context.  Prints bits per byte per model and\n"
+        "writes a CSV with the columns model, split, document, bytes, nats, bpb (document empty: the\n"
+        "whole split).  The splits are the training run's: the same path and fractions give the same ones.",
+        epilog="examples:\n  python -m linrope.evaluation.references --out references.csv\n"
+        "  python -m linrope.evaluation.references --path my_corpus/ --split val --orders 1,3,5",
+    )
+    p.add_argument("--path", help="the corpus, as data.path (default: the Python standard library's .py sources)")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split scored (default test)")
+    p.add_argument(
+        "--orders",
+        type=parse_orders,
+        default=(1, 5),
+        help="models, comma-separated: 1 = unigram, n = n-gram (default 1,5)",
+    )
+    p.add_argument("--out", type=Path, help="CSV to write (default: print only)")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="as data.val_fraction (default 0.05)")
+    p.add_argument("--test-fraction", type=float, default=0.05, help="as data.test_fraction (default 0.05)")
+    p.add_argument("--max-bytes", type=int, help="as data.max_bytes: read at most this many bytes of the corpus")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from linrope.base.errors import LinropeError
+
+    args = parser().parse_args(argv)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        from linrope.data.bytes import load_corpus  # imports torch: not for the models themselves
+
+        splits = load_corpus(
+            args.path,
+            context=1,  # the references need no window: any split of 2 bytes can be scored
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+            max_bytes=args.max_bytes,
+        )
+        say(f"corpus {args.path or 'stdlib'}: " + ", ".join(f"{s} {len(v):,} bytes" for s, v in splits.items()))
+        if args.split == "train":
+            say("(scoring the train split: the models were fitted on it, so these are not held-out numbers)")
+        scores = reference_scores(splits, args.split, args.orders, log=say)
+    except LinropeError as e:
+        raise SystemExit(f"linrope.evaluation.references: {e}") from None
+    rows = summary_rows(scores, args.split)
+    say(f"{'model':<10} {'bytes':>10} {'nats':>14} {'bpb':>8}")
+    for r in rows:
+        say(f"{r['model']:<10} {r['bytes']:>10} {r['nats']:>14.1f} {r['bpb']:>8.4f}")
+    if args.out:
+        say(f"wrote {write_csv(rows, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
