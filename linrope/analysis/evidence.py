@@ -1,0 +1,306 @@
+"""What a bytes comparison rests on (docs/design.md, "Evidence"): the text each result scored, reference rows,
+failed seeds as counts, intervals over seeds *and* test documents with a multiplicity correction, and the loss
+per position.  ``section`` gives a report's "Evidence" section for runs that kept their loss per document
+(linrope.evaluation.extrapolation: ``per_document`` / ``per_position`` on each extrapolation row).
+
+* **Scored text** — per configuration, the bytes and documents its test and its extrapolation rows scored.
+* **Reference rows** — an add-one unigram and a Kneser–Ney 5-gram byte model fitted on the train split and scored
+  on the same test bytes (linrope.evaluation.references), written as ``references.csv``.  A run worse than the
+  unigram has *collapsed*: a difference with a collapsed configuration gets no verdict.
+* **Seeds** — a configuration whose seeds fail (diverged, or collapsed) is a count ("1 of 5 seeds stall"), never a
+  mean ± t (linrope.analysis.seed_outcomes); failed seeds are left out of its comparisons, which say so.
+* **Comparisons** — each A − B on a bytes metric (``test/bpb``: the non-overlapping windows at the training
+  context, the same bytes as the test; ``bpb@2048 windows``: that extrapolation row), from the paired bootstrap
+  over seeds and documents (linrope.analysis.bootstrap); over the family of a report's comparisons the raw p, the
+  Holm p (the verdict) and the Benjamini–Hochberg p (linrope.analysis.multiplicity); ``evidence.csv``.
+* **Per position** — at the longest length, the mean loss by position in the window (non-overlapping windows),
+  beside the context-limited control (attention to the last L₀ keys): a table and ``positions.png``."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from linrope.analysis.bootstrap import bpb_difference
+from linrope.analysis.multiplicity import adjust, resolved_count
+from linrope.analysis.runs import Run
+from linrope.analysis.seed_outcomes import seed_outcomes
+from linrope.base.plots import Curve, Panel, plot_curves, series_colour
+from linrope.evaluation.tables import row_name
+
+LN2 = math.log(2.0)
+FILES = ("evidence.csv", "references.csv", "positions.png")
+REFERENCE_ORDERS = (1, 5)
+
+
+# ---- which row a metric reads --------------------------------------------------------------------------------
+def train_context(run: Run) -> Optional[int]:
+    value = run.get("context", run.get("data.context"))
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def row_for(run: Run, metric: str) -> Optional[Dict[str, Any]]:
+    """The extrapolation row behind ``metric``: ``test/bpb`` is the non-overlapping windows at the training context
+    (exactly the test's windows); ``bpb@<length>[ <row>]`` the row of that length and name."""
+    if metric == "test/bpb":
+        length, name = train_context(run), "windows"
+    elif metric.startswith("bpb@"):
+        rest = metric.split("@", 1)[1]
+        length_text, _, name = rest.partition(" ")
+        length, name = int(length_text), name or "none"
+    else:
+        return None
+    return next(
+        (r for r in run.extrapolation if r["length"] == length and row_name(r) == name and r["status"] == "ok"), None
+    )
+
+
+def documents_of(runs: Sequence[Run], metric: str) -> Dict[Any, Dict[str, Tuple[float, float]]]:
+    """{seed: {document: (nats, bytes)}} of ``metric``'s row, for the runs that kept it."""
+    out: Dict[Any, Dict[str, Tuple[float, float]]] = {}
+    for run in runs:
+        row = row_for(run, metric)
+        if row and row.get("per_document"):
+            out[run.seed] = {d["document"]: (float(d["nats"]), float(d["bytes"])) for d in row["per_document"]}
+    return out
+
+
+def has_documents(groups: Mapping[str, Sequence[Run]]) -> bool:
+    return any(r.get("per_document") for runs in groups.values() for run in runs for r in run.extrapolation)
+
+
+# ---- reference rows -------------------------------------------------------------------------------------------
+def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional[Dict[str, float]], str]:
+    """({model: test bpb}, a note): read from ``out/references.csv`` when there, else fitted now on the corpus the
+    runs name (their data config) when its test split has the bytes the runs scored, and written there."""
+    path = out / "references.csv"
+    if path.is_file():
+        with open(path, newline="") as f:
+            return {r["model"]: float(r["bpb"]) for r in csv.DictReader(f) if not r.get("document")}, ""
+    run = next(run for runs in groups.values() for run in runs)
+    scored = next((r["scored"] for r in run.extrapolation if r.get("per_document")), None)
+    try:
+        from linrope.data.bytes import load_corpus
+        from linrope.evaluation.references import reference_scores, summary_rows, write_csv
+
+        splits = load_corpus(
+            run.get("data.path"),
+            context=int(run.get("context") or 1),
+            val_fraction=float(run.get("data.val_fraction", 0.05)),
+            test_fraction=float(run.get("data.test_fraction", 0.05)),
+            max_bytes=run.get("data.max_bytes"),
+        )
+    except Exception as e:  # noqa: BLE001 - a corpus not on this machine: the report goes on without the rows
+        return None, f"no reference rows: the runs' corpus cannot be read here ({str(e).splitlines()[0][:120]})"
+    if scored is not None and len(splits["test"]) - 1 != int(scored):
+        return None, (
+            f"no reference rows: the corpus here has a test split of {len(splits['test']) - 1} scored bytes, the "
+            f"runs scored {scored} (another Python's standard library?)"
+        )
+    scores = reference_scores(splits, "test", REFERENCE_ORDERS)
+    rows = summary_rows(scores, "test", splits.documents["test"])
+    write_csv(rows, path)
+    return {r["model"]: float(r["bpb"]) for r in rows if not r.get("document")}, ""
+
+
+# ---- the section ---------------------------------------------------------------------------------------------
+def _fmt(x: Optional[float], digits: int = 3, sign: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _p(p: Optional[float]) -> str:
+    return "–" if p is None else (f"{p:.2g}" if p < 0.001 else f"{p:.3f}")
+
+
+def _table(header: List[str], lines: List[List[str]]) -> List[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(line) + " |" for line in lines),
+    ]
+
+
+def section(
+    groups: Mapping[str, Sequence[Run]],
+    comparisons: Sequence[Tuple[str, str, str, str]],
+    out: Path,
+) -> Tuple[List[str], List[Dict[str, Any]]]:
+    """(markdown lines, evidence.csv rows) of the runs' evidence; ``comparisons``: (text, metric, A, B)."""
+    lines = ["## Evidence", ""]
+    refs, note = references(groups, out)
+    unigram = (refs or {}).get("unigram")
+    # scored text
+    body = []
+    for label, runs in groups.items():
+        tests = {(run.value("test/bytes", "last"), run.value("test/documents", "last")) for run in runs}
+        rows = {(r["length"], row_name(r), r["scored"], r.get("documents")) for run in runs for r in run.extrapolation}
+        scored = sorted({(s, d) for _, _, s, d in rows})
+        body.append(
+            [
+                label,
+                str(len(runs)),
+                "; ".join(f"{int(b):,} bytes, {int(d)} documents" for b, d in sorted(tests) if b is not None) or "–",
+                "; ".join(f"{s:,} bytes, {d} documents" for s, d in scored) or "–",
+            ]
+        )
+    lines += [
+        "**Scored text.**  What each configuration's test and extrapolation rows scored (every row of a run scores "
+        "the same bytes).",
+        "",
+        *_table(["configuration", "runs", "test", "extrapolation rows"], body),
+        "",
+    ]
+    # references
+    if refs:
+        lines += [
+            f"**Reference rows** (fitted on the train split, scored on the same test bytes; references.csv): "
+            + ", ".join(f"{k} {v:.3f} bpb" for k, v in refs.items())
+            + ".  A run above the unigram has collapsed.",
+            "",
+        ]
+    elif note:
+        lines += [f"**Reference rows:** {note}.", ""]
+    # seeds
+    outcome = {}
+    body = []
+    for label, runs in groups.items():
+        o = seed_outcomes({run.seed: run.value("test/bpb", "last") for run in runs}, worse_above=unigram, fails="stall")
+        outcome[label] = o
+        body.append([label, o.text()])
+    lines += [
+        "**Seeds** (test bpb; a seed that diverged or scored above the unigram is counted, not averaged).",
+        "",
+        *_table(["configuration", "test bpb over seeds"], body),
+        "",
+    ]
+    # comparisons
+    family, records, notes = [], [], []
+    for text, metric, a, b in comparisons:
+        if a not in groups or b not in groups:
+            continue
+        cells = {c: documents_of([r for r in groups[c] if r.seed not in outcome[c].failed], metric) for c in (a, b)}
+        shared = sorted(set(cells[a]) & set(cells[b]), key=str)
+        why = None
+        if outcome[a].failed or outcome[b].failed:
+            dropped = {c: sorted(map(str, outcome[c].failed)) for c in (a, b) if outcome[c].failed}
+            why = "failed seeds left out: " + "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items())
+        estimate = None
+        if len(shared) >= 2:
+            estimate = bpb_difference({c: {s: cells[c][s] for s in shared} for c in (a, b)}, a, b)
+        family.append((f"{a} − {b} ({metric})", estimate))
+        notes.append(why)
+        records.append({"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared)})
+    adjusted = adjust(family)
+    body = []
+    for record, adj, why in zip(records, adjusted, notes):
+        collapsed = unigram is not None and any(
+            (o := outcome[c]).kept and min(o.kept.values()) > unigram for c in (record["a"], record["b"])
+        )
+        verdict = "no verdict (collapsed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
+        record.update(
+            diff=adj.value,
+            lo=adj.lo,
+            hi=adj.hi,
+            p=adj.p,
+            p_holm=adj.p_holm,
+            p_bh=adj.p_bh,
+            family_lo=adj.family_lo,
+            family_hi=adj.family_hi,
+            verdict=verdict,
+            note=why or "",
+        )
+        body.append(
+            [
+                record["claim"] or f"{record['a']} − {record['b']}",
+                f"{record['a']} − {record['b']}",
+                record["metric"],
+                f"{_fmt(adj.value, sign=True)} [{_fmt(adj.lo, sign=True)}, {_fmt(adj.hi, sign=True)}]",
+                f"[{_fmt(adj.family_lo, sign=True)}, {_fmt(adj.family_hi, sign=True)}]",
+                _p(adj.p),
+                _p(adj.p_holm),
+                _p(adj.p_bh),
+                f"**{verdict}**" if verdict == "resolved" else verdict,
+                str(record["seeds"]) + (f" ({why})" if why else ""),
+            ]
+        )
+    if body:
+        raw, holm, bh = resolved_count(adjusted)
+        m = adjusted[0].m if adjusted else 0
+        lines += [
+            f"**Comparisons** (A − B in bpb, below 0: A better).  Interval: 95%, from a paired bootstrap that resamples "
+            f"both the seeds and the test documents (linrope.analysis.bootstrap: a t interval on the bootstrap's "
+            f"per-level variances); family: the {m} comparisons below, simultaneous intervals at 1 − 0.05/{m}; p raw, "
+            f"Holm (the verdict) and Benjamini–Hochberg.  Resolved at 5%: {raw} raw, {holm} after Holm, {bh} after BH.",
+            "",
+            *_table(
+                ["claim", "A − B", "metric", "A − B [95%]", "simultaneous", "p", "p Holm", "p BH", "verdict", "seeds"],
+                body,
+            ),
+            "",
+        ]
+    lines += position_lines(groups, out)
+    return lines, records
+
+
+def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
+    """The loss by position at the longest non-overlapping length, beside its context-limited control."""
+    table, curves = [], []
+    edges: List[int] = []
+    for i, (label, runs) in enumerate(groups.items()):
+        rows = [r for run in runs for r in run.extrapolation if r.get("per_position") and r.get("protocol") == "windows"]
+        if not rows:
+            continue
+        longest = max(r["length"] for r in rows)
+        for window in (None, *sorted({r.get("window") for r in rows if r.get("window")})):
+            picked = [r for r in rows if r["length"] == longest and r.get("window") == window and r["scaling"] == "none"]
+            if not picked:
+                continue
+            points: Dict[float, List[float]] = {}
+            for r in picked:
+                for d in r["per_position"]:
+                    points.setdefault((d["start"] + d["end"]) / 2, []).append(d["nats"] / d["bytes"] / LN2)
+            name = label if window is None else f"{label}, last {window} keys"
+            curves.append(
+                Curve(name, points, {"color": series_colour(i), "linestyle": "-" if window is None else ":"})
+            )
+            context = train_context(runs[0]) or 1
+            edges = [0, context // 2, context, 2 * context, longest // 2, longest]
+            bands = []
+            for lo, hi in zip(edges, edges[1:]):
+                per_run = []
+                for r in picked:
+                    n = sum(d["bytes"] for d in r["per_position"] if lo <= d["start"] < hi)
+                    nats = sum(d["nats"] for d in r["per_position"] if lo <= d["start"] < hi)
+                    if n:
+                        per_run.append(nats / n / LN2)
+                bands.append(_fmt(sum(per_run) / len(per_run)) if per_run else "–")
+            table.append([name, str(longest), *bands])
+    if not table:
+        return []
+    header = ["configuration", "length", *(f"positions {lo}–{hi - 1}" for lo, hi in zip(edges, edges[1:]))]
+    png = plot_curves(
+        [Panel("", curves)],
+        out / "positions.png",
+        xlabel="position in the window (bytes before the target)",
+        ylabel="bits per byte",
+        title="Loss by position, non-overlapping windows at the longest length (dotted: attention to the last L0 keys)",
+        log2_x=True,
+        vlines=[train_context(next(iter(groups.values()))[0]) or 0],
+        vline_label="training context",
+    )
+    return [
+        "**Loss by position** (bpb, mean over seeds, non-overlapping windows at the longest length; a position "
+        "beyond the training context is a distance never trained on; the control sees at most the training "
+        "context).",
+        "",
+        *_table(header, table),
+        "",
+        *([f"![loss by position]({png.name})", ""] if png else []),
+    ]
