@@ -33,6 +33,7 @@ def linear_attention(
     rope_theta: Optional[torch.Tensor] = None,
     initial_state: Optional[LinearAttentionState] = None,
     output_final_state: bool = False,
+    normalize: bool = True,
 ):
     """Kernelised linear attention with RoPE placed in the numerator, both, or nowhere.
 
@@ -41,9 +42,22 @@ def linear_attention(
     ``rope_theta``: RoPE frequencies (default base 10000; see ``linrope.ops.rope.rope_frequencies``).
     ``initial_state`` / ``output_final_state``: carry (S, z) across pieces of a causal sequence.
     ``impl``: a name of the registry (``IMPLS``); ``chunk_size`` is the chunk kernel's.
+    ``normalize=False``: no denominator, the output is the numerator Σ_{j≤i} γ^(i-j) w^num_ij v_j alone (eps
+    unused; RetNet, GLA and TransNormer normalise the output instead, as ``LinearAttention(normalize=False)``
+    does); the state keeps its shape, z carried as before.
     """
     a = Args(
-        feature_map, rope, causal, chunk_size, positions, eps, decay, rope_theta, initial_state, output_final_state
+        feature_map,
+        rope,
+        causal,
+        chunk_size,
+        positions,
+        eps,
+        decay,
+        rope_theta,
+        initial_state,
+        output_final_state,
+        normalize,
     ).checked(q, k, v)
     return resolve(impl, q, a).run(q, k, v, a)
 

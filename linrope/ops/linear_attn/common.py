@@ -59,7 +59,8 @@ class Args(NamedTuple):
     """Everything a call of linear attention says besides q, k, v and ``impl``: the keywords of
     ``linrope.ops.linear_attention``, written once.  Every form is ``form(q, k, v, args)``;
     ``checked`` makes the checks all forms share (shapes, names, state, positions, decay), once per call.
-    ``chunk_size`` is the chunk kernel's; the other forms ignore it."""
+    ``chunk_size`` is the chunk kernel's; the other forms ignore it.  ``normalize=False``: the output is the
+    numerator alone (no denominator, no eps, no guard); the state still carries z (``LinearAttentionState``)."""
 
     feature_map: str = "elu"
     rope: str = "numerator"
@@ -71,6 +72,7 @@ class Args(NamedTuple):
     rope_theta: Optional[Tensor] = None
     initial_state: Optional[LinearAttentionState] = None
     output_final_state: bool = False
+    normalize: bool = True
 
     def checked(self, q: Tensor, k: Tensor, v: Tensor) -> "Args":
         """These arguments checked against q, k, v (a one-line ValueError naming the problem), with the tensors
@@ -96,6 +98,7 @@ class Args(NamedTuple):
             self.rope_theta,
             self.initial_state,
             self.output_final_state,
+            bool(self.normalize),
         )
 
 
