@@ -78,6 +78,7 @@ class Args(NamedTuple):
         """These arguments checked against q, k, v (a one-line ValueError naming the problem), with the tensors
         on q's device and the numbers of the types the operators take."""
         check_args(q, k, v, self.feature_map, self.rope, self.chunk_size)
+        check_normalize(self.normalize)
         if not self.causal and (self.initial_state is not None or self.output_final_state):
             raise ValueError("initial/final states only make sense for causal linear attention")
         check_state(self.initial_state, q, v, self.feature_map)
@@ -98,7 +99,7 @@ class Args(NamedTuple):
             self.rope_theta,
             self.initial_state,
             self.output_final_state,
-            bool(self.normalize),
+            self.normalize,
         )
 
 
@@ -119,6 +120,12 @@ def check_args(q, k, v, feature_map: str, rope: str, chunk_size: int | None = No
         check_rope_dim(q.shape[-1])
     if chunk_size is not None and int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def check_normalize(normalize) -> None:
+    """``normalize`` is a bool: a string such as "false" would otherwise read as true."""
+    if not isinstance(normalize, bool):
+        raise ValueError(f"normalize must be True or False; got {normalize!r}")
 
 
 # Placement "both" rotates the denominator too: den_i = Σ_j γ^(i-j) (R_i φ(q_i))·(R_j φ(k_j)) is then a sum of

@@ -24,6 +24,7 @@ from .common import (
     autocast_off,
     check_args,
     check_decay,
+    check_normalize,
     check_state,
     decay_log,
     guard_denominator,
@@ -149,6 +150,7 @@ def recurrent_step(
     if squeeze:
         q_t, k_t, v_t = q_t.unsqueeze(2), k_t.unsqueeze(2), v_t.unsqueeze(2)
     check_args(q_t, k_t, v_t, feature_map, rope)
+    check_normalize(normalize)
     if q_t.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one position; got {q_t.shape[2]}")
     B, H, _, d = q_t.shape
@@ -171,7 +173,7 @@ def recurrent_step(
         feature_map,
         rope,
         float(eps),
-        bool(normalize),
+        normalize,
     )
     if not squeeze:
         o = o.unsqueeze(2)
