@@ -165,8 +165,12 @@ class LinearAttention(_Projections):
 
     def merge(self, o):
         """The heads' outputs (B, H, N, d_v) through the output projection, each head RMS-normalised first
-        when the kernel does not normalise (``normalize=False``)."""
-        return super().merge(o if self.normalize else self.out_norm(o))
+        when the kernel does not normalise (``normalize=False``).  The norm runs in its gain's precision at
+        least: under bf16 autocast the kernel hands back bfloat16 (v's dtype), which the autocast projection
+        then takes as it takes any float32 input."""
+        if not self.normalize:
+            o = self.out_norm(o.to(torch.promote_types(o.dtype, self.out_norm.weight.dtype)))
+        return super().merge(o)
 
     def forward(
         self,
