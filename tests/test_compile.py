@@ -18,7 +18,7 @@ from linrope.ops.linear_attn.chunk import chunk_bwd, chunk_fwd
 from linrope.ops.linear_attn.recurrent import recurrent_step_op
 from tests.helpers import CONF, ROOT
 
-PRESETS = ["linear_rope", "linear_cosine_rope", "linear_rope_both", "linear_alibi", "softmax_rope"]
+PRESETS = ["linear_rope", "linear_cosine_rope", "linear_rope_both", "linear_rope_norm", "linear_alibi", "softmax_rope"]
 
 
 def model_config(preset: str) -> dict:
@@ -163,6 +163,24 @@ def test_opcheck_chunk_bwd():
     )
 
 
+@pytest.mark.parametrize("config", [("elu", "numerator", True, True, True), ("cosine", "none", False, True, False)])
+def test_opcheck_chunk_without_denominator(config, monkeypatch):
+    """normalize=False (the trailing argument): no denominator is returned (a placeholder), the backward
+    passes ∂L/∂num = g; forward and backward operators checked."""
+    from linrope.ops.linear_attn import tables
+
+    monkeypatch.setitem(tables.BLOCK_ELEMENTS, "cpu", 2 * 2 * 8 * 16)
+    args = (*_fwd_args(*config), False)
+    torch.library.opcheck(chunk_fwd, args)
+    plain = [a.detach() if torch.is_tensor(a) else a for a in args]
+    out, denom, S, z, saved_S, saved_z = chunk_fwd(*plain)
+    assert denom.shape == (0,)
+    g = _gen("bwd", config)
+    grads = [torch.randn(t.shape, generator=g, dtype=t.dtype) if t.numel() else None for t in (out, S, z)]
+    flags = (True, True, True, config[4], config[4])
+    torch.library.opcheck(chunk_bwd, (*grads, *plain[:8], out, denom, saved_S, saved_z, *plain[8:13], *flags, False))
+
+
 @pytest.mark.parametrize("rope", ["numerator", "both"])
 def test_opcheck_recurrent_step(rope):
     g = _gen("step", rope)
@@ -174,6 +192,9 @@ def test_opcheck_recurrent_step(rope):
     torch.library.opcheck(
         recurrent_step_op, (q, k, v, S, z, torch.tensor(7), None, torch.tensor([0.9, 0.8]), "elu", rope, 1e-6)
     )
+    if rope == "numerator":  # without a denominator (the trailing normalize)
+        args = (q, k, v, S, z, torch.tensor(7), None, torch.tensor([0.9, 0.8]), "elu", rope, 1e-6, False)
+        torch.library.opcheck(recurrent_step_op, args)
 
 
 def test_compile_true_where_torch_cannot_compile_is_one_line(monkeypatch, compose):

@@ -160,7 +160,7 @@ def section(
     # references
     if refs:
         lines += [
-            f"**Reference rows** (fitted on the train split, scored on the same test bytes; references.csv): "
+            "**Reference rows** (fitted on the train split, scored on the same test bytes; references.csv): "
             + ", ".join(f"{k} {v:.3f} bpb" for k, v in refs.items())
             + ".  A run above the unigram has collapsed.",
             "",
@@ -254,12 +254,16 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
     table, curves = [], []
     edges: List[int] = []
     for i, (label, runs) in enumerate(groups.items()):
-        rows = [r for run in runs for r in run.extrapolation if r.get("per_position") and r.get("protocol") == "windows"]
+        rows = [
+            r for run in runs for r in run.extrapolation if r.get("per_position") and r.get("protocol") == "windows"
+        ]
         if not rows:
             continue
         longest = max(r["length"] for r in rows)
         for window in (None, *sorted({r.get("window") for r in rows if r.get("window")})):
-            picked = [r for r in rows if r["length"] == longest and r.get("window") == window and r["scaling"] == "none"]
+            picked = [
+                r for r in rows if r["length"] == longest and r.get("window") == window and r["scaling"] == "none"
+            ]
             if not picked:
                 continue
             points: Dict[float, List[float]] = {}
@@ -267,9 +271,7 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
                 for d in r["per_position"]:
                     points.setdefault((d["start"] + d["end"]) / 2, []).append(d["nats"] / d["bytes"] / LN2)
             name = label if window is None else f"{label}, last {window} keys"
-            curves.append(
-                Curve(name, points, {"color": series_colour(i), "linestyle": "-" if window is None else ":"})
-            )
+            curves.append(Curve(name, points, {"color": series_colour(i), "linestyle": "-" if window is None else ":"}))
             context = train_context(runs[0]) or 1
             edges = [0, context // 2, context, 2 * context, longest // 2, longest]
             bands = []

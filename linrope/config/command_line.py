@@ -272,7 +272,10 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
             if not isinstance(node, dict):
                 break  # below a value or a list: Hydra's to say
             if part not in node:
-                errors.append(str(UnknownOption(".".join(parts[: i + 1]), node)))
+                line = str(UnknownOption(".".join(parts[: i + 1]), node))
+                if i == len(parts) - 1 and "did you mean" not in line:  # perhaps an option its preset leaves out
+                    line += f" (an option the composed config leaves out is added with +: +{o.input_line})"
+                errors.append(line)
                 break
             node = node[part]
     return errors

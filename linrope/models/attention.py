@@ -18,6 +18,7 @@ from linrope.positions import PositionScheme
 
 # what the model passes every attention layer itself (not options of model.attention)
 MODEL_ARGUMENTS = ("d_model", "n_heads", "position", "causal", "dropout")
+OUTPUT_NORM_EPS = 1e-6  # the RMSNorm of each head's output of linear attention without a denominator
 
 
 def causal_mask(n: int, device, dtype) -> torch.Tensor:
@@ -141,7 +142,17 @@ class LinearAttention(_Projections):
     The config names where RoPE goes ``placement`` (numerator | both | none); the kernel's keyword is ``rope``.
     ``kernel_options`` is the one place the first becomes the second: ``rope = placement`` when the position
     scheme supplies RoPE frequencies, else ``"none"`` whatever ``placement`` says.  ``window`` (both kinds): each
-    query sees only its last ``window`` keys, the context-limited control (``attention_window``)."""
+    query sees only its last ``window`` keys, the context-limited control (``attention_window``).
+
+    ``normalize=False`` (the control of RetNet, GLA and TransNormer): the kernel drops the denominator and
+    returns the numerator Σ_{j≤i} γ^(i-j) w^num_ij v_j, and the layer normalises each head's output with an
+    RMSNorm over its d_v channels (eps 1e-6, a learned gain per channel shared by the heads, as GLA's, set
+    to 1) before the output projection.  The norm is needed because without a denominator the output's scale
+    grows with the number of keys summed (about linearly in the position without decay), so the next layer
+    would see activations whose size depends on where a token sits; the norm puts each head's output back to
+    unit RMS.  Without a denominator the placement "numerator" and "both" compute the same output.  The norm
+    (``out_norm``) exists only with ``normalize=False``: the default layer keeps its parameters and
+    checkpoints their state_dict keys."""
 
     kind = "linear"
 
@@ -157,6 +168,7 @@ class LinearAttention(_Projections):
         impl: Annotated[str, Rule(choices=lambda: tuple(sorted(IMPLS)))] = "chunk",
         chunk_size: Annotated[int, Rule(low=1)] = 64,
         eps: Annotated[float, Rule(above=0)] = 1e-6,
+        normalize: bool = True,
         dropout: float = 0.0,
         window: Window = None,
     ):
@@ -170,6 +182,9 @@ class LinearAttention(_Projections):
             chunk_size,
             eps,
         )
+        self.normalize = normalize
+        if not normalize:  # created only here: the default layer's state_dict keys are unchanged
+            self.out_norm = nn.RMSNorm(self.head_dim, eps=OUTPUT_NORM_EPS)
 
     def kernel_options(self) -> Dict[str, Any]:
         """The kernel's options of this layer (``linrope.ops.linear_attention``'s keywords but impl, positions
@@ -181,7 +196,17 @@ class LinearAttention(_Projections):
             eps=self.eps,
             decay=self.pos.linear_decay(),
             rope_theta=theta,
+            normalize=self.normalize,
         )
+
+    def merge(self, o):
+        """The heads' outputs (B, H, N, d_v) through the output projection, each head RMS-normalised first
+        when the kernel does not normalise (``normalize=False``).  The norm runs in its gain's precision at
+        least: under bf16 autocast the kernel hands back bfloat16 (v's dtype), which the autocast projection
+        then takes as it takes any float32 input."""
+        if not self.normalize:
+            o = self.out_norm(o.to(torch.promote_types(o.dtype, self.out_norm.weight.dtype)))
+        return super().merge(o)
 
     def forward(
         self,

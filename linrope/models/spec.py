@@ -9,7 +9,8 @@ resume compares); its wandb tags and run name; and its label (``model.name``) wh
 The identity: softmax and linear attention, the two feature maps and the three RoPE placements share
 every parameter name and shape, so a checkpoint of one loads into another without complaint.  A
 checkpoint therefore carries ``identity()`` under ``IDENTITY_KEY`` (attention kind, feature map,
-placement, position scheme and its options), and resuming, testing or loading under another identity
+placement, position scheme and its options; linear attention's ``normalize`` only where it is false, so
+that every earlier checkpoint keeps its identity), and resuming, testing or loading under another identity
 is refused in one line that names what differs."""
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ class ModelConfig:
         out: Dict[str, Any] = {"attention.kind": kind}
         if kind == "linear":
             out.update({f"attention.{k}": self.attention_setting(k) for k in ("feature_map", "placement")})
+            if not self.normalized():  # only then: the identity of every earlier checkpoint is unchanged
+                out["attention.normalize"] = False
         out.update({f"position.{k}": v for k, v in sorted(self.position.items()) if k not in EVALUATION_OPTIONS})
         if self.short_conv:
             out["short_conv"] = self.short_conv
@@ -158,15 +161,22 @@ class ModelConfig:
             tags += [f"feature_map:{self.attention_setting('feature_map')}"]
             if pos == "rope":
                 tags += [f"placement:{self.attention_setting('placement')}"]
+            if not self.normalized():
+                tags += ["normalize:false"]
         if pos == "rope" and self.position.get("scaling"):
             tags += [f"rope_scaling:{self.position['scaling']}"]
         if pos == "rope" and self.position.get("decay"):
             tags += [f"rope_decay:{self.position['decay']}"]
         return tags
 
+    def normalized(self) -> bool:
+        """Linear attention with its denominator (``model.attention.normalize``, true unless set false)."""
+        return self.attention.get("kind") != "linear" or bool(self.attention_setting("normalize"))
+
     def run_name(self, seed: Any) -> str:
         """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator, RoPE's decay
-        when it has one: ``linear-elu-rope-retnet-s1234``)."""
+        when it has one: ``linear-elu-rope-retnet-s1234``; ``-norm`` for linear attention without a denominator,
+        its output normalised)."""
         kind, pos = self.attention.get("kind"), self.position.get("name")
         name = kind
         if kind == "linear":
@@ -176,6 +186,8 @@ class ModelConfig:
             name += f"-{self.attention['placement']}"
         if pos == "rope" and self.position.get("decay"):
             name += f"-{self.position['decay']}"
+        if not self.normalized():
+            name += "-norm"
         return f"{name}-s{seed}"
 
     def label(
@@ -186,7 +198,7 @@ class ModelConfig:
         the label of the chosen pairing (``pair_label``)."""
         if chosen is None or preset is None or tuple(chosen) == tuple(preset):
             return self.name
-        return pair_label(*chosen)
+        return pair_label(*chosen) + ("" if self.normalized() else "_norm")
 
 
 def pair_label(attention: str, position: str) -> str:

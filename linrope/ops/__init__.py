@@ -34,6 +34,7 @@ def linear_attention(
     initial_state: Optional[LinearAttentionState] = None,
     output_final_state: bool = False,
     window: Optional[int] = None,
+    normalize: bool = True,
 ):
     """Kernelised linear attention with RoPE placed in the numerator, both, or nowhere.
 
@@ -43,6 +44,9 @@ def linear_attention(
     ``initial_state`` / ``output_final_state``: carry (S, z) across pieces of a causal sequence.
     ``impl``: a name of the registry (``IMPLS``); ``chunk_size`` is the chunk kernel's.
     ``window``: each query sees only its last ``window`` keys (i - window < j <= i; causal, no state).
+    ``normalize=False``: no denominator, the output is the numerator Σ_{j≤i} γ^(i-j) w^num_ij v_j alone (eps
+    unused; RetNet, GLA and TransNormer normalise the output instead, as ``LinearAttention(normalize=False)``
+    does); the state keeps its shape, z carried as before.
     """
     a = Args(
         feature_map,
@@ -56,6 +60,7 @@ def linear_attention(
         initial_state,
         output_final_state,
         window,
+        normalize,
     ).checked(q, k, v)
     return resolve(impl, q, a).run(q, k, v, a)
 

@@ -118,7 +118,15 @@ def test_the_model_and_its_layers_take_only_their_options():
     for cls in (LinearAttention, SoftmaxAttention):
         with pytest.raises(TypeError):
             cls(8, 2, position, feture_map="cosine")
-    assert set(LinearAttention.options()) == {"feature_map", "placement", "impl", "chunk_size", "eps", "window"}
+    assert set(LinearAttention.options()) == {
+        "feature_map",
+        "placement",
+        "impl",
+        "chunk_size",
+        "eps",
+        "window",
+        "normalize",
+    }
     assert SoftmaxAttention.options() == {"window": None}
 
 
@@ -197,6 +205,15 @@ def test_checking_a_model_draws_no_random_numbers():
             ],
             [],
         ),
+        (
+            ["model=linear_rope", "model.attention.normalize=false"],  # declared, but no file of the preset sets it
+            [
+                "model.attention.normalize: unknown option; it takes chunk_size, eps, feature_map, impl, kind, "
+                "placement, window (an option the composed config leaves out is added with +: "
+                "+model.attention.normalize=false)"
+            ],
+        ),
+        (["model=linear_rope_norm", "model.attention.normalize=true"], []),
         (["experiment=budget", "trainer.max_steps=5", "model.position.base=500"], []),
         (["+trainer.max_step=3", "~seed"], []),  # + and ~: the composed config's check
         (["-m", "model=linear_rope,softmax_rope", "trainer.max_step=3"], []),  # a sweep of a group: Hydra's jobs say it

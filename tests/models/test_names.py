@@ -93,6 +93,21 @@ PINNED = [
         ),
     ),
     (
+        ["model=linear_rope_norm"],
+        (
+            "linear_rope_norm",
+            "linear-elu-rope-norm-s1234",
+            [
+                "attention:linear",
+                "position:rope",
+                "task:bytes",
+                "feature_map:elu",
+                "placement:numerator",
+                "normalize:false",
+            ],
+        ),
+    ),
+    (
         ["model=linear_sinusoidal"],
         (
             "linear_sinusoidal",
@@ -269,6 +284,29 @@ PINNED = [
             "softmax_rope_pi",
             "softmax-rope-s7",
             ["attention:softmax", "position:rope", "task:mqar", "rope_scaling:pi", "x"],
+        ),
+    ),
+    (
+        ["model=linear_rope_norm", "position=alibi"],  # a pairing of its own: without a denominator still
+        (
+            "linear_alibi_norm",
+            "linear-elu-alibi-norm-s1234",
+            ["attention:linear", "position:alibi", "task:bytes", "feature_map:elu", "normalize:false"],
+        ),
+    ),
+    (
+        ["model=linear_rope", "+model.attention.normalize=false"],
+        (
+            "linear_rope",
+            "linear-elu-rope-norm-s1234",
+            [
+                "attention:linear",
+                "position:rope",
+                "task:bytes",
+                "feature_map:elu",
+                "placement:numerator",
+                "normalize:false",
+            ],
         ),
     ),
     (

@@ -43,13 +43,13 @@ def fla_cpu(monkeypatch):
         torch.set_num_threads(threads)
 
 
-def compare(feature_map, rope, decayed, initial, n, dtype=torch.float32, tol=FLOAT32_TOL):
-    key = ("fla", feature_map, rope, decayed, initial, n)
+def compare(feature_map, rope, decayed, initial, n, dtype=torch.float32, tol=FLOAT32_TOL, normalize=True):
+    key = ("fla", feature_map, rope, decayed, initial, n) + (() if normalize else ("nodenom",))
     decay = DECAY if decayed else None
     q, k, v, S0, z0 = inputs(key, feature_map=feature_map, rope=rope, decay=decay, n=n, initial=initial)
     if dtype != torch.float32:  # the reference sees exactly the rounded inputs
         q, k, v = (x.to(dtype).float() for x in (q, k, v))
-    kw = dict(feature_map=feature_map, rope=rope, decay=decay)
+    kw = dict(feature_map=feature_map, rope=rope, decay=decay, normalize=normalize)
     ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
     got = results("fla", dtype, q, k, v, S0, z0, **kw)
     assert got[0].dtype == dtype and got[1].dtype == torch.float32 and got[2].dtype == torch.float32
@@ -102,6 +102,30 @@ def test_the_shim_names_what_is_missing(monkeypatch):
 )
 def test_fla_mapping_matches_naive_float32(fla_cpu, feature_map, rope, decayed, initial, n):
     compare(feature_map, rope, decayed, initial, n)
+
+
+@pytest.mark.parametrize(
+    "feature_map,rope,decayed,initial,n",
+    [("elu", "numerator", True, True, 100), ("cosine", "both", False, True, 130), ("elu", "none", True, False, 37)],
+)
+def test_fla_without_denominator_matches_naive_float32(fla_cpu, feature_map, rope, decayed, initial, n):
+    """normalize=False: the numerator's fla call is the output; the state (z included) as with a denominator."""
+    compare(feature_map, rope, decayed, initial, n, normalize=False)
+
+
+def test_fla_without_denominator_and_state_makes_one_call(fla_cpu, monkeypatch):
+    """Without a final state to carry, the denominator's call is not made: the numerator's is the output."""
+    from linrope.ops.linear_attn import fla_backend
+
+    calls, op = [], fla_backend.fla_chunk_fwd
+    monkeypatch.setattr(fla_backend, "fla_chunk_fwd", lambda *a: (calls.append(a[2].shape[-1]), op(*a))[1])
+    q, k, v, _, _ = inputs(("one call",), feature_map="elu", n=70, initial=False)
+    out = linear_attention(q, k, v, impl="fla", decay=DECAY, normalize=False)
+    ref = linear_attention(q.double(), k.double(), v.double(), impl="naive", decay=DECAY, normalize=False)
+    assert calls == [v.shape[-1]] and rel(out, ref) < FLOAT32_TOL
+    calls.clear()
+    linear_attention(q, k, v, impl="fla", decay=DECAY, normalize=False, output_final_state=True)
+    assert calls == [v.shape[-1], 2]  # z: the ones column, padded to an even width
 
 
 def test_fla_mapping_matches_naive_float16(fla_cpu):

@@ -72,17 +72,18 @@ def with_grads(fn, q, k, v, weights, **kw):
 @pytest.mark.parametrize("feature_map", ["elu", "cosine"])
 @pytest.mark.parametrize("rope", ["numerator", "both", "none"])
 def test_chunk_window_matches_naive_forward_and_backward(n, window, feature_map, rope):
-    for decayed, chunk_size in itertools.product((False, True), (4, 64)):
-        g = gen("window-chunk", n, window, feature_map, rope, decayed, chunk_size)
+    for decayed, chunk_size, normalize in itertools.product((False, True), (4, 64), (True, False)):
+        g = gen("window-chunk", n, window, feature_map, rope, decayed, chunk_size, normalize)
         q, k, v = inputs(n, g)
         weights = torch.randn(B, H, n, DV, generator=g, dtype=torch.float64)
         # one key (n or window 1): o = v·w/(w+eps), whose gradients in q and k are O(eps) cancellations in every form (as in
         # test_linear_attention.py); a larger eps keeps them comparable to 1e-10
         eps = 0.1 if min(n, window) == 1 else 1e-6
         kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None, window=window, eps=eps)
+        kw["normalize"] = normalize  # without a denominator too (linear_rope_norm at evaluation)
         ref, ref_grads = with_grads(naive_linear_attention, q, k, v, weights, **kw)
         got, grads = with_grads(chunk_linear_attention, q, k, v, weights, chunk_size=chunk_size, **kw)
-        what = f"decay={decayed} C={chunk_size}"
+        what = f"decay={decayed} C={chunk_size} normalize={normalize}"
         assert got.dtype == torch.float64 and torch.isfinite(got).all(), what
         assert rel(got, ref) < 1e-10, f"{what}: {rel(got, ref):.2e}"
         for name, gr, rg in zip("qkv", grads, ref_grads):

@@ -174,13 +174,11 @@ def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
         header = (r / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
         assert {"val/bpb", "test/bpb", "train/loss"} <= set(header)
         rows = list(csv.DictReader(open(r / "extrapolation.csv")))
-        assert [(row["length"], row["scaling"]) for row in rows] == [
-            ("64", "none"),
-            ("64", "pi"),
-            ("64", "ntk"),
-            ("128", "none"),
-            ("128", "pi"),
-            ("128", "ntk"),
+        plain = [(p, s, "") for p in ("sliding", "windows") for s in ("none", "pi", "ntk")]
+        assert [(row["length"], row["protocol"], row["scaling"], row["window"]) for row in rows] == [
+            *[("64", *x) for x in plain],
+            *[("128", *x) for x in plain],
+            ("128", "windows", "none", "64"),  # the context-limited control beyond the training context
         ]
         assert all(row["status"] == "ok" and 0 < float(row["bpb"]) < 12 for row in rows)
         assert len({(row["scored"], row["scored_hash"]) for row in rows}) == 1  # the same bytes at both lengths
@@ -219,13 +217,13 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
-    assert [(row["length"], row["scaling"]) for row in rows] == [
-        ("64", "none"),
-        ("64", "pi"),
-        ("128", "none"),
-        ("128", "pi"),
-        ("256", "none"),
-        ("256", "pi"),
+    plain = [(p, s, "") for p in ("sliding", "windows") for s in ("none", "pi")]
+    assert [(row["length"], row["protocol"], row["scaling"], row["window"]) for row in rows] == [
+        *[("64", *x) for x in plain],
+        *[("128", *x) for x in plain],
+        ("128", "windows", "none", "64"),
+        *[("256", *x) for x in plain],
+        ("256", "windows", "none", "64"),
     ]
     assert all(row["status"] == "ok" for row in rows)
     # the test split of data.max_bytes=400000 holds 20 000 bytes: all but the first scored at every length

@@ -40,7 +40,7 @@ def _or_none_opt(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else _or_none(t)
 
 
-def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool, chunk_size: int):
+def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool, chunk_size: int, normalize: bool):
     """Shapes of (out, denom, S, z, saved_S, saved_z) as ``chunk_forward`` makes them (placeholders included)."""
     B, H, N, d = q.shape
     dv, D = v.shape[-1], feature_width(feature_map, q.shape[-1])
@@ -49,28 +49,29 @@ def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool,
     state = ((B, H, D, dv), (B, H, D)) if causal else (_NONE, _NONE)
     saved_S = (nb, B, H, D, dv + 1 if shared else dv) if nb else _NONE
     saved_z = (nb, B, H, D) if (nb and not shared) else _NONE
-    return (tuple(v.shape), (B, H, N), *state, saved_S, saved_z)
+    return (tuple(v.shape), (B, H, N) if normalize else _NONE, *state, saved_S, saved_z)
 
 
 @torch.library.custom_op("linrope::chunk_fwd", mutates_args=())
 def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optional[Tensor],
               positions: Optional[Tensor], theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str,
-              rope: str, causal: bool, eps: float, chunk_size: int
+              rope: str, causal: bool, eps: float, chunk_size: int, normalize: bool = True
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``."""
+    """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``.  ``denom`` is a
+    placeholder when ``normalize`` is False (the output is the numerator)."""
     log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
     with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
         res = chunk_forward(
-            q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size)
+            q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size, normalize)
         )
     dtype = compute_dtype(q.dtype)
     return tuple(_or_empty(t, q, dtype) for t in res)
 
 
 @chunk_fwd.register_fake
-def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size):
+def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size, normalize=True):
     dtype = compute_dtype(q.dtype)
-    shapes = _fwd_shapes(q, v, feature_map, rope, causal, chunk_size)
+    shapes = _fwd_shapes(q, v, feature_map, rope, causal, chunk_size, normalize)
     return (v.new_empty(shapes[0]), *(q.new_empty(s, dtype=dtype) for s in shapes[1:]))
 
 
@@ -79,7 +80,8 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
               S0: Optional[Tensor], z0: Optional[Tensor], positions: Optional[Tensor], theta: Optional[Tensor],
               decay: Optional[Tensor], out: Tensor, denom: Tensor, saved_S: Tensor, saved_z: Tensor, feature_map: str,
               rope: str, causal: bool, eps: float, chunk_size: int, need_q: bool, need_k: bool, need_v: bool,
-              need_S0: bool, need_z0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+              need_S0: bool, need_z0: bool, normalize: bool = True
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
     log_gamma = decay_log(decay)
     with autocast_off(q.device.type):
@@ -99,7 +101,7 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
             denom,
             _or_none(saved_S),
             _or_none(saved_z),
-            Cfg(feature_map, rope, causal, eps, chunk_size),
+            Cfg(feature_map, rope, causal, eps, chunk_size, normalize),
             (need_q, need_k, need_v, need_S0, need_z0),
         )
     dq, dk, dv, dS0, dz0 = (_or_empty(g, like) for g, like in zip(grads, (q, k, v, q, q)))
@@ -133,6 +135,7 @@ def _(
     need_v,
     need_S0,
     need_z0,
+    normalize=True,
 ):
     def grad(need, x):
         return x.new_empty(x.shape) if (need and x is not None) else q.new_empty(_NONE)
@@ -141,9 +144,9 @@ def _(
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size = inputs
+    q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size, normalize = inputs
     out, denom, _, _, saved_S, saved_z = output
-    ctx.cfg = (feature_map, rope, causal, eps, chunk_size)
+    ctx.cfg, ctx.normalize = (feature_map, rope, causal, eps, chunk_size), normalize
     ctx.save_for_backward(q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z)
     ctx.mark_non_differentiable(denom, saved_S, saved_z)
     ctx.set_materialize_grads(False)
@@ -155,11 +158,28 @@ def _backward(ctx, g_out, _g_denom, g_S, g_z, _g_saved_S, _g_saved_z):
     needs[3] = needs[3] and S0 is not None
     needs[4] = needs[4] and z0 is not None
     if g_out is None and g_S is None and g_z is None:
-        return (None,) * 13
+        return (None,) * 14
     grads = chunk_bwd(
-        g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z, *ctx.cfg, *needs
+        g_out,
+        g_S,
+        g_z,
+        q,
+        k,
+        v,
+        S0,
+        z0,
+        positions,
+        theta,
+        decay,
+        out,
+        denom,
+        saved_S,
+        saved_z,
+        *ctx.cfg,
+        *needs,
+        ctx.normalize,
     )
-    return (*(g if need else None for g, need in zip(grads, needs)), *(None,) * 8)
+    return (*(g if need else None for g, need in zip(grads, needs)), *(None,) * 9)
 
 
 chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -188,7 +208,20 @@ def chunk_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     if initial_state is not None:
         S0, z0 = initial_state.S, initial_state.z
     out, _, S, z, _, _ = chunk_fwd(
-        q, k, v, S0, z0, a.positions, a.rope_theta, a.decay, a.feature_map, a.rope, a.causal, a.eps, a.chunk_size
+        q,
+        k,
+        v,
+        S0,
+        z0,
+        a.positions,
+        a.rope_theta,
+        a.decay,
+        a.feature_map,
+        a.rope,
+        a.causal,
+        a.eps,
+        a.chunk_size,
+        a.normalize,
     )
     if not a.output_final_state:
         return out

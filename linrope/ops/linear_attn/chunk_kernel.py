@@ -10,7 +10,8 @@ The semantics are exactly those of ``naive.py``.  Per batch row and head, with t
 
 (``qn, kn``: numerator features, rotated unless ``rope="none"``; ``qd, kd``: denominator features,
 rotated only for ``rope="both"``; γ = γ_h per head, 1 without decay; the initial state (S0, z0) sits at
-position -1.)
+position -1.)  With ``normalize=False`` o_i = num_i: no denominator is formed, no eps, no guard; z is still
+carried (a causal call's final state keeps its shape), and the backward passes ∂L/∂num = g and no ∂L/∂den.
 
 What is carried
   * ``rope="both"`` / ``"none"``: numerator and denominator share their features, so the denominator is
@@ -78,6 +79,7 @@ class Cfg(NamedTuple):
     causal: bool
     eps: float
     chunk_size: int
+    normalize: bool = True
 
 
 def _values(v: torch.Tensor, shared: bool, ch: Chunks, dtype) -> torch.Tensor:
@@ -90,8 +92,8 @@ def _values(v: torch.Tensor, shared: bool, ch: Chunks, dtype) -> torch.Tensor:
 def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
     """-> (out, denom, S_final, z_final, states entering blocks 1, 2, … (S, and z unless shared)).
 
-    ``denom`` is the guarded den + eps (B, H, N); the final state is None when not causal, a saved state None
-    when there is a single block."""
+    ``denom`` is the guarded den + eps (B, H, N), None without normalising; the final state is None when not
+    causal, a saved state None when there is a single block."""
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
@@ -103,7 +105,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
     if shared and S is not None:  # the denominator rides along as the last value column: S' = [S | z]
         S = torch.cat((S, z.unsqueeze(-1)), dim=-1)
     out = alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
-    denom = alloc((B, H, N), dtype=dtype, device=q.device)
+    denom = alloc((B, H, N), dtype=dtype, device=q.device) if cfg.normalize else None
     starts_S, starts_z = [], []  # states entering blocks 1, 2, … (saved for backward)
     blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     for b, (s, e) in enumerate(blocks):
@@ -120,20 +122,24 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
             dtype=dtype,
         )
         num, S = matrix_fwd(_lowp(qn, mm), _lowp(kn, mm), _values(v[:, :, s:e], shared, ch, mm), ch, cfg.causal, S)
+        den = None
         if shared:
             den, num = num[..., dv], num[..., :dv]
-        else:
+        elif cfg.causal or cfg.normalize:  # (without normalising, z only for the state it carries)
             if cfg.causal:
                 zc = dcumsum(kd, ch, z)
                 z = zc[:, :, -1].contiguous()
             else:
                 zc = dsum_symmetric(kd, ch)
-            den = torch.linalg.vecdot(qd, zc)
+            den = torch.linalg.vecdot(qd, zc) if cfg.normalize else None
             del zc
         del qn, kn, qd, kd
-        torch.add(den, cfg.eps, out=denom[:, :, s:e])
-        guard_denominator_(denom[:, :, s:e], cfg.rope)
-        torch.div(num, denom[:, :, s:e].unsqueeze(-1), out=out[:, :, s:e])
+        if cfg.normalize:
+            torch.add(den, cfg.eps, out=denom[:, :, s:e])
+            guard_denominator_(denom[:, :, s:e], cfg.rope)
+            torch.div(num, denom[:, :, s:e].unsqueeze(-1), out=out[:, :, s:e])
+        else:
+            out[:, :, s:e].copy_(num)
         del num, den
     saved_S = torch.stack(starts_S) if starts_S else None
     saved_z = torch.stack(starts_z) if (starts_z and not shared) else None
@@ -194,6 +200,9 @@ def chunk_backward(
         if g_out is None:
             do[:, :, :n].zero_()
             dden = torch.zeros(B, H, n, dtype=dtype, device=q.device)
+        elif not cfg.normalize:  # o = num: ∂L/∂num = g, and there is no denominator
+            do[:, :, :n, :dv].copy_(g_out[:, :, s:e])
+            dden = torch.zeros(B, H, n, dtype=dtype, device=q.device)
         elif mm == dtype:
             torch.div(g_out[:, :, s:e], denom[:, :, s:e].unsqueeze(-1), out=do[:, :, :n, :dv])
             dden = torch.linalg.vecdot(do[:, :, :n, :dv], out[:, :, s:e].to(dtype)).neg_()
@@ -202,7 +211,7 @@ def chunk_backward(
             do[:, :, :n, :dv].copy_(g_num)
             dden = torch.linalg.vecdot(g_num, out[:, :, s:e].to(dtype)).neg_()
             del g_num
-        if g_out is not None and cfg.rope == "both":  # a clamped denominator is a constant
+        if g_out is not None and cfg.normalize and cfg.rope == "both":  # a clamped denominator is a constant
             dden.mul_(unclamped(denom[:, :, s:e]))
         if shared:
             do[:, :, :n, dv].copy_(dden)
@@ -213,7 +222,14 @@ def chunk_backward(
             dqn, dkn = dqn.to(dtype), dkn.to(dtype)
         del do
         dqd = dkd = None
-        if not shared:  # the denominator den_i = qd_i · zc_i
+        if not shared and not cfg.normalize:  # no denominator: z reaches only the final state
+            if dz is not None:
+                y = torch.zeros_like(kd)
+                y[:, :, -1] += dz
+                dkd = dcumsum_reverse(y, ch)
+                dz = dkd[:, :, 0] if ch.gamma is None else dkd[:, :, 0] * ch.gamma[:, None]
+                del y
+        elif not shared:  # the denominator den_i = qd_i · zc_i
             y = dden.unsqueeze(-1) * qd
             if cfg.causal:
                 dqd = dcumsum(kd, ch, z_start).mul_(dden.unsqueeze(-1))

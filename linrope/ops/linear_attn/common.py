@@ -60,7 +60,8 @@ class Args(NamedTuple):
     ``linrope.ops.linear_attention``, written once.  Every form is ``form(q, k, v, args)``;
     ``checked`` makes the checks all forms share (shapes, names, state, positions, decay), once per call.
     ``chunk_size`` is the chunk kernel's; the other forms ignore it.  ``window``: key j visible to query i only
-    for i - window < j <= i (``window.py``)."""
+    for i - window < j <= i (``window.py``).  ``normalize=False``: the output is the
+    numerator alone (no denominator, no eps, no guard); the state still carries z (``LinearAttentionState``)."""
 
     feature_map: str = "elu"
     rope: str = "numerator"
@@ -73,11 +74,13 @@ class Args(NamedTuple):
     initial_state: Optional[LinearAttentionState] = None
     output_final_state: bool = False
     window: Optional[int] = None
+    normalize: bool = True
 
     def checked(self, q: Tensor, k: Tensor, v: Tensor) -> "Args":
         """These arguments checked against q, k, v (a one-line ValueError naming the problem), with the tensors
         on q's device and the numbers of the types the operators take."""
         check_args(q, k, v, self.feature_map, self.rope, self.chunk_size)
+        check_normalize(self.normalize)
         if not self.causal and (self.initial_state is not None or self.output_final_state):
             raise ValueError("initial/final states only make sense for causal linear attention")
         check_state(self.initial_state, q, v, self.feature_map)
@@ -100,6 +103,7 @@ class Args(NamedTuple):
             self.initial_state,
             self.output_final_state,
             window,
+            self.normalize,
         )
 
 
@@ -133,6 +137,12 @@ def check_window(window, causal: bool, stateful: bool) -> Optional[int]:
     if stateful:
         raise ValueError("window carries no state: initial_state/output_final_state need window=None")
     return int(window)
+
+
+def check_normalize(normalize) -> None:
+    """``normalize`` is a bool: a string such as "false" would otherwise read as true."""
+    if not isinstance(normalize, bool):
+        raise ValueError(f"normalize must be True or False; got {normalize!r}")
 
 
 # Placement "both" rotates the denominator too: den_i = Σ_j γ^(i-j) (R_i φ(q_i))·(R_j φ(k_j)) is then a sum of

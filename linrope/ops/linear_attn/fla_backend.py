@@ -14,6 +14,9 @@ operator, not fla's public function, which is ``@torch.compiler.disable`` and wo
 features, the division, eps (added once to the summed denominator) and the guard of placement "both"
 (``guard_denominator``) are the same torch code as the naive form's; autograd differentiates them.
 
+``normalize=False`` (no denominator): the output is the numerator's call alone, in v's dtype; the denominator's
+call runs only when the final state is asked for (for z, which the state always carries).
+
 Why a second fla call for the denominator: it reuses the same tuned kernels for the decay, the initial and
 final state and the backward, at about half the cost of the numerator's call (the same q·k products, a
 value column of width 2).  A decayed prefix sum written in torch would need either a loop over chunks (the
@@ -219,8 +222,13 @@ def fla_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
     if initial_state is not None:
         S0, z0 = initial_state.S, initial_state.z.unsqueeze(-1)
     num, S = _chunk(qn, kn, v, S0, a.decay, a.output_final_state, dtype)
+    if not a.normalize and not a.output_final_state:  # the numerator is the output
+        return num.to(v.dtype)
     den, z = _chunk(qd, kd, v.new_ones((B, H, N, 1)), z0, a.decay, a.output_final_state, dtype)
-    out = (num.to(f32) / guard_denominator(den[..., 0].to(f32) + a.eps, a.rope).unsqueeze(-1)).to(v.dtype)
+    if a.normalize:
+        out = (num.to(f32) / guard_denominator(den[..., 0].to(f32) + a.eps, a.rope).unsqueeze(-1)).to(v.dtype)
+    else:  # the denominator's call gave z alone
+        out = num.to(v.dtype)
     if not a.output_final_state:
         return out
     return out, LinearAttentionState(S, z[..., 0])

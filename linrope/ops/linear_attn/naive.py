@@ -4,7 +4,8 @@
     w^num_ij = (R_i φ(q_i))·(R_j φ(k_j)) γ^(i-j),   w^den_ij = φ(q_i)·φ(k_j) γ^(i-j)
 
 (the denominator rotated too for placement "both"; nothing rotated for "none"); with a ``window`` only the keys
-i - window < j <= i (``window.py``).
+i - window < j <= i (``window.py``).  With ``normalize=False`` o_i is the numerator alone: no denominator, no
+eps, no guard.
 Quadratic in N; float64 capable.  Every faster form is tested against this one.
 """
 
@@ -38,7 +39,6 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     )
     vv = v.to(dtype)
     w_num = q_num @ k_num.transpose(-1, -2)
-    w_den = q_den @ k_den.transpose(-1, -2)
     mask = torch.ones(N, N, dtype=dtype, device=q.device)
     if causal:
         mask = torch.tril(mask)
@@ -47,9 +47,8 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     log_gamma = decay_log(decay)
     if log_gamma is not None:
         mask = mask * decay_matrix(log_gamma, N, q.device).to(dtype)
-    w_num, w_den = w_num * mask, w_den * mask
-    num = w_num @ vv
-    den = w_den.sum(-1)
+    num = (w_num * mask) @ vv
+    den = (q_den @ k_den.transpose(-1, -2) * mask).sum(-1) if a.normalize else None
     if initial_state is not None:
         S0, z0 = initial_state.S.to(dtype), initial_state.z.to(dtype)
         # the state sits at position -1: a query at i sees it through γ^(i+1)
@@ -59,8 +58,9 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
                 dtype
             )
         num = num + (q_num @ S0) * carry[None, :, :, None]
-        den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
-    out = (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype)
+        if den is not None:
+            den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
+    out = (num if den is None else num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype)
     if not a.output_final_state:
         return out
     # final state: Σ_j γ^(N-1-j) k_j v_jᵀ (+ γ^N S0)

@@ -2,7 +2,7 @@
 
     S_i = γ S_{i-1} + kn_i v_iᵀ          (kn: numerator features, rotated unless rope="none")
     z_i = γ z_{i-1} + kd_i               (kd: denominator features, rotated only for rope="both")
-    o_i = (qn_i S_i) / (qd_i · z_i + eps)
+    o_i = (qn_i S_i) / (qd_i · z_i + eps)        (normalize=False: o_i = qn_i S_i; z_i still carried)
 
 with S_{-1}, z_{-1} the initial state (zero by default), so that S_i = Σ_{j≤i} γ^(i-j) kn_j v_jᵀ + γ^(i+1) S0
 exactly as ``naive.py`` defines it.  This is the generation form: ``recurrent_step`` costs O(d·d_v) time
@@ -24,6 +24,7 @@ from .common import (
     autocast_off,
     check_args,
     check_decay,
+    check_normalize,
     check_state,
     decay_log,
     guard_denominator,
@@ -50,7 +51,14 @@ def _advance(S: Tensor, z: Tensor, kn: Tensor, kd: Tensor, v: Tensor, gamma: Opt
     return S + kn.unsqueeze(-1) * v.unsqueeze(-2), z + kd
 
 
-def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, eps: float):
+def _output(num: Tensor, qd: Tensor, z: Tensor, eps: float, rope: str, normalize: bool) -> Tensor:
+    """o = num / (qd·z + eps), the denominator guarded (``guard_denominator``); num alone without normalising."""
+    if not normalize:
+        return num
+    return num / guard_denominator((qd * z).sum(-1) + eps, rope).unsqueeze(-1)
+
+
+def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, eps: float, normalize: bool = True):
     """q, k: (B, H, d); v: (B, H, d_v); S, z: the state before the step -> (o, S, z) after it."""
     dtype = compute_dtype(q.dtype)
     qn, kn, qd, kd = (
@@ -67,8 +75,7 @@ def _step(q, k, v, S, z, position, theta, decay, feature_map: str, rope: str, ep
     )
     S, z = _advance(S.to(dtype), z.to(dtype), kn, kd, v.to(dtype), _gamma(decay, dtype))
     num = (qn.unsqueeze(-2) @ S).squeeze(-2)
-    den = (qd * z).sum(-1)
-    return (num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype), S, z
+    return _output(num, qd, z, eps, rope, normalize).to(v.dtype), S, z
 
 
 @torch.library.custom_op("linrope::recurrent_step", mutates_args=())
@@ -84,21 +91,23 @@ def recurrent_step_op(
     feature_map: str,
     rope: str,
     eps: float,
+    normalize: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     with autocast_off(q.device.type):  # autocast does not reach inside (common.autocast_off)
-        return _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps)  # S, z: new (S + …, z + …)
+        # S, z: new (S + …, z + …)
+        return _step(q, k, v, S, z, position, theta, decay, feature_map, rope, eps, normalize)
 
 
 @recurrent_step_op.register_fake
-def _(q, k, v, S, z, position, theta, decay, feature_map, rope, eps):
+def _(q, k, v, S, z, position, theta, decay, feature_map, rope, eps, normalize=True):
     dtype = compute_dtype(q.dtype)
     return v.new_empty(v.shape), S.new_empty(S.shape, dtype=dtype), z.new_empty(z.shape, dtype=dtype)
 
 
 def _step_setup_context(ctx, inputs, output):
-    q, k, v, S, z, position, theta, decay, feature_map, rope, eps = inputs
+    q, k, v, S, z, position, theta, decay, feature_map, rope, eps, normalize = inputs
     ctx.save_for_backward(q, k, v, S, z, position, theta, decay)
-    ctx.options = (feature_map, rope, eps)
+    ctx.options = (feature_map, rope, eps, normalize)
 
 
 def _step_backward(ctx, g_o, g_S, g_z):
@@ -111,7 +120,7 @@ def _step_backward(ctx, g_o, g_S, g_z):
         outs = _step(*leaves, position, theta, decay, *ctx.options)
         wrt = [t for t in leaves if t.requires_grad]
         grads = iter(torch.autograd.grad(outs, wrt, (g_o, g_S, g_z), allow_unused=True, materialize_grads=True))
-    return (*(next(grads) if need else None for need in needs), *(None,) * 6)
+    return (*(next(grads) if need else None for need in needs), *(None,) * 7)
 
 
 recurrent_step_op.register_autograd(_step_backward, setup_context=_step_setup_context)
@@ -129,8 +138,10 @@ def recurrent_step(
     eps: float = 1e-6,
     decay: Optional[torch.Tensor] = None,
     rope_theta: Optional[torch.Tensor] = None,
+    normalize: bool = True,
 ):
     """One generation step.  q_t, k_t: (B, H, d); v_t: (B, H, d_v); ``position``: the token's index.
+    ``normalize=False``: the numerator alone (``linrope.ops.linear_attention``), the state as always.
 
     Returns (o_t (B, H, d_v) in v_t's dtype, new LinearAttentionState).  Also accepts (B, H, 1, ·) inputs
     and then returns (B, H, 1, d_v).
@@ -139,6 +150,7 @@ def recurrent_step(
     if squeeze:
         q_t, k_t, v_t = q_t.unsqueeze(2), k_t.unsqueeze(2), v_t.unsqueeze(2)
     check_args(q_t, k_t, v_t, feature_map, rope)
+    check_normalize(normalize)
     if q_t.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one position; got {q_t.shape[2]}")
     B, H, _, d = q_t.shape
@@ -161,6 +173,7 @@ def recurrent_step(
         feature_map,
         rope,
         float(eps),
+        normalize,
     )
     if not squeeze:
         o = o.unsqueeze(2)
@@ -190,7 +203,7 @@ def recurrent_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     for t in range(N):
         S, z = _advance(S, z, kn[:, :, t], kd[:, :, t], vv[:, :, t], gamma)
         num = (qn[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
-        o_t = num / guard_denominator((qd[:, :, t] * z).sum(-1) + a.eps, a.rope).unsqueeze(-1)
+        o_t = _output(num, qd[:, :, t], z, a.eps, a.rope, a.normalize)
         if track:
             outs.append(o_t)
         else:

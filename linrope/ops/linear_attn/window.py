@@ -74,9 +74,11 @@ def windowed_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     mask = mask[None, None] if mask.dim() == 2 else mask[None, :, None]  # (1, 1|H, 1, W, 2W)
     w_num = (blocks(qn) @ context(kn).transpose(-1, -2)) * mask
     num = w_num @ context(v.to(dtype))
-    w_den = (blocks(qd) @ context(kd).transpose(-1, -2)) * mask
-    den = w_den.sum(-1)
-    out = num / guard_denominator(den + a.eps, a.rope).unsqueeze(-1)
+    if a.normalize:
+        w_den = (blocks(qd) @ context(kd).transpose(-1, -2)) * mask
+        out = num / guard_denominator(w_den.sum(-1) + a.eps, a.rope).unsqueeze(-1)
+    else:  # the numerator alone (normalize=False)
+        out = num
     return out.reshape(B, H, nb * W, -1)[:, :, :N].to(v.dtype)
 
 
