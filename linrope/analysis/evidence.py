@@ -183,8 +183,8 @@ def section(
     # comparisons
     family, records, notes = [], [], []
     for text, metric, a, b in comparisons:
-        if a not in groups or b not in groups:
-            continue
+        if a not in groups or b not in groups or not all(documents_of(groups[c], metric) for c in (a, b)):
+            continue  # a configuration, or the row the metric names, is not in these runs
         cells = {c: documents_of([r for r in groups[c] if r.seed not in outcome[c].failed], metric) for c in (a, b)}
         shared = sorted(set(cells[a]) & set(cells[b]), key=str)
         why = None
@@ -200,10 +200,8 @@ def section(
     adjusted = adjust(family)
     body = []
     for record, adj, why in zip(records, adjusted, notes):
-        collapsed = unigram is not None and any(
-            (o := outcome[c]).kept and min(o.kept.values()) > unigram for c in (record["a"], record["b"])
-        )
-        verdict = "no verdict (collapsed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
+        collapsed = any(not outcome[c].kept for c in (record["a"], record["b"]))  # every seed failed
+        verdict = "no verdict (every seed failed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
         record.update(
             diff=adj.value,
             lo=adj.lo,
@@ -233,11 +231,16 @@ def section(
     if body:
         raw, holm, bh = resolved_count(adjusted)
         m = adjusted[0].m if adjusted else 0
+        family_text = (
+            f"family: the {m} comparisons below with a test, simultaneous intervals at 1 − 0.05/{m}; p raw, Holm (the "
+            f"verdict) and Benjamini–Hochberg.  Resolved at 5%: {raw} raw, {holm} after Holm, {bh} after BH."
+            if m
+            else "no comparison has two seeds left to test."
+        )
         lines += [
-            f"**Comparisons** (A − B in bpb, below 0: A better).  Interval: 95%, from a paired bootstrap that resamples "
-            f"both the seeds and the test documents (linrope.analysis.bootstrap: a t interval on the bootstrap's "
-            f"per-level variances); family: the {m} comparisons below, simultaneous intervals at 1 − 0.05/{m}; p raw, "
-            f"Holm (the verdict) and Benjamini–Hochberg.  Resolved at 5%: {raw} raw, {holm} after Holm, {bh} after BH.",
+            f"**Comparisons** (A − B in bpb, below 0: A better; failed seeds left out).  Interval: 95%, from a paired "
+            f"bootstrap that resamples both the seeds and the test documents (linrope.analysis.bootstrap: a t "
+            f"interval on the bootstrap's per-level variances); {family_text}",
             "",
             *_table(
                 ["claim", "A − B", "metric", "A − B [95%]", "simultaneous", "p", "p Holm", "p BH", "verdict", "seeds"],
@@ -273,7 +276,7 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
             name = label if window is None else f"{label}, last {window} keys"
             curves.append(Curve(name, points, {"color": series_colour(i), "linestyle": "-" if window is None else ":"}))
             context = train_context(runs[0]) or 1
-            edges = [0, context // 2, context, 2 * context, longest // 2, longest]
+            edges = sorted({e for e in (0, context // 2, context, 2 * context, longest // 2, longest) if e <= longest})
             bands = []
             for lo, hi in zip(edges, edges[1:]):
                 per_run = []

@@ -33,9 +33,9 @@ import csv
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from linrope.analysis import evidence, study_config
 from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
-from linrope.analysis import study_config
 from linrope.analysis.caveats import (
     failed_note,
     failed_runs,
@@ -468,6 +468,9 @@ def build_report(
         "pairs.csv",
         *(f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation")),
     ]
+    evidence_groups = tasks.get("bytes") if "bytes" in tasks and evidence.has_documents(tasks["bytes"]) else None
+    if evidence_groups:  # runs that kept their loss per document: the evidence section and its files
+        written += [*evidence.FILES]
     labels = {label for groups in tasks.values() for label in groups}
     for a, b in pairs:
         if a not in labels or b not in labels:
@@ -501,6 +504,14 @@ def build_report(
         parts += task_section(
             task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows, run_rows
         )
+    if evidence_groups:
+        study_now = study or study_config.for_runs(runs)
+        comparisons = [(c.text, c.metric, c.a, c.b) for c in study_now.claims]
+        comparisons += [("", "test/bpb", a, b) for a, b in pairs if (a, b) not in {(c[2], c[3]) for c in comparisons}]
+        lines, records = evidence.section(evidence_groups, comparisons, out)
+        parts += ["", *lines]
+        if records:
+            write_csv(records, out / "evidence.csv")
     text = "\n".join(parts)
     (out / "report.md").write_text(text)
     write_csv(summary, out / "summary.csv")

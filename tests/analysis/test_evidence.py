@@ -1,0 +1,121 @@
+"""The evidence section of a bytes report (linrope.analysis.evidence): scored text, reference rows, failed seeds
+as counts, intervals over seeds and documents with raw and adjusted p, the loss by position."""
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from linrope.analysis.evidence import documents_of, row_for, section
+from linrope.analysis.runs import Run
+
+LN2 = math.log(2.0)
+DOCS = [f"doc{i}.py" for i in range(6)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_run(config: str, seed: int, shift: float, rng, *, diverged: bool = False) -> Run:
+    """A run whose per-document bpb is 2 + shift + document and seed noise, at 64 (the test's windows) and 128."""
+    rows = []
+    for length, protocol, window in ((64, "windows", None), (128, "sliding", None), (128, "windows", None),
+                                     (128, "windows", 64)):  # fmt: skip
+        docs = []
+        for i, name in enumerate(DOCS):
+            n = 1000 + 100 * i
+            bpb = 2.0 + shift + 0.05 * i + 0.01 * seed + rng.normal(0, 0.01) + (0.1 if length == 128 else 0)
+            docs.append({"document": name, "bytes": n, "nats": bpb * n * LN2})
+        nats, nbytes = sum(d["nats"] for d in docs), sum(d["bytes"] for d in docs)
+        row = dict(length=length, factor=length / 64, protocol=protocol, scaling="none", window=window,
+                   loss=nats / nbytes, bpb=nats / nbytes / LN2, acc=None, examples=1, scored=nbytes,
+                   documents=len(docs), stride=length, scored_hash="x", seconds=0.0, status="ok",
+                   per_document=docs)  # fmt: skip
+        if protocol == "windows":
+            row["per_position"] = [
+                {"start": s, "end": s + 16, "bytes": 100, "nats": (2.0 + shift + s / 1000) * 100 * LN2}
+                for s in range(0, length, 16)
+            ]
+        rows.append(row)
+    test = float("nan") if diverged else rows[0]["bpb"]
+    series = {"test/bpb": [(10, test)], "test/bytes": [(10, 9000.0)], "test/documents": [(10, 6.0)]}
+    return Run(Path(f"/x/{config}-seed{seed}"), {"seed": seed, "context": 64, "model.name": config}, series, rows)
+
+
+@pytest.fixture
+def groups():
+    rng = np.random.default_rng(0)
+    return {
+        "a": [fake_run("a", s, -0.10, rng) for s in (1, 2, 3)],
+        "b": [fake_run("b", s, 0.0, rng) for s in (1, 2, 3)],
+        "c": [fake_run("c", s, 0.001, rng, diverged=s == 2) for s in (1, 2, 3)],
+    }
+
+
+def test_a_metric_reads_its_row_and_the_documents(groups):
+    run = groups["a"][0]
+    assert row_for(run, "test/bpb")["length"] == 64 and row_for(run, "test/bpb")["protocol"] == "windows"
+    assert row_for(run, "bpb@128")["protocol"] == "sliding"
+    assert row_for(run, "bpb@128 windows window64")["window"] == 64
+    assert row_for(run, "bpb@4096") is None
+    cells = documents_of(groups["a"], "test/bpb")
+    assert sorted(cells) == [1, 2, 3] and sorted(cells[1]) == DOCS and cells[1]["doc0.py"][1] == 1000
+
+
+def test_the_section_has_every_part_and_adjusted_p(groups, tmp_path):
+    (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,4.5\n")
+    comparisons = [
+        ("A beats B", "test/bpb", "a", "b"),
+        ("A beats B at 2x", "bpb@128", "a", "b"),
+        ("C against B", "test/bpb", "c", "b"),
+        ("no such row", "bpb@4096", "a", "b"),
+    ]
+    lines, records = section(groups, comparisons, tmp_path)
+    text = "\n".join(lines)
+    assert "| a | 3 | 9,000 bytes, 6 documents |" in text  # the scored text
+    assert "unigram 4.500 bpb" in text  # the reference rows
+    assert "| c | 1 of 3 seeds fail (1 diverged); the other 2:" in text  # a failed seed is a count
+    assert [r["claim"] for r in records] == ["A beats B", "A beats B at 2x", "C against B"]  # no row: no comparison
+    first = records[0]
+    assert first["diff"] == pytest.approx(-0.10, abs=0.01) and first["lo"] < first["diff"] < first["hi"] < 0
+    assert first["p"] <= first["p_bh"] <= first["p_holm"] and first["verdict"] == "resolved"
+    assert first["family_lo"] < first["lo"]  # the simultaneous interval is wider
+    third = records[2]
+    assert third["seeds"] == 2 and "failed seeds left out: c 2" in third["note"]
+    assert "| A beats B | a − b | test/bpb |" in text and "p Holm" in text and "p BH" in text
+    # the loss by position, beside the context-limited control, and its figure
+    assert "| a, last 64 keys | 128 |" in text and (tmp_path / "positions.png").stat().st_size > 0
+
+
+def test_a_collapsed_configuration_gets_no_verdict(groups, tmp_path):
+    (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,1.5\n")
+    lines, records = section(groups, [("A beats B", "test/bpb", "a", "b")], tmp_path)
+    assert "3 of 3 seeds stall (> 1.5)" in "\n".join(lines)
+    assert records[0]["verdict"] == "no verdict (every seed failed)" and records[0]["diff"] is None
+
+
+@pytest.mark.slow
+def test_a_tiny_study_reports_its_evidence(tmp_path):
+    """A study run with the study command, then its report: every part of the evidence, from real runs."""
+    study = tmp_path / "study"
+    common = ["experiment=headline", "model=linear,linear_rope", "seed=1,2", "size=tiny", "context=32",
+              "trainer.max_steps=150", "trainer.val_check_interval=50", "data.max_bytes=300000",
+              "extrapolation.factors=[1,4]", "optim.lr=3e-3"]  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "linrope.study", str(study), *common, "--jobs", "2"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-m", "linrope.report", str(study)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = (study / "report.md").read_text()
+    from linrope.data.bytes import load_corpus
+
+    test = load_corpus(None, context=128, max_bytes=300000)
+    n, docs = len(test["test"]) - 1, len(test.documents["test"])
+    assert f"| linear_rope | 2 | {n:,} bytes, {docs} documents | {n:,} bytes, {docs} documents |" in report
+    assert "**Reference rows**" in report and "5-gram" in report and (study / "references.csv").is_file()
+    assert "| linear_rope, last 32 keys | 128 |" in report and (study / "positions.png").is_file()
+    rows = list(csv.DictReader(open(study / "evidence.csv")))
+    assert {r["metric"] for r in rows} >= {"test/bpb"} and all(r["p_holm"] for r in rows if r["lo"])
