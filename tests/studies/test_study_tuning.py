@@ -17,6 +17,7 @@ from linrope.studies import study as study_module
 from linrope.studies.study import DONE, Study
 
 TINY = ["experiment=budget", "size=tiny", "trainer.max_steps=4"]
+FAST = ["trainer.val_check_interval=2", "data.val_windows=2", "data.test_windows=2", "data.max_bytes=400000"]
 SPEC = Tuning("optim.lr", (1e-3, 2e-3, 4e-3), 2.0, 3, 0, "val/bpb", "min")  # conf/study/budget.yaml's
 
 
@@ -248,7 +249,7 @@ def test_a_real_tuning_run(tmp_path):
     value chosen (one value, no extension: the shortest tuning there is)."""
     study = Study(
         tmp_path / "s",
-        [*TINY, "trainer.val_check_interval=2", "data.val_windows=2", "data.test_windows=2", "model=linear_rope"],
+        [*TINY, *FAST, "model=linear_rope", "seed=1", "extrapolation.enabled=false"],
         1,
         False,
         tune=Tuning("optim.lr", (3e-3,), 2.0, 0, 0, "val/bpb", "min"),
