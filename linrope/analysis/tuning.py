@@ -56,13 +56,13 @@ def _score(v: Any) -> str:
     return "–" if not isinstance(v, (int, float)) or not math.isfinite(v) else f"{v:.4f}"
 
 
-def section(record: Dict[str, Any]) -> List[str]:
+def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> List[str]:
     """report.md's lines for the record: the rule in one paragraph, then one row per configuration."""
     key, metric, rule = record.get("key", "?"), record.get("metric", "?"), record.get("protocol") or {}
     best = "lowest" if record.get("mode", "min") == "min" else "highest"
     steps = rule.get("max_steps")
     lines = [
-        "## Tuning (validation only)",
+        f"## {title}",
         "",
         f"`{key}` was chosen per configuration before the main runs: each configuration trained at every value "
         f"at seed {rule.get('seed', '?')} with the main runs' steps and schedule"

@@ -93,12 +93,12 @@ def test_tuning_runs_first_on_validation_and_the_main_jobs_train_at_the_choice(t
     git(tmp_path, "config", "user.email", "t@t")
     git(tmp_path, "commit", "-q", "--allow-empty", "-m", "start")
     trainer.start({"linear_rope": 1e-2, "linear": 2e-3})
-    s = tmp_path / "s"
+    s = tmp_path / "b" / "steps4"  # an arm of a study run in arms (budget: steps<N>/)
     study = Study(s, [*TINY, "model=linear_rope,linear", "seed=1"], 1, True, cache=trainer.cache)
     assert study.tuning.spec == SPEC  # conf/study/budget.yaml's, found by the jobs' task_name
     assert study.run(jobs=2) == 0
     where = [parent for parent, _, _ in trainer.calls]
-    assert where == ["tuning"] * 8 + ["s"] * 2  # every tuning run before the first main job
+    assert where == ["tuning"] * 8 + ["steps4"] * 2  # every tuning run before the first main job
     for _, _, overrides in trainer.calls[:8]:
         assert {"seed=0", "test=false", "extrapolation.enabled=false", "trainer.max_steps=4"} <= set(overrides)
     assert sorted(name for _, name, _ in trainer.calls[:8]) == [
@@ -147,7 +147,8 @@ def test_tuning_runs_first_on_validation_and_the_main_jobs_train_at_the_choice(t
     assert [r["run"] for r in json.loads((s / "runs.json").read_text())["runs"]] == ["linear", "linear_rope"]
     assert len(json.loads((s / "tuning" / "runs.json").read_text())["runs"]) == 8
     committed = git(tmp_path, "show", "--name-only", "--format=%B", "HEAD")
-    for path in ("s/tuning.json", "s/tuning/runs.json", "s/tuning/curves.csv", "s/runs.json"):
+    for path in ("tuning.json", "tuning/runs.json", "tuning/curves.csv", "runs.json", ".gitignore"):
+        path = f"b/steps4/{path}"
         assert path in committed.split()
     assert "tuning linear_rope: optim.lr 0.008 (interior); tried 0.001, 0.002, 0.004, 0.008, 0.016" in committed
     assert git(tmp_path, "rev-list", "--count", "HEAD") == "2\n" and not git(tmp_path, "status", "--porcelain")
@@ -160,6 +161,11 @@ def test_tuning_runs_first_on_validation_and_the_main_jobs_train_at_the_choice(t
     assert row.split(" | ")[1:5] == ["0.001, 0.002, 0.004, 0.008, 0.016", row.split(" | ")[2], "0.008", "interior"]
     assert "**1.0498**" in row  # the chosen value's score
     assert "seed 0 with the main runs' steps and schedule (4 steps)" in text and "lowest val/bpb" in text
+    from linrope.analysis import study_config
+    from linrope.analysis.arms import arms_table
+
+    table = arms_table(tmp_path / "b", study_config.named("budget"), reports=False, write=False)
+    assert "## Tuning (validation only): 4 steps" in table and row in table  # the study's table, per arm
 
     again = Study(s, [*TINY, "model=linear_rope,linear", "seed=1"], 1, False, cache=trainer.cache)
     assert again.run(jobs=1) == 0
