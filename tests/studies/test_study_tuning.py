@@ -174,6 +174,14 @@ def test_tuning_runs_first_on_validation_and_the_main_jobs_train_at_the_choice(t
     assert listed[0].split()[:2] == ["done", "tuning/linear_rope-lr0.001"] and len(listed) == 8 + 2 + 2
     assert listed[-2].split()[:2] == ["done", "linear_rope"] and listed[-2].endswith("optim.lr=0.008")
 
+    # a fresh checkout of the commit: no run folders, the compact results alone; nothing to train, same choice
+    import shutil
+
+    for folder in [*s.glob("tuning/*/"), *s.glob("linear*/")]:
+        shutil.rmtree(folder)
+    fresh = Study(s, [*TINY, "model=linear_rope,linear", "seed=1"], 1, False, cache=trainer.cache)
+    assert fresh.listing() == listed and not list(s.glob("tuning/*/"))
+
 
 def test_a_best_still_at_an_edge_after_every_extension_is_recorded_at_edge(tmp_path, trainer):
     """A best at the top edge is extended upwards (× 2), one at the bottom edge downwards (÷ 2), at most
