@@ -6,7 +6,8 @@ and figures, beside the arm's runs; not with ``--no-reports``), then one table, 
 its ``.csv`` and ``.png``, in the sections the config asks for: the positive control (``control``), the metric per
 configuration and arm (``table.configurations``), every claim as a paired difference A − B over the seeds both
 configurations finished at each arm with its verdict (``claims``, ``verdict``), a figure (``table.figure``) and
-every run's value behind the intervals (``table.per_run``).  An arm's label is what its runs recorded, and the
+every run's value behind the intervals (``table.per_run``), and each arm's tuning table when the arm tuned
+(``tuning.json``, linrope.analysis.tuning).  An arm's label is what its runs recorded, and the
 runs of every arm come from one code (one line each, else).  Light: no torch."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
+from linrope.analysis import tuning
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.report import build_report, higher_is_better, markdown_table, pair_record, write_csv
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
@@ -339,6 +341,9 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             "",
             *per_run_lines(study, groups, arms),
         ]
+    for arm, name in zip(arms, names):  # each arm's tuning stage (its tuning.json), as its report.md shows it
+        record = tuning.read(arm)
+        parts += ["", *tuning.section(record, f"Tuning (validation only): {name}")] if record is not None else []
     text = "\n".join(parts)
     if not write:  # tests/analysis/test_results.py: recomputed from the committed runs, compared with the files
         return text

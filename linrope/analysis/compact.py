@@ -19,7 +19,9 @@
 (a folder still there wins), so a report, a figure or a table of a study reads either form.  The raw logs
 (``train.log``, ``study.log``, Hydra's ``hydra.yaml`` and ``hparams.yaml``) are not kept: nothing is computed
 from them.  linrope.study writes these files after each job it finishes (``finished_only``: runs with a study
-record), and commits them with ``--commit``.  Light: no torch."""
+record), and commits them with ``--commit``.  A study with a tuning stage keeps its tuning runs the same way in
+``<study>/tuning/`` (its own three files; never among the study's runs) beside ``<study>/tuning.json``, the choice
+and its rule (linrope.analysis.tuning).  Light: no torch."""
 
 from __future__ import annotations
 

@@ -17,6 +17,10 @@ only in their seed, and writes into the sweep folder (or ``--out``):
   own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
 * ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
 
+A study folder with a tuning stage (``tuning.json``, linrope.analysis.tuning) gets its table in report.md: per
+configuration the values tried on validation, each one's score, the value chosen, interior or at an edge, and the
+budget they all had; the tuning runs (``tuning/``) are not among the report's runs.
+
 Beside the numbers (linrope.analysis.caveats): failed runs (headline NaN, infinite or missing) and configurations
 still improving are named above each table; ``n`` counts only the runs behind each value; every table
 gives parameter counts, and learned position parameters get a table of how far they moved.
@@ -33,7 +37,7 @@ import csv
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from linrope.analysis import evidence, study_config
+from linrope.analysis import evidence, study_config, tuning
 from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
 from linrope.analysis.caveats import (
@@ -497,6 +501,9 @@ def build_report(
         "",
     ]
     parts += provenance.section(runs)
+    for s in sweeps:  # a study's tuning stage (its tuning.json): the values chosen on validation, and how
+        record = tuning.read(Path(s))
+        parts += tuning.section(record) if record is not None else []
     summary: List[Dict[str, Any]] = []
     pair_rows: List[Dict[str, Any]] = []
     run_rows: List[Dict[str, Any]] = []

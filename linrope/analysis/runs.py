@@ -7,7 +7,10 @@ counts as no value: ``by_seed`` leaves it out, and the report names the run (lin
 
 A study's committed results are the same runs in compact form (linrope.analysis.compact): ``runs.json`` holds
 each run's ``folder_record`` (what is read above but the curves) and ``curves.csv`` every row of every
-run's metrics.csv.  ``find_runs`` reads both: a run folder, else its record, into the same ``Run``."""
+run's metrics.csv.  ``find_runs`` reads both: a run folder, else its record, into the same ``Run``.
+
+A study's tuning runs (``<study>/tuning/``, linrope.studies.study_tuning) are not among its runs: ``run_folders``
+and ``find_runs`` of a folder leave out every ``tuning/`` below it (read that folder itself to see them)."""
 
 from __future__ import annotations
 
@@ -52,6 +55,12 @@ COMPACT, CURVES, FORMAT = (
     "curves.csv",
     "linrope.runs/1",
 )  # a study's compact results (linrope.analysis.compact)
+TUNING = "tuning"  # a study's tuning runs (linrope.studies.study_tuning), never among its runs
+
+
+def _tuning_run(path: Path, sweep: Path) -> bool:
+    """``path`` lies in a study's tuning folder below ``sweep``."""
+    return TUNING in path.relative_to(sweep).parts[:-1]
 
 
 @dataclass
@@ -142,6 +151,8 @@ def run_folders(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Tuple
     ``is_linrope_run`` recognises); the metrics.csv files of other folders are listed in ``skipped`` when given."""
     found = []
     for metrics in sorted(sweep.rglob("metrics.csv")):
+        if _tuning_run(metrics, sweep):
+            continue
         run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent
         if is_linrope_run(run_dir):
             found.append((run_dir, metrics))
@@ -241,6 +252,8 @@ def find_runs(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Run]:
     for run_dir, metrics in run_folders(sweep, skipped):
         runs[metrics] = run_from_record(run_dir, folder_record(run_dir, metrics), read_metrics(metrics))
     for compact in sorted(sweep.rglob(COMPACT)):
+        if _tuning_run(compact, sweep):
+            continue
         for record, rows in compact_records(compact.parent):
             run_dir = compact.parent / record["run"]
             runs.setdefault(

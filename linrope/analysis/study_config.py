@@ -21,7 +21,13 @@ have no place.  Keys, each optional (docs/design.md, "Studies are data"):
 * ``control`` — ``{configuration, at_least | at_most, what}``: the bar the control meets in every seed at every arm;
 * ``table`` — the arms' table: ``file`` (``<file>.md``, ``.csv``, ``.png``), ``title``, ``intro`` (``{arms}``,
   ``{folders}``, ``{verdicts}`` filled in), ``claims_intro``, ``configurations`` and ``per_run`` (sections shown),
-  ``figure`` (``claims`` or ``by_arm``), ``figure_title``, ``caption``.
+  ``figure`` (``claims`` or ``by_arm``), ``figure_title``, ``caption``;
+* ``tuning`` — ``{key, grid, factor, max_extensions, seed, metric, mode}``: the study's tuning stage
+  (linrope.studies.study_tuning): each configuration trains at every ``grid`` value of ``key`` at seed ``seed`` with
+  the main runs' budget, scored on ``metric`` (``val/<name>``: validation only) by its best logged value (``mode``
+  min or max); a best at an edge of the values tried adds the next value beyond it (× or ÷ ``factor``), at most
+  ``max_extensions`` times; the main runs train at the chosen value.  ``key``, ``grid`` and ``metric`` are needed;
+  ``factor`` 2, ``max_extensions`` 3, ``seed`` 0 and ``mode`` min unless given.
 
 Read with ``yaml.safe_load``: nothing in it is built or imported.  A bad key, metric or pair is one line
 (``linrope.base.errors.ConfigError``) naming the file and the key.  Light: no torch."""
@@ -38,7 +44,7 @@ import yaml
 from linrope.base.errors import ConfigError, UnknownOption, nearest_hint
 from linrope.config.command_line import CONF_DIR
 
-KEYS = ("pairs", "metric", "arms", "claims", "verdict", "control", "table")
+KEYS = ("pairs", "metric", "arms", "claims", "verdict", "control", "table", "tuning")
 ARMS = {"folder": str, "key": str, "label": str, "task": str, "axis": str}
 CLAIM = {"text": str, "metric": str, "a": str, "b": str}
 CONTROL = {"configuration": str, "at_least": float, "at_most": float, "what": str}
@@ -56,6 +62,9 @@ TABLE = {
 # a claim's signs (resolved or not) from the first arm to the last -> the verdict the study names for it
 OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "unpaired", "single")
 FIGURES = ("claims", "by_arm")
+TUNING = ("key", "grid", "factor", "max_extensions", "seed", "metric", "mode")
+TUNING_DEFAULTS = {"factor": 2.0, "max_extensions": 3, "seed": 0, "mode": "min"}
+MODES = ("min", "max")
 # bpb@2048 (sliding windows, as trained), bpb@2048 windows, bpb@2048 windows window128: the extrapolation table's rows
 METRIC = re.compile(r"(train|val|test)/\w+|(bpb|acc)@\d+( (windows|pi|ntk|window\d+))*")
 DEFAULT = "default"
@@ -69,6 +78,24 @@ class Claim:
     b: str
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """A study's tuning stage (``tuning``): see the module docstring."""
+
+    key: str  # the setting tuned, as on the command line (optim.lr)
+    grid: Tuple[float, ...]  # the values every configuration tries first, ascending
+    factor: float  # the step beyond an edge: × factor above the largest, ÷ factor below the smallest
+    max_extensions: int  # values added beyond an edge at most, per configuration
+    seed: int  # the tuning runs' seed
+    metric: str  # val/<name>: the best value logged over a run is its score
+    mode: str  # min or max: which is best
+
+    @property
+    def leaf(self) -> str:
+        """The key's last part: a tuning run's folder is ``<configuration>-<leaf><value>`` (linear-lr0.002)."""
+        return self.key.rpartition(".")[2]
+
+
 @dataclass(eq=False)
 class Study:
     name: str
@@ -80,6 +107,7 @@ class Study:
     verdict: Optional[Dict[str, Any]] = None
     control: Optional[Dict[str, Any]] = None
     table: Dict[str, Any] = field(default_factory=dict)
+    tuning: Optional[Tuning] = None
 
     @property
     def compared(self) -> List[Tuple[str, str]]:
@@ -191,6 +219,8 @@ def load(path: Path, name: Optional[str] = None) -> Study:
             raise read.fail("table: its configurations and the by_arm figure need the study's metric")
     if study.arms is not None:
         read.required(study.table, ("file", "title"), "table")
+    if "tuning" in data:
+        study.tuning = _tuning(read, data["tuning"])
     _check_configurations(read, study)
     return study
 
@@ -203,6 +233,48 @@ def _verdict(read: _Reader, node: Any) -> Dict[str, Any]:
         if not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, str) and x for x in v):
             raise read.fail(f"verdict.{k}: {v!r}: [the verdict, its legend]")
     return out
+
+
+def _tuning(read: _Reader, node: Any) -> Tuning:
+    """``tuning``, every value checked: validation only (a test score never chooses), a grid of distinct positive
+    numbers, a factor above 1."""
+    t = {**TUNING_DEFAULTS, **read.mapping(node, TUNING, "tuning")}
+    read.required(t, ("key", "grid", "metric"), "tuning")
+    key = t["key"]
+    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
+        raise read.fail(f"tuning.key: {key!r}: a setting as on the command line (optim.lr)")
+    grid = t["grid"]
+    if (
+        not isinstance(grid, list)
+        or not grid
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in grid)
+        or len(set(grid)) != len(grid)
+    ):
+        text = next((v for v in grid if isinstance(v, str)), None) if isinstance(grid, list) else None
+        hint = f" (YAML reads {text} as text: write it with a point, 1.0e-3)" if text and _number(text) else ""
+        raise read.fail(f"tuning.grid: {grid!r}: a list of distinct positive numbers{hint}")
+    factor = t["factor"]
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 1:
+        raise read.fail(f"tuning.factor: {factor!r}: a number above 1 (the step beyond an edge of the grid)")
+    for k in ("max_extensions", "seed"):
+        if not isinstance(t[k], int) or isinstance(t[k], bool) or t[k] < 0:
+            raise read.fail(f"tuning.{k}: {t[k]!r}: a whole number, 0 or more")
+    metric = read.metric(t["metric"], "tuning.metric")
+    if not metric.startswith("val/"):
+        raise read.fail(f"tuning.metric: {metric!r}: validation only (val/<name>): the tuning never scores test")
+    if t["mode"] not in MODES:
+        raise read.fail(f"tuning.mode: {t['mode']!r}: one of {', '.join(MODES)}")
+    return Tuning(
+        key, tuple(sorted(float(v) for v in grid)), float(factor), t["max_extensions"], t["seed"], metric, t["mode"]
+    )
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def experiment_models(name: str, conf_dir: Path) -> Optional[List[str]]:

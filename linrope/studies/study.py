@@ -2,6 +2,7 @@
 
     python -m linrope.study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit
     python -m linrope.study docs/results/budget/steps3200 experiment=budget --list
+    python -m linrope.study /tmp/s experiment=budget optim.lr=3e-3    (no tuning: the learning rate is given)
 
 The jobs are those ``python train.py -m <overrides>`` would launch (``linrope.sweeps``: the sweep of the
 experiment and of the command line).  Each job trains in ``<dir>/<name>``, its name made of the values
@@ -28,6 +29,15 @@ ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores /
   (its lock, linrope.run.folder) is left to it.
 * Paths mean what they say from any folder: the study folder, ``data.path`` and ``--config-dir`` are read
   from where the driver was started (each job runs there, its run folder given absolute).
+* Tuning first, when the study's config declares it (``tuning`` in ``conf/study/<task_name>.yaml``;
+  linrope.studies.study_tuning): every configuration (a job less its seed) trains at each value of a grid of
+  one setting (``optim.lr``) at the tuning seed, with the main runs' budget but test and extrapolation off, in
+  ``<dir>/tuning/<configuration>-lr<value>/``; scored by the best validation value it logged; a best at an edge of
+  the values tried adds the value beyond it, up to the extensions allowed.  The choice goes to ``<dir>/tuning.json``
+  (committed, with the tuning runs' compact results in ``<dir>/tuning/``), and the configuration's main jobs train
+  with ``<key>=<chosen>`` (they wait until it is chosen).  Tuning runs are jobs like the others: skipped when
+  finished, resumed, locked, checked, ``--jobs N`` at a time.  ``--list`` shows them and the choices so far.  The
+  key given on the command line (``optim.lr=3e-3``) skips the tuning, with one line saying so.
 
 ``python -m linrope.report <dir>`` reads whatever has finished."""
 
@@ -37,7 +47,6 @@ import argparse
 import fcntl
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -46,33 +55,17 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from linrope.analysis import compact
+from linrope.analysis.runs import TUNING
 from linrope.studies.study_git import commit_part
-from linrope.studies.study_jobs import DONE, current_code, finished, flat, mismatch, place
+from linrope.studies.study_jobs import DONE, Place, current_code, finished, flat, job_names, mismatch, place
 
 IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/\n"  # run folders stay out: the compact results are committed
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
 _ROOT = Path(__file__).resolve().parents[2]
 CLAIM = ".study.lock"
-
-
-def job_names(jobs: Sequence[Sequence[str]]) -> List[str]:
-    """One folder name per job, made of the override values that differ between jobs: ``model=linear_rope``
-    gives ``linear_rope``, ``seed=1`` gives ``seed1``, joined by ``-``."""
-    splits = [dict(o.split("=", 1) for o in job) for job in jobs]
-    keys = [k for k in dict.fromkeys(k for s in splits for k in s) if len({s.get(k) for s in splits}) > 1]
-    names = []
-    for s in splits:
-        parts = []
-        for k in keys:
-            v = s.get(k, "none")
-            parts.append(v if k in ("model", "data", "experiment") else f"{k.split('.')[-1]}{v}")
-        names.append(re.sub(r"[^A-Za-z0-9_.+-]", "_", "-".join(parts)) or "job")
-    if len(set(names)) != len(names):
-        raise SystemExit(f"linrope.study: two jobs would share a folder name ({names})")
-    return names
 
 
 def state(folder: Path) -> str:
@@ -81,6 +74,18 @@ def state(folder: Path) -> str:
     if any(folder.glob("checkpoints/*.ckpt")):
         return "partial"
     return "todo"
+
+
+def launch(cmd: List[str], env: Dict[str, str], out) -> subprocess.Popen:
+    """A job's process, its output into ``out``, in a session of its own (the tests put a stand-in here)."""
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _test_outcome(folder: Path, job: Sequence[str]) -> Optional[Tuple[Dict[str, Any], str]]:
+    """A main job's record (its test metrics) and the line that shows them, None when it logged none."""
+    metrics = test_metrics(folder)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "@" not in k)
+    return ({"test": metrics}, shown) if metrics else None
 
 
 def test_metrics(folder: Path) -> Dict[str, float]:
@@ -135,32 +140,75 @@ class Study:
         commit: bool,
         new_folder: bool = False,
         resume_command: Optional[str] = None,
+        *,
+        jobs: Optional[Sequence[Sequence[str]]] = None,
+        names: Optional[Sequence[str]] = None,
+        tune: Union[bool, Any] = True,
+        part: Optional["Study"] = None,
+        what: str = "jobs",
+        cache: Optional[Dict[Tuple[str, ...], Any]] = None,
+        code: Optional[str] = None,
     ):
-        from linrope.studies.sweeps import compose_train, sweep_jobs
+        """``jobs`` and ``names``: these jobs in these folders (default: the sweep of ``overrides``, named by
+        ``job_names``); ``tune``: run the tuning stage of the study's config (True), none (False), or this one
+        (a ``linrope.analysis.study_config.Tuning``); ``part``: the study whose folder is committed (a tuning
+        stage's runs: the study's)."""
+        from linrope.studies.sweeps import sweep_jobs
 
         self.dir = Path(os.path.abspath(dir_))  # jobs run in the caller's folder: this one, given absolute
         self.threads, self.commit, self.new_folder = threads, commit, new_folder
+        self.given = list(overrides)
         self.fixed = list(overrides)
-        self.jobs = sweep_jobs(self.fixed)
-        self.names = job_names(self.jobs)
+        self.sweep = [list(j) for j in jobs] if jobs is not None else sweep_jobs(self.fixed)
+        self.names = list(names) if names is not None else job_names(self.sweep)
         given = {o.split("=", 1)[0].lstrip("+~") for o in self.fixed}
         self.fixed += [d for d in DEFAULTS if d.split("=", 1)[0] not in given]
-        self.configs = [compose_train(self.job_overrides(job)) for job in self.jobs]
-        self.requested = [flat(cfg) for cfg in self.configs]
-        self.code = current_code()
-        self.places = [
-            place(self.dir, name, req, self.code, new_folder, self.names)
-            for name, req in zip(self.names, self.requested)
-        ]
+        self.part = part or self
+        self.what = what
+        self._cache = {} if cache is None else cache
+        self.code = code or current_code()
         self.resume_command = resume_command or " ".join(
             ["python -m linrope.study", shlex.quote(str(self.dir)), *map(shlex.quote, overrides)]
         )
+        self.outcome: Callable[[Path, Sequence[str]], Optional[Tuple[Dict[str, Any], str]]] = _test_outcome
+        self.expects = "test metric"
+        self.on_keep: Optional[Callable[[], None]] = None
         self._lock = threading.Lock()
         self._children: List[subprocess.Popen] = []
         self.failed: List[str] = []
         self.elsewhere: List[str] = []
         self.stopped: List[str] = []
         self.signal: Optional[int] = None  # the signal that stops the driver
+        self.tuning = None
+        if tune is not False:
+            from linrope.studies.study_tuning import stage
+
+            self.tuning = stage(self, None if tune is True else tune)
+        self.prepare()
+
+    def compose(self, job: Sequence[str]) -> Tuple[Any, Dict[str, Any]]:
+        """(composed configuration, flat) of a job, composed once per driver."""
+        from linrope.studies.sweeps import compose_train
+
+        key = tuple(self.job_overrides(job))
+        if key not in self._cache:
+            cfg = compose_train(list(key))
+            self._cache[key] = (cfg, flat(cfg))
+        return self._cache[key]
+
+    def prepare(self) -> None:
+        """The jobs as they train: each with its configuration's tuned value (``<key>=<chosen>``) once the tuning
+        stage chose it; a job whose configuration's tuning has not finished is not ready (it waits)."""
+        chosen = self.tuning.chosen_overrides() if self.tuning is not None else {}
+        self.jobs = [[*job, chosen[i]] if i in chosen else list(job) for i, job in enumerate(self.sweep)]
+        self.ready = [self.tuning is None or i in chosen for i in range(len(self.jobs))]
+        composed = [self.compose(job) for job in self.jobs]
+        self.configs = [cfg for cfg, _ in composed]
+        self.requested = [req for _, req in composed]
+        self.places = [
+            place(self.dir, name, req, self.code, self.new_folder, self.names) if ready else Place(self.dir / name)
+            for name, req, ready in zip(self.names, self.requested, self.ready)
+        ]
 
     def folder(self, i: int) -> Path:
         return self.places[i].folder
@@ -180,7 +228,10 @@ class Study:
         ]
 
     def status(self, i: int) -> str:
-        """done / partial / todo, or ``differs`` when the job's folder holds another job."""
+        """done / partial / todo, ``differs`` when the job's folder holds another job, ``waits`` while its
+        configuration's tuning has not finished."""
+        if not self.ready[i]:
+            return "waits"
         return "differs" if self.places[i].conflict else state(self.folder(i))
 
     def conflicts(self) -> List[str]:
@@ -232,7 +283,7 @@ class Study:
         finally:
             os.close(claim)
 
-    def _train(self, job: Sequence[str], folder: Path) -> None:
+    def _train(self, job: Sequence[str], folder: Path) -> None:  # noqa: C901 - one job's life, in order
         name = folder.name
         cmd = self.command(job, folder)
         env = dict(os.environ, OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads))
@@ -243,16 +294,15 @@ class Study:
         print(f"[{name}] {state(folder)} → training ({' '.join(job)})", flush=True)
         with open(log, "a") as out:
             # a session of its own: Ctrl+C reaches the driver only, which passes it on once (twice stops at once)
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = launch(cmd, env, out)
             with self._lock:
                 self._children.append(proc)
                 if self.signal is not None:  # the driver was stopped while this job started
                     proc.send_signal(self.signal)
             rc = proc.wait()
         wall = time.time() - start
-        metrics = test_metrics(folder)
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "@" not in k)
-        if self.signal is not None and (rc != 0 or not metrics):
+        result = self.outcome(folder, job)
+        if self.signal is not None and (rc != 0 or result is None):
             with self._lock:
                 self.stopped.append(name)
             saved = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
@@ -262,10 +312,10 @@ class Study:
                 flush=True,
             )
             return
-        if rc != 0 or not metrics:
+        if rc != 0 or result is None:
             with self._lock:
                 self.failed.append(name)
-            why = f"exit status {rc}" if rc else "no test metric was logged"
+            why = f"exit status {rc}" if rc else f"no {self.expects} was logged"
             print(f"[{name}] FAILED ({why}) after {wall / 60:.1f} min: see {log}", flush=True)
             return
         record = dict(
@@ -274,22 +324,24 @@ class Study:
             command=cmd,
             wall_s=round(wall, 1),
             threads=self.threads,
-            test=metrics,
+            **result[0],
             finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
         (folder / DONE).write_text(json.dumps(record, indent=1) + "\n")
         log.replace(folder / "study.log")
-        print(f"[{name}] done in {wall / 60:.1f} min: {shown}", flush=True)
+        print(f"[{name}] done in {wall / 60:.1f} min: {result[1]}", flush=True)
         self.keep()
 
     def keep(self) -> None:
         """Every finished job into the compact results, then (``--commit``) into the part's commit: one thread
         and one driver at a time (an exclusive lock on ``<dir>/.study.lock``)."""
-        with self._lock, open(self.dir / CLAIM, "a") as held:
+        with self._lock, open(self.part.dir / CLAIM, "a") as held:
             fcntl.flock(held, fcntl.LOCK_EX)
             compact.write(self.dir, finished_only=True)
+            if self.on_keep is not None:
+                self.on_keep()
             if self.commit:
-                commit_part(self.dir, len(self.jobs))
+                commit_part(self.part.dir, len(self.part.jobs))
 
     def _stop(self, signum, _frame) -> None:
         """SIGTERM / SIGINT: start nothing more; each running job gets the signal, saves and stops."""
@@ -304,7 +356,25 @@ class Study:
                 if p.poll() is None:
                     p.send_signal(signum)
 
-    def run(self, jobs: int) -> int:
+    def listing(self) -> List[str]:
+        """``--list``: the tuning runs (when the study tunes) and their choices so far, then every job, with its
+        state."""
+        lines = []
+        if self.tuning is not None:
+            runs = self.tuning.child
+            for i, job in enumerate(runs.jobs):
+                p = runs.places[i]
+                shown = p.folder.name if not p.conflict else f"{runs.names[i]} (holds another run: {p.conflict})"
+                lines.append(f"{runs.status(i):8} {TUNING + '/' + shown:32} {' '.join(job)}")
+            lines += self.tuning.lines()
+        for i, (job, name) in enumerate(zip(self.jobs, self.names)):
+            p = self.places[i]
+            shown = p.folder.name if not p.conflict else f"{name} (holds another run: {p.conflict})"
+            lines.append(f"{self.status(i):8} {shown:32} {' '.join(job)}")
+        return lines
+
+    def run(self, jobs: int, skip: Sequence[str] = ()) -> int:
+        """Every ready job not done (nor named in ``skip``), ``jobs`` at a time; the tuning stage first."""
         errors = self.conflicts() or self.check()
         if errors:
             raise SystemExit("\n".join(errors))
@@ -312,26 +382,44 @@ class Study:
         self.dir.mkdir(parents=True, exist_ok=True)
         gitignore = self.dir / ".gitignore"  # a folder of an older study gets the lines it lacks
         kept = gitignore.read_text().splitlines() if gitignore.exists() else []
-        missing = [line for line in IGNORE.splitlines() if line not in kept]
+        wanted = IGNORE + (f"!/{TUNING}/\n" if self.tuning is not None else "")  # the tuning's compact results
+        missing = [line for line in wanted.splitlines() if line not in kept]
         if missing:
             gitignore.write_text("".join(f"{line}\n" for line in kept + missing))
-        todo = [i for i in range(len(self.jobs)) if state(self.folder(i)) != "done"]
-        print(
-            f"linrope.study: {len(self.jobs)} jobs in {self.dir}: {len(self.jobs) - len(todo)} done, "
-            f"{len(todo)} to run, {jobs} at a time with {self.threads} thread(s) each",
-            flush=True,
-        )
         main_thread = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)} if main_thread else {}
         try:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                list(pool.map(self.run_one, todo))
+            if self.tuning is not None:
+                stopped = self.tuning.run(jobs)
+                if stopped is not None:
+                    return stopped
+                self.prepare()  # the jobs with their chosen values
+                errors = self.conflicts() or self.check()
+                if errors:
+                    raise SystemExit("\n".join(errors))
+            todo = [
+                i
+                for i in range(len(self.jobs))
+                if self.ready[i] and state(self.folder(i)) != "done" and self.names[i] not in skip
+            ]
+            waiting = [self.names[i] for i in range(len(self.jobs)) if not self.ready[i]]
+            n = len(self.jobs)
+            print(
+                f"linrope.study: {n} {self.what} in {self.dir}: "
+                f"{sum(state(self.folder(i)) == 'done' for i in range(n) if self.ready[i])} done, {len(todo)} to run"
+                + (f", {len(waiting)} waiting for their configuration's tuning" if waiting else "")
+                + f", {jobs} at a time with {self.threads} thread(s) each",
+                flush=True,
+            )
+            if self.signal is None:
+                with ThreadPoolExecutor(max_workers=jobs) as pool:
+                    list(pool.map(self.run_one, todo))
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        left = [self.folder(i).name for i in range(len(self.jobs)) if state(self.folder(i)) != "done"]
+        left = [self.folder(i).name for i in range(n) if not self.ready[i] or state(self.folder(i)) != "done"]
         print(
-            f"linrope.study: {len(self.jobs) - len(left)}/{len(self.jobs)} jobs done"
+            f"linrope.study: {n - len(left)}/{n} {self.what} done"
             + (f"; not finished: {', '.join(left)}" if left else "")
             + (f" ({', '.join(self.elsewhere)} running elsewhere)" if self.elsewhere else ""),
             flush=True,
@@ -342,7 +430,7 @@ class Study:
                 flush=True,
             )
             return 128 + int(self.signal)
-        return 1 if self.failed or set(left) - set(self.elsewhere) else 0
+        return 1 if self.failed or set(left) - set(self.elsewhere) - set(waiting) - set(skip) else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -351,7 +439,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         prog="python -m linrope.study",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  python -m linrope.study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit",
+        epilog="tuning: a study whose config (conf/study/<task_name>.yaml) declares `tuning` first trains every\n"
+        "configuration (a job less its seed) at each value of the grid at the tuning seed, with test and\n"
+        "extrapolation off, in <dir>/tuning/; the best validation value chooses (a best at an edge of the values\n"
+        "tried adds the value beyond it); the main jobs train with <key>=<chosen> (recorded in <dir>/tuning.json).\n"
+        "The key on the command line (optim.lr=3e-3) skips the tuning.\n\n"
+        "example:\n  python -m linrope.study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit",
     )
     ap.add_argument("dir", type=Path, help="the study's folder: one sub-folder per job")
     ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
@@ -362,7 +455,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         action="store_true",
         help="git-commit the compact results as each job finishes, one commit per study part",
     )
-    ap.add_argument("--list", action="store_true", help="list the jobs and their state, train nothing")
+    ap.add_argument(
+        "--list",
+        action="store_true",
+        help="list the jobs and their state (the tuning runs and choices first), train nothing",
+    )
     ap.add_argument(
         "--compact",
         action="store_true",
@@ -392,6 +489,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not args.dir.is_dir():
             ap.error(f"{args.dir}: not a folder")
         n = compact.write(args.dir)
+        if (args.dir / TUNING).is_dir():  # the tuning runs: their own compact results
+            compact.write(args.dir / TUNING)
         if not n:
             raise SystemExit(f"linrope.study: no linrope runs under {args.dir}: nothing written")
         print(f"wrote {', '.join(str(args.dir / f) for f in compact.FILES if (args.dir / f).is_file())}: {n} runs")
@@ -411,9 +510,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     resume = shlex.join(["python", "-m", "linrope.study", os.path.abspath(args.dir), *args.overrides, *flags])
     study = Study(args.dir, overrides, threads, args.commit, args.new_folder, resume)
     if args.list:
-        for i, (job, name) in enumerate(zip(study.jobs, study.names)):
-            p = study.places[i]
-            shown = p.folder.name if not p.conflict else f"{name} (holds another run: {p.conflict})"
-            print(f"{study.status(i):8} {shown:32} {' '.join(job)}")
+        print("\n".join(study.listing()))
         return 0
     return study.run(args.jobs)

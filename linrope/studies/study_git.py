@@ -7,7 +7,9 @@ commit at once; the part still ends as one commit (subject ``<part>: N of M jobs
 finished job with its test metrics and wall time, and the trailer ``Study-part: <part>``).  The commit is
 amended only while it is HEAD, has one parent, changes nothing outside the part's folder, and no other ref
 (a merge into another branch, a push, a branch made from it) holds it; else a new commit starts.  A study of
-several parts (``budget/steps800``, ``budget/steps3200``) gets one commit per part.  Light: git and json."""
+several parts (``budget/steps800``, ``budget/steps3200``) gets one commit per part.  A part with a tuning stage
+(linrope.studies.study_tuning) commits its ``tuning.json`` and the tuning runs' compact results (``tuning/``) in the
+same commit, one body line per configuration's choice.  Light: git and json."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from linrope.analysis import compact
-from linrope.analysis.runs import compact_index
+from linrope.analysis import compact, tuning
+from linrope.analysis.runs import TUNING, compact_index
 
 
 def _git(dir_: Path, *args: str) -> subprocess.CompletedProcess:
@@ -48,7 +50,8 @@ def commit_part(dir_: Path, jobs: int) -> None:
         print(f"linrope.study: {dir_} is not in a git checkout: nothing committed", file=sys.stderr)
         return
     part = Path(os.path.relpath(os.path.realpath(dir_), os.path.realpath(top))).as_posix()
-    paths = [str(dir_ / f) for f in (*compact.FILES, ".gitignore") if (dir_ / f).is_file()]
+    kept = (*compact.FILES, ".gitignore", tuning.RECORD, *(f"{TUNING}/{f}" for f in (*compact.FILES, ".gitignore")))
+    paths = [str(dir_ / f) for f in kept if (dir_ / f).is_file()]
     trailer = f"Study-part: {part}"
     done = [(r["run"], r["study"]) for r in compact_index(dir_) if isinstance(r.get("study"), dict)]
     subject = f"{part}: {len(done)} of {jobs} jobs finished"
@@ -59,6 +62,14 @@ def commit_part(dir_: Path, jobs: int) -> None:
         + ", ".join(f"{k} {v:.4f}" for k, v in sorted((s.get("test") or {}).items()) if "@" not in k)
         + (f" ({s['wall_s'] / 60:.1f} min)" if isinstance(s.get("wall_s"), (int, float)) else "")
         for name, s in done
+    ]
+    chosen = tuning.read(dir_) or {}
+    lines += [
+        f"tuning {e.get('configuration')}: {chosen.get('key')} "
+        + (f"{e['chosen']:g} ({tuning.where(e)})" if isinstance(e.get("chosen"), (int, float)) else "not chosen yet")
+        + "; tried "
+        + ", ".join(f"{t.get('value'):g}" for t in e.get("tried") or [])
+        for e in chosen.get("configurations") or []
     ]
     message = "\n".join(
         [

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -88,6 +89,12 @@ def saved(folder: Path) -> Optional[Dict[str, Any]]:
     if not path.is_file():
         kept = record(folder)
         return flatten(kept.get("config", {})) if kept is not None else None
+    return dict(_saved(str(path), path.stat().st_mtime_ns, path.stat().st_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _saved(path: str, _stamp: int, _size: int) -> Dict[str, Any]:
+    """The flat saved configuration of a file, read once while it is unchanged (a study checks its folders often)."""
     try:
         node = OmegaConf.load(path)
     except Exception as e:  # noqa: BLE001 - YAML or encoding errors of a damaged file
@@ -149,6 +156,23 @@ def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Op
     if theirs and code and theirs != code:
         parts.append(f"trained on {theirs}, the checkout is {code}")
     return "; ".join(parts) or None
+
+
+def job_names(jobs: Sequence[Sequence[str]]) -> List[str]:
+    """One folder name per job, made of the override values that differ between jobs: ``model=linear_rope``
+    gives ``linear_rope``, ``seed=1`` gives ``seed1``, joined by ``-``."""
+    splits = [dict(o.split("=", 1) for o in job) for job in jobs]
+    keys = [k for k in dict.fromkeys(k for s in splits for k in s) if len({s.get(k) for s in splits}) > 1]
+    names = []
+    for s in splits:
+        parts = []
+        for k in keys:
+            v = s.get(k, "none")
+            parts.append(v if k in ("model", "data", "experiment") else f"{k.split('.')[-1]}{v}")
+        names.append(re.sub(r"[^A-Za-z0-9_.+-]", "_", "-".join(parts)) or "job")
+    if len(set(names)) != len(names):
+        raise SystemExit(f"linrope.study: two jobs would share a folder name ({names})")
+    return names
 
 
 @dataclass

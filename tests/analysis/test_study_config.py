@@ -90,6 +90,15 @@ def test_the_study_is_found_from_the_runs_and_named_in_one_line():
         ("verdict: {column: c}", "verdict: needs same, opposite, first_only"),
         ("table: {figure: pie}", "table.figure: 'pie': one of claims, by_arm"),
         ("table: {configurations: true}", "table: its configurations and the by_arm figure need the study's metric"),
+        ("tuning: {key: optim.lr, grd: [1.0e-3], metric: val/bpb}", "tuning.grd: unknown key; did you mean grid?"),
+        ("tuning: {key: optim.lr, grid: [1.0e-3]}", "tuning: needs metric"),
+        ("tuning: {key: optim.lr, grid: [1.0e-3], metric: test/bpb}", "tuning.metric: 'test/bpb': validation only"),
+        ("tuning: {key: optim.lr, grid: [1e-3], metric: val/bpb}", "(YAML reads 1e-3 as text: write it with a point"),
+        ("tuning: {key: optim.lr, grid: [1.0e-3, 1.0e-3], metric: val/bpb}", "a list of distinct positive numbers"),
+        ("tuning: {key: optim.lr, grid: [1.0e-3], metric: val/bpb, factor: 1}", "tuning.factor: 1: a number above 1"),
+        ("tuning: {key: optim.lr, grid: [1.0e-3], metric: val/bpb, mode: low}", "tuning.mode: 'low': one of min, max"),
+        ("tuning: {key: optim.lr, grid: [1.0e-3], metric: val/bpb, seed: -1}", "tuning.seed: -1: a whole number"),
+        ("tuning: {key: 'optim lr', grid: [1.0e-3], metric: val/bpb}", "tuning.key: 'optim lr': a setting as on"),
         ("- a\n- b", "the file: a mapping of pairs, metric"),
         ("pairs: [a", "not YAML text"),
         ("!!python/object/apply:os.system ['touch pwned']", "not YAML text"),  # safe_load builds nothing
@@ -102,6 +111,25 @@ def test_a_bad_study_config_is_one_line_naming_the_file_and_the_key(tmp_path, te
         study_config.load(path)
     assert str(e.value).startswith(f"{path}: ") and message in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_the_tuning_stage_of_a_study_is_read_with_its_defaults(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("tuning: {key: optim.lr, grid: [4.0e-3, 1.0e-3], metric: val/acc, mode: max}\n")
+    t = study_config.load(path).tuning
+    assert (t.key, t.grid, t.factor, t.max_extensions, t.seed, t.metric, t.mode, t.leaf) == (
+        "optim.lr",
+        (1e-3, 4e-3),
+        2.0,
+        3,
+        0,
+        "val/acc",
+        "max",
+        "lr",
+    )
+    assert study_config.named("budget").tuning.metric == "val/bpb" and study_config.named("recall").tuning.factor == 3
+    path.write_text("pairs: [[a, b]]\n")
+    assert study_config.load(path).tuning is None  # a study without one runs as before
 
 
 def test_a_committed_study_naming_a_model_its_experiment_does_not_run_is_one_line(tmp_path, monkeypatch):

@@ -1,0 +1,92 @@
+"""A study's tuning record, ``<study>/tuning.json`` (written by linrope.studies.study_tuning), and its table in
+the report (``linrope.report``: report.md's "Tuning" section).
+
+The record holds what the tuning stage did and the rule it followed: the setting tuned (``key``), the metric
+(validation only) and which way is best (``mode``); the ``protocol`` every configuration got alike (grid, factor,
+extensions allowed, seed, steps; test and extrapolation off); per configuration the values tried in ascending order,
+each with its tuning run's folder (``tuning/<run>``), score (the best value of the metric logged over the run, None
+when it logged none that is finite), the step of that value, the steps it trained and its wall time; the value
+chosen, and whether it is interior (False: at an edge of the values tried after the extensions allowed; None: the
+tuning of the configuration has not finished).  The tuning runs themselves are in compact form in
+``<study>/tuning/`` (runs.json, curves.csv, results.csv: linrope.analysis.compact), committed with the record.
+Light: json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from linrope.analysis.compact import _replace, dumps
+
+RECORD = "tuning.json"
+FORMAT = "linrope.tuning/1"
+ABOUT = (
+    "The study's tuning stage (linrope.study): per configuration the values of the key tried on validation "
+    "(never test), each one's score and steps, the value chosen and whether it is interior."
+)
+INTERIOR, AT_EDGE, UNFINISHED = "interior", "at edge", "unfinished"
+
+
+def where(entry: Dict[str, Any]) -> str:
+    """``interior``, ``at edge`` or ``unfinished``: where the chosen value sits among the values tried."""
+    return {True: INTERIOR, False: AT_EDGE}.get(entry.get("interior"), UNFINISHED)
+
+
+def write(folder: Path, record: Dict[str, Any]) -> None:
+    """``<folder>/tuning.json``, whole or not at all."""
+    _replace(folder / RECORD, dumps({"format": FORMAT, "about": ABOUT, **record}))
+
+
+def read(folder: Path) -> Optional[Dict[str, Any]]:
+    """The tuning record of a study folder, None when it has none (or not one of this format)."""
+    try:
+        value = json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) and value.get("format") == FORMAT else None
+
+
+def _num(v: Any) -> str:
+    return "–" if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) else f"{v:g}"
+
+
+def _score(v: Any) -> str:
+    return "–" if not isinstance(v, (int, float)) or not math.isfinite(v) else f"{v:.4f}"
+
+
+def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> List[str]:
+    """report.md's lines for the record: the rule in one paragraph, then one row per configuration."""
+    key, metric, rule = record.get("key", "?"), record.get("metric", "?"), record.get("protocol") or {}
+    best = "lowest" if record.get("mode", "min") == "min" else "highest"
+    steps = rule.get("max_steps")
+    lines = [
+        f"## {title}",
+        "",
+        f"`{key}` was chosen per configuration before the main runs: each configuration trained at every value "
+        f"at seed {rule.get('seed', '?')} with the main runs' steps and schedule"
+        + (f" ({steps} steps)" if steps is not None else " (its own steps: the column)")
+        + f", test and extrapolation off, and was scored by its {best} {metric} over the run; grid "
+        f"{', '.join(_num(v) for v in rule.get('grid') or [])}; a best at an edge of the values tried added the "
+        f"next value beyond it (× or ÷ {_num(rule.get('factor'))}), at most {rule.get('max_extensions', '?')} "
+        f"times.  The main runs trained at the chosen value (**bold**).  *at edge*: the best stayed at an edge "
+        f"after every extension allowed, so the range may not hold the optimum.",
+        "",
+        f"| configuration | {key} tried | {best} {metric} | chosen | where | steps | wall (min) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in record.get("configurations") or []:
+        tried = entry.get("tried") or []
+        chosen = entry.get("chosen")
+        scores = [
+            f"**{_score(t.get('score'))}**" if t.get("value") == chosen else _score(t.get("score")) for t in tried
+        ]
+        wall = sum(t.get("wall_s") or 0 for t in tried)
+        ran = sorted({t.get("steps") for t in tried if isinstance(t.get("steps"), int)})
+        lines.append(
+            f"| {entry.get('configuration', '?')} | {', '.join(_num(t.get('value')) for t in tried)} | "
+            f"{', '.join(scores)} | {_num(chosen)} | {where(entry)} | "
+            f"{', '.join(map(str, ran)) or '–'} | {wall / 60:.1f} |"
+        )
+    return [*lines, ""]
