@@ -148,7 +148,14 @@ class ModelConfig:
             out.update({f"attention.{k}": self.attention_setting(k) for k in ("feature_map", "placement")})
             if not self.normalized():  # only then: the identity of every earlier checkpoint is unchanged
                 out["attention.normalize"] = False
-        out.update({f"position.{k}": v for k, v in sorted(self.position.items()) if k not in EVALUATION_OPTIONS})
+        # an option left at None (RoPE's decay) is no part of it: earlier checkpoints, which lack the key, agree
+        out.update(
+            {
+                f"position.{k}": v
+                for k, v in sorted(self.position.items())
+                if k not in EVALUATION_OPTIONS and not (k == "decay" and v is None)
+            }
+        )
         if self.short_conv:
             out["short_conv"] = self.short_conv
         return out

@@ -170,7 +170,7 @@ def test_a_saved_config_given_to_evaluate_is_checked_by_the_data_modules_declara
         ("model", {"position": {"base": -1.0}}, "model.position.base=-1.0: expected a number > 0"),
         ("model", {"dropout": 1.5}, "model.dropout=1.5: expected a number >= 0 and < 1"),
         ("data", {"eval_batch_sise": 4}, "data.eval_batch_sise: unknown option; did you mean eval_batch_size?"),
-        ("data", {"test_windows": -1}, "data.test_windows=-1: expected an integer >= 1"),
+        ("data", {"test_windows": -1}, "data.test_windows=-1: expected an integer >= 1 or null"),
     ],
 )
 def test_a_checkpoints_hyper_parameters_are_checked_by_the_same_declarations(tmp_path, part, change, message):

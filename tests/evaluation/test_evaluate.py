@@ -177,6 +177,8 @@ def test_rope_rows_compose_with_the_trained_scaling(trained, monkeypatch):
         "scalings": ["pi", "ntk"],
         "scored_bytes": 512,
         "batch_size": 64,
+        "protocols": ["sliding"],  # one protocol, no window control: one forward per RoPE row
+        "window_control": False,
     }
     rows = length_table(module, Text(), settings, train_context=l0, lengths=[l0, 2 * l0, 4 * l0])
     t = np.arange(d // 2, dtype=np.float64)

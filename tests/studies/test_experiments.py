@@ -229,7 +229,12 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     # the test split of data.max_bytes=400000 holds 20 000 bytes: all but the first scored at every length
     assert {row["scored"] for row in rows} == {"19999"} and len({row["scored_hash"] for row in rows}) == 1
     assert "length" in r.stdout and "bpb" in r.stdout and (tmp_path / "evaluate.png").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["evaluate.csv", "evaluate.png"]  # no Hydra folders
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # no Hydra folders
+        "evaluate.csv",
+        "evaluate.png",
+        "evaluate_documents.csv",
+        "evaluate_positions.csv",
+    ]
     # the same numbers as the run's own evaluation after testing (same weights, same scored bytes)
     own = {(row["length"], row["scaling"]): row for row in csv.DictReader(open(sweep / "0" / "extrapolation.csv"))}
     for row in rows[:4]:
