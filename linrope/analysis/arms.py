@@ -6,7 +6,8 @@ and figures, beside the arm's runs; not with ``--no-reports``), then one table, 
 its ``.csv`` and ``.png``, in the sections the config asks for: the positive control (``control``), the metric per
 configuration and arm (``table.configurations``), every claim as a paired difference A − B over the seeds both
 configurations finished at each arm with its verdict (``claims``, ``verdict``), a figure (``table.figure``) and
-every run's value behind the intervals (``table.per_run``), and each arm's tuning table when the arm tuned
+every run's value behind the intervals (``table.per_run``), the metric by query order with failed seeds counted
+(``table.by_order``, linrope.analysis.by_order), and each arm's tuning table when the arm tuned
 (``tuning.json``, linrope.analysis.tuning).  An arm's label is what its runs recorded, and the
 runs of every arm come from one code (one line each, else).  Light: no torch."""
 
@@ -20,6 +21,7 @@ from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
 from linrope.analysis import tuning
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
+from linrope.analysis.by_order import order_lines
 from linrope.analysis.report import build_report, higher_is_better, markdown_table, pair_record, write_csv
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import mean_ci, paired
@@ -324,6 +326,8 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         ]
     if table.get("configurations"):
         parts += configuration_lines(study, values, arms, names, rows)
+    if table.get("by_order"):
+        parts += order_lines(study, groups, arms, names, rows)
     results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
     if study.claims:
         parts += claim_lines(study, results, arms, names, rows)

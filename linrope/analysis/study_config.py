@@ -21,7 +21,10 @@ have no place.  Keys, each optional (docs/design.md, "Studies are data"):
 * ``control`` — ``{configuration, at_least | at_most, what}``: the bar the control meets in every seed at every arm;
 * ``table`` — the arms' table: ``file`` (``<file>.md``, ``.csv``, ``.png``), ``title``, ``intro`` (``{arms}``,
   ``{folders}``, ``{verdicts}`` filled in), ``claims_intro``, ``configurations`` and ``per_run`` (sections shown),
-  ``figure`` (``claims`` or ``by_arm``), ``figure_title``, ``caption``;
+  ``figure`` (``claims`` or ``by_arm``), ``figure_title``, ``caption``, ``by_order`` (a logged metric's name less
+  its order, ``test/acc_q``: the metric by query order per configuration and arm, linrope.analysis.by_order) and
+  ``collapse_below`` (a seed of a configuration other than the control whose metric is below it has collapsed:
+  counted in that table, not averaged);
 * ``tuning`` — ``{key, grid, factor, max_extensions, seed, metric, mode}``: the study's tuning stage
   (linrope.studies.study_tuning): each configuration trains at every ``grid`` value of ``key`` at seed ``seed`` with
   the main runs' budget, scored on ``metric`` (``val/<name>``: validation only) by its best logged value (``mode``
@@ -58,6 +61,8 @@ TABLE = {
     "figure": str,
     "figure_title": str,
     "caption": str,
+    "by_order": str,
+    "collapse_below": float,
 }
 # a claim's signs (resolved or not) from the first arm to the last -> the verdict the study names for it
 OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "unpaired", "single")
@@ -215,8 +220,15 @@ def load(path: Path, name: Optional[str] = None) -> Study:
         study.table = read.typed(data["table"], TABLE, "table")
         if study.table.get("figure", FIGURES[0]) not in FIGURES:
             raise read.fail(f"table.figure: {study.table['figure']!r}: one of {', '.join(FIGURES)}")
-        if metric is None and (study.table.get("configurations") or study.table.get("figure") == "by_arm"):
-            raise read.fail("table: its configurations and the by_arm figure need the study's metric")
+        if metric is None and (
+            study.table.get("configurations") or study.table.get("figure") == "by_arm" or "by_order" in study.table
+        ):
+            raise read.fail("table: its configurations, by_order and the by_arm figure need the study's metric")
+        if "by_order" in study.table and not re.fullmatch(r"(train|val|test)/\w*[A-Za-z_]", study.table["by_order"]):
+            raise read.fail(
+                f"table.by_order: {study.table['by_order']!r}: a logged metric's name less its order, "
+                f"test/acc_q for test/acc_q1, test/acc_q2, …"
+            )
     if study.arms is not None:
         read.required(study.table, ("file", "title"), "table")
     if "tuning" in data:

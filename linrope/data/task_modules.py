@@ -55,6 +55,9 @@ class TaskDataModule(ResumableDataModule):
     task_name: ClassVar[str] = "?"
     monitor: ClassVar[str] = "val/loss"
     default_test_factor: ClassVar[int] = 1
+    # the scored positions of an example are its queries, in order (mqar): the module logs the accuracy of each
+    # example's k-th query, <stage>/acc_q1 … acc_q<query_orders> (linrope.training.lit); None: no such order
+    query_orders: Optional[int] = None
 
     def __init__(self, task, *, context: Positive, batch_size: Positive = 16,
                  eval_batch_size: Positive = 16, val_examples: Positive = 256,
@@ -111,6 +114,7 @@ class MQARDataModule(TaskDataModule):
                  key_vocab: int = 64, value_vocab: int = 64, **common):  # fmt: skip
         task = dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab, value_vocab=value_vocab)
         super().__init__(self.build_task(task), context=context, **common)
+        self.query_orders = self.task.queries  # every example scores its queries alone, one each, in order
         self.save_hyperparameters()
 
     @classmethod

@@ -52,6 +52,17 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def query_order_hits(pred: torch.Tensor, targets: torch.Tensor, orders: int):
+    """(hits (P,), counts (P,)) of the k-th scored position of each row, k = 1 … ``orders``: ``pred`` and
+    ``targets`` (B, N), ``IGNORE`` where nothing is scored; the k-th scored position of a row is where the running
+    count of its scored positions reaches k (a row's positions beyond the ``orders``-th are not counted)."""
+    scored = targets != IGNORE
+    order = scored.long().cumsum(1) * scored  # k at a row's k-th scored position, 0 where nothing is scored
+    at = order.unsqueeze(-1) == torch.arange(1, orders + 1, device=targets.device)  # (B, N, P)
+    hit = at & ((pred == targets) & scored).unsqueeze(-1)
+    return hit.sum((0, 1)).float(), at.sum((0, 1))
+
+
 class LanguageModel(L.LightningModule):
     provenance: Optional[Dict[str, Any]] = (
         None  # linrope.run.provenance of the run (linrope.training.builders.log_config)
@@ -209,7 +220,10 @@ class LanguageModel(L.LightningModule):
     # ---- evaluation ------------------------------------------------------------------------------
     def _eval(self, batch, stage: str):
         """bytes: loss and bits per byte; the tasks: loss and accuracy over the scored positions
-        (every answer of the epoch counts alike)."""
+        (every answer of the epoch counts alike); a task whose data module declares ``query_orders`` (mqar: the
+        queries of an example, in order of appearance) also the accuracy of each example's k-th query,
+        ``<stage>/acc_q1`` … ``acc_q<P>``, each weighed by its scored k-th queries (docs/design.md, "The recall
+        probe": the last query can be answered by elimination, the first only by the lookup)."""
         logits, y = self.outputs(batch)
         loss = F.cross_entropy(logits, y, ignore_index=IGNORE)
         scored = y != IGNORE
@@ -221,6 +235,11 @@ class LanguageModel(L.LightningModule):
         acc = (logits.argmax(-1)[scored] == y[scored]).float().sum() / n
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=n)
         self.log(f"{stage}/acc", acc, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+        orders = getattr(getattr(self.trainer, "datamodule", None), "query_orders", None)
+        if orders and not self.model.cfg.n_classes:
+            hits, counts = query_order_hits(logits.argmax(-1).view_as(batch[1]), batch[1], int(orders))
+            for k, (hit, count) in enumerate(zip(hits, counts.tolist()), 1):  # one read of the counts
+                self.log(f"{stage}/acc_q{k}", hit / max(count, 1), sync_dist=True, batch_size=count)
         return loss
 
     def validation_step(self, batch, batch_idx):

@@ -55,11 +55,12 @@ def write_run(
         f"data:\n  task: {task}\n  context: ${{context}}\n  seed: ${{seed}}\n  test_factor: {test_factor}\n"
         f"paths:\n  output_dir: ${{hydra:runtime.output_dir}}\ntrainer:\n  max_steps: {max_steps}\n"
     )
+    fields = list(dict.fromkeys([*HEADER, *(k for r in rows for k in r)]))  # and any other metric a row logs
     with open(folder / "csv" / "metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=HEADER)
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r.get(k, "") for k in HEADER})
+            w.writerow({k: r.get(k, "") for k in fields})
     if extrapolation:
         metric = "bpb" if task == "bytes" else "acc"
         with open(folder / "extrapolation.csv", "w", newline="") as f:
@@ -120,18 +121,22 @@ def write_budget(folder: Path, steps: int, values):
             )
 
 
-def acc_rows(acc):
+def acc_rows(acc, orders=()):
+    """Validation at steps 99 and 199, one test row; ``orders``: the test accuracy of each query order."""
+    by_order = {f"test/acc_q{k}": a for k, a in enumerate(orders, 1)}
     return [
         {"epoch": 0, "step": 99, "val/loss": 1.0, "val/acc": acc - 0.05, "train/tokens_per_sec": 1000},
         {"epoch": 0, "step": 199, "val/loss": 0.8, "val/acc": acc},
-        {"epoch": 0, "step": 200, "test/loss": 0.8, "test/acc": acc},
+        {"epoch": 0, "step": 200, "test/loss": 0.8, "test/acc": acc, **by_order},
     ]
 
 
-def write_width(folder: Path, width: int, values):
+def write_width(folder: Path, width: int, values, task_name="recall"):
+    """values: name -> [test accuracy per seed], or [(test accuracy, [accuracy per query order]) per seed]."""
     for name, accs in values.items():
         kind, position = KINDS[name]
         for seed, acc in enumerate(accs, 1):
+            acc, orders = acc if isinstance(acc, tuple) else (acc, ())
             write_run(
                 folder / f"width{width}" / f"{name}-seed{seed}",
                 name=name,
@@ -139,9 +144,9 @@ def write_width(folder: Path, width: int, values):
                 position=position,
                 seed=seed,
                 task="mqar",
-                rows=acc_rows(acc),
+                rows=acc_rows(acc, orders),
                 d_model=width,
-                task_name="recall",
+                task_name=task_name,
             )
 
 

@@ -1,0 +1,49 @@
+"""The recall study of issue 34 (conf/study/recall2.yaml, linrope.analysis.by_order): found from its runs'
+task_name, it tables the accuracy of each query order per configuration and width, the seeds that fail counted
+(a control below its bar, another configuration collapsed), never averaged, from small hand-made run folders."""
+
+import statistics
+
+from linrope.analysis.report_command import main
+from tests.analysis.helpers import table_row, write_width
+
+# (test accuracy, accuracy of query 1 … 4) per seed
+LINEAR = [(0.40, [0.20, 0.30, 0.40, 0.70]), (0.42, [0.22, 0.32, 0.42, 0.72]), (0.38, [0.18, 0.28, 0.38, 0.68])]
+LINEAR_ROPE = [(0.60, [0.50, 0.55, 0.60, 0.75]), (0.054, [0.02, 0.03, 0.06, 0.11]), (0.64, [0.54, 0.59, 0.64, 0.79])]
+CONTROL = [(0.99, [0.98, 0.99, 0.99, 1.0]), (1.0, [1.0, 1.0, 1.0, 1.0]), (0.97, [0.95, 0.96, 0.97, 1.0])]
+
+
+def test_accuracy_by_query_order_with_failed_seeds_counted(tmp_path):
+    study = tmp_path / "len64"
+    write_width(study, 64, {"linear": LINEAR, "linear_rope": LINEAR_ROPE, "softmax_rope": CONTROL}, "recall2")
+    missed = [(0.99, [0.98, 0.99, 0.99, 1.0]), (0.90, [0.85, 0.88, 0.90, 0.97]), (1.0, [1.0] * 4)]
+    write_width(study, 128, {"linear_rope": LINEAR_ROPE[:1], "softmax_rope": missed}, "recall2")
+    assert main([str(study)]) == 0
+    text = (study / "recall2.md").read_text()
+    at64, at128 = text.split("### width 64")[1].split("### width 128")
+    # linear_rope: seed 2 collapsed, counted and left out of every order's mean
+    row = table_row(at64, "linear_rope")
+    kept = [LINEAR_ROPE[0][1], LINEAR_ROPE[2][1]]
+    means = " | ".join(f"{statistics.fmean(v[k] for v in kept):.3f}" for k in range(4))
+    assert row.startswith("| linear_rope | 1 of 3 (seed 2: collapses (0.054 < 0.1)) | 1 of 3 seeds collapses (< 0.1)")
+    assert row.endswith(f"| {means} |")
+    # nothing failed: the mean ± t of the metric, every seed in the order means
+    row = table_row(at64, "linear")
+    assert row.startswith("| linear | 0 of 3 | 0.400 ± ") and row.endswith("| 0.200 | 0.300 | 0.400 | 0.700 |")
+    # the control below its bar at width 128 fails there, and the control's line says so per width
+    assert table_row(at128, "softmax_rope").startswith("| softmax_rope | 1 of 3 (seed 2: falls short (0.9 < 0.95))")
+    assert (
+        "Positive control NOT met: softmax_rope must reach 0.95 test accuracy in every seed; it does not at "
+        "width 128 (lowest seed 0.900). Positive control: softmax_rope reached 0.95 test accuracy in every seed "
+        "at width 64 (lowest seed 0.970)." in text
+    )
+    assert "| configuration | failed seeds | test/acc | q1 | q2 | q3 | q4 |" in at64
+    csv_text = (study / "recall2.csv").read_text()
+    assert csv_text.count("\norder,") == 4 * (9 + 4)  # every run's every order (the 13 runs)
+
+
+def test_a_study_without_query_orders_shows_no_order_columns(tmp_path):
+    write_width(tmp_path, 64, {"linear": [0.4, 0.5], "softmax_rope": [0.99, 1.0]}, "recall2")
+    assert main([str(tmp_path)]) == 0
+    text = (tmp_path / "recall2.md").read_text()
+    assert "| configuration | failed seeds | test/acc |\n" in text and "| q1 |" not in text
