@@ -59,7 +59,7 @@ from linrope.base.errors import SequenceTooLong
 from linrope.config.settings import EXTRAPOLATION_SETTINGS
 from linrope.data.bytes import LN2, SlidingWindows, default_stride, document_index
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
-from linrope.evaluation.tables import format_row
+from linrope.evaluation.tables import COLUMNS, KEY, format_row
 from linrope.models.attention import attention_window
 from linrope.ops.rope import rope_frequencies
 from linrope.positions.rope import RoPE
@@ -330,19 +330,8 @@ def length_table(
     return rows
 
 
-# what a scaled row at or below the training length repeats of the row as trained
-SAME = (
-    "loss",
-    "bpb",
-    "acc",
-    "examples",
-    "scored",
-    "documents",
-    "scored_hash",
-    "status",
-    "per_document",
-    "per_position",
-)
+# what a scaled row at or below the training length repeats of the row as trained: its results, not its name
+SAME = (*(c for c in COLUMNS if c not in KEY + ["factor", "stride", "seconds"]), "per_document", "per_position")
 
 
 def _window(model, window: Optional[int]):

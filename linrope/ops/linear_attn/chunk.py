@@ -109,34 +109,8 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
 
 
 @chunk_bwd.register_fake
-def _(
-    g_out,
-    g_S,
-    g_z,
-    q,
-    k,
-    v,
-    S0,
-    z0,
-    positions,
-    theta,
-    decay,
-    out,
-    denom,
-    saved_S,
-    saved_z,
-    feature_map,
-    rope,
-    causal,
-    eps,
-    chunk_size,
-    need_q,
-    need_k,
-    need_v,
-    need_S0,
-    need_z0,
-    normalize=True,
-):
+def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z, feature_map, rope,
+      causal, eps, chunk_size, need_q, need_k, need_v, need_S0, need_z0, normalize=True):  # fmt: skip
     def grad(need, x):
         return x.new_empty(x.shape) if (need and x is not None) else q.new_empty(_NONE)
 
@@ -159,26 +133,8 @@ def _backward(ctx, g_out, _g_denom, g_S, g_z, _g_saved_S, _g_saved_z):
     needs[4] = needs[4] and z0 is not None
     if g_out is None and g_S is None and g_z is None:
         return (None,) * 14
-    grads = chunk_bwd(
-        g_out,
-        g_S,
-        g_z,
-        q,
-        k,
-        v,
-        S0,
-        z0,
-        positions,
-        theta,
-        decay,
-        out,
-        denom,
-        saved_S,
-        saved_z,
-        *ctx.cfg,
-        *needs,
-        ctx.normalize,
-    )
+    grads = chunk_bwd(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z,
+                      *ctx.cfg, *needs, ctx.normalize)  # fmt: skip
     return (*(g if need else None for g, need in zip(grads, needs)), *(None,) * 9)
 
 
