@@ -235,8 +235,12 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
         "evaluate_documents.csv",
         "evaluate_positions.csv",
     ]
+
     # the same numbers as the run's own evaluation after testing (same weights, same scored bytes)
-    own = {(row["length"], row["scaling"]): row for row in csv.DictReader(open(sweep / "0" / "extrapolation.csv"))}
-    for row in rows[:4]:
-        assert float(row["loss"]) == pytest.approx(float(own[(row["length"], row["scaling"])]["loss"]), rel=1e-5)
-        assert row["scored_hash"] == own[(row["length"], row["scaling"])]["scored_hash"]
+    def key(row):
+        return row["length"], row["protocol"], row["scaling"], row["window"]
+
+    own = {key(row): row for row in csv.DictReader(open(sweep / "0" / "extrapolation.csv"))}
+    for row in rows[:5]:  # 64 and 128, both protocols, and the control at 128
+        assert float(row["loss"]) == pytest.approx(float(own[key(row)]["loss"]), rel=1e-5)
+        assert row["scored_hash"] == own[key(row)]["scored_hash"]
