@@ -267,7 +267,12 @@ def test_ddp_spawn_sweep_runs_each_job_once_and_keeps_the_metrics_history(tmp_pa
         m = metrics(out / j)
         assert all("train/loss" in m[s] for s in (0, 1, 2))  # steps 0, 1, 2 logged
         assert "val/bpb" in m[2]
-        assert [k for row in m.values() for k in row if k.startswith("test/")] == ["test/bpb", "test/loss"]
+        assert [k for row in m.values() for k in row if k.startswith("test/")] == [
+            "test/bpb",
+            "test/bytes",
+            "test/documents",
+            "test/loss",
+        ]
 
 
 def test_ddp_in_a_sweep_is_refused_in_one_line(tmp_path):
