@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import resource
-import time
 from typing import Any, Dict, Mapping, Optional
 
 import lightning as L
@@ -78,7 +77,6 @@ class LanguageModel(L.LightningModule):
         if reason:
             raise ConfigError(f"compile=true: {reason}; run with compile=false")
         self.optim = dict(optim or {})
-        self._t_last: Optional[float] = None
         self._bad_step: Optional[torch.Tensor] = None  # the first step whose loss was not finite (-1: none yet)
         self._bad_loss: Optional[torch.Tensor] = None
 
@@ -203,19 +201,9 @@ class LanguageModel(L.LightningModule):
             checkpoint[PROVENANCE_KEY], checkpoint[CONFIG_KEY] = self.provenance, self.run_config
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        now = time.perf_counter()
-        if self._t_last is not None:
-            tokens = batch[0].numel() * self.trainer.world_size
-            self.log("train/tokens_per_sec", tokens / max(now - self._t_last, 1e-9), prog_bar=True)
-        self._t_last = now
+        # tokens per second and MFU: linrope.training.throughput.Throughput
         if batch_idx % max(self.trainer.log_every_n_steps, 1) == 0:
             self.log("train/peak_mem_mb", peak_memory_mb(self.device))
-
-    def on_train_epoch_start(self):
-        self._t_last = None
-
-    def on_validation_end(self):
-        self._t_last = None  # do not count evaluation time as training time
 
     # ---- evaluation ------------------------------------------------------------------------------
     def _eval(self, batch, stage: str):

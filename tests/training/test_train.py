@@ -111,6 +111,7 @@ def test_short_training_run_improves_val_bpb_and_train_false_tests_its_checkpoin
         "trainer.val_check_interval=30",
         "optim.warmup_steps=5",
         "trainer.log_every_n_steps=5",
+        "callbacks.throughput.peak_flops=1e9",
     )
     best = run_main(cfg)
     assert best < 6.0  # well below 8 bits of a uniform guess after 30 steps
@@ -121,7 +122,24 @@ def test_short_training_run_improves_val_bpb_and_train_false_tests_its_checkpoin
 
     rows = list(csv.DictReader(open(Path(cfg.paths.output_dir, "csv", "metrics.csv"))))
     logged = {k for r in rows for k, v in r.items() if v not in ("", None)}
-    assert {"train/loss", "val/loss", "val/bpb", "test/bpb", "train/tokens_per_sec", "train/peak_mem_mb"} <= logged
+    assert {
+        "train/loss",
+        "val/loss",
+        "val/bpb",
+        "test/bpb",
+        "train/tokens_per_sec",
+        "train/mfu",
+        "train/peak_mem_mb",
+    } <= logged
+    # MFU = tokens/s × the model's training FLOPs per token at the context / the peak given (1 GFLOP/s)
+    from linrope.models.flops import flops_per_token
+
+    per_token = flops_per_token(dict(cfg.model), cfg.context)["total"]
+    timed = [r for r in rows if r.get("train/mfu")]
+    assert timed and all(
+        math.isclose(float(r["train/mfu"]), float(r["train/tokens_per_sec"]) * per_token / 1e9, rel_tol=1e-5)
+        for r in timed
+    )
     assert [k for k in rows[0] if "lr" in k.split("/")[-1]] == ["train/lr"]
     assert all(float(r["train/peak_mem_mb"]) > 10 for r in rows if r.get("train/peak_mem_mb"))
     test_bpb = float(next(r["test/bpb"] for r in rows if r.get("test/bpb")))
