@@ -30,7 +30,10 @@ def model_config(preset: str) -> dict:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"model={preset}", "size=tiny", "model.n_layers=1", f"context={CONTEXT}"])
+            cfg = compose(
+                config_name="train",
+                overrides=[f"model={preset}", "size=tiny", "model.n_layers=1", f"context={CONTEXT}"],
+            )
     finally:
         GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg.model, resolve=True)
@@ -73,8 +76,9 @@ def test_preset_trains_three_steps_through_train_py(compose, preset, precision):
     import train
 
     cfg = compose(
-        *tiny(f"model={preset}", f"context={CONTEXT}", "data.batch_size=2", "data.eval_batch_size=2",
-              "data.val_windows=2"),
+        *tiny(
+            f"model={preset}", f"context={CONTEXT}", "data.batch_size=2", "data.eval_batch_size=2", "data.val_windows=2"
+        ),
         "test=false",
         f"trainer.precision={precision}",
         "trainer.max_steps=3",
