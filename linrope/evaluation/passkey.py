@@ -1,0 +1,335 @@
+"""The pass-key probe (Mohtashami & Jaggi 2023, "Landmark Attention"; the "needle in a haystack" of later work): a
+random key of ``digits`` digits hidden at a controlled depth in filler text, the model asked for it at the end,
+at lengths of 1–16× its training context.  Nothing is downloaded: the filler is the classic repeated lines (or
+any text given), and any tokenizer with ``encode``/``decode`` serves (bytes by default).
+
+Scoring is one forward pass per prompt: the prompt and the answer, teacher-forced.  The key is retrieved
+(``exact``) when the most likely next token at every answer position is the answer's token: exactly when greedy
+decoding would write the key, without running the decoder.  ``token_acc`` is the fraction of the answer's tokens
+so predicted, ``nll`` the answer's mean negative log-likelihood per token (nats).
+
+The positive control (``control=true``, ``InductionOracle``): a model that predicts each token by copying what
+followed the longest earlier occurrence of its context's last tokens (an induction head, written out).  It
+retrieves the key at every length and depth if the prompts are answerable by copying and the scoring is right;
+a model that fails where the oracle succeeds fails to retrieve, not to parse the prompt.  The negative
+control is chance: a key of k digits guessed at random is exact with probability 10⁻ᵏ."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from linrope.base.options import Rule
+
+INTRO = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. Find it and remember "
+    "it; you will be asked about it.\n"
+)
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n"
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key.\n"
+QUESTION = "What is the pass key? The pass key is"
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> List[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes, the tokenizer of data=bytes."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> List[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: List[int]  # the prompt and the answer
+    answer: Tuple[int, int]  # [start, end) of the answer's tokens in ids
+    key: str
+    depth: float  # where the needle starts, as a fraction of the filler before the question
+    needle_at: int  # the needle's first token
+
+
+def build_prompt(tok: Tokenizer, length: int, depth: float, key: str, filler: str = FILLER) -> Prompt:
+    """A prompt of about ``length`` tokens (never more): intro, filler with the needle after ``depth`` of it (0: the
+    needle first, 1: just before the question), the question, then " <key>" as the answer."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"passkey: depth must be in [0, 1], got {depth}")
+    intro, needle = tok.encode(INTRO), tok.encode(NEEDLE.format(key=key))
+    question, answer = tok.encode("\n" + QUESTION), tok.encode(" " + key)
+    fixed = len(intro) + len(needle) + len(question) + len(answer)
+    room = length - fixed
+    if room < 0:
+        raise ValueError(f"passkey: a prompt of {length} tokens cannot hold the {fixed} tokens of its fixed text")
+    unit = tok.encode(filler)
+    hay = (unit * (room // max(len(unit), 1) + 1))[:room]
+    cut = int(round(depth * room))
+    before, after = hay[:cut], hay[cut:]
+    ids = intro + before + needle + after + question + answer
+    start = len(ids) - len(answer)
+    return Prompt(ids=ids, answer=(start, len(ids)), key=key, depth=depth, needle_at=len(intro) + len(before))
+
+
+def random_key(rng: random.Random, digits: int) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(digits))
+
+
+@torch.no_grad()
+def score_prompt(logits_of: Callable[[torch.Tensor], torch.Tensor], prompt: Prompt, device="cpu") -> Dict[str, float]:
+    """exact, token_acc and nll of the answer, from one teacher-forced forward pass (see the module's note)."""
+    ids = torch.tensor(prompt.ids, dtype=torch.long, device=device).unsqueeze(0)
+    start, end = prompt.answer
+    logits = logits_of(ids[:, :-1])[0, start - 1 : end - 1].float()  # the predictions of the answer's tokens
+    target = ids[0, start:end]
+    hit = logits.argmax(-1) == target
+    return {
+        "exact": float(hit.all()),
+        "token_acc": hit.float().mean().item(),
+        "nll": F.cross_entropy(logits, target).item(),
+    }
+
+
+class InductionOracle:
+    """The positive control: logits that put all mass on the token that followed the longest earlier occurrence of
+    the current context's last ``order`` … 1 tokens (uniform where none occurred)."""
+
+    def __init__(self, vocab_size: int, order: int = 8):
+        self.vocab_size, self.order = vocab_size, order
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        seq = ids[0].tolist()
+        out = torch.zeros(1, len(seq), self.vocab_size)
+        seen: Dict[tuple, int] = {}  # context tuple -> the token that followed its latest occurrence
+        for i in range(len(seq)):
+            for n in range(self.order, 0, -1):
+                ctx = tuple(seq[max(0, i - n + 1) : i + 1])
+                if len(ctx) == n and ctx in seen:
+                    out[0, i, seen[ctx]] = 1e4
+                    break
+            if i + 1 < len(seq):  # what follows position i becomes known after it is predicted
+                for n in range(1, self.order + 1):
+                    if i - n + 1 >= 0:
+                        seen[tuple(seq[i - n + 1 : i + 1])] = seq[i + 1]
+        return out
+
+
+def passkey_table(
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    tok: Tokenizer,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    *,
+    trials: int = 5,
+    digits: int = 5,
+    seed: int = 0,
+    filler: str = FILLER,
+    device="cpu",
+    progress: Optional[Callable[[int], None]] = None,
+) -> List[Dict[str, float]]:
+    """One row per (length, depth): the mean of ``trials`` prompts' exact, token_acc and nll, each with its own key.
+    The keys depend on ``seed``, the cell and the trial only, so two models are scored on the same prompts."""
+    rows = []
+    for length in lengths:
+        for depth in depths:
+            cells = []
+            for trial in range(trials):
+                rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
+                prompt = build_prompt(tok, int(length), float(depth), random_key(rng, digits), filler)
+                cells.append(score_prompt(logits_of, prompt, device))
+                if progress:
+                    progress(1)
+            rows.append(
+                {
+                    "length": int(length),
+                    "depth": float(depth),
+                    "trials": trials,
+                    **{k: sum(c[k] for c in cells) / trials for k in ("exact", "token_acc", "nll")},
+                }
+            )
+    return rows
+
+
+def chance_exact(digits: int) -> float:
+    return 10.0**-digits
+
+
+def heatmap(rows: List[Dict[str, float]], path, title: str, train_context: Optional[int] = None) -> None:
+    """exact by length (x) and depth (y), one cell per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({r["length"] for r in rows})
+    depths = sorted({r["depth"] for r in rows})
+    grid = [[next(r["exact"] for r in rows if r["length"] == n and r["depth"] == d) for n in lengths] for d in depths]
+    fig, ax = plt.subplots(figsize=(1.1 * len(lengths) + 2, 0.5 * len(depths) + 1.6))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+    ax.set_xticks(
+        range(len(lengths)), [f"{n:,}" + (f"\n{n / train_context:g}×" if train_context else "") for n in lengths]
+    )
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_xlabel("prompt length, tokens" + (" (× training context)" if train_context else ""))
+    ax.set_ylabel("needle depth")
+    for y, row in enumerate(grid):
+        for x, v in enumerate(row):
+            ax.text(x, y, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=8)
+    fig.colorbar(im, ax=ax, label="pass key retrieved (exact)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
+    out = [int(round(train_context * f)) for f in factors]
+    bad = [f for f in factors if not f > 0]
+    if bad:
+        raise ValueError(f"passkey: factors must be positive, got {bad}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the command: python -m linrope.passkey ckpt=PATH (conf/passkey.yaml)
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class PasskeySettings:
+    """The keys of ``conf/passkey.yaml`` (their values and meaning there), with their types and ranges."""
+
+    ckpt: Optional[str]
+    factors: List[float]
+    depths: List[float]
+    trials: Annotated[int, Rule(low=1)]
+    digits: Annotated[int, Rule(low=1)]
+    seed: int
+    control: bool
+    out: Optional[str]
+    device: Optional[str]
+
+
+def check(cfg) -> None:
+    from linrope.base.errors import ConfigError
+    from linrope.base.options import declared, option_errors
+
+    if not cfg.ckpt:
+        raise ConfigError("ckpt=PATH is required (see --help)")
+    problems = option_errors(declared(PasskeySettings), cfg)
+    problems += [f"factors: {f} is not positive" for f in cfg.factors if not float(f) > 0]
+    problems += [f"depths: {d} is not in [0, 1]" for d in cfg.depths if not 0 <= float(d) <= 1]
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def out_dir(cfg) -> Path:
+    if cfg.out:
+        return Path(str(cfg.out)).expanduser()
+    folder = Path(str(cfg.ckpt)).expanduser().resolve().parent
+    return (folder.parent if folder.name == "checkpoints" else folder) / "passkey"
+
+
+def probe(cfg) -> List[Dict[str, Any]]:
+    """Score the checkpoint (and the positive control, ``control=true``) at factors × its training context; write
+    passkey.csv and passkey.png into ``out`` (default ``<run>/passkey``), refusing to overwrite an earlier probe's."""
+    import csv
+
+    from tqdm import tqdm
+
+    from linrope.base.errors import ConfigError, SequenceTooLong
+    from linrope.run.checkpoint import load_checkpoint
+    from linrope.training.lit import LanguageModel
+
+    check(cfg)
+    out = out_dir(cfg)
+    for name in ("passkey.csv", "passkey.png"):
+        if (out / name).exists():
+            raise ConfigError(f"{out / name} exists (an earlier probe): pass out=<another folder> to keep both")
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
+    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model.eval()
+    if model.cfg.vocab_size != 256:
+        raise ConfigError(
+            f"passkey: the checkpoint's vocabulary has {model.cfg.vocab_size} tokens; the probe reads bytes only "
+            "until linrope's tokenizers reach it (issue 35)"
+        )
+    tok = ByteTokenizer()
+    context = int(model.cfg.max_len)
+    lengths = lengths_for(context, [float(f) for f in cfg.factors])
+    depths = [float(d) for d in cfg.depths]
+    arms: List[Tuple[str, Callable]] = [(model.cfg.name or "model", model)]
+    if cfg.control:
+        arms.append(("control: induction oracle", InductionOracle(tok.vocab_size)))
+    rows: List[Dict[str, Any]] = []
+    bar = tqdm(total=len(arms) * len(lengths) * len(depths) * int(cfg.trials), desc="passkey", unit="prompt")
+    for arm, logits_of in arms:
+        for length in lengths:
+            try:
+                got = passkey_table(logits_of, tok, [length], depths, trials=int(cfg.trials), digits=int(cfg.digits),
+                                    seed=int(cfg.seed), device=device, progress=bar.update)  # fmt: skip
+            except SequenceTooLong as e:  # a learned table of max_len positions: no longer prompt
+                got = [{"length": length, "depth": d, "trials": 0, "exact": float("nan"), "token_acc": float("nan"),
+                        "nll": float("nan"), "note": str(e).splitlines()[0]} for d in depths]  # fmt: skip
+                bar.update(len(depths) * int(cfg.trials))
+            rows += [{"arm": arm, "factor": length / context, **r} for r in got]
+    bar.close()
+    out.mkdir(parents=True, exist_ok=True)
+    keys = ["arm", "length", "factor", "depth", "trials", "exact", "token_acc", "nll", "note"]
+    with open(out / "passkey.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    mine = [r for r in rows if r["arm"] == arms[0][0] and r["trials"]]
+    if mine:
+        heatmap(mine, out / "passkey.png", f"{arms[0][0]}: pass key, {cfg.digits} digits, {cfg.trials} keys per cell "
+                f"(chance {chance_exact(int(cfg.digits)):g})", train_context=context)  # fmt: skip
+    return rows
+
+
+def summary_lines(rows: List[Dict[str, Any]]) -> List[str]:
+    """One line per arm and length: exact over the depths."""
+    lines = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        for length in dict.fromkeys(r["length"] for r in rows if r["arm"] == arm):
+            cell = [r for r in rows if r["arm"] == arm and r["length"] == length]
+            if not cell[0]["trials"]:
+                lines.append(f"{arm:>28}  {length:>7,} tokens  {cell[0]['note']}")
+                continue
+            exact = sum(r["exact"] for r in cell) / len(cell)
+            lines.append(f"{arm:>28}  {length:>7,} tokens ({cell[0]['factor']:g}x)  exact {exact:.2f}  "
+                         f"token acc {sum(r['token_acc'] for r in cell) / len(cell):.2f}")  # fmt: skip
+    return lines
+
+
+def main_from_config(cfg) -> None:
+    import sys
+
+    from linrope.base.errors import LinropeError
+
+    try:
+        rows = probe(cfg)
+    except LinropeError as e:
+        print(f"linrope.passkey: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print("\n".join(summary_lines(rows)))
+    print(f"linrope.passkey: wrote {out_dir(cfg) / 'passkey.csv'}", file=sys.stderr)
+
+
+def run() -> None:
+    """The ``linrope-passkey`` command (and ``python -m linrope.passkey``): the command line checked, then Hydra."""
+    import hydra
+
+    from linrope.config.command_line import CONF_DIR, check_command_line
+
+    check_command_line(config_name="passkey", prefix="linrope.passkey")
+    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="passkey")(main_from_config)()
