@@ -82,6 +82,12 @@ def build_prompt(tok: Tokenizer, length: int, depth: float, key: str, filler: st
     return Prompt(ids=ids, answer=(start, len(ids)), key=key, depth=depth, needle_at=len(intro) + len(before))
 
 
+def shortest(tok: Tokenizer, digits: int) -> int:
+    """The fewest tokens a prompt can have: its fixed text (intro, needle, question, answer) without filler."""
+    key = "0" * digits
+    return sum(len(tok.encode(t)) for t in (INTRO, NEEDLE.format(key=key), "\n" + QUESTION, " " + key))
+
+
 def random_key(rng: random.Random, digits: int) -> str:
     return "".join(rng.choice("0123456789") for _ in range(digits))
 
@@ -274,6 +280,13 @@ def probe(cfg) -> List[Dict[str, Any]]:
     bar = tqdm(total=len(arms) * len(lengths) * len(depths) * int(cfg.trials), desc="passkey", unit="prompt")
     for arm, logits_of in arms:
         for length in lengths:
+            if length < shortest(tok, int(cfg.digits)):
+                note = f"{length} tokens cannot hold the prompt's fixed text ({shortest(tok, int(cfg.digits))} tokens)"
+                got = [{"length": length, "depth": d, "trials": 0, "exact": float("nan"), "token_acc": float("nan"),
+                        "nll": float("nan"), "note": note} for d in depths]  # fmt: skip
+                rows += [{"arm": arm, "factor": length / context, **r} for r in got]
+                bar.update(len(depths) * int(cfg.trials))
+                continue
             try:
                 got = passkey_table(logits_of, tok, [length], depths, trials=int(cfg.trials), digits=int(cfg.digits),
                                     seed=int(cfg.seed), device=device, progress=bar.update)  # fmt: skip

@@ -104,11 +104,14 @@ def test_passkey_command_on_a_trained_checkpoint(compose, small_corpus, tmp_path
                   "trainer.val_check_interval=2", "test=false")  # fmt: skip
     train.main(cfg)
     ckpt = Path(cfg.paths.output_dir, "checkpoints", "last.ckpt")
-    pk = compose_passkey(f"ckpt={ckpt}", "factors=[4,8]", "depths=[0,1]", "trials=2")
+    pk = compose_passkey(f"ckpt={ckpt}", "factors=[1,4,8]", "depths=[0,1]", "trials=2")
     rows = probe(pk)
     out = Path(cfg.paths.output_dir, "passkey")
     written = list(csv.DictReader(open(out / "passkey.csv")))
-    assert len(written) == len(rows) == 2 * 2 * 2  # the model and the control, 2 lengths × 2 depths
+    assert len(written) == len(rows) == 2 * 3 * 2  # the model and the control, 3 lengths × 2 depths
+    short = [r for r in written if r["length"] == "64"]  # 1× the tiny context: too short for the prompt
+    assert short and all(r["trials"] == "0" and "cannot hold" in r["note"] for r in short)
+    written = [r for r in written if r["length"] != "64"]
     assert {r["length"] for r in written} == {"256", "512"}  # 4× and 8× the tiny context of 64
     control = [r for r in written if r["arm"].startswith("control")]
     assert all(float(r["exact"]) == 1.0 for r in control)  # the prompts are answerable by copying
