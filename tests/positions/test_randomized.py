@@ -88,10 +88,15 @@ def test_more_tokens_than_positions_are_refused_in_one_line():
 # the model: one draw per forward, equal to the base scheme at the drawn positions
 # ---------------------------------------------------------------------------------------------------
 
-EVERY = [(name, {"table": "learned"} if name == "multiplicative" else {}) for name in sorted(REGISTRY)]
+QUICK = ("rope", "learned", "xl")  # a rotation, a table, a distance table sized by the span; the rest: slow
+EVERY = [
+    pytest.param(name, {"table": "learned"} if name == "multiplicative" else {}, id=name,
+                 marks=() if name in QUICK else pytest.mark.slow)
+    for name in sorted(REGISTRY)
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("name,opts", EVERY, ids=[n for n, _ in EVERY])
+@pytest.mark.parametrize("name,opts", EVERY)
 def test_every_scheme_at_drawn_positions_is_its_base_scheme_at_those_positions(name, opts):
     """Seeded, the randomized model's output is the base model's with the drawn positions handed in: the input
     scheme and both layers saw the same draw (a second draw anywhere would differ), and the span bound handed to
