@@ -209,8 +209,16 @@ def test_a_length_beyond_randomized_positions_is_an_na_row_that_says_so():
 
     l0 = 16
     module = LanguageModel(
-        model=dict(vocab_size=256, d_model=16, n_heads=2, n_layers=1, d_ff=16, max_len=l0,
-                   attention={"kind": "softmax"}, position={"name": "rope", "max_position": 2 * l0})  # fmt: skip
+        model=dict(
+            vocab_size=256,
+            d_model=16,
+            n_heads=2,
+            n_layers=1,
+            d_ff=16,
+            max_len=l0,
+            attention={"kind": "softmax"},
+            position={"name": "rope", "max_position": 2 * l0},
+        )  # fmt: skip
     )
     settings = {
         **OmegaConf.to_container(OmegaConf.load(CONF / "extrapolation" / "default.yaml")),

@@ -66,8 +66,14 @@ PINNED = [
         (
             "linear_randomized",
             "linear-elu-rope-randomized-s1234",
-            ["attention:linear", "position:rope", "task:bytes", "feature_map:elu", "placement:numerator",
-             "randomized:2048"],
+            [
+                "attention:linear",
+                "position:rope",
+                "task:bytes",
+                "feature_map:elu",
+                "placement:numerator",
+                "randomized:2048",
+            ],
         ),
     ),
     (

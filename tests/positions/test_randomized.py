@@ -277,5 +277,7 @@ def test_a_call_that_continues_a_sequence_is_refused():
 def test_max_position_is_checked_as_an_option():
     from linrope.positions import option_errors
 
-    assert option_errors("rope", {"max_position": 0})[0].startswith("model.position.max_position=0: expected an integer >= 1")
+    assert option_errors("rope", {"max_position": 0})[0].startswith(
+        "model.position.max_position=0: expected an integer >= 1"
+    )
     assert option_errors("t5", {"max_posiiton": 8})[0].startswith("model.position.max_posiiton: unknown option")
