@@ -369,7 +369,12 @@ def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, k
         with scaled:
             s = score(module, dataset, offsets=text is not None, **kw)
     except SequenceTooLong:
-        row["status"] = f"n/a (position table has {module.model.cfg.max_len} rows)"
+        drawn_below = module.model.cfg.position.get("max_position")  # randomized positions: N distinct below it
+        row["status"] = (
+            f"n/a (positions drawn below max_position={drawn_below})"
+            if drawn_below and length > drawn_below
+            else f"n/a (position table has {module.model.cfg.max_len} rows)"
+        )
         return
     loss = s["loss_sum"] / max(s["scored"], 1)
     row.update(loss=loss, examples=s["examples"], scored=s["scored"], scored_hash=s.get("scored_hash"))

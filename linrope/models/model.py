@@ -131,13 +131,13 @@ class TransformerLM(nn.Module):
         """idx: (B, N) token ids -> logits (B, N, V), or (B, n_classes) for a classifier.
 
         ``positions`` (N,) or ``offset`` (positions offset…offset+N-1) place the window in a longer
-        sequence; ``states`` continue linear attention from an earlier call (generation).
+        sequence; with randomized positions (``model.position.max_position``) the positions are drawn here, once
+        for the input and every layer; ``states`` continue linear attention from an earlier call (generation).
         ``mask`` (B, N) marks real tokens for the classifier's mean pooling."""
         n = idx.shape[1]
         span = None  # explicit positions: a scheme that needs their span reads it (PositionScheme.span)
-        if positions is None:
-            positions = torch.arange(offset, offset + n, device=idx.device)
-            span = (offset, offset + n - 1)  # known here: no scheme reads the device for it
+        if positions is None:  # offset … offset+n-1, or drawn (randomized positions): once, for every scheme
+            positions, span = self.pos.place(n, offset, idx.device, continuing=states is not None)
         new_states = []
         schemes = [m for m in self.modules() if isinstance(m, PositionScheme)]  # every role, every layer
         for scheme in schemes:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
 from linrope.base.options import Rule, declared, option_errors
 from linrope.models.attention import ATTENTION
-from linrope.positions import check_pairing
+from linrope.positions import check_pairing, model_problems
 from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
@@ -106,9 +106,10 @@ class ModelConfig:
             return [ConfigError(e) for e in errors]
         found: List[ConfigError] = []
         try:
-            check_pairing(kind, pos)
+            check_pairing(kind, pos, self.position_options())
         except IncompatiblePairing as e:
             found.append(e)
+        found += [ConfigError(e) for e in model_problems(pos, self.position_options(), max_len=int(self.max_len))]
         d, h = int(self.d_model), int(self.n_heads)
         if d % h:
             found.append(ConfigError(f"model.d_model={d} is not divisible by model.n_heads={h}"))
@@ -148,12 +149,13 @@ class ModelConfig:
             out.update({f"attention.{k}": self.attention_setting(k) for k in ("feature_map", "placement")})
             if not self.normalized():  # only then: the identity of every earlier checkpoint is unchanged
                 out["attention.normalize"] = False
-        # an option left at None (RoPE's decay) is no part of it: earlier checkpoints, which lack the key, agree
+        # an option left at None (RoPE's decay, max_position) is no part of it: earlier checkpoints, which lack the
+        # key, agree
         out.update(
             {
                 f"position.{k}": v
                 for k, v in sorted(self.position.items())
-                if k not in EVALUATION_OPTIONS and not (k == "decay" and v is None)
+                if k not in EVALUATION_OPTIONS and not (k in ("decay", "max_position") and v is None)
             }
         )
         if self.short_conv:
@@ -174,6 +176,8 @@ class ModelConfig:
             tags += [f"rope_scaling:{self.position['scaling']}"]
         if pos == "rope" and self.position.get("decay"):
             tags += [f"rope_decay:{self.position['decay']}"]
+        if self.position.get("max_position"):
+            tags += [f"randomized:{self.position['max_position']}"]
         return tags
 
     def normalized(self) -> bool:
@@ -182,8 +186,8 @@ class ModelConfig:
 
     def run_name(self, seed: Any) -> str:
         """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator, RoPE's decay
-        when it has one: ``linear-elu-rope-retnet-s1234``; ``-norm`` for linear attention without a denominator,
-        its output normalised)."""
+        when it has one: ``linear-elu-rope-retnet-s1234``; ``-randomized`` with randomized positions; ``-norm`` for
+        linear attention without a denominator, its output normalised)."""
         kind, pos = self.attention.get("kind"), self.position.get("name")
         name = kind
         if kind == "linear":
@@ -193,6 +197,8 @@ class ModelConfig:
             name += f"-{self.attention['placement']}"
         if pos == "rope" and self.position.get("decay"):
             name += f"-{self.position['decay']}"
+        if self.position.get("max_position"):
+            name += "-randomized"
         if not self.normalized():
             name += "-norm"
         return f"{name}-s{seed}"

@@ -2,7 +2,9 @@
 
 ``build_position(name, where=..., **dims, **options)`` builds a scheme by name, its options checked first;
 ``build_shared(name, **dims, **options)`` the part its paper shares across layers (or None);
-``check_pairing(attention_kind, name)`` refuses pairings linear attention cannot take;
+``check_pairing(attention_kind, name, options)`` refuses pairings linear attention cannot take;
+``model_problems(name, options, max_len=...)`` what a scheme's options ask of the model (randomized positions'
+range against a table of ``max_len`` rows);
 ``option_errors(name, options)`` names the options a scheme does not take (and the nearest it does) or whose
 values it refuses, before anything is built: a scheme's options are its constructor's annotated keyword
 arguments (``linrope.base.options``), read here and nowhere else.
@@ -19,6 +21,7 @@ from linrope.base.options import option_errors as declared_errors
 
 from .base import DIMS, REGISTRY, PositionScheme, register
 from .functional import alibi_slopes, relative_distance, t5_bucket
+from .randomized import linear_problem, table_problems
 
 # one module per scheme; importing registers it
 SCHEME_MODULES = (
@@ -85,15 +88,27 @@ def build_shared(name: str, **dims_and_options) -> Optional[PositionScheme]:
     return build_position(name, where="shared", **dims_and_options)
 
 
-def check_pairing(attention_kind: str, name: str) -> None:
-    """Refuse, in one line, a position scheme that linear attention cannot take."""
+def check_pairing(attention_kind: str, name: str, options: Optional[Mapping[str, Any]] = None) -> None:
+    """Refuse, in one line, a position scheme (with ``options``) that linear attention cannot take."""
     cls = scheme_class(name)
+    if attention_kind == "linear" and cls.linear_ok and options is not None:
+        settings = scheme_settings(name, options)
+        problem = linear_problem(name, cls.linear_decays(settings), settings.get("max_position"))
+        if problem:
+            raise IncompatiblePairing(problem)
     if attention_kind == "linear" and not cls.linear_ok:
         raise IncompatiblePairing(
             f"attention=linear with position={name} cannot work: {name} is a {cls.kind} scheme that acts on the "
             f"N×N score matrix{(' (' + cls.linear_note + ')') if cls.linear_note else ''}, and linear attention never "
             f"forms it; linear attention takes: {', '.join(n for n, c in sorted(REGISTRY.items()) if c.linear_ok)}"
         )
+
+
+def model_problems(name: str, options: Mapping[str, Any], *, max_len: int) -> List[str]:
+    """One line per thing the scheme ``name`` with ``options`` asks of the model that it lacks: a table of
+    ``max_len`` rows that randomized positions (``max_position``) would overrun."""
+    cls, settings = scheme_class(name), scheme_settings(name, options)
+    return table_problems(name, cls.bounded_by_max_len(settings), settings.get("max_position"), max_len)
 
 
 __all__ = [
@@ -103,6 +118,7 @@ __all__ = [
     "build_position",
     "build_shared",
     "check_pairing",
+    "model_problems",
     "option_errors",
     "scheme_class",
     "IncompatiblePairing",

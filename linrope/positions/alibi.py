@@ -34,6 +34,10 @@ class ALiBi(PositionScheme):
         # module; in (0, 1) since every slope is positive
         self.register_buffer("gamma", torch.exp(-self.slopes), persistent=False)
 
+    @classmethod
+    def linear_decays(cls, options) -> bool:
+        return True
+
     def _apply(self, fn, recurse=True):
         slopes, gamma = self.slopes, self.gamma
         super()._apply(fn, recurse)

@@ -28,7 +28,13 @@ the config check, a saved config and ``build_position`` read.  What depends on s
 ``option_problems``.  What the rest of the code asks of a scheme it reads from its traits, never from its
 name: ``linear_ok`` (linear attention may take it; ``check_pairing`` refuses the rest), ``tables`` (its
 position tables, not weight-decayed), ``score_biases`` (its additive score biases, not weight-decayed),
-``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``.
+``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``, ``linear_decays`` (with
+these options linear attention takes a per-head decay γ_h^(i-j)).
+
+**Where the positions come from.**  Every scheme takes ``max_position`` (``linrope.positions.randomized``:
+randomized positions, Ruoss et al. 2023): null, the forward's positions are ``offset … offset+N-1``; set, they
+are an ordered random subset of ``0 … max_position-1``, drawn once per forward by the input role
+(``place``) and handed by the model to every layer.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from torch import nn
 from linrope.base.options import Rule
 
 from .functional import position_span
+from .randomized import MaxPosition, place_positions
 
 # the types of options several schemes take (their ranges, written once)
 Positive = Annotated[int, Rule(low=1)]
@@ -74,6 +81,13 @@ class PositionScheme(nn.Module):
         return False
 
     @classmethod
+    def linear_decays(cls, options: Mapping) -> bool:
+        """Whether, with ``options`` (every option, defaults filled in), linear attention takes it as a per-head
+        decay γ_h^(i-j) on its kernel weights (ALiBi, RoPE with ``decay``): a decay that counts tokens, not
+        positions (``linrope.positions.randomized``)."""
+        return False
+
+    @classmethod
     def option_problems(cls, options: Mapping) -> List[str]:
         """One line per problem of ``options`` (every option, defaults filled in) that no single option's type
         and range shows."""
@@ -82,7 +96,7 @@ class PositionScheme(nn.Module):
         return []
 
     def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
-                 causal: bool = True, share: Optional[bool] = None,
+                 causal: bool = True, share: Optional[bool] = None, max_position: MaxPosition = None,
                  shared: Optional["PositionScheme"] = None):  # fmt: skip
         super().__init__()
         if where not in ROLES:
@@ -90,6 +104,7 @@ class PositionScheme(nn.Module):
         self.where, self.d_model, self.n_heads, self.head_dim = where, d_model, n_heads, head_dim
         self.max_len, self.causal = max_len, causal
         self.share = bool(self.shares) if share is None else bool(share)  # default: as the paper
+        self.max_position = max_position  # randomized positions (linrope.positions.randomized); None: 0 … N-1
         if shared is not None and (where != "attention" or type(shared) is not type(self) or shared.where != "shared"):
             raise ValueError(f"{self.name}: only an attention layer borrows, and only from a shared-role {self.name}")
         self.__dict__["_borrowed"] = shared  # not a submodule: its parameters belong to the model, counted once
@@ -134,6 +149,14 @@ class PositionScheme(nn.Module):
         if self._span is not None:
             return self._span
         return self.memo(("span", id(positions)), lambda: position_span(positions))
+
+    def place(self, n: int, offset: int = 0, device=None, *, continuing: bool = False):
+        """The positions of one forward of ``n`` tokens and their span (Python ints, ``open_memo``): the model asks
+        its input-role scheme once and hands the answer to every scheme.  ``offset … offset+n-1``, or with
+        ``max_position`` an ordered random subset of ``0 … max_position-1`` (``randomized.place_positions``)."""
+        if self.max_position is None:
+            return torch.arange(offset, offset + n, device=device), (offset, offset + n - 1)
+        return place_positions(n, self.max_position, device, offset=offset, continuing=continuing)
 
     # ---- hook at the input (where == "input") -------------------------------------------------
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ log γ_h·|i - j| (the same weight γ_h^(i-j) on exp(q·k)).  A decay is a fixed
 (nothing to weight-decay, nothing saved in a checkpoint), and is untouched by a change of RoPE's frequencies
 (the extrapolation's scaling rows swap ``theta`` only)."""
 
-from typing import Annotated, Optional
+from typing import Annotated, Mapping, Optional
 
 import torch
 
@@ -45,6 +45,10 @@ class RoPE(PositionScheme):
             gamma, rate = decay_gamma_rate(decay, self.n_heads)
             self.register_buffer("gamma", gamma, persistent=False)
             self.register_buffer("rate", rate, persistent=False)
+
+    @classmethod
+    def linear_decays(cls, options: Mapping) -> bool:
+        return options.get("decay") is not None
 
     def _apply(self, fn, recurse=True):
         kept = {name: getattr(self, name) for name in ("gamma", "rate") if name in self._buffers}

@@ -202,6 +202,36 @@ def test_rope_rows_compose_with_the_trained_scaling(trained, monkeypatch):
     assert module.model.blocks[0].attn.pos.theta.numpy() == pytest.approx(theta(p0, k0), rel=1e-13)
 
 
+def test_a_length_beyond_randomized_positions_is_an_na_row_that_says_so():
+    """Randomized positions (max_position = 2 × the context): the row at 2× is scored, the row at 4× has no
+    distinct positions below max_position and is n/a, saying why (not a position table's length)."""
+    from linrope.training.lit import LanguageModel
+
+    l0 = 16
+    module = LanguageModel(
+        model=dict(
+            vocab_size=256,
+            d_model=16,
+            n_heads=2,
+            n_layers=1,
+            d_ff=16,
+            max_len=l0,
+            attention={"kind": "softmax"},
+            position={"name": "rope", "max_position": 2 * l0},
+        )  # fmt: skip
+    )
+    settings = {
+        **OmegaConf.to_container(OmegaConf.load(CONF / "extrapolation" / "default.yaml")),
+        "scalings": [],
+        "scored_bytes": 256,
+        "protocols": ["sliding"],
+        "window_control": False,
+    }
+    torch.manual_seed(0)
+    rows = length_table(module, Text(), settings, train_context=l0, lengths=[2 * l0, 4 * l0])
+    assert [r["status"] for r in rows] == ["ok", "n/a (positions drawn below max_position=32)"]
+
+
 # ---- the data module, rebuilt without running code ----------------------------------------------------------------
 def _malicious_config(path, payload):
     """What `hydra.utils.instantiate` would run: the nested _target_ makes a folder (any code could run)."""

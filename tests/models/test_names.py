@@ -62,6 +62,21 @@ PINNED = [
         ),
     ),
     (
+        ["model=linear_randomized"],
+        (
+            "linear_randomized",
+            "linear-elu-rope-randomized-s1234",
+            [
+                "attention:linear",
+                "position:rope",
+                "task:bytes",
+                "feature_map:elu",
+                "placement:numerator",
+                "randomized:2048",
+            ],
+        ),
+    ),
+    (
         ["model=linear_rope"],
         (
             "linear_rope",
@@ -143,6 +158,14 @@ PINNED = [
     (
         ["model=softmax_none"],
         ("softmax_none", "softmax-none-s1234", ["attention:softmax", "position:none", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_randomized"],
+        (
+            "softmax_randomized",
+            "softmax-rope-randomized-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "randomized:2048"],
+        ),
     ),
     (
         ["model=softmax_rope"],
@@ -228,6 +251,22 @@ PINNED = [
             "linear_cosine",
             "linear-cosine-none-s1234",
             ["attention:linear", "position:none", "task:bytes", "feature_map:cosine"],
+        ),
+    ),
+    (
+        ["attention=softmax", "position=randomized"],
+        (
+            "softmax_randomized",
+            "softmax-rope-randomized-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "randomized:2048"],
+        ),
+    ),
+    (
+        ["model=softmax_learned", "+model.position.max_position=512", "model.max_len=512"],
+        (
+            "softmax_learned",
+            "softmax-learned-randomized-s1234",
+            ["attention:softmax", "position:learned", "task:bytes", "randomized:512"],
         ),
     ),
     (
