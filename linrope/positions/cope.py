@@ -59,9 +59,7 @@ class CoPE(PositionScheme):
     kind = "contextual"
     linear_ok = False
     linear_note = "adds q_i·e[p_ij] to every score, p_ij counted by the gates σ(q_i·k_t) of every query-key pair"
-    paper = (
-        "Golovneva, Wang, Weston, Sukhbaatar 2024, Contextual position encoding: learning to count what's important"
-    )
+    paper = "Golovneva, Wang, Weston, Sukhbaatar 2024, Contextual position encoding: learning to count what's important"
     tables = ("table",)  # e: rows indexed by (contextual) position, not weight-decayed
     causal_only = (
         "its positions p_ij = Σ_{t=j..i} σ(q_i·k_t) count from the key up to the query, defined for keys at or "

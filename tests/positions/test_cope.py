@@ -69,7 +69,12 @@ def paper_attention(q, k, v, table, npos_max: int, divide_position: bool):
 
 @pytest.mark.parametrize(
     "opts,n",
-    [({}, 10), ({"npos_max": 4}, 10), ({"position_scale": "paper"}, 9), ({"npos_max": 3, "position_scale": "paper"}, 11)],
+    [
+        ({}, 10),
+        ({"npos_max": 4}, 10),
+        ({"position_scale": "paper"}, 9),
+        ({"npos_max": 3, "position_scale": "paper"}, 11),
+    ],
     ids=["release", "release-clamped", "paper", "paper-clamped"],
 )
 def test_formula_against_the_paper_float64(opts, n):
@@ -124,7 +129,9 @@ def test_saturated_gates_count_tokens():
     p = contextual_positions(q, q, 0.5, 100)
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
     torch.testing.assert_close(p[0, 0], torch.where(j <= i, i - j + 1, 0).double())
-    torch.testing.assert_close(contextual_positions(q, q, 0.5, 4)[0, 0], torch.where(j <= i, (i - j + 1).clamp(max=3), 0).double())
+    torch.testing.assert_close(
+        contextual_positions(q, q, 0.5, 4)[0, 0], torch.where(j <= i, (i - j + 1).clamp(max=3), 0).double()
+    )
 
 
 def test_interpolation_between_rows():
@@ -174,7 +181,9 @@ def test_it_ignores_the_positions(n):
 def test_longer_than_max_len_clamps():
     """No table of max_len positions: a longer window clamps its positions at npos_max - 1 and runs."""
     assert not REGISTRY["cope"].bounded_by_max_len({"npos_max": None, "position_scale": "release"})
-    m = TransformerLM(dict(vocab_size=32, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_len=8, position={"name": "cope"}))
+    m = TransformerLM(
+        dict(vocab_size=32, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_len=8, position={"name": "cope"})
+    )
     assert m.blocks[0].attn.pos.table.shape == (9, 8) and m.blocks[0].attn.pos.table.abs().sum() == 0
     assert torch.isfinite(m(torch.randint(0, 32, (1, 40)))).all()
 
