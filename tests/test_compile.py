@@ -18,7 +18,15 @@ from linrope.ops.linear_attn.chunk import chunk_bwd, chunk_fwd
 from linrope.ops.linear_attn.recurrent import recurrent_step_op
 from tests.helpers import CONF, ROOT
 
-PRESETS = ["linear_rope", "linear_cosine_rope", "linear_rope_both", "linear_rope_norm", "linear_alibi", "softmax_rope"]
+PRESETS = [
+    "linear_rope",
+    "linear_cosine_rope",
+    "linear_rope_both",
+    "linear_rope_norm",
+    "linear_alibi",
+    "softmax_rope",
+    "softmax_cope",
+]
 
 
 def model_config(preset: str) -> dict:
@@ -101,7 +109,14 @@ def compiled_vs_eager(preset: str, backend: str):
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (preset, step, name, (a - b).abs().max().item())
 
 
-@pytest.mark.parametrize("preset", ["linear_rope", pytest.param("linear_alibi", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "linear_rope",
+        pytest.param("linear_alibi", marks=pytest.mark.slow),
+        pytest.param("softmax_cope", marks=pytest.mark.slow),
+    ],
+)
 def test_compiled_training_matches_eager_aot(preset):
     compiled_vs_eager(preset, "aot_eager")
 

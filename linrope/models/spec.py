@@ -21,7 +21,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
 from linrope.base.options import Rule, declared, option_errors
 from linrope.models.attention import ATTENTION
-from linrope.positions import check_pairing, model_problems
+from linrope.positions import check_pairing, model_problems, scheme_class
 from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
@@ -81,7 +81,8 @@ class ModelConfig:
     # ---- the checks ---------------------------------------------------------------------------------------
     def problems(self) -> List[str]:
         """One line per problem no single value shows: an option a component does not take (or refuses), the
-        pairing, divisibility, RoPE's even head dimension, the scheme's options (checked by the scheme)."""
+        pairing, divisibility, RoPE's even head dimension, a causal-only scheme (CoPE) in a bidirectional model,
+        the scheme's options (checked by the scheme)."""
         return [str(e) for e in self._problems()]
 
     def check(self) -> None:
@@ -117,6 +118,10 @@ class ModelConfig:
             found.append(
                 ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
             )
+        try:
+            scheme_class(pos).check_causal(bool(self.causal))
+        except ConfigError as e:
+            found.append(e)
         window = self.attention.get("window")
         if window is not None and not self.causal:
             found.append(ConfigError(f"model.attention.window={window} limits causal attention; model.causal is false"))

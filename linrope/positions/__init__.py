@@ -37,6 +37,7 @@ SCHEME_MODULES = (
     "deberta",
     "tupe",
     "alibi",
+    "cope",
 )
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")

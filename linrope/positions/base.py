@@ -29,7 +29,8 @@ the config check, a saved config and ``build_position`` read.  What depends on s
 name: ``linear_ok`` (linear attention may take it; ``check_pairing`` refuses the rest), ``tables`` (its
 position tables, not weight-decayed), ``score_biases`` (its additive score biases, not weight-decayed),
 ``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``, ``linear_decays`` (with
-these options linear attention takes a per-head decay γ_h^(i-j)).
+these options linear attention takes a per-head decay γ_h^(i-j)), ``causal_only`` (why it cannot serve
+bidirectional attention; ``check_causal`` refuses ``causal=False`` in one line).
 
 **Where the positions come from.**  Every scheme takes ``max_position`` (``linrope.positions.randomized``:
 randomized positions, Ruoss et al. 2023): null, the forward's positions are ``offset … offset+N-1``; set, they
@@ -45,6 +46,7 @@ from typing import Annotated, Callable, ClassVar, Dict, List, Mapping, Optional,
 import torch
 from torch import nn
 
+from linrope.base.errors import ConfigError
 from linrope.base.options import Rule
 
 from .functional import position_span
@@ -62,7 +64,7 @@ ROLES = ("input", "attention", "shared")
 
 class PositionScheme(nn.Module):
     name: ClassVar[str] = "?"
-    kind: ClassVar[str] = "none"  # "none" | "absolute" | "relative"
+    kind: ClassVar[str] = "none"  # "none" | "absolute" | "relative" | "contextual" (positions from q and k)
     linear_ok: ClassVar[bool] = False  # may linear attention take this scheme?
     linear_note: ClassVar[str] = ""  # why not / how (shown in errors and README)
     has_value_term: ClassVar[bool] = False  # needs the attention probabilities (no SDPA fast path)
@@ -73,6 +75,15 @@ class PositionScheme(nn.Module):
     score_biases: ClassVar[Tuple[str, ...]] = ()
     # its position tables (rows indexed by position or distance): not weight-decayed, like the token embedding
     tables: ClassVar[Tuple[str, ...]] = ()
+    # why it cannot serve bidirectional attention ("": it can); set, ``causal=False`` is refused (``check_causal``)
+    causal_only: ClassVar[str] = ""
+
+    @classmethod
+    def check_causal(cls, causal: bool) -> None:
+        """Refuse, in one line, bidirectional attention (``model.causal=false``) for a scheme defined only for
+        keys at or behind the query."""
+        if not causal and cls.causal_only:
+            raise ConfigError(f"model.causal=false with position={cls.name} cannot work: {cls.causal_only}")
 
     @classmethod
     def bounded_by_max_len(cls, options: Mapping) -> bool:
@@ -101,6 +112,7 @@ class PositionScheme(nn.Module):
         super().__init__()
         if where not in ROLES:
             raise ValueError(f"position scheme role must be one of {ROLES}, got {where!r}")
+        self.check_causal(causal)
         self.where, self.d_model, self.n_heads, self.head_dim = where, d_model, n_heads, head_dim
         self.max_len, self.causal = max_len, causal
         self.share = bool(self.shares) if share is None else bool(share)  # default: as the paper

@@ -210,6 +210,10 @@ PINNED = [
     ),
     (["model=softmax_xl"], ("softmax_xl", "softmax-xl-s1234", ["attention:softmax", "position:xl", "task:bytes"])),
     (
+        ["model=softmax_cope"],
+        ("softmax_cope", "softmax-cope-s1234", ["attention:softmax", "position:cope", "task:bytes"]),
+    ),
+    (
         ["attention=softmax", "position=none"],
         ("softmax_none", "softmax-none-s1234", ["attention:softmax", "position:none", "task:bytes"]),
     ),
