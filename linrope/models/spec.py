@@ -21,7 +21,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
 from linrope.base.options import Rule, declared, option_errors
 from linrope.models.attention import ATTENTION
-from linrope.positions import check_pairing
+from linrope.positions import check_pairing, scheme_class
 from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
@@ -116,6 +116,9 @@ class ModelConfig:
             found.append(
                 ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
             )
+        problem = scheme_class(pos).causal_problem(bool(self.causal))
+        if problem:
+            found.append(ConfigError(problem))
         window = self.attention.get("window")
         if window is not None and not self.causal:
             found.append(ConfigError(f"model.attention.window={window} limits causal attention; model.causal is false"))

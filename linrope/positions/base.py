@@ -28,7 +28,8 @@ the config check, a saved config and ``build_position`` read.  What depends on s
 ``option_problems``.  What the rest of the code asks of a scheme it reads from its traits, never from its
 name: ``linear_ok`` (linear attention may take it; ``check_pairing`` refuses the rest), ``tables`` (its
 position tables, not weight-decayed), ``score_biases`` (its additive score biases, not weight-decayed),
-``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``.
+``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``, ``causal_only`` (why it
+refuses ``causal=False``; ``causal_problem`` says it in one line, at the config check and at build).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Annotated, Callable, ClassVar, Dict, List, Mapping, Optional,
 import torch
 from torch import nn
 
+from linrope.base.errors import ConfigError
 from linrope.base.options import Rule
 
 from .functional import position_span
@@ -66,6 +68,14 @@ class PositionScheme(nn.Module):
     score_biases: ClassVar[Tuple[str, ...]] = ()
     # its position tables (rows indexed by position or distance): not weight-decayed, like the token embedding
     tables: ClassVar[Tuple[str, ...]] = ()
+    causal_only: ClassVar[str] = ""  # why it cannot serve bidirectional attention ("": it can)
+
+    @classmethod
+    def causal_problem(cls, causal: bool) -> Optional[str]:
+        """One line if the scheme cannot serve attention that is (not) ``causal``, else None."""
+        if causal or not cls.causal_only:
+            return None
+        return f"position={cls.name} needs causal attention (model.causal=true): {cls.causal_only}"
 
     @classmethod
     def bounded_by_max_len(cls, options: Mapping) -> bool:
@@ -85,6 +95,9 @@ class PositionScheme(nn.Module):
                  causal: bool = True, share: Optional[bool] = None,
                  shared: Optional["PositionScheme"] = None):  # fmt: skip
         super().__init__()
+        problem = self.causal_problem(causal)
+        if problem:
+            raise ConfigError(problem)
         if where not in ROLES:
             raise ValueError(f"position scheme role must be one of {ROLES}, got {where!r}")
         self.where, self.d_model, self.n_heads, self.head_dim = where, d_model, n_heads, head_dim
