@@ -20,8 +20,8 @@ D, H, HD = 16, 2, 8  # d_model, heads, head dim
 
 
 def layer(threshold: float, *, width: int = 6, **opts) -> SoftmaxAttention:
-    """A float64 FIRE attention layer, its parameters drawn large (every term moves the output), c of random
-    sign (the scheme uses |c|), L = ``threshold`` reached through a multiplier of random sign."""
+    """A float64 FIRE attention layer, its parameters drawn large (every term moves the output), c negative and
+    L = ``threshold`` reached through a negative multiplier (the scheme uses |c| and |m·L₀|)."""
     pos = build_position(
         "fire", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=64, mlp_width=width, **opts
     )
@@ -29,9 +29,8 @@ def layer(threshold: float, *, width: int = 6, **opts) -> SoftmaxAttention:
     with torch.no_grad():
         for p in (pos.w1, pos.b1, pos.w2, pos.b2):
             p.normal_(0.0, 1.0)
-        sign = float(torch.randint(0, 2, ()) * 2 - 1)
-        pos.c.fill_(sign * float(torch.empty(()).uniform_(0.2, 2.0)))
-        pos.l_mult.fill_(-sign * threshold / pos.init_threshold)
+        pos.c.fill_(-float(torch.empty(()).uniform_(0.2, 2.0)))
+        pos.l_mult.fill_(-threshold / pos.init_threshold)
     return att
 
 
@@ -109,13 +108,18 @@ def test_blocks_of_query_rows_give_the_same_bias(monkeypatch):
 
 
 def test_bias_is_float32_under_bf16_autocast_and_learns_c_and_l():
+    """Under bf16 autocast f_θ still runs in float32 (its bias is rounded once, by the attention's mask cast)."""
     att = layer(6.0).float()
     x = torch.randn(1, 9, D)
     positions = torch.arange(9)
+    q, k, _ = att.split(x)
+    exact = att.pos.score_bias(q, k, positions)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         q, k, _ = att.split(x)
-        assert att.pos.score_bias(q, k, positions).dtype == torch.float32
+        bias = att.pos.score_bias(q, k, positions)
         out = att(x, positions)[0]
+    assert bias.dtype == torch.float32
+    torch.testing.assert_close(bias, exact, rtol=1e-6, atol=1e-6)
     out.float().pow(2).sum().backward()
     for name, p in att.pos.named_parameters():  # queries on both sides of L = 6: L's multiplier moves too
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
