@@ -69,7 +69,10 @@ def test_bias_and_attention_follow_the_formula(eps):
             for j in range(i + 1):
                 assert abs(b_[h][i][j] - paper[j]) < 1e-12, (h, i, j)
             for b in range(2):
-                s = [sum(a * c for a, c in zip(q_[b][h][i], k_[b][h][j])) / math.sqrt(HD) + paper[j] for j in range(i + 1)]
+                s = [
+                    sum(a * c for a, c in zip(q_[b][h][i], k_[b][h][j])) / math.sqrt(HD) + paper[j]
+                    for j in range(i + 1)
+                ]
                 e = [math.exp(t - max(s)) for t in s]
                 for j in range(i + 1):
                     for d in range(HD):
@@ -127,8 +130,15 @@ def test_bias_is_float32_under_bf16_autocast_and_learns_c_and_l():
 
 def tiny(n_layers=2, **opts):
     return TransformerLM(
-        dict(vocab_size=32, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, max_len=64,
-             position={"name": "fire", **opts})  # fmt: skip
+        dict(
+            vocab_size=32,
+            d_model=32,
+            n_layers=n_layers,
+            n_heads=4,
+            d_ff=64,
+            max_len=64,
+            position={"name": "fire", **opts},
+        )  # fmt: skip
     )
 
 
@@ -186,7 +196,9 @@ def test_linear_attention_refuses_fire_in_one_line():
 
 def test_bidirectional_attention_is_refused_in_one_line():
     cfg = ModelConfig(d_model=32, n_heads=4, causal=False, position={"name": "fire"})
-    assert cfg.problems() == [f"position=fire needs causal attention (model.causal=true): {REGISTRY['fire'].causal_only}"]
+    assert cfg.problems() == [
+        f"position=fire needs causal attention (model.causal=true): {REGISTRY['fire'].causal_only}"
+    ]
     with pytest.raises(ConfigError, match="needs causal attention"):
         build_position("fire", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, causal=False)
     assert ModelConfig(d_model=32, n_heads=4, position={"name": "fire"}).problems() == []
