@@ -118,10 +118,9 @@ class ModelConfig:
             found.append(
                 ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
             )
-        try:
-            scheme_class(pos).check_causal(bool(self.causal))
-        except ConfigError as e:
-            found.append(e)
+        problem = scheme_class(pos).causal_problem(bool(self.causal))
+        if problem:
+            found.append(ConfigError(problem))
         window = self.attention.get("window")
         if window is not None and not self.causal:
             found.append(ConfigError(f"model.attention.window={window} limits causal attention; model.causal is false"))

@@ -38,6 +38,7 @@ SCHEME_MODULES = (
     "tupe",
     "alibi",
     "cope",
+    "fire",
 )
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
@@ -83,8 +84,10 @@ def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_di
 
 def build_shared(name: str, **dims_and_options) -> Optional[PositionScheme]:
     """The scheme in its shared role (the parameters its paper shares across layers, built once, to be
-    handed to every layer as ``shared=``); None if it shares nothing or its option says ``share: false``."""
-    if not scheme_class(name).shares or dims_and_options.get("share") is False:
+    handed to every layer as ``shared=``); None if it shares nothing or its option (given, else the scheme's
+    default: FIRE's is false, as its paper) says ``share: false``."""
+    cls = scheme_class(name)
+    if not cls.shares or dims_and_options.get("share", defaults(cls).get("share")) is False:
         return None
     return build_position(name, where="shared", **dims_and_options)
 

@@ -30,7 +30,7 @@ name: ``linear_ok`` (linear attention may take it; ``check_pairing`` refuses the
 position tables, not weight-decayed), ``score_biases`` (its additive score biases, not weight-decayed),
 ``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``, ``linear_decays`` (with
 these options linear attention takes a per-head decay γ_h^(i-j)), ``causal_only`` (why it cannot serve
-bidirectional attention; ``check_causal`` refuses ``causal=False`` in one line).
+bidirectional attention; ``causal_problem`` says so in one line, at the config check and at build).
 
 **Where the positions come from.**  Every scheme takes ``max_position`` (``linrope.positions.randomized``:
 randomized positions, Ruoss et al. 2023): null, the forward's positions are ``offset … offset+N-1``; set, they
@@ -75,15 +75,15 @@ class PositionScheme(nn.Module):
     score_biases: ClassVar[Tuple[str, ...]] = ()
     # its position tables (rows indexed by position or distance): not weight-decayed, like the token embedding
     tables: ClassVar[Tuple[str, ...]] = ()
-    # why it cannot serve bidirectional attention ("": it can); set, ``causal=False`` is refused (``check_causal``)
-    causal_only: ClassVar[str] = ""
+    causal_only: ClassVar[str] = ""  # why it cannot serve bidirectional attention ("": it can)
 
     @classmethod
-    def check_causal(cls, causal: bool) -> None:
-        """Refuse, in one line, bidirectional attention (``model.causal=false``) for a scheme defined only for
-        keys at or behind the query."""
-        if not causal and cls.causal_only:
-            raise ConfigError(f"model.causal=false with position={cls.name} cannot work: {cls.causal_only}")
+    def causal_problem(cls, causal: bool) -> Optional[str]:
+        """One line if the scheme cannot serve attention that is (not) ``causal`` (a scheme defined only for keys at
+        or behind the query, refused for ``model.causal=false``), else None."""
+        if causal or not cls.causal_only:
+            return None
+        return f"model.causal=false with position={cls.name} cannot work: {cls.causal_only}"
 
     @classmethod
     def bounded_by_max_len(cls, options: Mapping) -> bool:
@@ -110,9 +110,11 @@ class PositionScheme(nn.Module):
                  causal: bool = True, share: Optional[bool] = None, max_position: MaxPosition = None,
                  shared: Optional["PositionScheme"] = None):  # fmt: skip
         super().__init__()
+        problem = self.causal_problem(causal)
+        if problem:
+            raise ConfigError(problem)
         if where not in ROLES:
             raise ValueError(f"position scheme role must be one of {ROLES}, got {where!r}")
-        self.check_causal(causal)
         self.where, self.d_model, self.n_heads, self.head_dim = where, d_model, n_heads, head_dim
         self.max_len, self.causal = max_len, causal
         self.share = bool(self.shares) if share is None else bool(share)  # default: as the paper

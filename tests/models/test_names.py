@@ -140,6 +140,10 @@ PINNED = [
         ("softmax_deberta", "softmax-deberta-s1234", ["attention:softmax", "position:deberta", "task:bytes"]),
     ),
     (
+        ["model=softmax_fire"],
+        ("softmax_fire", "softmax-fire-s1234", ["attention:softmax", "position:fire", "task:bytes"]),
+    ),
+    (
         ["model=softmax_floater"],
         ("softmax_floater", "softmax-floater-s1234", ["attention:softmax", "position:floater", "task:bytes"]),
     ),

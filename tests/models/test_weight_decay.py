@@ -16,6 +16,7 @@ SCORE_BIASES = {
     "softmax_t5": {"pos_shared.bias"},
     "softmax_tupe": {"pos_shared.bias"},
     "softmax_xl": {f"blocks.{i}.attn.pos.{a}" for i in range(2) for a in "uv"},
+    "softmax_fire": {f"blocks.{i}.attn.pos.{a}" for i in range(2) for a in ("w1", "b1", "w2", "b2")},
 }
 
 

@@ -41,8 +41,9 @@ ALL = (
     "tupe",
     "alibi",
     "cope",
+    "fire",
 )
-SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe", "cope")  # act on the N×N scores: softmax only
+SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe", "cope", "fire")  # act on the N×N scores: softmax only
 LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope", "alibi")
 
 
