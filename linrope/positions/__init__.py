@@ -34,6 +34,8 @@ SCHEME_MODULES = (
     "deberta",
     "tupe",
     "alibi",
+    "kerple",
+    "sandwich",
 )
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")
