@@ -40,8 +40,10 @@ ALL = (
     "deberta",
     "tupe",
     "alibi",
+    "kerple",
+    "sandwich",
 )
-SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe")  # act on the N×N scores: softmax only
+SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe", "kerple", "sandwich")  # act on the N×N scores: softmax only
 LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope", "alibi")
 
 
