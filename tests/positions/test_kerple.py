@@ -181,6 +181,10 @@ def test_bias_under_bf16_autocast_is_float32_and_finite():
         bias = pos.score_bias(q, q, positions)
     assert q.dtype == torch.bfloat16 and bias.dtype == torch.float32 and torch.isfinite(bias).all()
     assert bias.shape == (1, 4, 300, 300) and (bias[0, :, 5, 5] == 0).all() and (bias[0, :, 299, 0] < 0).all()
+    r1, r2 = pos.r1.clamp(min=0.01).tolist(), pos.r2.clamp(0.01, 2.0).tolist()
+    want = torch.tensor([[kernel("power", r1[h], r2[h], 299 - j) for j in (0, 100, 299)] for h in range(4)])
+    got = bias[0, :, 299][:, [0, 100, 299]]  # at float32's precision, not bf16's (distances above 256 included)
+    torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-6)
 
 
 def test_variant_is_checked_in_one_line():

@@ -132,6 +132,9 @@ def test_bias_precision():
     q64 = torch.zeros(1, 4, 1, 8, dtype=torch.float64)
     exact = pos.score_bias(q64, q64, positions)
     assert exact.dtype == torch.float64
+    for h, i, j in ((0, 399, 0), (1, 250, 3), (3, 17, 16)):  # float64 all the way: the paper's value, to 1e-12
+        m, n = positions[i].item(), positions[j].item()
+        assert abs(exact[0, h, i, j].item() - (paper_bias(m, n, h, 4, 128) - 64 / (2 * (h + 1)))) < 1e-12
     assert torch.equal(pos.score_bias(q64.float(), q64.float(), positions), exact.float())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         qb = torch.nn.Linear(8, 8)(torch.randn(1, 4, 400, 8))
