@@ -44,7 +44,9 @@ class Kerple(PositionScheme):
     kind = "relative"
     linear_ok = False
     linear_note = "adds a learned kernel bias -r₁·log(1 + r₂|i-j|) (or -r₁|i-j|^r₂) to every score"
-    paper = "Chi, Fan, Ramadge, Rudnicky 2022, KERPLE: Kernelized relative positional embedding for length extrapolation"
+    paper = (
+        "Chi, Fan, Ramadge, Rudnicky 2022, KERPLE: Kernelized relative positional embedding for length extrapolation"
+    )
     shares = "the kernel's parameters r₁, r₂ (one pair per head)"
     score_biases = ("r1", "r2")  # additive score biases: not weight-decayed
 
