@@ -26,6 +26,8 @@ PRESETS = [
     "linear_alibi",
     "softmax_rope",
     "softmax_cope",
+    "softmax_kerple",
+    "softmax_sandwich",
 ]
 
 

@@ -182,6 +182,8 @@ class ModelConfig:
             tags += [f"rope_decay:{self.position['decay']}"]
         if self.position.get("max_position"):
             tags += [f"randomized:{self.position['max_position']}"]
+        if pos == "kerple" and self.position.get("variant") == "power":
+            tags += ["kerple_variant:power"]
         return tags
 
     def normalized(self) -> bool:
@@ -190,8 +192,9 @@ class ModelConfig:
 
     def run_name(self, seed: Any) -> str:
         """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator, RoPE's decay
-        when it has one: ``linear-elu-rope-retnet-s1234``; ``-randomized`` with randomized positions; ``-norm`` for
-        linear attention without a denominator, its output normalised)."""
+        when it has one: ``linear-elu-rope-retnet-s1234``; KERPLE's power kernel: ``softmax-kerple-power-s1234``;
+        ``-randomized`` with randomized positions; ``-norm`` for linear attention without a denominator, its output
+        normalised)."""
         kind, pos = self.attention.get("kind"), self.position.get("name")
         name = kind
         if kind == "linear":
@@ -203,6 +206,8 @@ class ModelConfig:
             name += f"-{self.position['decay']}"
         if self.position.get("max_position"):
             name += "-randomized"
+        if pos == "kerple" and self.position.get("variant") == "power":  # the default log kernel: no suffix
+            name += "-power"
         if not self.normalized():
             name += "-norm"
         return f"{name}-s{seed}"

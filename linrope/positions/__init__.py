@@ -39,6 +39,8 @@ SCHEME_MODULES = (
     "alibi",
     "cope",
     "fire",
+    "kerple",
+    "sandwich",
 )
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")

@@ -148,6 +148,18 @@ PINNED = [
         ("softmax_floater", "softmax-floater-s1234", ["attention:softmax", "position:floater", "task:bytes"]),
     ),
     (
+        ["model=softmax_kerple"],
+        ("softmax_kerple", "softmax-kerple-s1234", ["attention:softmax", "position:kerple", "task:bytes"]),
+    ),
+    (
+        ["model=softmax_kerple_power"],
+        (
+            "softmax_kerple_power",
+            "softmax-kerple-power-s1234",
+            ["attention:softmax", "position:kerple", "task:bytes", "kerple_variant:power"],
+        ),
+    ),
+    (
         ["model=softmax_learned"],
         ("softmax_learned", "softmax-learned-s1234", ["attention:softmax", "position:learned", "task:bytes"]),
     ),
@@ -198,6 +210,10 @@ PINNED = [
             "softmax-rope-s1234",
             ["attention:softmax", "position:rope", "task:bytes", "rope_scaling:pi"],
         ),
+    ),
+    (
+        ["model=softmax_sandwich"],
+        ("softmax_sandwich", "softmax-sandwich-s1234", ["attention:softmax", "position:sandwich", "task:bytes"]),
     ),
     (
         ["model=softmax_shaw"],

@@ -42,8 +42,20 @@ ALL = (
     "alibi",
     "cope",
     "fire",
+    "kerple",
+    "sandwich",
 )
-SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe", "cope", "fire")  # act on the N×N scores: softmax only
+SCORE_ONLY = (
+    "shaw",
+    "xl",
+    "t5",
+    "deberta",
+    "tupe",
+    "cope",
+    "fire",
+    "kerple",
+    "sandwich",
+)  # act on the N×N scores: softmax only
 LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope", "alibi")
 
 

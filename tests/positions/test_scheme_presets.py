@@ -17,7 +17,15 @@ import torch
 from tests.helpers import CONF, tiny
 
 # softmax_<scheme> (and linear_<scheme> where linear attention takes it) of each later scheme
-LATER_PRESETS: list = ["softmax_randomized", "linear_randomized", "softmax_cope", "softmax_fire"]
+LATER_PRESETS: list = [
+    "softmax_randomized",
+    "linear_randomized",
+    "softmax_cope",
+    "softmax_fire",
+    "softmax_kerple",
+    "softmax_kerple_power",
+    "softmax_sandwich",
+]
 
 CONTEXT = 256
 

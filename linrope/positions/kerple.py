@@ -1,0 +1,78 @@
+"""KERPLE (Chi, Fan, Ramadge, Rudnicky 2022): a learned conditionally positive definite kernel of the distance
+added to every score, one pair of parameters per head:
+
+    variant: log     s_ij += -r1_h · log(1 + r2_h · |i - j|)        r1, r2 > 0
+    variant: power   s_ij += -r1_h · |i - j| ** r2_h                 r1 > 0, 0 < r2 <= 2
+
+As the authors' release (github chijames/KERPLE, ``ParallelKerpleLog`` / ``ParallelKerplePower`` in
+megatron/mpu/layers.py): one module for the whole model (gpt2_model.py hands the same instance to every
+layer; the paper's Figure 1: "shared across layers"), so ``share: true`` by default and the (H, N, N) bias is
+computed once per forward; the log-variant's r1 starts at 2·U(0, 1) and its r2 at U(0, 1), the power variant's
+r1 at U(0, 1) and its exponent r2 at 2·U(0, 1) (``torch.rand`` scaled, as released); both are kept at or above
+0.01, and the exponent at or below 2, before each use.  The release writes the clamped value into the stored
+parameter inside its forward (``param.data = param.data.clamp(...)``); here the forward uses the clamped value
+with the release's gradient (that of the bias at the clamped value, passed to the parameter unchanged) and
+leaves the stored value alone: identical while the stored value is inside the range, which is all the release
+ever stores (docs/schemes.md).  The parameters are score biases: never weight-decayed (the release trains
+with weight decay 0)."""
+
+from typing import Annotated, Optional
+
+import torch
+from torch import nn
+
+from linrope.ops.rope import compute_dtype
+
+from .base import PositionScheme, Rule, register
+from .functional import relative_distance
+
+VARIANTS = ("log", "power")
+EPS = 1e-2  # the release's floor of every kernel parameter (``self.eps``)
+MAX_POWER = 2.0  # the power kernel is conditionally positive definite for exponents in (0, 2]
+
+
+def clamped(p: torch.Tensor, low: float, high: Optional[float] = None) -> torch.Tensor:
+    """The value of ``p`` clamped to [low, high]; the gradient reaches ``p`` unchanged (the release's gradient,
+    which it computes at the clamped value it has just stored).  ``c + (p - p.detach())``: exactly the clamped
+    value, and no graph break under torch.compile (no write to the parameter in a forward)."""
+    return p.clamp(min=low, max=high).detach() + (p - p.detach())
+
+
+@register
+class Kerple(PositionScheme):
+    name = "kerple"
+    kind = "relative"
+    linear_ok = False
+    linear_note = "adds a learned kernel bias -r₁·log(1 + r₂|i-j|) (or -r₁|i-j|^r₂) to every score"
+    paper = (
+        "Chi, Fan, Ramadge, Rudnicky 2022, KERPLE: Kernelized relative positional embedding for length extrapolation"
+    )
+    shares = "the kernel's parameters r₁, r₂ (one pair per head)"
+    score_biases = ("r1", "r2")  # additive score biases: not weight-decayed
+
+    def __init__(self, *, variant: Annotated[str, Rule(choices=lambda: VARIANTS)] = "log", **dims):
+        super().__init__(**dims)
+        self.variant = variant
+        if self.owns_shared():
+            # the release's init: the multiplier of the log and the exponent of the power kernel from 2·U(0, 1),
+            # the other parameter from U(0, 1)
+            scale1, scale2 = (2.0, 1.0) if variant == "log" else (1.0, 2.0)
+            self.r1 = nn.Parameter(torch.rand(self.n_heads) * scale1)
+            self.r2 = nn.Parameter(torch.rand(self.n_heads) * scale2)
+
+    def kernel(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+        """(1, H, N, N): the bias, in ``dtype`` (float32, or float64 for float64 scores)."""
+        dist = relative_distance(positions).abs().to(dtype)  # |i - j|, exact below 2^24 in float32
+        r1 = clamped(self.r1, EPS).to(dtype)[:, None, None]
+        if self.variant == "log":
+            r2 = clamped(self.r2, EPS).to(dtype)[:, None, None]
+            return -(r1 * torch.log1p(r2 * dist)).unsqueeze(0)
+        r2 = clamped(self.r2, EPS, MAX_POWER).to(dtype)[:, None, None]
+        return -(r1 * dist.pow(r2)).unsqueeze(0)  # 0 ** r2 = 0 on the diagonal, with a zero gradient for r2
+
+    def score_bias(self, q, k, positions):
+        src, dtype = self.src, compute_dtype(q.dtype)
+        return src.memo(("kerple", id(positions), dtype), lambda: src.kernel(positions, dtype))
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, variant={self.variant}"

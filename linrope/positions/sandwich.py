@@ -1,0 +1,84 @@
+"""Sandwich (Chi, Fan, Rudnicky, Ramadge 2023, Dissecting transformer length extrapolation via the lens of
+receptive field analysis): the inner product of two sinusoidal position embeddings of width d̄ (``dim``), which
+depends on i - j only, added to every score, compressed per head as ALiBi's slopes are spaced:
+
+    s_ij += (p_i·p_j - d̄/2) / ρ_h,   p_i·p_j = Σ_{t=0}^{d̄/2-1} cos((i - j) / 10000^(2t/d̄)),   ρ_h = 8h/H, h = 1 … H
+
+No parameters, and no embedding added to the tokens.  d̄ = 128 and ρ_h as in the paper's reference code (its
+appendix, as reproduced by attention-gym's test of its Sandwich score_mod; NeMo's implementation divides by the
+same ρ_h).  The offset -d̄/2 (NeMo subtracts it; the paper's code does not) adds the same number to every score
+of a head, which the softmax ignores: it makes the bias 0 on the diagonal and ≤ 0 elsewhere, so that the bias
+keeps its resolution near the diagonal when softmax attention rounds it to bf16 (docs/schemes.md).  The bias
+is a function of the positions only: built once per forward by the model's one shared instance
+(``share: true``; ``share: false`` lets every layer build its own: the same numbers, more work), from a table
+of the distances the forward's positions span, in float64, rounded once to the scores' precision."""
+
+from typing import Annotated, List, Mapping
+
+import torch
+
+from linrope.ops.rope import compute_dtype
+
+from .base import PositionScheme, Rule, register
+from .functional import relative_distance
+
+BASE = 10000.0  # the sinusoids' wavelength base (Vaswani et al.; the paper keeps it)
+
+
+def sandwich_distances(far: int, dim: int, device=None) -> torch.Tensor:
+    """(far + 1,) float64: p_i·p_j - dim/2 = Σ_t (cos(r / 10000^(2t/dim)) - 1) at the distances r = 0 … far."""
+    r = torch.arange(far + 1, dtype=torch.float64, device=device)
+    freq = BASE ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim)  # (dim/2,)
+    return (torch.cos(r[:, None] * freq) - 1.0).sum(-1)
+
+
+@register
+class Sandwich(PositionScheme):
+    name = "sandwich"
+    kind = "relative"
+    linear_ok = False
+    linear_note = "adds the inner product of sinusoidal embeddings p_i·p_j, per head compressed, to every score"
+    paper = (
+        "Chi, Fan, Rudnicky, Ramadge 2023, Dissecting transformer length extrapolation via the lens of receptive "
+        "field analysis"
+    )
+    shares = "no parameters: its bias, a function of the positions only, computed once per forward for every layer"
+
+    def __init__(self, *, dim: Annotated[int, Rule(low=2, note="even: the sinusoids' width d̄")] = 128, **dims):
+        super().__init__(**dims)
+        self.dim = dim
+        ratio = torch.arange(1, self.n_heads + 1, dtype=torch.float64) * 8.0 / self.n_heads  # ρ_h = 8h/H
+        # float64, never rounded to the model's dtype (as ALiBi's slopes); not saved: a function of n_heads
+        self.register_buffer("ratio", ratio, persistent=False)
+
+    @classmethod
+    def option_problems(cls, options: Mapping) -> List[str]:
+        problems = super().option_problems(options)
+        if isinstance(options.get("dim"), int) and options["dim"] % 2:
+            problems.append(f"dim={options['dim']}: expected an even number (sin and cos pairs of width d̄)")
+        return problems
+
+    def _apply(self, fn, recurse=True):
+        ratio = self.ratio
+        super()._apply(fn, recurse)
+        self.ratio = ratio.to(self.ratio.device)  # follow the device, stay float64
+        return self
+
+    def bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+        """(1, H, N, N) in ``dtype``: the table of the distances the positions span (float64), gathered at
+        |i - j| and divided by ρ_h, rounded once; head by head, so the float64 temporary is one (N, N)."""
+        first, last = self.span(positions)
+        table = sandwich_distances(max(last - first, 0), self.dim, positions.device)
+        dist = table[relative_distance(positions).abs()]  # (N, N) float64
+        n = dist.shape[0]
+        out = torch.empty(1, self.n_heads, n, n, dtype=dtype, device=positions.device)
+        for h in range(self.n_heads):
+            out[0, h].copy_(dist / self.ratio[h])
+        return out
+
+    def score_bias(self, q, k, positions):
+        src, dtype = self.src, compute_dtype(q.dtype)
+        return src.memo(("sandwich", id(positions), dtype), lambda: src.bias(positions, dtype))
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, dim={self.dim}"
