@@ -34,6 +34,7 @@ SCHEME_MODULES = (
     "deberta",
     "tupe",
     "alibi",
+    "xpos",
 )
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")

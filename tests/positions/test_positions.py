@@ -40,8 +40,10 @@ ALL = (
     "deberta",
     "tupe",
     "alibi",
+    "xpos",
 )
-SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe")  # act on the N×N scores: softmax only
+# act on the N×N scores (xpos: on every score's pairs, a per-dimension decay): softmax only
+SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe", "xpos")
 LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope", "alibi")
 
 
