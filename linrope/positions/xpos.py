@@ -85,26 +85,33 @@ class XPos(PositionScheme):
             setattr(self, name, t.to(getattr(self, name).device))
         return self
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype):
+    def scaled_tables(self, positions: torch.Tensor, dtype: torch.dtype):
         """(cos·s, sin·s, cos/s, sin/s), (N, d/2) in ``dtype``: the query's and the key's rotation times their scale
         s = ζ_t^((n - c)/scale_base), angles and scale formed in float64 and rounded once."""
         first, last = self.span(positions)
         n = last - first + 1
-        limit = safe_length(self.gamma / (1 + self.gamma), self.scale_base, dtype)  # ζ_0, a Python float: no sync
-        if n > limit:
-            raise SequenceTooLong(
-                f"xpos: a window of {n} positions is beyond {limit}, the longest whose hidden scores "
-                f"ζ_0^((j-i)/{self.scale_base:g}) stay finite in {str(dtype).replace('torch.', '')}; "
-                "score it in shorter windows"
-            )
         cos, sin = rope_cos_sin(positions, self.theta, torch.float64)
         expo = (positions.to(torch.float64) - centre(first, n)) / self.scale_base
         scale = self.zeta.to(positions.device) ** expo[:, None]
         return tuple(t.to(dtype) for t in (cos * scale, sin * scale, cos / scale, sin / scale))
 
+    def check_length(self, positions, dtype: torch.dtype) -> None:
+        """Refuse a window whose scores of keys ahead of a query could overflow ``dtype``, the dtype the attention
+        kernel forms the scores in (q's: bf16 or fp16 under autocast), before they are formed."""
+        first, last = self.span(positions)
+        n = last - first + 1
+        limit = safe_length(self.gamma / (1 + self.gamma), self.scale_base, dtype)  # ζ_0, a Python float: no sync
+        if n > limit:
+            raise SequenceTooLong(
+                f"xpos: a window of {n} positions is beyond {limit}, the longest whose scores of keys ahead "
+                f"(ζ_0^((j-i)/{self.scale_base:g})) stay finite in {str(dtype).replace('torch.', '')}; "
+                "score it in shorter windows"
+            )
+
     def rotate_qk(self, q, k, positions):
+        self.check_length(positions, q.dtype)
         dtype = compute_dtype(q.dtype)
-        qc, qs, kc, ks = self.memo(("xpos", id(positions), dtype), lambda: self.tables(positions, dtype))
+        qc, qs, kc, ks = self.memo(("xpos", id(positions), dtype), lambda: self.scaled_tables(positions, dtype))
         return rotate(q, qc, qs), rotate(k, kc, ks)
 
     def score_bias(self, q, k, positions) -> Optional[torch.Tensor]:
@@ -112,12 +119,15 @@ class XPos(PositionScheme):
         the window's start), else 0; at most max_len positions it hides nothing the causal mask does not."""
         if not self.blockwise:
             return None
-        block = self.max_len // 2
+        block, dtype = self.max_len // 2, compute_dtype(q.dtype)
         first, _ = self.span(positions)
-        b = torch.div(positions - first, block, rounding_mode="floor")
-        far = b[None, :] < b[:, None] - 1
-        dtype = compute_dtype(q.dtype)
-        return torch.zeros(far.shape, dtype=dtype, device=q.device).masked_fill(far, float("-inf"))
+
+        def make():
+            b = torch.div(positions - first, block, rounding_mode="floor")
+            far = b[None, :] < b[:, None] - 1
+            return torch.zeros(far.shape, dtype=dtype, device=q.device).masked_fill(far, float("-inf"))
+
+        return self.memo(("xpos-blocks", id(positions), dtype), make)  # once per forward, for every layer
 
     def extra_repr(self):
         return (

@@ -131,8 +131,8 @@ def test_bf16_at_16x_a_256_context():
         out, _ = att(x, pos)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
 
-    tables32 = pos_scheme.tables(pos, torch.float32)
-    tables64 = pos_scheme.tables(pos, torch.float64)
+    tables32 = pos_scheme.scaled_tables(pos, torch.float32)
+    tables64 = pos_scheme.scaled_tables(pos, torch.float64)
     for a, b in zip(tables32, tables64):
         assert torch.equal(a, b.float())
     assert tables64[2].abs().max() > 100  # the key's scale reaches ζ_0^(-4) ≈ 150 at the window's start
@@ -161,6 +161,8 @@ def test_a_window_beyond_the_safe_length_is_one_line():
     with pytest.raises(SequenceTooLong, match=r"^xpos: a window of 20001 positions is beyond 18131, .* float32;"):
         s.rotate_qk(q, q, torch.tensor([0, 20000]))
     s.rotate_qk(q.double(), q.double(), torch.tensor([0, 20000]))  # float64 has the range
+    with pytest.raises(SequenceTooLong, match=r"^xpos: a window of 3000 positions is beyond 2267, .* float16;"):
+        s.rotate_qk(q.half(), q.half(), torch.tensor([0, 2999]))  # fp16 autocast: the kernel's dtype is q's
 
 
 def test_zeta_and_theta_stay_float64_buffers():
