@@ -136,6 +136,12 @@ def test_bf16_at_16x_a_256_context():
     for a, b in zip(tables32, tables64):
         assert torch.equal(a, b.float())
     assert tables64[2].abs().max() > 100  # the key's scale reaches ζ_0^(-4) ≈ 150 at the window's start
+    # bf16 q and k rotated and scaled: torchscale's computation in float64 on the same inputs, to bf16's rounding
+    qb, kb = torch.randn(2, 1, n, 16, generator=gen("bf16 qk")).bfloat16().unbind(0)
+    qr, kr = pos_scheme.rotate_qk(qb[None], kb[None], pos)
+    assert qr.dtype == torch.bfloat16
+    assert rel(qr[0], torchscale_xpos(qb.double())) < 4e-3
+    assert rel(kr[0], torchscale_xpos(kb.double(), downscale=True)) < 4e-3
 
     att64 = copy.deepcopy(att).double()
     q, k, v = att64.split(x.double())
@@ -152,7 +158,7 @@ def test_bf16_at_16x_a_256_context():
         o[0, 0, r] = s.softmax(-1) @ v[0, 0, : i + 1]
     want = att64.merge(o)
     got = out[:, rows]
-    assert rel(got, want) < 3e-2
+    assert rel(got, want) < 1e-2
 
 
 def test_a_window_beyond_the_safe_length_is_one_line():
