@@ -130,7 +130,6 @@ class XPos(PositionScheme):
         return self.memo(("xpos-blocks", id(positions), dtype), make)  # once per forward, for every layer
 
     def extra_repr(self):
-        return (
-            f"where={self.where}, base={self.base}, scale_base={self.scale_base}, gamma={self.gamma}"
-            + (", blockwise=True" if self.blockwise else "")
+        return f"where={self.where}, base={self.base}, scale_base={self.scale_base}, gamma={self.gamma}" + (
+            ", blockwise=True" if self.blockwise else ""
         )

@@ -61,7 +61,9 @@ def test_layer_is_the_formula_in_float64(scale_base, gamma, causal):
     pos = torch.arange(4, 15)
     out, _ = att(x, pos)
     q, k, v = att.split(x)
-    want = att.merge(loop_output(q, k, v, pos, scale_base, gamma, (lambda i, j: j <= i) if causal else (lambda i, j: True)))
+    want = att.merge(
+        loop_output(q, k, v, pos, scale_base, gamma, (lambda i, j: j <= i) if causal else (lambda i, j: True))
+    )
     assert rel(out, want) < 1e-12
     if scale_base < 100:  # the scale is really there: plain RoPE (ζ = 1) gives another output
         rope = SoftmaxAttention(D, H, build_position("rope", where="attention", d_model=D, n_heads=H, head_dim=HD,
