@@ -61,7 +61,7 @@ from linrope.data.bytes import LN2, SlidingWindows, default_stride, document_ind
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
 from linrope.evaluation.tables import COLUMNS, KEY, format_row
 from linrope.models.attention import attention_window
-from linrope.ops.rope import rope_frequencies
+from linrope.ops.rope import partial_frequencies, rope_frequencies
 from linrope.positions.rope import RoPE
 
 # the settings of a table, declared once with their types and ranges (linrope.config.settings, which checks them
@@ -85,7 +85,9 @@ def row_theta(scheme, row: str, rho: float) -> torch.Tensor:
         ntk *= rho
     elif row not in (None, "none"):
         raise ValueError(f"scalings: unknown RoPE row {row!r}; expected pi or ntk")
-    return rope_frequencies(scheme.head_dim, scheme.base, scaling="ntk", factor=ntk) / pi
+    # partial rotary: the rotated dimensions' frequencies scaled, the rest left at θ = 0
+    theta = rope_frequencies(scheme.rotary_dims, scheme.base, scaling="ntk", factor=ntk) / pi
+    return partial_frequencies(theta, scheme.head_dim)
 
 
 @contextlib.contextmanager

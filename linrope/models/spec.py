@@ -27,6 +27,9 @@ from linrope.positions import option_errors as position_errors
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
 # position options that evaluation may change without changing the trained model (RoPE context scaling)
 EVALUATION_OPTIONS = ("scaling", "factor")
+# position options that are no part of a model's identity at these values, which every earlier checkpoint (saved
+# before the option existed) had: RoPE's decay and its rotary_fraction
+ABSENT_AS = {"decay": None, "rotary_fraction": 1.0, "max_position": None}
 
 
 Positive = Annotated[int, Rule(low=1)]
@@ -153,13 +156,13 @@ class ModelConfig:
             out.update({f"attention.{k}": self.attention_setting(k) for k in ("feature_map", "placement")})
             if not self.normalized():  # only then: the identity of every earlier checkpoint is unchanged
                 out["attention.normalize"] = False
-        # an option left at None (RoPE's decay, max_position) is no part of it: earlier checkpoints, which lack the
-        # key, agree
+        # an option left at its old behaviour (RoPE's decay None, rotary_fraction 1, max_position None) is no part of
+        # it: earlier checkpoints, which lack the key, agree
         out.update(
             {
                 f"position.{k}": v
                 for k, v in sorted(self.position.items())
-                if k not in EVALUATION_OPTIONS and not (k in ("decay", "max_position") and v is None)
+                if k not in EVALUATION_OPTIONS and not (k in ABSENT_AS and v == ABSENT_AS[k])
             }
         )
         if self.short_conv:
@@ -184,6 +187,8 @@ class ModelConfig:
             tags += [f"randomized:{self.position['max_position']}"]
         if pos == "kerple" and self.position.get("variant") == "power":
             tags += ["kerple_variant:power"]
+        if pos == "rope" and self.position.get("rotary_fraction", 1.0) != 1.0:
+            tags += [f"rotary_fraction:{self.position['rotary_fraction']}"]
         return tags
 
     def normalized(self) -> bool:
@@ -208,6 +213,8 @@ class ModelConfig:
             name += "-randomized"
         if pos == "kerple" and self.position.get("variant") == "power":  # the default log kernel: no suffix
             name += "-power"
+        if pos == "rope" and self.position.get("rotary_fraction", 1.0) != 1.0:
+            name += f"-rot{self.position['rotary_fraction']}"
         if not self.normalized():
             name += "-norm"
         return f"{name}-s{seed}"

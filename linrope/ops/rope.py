@@ -12,6 +12,11 @@ float64 inputs), never in the input's low precision.
 Length scaling reduces to a change of the frequencies θ:
   - position interpolation ("pi"):  m -> m / factor   ⇔ θ -> θ / factor
   - NTK-aware ("ntk"):              base -> base * factor^(d/(d-2))
+
+Partial rotary (GPT-NeoX's ``rotary_pct``, Black et al. 2022) rotates r < d dimensions: the first r/2 pairs
+carry the frequencies of an r-dimensional RoPE and the other pairs θ = 0 (a rotation by angle 0 is the identity),
+``partial_frequencies``.  With NeoX's half-split layout on the first r dimensions this is NeoX's partial rotary
+up to a fixed permutation of the head's dimensions (docs/design.md#partial-rotary).
 """
 
 from __future__ import annotations
@@ -50,6 +55,24 @@ def rope_frequencies(
     if scaling == "pi":
         theta = theta / factor
     return theta
+
+
+def rotary_dims(dim: int, fraction: float) -> int:
+    """The dimensions partial rotary turns: GPT-NeoX's ``int(head_dim * rotary_pct)`` (truncated), which must be even
+    (pairs) and at least 2."""
+    r = int(dim * fraction)
+    if r < 2 or r % 2:
+        raise ValueError(
+            f"rotary_fraction={fraction} rotates int({dim}·{fraction}) = {r} of head_dim={dim} dimensions; "
+            "RoPE turns pairs, so that must be an even number >= 2"
+        )
+    return r
+
+
+def partial_frequencies(theta: torch.Tensor, dim: int) -> torch.Tensor:
+    """The d/2 frequencies of partial rotary: ``theta`` (the r/2 of an r-dimensional RoPE, any scaling already
+    applied) followed by zeros, the pairs that are not turned."""
+    return torch.cat((theta, theta.new_zeros(dim // 2 - theta.shape[0])))
 
 
 def default_positions(n: int, device=None) -> torch.Tensor:

@@ -41,6 +41,7 @@ SCHEME_MODULES = (
     "fire",
     "kerple",
     "sandwich",
+    "xpos",
 )
 for _m in SCHEME_MODULES:
     import_module(f"{__name__}.{_m}")

@@ -196,6 +196,29 @@ PINNED = [
         ),
     ),
     (
+        ["model=softmax_rope_partial"],
+        (
+            "softmax_rope_partial",
+            "softmax-rope-rot0.25-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "rotary_fraction:0.25"],
+        ),
+    ),
+    (
+        ["model=linear_rope_partial"],
+        (
+            "linear_rope_partial",
+            "linear-elu-rope-rot0.25-s1234",
+            [
+                "attention:linear",
+                "position:rope",
+                "task:bytes",
+                "feature_map:elu",
+                "placement:numerator",
+                "rotary_fraction:0.25",
+            ],
+        ),
+    ),
+    (
         ["model=softmax_rope_ntk"],
         (
             "softmax_rope_ntk",

@@ -226,3 +226,20 @@ MATRIX = list(
 @pytest.mark.parametrize("feature_map,rope,decayed,initial,n", MATRIX)
 def test_fla_mapping_matrix_float32(fla_cpu, feature_map, rope, decayed, initial, n):
     compare(feature_map, rope, decayed, initial, n)
+
+
+@pytest.mark.slow  # about 15 s interpreted
+def test_partial_rotary_goes_through_fla_as_through_naive(fla_cpu):
+    """rope's rotary_fraction: the padded frequencies (θ = 0 beyond the first r/2 pairs) through fla's kernels
+    agree with float64 naive (tests/positions/test_rope_partial.py checks naive against GPT-NeoX's formula)."""
+    from linrope.ops.rope import partial_frequencies, rope_frequencies
+
+    theta = partial_frequencies(rope_frequencies(4), 8)  # d = 8, r = 4: two of four pairs turned
+    q, k, v, S0, z0 = inputs(("fla", "partial"), feature_map="elu", n=37, initial=True)
+    kw = dict(feature_map="elu", rope="numerator", rope_theta=theta)
+    ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
+    got = results("fla", torch.float32, q, k, v, S0, z0, **kw)
+    errors = [rel(a, b) for a, b in zip(got, ref)]
+    assert all(torch.isfinite(t).all() for t in got) and max(errors) < FLOAT32_TOL, errors
+    full = results("naive", torch.float64, q, k, v, S0, z0, feature_map="elu", rope="numerator")
+    assert rel(full[0], ref[0]) > 1e-3  # the zero frequencies matter

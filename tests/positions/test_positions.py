@@ -44,18 +44,10 @@ ALL = (
     "fire",
     "kerple",
     "sandwich",
+    "xpos",
 )
-SCORE_ONLY = (
-    "shaw",
-    "xl",
-    "t5",
-    "deberta",
-    "tupe",
-    "cope",
-    "fire",
-    "kerple",
-    "sandwich",
-)  # act on the N×N scores: softmax only
+# act on the N×N scores (xpos: on every score's pairs, a per-dimension decay): softmax only
+SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe", "cope", "fire", "kerple", "sandwich", "xpos")
 LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope", "alibi")
 
 

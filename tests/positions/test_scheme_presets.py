@@ -25,6 +25,9 @@ LATER_PRESETS: list = [
     "softmax_kerple",
     "softmax_kerple_power",
     "softmax_sandwich",
+    "softmax_rope_partial",
+    "linear_rope_partial",
+    "softmax_xpos",
 ]
 
 CONTEXT = 256
