@@ -1,0 +1,194 @@
+"""A linrope checkpoint as a language model of EleutherAI's lm-evaluation-harness (``lm_eval``), so it scores on
+any harness task the user has: ``python -m linrope.evaluation.harness --ckpt PATH --tasks TASK[,TASK]
+[--include-path DIR]`` (a folder of the user's own task YAMLs: a local task needs no download), or from Python
+``lm_eval.simple_evaluate(model=HarnessLM(model, tokenizer), tasks=[...])``.
+
+The three requests the harness makes, each over linrope's own model:
+
+* ``loglikelihood(context, continuation)``: the continuation's summed log-probability given the context, and
+  whether greedy decoding would write it; context and continuation are encoded together and split where the
+  context's own encoding ends (as the harness's Hugging Face model does), the input cut from the left to
+  ``max_length`` tokens;
+* ``loglikelihood_rolling(text)``: the text's whole log-likelihood, every token predicted once, in windows of
+  ``max_length`` tokens that keep as much context as fits (the harness's rolling windows), the first token
+  conditioned on ``prefix`` (a newline for bytes);
+* ``generate_until(context, {until, max_gen_toks})``: greedy continuation with the model's own generation
+  (linear attention carries its recurrent state, softmax re-reads its window: ``TransformerLM.stream``),
+  stopped at the first ``until`` string.
+
+Requests are scored one at a time (the models here are small); ``max_length`` defaults to the model's
+``max_len`` (its training context: a learned position table holds no more)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from linrope.evaluation.passkey import ByteTokenizer, Tokenizer
+
+try:  # the harness is the `eval` extra (in `dev`); without it, this module says how to install it when used
+    from lm_eval.api.model import LM as _HarnessBase
+except ImportError:  # pragma: no cover - exercised where lm_eval is absent
+    _HarnessBase = object
+
+
+def _need_harness() -> None:
+    if _HarnessBase is object:
+        raise ImportError("lm-evaluation-harness is not installed: pip install 'linrope[eval]' (or lm-eval)")
+
+
+class HarnessLM(_HarnessBase):
+    def __init__(self, model, tokenizer: Optional[Tokenizer] = None, *, device="cpu", max_length: Optional[int] = None,
+                 prefix: str = "\n"):  # fmt: skip
+        _need_harness()
+        super().__init__()
+        self.model = model.to(device).eval()
+        self.tok = tokenizer or ByteTokenizer()
+        self._device = torch.device(device)
+        self.max_length = int(max_length or model.cfg.max_len)
+        self.prefix_ids = self.tok.encode(prefix)[-1:]
+        if not self.prefix_ids:
+            raise ValueError("harness: the prefix must encode to at least one token")
+
+    # ---- the model's log-probabilities -----------------------------------------------------------------------
+    @torch.no_grad()
+    def _scored(self, tokens: List[int], n: int) -> Tuple[float, bool]:
+        """Summed log-probability of the last ``n`` of ``tokens`` given those before (the input cut from the left
+        to ``max_length``), and whether each was the argmax."""
+        inp = torch.tensor(tokens[-(self.max_length + 1) : -1], dtype=torch.long, device=self._device).unsqueeze(0)
+        target = torch.tensor(tokens[-n:], dtype=torch.long, device=self._device)
+        logits = self.model(inp)[0, -n:]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16/fp16 → float32; float64 stays
+        logp = F.log_softmax(logits, -1)
+        return logp.gather(-1, target.unsqueeze(-1)).sum().item(), bool((logits.argmax(-1) == target).all())
+
+    def _pair(self, context: str, continuation: str) -> Tuple[List[int], List[int]]:
+        """(context ids, continuation ids): the two encoded together, split where the context's encoding ends; a
+        context's trailing spaces move to the continuation, as the harness's Hugging Face model does."""
+        spaces = len(context) - len(context.rstrip(" "))
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole = self.tok.encode(context + continuation)
+        ctx = self.tok.encode(context)
+        return whole[: len(ctx)], whole[len(ctx) :]
+
+    def loglikelihood(self, requests) -> List[Tuple[float, bool]]:
+        out = []
+        for req in _progress(requests, "loglikelihood"):
+            context, continuation = req.args
+            ctx, cont = self._pair(context, continuation)
+            if not cont:
+                raise ValueError(f"harness: the continuation {continuation!r} encodes to no token")
+            if len(cont) > self.max_length:
+                raise ValueError(f"harness: a continuation of {len(cont)} tokens exceeds max_length={self.max_length}")
+            out.append(self._scored((ctx or self.prefix_ids) + cont, len(cont)))
+        return out
+
+    def loglikelihood_rolling(self, requests) -> List[float]:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        out = []
+        for req in _progress(requests, "loglikelihood_rolling"):
+            (text,) = req.args
+            total = 0.0
+            windows = get_rolling_token_windows(self.tok.encode(text), self.prefix_ids[0], self.max_length, 1)
+            for context, pred in map(make_disjoint_window, windows):
+                total += self._scored(context + pred, len(pred))[0]
+            out.append(total)
+        return out
+
+    @torch.no_grad()
+    def generate_until(self, requests) -> List[str]:
+        out = []
+        for req in _progress(requests, "generate_until"):
+            context, kwargs = req.args
+            kwargs = dict(kwargs or {})
+            until = kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            budget = int(kwargs.get("max_gen_toks", 256))
+            ids = (self.tok.encode(context) or self.prefix_ids)[-max(self.max_length - budget, 1) :]
+            prompt = torch.tensor(ids, dtype=torch.long, device=self._device).unsqueeze(0)
+            made: List[int] = []
+            text = ""
+            for nxt in self.model.stream(prompt, budget, temperature=0.0, window=self.max_length):
+                made.append(int(nxt[0, 0]))
+                text = self.tok.decode(made)
+                if any(u in text for u in until):
+                    break
+            for u in until:
+                text = text.split(u)[0]
+            out.append(text)
+        return out
+
+
+def _progress(requests, what: str):
+    from tqdm import tqdm
+
+    return tqdm(requests, desc=what, unit="request", disable=len(requests) < 2)
+
+
+def evaluate_checkpoint(ckpt: str, tasks: Sequence[str], *, include_path: Optional[str] = None,
+                        limit: Optional[float] = None, device: Optional[str] = None,
+                        max_length: Optional[int] = None, num_fewshot: Optional[int] = None) -> dict:  # fmt: skip
+    """The harness's results for a checkpoint on ``tasks`` (task names, the user's own under ``include_path``)."""
+    _need_harness()
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from linrope.run.checkpoint import load_checkpoint
+    from linrope.training.lit import LanguageModel
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint = load_checkpoint(str(ckpt))  # weights_only=True; one line if missing or broken
+    model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
+    if model.cfg.vocab_size != 256:
+        raise ValueError(
+            f"harness: the checkpoint's vocabulary has {model.cfg.vocab_size} tokens; the adapter reads bytes only "
+            "until linrope's tokenizers reach it (issue 35)"
+        )
+    lm = HarnessLM(model, ByteTokenizer(), device=device, max_length=max_length)
+    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
+                                   num_fewshot=num_fewshot, log_samples=False)  # fmt: skip
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m linrope.evaluation.harness",
+        description="Score a linrope checkpoint on lm-evaluation-harness tasks (bytes models; greedy generation).",
+    )
+    p.add_argument("--ckpt", required=True, help="a linrope checkpoint")
+    p.add_argument("--tasks", required=True, help="comma-separated harness task names")
+    p.add_argument("--include-path", help="a folder of your own task YAMLs (local data: nothing downloaded)")
+    p.add_argument("--limit", type=float, help="examples per task (a fraction if < 1)")
+    p.add_argument("--num-fewshot", type=int)
+    p.add_argument("--max-length", type=int, help="tokens of context (default: the model's max_len)")
+    p.add_argument("--device", help="default: cuda when available, else cpu")
+    p.add_argument("--out", help="write the results as JSON here (refused if the file exists)")
+    args = p.parse_args(argv)
+    from pathlib import Path
+
+    if args.out and Path(args.out).exists():
+        print(f"linrope.harness: {args.out} exists; pass another --out", file=sys.stderr)
+        return 2
+    try:
+        results = evaluate_checkpoint(args.ckpt, [t for t in args.tasks.split(",") if t], include_path=args.include_path,
+                                      limit=args.limit, device=args.device, max_length=args.max_length,
+                                      num_fewshot=args.num_fewshot)  # fmt: skip
+    except (ValueError, ImportError, FileNotFoundError) as e:
+        print(f"linrope.harness: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    table = results.get("results", {})
+    print(json.dumps(table, indent=2, default=str))
+    if args.out:
+        Path(args.out).write_text(json.dumps(table, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
