@@ -38,11 +38,13 @@ def main(cfg: DictConfig) -> Optional[float]:
 
         from linrope.training import builders as T
         from linrope.training.after_training import explain_stop
+        from linrope.training.plan import apply_plan
 
         seed_everything(cfg.seed, workers=True)
         provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
         datamodule = T.build_datamodule(cfg)
         module = T.build_module(cfg)
+        apply_plan(cfg, module)  # plan: trainer.max_steps from the model's size; the hours it will take (printed)
         callbacks = T.build_callbacks(cfg)
         loggers = T.build_loggers(cfg)
         trainer = T.build_trainer(cfg, callbacks, loggers)

@@ -28,6 +28,7 @@ class TrainSettings:
     compile: bool
     optimized_metric: str
     retain_freed_memory: bool
+    plan: Any  # linrope.training.plan: tokens_per_parameter, measure_steps
     context: Positive
     extrapolation: Any
     model: Any

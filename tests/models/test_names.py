@@ -235,6 +235,10 @@ PINNED = [
         ),
     ),
     (
+        ["model=softmax_xpos"],
+        ("softmax_xpos", "softmax-xpos-s1234", ["attention:softmax", "position:xpos", "task:bytes"]),
+    ),
+    (
         ["model=softmax_sandwich"],
         ("softmax_sandwich", "softmax-sandwich-s1234", ["attention:softmax", "position:sandwich", "task:bytes"]),
     ),
