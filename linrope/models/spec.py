@@ -26,7 +26,7 @@ from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
 # position options that evaluation may change without changing the trained model (RoPE context scaling)
-EVALUATION_OPTIONS = ("scaling", "factor")
+EVALUATION_OPTIONS = ("scaling", "factor", "original_context", "beta_fast", "beta_slow", "mscale", "ramp")
 
 
 Positive = Annotated[int, Rule(low=1)]
@@ -115,6 +115,13 @@ class ModelConfig:
         elif pos == "rope" and (d // h) % 2:
             found.append(
                 ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
+            )
+        if pos == "rope" and kind == "linear" and self.position.get("mscale") is not None:
+            found.append(
+                ConfigError(
+                    f"model.position.mscale={self.position['mscale']}: YaRN's temperature scales softmax logits; "
+                    "linear attention normalises φ(q)·φ(k), which cancels it (leave mscale null)"
+                )
             )
         window = self.attention.get("window")
         if window is not None and not self.causal:

@@ -327,8 +327,8 @@ def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
                 f"ckpt={tmp_path / 'none.ckpt'}", "scored_bytes=0", "stride=-2", "factors=[]", "lengths=[64,0]"
             )
         )
-    with pytest.raises(EvaluateError, match=r"^scalings=\['yarn'\]: expected a list of pi, ntk"):
-        evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scalings=[yarn]"))
+    with pytest.raises(EvaluateError, match=r"^scalings=\['longrope'\]: expected a list of pi, ntk, yarn, dynamic"):
+        evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scalings=[longrope]"))
 
 
 @pytest.mark.parametrize("broken", ["missing", "truncated"])

@@ -174,7 +174,7 @@ def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
         header = (r / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
         assert {"val/bpb", "test/bpb", "train/loss"} <= set(header)
         rows = list(csv.DictReader(open(r / "extrapolation.csv")))
-        plain = [(p, s, "") for p in ("sliding", "windows") for s in ("none", "pi", "ntk")]
+        plain = [(p, s, "") for p in ("sliding", "windows") for s in ("none", "pi", "ntk", "yarn", "dynamic")]
         assert [(row["length"], row["protocol"], row["scaling"], row["window"]) for row in rows] == [
             *[("64", *x) for x in plain],
             *[("128", *x) for x in plain],
