@@ -116,7 +116,8 @@ class RoPE(PositionScheme):
         dynamic NTK and n > L0 its rescaling by factor·n/L0 - (factor - 1) (once per forward: ``memo``)."""
         if self.dynamic is None or n is None:
             return self.theta
-        scale = dynamic_ntk_scale(*self.dynamic, n)
+        factor, context = self.dynamic
+        scale = dynamic_ntk_scale(factor, n, context)
         if scale == 1:
             return self.theta
         return self.memo(("dynamic", n), lambda: ntk_rescale(self.theta, scale))
