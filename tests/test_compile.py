@@ -18,7 +18,15 @@ from linrope.ops.linear_attn.chunk import chunk_bwd, chunk_fwd
 from linrope.ops.linear_attn.recurrent import recurrent_step_op
 from tests.helpers import CONF, ROOT
 
-PRESETS = ["linear_rope", "linear_cosine_rope", "linear_rope_both", "linear_rope_norm", "linear_alibi", "softmax_rope"]
+PRESETS = [
+    "linear_rope",
+    "linear_cosine_rope",
+    "linear_rope_both",
+    "linear_rope_norm",
+    "linear_alibi",
+    "softmax_rope",
+    "softmax_rope_yarn",
+]
 
 
 def model_config(preset: str) -> dict:

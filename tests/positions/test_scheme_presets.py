@@ -17,7 +17,7 @@ import torch
 from tests.helpers import CONF, tiny
 
 # softmax_<scheme> (and linear_<scheme> where linear attention takes it) of each later scheme
-LATER_PRESETS: list = []
+LATER_PRESETS: list = ["softmax_rope_yarn", "linear_rope_yarn"]
 
 CONTEXT = 256
 
