@@ -29,6 +29,7 @@ PRESETS = [
     "softmax_kerple",
     "softmax_sandwich",
     "softmax_xpos",  # its scale tables: no graph break, no host sync (ζ_0 and the window's span are host floats)
+    "softmax_rope_yarn",
 ]
 
 

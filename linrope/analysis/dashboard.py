@@ -64,7 +64,7 @@ class Target:
     entity: Optional[str] = None
     tasks: List[str] = field(default_factory=lambda: [BYTES])
     lengths: List[int] = field(default_factory=list)  # extrapolation lengths ([] when not evaluated)
-    scalings: List[str] = field(default_factory=list)  # none, pi, ntk
+    scalings: List[str] = field(default_factory=list)  # none, pi, ntk, yarn, dynamic
     group_by: List[str] = field(default_factory=lambda: list(GROUP_BY))
 
 
@@ -90,7 +90,13 @@ TASKS = [
     ("line", "val/loss against step", ["val/loss"]),
 ]
 TRAINING = [("line", "train/loss", ["train/loss"]), ("line", "learning rate", ["train/lr"])]
-SCALINGS = {"none": "as trained", "pi": "position interpolation", "ntk": "NTK-aware scaling"}
+SCALINGS = {
+    "none": "as trained",
+    "pi": "position interpolation",
+    "ntk": "NTK-aware scaling",
+    "yarn": "YaRN",
+    "dynamic": "dynamic NTK",
+}
 
 
 def sections(target: Target) -> List[Section]:
@@ -110,7 +116,7 @@ def sections(target: Target) -> List[Section]:
             name = f"{SCALINGS.get(scaling, scaling)}: by evaluation length"
             panels.append(("bar", name, extrapolation_keys(target, scaling)))
         lengths = ", ".join(map(str, target.lengths))
-        text = f"The model trained at one context, evaluated at longer ones ({lengths}); RoPE models also with pi and ntk scaling."
+        text = f"The model trained at one context, evaluated at longer ones ({lengths}); RoPE models also with their scaling rows."
         out.append(section("Length extrapolation", text, panels))
     if any(t != BYTES for t in target.tasks):
         text = "Accuracy over the scored positions (mqar, offset_copy) or sequences (listops); higher is better."
@@ -308,7 +314,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
             entity=args.entity,
             tasks=list(args.tasks or [BYTES]),
             lengths=sorted(args.lengths or []),
-            scalings=["pi", "ntk"] if args.lengths else [],
+            scalings=["pi", "ntk", "yarn", "dynamic"] if args.lengths else [],
         )
     target.group_by = list(args.group_by)
     return target

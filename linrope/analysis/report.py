@@ -63,6 +63,8 @@ from linrope.base.plots import (
     series_colour,
 )
 
+# the extrapolation figure's panel of RoPE models with their scaling rows (their line styles: SCALING_STYLES)
+SCALED_PANEL = "RoPE models: as trained (solid), pi (dashed), ntk (dotted), yarn (dash-dots), dynamic (sparse dots)"
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
 
 
@@ -243,7 +245,7 @@ def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> O
             for r in rows
             if r["label"] in scaled_labels
         ]
-        panels.append(Panel("RoPE models: as trained (solid), pi (dashed), ntk (dotted)", scaled))
+        panels.append(Panel(SCALED_PANEL, scaled))
     contexts = sorted(
         {
             run.get("context")
@@ -378,8 +380,8 @@ def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows
         f"{'Bits per byte' if metric == 'bpb' else 'Accuracy'} at each evaluation length in tokens (× the "
         f"training context), mean ± 95% t-interval half-width over seeds"
         + (
-            "; RoPE models also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching "
-            "factor" * any(r["scaling"] != "none" for r in rows)
+            "; RoPE models also with their scaling rows (pi: position interpolation, ntk: NTK-aware, yarn: YaRN, "
+            "dynamic: dynamic NTK) at the matching factor" * any(r["scaling"] != "none" for r in rows)
         )
         + ".  n/a: the scheme cannot go that far.",
         "",

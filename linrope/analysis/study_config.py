@@ -71,7 +71,7 @@ TUNING = ("key", "grid", "factor", "max_extensions", "seed", "metric", "mode")
 TUNING_DEFAULTS = {"factor": 2.0, "max_extensions": 3, "seed": 0, "mode": "min"}
 MODES = ("min", "max")
 # bpb@2048 (sliding windows, as trained), bpb@2048 windows, bpb@2048 windows window128: the extrapolation table's rows
-METRIC = re.compile(r"(train|val|test)/\w+|(bpb|acc)@\d+( (windows|pi|ntk|window\d+))*")
+METRIC = re.compile(r"(train|val|test)/\w+|(bpb|acc)@\d+( (windows|pi|ntk|yarn|dynamic|window\d+))*")
 DEFAULT = "default"
 
 

@@ -36,7 +36,8 @@ POSITION_COLOURS = {
 EXTRA_COLOURS = ("#b8860b", "#006d5b", "#8b0a50", "#4b0082", "#556b2f", "#cc5500")
 ATTENTION_STYLES = {("softmax", None): "-", ("linear", "elu"): "--", ("linear", "cosine"): ":"}
 VARIANT_MARKERS = {"both": "D", "pi": "^", "ntk": "v"}
-SCALING_STYLES = {"none": "-", "pi": "--", "ntk": ":"}  # a RoPE model evaluated as trained / scaled
+# a RoPE model evaluated as trained / scaled
+SCALING_STYLES = {"none": "-", "pi": "--", "ntk": ":", "yarn": (0, (6, 2, 1, 2, 1, 2)), "dynamic": (0, (1, 4))}
 SERIES_COLOURS = (
     "#d62728",
     "#1f77b4",

@@ -56,7 +56,9 @@ class ExtrapolationSettings:
     batch_size: Positive
     max_score_mb: Annotated[float, Rule(above=0)]
     factors: Annotated[List[float], Rule(above=0, empty=False)]
-    scalings: Annotated[List[Literal["pi", "ntk", "none"]], Rule(note="[] for the model as trained only")]
+    scalings: Annotated[
+        List[Literal["pi", "ntk", "yarn", "dynamic", "none"]], Rule(note="[] for the model as trained only")
+    ]
 
 
 EXTRAPOLATION_SETTINGS = tuple(f.name for f in fields(ExtrapolationSettings))

@@ -34,10 +34,18 @@ examples per length, loss and accuracy over their scored positions.
 * ``pi`` — position interpolation by ρ *on top of* the trained frequencies: θ → θ / ρ.  For a
   PI-trained model (factor f) that is its own interpolation extended to f·ρ;
 * ``ntk`` — NTK-aware base change by ρ on top of the trained base: base → base · ρ^(d/(d−2)),
-  any trained PI division kept.  For an NTK-trained model that is its own factor extended to f·ρ.
+  any trained PI division kept.  For an NTK-trained model that is its own factor extended to f·ρ;
+* ``yarn`` — YaRN by ρ: NTK-by-parts (θ_t → (1 − γ_t) θ_t / ρ + γ_t θ_t, the ramp γ measured against L₀) and the
+  temperature 0.1·ln ρ + 1 on q and k (softmax only).  For a YaRN-trained model its own factor extended to f·ρ,
+  against its own original context and ramp;
+* ``dynamic`` — dynamic NTK: each forward's base changed by N/L₀ (N its largest position + 1) when N > L₀.  Every
+  window here is one forward at positions 0 … L−1, so N = L and the row turns at the ``ntk`` row's frequencies (a
+  check of the per-forward path: the two differ only where a forward's length is not the row's, as in generation).
+  For a model trained with ``scaling: dynamic`` the row is the model as trained.
 
-In general, with the trained PI factor p and NTK factor k (1 when unused), a row multiplies one of
-them by ρ and θ_t = (base · k^(d/(d−2)))^(−2t/d) / p.  At or below L₀ the scaled rows repeat the
+In general, with the trained PI factor p, NTK factor k and YaRN factor y (1 when unused), a row multiplies one of
+them by ρ and θ_t = yarn_y(base · k^(d/(d−2)))_t / p, the temperature 0.1·ln y + 1 (or the model's ``mscale``); a
+dynamic model, or the ``dynamic`` row, further rescales θ per forward.  At or below L₀ the scaled rows repeat the
 model as trained.  A scheme whose table ends at ``max_len`` (learned, tupe, multiplicative with a
 table) reports ``n/a`` beyond it.  Softmax attention is quadratic: the batch shrinks so that one
 batch's N×N scores stay under ``max_score_mb``.
@@ -61,7 +69,7 @@ from linrope.data.bytes import LN2, SlidingWindows, default_stride, document_ind
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
 from linrope.evaluation.tables import COLUMNS, KEY, format_row
 from linrope.models.attention import attention_window
-from linrope.ops.rope import partial_frequencies, rope_frequencies
+from linrope.ops.rope import ntk_base, partial_frequencies, rope_frequencies, yarn_mscale
 from linrope.positions.rope import RoPE
 
 # the settings of a table, declared once with their types and ranges (linrope.config.settings, which checks them
@@ -74,34 +82,54 @@ def rope_schemes(model: torch.nn.Module) -> list:
     return list({id(m): m for m in model.modules() if isinstance(m, RoPE)}.values())
 
 
-def row_theta(scheme, row: str, rho: float) -> torch.Tensor:
-    """The float64 frequencies of ``row`` (none | pi | ntk) at length factor ``rho``, composed with the
-    scaling ``scheme`` was trained with (its ``scaling`` and ``factor``)."""
-    pi = scheme.factor if scheme.scaling == "pi" else 1.0
-    ntk = scheme.factor if scheme.scaling == "ntk" else 1.0
-    if row == "pi":
-        pi *= rho
-    elif row == "ntk":
-        ntk *= rho
-    elif row not in (None, "none"):
-        raise ValueError(f"scalings: unknown RoPE row {row!r}; expected pi or ntk")
+ROWS = ("pi", "ntk", "yarn", "dynamic")  # the RoPE rows beside the model as trained
+
+
+def row_scaling(scheme, row: str, rho: float, train_context: int) -> dict:
+    """What ``scheme`` turns with in ``row`` (none | pi | ntk | yarn | dynamic) at length factor ``rho``, composed
+    with the scaling it was trained with: ``theta`` (float64), ``attention_scale`` and ``dynamic`` (the attributes
+    of ``RoPE`` a row swaps).  YaRN and dynamic rows added to a model trained without them measure against
+    ``train_context``."""
+    if row not in (None, "none", *ROWS):
+        raise ValueError(f"scalings: unknown RoPE row {row!r}; expected one of {', '.join(ROWS)}")
+    trained = {"pi": 1.0, "ntk": 1.0, "yarn": 1.0}
+    if scheme.scaling in trained:
+        trained[scheme.scaling] = scheme.factor
+    out = dict(theta=scheme.theta, attention_scale=scheme.attention_scale, dynamic=scheme.dynamic)
+    if row in (None, "none"):
+        return out
+    if row == "dynamic":
+        return {**out, "dynamic": scheme.dynamic or (1.0, int(train_context))}
+    trained[row] *= rho
+    p, k, y = trained["pi"], trained["ntk"], trained["yarn"]
+    context = scheme.original_context if scheme.scaling == "yarn" else int(train_context)
     # partial rotary: the rotated dimensions' frequencies scaled, the rest left at θ = 0
-    theta = rope_frequencies(scheme.rotary_dims, scheme.base, scaling="ntk", factor=ntk) / pi
-    return partial_frequencies(theta, scheme.head_dim)
+    base = ntk_base(scheme.rotary_dims, scheme.base, k)
+    theta = rope_frequencies(
+        scheme.rotary_dims, base, scaling="yarn", factor=y, original_context=context, **scheme.yarn
+    )
+    theta = partial_frequencies(theta, scheme.head_dim)
+    if row == "yarn":
+        out["attention_scale"] = yarn_mscale(y) if scheme.mscale is None else scheme.mscale
+    return {**out, "theta": (theta / p).to(scheme.theta.device)}
 
 
 @contextlib.contextmanager
-def rope_row(model: torch.nn.Module, row: str, rho: float):
-    """Every RoPE scheme of ``model`` at the frequencies of ``row`` inside the block, restored after."""
+def rope_row(model: torch.nn.Module, row: str, rho: float, train_context: Optional[int] = None):
+    """Every RoPE scheme of ``model`` at the scaling of ``row`` inside the block, restored after (``train_context``:
+    L₀ of a yarn or dynamic row added to a model trained without; default each scheme's original context)."""
     schemes = rope_schemes(model) if row not in (None, "none") else []
-    saved = [s.theta for s in schemes]
+    swapped = ("theta", "attention_scale", "dynamic")
+    saved = [{a: getattr(s, a) for a in swapped} for s in schemes]
     try:
         for s in schemes:
-            s.theta = row_theta(s, row, rho).to(s.theta.device)
+            for a, v in row_scaling(s, row, rho, train_context or s.original_context).items():
+                setattr(s, a, v)
         yield
     finally:
-        for s, theta in zip(schemes, saved):
-            s.theta = theta
+        for s, kept in zip(schemes, saved):
+            for a, v in kept.items():
+                setattr(s, a, v)
 
 
 # ---- bytes: the same scored text at every length ---------------------------------------------------------------
@@ -258,8 +286,8 @@ def length_table(
     schemes = rope_schemes(model)
     scalings = [s for s in scalings or [] if s not in (None, "none")] if schemes else []
     for s in scalings:
-        if s not in ("pi", "ntk"):
-            raise ValueError(f"scalings: unknown RoPE row {s!r}; expected pi or ntk")
+        if s not in ROWS:
+            raise ValueError(f"scalings: unknown RoPE row {s!r}; expected one of {', '.join(ROWS)}")
     text = getattr(datamodule, "splits", {}).get(split) if getattr(module, "bytes_like", True) else None
     scored = None
     protocols = list(settings["protocols"]) if text is not None else ["windows"]
@@ -319,7 +347,7 @@ def length_table(
                         device=device,
                         autocast_dtype=autocast_dtype,
                     ),
-                    _both(rope_row(model, label, rho), limited),
+                    _both(rope_row(model, label, rho, train_context), limited),
                 )
                 row["seconds"] = round(time.perf_counter() - t0, 2)
             if label == "none" and not window:

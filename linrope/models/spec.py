@@ -26,7 +26,7 @@ from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
 # position options that evaluation may change without changing the trained model (RoPE context scaling)
-EVALUATION_OPTIONS = ("scaling", "factor")
+EVALUATION_OPTIONS = ("scaling", "factor", "original_context", "beta_fast", "beta_slow", "mscale", "ramp")
 # position options that are no part of a model's identity at these values, which every earlier checkpoint (saved
 # before the option existed) had: RoPE's decay and its rotary_fraction
 ABSENT_AS = {"decay": None, "rotary_fraction": 1.0, "max_position": None}
@@ -124,6 +124,13 @@ class ModelConfig:
         problem = scheme_class(pos).causal_problem(bool(self.causal))
         if problem:
             found.append(ConfigError(problem))
+        if pos == "rope" and kind == "linear" and self.position.get("mscale") is not None:
+            found.append(
+                ConfigError(
+                    f"model.position.mscale={self.position['mscale']}: YaRN's temperature scales softmax logits; "
+                    "linear attention normalises φ(q)·φ(k), which cancels it (leave mscale null)"
+                )
+            )
         window = self.attention.get("window")
         if window is not None and not self.causal:
             found.append(ConfigError(f"model.attention.window={window} limits causal attention; model.causal is false"))

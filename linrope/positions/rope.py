@@ -1,27 +1,40 @@
-"""Rotary Position Embedding on q and k (Su et al. 2021), with position interpolation / NTK scaling, and
+"""Rotary Position Embedding on q and k (Su et al. 2021), with length scaling (``scaling``: position interpolation,
+NTK-aware, YaRN with its attention temperature, dynamic NTK from the forward's length), and
 optionally a per-head decay γ_h^(i-j) (``decay``: RetNet's retention, Sun et al. 2023, or ALiBi's slopes as a
 decay): linear attention takes it as its kernel's decay, softmax attention as the score bias
 log γ_h·|i - j| (the same weight γ_h^(i-j) on exp(q·k)).  A decay is a fixed float64 buffer, not a parameter
 (nothing to weight-decay, nothing saved in a checkpoint), and is untouched by a change of RoPE's frequencies
-(the extrapolation's scaling rows swap ``theta`` only).
+(the extrapolation's scaling rows swap ``theta``, ``attention_scale`` and ``dynamic`` only).
+
+The scaling as the forward uses it, three attributes a scaling row of the extrapolation may swap:
+``theta`` (float64 buffer, the frequencies), ``attention_scale`` (YaRN's sqrt(1/t) on cos and sin, so on q and k:
+softmax attention only; linear attention normalises φ(q)·φ(k), where a common factor cancels) and ``dynamic``
+((factor, L0) of dynamic NTK, or None): with it, a forward whose largest position + 1 is N > L0 turns at
+``ntk_rescale(theta, factor·N/L0 - (factor - 1))``.
 
 ``rotary_fraction`` < 1 (GPT-NeoX's ``rotary_pct``, Black et al. 2022) turns only the first r = int(d·fraction)
 dimensions' pairs, with an r-dimensional RoPE's frequencies (scaled as ``scaling`` says), and leaves the others
 (θ = 0): softmax and linear attention take it unchanged (docs/design.md#partial-rotary)."""
 
-from typing import Annotated, Mapping, Optional
+from typing import Annotated, List, Mapping, Optional
 
 import torch
 
 from linrope.ops.rope import (
+    RAMPS,
     SCALINGS,
+    YARN_BETA_FAST,
+    YARN_BETA_SLOW,
     check_rope_dim,
     compute_dtype,
+    dynamic_ntk_scale,
+    ntk_rescale,
     partial_frequencies,
     rope_cos_sin,
     rope_frequencies,
     rotary_dims,
     rotate,
+    yarn_mscale,
 )
 
 from .base import Base, PositionScheme, Rule, register
@@ -35,7 +48,8 @@ class RoPE(PositionScheme):
     linear_ok = True
     linear_note = (
         "rotates φ(q), φ(k) in the numerator (or both, or neither: model.attention.placement); "
-        "a decay as the per-head γ_h^(i-j)"
+        "a decay as the per-head γ_h^(i-j); yarn's frequencies without its temperature, which the normalisation "
+        "cancels"
     )
     paper = "Su et al. 2021, RoFormer: enhanced transformer with rotary position embedding"
 
@@ -45,6 +59,13 @@ class RoPE(PositionScheme):
         base: Base = 10000.0,
         scaling: Annotated[Optional[str], Rule(choices=lambda: SCALINGS)] = None,
         factor: Annotated[float, Rule(above=0)] = 1.0,
+        original_context: Annotated[
+            Optional[int], Rule(low=1, note="null: model.max_len, the training context")
+        ] = None,
+        beta_fast: Annotated[float, Rule(above=0)] = YARN_BETA_FAST,
+        beta_slow: Annotated[float, Rule(above=0)] = YARN_BETA_SLOW,
+        mscale: Annotated[Optional[float], Rule(above=0, note="null: 0.1·ln(factor) + 1")] = None,
+        ramp: Annotated[str, Rule(choices=lambda: RAMPS)] = "release",
         decay: Annotated[Optional[str], Rule(choices=lambda: DECAYS, note="null: no decay")] = None,
         rotary_fraction: Annotated[float, Rule(above=0, high=1, note="GPT-NeoX's rotary_pct")] = 1.0,
         **dims,
@@ -53,8 +74,15 @@ class RoPE(PositionScheme):
         check_rope_dim(self.head_dim)
         self.base, self.scaling, self.factor, self.decay = base, scaling, factor, decay
         self.rotary_fraction, self.rotary_dims = rotary_fraction, rotary_dims(self.head_dim, rotary_fraction)
-        theta = rope_frequencies(self.rotary_dims, base, scaling=scaling, factor=factor)
+        self.original_context = original_context or self.max_len
+        self.yarn = dict(beta_fast=beta_fast, beta_slow=beta_slow, ramp=ramp)
+        theta = rope_frequencies(
+            self.rotary_dims, base, scaling=scaling, factor=factor, original_context=self.original_context, **self.yarn
+        )
         self.register_buffer("theta", partial_frequencies(theta, self.head_dim), persistent=False)
+        self.mscale = mscale
+        self.attention_scale = (yarn_mscale(factor) if mscale is None else mscale) if scaling == "yarn" else 1.0
+        self.dynamic = (factor, self.original_context) if scaling == "dynamic" else None
         if decay is not None:  # γ_h and its rate -log γ_h, float64 (as ALiBi's slopes: rounded once, at each use)
             gamma, rate = decay_gamma_rate(decay, self.n_heads)
             self.register_buffer("gamma", gamma, persistent=False)
@@ -64,6 +92,30 @@ class RoPE(PositionScheme):
     def linear_decays(cls, options: Mapping) -> bool:
         return options.get("decay") is not None
 
+    @classmethod
+    def option_problems(cls, options: Mapping) -> List[str]:
+        """YaRN's options given to another scaling, or its ramp ends in the wrong order; a factor below 1 for the
+        scalings that extend a context."""
+        problems = super().option_problems(options)
+        scaling = options.get("scaling")
+        given = {k: options[k] for k, v in YARN_DEFAULTS.items() if options.get(k) != v}
+        if scaling != "yarn" and given:
+            said = ", ".join(f"{k}={v}" for k, v in given.items())
+            problems.append(f"{said}: an option of scaling: yarn, and this model's scaling is {scaling or 'null'}")
+        if scaling not in ("yarn", "dynamic") and options.get("original_context") is not None:
+            problems.append(
+                f"original_context={options['original_context']}: an option of scaling: yarn or dynamic, "
+                f"and this model's scaling is {scaling or 'null'}"
+            )
+        if scaling in ("yarn", "dynamic") and options.get("factor", 1.0) < 1:
+            problems.append(f"factor={options['factor']}: scaling: {scaling} extends the context, so factor >= 1")
+        if scaling == "yarn" and not options.get("beta_fast") > options.get("beta_slow"):
+            problems.append(
+                f"beta_fast={options['beta_fast']}, beta_slow={options['beta_slow']}: YaRN's ramp needs "
+                "beta_fast > beta_slow (the pairs turning beta_fast times within the original context are kept)"
+            )
+        return problems
+
     def _apply(self, fn, recurse=True):
         kept = {name: getattr(self, name) for name in ("gamma", "rate") if name in self._buffers}
         super()._apply(fn, recurse)
@@ -71,9 +123,24 @@ class RoPE(PositionScheme):
             setattr(self, name, t.to(getattr(self, name).device))
         return self
 
+    def frequencies(self, n: Optional[int]) -> torch.Tensor:
+        """θ of a forward whose largest position + 1 is ``n`` (None: unknown, as trained): ``theta``, or with
+        dynamic NTK and n > L0 its rescaling by factor·n/L0 - (factor - 1) (once per forward: ``memo``)."""
+        if self.dynamic is None or n is None:
+            return self.theta
+        factor, context = self.dynamic
+        scale = dynamic_ntk_scale(factor, n, context)
+        if scale == 1:
+            return self.theta
+        turned = self.theta[: self.rotary_dims // 2]  # partial rotary: the other pairs stay at θ = 0
+        return self.memo(("dynamic", n), lambda: partial_frequencies(ntk_rescale(turned, scale), self.head_dim))
+
     def rotate_qk(self, q, k, positions):
         dtype = compute_dtype(q.dtype)
-        cos, sin = rope_cos_sin(positions, self.theta, dtype)
+        n = self.span(positions)[1] + 1 if self.dynamic is not None else None
+        cos, sin = rope_cos_sin(positions, self.frequencies(n), dtype)
+        if self.attention_scale != 1:  # YaRN's temperature, on cos and sin as released: q·k times its square
+            cos, sin = cos * self.attention_scale, sin * self.attention_scale
         return rotate(q, cos, sin), rotate(k, cos, sin)
 
     def score_bias(self, q, k, positions) -> Optional[torch.Tensor]:
@@ -84,7 +151,17 @@ class RoPE(PositionScheme):
         return distance_bias(self.rate, positions, compute_dtype(q.dtype))
 
     def linear_rope_theta(self):
-        return self.theta
+        """θ for linear attention's rotation (YaRN's temperature has no counterpart: the kernel's denominator, or the
+        output's RMSNorm without one, cancels a common factor of φ(q)·φ(k)).  Dynamic NTK reads the forward's length
+        from the positions the model placed (``offset … offset + N - 1``)."""
+        if self.dynamic is None:
+            return self.theta
+        if self._span is None:
+            raise ValueError(
+                "rope scaling: dynamic with linear attention reads the forward's length from the model's offset; "
+                "explicit positions are not supported"
+            )
+        return self.frequencies(self._span[1] + 1)
 
     def linear_decay(self):
         return self.gamma if self.decay is not None else None
@@ -92,4 +169,14 @@ class RoPE(PositionScheme):
     def extra_repr(self):
         decay = f", decay={self.decay}" if self.decay is not None else ""
         part = f", rotary_fraction={self.rotary_fraction}" if self.rotary_fraction != 1.0 else ""
-        return f"where={self.where}, base={self.base}, scaling={self.scaling}, factor={self.factor}{decay}{part}"
+        context = f", original_context={self.original_context}" if self.scaling in ("yarn", "dynamic") else ""
+        yarn = "".join(f", {k}={v}" for k, v in self.yarn.items()) if self.scaling == "yarn" else ""
+        temperature = f", attention_scale={self.attention_scale:.6g}" if self.scaling == "yarn" else ""
+        return (
+            f"where={self.where}, base={self.base}, scaling={self.scaling}, factor={self.factor}"
+            f"{context}{yarn}{temperature}{decay}{part}"
+        )
+
+
+# YaRN's own options at their defaults (the release's): refused with another scaling when changed
+YARN_DEFAULTS = {"beta_fast": YARN_BETA_FAST, "beta_slow": YARN_BETA_SLOW, "mscale": None, "ramp": "release"}

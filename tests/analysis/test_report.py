@@ -356,6 +356,9 @@ def test_figures_name_only_what_ran_in_the_shared_encoding(sweep, tmp_path, monk
     )  # every seed, for the mean and the band
     assert curves["linear_rope"].style["color"] == curves["softmax_rope"].style["color"]
     assert curves["linear_rope"].style["linestyle"] != curves["softmax_rope"].style["linestyle"]
-    assert [p.title for p in ext_panels] == ["as trained", "RoPE models: as trained (solid), pi (dashed), ntk (dotted)"]
+    assert [p.title for p in ext_panels] == [
+        "as trained",
+        "RoPE models: as trained (solid), pi (dashed), ntk (dotted), yarn (dash-dots), dynamic (sparse dots)",
+    ]
     assert {c.label for c in ext_panels[1].curves} == {"softmax_rope as trained", "softmax_rope pi"}
     assert ext_kw["vlines"] == [64] and ext_kw["log2_x"]

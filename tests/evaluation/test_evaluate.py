@@ -140,6 +140,28 @@ def test_every_length_scores_the_same_bytes_and_prints_each_row_once(run_folder,
     assert more[0]["scored"] == 4097 and more[0]["scored_hash"] != rows[0]["scored_hash"]
 
 
+def test_evaluate_gives_the_yarn_and_dynamic_rows_by_default(run_folder, tmp_path):
+    """The default scalings: pi, ntk, yarn and dynamic beside the model as trained, each with finite values; at the
+    training length they repeat it, beyond it yarn is its own row and dynamic (one forward per window of L
+    positions) turns as ntk does."""
+    from linrope.evaluation.evaluate import evaluate
+
+    ckpt = run_folder / "checkpoints" / "last.ckpt"
+    options = ["lengths=[64,128]", "scored_bytes=1024", "protocols=[sliding]", "window_control=false"]
+    cfg = compose_evaluate(f"ckpt={ckpt}", *options, f"out={tmp_path}")
+    rows = evaluate(cfg)
+    assert [(r["length"], r["scaling"]) for r in rows] == [
+        (n, s) for n in (64, 128) for s in ("none", "pi", "ntk", "yarn", "dynamic")
+    ]
+    assert all(r["status"] == "ok" and 0 < r["bpb"] < 12 and r["scored"] == 1024 for r in rows)
+    bpb = {(r["length"], r["scaling"]): r["bpb"] for r in rows}
+    assert {bpb[64, s] for s in ("pi", "ntk", "yarn", "dynamic")} == {bpb[64, "none"]}
+    assert bpb[128, "dynamic"] == pytest.approx(bpb[128, "ntk"], rel=1e-6)
+    assert len({bpb[128, s] for s in ("none", "pi", "ntk", "yarn")}) == 4
+    written = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
+    assert [w["scaling"] for w in written] == [r["scaling"] for r in rows]
+
+
 # ---- like-for-like RoPE rows -------------------------------------------------------------------------------------
 class Text:
     """A stand-in data module: a test split of random bytes."""
@@ -357,8 +379,8 @@ def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
                 f"ckpt={tmp_path / 'none.ckpt'}", "scored_bytes=0", "stride=-2", "factors=[]", "lengths=[64,0]"
             )
         )
-    with pytest.raises(EvaluateError, match=r"^scalings=\['yarn'\]: expected a list of pi, ntk"):
-        evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scalings=[yarn]"))
+    with pytest.raises(EvaluateError, match=r"^scalings=\['longrope'\]: expected a list of pi, ntk, yarn, dynamic"):
+        evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scalings=[longrope]"))
 
 
 @pytest.mark.parametrize("broken", ["missing", "truncated"])

@@ -243,6 +243,29 @@ PINNED = [
         ("softmax_sandwich", "softmax-sandwich-s1234", ["attention:softmax", "position:sandwich", "task:bytes"]),
     ),
     (
+        ["model=softmax_rope_yarn"],
+        (
+            "softmax_rope_yarn",
+            "softmax-rope-s1234",
+            ["attention:softmax", "position:rope", "task:bytes", "rope_scaling:yarn"],
+        ),
+    ),
+    (
+        ["model=linear_rope_yarn"],
+        (
+            "linear_rope_yarn",
+            "linear-elu-rope-s1234",
+            [
+                "attention:linear",
+                "position:rope",
+                "task:bytes",
+                "feature_map:elu",
+                "placement:numerator",
+                "rope_scaling:yarn",
+            ],
+        ),
+    ),
+    (
         ["model=softmax_shaw"],
         ("softmax_shaw", "softmax-shaw-s1234", ["attention:softmax", "position:shaw", "task:bytes"]),
     ),

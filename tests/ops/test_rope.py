@@ -90,4 +90,4 @@ def test_bad_input():
     with pytest.raises(ValueError, match="positions"):
         apply_rope(torch.randn(2, 5, 8), torch.arange(4))
     with pytest.raises(ValueError, match="scaling"):
-        rope_frequencies(8, scaling="yarn")
+        rope_frequencies(8, scaling="longrope")

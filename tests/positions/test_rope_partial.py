@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linrope.evaluation.extrapolation import row_theta
+from linrope.evaluation.extrapolation import row_scaling
 from linrope.models.attention import SoftmaxAttention
 from linrope.ops import linear_attention
 from linrope.ops.rope import rope_frequencies
@@ -67,10 +67,16 @@ def test_frequencies_are_neoxs_then_zero(fraction, r):
     assert torch.allclose(s.theta[: r // 2], want, rtol=1e-15, atol=0)
     assert torch.equal(s.theta[r // 2 :], torch.zeros(HD // 2 - r // 2, dtype=torch.float64))
     # the extrapolation's rows scale the turned pairs only (NTK over r dimensions, as NeoX would) and keep θ = 0
-    for row in ("pi", "ntk"):
-        theta = row_theta(s, row, 4.0)
+    for row in ("pi", "ntk", "yarn"):
+        theta = row_scaling(s, row, 4.0, train_context=64)["theta"]
         assert torch.equal(theta[r // 2 :], torch.zeros(HD // 2 - r // 2, dtype=torch.float64))
-        assert torch.allclose(theta[: r // 2], rope_frequencies(r, BASE, scaling=row, factor=4.0), rtol=1e-14)
+        kw = {"original_context": 64} if row == "yarn" else {}
+        assert torch.allclose(theta[: r // 2], rope_frequencies(r, BASE, scaling=row, factor=4.0, **kw), rtol=1e-14)
+    # dynamic NTK at a forward of 4 × the context rescales the turned pairs over r dimensions, the rest stay 0
+    d = rope(rotary_fraction=fraction, scaling="dynamic", factor=1.0)
+    theta = d.frequencies(4 * d.original_context)
+    assert torch.equal(theta[r // 2 :], torch.zeros(HD // 2 - r // 2, dtype=torch.float64))
+    assert torch.allclose(theta[: r // 2], rope_frequencies(r, BASE, scaling="ntk", factor=4.0), rtol=1e-14)
 
 
 def test_too_small_a_fraction_is_one_line():

@@ -28,6 +28,8 @@ LATER_PRESETS: list = [
     "softmax_rope_partial",
     "linear_rope_partial",
     "softmax_xpos",
+    "softmax_rope_yarn",
+    "linear_rope_yarn",
 ]
 
 CONTEXT = 256

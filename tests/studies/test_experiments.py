@@ -158,6 +158,7 @@ def sweep(tmp_path_factory):
         *SWEEP_TINY,
         "extrapolation.enabled=true",
         "extrapolation.factors=[1,2]",
+        "extrapolation.scalings=[pi,ntk]",  # two RoPE rows suffice here (the default's four: tests/evaluation)
         f"hydra.sweep.dir={tmp / 'multirun'}",
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=600)
