@@ -13,6 +13,7 @@ from tests.helpers import gen
 V, N = 32, 24
 # row 0: documents of 5, 1, 11 and 7 tokens; row 1: one document
 DOCS = torch.tensor([[3] * 5 + [4] + [6] * 11 + [9] * 7, [0] * N])
+pytestmark = pytest.mark.usefixtures("kernel_env")  # NaN-poisoned kernel buffers, one thread (tests/conftest.py)
 SPANS = {0: [(0, 5), (5, 6), (6, 17), (17, 24)], 1: [(0, N)]}
 
 # every scheme with softmax attention, and the variants whose positions enter differently

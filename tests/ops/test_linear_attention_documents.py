@@ -20,8 +20,10 @@ from tests.helpers import gen, rel
 B, H, D, DV = 2, 2, 8, 6
 DECAY = torch.tensor([0.93, 0.6], dtype=torch.float64)
 C = 4  # chunk size: documents of 1, 3, 4, 5, … positions fall on and across chunk boundaries
-# row 0: documents of 5, 1, 11, 4 (a boundary at a chunk start: 16 = 4·4), 16 positions; row 1: one document
-DOCS = torch.tensor([[0] * 5 + [1] + [2] * 10 + [3] * 4 + [4] * 17, [7] * 37])
+# row 0: documents of 5, 1, 7, 3, 4, 16 and 1 positions: boundaries inside a chunk (5, 6), in the last chunk of
+# a block (13; blocks of 16 under ``small_blocks``), at a block's start (16) and a chunk's (20), and in the last,
+# short chunk (36); row 1: one document
+DOCS = torch.tensor([[0] * 5 + [1] + [2] * 7 + [3] * 3 + [4] * 4 + [5] * 16 + [6], [7] * 37])
 N = DOCS.shape[1]
 FORMS = ("naive", "chunk", "recurrent")
 
