@@ -15,6 +15,7 @@ import torch
 from linrope.ops import linear_attention
 from linrope.ops.linear_attn import tables as tables_mod
 from linrope.ops.linear_attn.common import LinearAttentionState
+from linrope.ops.linear_attn.fla_backend import varlen
 from tests.helpers import gen, rel
 
 B, H, D, DV = 2, 2, 8, 6
@@ -203,5 +204,12 @@ def test_refusals():
         linear_attention(q, k, v, documents=DOCS.float())
     with pytest.raises(ValueError, match="causal=False"):
         linear_attention(q, k, v, causal=False, impl="naive", documents=DOCS)
-    with pytest.raises(ValueError, match="impl=fla takes no documents"):
-        linear_attention(q, k, v, impl="fla", documents=DOCS)
+
+
+def test_fla_variable_length_layout():
+    """What impl=fla hands fla's variable-length kernels (tests/ops/test_fla_interpreted.py runs them): every
+    document's offset in the flattened rows, a row's start always one, and each row's first and last document."""
+    cu, first, last = varlen(DOCS)
+    assert cu.tolist() == [0, 5, 6, 13, 16, 20, 36, 37, 74] and first.tolist() == [0, 7] and last.tolist() == [6, 7]
+    cu, first, last = varlen(torch.tensor([[2, 2, 2], [2, 2, 3]]))  # the same id in two rows: two documents
+    assert cu.tolist() == [0, 3, 5, 6] and first.tolist() == [0, 1] and last.tolist() == [0, 2]

@@ -128,7 +128,6 @@ BACKENDS = {
             grads=("rope_theta",),
             unavailable=fla_backend.unavailable,
             windowed=False,
-            documents=False,
         ),
         Backend("auto", "fla where it can run on CUDA, the chunk kernel elsewhere", choose=_auto),
     )

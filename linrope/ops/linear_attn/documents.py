@@ -19,7 +19,9 @@ How each form does it (docs/design.md, "Packed documents"):
                chunk, a key enters its chunk's summary only if no boundary lies after it, and the state is
                carried across a chunk only if the chunk holds no boundary.  Only comparisons of ids: exact,
                no difference of prefix sums (which would cancel in float32);
-  * window:    the (W, 2W) band of each block times the same mask.
+  * window:    the (W, 2W) band of each block times the same mask;
+  * fla:       the rows flattened into fla's variable-length batch, ``cu_seqlens`` at every document's start
+               (``fla_backend.varlen``).
 
 Every test below compares ids for equality, never their order, so a flipped row (the reverse scans of the
 backward) is handled by the same code.
