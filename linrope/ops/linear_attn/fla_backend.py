@@ -251,7 +251,7 @@ def _chunk(
         cu = packed.cu_seqlens
         if h0 is not None:  # one state per document: the row's first document continues it, the others start at 0
             h0 = h0.new_zeros((cu.shape[0] - 1, *h0.shape[1:])).index_copy(0, packed.first, h0)
-    o, ht = fla_chunk_fwd(qf, kf, vf, decay, h0, final, cu)
+    o, ht = fla_chunk_fwd(qf, kf, vf, decay, h0, final, *(() if cu is None else (cu,)))  # one document: as before
     if packed is not None:
         o = o.view(B, N, *o.shape[2:])
         ht = ht[packed.last] if final else ht
