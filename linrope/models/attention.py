@@ -4,7 +4,7 @@ kernelised linear attention (linrope.ops).  Both take a position scheme built fo
 from __future__ import annotations
 
 import contextlib
-from typing import Annotated, Any, ClassVar, Dict, List, Mapping, Optional
+from typing import Annotated, Any, ClassVar, Dict, List, Mapping, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,29 @@ def window_mask(n: int, window: int, device, dtype) -> torch.Tensor:
     """(N, N) additive mask of the context-limited control: 0 where i - window < j <= i, -inf elsewhere (causality
     included)."""
     return torch.zeros(n, n, device=device, dtype=dtype).masked_fill(~band(n, window, device), float("-inf"))
+
+
+class Documents(NamedTuple):
+    """Packed documents of a batch (docs/design.md, "Packed documents"): ``ids`` (B, N), non-decreasing along a
+    row, equal ids one document; ``positions`` (B, N), each position counted from its document's start
+    (``document_positions``)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+
+
+def document_positions(ids: torch.Tensor) -> torch.Tensor:
+    """(B, N) ids -> (B, N) positions counted from each document's start (0 where the id changes)."""
+    t = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    return t - torch.where(starts, t, 0).cummax(1).values
+
+
+def document_mask(ids: torch.Tensor, dtype) -> torch.Tensor:
+    """(B, 1, N, N) additive mask: 0 where query and key are in one document, -inf elsewhere."""
+    same = ids[:, :, None] == ids[:, None, :]
+    return torch.zeros(same.shape, device=ids.device, dtype=dtype).masked_fill_(~same, float("-inf")).unsqueeze(1)
 
 
 # the attention option of the context-limited control (both kinds): each query sees only its last `window` keys
@@ -99,8 +122,18 @@ class SoftmaxAttention(_Projections):
             return window_mask(n, self.window, device, dtype)
         return causal_mask(n, device, dtype) if self.causal else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, state=None, return_state: bool = False):
-        """Softmax attention keeps no recurrent state: generation re-reads the window (state is None)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        state=None,
+        return_state: bool = False,
+        documents: Optional[Documents] = None,
+    ):
+        """Softmax attention keeps no recurrent state: generation re-reads the window (state is None).
+        ``documents``: packed documents, no query sees another document's keys (``_packed``)."""
+        if documents is not None:
+            return self._packed(x, positions, documents), None
         q, k, v = self.split(x)
         q, k = self.pos.rotate_qk(q, k, positions)
         bias = self.pos.score_bias(q, k, positions)
@@ -121,11 +154,38 @@ class SoftmaxAttention(_Projections):
             )
         return self.merge(o), None
 
-    def _explicit(self, q, k, v, bias, scale, positions, p):
+    def _packed(self, x: torch.Tensor, positions: torch.Tensor, documents: Documents) -> torch.Tensor:
+        """Attention over packed documents: the block-diagonal mask of ``documents.ids`` added to the causal
+        mask (or window) and the scheme's bias.  A scheme whose hooks read only i - j gets the row's positions
+        0 … N-1 (inside a document they differ as the document's own do); one whose hooks read positions
+        themselves (``absolute_terms``) gets each document's, ``documents.positions`` (B, N)."""
+        if self.pos.absolute_terms:
+            positions = documents.positions
+        q, k, v = self.split(x)
+        q, k = self.pos.rotate_qk(q, k, positions)
+        bias = self.pos.score_bias(q, k, positions)
+        scale = self.pos.score_scale()
+        p = self.dropout if self.training else 0.0
+        dtype = q.dtype if bias is None else bias.dtype
+        mask = document_mask(documents.ids, dtype)
+        if self.causal or self.window is not None:
+            mask = mask + self._mask(q.shape[-2], q.device, dtype)
+        if self.pos.has_value_term:
+            o = self._explicit(q, k, v, bias, scale, positions, p, mask=mask)
+        else:
+            mask = mask if bias is None else mask + bias
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=p, scale=scale)
+        return self.merge(o)
+
+    def _explicit(self, q, k, v, bias, scale, positions, p, mask=None):
+        """The scores formed here (a scheme with a value term needs the probabilities); ``mask``: the whole
+        additive mask (packed documents), else the causal one."""
         s = (q @ k.transpose(-1, -2)) * scale
         if bias is not None:
             s = s + bias
-        if self.causal:
+        if mask is not None:
+            s = s + mask
+        elif self.causal:
             s = s + self._mask(s.shape[-1], s.device, s.dtype)
         a = s.softmax(-1)
         a = F.dropout(a, p) if p else a  # the same (dropped) weights serve v_j and the value term
@@ -214,7 +274,10 @@ class LinearAttention(_Projections):
         positions: torch.Tensor,
         state: Optional[LinearAttentionState] = None,
         return_state: bool = False,
+        documents: Optional[Documents] = None,
     ):
+        """``documents``: packed documents, the state reset at each boundary (``linrope.ops.linear_attention``'s
+        ``documents``); RoPE rotates by the row's positions, relative in effect inside a document."""
         q, k, v = self.split(x)
         kw = self.kernel_options()
         if self.window is not None and (return_state or state is not None):
@@ -229,6 +292,8 @@ class LinearAttention(_Projections):
         whole = dict(impl=self.impl, causal=self.causal, chunk_size=self.chunk_size, positions=positions)
         if self.window is not None:
             whole["window"] = self.window
+        if documents is not None:
+            whole["documents"] = documents.ids
         if not (return_state or state is not None):
             return self.merge(linear_attention(q, k, v, **whole, **kw)), None
         o, new_state = linear_attention(q, k, v, initial_state=state, output_final_state=True, **whole, **kw)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from linrope.models.attention import ATTENTION
+from linrope.models.attention import ATTENTION, Documents, document_positions
 from linrope.models.spec import ModelConfig  # what a model is: its checks, identity and names (linrope.models.spec)
 from linrope.positions import PositionScheme, build_position, build_shared
 
@@ -40,15 +40,29 @@ class ShortConv(nn.Module):
         self.kernel, self.causal = kernel, causal
         self.conv = nn.Conv1d(d_model, d_model, kernel, groups=d_model)
 
-    def forward(self, h, tail: Optional[torch.Tensor] = None):
-        """h: (B, N, D); tail: (B, k-1, D) the inputs before h (None: zeros) -> (h + conv(h), new tail)."""
+    def forward(self, h, tail: Optional[torch.Tensor] = None, documents: Optional[torch.Tensor] = None):
+        """h: (B, N, D); tail: (B, k-1, D) the inputs before h (None: zeros) -> (h + conv(h), new tail).
+        ``documents`` (B, N) ids: each output sees only inputs of its own document (no tail)."""
         k = self.kernel
+        if documents is not None:
+            return self._packed(h, documents), None
         if not self.causal:
             padded = F.pad(h.transpose(1, 2), ((k - 1) // 2, k // 2))
             return h + self.conv(padded).transpose(1, 2), None
         before = h.new_zeros(h.shape[0], k - 1, h.shape[2]) if tail is None else tail.to(h.dtype)
         seq = torch.cat([before, h], dim=1)
         return h + self.conv(seq.transpose(1, 2)).transpose(1, 2), seq[:, seq.shape[1] - (k - 1) :]
+
+    def _packed(self, h, documents):
+        """The convolution with every tap that reaches into another document set to zero: the k inputs of each
+        output unfolded, masked by id, and weighed."""
+        k = self.kernel
+        left, right = (k - 1, 0) if self.causal else ((k - 1) // 2, k // 2)
+        taps = F.pad(h.transpose(1, 2), (left, right)).unfold(2, k, 1)  # (B, D, N, k)
+        ids = torch.cat([documents[:, :1].expand(-1, left), documents, documents[:, -1:].expand(-1, right)], 1)
+        same = ids.unfold(1, k, 1) == documents[:, :, None]  # (B, N, k); padding is zeros whatever its id
+        out = torch.einsum("bdnk,dk->bnd", taps * same[:, None].to(h.dtype), self.conv.weight[:, 0].to(h.dtype))
+        return h + out + self.conv.bias.to(h.dtype)
 
 
 class Block(nn.Module):
@@ -69,13 +83,16 @@ class Block(nn.Module):
         self.mlp = MLP(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.short = ShortConv(cfg.d_model, cfg.short_conv, cfg.causal) if cfg.short_conv else None
 
-    def forward(self, x, positions, state=None, return_state=False):
+    def forward(self, x, positions, state=None, return_state=False, documents: Optional[Documents] = None):
         h = self.ln1(x)
+        packed = {} if documents is None else {"documents": documents}
         if self.short is None:
-            a, state = self.attn(h, positions, state=state, return_state=return_state)
+            a, state = self.attn(h, positions, state=state, return_state=return_state, **packed)
         else:  # the state: (attention's, the convolution's last inputs)
-            h, tail = self.short(h, None if state is None else state[1])
-            a, s = self.attn(h, positions, state=None if state is None else state[0], return_state=return_state)
+            h, tail = self.short(h, None if state is None else state[1], None if documents is None else documents.ids)
+            a, s = self.attn(
+                h, positions, state=None if state is None else state[0], return_state=return_state, **packed
+            )
             state = (s, tail) if return_state else None
         x = x + a
         return x + self.mlp(self.ln2(x)), state
@@ -127,26 +144,44 @@ class TransformerLM(nn.Module):
         states: Optional[List] = None,
         return_states: bool = False,
         mask: Optional[torch.Tensor] = None,
+        documents: Optional[torch.Tensor] = None,
     ):
         """idx: (B, N) token ids -> logits (B, N, V), or (B, n_classes) for a classifier.
 
         ``positions`` (N,) or ``offset`` (positions offset…offset+N-1) place the window in a longer
         sequence; with randomized positions (``model.position.max_position``) the positions are drawn here, once
         for the input and every layer; ``states`` continue linear attention from an earlier call (generation).
-        ``mask`` (B, N) marks real tokens for the classifier's mean pooling."""
+        ``mask`` (B, N) marks real tokens for the classifier's mean pooling.
+        ``documents`` (B, N) document ids of packed sequences (non-decreasing along a row): no document sees
+        another, every position scheme counts from each document's start, linear attention's state resets at
+        each boundary (docs/design.md, "Packed documents"); None: one sequence per row."""
         n = idx.shape[1]
         span = None  # explicit positions: a scheme that needs their span reads it (PositionScheme.span)
+        packed = None
+        if documents is not None:
+            if self.pos.max_position is not None:
+                raise ValueError(
+                    f"documents: packed documents count positions from each document's start, and randomized "
+                    f"positions (model.position.max_position={self.pos.max_position}) draw them per forward; "
+                    "the two are not combined"
+                )
+            packed = self._documents(idx, documents, positions, offset, states, return_states)
         if positions is None:  # offset … offset+n-1, or drawn (randomized positions): once, for every scheme
             positions, span = self.pos.place(n, offset, idx.device, continuing=states is not None)
+        at_input = positions if packed is None else packed.positions  # absolute schemes: from each document's start
         new_states = []
         schemes = [m for m in self.modules() if isinstance(m, PositionScheme)]  # every role, every layer
         for scheme in schemes:
             scheme.open_memo(span)
         try:
-            x = self.drop(self.pos.embed(self.embed(idx) * self.embed_scale, positions))
+            x = self.drop(self.pos.embed(self.embed(idx) * self.embed_scale, at_input))
             for i, block in enumerate(self.blocks):
-                x = self.pos.block_input(x, positions) if i else x
-                x, s = block(x, positions, state=None if states is None else states[i], return_state=return_states)
+                x = self.pos.block_input(x, at_input) if i else x
+                state = None if states is None else states[i]
+                if packed is None:
+                    x, s = block(x, positions, state=state, return_state=return_states)
+                else:
+                    x, s = block(x, positions, documents=packed)
                 new_states.append(s)
         finally:
             for scheme in schemes:
@@ -162,6 +197,28 @@ class TransformerLM(nn.Module):
         else:
             out = self.head(x)
         return (out, new_states) if return_states else out
+
+    @staticmethod
+    def _documents(idx, documents, positions, offset, states, return_states) -> Documents:
+        """``documents`` checked (one line each) -> the ids and each position counted from its document's start.
+        Whether ids are non-decreasing is read on the CPU only; elsewhere it is queued as an assertion (no host
+        sync, docs/design.md#gpu-readiness)."""
+        if not torch.is_tensor(documents) or documents.dtype.is_floating_point or documents.dtype == torch.bool:
+            raise ValueError(f"documents must be an integer tensor of document ids, (B, N); got {documents!r:.60}")
+        if tuple(documents.shape) != tuple(idx.shape):
+            raise ValueError(f"documents must have the tokens' shape {tuple(idx.shape)}; got {tuple(documents.shape)}")
+        if positions is not None or offset or states is not None or return_states:
+            raise ValueError("documents start each document at position 0 and carry no state: pass no positions, "
+                             "offset or states with them")  # fmt: skip
+        ids = documents.to(device=idx.device, dtype=torch.long)
+        ordered = (ids[:, 1:] >= ids[:, :-1]).all()
+        message = "documents: ids must not decrease along a row (equal ids are one document)"
+        if ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            if not bool(ordered):
+                raise ValueError(message)
+        else:
+            torch._assert_async(ordered, message)
+        return Documents(ids, document_positions(ids))
 
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, max_new_tokens: int, **sampling):

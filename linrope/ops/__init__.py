@@ -35,6 +35,7 @@ def linear_attention(
     output_final_state: bool = False,
     window: Optional[int] = None,
     normalize: bool = True,
+    documents: Optional[torch.Tensor] = None,
 ):
     """Kernelised linear attention with RoPE placed in the numerator, both, or nowhere.
 
@@ -61,6 +62,7 @@ def linear_attention(
         output_final_state,
         window,
         normalize,
+        documents,
     ).checked(q, k, v)
     return resolve(impl, q, a).run(q, k, v, a)
 

@@ -85,6 +85,11 @@ class PositionScheme(nn.Module):
             return None
         return f"model.causal=false with position={cls.name} cannot work: {cls.causal_only}"
 
+    # its attention hooks read positions themselves, not only i - j (TUPE's absolute correlation): with packed
+    # documents they are given each document's positions, (B, N), and must take them; every other scheme gets
+    # the row's positions 0 … N-1 and the documents' mask (docs/design.md, "Packed documents")
+    absolute_terms: ClassVar[bool] = False
+
     @classmethod
     def bounded_by_max_len(cls, options: Mapping) -> bool:
         """Whether, with ``options`` (every option, defaults filled in), it holds a table of ``max_len``
@@ -174,11 +179,13 @@ class PositionScheme(nn.Module):
 
     # ---- hook at the input (where == "input") -------------------------------------------------
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (B, N, D) token embeddings; positions: (N,) integer positions."""
+        """x: (B, N, D) token embeddings; positions: (N,) integer positions, or (B, N) with packed documents
+        (each counted from its document's start)."""
         return x
 
     def block_input(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (B, N, D) the input of every block after the first (schemes that re-inject, FLOATER)."""
+        """x: (B, N, D) the input of every block after the first (schemes that re-inject, FLOATER); positions as
+        ``embed`` has them."""
         return x
 
     # ---- hooks inside softmax attention (where == "attention") ---------------------------------

@@ -49,6 +49,7 @@ class FIRE(PositionScheme):
     # f_θ is the score bias, parametrised: not weight-decayed, as T5's β (docs/design.md#weight-decay); c and the
     # threshold's multiplier are scalars, never decayed
     score_biases = ("w1", "b1", "w2", "b2")
+    absolute_terms = True  # ψ(max(L, i)) reads the query's own position: packed documents give each its own
 
     def __init__(
         self,
@@ -77,24 +78,27 @@ class FIRE(PositionScheme):
         return (self.l_mult * self.init_threshold).abs()
 
     def normalized_distance(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(N, N): ψ(|i - j|) / (ψ(max(L, i)) + eps), query i along the rows; ψ(x) = log(1 + |c|·x).  Keys ahead
-        of the query (masked by causal attention) get the value of the same distance behind, finite."""
+        """(N, N), or (B, N, N) for per-row positions (packed documents: each counted from its document's start):
+        ψ(|i - j|) / (ψ(max(L, i)) + eps), query i along the rows; ψ(x) = log(1 + |c|·x).  Keys ahead of the query
+        (masked by causal attention) get the value of the same distance behind, finite."""
         p = positions.to(dtype)
         c = self.c.to(dtype).abs()
-        num = torch.log1p(c * (p[:, None] - p[None, :]).abs())
+        num = torch.log1p(c * (p[..., :, None] - p[..., None, :]).abs())
         den = torch.log1p(c * torch.maximum(p, self.threshold().to(dtype))) + self.eps
-        return num / den[:, None]
+        return num / den[..., :, None]
 
     def position_bias(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(1, H, N, N) in ``dtype``: f_θ of the normalised distances, over blocks of query rows."""
+        """(1, H, N, N) in ``dtype`` ((B, H, N, N) for per-row positions): f_θ of the normalised distances, over
+        blocks of query rows."""
         with autocast_off(positions.device.type):
             u = self.normalized_distance(positions, dtype)
             w1, b1, w2, b2 = (t.to(dtype) for t in (self.w1, self.b1, self.w2, self.b2))
-            n = u.shape[0]
-            rows = max(1, HIDDEN_BUDGET // max(1, n * self.mlp_width))
-            blocks = [torch.relu(u[r : r + rows, :, None] * w1 + b1) @ w2.T + b2 for r in range(0, n, rows)]
-            out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)  # (N, N, H)
-        return out.permute(2, 0, 1).unsqueeze(0)
+            n = u.shape[-2]
+            rows = max(1, HIDDEN_BUDGET // max(1, u[..., :1, :].numel() * self.mlp_width))
+            blocks = [torch.relu(u[..., r : r + rows, :, None] * w1 + b1) @ w2.T + b2 for r in range(0, n, rows)]
+            out = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-3)  # (…, N, N, H)
+        out = out.movedim(-1, -3)  # (…, H, N, N)
+        return out if out.dim() == 4 else out.unsqueeze(0)
 
     def score_bias(self, q, k, positions):
         src, dtype = self.src, compute_dtype(q.dtype)

@@ -22,8 +22,8 @@ from linrope.base.errors import SequenceTooLong
 
 
 def relative_distance(positions: torch.Tensor) -> torch.Tensor:
-    """(N, N) matrix of ``j - i`` (key position minus query position), as in T5's code."""
-    return positions[None, :] - positions[:, None]
+    """(N, N) matrix of ``j - i`` (key position minus query position), as in T5's code; (B, N, N) for (B, N)."""
+    return positions[..., None, :] - positions[..., :, None]
 
 
 def position_span(positions: torch.Tensor) -> Tuple[int, int]:
@@ -52,12 +52,13 @@ def check_table_positions(
 
 
 def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """p_{i,2t} = sin(i / base^(2t/D)), p_{i,2t+1} = cos(i / base^(2t/D)); (N, D) float32, computed in float64."""
+    """p_{i,2t} = sin(i / base^(2t/D)), p_{i,2t+1} = cos(i / base^(2t/D)); (N, D) float32, computed in float64
+    ((B, N, D) for (B, N) positions)."""
     t = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)
-    angles = positions.to(torch.float64)[:, None] / base ** (t / dim)
-    table = torch.zeros(positions.shape[0], dim, dtype=torch.float64, device=positions.device)
-    table[:, 0::2] = angles.sin()
-    table[:, 1::2] = angles.cos()[:, : dim // 2]
+    angles = positions.to(torch.float64)[..., None] / base ** (t / dim)
+    table = torch.zeros(*positions.shape, dim, dtype=torch.float64, device=positions.device)
+    table[..., 0::2] = angles.sin()
+    table[..., 1::2] = angles.cos()[..., : dim // 2]
     return table.float()
 
 

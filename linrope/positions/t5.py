@@ -46,7 +46,9 @@ class BucketBias(PositionScheme):
         )
 
     def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
-        return self.bias.T[:, self.buckets(positions)].unsqueeze(0).to(dtype)  # (1, H, N, N)
+        """(1, H, N, N) for positions (N,); (B, H, N, N) for each row's own (B, N) (TUPE, packed documents)."""
+        bias = self.bias.T[:, self.buckets(positions)]
+        return (bias.unsqueeze(0) if positions.dim() == 1 else bias.movedim(1, 0)).to(dtype)
 
     def score_bias(self, q, k, positions):
         src = self.src

@@ -34,6 +34,7 @@ class TUPE(BucketBias):
     paper = "Ke, He, Liu 2021, Rethinking positional encoding in language pre-training"
     shares = "everything: the table p, its layer norm, U_Q, U_K and the bucket bias b (one correlation for all layers)"
     tables = ("table",)
+    absolute_terms = True  # p_i, p_j: packed documents give each document's own positions
 
     def __init__(self, *, init_std: InitStd = 0.02, **options):
         super().__init__(**options)
@@ -55,15 +56,17 @@ class TUPE(BucketBias):
         return 1.0 / math.sqrt(2 * self.head_dim)
 
     def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
-        """(1, H, N, N): the positional correlation, scaled, plus the bucket bias."""
+        """(1, H, N, N): the positional correlation, scaled, plus the bucket bias; (B, H, N, N) for each row's
+        own positions (B, N) (packed documents)."""
         check_table_positions(self.span(positions), self.max_len, "tupe")
-        p = self.ln(self.table[positions]).to(dtype)  # (N, D)
+        p = self.ln(self.table[positions]).to(dtype)  # (N, D) or (B, N, D)
         pq, pk = (
-            rearrange(F.linear(p, u.weight.to(dtype), u.bias.to(dtype)), "n (h d) -> h n d", h=self.n_heads)
+            rearrange(F.linear(p, u.weight.to(dtype), u.bias.to(dtype)), "... n (h d) -> ... h n d", h=self.n_heads)
             for u in (self.u_q, self.u_k)
         )
         absolute = (pq @ pk.transpose(-1, -2)) * self.score_scale()
-        return (absolute + self.bias.T.to(dtype)[:, self.buckets(positions)]).unsqueeze(0)
+        absolute = absolute.unsqueeze(0) if positions.dim() == 1 else absolute
+        return absolute + super().position_bias(positions, dtype)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, max_len={self.max_len}"

@@ -107,12 +107,15 @@ class LanguageModel(L.LightningModule):
     def outputs(self, batch):
         """(logits, targets) ready for cross-entropy: a classifier's pooled logits (B, C) and labels
         (B,) — the batch is (tokens, labels[, mask of real tokens]) — or a language model's logits
-        (B·N, V) and targets (B·N,), ``IGNORE`` (-100) where nothing is scored."""
+        (B·N, V) and targets (B·N,), ``IGNORE`` (-100) where nothing is scored; a language model's batch
+        (tokens, targets, documents) packs documents (``TransformerLM.forward``'s ``documents``: none sees
+        another).  To pack without resets, the common shortcut, a data module yields (tokens, targets)."""
         if self.model.cfg.n_classes:
             x, y, *mask = batch
             return self.model(x, mask=mask[0] if mask else None).float(), y
         x, y = batch[0], batch[1]
-        return self.model(x).flatten(0, 1).float(), y.flatten()
+        documents = batch[2] if len(batch) > 2 else None
+        return self.model(x, documents=documents).flatten(0, 1).float(), y.flatten()
 
     def loss(self, batch) -> torch.Tensor:
         logits, y = self.outputs(batch)

@@ -243,3 +243,21 @@ def test_partial_rotary_goes_through_fla_as_through_naive(fla_cpu):
     assert all(torch.isfinite(t).all() for t in got) and max(errors) < FLOAT32_TOL, errors
     full = results("naive", torch.float64, q, k, v, S0, z0, feature_map="elu", rope="numerator")
     assert rel(full[0], ref[0]) > 1e-3  # the zero frequencies matter
+
+
+# --------------------------------------------------------------------------------------------------------
+# packed documents: fla's variable-length interface (cu_seqlens), against the naive form's reset
+# --------------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # about 80 s under the interpreter (two fla calls forward and backward)
+@pytest.mark.parametrize("rope,decayed", [("numerator", True), ("both", False)])
+def test_fla_packed_documents_match_naive(fla_cpu, rope, decayed):
+    """Rows flattened to one variable-length batch: outputs, the last documents' final states and every gradient
+    (the initial state's, which only each row's first document reads) as the naive form with documents gives."""
+    docs = torch.tensor([[0] * 5 + [1] + [2] * 7 + [3] * 3 + [4] * 4 + [5] * 16 + [6], [7] * 37])
+    q, k, v, S0, z0 = inputs(("fla-documents", rope, decayed), feature_map="elu", rope=rope, n=37, initial=True)
+    kw = dict(rope=rope, decay=DECAY if decayed else None, documents=docs)
+    ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
+    got = results("fla", torch.float32, q, k, v, S0, z0, **kw)
+    errors = {name: rel(a, b) for name, a, b in zip(["out", "S", "z", "dq", "dk", "dv", "dS0", "dz0"], got, ref)}
+    assert all(torch.isfinite(t).all() for t in got)
+    assert max(errors.values()) < FLOAT32_TOL, errors

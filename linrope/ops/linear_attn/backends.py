@@ -44,7 +44,8 @@ class Backend:
     dtypes it computes; ``grads``: the table arguments (``decay``, ``rope_theta``) it differentiates (a tensor
     that requires grad elsewhere is refused rather than silently not differentiated); ``unavailable(device)``:
     why it cannot run on a device, or None; ``choose(q, args)``: for ``auto``, the backend to run instead;
-    ``windowed``: takes a ``window`` (the context-limited control, ``window.py``)."""
+    ``windowed``: takes a ``window`` (the context-limited control, ``window.py``); ``documents``: takes packed
+    documents (``documents.py``)."""
 
     name: str
     what: str
@@ -56,6 +57,7 @@ class Backend:
     choose: Optional[Callable[[Tensor, Args], str]] = None
     instead: str = "impl=chunk or impl=naive"
     windowed: bool = True
+    documents: bool = True
 
     def refusal(self, q: Tensor, a: Args) -> Optional[Exception]:
         """The one-line error for a call this backend does not take, or None."""
@@ -63,6 +65,8 @@ class Backend:
             return ValueError(f"impl={self.name} is causal only; use {self.instead} for causal=False")
         if a.window is not None and not self.windowed:
             return ValueError(f"impl={self.name} takes no window; use {self.instead} for window={a.window}")
+        if a.documents is not None and not self.documents:
+            return ValueError(f"impl={self.name} takes no documents (packed sequences); use {self.instead}")
         if q.dtype not in self.dtypes:
             most = "float32 at most" if torch.float64 not in self.dtypes else "not " + str(q.dtype)
             return ValueError(f"impl={self.name} computes in {most} (got {q.dtype}); use {self.instead}")

@@ -55,21 +55,32 @@ def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool,
 @torch.library.custom_op("linrope::chunk_fwd", mutates_args=())
 def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optional[Tensor],
               positions: Optional[Tensor], theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str,
-              rope: str, causal: bool, eps: float, chunk_size: int, normalize: bool = True
+              rope: str, causal: bool, eps: float, chunk_size: int, normalize: bool = True,
+              documents: Optional[Tensor] = None
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``.  ``denom`` is a
     placeholder when ``normalize`` is False (the output is the numerator)."""
     log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
     with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
         res = chunk_forward(
-            q, k, v, S0, z0, positions, theta, log_gamma, Cfg(feature_map, rope, causal, eps, chunk_size, normalize)
+            q,
+            k,
+            v,
+            S0,
+            z0,
+            positions,
+            theta,
+            log_gamma,
+            Cfg(feature_map, rope, causal, eps, chunk_size, normalize),
+            documents,
         )
     dtype = compute_dtype(q.dtype)
     return tuple(_or_empty(t, q, dtype) for t in res)
 
 
 @chunk_fwd.register_fake
-def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size, normalize=True):
+def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size, normalize=True,
+      documents=None):  # fmt: skip
     dtype = compute_dtype(q.dtype)
     shapes = _fwd_shapes(q, v, feature_map, rope, causal, chunk_size, normalize)
     return (v.new_empty(shapes[0]), *(q.new_empty(s, dtype=dtype) for s in shapes[1:]))
@@ -80,7 +91,7 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
               S0: Optional[Tensor], z0: Optional[Tensor], positions: Optional[Tensor], theta: Optional[Tensor],
               decay: Optional[Tensor], out: Tensor, denom: Tensor, saved_S: Tensor, saved_z: Tensor, feature_map: str,
               rope: str, causal: bool, eps: float, chunk_size: int, need_q: bool, need_k: bool, need_v: bool,
-              need_S0: bool, need_z0: bool, normalize: bool = True
+              need_S0: bool, need_z0: bool, normalize: bool = True, documents: Optional[Tensor] = None
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
     log_gamma = decay_log(decay)
@@ -103,6 +114,7 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
             _or_none(saved_z),
             Cfg(feature_map, rope, causal, eps, chunk_size, normalize),
             (need_q, need_k, need_v, need_S0, need_z0),
+            documents,
         )
     dq, dk, dv, dS0, dz0 = (_or_empty(g, like) for g, like in zip(grads, (q, k, v, q, q)))
     return dq, dk, dv, dS0.clone(), dz0.clone()  # the state's gradients may be views of one buffer
@@ -110,7 +122,7 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
 
 @chunk_bwd.register_fake
 def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z, feature_map, rope,
-      causal, eps, chunk_size, need_q, need_k, need_v, need_S0, need_z0, normalize=True):  # fmt: skip
+      causal, eps, chunk_size, need_q, need_k, need_v, need_S0, need_z0, normalize=True, documents=None):  # fmt: skip
     def grad(need, x):
         return x.new_empty(x.shape) if (need and x is not None) else q.new_empty(_NONE)
 
@@ -118,24 +130,24 @@ def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, sav
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size, normalize = inputs
+    q, k, v, S0, z0, positions, theta, decay, feature_map, rope, causal, eps, chunk_size, normalize, documents = inputs
     out, denom, _, _, saved_S, saved_z = output
     ctx.cfg, ctx.normalize = (feature_map, rope, causal, eps, chunk_size), normalize
-    ctx.save_for_backward(q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z)
+    ctx.save_for_backward(q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z, documents)
     ctx.mark_non_differentiable(denom, saved_S, saved_z)
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, g_out, _g_denom, g_S, g_z, _g_saved_S, _g_saved_z):
-    q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z = ctx.saved_tensors
+    q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z, documents = ctx.saved_tensors
     needs = [bool(n) for n in ctx.needs_input_grad[:5]]
     needs[3] = needs[3] and S0 is not None
     needs[4] = needs[4] and z0 is not None
     if g_out is None and g_S is None and g_z is None:
-        return (None,) * 14
+        return (None,) * 15
     grads = chunk_bwd(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, saved_S, saved_z,
-                      *ctx.cfg, *needs, ctx.normalize)  # fmt: skip
-    return (*(g if need else None for g, need in zip(grads, needs)), *(None,) * 9)
+                      *ctx.cfg, *needs, ctx.normalize, documents)  # fmt: skip
+    return (*(g if need else None for g, need in zip(grads, needs)), *(None,) * 10)
 
 
 chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -178,6 +190,7 @@ def chunk_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
         a.eps,
         a.chunk_size,
         a.normalize,
+        a.documents,
     )
     if not a.output_final_state:
         return out

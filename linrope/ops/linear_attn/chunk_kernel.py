@@ -89,7 +89,14 @@ def _values(v: torch.Tensor, shared: bool, ch: Chunks, dtype) -> torch.Tensor:
     return ch.padded(v, v.new_ones(()).expand(*v.shape[:-1], 1), dtype=dtype)
 
 
-def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
+def block_documents(documents, s: int, e: int):
+    """The ids of the block s … e-1 and the id before it (None for the row's first block), or None."""
+    if documents is None:
+        return None
+    return documents[:, s:e], (documents[:, s - 1] if s > 0 else None)
+
+
+def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents=None):
     """-> (out, denom, S_final, z_final, states entering blocks 1, 2, … (S, and z unless shared)).
 
     ``denom`` is the guarded den + eps (B, H, N), None without normalising; the final state is None when not
@@ -112,7 +119,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
         if b > 0:
             starts_S.append(S)
             starts_z.append(z)
-        ch = tables(e - s)
+        ch = tables(e - s, block_documents(documents, s, e))
         _, _, qn, kn, qd, kd = split_features(
             q[:, :, s:e],
             k[:, :, s:e],
@@ -150,9 +157,19 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg):
     return out, denom, S.contiguous(), z.contiguous(), saved_S, saved_z
 
 
+def _carried_back(dkd: torch.Tensor, ch) -> torch.Tensor:
+    """∂L/∂z entering a block from the reversed prefix sum r of its keys' gradients: γ·r_0, and 0 in a row whose
+    block starts a new document (the state entering it reaches none of its queries)."""
+    dz = dkd[:, :, 0] if ch.gamma is None else dkd[:, :, 0] * ch.gamma[:, None]
+    if ch.docs is not None:
+        dz = dz * ch.docs.first_continues().to(dz.dtype)[:, None, None]
+    return dz
+
+
 def chunk_backward(
-    g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z, cfg: Cfg, needs
-):
+    g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z, cfg: Cfg, needs,
+    documents=None,
+):  # fmt: skip
     """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient."""
     shared = shared_features(cfg.rope)
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
@@ -186,7 +203,7 @@ def chunk_backward(
     for b in range(len(blocks) - 1, -1, -1):
         s, e = blocks[b]
         n = e - s
-        ch = tables(n)
+        ch = tables(n, block_documents(documents, s, e))
         S_start = S_first if b == 0 else saved_S[b - 1]
         z_start = z_first if b == 0 else (None if saved_z is None else saved_z[b - 1])
         rot_b = None if rot is None else rot[s:e]
@@ -227,7 +244,7 @@ def chunk_backward(
                 y = torch.zeros_like(kd)
                 y[:, :, -1] += dz
                 dkd = dcumsum_reverse(y, ch)
-                dz = dkd[:, :, 0] if ch.gamma is None else dkd[:, :, 0] * ch.gamma[:, None]
+                dz = _carried_back(dkd, ch)
                 del y
         elif not shared:  # the denominator den_i = qd_i · zc_i
             y = dden.unsqueeze(-1) * qd
@@ -236,7 +253,7 @@ def chunk_backward(
                 if dz is not None:
                     y[:, :, -1] += dz
                 dkd = dcumsum_reverse(y, ch)
-                dz = dkd[:, :, 0] if ch.gamma is None else dkd[:, :, 0] * ch.gamma[:, None]
+                dz = _carried_back(dkd, ch)
             else:
                 dqd = dsum_symmetric(kd, ch) * dden.unsqueeze(-1)
                 dkd = dsum_symmetric(y, ch)

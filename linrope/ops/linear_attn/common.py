@@ -12,6 +12,7 @@ from torch import Tensor
 
 from linrope.ops.rope import check_rope_dim
 
+from .documents import check_documents
 from .features import FEATURE_MAPS, feature_width
 
 PLACEMENTS = ("numerator", "both", "none")
@@ -61,7 +62,8 @@ class Args(NamedTuple):
     ``checked`` makes the checks all forms share (shapes, names, state, positions, decay), once per call.
     ``chunk_size`` is the chunk kernel's; the other forms ignore it.  ``window``: key j visible to query i only
     for i - window < j <= i (``window.py``).  ``normalize=False``: the output is the
-    numerator alone (no denominator, no eps, no guard); the state still carries z (``LinearAttentionState``)."""
+    numerator alone (no denominator, no eps, no guard); the state still carries z (``LinearAttentionState``).
+    ``documents`` (B, N) ids of packed documents: the state resets where the id changes (``documents.py``)."""
 
     feature_map: str = "elu"
     rope: str = "numerator"
@@ -75,6 +77,7 @@ class Args(NamedTuple):
     output_final_state: bool = False
     window: Optional[int] = None
     normalize: bool = True
+    documents: Optional[Tensor] = None
 
     def checked(self, q: Tensor, k: Tensor, v: Tensor) -> "Args":
         """These arguments checked against q, k, v (a one-line ValueError naming the problem), with the tensors
@@ -104,6 +107,7 @@ class Args(NamedTuple):
             self.output_final_state,
             window,
             self.normalize,
+            check_documents(self.documents, q, self.causal),
         )
 
 

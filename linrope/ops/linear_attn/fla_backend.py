@@ -31,6 +31,9 @@ fla asserts even widths for 16-bit inputs, so odd widths (cosine's d+1; the ones
 which add nothing.  fla has no float64: float64 inputs are refused.  Causal only.  fla-core 0.6.0 needs
 torch >= 2.7 (``TORCH_FLOOR``).
 
+Packed documents (``documents``): the rows flattened into fla's variable-length batch, ``cu_seqlens`` at every
+document's start (``varlen``; a host read of their number per call).
+
 Nothing here imports fla or triton before a call needs them (``import linrope.ops`` stays free of both).
 """
 
@@ -39,7 +42,7 @@ import math
 import os
 import re
 from contextlib import nullcontext
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -106,9 +109,16 @@ def _on(x: Tensor):
 # --------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("linrope::fla_chunk_fwd", mutates_args=())
 def fla_chunk_fwd(
-    q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor], h0: Optional[Tensor], final: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    decay: Optional[Tensor],
+    h0: Optional[Tensor],
+    final: bool,
+    cu_seqlens: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    """-> (o [B, T, H, V] in v's dtype, h_T [B, H, K, V] float32 or an empty placeholder)."""
+    """-> (o [B, T, H, V] in v's dtype, h_T [B, H, K, V] float32 or an empty placeholder).  ``cu_seqlens``: B = 1
+    holds variable-length sequences (packed documents), h0 and h_T one per sequence."""
     fwd, _ = kernels()
     with _on(q):
         o, ht = fwd(
@@ -120,20 +130,29 @@ def fla_chunk_fwd(
             scale=1.0,
             initial_state=h0,
             output_final_state=final,
+            cu_seqlens=cu_seqlens,
             chunk_size=FLA_CHUNK,
         )
     return o, (ht if final else q.new_empty(_NONE, dtype=torch.float32))
 
 
 @fla_chunk_fwd.register_fake
-def _(q, k, v, decay, h0, final):
+def _(q, k, v, decay, h0, final, cu_seqlens=None):
     B, _, H, K = q.shape
+    B = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return v.new_empty(v.shape), q.new_empty((B, H, K, v.shape[-1]) if final else _NONE, dtype=torch.float32)
 
 
 @torch.library.custom_op("linrope::fla_chunk_bwd", mutates_args=())
 def fla_chunk_bwd(
-    do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, decay: Optional[Tensor], h0: Optional[Tensor]
+    do: Tensor,
+    dht: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    decay: Optional[Tensor],
+    h0: Optional[Tensor],
+    cu_seqlens: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dh0), an empty placeholder for dh0 without h0."""
     _, bwd = kernels()
@@ -148,28 +167,29 @@ def fla_chunk_bwd(
             do=do.contiguous(),
             dht=dht,
             scale=1.0,
+            cu_seqlens=cu_seqlens,
             chunk_size=FLA_CHUNK,
         )
     return dq, dk, dv, (dh0 if h0 is not None else q.new_empty(_NONE, dtype=torch.float32))
 
 
 @fla_chunk_bwd.register_fake
-def _(do, dht, q, k, v, decay, h0):
+def _(do, dht, q, k, v, decay, h0, cu_seqlens=None):
     dh0 = h0.new_empty(h0.shape) if h0 is not None else q.new_empty(_NONE, dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dh0
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, decay, h0, final = inputs
+    q, k, v, decay, h0, final, cu_seqlens = inputs
     ctx.final = final
-    ctx.save_for_backward(q, k, v, decay, h0)
+    ctx.save_for_backward(q, k, v, decay, h0, cu_seqlens)
 
 
 def _backward(ctx, do, dht):
-    q, k, v, decay, h0 = ctx.saved_tensors
+    q, k, v, decay, h0, cu_seqlens = ctx.saved_tensors
     dht = dht.contiguous() if ctx.final else None
-    dq, dk, dv, dh0 = fla_chunk_bwd(do, dht, q, k, v, decay, h0)
-    return dq, dk, dv, None, (dh0 if h0 is not None else None), None
+    dq, dk, dv, dh0 = fla_chunk_bwd(do, dht, q, k, v, decay, h0, cu_seqlens)
+    return dq, dk, dv, None, (dh0 if h0 is not None else None), None, None
 
 
 fla_chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -182,16 +202,59 @@ def _fla_layout(x: Tensor, pad: int, dtype) -> Tensor:
     return out.copy_(x.transpose(1, 2))  # one copy: layout and dtype at once
 
 
-def _chunk(q: Tensor, k: Tensor, v: Tensor, h0: Optional[Tensor], decay: Optional[Tensor], final: bool, dtype):
+class Varlen(NamedTuple):
+    """Packed documents as fla's variable-length batch: the (B, N) rows flattened to one sequence of B·N
+    positions, ``cu_seqlens`` the offsets of every document (a row's start is always one), ``first`` and ``last``
+    (B,) the index of each row's first and last document among them."""
+
+    cu_seqlens: Tensor
+    first: Tensor
+    last: Tensor
+
+
+def varlen(documents: Tensor) -> Varlen:
+    """The variable-length layout of packed ``documents`` (B, N).  The number of documents sizes
+    ``cu_seqlens``: read on the host (``nonzero``), one sync per call, where a data module could hand the
+    offsets over (docs/design.md, "Packed documents")."""
+    B, N = documents.shape
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    offsets = starts.reshape(-1).nonzero().squeeze(1)
+    per_row = starts.sum(1).cumsum(0)
+    cu = torch.cat([offsets, offsets.new_full((1,), B * N)])
+    return Varlen(cu, per_row - starts.sum(1), per_row - 1)
+
+
+def _chunk(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    h0: Optional[Tensor],
+    decay: Optional[Tensor],
+    final: bool,
+    dtype,
+    packed: Optional[Varlen] = None,
+):
     """One fla computation on linrope's (B, H, N, ·) layout -> (o (B, H, N, V), h_T (B, H, K, V) or None).
-    Odd widths get a zero column (fla asserts even widths for 16-bit inputs)."""
+    Odd widths get a zero column (fla asserts even widths for 16-bit inputs).  ``packed``: the rows flattened
+    into fla's variable-length batch (the initial state given to each row's first document, the final state
+    read from its last)."""
+    B, H, N = q.shape[:3]
     K, V = q.shape[-1], v.shape[-1]
     pk, pv = K % 2, V % 2
     if h0 is not None:
         h0 = F.pad(h0.to(torch.float32), (0, pv, 0, pk)).contiguous()
-    o, ht = fla_chunk_fwd(
-        _fla_layout(q, pk, dtype), _fla_layout(k, pk, dtype), _fla_layout(v, pv, dtype), decay, h0, final
-    )
+    qf, kf, vf = _fla_layout(q, pk, dtype), _fla_layout(k, pk, dtype), _fla_layout(v, pv, dtype)
+    cu = None
+    if packed is not None:
+        qf, kf, vf = (x.view(1, B * N, *x.shape[2:]) for x in (qf, kf, vf))
+        cu = packed.cu_seqlens
+        if h0 is not None:  # one state per document: the row's first document continues it, the others start at 0
+            h0 = h0.new_zeros((cu.shape[0] - 1, *h0.shape[1:])).index_copy(0, packed.first, h0)
+    o, ht = fla_chunk_fwd(qf, kf, vf, decay, h0, final, *(() if cu is None else (cu,)))  # one document: as before
+    if packed is not None:
+        o = o.view(B, N, *o.shape[2:])
+        ht = ht[packed.last] if final else ht
     return o.transpose(1, 2)[..., :V], (ht[:, :, :K, :V] if final else None)
 
 
@@ -221,10 +284,11 @@ def fla_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
     S0 = z0 = None
     if initial_state is not None:
         S0, z0 = initial_state.S, initial_state.z.unsqueeze(-1)
-    num, S = _chunk(qn, kn, v, S0, a.decay, a.output_final_state, dtype)
+    packed = None if a.documents is None else varlen(a.documents)
+    num, S = _chunk(qn, kn, v, S0, a.decay, a.output_final_state, dtype, packed)
     if not a.normalize and not a.output_final_state:  # the numerator is the output
         return num.to(v.dtype)
-    den, z = _chunk(qd, kd, v.new_ones((B, H, N, 1)), z0, a.decay, a.output_final_state, dtype)
+    den, z = _chunk(qd, kd, v.new_ones((B, H, N, 1)), z0, a.decay, a.output_final_state, dtype, packed)
     if a.normalize:
         out = (num.to(f32) / guard_denominator(den[..., 0].to(f32) + a.eps, a.rope).unsqueeze(-1)).to(v.dtype)
     else:  # the denominator's call gave z alone

@@ -16,6 +16,7 @@ import torch
 from linrope.ops.rope import compute_dtype
 
 from .common import Args, LinearAttentionState, decay_log, guard_denominator, without_autocast
+from .documents import same_document
 from .features import reference_features
 from .window import band
 
@@ -44,6 +45,9 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
         mask = torch.tril(mask)
     if a.window is not None:
         mask = mask * band(N, a.window, q.device, dtype)
+    docs = a.documents
+    if docs is not None:  # packed documents: no key of another document (B, 1, N, N)
+        mask = mask * same_document(docs, docs).to(dtype)
     log_gamma = decay_log(decay)
     if log_gamma is not None:
         mask = mask * decay_matrix(log_gamma, N, q.device).to(dtype)
@@ -57,9 +61,12 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
             carry = torch.exp(log_gamma[:, None] * torch.arange(1, N + 1, device=q.device, dtype=torch.float64)).to(
                 dtype
             )
-        num = num + (q_num @ S0) * carry[None, :, :, None]
+        carry = carry[None]  # (1, H, N); with documents the state reaches the first document only
+        if docs is not None:
+            carry = carry * (docs == docs[:, :1]).to(dtype)[:, None]
+        num = num + (q_num @ S0) * carry[..., None]
         if den is not None:
-            den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry[None]
+            den = den + (q_den @ z0.unsqueeze(-1)).squeeze(-1) * carry
     out = (num if den is None else num / guard_denominator(den + eps, rope).unsqueeze(-1)).to(v.dtype)
     if not a.output_final_state:
         return out
@@ -67,12 +74,18 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     w = torch.ones(H, N, dtype=dtype, device=q.device)
     if log_gamma is not None:
         w = torch.exp(log_gamma[:, None] * torch.arange(N - 1, -1, -1, device=q.device, dtype=torch.float64)).to(dtype)
-    S = torch.einsum("bhnd,bhne,hn->bhde", k_num, vv, w)
-    z = torch.einsum("bhnd,hn->bhd", k_den, w)
+    w = w.expand(B, H, N)
+    if docs is not None:  # the last document's keys only
+        w = w * (docs == docs[:, -1:]).to(dtype)[:, None]
+    S = torch.einsum("bhnd,bhne,bhn->bhde", k_num, vv, w)
+    z = torch.einsum("bhnd,bhn->bhd", k_den, w)
     if initial_state is not None:
         tail = torch.ones(H, dtype=dtype, device=q.device) if log_gamma is None else torch.exp(log_gamma * N).to(dtype)
-        S = S + initial_state.S.to(dtype) * tail[None, :, None, None]
-        z = z + initial_state.z.to(dtype) * tail[None, :, None]
+        tail = tail.expand(B, H)
+        if docs is not None:  # the state crosses the row only if the row is one document
+            tail = tail * (docs[:, :1] == docs[:, -1:]).to(dtype)
+        S = S + initial_state.S.to(dtype) * tail[:, :, None, None]
+        z = z + initial_state.z.to(dtype) * tail[:, :, None]
     return out, LinearAttentionState(S, z)
 
 

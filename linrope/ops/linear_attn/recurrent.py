@@ -31,6 +31,7 @@ from .common import (
     without_autocast,
     zero_state,
 )
+from .documents import continues
 from .features import feature_width, reference_features
 
 
@@ -200,7 +201,10 @@ def recurrent_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     track = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, S, z))
     outs = [] if track else None
     out = None if track else alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
+    keep = None if a.documents is None else continues(a.documents).to(dtype)  # 0 where a document starts
     for t in range(N):
+        if keep is not None:
+            S, z = S * keep[:, t, None, None, None], z * keep[:, t, None, None]
         S, z = _advance(S, z, kn[:, :, t], kd[:, :, t], vv[:, :, t], gamma)
         num = (qn[:, :, t].unsqueeze(-2) @ S).squeeze(-2)
         o_t = _output(num, qd[:, :, t], z, a.eps, a.rope, a.normalize)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from .buffers import alloc
 from .tables import Chunks
@@ -76,8 +77,55 @@ def _with_start(like: torch.Tensor, start: Optional[torch.Tensor], at: int) -> t
     return buf
 
 
+def _doc_table(ch: Chunks, counts: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """With documents: L[t,s] = γ^(C·|t-s|) for s ≤ t (reverse: s ≥ t) where ``counts`` (B, n) of chunks holding
+    a boundary agree at t and s (no boundary crossed), else 0: (B, H|1, n, n).  One dense matmul over the
+    chunks of a block (O(nc²), against the O(nc·C) of the chunks' own products) in place of ``_prefix``'s
+    tables of one weight per head; ids are compared, no state is subtracted."""
+    n = counts.shape[1]
+    t = torch.arange(n, device=ch.device, dtype=torch.float64)
+    diff = t[:, None] - t[None, :]
+    if reverse:
+        diff = -diff
+    w = torch.where(diff >= 0, torch.exp(ch.log_gamma[:, None, None] * (ch.C * diff.clamp_min(0))), 0.0)
+    same = (counts[:, :, None] == counts[:, None, :]).unsqueeze(1)
+    return (w.unsqueeze(0) * same).to(ch.dtype)
+
+
+def _scan_states_documents(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
+    """``scan_states`` where a chunk holding a boundary passes no state on: S_in[c] = Σ_{j≤c} γ^(C(c-j)) X_j
+    over the X_j = [S0, U_0, …][j] that no boundary in the chunks j … c-1 separates from chunk c."""
+    B, H, nc = U.shape[:3]
+    rest = U.shape[3:]
+    X = _with_start(U, S0, 0)
+    X[:, :, 1:].copy_(U[:, :, :-1])
+    before = F.pad(ch.docs.cuts[:, :-1], (1, 0))  # chunks holding a boundary among 0 … c-1
+    S_in = torch.matmul(_doc_table(ch, before, False), X.view(B, H, nc, -1)).view(B, H, nc, *rest)
+    return S_in, _across(U[:, :, -1], S_in[:, :, -1], ch, nc - 1, len(rest))
+
+
+def _scan_states_reverse_documents(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tensor]):
+    """``scan_states_reverse`` with documents: R_in[c-1] = W_c + γ^(ℓ_c)·[chunk c holds no boundary]·R_in[c]."""
+    B, H, nc = W.shape[:3]
+    rest = W.shape[3:]
+    R_in = _with_start(W, R_last, -1)
+    if nc > 1:
+        X = alloc((B, H, nc - 1, *rest), dtype=W.dtype, device=W.device)
+        X[:, :, :-1].copy_(W[:, :, 1:-1])
+        if R_last is None:
+            X[:, :, -1].copy_(W[:, :, -1])
+        else:
+            _across(W[:, :, -1], R_last, ch, nc - 1, len(rest), out=X[:, :, -1])
+        # item c (R_in[c]) takes X_j, j ≥ c, when chunks c+1 … j hold no boundary: equal inclusive counts
+        L = _doc_table(ch, ch.docs.cuts[:, :-1], True)
+        R_in[:, :, :-1].copy_(torch.matmul(L, X.view(B, H, nc - 1, -1)).view(X.shape))
+    return R_in, _across(W[:, :, 0], R_in[:, :, 0], ch, 0, len(rest))
+
+
 def scan_states(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
     """Exclusive scan over chunks.  U: (B, H, nc, *rest) -> (S_in (B, H, nc, *rest), S_final (B, H, *rest))."""
+    if ch.docs is not None:
+        return _scan_states_documents(U, ch, S0)
     if SEQUENTIAL:
         return _scan_states_loop(U, ch, S0)
     B, H, nc = U.shape[:3]
@@ -91,6 +139,8 @@ def scan_states(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
 
 def scan_states_reverse(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tensor]):
     """Reverse scan -> (R_in (B, H, nc, *rest), R_before = γ^(ℓ_0) R_in[0] + W_0)."""
+    if ch.docs is not None:
+        return _scan_states_reverse_documents(W, ch, R_last)
     if SEQUENTIAL:
         return _scan_states_reverse_loop(W, ch, R_last)
     B, H, nc = W.shape[:3]
@@ -140,8 +190,8 @@ def dcumsum(x: torch.Tensor, ch: Chunks, z0: Optional[torch.Tensor] = None) -> t
 
 
 def dcumsum_reverse(y: torch.Tensor, ch: Chunks) -> torch.Tensor:
-    """r_j = Σ_{i≥j} γ^(i-j) y_i."""
-    return dcumsum(y.flip(2), ch).flip(2)
+    """r_j = Σ_{i≥j} γ^(i-j) y_i (with documents: over the i of j's document)."""
+    return dcumsum(y.flip(2), ch if ch.docs is None else ch.flipped()).flip(2)
 
 
 def dsum_symmetric(x: torch.Tensor, ch: Chunks) -> torch.Tensor:

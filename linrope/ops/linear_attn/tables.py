@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .buffers import alloc
+from .documents import ChunkDocuments
 
 # A block holds about BLOCK_ELEMENTS[device] numbers per (B, H, ·, d) tensor (at least one chunk): 2^18
 # (1 MiB in float32; 512 positions at B·H = 8, d = 64) measured best on CPU, where a block's working set
@@ -54,9 +55,18 @@ class Chunks:
     """Chunk geometry and decay tables for a sequence of length N cut into chunks of size C.
 
     M (H,1,C,C), qw (H,1,C,1), kw (H,nc,C,1), g (H,nc), gamma (H,): all None without decay (the mask is
-    then a plain ``tril``)."""
+    then a plain ``tril``).
 
-    def __init__(self, n: int, chunk_size: int, log_gamma: Optional[torch.Tensor], dtype, device):
+    ``docs`` = (ids (B, n), id before the block (B,) or None): packed documents (``documents.py``).  Every
+    table is then multiplied by its mask of ids and gains a batch dimension: M (B,H,nc,C,C), qw and kw
+    (B,H,nc,C,1), g (B,H,nc); without a decay they are built with γ = 1 (exactly ones), so that the one
+    decayed code path serves both; ``docs`` holds the ``ChunkDocuments``."""
+
+    def __init__(self, n: int, chunk_size: int, log_gamma: Optional[torch.Tensor], dtype, device, docs=None):
+        self._args = (n, chunk_size, log_gamma, dtype, device)
+        self.docs: Optional[ChunkDocuments] = None
+        if docs is not None and log_gamma is None:  # γ = 1: tables of ones, the masks carry the resets
+            log_gamma = torch.zeros(1, dtype=torch.float64, device=device)
         self.C = C = max(1, min(int(chunk_size), n))
         self.nc = nc = -(-n // C)
         self.N = n
@@ -83,6 +93,20 @@ class Chunks:
         self.kw = kw.reshape(H, nc, C, 1).to(dtype)
         self.g = torch.exp(lg[:, None] * lengths[None, :]).to(dtype)  # (H, nc)
         self.gamma = torch.exp(lg).to(dtype)  # (H,)
+        if docs is not None:
+            self.docs = d = ChunkDocuments(docs[0], docs[1], n, C, nc, dtype)
+            self.M = self.M.unsqueeze(0) * d.same  # (B, H, nc, C, C)
+            self.M_strict = None  # causal only
+            self.qw = self.qw.unsqueeze(0) * d.keep_q  # (B, H, nc, C, 1)
+            self.kw = self.kw.unsqueeze(0) * d.keep_k  # (B, H, nc, C, 1)
+            self.g = self.g.unsqueeze(0) * d.carry  # (B, H, nc)
+            self._flipped: Optional["Chunks"] = None
+
+    def flipped(self) -> "Chunks":
+        """These chunks over the block read backwards (``scans.dcumsum_reverse`` with documents)."""
+        if self._flipped is None:
+            self._flipped = Chunks(*self._args, docs=(self.docs.ids.flip(1), None))
+        return self._flipped
 
     # (B,H,N,D) <-> (B,H,nc,C,D) -------------------------------------------------------------------------
     def split(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,7 +138,8 @@ class Chunks:
         return P.tril_(-1 if strict else 0)
 
     def g_at(self, c: int, ndim_rest: int) -> torch.Tensor:
-        return self.g[:, c].reshape(-1, *([1] * ndim_rest))
+        g = self.g[..., c]  # (H,), or (B, H) with documents
+        return g.reshape(*g.shape, *([1] * ndim_rest))
 
     # the scans' tables (``scans._prefix``): powers of γ^step, step = C or C·GROUP^k ----------------------
     def scan_table(self, n: int, step: int, reverse: bool) -> torch.Tensor:
@@ -153,7 +178,9 @@ class Tables:
     def __init__(self, chunk_size, log_gamma, dtype, device):
         self.args, self.cache = (chunk_size, log_gamma, dtype, device), {}
 
-    def __call__(self, n: int) -> Chunks:
+    def __call__(self, n: int, docs=None) -> Chunks:
+        if docs is not None:  # the block's own ids: nothing to share with another block
+            return Chunks(n, *self.args, docs=docs)
         if n not in self.cache:
             self.cache[n] = Chunks(n, *self.args)
         return self.cache[n]

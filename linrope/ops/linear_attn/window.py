@@ -72,6 +72,10 @@ def windowed_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
 
     mask = _block_weights(W, decay_log(a.decay), dtype, q.device)
     mask = mask[None, None] if mask.dim() == 2 else mask[None, :, None]  # (1, 1|H, 1, W, 2W)
+    if a.documents is not None:  # packed documents: only keys of the query's own document (B, 1, nb, W, 2W)
+        ids = torch.cat((a.documents, a.documents[:, -1:].expand(-1, pad)), dim=1)  # padded queries: discarded
+        keys = torch.cat((ids[:, :1].expand(-1, W), ids), dim=1).unfold(1, 2 * W, W)  # keys before 0: zero features
+        mask = mask * (ids.reshape(B, nb, W)[..., None] == keys[:, :, None, :]).unsqueeze(1).to(dtype)
     w_num = (blocks(qn) @ context(kn).transpose(-1, -2)) * mask
     num = w_num @ context(v.to(dtype))
     if a.normalize:
