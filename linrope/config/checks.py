@@ -156,7 +156,7 @@ def data_errors(cfg) -> List[str]:
     from linrope.data.bytes import position_split
 
     path = get(cfg, "data.path")
-    if not path:
+    if not path or any(c in str(path) for c in "*?["):  # a glob (data=text) is matched when the data is read
         return []
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():

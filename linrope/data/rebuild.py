@@ -15,6 +15,7 @@ from linrope.base.errors import SavedDataError
 from linrope.base.options import Rule, declared, option_errors
 
 from .modules import ByteDataModule
+from .text import TextDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
 
 # task name -> its data module class; nothing outside this table is ever built
@@ -23,6 +24,7 @@ DATA_MODULES: Dict[str, type] = {
     "mqar": MQARDataModule,
     "offset_copy": OffsetCopyDataModule,
     "listops": ListOpsDataModule,
+    "text": TextDataModule,
 }
 
 

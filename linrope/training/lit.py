@@ -51,6 +51,15 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def text_sums(logits: torch.Tensor, targets: torch.Tensor, token_bytes: torch.Tensor):
+    """(nats, tokens, bytes) of the scored targets (``targets != IGNORE``): the summed cross-entropy, how many
+    targets, and the bytes of text they stand for (``token_bytes[target]``: linrope.data.tokenizer, the
+    end-of-document token counted one byte).  Bits per byte = nats / (ln 2 · bytes), over a whole split."""
+    scored = targets != IGNORE
+    nats = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
+    return nats, scored.sum(), token_bytes.to(targets.device)[targets[scored]].sum()
+
+
 def query_order_hits(pred: torch.Tensor, targets: torch.Tensor, orders: int):
     """(hits (P,), counts (P,)) of the k-th scored position of each row, k = 1 … ``orders``: ``pred`` and
     ``targets`` (B, N), ``IGNORE`` where nothing is scored; the k-th scored position of a row is where the running
@@ -213,6 +222,8 @@ class LanguageModel(L.LightningModule):
         ``<stage>/acc_q1`` … ``acc_q<P>``, each weighed by its scored k-th queries (docs/design.md, "The recall
         probe": the last query can be answered by elimination, the first only by the lookup)."""
         logits, y = self.outputs(batch)
+        if self.task == "text":
+            return self._eval_text(logits, y, stage)
         loss = F.cross_entropy(logits, y, ignore_index=IGNORE)
         scored = y != IGNORE
         n = max(int(scored.sum()), 1)  # each batch weighs its scored targets: the epoch's value is per target
@@ -230,6 +241,23 @@ class LanguageModel(L.LightningModule):
                 self.log(f"{stage}/acc_q{k}", hit / max(count, 1), sync_dist=True, batch_size=count)
         return loss
 
+    def _eval_text(self, logits, y, stage: str):
+        """data=text: ``loss`` per scored token; ``bpb`` = the nats of the scored targets / (ln 2 · the bytes they
+        stand for), each batch weighed by its bytes, so the epoch's value is the ratio of the split's sums;
+        ``tokens`` and ``bytes`` scored, summed (docs/design.md, "Text data and metrics across tokenizers").  The
+        batch's ``documents`` are not passed to the model yet (boundaries passed to the model: issue 35 item 2)."""
+        table = getattr(getattr(self.trainer, "datamodule", None), "token_bytes", None)
+        if table is None:
+            raise ConfigError("task text: the data module gives no token_bytes (linrope.data.text.TextDataModule)")
+        nats, tokens, nbytes = text_sums(logits, y, table)
+        n, b = max(int(tokens), 1), max(int(nbytes), 1)  # one read per evaluation batch, as the other tasks
+        loss = nats / n
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+        self.log(f"{stage}/bpb", nats / (LN2 * b), prog_bar=stage == "val", sync_dist=True, batch_size=b)
+        self.log(f"{stage}/tokens", float(tokens), reduce_fx="sum", sync_dist=True, batch_size=1)
+        self.log(f"{stage}/bytes", float(nbytes), reduce_fx="sum", sync_dist=True, batch_size=1)
+        return loss
+
     def validation_step(self, batch, batch_idx):
         return self._eval(batch, "val")
 
@@ -239,6 +267,8 @@ class LanguageModel(L.LightningModule):
     def on_test_epoch_end(self):
         """How much text the test scored (bytes, documents), beside its score, when the data says."""
         datamodule = getattr(self.trainer, "datamodule", None)
+        if self.task == "text" and hasattr(datamodule, "scored_text"):  # tokens and bytes: summed by _eval_text
+            self.log("test/documents", float(datamodule.scored_text("test")["documents"]), rank_zero_only=True)
         if self.bytes_like and hasattr(datamodule, "scored_text"):
             for key, value in datamodule.scored_text("test").items():
                 self.log(f"test/{key}", float(value), sync_dist=False, rank_zero_only=True)
