@@ -15,8 +15,8 @@ from linrope.base.errors import SavedDataError
 from linrope.base.options import Rule, declared, option_errors
 
 from .modules import ByteDataModule
-from .text import TextDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
+from .text import TextDataModule
 
 # task name -> its data module class; nothing outside this table is ever built
 DATA_MODULES: Dict[str, type] = {

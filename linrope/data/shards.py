@@ -47,8 +47,13 @@ def shard_settings(tokenizer: Tokenizer, val_fraction: float, test_fraction: flo
                    max_documents: Optional[int]) -> Dict[str, Any]:  # fmt: skip
     return {
         "format": FORMAT,
-        "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.digest, "vocab_size": tokenizer.vocab_size,
-                      "eod": tokenizer.eod, "dtype": np.dtype(tokenizer.dtype).name},  # fmt: skip
+        "tokenizer": {
+            "name": tokenizer.name,
+            "sha256": tokenizer.digest,
+            "vocab_size": tokenizer.vocab_size,
+            "eod": tokenizer.eod,
+            "dtype": np.dtype(tokenizer.dtype).name,
+        },  # fmt: skip
         "val_fraction": val_fraction,
         "test_fraction": test_fraction,
         "shard_documents": shard_documents,
@@ -128,10 +133,8 @@ def build_shards(
         if kept is None:  # write (or redo) shard k
             rows, tokens = [], {s: [] for s in SPLITS}
             texts = None if raw_bytes else [d[2].decode("utf-8", errors="replace") for d in docs_batch]
-            ids = (
-                [tokenizer.encode_bytes(d[2]) for d in docs_batch] if raw_bytes else tokenizer.encode_batch(texts)
-            )
-            for (ident, split, raw), doc in zip(docs_batch, ids):
+            ids = [tokenizer.encode_bytes(d[2]) for d in docs_batch] if raw_bytes else tokenizer.encode_batch(texts)
+            for (_ident, split, raw), doc in zip(docs_batch, ids):
                 arr = np.empty(len(doc) + 1, dtype=dtype)
                 arr[:-1], arr[-1] = doc, eod
                 tokens[split].append(arr)

@@ -116,7 +116,9 @@ class Source:
         try:
             import datasets
         except ImportError:
-            raise CorpusError("data.hf_dataset: reading a Hugging Face dataset needs `datasets` (pip install 'linrope[text]')") from None
+            raise CorpusError(
+                "data.hf_dataset: reading a Hugging Face dataset needs `datasets` (pip install 'linrope[text]')"
+            ) from None
         name, config, split = self.hf
         try:
             ds = datasets.load_dataset(name, config, split=split, streaming=True)
@@ -161,7 +163,9 @@ def resolve_source(
         return Source(p.parent, [p], field)
     files = list_files(p, suffixes)
     if not files:
-        raise CorpusError(f"data.path {path}: no files ending in {', '.join(suffixes)} found (data.suffixes names others)")
+        raise CorpusError(
+            f"data.path {path}: no files ending in {', '.join(suffixes)} found (data.suffixes names others)"
+        )
     return Source(p, files, field)
 
 

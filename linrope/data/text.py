@@ -57,7 +57,9 @@ class TrainWindows(Dataset):
         return self.length
 
     def __getitem__(self, i):
-        o = int(splitmix64(np.array([self.key ^ np.uint64(self.start + i)], dtype=np.uint64))[0] % np.uint64(self.span + 1))
+        o = int(
+            splitmix64(np.array([self.key ^ np.uint64(self.start + i)], dtype=np.uint64))[0] % np.uint64(self.span + 1)
+        )
         x, y, d = packed(self.shards, "train", o, self.context)
         return (x, y, d) if self.boundaries else (x, y)
 

@@ -24,8 +24,11 @@ then: python train.py data=text data.path=docs/ data.tokenizer=tok.json   (finds
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", help="a file, folder or glob of .txt (one document per file), .jsonl (one per line) or "
-                   ".parquet (one per row); omitted: the Python standard library's .py files (data=bytes' corpus)")
+    p.add_argument(
+        "--input",
+        help="a file, folder or glob of .txt (one document per file), .jsonl (one per line) or "
+        ".parquet (one per row); omitted: the Python standard library's .py files (data=bytes' corpus)",
+    )
     p.add_argument("--field", default="text", help="the .jsonl field / .parquet column / HF dataset field (text)")
     p.add_argument("--suffixes", nargs="+", help="a folder's files to read (default .txt .jsonl .parquet .md)")
     p.add_argument("--hf-dataset", help="a Hugging Face dataset name (streamed; downloaded only when named)")

@@ -161,7 +161,9 @@ def load_tokenizer(spec: Optional[str]) -> Tokenizer:
         try:
             tok = tk.Tokenizer.from_file(str(path))
         except Exception as e:  # the library's own message, on one line
-            raise CorpusError(f"data.tokenizer={spec}: not a tokenizer.json the tokenizers library reads ({e})") from None
+            raise CorpusError(
+                f"data.tokenizer={spec}: not a tokenizer.json the tokenizers library reads ({e})"
+            ) from None
         return HFTokenizer(tok, spec, file_digest(path)[:16])
     looks_like_path = spec.endswith(".json") or spec.startswith((".", "/", "~")) or spec.count("/") > 1
     if looks_like_path:
