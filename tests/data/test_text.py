@@ -210,3 +210,19 @@ def test_train_py_trains_validates_and_tests_on_text(corpus, compose, tmp_path, 
 
     assert build_datamodule(cfg).folder == shards.folder  # the next run's data: the same shards, untouched
     assert files_state(shards.folder) == before and len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_parquet_rows_and_text_files_are_documents(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    (tmp_path / "c").mkdir()
+    pq.write_table(pa.table({"body": ["first row", None, "third row"], "n": [1, 2, 3]}), tmp_path / "c/a.parquet")
+    (tmp_path / "c/b.txt").write_text("a whole file\nis one document\n")
+    docs = list(resolve_source(str(tmp_path / "c"), field="body").documents())
+    assert docs == [("a.parquet:0", b"first row"), ("a.parquet:2", b"third row"),
+                    ("b.txt", b"a whole file\nis one document\n")]  # fmt: skip
+    with pytest.raises(CorpusError, match=r"a.parquet: no column 'text' \(it has body, n\)"):
+        list(resolve_source(str(tmp_path / "c/a.parquet")).documents())
+    glob = resolve_source(str(tmp_path / "c" / "*.txt"))
+    assert [d[0] for d in glob.documents()] == ["b.txt"]
