@@ -144,9 +144,10 @@ def build_shards(
                 data = np.concatenate(tokens[split]) if tokens[split] else np.empty(0, dtype)
                 atomic_write_bytes(data.tobytes(), folder / f"{k:05d}.{split}.bin")
             kept = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-            with open(folder / f".{k:05d}.docs.npy.partial", "wb") as f:
+            partial = folder / f".{k:05d}.docs.npy.{os.getpid()}.partial"  # two processes may build at once
+            with open(partial, "wb") as f:
                 np.save(f, kept)
-            os.replace(folder / f".{k:05d}.docs.npy.partial", folder / f"{k:05d}.docs.npy")
+            os.replace(partial, folder / f"{k:05d}.docs.npy")
         shards.append({"shard": f"{k:05d}", "documents": int(len(kept)), "tokens": int(kept[:, 1].sum())})
 
     count = 0

@@ -226,3 +226,21 @@ def test_parquet_rows_and_text_files_are_documents(tmp_path):
         list(resolve_source(str(tmp_path / "c/a.parquet")).documents())
     glob = resolve_source(str(tmp_path / "c" / "*.txt"))
     assert [d[0] for d in glob.documents()] == ["b.txt"]
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("data.tokenizer=/nowhere/tok.json", "data.tokenizer=/nowhere/tok.json: no such file"),
+        ("data.vocab_size=100", "data.vocab_size=100 is smaller than the vocabulary of data.tokenizer=bytes"),
+        ("data.path=/nowhere/*.jsonl", "data.path /nowhere/\\*.jsonl: the pattern matches no file"),
+    ],
+)
+def test_train_py_refuses_bad_text_data_before_reading_it(compose, override, match):
+    from linrope.base.errors import ConfigError
+    from linrope.config.checks import validate
+
+    cfg = compose("data=text", "size=tiny", override)
+    with pytest.raises(ConfigError, match=f"^{match}") as e:
+        validate(cfg, hardware=False)
+    assert "\n" not in str(e.value)
