@@ -92,7 +92,7 @@ def build_shards(
     key, resumed when a run stopped half-way, written otherwise.  ``out``: that folder; else ``cache_dir / key``."""
     settings = shard_settings(tokenizer, val_fraction, test_fraction, shard_documents, max_documents)
     identity = source.identity()
-    key = cache_key(identity, settings)
+    key = cache_key({k: v for k, v in identity.items() if k != "root"}, settings)  # where the files lie: not in it
     folder = Path(out) if out else Path(cache_dir or default_cache_dir()) / key
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():

@@ -244,3 +244,16 @@ def test_train_py_refuses_bad_text_data_before_reading_it(compose, override, mat
     with pytest.raises(ConfigError, match=f"^{match}") as e:
         validate(cfg, hardware=False)
     assert "\n" not in str(e.value)
+
+
+def test_the_key_is_the_files_contents_not_where_they_lie(corpus, tmp_path):
+    import shutil
+
+    root, _ = corpus
+    shutil.copytree(root / "docs", tmp_path / "moved")
+    tok = load_tokenizer("bytes")
+    a = build_shards(resolve_source(str(root / "docs")), tok, cache_dir=tmp_path / "c", progress=False)
+    assert build_shards(resolve_source(str(tmp_path / "moved")), tok, cache_dir=tmp_path / "c", progress=False) == a
+    with open(tmp_path / "moved/part1.jsonl", "a") as h:
+        h.write(json.dumps({"text": "one more document"}) + "\n")
+    assert build_shards(resolve_source(str(tmp_path / "moved")), tok, cache_dir=tmp_path / "c", progress=False) != a
