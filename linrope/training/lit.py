@@ -88,6 +88,7 @@ class LanguageModel(L.LightningModule):
         self.optim = dict(optim or {})
         self._bad_step: Optional[torch.Tensor] = None  # the first step whose loss was not finite (-1: none yet)
         self._bad_loss: Optional[torch.Tensor] = None
+        self._text_sums: Dict[str, list] = {}  # data=text: {stage: [nats, tokens, bytes]} of the epoch (_eval_text)
 
     def setup(self, stage: str) -> None:
         """In every process of the run, after Lightning has set up its process group (if any)."""
@@ -242,21 +243,46 @@ class LanguageModel(L.LightningModule):
         return loss
 
     def _eval_text(self, logits, y, stage: str):
-        """data=text: ``loss`` per scored token; ``bpb`` = the nats of the scored targets / (ln 2 · the bytes they
-        stand for), each batch weighed by its bytes, so the epoch's value is the ratio of the split's sums;
-        ``tokens`` and ``bytes`` scored, summed (docs/design.md, "Text data and metrics across tokenizers").  The
-        batch's ``documents`` are not passed to the model yet (boundaries passed to the model: issue 35 item 2)."""
+        """data=text: the nats, tokens and bytes of the scored targets, summed in float64 over the epoch (Lightning's
+        own sums are float32, inexact past 2^24 tokens) and logged at its end (``_log_text``).  The batch's
+        ``documents`` are not passed to the model yet (boundaries passed to the model: issue 35 item 2)."""
         table = getattr(getattr(self.trainer, "datamodule", None), "token_bytes", None)
         if table is None:
             raise ConfigError("task text: the data module gives no token_bytes (linrope.data.text.TextDataModule)")
         nats, tokens, nbytes = text_sums(logits, y, table)
-        n, b = max(int(tokens), 1), max(int(nbytes), 1)  # one read per evaluation batch, as the other tasks
-        loss = nats / n
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True, batch_size=n)
-        self.log(f"{stage}/bpb", nats / (LN2 * b), prog_bar=stage == "val", sync_dist=True, batch_size=b)
-        self.log(f"{stage}/tokens", float(tokens), reduce_fx="sum", sync_dist=True, batch_size=1)
-        self.log(f"{stage}/bytes", float(nbytes), reduce_fx="sum", sync_dist=True, batch_size=1)
-        return loss
+        sums = self._text_sums.setdefault(stage, [0.0, 0, 0])
+        sums[0] += float(nats)  # one read per evaluation batch, as the other tasks
+        sums[1] += int(tokens)
+        sums[2] += int(nbytes)
+        return nats / max(int(tokens), 1)
+
+    def _log_text(self, stage: str):
+        """``loss`` per scored token; ``bpb`` = the nats of the scored targets / (ln 2 · the bytes they stand for);
+        ``tokens`` and ``bytes`` scored: the epoch's sums over every process (docs/design.md, "Text data and
+        metrics across tokenizers")."""
+        sums = self._text_sums.pop(stage, None)
+        if sums is None:
+            return
+        total = torch.tensor(sums, dtype=torch.float64, device=self.device)
+        if self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(total, reduce_op="sum")
+        nats, tokens, nbytes = total.tolist()
+        values = {
+            "loss": nats / max(tokens, 1),
+            "bpb": nats / (LN2 * max(nbytes, 1)),
+            "tokens": tokens,
+            "bytes": nbytes,
+        }
+        for key, value in values.items():  # float64 tensors: Lightning keeps their precision
+            self.log(
+                f"{stage}/{key}",
+                torch.tensor(value, dtype=torch.float64),
+                prog_bar=stage == "val" and key in ("loss", "bpb"),
+            )
+
+    def on_validation_epoch_end(self):
+        if self.task == "text":
+            self._log_text("val")
 
     def validation_step(self, batch, batch_idx):
         return self._eval(batch, "val")
@@ -267,6 +293,8 @@ class LanguageModel(L.LightningModule):
     def on_test_epoch_end(self):
         """How much text the test scored (bytes, documents), beside its score, when the data says."""
         datamodule = getattr(self.trainer, "datamodule", None)
+        if self.task == "text":
+            self._log_text("test")
         if self.task == "text" and hasattr(datamodule, "scored_text"):  # tokens and bytes: summed by _eval_text
             self.log("test/documents", float(datamodule.scored_text("test")["documents"]), rank_zero_only=True)
         if self.bytes_like and hasattr(datamodule, "scored_text"):
