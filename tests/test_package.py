@@ -21,6 +21,7 @@ SCRIPTS = {
     "linrope-evaluate": "linrope.evaluate:run",
     "linrope-generate": "linrope.generate:run",
     "linrope-passkey": "linrope.passkey:run",
+    "linrope-tokenize": "linrope.tokenize:main",
     "linrope-report": "linrope.report:main",
     "linrope-dashboard": "linrope.dashboard:main",
 }

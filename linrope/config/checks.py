@@ -88,6 +88,27 @@ def data_option_errors(data) -> List[str]:
     return [] if cls is None else option_errors(data_options(cls), data, "data", also=("_target_", "task"))
 
 
+def text_errors(cfg) -> List[str]:
+    """data=text: its source (a path, folder or glob that holds files to read, or an HF dataset), its tokenizer
+    (bytes, a tokenizer.json, an HF name: loaded, so an unknown one is named now) and ``data.vocab_size`` against
+    the tokenizer's, before any shard is written."""
+    from linrope.base.errors import CorpusError
+    from linrope.data.sources import resolve_source
+    from linrope.data.text import check_vocab
+    from linrope.data.tokenizer import load_tokenizer
+
+    data = get(cfg, "data")
+    try:
+        resolve_source(get(data, "path"), field=get(data, "field", "text"), suffixes=get(data, "suffixes"),
+                       hf_dataset=get(data, "hf_dataset"), hf_config=get(data, "hf_config"),
+                       hf_split=get(data, "hf_split", "train"))  # fmt: skip
+        tokenizer = load_tokenizer(get(data, "tokenizer"))
+        check_vocab(tokenizer.vocab_size, get(data, "vocab_size"), get(data, "tokenizer"))
+    except CorpusError as e:
+        return [str(e)]
+    return []
+
+
 def table_errors(cfg) -> List[str]:
     """A byte-level window longer than a scheme's table of ``model.max_len`` positions (the trait
     ``bounded_by_max_len``: learned, tupe, multiplicative with ``table=learned``); the tasks size ``max_len``
@@ -96,7 +117,7 @@ def table_errors(cfg) -> List[str]:
 
     position, max_len = get(cfg, "model.position"), get(cfg, "model.max_len")
     pos = get(position, "name")
-    if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") != "bytes":
+    if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") not in ("bytes", "text"):
         return []
     if not REGISTRY[pos].bounded_by_max_len(
         scheme_settings(pos, {k: v for k, v in plain(position).items() if k != "name"})
@@ -155,6 +176,8 @@ def data_errors(cfg) -> List[str]:
     (a folder is measured when it is read: CorpusError)."""
     from linrope.data.bytes import position_split
 
+    if str(get(cfg, "data._target_", "")).endswith("TextDataModule"):
+        return text_errors(cfg)
     path = get(cfg, "data.path")
     if not path:
         return []

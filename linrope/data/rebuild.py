@@ -16,6 +16,7 @@ from linrope.base.options import Rule, declared, option_errors
 
 from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
+from .text import TextDataModule
 
 # task name -> its data module class; nothing outside this table is ever built
 DATA_MODULES: Dict[str, type] = {
@@ -23,6 +24,7 @@ DATA_MODULES: Dict[str, type] = {
     "mqar": MQARDataModule,
     "offset_copy": OffsetCopyDataModule,
     "listops": ListOpsDataModule,
+    "text": TextDataModule,
 }
 
 

@@ -185,9 +185,9 @@ def objective_problem(cfg) -> Optional[str]:
         return f"{head} a run with train=false never returns: train the runs (train=true)"
     task = str(get(cfg, "data.task") or "bytes")
     # a task's data module picks checkpoints by val/loss (linrope.data.task_modules.TaskDataModule.monitor)
-    metric = task_metric(metric, "val/bpb" if task == "bytes" else "val/loss")
+    metric = task_metric(metric, "val/bpb" if task in ("bytes", "text") else "val/loss")
     stage, _, name = metric.partition("/")
-    logged = {"bytes": ("loss", "bpb")}.get(task, ("loss", "acc"))
+    logged = {"bytes": ("loss", "bpb"), "text": ("loss", "bpb", "tokens", "bytes")}.get(task, ("loss", "acc"))
     if stage == "test":
         return f"{head} train.py returns before testing: set optimized_metric=val/{name}"
     if stage == "train":

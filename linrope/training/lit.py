@@ -51,6 +51,15 @@ def warmup_cosine(step: int, *, warmup_steps: int, total_steps: int, min_lr_rati
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def text_sums(logits: torch.Tensor, targets: torch.Tensor, token_bytes: torch.Tensor):
+    """(nats, tokens, bytes) of the scored targets (``targets != IGNORE``): the summed cross-entropy, how many
+    targets, and the bytes of text they stand for (``token_bytes[target]``: linrope.data.tokenizer, the
+    end-of-document token counted one byte).  Bits per byte = nats / (ln 2 · bytes), over a whole split."""
+    scored = targets != IGNORE
+    nats = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
+    return nats, scored.sum(), token_bytes.to(targets.device)[targets[scored]].sum()
+
+
 def query_order_hits(pred: torch.Tensor, targets: torch.Tensor, orders: int):
     """(hits (P,), counts (P,)) of the k-th scored position of each row, k = 1 … ``orders``: ``pred`` and
     ``targets`` (B, N), ``IGNORE`` where nothing is scored; the k-th scored position of a row is where the running
@@ -79,6 +88,7 @@ class LanguageModel(L.LightningModule):
         self.optim = dict(optim or {})
         self._bad_step: Optional[torch.Tensor] = None  # the first step whose loss was not finite (-1: none yet)
         self._bad_loss: Optional[torch.Tensor] = None
+        self._text_sums: Dict[str, list] = {}  # data=text: {stage: [nats, tokens, bytes]} of the epoch (_eval_text)
 
     def setup(self, stage: str) -> None:
         """In every process of the run, after Lightning has set up its process group (if any)."""
@@ -216,6 +226,8 @@ class LanguageModel(L.LightningModule):
         ``<stage>/acc_q1`` … ``acc_q<P>``, each weighed by its scored k-th queries (docs/design.md, "The recall
         probe": the last query can be answered by elimination, the first only by the lookup)."""
         logits, y = self.outputs(batch)
+        if self.task == "text":
+            return self._eval_text(logits, y, stage)
         loss = F.cross_entropy(logits, y, ignore_index=IGNORE)
         scored = y != IGNORE
         n = max(int(scored.sum()), 1)  # each batch weighs its scored targets: the epoch's value is per target
@@ -233,6 +245,47 @@ class LanguageModel(L.LightningModule):
                 self.log(f"{stage}/acc_q{k}", hit / max(count, 1), sync_dist=True, batch_size=count)
         return loss
 
+    def _eval_text(self, logits, y, stage: str):
+        """data=text: the nats, tokens and bytes of the scored targets, summed in float64 over the epoch (Lightning's
+        own sums are float32, inexact past 2^24 tokens) and logged at its end (``_log_text``)."""
+        table = getattr(getattr(self.trainer, "datamodule", None), "token_bytes", None)
+        if table is None:
+            raise ConfigError("task text: the data module gives no token_bytes (linrope.data.text.TextDataModule)")
+        nats, tokens, nbytes = text_sums(logits, y, table)
+        sums = self._text_sums.setdefault(stage, [0.0, 0, 0])
+        sums[0] += float(nats)  # one read per evaluation batch, as the other tasks
+        sums[1] += int(tokens)
+        sums[2] += int(nbytes)
+        return nats / max(int(tokens), 1)
+
+    def _log_text(self, stage: str):
+        """``loss`` per scored token; ``bpb`` = the nats of the scored targets / (ln 2 · the bytes they stand for);
+        ``tokens`` and ``bytes`` scored: the epoch's sums over every process (docs/design.md, "Text data and
+        metrics across tokenizers")."""
+        sums = self._text_sums.pop(stage, None)
+        if sums is None:
+            return
+        total = torch.tensor(sums, dtype=torch.float64, device=self.device)
+        if self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(total, reduce_op="sum")
+        nats, tokens, nbytes = total.tolist()
+        values = {
+            "loss": nats / max(tokens, 1),
+            "bpb": nats / (LN2 * max(nbytes, 1)),
+            "tokens": tokens,
+            "bytes": nbytes,
+        }
+        for key, value in values.items():  # float64 tensors: Lightning keeps their precision
+            self.log(
+                f"{stage}/{key}",
+                torch.tensor(value, dtype=torch.float64),
+                prog_bar=stage == "val" and key in ("loss", "bpb"),
+            )
+
+    def on_validation_epoch_end(self):
+        if self.task == "text":
+            self._log_text("val")
+
     def validation_step(self, batch, batch_idx):
         return self._eval(batch, "val")
 
@@ -242,6 +295,10 @@ class LanguageModel(L.LightningModule):
     def on_test_epoch_end(self):
         """How much text the test scored (bytes, documents), beside its score, when the data says."""
         datamodule = getattr(self.trainer, "datamodule", None)
+        if self.task == "text":
+            self._log_text("test")
+        if self.task == "text" and hasattr(datamodule, "scored_text"):  # tokens and bytes: summed by _eval_text
+            self.log("test/documents", float(datamodule.scored_text("test")["documents"]), rank_zero_only=True)
         if self.bytes_like and hasattr(datamodule, "scored_text"):
             for key, value in datamodule.scored_text("test").items():
                 self.log(f"test/{key}", float(value), sync_dist=False, rank_zero_only=True)

@@ -1,0 +1,259 @@
+"""Pre-tokenised, memory-mapped token shards with a manifest: written once, read by every run that asks for the same
+source, tokenizer and settings.
+
+Layout of a shard folder (``<cache_dir>/<key>`` by default, ``key`` a hash of what the shards depend on):
+
+- ``NNNNN.<split>.bin``: the tokens of shard NNNNN's documents of that split, in source order, each document
+  followed by the end-of-document token (uint16 when the vocabulary fits, else uint32; raw, memory-mapped);
+- ``NNNNN.docs.npy``: one row per document of the shard, in source order: (split code 0/1/2 for
+  train/val/test, tokens with its EOD, the document's bytes); written last, so it marks the shard finished;
+- ``manifest.json``: the source (files with sizes and SHA-256, or the HF dataset), the tokenizer (what was asked,
+  its hash, vocabulary size, EOD id), the settings, per split the documents, tokens and bytes, and the shards;
+  written when every shard is, so its presence means the folder is whole.  ``building.json`` (the key and
+  settings) is written first: a run that stops half-way is resumed by the next one that asks for the same key
+  (finished shards kept, the partial one redone); a folder holding another key's shards is refused.
+
+A shard holds ``shard_documents`` consecutive documents of the source; each document's split is drawn from its
+identity (``linrope.data.sources``), so it does not depend on the order, the machine or the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from linrope.base.atomic import atomic_write_bytes
+from linrope.base.errors import CorpusError
+
+from .bytes import SPLITS, split_of
+from .sources import Source
+from .tokenizer import ByteTokenizer, Tokenizer
+
+FORMAT = 1  # bump when the layout changes: a new key, new shards
+MANIFEST, BUILDING = "manifest.json", "building.json"
+
+
+def default_cache_dir() -> Path:
+    """``$LINROPE_DATA_DIR/shards``, else ``data/shards`` under the launch folder (as ``paths.log_dir``: logs)."""
+    return Path(os.environ.get("LINROPE_DATA_DIR", "data")) / "shards"
+
+
+def shard_settings(tokenizer: Tokenizer, val_fraction: float, test_fraction: float, shard_documents: int,
+                   max_documents: Optional[int]) -> Dict[str, Any]:  # fmt: skip
+    return {
+        "format": FORMAT,
+        "tokenizer": {
+            "name": tokenizer.name,
+            "sha256": tokenizer.digest,
+            "vocab_size": tokenizer.vocab_size,
+            "eod": tokenizer.eod,
+            "dtype": np.dtype(tokenizer.dtype).name,
+        },  # fmt: skip
+        "val_fraction": val_fraction,
+        "test_fraction": test_fraction,
+        "shard_documents": shard_documents,
+        "max_documents": max_documents,
+    }
+
+
+def cache_key(source_identity: Dict[str, Any], settings: Dict[str, Any]) -> str:
+    blob = json.dumps({"source": source_identity, "settings": settings}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]
+
+
+def _json(obj) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+
+
+def _progress(total: Optional[int], desc: str, enabled: bool):
+    from tqdm.auto import tqdm  # a dependency of linrope
+
+    return tqdm(total=total, desc=desc, unit="doc", disable=not enabled, dynamic_ncols=True)
+
+
+def build_shards(
+    source: Source,
+    tokenizer: Tokenizer,
+    *,
+    out: Optional[Path] = None,
+    cache_dir: Optional[Path] = None,
+    val_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    shard_documents: int = 10_000,
+    max_documents: Optional[int] = None,
+    progress: bool = True,
+) -> Path:
+    """The folder of shards for ``source`` tokenised by ``tokenizer``: reused whole when its manifest says the same
+    key, resumed when a run stopped half-way, written otherwise.  ``out``: that folder; else ``cache_dir / key``."""
+    settings = shard_settings(tokenizer, val_fraction, test_fraction, shard_documents, max_documents)
+    identity = source.identity()
+    key = cache_key({k: v for k, v in identity.items() if k != "root"}, settings)  # where the files lie: not in it
+    folder = Path(out) if out else Path(cache_dir or default_cache_dir()) / key
+    manifest_path = folder / MANIFEST
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("key") == key:
+            return folder  # reused: nothing is read or written
+        raise CorpusError(
+            f"{folder}: holds shards of another source, tokenizer or settings (key {manifest.get('key')}, asked {key}); "
+            "choose another --out / data.shards_dir, or delete it"
+        )
+    building = folder / BUILDING
+    if building.is_file() and json.loads(building.read_text()).get("key") != key:
+        raise CorpusError(f"{folder}: holds a partial build of other shards; choose another folder, or delete it")
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(_json({"key": key, "settings": settings}), building)
+
+    dtype, eod = np.dtype(tokenizer.dtype), tokenizer.eod
+    raw_bytes = isinstance(tokenizer, ByteTokenizer)
+    shards: List[Dict[str, Any]] = []
+    batch: List = []
+    index = 0  # shard number
+    bar = _progress(max_documents, f"shards {folder.name}", progress)
+
+    def finished(k: int) -> Optional[np.ndarray]:
+        docs_path = folder / f"{k:05d}.docs.npy"
+        if not docs_path.is_file():
+            return None
+        docs = np.load(docs_path)
+        for code, split in enumerate(SPLITS):
+            n = int(docs[docs[:, 0] == code, 1].sum())
+            f = folder / f"{k:05d}.{split}.bin"
+            if (f.stat().st_size if f.exists() else 0) != n * dtype.itemsize:
+                return None
+        return docs
+
+    def flush(k: int, docs_batch: List) -> None:
+        kept = finished(k)
+        if kept is None:  # write (or redo) shard k
+            rows, tokens = [], {s: [] for s in SPLITS}
+            texts = None if raw_bytes else [d[2].decode("utf-8", errors="replace") for d in docs_batch]
+            ids = [tokenizer.encode_bytes(d[2]) for d in docs_batch] if raw_bytes else tokenizer.encode_batch(texts)
+            for (_ident, split, raw), doc in zip(docs_batch, ids):
+                arr = np.empty(len(doc) + 1, dtype=dtype)
+                arr[:-1], arr[-1] = doc, eod
+                tokens[split].append(arr)
+                nbytes = len(raw) if raw_bytes else len(texts[len(rows)].encode("utf-8"))
+                rows.append((SPLITS.index(split), len(arr), nbytes))
+            for split in SPLITS:
+                data = np.concatenate(tokens[split]) if tokens[split] else np.empty(0, dtype)
+                atomic_write_bytes(data.tobytes(), folder / f"{k:05d}.{split}.bin")
+            kept = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+            partial = folder / f".{k:05d}.docs.npy.{os.getpid()}.partial"  # two processes may build at once
+            with open(partial, "wb") as f:
+                np.save(f, kept)
+            os.replace(partial, folder / f"{k:05d}.docs.npy")
+        shards.append({"shard": f"{k:05d}", "documents": int(len(kept)), "tokens": int(kept[:, 1].sum())})
+
+    count = 0
+    for ident, raw in source.documents():
+        if max_documents is not None and count >= max_documents:
+            break
+        count += 1
+        batch.append((ident, split_of(ident, val_fraction, test_fraction), raw))
+        if len(batch) == shard_documents:
+            flush(index, batch)
+            index, batch = index + 1, []
+        bar.update(1)
+    if batch:
+        flush(index, batch)
+    bar.close()
+    if not shards:
+        raise CorpusError(f"{describe(source)}: no documents (every one is empty)")
+    manifest = summary(folder, len(shards), dtype)
+    manifest.update({"key": key, "source": identity, "settings": settings, "shards": shards})
+    empty = [s for s in SPLITS if manifest["splits"][s]["documents"] == 0]
+    if empty:
+        raise CorpusError(
+            f"{describe(source)}: the {', '.join(empty)} split has no documents ({count} documents, split by a hash "
+            f"of each one's identity at val_fraction={val_fraction}, test_fraction={test_fraction}); use more documents"
+        )
+    manifest["bytes_mismatch_documents"] = _mismatches(folder, len(shards), tokenizer, dtype)
+    atomic_write_bytes(_json(manifest), manifest_path)
+    building.unlink(missing_ok=True)
+    return folder
+
+
+def describe(source: Source) -> str:
+    return f"data.hf_dataset={source.hf[0]}" if source.hf else f"data.path {source.root}"
+
+
+def summary(folder: Path, n_shards: int, dtype) -> Dict[str, Any]:
+    splits = {s: {"documents": 0, "tokens": 0, "bytes": 0} for s in SPLITS}
+    for k in range(n_shards):
+        docs = np.load(folder / f"{k:05d}.docs.npy")
+        for code, s in enumerate(SPLITS):
+            mine = docs[docs[:, 0] == code]
+            splits[s]["documents"] += int(len(mine))
+            splits[s]["tokens"] += int(mine[:, 1].sum())
+            splits[s]["bytes"] += int(mine[:, 2].sum())
+    total = {k: sum(v[k] for v in splits.values()) for k in ("documents", "tokens", "bytes")}
+    return {"splits": splits, **total, "dtype": np.dtype(dtype).name}
+
+
+def _mismatches(folder: Path, n_shards: int, tokenizer: Tokenizer, dtype) -> int:
+    """Documents whose tokens' bytes (``token_bytes``, EOD counted one) differ from the document's bytes + 1."""
+    table = tokenizer.token_bytes()
+    bad = 0
+    for k in range(n_shards):
+        docs = np.load(folder / f"{k:05d}.docs.npy")
+        for code, s in enumerate(SPLITS):
+            mine = docs[docs[:, 0] == code]
+            if not len(mine):
+                continue
+            tokens = np.fromfile(folder / f"{k:05d}.{s}.bin", dtype=dtype)
+            per_doc = np.add.reduceat(table[tokens.astype(np.int64)], np.concatenate([[0], np.cumsum(mine[:-1, 1])]))
+            bad += int((per_doc != mine[:, 2] + 1).sum())
+    return bad
+
+
+class Shards:
+    """A finished shard folder, read: ``manifest``, and per split the token stream (its documents one after the
+    other, memory-mapped piece by piece) with each document's start, tokens and bytes."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        path = self.folder / MANIFEST
+        if not path.is_file():
+            raise CorpusError(f"{self.folder}: no {MANIFEST} (not a finished shard folder)")
+        self.manifest = json.loads(path.read_text())
+        dtype = np.dtype(self.manifest["dtype"])
+        self.pieces: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}
+        docs: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}
+        for shard in self.manifest["shards"]:
+            rows = np.load(self.folder / f"{shard['shard']}.docs.npy")
+            for code, s in enumerate(SPLITS):
+                mine = rows[rows[:, 0] == code]
+                if len(mine):
+                    self.pieces[s].append(np.memmap(self.folder / f"{shard['shard']}.{s}.bin", dtype=dtype, mode="r"))
+                    docs[s].append(mine[:, 1:])
+        self.piece_starts = {s: np.concatenate([[0], np.cumsum([len(p) for p in self.pieces[s]])]) for s in SPLITS}
+        self.doc_tokens = {s: np.concatenate(docs[s])[:, 0] for s in SPLITS}
+        self.doc_bytes = {s: np.concatenate(docs[s])[:, 1] for s in SPLITS}
+        self.doc_starts = {s: np.concatenate([[0], np.cumsum(self.doc_tokens[s])]) for s in SPLITS}
+
+    def __len__(self):
+        return int(self.manifest["tokens"])
+
+    def length(self, split: str) -> int:
+        return int(self.piece_starts[split][-1])
+
+    def tokens(self, split: str, start: int, end: int) -> np.ndarray:
+        """The tokens [start, end) of ``split``'s stream (across pieces), as int64."""
+        starts, out, at = self.piece_starts[split], np.empty(end - start, dtype=np.int64), start
+        k = int(np.searchsorted(starts, start, side="right")) - 1
+        while at < end:
+            lo, hi = at - starts[k], min(end, starts[k + 1]) - starts[k]
+            out[at - start : at - start + hi - lo] = self.pieces[split][k][lo:hi]
+            at += hi - lo
+            k += 1
+        return out
+
+    def documents(self, split: str, start: int, end: int) -> np.ndarray:
+        """The document index (within ``split``) of each position [start, end) of the stream."""
+        return np.searchsorted(self.doc_starts[split], np.arange(start, end), side="right") - 1

@@ -1,0 +1,177 @@
+"""Where ``data=text`` and ``python -m linrope.tokenize`` read documents from.
+
+A local file, folder or glob: a ``.jsonl`` file holds one document per line (the string in ``field``), a
+``.parquet`` file one per row (the column ``field``, read by pyarrow), any other file is one document (its
+text).  A folder is walked in sorted order (``test``/``tests``/hidden folders skipped, as data=bytes does) and
+keeps files ending in ``suffixes``; with no path, the default corpus of data=bytes (the Python standard
+library's ``.py`` sources, each file a document).  Or a Hugging Face dataset, only when named
+(``hf_dataset``, ``hf_config``, ``hf_split``), read by ``datasets`` in streaming mode.
+
+Each document has an identity — its file's path relative to the corpus root, with ``:<line>`` or ``:<row>`` for a
+record — from which its split is drawn (``linrope.data.bytes.split_of``: the same hash data=bytes uses on a
+file's path, so a folder of text files splits as data=bytes splits it).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from linrope.base.errors import CorpusError
+
+from .bytes import list_files, stdlib_dir
+
+DEFAULT_SUFFIXES = (".txt", ".jsonl", ".parquet", ".md")
+RECORD_SUFFIXES = (".jsonl", ".parquet")
+
+
+@dataclass
+class Source:
+    """What to read: ``files`` (absolute paths) under ``root``, or an HF dataset (``hf``: name, config, split)."""
+
+    root: Optional[Path]
+    files: List[Path]
+    field: str = "text"
+    hf: Optional[Tuple[str, Optional[str], str]] = None
+
+    def identity(self) -> Dict[str, Any]:
+        """What the shards' cache key and manifest say of the source: every file with its size and hash, or the
+        HF dataset's name, config and split."""
+        if self.hf:
+            return {"hf_dataset": self.hf[0], "hf_config": self.hf[1], "hf_split": self.hf[2], "field": self.field}
+        files = []
+        for f in self.files:
+            h = hashlib.sha256()
+            with open(f, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    h.update(block)
+            files.append({"path": self.rel(f), "bytes": f.stat().st_size, "sha256": h.hexdigest()})
+        return {"root": str(self.root), "files": files, "field": self.field}
+
+    def rel(self, f: Path) -> str:
+        return f.relative_to(self.root).as_posix() if self.root and self.root.is_dir() else f.name
+
+    def documents(self) -> Iterator[Tuple[str, bytes]]:
+        """(identity, UTF-8 bytes) of every document, in a fixed order; empty documents are left out."""
+        if self.hf:
+            yield from self._hf_documents()
+            return
+        for f in self.files:
+            rel = self.rel(f)
+            if f.name.endswith(".jsonl"):
+                yield from self._jsonl(f, rel)
+            elif f.name.endswith(".parquet"):
+                yield from self._parquet(f, rel)
+            else:
+                raw = f.read_bytes()
+                if raw:
+                    yield rel, raw
+
+    def _text(self, value: Any, where: str, keys) -> bytes:
+        if value is None:
+            raise CorpusError(
+                f"{where}: no field {self.field!r} (it has {', '.join(map(str, keys)) or 'none'}); set data.field / --field"
+            )
+        if not isinstance(value, str):
+            raise CorpusError(f"{where}: field {self.field!r} is a {type(value).__name__}, not text")
+        return value.encode("utf-8", errors="replace")
+
+    def _jsonl(self, f: Path, rel: str):
+        with open(f, "rb") as handle:
+            for i, line in enumerate(handle):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as e:
+                    raise CorpusError(f"{f} line {i + 1}: not JSON ({e})") from None
+                if not isinstance(record, dict):
+                    raise CorpusError(f"{f} line {i + 1}: a JSON {type(record).__name__}, not an object with fields")
+                text = self._text(record.get(self.field), f"{f} line {i + 1}", record.keys())
+                if text:
+                    yield f"{rel}:{i}", text
+
+    def _parquet(self, f: Path, rel: str):
+        try:
+            import pyarrow.parquet as pq  # comes with `datasets` (the text extra)
+        except ImportError:
+            raise CorpusError(f"{f}: reading Parquet needs pyarrow (pip install 'linrope[text]')") from None
+        table = pq.ParquetFile(f)
+        if self.field not in table.schema_arrow.names:
+            names = ", ".join(table.schema_arrow.names)
+            raise CorpusError(f"{f}: no column {self.field!r} (it has {names}); set data.field / --field")
+        row = 0
+        for batch in table.iter_batches(columns=[self.field]):
+            for value in batch.column(0).to_pylist():
+                text = self._text(value, f"{f} row {row}", [self.field]) if value is not None else b""
+                if text:
+                    yield f"{rel}:{row}", text
+                row += 1
+
+    def _hf_documents(self):
+        try:
+            import datasets
+        except ImportError:
+            raise CorpusError(
+                "data.hf_dataset: reading a Hugging Face dataset needs `datasets` (pip install 'linrope[text]')"
+            ) from None
+        name, config, split = self.hf
+        try:
+            ds = datasets.load_dataset(name, config, split=split, streaming=True)
+        except Exception as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise CorpusError(f"data.hf_dataset={name}: cannot be read ({first})") from None
+        for i, record in enumerate(ds):
+            text = self._text(record.get(self.field), f"data.hf_dataset={name} record {i}", record.keys())
+            if text:
+                yield f"{name}/{config or ''}/{split}:{i}", text
+
+
+def resolve_source(
+    path: Optional[str] = None,
+    *,
+    field: str = "text",
+    suffixes: Optional[Sequence[str]] = None,
+    hf_dataset: Optional[str] = None,
+    hf_config: Optional[str] = None,
+    hf_split: str = "train",
+) -> Source:
+    """The ``Source`` of a path (file, folder or glob; None: the default corpus) or an HF dataset; a path that
+    matches nothing, or a folder with no files to read, is one ``CorpusError`` line."""
+    if hf_dataset:
+        if path:
+            raise CorpusError("data.path and data.hf_dataset are both set; name one source")
+        return Source(None, [], field, (str(hf_dataset), hf_config, str(hf_split)))
+    if not path:
+        root = stdlib_dir()
+        return Source(root, list_files(root, tuple(suffixes or (".py",))), field)
+    suffixes = tuple(suffixes or DEFAULT_SUFFIXES)
+    p = Path(str(path)).expanduser()
+    if any(c in str(path) for c in "*?["):
+        files = sorted(Path(f).resolve() for f in globlib.glob(str(p), recursive=True) if Path(f).is_file())
+        if not files:
+            raise CorpusError(f"data.path {path}: the pattern matches no file")
+        root = _common_root(files)
+        return Source(root, files, field)
+    if not p.exists():
+        raise CorpusError(f"data.path {path}: does not exist")
+    if p.is_file():
+        return Source(p.parent, [p], field)
+    files = list_files(p, suffixes)
+    if not files:
+        raise CorpusError(
+            f"data.path {path}: no files ending in {', '.join(suffixes)} found (data.suffixes names others)"
+        )
+    return Source(p, files, field)
+
+
+def _common_root(files: List[Path]) -> Path:
+    parents = [f.parent for f in files]
+    root = parents[0]
+    while not all(root == q or root in q.parents for q in parents):
+        root = root.parent
+    return root
