@@ -361,6 +361,25 @@ def task_section(
     return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows)
 
 
+SCALING_NAMES = {
+    "pi": "position interpolation (pi)",
+    "ntk": "NTK-aware scaling (ntk)",
+    "yarn": "YaRN (yarn)",
+    "dynamic": "dynamic NTK (dynamic)",
+}
+
+
+def scaling_caption(scalings) -> str:
+    """"; RoPE models also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching factor",
+    naming the scaling rows the table has (none: "")."""
+    named = [SCALING_NAMES.get(s, s) for s in ("pi", "ntk", "yarn", "dynamic", *sorted(scalings)) if s in scalings]
+    named = list(dict.fromkeys(n for n in named if n != "none"))
+    if not named:
+        return ""
+    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    return f"; RoPE models also with {listed} at the matching factor"
+
+
 def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list) -> List[str]:
     lengths, metric, rows = extrapolation_rows(groups, task)
     if not rows:
@@ -379,10 +398,7 @@ def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows
         "",
         f"{'Bits per byte' if metric == 'bpb' else 'Accuracy'} at each evaluation length in tokens (× the "
         f"training context), mean ± 95% t-interval half-width over seeds"
-        + (
-            "; RoPE models also with their scaling rows (pi: position interpolation, ntk: NTK-aware, yarn: YaRN, "
-            "dynamic: dynamic NTK) at the matching factor" * any(r["scaling"] != "none" for r in rows)
-        )
+        + scaling_caption({r["scaling"] for r in rows})
         + ".  n/a: the scheme cannot go that far.",
         "",
         markdown_table(header, lines),
