@@ -303,6 +303,7 @@ def test_traits_not_names_say_what_a_scheme_holds():
         assert set(cls.tables) - {"value_table"} <= held, name  # shaw's value table: its default variant only
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_train_py_refuses_a_bad_value_in_a_config_dir_preset_in_one_line(tmp_path):
     """The whole way in: ``train.py --config-dir DIR model=mine`` with a value the attention declaration refuses
     stops in one line, with no traceback and no run folder."""

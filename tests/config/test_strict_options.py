@@ -79,6 +79,7 @@ def test_a_typo_in_a_preset_file_is_refused(tmp_path, section, message):
     assert str(e.value) == message
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 @pytest.mark.parametrize("override", ["+model.attention.feture_map=cosine", "model.attention.feture_map=cosine"])
 def test_a_typo_on_the_command_line_stops_train_py_in_one_line(tmp_path, override):
     """With ``+`` the composed config is checked (linrope.config.checks); without, the key is found missing before
@@ -226,6 +227,7 @@ def test_an_unknown_key_without_plus_is_named_before_hydra(argv, errors):
     assert unknown_key_errors(["size=tiny", *argv]) == errors
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_user_preset_key_is_found_and_a_typo_in_evaluate_is_one_line(tmp_path):
     from linrope.config.command_line import unknown_key_errors
 

@@ -275,6 +275,7 @@ def _malicious_config(path, payload):
     )
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_run_config_that_names_code_is_refused_in_one_line(run_folder, tmp_path):
     payload = tmp_path / "pwned"
     config = tmp_path / "config.yaml"
@@ -353,6 +354,7 @@ def test_each_data_schema_is_its_modules_constructor_and_covers_its_yaml(task):
 
 
 # ---- the command line ---------------------------------------------------------------------------------------------
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
     r = run_cli("linrope.evaluate", "--help", cwd=tmp_path)
     assert r.returncode == 0 and "ckpt=PATH" in r.stdout and "scored_bytes" in r.stdout
@@ -383,6 +385,7 @@ def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
         evaluate(compose_evaluate(f"ckpt={tmp_path / 'none.ckpt'}", "scalings=[longrope]"))
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 @pytest.mark.parametrize("broken", ["missing", "truncated"])
 def test_generate_says_a_missing_or_truncated_checkpoint_in_one_line(broken, tmp_path):
     ckpt = tmp_path / "last.ckpt"

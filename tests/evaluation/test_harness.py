@@ -134,6 +134,7 @@ def write_tasks(folder):
     )
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_local_tasks_of_each_kind_score_end_to_end(tmp_path, monkeypatch):
     import lm_eval
     from lm_eval.tasks import TaskManager

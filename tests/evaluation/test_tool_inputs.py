@@ -109,6 +109,7 @@ def test_an_argument_that_is_not_utf8_is_one_line():
     )
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     """A real process: the text streams to stdout, Ctrl+C prints one line and exits 130 with what was sampled."""
     import os

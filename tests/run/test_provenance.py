@@ -242,6 +242,7 @@ def test_describe_checkpoint_names_commit_step_and_the_defaults_it_was_not_writt
     assert old == "checkpoint b.ckpt: step 3, no provenance recorded (written before linrope recorded it)"
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_evaluate_and_generate_name_their_checkpoints_provenance(tiny_run):
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
     commit = P.commit_text(json.loads((tiny_run / "provenance.json").read_text()))

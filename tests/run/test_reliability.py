@@ -425,6 +425,7 @@ def test_an_interpolated_value_is_reported_once_where_it_is_set(compose):
     assert str(e.value) == "context=abc: expected an integer >= 1"
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_bad_value_is_one_line_at_the_cli(tmp_path):
     run = tmp_path / "runs" / "refused"
     r = subprocess.run(
@@ -506,6 +507,7 @@ def test_loading_another_model_is_refused_in_every_path(trained):
 
 
 # ---- process groups ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_the_process_group_is_destroyed_before_the_interpreter_exits(tmp_path):
     """A gloo group left alive at exit can abort a finished rank (SIGABRT); the module's setup registers its
     destruction for the process's exit, once, where the group exists and nowhere else."""

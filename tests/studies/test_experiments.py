@@ -166,6 +166,7 @@ def sweep(tmp_path_factory):
     return tmp / "multirun"
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [r.name for r in runs] == ["0", "1"]
@@ -186,6 +187,7 @@ def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
         assert (r / "extrapolation.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_report_on_the_sweep(sweep, tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "linrope.report", str(sweep), "--out", str(tmp_path)],
@@ -204,6 +206,7 @@ def test_report_on_the_sweep(sweep, tmp_path):
     assert {row["configuration"] for row in rows} == {"softmax_rope", "linear_rope"}
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     ckpt = sweep / "0" / "checkpoints" / "last.ckpt"
     cmd = [

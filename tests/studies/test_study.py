@@ -32,6 +32,7 @@ def git(repo, *args):
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
     """Two tiny jobs in a git repository with --commit: each finished job is kept in the compact results at
     once, and the part is one commit (the second job amended the first one's), without its run folders."""
@@ -95,6 +96,7 @@ def test_a_study_runs_each_job_once_and_skips_finished_ones(tmp_path, capsys):
     ] * 2
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_failed_job_is_named_and_left_unfinished(tmp_path, capsys):
     """A job that passes the checks made before launching but fails once it runs (a corpus folder with no
     file in it is only measured when read)."""

@@ -164,6 +164,7 @@ def _env():
 TINY = ["size=tiny", "trainer.val_check_interval=2", "data.val_windows=2", "data.test_windows=2"]
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_relative_study_folder_outside_the_checkout_trains_there(tmp_path):
     """Issue 33, case 2: `cd /tmp/x && python -m linrope.study relstudy …` trained into <checkout>/relstudy/job
     while the driver looked in /tmp/x/relstudy (`FAILED (no test metric was logged)`).  A relative data.path

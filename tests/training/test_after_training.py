@@ -63,6 +63,7 @@ def train(tmp_path, *overrides, timeout=300):
 @pytest.mark.parametrize(
     "when, complete", [("extrapolation", False), pytest.param("test", True, marks=pytest.mark.slow)]
 )
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_sigterm_after_training_says_what_is_left_and_how_to_finish_it(tmp_path, when, complete):
     """Stopped during the extrapolation (default suite) or the test (slow: then its command completes the run)."""
     run = tmp_path / "run"
@@ -93,6 +94,7 @@ def test_a_sigterm_after_training_says_what_is_left_and_how_to_finish_it(tmp_pat
     assert (run / "extrapolation.csv").is_file()
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_sigint_once_the_test_has_logged_says_the_run_completed_and_where(tmp_path):
     """Issue 33: a SIGINT just after the test table ended the run with no line although it had completed.  Sent as
     the test's metrics are logged (no extrapolation): one line saying the run completed and where its results are;

@@ -192,6 +192,7 @@ def test_hyperparameters_are_logged_once_as_the_config(compose, small_corpus):
     assert params["data"]["val_windows"] == 4 and "val_windows" not in params and "context" in params
 
 
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_model_name_follows_the_chosen_attention_and_position_into_the_logs_and_the_report(tmp_path):
     """attention=... position=... replace the preset's pair: the label (report, plots, wandb) follows
     (tests/models/test_names.py pins it for every preset); train.py names the model in what it logs and in the
@@ -308,6 +309,7 @@ def test_default_run_prints_every_line_once(tmp_path):
         (["train=false", "ckpt_path=auto"], "ckpt_path=auto found none"),
     ],
 )
+@pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_bad_config_fails_early_in_one_line(tmp_path, overrides, message):
     cmd = [sys.executable, str(ROOT / "train.py"), *overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
