@@ -370,8 +370,8 @@ SCALING_NAMES = {
 
 
 def scaling_caption(scalings) -> str:
-    """"; RoPE models also with position interpolation (pi) and NTK-aware scaling (ntk) at the matching factor",
-    naming the scaling rows the table has (none: "")."""
+    """The caption's clause naming the scaling rows the table has, e.g. "; RoPE models also with position
+    interpolation (pi) and NTK-aware scaling (ntk) at the matching factor" (no such rows: "")."""
     named = [SCALING_NAMES.get(s, s) for s in ("pi", "ntk", "yarn", "dynamic", *sorted(scalings)) if s in scalings]
     named = list(dict.fromkeys(n for n in named if n != "none"))
     if not named:
