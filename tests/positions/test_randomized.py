@@ -115,7 +115,7 @@ def test_every_scheme_at_drawn_positions_is_its_base_scheme_at_those_positions(n
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     # given explicitly, the positions are used as they are: the base scheme exactly
     torch.testing.assert_close(rand(x, positions=drawn), expected, rtol=0, atol=0)
-    if name not in ("none",):  # the drawn positions matter (NoPE has none to see)
+    if name not in ("none", "cope"):  # the drawn positions matter (NoPE has none to see; CoPE counts from q, k)
         assert not torch.allclose(got, base(x), atol=1e-6), name
 
 
