@@ -16,7 +16,9 @@ from typing import Iterator, Optional
 from hydra.core.hydra_config import HydraConfig
 
 # Lightning's advertisements, and its notice that a value set explicitly is its default
-NOTICES = ("💡 Tip:", "was configured so 100% of the batches will be used")
+# Lightning's notices that say nothing to a user: a tip, the default of limit_val_batches, and that it skips its own
+# model summary because linrope's (linrope.training.throughput.Summary, with the FLOPs) is configured
+NOTICES = ("💡 Tip:", "was configured so 100% of the batches will be used", "Skipping setting a default `ModelSummary`")
 # files Hydra writes into a run folder before train.py's code runs
 HYDRA_FILES = {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "train.log", ".linrope.lock"}
 
