@@ -17,3 +17,12 @@ def wandb_group(task_name: str, sweep_dir: Optional[str] = None) -> str:
         return str(task_name)
     folder = Path(str(sweep_dir)).name
     return folder if str(task_name) in folder else f"{task_name}-{folder}"
+
+
+def program(module_command: str) -> str:
+    """The name a command's usage line gives: ``linrope-report`` when started as that console script,
+    else ``module_command`` (``python -m linrope.report``)."""
+    import sys
+
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name.startswith("linrope-") else module_command

@@ -362,8 +362,4 @@ def check_command_line(
         raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
 
 
-def program(module_command: str) -> str:
-    """The name a command's usage line gives: ``linrope-report`` when started as that console script,
-    else ``module_command`` (``python -m linrope.report``)."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    return name if name.startswith("linrope-") else module_command
+from linrope.base.naming import program  # noqa: E402,F401 - where the commands have long imported it from

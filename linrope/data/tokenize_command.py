@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from linrope.base.errors import LinropeError
+from linrope.base.naming import program
 
 from .bytes import split_of
 from .shards import Shards, build_shards, default_cache_dir
@@ -40,7 +41,7 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog="python -m linrope.tokenize",
+        prog=program("python -m linrope.tokenize"),
         description="Tokenizers and memory-mapped token shards for data=text.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
