@@ -64,3 +64,18 @@ def target(obj) -> str:
     """The ``_target_`` of a test-only class or function: its module as this process imported it (pytest names
     test modules after their folder: tests.run.test_reliability), so Hydra finds this very object."""
     return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def model_config(*overrides: str) -> dict:
+    """The ``model`` section of train.py's config composed with ``overrides``, resolved to a plain dict."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+    return OmegaConf.to_container(cfg.model, resolve=True)

@@ -12,21 +12,7 @@ from torch import nn
 
 from linrope.models.flops import flops_per_token, parameter_counts
 from linrope.models.model import TransformerLM
-from tests.helpers import CONF
-
-
-def model_config(*overrides: str) -> dict:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg.model, resolve=True)
+from tests.helpers import model_config
 
 
 @pytest.mark.parametrize("size,named", [("125m", 125e6), ("350m", 350e6)])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import CONF, tiny
+from tests.helpers import CONF, model_config, tiny
 
 # softmax_<scheme> (and linear_<scheme> where linear attention takes it) of each later scheme
 LATER_PRESETS: list = [
@@ -35,21 +35,8 @@ LATER_PRESETS: list = [
 CONTEXT = 256
 
 
-def model_config(preset: str) -> dict:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(
-                config_name="train",
-                overrides=[f"model={preset}", "size=tiny", "model.n_layers=1", f"context={CONTEXT}"],
-            )
-    finally:
-        GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg.model, resolve=True)
+def preset_model(preset: str) -> dict:
+    return model_config(f"model={preset}", "size=tiny", "model.n_layers=1", f"context={CONTEXT}")
 
 
 def test_every_later_preset_exists():
@@ -63,7 +50,7 @@ def test_preset_takes_three_steps(preset, bf16):
     from linrope.models.model import TransformerLM
 
     torch.manual_seed(0)
-    model = TransformerLM(model_config(preset))
+    model = TransformerLM(preset_model(preset))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     x = torch.randint(0, 256, (1, CONTEXT + 1), generator=torch.Generator().manual_seed(1))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import CONF
+from tests.helpers import CONF, model_config
 
 FAST = [
     "logger=none",
@@ -67,20 +67,7 @@ ALL_PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
 
 def tiny_model_config(preset: str, context: int) -> dict:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(
-                config_name="train",
-                overrides=[f"model={preset}", "size=tiny", "model.n_layers=1", f"context={context}"],
-            )
-    finally:
-        GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg.model, resolve=True)
+    return model_config(f"model={preset}", "size=tiny", "model.n_layers=1", f"context={context}")
 
 
 @pytest.mark.parametrize("preset", ALL_PRESETS)
