@@ -5,14 +5,14 @@ only in their seed, and writes into the sweep folder (or ``--out``):
 
 * ``report.md`` — per task, one row per configuration.  The headline column is the **test** score of
   the checkpoint chosen on validation (train.py tests the best checkpoint): ``test/bpb`` for bytes,
-  ``test/acc`` (and ``test/loss``) for the tasks.  The best validation value is shown as the
+  ``test/bpb`` and ``test/loss`` (per token) for text, ``test/acc`` (and ``test/loss``) for the tasks.  The best validation value is shown as the
   selection metric only: it was picked on the data it reports.  Each cell is the mean over seeds
   ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
   differences A − B of the pairs the study declares (its config, linrope.analysis.study_config: the
   experiment's ``conf/study/<experiment>.yaml``, else ``default.yaml``; plus ``--pair``) over the seeds both ran, with
   their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
-  excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes,
-  accuracy for the tasks) with the same intervals and the pairs at each length;
+  excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes; bits per
+  byte and loss per token for text; accuracy for the tasks) with the same intervals and the pairs at each length;
 * ``summary.csv`` and ``pairs.csv`` — the same numbers, machine-readable; ``runs.csv`` — every run's
   own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
 * ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
@@ -49,30 +49,45 @@ from linrope.analysis.caveats import (
     movement_section,
     params_cell,
 )
+from linrope.analysis.report_cells import (  # noqa: F401 - fmt, higher_is_better, markdown_table: also imported from here
+    band_note,
+    cell_n,
+    fmt,
+    fmt_p,
+    higher_is_better,
+    markdown_table,
+    pair_record,
+    seeds_text,
+)
+from linrope.analysis.report_lengths import extrapolation_section
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
-from linrope.analysis.stats import LEVEL, Interval, Paired, mean_ci, paired
+from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
 from linrope.base.errors import first_names
 from linrope.base.plots import (
-    SCALING_STYLES,
     Curve,
     Panel,
     by_last_value,
     config_style,
     distinct_styles,
     plot_curves,
-    series_colour,
 )
 
-# the extrapolation figure's panel of RoPE models with their scaling rows (their line styles: SCALING_STYLES)
-SCALED_PANEL = "RoPE models: as trained (solid), pi (dashed), ntk (dotted), yarn (dash-dots), dynamic (sparse dots)"
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
 
 
 def columns_for(task: str):
-    """(header, metric, how, digits) of a task's table; the first is the headline (test) metric."""
+    """(header, metric, how, digits) of a task's table; the first is the headline (test) metric.  Text: bits per
+    byte first (they compare across tokenizers), then the loss per token (within one tokenizer)."""
     if task == "bytes":
         return [
             ("test/bpb", "test/bpb", "last", 3),
+            ("best val/bpb (selection metric)", "val/bpb", "min", 3),
+            ("tokens/s", "train/tokens_per_sec", "mean", 0),
+        ]
+    if task == "text":
+        return [
+            ("test/bpb", "test/bpb", "last", 3),
+            ("test/loss (per token)", "test/loss", "last", 3),
             ("best val/bpb (selection metric)", "val/bpb", "min", 3),
             ("tokens/s", "train/tokens_per_sec", "mean", 0),
         ]
@@ -82,34 +97,6 @@ def columns_for(task: str):
         ("best val/loss (selection metric)", "val/loss", "min", 3),
         ("tokens/s", "train/tokens_per_sec", "mean", 0),
     ]
-
-
-def higher_is_better(metric: str) -> bool:
-    return metric.endswith("acc")
-
-
-def fmt(iv: Interval, digits: int = 3) -> str:
-    """mean ± half-width of the interval; the mean alone for one seed; – for none."""
-    if iv.mean is None:
-        return "–"
-    if iv.lo is None:
-        return f"{iv.mean:.{digits}f}"
-    return f"{iv.mean:.{digits}f} ± {iv.half_width:.{digits}f}"
-
-
-def cell_n(iv: Interval, n: int, digits: int = 3) -> str:
-    """``fmt``, with the number of seeds behind the value when it is not the row's n (a run without it)."""
-    return fmt(iv, digits) + (f" (n={iv.n})" if iv.mean is not None and iv.n != n else "")
-
-
-def fmt_p(p: Optional[float]) -> str:
-    return "–" if p is None else "< 0.001" if p < 0.001 else f"= {p:.3f}"
-
-
-def markdown_table(header: List[str], lines: List[List[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out)
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------
@@ -163,44 +150,10 @@ def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
     )
 
 
-def extrapolation_rows(groups: Dict[str, List[Run]], task: str):
-    """Lengths, the metric (bpb for bytes, else acc) and rows (label, scaling, {length: {seed: value}})."""
-    metric = "bpb" if task == "bytes" else "acc"
-    lengths = sorted({r["length"] for runs in groups.values() for run in runs for r in run.extrapolation})
-    rows = []
-    for label, runs in groups.items():
-        if not any(run.extrapolation for run in runs):
-            continue
-        for scaling in dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation):
-
-            def at(n, scaling=scaling):
-                return lambda one: next(
-                    (
-                        r[metric]
-                        for r in one.extrapolation
-                        if r["scaling"] == scaling and r["length"] == n and r["status"] == "ok"
-                    ),
-                    None,
-                )
-
-            rows.append({"label": label, "scaling": scaling, "values": {n: by_seed(runs, at(n)) for n in lengths}})
-    return lengths, metric, rows
-
-
 # ---- plots -----------------------------------------------------------------------------------------------------
-def seeds_text(groups: Dict[str, List[Run]]) -> str:
-    seeds = sorted({str(r.seed) for runs in groups.values() for r in runs}, key=lambda s: (len(s), s))
-    return f"seed{'s' if len(seeds) != 1 else ''} {','.join(seeds)}"
-
-
-def band_note(groups: Dict[str, List[Run]]) -> str:
-    several = any(len({r.seed for r in runs}) > 1 for runs in groups.values())
-    return "line: mean over seeds; band: lowest to highest seed" if several else ""
-
-
 def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
     has_acc = any("val/acc" in r.series for runs in groups.values() for r in runs)
-    metric = "val/bpb" if task == "bytes" else "val/acc" if has_acc else "val/loss"
+    metric = "val/bpb" if task in ("bytes", "text") else "val/acc" if has_acc else "val/loss"
     curves = []
     for label, runs in groups.items():
         points: Dict[float, List[float]] = {}
@@ -215,55 +168,6 @@ def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Opti
         xlabel="training step",
         ylabel=metric,
         title=f"{task}: validation {metric}, {len(groups)} configurations, {seeds_text(groups)}",
-        note=band_note(groups),
-    )
-
-
-def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
-    lengths, metric, rows = extrapolation_rows(groups, task)
-    if not rows:
-        return None
-
-    def points(row):
-        return {n: list(by.values()) for n, by in row["values"].items() if by}
-
-    plain = [
-        Curve(r["label"], points(r), config_style(groups[r["label"]][0].config)) for r in rows if r["scaling"] == "none"
-    ]
-    panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")))]
-    scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
-    if scaled_labels:
-        scaled = [
-            Curve(
-                f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}",
-                points(r),
-                {
-                    "color": series_colour(scaled_labels.index(r["label"])),
-                    "linestyle": SCALING_STYLES.get(r["scaling"], "-."),
-                },
-            )
-            for r in rows
-            if r["label"] in scaled_labels
-        ]
-        panels.append(Panel(SCALED_PANEL, scaled))
-    contexts = sorted(
-        {
-            run.get("context")
-            for runs in groups.values()
-            for run in runs
-            if run.extrapolation and isinstance(run.get("context"), int)
-        }
-    )
-    ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
-    return plot_curves(
-        panels,
-        path,
-        xlabel="evaluation length (tokens)",
-        ylabel=ylabel,
-        log2_x=True,
-        vlines=contexts,
-        vline_label="training context",
-        title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
         note=band_note(groups),
     )
 
@@ -359,94 +263,6 @@ def task_section(
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
     return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows)
-
-
-SCALING_NAMES = {
-    "pi": "position interpolation (pi)",
-    "ntk": "NTK-aware scaling (ntk)",
-    "yarn": "YaRN (yarn)",
-    "dynamic": "dynamic NTK (dynamic)",
-}
-
-
-def scaling_caption(scalings) -> str:
-    """The caption's clause naming the scaling rows the table has, e.g. "; RoPE models also with position
-    interpolation (pi) and NTK-aware scaling (ntk) at the matching factor" (no such rows: "")."""
-    named = [SCALING_NAMES.get(s, s) for s in ("pi", "ntk", "yarn", "dynamic", *sorted(scalings)) if s in scalings]
-    named = list(dict.fromkeys(n for n in named if n != "none"))
-    if not named:
-        return ""
-    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
-    return f"; RoPE models also with {listed} at the matching factor"
-
-
-def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list) -> List[str]:
-    lengths, metric, rows = extrapolation_rows(groups, task)
-    if not rows:
-        return []
-    contexts = {run.get("context") for runs in groups.values() for run in runs if run.extrapolation}
-    context = contexts.pop() if len(contexts) == 1 else None
-    names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
-    header = ["configuration", "scaling"] + names
-    lines = [
-        [r["label"], "as trained" if r["scaling"] == "none" else r["scaling"]]
-        + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
-        for r in rows
-    ]
-    parts = [
-        f"## Length extrapolation: {task}",
-        "",
-        f"{'Bits per byte' if metric == 'bpb' else 'Accuracy'} at each evaluation length in tokens (× the "
-        f"training context), mean ± 95% t-interval half-width over seeds"
-        + scaling_caption({r["scaling"] for r in rows})
-        + ".  n/a: the scheme cannot go that far.",
-        "",
-        markdown_table(header, lines),
-        "",
-    ]
-    plain = {r["label"]: r["values"] for r in rows if r["scaling"] == "none"}
-    found = [
-        (a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
-        for a, b in pairs
-        if a in plain and b in plain
-    ]
-    if found:
-        cells = [[f"{a} − {b}"] + [cell(res[n]) for n in lengths] for a, b, res in found]
-        parts += [
-            "Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):",
-            "",
-            markdown_table(["pair"] + names, cells),
-            "",
-        ]
-        pair_rows += [pair_record(task, f"{metric}@{n}", a, b, res[n]) for a, b, res in found for n in lengths]
-    name = f"extrapolation{suffix}.png"
-    if plot_extrapolation(groups, task, out / name):
-        parts += [f"![length extrapolation, {task}]({name})", ""]
-    return parts
-
-
-def cell(r: Paired) -> str:
-    if r.diff.n < 2:
-        return "–" if r.diff.mean is None else f"{r.diff.mean:+.3f} (n=1)"
-    text = f"{r.diff.mean:+.3f} ± {r.diff.half_width:.3f}, p {fmt_p(r.p)}"
-    return f"**{text}**" if r.diff.excludes_zero() else text
-
-
-def pair_record(task: str, metric: str, a: str, b: str, r: Paired) -> Dict[str, Any]:
-    return {
-        "task": task,
-        "metric": metric,
-        "a": a,
-        "b": b,
-        "n": r.diff.n,
-        "seeds": " ".join(map(str, r.seeds)),
-        "mean difference": r.diff.mean,
-        "ci low": r.diff.lo,
-        "ci high": r.diff.hi,
-        "t": r.t,
-        "p": r.p,
-        "resolved": r.diff.excludes_zero(),
-    }
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:

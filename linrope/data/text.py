@@ -70,8 +70,9 @@ class EvalWindows(Dataset):
     spread evenly over the split, each scoring its own targets."""
 
     def __init__(self, shards: Shards, split: str, context: int, windows: Optional[int] = None,
-                 boundaries: bool = True):  # fmt: skip
+                 boundaries: bool = True, offsets: bool = False):  # fmt: skip
         self.shards, self.split, self.context, self.boundaries = shards, split, context, boundaries
+        self.offsets = offsets  # items end with each target's offset in the split (-1: not scored)
         n = shards.length(split) - 1  # targets at offsets 1 … n
         if n < context:
             raise CorpusError(f"the {split} split has {n + 1} tokens, fewer than one window of {context + 1}")
@@ -89,7 +90,11 @@ class EvalWindows(Dataset):
 
     def __getitem__(self, k):
         x, y, d = packed(self.shards, self.split, self.starts[k], self.context, self.firsts[k])
-        return (x, y, d) if self.boundaries else (x, y)
+        item = (x, y, d) if self.boundaries else (x, y)
+        if self.offsets:
+            where = torch.arange(self.starts[k] + 1, self.starts[k] + self.context + 1)
+            item += (torch.where(y != IGNORE, where, torch.full_like(where, -1)),)
+        return item
 
 
 class TextDataModule(ResumableDataModule):
@@ -148,6 +153,11 @@ class TextDataModule(ResumableDataModule):
     def eval_dataset(self, split: str, context: Optional[int] = None, max_windows: Optional[int] = None):
         windows = max_windows or (self.hparams.val_windows if split == "val" else self.hparams.test_windows)
         return EvalWindows(self.shards, split, context or self.eval_context, windows, self.boundaries)
+
+    def length_dataset(self, split: str, length: int) -> EvalWindows:
+        """The windows of ``length`` tokens that score every target of ``split`` once, each item ending with its
+        targets' offsets: the same scored tokens at every length (linrope.evaluation.extrapolation)."""
+        return EvalWindows(self.shards, split, length, None, self.boundaries, offsets=True)
 
     def scored_text(self, split: str) -> Dict[str, int]:
         """{tokens, bytes, documents} the evaluation of ``split`` scores (the sums ``_eval`` logs, counted here)."""

@@ -68,6 +68,10 @@ class Tokenizer:
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
         raise NotImplementedError
 
+    def encode(self, text: str) -> List[int]:
+        """One text's ids (no end-of-document token)."""
+        return self.encode_batch([text])[0]
+
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 

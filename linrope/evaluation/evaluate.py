@@ -150,7 +150,7 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
     finally:
         module.to(was)
     print(f"length extrapolation ({csv_path}):\n{format_table(rows)}")
-    _log_to_wandb(rows, png, loggers, "bpb" if getattr(module, "bytes_like", True) else "acc")
+    _log_to_wandb(rows, png, loggers, "acc" if any(r.get("acc") is not None for r in rows) else "bpb")
     return rows
 
 

@@ -25,6 +25,14 @@ context; one that loses to it is hurt by the length itself.
 Every bytes row also keeps its loss per document (``per_document``: the split's files, for intervals that
 resample documents; linrope.evaluation.evaluate writes them beside the table).
 
+**Text** (data=text, any tokenizer): the ``windows`` protocol and its control over the whole split, every target
+token once at every length (``TextDataModule.length_dataset``; ``scored_hash`` over the token offsets and ids).
+A row gives ``loss`` per token and ``bpb``: the scored tokens' nats over ln 2 · the bytes of text they stand for
+(``bytes``; linrope.data.tokenizer), so rows of models with different tokenizers compare.  Packed documents count
+their positions from each document's start, so a length beyond L₀ reaches unseen positions only inside documents
+longer than L₀; ``per_position`` buckets each target by its position in its document (the position the model
+sees), ``per_document`` by the split's document index.
+
 **Tasks** (mqar, offset_copy, listops) are generated at each length: ``task_examples`` fixed
 examples per length, loss and accuracy over their scored positions.
 
@@ -170,12 +178,22 @@ def segments(split_bytes: int, scored_bytes: Optional[int], longest: int) -> Lis
     return [(gaps[i] + sum(sizes[:i]), sizes[i]) for i in range(k)]
 
 
-def scored_hash(offsets: torch.Tensor, targets: torch.Tensor) -> str:
-    """sha1 of the sorted scored offsets and the bytes at them: equal hashes, equal scored text."""
+def scored_hash(offsets: torch.Tensor, targets: torch.Tensor, wide: bool = False) -> str:
+    """sha1 of the sorted scored offsets and the bytes (``wide``: token ids) at them: equal hashes, equal scored
+    text."""
     order = torch.argsort(offsets)
     h = hashlib.sha1(offsets[order].numpy().astype("<i8").tobytes())
-    h.update(targets[order].numpy().astype(np.uint8).tobytes())
+    h.update(targets[order].numpy().astype("<i4" if wide else np.uint8).tobytes())
     return h.hexdigest()[:16]
+
+
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """(B, N) position of each input in its document's stretch of the window: 0 where a row's document starts."""
+    n = documents.shape[1]
+    idx = torch.arange(n, device=documents.device).expand_as(documents)
+    change = torch.ones_like(documents, dtype=torch.bool)
+    change[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return idx - torch.where(change, idx, torch.zeros_like(idx)).cummax(dim=1).values
 
 
 # ---- scoring ---------------------------------------------------------------------------------------------------
@@ -189,12 +207,16 @@ def batch_for(length: int, model_cfg, max_batch: int, max_score_mb: float) -> in
 
 
 @torch.no_grad()
-def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offsets: bool = False) -> Dict[str, Any]:
+def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offsets: bool = False,
+          token_bytes: Optional[torch.Tensor] = None) -> Dict[str, Any]:  # fmt: skip
     """Sum of cross-entropy, correct argmax predictions, scored targets; with ``offsets`` (items carry
-    the scored offsets third) also the hash of the scored text, a check that no offset repeats, and each
-    scored target's offset, loss (nats, float64) and position in its window (``per_target``)."""
+    the scored offsets last) also the hash of the scored text, a check that no offset repeats, and each
+    scored target's offset, loss (nats, float64) and position in its window (``per_target``).  With
+    ``token_bytes`` (text: bytes per token id) also the bytes the scored targets stand for (``bytes``) and, per
+    target, its bytes, its document (the batch's third tensor) and its position in that document."""
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     loss_sum, correct, count, examples, seen, values, losses, places = 0.0, 0, 0, 0, [], [], [], []
+    nbytes, sizes, docs = 0, [], []
     for batch in loader:
         if offsets:
             *batch, where = batch
@@ -209,20 +231,37 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
         correct += int((logits.argmax(-1)[scored] == y[scored]).sum())
         count += int(scored.sum())
         examples += batch[0].shape[0]
+        if token_bytes is not None:
+            size = token_bytes.to(y.device)[y[scored]]
+            nbytes += int(size.sum())
         if offsets:
             kept = scored.cpu()
             seen.append(where.flatten()[kept])
             values.append(y[scored].cpu())
             losses.append(each[scored].double().cpu())
             length = batch[0].shape[1]
-            places.append(torch.arange(length).repeat(batch[0].shape[0])[kept])
+            if token_bytes is not None and len(batch) > 2:  # packed documents: positions count from each start
+                places.append(document_positions(batch[2]).flatten().cpu()[kept])
+                docs.append(batch[2].flatten().cpu()[kept])
+            else:
+                places.append(torch.arange(length).repeat(batch[0].shape[0])[kept])
+            if token_bytes is not None:
+                sizes.append(size.cpu())
     out = {"loss_sum": loss_sum, "correct": correct, "scored": count, "examples": examples}
+    if token_bytes is not None:
+        out["bytes"] = nbytes
     if offsets:
         seen_t, values_t = torch.cat(seen), torch.cat(values)
         if len(torch.unique(seen_t)) != len(seen_t):
-            raise RuntimeError("sliding windows scored a byte twice")
-        out["scored_hash"] = scored_hash(seen_t, values_t)
-        out["per_target"] = (seen_t.numpy(), torch.cat(losses).numpy(), torch.cat(places).numpy())
+            raise RuntimeError("the windows scored a target twice")
+        out["scored_hash"] = scored_hash(seen_t, values_t, wide=token_bytes is not None)
+        out["per_target"] = {
+            "offsets": seen_t.numpy(),
+            "losses": torch.cat(losses).numpy(),
+            "places": torch.cat(places).numpy(),
+            "bytes": torch.cat(sizes).numpy() if sizes else None,
+            "documents": torch.cat(docs).numpy() if docs else None,
+        }
     return out
 
 
@@ -239,17 +278,39 @@ def per_document(documents, offsets: np.ndarray, losses: np.ndarray) -> List[Dic
     ]
 
 
-def per_position(places: np.ndarray, losses: np.ndarray, bucket: int, length: int) -> List[Dict[str, Any]]:
+def per_position(places: np.ndarray, losses: np.ndarray, bucket: int, length: int,
+                 sizes: Optional[np.ndarray] = None) -> List[Dict[str, Any]]:  # fmt: skip
     """{start, end, bytes, nats} per bucket of ``bucket`` positions within the windows (position p: the
-    target predicted from the p bytes before it in its window)."""
+    target predicted from the p bytes before it in its window); with ``sizes`` (text: the bytes each target
+    stands for) also ``tokens``, and ``bytes`` sums the sizes."""
     which = places // bucket
     k = -(-length // bucket)
-    nbytes = np.bincount(which, minlength=k)
+    count = np.bincount(which, minlength=k)
+    nbytes = count if sizes is None else np.bincount(which, weights=sizes, minlength=k)
     nats = np.bincount(which, weights=losses, minlength=k)
     return [
-        {"start": i * bucket, "end": min((i + 1) * bucket, length), "bytes": int(nbytes[i]), "nats": float(nats[i])}
+        {
+            "start": i * bucket,
+            "end": min((i + 1) * bucket, length),
+            "bytes": int(nbytes[i]),
+            "nats": float(nats[i]),
+            **({} if sizes is None else {"tokens": int(count[i])}),
+        }  # fmt: skip
         for i in range(k)
-        if nbytes[i]
+        if count[i]
+    ]
+
+
+def per_text_document(documents: np.ndarray, losses: np.ndarray, sizes: np.ndarray) -> List[Dict[str, Any]]:
+    """{document, bytes, nats, tokens} of each document of a text split with a scored target (``documents``: each
+    target's document index in the split)."""
+    index, which = np.unique(documents, return_inverse=True)
+    tokens = np.bincount(which)
+    nbytes = np.bincount(which, weights=sizes)
+    nats = np.bincount(which, weights=losses)
+    return [
+        {"document": int(d), "bytes": int(nbytes[i]), "nats": float(nats[i]), "tokens": int(tokens[i])}
+        for i, d in enumerate(index)
     ]
 
 
@@ -289,6 +350,7 @@ def length_table(
         if s not in ROWS:
             raise ValueError(f"scalings: unknown RoPE row {s!r}; expected one of {', '.join(ROWS)}")
     text = getattr(datamodule, "splits", {}).get(split) if getattr(module, "bytes_like", True) else None
+    tokens = getattr(datamodule, "token_bytes", None) if getattr(module, "task", None) == "text" else None
     scored = None
     protocols = list(settings["protocols"]) if text is not None else ["windows"]
     if text is not None:
@@ -302,7 +364,11 @@ def length_table(
     rows: List[Dict[str, Any]] = []
     for length in lengths:
         rho = length / train_context
-        controls = [train_context] if settings["window_control"] and text is not None and length > train_context else []
+        controls = (
+            [train_context]
+            if settings["window_control"] and (text is not None or tokens is not None) and length > train_context
+            else []
+        )
         variants = [(p, label, None) for p in protocols for label in ["none", *scalings]]
         variants += [("windows", "none", w) for w in controls]
         plain = {}
@@ -313,7 +379,7 @@ def length_table(
             row = {
                 "length": length,
                 "factor": round(rho, 4),
-                "protocol": protocol if text is not None else None,
+                "protocol": protocol if text is not None or tokens is not None else None,
                 "scaling": label,
                 "window": window,
                 "loss": None,
@@ -321,6 +387,7 @@ def length_table(
                 "acc": None,
                 "examples": 0,
                 "scored": 0,
+                "bytes": None,
                 "documents": None,
                 "stride": step,
                 "scored_hash": None,
@@ -346,6 +413,7 @@ def length_table(
                         batch_size=batch_for(length, model.cfg, batch_size, max_score_mb),
                         device=device,
                         autocast_dtype=autocast_dtype,
+                        token_bytes=tokens,
                     ),
                     _both(rope_row(model, label, rho, train_context), limited),
                 )
@@ -385,9 +453,12 @@ def _documents_of(datamodule, split: str, n: int) -> list:
 def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, kw, scaled) -> None:
     """Score one row in place; data that cannot be that long, or a position table that ends before it: n/a."""
     length = row["length"]
+    tokens = kw.get("token_bytes")
     try:
         if text is not None:
             dataset = Segments(text, scored["segments"], length, row["stride"])
+        elif tokens is not None:
+            dataset = datamodule.length_dataset(split, length)
         else:
             dataset = datamodule.eval_dataset(split, context=length, max_windows=task_examples)
             if len(dataset) == 0:
@@ -397,7 +468,7 @@ def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, k
         return
     try:
         with scaled:
-            s = score(module, dataset, offsets=text is not None, **kw)
+            s = score(module, dataset, offsets=text is not None or tokens is not None, **kw)
     except SequenceTooLong:
         drawn_below = module.model.cfg.position.get("max_position")  # randomized positions: N distinct below it
         row["status"] = (
@@ -408,14 +479,22 @@ def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, k
         return
     loss = s["loss_sum"] / max(s["scored"], 1)
     row.update(loss=loss, examples=s["examples"], scored=s["scored"], scored_hash=s.get("scored_hash"))
-    if getattr(module, "bytes_like", True):
-        row["bpb"] = loss / LN2
+    if tokens is not None:  # per token, and bits per byte of the text the tokens stand for
+        row.update(bpb=s["loss_sum"] / (LN2 * max(s["bytes"], 1)), bytes=s["bytes"])
+    elif getattr(module, "bytes_like", True):
+        row.update(bpb=loss / LN2, bytes=s["scored"])
     else:
         row["acc"] = s["correct"] / max(s["scored"], 1)
-    if text is None:
+    if text is None and tokens is None:
         return
-    where, losses, places = s["per_target"]
-    row["per_document"] = per_document(scored["documents"], where, losses)
+    t = s["per_target"]
+    if tokens is not None:
+        if t["documents"] is not None:
+            row["per_document"] = per_text_document(t["documents"], t["losses"], t["bytes"])
+            row["documents"] = len(row["per_document"])
+        row["per_position"] = per_position(t["places"], t["losses"], bucket, length, t["bytes"])
+        return
+    row["per_document"] = per_document(scored["documents"], t["offsets"], t["losses"])
     row["documents"] = len(row["per_document"])
     if row["protocol"] == "windows":
-        row["per_position"] = per_position(places, losses, bucket, length)
+        row["per_position"] = per_position(t["places"], t["losses"], bucket, length)

@@ -11,10 +11,14 @@ The three requests the harness makes, each over linrope's own model:
   ``max_length`` tokens;
 * ``loglikelihood_rolling(text)``: the text's whole log-likelihood, every token predicted once, in windows of
   ``max_length`` tokens that keep as much context as fits (the harness's rolling windows), the first token
-  conditioned on ``prefix`` (a newline for bytes);
+  conditioned on the prefix: the end-of-document token of a data=text model (a document follows one), a newline
+  for a bytes model (files are joined by one);
 * ``generate_until(context, {until, max_gen_toks})``: greedy continuation with the model's own generation
   (linear attention carries its recurrent state, softmax re-reads its window: ``TransformerLM.stream``),
-  stopped at the first ``until`` string.
+  stopped at the first ``until`` string or, for a data=text model, at the end-of-document token.
+
+The tokenizer is the checkpoint's own (``linrope.evaluation.passkey.checkpoint_tokenizer``: bytes for data=bytes,
+``data.tokenizer`` for data=text), or the one ``--tokenizer`` names.
 
 Requests are scored one at a time (the models here are small); ``max_length`` defaults to the model's
 ``max_len`` (its training context: a learned position table holds no more)."""
@@ -29,7 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from linrope.evaluation.passkey import ByteTokenizer, Tokenizer
+from linrope.evaluation.passkey import ByteTokenizer, Tokenizer, checkpoint_tokenizer
 
 try:  # the harness is the `eval` extra (in `dev`); without it, this module says how to install it when used
     from lm_eval.api.model import LM as _HarnessBase
@@ -51,7 +55,9 @@ class HarnessLM(_HarnessBase):
         self.tok = tokenizer or ByteTokenizer()
         self._device = torch.device(device)
         self.max_length = int(max_length or model.cfg.max_len)
-        self.prefix_ids = self.tok.encode(prefix)[-1:]
+        eod = getattr(self.tok, "eod", None)  # a text tokenizer's end of document, if the model has that token
+        self.eod = int(eod) if eod is not None and int(eod) < int(model.cfg.vocab_size) else None
+        self.prefix_ids = [self.eod] if self.eod is not None else self.tok.encode(prefix)[-1:]
         if not self.prefix_ids:
             raise ValueError("harness: the prefix must encode to at least one token")
 
@@ -116,6 +122,8 @@ class HarnessLM(_HarnessBase):
             made: List[int] = []
             text = ""
             for nxt in self.model.stream(prompt, budget, temperature=0.0, window=self.max_length):
+                if int(nxt[0, 0]) == self.eod:  # the document ends
+                    break
                 made.append(int(nxt[0, 0]))
                 text = self.tok.decode(made)
                 if any(u in text for u in until):
@@ -134,7 +142,8 @@ def _progress(requests, what: str):
 
 def evaluate_checkpoint(ckpt: str, tasks: Sequence[str], *, include_path: Optional[str] = None,
                         limit: Optional[float] = None, device: Optional[str] = None,
-                        max_length: Optional[int] = None, num_fewshot: Optional[int] = None) -> dict:  # fmt: skip
+                        max_length: Optional[int] = None, num_fewshot: Optional[int] = None,
+                        tokenizer: Optional[str] = None) -> dict:  # fmt: skip
     """The harness's results for a checkpoint on ``tasks`` (task names, the user's own under ``include_path``)."""
     _need_harness()
     import lm_eval
@@ -146,12 +155,8 @@ def evaluate_checkpoint(ckpt: str, tasks: Sequence[str], *, include_path: Option
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint = load_checkpoint(str(ckpt))  # weights_only=True; one line if missing or broken
     model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
-    if model.cfg.vocab_size != 256:
-        raise ValueError(
-            f"harness: the checkpoint's vocabulary has {model.cfg.vocab_size} tokens; the adapter reads bytes only "
-            "until linrope's tokenizers reach it (issue 35)"
-        )
-    lm = HarnessLM(model, ByteTokenizer(), device=device, max_length=max_length)
+    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "harness", tokenizer)
+    lm = HarnessLM(model, tok, device=device, max_length=max_length)
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                    num_fewshot=num_fewshot, log_samples=False)  # fmt: skip
@@ -160,7 +165,7 @@ def evaluate_checkpoint(ckpt: str, tasks: Sequence[str], *, include_path: Option
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m linrope.evaluation.harness",
-        description="Score a linrope checkpoint on lm-evaluation-harness tasks (bytes models; greedy generation).",
+        description="Score a linrope checkpoint on lm-evaluation-harness tasks (its own tokenizer; greedy generation).",
     )
     p.add_argument("--ckpt", required=True, help="a linrope checkpoint")
     p.add_argument("--tasks", required=True, help="comma-separated harness task names")
@@ -169,9 +174,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--num-fewshot", type=int)
     p.add_argument("--max-length", type=int, help="tokens of context (default: the model's max_len)")
     p.add_argument("--device", help="default: cuda when available, else cpu")
+    p.add_argument("--tokenizer", help="default: the run's own (bytes, or the data.tokenizer of a data=text run)")
     p.add_argument("--out", help="write the results as JSON here (refused if the file exists)")
     args = p.parse_args(argv)
     from pathlib import Path
+
+    from linrope.base.errors import LinropeError
 
     if args.out and Path(args.out).exists():
         print(f"linrope.harness: {args.out} exists; pass another --out", file=sys.stderr)
@@ -179,8 +187,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         results = evaluate_checkpoint(args.ckpt, [t for t in args.tasks.split(",") if t], include_path=args.include_path,
                                       limit=args.limit, device=args.device, max_length=args.max_length,
-                                      num_fewshot=args.num_fewshot)  # fmt: skip
-    except (ValueError, ImportError, FileNotFoundError) as e:
+                                      num_fewshot=args.num_fewshot, tokenizer=args.tokenizer)  # fmt: skip
+    except (ValueError, ImportError, FileNotFoundError, LinropeError) as e:
         print(f"linrope.harness: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     table = results.get("results", {})

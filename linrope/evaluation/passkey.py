@@ -1,7 +1,10 @@
 """The pass-key probe (Mohtashami & Jaggi 2023, "Landmark Attention"; the "needle in a haystack" of later work): a
 random key of ``digits`` digits hidden at a controlled depth in filler text, the model asked for it at the end,
 at lengths of 1–16× its training context.  Nothing is downloaded: the filler is the classic repeated lines (or
-any text given), and any tokenizer with ``encode``/``decode`` serves (bytes by default).
+any text given), and any tokenizer with ``encode``/``decode`` serves: the command reads the checkpoint's own
+(``checkpoint_tokenizer``: bytes for data=bytes, ``data.tokenizer`` for data=text), or ``tokenizer=`` names one.
+Each piece of the prompt (intro, filler, needle, question, answer) is encoded alone and the pieces joined, so a
+subword tokenizer splits the key the same way wherever it is hidden.
 
 Scoring is one forward pass per prompt: the prompt and the answer, teacher-forced.  The key is retrieved
 (``exact``) when the most likely next token at every answer position is the answer's token: exactly when greedy
@@ -199,6 +202,31 @@ def heatmap(rows: List[Dict[str, float]], path, title: str, train_context: Optio
     plt.close(fig)
 
 
+def checkpoint_tokenizer(checkpoint: Dict[str, Any], vocab_size: int, who: str, spec: Optional[str] = None):
+    """The tokenizer a checkpoint's model reads: ``spec`` when given (``bytes``, a tokenizer.json, an HF name), else
+    bytes for a data=bytes run and the saved ``data.tokenizer`` of a data=text run.  A task that reads no text, a
+    text checkpoint without its data config, or a tokenizer with more tokens than the model: one line each."""
+    from linrope.base.errors import ConfigError
+    from linrope.data.tokenizer import load_tokenizer
+
+    task = ((checkpoint.get("hyper_parameters") or {}).get("model") or {}).get("task", "bytes")
+    if spec is None and task == "bytes":
+        return ByteTokenizer()
+    if spec is None and task != "text":
+        raise ConfigError(f"{who}: the checkpoint was trained on task {task!r}, which reads no text")
+    if spec is None:
+        data = checkpoint.get("datamodule_hyper_parameters") or {}
+        if "tokenizer" not in data:
+            raise ConfigError(f"{who}: the checkpoint holds no data config to name its tokenizer: pass tokenizer=…")
+        spec = data["tokenizer"]
+    tok = load_tokenizer(spec)  # one line if unknown or unreadable
+    if tok.vocab_size > vocab_size and not (tok.name == "bytes" and vocab_size == 256):
+        raise ConfigError(
+            f"{who}: tokenizer {spec} has {tok.vocab_size} tokens but the model's vocabulary {vocab_size}"
+        )
+    return tok
+
+
 def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
     out = [int(round(train_context * f)) for f in factors]
     bad = [f for f in factors if not f > 0]
@@ -223,6 +251,7 @@ class PasskeySettings:
     control: bool
     out: Optional[str]
     device: Optional[str]
+    tokenizer: Optional[str]
 
 
 def check(cfg) -> None:
@@ -264,18 +293,13 @@ def probe(cfg) -> List[Dict[str, Any]]:
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
     model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model.eval()
-    if model.cfg.vocab_size != 256:
-        raise ConfigError(
-            f"passkey: the checkpoint's vocabulary has {model.cfg.vocab_size} tokens; the probe reads bytes only "
-            "until linrope's tokenizers reach it (issue 35)"
-        )
-    tok = ByteTokenizer()
+    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "passkey", cfg.tokenizer)
     context = int(model.cfg.max_len)
     lengths = lengths_for(context, [float(f) for f in cfg.factors])
     depths = [float(d) for d in cfg.depths]
     arms: List[Tuple[str, Callable]] = [(model.cfg.name or "model", model)]
     if cfg.control:
-        arms.append(("control: induction oracle", InductionOracle(tok.vocab_size)))
+        arms.append(("control: induction oracle", InductionOracle(int(model.cfg.vocab_size))))
     rows: List[Dict[str, Any]] = []
     bar = tqdm(total=len(arms) * len(lengths) * len(depths) * int(cfg.trials), desc="passkey", unit="prompt")
     for arm, logits_of in arms:

@@ -20,6 +20,7 @@ COLUMNS = [
     "acc",
     "examples",
     "scored",
+    "bytes",
     "documents",
     "stride",
     "scored_hash",
@@ -81,7 +82,7 @@ def read_csv(path: Path) -> List[Dict[str, Any]]:
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             row: Dict[str, Any] = dict(r)
-            for k in ("length", "examples", "scored", "stride", "window", "documents"):
+            for k in ("length", "examples", "scored", "stride", "window", "documents", "bytes"):
                 row[k] = int(r[k]) if r.get(k) else (0 if k in ("examples", "scored") else None)
             row["protocol"] = r.get("protocol") or "sliding"  # a table from before the protocols were named
             for k in ("factor", "loss", "bpb", "acc", "seconds"):
@@ -90,9 +91,9 @@ def read_csv(path: Path) -> List[Dict[str, Any]]:
     return rows
 
 
-DETAILS = {
-    "documents": ("per_document", ["document", "bytes", "nats"]),
-    "positions": ("per_position", ["start", "end", "bytes", "nats"]),
+DETAILS = {  # text rows also give the tokens behind each line's bytes (bytes rows: a token is a byte, left blank)
+    "documents": ("per_document", ["document", "bytes", "nats", "tokens"]),
+    "positions": ("per_position", ["start", "end", "bytes", "nats", "tokens"]),
 }
 KEY = ["length", "protocol", "scaling", "window"]
 
@@ -108,7 +109,7 @@ def write_details(rows: List[Dict[str, Any]], path: Path, which: str) -> Path:
     w.writerow(KEY + columns)
     for r in rows:
         for d in r.get(field) or []:
-            w.writerow([("" if r.get(k) is None else r[k]) for k in KEY] + [d[c] for c in columns])
+            w.writerow([("" if r.get(k) is None else r[k]) for k in KEY] + [d.get(c, "") for c in columns])
     atomic_write_bytes(f.getvalue().encode("utf-8"), path)
     return path
 
@@ -119,7 +120,7 @@ def read_details(path: Path) -> List[Dict[str, Any]]:
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             d: Dict[str, Any] = dict(r)
-            for k in ("length", "bytes", "start", "end", "window"):
+            for k in ("length", "bytes", "start", "end", "window", "tokens"):
                 if k in d:
                     d[k] = int(d[k]) if d[k] else None
             d["nats"] = float(d["nats"])

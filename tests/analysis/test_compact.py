@@ -46,6 +46,7 @@ def test_the_compact_files_read_back_as_the_same_runs(tmp_path):
         "acc": None,
         "examples": 5,
         "scored": 80,
+        "bytes": None,  # a table from before the column: no value
         "documents": None,
         "stride": 8,
         "scored_hash": "abc",

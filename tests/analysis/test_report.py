@@ -341,9 +341,11 @@ def test_report_cli_help_and_empty_folder(tmp_path, capsys):
 
 def test_figures_name_only_what_ran_in_the_shared_encoding(sweep, tmp_path, monkeypatch):
     import linrope.analysis.report as report
+    import linrope.analysis.report_lengths as lengths
 
     calls = []
-    monkeypatch.setattr(report, "plot_curves", lambda panels, path, **kw: calls.append((path.name, panels, kw)))
+    for module in (report, lengths):  # the validation curves, the extrapolation figure
+        monkeypatch.setattr(module, "plot_curves", lambda panels, path, **kw: calls.append((path.name, panels, kw)))
     build_report([sweep], tmp_path)
     (val_name, val_panels, val_kw), (ext_name, ext_panels, ext_kw) = calls
     assert val_name == "val_curves.png" and ext_name == "extrapolation.png"

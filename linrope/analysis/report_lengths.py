@@ -1,0 +1,177 @@
+"""A report's length-extrapolation tables and figure (linrope.analysis.report): per task, a table by evaluation length
+for each of its metrics (bits per byte for bytes; bits per byte and loss per token for text; accuracy for the
+tasks), the RoPE scaling rows beside the model as trained, the declared pairs at each length, and the figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from linrope.analysis.report_cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
+from linrope.analysis.runs import Run, by_seed
+from linrope.analysis.stats import LEVEL, mean_ci, paired
+from linrope.base.plots import (
+    SCALING_STYLES,
+    Curve,
+    Panel,
+    by_last_value,
+    config_style,
+    distinct_styles,
+    plot_curves,
+    series_colour,
+)
+
+# the extrapolation figure's panel of RoPE models with their scaling rows (their line styles: SCALING_STYLES)
+SCALED_PANEL = "RoPE models: as trained (solid), pi (dashed), ntk (dotted), yarn (dash-dots), dynamic (sparse dots)"
+
+
+def extrapolation_metrics(task: str) -> List[str]:
+    """The extrapolation tables of a task: bits per byte for bytes; for text also the loss per token; else acc."""
+    return {"bytes": ["bpb"], "text": ["bpb", "loss"]}.get(task, ["acc"])
+
+
+def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional[str] = None):
+    """Lengths, the metric (default: the task's first, ``extrapolation_metrics``) and rows (label, scaling,
+    {length: {seed: value}})."""
+    metric = metric or extrapolation_metrics(task)[0]
+    lengths = sorted({r["length"] for runs in groups.values() for run in runs for r in run.extrapolation})
+    rows = []
+    for label, runs in groups.items():
+        if not any(run.extrapolation for run in runs):
+            continue
+        for scaling in dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation):
+
+            def at(n, scaling=scaling):
+                return lambda one: next(
+                    (
+                        r[metric]
+                        for r in one.extrapolation
+                        if r["scaling"] == scaling and r["length"] == n and r["status"] == "ok"
+                    ),
+                    None,
+                )
+
+            rows.append({"label": label, "scaling": scaling, "values": {n: by_seed(runs, at(n)) for n in lengths}})
+    return lengths, metric, rows
+
+
+def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
+    lengths, metric, rows = extrapolation_rows(groups, task)
+    if not rows:
+        return None
+
+    def points(row):
+        return {n: list(by.values()) for n, by in row["values"].items() if by}
+
+    plain = [
+        Curve(r["label"], points(r), config_style(groups[r["label"]][0].config)) for r in rows if r["scaling"] == "none"
+    ]
+    panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")))]
+    scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
+    if scaled_labels:
+        scaled = [
+            Curve(
+                f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}",
+                points(r),
+                {
+                    "color": series_colour(scaled_labels.index(r["label"])),
+                    "linestyle": SCALING_STYLES.get(r["scaling"], "-."),
+                },
+            )
+            for r in rows
+            if r["label"] in scaled_labels
+        ]
+        panels.append(Panel(SCALED_PANEL, scaled))
+    contexts = sorted(
+        {
+            run.get("context")
+            for runs in groups.values()
+            for run in runs
+            if run.extrapolation and isinstance(run.get("context"), int)
+        }
+    )
+    ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
+    return plot_curves(
+        panels,
+        path,
+        xlabel="evaluation length (tokens)",
+        ylabel=ylabel,
+        log2_x=True,
+        vlines=contexts,
+        vline_label="training context",
+        title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
+        note=band_note(groups),
+    )
+
+
+SCALING_NAMES = {
+    "pi": "position interpolation (pi)",
+    "ntk": "NTK-aware scaling (ntk)",
+    "yarn": "YaRN (yarn)",
+    "dynamic": "dynamic NTK (dynamic)",
+}
+
+
+def scaling_caption(scalings) -> str:
+    """The caption's clause naming the scaling rows the table has, e.g. "; RoPE models also with position
+    interpolation (pi) and NTK-aware scaling (ntk) at the matching factor" (no such rows: "")."""
+    named = [SCALING_NAMES.get(s, s) for s in ("pi", "ntk", "yarn", "dynamic", *sorted(scalings)) if s in scalings]
+    named = list(dict.fromkeys(n for n in named if n != "none"))
+    if not named:
+        return ""
+    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    return f"; RoPE models also with {listed} at the matching factor"
+
+
+def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list) -> List[str]:
+    parts: List[str] = []
+    for k, metric in enumerate(extrapolation_metrics(task)):
+        parts += extrapolation_table(task, groups, pairs, pair_rows, metric, heading=k == 0)
+    name = f"extrapolation{suffix}.png"
+    if parts and plot_extrapolation(groups, task, out / name):
+        parts += [f"![length extrapolation, {task}]({name})", ""]
+    return parts
+
+
+METRIC_CAPTIONS = {"bpb": "Bits per byte", "loss": "Loss per token (nats)", "acc": "Accuracy"}
+
+
+def extrapolation_table(task, groups, pairs, pair_rows: list, metric: str, heading: bool = True) -> List[str]:
+    lengths, metric, rows = extrapolation_rows(groups, task, metric)
+    if not rows:
+        return []
+    contexts = {run.get("context") for runs in groups.values() for run in runs if run.extrapolation}
+    context = contexts.pop() if len(contexts) == 1 else None
+    names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
+    header = ["configuration", "scaling"] + names
+    lines = [
+        [r["label"], "as trained" if r["scaling"] == "none" else r["scaling"]]
+        + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
+        for r in rows
+    ]
+    parts = [f"## Length extrapolation: {task}", ""] if heading else []
+    parts += [
+        f"{METRIC_CAPTIONS[metric]} at each evaluation length in tokens (× the "
+        f"training context), mean ± 95% t-interval half-width over seeds"
+        + scaling_caption({r["scaling"] for r in rows})
+        + ".  n/a: the scheme cannot go that far.",
+        "",
+        markdown_table(header, lines),
+        "",
+    ]
+    plain = {r["label"]: r["values"] for r in rows if r["scaling"] == "none"}
+    found = [
+        (a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
+        for a, b in pairs
+        if a in plain and b in plain
+    ]
+    if found:
+        cells = [[f"{a} − {b}"] + [cell(res[n]) for n in lengths] for a, b, res in found]
+        parts += [
+            "Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):",
+            "",
+            markdown_table(["pair"] + names, cells),
+            "",
+        ]
+        pair_rows += [pair_record(task, f"{metric}@{n}", a, b, res[n]) for a, b, res in found for n in lengths]
+    return parts
