@@ -181,14 +181,13 @@ def metrics(folder):
     return {k: float(v) for r in rows for k, v in r.items() if v not in ("", None)}
 
 
-@pytest.mark.parametrize("tokenizer", ["bytes", "tok.json"])
-def test_train_py_trains_validates_and_tests_on_text(corpus, compose, tmp_path, tokenizer):
+def test_train_py_trains_validates_and_tests_on_text_in_bytes(corpus, compose, tmp_path):
+    """The bytes tokenizer (a BPE's run, with its extrapolation and evaluation: tests/evaluation/test_text_evaluation.py)."""
     from tests.helpers import run_main
 
     root, _ = corpus
-    spec = "bytes" if tokenizer == "bytes" else str(root / "tok.json")
     cfg = compose("model=linear_rope", "size=tiny", "data=text", f"data.path={root / 'docs'}",
-                  f"data.tokenizer={spec}", f"data.shards_dir={tmp_path / 'cache'}", "data.progress=false",
+                  "data.tokenizer=bytes", f"data.shards_dir={tmp_path / 'cache'}", "data.progress=false",
                   "context=32", "data.batch_size=4", "data.eval_batch_size=8", "data.val_windows=4",
                   "trainer.max_steps=3", "trainer.val_check_interval=3", "logger=csv",
                   "trainer.enable_progress_bar=false")  # fmt: skip
@@ -197,14 +196,8 @@ def test_train_py_trains_validates_and_tests_on_text(corpus, compose, tmp_path, 
     assert {"val/loss", "val/bpb", "test/loss", "test/bpb", "test/tokens", "test/bytes"} <= set(m)
     shards = Shards(next((tmp_path / "cache").iterdir()))
     assert m["test/tokens"] == shards.length("test") - len(shards.doc_tokens["test"])
-    if tokenizer == "bytes":  # every target one byte: bits per byte are the loss over ln 2
-        assert m["test/bytes"] == m["test/tokens"]
-        assert math.isclose(m["test/bpb"], m["test/loss"] / math.log(2), rel_tol=1e-12)
-    else:
-        assert m["test/bytes"] > 2 * m["test/tokens"]
-        assert math.isclose(
-            m["test/bpb"] * math.log(2) * m["test/bytes"], m["test/loss"] * m["test/tokens"], rel_tol=1e-12
-        )
+    assert m["test/bytes"] == m["test/tokens"]  # every target one byte: bits per byte are the loss over ln 2
+    assert math.isclose(m["test/bpb"], m["test/loss"] / math.log(2), rel_tol=1e-12)
     before = files_state(shards.folder)
     from linrope.training.builders import build_datamodule
 

@@ -1,6 +1,7 @@
-"""A data=text run under a subword tokenizer (a byte-level BPE trained here): its length-extrapolation table in loss
-per token and bits per byte (the 1× row is the test, the same tokens at every length), the report's tables in both,
-and the pass-key probe and the harness adapter reading the run's own tokenizer."""
+"""A data=text run under a subword tokenizer (a byte-level BPE trained here): train.py trains, validates and tests
+it in loss per token and bits per byte, and the next run reuses its shards; its length-extrapolation table in both
+(the 1× row is the test, the same tokens at every length), the report's tables in both, and the pass-key probe and
+the harness adapter reading the run's own tokenizer.  (The bytes tokenizer's run: tests/data/test_text.py.)"""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def text_run(tmp_path_factory):
                  f"data.tokenizer={root / 'tok.json'}", f"data.shards_dir={root / 'cache'}", "data.progress=false",
                  f"context={CONTEXT}", "data.batch_size=4", "data.eval_batch_size=8", "data.val_windows=4",
                  "trainer.max_steps=3", "trainer.val_check_interval=3", "logger=csv",
-                 "trainer.enable_progress_bar=false", "extrapolation.enabled=true", "extrapolation.factors=[1,2,4]",
+                 "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "extrapolation.enabled=true", "extrapolation.factors=[1,2,4]",
                  "extrapolation.scalings=[pi]", "extrapolation.position_bucket=1", f"hydra.run.dir={root / 'sweep' / 'run'}",
                  f"paths.output_dir={root / 'sweep' / 'run'}"]  # fmt: skip
     GlobalHydra.instance().clear()
@@ -49,7 +50,24 @@ def text_run(tmp_path_factory):
     assert run_main(cfg) is not None
     metrics = {k: float(v) for f in run.rglob("metrics.csv") for r in csv.DictReader(open(f))
                for k, v in r.items() if v not in ("", None)}  # fmt: skip
-    return {"root": root, "run": run, "metrics": metrics, "ckpt": run / "checkpoints" / "last.ckpt"}
+    return {"root": root, "run": run, "metrics": metrics, "ckpt": run / "checkpoints" / "last.ckpt", "cfg": cfg}
+
+
+def test_train_py_logs_loss_per_token_and_bits_per_byte_and_the_next_run_reuses_the_shards(text_run):
+    from linrope.data.shards import Shards
+    from linrope.training.builders import build_datamodule
+    from tests.data.test_text import files_state
+
+    m = text_run["metrics"]
+    assert {"val/loss", "val/bpb", "test/loss", "test/bpb", "test/tokens", "test/bytes"} <= set(m)
+    cache = text_run["root"] / "cache"
+    shards = Shards(next(cache.iterdir()))
+    assert m["test/tokens"] == shards.length("test") - len(shards.doc_tokens["test"])  # every target but EODs'
+    assert m["test/bytes"] > 2 * m["test/tokens"]  # subword tokens: bits per byte are not the loss over ln 2
+    assert math.isclose(m["test/bpb"] * math.log(2) * m["test/bytes"], m["test/loss"] * m["test/tokens"], rel_tol=1e-12)
+    before = files_state(shards.folder)
+    assert build_datamodule(text_run["cfg"]).folder == shards.folder  # the next run's data: the same shards
+    assert files_state(shards.folder) == before and len(list(cache.iterdir())) == 1
 
 
 def test_the_extrapolation_table_gives_loss_per_token_and_bits_per_byte_of_the_same_tokens(text_run):
@@ -64,7 +82,6 @@ def test_the_extrapolation_table_gives_loss_per_token_and_bits_per_byte_of_the_s
     assert {r["scored"] for r in rows} == {int(m["test/tokens"])} and {r["bytes"] for r in rows} == {
         int(m["test/bytes"])
     }
-    assert m["test/bytes"] > 2 * m["test/tokens"]  # subword tokens: bits per byte are not the loss over ln 2
     for r in rows:
         assert math.isclose(r["bpb"] * math.log(2) * r["bytes"], r["loss"] * r["scored"], rel_tol=1e-9)
     plain = next(r for r in rows if r["length"] == CONTEXT and r["scaling"] == "none" and not r["window"])
