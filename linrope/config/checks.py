@@ -23,6 +23,7 @@ from linrope.base.options import declared, option_errors, value_errors
 from linrope.config.settings import (
     LINROPE_TRAINER_KEYS,
     LastCheckpointSettings,
+    PlanSettings,
     TrainerSettings,
     TrainExtrapolation,
     TrainSettings,
@@ -35,14 +36,15 @@ def plain(node) -> Dict[str, Any]:
 
 
 def settings_errors(cfg) -> List[str]:
-    """What linrope's own declarations refuse, without torch: a key of the top level, of ``extrapolation.`` or
-    of ``optim.`` that none takes (naming the nearest), else a value of those, of the Trainer keys linrope reads
+    """What linrope's own declarations refuse, without torch: a key of the top level, of ``extrapolation.``,
+    ``plan.`` or ``optim.`` that none takes (naming the nearest), else a value of those, of the Trainer keys linrope reads
     and of the last checkpoint's interval that has the wrong type or lies out of range."""
     from linrope.models.optim import option_errors as optim_errors  # light: no torch
 
     errors = option_errors(declared(TrainSettings), cfg)
     sections = [
         (TrainExtrapolation, "extrapolation", True),
+        (PlanSettings, "plan", True),
         (TrainerSettings, "trainer", False),
         (LastCheckpointSettings, "callbacks.last_checkpoint", False),
     ]

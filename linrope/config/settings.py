@@ -28,7 +28,7 @@ class TrainSettings:
     compile: bool
     optimized_metric: str
     retain_freed_memory: bool
-    plan: Any  # linrope.training.plan: tokens_per_parameter, measure_steps
+    plan: Any  # PlanSettings, checked as its own section
     context: Positive
     extrapolation: Any
     model: Any
@@ -69,6 +69,14 @@ class TrainExtrapolation(ExtrapolationSettings):
     """train.py's ``extrapolation.`` section: the table's settings, and whether to make it after testing."""
 
     enabled: bool
+
+
+@dataclass
+class PlanSettings:
+    """train.py's ``plan.`` section (linrope.training.plan; values and meaning: conf/train.yaml)."""
+
+    tokens_per_parameter: Annotated[Optional[float], Rule(above=0, note="null: trainer.max_steps as given")]
+    measure_steps: Annotated[int, Rule(low=0)]
 
 
 # torch.set_float32_matmul_precision's settings: highest (PyTorch's default: float32 products in float32), high

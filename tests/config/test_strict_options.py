@@ -35,6 +35,8 @@ from tests.helpers import CONF, ROOT
         (["+trainer.max_step=3"], "trainer.max_step: unknown option; did you mean max_steps?"),
         (["+seeed=1"], "seeed: unknown option; did you mean seed?"),
         (["+extrapolation.factor=[1,2]"], "extrapolation.factor: unknown option; did you mean factors?"),
+        (["+plan.tokens_per_param=20"], "plan.tokens_per_param: unknown option; did you mean tokens_per_parameter?"),
+        (["plan.measure_steps=-1"], "plan.measure_steps=-1: expected an integer >= 0"),
     ],
 )
 def test_a_typo_is_refused_naming_the_nearest_key(compose, overrides, message):
