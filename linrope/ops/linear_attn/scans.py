@@ -110,16 +110,25 @@ def _scan_states_reverse_documents(W: torch.Tensor, ch: Chunks, R_last: Optional
     rest = W.shape[3:]
     R_in = _with_start(W, R_last, -1)
     if nc > 1:
-        X = alloc((B, H, nc - 1, *rest), dtype=W.dtype, device=W.device)
-        X[:, :, :-1].copy_(W[:, :, 1:-1])
-        if R_last is None:
-            X[:, :, -1].copy_(W[:, :, -1])
-        else:
-            _across(W[:, :, -1], R_last, ch, nc - 1, len(rest), out=X[:, :, -1])
+        X = _reverse_operand(W, ch, R_last)
         # item c (R_in[c]) takes X_j, j ≥ c, when chunks c+1 … j hold no boundary: equal inclusive counts
         L = _doc_table(ch, ch.docs.cuts[:, :-1], True)
         R_in[:, :, :-1].copy_(torch.matmul(L, X.view(B, H, nc - 1, -1)).view(X.shape))
     return R_in, _across(W[:, :, 0], R_in[:, :, 0], ch, 0, len(rest))
+
+
+def _reverse_operand(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tensor]) -> torch.Tensor:
+    """X = [W_1, …, W_{nc-2}, R_in[nc-2]] (B, H, nc-1, *rest), R_in[nc-2] = γ^(ℓ_{nc-1}) R_last + W_{nc-1} (the last
+    chunk may be short; W_{nc-1} alone without R_last): what the reverse scans sum, ``nc`` > 1."""
+    B, H, nc = W.shape[:3]
+    rest = W.shape[3:]
+    X = alloc((B, H, nc - 1, *rest), dtype=W.dtype, device=W.device)
+    X[:, :, :-1].copy_(W[:, :, 1:-1])
+    if R_last is None:
+        X[:, :, -1].copy_(W[:, :, -1])
+    else:
+        _across(W[:, :, -1], R_last, ch, nc - 1, len(rest), out=X[:, :, -1])
+    return X
 
 
 def scan_states(U: torch.Tensor, ch: Chunks, S0: Optional[torch.Tensor]):
@@ -147,14 +156,8 @@ def scan_states_reverse(W: torch.Tensor, ch: Chunks, R_last: Optional[torch.Tens
     rest = W.shape[3:]
     R_in = _with_start(W, R_last, -1)
     if nc > 1:
-        # R_in[nc-2] = γ^(ℓ_{nc-1}) R_last + W_{nc-1} (the last chunk may be short); the rest is a reverse
-        # prefix sum of X = [W_1, …, W_{nc-2}, R_in[nc-2]] with the weight γ^C
-        X = alloc((B, H, nc - 1, *rest), dtype=W.dtype, device=W.device)
-        X[:, :, :-1].copy_(W[:, :, 1:-1])
-        if R_last is None:
-            X[:, :, -1].copy_(W[:, :, -1])
-        else:
-            _across(W[:, :, -1], R_last, ch, nc - 1, len(rest), out=X[:, :, -1])
+        # R_in[nc-2] is X's last item; the rest is a reverse prefix sum of X with the weight γ^C
+        X = _reverse_operand(W, ch, R_last)
         R_in[:, :, :-1].copy_(_prefix(X.view(B, H, nc - 1, -1), ch, ch.C, reverse=True).view(X.shape))
     return R_in, _across(W[:, :, 0], R_in[:, :, 0], ch, 0, len(rest))
 
