@@ -6,6 +6,7 @@ A test module never imports another test module nor conftest."""
 
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 
@@ -79,3 +80,22 @@ def model_config(*overrides: str) -> dict:
     finally:
         GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg.model, resolve=True)
+
+
+def scalar_softmax(att, x, causal: bool, bias):
+    """softmax_j(q_i·k_j / √d + bias(h, i, j)) v_j of the softmax layer ``att`` on ``x`` (its own projections), one
+    scalar at a time in Python floats: the reference of a score-bias scheme's formula."""
+    q, k, v = (t.detach() for t in att.split(x))
+    ql, kl, vl = q.tolist(), k.tolist(), v.tolist()
+    o = torch.zeros_like(v)
+    n, d = x.shape[1], q.shape[-1]
+    for b in range(x.shape[0]):
+        for h in range(q.shape[1]):
+            for i in range(n):
+                keys = [j for j in range(n) if j <= i or not causal]
+                s = [sum(a * c for a, c in zip(ql[b][h][i], kl[b][h][j])) / math.sqrt(d) + bias(h, i, j) for j in keys]
+                top = max(s)
+                w = [math.exp(t - top) for t in s]
+                for t in range(v.shape[-1]):
+                    o[b, h, i, t] = sum(wj * vl[b][h][j][t] for j, wj in zip(keys, w)) / sum(w)
+    return att.merge(o)

@@ -12,6 +12,7 @@ import torch
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM, weight_decay_split
 from linrope.positions import REGISTRY, IncompatiblePairing, build_position, check_pairing
+from tests.helpers import scalar_softmax
 
 D, H, HD = 16, 2, 8  # d_model, heads, head dim
 
@@ -38,24 +39,8 @@ def kernel(variant, r1, r2, distance):
 
 def loop_output(att, x, positions, causal, r1, r2, variant):
     """softmax_j(q_i·k_j / sqrt(d) + kernel(|p_i - p_j|)) v_j, element by element, in float64."""
-    q, k, v = (t.detach() for t in att.split(x))
-    ql, kl, vl, p = q.tolist(), k.tolist(), v.tolist(), positions.tolist()
-    o = torch.zeros_like(v)
-    n, d = x.shape[1], q.shape[-1]
-    for b in range(x.shape[0]):
-        for h in range(q.shape[1]):
-            for i in range(n):
-                keys = [j for j in range(n) if j <= i or not causal]
-                s = [
-                    sum(a * c for a, c in zip(ql[b][h][i], kl[b][h][j])) / math.sqrt(d)
-                    + kernel(variant, r1[h], r2[h], abs(p[i] - p[j]))
-                    for j in keys
-                ]
-                top = max(s)
-                w = [math.exp(t - top) for t in s]
-                for t in range(v.shape[-1]):
-                    o[b, h, i, t] = sum(wj * vl[b][h][j][t] for j, wj in zip(keys, w)) / sum(w)
-    return att.merge(o)
+    p = positions.tolist()
+    return scalar_softmax(att, x, causal, lambda h, i, j: kernel(variant, r1[h], r2[h], abs(p[i] - p[j])))
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])

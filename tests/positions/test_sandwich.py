@@ -12,6 +12,7 @@ import torch
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM
 from linrope.positions import REGISTRY, IncompatiblePairing, build_position, check_pairing
+from tests.helpers import scalar_softmax
 
 D, H, HD = 16, 2, 8  # d_model, heads, head dim
 
@@ -39,24 +40,8 @@ def paper_bias(m, n, h, heads, dim):
 
 
 def loop_output(att, x, positions, causal, dim):
-    q, k, v = (t.detach() for t in att.split(x))
-    ql, kl, vl, p = q.tolist(), k.tolist(), v.tolist(), positions.tolist()
-    o = torch.zeros_like(v)
-    n, d, heads = x.shape[1], q.shape[-1], q.shape[1]
-    for b in range(x.shape[0]):
-        for h in range(heads):
-            for i in range(n):
-                keys = [j for j in range(n) if j <= i or not causal]
-                s = [
-                    sum(a * c for a, c in zip(ql[b][h][i], kl[b][h][j])) / math.sqrt(d)
-                    + paper_bias(p[i], p[j], h, heads, dim)
-                    for j in keys
-                ]
-                top = max(s)
-                w = [math.exp(t - top) for t in s]
-                for t in range(v.shape[-1]):
-                    o[b, h, i, t] = sum(wj * vl[b][h][j][t] for j, wj in zip(keys, w)) / sum(w)
-    return att.merge(o)
+    p, heads = positions.tolist(), att.n_heads
+    return scalar_softmax(att, x, causal, lambda h, i, j: paper_bias(p[i], p[j], h, heads, dim))
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
