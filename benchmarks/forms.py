@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linrope.ops import BACKENDS, linear_attention  # noqa: E402
-from linrope.ops.linear_attn import fla_backend, scans, tables  # noqa: E402
+from linrope.ops.linear_attn import fla_backend, heads, scans, tables  # noqa: E402
 from linrope.ops.linear_attn.features import reference_features  # noqa: E402
 
 B, H, D = 1, 8, 64  # the shapes every benchmark uses unless told otherwise
@@ -144,15 +144,35 @@ def _fla_naive_torch(chunk_size, device):
 @contextlib.contextmanager
 def old_plan():
     """The chunk kernel's plan before issue 31: a Python loop over chunks in every scan, 512-position blocks at
-    any N (``scans.SEQUENTIAL = True``, ``tables.MAX_BLOCKS`` None); restored on leaving."""
+    any N, every head in one call (``scans.SEQUENTIAL = True``, ``tables.MAX_BLOCKS`` None, ``heads.ENABLED``
+    False); restored on leaving."""
     saved = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS)
     scans.SEQUENTIAL = True
     tables.MAX_BLOCKS.update({k: None for k in tables.MAX_BLOCKS})
     try:
-        yield
+        with whole_heads():
+            yield
     finally:
         scans.SEQUENTIAL = saved[0]
         tables.MAX_BLOCKS.update(saved[1])
+
+
+@contextlib.contextmanager
+def whole_heads():
+    """Every head in one call, each operation split between torch's threads (``heads.ENABLED = False``)."""
+    saved, heads.ENABLED = heads.ENABLED, False
+    try:
+        yield
+    finally:
+        heads.ENABLED = saved
+
+
+def _chunk_whole(chunk_size, device):
+    def run(q, k, v):
+        with whole_heads():
+            return linear_attention(q, k, v, impl="chunk", chunk_size=chunk_size)
+
+    return run
 
 
 def _chunk_old(chunk_size, device):
@@ -201,6 +221,13 @@ def _registry() -> dict[str, Form]:
             "fla-naive-torch computes, plus the feature map",
             _linrope("chunk", rope="none"),
             chunk_flops=True,
+        ),
+        Form(
+            "chunk-whole",
+            "linrope chunk, heads whole",
+            'linear_attention(impl="chunk") with every head in one call (linrope.ops.linear_attn.heads off): each '
+            "operation split between torch's threads",
+            _chunk_whole,
         ),
         Form(
             "chunk-old",

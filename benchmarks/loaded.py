@@ -3,7 +3,9 @@
 Forward+backward of three forms of benchmarks/forms.py, B=1, H=8, d=64, float32, causal, C=64, at N =
 ``--length`` (16 384):
 
-  chunk      linrope chunk: ``linear_attention(impl="chunk")``, elu+1, RoPE in the numerator
+  chunk      linrope chunk: ``linear_attention(impl="chunk")``, elu+1, RoPE in the numerator; on the CPU its heads
+             run as tasks on torch's threads (linrope.ops.linear_attn.heads)
+  chunk-whole the same with every head in one call, each operation split between the threads (heads off)
   chunk-old  linrope chunk, old plan: the same kernel with the plan before issue 31 (``scans.SEQUENTIAL = True``:
              a Python loop over chunks in every scan; ``tables.MAX_BLOCKS = None``: blocks of 512 positions
              however long the sequence), timed interleaved with the new plan in the same process
@@ -39,7 +41,7 @@ from benchmarks import timing  # noqa: E402
 from benchmarks.forms import REGISTRY, B, C, D, H, make_inputs, passes  # noqa: E402
 from linrope.base.memory import retain_freed_memory  # noqa: E402
 
-FORMS = ("chunk", "chunk-old", "sdpa")
+FORMS = ("chunk", "chunk-whole", "chunk-old", "sdpa")
 STATES = ("quiet", "loaded")
 
 

@@ -436,12 +436,13 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
 
 
 def test_loaded_benchmark_reports_both_states_and_restores_the_plan(capsys):
-    from linrope.ops.linear_attn import scans, tables
+    from linrope.ops.linear_attn import heads, scans, tables
 
-    plan = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS)
+    plan = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS), heads.ENABLED
     adv = loaded.main(["--length", "256", "--rounds", "1", "--warmup", "0"])
     text = capsys.readouterr().out
-    assert set(adv) == {(f, s) for f in ("chunk", "chunk-old") for s in ("quiet", "loaded")}
+    assert set(adv) == {(f, s) for f in ("chunk", "chunk-whole", "chunk-old") for s in ("quiet", "loaded")}
     assert all(a > 0 for a in adv.values()), adv
     assert "linrope chunk, old plan: loaded / quiet advantage" in text and "new / old plan" in text
-    assert (scans.SEQUENTIAL, tables.MAX_BLOCKS) == plan  # the old plan was only borrowed
+    assert "linrope chunk, heads whole: loaded / quiet advantage" in text
+    assert (scans.SEQUENTIAL, tables.MAX_BLOCKS, heads.ENABLED) == plan  # the old plan was only borrowed

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from linrope.ops.rope import compute_dtype
 
+from . import heads
 from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .common import Args, LinearAttentionState, autocast_off, decay_log, shared_features, zero_state
 from .features import feature_width
@@ -61,19 +62,20 @@ def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optiona
     """-> (out, denom, S_final, z_final, saved_S, saved_z); see ``chunk_kernel.chunk_forward``.  ``denom`` is a
     placeholder when ``normalize`` is False (the output is the numerator)."""
     log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
+    cfg = Cfg(feature_map, rope, causal, eps, chunk_size, normalize)
+    parts = heads.groups(q)
     with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
-        res = chunk_forward(
-            q,
-            k,
-            v,
-            S0,
-            z0,
-            positions,
-            theta,
-            log_gamma,
-            Cfg(feature_map, rope, causal, eps, chunk_size, normalize),
-            documents,
-        )
+        if parts is None:
+            res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg, documents)
+        else:  # heads as tasks of their own on the CPU's threads (heads.py)
+            blocks = _blocks(q, v, cfg)
+
+            def task(rows, hs):
+                return chunk_forward(*(heads.rows_heads(t, rows, hs) for t in (q, k, v, S0, z0)), positions, theta,
+                                     None if log_gamma is None else log_gamma[hs], cfg,
+                                     None if documents is None else documents[rows], blocks)  # fmt: skip
+
+            res = heads.run(task, parts, (1, 1, 1, 1, 2, 2))
     dtype = compute_dtype(q.dtype)
     return tuple(_or_empty(t, q, dtype) for t in res)
 
@@ -95,27 +97,27 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """-> (dq, dk, dv, dS0, dz0), placeholders for the gradients not asked for."""
     log_gamma = decay_log(decay)
+    cfg = Cfg(feature_map, rope, causal, eps, chunk_size, normalize)
+    needs = (need_q, need_k, need_v, need_S0, need_z0)
+    g_S, g_z, saved_S, saved_z = _or_none_opt(g_S), _or_none_opt(g_z), _or_none(saved_S), _or_none(saved_z)
+    parts = heads.groups(q)
     with autocast_off(q.device.type):
-        grads = chunk_backward(
-            g_out,
-            _or_none_opt(g_S),
-            _or_none_opt(g_z),
-            q,
-            k,
-            v,
-            S0,
-            z0,
-            positions,
-            theta,
-            log_gamma,
-            out,
-            denom,
-            _or_none(saved_S),
-            _or_none(saved_z),
-            Cfg(feature_map, rope, causal, eps, chunk_size, normalize),
-            (need_q, need_k, need_v, need_S0, need_z0),
-            documents,
-        )
+        if parts is None:
+            grads = chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out,
+                                   denom, saved_S, saved_z, cfg, needs, documents)  # fmt: skip
+        else:  # heads as tasks of their own on the CPU's threads (heads.py)
+            blocks = _blocks(q, v, cfg)
+
+            def task(rows, hs):
+                def part(t, dim=1):
+                    return heads.rows_heads(t, rows, hs, dim)
+
+                return chunk_backward(*(part(t) for t in (g_out, g_S, g_z, q, k, v, S0, z0)), positions, theta,
+                                      None if log_gamma is None else log_gamma[hs], part(out), part(_or_none(denom)),
+                                      part(saved_S, 2), part(saved_z, 2), cfg, needs,
+                                      None if documents is None else documents[rows], blocks)  # fmt: skip
+
+            grads = heads.run(task, parts, (1, 1, 1, 1, 1))
     dq, dk, dv, dS0, dz0 = (_or_empty(g, like) for g, like in zip(grads, (q, k, v, q, q)))
     return dq, dk, dv, dS0.clone(), dz0.clone()  # the state's gradients may be views of one buffer
 
@@ -127,6 +129,12 @@ def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, sav
         return x.new_empty(x.shape) if (need and x is not None) else q.new_empty(_NONE)
 
     return grad(need_q, q), grad(need_k, k), grad(need_v, v), grad(need_S0, S0), grad(need_z0, z0)
+
+
+def _blocks(q: Tensor, v: Tensor, cfg: Cfg):
+    """The blocks of the whole call, which every part of its heads walks (their saved states line up)."""
+    B, H, N, d = q.shape
+    return plan_blocks(B, H, N, max(d, v.shape[-1]), cfg.chunk_size, cfg.causal, q.device)
 
 
 def _setup_context(ctx, inputs, output):

@@ -96,11 +96,12 @@ def block_documents(documents, s: int, e: int):
     return documents[:, s:e], (documents[:, s - 1] if s > 0 else None)
 
 
-def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents=None):
+def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents=None, blocks=None):
     """-> (out, denom, S_final, z_final, states entering blocks 1, 2, … (S, and z unless shared)).
 
     ``denom`` is the guarded den + eps (B, H, N), None without normalising; the final state is None when not
-    causal, a saved state None when there is a single block."""
+    causal, a saved state None when there is a single block.  ``blocks``: the walk's blocks (default
+    ``plan_blocks`` for q's shape; a part of the heads walks the blocks of the whole call, ``heads.py``)."""
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
@@ -114,7 +115,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, docume
     out = alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
     denom = alloc((B, H, N), dtype=dtype, device=q.device) if cfg.normalize else None
     starts_S, starts_z = [], []  # states entering blocks 1, 2, … (saved for backward)
-    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
+    blocks = blocks or plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     for b, (s, e) in enumerate(blocks):
         if b > 0:
             starts_S.append(S)
@@ -168,16 +169,17 @@ def _carried_back(dkd: torch.Tensor, ch) -> torch.Tensor:
 
 def chunk_backward(
     g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z, cfg: Cfg, needs,
-    documents=None,
+    documents=None, blocks=None,
 ):  # fmt: skip
-    """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient."""
+    """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient; ``blocks`` as
+    in ``chunk_forward``."""
     shared = shared_features(cfg.rope)
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
     E = dv + 1 if shared else dv
     need_q, need_k, need_v = needs[:3]
-    blocks = plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
+    blocks = blocks or plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
     S_first = None if S0 is None else S0.to(dtype)
