@@ -7,7 +7,6 @@ import csv
 import hashlib
 import json
 import math
-import random
 
 import pytest
 import torch
@@ -19,23 +18,9 @@ from linrope.data.sources import Source, resolve_source
 from linrope.data.tasks import IGNORE
 from linrope.data.tokenize_command import main as tokenize
 from linrope.data.tokenizer import load_tokenizer
+from tests.data.helpers import files_state, write_docs
 
 pytest.importorskip("tokenizers")
-
-WORDS = "the cat sat on a mat while dogs ran over hills and rivers under skies of blue green red héllo".split()
-
-
-def write_docs(folder, files=4, per_file=60, seed=0):
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    texts = []
-    for f in range(files):
-        with open(folder / f"part{f}.jsonl", "w") as h:
-            for i in range(per_file):
-                text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 80)))
-                texts.append((f"part{f}.jsonl:{i}", text))
-                h.write(json.dumps({"text": text, "id": i}) + "\n")
-    return texts
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +32,6 @@ def corpus(tmp_path_factory):
         tokenize(["train", "--input", str(root / "docs"), "--vocab-size", "300", "--out", str(root / "tok.json")]) == 0
     )
     return root, texts
-
-
-def files_state(folder):
-    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.iterdir())}
 
 
 def test_tokenize_commands_write_a_bpe_and_shards_with_their_manifest(corpus, capsys):

@@ -50,3 +50,17 @@ def compose_generate(*overrides):
             return compose(config_name="generate", overrides=list(overrides))
     finally:
         GlobalHydra.instance().clear()
+
+
+def compose_passkey(*overrides):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tests.helpers import CONF
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name="passkey", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()

@@ -22,6 +22,7 @@ from linrope.evaluation.passkey import (
     random_key,
     score_prompt,
 )
+from tests.evaluation.helpers import compose_passkey
 
 TOK = ByteTokenizer()
 
@@ -122,17 +123,3 @@ def test_passkey_command_on_a_trained_checkpoint(compose, small_corpus, tmp_path
         probe(pk)
     with pytest.raises(ConfigError, match="depths: 2"):
         probe(compose_passkey(f"ckpt={ckpt}", "depths=[2]", f"out={tmp_path / 'x'}"))
-
-
-def compose_passkey(*overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from tests.helpers import CONF
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="passkey", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()

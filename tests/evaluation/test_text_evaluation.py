@@ -25,7 +25,7 @@ def text_run(tmp_path_factory):
     from omegaconf import OmegaConf
 
     from linrope.data.tokenize_command import main as tokenize
-    from tests.data.test_text import write_docs
+    from tests.data.helpers import write_docs
     from tests.helpers import CONF, run_main
 
     root = tmp_path_factory.mktemp("textrun")
@@ -56,7 +56,7 @@ def text_run(tmp_path_factory):
 def test_train_py_logs_loss_per_token_and_bits_per_byte_and_the_next_run_reuses_the_shards(text_run):
     from linrope.data.shards import Shards
     from linrope.training.builders import build_datamodule
-    from tests.data.test_text import files_state
+    from tests.data.helpers import files_state
 
     m = text_run["metrics"]
     assert {"val/loss", "val/bpb", "test/loss", "test/bpb", "test/tokens", "test/bytes"} <= set(m)
@@ -132,7 +132,7 @@ def test_the_passkey_probe_reads_the_runs_tokenizer(text_run, tmp_path):
     from linrope.data.tokenizer import load_tokenizer
     from linrope.evaluation.passkey import build_prompt, checkpoint_tokenizer, probe
     from linrope.run.checkpoint import load_checkpoint
-    from tests.evaluation.test_passkey import compose_passkey
+    from tests.evaluation.helpers import compose_passkey
 
     ckpt = text_run["ckpt"]
     tok = checkpoint_tokenizer(load_checkpoint(str(ckpt)), 300, "passkey")
