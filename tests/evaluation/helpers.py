@@ -27,40 +27,28 @@ def tiny(position, short_conv=0, **attention):
     )
 
 
-def compose_evaluate(*overrides):
+def compose_command(name: str, *overrides):
+    """conf/<name>.yaml composed with ``overrides``, as the command ``python -m linrope.<name>`` composes it."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name=name, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose_evaluate(*overrides):
     import linrope.evaluate  # noqa: F401 - registers the resolver of `out`
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="evaluate", overrides=list(overrides))
-    GlobalHydra.instance().clear()
-    return cfg
+    return compose_command("evaluate", *overrides)
 
 
 def compose_generate(*overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="generate", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_command("generate", *overrides)
 
 
 def compose_passkey(*overrides):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from tests.helpers import CONF
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="passkey", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_command("passkey", *overrides)
