@@ -22,7 +22,8 @@ from linrope.analysis import report_provenance as provenance
 from linrope.analysis import tuning
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.by_order import order_lines
-from linrope.analysis.report import build_report, higher_is_better, markdown_table, pair_record, write_csv
+from linrope.analysis.report import build_report, write_csv
+from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import mean_ci, paired
 from linrope.analysis.study_config import Claim, Study

@@ -5,9 +5,9 @@ only in their seed, and writes into the sweep folder (or ``--out``):
 
 * ``report.md`` — per task, one row per configuration.  The headline column is the **test** score of
   the checkpoint chosen on validation (train.py tests the best checkpoint): ``test/bpb`` for bytes,
-  ``test/bpb`` and ``test/loss`` (per token) for text, ``test/acc`` (and ``test/loss``) for the tasks.  The best validation value is shown as the
-  selection metric only: it was picked on the data it reports.  Each cell is the mean over seeds
-  ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
+  ``test/bpb`` and ``test/loss`` (per token) for text, ``test/acc`` (and ``test/loss``) for the tasks.  The best
+  validation value is shown as the selection metric only: it was picked on the data it reports.  Each cell is the
+  mean over seeds ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
   differences A − B of the pairs the study declares (its config, linrope.analysis.study_config: the
   experiment's ``conf/study/<experiment>.yaml``, else ``default.yaml``; plus ``--pair``) over the seeds both ran, with
   their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
@@ -49,10 +49,9 @@ from linrope.analysis.caveats import (
     movement_section,
     params_cell,
 )
-from linrope.analysis.report_cells import (  # noqa: F401 - fmt, higher_is_better, markdown_table: also imported from here
+from linrope.analysis.report_cells import (
     band_note,
     cell_n,
-    fmt,
     fmt_p,
     higher_is_better,
     markdown_table,

@@ -217,6 +217,8 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     loss_sum, correct, count, examples, seen, values, losses, places = 0.0, 0, 0, 0, [], [], [], []
     nbytes, sizes, docs = 0, [], []
+    if token_bytes is not None:
+        token_bytes = token_bytes.to(device)
     for batch in loader:
         if offsets:
             *batch, where = batch
@@ -232,7 +234,7 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
         count += int(scored.sum())
         examples += batch[0].shape[0]
         if token_bytes is not None:
-            size = token_bytes.to(y.device)[y[scored]]
+            size = token_bytes[y[scored]]
             nbytes += int(size.sum())
         if offsets:
             kept = scored.cpu()
