@@ -111,26 +111,44 @@ def fake_q(device, dtype):
 
 
 @pytest.mark.parametrize(
-    "device,dtype,installed,version,causal,chosen",
+    "device,dtype,installed,version,causal,verified,chosen",
     [
-        ("cpu", torch.float32, True, "2.13.0", True, "chunk"),
-        ("cpu", torch.float16, True, "2.13.0", True, "chunk"),
-        ("cuda", torch.float32, True, "2.13.0", True, "fla"),
-        ("cuda", torch.float16, True, "2.13.0", True, "fla"),  # fla computes it in float32 (kernel_dtype)
-        ("cuda", torch.bfloat16, True, "2.13.0", True, "fla"),
-        ("cuda", torch.float64, True, "2.13.0", True, "chunk"),  # fla has no float64
-        ("cuda", torch.float32, True, "2.13.0", False, "chunk"),  # fla is causal only
-        ("cuda", torch.float32, False, "2.13.0", True, "chunk"),  # fla not installed
-        ("cuda", torch.float32, True, "2.6.0", True, "chunk"),  # torch below fla's floor
+        ("cpu", torch.float32, True, "2.13.0", True, True, "chunk"),
+        ("cpu", torch.float16, True, "2.13.0", True, True, "chunk"),
+        ("cuda", torch.float32, True, "2.13.0", True, True, "fla"),
+        ("cuda", torch.float16, True, "2.13.0", True, True, "fla"),  # fla computes it in float32 (kernel_dtype)
+        ("cuda", torch.bfloat16, True, "2.13.0", True, True, "fla"),
+        ("cuda", torch.bfloat16, True, "2.13.0", True, False, "chunk"),  # these versions failed or never ran
+        ("cuda", torch.float64, True, "2.13.0", True, True, "chunk"),  # fla has no float64
+        ("cuda", torch.float32, True, "2.13.0", False, True, "chunk"),  # fla is causal only
+        ("cuda", torch.float32, False, "2.13.0", True, True, "chunk"),  # fla not installed
+        ("cuda", torch.float32, True, "2.6.0", True, True, "chunk"),  # torch below fla's floor
     ],
 )
-def test_auto_resolves_to_fla_on_cuda_where_it_can_run_else_chunk(
-    monkeypatch, device, dtype, installed, version, causal, chosen
+def test_auto_resolves_to_fla_on_cuda_where_it_can_run_and_passed_the_device_check_else_chunk(
+    monkeypatch, device, dtype, installed, version, causal, verified, chosen
 ):
     monkeypatch.setattr(backends, "_CHOSEN", {})
     monkeypatch.setattr(fla_backend, "INSTALLED", installed)
     monkeypatch.setattr(torch, "__version__", version)
+    monkeypatch.setattr(fla_backend, "VERIFIED", frozenset({fla_backend.versions()} if verified else ()))
     assert backends.resolve("auto", fake_q(device, dtype), Args(causal=causal)) is backends.BACKENDS[chosen]
+
+
+def test_auto_says_why_it_passes_over_fla_on_cuda(monkeypatch, caplog):
+    """Today's VERIFIED is empty (fla's training step failed on an H200): auto on CUDA runs the chunk kernel and
+    its one log line names the versions and where the evidence is."""
+    monkeypatch.setattr(backends, "_CHOSEN", {})
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)
+    monkeypatch.setattr(fla_backend, "versions", lambda: ("0.6.0", "3.6.0"))
+    assert fla_backend.VERIFIED == frozenset()
+    with caplog.at_level(logging.INFO, logger="linrope.ops"):
+        assert backends.resolve("auto", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["chunk"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "linear attention impl=auto: chunk (fla-core 0.6.0 with triton 3.6.0 has not passed the device check's "
+        "training step on a GPU (docs/benchmarks.md); impl=fla runs it)"
+    ]
+    assert backends.resolve("fla", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["fla"]  # opt-in
 
 
 def test_the_linear_attention_configs_default_to_auto_and_compute_chunks_numbers_on_cpu(compose):
@@ -201,18 +219,19 @@ def assert_compiled_kernels():
     assert fla_interpreter.patched() == [] and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def cuda_matches_naive(device, dtype, tol, feature_map, rope):
+def cuda_matches_naive(device, dtype, tol, feature_map, rope, shape=(2, 4, 2048, 32), decayed=True):
     """fla against float64 naive on ``device`` at 2048 positions (float16: past float16's range in fla's
-    outputs): outputs, states and every gradient.  On meta: devices, dtypes and shapes only."""
-    B, H, n, d = 2, 4, 2048, 32
-    decay = DECAY.repeat(2)
+    outputs): outputs, states and every gradient.  On meta: devices, dtypes and shapes only.  ``shape``
+    (B, H, n, d); ``decayed``: with a per-head decay and an initial state, else neither (training's path)."""
+    B, H, n, d = shape
+    decay = DECAY.repeat(H // 2) if decayed else None
     q, k, v, S0, z0 = inputs(
         ("cuda", feature_map, rope),
         feature_map=feature_map,
         rope=rope,
         decay=decay,
         n=n,
-        initial=True,
+        initial=decayed,
         B=B,
         H=H,
         d=d,
@@ -220,7 +239,7 @@ def cuda_matches_naive(device, dtype, tol, feature_map, rope):
         device=device,
     )
     q, k, v = (x.to(dtype).float() for x in (q, k, v))  # the reference sees exactly the rounded inputs
-    kw = dict(feature_map=feature_map, rope=rope, decay=decay.to(device))
+    kw = dict(feature_map=feature_map, rope=rope, decay=None if decay is None else decay.to(device))
     ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
     got = results("fla", dtype, q, k, v, S0, z0, **kw)
     assert {t.device.type for t in got + ref} == {device}
@@ -249,6 +268,7 @@ def compiles_fullgraph(device, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # each dtype, width and decay compiles and autotunes its own kernels: minutes on a fresh GPU
 @needs_cuda
 @pytest.mark.parametrize("dtype,tol", CUDA_DTYPES)
 @pytest.mark.parametrize("feature_map,rope", CUDA_MAPS)
@@ -256,6 +276,25 @@ def test_fla_on_cuda_matches_naive(dtype, tol, feature_map, rope):
     assert_compiled_kernels()
     print(f"fla on cuda {feature_map} {rope} {dtype}: {cuda_matches_naive('cuda', dtype, tol, feature_map, rope)}")
     assert_compiled_kernels()
+
+
+TRAINING_SHAPE = (4, 8, 4096, 64)  # benchmarks/train_throughput.py's size=base at context 4096, batch 4
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_fla_on_cuda_matches_naive_at_the_training_shape():
+    """bfloat16, elu+1, RoPE in the numerator, no decay or state, at the shape whose training step stopped with an
+    illegal memory access on an H200 (docs/benchmarks.md, "The device check"): one call, against float64."""
+    assert_compiled_kernels()
+    errors = cuda_matches_naive("cuda", torch.bfloat16, 3e-2, "elu", "numerator", TRAINING_SHAPE, decayed=False)
+    print(f"fla on cuda at {TRAINING_SHAPE}: {errors}")
+    assert_compiled_kernels()
+
+
+@fla_torch
+def test_fla_on_cuda_matches_naive_at_the_training_shape_runs_on_meta(meta_for_cuda):
+    cuda_matches_naive("meta", torch.bfloat16, 3e-2, "elu", "numerator", TRAINING_SHAPE, decayed=False)
 
 
 @fla_torch
@@ -266,6 +305,7 @@ def test_fla_on_cuda_matches_naive_runs_on_meta(meta_for_cuda, dtype, tol, featu
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # inductor and fla's kernels at d = 32: their own compiles
 @needs_cuda
 def test_fla_on_cuda_compiles_fullgraph():
     assert_compiled_kernels()
@@ -280,12 +320,14 @@ def test_fla_on_cuda_compiles_fullgraph_runs_on_meta(meta_for_cuda):
 
 @fla_torch
 def test_fla_hands_float16_inputs_to_fla_in_float32(meta_for_cuda, monkeypatch):
-    """What the operator receives, per input dtype: float16 -> float32, bfloat16 stays (fla's kernel dtype)."""
-    seen = []
+    """What the operator receives, per input dtype: float16 -> float32, bfloat16 stays (fla's kernel dtype); and
+    widths padded to even (fla asserts even widths for 16-bit inputs), the padding sliced off the output."""
+    seen, widths = [], []
     op = fla_backend.fla_chunk_fwd
 
     def spy(q, k, v, decay, h0, final):
         seen.append({x.dtype for x in (q, k, v)})
+        widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
         return op(q, k, v, decay, h0, final)
 
     monkeypatch.setattr(fla_backend, "fla_chunk_fwd", spy)
@@ -298,6 +340,11 @@ def test_fla_hands_float16_inputs_to_fla_in_float32(meta_for_cuda, monkeypatch):
         q = torch.zeros(1, 2, 100, 8, device="meta", dtype=dtype)
         assert linear_attention(q, q, q, impl="fla", decay=DECAY.to("meta")).dtype == dtype
         assert seen == [{kernel}, {kernel}]  # the numerator's and the denominator's call
+        assert widths[-2:] == [(8, 8, 8), (8, 8, 2)]  # d = 8 and the ones column, padded to an even width
+    widths.clear()
+    q, v = (torch.zeros(1, 2, 100, w, device="meta", dtype=torch.bfloat16) for w in (24, 40))
+    assert linear_attention(q, q, v, impl="fla", feature_map="cosine").shape == v.shape  # padding sliced off
+    assert widths == [(26, 26, 40), (26, 26, 2)]  # cosine's d+1 = 25 and the ones column: even widths
 
 
 # --------------------------------------------------------------------------------------------------------

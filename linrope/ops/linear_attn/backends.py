@@ -10,7 +10,8 @@ differentiated tables, device), and runs ``backend.run(q, k, v, args)``.  Every 
     chunk      chunked, hand-written backward: training (the default)
     recurrent  position by position through autograd: a check of the recurrence
     fla        fla's chunked Triton kernels (CUDA and the ``gpu`` extra)
-    auto       chooses: fla where the registry accepts it on a CUDA device, else chunk (logged once)
+    auto       chooses: fla where the registry accepts it on a CUDA device and its versions passed the device
+               check (``fla_backend.VERIFIED``: none yet), else chunk (logged once)
 
 A new backend is one ``Backend(...)`` entry below and one form ``fn(q, k, v, args)`` beside its naive twin.
 """
@@ -87,10 +88,11 @@ _CHOSEN: dict = {}
 
 
 def _auto(q: Tensor, a: Args) -> str:
-    """fla on a CUDA device where the registry accepts it (causal, 16/32-bit, the gpu extra), else chunk.  The
-    choice is logged once per device type and choice (outside torch.compile's tracing)."""
+    """fla on a CUDA device where the registry accepts it (causal, 16/32-bit, the gpu extra) and its versions passed
+    the device check (``fla_backend.VERIFIED``), else chunk.  The choice is logged once per device type and choice
+    (outside torch.compile's tracing)."""
     kind = q.device.type
-    refused = BACKENDS["fla"].refusal(q, a) if kind == "cuda" else None
+    refused = (BACKENDS["fla"].refusal(q, a) or fla_backend.unverified()) if kind == "cuda" else None
     impl = "fla" if (kind == "cuda" and refused is None) else "chunk"
     if (kind, impl) not in _CHOSEN and not torch.compiler.is_compiling():
         _CHOSEN[(kind, impl)] = True
@@ -129,7 +131,7 @@ BACKENDS = {
             unavailable=fla_backend.unavailable,
             windowed=False,
         ),
-        Backend("auto", "fla where it can run on CUDA, the chunk kernel elsewhere", choose=_auto),
+        Backend("auto", "fla where it can run on CUDA and passed the device check, else chunk", choose=_auto),
     )
 }
 

@@ -37,6 +37,7 @@ document's start (``varlen``; a host read of their number per call).
 Nothing here imports fla or triton before a call needs them (``import linrope.ops`` stays free of both).
 """
 
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -57,6 +58,11 @@ _LOG2E = 1.0 / math.log(2.0)  # fla's kernels take the log-decay in base 2
 _NONE = (0,)  # the shape of a placeholder output
 TORCH_FLOOR = (2, 7)  # fla-core 0.6.0's own requirement (its metadata: torch>=2.7.0 with its cuda extra)
 INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("fla", "triton"))  # finds, does not import
+# (fla-core, triton) versions whose training step passed the device check (benchmarks/gpu_check.sh) on a GPU:
+# ``impl=auto`` takes fla only with one of these.  None yet: on an H200 (torch 2.11.0, triton 3.6.0, fla-core
+# 0.6.0) the bfloat16 training step of size=base at context 4096, batch 4, stopped with an illegal memory access in
+# fla's kernels, twice (2026-11-27; docs/benchmarks.md, "The device check"), where impl=chunk trained.
+VERIFIED: frozenset = frozenset()
 
 
 def torch_too_old() -> Optional[str]:
@@ -68,6 +74,28 @@ def torch_too_old() -> Optional[str]:
             f"(here {torch.__version__}); use impl=chunk"
         )
     return None
+
+
+def versions() -> tuple:
+    """(fla-core, triton) as installed, from their package metadata (neither is imported)."""
+    found = []
+    for dist in ("fla-core", "triton"):
+        try:
+            found.append(importlib.metadata.version(dist))
+        except importlib.metadata.PackageNotFoundError:
+            found.append("not installed")
+    return tuple(found)
+
+
+def unverified() -> Optional[str]:
+    """Why ``impl=auto`` does not take fla even where it can run, or None: these versions are not in ``VERIFIED``."""
+    fla, triton = versions()
+    if (fla, triton) in VERIFIED:
+        return None
+    return (
+        f"fla-core {fla} with triton {triton} has not passed the device check's training step on a GPU "
+        "(docs/benchmarks.md); impl=fla runs it"
+    )
 
 
 def unavailable(device) -> Optional[str]:
@@ -308,4 +336,4 @@ def _empty(q, v, feature_map, initial_state, output_final_state):
     return out, LinearAttentionState(initial_state.S.float(), initial_state.z.float())
 
 
-__all__ = ["fla_form", "unavailable", "kernels", "kernel_dtype", "FLA_VERSION", "TORCH_FLOOR"]
+__all__ = ["fla_form", "unavailable", "unverified", "kernels", "kernel_dtype", "FLA_VERSION", "TORCH_FLOOR", "VERIFIED"]
