@@ -362,12 +362,20 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
         (gpu_table.LINROPE_CHUNK, 20.0),
     ):
         ctx.add_row({"part": "kernels", "n": 16384, "form": form, "status": "ok", "fwd_bwd_ms": ms, "fwd_ms": 1.0})
-    for model, tps in zip(gpu_check.TRAIN_MODELS, (900.0, 1100.0, 1000.0)):  # impl=chunk, impl=fla, softmax
-        ctx.add_row({"part": "train", "model": model, "context": 4096, "status": "ok", "tokens_per_s": tps})
+    for process, model, tps in (  # each linear form beside its own process's softmax baseline
+        (1, gpu_check.LINEAR_CHUNK, 900.0),
+        (1, gpu_check.SOFTMAX, 1000.0),
+        (2, gpu_check.LINEAR_FLA, 1100.0),
+        (2, gpu_check.SOFTMAX, 500.0),
+    ):
+        ctx.add_row(
+            {"part": "train", "process": process, "model": model, "context": 4096, "status": "ok", "tokens_per_s": tps}
+        )
     within, fla_sdpa, chunk_sdpa, train_fla, train_chunk = gpu_check.goals(ctx)
     assert within[1].endswith(f"= {fla_ms / 10:.2f}×") and within[2] == met
     assert fla_sdpa[2] == "yes" and chunk_sdpa[1].endswith("= 4.00×") and chunk_sdpa[2] == "no"
-    assert (train_fla[2], train_chunk[2]) == ("yes", "no") and train_fla[1].endswith("= 1.10×")
+    assert (train_fla[2], train_chunk[2]) == ("yes", "no") and train_fla[1].endswith("= 2.20×")
+    assert train_chunk[1].endswith("= 0.90×")
     md = gpu_check.report(ctx)
     assert f"| 16384 | {gpu_table.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
 
@@ -387,7 +395,7 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     for heading in (
         "## Environment",
         "## Parts",
-        "## CUDA tests (`pytest -m gpu`)",
+        '## CUDA tests (`pytest -m "gpu and not slow"`)',
         "## Kernel table",
         "## Training throughput",
         "## FSDP",
@@ -410,10 +418,11 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
         assert row(n, gpu_table.LINROPE_CHUNK)[-1].startswith("failed: RuntimeError: forced failure")
         for form in (gpu_table.FLA_KERNEL, gpu_table.LINROPE_FLA):
             assert row(n, form)[-1].startswith("unavailable: fla's Triton kernels need a CUDA device")
-    chunk = row(gpu_check.LINEAR_CHUNK)
+    chunk = row(1, gpu_check.LINEAR_CHUNK)
     assert float(chunk[4].replace(" ", "")) > 0 and chunk[-1] == "ok"  # tokens/s
-    assert row(gpu_check.SOFTMAX)[-1].startswith("failed: RuntimeError: forced failure")
-    assert row(gpu_check.LINEAR_FLA)[-1].startswith("unavailable: impl=fla: fla's Triton kernels need a CUDA device")
+    for process in (1, 2):  # the baseline beside each linear form, in its own process
+        assert row(process, gpu_check.SOFTMAX)[-1].startswith("failed: RuntimeError: forced failure")
+    assert row(2, gpu_check.LINEAR_FLA)[-1].startswith("unavailable: impl=fla: fla's Triton kernels need a CUDA device")
     assert re.search(
         r"^\| `python train.py model=linear_rope size=tiny trainer=fsdp .*\| (missing|unavailable) \|", md, re.M
     )
