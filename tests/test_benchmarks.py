@@ -380,6 +380,16 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
     assert f"| 16384 | {gpu_table.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
 
 
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_device_check_budgets_train_at_the_goals_context_when_every_part_takes_its_share(device):
+    """The training part's own share, split between its processes, is enough for the long context the goals
+    name (4096 on CUDA): the context falls back only when earlier parts overran; and the shares fit the total."""
+    shares, sizes = gpu_check.SHARES[device], gpu_check.SIZES[device]
+    assert shares["train"] / len(gpu_check.TRAIN_PROCESSES) >= sizes["long_context_s"]
+    assert sum(shares.values()) <= gpu_check.TOTAL_S[device]
+    assert gpu_check.TOTAL_S["cuda"] + 60 <= 600  # with the device machine's start, within one 10-minute command
+
+
 @pytest.mark.slow
 def test_device_check_stand_in_runs_end_to_end(tmp_path):
     """bash benchmarks/gpu_check.sh --cpu: every part, every table and row label in gpu_check.md; a form and a
