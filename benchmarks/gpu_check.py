@@ -5,8 +5,9 @@ PYTHONPATH first); ``--cpu`` is the stand-in that runs the same parts on the CPU
 order, each a subprocess with its own time budget, each failing without stopping the others:
 
   env      the Python, torch, CUDA device, triton, fla (imported, not merely found), lightning, hydra versions
-  kernels  benchmarks/gpu_table.py: fwd+bwd of sdpa flash, fla chunk_simple_gla, linrope on fla, linrope chunk,
-           bf16, causal, B 1, H 8, d 64, N = 1k, 4k, 16k, 64k (cpu: 256, 512)
+  kernels  benchmarks/gpu_table.py: fwd+bwd of sdpa flash and linrope chunk, then in a second process of sdpa
+           flash, fla chunk_simple_gla and linrope on fla; bf16, causal, B 1, H 8, d 64, N = 1k, 4k, 16k, 64k
+           (cpu: 256, 512)
   tests    ``pytest -m "gpu and not slow"`` on the test files that carry the marker (the CUDA tests that reuse the
            kernels' compiled fla kernels; ``pytest -m gpu`` runs all, fla's full matrix compiling for minutes)
   train    benchmarks/train_throughput.py: training tokens/s and peak memory, bf16-mixed, size=base, batch 4,
@@ -44,7 +45,8 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu_table import FLA_KERNEL, FORMS, LINROPE_CHUNK, LINROPE_FLA, SDPA  # noqa: E402
+from benchmarks.forms import REGISTRY  # noqa: E402
+from benchmarks.gpu_table import FLA_KERNEL, LINROPE_CHUNK, LINROPE_FLA, SDPA  # noqa: E402
 from benchmarks.timing import fmt as _f  # noqa: E402
 from benchmarks.timing import table  # noqa: E402
 
@@ -60,6 +62,9 @@ LINEAR_CHUNK, LINEAR_FLA, SOFTMAX = TRAIN_MODELS
 # one process per linear form, each beside the softmax baseline: a CUDA fault in one form's kernels ends its
 # process's CUDA context (2026-11-27: fla's, on an H200), and would otherwise take the other form's rows with it
 TRAIN_PROCESSES = ((LINEAR_CHUNK, SOFTMAX), (LINEAR_FLA, SOFTMAX))
+# the kernel table likewise (registry keys): sdpa flash, the baseline of every ratio, in each process
+KERNEL_PROCESSES = (("sdpa-flash", "chunk"), ("sdpa-flash", "fla-triton", "fla"))
+KERNEL_SHARES = (1, 3)  # how the part's budget divides between them: fla compiles for 75-85 s per kernel set
 SIZES = {  # what each mode measures
     "cuda": {
         "lengths": [1024, 4096, 16384, 65536],
@@ -269,46 +274,90 @@ def part_tests(ctx) -> dict:
 
 
 def part_kernels(ctx) -> dict:
+    """benchmarks/gpu_table.py once per entry of KERNEL_PROCESSES (sdpa flash and linrope chunk; then sdpa flash
+    and the fla forms), each with its share of the budget; rows carry the process's number, and a ratio is read
+    within one process."""
     s = SIZES[ctx.device]
     budget = ctx.budget("kernels")
-    cmd = [
-        sys.executable,
-        "benchmarks/gpu_table.py",
-        "--device",
-        ctx.device,
-        "--lengths",
-        *map(str, s["lengths"]),
-        "--warmup",
-        str(s["warmup"]),
-        "--repeats",
-        str(s["repeats"]),
-        "--budget-s",
-        f"{max(budget - 20, 5):.0f}",
-        "--jsonl",
-        str(ctx.jsonl),
-    ]
-    res = run_part(cmd, budget, ctx.log)
+    t0 = time.perf_counter()
+    results, lost = [], 0
+    for i, keys in enumerate(KERNEL_PROCESSES, 1):
+        left = budget - (time.perf_counter() - t0)
+        share = left * KERNEL_SHARES[i - 1] / sum(KERNEL_SHARES[i - 1 :])
+        cmd = [
+            sys.executable,
+            "benchmarks/gpu_table.py",
+            "--device",
+            ctx.device,
+            "--lengths",
+            *map(str, s["lengths"]),
+            "--forms",
+            *keys,
+            "--ratios",
+            *[f"{keys[0]}/{k}" for k in keys[1:]],
+            "--warmup",
+            str(s["warmup"]),
+            "--repeats",
+            str(s["repeats"]),
+            "--budget-s",
+            f"{max(share - 15, 5):.0f}",
+        ]
+        res, rows = tagged_process(ctx, "kernels", i, cmd, share)
+        results.append(res)
+        done = {(r["n"], r["form"]) for r in rows}
+        labels = [REGISTRY[k].label for k in keys]
+        for n, f in [(n, f) for n in s["lengths"] for f in labels if (n, f) not in done]:
+            lost += 1  # the process died or was killed before these rows: say so, in the rows
+            ctx.add_row(
+                {
+                    "part": "kernels",
+                    "process": i,
+                    "n": n,
+                    "form": f,
+                    "device": ctx.device,
+                    "status": "not run",
+                    "note": "the table's process " + ("timed out" if res["timed_out"] else f"exited {res['rc']}"),
+                }
+            )
+    res = merged(results, t0)
     rows = ctx.rows("kernels")
-    done = {(r["n"], r["form"]) for r in rows}
-    lost = [(n, f) for n in s["lengths"] for f in FORMS if (n, f) not in done]
-    for n, f in lost:  # the process died or was killed before these rows: say so, in the rows
-        ctx.add_row(
-            {
-                "part": "kernels",
-                "n": n,
-                "form": f,
-                "device": ctx.device,
-                "status": "not run",
-                "note": "the table's process " + ("timed out" if res["timed_out"] else f"exited {res['rc']}"),
-            }
-        )
     failed = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and ctx.device == "cuda")]
     if res["timed_out"]:
-        return dict(res, status="timed out", note=f"{len(lost)} rows not run")
+        return dict(res, status="timed out", note=f"{lost} rows not run")
     if failed or res["rc"] != 0:
         what = "; ".join(f"{r['form']} at {r['n']}: {r.get('note')}" for r in failed[:3])
         return dict(res, status="failed", note=what or _last(res, f"exit status {res['rc']}"))
     return dict(res, status="ok", note=f"{len(rows)} rows")
+
+
+def tagged_process(ctx, part: str, process: int, cmd: list, budget: float):
+    """Run one benchmark process (``cmd`` without its ``--jsonl``) for at most ``budget``; its rows, tagged with
+    ``process``, go to the check's jsonl.  -> (run_part's result, the rows)."""
+    rows_file = ctx.out / f"{part}_process{process}.jsonl.tmp"
+    rows_file.unlink(missing_ok=True)
+    res = run_part([*cmd, "--jsonl", str(rows_file)], budget, ctx.log)
+    rows = []
+    if rows_file.exists():
+        for line in rows_file.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut off by a kill
+                continue
+        rows_file.unlink()
+    rows = [dict(r, process=process) for r in rows if r.get("part") == part]
+    for r in rows:
+        ctx.add_row(r)
+    return res, rows
+
+
+def merged(results: list, t0: float) -> dict:
+    """One part's result from its processes' results."""
+    return {
+        "rc": max(r["rc"] or 0 for r in results),
+        "timed_out": any(r["timed_out"] for r in results),
+        "wall_s": time.perf_counter() - t0,
+        "lines": [ln for r in results for ln in r["lines"]],
+    }
 
 
 def part_train(ctx) -> dict:
@@ -328,12 +377,7 @@ def part_train(ctx) -> dict:
         if res["timed_out"]:
             notes.append(f"process {i} timed out")
         notes += [f"{r['model']}: {r.get('note')}" for r in failed[:3]]
-    res = {
-        "rc": max(r["rc"] or 0 for r in results),
-        "timed_out": any(r["timed_out"] for r in results),
-        "wall_s": time.perf_counter() - t0,
-        "lines": [ln for r in results for ln in r["lines"]],
-    }
+    res = merged(results, t0)
     if res["timed_out"]:
         return dict(res, status="timed out", note=f"context {context}; " + "; ".join(notes))
     if notes or res["rc"] != 0:
@@ -342,11 +386,9 @@ def part_train(ctx) -> dict:
 
 
 def train_process(ctx, process: int, models, context: int, budget: float):
-    """One train_throughput.py process: its rows, tagged with ``process``, go to the check's jsonl; a model the
-    process did not reach gets a "not run" row.  -> (run_part's result, this process's failed rows)."""
+    """One train_throughput.py process; a model it did not reach gets a "not run" row.  -> (run_part's result,
+    this process's failed rows)."""
     s = SIZES[ctx.device]
-    rows_file = ctx.out / f"train_process{process}.jsonl.tmp"
-    rows_file.unlink(missing_ok=True)
     cmd = [
         sys.executable,
         "benchmarks/train_throughput.py",
@@ -366,37 +408,24 @@ def train_process(ctx, process: int, models, context: int, budget: float):
         *models,
         "--override",
         f"size={s['size']}",
-        "--jsonl",
-        str(rows_file),
     ]
-    res = run_part(cmd, budget, ctx.log)
-    rows = []
-    if rows_file.exists():
-        for line in rows_file.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut off by a kill
-                continue
-        rows_file.unlink()
-    rows = [dict(r, process=process) for r in rows if r.get("part") == "train"]
+    res, rows = tagged_process(ctx, "train", process, cmd, budget)
     done = {r["model"] for r in rows}
     for m in models:
         if m not in done:
-            rows.append(
-                {
-                    "part": "train",
-                    "process": process,
-                    "model": m,
-                    "context": context,
-                    "batch": s["batch"],
-                    "device": ctx.device,
-                    "precision": "bf16-mixed",
-                    "status": "not run",
-                    "note": "timed out" if res["timed_out"] else _last(res, f"exit status {res['rc']}"),
-                }
-            )
-    for r in rows:
-        ctx.add_row(r)
+            row = {
+                "part": "train",
+                "process": process,
+                "model": m,
+                "context": context,
+                "batch": s["batch"],
+                "device": ctx.device,
+                "precision": "bf16-mixed",
+                "status": "not run",
+                "note": "timed out" if res["timed_out"] else _last(res, f"exit status {res['rc']}"),
+            }
+            rows.append(row)
+            ctx.add_row(row)
     failed = [
         r
         for r in rows
@@ -453,9 +482,22 @@ def _last(res: dict, default: str) -> str:
 # ------------------------------------------------------------------------------------------------------------
 # the report
 # ------------------------------------------------------------------------------------------------------------
-def kernel_ms(rows, n, form) -> Optional[float]:
-    r = next((r for r in rows if r["n"] == n and r["form"] == form and r["status"] == "ok"), None)
+def kernel_ms(rows, n, form, process=None) -> Optional[float]:
+    """fwd+bwd ms of ``form`` at ``n`` (in ``process`` when given: the same process as the row it is set against)."""
+    r = next(
+        (
+            r
+            for r in rows
+            if r["n"] == n and r["form"] == form and r["status"] == "ok" and process in (None, r.get("process"))
+        ),
+        None,
+    )
     return r["fwd_bwd_ms"] if r else None
+
+
+def kernel_process(form: str) -> int:
+    """The process of KERNEL_PROCESSES a non-baseline form runs in."""
+    return next(i for i, keys in enumerate(KERNEL_PROCESSES, 1) if form in [REGISTRY[k].label for k in keys[1:]])
 
 
 def goals(ctx) -> list[list[str]]:
@@ -469,7 +511,8 @@ def goals(ctx) -> list[list[str]]:
             return "not measured"
         return ("yes" if ok else "no") + (" (CPU stand-in: not a GPU result)" if stand_in else "")
 
-    a, b = kernel_ms(k, GOAL_N, LINROPE_FLA), kernel_ms(k, GOAL_N, FLA_KERNEL)
+    fla = kernel_process(LINROPE_FLA)
+    a, b = kernel_ms(k, GOAL_N, LINROPE_FLA, fla), kernel_ms(k, GOAL_N, FLA_KERNEL, fla)
     out.append(
         [
             f"linrope on fla within 1.3× of fla chunk_simple_gla, fwd+bwd, bf16, N = {GOAL_N}",
@@ -479,9 +522,9 @@ def goals(ctx) -> list[list[str]]:
             verdict(a / b <= 1.3 if a and b else None),
         ]
     )
-    s = kernel_ms(k, GOAL_N, SDPA)
     for form in (LINROPE_FLA, LINROPE_CHUNK):
-        x = kernel_ms(k, GOAL_N, form)
+        process = kernel_process(form)
+        s, x = kernel_ms(k, GOAL_N, SDPA, process), kernel_ms(k, GOAL_N, form, process)  # sdpa of its process
         out.append(
             [
                 f"{form} ≥ 5× faster than sdpa flash (causal), fwd+bwd, N = {GOAL_N}",
@@ -565,11 +608,13 @@ def report(ctx) -> str:
         f'`linear_attention(impl="fla")`, elu+1, RoPE in the numerator, normalised, on two fla calls; '
         f"**{LINROPE_CHUNK}**: the same on linrope's own chunked kernel. Peak MiB: allocated during one fwd+bwd "
         f"above what was allocated before it (CUDA only). First call s: the first fwd+bwd, Triton's compile and "
-        f"autotuning included.",
+        f"autotuning included. Process 1 times sdpa flash and linrope chunk, process 2 sdpa flash and the fla forms "
+        f"(a CUDA fault ends its process); each ratio is within one process.",
         "",
     ]
     k = ctx.rows("kernels")
     head = [
+        "process",
         "N",
         "form",
         "fwd+bwd ms",
@@ -582,10 +627,12 @@ def report(ctx) -> str:
     ]
     rows = []
     for r in k:
-        ms, base, sd = r.get("fwd_bwd_ms"), kernel_ms(k, r["n"], FLA_KERNEL), kernel_ms(k, r["n"], SDPA)
+        p = r.get("process")
+        ms, base, sd = r.get("fwd_bwd_ms"), kernel_ms(k, r["n"], FLA_KERNEL, p), kernel_ms(k, r["n"], SDPA, p)
         status = r["status"] + (f": {r['note']}" if r.get("note") else "")
         rows.append(
             [
+                p or "–",
                 r["n"],
                 r["form"],
                 _f(ms),

@@ -355,13 +355,24 @@ def test_training_throughput_refuses_a_model_spec_that_is_not_key_value(capsys):
 @pytest.mark.parametrize("fla_ms,met", [(13.0, "yes"), (13.5, "no")])
 def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
     ctx = gpu_check.Context(argparse.Namespace(cpu=False, out=tmp_path, parts=list(gpu_check.PARTS), total_s=None))
-    for form, ms in (
-        (gpu_table.SDPA, 80.0),
-        (gpu_table.FLA_KERNEL, 10.0),
-        (gpu_table.LINROPE_FLA, fla_ms),
-        (gpu_table.LINROPE_CHUNK, 20.0),
+    for process, form, ms in (  # each form against the sdpa flash of its own process
+        (1, gpu_table.SDPA, 80.0),
+        (1, gpu_table.LINROPE_CHUNK, 20.0),
+        (2, gpu_table.SDPA, 90.0),
+        (2, gpu_table.FLA_KERNEL, 10.0),
+        (2, gpu_table.LINROPE_FLA, fla_ms),
     ):
-        ctx.add_row({"part": "kernels", "n": 16384, "form": form, "status": "ok", "fwd_bwd_ms": ms, "fwd_ms": 1.0})
+        ctx.add_row(
+            {
+                "part": "kernels",
+                "process": process,
+                "n": 16384,
+                "form": form,
+                "status": "ok",
+                "fwd_bwd_ms": ms,
+                "fwd_ms": 1.0,
+            }
+        )
     for process, model, tps in (  # each linear form beside its own process's softmax baseline
         (1, gpu_check.LINEAR_CHUNK, 900.0),
         (1, gpu_check.SOFTMAX, 1000.0),
@@ -373,11 +384,12 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
         )
     within, fla_sdpa, chunk_sdpa, train_fla, train_chunk = gpu_check.goals(ctx)
     assert within[1].endswith(f"= {fla_ms / 10:.2f}×") and within[2] == met
-    assert fla_sdpa[2] == "yes" and chunk_sdpa[1].endswith("= 4.00×") and chunk_sdpa[2] == "no"
+    assert fla_sdpa[1].endswith(f"= {90 / fla_ms:.2f}×") and fla_sdpa[2] == "yes"
+    assert chunk_sdpa[1].endswith("= 4.00×") and chunk_sdpa[2] == "no"
     assert (train_fla[2], train_chunk[2]) == ("yes", "no") and train_fla[1].endswith("= 2.20×")
     assert train_chunk[1].endswith("= 0.90×")
     md = gpu_check.report(ctx)
-    assert f"| 16384 | {gpu_table.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
+    assert f"| 2 | 16384 | {gpu_table.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -423,11 +435,12 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     assert row("tests")[0] == "ok" and "skipped" in row("tests")[-1]  # no CUDA: the gpu tests skip
     assert row("kernels")[0] == row("train")[0] == "failed"
     for n in gpu_check.SIZES["cpu"]["lengths"]:
-        sdpa = row(n, gpu_table.SDPA)
-        assert float(sdpa[0]) > 0 and sdpa[-1] == "ok"
-        assert row(n, gpu_table.LINROPE_CHUNK)[-1].startswith("failed: RuntimeError: forced failure")
+        for process in (1, 2):  # the baseline in each process
+            sdpa = row(process, n, gpu_table.SDPA)
+            assert float(sdpa[0]) > 0 and sdpa[-1] == "ok"
+        assert row(1, n, gpu_table.LINROPE_CHUNK)[-1].startswith("failed: RuntimeError: forced failure")
         for form in (gpu_table.FLA_KERNEL, gpu_table.LINROPE_FLA):
-            assert row(n, form)[-1].startswith("unavailable: fla's Triton kernels need a CUDA device")
+            assert row(2, n, form)[-1].startswith("unavailable: fla's Triton kernels need a CUDA device")
     chunk = row(1, gpu_check.LINEAR_CHUNK)
     assert float(chunk[4].replace(" ", "")) > 0 and chunk[-1] == "ok"  # tokens/s
     for process in (1, 2):  # the baseline beside each linear form, in its own process
