@@ -402,6 +402,23 @@ def test_device_check_budgets_train_at_the_goals_context_when_every_part_takes_i
     assert gpu_check.TOTAL_S["cuda"] + 60 <= 600  # with the device machine's start, within one 10-minute command
 
 
+def test_device_check_tests_part_runs_the_quick_gpu_tests_with_blocking_launches(tmp_path, monkeypatch):
+    """The tests part: the gpu tests that are not slow (fla's full matrix compiles for minutes), each CUDA launch
+    blocking so a fault names its kernel."""
+    seen = {}
+
+    def fake_run_part(cmd, budget_s, log, env=None):
+        seen.update(cmd=cmd, env=env)
+        return {"rc": 0, "timed_out": False, "wall_s": 1.0, "lines": ["3 passed in 1.0s"]}
+
+    monkeypatch.setattr(gpu_check, "run_part", fake_run_part)
+    ctx = gpu_check.Context(argparse.Namespace(cpu=False, out=tmp_path, parts=list(gpu_check.PARTS), total_s=None))
+    assert gpu_check.part_tests(ctx)["status"] == "ok"
+    assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == "gpu and not slow"
+    assert seen["env"] == {"CUDA_LAUNCH_BLOCKING": "1"}
+    assert "tests/ops/test_fla.py" in seen["cmd"]
+
+
 @pytest.mark.slow
 def test_device_check_stand_in_runs_end_to_end(tmp_path):
     """bash benchmarks/gpu_check.sh --cpu: every part, every table and row label in gpu_check.md; a form and a
