@@ -65,6 +65,7 @@ LINEAR_CHUNK, LINEAR_FLA, SOFTMAX = TRAIN_MODELS
 TRAIN_PROCESSES = ((LINEAR_CHUNK, SOFTMAX), (LINEAR_FLA, SOFTMAX))
 # the kernel table likewise (registry keys): sdpa flash, the baseline of every ratio, in each process
 KERNEL_PROCESSES = (("sdpa-flash", "chunk"), ("sdpa-flash", "fla-triton", "fla"))
+KERNEL_LABELS = tuple(tuple(REGISTRY[k].label for k in keys) for keys in KERNEL_PROCESSES)  # the rows' forms
 KERNEL_SHARES = (1, 3)  # how the part's budget divides between them: fla compiles for 75-85 s per kernel set
 SIZES = {  # what each mode measures
     "cuda": {
@@ -285,8 +286,7 @@ def part_kernels(ctx) -> dict:
     t0 = time.perf_counter()
     results, lost = [], 0
     for i, keys in enumerate(KERNEL_PROCESSES, 1):
-        left = budget - (time.perf_counter() - t0)
-        share = left * KERNEL_SHARES[i - 1] / sum(KERNEL_SHARES[i - 1 :])
+        share = process_budget(budget, t0, KERNEL_SHARES, i)
         cmd = [
             sys.executable,
             "benchmarks/gpu_table.py",
@@ -308,8 +308,7 @@ def part_kernels(ctx) -> dict:
         res, rows = tagged_process(ctx, "kernels", i, cmd, share)
         results.append(res)
         done = {(r["n"], r["form"]) for r in rows}
-        labels = [REGISTRY[k].label for k in keys]
-        for n, f in [(n, f) for n in s["lengths"] for f in labels if (n, f) not in done]:
+        for n, f in [(n, f) for n in s["lengths"] for f in KERNEL_LABELS[i - 1] if (n, f) not in done]:
             lost += 1  # the process died or was killed before these rows: say so, in the rows
             ctx.add_row(
                 {
@@ -339,18 +338,35 @@ def tagged_process(ctx, part: str, process: int, cmd: list, budget: float):
     rows_file = ctx.out / f"{part}_process{process}.jsonl.tmp"
     rows_file.unlink(missing_ok=True)
     res = run_part([*cmd, "--jsonl", str(rows_file)], budget, ctx.log)
-    rows = []
-    if rows_file.exists():
-        for line in rows_file.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut off by a kill
-                continue
-        rows_file.unlink()
-    rows = [dict(r, process=process) for r in rows if r.get("part") == part]
+    rows = [dict(r, process=process) for r in read_rows(rows_file, part)]
+    rows_file.unlink(missing_ok=True)
     for r in rows:
         ctx.add_row(r)
     return res, rows
+
+
+def read_rows(path: Path, part: str) -> list[dict]:
+    """The rows of ``part`` in the jsonl file ``path`` (none if it is missing; a line cut off by a kill skipped)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("part") == part:
+            out.append(r)
+    return out
+
+
+def process_budget(budget: float, t0: float, weights, i: int) -> float:
+    """Process ``i``'s (1-based) share of what is left of a part's ``budget`` since ``t0``, by ``weights``."""
+    left = budget - (time.perf_counter() - t0)
+    return left * weights[i - 1] / sum(weights[i - 1 :])
+
+
+def process_of(name: str, processes) -> int:
+    """The process (1-based) that runs ``name``: a form or model of one process only, not a baseline."""
+    return next(i for i, names in enumerate(processes, 1) if name in names)
 
 
 def merged(results: list, t0: float) -> dict:
@@ -373,8 +389,7 @@ def part_train(ctx) -> dict:
     ctx.train_context = context
     results, notes = [], []
     for i, models in enumerate(TRAIN_PROCESSES, 1):
-        left = budget - (time.perf_counter() - t0)
-        share = left / (len(TRAIN_PROCESSES) - i + 1)
+        share = process_budget(budget, t0, [1] * len(TRAIN_PROCESSES), i)
         res, failed = train_process(ctx, i, models, context, share)
         results.append(res)
         if res["timed_out"]:
@@ -498,11 +513,6 @@ def kernel_ms(rows, n, form, process=None) -> Optional[float]:
     return r["fwd_bwd_ms"] if r else None
 
 
-def kernel_process(form: str) -> int:
-    """The process of KERNEL_PROCESSES a non-baseline form runs in."""
-    return next(i for i, keys in enumerate(KERNEL_PROCESSES, 1) if form in [REGISTRY[k].label for k in keys[1:]])
-
-
 def goals(ctx) -> list[list[str]]:
     """[goal, measured, met] for the three GPU goals."""
     k, t = ctx.rows("kernels"), {(r.get("process"), r["model"]): r for r in ctx.rows("train")}
@@ -514,7 +524,7 @@ def goals(ctx) -> list[list[str]]:
             return "not measured"
         return ("yes" if ok else "no") + (" (CPU stand-in: not a GPU result)" if stand_in else "")
 
-    fla = kernel_process(LINROPE_FLA)
+    fla = process_of(LINROPE_FLA, KERNEL_LABELS)
     a, b = kernel_ms(k, GOAL_N, LINROPE_FLA, fla), kernel_ms(k, GOAL_N, FLA_KERNEL, fla)
     out.append(
         [
@@ -526,7 +536,7 @@ def goals(ctx) -> list[list[str]]:
         ]
     )
     for form in (LINROPE_FLA, LINROPE_CHUNK):
-        process = kernel_process(form)
+        process = process_of(form, KERNEL_LABELS)
         s, x = kernel_ms(k, GOAL_N, SDPA, process), kernel_ms(k, GOAL_N, form, process)  # sdpa of its process
         out.append(
             [
@@ -538,7 +548,7 @@ def goals(ctx) -> list[list[str]]:
             ]
         )
     for m in (LINEAR_FLA, LINEAR_CHUNK):
-        process = next(i for i, models in enumerate(TRAIN_PROCESSES, 1) if m in models)
+        process = process_of(m, TRAIN_PROCESSES)
         sm = t.get((process, SOFTMAX), {}).get("tokens_per_s")  # the baseline measured in the same process
         lin = t.get((process, m), {}).get("tokens_per_s")
         at = t.get((process, m), {}).get("context", ctx.train_context)
@@ -740,15 +750,7 @@ class Context:
         return max(left - sum(SHARES[self.device][p] for p in later), 5.0)
 
     def rows(self, part: str) -> list[dict]:
-        out = []
-        for line in self.jsonl.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:  # a line cut off by a kill
-                continue
-            if r.get("part") == part:
-                out.append(r)
-        return out
+        return read_rows(self.jsonl, part)
 
     def add_row(self, row: dict) -> None:
         with open(self.jsonl, "a") as f:

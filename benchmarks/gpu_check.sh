@@ -2,7 +2,8 @@
 # The device check in one command (issue 31): environment, `pytest -m gpu`, the kernel table, training tokens/s
 # and peak memory, a short FSDP run, the GPU goals; everything as markdown in $OUT/gpu_check.md (with
 # gpu_check.log and gpu_check.jsonl beside it).  At most about 9 minutes (520 s) on one H100 or H200; each part
-# has its own time budget and a failing part does not stop the others.  Exit status 1 if any part failed (2: no CUDA GPU, no --cpu).
+# has its own time budget and a failing part does not stop the others.  Exit status 1 if any part failed (2: no
+# CUDA GPU, no --cpu).
 #
 #   bash benchmarks/gpu_check.sh               # on the GPU machine (OUT=... or outputs/gpu_check/)
 #   bash benchmarks/gpu_check.sh --cpu         # the CPU stand-in: the same code paths at tiny sizes (~1 min)

@@ -37,6 +37,7 @@ document's start (``varlen``; a host read of their number per call).
 Nothing here imports fla or triton before a call needs them (``import linrope.ops`` stays free of both).
 """
 
+import functools
 import importlib.metadata
 import importlib.util
 import math
@@ -76,8 +77,10 @@ def torch_too_old() -> Optional[str]:
     return None
 
 
+@functools.cache
 def versions() -> tuple:
-    """(fla-core, triton) as installed, from their package metadata (neither is imported)."""
+    """(fla-core, triton) as installed, from their package metadata (neither is imported), read once: ``auto``
+    asks at every CUDA call."""
     found = []
     for dist in ("fla-core", "triton"):
         try:
