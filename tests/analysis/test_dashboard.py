@@ -196,6 +196,7 @@ def test_plain_spec_without_wandb_workspaces(tmp_path, monkeypatch, capsys):
     assert spec["runset"]["filter"] == {"group": "pe_compare-2026-01-01_00-00-00"}
 
 
+@pytest.mark.slow  # over 7 s: the slow stage (the default suite stays under about 10 minutes)
 def test_cli_help_and_errors(tmp_path, capsys):
     from linrope.analysis.dashboard import main
 

@@ -62,6 +62,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     assert sorted(p.name for p in path.parent.iterdir()) == ["last.ckpt"]  # no temporary file left
 
 
+@pytest.mark.slow  # over 7 s: the slow stage (the default suite stays under about 10 minutes)
 def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
     """A real SIGKILL half-way through the bytes of a checkpoint."""
     from linrope.run.checkpoint import AtomicCheckpointIO

@@ -50,6 +50,7 @@ def test_experiment_sets_its_group_name_and_tag(compose, experiment):
     assert "task:bytes" in run_tags(cfg)
 
 
+@pytest.mark.slow  # over 7 s: the slow stage (the default suite stays under about 10 minutes)
 def test_pe_compare_runs_every_distinct_valid_pairing_with_two_seeds(compose):
     from linrope.config.checks import validate
 
@@ -69,6 +70,7 @@ def test_pe_compare_runs_every_distinct_valid_pairing_with_two_seeds(compose):
     assert not missing, f"model presets missing from conf/experiment/pe_compare.yaml: {missing}"
 
 
+@pytest.mark.slow  # over 7 s: the slow stage (the default suite stays under about 10 minutes)
 def test_every_job_of_the_other_experiments_is_a_valid_config():
     from linrope.studies.sweeps import check_jobs
 

@@ -183,6 +183,7 @@ def test_tuning_runs_first_on_validation_and_the_main_jobs_train_at_the_choice(t
     assert fresh.listing() == listed and not list(s.glob("tuning/*/"))
 
 
+@pytest.mark.slow  # over 7 s: the slow stage (the default suite stays under about 10 minutes)
 def test_a_best_still_at_an_edge_after_every_extension_is_recorded_at_edge(tmp_path, trainer):
     """A best at the top edge is extended upwards (× 2), one at the bottom edge downwards (÷ 2), at most
     max_extensions times; then the edge value is chosen and marked at edge (not interior).  Here the highest
