@@ -140,13 +140,14 @@ def section(
     body = []
     for label, runs in groups.items():
         tests = {(run.value("test/bytes", "last"), run.value("test/documents", "last")) for run in runs}
+        tests = {t for t in tests if t[0] is not None}  # a run still training has no test yet
         rows = {(r["length"], row_name(r), r["scored"], r.get("documents")) for run in runs for r in run.extrapolation}
         scored = sorted({(s, d) for _, _, s, d in rows})
         body.append(
             [
                 label,
                 str(len(runs)),
-                "; ".join(f"{int(b):,} bytes, {int(d)} documents" for b, d in sorted(tests) if b is not None) or "–",
+                "; ".join(f"{int(b):,} bytes, {int(d)} documents" for b, d in sorted(tests)) or "–",
                 "; ".join(f"{s:,} bytes, {d} documents" for s, d in scored) or "–",
             ]
         )

@@ -124,5 +124,6 @@ def read_details(path: Path) -> List[Dict[str, Any]]:
                 if k in d:
                     d[k] = int(d[k]) if d[k] else None
             d["nats"] = float(d["nats"])
+            d.setdefault("tokens", None)  # files written before text runs had the column: bytes rows, blank there
             out.append(d)
     return out

@@ -120,3 +120,16 @@ def test_results_csv_is_one_row_per_run_with_every_last_value_and_its_provenance
         "6.0",
     )
     assert table["b-seed1"]["bpb@8"] == "" and table["b-seed3"]["job"] == "model=b" and table["b-seed3"]["wall_s"] == ""
+
+
+def test_details_written_before_the_tokens_column_read_as_bytes_rows(tmp_path):
+    """Per-position and per-document files from runs before text runs (no ``tokens`` column; the headline study's
+    runs) attach to their rows with ``tokens`` blank, as a bytes row writes it today."""
+    from linrope.analysis.runs import attach
+    from linrope.evaluation.tables import read_details
+
+    path = tmp_path / "extrapolation_positions.csv"
+    path.write_text("length,protocol,scaling,window,start,end,bytes,nats\n128,windows,none,,0,32,100,70.5\n")
+    rows = [{"length": 128, "protocol": "windows", "scaling": "none", "window": None}]
+    attach(rows, read_details(path), "positions")
+    assert rows[0]["per_position"] == [{"start": 0, "end": 32, "bytes": 100, "nats": 70.5, "tokens": None}]

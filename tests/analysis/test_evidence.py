@@ -89,6 +89,14 @@ def test_the_section_has_every_part_and_adjusted_p(groups, tmp_path):
     assert "| a, last 64 keys | 128 |" in text and (tmp_path / "positions.png").stat().st_size > 0
 
 
+def test_a_run_still_training_has_no_scored_text_yet(groups, tmp_path):
+    """A study reported while a run trains: the run has no test values yet, and the scored text lists the others."""
+    (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,4.5\n")
+    groups["a"].append(Run(Path("/x/a-seed4"), {"seed": 4, "context": 64, "model.name": "a"}, {}, []))
+    lines, _ = section(groups, [("A beats B", "test/bpb", "a", "b")], tmp_path)
+    assert "| a | 4 | 9,000 bytes, 6 documents |" in "\n".join(lines)
+
+
 def test_a_collapsed_configuration_gets_no_verdict(groups, tmp_path):
     (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,1.5\n")
     lines, records = section(groups, [("A beats B", "test/bpb", "a", "b")], tmp_path)
