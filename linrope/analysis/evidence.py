@@ -6,7 +6,10 @@ per position.  ``section`` gives a report's "Evidence" section for runs that kep
 * **Scored text** — per configuration, the bytes and documents its test and its extrapolation rows scored.
 * **Reference rows** — an add-one unigram and a Kneser–Ney 5-gram byte model fitted on the train split and scored
   on the same test bytes (linrope.evaluation.references), written as ``references.csv``.  A run worse than the
-  unigram has *collapsed*: a difference with a collapsed configuration gets no verdict.
+  unigram has *collapsed*: a difference with a collapsed configuration gets no verdict.  So does a row: the seeds of
+  each configuration above the unigram at each extrapolation length are counted (a table), and a comparison at a
+  row where A or B has such a seed gets no verdict (it would measure how badly two models fail, not which is
+  better); its interval is still shown and still counts in the multiplicity family.
 * **Seeds** — a configuration whose seeds fail (diverged, or collapsed) is a count ("1 of 5 seeds stall"), never a
   mean ± t (linrope.analysis.seed_outcomes); failed seeds are left out of its comparisons, which say so.
 * **Comparisons** — each A − B on a bytes metric (``test/bpb``: the non-overlapping windows at the training
@@ -58,6 +61,63 @@ def row_for(run: Run, metric: str) -> Optional[Dict[str, Any]]:
     return next(
         (r for r in run.extrapolation if r["length"] == length and row_name(r) == name and r["status"] == "ok"), None
     )
+
+
+def row_values(runs: Sequence[Run], metric: str) -> Dict[Any, float]:
+    """{seed: bpb of ``metric``'s row}, for the runs that have it."""
+    out = {}
+    for run in runs:
+        row = row_for(run, metric)
+        if row and row.get("bpb") is not None:
+            out[run.seed] = float(row["bpb"])
+    return out
+
+
+def above(values: Mapping[Any, float], bar: Optional[float]) -> List[Any]:
+    """The seeds whose value is above ``bar`` (none when there is no bar), or is not a finite number."""
+    if bar is None:
+        return []
+    return sorted((s for s, v in values.items() if not math.isfinite(v) or v > bar), key=str)
+
+
+def row_metric(row: Mapping[str, Any]) -> str:
+    """The metric that names an extrapolation row: ``bpb@2048`` (sliding, as trained), ``bpb@2048 windows``."""
+    name = row_name(row)
+    return f"bpb@{row['length']}" + ("" if name == "none" else f" {name}")
+
+
+def collapse_lines(groups: Mapping[str, Sequence[Run]], unigram: Optional[float]) -> List[str]:
+    """A table: per configuration and extrapolation row, how many seeds scored above the unigram there."""
+    if unigram is None:
+        return []
+    metrics = sorted(
+        {
+            (r["length"], row_metric(r))
+            for runs in groups.values()
+            for run in runs
+            for r in run.extrapolation
+            if r.get("status") == "ok" and r.get("bpb") is not None
+        }  # fmt: skip
+    )
+    if not metrics:
+        return []
+    body = []
+    for label, runs in groups.items():
+        cells = []
+        for _, metric in metrics:
+            values = row_values(runs, metric)
+            bad = above(values, unigram)
+            text = f"{len(bad)} of {len(values)}" if values else "–"
+            cells.append(f"**{text}**" if bad else text)
+        body.append([label, *cells])
+    return [
+        f"**Rows above the unigram** (seeds whose bpb at that row is above the unigram's {unigram:.3f}: collapsed "
+        "there; a comparison at a row with such a seed gets no verdict).  Rows: bpb@L slides windows of L bytes "
+        "(stride L/2); *windows*: non-overlapping windows; *window<N>*: attention to the last N keys only.",
+        "",
+        *_table(["configuration", *(m for _, m in metrics)], body),
+        "",
+    ]
 
 
 def documents_of(runs: Sequence[Run], metric: str) -> Dict[Any, Dict[str, Tuple[float, float]]]:
@@ -181,8 +241,9 @@ def section(
         *_table(["configuration", "test bpb over seeds"], body),
         "",
     ]
+    lines += collapse_lines(groups, unigram)
     # comparisons
-    family, records, notes = [], [], []
+    family, records, notes, collapses = [], [], [], []
     for text, metric, a, b in comparisons:
         if a not in groups or b not in groups or not all(documents_of(groups[c], metric) for c in (a, b)):
             continue  # a configuration, or the row the metric names, is not in these runs
@@ -197,12 +258,19 @@ def section(
             estimate = bpb_difference({c: {s: cells[c][s] for s in shared} for c in (a, b)}, a, b)
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
+        at_row = {c: (above({k: v for k, v in row_values(groups[c], metric).items() if k in cells[c]}, unigram),
+                      len(cells[c])) for c in (a, b)}  # fmt: skip
+        collapses.append(
+            ", ".join(f"{c} {len(bad)} of {n}" for c, (bad, n) in at_row.items() if bad) if metric != "test/bpb" else ""
+        )
         records.append({"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared)})
     adjusted = adjust(family)
     body = []
-    for record, adj, why in zip(records, adjusted, notes):
+    for record, adj, why, at_row in zip(records, adjusted, notes, collapses):
         collapsed = any(not outcome[c].kept for c in (record["a"], record["b"]))  # every seed failed
         verdict = "no verdict (every seed failed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
+        if at_row and not collapsed:
+            verdict = f"no verdict (above the unigram at this row: {at_row})"
         record.update(
             diff=adj.value,
             lo=adj.lo,
@@ -213,6 +281,7 @@ def section(
             family_lo=adj.family_lo,
             family_hi=adj.family_hi,
             verdict=verdict,
+            above_unigram=at_row,
             note=why or "",
         )
         body.append(
@@ -233,8 +302,10 @@ def section(
         raw, holm, bh = resolved_count(adjusted)
         m = adjusted[0].m if adjusted else 0
         family_text = (
-            f"family: the {m} comparisons below with a test, simultaneous intervals at 1 − 0.05/{m}; p raw, Holm (the "
-            f"verdict) and Benjamini–Hochberg.  Resolved at 5%: {raw} raw, {holm} after Holm, {bh} after BH."
+            f"family: the {m} comparison{'s' if m != 1 else ''} below with a test, simultaneous intervals at 1 − 0.05/{m}; "
+            f"p raw, Holm (the "
+            f"verdict) and Benjamini–Hochberg.  Resolved at 5%: {raw} raw, {holm} after Holm, {bh} after BH"
+            + (f"; {sum(map(bool, collapses))} at a row above the unigram get no verdict." if any(collapses) else ".")
             if m
             else "no comparison has two seeds left to test."
         )

@@ -89,6 +89,25 @@ def test_the_section_has_every_part_and_adjusted_p(groups, tmp_path):
     assert "| a, last 64 keys | 128 |" in text and (tmp_path / "positions.png").stat().st_size > 0
 
 
+def test_a_row_above_the_unigram_is_counted_and_its_comparison_gets_no_verdict(groups, tmp_path):
+    """A unigram between b's test rows and its rows at 128: every b seed collapsed at 128 (counted per row), none
+    at the test, so "A beats B" keeps its verdict and "A beats B at 2x" gets none (still in the family)."""
+    rows = {m: [row_for(r, m)["bpb"] for r in groups["b"]] for m in ("test/bpb", "bpb@128")}
+    bar = (max(rows["test/bpb"]) + min(rows["bpb@128"])) / 2
+    assert max(rows["test/bpb"]) < bar < min(rows["bpb@128"])
+    (tmp_path / "references.csv").write_text(f"model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,{bar}\n")
+    comparisons = [("A beats B", "test/bpb", "a", "b"), ("A beats B at 2x", "bpb@128", "a", "b")]
+    lines, records = section(groups, comparisons, tmp_path)
+    text = "\n".join(lines)
+    assert "| configuration | bpb@64 windows | bpb@128 | bpb@128 windows | bpb@128 windows window64 |" in text
+    assert "| a | 0 of 3 | 0 of 3 | 0 of 3 | 0 of 3 |" in text  # a stays below the bar everywhere
+    assert "| b | 0 of 3 | **3 of 3** | **3 of 3** | **3 of 3** |" in text
+    assert records[0]["verdict"] == "resolved" and records[0]["above_unigram"] == ""
+    assert records[1]["verdict"] == "no verdict (above the unigram at this row: b 3 of 3)"
+    assert records[1]["diff"] < 0 and records[1]["p_holm"] is not None  # shown, and counted in the family
+    assert "1 at a row above the unigram get no verdict" in text
+
+
 def test_a_run_still_training_has_no_scored_text_yet(groups, tmp_path):
     """A study reported while a run trains: the run has no test values yet, and the scored text lists the others."""
     (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,4.5\n")
