@@ -181,6 +181,7 @@ def task_section(
     summary: list,
     pair_rows: list,
     run_rows: list,
+    references: Optional[Dict[str, float]] = None,
 ) -> List[str]:
     cols = columns_for(task)
     rows = summarize(groups, task)
@@ -261,7 +262,7 @@ def task_section(
     parts += movement_section(task, groups)
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
-    return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows)
+    return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows, references)
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
@@ -340,10 +341,12 @@ def build_report(
     summary: List[Dict[str, Any]] = []
     pair_rows: List[Dict[str, Any]] = []
     run_rows: List[Dict[str, Any]] = []
+    refs = evidence.references(evidence_groups, out)[0] if evidence_groups else None  # the same bytes' references
     for task, groups in tasks.items():
         parts += task_section(
-            task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows, run_rows
-        )
+            task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows, run_rows,
+            refs if task == "bytes" else None,
+        )  # fmt: skip
     if evidence_groups:
         study_now = study or study_config.for_runs(runs)
         comparisons = [(c.text, c.metric, c.a, c.b) for c in study_now.claims]

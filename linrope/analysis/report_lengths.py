@@ -1,6 +1,8 @@
 """A report's length-extrapolation tables and figure (linrope.analysis.report): per task, a table by evaluation length
 for each of its metrics (bits per byte for bytes; bits per byte and loss per token for text; accuracy for the
-tasks), the RoPE scaling rows beside the model as trained, the declared pairs at each length, and the figure."""
+tasks), the RoPE scaling rows beside the model as trained, the non-overlapping-window rows and the context-limited
+control where the runs scored them, the reference rows (unigram, n-gram) where the report has them, the declared
+pairs at each length, and the figure."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from linrope.base.plots import (
     plot_curves,
     series_colour,
 )
+from linrope.evaluation.tables import row_name
 
 # the extrapolation figure's panel of RoPE models with their scaling rows (their line styles: SCALING_STYLES)
 SCALED_PANEL = "RoPE models: as trained (solid), pi (dashed), ntk (dotted), yarn (dash-dots), dynamic (sparse dots)"
@@ -31,28 +34,37 @@ def extrapolation_metrics(task: str) -> List[str]:
 
 
 def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional[str] = None):
-    """Lengths, the metric (default: the task's first, ``extrapolation_metrics``) and rows (label, scaling,
-    {length: {seed: value}})."""
+    """Lengths, the metric (default: the task's first, ``extrapolation_metrics``) and rows (label, scaling, name,
+    {length: {seed: value}}): one row per configuration and row name (linrope.evaluation.tables.row_name: ``none``
+    for the model as trained under sliding windows, a RoPE scaling, ``windows``, ``windows window128``)."""
     metric = metric or extrapolation_metrics(task)[0]
     lengths = sorted({r["length"] for runs in groups.values() for run in runs for r in run.extrapolation})
     rows = []
     for label, runs in groups.items():
         if not any(run.extrapolation for run in runs):
             continue
-        for scaling in dict.fromkeys(r["scaling"] for run in runs for r in run.extrapolation):
+        named = dict.fromkeys((row_name(r), r["scaling"]) for run in runs for r in run.extrapolation)
+        for name, scaling in named:
 
-            def at(n, scaling=scaling):
+            def at(n, name=name):
                 return lambda one: next(
-                    (
-                        r[metric]
-                        for r in one.extrapolation
-                        if r["scaling"] == scaling and r["length"] == n and r["status"] == "ok"
-                    ),
+                    (r[metric] for r in one.extrapolation if row_name(r) == name and r["length"] == n
+                     and r["status"] == "ok"),
                     None,
-                )
+                )  # fmt: skip
 
-            rows.append({"label": label, "scaling": scaling, "values": {n: by_seed(runs, at(n)) for n in lengths}})
+            values = {n: by_seed(runs, at(n)) for n in lengths}
+            rows.append({"label": label, "scaling": scaling, "name": name, "values": values})
     return lengths, metric, rows
+
+
+def row_text(row) -> str:
+    """A row's cell in the table's second column: ``as trained`` (sliding windows), the RoPE scaling, and the
+    protocol and window where not the default (``as trained, windows``; ``as trained, windows, last 128 keys``)."""
+    scaling = row["scaling"]
+    words = [w for w in row.get("name", scaling).split() if w not in ("none", scaling)]
+    extra = [f"last {w[len('window') :]} keys" if w.startswith("window") and w != "windows" else w for w in words]
+    return ", ".join(["as trained" if scaling == "none" else scaling, *extra])
 
 
 def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
@@ -63,6 +75,7 @@ def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> O
     def points(row):
         return {n: list(by.values()) for n, by in row["values"].items() if by}
 
+    rows = [r for r in rows if r["name"] == r["scaling"]]  # sliding windows: the protocols' rows are in the table
     plain = [
         Curve(r["label"], points(r), config_style(groups[r["label"]][0].config)) for r in rows if r["scaling"] == "none"
     ]
@@ -123,10 +136,13 @@ def scaling_caption(scalings) -> str:
     return f"; RoPE models also with {listed} at the matching factor"
 
 
-def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list) -> List[str]:
+def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list, references=None) -> List[str]:
+    """``references``: {model: bpb} scored on the same bytes (linrope.analysis.evidence.references), rows of the
+    bits-per-byte table."""
     parts: List[str] = []
     for k, metric in enumerate(extrapolation_metrics(task)):
-        parts += extrapolation_table(task, groups, pairs, pair_rows, metric, heading=k == 0)
+        refs = references if metric == "bpb" else None
+        parts += extrapolation_table(task, groups, pairs, pair_rows, metric, heading=k == 0, references=refs)
     name = f"extrapolation{suffix}.png"
     if parts and plot_extrapolation(groups, task, out / name):
         parts += [f"![length extrapolation, {task}]({name})", ""]
@@ -136,7 +152,16 @@ def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows
 METRIC_CAPTIONS = {"bpb": "Bits per byte", "loss": "Loss per token (nats)", "acc": "Accuracy"}
 
 
-def extrapolation_table(task, groups, pairs, pair_rows: list, metric: str, heading: bool = True) -> List[str]:
+PROTOCOL_CAPTION = (
+    "; *as trained*: sliding windows of the length (stride half of it: each scored byte sees at least half the "
+    "length before it), *windows*: non-overlapping windows (a byte sees only its window's bytes before it), *last N keys*: "
+    "the context-limited control (non-overlapping windows, attention to the last N keys only)"
+)
+
+
+def extrapolation_table(
+    task, groups, pairs, pair_rows: list, metric: str, heading: bool = True, references=None
+) -> List[str]:
     lengths, metric, rows = extrapolation_rows(groups, task, metric)
     if not rows:
         return []
@@ -145,21 +170,32 @@ def extrapolation_table(task, groups, pairs, pair_rows: list, metric: str, headi
     names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
     header = ["configuration", "scaling"] + names
     lines = [
-        [r["label"], "as trained" if r["scaling"] == "none" else r["scaling"]]
+        [r["label"], row_text(r)]
         + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
         for r in rows
     ]
+    protocols = any(r["name"] != r["scaling"] for r in rows)
+    for model, value in (references or {}).items():  # the same bytes at every length: one value
+        lines.append([f"*{model} (train split)*", "reference"] + [f"{value:.3f}" for _ in lengths])
     parts = [f"## Length extrapolation: {task}", ""] if heading else []
     parts += [
         f"{METRIC_CAPTIONS[metric]} at each evaluation length in tokens (× the "
         f"training context), mean ± 95% t-interval half-width over seeds"
         + scaling_caption({r["scaling"] for r in rows})
-        + ".  n/a: the scheme cannot go that far.",
+        + (PROTOCOL_CAPTION if protocols else "")
+        + (
+            "; *reference*: byte models fitted on the train split and scored on the same bytes (a row above the "
+            "unigram has collapsed)"
+            if references
+            else ""
+        )
+        + ".  n/a: the scheme cannot go that far"
+        + (", or the control at the training context (where it is the windows row)." if protocols else "."),
         "",
         markdown_table(header, lines),
         "",
     ]
-    plain = {r["label"]: r["values"] for r in rows if r["scaling"] == "none"}
+    plain = {r["label"]: r["values"] for r in rows if r["name"] == "none"}
     found = [
         (a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
         for a, b in pairs

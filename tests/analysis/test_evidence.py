@@ -146,3 +146,22 @@ def test_a_tiny_study_reports_its_evidence(tmp_path):
     assert "| linear_rope, last 32 keys | 128 |" in report and (study / "positions.png").is_file()
     rows = list(csv.DictReader(open(study / "evidence.csv")))
     assert {r["metric"] for r in rows} >= {"test/bpb"} and all(r["p_holm"] for r in rows if r["lo"])
+
+
+def test_the_extrapolation_table_has_a_row_per_protocol_and_the_reference_rows(groups):
+    """Each configuration's sliding, non-overlapping and context-limited rows (not only the first row of a length),
+    the references at every length, and the paired differences on the sliding rows."""
+    from linrope.analysis.report_lengths import extrapolation_table
+    from linrope.analysis.stats import paired
+
+    pair_rows = []
+    lines = extrapolation_table("bytes", groups, [("a", "b")], pair_rows, "bpb", references={"unigram": 4.5})
+    text = "\n".join(lines)
+    rows = [line for line in text.splitlines() if line.startswith("| a |")]
+    cells = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in rows}
+    assert set(cells) == {("a", "as trained"), ("a", "as trained, windows"), ("a", "as trained, windows, last 64 keys")}
+    assert cells[("a", "as trained")].split("|")[3].strip() == "n/a"  # no sliding row at 64
+    assert "| *unigram (train split)* | reference | 4.500 | 4.500 |" in text and "last N keys" in text
+    sliding = {g: {r.seed: row_for(r, "bpb@128")["bpb"] for r in groups[g]} for g in ("a", "b")}
+    at_128 = next(r for r in pair_rows if r["metric"] == "bpb@128")
+    assert at_128["mean difference"] == pytest.approx(paired(sliding["a"], sliding["b"]).diff.mean)
