@@ -220,6 +220,10 @@ def task_section(
         + [cell_n(r[c[0]], r["n"], c[3]) for c in cols]
         for r in rows
     ]
+    for model, value in (references or {}).items():  # scored on the same test bytes (linrope.evaluation.references)
+        lines.append(
+            [f"*{model} (train split)*", "reference", "–", "–", "–", "–", f"{value:.3f}"] + ["–"] * (len(cols) - 1)
+        )
     for r in rows:
         summary.append(
             {
@@ -243,6 +247,12 @@ def task_section(
         markdown_table(header, lines),
         "",
     ]
+    if references:
+        parts += [
+            "*reference*: byte models fitted on the train split and scored on the same test bytes; a configuration "
+            "above the unigram has collapsed (the Evidence section counts its seeds).",
+            "",
+        ]
     factors = {r.get("data.test_factor") for runs in groups.values() for r in runs} - {None, 1}
     if factors:
         parts += [

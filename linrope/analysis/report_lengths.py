@@ -169,11 +169,15 @@ def extrapolation_table(
     context = contexts.pop() if len(contexts) == 1 else None
     names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
     header = ["configuration", "scaling"] + names
-    lines = [
-        [r["label"], row_text(r)]
-        + [fmt(mean_ci(list(r["values"][n].values()), LEVEL)) if r["values"][n] else "n/a" for n in lengths]
-        for r in rows
-    ]
+    bar = (references or {}).get("unigram")
+
+    def value(by_seed):
+        if not by_seed:
+            return "n/a"
+        iv = mean_ci(list(by_seed.values()), LEVEL)
+        return fmt(iv) + (" (collapsed)" if bar is not None and not iv.mean <= bar else "")  # NaN: collapsed too
+
+    lines = [[r["label"], row_text(r)] + [value(r["values"][n]) for n in lengths] for r in rows]
     protocols = any(r["name"] != r["scaling"] for r in rows)
     for model, value in (references or {}).items():  # the same bytes at every length: one value
         lines.append([f"*{model} (train split)*", "reference"] + [f"{value:.3f}" for _ in lengths])
@@ -184,8 +188,8 @@ def extrapolation_table(
         + scaling_caption({r["scaling"] for r in rows})
         + (PROTOCOL_CAPTION if protocols else "")
         + (
-            "; *reference*: byte models fitted on the train split and scored on the same bytes (a row above the "
-            "unigram has collapsed)"
+            "; *reference*: byte models fitted on the train split and scored on the same bytes (a mean above the "
+            "unigram is marked *collapsed*)"
             if references
             else ""
         )

@@ -165,3 +165,19 @@ def test_the_extrapolation_table_has_a_row_per_protocol_and_the_reference_rows(g
     sliding = {g: {r.seed: row_for(r, "bpb@128")["bpb"] for r in groups[g]} for g in ("a", "b")}
     at_128 = next(r for r in pair_rows if r["metric"] == "bpb@128")
     assert at_128["mean difference"] == pytest.approx(paired(sliding["a"], sliding["b"]).diff.mean)
+
+
+def test_the_reference_rows_stand_in_the_test_table_and_a_collapsed_mean_is_marked(groups, tmp_path):
+    """The task table ends with the references' test bpb; at a length where a configuration's mean is above the
+    unigram, its cell says so."""
+    from linrope.analysis.report import task_section
+    from linrope.analysis.report_lengths import extrapolation_table
+
+    text = "\n".join(task_section("bytes", groups, [], tmp_path, "", [], [], [], {"unigram": 4.5, "5-gram": 1.7}))
+    assert "| *unigram (train split)* | reference | – | – | – | – | 4.500 |" in text
+    assert "| *5-gram (train split)* | reference | – | – | – | – | 1.700 |" in text
+    sliding = {g: [row_for(r, "bpb@128")["bpb"] for r in groups[g]] for g in ("a", "b")}
+    bar = (max(sliding["a"]) + min(sliding["b"])) / 2  # a's mean below it, b's above
+    lines = "\n".join(extrapolation_table("bytes", groups, [], [], "bpb", references={"unigram": bar})).splitlines()
+    row = {line.split("|")[1].strip(): line for line in lines if "| as trained |" in line}
+    assert "(collapsed)" in row["b"].split("|")[4] and "(collapsed)" not in row["a"]
