@@ -5,7 +5,9 @@ For each arm it writes the ordinary report (``linrope.analysis.report``: report.
 and figures, beside the arm's runs; not with ``--no-reports``), then one table, ``<folder>/<table.file>.md`` with
 its ``.csv`` and ``.png``, in the sections the config asks for: the positive control (``control``), the metric per
 configuration and arm (``table.configurations``), every claim as a paired difference A − B over the seeds both
-configurations finished at each arm with its verdict (``claims``, ``verdict``), a figure (``table.figure``) and
+configurations finished at each arm, corrected over the table's family of (claim, arm) comparisons (Holm's p: bold
+and the verdicts rest on it; the simultaneous interval at 1 − 0.05/m beside the raw one; linrope.analysis.
+multiplicity), with its verdict (``claims``, ``verdict``), a figure (``table.figure``) and
 every run's value behind the intervals (``table.per_run``), the metric by query order with failed seeds counted
 (``table.by_order``, linrope.analysis.by_order), and each arm's tuning table when the arm tuned
 (``tuning.json``, linrope.analysis.tuning).  An arm's label is what its runs recorded, and the
@@ -14,6 +16,7 @@ runs of every arm come from one code (one line each, else).  Light: no torch."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -22,6 +25,7 @@ from linrope.analysis import report_provenance as provenance
 from linrope.analysis import tuning
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.by_order import order_lines
+from linrope.analysis.multiplicity import ALPHA, family_level, holm
 from linrope.analysis.report import build_report, write_csv
 from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
@@ -109,19 +113,52 @@ def value_of(metric: str):
     return lambda run: run.value(metric, "last")
 
 
-def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim]) -> Dict[Claim, Any]:
-    """claim -> Paired in one arm (None when a configuration is missing)."""
+def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim], level: float = LEVEL) -> Dict[Claim, Any]:
+    """claim -> Paired in one arm (None when a configuration is missing), its interval at ``level``."""
     return {
-        c: paired(by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), LEVEL)
+        c: paired(by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), level)
         if c.a in groups and c.b in groups
         else None
         for c in claims
     }
 
 
+@dataclass(frozen=True)
+class Corrected:
+    """A claim at one arm within the table's family: the paired result (95% interval), Holm's adjusted p over the
+    family's m comparisons with a test, and the simultaneous interval at 1 − α/m (Bonferroni)."""
+
+    raw: Any  # stats.Paired
+    p_holm: Optional[float]
+    simultaneous: Any  # stats.Interval at family_level(m), or None
+    m: int
+
+    @property
+    def diff(self):
+        return self.raw.diff
+
+    @property
+    def resolved(self) -> bool:
+        return self.p_holm is not None and self.p_holm <= ALPHA
+
+
+def corrected(
+    groups: Dict[str, Dict[str, List[Run]]], results: Dict[str, Dict[Claim, Any]], claims: Sequence[Claim]
+) -> Dict[str, Dict[Claim, Optional[Corrected]]]:
+    """Every (arm, claim) result with Holm's p over the table's family and its simultaneous interval."""
+    keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
+    ps = [results[arm][c].p for arm, c in keys]
+    m = sum(p is not None for p in ps)
+    wide = {arm: claim_results(groups[arm], claims, family_level(m)) for arm in results}
+    out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
+    for (arm, c), p in zip(keys, holm(ps)):
+        out[arm][c] = Corrected(results[arm][c], p, wide[arm][c].diff if p is not None else None, m)
+    return out
+
+
 def sign(r) -> int:
-    """+1 / -1 when resolved, 0 when not (or missing)."""
-    if r is None or r.diff.n < 2 or not r.diff.excludes_zero():
+    """+1 / -1 when resolved after Holm's correction, 0 when not (or missing)."""
+    if r is None or r.diff.n < 2 or not r.resolved:
         return 0
     return 1 if r.diff.mean > 0 else -1
 
@@ -140,13 +177,18 @@ def outcome(results: Sequence[Any]) -> str:
 
 
 def cell(r) -> str:
+    """``**mean [lo, hi]** (n=3; Holm p 0.004; simultaneous [lo, hi])``: bold when Holm resolves it."""
     if r is None:
         return "–"
     d = r.diff
-    if d.n < 2:
+    if d.n < 2 or r.p_holm is None:
         return f"{d.mean:+.3f} (n={d.n})" if d.n else "–"
-    star = "**" if d.excludes_zero() else ""
-    return f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n})"
+    star = "**" if r.resolved else ""
+    s = r.simultaneous
+    return (
+        f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n}; Holm p {r.p_holm:.2g}; "
+        f"simultaneous [{s.lo:+.3f}, {s.hi:+.3f}])"
+    )
 
 
 def value_cell(seeds: Dict[Any, float]) -> str:
@@ -266,13 +308,24 @@ def claim_lines(
                 "claim": c.text,
                 "arm": a.name,
                 **({"verdict": said} if v else {}),
-                **pair_record(study.arms["task"], c.metric, c.a, c.b, r),
+                **pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw),
+                "p holm": r.p_holm,
+                "resolved after holm": r.resolved,
+                "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
+                "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
+                "family size": r.m,
             }
             for a, r in zip(arms, per)
             if r is not None
         ]
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
-    return [*intro, markdown_table(header, lines), ""]
+    m = next((r.m for arm in results.values() for r in arm.values() if r is not None), 0)
+    family = (
+        f"Over the table's {m} comparisons with a test (every claim at every arm): **bold** where Holm's adjusted p "
+        f"≤ {ALPHA:g} (the verdicts rest on it); *simultaneous*: all {m} intervals at level 1 − {ALPHA:g}/{m} "
+        f"(Bonferroni) cover together with probability ≥ {1 - ALPHA:g}; the first interval is each one's own 95%."
+    )
+    return [*intro, markdown_table(header, lines), "", family, ""]
 
 
 def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bool = False, write: bool = True) -> str:
@@ -331,7 +384,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         parts += order_lines(study, groups, arms, names, rows)
     results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
     if study.claims:
-        parts += claim_lines(study, results, arms, names, rows)
+        parts += claim_lines(study, corrected(groups, results, study.claims), arms, names, rows)
     png = folder / written[2]
     if table.get("caption"):
         parts += [f"![{table['caption']}]({written[2]})", ""]

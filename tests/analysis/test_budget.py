@@ -2,6 +2,8 @@
 each budget, paired over seeds, and the verdict the config names for what became of each with more budget (holds,
 flips, budget artefact, emerges, undecided), from small hand-made run folders."""
 
+import re
+
 import pytest
 
 from linrope.analysis import study_config
@@ -62,11 +64,12 @@ def test_extrapolation_claims_read_the_table_as_trained():
     assert value_of("bpb@256")(run) == 2.0 and value_of("bpb@512")(run) is None
 
 
-class R:  # a Paired stand-in: resolved iff lo and hi share a sign
+class R:  # an arms.Corrected stand-in: resolved (after Holm) iff lo and hi share a sign
     def __init__(self, mean, lo, hi, n=3):
         self.diff = type(
             "D", (), {"mean": mean, "lo": lo, "hi": hi, "n": n, "excludes_zero": lambda s: lo > 0 or hi < 0}
         )()
+        self.resolved = lo > 0 or hi < 0
 
 
 @pytest.mark.parametrize(
@@ -91,3 +94,20 @@ def test_the_forest_plot_is_not_drawn_without_an_interval(tmp_path):
 
     assert plot_claims(CLAIMS, [{c: None for c in CLAIMS}], ["800 steps"], tmp_path / "b.png", "t") is None
     assert not (tmp_path / "b.png").exists()
+
+
+def test_a_difference_resolved_alone_is_not_resolved_after_holm(tmp_path):
+    """linear_rope − linear has raw p ≈ 0.03 at 800 steps (its 95% interval excludes 0) but is one of the table's
+    comparisons with a test: Holm's p is above 0.05, so the cell is not bold and the claim stays undecided."""
+    bpb = {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.20, 3.27, 3.24], "softmax_rope": [2.50, 2.53, 2.51]}
+    write_budget(tmp_path, 800, bpb)
+    write_budget(tmp_path, 3200, bpb)
+    text = arms_table(tmp_path, BUDGET, reports=False)
+    rope = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))
+    raw = paired(dict(enumerate(bpb["linear_rope"])), dict(enumerate(bpb["linear"])))
+    assert raw.diff.excludes_zero() and 0.01 < raw.p < 0.05
+    line = next(x for x in text.splitlines() if x.startswith(f"| {rope.text} |"))
+    family = [float(p) for p in re.findall(r"Holm p ([0-9.e-]+)", text)]
+    assert len(family) == int(text.split("Over the table's ")[1].split()[0])  # every tested cell shows its Holm p
+    assert f"{raw.diff.mean:+.3f} [{raw.diff.lo:+.3f}, {raw.diff.hi:+.3f}] (n=3; Holm p" in line and "**" not in line
+    assert line.endswith("| undecided |") and all(float(p) > 0.05 for p in re.findall(r"Holm p ([0-9.e-]+)", line))
