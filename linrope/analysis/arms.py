@@ -24,12 +24,14 @@ from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
 from linrope.analysis import tuning
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
+from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.by_order import order_lines
+from linrope.analysis.evidence import documents_of
 from linrope.analysis.multiplicity import ALPHA, family_level, holm
 from linrope.analysis.report import build_report, write_csv
 from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
-from linrope.analysis.stats import mean_ci, paired
+from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
 from linrope.evaluation.tables import row_name
 
@@ -113,14 +115,60 @@ def value_of(metric: str):
     return lambda run: run.value(metric, "last")
 
 
+@dataclass(frozen=True)
+class Boot:
+    """A − B from the paired bootstrap over seeds *and* test documents (linrope.analysis.bootstrap), for runs that
+    kept their loss per document: what the table reads of a ``stats.Paired`` (seeds, diff, t, p), and the same
+    estimate's interval at another level (``at``)."""
+
+    estimate: Any  # bootstrap.Estimate
+    seeds: tuple
+
+    @property
+    def diff(self) -> Interval:
+        e = self.estimate
+        return Interval(len(self.seeds), e.value, e.lo, e.hi)
+
+    t = None
+
+    @property
+    def p(self) -> Optional[float]:
+        return self.estimate.p
+
+    def at(self, level: float) -> Interval:
+        lo, hi = self.estimate.interval(level)
+        return Interval(len(self.seeds), self.estimate.value, lo, hi)
+
+
+def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float) -> Optional[Boot]:
+    """The bootstrap over seeds and documents when every run of A and B with the claim's row kept its loss per
+    document there (linrope.analysis.evidence.documents_of), at least two seeds shared; else None."""
+    cells, metric = {}, claim.metric
+    for c in (claim.a, claim.b):
+        cells[c] = documents_of(groups[c], metric)
+        if not cells[c] or len(cells[c]) < len(by_seed(groups[c], value_of(metric))):
+            return None  # a run without its documents: the seeds alone (stats.paired)
+    shared = sorted(set(cells[claim.a]) & set(cells[claim.b]), key=str)
+    if len(shared) < 2:
+        return None
+    data = {c: {s: cells[c][s] for s in shared} for c in (claim.a, claim.b)}
+    return Boot(bpb_difference(data, claim.a, claim.b, level=level), tuple(shared))
+
+
 def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim], level: float = LEVEL) -> Dict[Claim, Any]:
-    """claim -> Paired in one arm (None when a configuration is missing), its interval at ``level``."""
-    return {
-        c: paired(by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), level)
-        if c.a in groups and c.b in groups
-        else None
-        for c in claims
-    }
+    """claim -> its difference in one arm (None when a configuration is missing), its interval at ``level``: the
+    bootstrap over seeds and documents (Boot) where the runs kept their loss per document, else a paired t over
+    seeds (stats.Paired)."""
+    out: Dict[Claim, Any] = {}
+    for c in claims:
+        if c.a not in groups or c.b not in groups:
+            out[c] = None
+            continue
+        boot = boot_result(groups, c, level) if "bpb" in c.metric else None
+        out[c] = boot or paired(
+            by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), level
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -149,10 +197,18 @@ def corrected(
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
     ps = [results[arm][c].p for arm, c in keys]
     m = sum(p is not None for p in ps)
-    wide = {arm: claim_results(groups[arm], claims, family_level(m)) for arm in results}
+    level = family_level(m)
+
+    def widened(arm, c):
+        r = results[arm][c]
+        if isinstance(r, Boot):
+            return r.at(level)
+        return paired(by_seed(groups[arm][c.a], value_of(c.metric)), by_seed(groups[arm][c.b], value_of(c.metric)),
+                      level).diff  # fmt: skip
+
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
     for (arm, c), p in zip(keys, holm(ps)):
-        out[arm][c] = Corrected(results[arm][c], p, wide[arm][c].diff if p is not None else None, m)
+        out[arm][c] = Corrected(results[arm][c], p, widened(arm, c) if p is not None else None, m)
     return out
 
 
@@ -314,6 +370,7 @@ def claim_lines(
                 "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
                 "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
                 "family size": r.m,
+                "interval": "bootstrap over seeds and documents" if isinstance(r.raw, Boot) else "t over seeds",
             }
             for a, r in zip(arms, per)
             if r is not None

@@ -181,3 +181,21 @@ def test_the_reference_rows_stand_in_the_test_table_and_a_collapsed_mean_is_mark
     lines = "\n".join(extrapolation_table("bytes", groups, [], [], "bpb", references={"unigram": bar})).splitlines()
     row = {line.split("|")[1].strip(): line for line in lines if "| as trained |" in line}
     assert "(collapsed)" in row["b"].split("|")[4] and "(collapsed)" not in row["a"]
+
+
+def test_a_study_table_reads_the_bootstrap_over_documents_where_the_runs_kept_them(groups):
+    """linrope.analysis.arms: a claim between configurations whose runs kept their loss per document is the paired
+    bootstrap over seeds and documents (the Evidence section's estimate); a run without them: a t over seeds."""
+    from linrope.analysis.arms import Boot, claim_results
+    from linrope.analysis.bootstrap import bpb_difference
+    from linrope.analysis.stats import Paired
+    from linrope.analysis.study_config import Claim
+
+    claim = Claim("a beats b", "test/bpb", "a", "b")
+    r = claim_results(groups, [claim])[claim]
+    expected = bpb_difference({c: documents_of(groups[c], "test/bpb") for c in ("a", "b")}, "a", "b")
+    assert isinstance(r, Boot) and r.diff.n == 3 and r.seeds == (1, 2, 3)
+    assert (r.diff.mean, r.diff.lo, r.diff.hi, r.p) == (expected.value, expected.lo, expected.hi, expected.p)
+    assert r.at(0.99).lo < r.diff.lo  # a wider level, from the same replicates
+    groups["b"][0].extrapolation = []  # seed 1 of b lost its documents: the seeds alone
+    assert isinstance(claim_results(groups, [claim])[claim], Paired)
