@@ -155,6 +155,12 @@ def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float) -> Opt
     return Boot(bpb_difference(data, claim.a, claim.b, level=level), tuple(shared))
 
 
+def seed_paired(groups: Dict[str, List[Run]], claim: Claim, level: float):
+    """A − B of the claim's metric over the seeds both configurations have (stats.Paired, a t over seeds)."""
+    return paired(by_seed(groups[claim.a], value_of(claim.metric)), by_seed(groups[claim.b], value_of(claim.metric)),
+                  level)  # fmt: skip
+
+
 def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim], level: float = LEVEL) -> Dict[Claim, Any]:
     """claim -> its difference in one arm (None when a configuration is missing), its interval at ``level``: the
     bootstrap over seeds and documents (Boot) where the runs kept their loss per document, else a paired t over
@@ -165,9 +171,7 @@ def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim], level: 
             out[c] = None
             continue
         boot = boot_result(groups, c, level) if "bpb" in c.metric else None
-        out[c] = boot or paired(
-            by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), level
-        )
+        out[c] = boot or seed_paired(groups, c, level)
     return out
 
 
@@ -176,7 +180,7 @@ class Corrected:
     """A claim at one arm within the table's family: the paired result (95% interval), Holm's adjusted p over the
     family's m comparisons with a test, and the simultaneous interval at 1 − α/m (Bonferroni)."""
 
-    raw: Any  # stats.Paired
+    raw: Any  # stats.Paired, or Boot
     p_holm: Optional[float]
     simultaneous: Any  # stats.Interval at family_level(m), or None
     m: int
@@ -201,10 +205,7 @@ def corrected(
 
     def widened(arm, c):
         r = results[arm][c]
-        if isinstance(r, Boot):
-            return r.at(level)
-        return paired(by_seed(groups[arm][c.a], value_of(c.metric)), by_seed(groups[arm][c.b], value_of(c.metric)),
-                      level).diff  # fmt: skip
+        return r.at(level) if isinstance(r, Boot) else seed_paired(groups[arm], c, level).diff
 
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
     for (arm, c), p in zip(keys, holm(ps)):
