@@ -345,6 +345,10 @@ def test_fla_hands_float16_inputs_to_fla_in_float32(meta_for_cuda, monkeypatch):
     q, v = (torch.zeros(1, 2, 100, w, device="meta", dtype=torch.bfloat16) for w in (24, 40))
     assert linear_attention(q, q, v, impl="fla", feature_map="cosine").shape == v.shape  # padding sliced off
     assert widths == [(26, 26, 40), (26, 26, 2)]  # cosine's d+1 = 25 and the ones column: even widths
+    widths.clear()
+    monkeypatch.setattr(fla_backend, "MIN_WIDTH", 64)  # benchmarks/fla_probe.py's variant: no block under 64
+    assert linear_attention(q, q, v, impl="fla", feature_map="cosine").shape == v.shape
+    assert widths == [(64, 64, 64), (64, 64, 64)]
 
 
 # --------------------------------------------------------------------------------------------------------

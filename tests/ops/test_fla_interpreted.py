@@ -128,6 +128,16 @@ def test_fla_without_denominator_and_state_makes_one_call(fla_cpu, monkeypatch):
     assert calls == [v.shape[-1], 2]  # z: the ones column, padded to an even width
 
 
+@pytest.mark.slow  # the 64-wide padding makes every interpreted block larger
+def test_fla_with_every_width_padded_to_64_matches_naive(fla_cpu, monkeypatch):
+    """benchmarks/fla_probe.py's variant (fla_backend.MIN_WIDTH = 64: no 16-wide block): the zero columns change
+    nothing, outputs, states and gradients."""
+    from linrope.ops.linear_attn import fla_backend
+
+    monkeypatch.setattr(fla_backend, "MIN_WIDTH", 64)
+    compare("elu", "numerator", True, True, 70)
+
+
 def test_fla_mapping_matches_naive_float16(fla_cpu):
     """16-bit inputs: odd widths padded (cosine's d+1, the ones column), states float32."""
     compare("cosine", "numerator", True, True, 100, dtype=torch.float16, tol=FLOAT16_TOL)

@@ -55,6 +55,9 @@ from .features import feature_width, reference_features
 
 FLA_VERSION = "0.6.0"  # the fla-core release this mapping was checked against (pyproject's `gpu` extra)
 FLA_CHUNK = 64  # fla's chunk length (its default, the one its kernels are tuned for)
+# the narrowest key / value width handed to fla (widths are padded with zero columns up to it, and to even):
+# benchmarks/fla_probe.py sets 64 to test whether fla's 16-wide blocks fault on Hopper (docs/benchmarks.md)
+MIN_WIDTH = 2
 _LOG2E = 1.0 / math.log(2.0)  # fla's kernels take the log-decay in base 2
 _NONE = (0,)  # the shape of a placeholder output
 TORCH_FLOOR = (2, 7)  # fla-core 0.6.0's own requirement (its metadata: torch>=2.7.0 with its cuda extra)
@@ -267,12 +270,13 @@ def _chunk(
     packed: Optional[Varlen] = None,
 ):
     """One fla computation on linrope's (B, H, N, ·) layout -> (o (B, H, N, V), h_T (B, H, K, V) or None).
-    Odd widths get a zero column (fla asserts even widths for 16-bit inputs).  ``packed``: the rows flattened
+    Odd widths get a zero column (fla asserts even widths for 16-bit inputs), widths below ``MIN_WIDTH`` zero
+    columns up to it.  ``packed``: the rows flattened
     into fla's variable-length batch (the initial state given to each row's first document, the final state
     read from its last)."""
     B, H, N = q.shape[:3]
     K, V = q.shape[-1], v.shape[-1]
-    pk, pv = K % 2, V % 2
+    pk, pv = (max(w + w % 2, MIN_WIDTH) - w for w in (K, V))
     if h0 is not None:
         h0 = F.pad(h0.to(torch.float32), (0, pv, 0, pk)).contiguous()
     qf, kf, vf = _fla_layout(q, pk, dtype), _fla_layout(k, pk, dtype), _fla_layout(v, pv, dtype)

@@ -1,0 +1,119 @@
+"""Which fla configuration faults on this GPU: the training-shape call, one process per variant.
+
+On an H200 (Triton 3.6.0, fla-core 0.6.0) linrope's fla form stopped with a CUDA illegal memory access in its
+backward at the training shape (docs/benchmarks.md, "Device check").  The leading hypothesis: Triton >= 3.6
+miscompiles multi-dot kernels on sm_90 at block sizes 16 and 32, and fla runs such blocks (a 16-wide value block
+for the denominator's two-column value; 32-wide candidates in its autotuning).  Each variant runs the call that
+faulted — bfloat16, elu+1, RoPE in the numerator, (B, H, N, d) = (4, 8, 4096, 64), forward and backward,
+``--repeats`` times, synchronised after each — in a process of its own, since a fault ends the CUDA context:
+
+  as-is      linrope and fla unchanged
+  blocks64   every width handed to fla padded to 64 (fla_backend.MIN_WIDTH) and every autotune configuration
+             with a block size of 16 or 32 dropped (a kernel left with none keeps its widest)
+
+One line per variant: ok / fault (the error's first line) / timeout, and the seconds taken.  A fault in as-is and
+none in blocks64 supports the hypothesis (then blocks64 is the fix to make); faults in both refute it.
+
+Usage:  python benchmarks/fla_probe.py                      # every variant, each in its own process
+        python benchmarks/fla_probe.py --variant as-is --repeats 3
+Without a CUDA GPU it says so and runs nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = (4, 8, 4096, 64)
+VARIANTS = {"as-is": (2, False), "blocks64": (64, True)}  # name -> (fla_backend.MIN_WIDTH, drop 16/32 blocks)
+UNSAFE = (16, 32)
+NEEDS_GPU = "benchmarks/fla_probe.py needs a CUDA GPU (torch.cuda.is_available() is False here): nothing ran"
+
+
+def safe_configs(configs: list) -> list:
+    """The autotune configurations without a block size (a ``B…`` argument) of 16 or 32; the widest if none."""
+    keep = [c for c in configs if not any(k.startswith("B") and v in UNSAFE for k, v in c.kwargs.items())]
+    if keep:
+        return keep
+    return [max(configs, key=lambda c: min([v for k, v in c.kwargs.items() if k.startswith("B")] or [0]))]
+
+
+def drop_unsafe_blocks() -> None:
+    """Every Triton autotuner made from now on keeps only ``safe_configs`` (patched before fla is imported)."""
+    from triton.runtime import autotuner
+
+    init = autotuner.Autotuner.__init__
+
+    def safe(self, fn, arg_names, configs, *args, **kwargs):
+        init(self, fn, arg_names, safe_configs(list(configs)), *args, **kwargs)
+
+    autotuner.Autotuner.__init__ = safe
+
+
+def run_variant(name: str, repeats: int) -> dict:
+    """The training-shape call, forward and backward, ``repeats`` times in this process."""
+    import torch
+
+    from linrope.ops import linear_attention
+    from linrope.ops.linear_attn import fla_backend
+
+    min_width, drop = VARIANTS[name]
+    if drop:
+        drop_unsafe_blocks()
+    fla_backend.MIN_WIDTH = min_width
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(SHAPE, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_() for _ in "qkv")
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = linear_attention(q, k, v, impl="fla", feature_map="elu", rope="numerator")
+        out.float().square().mean().backward()
+        torch.cuda.synchronize()
+    finite = all(bool(torch.isfinite(t).all()) for t in (out, q.grad, k.grad, v.grad))
+    return {
+        "variant": name,
+        "status": "ok" if finite else "non-finite",
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--variant", choices=sorted(VARIANTS), help="run this one here (default: each in a process)")
+    p.add_argument("--repeats", type=int, default=5, help="forward and backward calls per variant (default 5)")
+    p.add_argument("--timeout", type=float, default=240.0, help="seconds per variant's process (default 240)")
+    a = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NEEDS_GPU)
+        return 0
+    if a.variant:
+        print(json.dumps(run_variant(a.variant, a.repeats)), flush=True)
+        return 0
+    failed = 0
+    for name in VARIANTS:
+        start = time.perf_counter()
+        cmd = [sys.executable, __file__, "--variant", name, "--repeats", str(a.repeats)]
+        try:
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.timeout)
+            lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+            if r.returncode == 0 and lines:
+                row = json.loads(lines[-1])
+            else:
+                error = next((x for x in reversed(r.stderr.splitlines()) if "Error" in x), r.stderr[-200:])
+                row = {"variant": name, "status": f"fault: {error.strip()[:160]}"}
+        except subprocess.TimeoutExpired:
+            row = {"variant": name, "status": f"timeout after {a.timeout:g} s"}
+        row.setdefault("seconds", round(time.perf_counter() - start, 1))
+        failed += row["status"] != "ok"
+        print(f"{row['variant']:9s} {row['status']}  ({row['seconds']} s)", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
