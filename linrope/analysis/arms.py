@@ -27,7 +27,7 @@ from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.by_order import order_lines
 from linrope.analysis.evidence import documents_of
-from linrope.analysis.multiplicity import ALPHA, family_level, holm
+from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, write_csv
 from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
 from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
@@ -118,8 +118,8 @@ def value_of(metric: str):
 @dataclass(frozen=True)
 class Boot:
     """A − B from the paired bootstrap over seeds *and* test documents (linrope.analysis.bootstrap), for runs that
-    kept their loss per document: what the table reads of a ``stats.Paired`` (seeds, diff, t, p), and the same
-    estimate's interval at another level (``at``)."""
+    kept their loss per document: what the table reads of a ``stats.Paired`` (seeds, diff, t, p); ``estimate`` is what
+    multiplicity.adjust reads."""
 
     estimate: Any  # bootstrap.Estimate
     seeds: tuple
@@ -134,10 +134,6 @@ class Boot:
     @property
     def p(self) -> Optional[float]:
         return self.estimate.p
-
-    def at(self, level: float) -> Interval:
-        lo, hi = self.estimate.interval(level)
-        return Interval(len(self.seeds), self.estimate.value, lo, hi)
 
 
 def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float) -> Optional[Boot]:
@@ -176,40 +172,60 @@ def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim], level: 
 
 
 @dataclass(frozen=True)
+class SeedT:
+    """A paired t over seeds (stats.Paired) as linrope.analysis.multiplicity.adjust reads an estimate: value, lo, hi,
+    p, and its interval at another level (the t over the same seeds)."""
+
+    result: Any  # stats.Paired at LEVEL
+    groups: Dict[str, List[Run]]
+    claim: Claim
+
+    value = property(lambda self: self.result.diff.mean)
+    lo = property(lambda self: self.result.diff.lo)
+    hi = property(lambda self: self.result.diff.hi)
+    p = property(lambda self: self.result.p)
+
+    def interval(self, level: float):
+        d = seed_paired(self.groups, self.claim, level).diff
+        return d.lo, d.hi
+
+
+@dataclass(frozen=True)
 class Corrected:
-    """A claim at one arm within the table's family: the paired result (95% interval), Holm's adjusted p over the
-    family's m comparisons with a test, and the simultaneous interval at 1 − α/m (Bonferroni)."""
+    """A claim at one arm within the table's family: the paired result (95% interval) and its place in the family
+    (multiplicity.Adjusted: Holm's p over the m comparisons with a test, the simultaneous interval at 1 − α/m)."""
 
     raw: Any  # stats.Paired, or Boot
-    p_holm: Optional[float]
-    simultaneous: Any  # stats.Interval at family_level(m), or None
-    m: int
+    adjusted: Adjusted
 
     @property
     def diff(self):
         return self.raw.diff
 
+    p_holm = property(lambda self: self.adjusted.p_holm)
+    m = property(lambda self: self.adjusted.m)
+    resolved = property(lambda self: self.adjusted.resolved)
+
     @property
-    def resolved(self) -> bool:
-        return self.p_holm is not None and self.p_holm <= ALPHA
+    def simultaneous(self) -> Optional[Interval]:
+        a = self.adjusted
+        return None if a.family_lo is None else Interval(self.diff.n, a.value, a.family_lo, a.family_hi)
 
 
 def corrected(
     groups: Dict[str, Dict[str, List[Run]]], results: Dict[str, Dict[Claim, Any]], claims: Sequence[Claim]
 ) -> Dict[str, Dict[Claim, Optional[Corrected]]]:
-    """Every (arm, claim) result with Holm's p over the table's family and its simultaneous interval."""
+    """Every (arm, claim) result with its place in the table's family (multiplicity.adjust)."""
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
-    ps = [results[arm][c].p for arm, c in keys]
-    m = sum(p is not None for p in ps)
-    level = family_level(m)
 
-    def widened(arm, c):
+    def estimate(arm, c):
         r = results[arm][c]
-        return r.at(level) if isinstance(r, Boot) else seed_paired(groups[arm], c, level).diff
+        return r.estimate if isinstance(r, Boot) else SeedT(r, groups[arm], c)
 
+    family = adjust([(f"{arm}: {c.a} − {c.b} ({c.metric})", estimate(arm, c)) for arm, c in keys])
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
-    for (arm, c), p in zip(keys, holm(ps)):
-        out[arm][c] = Corrected(results[arm][c], p, widened(arm, c) if p is not None else None, m)
+    for (arm, c), adj in zip(keys, family):
+        out[arm][c] = Corrected(results[arm][c], adj)
     return out
 
 

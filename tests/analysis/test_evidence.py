@@ -196,6 +196,6 @@ def test_a_study_table_reads_the_bootstrap_over_documents_where_the_runs_kept_th
     expected = bpb_difference({c: documents_of(groups[c], "test/bpb") for c in ("a", "b")}, "a", "b")
     assert isinstance(r, Boot) and r.diff.n == 3 and r.seeds == (1, 2, 3)
     assert (r.diff.mean, r.diff.lo, r.diff.hi, r.p) == (expected.value, expected.lo, expected.hi, expected.p)
-    assert r.at(0.99).lo < r.diff.lo  # a wider level, from the same replicates
+    assert r.estimate.interval(0.99)[0] < r.diff.lo  # a wider level, from the same replicates
     groups["b"][0].extrapolation = []  # seed 1 of b lost its documents: the seeds alone
     assert isinstance(claim_results(groups, [claim])[claim], Paired)
