@@ -191,10 +191,12 @@ def section(
     groups: Mapping[str, Sequence[Run]],
     comparisons: Sequence[Tuple[str, str, str, str]],
     out: Path,
+    refs_and_note: Optional[Tuple[Optional[Dict[str, float]], str]] = None,
 ) -> Tuple[List[str], List[Dict[str, Any]]]:
-    """(markdown lines, evidence.csv rows) of the runs' evidence; ``comparisons``: (text, metric, A, B)."""
+    """(markdown lines, evidence.csv rows) of the runs' evidence; ``comparisons``: (text, metric, A, B);
+    ``refs_and_note``: what ``references`` gave, when the caller has asked it already."""
     lines = ["## Evidence", ""]
-    refs, note = references(groups, out)
+    refs, note = refs_and_note if refs_and_note is not None else references(groups, out)
     unigram = (refs or {}).get("unigram")
     # scored text
     body = []

@@ -351,7 +351,8 @@ def build_report(
     summary: List[Dict[str, Any]] = []
     pair_rows: List[Dict[str, Any]] = []
     run_rows: List[Dict[str, Any]] = []
-    refs = evidence.references(evidence_groups, out)[0] if evidence_groups else None  # the same bytes' references
+    referenced = evidence.references(evidence_groups, out) if evidence_groups else (None, "")  # the same bytes'
+    refs = referenced[0]
     for task, groups in tasks.items():
         parts += task_section(
             task, groups, pairs, out, f"_{task}" if len(tasks) > 1 else "", summary, pair_rows, run_rows,
@@ -361,7 +362,7 @@ def build_report(
         study_now = study or study_config.for_runs(runs)
         comparisons = [(c.text, c.metric, c.a, c.b) for c in study_now.claims]
         comparisons += [("", "test/bpb", a, b) for a, b in pairs if (a, b) not in {(c[2], c[3]) for c in comparisons}]
-        lines, records = evidence.section(evidence_groups, comparisons, out)
+        lines, records = evidence.section(evidence_groups, comparisons, out, referenced)
         parts += ["", *lines]
         if records:
             write_csv(records, out / "evidence.csv")

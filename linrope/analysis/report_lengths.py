@@ -179,8 +179,8 @@ def extrapolation_table(
 
     lines = [[r["label"], row_text(r)] + [value(r["values"][n]) for n in lengths] for r in rows]
     protocols = any(r["name"] != r["scaling"] for r in rows)
-    for model, value in (references or {}).items():  # the same bytes at every length: one value
-        lines.append([f"*{model} (train split)*", "reference"] + [f"{value:.3f}" for _ in lengths])
+    for model, bpb in (references or {}).items():  # the same bytes at every length: one value
+        lines.append([f"*{model} (train split)*", "reference"] + [f"{bpb:.3f}" for _ in lengths])
     parts = [f"## Length extrapolation: {task}", ""] if heading else []
     parts += [
         f"{METRIC_CAPTIONS[metric]} at each evaluation length in tokens (× the "
