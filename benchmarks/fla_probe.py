@@ -1,18 +1,18 @@
-"""Which fla configuration faults on this GPU: the training-shape call, one process per variant.
+"""Whether linrope's Hopper guard keeps fla's training-shape call from faulting: one process per variant.
 
 On an H200 (Triton 3.6.0, fla-core 0.6.0) linrope's fla form stopped with a CUDA illegal memory access in its
-backward at the training shape (docs/benchmarks.md, "Device check").  The leading hypothesis: Triton >= 3.6
-miscompiles multi-dot kernels on sm_90 at block sizes 16 and 32, and fla runs such blocks (a 16-wide value block
-for the denominator's two-column value; 32-wide candidates in its autotuning).  Each variant runs the call that
-faulted — bfloat16, elu+1, RoPE in the numerator, (B, H, N, d) = (4, 8, 4096, 64), forward and backward,
-``--repeats`` times, synchronised after each — in a process of its own, since a fault ends the CUDA context:
+backward at the training shape (docs/benchmarks.md, "Device check"): in ``chunk_bwd_kernel_dv``, whose value block
+is 16 wide for the denominator's two-column value.  Triton >= 3.6 miscompiles multi-dot kernels on sm_90 at block
+sizes 16 and 32, so on Hopper linrope pads every width it hands fla to 64 and drops fla's 16- and 32-wide autotune
+configurations (``fla_backend.HOPPER_GUARD``).  Each variant runs the call — bfloat16, elu+1, RoPE in the
+numerator, (B, H, N, d) = (4, 8, 4096, 64), forward and backward, ``--repeats`` times, synchronised after each — in a
+process of its own, since a fault ends the CUDA context:
 
-  as-is      linrope and fla unchanged
-  blocks64   every width handed to fla padded to 64 (fla_backend.MIN_WIDTH) and every autotune configuration
-             with a block size of 16 or 32 dropped (a kernel left with none keeps its widest)
+  as-is      the guard off: widths padded to even only, every autotune configuration
+  guarded    linrope as it is (on Hopper: the guard on)
 
-One line per variant: ok / fault (the error's first line) / timeout, and the seconds taken.  A fault in as-is and
-none in blocks64 supports the hypothesis (then blocks64 is the fix to make); faults in both refute it.
+One line per variant: ok / fault (the error's first line) / timeout, and the seconds taken.  The call alone did not
+fault unguarded on the H200 (5 repeats, 2026-11-27); the training step did (``benchmarks/train_throughput.py``).
 
 Usage:  python benchmarks/fla_probe.py                      # every variant, each in its own process
         python benchmarks/fla_probe.py --variant as-is --repeats 3
@@ -29,29 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (4, 8, 4096, 64)
-VARIANTS = {"as-is": (2, False), "blocks64": (64, True)}  # name -> (fla_backend.MIN_WIDTH, drop 16/32 blocks)
-UNSAFE = (16, 32)
+VARIANTS = {"as-is": False, "guarded": True}  # name -> fla_backend.HOPPER_GUARD
 NEEDS_GPU = "benchmarks/fla_probe.py needs a CUDA GPU (torch.cuda.is_available() is False here): nothing ran"
-
-
-def safe_configs(configs: list) -> list:
-    """The autotune configurations without a block size (a ``B…`` argument) of 16 or 32; the widest if none."""
-    keep = [c for c in configs if not any(k.startswith("B") and v in UNSAFE for k, v in c.kwargs.items())]
-    if keep:
-        return keep
-    return [max(configs, key=lambda c: min([v for k, v in c.kwargs.items() if k.startswith("B")] or [0]))]
-
-
-def drop_unsafe_blocks() -> None:
-    """Every Triton autotuner made from now on keeps only ``safe_configs`` (patched before fla is imported)."""
-    from triton.runtime import autotuner
-
-    init = autotuner.Autotuner.__init__
-
-    def safe(self, fn, arg_names, configs, *args, **kwargs):
-        init(self, fn, arg_names, safe_configs(list(configs)), *args, **kwargs)
-
-    autotuner.Autotuner.__init__ = safe
 
 
 def run_variant(name: str, repeats: int) -> dict:
@@ -61,10 +40,7 @@ def run_variant(name: str, repeats: int) -> dict:
     from linrope.ops import linear_attention
     from linrope.ops.linear_attn import fla_backend
 
-    min_width, drop = VARIANTS[name]
-    if drop:
-        drop_unsafe_blocks()
-    fla_backend.MIN_WIDTH = min_width
+    fla_backend.HOPPER_GUARD = VARIANTS[name]
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(SHAPE, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_() for _ in "qkv")
     start = time.perf_counter()

@@ -12,7 +12,7 @@ import logging
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -346,9 +346,52 @@ def test_fla_hands_float16_inputs_to_fla_in_float32(meta_for_cuda, monkeypatch):
     assert linear_attention(q, q, v, impl="fla", feature_map="cosine").shape == v.shape  # padding sliced off
     assert widths == [(26, 26, 40), (26, 26, 2)]  # cosine's d+1 = 25 and the ones column: even widths
     widths.clear()
-    monkeypatch.setattr(fla_backend, "MIN_WIDTH", 64)  # benchmarks/fla_probe.py's variant: no block under 64
+    monkeypatch.setattr(fla_backend, "hopper", lambda device: True)  # an H100 / H200: no width under 64
     assert linear_attention(q, q, v, impl="fla", feature_map="cosine").shape == v.shape
     assert widths == [(64, 64, 64), (64, 64, 64)]
+    widths.clear()
+    monkeypatch.setattr(fla_backend, "HOPPER_GUARD", False)  # benchmarks/fla_probe.py's as-is: fla unguarded
+    assert linear_attention(q, q, v, impl="fla", feature_map="cosine").shape == v.shape
+    assert widths == [(26, 26, 40), (26, 26, 2)]
+
+
+def test_hopper_is_compute_capability_9(monkeypatch):
+    """The guard's test of the device, without a GPU: capability 9.x is Hopper, 8.x and 10.x are not, a CPU never."""
+    from linrope.ops.linear_attn import fla_backend
+
+    for capability, expected in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        assert fla_backend.hopper("cuda") is expected
+        assert fla_backend.min_width(torch.device("cuda", 0)) == (64 if expected else 2)
+    assert fla_backend.hopper("cpu") is False
+
+
+def test_safe_blocks_drops_16_and_32_wide_configurations_of_fla_autotuners(monkeypatch):
+    """Every autotuner of an fla module keeps its configurations without a 16- or 32-wide block (BK, BV, BS…),
+    or its widest when none is safe; other modules' autotuners and the chunk size are left alone."""
+    autotuner = pytest.importorskip("triton.runtime.autotuner")
+    import triton
+
+    from linrope.ops.linear_attn import fla_backend
+
+    def tuner(*blocks):
+        t = object.__new__(autotuner.Autotuner)  # no kernel behind it: safe_blocks reads and writes .configs only
+        t.configs = [triton.Config(dict(b)) for b in blocks]
+        return t
+
+    mixed = tuner({"BK": 32, "BV": 64}, {"BK": 64, "BV": 64, "BT": 64}, {"BK": 128, "BV": 16}, {"BK": 128, "BV": 64})
+    unsafe = tuner({"BS": 16}, {"BS": 32})
+    safe = tuner({"BK": 64, "BV": 128})
+    other = tuner({"BK": 16})
+    fla_module, other_module = ModuleType("fla._guard_test"), ModuleType("elsewhere._guard_test")
+    fla_module.mixed, fla_module.unsafe, fla_module.safe, other_module.other = mixed, unsafe, safe, other
+    monkeypatch.setitem(sys.modules, fla_module.__name__, fla_module)
+    monkeypatch.setitem(sys.modules, other_module.__name__, other_module)
+    assert fla_backend.safe_blocks.__wrapped__() >= 2  # mixed and unsafe changed (and any real fla module's)
+    assert [c.kwargs for c in mixed.configs] == [{"BK": 64, "BV": 64, "BT": 64}, {"BK": 128, "BV": 64}]
+    assert [c.kwargs for c in unsafe.configs] == [{"BS": 32}]
+    assert [c.kwargs for c in safe.configs] == [{"BK": 64, "BV": 128}]
+    assert [c.kwargs for c in other.configs] == [{"BK": 16}]
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -130,11 +130,11 @@ def test_fla_without_denominator_and_state_makes_one_call(fla_cpu, monkeypatch):
 
 @pytest.mark.slow  # the 64-wide padding makes every interpreted block larger
 def test_fla_with_every_width_padded_to_64_matches_naive(fla_cpu, monkeypatch):
-    """benchmarks/fla_probe.py's variant (fla_backend.MIN_WIDTH = 64: no 16-wide block): the zero columns change
-    nothing, outputs, states and gradients."""
+    """The Hopper guard's padding (every width to fla_backend.SAFE_WIDTH = 64: no 16-wide block): the zero columns
+    change nothing, outputs, states and gradients."""
     from linrope.ops.linear_attn import fla_backend
 
-    monkeypatch.setattr(fla_backend, "MIN_WIDTH", 64)
+    monkeypatch.setattr(fla_backend, "MIN_WIDTH", fla_backend.SAFE_WIDTH)
     compare("elu", "numerator", True, True, 70)
 
 

@@ -43,6 +43,7 @@ import importlib.util
 import math
 import os
 import re
+import sys
 from contextlib import nullcontext
 from typing import NamedTuple, Optional
 
@@ -55,9 +56,16 @@ from .features import feature_width, reference_features
 
 FLA_VERSION = "0.6.0"  # the fla-core release this mapping was checked against (pyproject's `gpu` extra)
 FLA_CHUNK = 64  # fla's chunk length (its default, the one its kernels are tuned for)
-# the narrowest key / value width handed to fla (widths are padded with zero columns up to it, and to even):
-# benchmarks/fla_probe.py sets 64 to test whether fla's 16-wide blocks fault on Hopper (docs/benchmarks.md)
-MIN_WIDTH = 2
+# Hopper (sm_90): Triton >= 3.6 miscompiles kernels with several tl.dot at block sizes 16 and 32 there (illegal
+# memory accesses; pytorch/helion#1905, triton-lang/triton#10486).  fla's training step faulted in chunk_bwd_kernel_dv,
+# whose value block was 16 for the denominator's padded two-column value, and ran once no block was under 64
+# (docs/benchmarks.md, "Device check").  On Hopper every width handed to fla is padded to SAFE_WIDTH and fla's autotune
+# configurations with a block of 16 or 32 are dropped (``safe_blocks``); elsewhere widths are padded to even only.
+UNSAFE_BLOCKS = (16, 32)
+SAFE_WIDTH = 64
+HOPPER_GUARD = True  # False: fla as it is on Hopper too (benchmarks/fla_probe.py's variant as-is)
+# the narrowest key / value width handed to fla (zero columns up to it, and to even); None: ``min_width`` decides
+MIN_WIDTH: Optional[int] = None
 _LOG2E = 1.0 / math.log(2.0)  # fla's kernels take the log-decay in base 2
 _NONE = (0,)  # the shape of a placeholder output
 TORCH_FLOOR = (2, 7)  # fla-core 0.6.0's own requirement (its metadata: torch>=2.7.0 with its cuda extra)
@@ -121,10 +129,56 @@ def unavailable(device) -> Optional[str]:
     return None
 
 
-def kernels():
-    """fla's chunked forward and backward functions: the one seam between linrope and fla."""
+def hopper(device) -> bool:
+    """Whether ``device`` is a CUDA GPU of compute capability 9.x (Hopper: H100, H200)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def min_width(device) -> int:
+    """The narrowest key / value width handed to fla on ``device``: ``MIN_WIDTH`` when set, else SAFE_WIDTH on
+    Hopper (no 16- or 32-wide block from a narrow width) and 2 elsewhere (even widths, fla's own assertion)."""
+    if MIN_WIDTH is not None:
+        return MIN_WIDTH
+    return SAFE_WIDTH if HOPPER_GUARD and hopper(device) else 2
+
+
+def safe_configs(configs: list) -> list:
+    """Autotune configurations without a block size (a ``B…`` meta-parameter) of 16 or 32; the one whose narrowest
+    block is widest when every configuration has such a block."""
+
+    def blocks(config) -> list:
+        return [v for k, v in config.kwargs.items() if k.startswith("B") and isinstance(v, int)]
+
+    keep = [c for c in configs if not any(b in UNSAFE_BLOCKS for b in blocks(c))]
+    return keep or [max(configs, key=lambda c: min(blocks(c) or [0]))]
+
+
+@functools.cache
+def safe_blocks() -> int:
+    """Every Triton autotuner of the fla modules imported so far keeps only its ``safe_configs`` (once per
+    process, before any runs, so no choice among the dropped ones was cached) -> how many autotuners changed."""
+    from triton.runtime.autotuner import Autotuner
+
+    changed = 0
+    for name, module in list(sys.modules.items()):
+        if name != "fla" and not name.startswith("fla."):
+            continue
+        for obj in list(vars(module).values()):
+            if isinstance(obj, Autotuner):
+                kept = safe_configs(list(obj.configs))
+                changed += len(kept) != len(obj.configs)
+                obj.configs = kept
+    return changed
+
+
+def kernels(device=None):
+    """fla's chunked forward and backward functions: the one seam between linrope and fla.  On Hopper
+    (``device``), fla's autotuners lose their 16- and 32-wide configurations first (``safe_blocks``)."""
     from fla.ops.simple_gla.chunk import chunk_simple_gla_bwd, chunk_simple_gla_fwd
 
+    if device is not None and HOPPER_GUARD and hopper(device):
+        safe_blocks()
     return chunk_simple_gla_fwd, chunk_simple_gla_bwd
 
 
@@ -153,7 +207,7 @@ def fla_chunk_fwd(
 ) -> tuple[Tensor, Tensor]:
     """-> (o [B, T, H, V] in v's dtype, h_T [B, H, K, V] float32 or an empty placeholder).  ``cu_seqlens``: B = 1
     holds variable-length sequences (packed documents), h0 and h_T one per sequence."""
-    fwd, _ = kernels()
+    fwd, _ = kernels(q.device)
     with _on(q):
         o, ht = fwd(
             q=q,
@@ -189,7 +243,7 @@ def fla_chunk_bwd(
     cu_seqlens: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """-> (dq, dk, dv, dh0), an empty placeholder for dh0 without h0."""
-    _, bwd = kernels()
+    _, bwd = kernels(q.device)
     with _on(q):
         dq, dk, dv, _, dh0 = bwd(
             q=q,
@@ -270,13 +324,13 @@ def _chunk(
     packed: Optional[Varlen] = None,
 ):
     """One fla computation on linrope's (B, H, N, ·) layout -> (o (B, H, N, V), h_T (B, H, K, V) or None).
-    Odd widths get a zero column (fla asserts even widths for 16-bit inputs), widths below ``MIN_WIDTH`` zero
+    Odd widths get a zero column (fla asserts even widths for 16-bit inputs), widths below ``min_width`` zero
     columns up to it.  ``packed``: the rows flattened
     into fla's variable-length batch (the initial state given to each row's first document, the final state
     read from its last)."""
     B, H, N = q.shape[:3]
     K, V = q.shape[-1], v.shape[-1]
-    pk, pv = (max(w + w % 2, MIN_WIDTH) - w for w in (K, V))
+    pk, pv = (max(w + w % 2, min_width(q.device)) - w for w in (K, V))
     if h0 is not None:
         h0 = F.pad(h0.to(torch.float32), (0, pv, 0, pk)).contiguous()
     qf, kf, vf = _fla_layout(q, pk, dtype), _fla_layout(k, pk, dtype), _fla_layout(v, pv, dtype)
