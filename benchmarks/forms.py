@@ -119,10 +119,15 @@ def _sdpa_flash(chunk_size, device):
 
 
 def _fla_triton(chunk_size, device):
-    """fla's own chunk_simple_gla, imported now (not merely found): an import error is this form's row."""
+    """fla's own chunk_simple_gla, imported now (not merely found): an import error is this form's row.  Under the
+    Hopper guard of linrope's fla form (``fla_backend.kernels``), so that both fla rows choose among the same
+    autotune configurations."""
     _needs_cuda(device)
     from fla.ops.simple_gla import chunk_simple_gla
 
+    from linrope.ops.linear_attn import fla_backend
+
+    fla_backend.kernels(device)
     return lambda q, k, v: chunk_simple_gla(q, k, v, scale=1.0)[0]
 
 

@@ -744,10 +744,12 @@ class Context:
         self.finished: Optional[float] = None
 
     def budget(self, part: str) -> float:
-        """What is left of the total, less the shares of the parts after this one (at least 5 s)."""
+        """What is left of the total, less the shares of the parts after this one, and at least this part's own
+        share while that much is left (a total below the shares' sum starves the later parts, not the first)."""
         later = self.parts[self.parts.index(part) + 1 :]
         left = self.total_s - (time.perf_counter() - self.t0)
-        return max(left - sum(SHARES[self.device][p] for p in later), 5.0)
+        shares = SHARES[self.device]
+        return max(left - sum(shares[p] for p in later), min(shares[part], left), 5.0)
 
     def rows(self, part: str) -> list[dict]:
         return read_rows(self.jsonl, part)

@@ -402,6 +402,18 @@ def test_device_check_budgets_train_at_the_goals_context_when_every_part_takes_i
     assert gpu_check.TOTAL_S["cuda"] + 60 <= 600  # with the device machine's start, within one 10-minute command
 
 
+def test_device_check_gives_each_part_its_own_share_when_the_total_is_short(tmp_path):
+    """--total-s below the shares' sum: the first part still gets its share (the env part once got 5 s of 400 and
+    printed nothing), the later ones what is left less the shares after them."""
+    ctx = gpu_check.Context(
+        argparse.Namespace(cpu=False, out=tmp_path, parts=["env", "kernels", "tests", "train"], total_s=400.0)
+    )
+    shares = gpu_check.SHARES["cuda"]
+    assert shares["kernels"] + shares["tests"] + shares["train"] > 400 - shares["env"]  # the case itself
+    assert ctx.budget("env") == pytest.approx(shares["env"], abs=1)
+    assert ctx.budget("train") == pytest.approx(400, abs=1)  # the last part: everything left
+
+
 def test_device_check_tests_part_runs_the_quick_gpu_tests_with_blocking_launches(tmp_path, monkeypatch):
     """The tests part: the gpu tests that are not slow (fla's full matrix compiles for minutes), each CUDA launch
     blocking so a fault names its kernel."""

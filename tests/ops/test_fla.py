@@ -136,18 +136,21 @@ def test_auto_resolves_to_fla_on_cuda_where_it_can_run_and_passed_the_device_che
 
 
 def test_auto_says_why_it_passes_over_fla_on_cuda(monkeypatch, caplog):
-    """Today's VERIFIED is empty (fla's training step failed on an H200): auto on CUDA runs the chunk kernel and
-    its one log line names the versions and where the evidence is."""
+    """VERIFIED holds the versions whose training step passed on an H200 (fla-core 0.6.0, triton 3.6.0): with
+    others auto on CUDA runs the chunk kernel and its one log line names the versions and where the evidence is."""
     monkeypatch.setattr(backends, "_CHOSEN", {})
     monkeypatch.setattr(fla_backend, "INSTALLED", True)
-    monkeypatch.setattr(fla_backend, "versions", lambda: ("0.6.0", "3.6.0"))
-    assert fla_backend.VERIFIED == frozenset()
+    assert fla_backend.VERIFIED == frozenset({("0.6.0", "3.6.0")})
+    monkeypatch.setattr(fla_backend, "versions", lambda: ("0.6.0", "3.5.1"))
     with caplog.at_level(logging.INFO, logger="linrope.ops"):
         assert backends.resolve("auto", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["chunk"]
     assert [r.getMessage() for r in caplog.records] == [
-        "linear attention impl=auto: chunk (fla-core 0.6.0 with triton 3.6.0 has not passed the device check's "
+        "linear attention impl=auto: chunk (fla-core 0.6.0 with triton 3.5.1 has not passed the device check's "
         "training step on a GPU (docs/benchmarks.md); impl=fla runs it)"
     ]
+    monkeypatch.setattr(backends, "_CHOSEN", {})
+    monkeypatch.setattr(fla_backend, "versions", lambda: ("0.6.0", "3.6.0"))
+    assert backends.resolve("auto", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["fla"]
     assert backends.resolve("fla", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["fla"]  # opt-in
 
 
@@ -382,6 +385,7 @@ def test_safe_blocks_drops_16_and_32_wide_configurations_of_fla_autotuners(monke
     mixed = tuner({"BK": 32, "BV": 64}, {"BK": 64, "BV": 64, "BT": 64}, {"BK": 128, "BV": 16}, {"BK": 128, "BV": 64})
     unsafe = tuner({"BS": 16}, {"BS": 32})
     safe = tuner({"BK": 64, "BV": 128})
+    mixed.cache = {("K", 64): mixed.configs[0], ("K", 128): mixed.configs[1]}  # choices made before the guard
     other = tuner({"BK": 16})
     fla_module, other_module = ModuleType("fla._guard_test"), ModuleType("elsewhere._guard_test")
     fla_module.mixed, fla_module.unsafe, fla_module.safe, other_module.other = mixed, unsafe, safe, other
@@ -389,6 +393,7 @@ def test_safe_blocks_drops_16_and_32_wide_configurations_of_fla_autotuners(monke
     monkeypatch.setitem(sys.modules, other_module.__name__, other_module)
     assert fla_backend.safe_blocks.__wrapped__() >= 2  # mixed and unsafe changed (and any real fla module's)
     assert [c.kwargs for c in mixed.configs] == [{"BK": 64, "BV": 64, "BT": 64}, {"BK": 128, "BV": 64}]
+    assert list(mixed.cache) == [("K", 128)]  # the 32-wide choice forgotten, the safe one kept
     assert [c.kwargs for c in unsafe.configs] == [{"BS": 32}]
     assert [c.kwargs for c in safe.configs] == [{"BK": 64, "BV": 128}]
     assert [c.kwargs for c in other.configs] == [{"BK": 16}]

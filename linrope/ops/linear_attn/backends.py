@@ -11,7 +11,7 @@ differentiated tables, device), and runs ``backend.run(q, k, v, args)``.  Every 
     recurrent  position by position through autograd: a check of the recurrence
     fla        fla's chunked Triton kernels (CUDA and the ``gpu`` extra)
     auto       chooses: fla where the registry accepts it on a CUDA device and its versions passed the device
-               check (``fla_backend.VERIFIED``: none yet), else chunk (logged once)
+               check (``fla_backend.VERIFIED``: fla-core 0.6.0 with triton 3.6.0), else chunk (logged once)
 
 A new backend is one ``Backend(...)`` entry below and one form ``fn(q, k, v, args)`` beside its naive twin.
 """

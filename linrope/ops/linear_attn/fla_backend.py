@@ -71,10 +71,10 @@ _NONE = (0,)  # the shape of a placeholder output
 TORCH_FLOOR = (2, 7)  # fla-core 0.6.0's own requirement (its metadata: torch>=2.7.0 with its cuda extra)
 INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("fla", "triton"))  # finds, does not import
 # (fla-core, triton) versions whose training step passed the device check (benchmarks/gpu_check.sh) on a GPU:
-# ``impl=auto`` takes fla only with one of these.  None yet: on an H200 (torch 2.11.0, triton 3.6.0, fla-core
-# 0.6.0) the bfloat16 training step of size=base at context 4096, batch 4, stopped with an illegal memory access in
-# fla's kernels, twice (2026-11-27; docs/benchmarks.md, "The device check"), where impl=chunk trained.
-VERIFIED: frozenset = frozenset()
+# ``impl=auto`` takes fla only with one of these.  On an H200 (torch 2.11.0, triton 3.6.0, fla-core 0.6.0) the
+# bfloat16 training step of size=base at context 4096, batch 4, faulted three times before the Hopper guard above,
+# and passed with it, as did the CUDA tests against float64 (2026-11-27; docs/benchmarks.md, "Device check").
+VERIFIED: frozenset = frozenset({("0.6.0", "3.6.0")})
 
 
 def torch_too_old() -> Optional[str]:
@@ -156,8 +156,8 @@ def safe_configs(configs: list) -> list:
 
 @functools.cache
 def safe_blocks() -> int:
-    """Every Triton autotuner of the fla modules imported so far keeps only its ``safe_configs`` (once per
-    process, before any runs, so no choice among the dropped ones was cached) -> how many autotuners changed."""
+    """Every Triton autotuner of the fla modules imported so far keeps only its ``safe_configs``, and forgets any
+    choice it made among the others (once per process) -> how many autotuners changed."""
     from triton.runtime.autotuner import Autotuner
 
     changed = 0
@@ -169,6 +169,10 @@ def safe_blocks() -> int:
                 kept = safe_configs(list(obj.configs))
                 changed += len(kept) != len(obj.configs)
                 obj.configs = kept
+                cache = getattr(obj, "cache", None)
+                if isinstance(cache, dict):
+                    for key in [key for key, chosen in cache.items() if chosen not in kept]:
+                        del cache[key]
     return changed
 
 
