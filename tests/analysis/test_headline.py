@@ -1,0 +1,128 @@
+"""The committed headline study (docs/results/headline/steps3200, issue 34) against the protocol it claims: a
+validation-only tuning per configuration whose choice is interior, the main runs at the chosen rate on seeds 1-5
+with the same budget, and every run scoring the whole test split (bytes and documents checked against the split
+rebuilt from the run's own data config), under both extrapolation protocols and the context-limited control.
+
+The study is committed as it runs (finished runs in compact form, linrope.study --commit), so these checks read
+whatever has finished: a configuration still tuning has no choice to check, and the five seeds are required once
+every main run has finished."""
+
+from __future__ import annotations
+
+import functools
+import json
+import platform
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from linrope.analysis.runs import compact_index
+
+ROOT = Path(__file__).resolve().parents[2]
+PART = ROOT / "docs" / "results" / "headline" / "steps3200"
+SEEDS = {1, 2, 3, 4, 5}
+STEPS = 3200
+CONTROLS = ("linear_rope_decay", "linear_rope_norm")  # the two trained controls; the third is an evaluation row
+
+
+def configurations() -> list:
+    """The configurations the experiment sweeps (conf/experiment/headline.yaml)."""
+    sweep = OmegaConf.load(ROOT / "conf" / "experiment" / "headline.yaml").hydra.sweeper.params
+    assert [int(s) for s in str(sweep.seed).split(",")] == sorted(SEEDS)
+    return [m.strip() for m in str(sweep.model).split(",")]
+
+
+def tuning() -> dict:
+    return json.loads((PART / "tuning.json").read_text())
+
+
+def main_runs() -> list:
+    return compact_index(PART) if (PART / "runs.json").is_file() else []
+
+
+def test_the_study_holds_the_seven_configurations_and_the_two_trained_controls():
+    names = configurations()
+    assert len(names) == 9 and set(CONTROLS) <= set(names)
+    assert [c["configuration"] for c in tuning()["configurations"]] == names
+
+
+def test_tuning_is_on_validation_only_with_one_grid_and_budget_and_every_choice_is_interior():
+    """The protocol recorded in tuning.json, each tuning run's own saved config, and each choice: the best
+    validation score among the values tried, not at an edge of them."""
+    t = tuning()
+    assert (t["metric"], t["mode"], t["key"]) == ("val/bpb", "min", "optim.lr")
+    protocol = t["protocol"]
+    assert (protocol["test"], protocol["extrapolation"], protocol["max_steps"]) == (False, False, STEPS)
+    scored = {}
+    for record in compact_index(PART / "tuning"):
+        config = record["config"]
+        assert config["test"] is False and config["extrapolation"]["enabled"] is False, record["run"]
+        assert (config["seed"], config["trainer"]["max_steps"]) == (protocol["seed"], STEPS), record["run"]
+        scored[f"tuning/{record['run']}"] = record["study"]["tuning"]["score"]
+    chosen = 0
+    for c in t["configurations"]:
+        values = [x["value"] for x in c["tried"]]
+        assert values[: len(protocol["grid"])] == protocol["grid"] or sorted(values) == sorted(set(values)), c
+        assert c["max_steps"] == STEPS
+        for x in c["tried"]:
+            if x["score"] is not None:
+                assert x["score"] == pytest.approx(scored[x["run"]]), x["run"]
+        if c["chosen"] is None:
+            continue
+        chosen += 1
+        best = min(c["tried"], key=lambda x: x["score"])
+        assert c["chosen"] == best["value"], c["configuration"]
+        assert c["interior"] is True and min(values) < c["chosen"] < max(values), c["configuration"]
+    assert chosen or not (PART / "runs.json").is_file()  # main runs start only after a choice
+
+
+def test_every_main_run_trains_at_its_configurations_chosen_rate_with_the_same_budget():
+    chosen = {c["configuration"]: c["chosen"] for c in tuning()["configurations"]}
+    seeds = {}
+    for record in main_runs():
+        config, model = record["config"], record["model_name"]
+        assert config["optim"]["lr"] == pytest.approx(chosen[model]), record["run"]
+        assert config["trainer"]["max_steps"] == STEPS and config["seed"] in SEEDS, record["run"]
+        seeds.setdefault(model, set()).add(config["seed"])
+    if sum(map(len, seeds.values())) == len(configurations()) * len(SEEDS):  # the study has finished
+        assert seeds == {name: SEEDS for name in configurations()}
+
+
+@functools.cache
+def whole_test_split(data: str) -> tuple:
+    """(bytes scored, documents) of the whole test split, rebuilt from a run's resolved data config (JSON)."""
+    from linrope.data.modules import ByteDataModule
+
+    kwargs = {k: v for k, v in json.loads(data).items() if k not in ("_target_", "task")}
+    dm = ByteDataModule(**kwargs)
+    return len(dm.splits["test"]) - 1, len(dm.documents["test"])  # every byte but the first is a target
+
+
+def finished_main_runs() -> list:
+    return [pytest.param(r, id=r["run"]) for r in main_runs()]
+
+
+@pytest.mark.parametrize("record", finished_main_runs())
+def test_every_main_run_scores_the_whole_test_split_under_both_protocols_and_the_control(record):
+    """test/bytes and test/documents against the test split itself; the extrapolation table scores those same
+    bytes at every length (1, 2, 16x) under sliding and non-overlapping windows, and beyond 1x the
+    context-limited control (attention to the last `context` keys)."""
+    from linrope.analysis.runs import find_runs
+
+    recorded = record["provenance"]["versions"].get("python")
+    if recorded != platform.python_version():
+        pytest.skip(f"the test split is this Python's stdlib ({platform.python_version()}); the run read {recorded}'s")
+    config = OmegaConf.create(record["config"])
+    data = OmegaConf.to_container(config.data, resolve=True)
+    n_bytes, n_docs = whole_test_split(json.dumps(data, sort_keys=True))
+    assert n_docs == 33 and n_bytes > 400_000  # the split the study's docs describe
+    (run,) = [r for r in find_runs(PART) if r.path.name == record["run"]]
+    assert (run.value("test/bytes", "last"), run.value("test/documents", "last")) == (n_bytes, n_docs), record["run"]
+    context, rows = config.context, [r for r in record["extrapolation"] if r["status"] == "ok"]
+    seen = {(r["factor"], r.get("protocol") or "sliding", r.get("window")) for r in rows}
+    for factor in (1, 2, 16):
+        assert {(factor, "sliding", None), (factor, "windows", None)} <= seen, (record["run"], factor)
+        if factor > 1:  # the context-limited control
+            assert any(f == factor and w == context for f, _, w in seen), (record["run"], factor)
+    assert {int(r["bytes"]) for r in rows} == {n_bytes}, record["run"]  # the same bytes at every length
