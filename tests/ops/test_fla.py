@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import namedtuple
 from types import ModuleType, SimpleNamespace
 
 import pytest
@@ -362,11 +363,17 @@ def test_hopper_is_compute_capability_9(monkeypatch):
     """The guard's test of the device, without a GPU: capability 9.x is Hopper, 8.x and 10.x are not, a CPU never."""
     from linrope.ops.linear_attn import fla_backend
 
-    for capability, expected in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+    props = namedtuple("props", "major")  # a stand-in dynamo can hold (it folds the real call to a constant)
+    for major, expected in ((9, True), (8, False), (10, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, m=major: props(m))
         assert fla_backend.hopper("cuda") is expected
         assert fla_backend.min_width(torch.device("cuda", 0)) == (64 if expected else 2)
     assert fla_backend.hopper("cpu") is False
+    # inside torch.compile(fullgraph=True), as the fla form's padding asks it: no graph break, the answer a constant
+    compiled = torch.compile(
+        lambda x: x + fla_backend.min_width(torch.device("cuda", 0)), fullgraph=True, backend="eager"
+    )
+    assert compiled(torch.zeros(1)).item() == 2  # capability 10.x, the last one patched in
 
 
 def test_safe_blocks_drops_16_and_32_wide_configurations_of_fla_autotuners(monkeypatch):

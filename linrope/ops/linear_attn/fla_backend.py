@@ -130,9 +130,10 @@ def unavailable(device) -> Optional[str]:
 
 
 def hopper(device) -> bool:
-    """Whether ``device`` is a CUDA GPU of compute capability 9.x (Hopper: H100, H200)."""
+    """Whether ``device`` is a CUDA GPU of compute capability 9.x (Hopper: H100, H200).  Read from the device's
+    properties, which torch.compile folds to a constant (``get_device_capability`` it would trace)."""
     device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    return device.type == "cuda" and torch.cuda.get_device_properties(device).major == 9
 
 
 def min_width(device) -> int:
