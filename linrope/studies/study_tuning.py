@@ -276,8 +276,11 @@ class Tuning:
         return None
 
     def entries(self) -> List[Dict[str, Any]]:
+        """Per configuration what was tried and chosen, decided afresh from the runs finished by now (a run that
+        finished since the last ``plan`` is in it: the record is written as each run is kept)."""
         entries = []
-        for c, d in enumerate(self.decisions):
+        for c in range(len(self.configs)):
+            d = self.decide(c)
             cfg = self.study.compose(self.job(c, d["values"][0]))[0]
             tried = []
             for v, r in zip(d["values"], d["results"]):

@@ -208,6 +208,23 @@ def test_a_best_still_at_an_edge_after_every_extension_is_recorded_at_edge(tmp_p
     assert "highest val/acc" in table
 
 
+def test_the_record_holds_each_tuning_runs_score_as_soon_as_it_finishes(tmp_path, trainer, monkeypatch):
+    """tuning.json is committed with every finished tuning run (--commit), so a session that ends part-way through
+    a configuration's grid leaves the scores so far in it, not only once the configuration is decided."""
+    trainer.start({"linear": 2e-3})
+    s, seen, launch = tmp_path / "s", [], study_module.launch
+
+    def spy(cmd, env, out):  # what the record says as each run starts (one at a time)
+        record = tuning_record.read(s)
+        seen.append([t["score"] for e in (record or {}).get("configurations", []) for t in e["tried"]])
+        return launch(cmd, env, out)
+
+    monkeypatch.setattr(study_module, "launch", spy)
+    study = Study(s, [*TINY, "model=linear", "seed=1"], 1, False, cache=trainer.cache)
+    assert study.run(jobs=1) == 0
+    assert [sum(x is not None for x in scores) for scores in seen[1:3]] == [1, 2]  # before the 2nd and the 3rd
+
+
 def test_a_stopped_tuning_resumes_and_no_finished_run_trains_again(tmp_path, trainer, capsys):
     """A tuning run stopped part-way (a checkpoint, no score): its configuration's main jobs do not start, the
     other configuration goes on; the next call trains only that run (and what follows from it)."""
