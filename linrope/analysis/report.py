@@ -59,7 +59,7 @@ from linrope.analysis.report_cells import (
     seeds_text,
 )
 from linrope.analysis.report_lengths import extrapolation_section
-from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
+from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
 from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
 from linrope.base.errors import first_names
 from linrope.base.plots import (
@@ -283,6 +283,19 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
         w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
+def tuning_only(sweeps: Sequence[Path]) -> str:
+    """What a study with no main run yet has done: its tuning runs (a report never reads them), or ''."""
+    parts = sorted({p.parent.parent for s in sweeps for p in Path(s).rglob(f"{TUNING}/{COMPACT}")})
+    counts = [(part, len(compact_index(part / TUNING))) for part in parts]
+    if not any(n for _, n in counts):
+        return ""
+    done = ", ".join(f"{n} in {part / TUNING}" for part, n in counts)
+    return (
+        f"; only tuning runs have finished ({done}): the main runs start once the tuning stage has chosen, "
+        "and `python -m linrope.study <part> experiment=<name> --list` shows what is left"
+    )
+
+
 def build_report(
     sweeps: Sequence[Path],
     out: Path,
@@ -303,6 +316,7 @@ def build_report(
         )
         raise SystemExit(
             f"linrope.report: no linrope runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}{others}"
+            + tuning_only(sweeps)
         )
     provenance.fill_in(runs, [*map(Path, sweeps), out])  # runs that predate their own provenance.json
     mixed = provenance.check(runs, allow_mixed)  # one line; refused unless --allow-mixed

@@ -2,6 +2,7 @@
 runs of mixed code across a study's arms under every flag, and take an arm's label from what its runs recorded.
 Odd files (a binary metrics.csv, an unrelated hparams.yaml, a read-only folder) are one line."""
 
+import json
 import os
 from pathlib import Path
 
@@ -48,6 +49,19 @@ def test_a_folder_with_a_metrics_csv_of_no_linrope_run_is_not_reported_nor_overw
     assert (tmp_path / "report.md").read_text() == "# my notes\n" and (
         tmp_path / "summary.csv"
     ).read_text() == "mine,1\n"
+
+
+def test_a_study_with_only_tuning_runs_says_so(tmp_path):
+    """A study part whose tuning stage is running (its runs compact in <part>/tuning/, no main run yet): the report
+    has nothing to table, and says how far the study has come instead of only "no runs"."""
+    tuning = tmp_path / "study" / "steps3200" / "tuning"
+    tuning.mkdir(parents=True)
+    runs = [{"run": "linear-lr0.002"}, {"run": "linear-lr0.004"}]
+    (tuning / "runs.json").write_text(json.dumps({"format": "linrope.runs/1", "runs": runs}))
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "study")])
+    assert str(e.value).startswith(f"linrope.report: no linrope runs (csv/metrics.csv) under {tmp_path / 'study'}; ")
+    assert f"only tuning runs have finished (2 in {tuning})" in str(e.value) and "--list" in str(e.value)
 
 
 def test_a_report_never_writes_over_a_file_it_did_not_write(tmp_path, capsys):
