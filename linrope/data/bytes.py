@@ -314,15 +314,18 @@ class SlidingWindows(Dataset):
     Window k ends at e_k (inputs ``data[e_k − length : e_k]``): e_0 = length, e_k = min(e_{k−1} + stride, n);
     it scores the targets at offsets e_{k−1}+1 … e_k.  With ``stride = length`` the windows do not overlap
     (the last one, ending at n, scores only what the others left).  Item: (inputs, targets with ``IGNORE``
-    (-100) where not scored, the offset of each scored target or −1)."""
+    (-100) where not scored), and with ``offsets`` the offset of each scored target or −1 third.  Only on request:
+    a third item of a language model's batch is read as document ids (``LitModel.outputs``), so offsets there
+    would let each byte see only itself."""
 
-    def __init__(self, data: np.ndarray, length: int, stride: int, n: int):
+    def __init__(self, data: np.ndarray, length: int, stride: int, n: int, offsets: bool = False):
         if not 1 <= stride <= length:
             raise ValueError(f"stride={stride}: must be between 1 and the length ({length})")
         if n < length:
             raise ValueError(f"the scored text ({n} bytes) is shorter than the length {length}")
         self.data, self.length = torch.from_numpy(np.asarray(data[: n + 1])), length
         self.ends = list(range(length, n, stride)) + [n]
+        self.offsets = offsets
 
     def __len__(self):
         return len(self.ends)
@@ -335,4 +338,6 @@ class SlidingWindows(Dataset):
         offsets = torch.arange(start + 1, end + 1)
         scored = offsets >= first
         y = torch.where(scored, w[1:], torch.full_like(w[1:], IGNORE))
+        if not self.offsets:
+            return w[:-1], y
         return w[:-1], y, torch.where(scored, offsets, torch.full_like(offsets, -1))

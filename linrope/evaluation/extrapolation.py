@@ -147,7 +147,9 @@ class Segments(Dataset):
     the split's)."""
 
     def __init__(self, data: np.ndarray, segments: Sequence[tuple], length: int, stride: int):
-        self.parts = [(int(s), SlidingWindows(data[int(s) :], length, stride, int(n))) for s, n in segments]
+        self.parts = [
+            (int(s), SlidingWindows(data[int(s) :], length, stride, int(n), offsets=True)) for s, n in segments
+        ]
         self.index = [(p, k) for p, (_, w) in enumerate(self.parts) for k in range(len(w))]
 
     def __len__(self):

@@ -67,7 +67,7 @@ def test_sliding_windows_score_the_same_byte_set_at_every_length(stride):
     sets = {}
     for length in (16, 64, 100, 256, 3001):
         s = stride or default_stride(length)
-        ds = SlidingWindows(data, length, s, n)
+        ds = SlidingWindows(data, length, s, n, offsets=True)
         offsets, values = [], []
         for k in range(len(ds)):
             x, y, where = ds[k]
