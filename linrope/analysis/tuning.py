@@ -5,7 +5,8 @@ The record holds what the tuning stage did and the rule it followed: the setting
 (validation only) and which way is best (``mode``); the ``protocol`` every configuration got alike (grid, factor,
 extensions allowed, seed, steps; test and extrapolation off); per configuration the values tried in ascending order,
 each with its tuning run's folder (``tuning/<run>``), score (the best value of the metric logged over the run, None
-when it logged none that is finite), the step of that value, the steps it trained and its wall time; the value
+when it logged none that is finite), the step of that value (``best_step``), the last step it logged (``last_step``:
+the table's column, where a run stopped early shows) and its wall time; the value
 chosen, and whether it is interior (False: at an edge of the values tried after the extensions allowed; None: the
 tuning of the configuration has not finished).  The tuning runs themselves are in compact form in
 ``<study>/tuning/`` (runs.json, curves.csv, results.csv: linrope.analysis.compact), committed with the record.
@@ -66,14 +67,14 @@ def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> 
         "",
         f"`{key}` was chosen per configuration before the main runs: each configuration trained at every value "
         f"at seed {rule.get('seed', '?')} with the main runs' steps and schedule"
-        + (f" ({steps} steps)" if steps is not None else " (its own steps: the column)")
+        + (f" ({steps} steps)" if steps is not None else " (its own steps)")
         + f", test and extrapolation off, and was scored by its {best} {metric} over the run; grid "
         f"{', '.join(_num(v) for v in rule.get('grid') or [])}; a best at an edge of the values tried added the "
         f"next value beyond it (× or ÷ {_num(rule.get('factor'))}), at most {rule.get('max_extensions', '?')} "
         f"times.  The main runs trained at the chosen value (**bold**).  *at edge*: the best stayed at an edge "
         f"after every extension allowed, so the range may not hold the optimum.",
         "",
-        f"| configuration | {key} tried | {best} {metric} | chosen | where | steps | wall (min) |",
+        f"| configuration | {key} tried | {best} {metric} | chosen | where | last step logged | wall (min) |",
         "|---|---|---|---|---|---|---|",
     ]
     for entry in record.get("configurations") or []:
@@ -83,7 +84,7 @@ def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> 
             f"**{_score(t.get('score'))}**" if t.get("value") == chosen else _score(t.get("score")) for t in tried
         ]
         wall = sum(t.get("wall_s") or 0 for t in tried)
-        ran = sorted({t.get("steps") for t in tried if isinstance(t.get("steps"), int)})
+        ran = sorted({t.get("last_step") for t in tried if isinstance(t.get("last_step"), int)})
         lines.append(
             f"| {entry.get('configuration', '?')} | {', '.join(_num(t.get('value')) for t in tried)} | "
             f"{', '.join(scores)} | {_num(chosen)} | {where(entry)} | "

@@ -160,6 +160,7 @@ def test_tuning_runs_first_on_validation_and_the_main_jobs_train_at_the_choice(t
     row = next(line for line in text.splitlines() if line.startswith("| linear_rope |"))
     assert row.split(" | ")[1:5] == ["0.001, 0.002, 0.004, 0.008, 0.016", row.split(" | ")[2], "0.008", "interior"]
     assert "**1.0498**" in row  # the chosen value's score
+    assert row.split(" | ")[5] == "3"  # the last step each tuning run logged (4 steps: 0 … 3)
     assert "seed 0 with the main runs' steps and schedule (4 steps)" in text and "lowest val/bpb" in text
     from linrope.analysis import study_config
     from linrope.analysis.arms import arms_table
