@@ -29,6 +29,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence
@@ -53,6 +54,33 @@ def _git(args: Sequence[str], cwd: Path) -> Optional[bytes]:
     return done.stdout if done.returncode == 0 else None
 
 
+def _working_trees(root: Path) -> Dict[str, Optional[bytes]]:
+    """{path: the git tree id of ``path``'s tracked files as they are on disk} for CODE_PATHS, through a
+    throwaway index (the checkout's own index is not touched): what a commit of the local changes would hold, so
+    the same code has the same hash whichever commit it sits on, clean or not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+
+        def run(*args: str) -> Optional[bytes]:
+            try:
+                done = subprocess.run(["git", *args], cwd=root, env=env, capture_output=True, timeout=GIT_TIMEOUT_S)
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            return done.stdout if done.returncode == 0 else None
+
+        if run("read-tree", "HEAD") is None:
+            return {path: None for path in CODE_PATHS}
+        trees: Dict[str, Optional[bytes]] = {}
+        for path in CODE_PATHS:  # one at a time: a path the commit lacks fails its own add, and is None
+            if run("rev-parse", f"HEAD:{path}") is None:
+                trees[path] = None
+            elif run("add", "-u", "--", path) is None:  # the changes could not be read: no code
+                return {p: None for p in CODE_PATHS}
+            else:
+                trees[path] = run("write-tree", f"--prefix={path}/")
+        return trees
+
+
 @lru_cache(maxsize=8)
 def git_state(folder: Path = SOURCE) -> Dict[str, Any]:
     """``{"commit", "dirty", "diff_hash"}`` of the git checkout holding ``folder``; commit ``NOT_GIT`` when
@@ -66,10 +94,10 @@ def git_state(folder: Path = SOURCE) -> Dict[str, Any]:
     diff = _git(["diff", "HEAD", "--binary"], folder) if dirty else None
     root = Path(top.decode().strip())
     code = hashlib.sha256()
+    trees = _working_trees(root) if dirty else None
     for path in CODE_PATHS:
-        code.update(path.encode() + b"=" + (_git(["rev-parse", f"HEAD:{path}"], root) or b"-").strip() + b"\n")
-    if dirty:
-        code.update(_git(["diff", "HEAD", "--binary", "--", *CODE_PATHS], root) or b"")
+        tree = trees.get(path) if trees is not None else _git(["rev-parse", f"HEAD:{path}"], root)
+        code.update(path.encode() + b"=" + (tree or b"-").strip() + b"\n")
     return {
         "commit": commit.decode().strip(),
         "dirty": dirty,

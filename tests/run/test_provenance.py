@@ -71,7 +71,18 @@ def test_git_state_names_the_commit_the_local_changes_and_a_wheel(tmp_path):
     (repo / "linrope" / "a.py").write_text("x = 3\n")
     P.git_state.cache_clear()
     assert P.git_state(repo / "linrope")["diff_hash"] != dirty["diff_hash"]  # the hash is of the diff itself
-    (repo / "linrope" / "a.py").write_text("x = 1\n")
+    # the code is what the files hold, whichever commit they sit on: these changes, committed, give the same hash
+    git(repo, "commit", "-qam", "two")
+    P.git_state.cache_clear()
+    assert P.git_state(repo / "linrope")["code"] not in (clean["code"], dirty["code"])  # x = 3
+    (repo / "linrope" / "a.py").write_text("x = 2\n")
+    P.git_state.cache_clear()
+    assert P.git_state(repo / "linrope")["code"] == dirty["code"]  # x = 2 on top of "two", as on top of "one"
+    git(repo, "checkout", "-q", head, "--", "linrope")  # x = 1 again, uncommitted: the first commit's code
+    P.git_state.cache_clear()
+    back = P.git_state(repo / "linrope")
+    assert back["dirty"] is True and back["code"] == clean["code"]
+    git(repo, "reset", "-q", "--hard", head)
     (repo / "docs").mkdir()
     (repo / "docs" / "results.md").write_text("a result\n")  # a commit of results only: same code
     git(repo, "add", "-A")
