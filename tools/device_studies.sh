@@ -6,9 +6,9 @@
 #
 # LIST: a file of `python -m linrope.study ...` argument lines (one study folder per line, `#` comments), each
 # started at once in the background (so the folders train side by side); SECONDS: when the parts are stopped
-# (SIGTERM: the study driver stops its jobs and says what is left; the folders stay resumable).  Every 30 s and
-# at the end, every folder named in LIST is packed, without checkpoints, into $OUT/studies.tar.gz, so a call
-# killed at its limit still returns what had finished.  Unpack it here with `tar -xzf`, delete the run folders
+# (SIGTERM: the study driver stops its jobs and says what is left; the folders stay resumable).  Every 30 s
+# (DEVICE_STUDIES_POLL) and at the end, every folder named in LIST is packed, without checkpoints, into
+# $OUT/studies.tar.gz, so a call killed at its limit still returns what had finished.  Unpack it here with `tar -xzf`, delete the run folders
 # that did not finish (no study_job.json), and resume the study where it stopped with the same line.
 #
 # The wheels the device lacks (tools/device_wheels.sh fills .whl/) are installed into /tmp/site, except fla-core:
@@ -54,14 +54,16 @@ done < "$LIST"
 (( ${#folders[@]} )) || { echo "no study lines in $LIST" | tee -a "$LOG"; exit 2; }
 
 pack() {  # the folders, without checkpoints, into one file (written aside, then moved: never half a file)
-  tar -czf "$OUT/studies.tar.gz.tmp" --exclude='*.ckpt' --exclude='*.pt' --exclude='.*.lock' \
-    $(for f in "${folders[@]}"; do [[ -d "$f" ]] && echo "$f"; done) 2>> "$LOG" &&
-    mv "$OUT/studies.tar.gz.tmp" "$OUT/studies.tar.gz"
+  local present=()
+  for f in "${folders[@]}"; do [[ -d "$f" ]] && present+=("$f"); done
+  (( ${#present[@]} )) || return 0  # none made yet
+  tar -czf "$OUT/studies.tar.gz.tmp" --exclude='*.ckpt' --exclude='*.pt' --exclude='.*.lock' "${present[@]}" \
+    2>> "$LOG" && mv "$OUT/studies.tar.gz.tmp" "$OUT/studies.tar.gz"
 }
 
 start=$(date +%s)
 while :; do
-  sleep 30
+  sleep "${DEVICE_STUDIES_POLL:-30}"
   running=0
   for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && running=1; done
   pack
