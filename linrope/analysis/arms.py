@@ -30,7 +30,7 @@ from linrope.analysis.evidence import documents_of
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, write_csv
 from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
-from linrope.analysis.runs import Run, by_seed, find_runs, group_runs
+from linrope.analysis.runs import TUNING, Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
 from linrope.evaluation.tables import row_name
@@ -407,6 +407,14 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     arms = arm_folders(folder, study)
     if not arms:
         raise SystemExit(f"{TOOL}: no arm folders ({study.arms['folder']}<N>/) in {folder}, as {study.path} declares")
+    # an arm whose tuning stage has run but none of its main runs yet: named, its tuning shown, not tabled
+    tuning_only = [a for a in arms if not find_runs(a) and tuning.read(a) is not None]
+    arms = [a for a in arms if a not in tuning_only]
+    if not arms:
+        raise SystemExit(
+            f"{TOOL}: no main runs yet in any arm of {folder}: only the tuning stage of "
+            f"{', '.join(a.name for a in tuning_only)} has run"
+        )
     task, table = study.arms["task"], study.table
     found = {a.name: group_runs(find_runs(a)) for a in arms}
     other = sorted({t for g in found.values() for t in g} - {task})
@@ -440,6 +448,16 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}`.".lstrip(),
         "",
     ]
+    if tuning_only:
+        parts += [
+            "Not in the tables yet: "
+            + "; ".join(
+                f"{label(a, study)} (only its tuning stage has run: {len(find_runs(a / TUNING))} tuning runs, below)"
+                for a in tuning_only
+            )
+            + ".",
+            "",
+        ]
     values = (
         {a.name: {c: by_seed(runs, value_of(study.metric)) for c, runs in groups[a.name].items()} for a in arms}
         if study.metric
@@ -473,7 +491,8 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             "",
             *per_run_lines(study, groups, arms),
         ]
-    for arm, name in zip(arms, names):  # each arm's tuning stage (its tuning.json), as its report.md shows it
+    shown_arms = sorted([*arms, *tuning_only], key=lambda a: number(a, study))
+    for arm, name in zip(shown_arms, [label(a, study) for a in shown_arms]):  # each arm's tuning (tuning.json)
         record = tuning.read(arm)
         parts += ["", *tuning.section(record, f"Tuning (validation only): {name}")] if record is not None else []
     text = "\n".join(parts)

@@ -47,3 +47,27 @@ def test_a_study_without_query_orders_shows_no_order_columns(tmp_path):
     assert main([str(tmp_path)]) == 0
     text = (tmp_path / "recall2.md").read_text()
     assert "| configuration | failed seeds | test/acc |\n" in text and "| q1 |" not in text
+
+
+def test_an_arm_with_only_its_tuning_stage_is_named_and_its_tuning_shown_not_tabled(tmp_path):
+    """A width whose tuning stage has run but none of its main runs (a study part under way) is said in one line
+    and its tuning table is shown; the tables hold the widths with main runs only (the report of a tuning-only
+    arm alone says so; tested in test_study_tuning)."""
+    import json
+
+    from linrope.analysis.tuning import FORMAT, RECORD
+
+    study = tmp_path / "len64"
+    write_width(study, 128, {"linear": LINEAR, "softmax_rope": CONTROL}, "recall2")
+    waiting = study / "width64"
+    waiting.mkdir(parents=True)
+    tried = [{"value": 0.001, "run": "tuning/linear-lr0.001", "score": 0.5, "best_step": 9, "last_step": 9}]
+    record = {"format": FORMAT, "key": "optim.lr", "metric": "val/loss", "mode": "min", "protocol": {"grid": [0.001]}}
+    record["configurations"] = [{"configuration": "linear", "tried": tried, "chosen": 0.001, "interior": False}]
+    (waiting / RECORD).write_text(json.dumps(record))
+    assert main([str(study)]) == 0
+    text = (study / "recall2.md").read_text()
+    assert "Not in the tables yet: width 64 (only its tuning stage has run: 0 tuning runs, below)." in text
+    assert "### width 64" not in text and "### width 128" in text  # tabled: the width with main runs
+    assert "## Tuning (validation only): width 64" in text and "| linear | 0.001 | **0.5000** |" in text
+    assert not (waiting / "report.md").exists()  # no report of an arm without main runs

@@ -192,6 +192,9 @@ def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
     mixed = committed.startswith("**Mixed provenance", len(committed.split("\n\n")[0]) + 2)  # said at its top
     assert arms_table(folder, config, reports=False, write=False, allow_mixed=mixed) == committed
     for arm in arm_folders(folder, config):
+        if not find_runs(arm):  # only its tuning stage has run so far: its tuning runs are committed
+            assert (arm / "tuning.json").is_file() and f"{arm.relative_to(RESULTS).as_posix()}/tuning" in COMPACT_PARTS
+            continue
         assert arm.relative_to(RESULTS).as_posix() in COMPACT_PARTS
         runs = {str(r.path.name): r for r in find_runs(arm)}
         committed = rows(arm / "runs.csv")
