@@ -8,8 +8,9 @@
 # started at once in the background (so the folders train side by side); SECONDS: when the parts are stopped
 # (SIGTERM: the study driver stops its jobs and says what is left; the folders stay resumable).  Every 30 s
 # (DEVICE_STUDIES_POLL) and at the end, every folder named in LIST is packed, without checkpoints, into
-# $OUT/studies.tar.gz, so a call killed at its limit still returns what had finished.  Unpack it here with `tar -xzf`, delete the run folders
-# that did not finish (no study_job.json), and resume the study where it stopped with the same line.
+# $OUT/studies.tar.gz, so a call killed at its limit still returns what had finished.  Unpack it here with
+# `tar -xzf`, delete the run folders that did not finish (no study_job.json), and resume the study where it
+# stopped with the same line.
 #
 # The wheels the device lacks (tools/device_wheels.sh fills .whl/) are installed into /tmp/site, except fla-core:
 # without it impl=auto resolves to chunk, the kernel the CPU runs, so a study's numbers do not depend on which

@@ -407,16 +407,17 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     arms = arm_folders(folder, study)
     if not arms:
         raise SystemExit(f"{TOOL}: no arm folders ({study.arms['folder']}<N>/) in {folder}, as {study.path} declares")
+    found = {a.name: group_runs(find_runs(a)) for a in arms}
     # an arm whose tuning stage has run but none of its main runs yet: named, its tuning shown, not tabled
-    tuning_only = [a for a in arms if not find_runs(a) and tuning.read(a) is not None]
+    tuning_only = [a for a in arms if not found[a.name] and tuning.read(a) is not None]
     arms = [a for a in arms if a not in tuning_only]
+    found = {a.name: found[a.name] for a in arms}
     if not arms:
         raise SystemExit(
             f"{TOOL}: no main runs yet in any arm of {folder}: only the tuning stage of "
             f"{', '.join(a.name for a in tuning_only)} has run"
         )
     task, table = study.arms["task"], study.table
-    found = {a.name: group_runs(find_runs(a)) for a in arms}
     other = sorted({t for g in found.values() for t in g} - {task})
     if not any(g.get(task) for g in found.values()) and other:
         raise SystemExit(

@@ -46,9 +46,9 @@ GIT_TIMEOUT_S = 5.0
 CODE_PATHS = ("linrope", "conf")  # what a run executes (``code``)
 
 
-def _git(args: Sequence[str], cwd: Path) -> Optional[bytes]:
+def _git(args: Sequence[str], cwd: Path, env: Optional[Mapping[str, str]] = None) -> Optional[bytes]:
     try:
-        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=GIT_TIMEOUT_S, check=False)
+        done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, timeout=GIT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -62,11 +62,7 @@ def _working_trees(root: Path) -> Dict[str, Optional[bytes]]:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
 
         def run(*args: str) -> Optional[bytes]:
-            try:
-                done = subprocess.run(["git", *args], cwd=root, env=env, capture_output=True, timeout=GIT_TIMEOUT_S)
-            except (OSError, subprocess.TimeoutExpired):
-                return None
-            return done.stdout if done.returncode == 0 else None
+            return _git(args, root, env)
 
         if run("read-tree", "HEAD") is None:
             return {path: None for path in CODE_PATHS}
