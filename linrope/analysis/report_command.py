@@ -68,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = parser()
-    args = p.parse_args(argv)
+    # intermixed: options may sit between folders (`<sweep> --allow-mixed <sweep>`)
+    args = p.parse_intermixed_args(argv)
     for s in args.sweeps:
         if not s.is_dir():
             p.error(f"{s}: not a folder")

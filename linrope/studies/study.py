@@ -480,7 +480,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         metavar="DIR",
         help="a folder of your own configs (presets, experiments), as for train.py",
     )
-    args = ap.parse_args(argv)
+    # intermixed: options may sit between the folder and the overrides (`<dir> experiment=x --jobs 2 model=a`)
+    args = ap.parse_intermixed_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     if args.dir.exists() and not args.dir.is_dir():

@@ -208,3 +208,12 @@ def test_report_paths_mean_what_they_say_from_any_folder(tmp_path, monkeypatch):
     assert main(["sweep"]) == 0
     assert (tmp_path / "here" / "sweep" / "report.md").is_file()
     assert not (Path(__file__).resolve().parents[2] / "sweep").exists()
+
+
+def test_an_option_between_two_folders_keeps_both_folders(tmp_path, capsys):
+    """`linrope.report A --allow-mixed B` read B as an unrecognised argument; now both folders are read
+    (the second, missing, is the one named)."""
+    (tmp_path / "a").mkdir()
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a"), "--allow-mixed", str(tmp_path / "b")])
+    assert f"{tmp_path / 'b'}: not a folder" in capsys.readouterr().err

@@ -189,3 +189,16 @@ def test_a_typo_on_the_study_or_dry_run_command_line_is_one_line_and_writes_noth
     with pytest.raises(SystemExit) as e:
         sweeps.main(["model=linear_rop", "seed=1,2"])
     assert str(e.value).startswith("linrope.sweeps: model=linear_rop: no such option")
+
+
+def test_options_may_sit_between_the_overrides(tmp_path, capsys):
+    """`<dir> experiment=x --jobs 2 --commit model=a,b seed=1,2` (as conf/experiment/headline.yaml writes it)
+    was refused by argparse ("unrecognized arguments: model=... seed=..."): every override is kept, wherever
+    the options sit."""
+    from linrope.studies.study import main
+
+    assert (
+        main([str(tmp_path / "s"), "size=tiny", "--jobs", "2", "--list", "model=linear,linear_rope", "seed=1,2"]) == 0
+    )
+    jobs = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("todo")]
+    assert jobs == ["linear-seed1", "linear-seed2", "linear_rope-seed1", "linear_rope-seed2"]
