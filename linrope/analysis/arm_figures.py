@@ -83,9 +83,11 @@ def plot_by_arm(
     path: Path,
     study: Any,
     title: str,
+    control_missed: Sequence[int] = (),
 ) -> Optional[Path]:
     """The study's metric against the arm's number; ``groups`` / ``values``: arm folder name -> configuration ->
-    runs / seed -> value, in the order of ``numbers``."""
+    runs / seed -> value, in the order of ``numbers``; ``control_missed``: the numbers where a seed of the
+    positive control missed its bar (a dashed line each: no verdict there)."""
     arms = list(groups)
     curves = []
     for c in dict.fromkeys(c for a in arms for c in values[a]):
@@ -99,6 +101,7 @@ def plot_by_arm(
         ylabel=f"{study.metric} ({study.arms['task']})",
         log2_x=True,
         title=title,
-        vlines=[],
+        vlines=list(control_missed),
+        vline_label=f"{study.control['configuration']} (control) missed its bar" if control_missed else "",
         note="line: mean over seeds; band: lowest to highest seed",
     )

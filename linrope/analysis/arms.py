@@ -197,6 +197,7 @@ class Corrected:
 
     raw: Any  # stats.Paired, or Boot
     adjusted: Adjusted
+    withheld: str = ""  # why this arm gets no verdict (its positive control missed its bar); still in the family
 
     @property
     def diff(self):
@@ -204,7 +205,7 @@ class Corrected:
 
     p_holm = property(lambda self: self.adjusted.p_holm)
     m = property(lambda self: self.adjusted.m)
-    resolved = property(lambda self: self.adjusted.resolved)
+    resolved = property(lambda self: self.adjusted.resolved and not self.withheld)
 
     @property
     def simultaneous(self) -> Optional[Interval]:
@@ -213,9 +214,15 @@ class Corrected:
 
 
 def corrected(
-    groups: Dict[str, Dict[str, List[Run]]], results: Dict[str, Dict[Claim, Any]], claims: Sequence[Claim]
+    groups: Dict[str, Dict[str, List[Run]]],
+    results: Dict[str, Dict[Claim, Any]],
+    claims: Sequence[Claim],
+    withheld: Optional[Dict[str, str]] = None,
 ) -> Dict[str, Dict[Claim, Optional[Corrected]]]:
-    """Every (arm, claim) result with its place in the table's family (multiplicity.adjust)."""
+    """Every (arm, claim) result with its place in the table's family (multiplicity.adjust); an arm in
+    ``withheld`` (arm -> why) keeps its place in the family, so dropping it cannot ease the others, but gets
+    no verdict."""
+    withheld = withheld or {}
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
 
     def estimate(arm, c):
@@ -225,7 +232,7 @@ def corrected(
     family = adjust([(f"{arm}: {c.a} − {c.b} ({c.metric})", estimate(arm, c)) for arm, c in keys])
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
     for (arm, c), adj in zip(keys, family):
-        out[arm][c] = Corrected(results[arm][c], adj)
+        out[arm][c] = Corrected(results[arm][c], adj, withheld.get(arm, ""))
     return out
 
 
@@ -258,9 +265,10 @@ def cell(r) -> str:
         return f"{d.mean:+.3f} (n={d.n})" if d.n else "–"
     star = "**" if r.resolved else ""
     s = r.simultaneous
+    why = f"; no verdict: {r.withheld}" if getattr(r, "withheld", "") else ""
     return (
         f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n}; Holm p {r.p_holm:.2g}; "
-        f"simultaneous [{s.lo:+.3f}, {s.hi:+.3f}])"
+        f"simultaneous [{s.lo:+.3f}, {s.hi:+.3f}]{why})"
     )
 
 
@@ -273,6 +281,20 @@ def value_cell(seeds: Dict[Any, float]) -> str:
     return f"{iv.mean:.3f}{spread} (min {min(seeds.values()):.3f}, n={iv.n})"
 
 
+def control_worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Dict[Any, float]:
+    """The control's worst seed per arm that has run (its lowest value for an ``at_least`` bar)."""
+    low = "at_least" in study.control
+    return {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
+
+
+def control_missed(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> List[Any]:
+    """The arms where some seed of the control misses its bar."""
+    ctl = study.control
+    low = "at_least" in ctl
+    bar = ctl["at_least"] if low else ctl["at_most"]
+    return [a for a, v in control_worst(study, by_arm).items() if (v < bar if low else v > bar)]
+
+
 def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
     """Whether the control met its bar in every seed, arm by arm."""
     ctl = study.control
@@ -280,7 +302,7 @@ def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
     bar = ctl["at_least"] if low else ctl["at_most"]
     what, name = ctl.get("what", study.metric), ctl["configuration"]
     seed_word = "lowest" if low else "highest"
-    ran = {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
+    ran = control_worst(study, by_arm)
     missed = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v < bar if low else v > bar)]
     met = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v >= bar if low else v <= bar)]
     missing = [a for a in by_arm if a not in ran]
@@ -383,7 +405,8 @@ def claim_lines(
                 **({"verdict": said} if v else {}),
                 **pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw),
                 "p holm": r.p_holm,
-                "resolved after holm": r.resolved,
+                "resolved after holm": r.adjusted.resolved,
+                "no verdict": r.withheld or None,
                 "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
                 "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
                 "family size": r.m,
@@ -399,6 +422,11 @@ def claim_lines(
         f"≤ {ALPHA:g} (the verdicts rest on it); *simultaneous*: all {m} intervals at level 1 − {ALPHA:g}/{m} "
         f"(Bonferroni) cover together with probability ≥ {1 - ALPHA:g}; the first interval is each one's own 95%."
     )
+    if any(r is not None and r.withheld for arm in results.values() for r in arm.values()):
+        family += (
+            " *No verdict*: an arm whose positive control missed its bar, where the probe cannot tell; its "
+            "comparisons keep their place in the family (dropping them cannot ease the others) but are never bold."
+        )
     return [*intro, markdown_table(header, lines), "", family, ""]
 
 
@@ -477,7 +505,12 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         parts += order_lines(study, groups, arms, names, rows)
     results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
     if study.claims:
-        parts += claim_lines(study, corrected(groups, results, study.claims), arms, names, rows)
+        withheld = {}
+        if study.control:  # an arm whose control missed its bar: the probe could not tell there
+            ctl = study.control["configuration"]
+            missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
+            withheld = dict.fromkeys(missed, f"{ctl} (the control) missed its bar")
+        parts += claim_lines(study, corrected(groups, results, study.claims, withheld), arms, names, rows)
     png = folder / written[2]
     if table.get("caption"):
         parts += [f"![{table['caption']}]({written[2]})", ""]
@@ -503,7 +536,15 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     if table.get("figure", "claims") == "claims":
         plot_claims(study.claims, [results[a.name] for a in arms], names, png, table.get("figure_title", ""))
     else:
-        plot_by_arm([number(a, study) for a in arms], groups, values, png, study, table.get("figure_title", ""))
+        numbers = [number(a, study) for a in arms]
+        missed = (
+            control_missed(
+                study, {n: values[a.name].get(study.control["configuration"], {}) for n, a in zip(numbers, arms)}
+            )
+            if study.control
+            else []
+        )
+        plot_by_arm(numbers, groups, values, png, study, table.get("figure_title", ""), missed)
     if rows:
         write_csv(rows, folder / written[1])
     outputs.record(folder, written)

@@ -71,3 +71,19 @@ def test_an_arm_with_only_its_tuning_stage_is_named_and_its_tuning_shown_not_tab
     assert "### width 64" not in text and "### width 128" in text  # tabled: the width with main runs
     assert "## Tuning (validation only): width 64" in text and "| linear | 0.001 | **0.5000** |" in text
     assert not (waiting / "report.md").exists()  # no report of an arm without main runs
+
+
+def test_a_width_whose_control_missed_its_bar_gets_no_verdict_but_stays_in_the_family(tmp_path):
+    """The same clear difference at two widths: bold where the control passed; where it missed its bar the
+    cell says no verdict and is never bold, yet still counts in Holm's family (m = 4: two claims at two widths)."""
+    study = tmp_path / "len64"
+    linear, rope = [0.40, 0.42, 0.38], [0.90, 0.93, 0.88]
+    write_width(study, 64, {"linear": linear, "linear_rope": rope, "softmax_rope": [0.99, 1.0, 0.97]}, "recall2")
+    write_width(study, 128, {"linear": linear, "linear_rope": rope, "softmax_rope": [0.99, 0.60, 1.0]}, "recall2")
+    assert main([str(study)]) == 0
+    text = (study / "recall2.md").read_text()
+    row = table_row(text, "linear_rope − linear")
+    at64, at128 = row.rstrip(" |").split(" | ")[1:3]
+    assert at64.startswith("**+0.503 [") and "no verdict" not in at64
+    assert at128.startswith("+0.503 [") and at128.endswith("no verdict: softmax_rope (the control) missed its bar)")
+    assert "Over the table's 4 comparisons with a test" in text and "*No verdict*: an arm whose positive" in text
