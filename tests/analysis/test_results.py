@@ -120,6 +120,7 @@ ARMED = {
     "headline": ("steps", "headline.md"),  # issue 34's studies, as they land
     "recall2/len32": ("width", "recall2.md"),
     "recall2/len64": ("width", "recall2.md"),
+    "recall2/len64-steps3000": ("width", "recall2.md"),
 }
 COMPACT_PARTS = sorted(p.parent.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("runs.json"))
 
