@@ -418,7 +418,9 @@ def claim_lines(
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
     m = next((r.m for arm in results.values() for r in arm.values() if r is not None), 0)
     family = (
-        f"Over the table's {m} comparisons with a test (every claim at every arm): **bold** where Holm's adjusted p "
+        "No comparison has its two configurations finished yet: nothing to correct, nothing resolved."
+        if not m
+        else f"Over the table's {m} comparisons with a test (every claim at every arm): **bold** where Holm's adjusted p "
         f"≤ {ALPHA:g} (the verdicts rest on it); *simultaneous*: all {m} intervals at level 1 − {ALPHA:g}/{m} "
         f"(Bonferroni) cover together with probability ≥ {1 - ALPHA:g}; the first interval is each one's own 95%."
     )

@@ -111,3 +111,11 @@ def test_a_difference_resolved_alone_is_not_resolved_after_holm(tmp_path):
     assert len(family) == int(text.split("Over the table's ")[1].split()[0])  # every tested cell shows its Holm p
     assert f"{raw.diff.mean:+.3f} [{raw.diff.lo:+.3f}, {raw.diff.hi:+.3f}] (n=3; Holm p" in line and "**" not in line
     assert line.endswith("| undecided |") and all(float(p) > 0.05 for p in re.findall(r"Holm p ([0-9.e-]+)", line))
+
+
+def test_a_study_with_one_configuration_finished_says_nothing_is_compared_yet(tmp_path):
+    """Mid-study (the headline's first runs): no claim has both its configurations, so the family is empty; the
+    note under the table said "Over the table's 0 comparisons … at level 1 − 0.05/0"."""
+    write_budget(tmp_path, 800, {"linear": [3.1, 3.2]})
+    text = arms_table(tmp_path, BUDGET)
+    assert "No comparison has its two configurations finished yet" in text and "0.05/0" not in text
