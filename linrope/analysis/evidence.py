@@ -326,10 +326,40 @@ def section(
     return lines, records
 
 
+PER_OCTAVE = 4  # the figure's bins beyond the first four buckets: log-spaced, as its x axis
+
+
+def log_bins(buckets: Sequence[Mapping[str, Any]]) -> List[Tuple[float, int, float]]:
+    """Equal-width position buckets (start, end, bytes, nats) merged into bins even on a log axis: the first four
+    buckets as they are, then PER_OCTAVE bins per doubling; (mid-point, bytes, nats) per bin, exact sums.  Equal
+    buckets on a log axis crowd the right end with noisy points (64 of 32 bytes at 2 048, most beyond 512)."""
+    if not buckets:
+        return []
+    width = max(1, min(d["end"] - d["start"] for d in buckets))
+    bins: Dict[int, List[Any]] = {}
+    for d in buckets:
+        key = (
+            d["start"] // width
+            if d["start"] < 4 * width
+            else 4 * PER_OCTAVE + int(math.floor(PER_OCTAVE * math.log2(d["start"] / (4 * width))))
+        )
+        b = bins.setdefault(key, [d["start"], d["end"], 0, 0.0])
+        b[0], b[1] = min(b[0], d["start"]), max(b[1], d["end"])
+        b[2] += d["bytes"]
+        b[3] += d["nats"]
+    return [((lo + hi) / 2, n, nats) for lo, hi, n, nats in (bins[k] for k in sorted(bins))]
+
+
+def kind_of(run: Run) -> str:
+    """``linear`` or ``softmax``: the figure's panel."""
+    return str(run.get("model.attention.kind", "") or "")
+
+
 def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
     """The loss by position at the longest non-overlapping length, beside its context-limited control."""
     table, curves = [], []
     edges: List[int] = []
+    windows: set = set()  # the context-limited controls' windows
     for i, (label, runs) in enumerate(groups.items()):
         rows = [
             r for run in runs for r in run.extrapolation if r.get("per_position") and r.get("protocol") == "windows"
@@ -345,10 +375,12 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
                 continue
             points: Dict[float, List[float]] = {}
             for r in picked:
-                for d in r["per_position"]:
-                    points.setdefault((d["start"] + d["end"]) / 2, []).append(d["nats"] / d["bytes"] / LN2)
+                for mid, n, nats in log_bins(r["per_position"]):
+                    points.setdefault(mid, []).append(nats / n / LN2)
             name = label if window is None else f"{label}, last {window} keys"
-            curves.append(Curve(name, points, {"color": series_colour(i), "linestyle": "-" if window is None else ":"}))
+            windows |= {window} - {None}
+            style = {"color": series_colour(i), "linestyle": "-" if window is None else ":"}
+            curves.append((kind_of(runs[0]), Curve(name, points, style)))
             context = train_context(runs[0]) or 1
             edges = sorted({e for e in (0, context // 2, context, 2 * context, longest // 2, longest) if e <= longest})
             bands = []
@@ -364,12 +396,17 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
     if not table:
         return []
     header = ["configuration", "length", *(f"positions {lo}–{hi - 1}" for lo, hi in zip(edges, edges[1:]))]
+    kinds = sorted({k for k, _ in curves})  # a panel per attention kind when both are there
+    panels = [
+        Panel(f"{k} attention" if len(kinds) > 1 and k else "", [c for kc, c in curves if kc == k]) for k in kinds
+    ]
     png = plot_curves(
-        [Panel("", curves)],
+        panels,
         out / "positions.png",
-        xlabel="position in the window (bytes before the target)",
+        xlabel="position in the window (bytes before the target; log-spaced bins)",
         ylabel="bits per byte",
-        title="Loss by position, non-overlapping windows at the longest length (dotted: attention to the last L0 keys)",
+        title="Loss by position, non-overlapping windows at the longest length"
+        + (f" (dotted: attention to the last {', '.join(map(str, sorted(windows)))} keys only)" if windows else ""),
         log2_x=True,
         vlines=[train_context(next(iter(groups.values()))[0]) or 0],
         vline_label="training context",

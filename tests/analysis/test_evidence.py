@@ -199,3 +199,24 @@ def test_a_study_table_reads_the_bootstrap_over_documents_where_the_runs_kept_th
     assert r.estimate.interval(0.99)[0] < r.diff.lo  # a wider level, from the same replicates
     groups["b"][0].extrapolation = []  # seed 1 of b lost its documents: the seeds alone
     assert isinstance(claim_results(groups, [claim])[claim], Paired)
+
+
+def test_the_position_figure_merges_buckets_into_log_spaced_bins_exactly():
+    """64 buckets of 32 bytes (a 2 048-byte window): the first four kept, then 4 bins per doubling (16 from 128 to
+    2 048); every byte and nat is in exactly one bin, and each bin's bpb is its buckets' pooled bpb."""
+    from linrope.analysis.evidence import log_bins
+
+    rng = np.random.default_rng()
+    buckets = [
+        {"start": s, "end": s + 32, "bytes": int(n), "nats": float(n * b)}
+        for s, n, b in zip(range(0, 2048, 32), rng.integers(50, 100, 64), rng.uniform(1, 3, 64))
+    ]
+    bins = log_bins(buckets)
+    assert len(bins) == 4 + 16
+    assert [m for m, _, _ in bins[:4]] == [16, 48, 80, 112]
+    assert sum(n for _, n, _ in bins) == sum(d["bytes"] for d in buckets)
+    assert sum(x for _, _, x in bins) == pytest.approx(sum(d["nats"] for d in buckets), rel=1e-12)
+    mids = [m for m, _, _ in bins]
+    assert mids == sorted(mids) and bins[-1][0] == pytest.approx((1728 + 2048) / 2)
+    last = [d for d in buckets if d["start"] >= 1728]  # the last bin: from 2^(15/4)·128 ≈ 1 722, bucket 1 728 on
+    assert bins[-1][2] / bins[-1][1] == pytest.approx(sum(d["nats"] for d in last) / sum(d["bytes"] for d in last))
