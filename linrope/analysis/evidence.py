@@ -414,7 +414,9 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
     return [
         "**Loss by position** (bpb, mean over seeds, non-overlapping windows at the longest length; a position "
         "beyond the training context is a distance never trained on; the control sees at most the training "
-        "context).",
+        "context).  The control is not the training distribution either: beyond the training context none of its "
+        "keys starts a window, and in a deeper layer each kept key was computed from keys further back; so read "
+        "its rows against the positions below the training context as well as against the full model.",
         "",
         *_table(header, table),
         "",
