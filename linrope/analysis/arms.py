@@ -26,6 +26,7 @@ from linrope.analysis import tuning
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.by_order import order_lines
+from linrope.analysis.control import control_missed, control_text
 from linrope.analysis.evidence import documents_of
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, write_csv
@@ -281,45 +282,6 @@ def value_cell(seeds: Dict[Any, float]) -> str:
     return f"{iv.mean:.3f}{spread} (min {min(seeds.values()):.3f}, n={iv.n})"
 
 
-def control_worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Dict[Any, float]:
-    """The control's worst seed per arm that has run (its lowest value for an ``at_least`` bar)."""
-    low = "at_least" in study.control
-    return {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
-
-
-def control_missed(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> List[Any]:
-    """The arms where some seed of the control misses its bar."""
-    ctl = study.control
-    low = "at_least" in ctl
-    bar = ctl["at_least"] if low else ctl["at_most"]
-    return [a for a, v in control_worst(study, by_arm).items() if (v < bar if low else v > bar)]
-
-
-def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
-    """Whether the control met its bar in every seed, arm by arm."""
-    ctl = study.control
-    low = "at_least" in ctl
-    bar = ctl["at_least"] if low else ctl["at_most"]
-    what, name = ctl.get("what", study.metric), ctl["configuration"]
-    seed_word = "lowest" if low else "highest"
-    ran = control_worst(study, by_arm)
-    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v < bar if low else v > bar)]
-    met = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v >= bar if low else v <= bar)]
-    missing = [a for a in by_arm if a not in ran]
-    verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
-    parts = []
-    if missed:
-        parts.append(
-            f"Positive control NOT met: {name} must {verb[0]} {bar} {what} in every seed; it does not at "
-            f"{', '.join(missed)}."
-        )
-    if met:
-        parts.append(f"Positive control: {name} {verb[1]} {bar} {what} in every seed at {', '.join(met)}.")
-    if missing:
-        parts.append(f"{name} has not run yet at {', '.join(missing)}.")
-    return " ".join(parts)
-
-
 def verdict_legend(study: Study, names: Sequence[str]) -> str:
     v = study.verdict
     if v is None:
@@ -514,7 +476,11 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             withheld = dict.fromkeys(missed, f"{ctl} (the control) missed its bar")
         parts += claim_lines(study, corrected(groups, results, study.claims, withheld), arms, names, rows)
     png = folder / written[2]
-    if table.get("caption"):
+    if table.get("figure", "claims") == "claims":  # what the figure below will draw (none: no link to it)
+        drawn = any(r is not None for a in arms for r in results[a.name].values())
+    else:
+        drawn = any(seeds for a in arms for seeds in values.get(a.name, {}).values())
+    if table.get("caption") and drawn:
         parts += [f"![{table['caption']}]({written[2]})", ""]
     if table.get("per_run") and study.claims:
         at = "/".join(sorted({c.metric.split("@")[0] for c in study.claims if "@" in c.metric}))

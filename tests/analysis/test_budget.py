@@ -119,3 +119,13 @@ def test_a_study_with_one_configuration_finished_says_nothing_is_compared_yet(tm
     write_budget(tmp_path, 800, {"linear": [3.1, 3.2]})
     text = arms_table(tmp_path, BUDGET)
     assert "No comparison has its two configurations finished yet" in text and "0.05/0" not in text
+
+
+def test_a_table_whose_figure_is_not_drawn_does_not_link_to_it(tmp_path):
+    """With nothing paired, the forest plot is not drawn, so the table must not link to it (docs/results/headline
+    linked to a headline.png that was never written: tests/test_links failed)."""
+    write_budget(tmp_path, 800, {"linear": [3.1, 3.2]})
+    text = arms_table(tmp_path, BUDGET)
+    assert "](budget.png)" not in text and not (tmp_path / "budget.png").exists()
+    write_budget(tmp_path, 800, {"linear_rope": [3.0, 3.05]})
+    assert "](budget.png)" in arms_table(tmp_path, BUDGET) and (tmp_path / "budget.png").is_file()

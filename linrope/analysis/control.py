@@ -1,0 +1,48 @@
+"""The positive control of a study in arms (``control`` in conf/study/<name>.yaml: a configuration and its bar,
+``at_least`` or ``at_most`` the study's metric in every seed): whether each arm met it, in one line, and the arms
+where it did not, whose claims get no verdict (linrope.analysis.arms).  Light: no torch."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from linrope.analysis.study_config import Study
+
+
+def control_worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Dict[Any, float]:
+    """The control's worst seed per arm that has run (its lowest value for an ``at_least`` bar)."""
+    low = "at_least" in study.control
+    return {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
+
+
+def control_missed(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> List[Any]:
+    """The arms where some seed of the control misses its bar."""
+    ctl = study.control
+    low = "at_least" in ctl
+    bar = ctl["at_least"] if low else ctl["at_most"]
+    return [a for a, v in control_worst(study, by_arm).items() if (v < bar if low else v > bar)]
+
+
+def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
+    """Whether the control met its bar in every seed, arm by arm."""
+    ctl = study.control
+    low = "at_least" in ctl
+    bar = ctl["at_least"] if low else ctl["at_most"]
+    what, name = ctl.get("what", study.metric), ctl["configuration"]
+    seed_word = "lowest" if low else "highest"
+    ran = control_worst(study, by_arm)
+    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v < bar if low else v > bar)]
+    met = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v >= bar if low else v <= bar)]
+    missing = [a for a in by_arm if a not in ran]
+    verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
+    parts = []
+    if missed:
+        parts.append(
+            f"Positive control NOT met: {name} must {verb[0]} {bar} {what} in every seed; it does not at "
+            f"{', '.join(missed)}."
+        )
+    if met:
+        parts.append(f"Positive control: {name} {verb[1]} {bar} {what} in every seed at {', '.join(met)}.")
+    if missing:
+        parts.append(f"{name} has not run yet at {', '.join(missing)}.")
+    return " ".join(parts)
