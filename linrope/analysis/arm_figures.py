@@ -19,6 +19,12 @@ from linrope.analysis.runs import Run
 from linrope.base.plots import Curve, Panel, by_last_value, config_style, plot_curves
 
 
+def resolved(r) -> bool:
+    """A claim's verdict at one arm: Holm's (arms.Corrected, no verdict where the control missed its bar), else
+    the raw interval's (a bare result)."""
+    return bool(r.resolved) if hasattr(r, "resolved") else r.diff.excludes_zero()
+
+
 def plot_claims(
     claims: Sequence[Any], per_arm: Sequence[Dict[Any, Any]], names: Sequence[str], path: Path, title: str
 ) -> Optional[Path]:
@@ -57,7 +63,7 @@ def plot_claims(
                     marker="o",
                     markersize=6,
                     color=colour,
-                    markerfacecolor=colour if d.n > 1 and d.excludes_zero() else "white",
+                    markerfacecolor=colour if d.n > 1 and resolved(r) else "white",
                 )
         ax.axvline(0, color="grey", linewidth=1)
         ax.set_yticks(range(len(cs)))
@@ -71,7 +77,9 @@ def plot_claims(
     handles = [Line2D([], [], color=c, marker="o", linewidth=2.2, label=n) for c, n in zip(colours, names)]
     axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.suptitle(
-        f"{title}\n(dot: mean over seeds, filled where the 95% interval excludes 0; line: the interval)", fontsize=11
+        f"{title}\n(dot: mean over seeds, filled where resolved after Holm's correction, as bold in the table; "
+        "line: its own 95% interval)",
+        fontsize=11,
     )
     return save(fig, path)
 

@@ -474,7 +474,8 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             ctl = study.control["configuration"]
             missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
             withheld = dict.fromkeys(missed, f"{ctl} (the control) missed its bar")
-        parts += claim_lines(study, corrected(groups, results, study.claims, withheld), arms, names, rows)
+        results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
+        parts += claim_lines(study, results, arms, names, rows)
     png = folder / written[2]
     if table.get("figure", "claims") == "claims":  # what the figure below will draw (none: no link to it)
         drawn = any(r is not None for a in arms for r in results[a.name].values())

@@ -96,13 +96,23 @@ def test_the_forest_plot_is_not_drawn_without_an_interval(tmp_path):
     assert not (tmp_path / "b.png").exists()
 
 
-def test_a_difference_resolved_alone_is_not_resolved_after_holm(tmp_path):
+def test_a_difference_resolved_alone_is_not_resolved_after_holm(tmp_path, monkeypatch):
     """linear_rope − linear has raw p ≈ 0.03 at 800 steps (its 95% interval excludes 0) but is one of the table's
-    comparisons with a test: Holm's p is above 0.05, so the cell is not bold and the claim stays undecided."""
+    comparisons with a test: Holm's p is above 0.05, so the cell is not bold and the claim stays undecided; the
+    forest plot fills its dot exactly where the table is bold (it filled this one: raw interval)."""
+    from linrope.analysis import arm_figures, arms
+
+    drawn = []
+    monkeypatch.setattr(arms, "plot_claims", lambda claims, per_arm, *a: drawn.append(per_arm))
     bpb = {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.20, 3.27, 3.24], "softmax_rope": [2.50, 2.53, 2.51]}
     write_budget(tmp_path, 800, bpb)
     write_budget(tmp_path, 3200, bpb)
     text = arms_table(tmp_path, BUDGET, reports=False)
+    filled = {(c.text, k) for per_arm in drawn for k, arm in enumerate(per_arm) for c, r in arm.items()
+              if r is not None and arm_figures.resolved(r)}  # fmt: skip
+    bold = {(c.text, k) for c in CLAIMS for line in text.splitlines() if line.startswith(f"| {c.text} |")
+            for k, cell in enumerate(line.split(" | ")[3:5]) if cell.startswith("**")}  # fmt: skip
+    assert drawn and filled == bold and bold
     rope = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))
     raw = paired(dict(enumerate(bpb["linear_rope"])), dict(enumerate(bpb["linear"])))
     assert raw.diff.excludes_zero() and 0.01 < raw.p < 0.05
