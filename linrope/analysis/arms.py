@@ -266,7 +266,7 @@ def cell(r) -> str:
         return f"{d.mean:+.3f} (n={d.n})" if d.n else "–"
     star = "**" if r.resolved else ""
     s = r.simultaneous
-    why = f"; no verdict: {r.withheld}" if getattr(r, "withheld", "") else ""
+    why = f"; no verdict: {r.withheld}" if r.withheld else ""
     return (
         f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n}; Holm p {r.p_holm:.2g}; "
         f"simultaneous [{s.lo:+.3f}, {s.hi:+.3f}]{why})"
@@ -468,12 +468,12 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     if table.get("by_order"):
         parts += order_lines(study, groups, arms, names, rows)
     results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
+    withheld = {}  # the arms whose control missed its bar: the probe could not tell there (no verdict, a line)
+    if study.control:
+        ctl = study.control["configuration"]
+        missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
+        withheld = dict.fromkeys(missed, f"{ctl} (the control) missed its bar")
     if study.claims:
-        withheld = {}
-        if study.control:  # an arm whose control missed its bar: the probe could not tell there
-            ctl = study.control["configuration"]
-            missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
-            withheld = dict.fromkeys(missed, f"{ctl} (the control) missed its bar")
         results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
         parts += claim_lines(study, results, arms, names, rows)
     png = folder / written[2]
@@ -506,14 +506,8 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         plot_claims(study.claims, [results[a.name] for a in arms], names, png, table.get("figure_title", ""))
     else:
         numbers = [number(a, study) for a in arms]
-        missed = (
-            control_missed(
-                study, {n: values[a.name].get(study.control["configuration"], {}) for n, a in zip(numbers, arms)}
-            )
-            if study.control
-            else []
-        )
-        plot_by_arm(numbers, groups, values, png, study, table.get("figure_title", ""), missed)
+        at = [n for n, a in zip(numbers, arms) if a.name in withheld]
+        plot_by_arm(numbers, groups, values, png, study, table.get("figure_title", ""), at)
     if rows:
         write_csv(rows, folder / written[1])
     outputs.record(folder, written)

@@ -4,23 +4,24 @@ where it did not, whose claims get no verdict (linrope.analysis.arms).  Light: n
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from linrope.analysis.study_config import Study
 
 
-def control_worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Dict[Any, float]:
-    """The control's worst seed per arm that has run (its lowest value for an ``at_least`` bar)."""
-    low = "at_least" in study.control
-    return {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
+def _worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Tuple[Dict[Any, float], Dict[Any, bool]]:
+    """The control's worst seed per arm that has run (its lowest value for an ``at_least`` bar), and whether that
+    seed misses the bar."""
+    ctl = study.control
+    low = "at_least" in ctl
+    bar = ctl["at_least"] if low else ctl["at_most"]
+    worst = {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
+    return worst, {a: (v < bar if low else v > bar) for a, v in worst.items()}
 
 
 def control_missed(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> List[Any]:
     """The arms where some seed of the control misses its bar."""
-    ctl = study.control
-    low = "at_least" in ctl
-    bar = ctl["at_least"] if low else ctl["at_most"]
-    return [a for a, v in control_worst(study, by_arm).items() if (v < bar if low else v > bar)]
+    return [a for a, missed in _worst(study, by_arm)[1].items() if missed]
 
 
 def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
@@ -30,9 +31,9 @@ def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
     bar = ctl["at_least"] if low else ctl["at_most"]
     what, name = ctl.get("what", study.metric), ctl["configuration"]
     seed_word = "lowest" if low else "highest"
-    ran = control_worst(study, by_arm)
-    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v < bar if low else v > bar)]
-    met = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if (v >= bar if low else v <= bar)]
+    ran, misses = _worst(study, by_arm)
+    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if misses[a]]
+    met = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if not misses[a]]
     missing = [a for a in by_arm if a not in ran]
     verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
     parts = []

@@ -350,11 +350,6 @@ def log_bins(buckets: Sequence[Mapping[str, Any]]) -> List[Tuple[float, int, flo
     return [((lo + hi) / 2, n, nats) for lo, hi, n, nats in (bins[k] for k in sorted(bins))]
 
 
-def kind_of(run: Run) -> str:
-    """``linear`` or ``softmax``: the figure's panel."""
-    return str(run.get("model.attention.kind", "") or "")
-
-
 def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
     """The loss by position at the longest non-overlapping length, beside its context-limited control."""
     table, curves = [], []
@@ -380,7 +375,7 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
             name = label if window is None else f"{label}, last {window} keys"
             windows |= {window} - {None}
             style = {"color": series_colour(i), "linestyle": "-" if window is None else ":"}
-            curves.append((kind_of(runs[0]), Curve(name, points, style)))
+            curves.append((str(runs[0].get("model.attention.kind") or ""), Curve(name, points, style)))  # its panel
             context = train_context(runs[0]) or 1
             edges = sorted({e for e in (0, context // 2, context, 2 * context, longest // 2, longest) if e <= longest})
             bands = []
