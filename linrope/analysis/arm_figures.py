@@ -42,6 +42,7 @@ def plot_claims(
     if not panels:
         return None
     plt = pyplot()
+    withheld = any(getattr(r, "withheld", "") for results in per_arm for r in results.values() if r is not None)
     colours = [plt.cm.Blues(0.45 + 0.5 * k / max(1, len(names) - 1)) for k in range(len(names))]
     rows = max(len(cs) for _, cs in panels)
     fig, axes = plt.subplots(
@@ -55,12 +56,13 @@ def plot_claims(
                 if r is None or r.diff.n == 0:
                     continue
                 d, y = r.diff, len(cs) - 1 - i + offset
+                none = bool(getattr(r, "withheld", ""))  # no verdict there: a cross on a dashed line
                 if d.n > 1:
-                    ax.plot([d.lo, d.hi], [y, y], color=colour, linewidth=2.2)
+                    ax.plot([d.lo, d.hi], [y, y], color=colour, linewidth=2.2, linestyle="--" if none else "-")
                 ax.plot(
                     [d.mean],
                     [y],
-                    marker="o",
+                    marker="X" if none else "o",
                     markersize=6,
                     color=colour,
                     markerfacecolor=colour if d.n > 1 and resolved(r) else "white",
@@ -78,7 +80,8 @@ def plot_claims(
     axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.suptitle(
         f"{title}\n(dot: mean over seeds, filled where resolved after Holm's correction, as bold in the table; "
-        "line: its own 95% interval)",
+        "line: its own 95% interval"
+        + ("; cross on a dashed line: no verdict, as the table says why)" if withheld else ")"),
         fontsize=11,
     )
     return save(fig, path)

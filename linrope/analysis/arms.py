@@ -7,7 +7,9 @@ its ``.csv`` and ``.png``, in the sections the config asks for: the positive con
 configuration and arm (``table.configurations``), every claim as a paired difference A − B over the seeds both
 configurations finished at each arm, corrected over the table's family of (claim, arm) comparisons (Holm's p: bold
 and the verdicts rest on it; the simultaneous interval at 1 − 0.05/m beside the raw one; linrope.analysis.
-multiplicity), with its verdict (``claims``, ``verdict``), a figure (``table.figure``) and
+multiplicity), with its verdict (``claims``, ``verdict``; no verdict where the arm's positive control missed its bar,
+or where a seed of A or B scores above the unigram byte model at the claim's row, from the arm's references.csv,
+as the report's Evidence section rules), a figure (``table.figure``) and
 every run's value behind the intervals (``table.per_run``), the metric by query order with failed seeds counted
 (``table.by_order``, linrope.analysis.by_order), and each arm's tuning table when the arm tuned
 (``tuning.json``, linrope.analysis.tuning).  An arm's label is what its runs recorded, and the
@@ -15,6 +17,7 @@ runs of every arm come from one code (one line each, else).  Light: no torch."""
 
 from __future__ import annotations
 
+import csv
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +30,7 @@ from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.by_order import order_lines
 from linrope.analysis.control import control_missed, control_text
-from linrope.analysis.evidence import documents_of
+from linrope.analysis.evidence import above, documents_of, row_values
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, write_csv
 from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
@@ -198,7 +201,7 @@ class Corrected:
 
     raw: Any  # stats.Paired, or Boot
     adjusted: Adjusted
-    withheld: str = ""  # why this arm gets no verdict (its positive control missed its bar); still in the family
+    withheld: str = ""  # why it gets no verdict (a control missed, a seed collapsed at its row); still in the family
 
     @property
     def diff(self):
@@ -218,11 +221,11 @@ def corrected(
     groups: Dict[str, Dict[str, List[Run]]],
     results: Dict[str, Dict[Claim, Any]],
     claims: Sequence[Claim],
-    withheld: Optional[Dict[str, str]] = None,
+    withheld: Optional[Dict[tuple, str]] = None,
 ) -> Dict[str, Dict[Claim, Optional[Corrected]]]:
-    """Every (arm, claim) result with its place in the table's family (multiplicity.adjust); an arm in
-    ``withheld`` (arm -> why) keeps its place in the family, so dropping it cannot ease the others, but gets
-    no verdict."""
+    """Every (arm, claim) result with its place in the table's family (multiplicity.adjust); one in ``withheld``
+    ((arm, claim) -> why) keeps its place in the family, so dropping it cannot ease the others, but gets no
+    verdict."""
     withheld = withheld or {}
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
 
@@ -233,8 +236,17 @@ def corrected(
     family = adjust([(f"{arm}: {c.a} − {c.b} ({c.metric})", estimate(arm, c)) for arm, c in keys])
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
     for (arm, c), adj in zip(keys, family):
-        out[arm][c] = Corrected(results[arm][c], adj, withheld.get(arm, ""))
+        out[arm][c] = Corrected(results[arm][c], adj, withheld.get((arm, c), ""))
     return out
+
+
+def reference_unigram(arm: Path) -> Optional[float]:
+    """The unigram byte model's bpb on the arm's test bytes (references.csv, which its report writes), or None."""
+    path = arm / "references.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        return next((float(r["bpb"]) for r in csv.DictReader(f) if r["model"] == "unigram" and not r["document"]), None)
 
 
 def sign(r) -> int:
@@ -386,10 +398,20 @@ def claim_lines(
         f"≤ {ALPHA:g} (the verdicts rest on it); *simultaneous*: all {m} intervals at level 1 − {ALPHA:g}/{m} "
         f"(Bonferroni) cover together with probability ≥ {1 - ALPHA:g}; the first interval is each one's own 95%."
     )
-    if any(r is not None and r.withheld for arm in results.values() for r in arm.values()):
+    whys = {r.withheld for arm in results.values() for r in arm.values() if r is not None and r.withheld}
+    reasons = [
+        text
+        for test, text in (
+            ("(the control)", "an arm whose positive control missed its bar, where the probe cannot tell"),
+            ("above the unigram", "a row where a seed of A or B scores above the unigram byte model (collapsed "
+             "there: the difference would measure how badly two models fail)"),
+        )
+        if any(test in w for w in whys)
+    ]  # fmt: skip
+    if reasons:
         family += (
-            " *No verdict*: an arm whose positive control missed its bar, where the probe cannot tell; its "
-            "comparisons keep their place in the family (dropping them cannot ease the others) but are never bold."
+            f" *No verdict*: {'; '.join(reasons)}; such comparisons keep their place in the family (dropping them "
+            "cannot ease the others) but are never bold."
         )
     return [*intro, markdown_table(header, lines), "", family, ""]
 
@@ -468,11 +490,19 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     if table.get("by_order"):
         parts += order_lines(study, groups, arms, names, rows)
     results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
-    withheld = {}  # the arms whose control missed its bar: the probe could not tell there (no verdict, a line)
+    missed, withheld = [], {}  # the arms whose control missed its bar: the probe could not tell there (no verdict)
     if study.control:
         ctl = study.control["configuration"]
         missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
-        withheld = dict.fromkeys(missed, f"{ctl} (the control) missed its bar")
+        withheld = {(a, c): f"{ctl} (the control) missed its bar" for a in missed for c in study.claims}
+    for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
+        unigram = reference_unigram(arm)
+        for c in study.claims if unigram is not None else ():
+            seeds = {x: row_values(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}
+            bad = {x: above(v, unigram) for x, v in seeds.items()}
+            if any(bad.values()) and "bpb" in c.metric:
+                counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
+                withheld.setdefault((arm.name, c), f"above the unigram at this row ({counts})")
     if study.claims:
         results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
         parts += claim_lines(study, results, arms, names, rows)
@@ -506,7 +536,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         plot_claims(study.claims, [results[a.name] for a in arms], names, png, table.get("figure_title", ""))
     else:
         numbers = [number(a, study) for a in arms]
-        at = [n for n, a in zip(numbers, arms) if a.name in withheld]
+        at = [n for n, a in zip(numbers, arms) if a.name in missed]
         plot_by_arm(numbers, groups, values, png, study, table.get("figure_title", ""), at)
     if rows:
         write_csv(rows, folder / written[1])

@@ -139,3 +139,31 @@ def test_a_table_whose_figure_is_not_drawn_does_not_link_to_it(tmp_path):
     assert "](budget.png)" not in text and not (tmp_path / "budget.png").exists()
     write_budget(tmp_path, 800, {"linear_rope": [3.0, 3.05]})
     assert "](budget.png)" in arms_table(tmp_path, BUDGET) and (tmp_path / "budget.png").is_file()
+
+
+def test_a_claim_at_a_row_where_a_seed_is_above_the_unigram_gets_no_verdict(tmp_path, monkeypatch):
+    """The headline's table bolded linear_rope − linear at 16× (resolved after Holm) where every linear_rope seed
+    scored above the unigram byte model: a gap between collapsed models, which the report's Evidence section
+    already gave no verdict.  Now the table does too, for that arm and row only; the cell keeps its interval and its
+    place in Holm's family, and the figure draws it as a cross, never filled."""
+    from linrope.analysis import arm_figures, arms
+
+    drawn = []
+    monkeypatch.setattr(arms, "plot_claims", lambda claims, per_arm, *a: drawn.append(per_arm))
+    bpb = {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.00, 3.03, 3.01]}  # bpb@256: test + 0.1·seed
+    write_budget(tmp_path, 800, bpb)
+    write_budget(tmp_path, 3200, bpb)
+    (tmp_path / "steps800" / "references.csv").write_text(
+        "model,split,document,bytes,nats,bpb\nunigram,test,,1000,2322.0,3.35\nunigram,test,a.py,10,23.0,3.3\n"
+    )  # linear's bpb@256 is 3.40, 3.52, 3.61 at 800 steps: all three above; linear_rope's 3.10, 3.23, 3.31
+    text = arms_table(tmp_path, BUDGET, reports=False)
+    at_2x = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "bpb@256"))
+    at_1x = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))
+    cells = {c: next(x for x in text.splitlines() if x.startswith(f"| {c.text} |")).split(" | ")[3:5] for c in CLAIMS}
+    assert "no verdict: above the unigram at this row (linear 3 of 3)" in cells[at_2x][0]
+    assert not cells[at_2x][0].startswith("**") and "Holm p" in cells[at_2x][0]
+    assert cells[at_2x][1].startswith("**") and "no verdict" not in cells[at_2x][1]  # 3200: no references there
+    assert cells[at_1x][0].startswith("**") and "no verdict" not in cells[at_1x][0]  # the test row: below it
+    assert "a row where a seed of A or B scores above the unigram byte model" in text
+    withheld = {(c, k) for k, arm in enumerate(drawn[0]) for c, r in arm.items() if r is not None and r.withheld}
+    assert withheld == {(at_2x, 0)} and not arm_figures.resolved(drawn[0][0][at_2x])
