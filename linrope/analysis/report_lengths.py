@@ -67,7 +67,12 @@ def row_text(row) -> str:
     return ", ".join(["as trained" if scaling == "none" else scaling, *extra])
 
 
-def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
+def plot_extrapolation(
+    groups: Dict[str, List[Run]], task: str, path: Path, references: Optional[Dict[str, float]] = None
+) -> Optional[Path]:
+    """The metric against evaluation length, sliding windows as trained (and each RoPE scaling in a second panel);
+    ``references`` ({model: bpb} on the same bytes): each drawn as a level across the panels (a line above the
+    unigram's has collapsed)."""
     lengths, metric, rows = extrapolation_rows(groups, task)
     if not rows:
         return None
@@ -114,6 +119,7 @@ def plot_extrapolation(groups: Dict[str, List[Run]], task: str, path: Path) -> O
         vline_label="training context",
         title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
         note=band_note(groups),
+        hlines={f"{m} (train split, reference)": v for m, v in (references or {}).items()} if metric == "bpb" else None,
     )
 
 
@@ -144,7 +150,7 @@ def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows
         refs = references if metric == "bpb" else None
         parts += extrapolation_table(task, groups, pairs, pair_rows, metric, heading=k == 0, references=refs)
     name = f"extrapolation{suffix}.png"
-    if parts and plot_extrapolation(groups, task, out / name):
+    if parts and plot_extrapolation(groups, task, out / name, references):
         parts += [f"![length extrapolation, {task}]({name})", ""]
     return parts
 

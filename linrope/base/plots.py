@@ -176,9 +176,11 @@ def make_figure(
     vlines: Sequence[float] = (),
     vline_label: str = "",
     note: str = "line: mean over seeds; band: lowest to highest seed",
+    hlines: Optional[Mapping[str, float]] = None,
 ):
     """Panels one above the other, each with its legend to its right (constrained layout makes room for it);
-    None when no curve has a point."""
+    ``hlines``: label -> y of a reference level drawn across every panel (a reference model's score); None when no
+    curve has a point."""
     panels = [p for p in panels if any(c.summary()[0] for c in p.curves)]
     if not panels:
         return None
@@ -200,6 +202,9 @@ def make_figure(
                 linewidth=1,
                 label=vline_label if i == 0 and vline_label else None,
             )
+        for k, (label, y) in enumerate((hlines or {}).items()):
+            ax.axhline(y, color="black" if k == 0 else "dimgrey", linestyle=(0, (1, 2)) if k == 0 else "-.",
+                       linewidth=1, label=label)  # fmt: skip
         if log2_x:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())

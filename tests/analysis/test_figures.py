@@ -154,3 +154,21 @@ def test_plot_length_table_draws_one_line_per_scaling_without_na(tmp_path, monke
     assert saved.stat().st_size > 1000
     assert seen["lines"]["as trained"] == [(64, 2.0), (128, 2.5)] and seen["lines"]["ntk"] == [(128, 2.2)]
     assert seen["kw"]["ylabel"] == "bits per byte" and seen["kw"]["vlines"] == [64]
+
+
+def test_reference_levels_are_drawn_across_every_panel_with_their_labels():
+    """The extrapolation figure marks the unigram and the n-gram references (the table marks a mean above the
+    unigram collapsed; the figure showed no level to read that against)."""
+    from linrope.base.plots import Curve, Panel, make_figure
+
+    curve = Curve("a", {128: [2.0, 2.1], 256: [5.0, 5.2]}, {})
+    fig = make_figure(
+        [Panel("one", [curve]), Panel("two", [curve])],
+        xlabel="x",
+        ylabel="y",
+        hlines={"unigram (train split, reference)": 4.753, "5-gram (train split, reference)": 1.653},
+    )
+    for ax in fig.axes:
+        levels = {ln.get_label(): ln.get_ydata()[0] for ln in ax.get_lines() if "reference" in ln.get_label()}
+        assert levels == {"unigram (train split, reference)": 4.753, "5-gram (train split, reference)": 1.653}
+        assert "unigram (train split, reference)" in [t.get_text() for t in ax.get_legend().get_texts()]
