@@ -17,7 +17,6 @@ runs of every arm come from one code (one line each, else).  Light: no torch."""
 
 from __future__ import annotations
 
-import csv
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.by_order import order_lines
 from linrope.analysis.control import control_missed, control_text
-from linrope.analysis.evidence import above, documents_of, row_values
+from linrope.analysis.evidence import above, documents_of, read_references, row_values
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, write_csv
 from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
@@ -238,15 +237,6 @@ def corrected(
     for (arm, c), adj in zip(keys, family):
         out[arm][c] = Corrected(results[arm][c], adj, withheld.get((arm, c), ""))
     return out
-
-
-def reference_unigram(arm: Path) -> Optional[float]:
-    """The unigram byte model's bpb on the arm's test bytes (references.csv, which its report writes), or None."""
-    path = arm / "references.csv"
-    if not path.is_file():
-        return None
-    with open(path, newline="") as f:
-        return next((float(r["bpb"]) for r in csv.DictReader(f) if r["model"] == "unigram" and not r["document"]), None)
 
 
 def sign(r) -> int:
@@ -496,7 +486,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
         withheld = {(a, c): f"{ctl} (the control) missed its bar" for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
-        unigram = reference_unigram(arm)
+        unigram = (read_references(arm) or {}).get("unigram")
         for c in study.claims if unigram is not None else ():
             seeds = {x: row_values(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}
             bad = {x: above(v, unigram) for x, v in seeds.items()}

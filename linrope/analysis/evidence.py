@@ -135,13 +135,21 @@ def has_documents(groups: Mapping[str, Sequence[Run]]) -> bool:
 
 
 # ---- reference rows -------------------------------------------------------------------------------------------
+def read_references(folder: Path) -> Optional[Dict[str, float]]:
+    """{model: test bpb} of ``folder/references.csv`` (the split's rows, not each document's), or None without it."""
+    path = folder / "references.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        return {r["model"]: float(r["bpb"]) for r in csv.DictReader(f) if not r.get("document")}
+
+
 def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional[Dict[str, float]], str]:
     """({model: test bpb}, a note): read from ``out/references.csv`` when there, else fitted now on the corpus the
     runs name (their data config) when its test split has the bytes the runs scored, and written there."""
     path = out / "references.csv"
     if path.is_file():
-        with open(path, newline="") as f:
-            return {r["model"]: float(r["bpb"]) for r in csv.DictReader(f) if not r.get("document")}, ""
+        return read_references(out), ""
     run = next(run for runs in groups.values() for run in runs)
     scored = next((r["scored"] for r in run.extrapolation if r.get("per_document")), None)
     try:
