@@ -1,21 +1,15 @@
 """linrope.report's provenance (linrope/analysis/report_provenance.py): a section per study naming commits, versions and
 machines; runs from more than one commit or torch version are refused unless --allow-mixed, and then named in one
-line at the top; the committed studies state the provenance recovered for them."""
+line at the top; runs that predate the record take their study's file, determined after the fact."""
 
-import csv
-import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from linrope.analysis import report_provenance as RP
 from linrope.analysis.report import build_report
 from linrope.analysis.report_command import main
 from linrope.run import provenance as P
 from tests.analysis.helpers import lm_rows, recorded, write_run
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def two_runs(tmp_path, first: dict, second) -> Path:
@@ -87,17 +81,3 @@ def test_runs_without_their_own_provenance_take_the_studys_file(tmp_path):
     P.write(tmp_path / "out2", study)
     text = build_report([sweep], tmp_path / "out2")
     assert "| cccccccccc |" in text and "determined after the fact: from the history, by hand." in text
-
-
-@pytest.mark.parametrize("study", ["rope_study", "probes"])
-def test_the_committed_reports_show_the_provenance_recovered_for_them(study):
-    folder = ROOT / "docs" / "results" / study
-    prov = json.loads((folder / "provenance.json").read_text())
-    assert prov["recorded"] is False and prov["linrope"]["commit"] and "5311efd" in prov["determined"]
-    with open(folder / "runs.csv", newline="") as f:
-        runs = [SimpleNamespace(provenance=None) for _ in csv.DictReader(f)]
-    RP.fill_in(runs, [folder])
-    section = "\n".join(RP.section(runs))
-    text = (folder / "report.md").read_text()
-    assert section in text and text.index("## Provenance") < text.index("## Task")
-    assert f"| {prov['linrope']['commit'][:10]} |" in section and f"| {len(runs)} |" in section
