@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import report_files as outputs
 from linrope.analysis import report_provenance as provenance
@@ -201,6 +201,7 @@ class Corrected:
     raw: Any  # stats.Paired, or Boot
     adjusted: Adjusted
     withheld: str = ""  # why it gets no verdict (a control missed, a seed collapsed at its row); still in the family
+    why: str = ""  # its kind, a key of NO_VERDICT
 
     @property
     def diff(self):
@@ -216,14 +217,22 @@ class Corrected:
         return None if a.family_lo is None else Interval(self.diff.n, a.value, a.family_lo, a.family_hi)
 
 
+# the kinds of "no verdict" a table explains below it (Corrected.why)
+NO_VERDICT = {
+    "control": "an arm whose positive control missed its bar, where the probe cannot tell",
+    "collapsed": "a row where a seed of A or B scores above the unigram byte model (collapsed there: the difference "
+    "would measure how badly two models fail)",
+}
+
+
 def corrected(
     groups: Dict[str, Dict[str, List[Run]]],
     results: Dict[str, Dict[Claim, Any]],
     claims: Sequence[Claim],
-    withheld: Optional[Dict[tuple, str]] = None,
+    withheld: Optional[Dict[tuple, Tuple[str, str]]] = None,
 ) -> Dict[str, Dict[Claim, Optional[Corrected]]]:
     """Every (arm, claim) result with its place in the table's family (multiplicity.adjust); one in ``withheld``
-    ((arm, claim) -> why) keeps its place in the family, so dropping it cannot ease the others, but gets no
+    ((arm, claim) -> (kind, what): a NO_VERDICT key and the detail) keeps its place in the family, so dropping it cannot ease the others, but gets no
     verdict."""
     withheld = withheld or {}
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
@@ -235,7 +244,8 @@ def corrected(
     family = adjust([(f"{arm}: {c.a} − {c.b} ({c.metric})", estimate(arm, c)) for arm, c in keys])
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
     for (arm, c), adj in zip(keys, family):
-        out[arm][c] = Corrected(results[arm][c], adj, withheld.get((arm, c), ""))
+        why, text = withheld.get((arm, c), ("", ""))
+        out[arm][c] = Corrected(results[arm][c], adj, text, why)
     return out
 
 
@@ -388,16 +398,8 @@ def claim_lines(
         f"≤ {ALPHA:g} (the verdicts rest on it); *simultaneous*: all {m} intervals at level 1 − {ALPHA:g}/{m} "
         f"(Bonferroni) cover together with probability ≥ {1 - ALPHA:g}; the first interval is each one's own 95%."
     )
-    whys = {r.withheld for arm in results.values() for r in arm.values() if r is not None and r.withheld}
-    reasons = [
-        text
-        for test, text in (
-            ("(the control)", "an arm whose positive control missed its bar, where the probe cannot tell"),
-            ("above the unigram", "a row where a seed of A or B scores above the unigram byte model (collapsed "
-             "there: the difference would measure how badly two models fail)"),
-        )
-        if any(test in w for w in whys)
-    ]  # fmt: skip
+    whys = {r.why for arm in results.values() for r in arm.values() if r is not None and r.withheld}
+    reasons = [text for why, text in NO_VERDICT.items() if why in whys]
     if reasons:
         family += (
             f" *No verdict*: {'; '.join(reasons)}; such comparisons keep their place in the family (dropping them "
@@ -484,7 +486,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     if study.control:
         ctl = study.control["configuration"]
         missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
-        withheld = {(a, c): f"{ctl} (the control) missed its bar" for a in missed for c in study.claims}
+        withheld = {(a, c): ("control", f"{ctl} (the control) missed its bar") for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
         unigram = (read_references(arm) or {}).get("unigram")
         for c in study.claims if unigram is not None else ():
@@ -492,7 +494,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             bad = {x: above(v, unigram) for x, v in seeds.items()}
             if any(bad.values()) and "bpb" in c.metric:
                 counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
-                withheld.setdefault((arm.name, c), f"above the unigram at this row ({counts})")
+                withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))
     if study.claims:
         results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
         parts += claim_lines(study, results, arms, names, rows)
