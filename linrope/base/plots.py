@@ -147,15 +147,41 @@ def pyplot():
     return plt
 
 
-def draw(ax, curve: Curve) -> bool:
+BAND_NOTE = "line: mean over seeds; band: lowest to highest seed"  # what a curve with several x shows
+
+
+def draw(ax, curve: Curve, shift: float = 1.0, point: bool = False) -> bool:
+    """The mean as a line with its min–max band; ``point`` (a panel where no curve has a second x, so there is no
+    line or band to draw): its mean with a bar from the lowest to the highest seed and every seed's value as a
+    circle, at x × ``shift`` (make_figure sets curves that share their only x side by side)."""
     xs, mean, lo, hi = curve.summary()
     if not xs:
         return False
     style = {"marker": "o", **curve.style}
+    if point and len(xs) == 1:
+        x = xs[0] * shift
+        colour = style.get("color")
+        ax.errorbar([x], mean, yerr=[[mean[0] - lo[0]], [hi[0] - mean[0]]], label=curve.label, capsize=4,
+                    markersize=5, linewidth=1.4, **{k: v for k, v in style.items() if k != "linestyle"})  # fmt: skip
+        seeds = curve.points[xs[0]]
+        ax.plot([x] * len(seeds), seeds, linestyle="none", marker="o", markersize=3.5, markerfacecolor="none",
+                color=colour, alpha=0.7)  # fmt: skip
+        return True
     ax.plot(xs, mean, label=curve.label, linewidth=1.6, markersize=3.5, **style)
     if any(h > l_ for l_, h in zip(lo, hi)):
         ax.fill_between(xs, lo, hi, color=style.get("color"), alpha=BAND_ALPHA, linewidth=0)
     return True
+
+
+def single_x_shifts(curves: Sequence[Curve], log2_x: bool) -> List[float]:
+    """x multipliers (or offsets) that set curves with one and the same x side by side, so their bars do not hide
+    each other; 1.0 (no shift) for every curve when any has another x."""
+    xs = {tuple(c.summary()[0]) for c in curves if c.summary()[0]}
+    if len(xs) != 1 or len(next(iter(xs))) != 1:
+        return [1.0] * len(curves)
+    n = len(curves)
+    steps = [k - (n - 1) / 2 for k in range(n)]
+    return [2 ** (0.05 * s) if log2_x else 1 + 0.03 * s for s in steps]
 
 
 def save(fig, path: Path, dpi: int = 130) -> Path:
@@ -175,7 +201,7 @@ def make_figure(
     log2_x: bool = False,
     vlines: Sequence[float] = (),
     vline_label: str = "",
-    note: str = "line: mean over seeds; band: lowest to highest seed",
+    note: str = BAND_NOTE,
     hlines: Optional[Mapping[str, float]] = None,
 ):
     """Panels one above the other, each with its legend to its right (constrained layout makes room for it);
@@ -184,6 +210,8 @@ def make_figure(
     panels = [p for p in panels if any(c.summary()[0] for c in p.curves)]
     if not panels:
         return None
+    if all(len(c.summary()[0]) <= 1 for p in panels for c in p.curves):  # no lines: each curve is one point (draw)
+        note = note.replace(BAND_NOTE, "point: mean over seeds; bar: lowest to highest seed; circles: each seed")
     plt = pyplot()
     import matplotlib.ticker
 
@@ -192,8 +220,13 @@ def make_figure(
         len(panels), 1, figsize=(9.8 if wide else 8.4, 4.6 * len(panels)), squeeze=False, layout="constrained"
     )
     for ax, panel in zip(axes[:, 0], panels):
-        for curve in panel.curves:
-            draw(ax, curve)
+        shifts = single_x_shifts(panel.curves, log2_x)
+        point = all(len(c.summary()[0]) <= 1 for c in panel.curves)
+        for curve, shift in zip(panel.curves, shifts):
+            draw(ax, curve, shift, point)
+        if any(s != 1.0 for s in shifts):  # one shared x: a window around it, not around the shifted points
+            x = next(c.summary()[0][0] for c in panel.curves if c.summary()[0])
+            ax.set_xlim(*((x / 2**0.5, x * 2**0.5) if log2_x else (x * 0.8, x * 1.2)))
         for i, x in enumerate(sorted(set(vlines))):
             ax.axvline(
                 x,

@@ -172,3 +172,28 @@ def test_reference_levels_are_drawn_across_every_panel_with_their_labels():
         levels = {ln.get_label(): ln.get_ydata()[0] for ln in ax.get_lines() if "reference" in ln.get_label()}
         assert levels == {"unigram (train split, reference)": 4.753, "5-gram (train split, reference)": 1.653}
         assert "unigram (train split, reference)" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_curves_that_share_their_only_x_are_points_side_by_side_with_every_seed():
+    """One arm (a recall study at one width): no line or band to draw, so each configuration is its mean with a bar
+    from the lowest to the highest seed and a circle per seed, shifted apart so the bars do not hide each other."""
+    from matplotlib.container import ErrorbarContainer
+
+    from linrope.base.plots import BAND_NOTE, Curve, Panel, make_figure
+
+    curves = [Curve("a", {64: [0.3, 0.5, 0.7]}, {}), Curve("b", {64: [0.48, 0.5]}, {}), Curve("c", {64: [1.0]}, {})]
+    fig = make_figure([Panel("", curves)], xlabel="width", ylabel="acc", log2_x=True, note=BAND_NOTE)
+    ax = fig.axes[0]
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert [c.get_label() for c in bars] == ["a", "b", "c"]
+    xs = [float(c.lines[0].get_xdata()[0]) for c in bars]
+    assert xs == sorted(xs) and len(set(xs)) == 3 and all(48 < x < 85 for x in xs)  # apart, around 64
+    assert [float(c.lines[0].get_ydata()[0]) for c in bars] == pytest.approx([0.5, 0.49, 1.0])
+    low, high = bars[0].lines[2][0].get_segments()[0][:, 1]  # the bar: lowest to highest seed
+    assert (low, high) == pytest.approx((0.3, 0.7))
+    seeds = sorted(float(y) for ln in ax.get_lines() if ln.get_marker() == "o" and ln.get_linestyle() == "None"
+                   for y in ln.get_ydata())  # fmt: skip
+    assert seeds == pytest.approx([0.3, 0.48, 0.5, 0.5, 0.7, 1.0])  # every seed drawn
+    lo, hi = ax.get_xlim()
+    assert lo < 64 < hi and hi / lo < 2.5  # a window around the shared x
+    assert "bar: lowest to highest seed" in fig._suptitle.get_text() and "band" not in fig._suptitle.get_text()
