@@ -1,8 +1,8 @@
 """The figures of a study's table over its arms (linrope.analysis.arms), as its config asks (``table.figure``):
 
 * ``claims`` — a forest plot: each claim's paired interval A − B at every arm, one row per claim, the arms from
-  light (smallest) to dark; a panel per scale (the training length; ``<metric>@L`` beyond it, whose differences
-  are often ten times larger);
+  light (smallest) to dark; a panel per scale (the test score at the training length; ``<metric>@L`` at an evaluation
+  length L, beyond the training one in the bytes studies, where differences are often ten times larger);
 * ``by_arm`` — the study's metric against the arm's number (model width, say), one line per configuration in the
   report's styles (hue the position scheme, line style the attention kind), mean over seeds with a
   lowest-to-highest band, as Zoology draws recall against width.
@@ -36,7 +36,7 @@ def plot_claims(
     unit = next((c.metric.split("@")[0].split("/")[-1] for c in claims), "")
     panels = [
         (t, [c for c in claims if ("@" in c.metric) == beyond])
-        for t, beyond in (("at the training length", False), (f"beyond it ({unit}@L, as trained)", True))
+        for t, beyond in (("at the training length", False), (f"at evaluation length L ({unit}@L, as trained)", True))
     ]
     panels = [(t, cs) for t, cs in panels if any(r.get(c) is not None for r in per_arm for c in cs)]
     if not panels:
