@@ -232,8 +232,8 @@ def corrected(
     withheld: Optional[Dict[tuple, Tuple[str, str]]] = None,
 ) -> Dict[str, Dict[Claim, Optional[Corrected]]]:
     """Every (arm, claim) result with its place in the table's family (multiplicity.adjust); one in ``withheld``
-    ((arm, claim) -> (kind, what): a NO_VERDICT key and the detail) keeps its place in the family, so dropping it cannot ease the others, but gets no
-    verdict."""
+    ((arm, claim) -> (kind, what): a NO_VERDICT key and the detail) keeps its place in the family, so dropping it
+    cannot ease the others, but gets no verdict."""
     withheld = withheld or {}
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
 

@@ -148,8 +148,9 @@ def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional
     """({model: test bpb}, a note): read from ``out/references.csv`` when there, else fitted now on the corpus the
     runs name (their data config) when its test split has the bytes the runs scored, and written there."""
     path = out / "references.csv"
-    if path.is_file():
-        return read_references(out), ""
+    found = read_references(out)
+    if found is not None:
+        return found, ""
     run = next(run for runs in groups.values() for run in runs)
     scored = next((r["scored"] for r in run.extrapolation if r.get("per_document")), None)
     try:

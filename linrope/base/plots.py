@@ -173,11 +173,16 @@ def draw(ax, curve: Curve, shift: float = 1.0, point: bool = False) -> bool:
     return True
 
 
+def only_points(curves: Sequence[Curve]) -> bool:
+    """No curve has a second x: nothing to join into a line or fill into a band (``draw``'s ``point``)."""
+    return all(len(c.summary()[0]) <= 1 for c in curves)
+
+
 def single_x_shifts(curves: Sequence[Curve], log2_x: bool) -> List[float]:
-    """x multipliers (or offsets) that set curves with one and the same x side by side, so their bars do not hide
-    each other; 1.0 (no shift) for every curve when any has another x."""
-    xs = {tuple(c.summary()[0]) for c in curves if c.summary()[0]}
-    if len(xs) != 1 or len(next(iter(xs))) != 1:
+    """x multipliers that set curves with one and the same x side by side, so their bars do not hide each other;
+    1.0 (no shift) for every curve when any has another x."""
+    xs = {x for c in curves for x in c.summary()[0]}
+    if len(xs) != 1 or not only_points(curves):
         return [1.0] * len(curves)
     n = len(curves)
     steps = [k - (n - 1) / 2 for k in range(n)]
@@ -210,7 +215,7 @@ def make_figure(
     panels = [p for p in panels if any(c.summary()[0] for c in p.curves)]
     if not panels:
         return None
-    if all(len(c.summary()[0]) <= 1 for p in panels for c in p.curves):  # no lines: each curve is one point (draw)
+    if all(only_points(p.curves) for p in panels):  # no lines: each curve is one point (draw)
         note = note.replace(BAND_NOTE, "point: mean over seeds; bar: lowest to highest seed; circles: each seed")
     plt = pyplot()
     import matplotlib.ticker
@@ -220,8 +225,7 @@ def make_figure(
         len(panels), 1, figsize=(9.8 if wide else 8.4, 4.6 * len(panels)), squeeze=False, layout="constrained"
     )
     for ax, panel in zip(axes[:, 0], panels):
-        shifts = single_x_shifts(panel.curves, log2_x)
-        point = all(len(c.summary()[0]) <= 1 for c in panel.curves)
+        shifts, point = single_x_shifts(panel.curves, log2_x), only_points(panel.curves)
         for curve, shift in zip(panel.curves, shifts):
             draw(ax, curve, shift, point)
         if any(s != 1.0 for s in shifts):  # one shared x: a window around it, not around the shifted points

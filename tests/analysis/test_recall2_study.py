@@ -25,13 +25,17 @@ CONTROL, BAR = "softmax_rope", 0.95
 PAIR = re.compile(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]")  # "-0.456 [-0.614, -0.297]"
 
 
+def cell(arm: Path) -> tuple:
+    """(sequence length, width) of a width folder: ``len<L>[-steps<N>]/width<W>``."""
+    length = int(re.fullmatch(r"len(\d+)(-steps\d+)?", arm.parent.name).group(1))
+    return length, int(arm.name.removeprefix("width"))
+
+
 def cells() -> dict:
     """(length, width) -> the folders holding that cell's main runs."""
     out = {}
     for runs in sorted(RECALL2.glob("len*/width*/runs.json")):
-        arm = runs.parent
-        length = int(re.fullmatch(r"len(\d+)(-steps\d+)?", arm.parent.name).group(1))
-        out.setdefault((length, int(arm.name.removeprefix("width"))), []).append(arm)
+        out.setdefault(cell(runs.parent), []).append(runs.parent)
     return out
 
 
@@ -53,8 +57,7 @@ def test_every_width_of_both_settings_has_a_control_at_its_bar_in_every_seed():
 
 @pytest.mark.parametrize("arm", arms())
 def test_every_main_run_has_its_query_orders_and_follows_the_validation_tuning(arm):
-    length = int(re.fullmatch(r"len(\d+)(-steps\d+)?", arm.parent.name).group(1))
-    width = int(arm.name.removeprefix("width"))
+    length, width = cell(arm)
     tuning = json.loads((arm / "tuning.json").read_text())
     assert (tuning["metric"], tuning["protocol"]["test"], tuning["protocol"]["seed"]) == ("val/loss", False, 0)
     for record in compact_index(arm / "tuning"):  # the tuning runs never scored test
