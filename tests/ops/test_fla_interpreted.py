@@ -75,6 +75,10 @@ def test_the_shim_refuses_to_load_where_cuda_is_available(monkeypatch, cuda):
 
 
 def test_the_shim_names_what_is_missing(monkeypatch):
+    # what is installed is stubbed, so the messages are checked whether or not the interp extra is here
+    installed = {"fla", "triton"}
+    find = fla_interpreter.importlib.util.find_spec
+    monkeypatch.setattr(fla_interpreter.importlib.util, "find_spec", lambda m: object() if m in installed else find(m))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(fla_interpreter, "triton_version", lambda: "3.5.1")
     assert fla_interpreter.refusal() == (
@@ -83,8 +87,8 @@ def test_the_shim_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(fla_interpreter, "triton_version", lambda: "3.9.0")
     monkeypatch.setattr(torch, "__version__", "2.6.0")
     assert fla_interpreter.refusal() == "fla-core 0.6.0 needs torch >= 2.7 (here 2.6.0); use impl=chunk"
-    find = fla_interpreter.importlib.util.find_spec
-    monkeypatch.setattr(fla_interpreter.importlib.util, "find_spec", lambda m: None if m == "fla" else find(m))
+    installed.discard("fla")
+    monkeypatch.setattr(fla_interpreter.importlib.util, "find_spec", lambda m: object() if m in installed else None)
     assert fla_interpreter.refusal() == "fla not installed (the interp extra, CPU torch: pip install -e '.[interp]')"
 
 
