@@ -38,14 +38,15 @@ def main(cfg: DictConfig) -> Optional[float]:
         from lightning import seed_everything
 
         from linrope.training import builders as T
-        from linrope.training.after_training import explain_stop, validation_warning, where_next
+        from linrope.training.after_training import explain_stop, job_overrides, validation_warning, where_next
         from linrope.training.plan import apply_plan
 
         seed_everything(cfg.seed, workers=True)
         provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
         datamodule = T.build_datamodule(cfg)
         module = T.build_module(cfg)
-        apply_plan(cfg, module)  # plan: trainer.max_steps from the model's size; the hours it will take (printed)
+        # plan: trainer.max_steps from the model's size unless given; the hours it will take (printed)
+        apply_plan(cfg, module, overrides=job_overrides())
         warning = validation_warning(cfg)  # max_steps below the validation interval: said now, not found in the report
         if warning and _first_process():
             print(f"linrope: {warning}", file=sys.stderr, flush=True)
