@@ -82,7 +82,9 @@ def _first_process() -> bool:
 def run() -> None:
     """The ``linrope-train`` command (and ``python train.py``, ``python -m linrope.train``)."""
     from linrope.config.command_line import check_command_line
+    from linrope.config.help import answer_help
 
+    answer_help("train")  # what the command does, its main options and groups; no config dump
     check_command_line()  # model=nope: one line naming the options, before Hydra's longer message
     main()
 

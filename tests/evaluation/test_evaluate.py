@@ -358,7 +358,7 @@ def test_each_data_schema_is_its_modules_constructor_and_covers_its_yaml(task):
 def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
     r = run_cli("linrope.evaluate", "--help", cwd=tmp_path)
     assert r.returncode == 0 and "ckpt=PATH" in r.stdout and "scored_bytes" in r.stdout
-    assert "'ckpt=\"logs/.../epoch=1-step=32.ckpt\"'" in r.stdout and "scalings:" in r.stdout  # + the defaults
+    assert "'ckpt=\"logs/.../epoch=1-step=32.ckpt\"'" in r.stdout and "scalings=[pi,ntk,yarn,dynamic]" in r.stdout
     r = run_cli("linrope.evaluate", f"ckpt={tmp_path / 'none.ckpt'}", cwd=tmp_path)
     assert (
         r.returncode == 2
