@@ -6,6 +6,7 @@ loggers / trainer, fit, test the best checkpoint (``train=false``: the ``ckpt_pa
 the metric a sweeper optimises. ``--help`` lists the config groups and their options; ``--config-dir DIR``
 adds a folder of the user's own presets and experiments (docs/package.md)."""
 
+import sys
 from typing import Optional
 
 import hydra
@@ -37,38 +38,53 @@ def main(cfg: DictConfig) -> Optional[float]:
         from lightning import seed_everything
 
         from linrope.training import builders as T
-        from linrope.training.after_training import explain_stop
+        from linrope.training.after_training import explain_stop, job_overrides, validation_warning, where_next
         from linrope.training.plan import apply_plan
 
         seed_everything(cfg.seed, workers=True)
         provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
         datamodule = T.build_datamodule(cfg)
         module = T.build_module(cfg)
-        apply_plan(cfg, module)  # plan: trainer.max_steps from the model's size; the hours it will take (printed)
+        # plan: trainer.max_steps from the model's size unless given; the hours it will take (printed)
+        apply_plan(cfg, module, overrides=job_overrides())
+        warning = validation_warning(cfg)  # max_steps below the validation interval: said now, not found in the report
+        if warning and _first_process():
+            print(f"linrope: {warning}", file=sys.stderr, flush=True)
         callbacks = T.build_callbacks(cfg)
         loggers = T.build_loggers(cfg)
         trainer = T.build_trainer(cfg, callbacks, loggers)
         T.log_config(cfg, module, loggers, provenance)
 
-        metric = None
+        metric, scored = None, None
         if cfg.train:
             trainer.fit(module, datamodule=datamodule, ckpt_path=T.resolve_ckpt(cfg))
             metric = T.metric(trainer, cfg.optimized_metric)
         with explain_stop(cfg, trainer) as progress:  # a signal now: one line, what is left and how to finish it
             if cfg.test:
-                trainer.test(module, datamodule=datamodule, ckpt_path=T.best_ckpt(trainer) if cfg.train else tested)
+                scored = T.best_ckpt(trainer) if cfg.train else tested
+                trainer.test(module, datamodule=datamodule, ckpt_path=scored)
                 from linrope.evaluation.evaluate import extrapolate_after_test
 
                 extrapolate_after_test(cfg, trainer, module, datamodule, loggers)  # if extrapolation.enabled
             progress.completed()  # a signal now: one line saying where the results are; the run ends as it would
             T.finish(loggers)
+        if trainer.is_global_zero:  # where the results are and what to run next
+            print("\n".join(where_next(cfg, trainer, scored)), flush=True)
         return metric
+
+
+def _first_process() -> bool:
+    import os
+
+    return not any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
 
 
 def run() -> None:
     """The ``linrope-train`` command (and ``python train.py``, ``python -m linrope.train``)."""
     from linrope.config.command_line import check_command_line
+    from linrope.config.help import answer_help
 
+    answer_help("train")  # what the command does, its main options and groups; no config dump
     check_command_line()  # model=nope: one line naming the options, before Hydra's longer message
     main()
 

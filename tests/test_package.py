@@ -304,7 +304,7 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     for command in SCRIPTS:
         r = run(command, "--help")
         assert r.returncode == 0 and "Traceback" not in r.stderr, (command, r.stderr[-2000:])
-        assert ("usage: " + command) in r.stdout or "powered by Hydra" in r.stdout or "ckpt=PATH" in r.stdout, command
+        assert ("usage: " + command) in r.stdout or r.stdout.startswith(command + " "), command
     assert "model: linear," in run("linrope-train", "--help").stdout
 
     r = run("linrope-train", "model=linear_rope", "size=tiny", "trainer.max_steps=2", "data.max_bytes=400000")

@@ -283,6 +283,26 @@ def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
         w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
+def selection_sentence(runs: Sequence[Run]) -> str:
+    """What the headline is: the test score of the checkpoint chosen on validation, said only of runs that
+    validated; a run that logged no validation value (too short for its interval) scored its last weights."""
+    chosen = "The headline is the test score of the checkpoint chosen on validation; the best validation value is "
+    chosen += "the selection metric, shown for reference only;"
+    unvalidated = [r for r in runs if not any(k.startswith("val/") and v for k, v in r.series.items())]
+    if not unvalidated:
+        return chosen
+    if len(unvalidated) == len(runs):
+        return (
+            "No run logged a validation value (each stopped before its first validation): the headline is the "
+            "test score of each run's last weights, no checkpoint was chosen on validation;"
+        )
+    names = first_names([r.path.name for r in unvalidated], 3)
+    return (
+        f"{chosen} but {len(unvalidated)} of the {len(runs)} runs logged no validation value ({names}): their test "
+        f"score is of their last weights;"
+    )
+
+
 def tuning_only(sweeps: Sequence[Path]) -> str:
     """What a study with no main run yet has done: its tuning runs (a report never reads them), or ''."""
     parts = sorted({p.parent.parent for s in sweeps for p in Path(s).rglob(f"{TUNING}/{COMPACT}")})
@@ -352,8 +372,7 @@ def build_report(
         "",
         f"{len(runs)} runs in {n_configs} configurations.  Each cell is the mean over the configuration's "
         f"seeds ± the half-width of the 95% t-interval (t_0.975,n-1 · s / √n; the mean alone for one "
-        f"seed).  The headline is the test score of the checkpoint chosen on validation; the best "
-        f"validation value is the selection metric, shown for reference only; tokens/s is the mean "
+        f"seed).  {selection_sentence(runs)} tokens/s is the mean "
         f"training throughput.  Paired differences take A − B seed by seed over the seeds both ran "
         f"(same data order and initialisation) and test them with a two-sided paired t-test.",
         "",

@@ -51,6 +51,7 @@ SERIES_COLOURS = (
     "#7f7f7f",
 )  # tab10, for lines that are not one per position scheme
 BAND_ALPHA = 0.15
+CONTROL_COLOUR = "#000000"  # a length table's context-limited control (attention to the last L0 keys)
 
 
 def position_colour(name: Optional[str]) -> str:
@@ -280,19 +281,23 @@ def plot_length_table(
 ) -> Optional[Path]:
     """One model's length table (``linrope.evaluation.extrapolation.length_table`` rows: length, scaling, bpb / acc / loss,
     status) against length, one line per row name (``name(row)``; default its scaling) in the shared scaling styles
-    (a scaling's style for a name that is one); n/a rows left out."""
+    (a scaling's style for a name that is one), the context-limited control in black; n/a rows left out."""
     metric = next((k for k in ("bpb", "acc", "loss") if any(r.get(k) is not None for r in rows)), "loss")
     name = name or (lambda r: r["scaling"])
     curves = []
-    for i, label in enumerate(dict.fromkeys(map(name, rows))):
+    labels = list(dict.fromkeys(map(name, rows)))
+    controls = [label for label in labels if any(r.get("window") for r in rows if name(r) == label)]
+    series = [label for label in labels if label not in controls]
+    for label in labels:
         points = {r["length"]: [r[metric]] for r in rows if name(r) == label and r.get(metric) is not None}
-        curves.append(
-            Curve(
-                "as trained" if label == "none" else str(label),
-                points,
-                {"color": series_colour(i), "linestyle": SCALING_STYLES.get(label, "-" if i == 0 else "-.")},
-            )
-        )
+        if label in controls:  # the context-limited control: black, a colour no other row has
+            style = {"color": CONTROL_COLOUR, "linestyle": (0, (3, 1, 1, 1))}
+        else:
+            i = series.index(label)
+            style = {"color": series_colour(i), "linestyle": SCALING_STYLES.get(label, "-" if i == 0 else "-.")}
+            if i >= len(SERIES_COLOURS):  # more rows than colours: a marker tells the repeats apart
+                style["marker"] = "s^vD"[(i // len(SERIES_COLOURS) - 1) % 4]
+        curves.append(Curve("as trained" if label == "none" else str(label), points, style))
     ylabel = {"bpb": "bits per byte", "acc": "accuracy (scored positions)"}.get(metric, "loss (scored positions)")
     return plot_curves(
         [Panel("", curves)],

@@ -102,9 +102,10 @@ def config_dirs_as_overrides(argv: Sequence[str]) -> List[str]:
     return out
 
 
-def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[str]:
+def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> List[str]:
     """``group=option`` overrides of the config groups in ``conf/`` (and in the user's config folders on the
-    command line) whose option has no file there. Sweeps (``model=a,b``) are checked item by item; values with
+    command line) whose option has no file there, and ``study=…`` of a training run (``conf/study`` is read by the
+    report only). Sweeps (``model=a,b``) are checked item by item; values with
     Hydra functions, globs or interpolations, and Hydra's own groups (hydra/...), are left to Hydra."""
     errors: List[str] = []
     args = list(argv)
@@ -124,6 +125,12 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> List[
             continue
         key, value = arg.split("=", 1)
         key = key.lstrip("+~").split("@", 1)[0]
+        if key == "study" and config_name == "train":
+            errors.append(
+                f"{arg}: conf/study/ says what a study claims, read by linrope.report, not an option of a run; run "
+                f"the study's jobs with: python train.py -m experiment={value.strip() or '<name>'}"
+            )
+            continue
         if not key or key.startswith("hydra") or "." in key or not any((d / key).is_dir() for d in (conf_dir, *extra)):
             continue
         value = value.strip()
@@ -354,7 +361,7 @@ def check_command_line(
     argv = sys.argv[1:] if argv is None else argv
     errors = (
         encoding_errors(argv)
-        or command_line_errors(argv, conf_dir)
+        or command_line_errors(argv, conf_dir, config_name)
         or unknown_key_errors(argv, conf_dir, config_name)
         or launcher_errors(argv, conf_dir, config_name)
     )

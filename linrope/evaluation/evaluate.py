@@ -270,6 +270,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
             title_suffix=f" ({ckpt.name})",
             device=device,
             log=lambda line: print(line, flush=True),
+            note=lambda line: print(line, file=sys.stderr, flush=True),  # the plan and the time left: stderr
         )
     print(f"wrote {csv_path} and {png}")
     return rows

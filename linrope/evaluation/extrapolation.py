@@ -329,12 +329,14 @@ def length_table(
     autocast_dtype=None,
     log=None,
     on_row=None,
+    note=None,
 ) -> List[Dict[str, Any]]:
     """One row per (length, protocol, scaling, window): the columns of ``COLUMNS``; ``status`` is ``ok`` or
     ``n/a (why)``.  Bytes rows also carry ``per_document`` and (protocol ``windows``) ``per_position`` lists.
     ``settings``: every key of ``SETTINGS`` (conf/extrapolation/default.yaml); ``lengths``: default
     ``factors`` × ``train_context``.  ``log`` is called with each row as it is done (``format_row``),
-    ``on_row`` with the list of the rows done so far (the caller writes them: nothing done is lost to a stop)."""
+    ``on_row`` with the list of the rows done so far (the caller writes them: nothing done is lost to a stop);
+    ``note`` with the plan before the first row (rows, lengths, bytes scored) and the time left after each row."""
     missing = [k for k in SETTINGS if k not in settings]
     if missing:
         raise ValueError(f"length_table: settings without {', '.join(missing)} (see conf/extrapolation/default.yaml)")
@@ -365,6 +367,19 @@ def length_table(
                 f"(scoring {sum(n for _, n in parts)} of the {split} split's {len(text) - 1} bytes: {len(parts)} segments)"
             )
     bucket = int(settings.get("position_bucket") or max(1, train_context // 4))
+    windowed = bool(settings["window_control"] and (text is not None or tokens is not None))
+    planned = {n: len(protocols) * (1 + len(scalings)) + (windowed and n > train_context) for n in lengths}
+    # computed: every row beyond the training length; at or below it a scaled row repeats the row as trained
+    todo = sum(rows if n > train_context else len(protocols) for n, rows in planned.items())
+    if note:
+        what = (
+            f"{sum(n for _, n in scored['segments'])} bytes of the {split} split" if scored else "the task's examples"
+        )
+        note(
+            f"plan: {sum(planned.values())} rows ({todo} computed) at lengths {', '.join(map(str, lengths))}, "
+            f"each scoring {what}; the time left follows each row"
+        )
+    spent, done = 0.0, 0
     rows: List[Dict[str, Any]] = []
     for length in lengths:
         rho = length / train_context
@@ -422,6 +437,11 @@ def length_table(
                     _both(rope_row(model, label, rho, train_context), limited),
                 )
                 row["seconds"] = round(time.perf_counter() - t0, 2)
+                spent, done = spent + row["seconds"], done + 1
+                if note:  # at the pace so far; rows at longer lengths may take longer
+                    note(
+                        f"row {done} of {todo} computed in {row['seconds']:.0f} s; about {_left(spent / done * (todo - done))} left"
+                    )
             if label == "none" and not window:
                 plain[protocol] = row
             rows.append(row)
@@ -430,6 +450,16 @@ def length_table(
             if log:
                 log(format_row(row))
     return rows
+
+
+def _left(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 # what a scaled row at or below the training length repeats of the row as trained: its results, not its name

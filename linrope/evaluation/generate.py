@@ -11,12 +11,14 @@ The text is streamed: each byte is printed (and flushed) as it is sampled.  Ctrl
 it with every byte sampled so far printed, one line on stderr and exit status 130 / 143.  More than
 ``MAX_NEW_TOKENS`` bytes are refused unless ``allow_long=true`` says the request is meant.  A prompt that is
 not UTF-8 (the bytes of another encoding in the shell's argument) is one line, before Hydra reads it
-(``linrope.config.command_line.encoding_errors``).
+(``linrope.config.command_line.encoding_errors``).  In a prompt ``\\n`` is a newline, ``\\t`` a tab and ``\\\\`` a
+backslash (``prompt_text``).  Log lines go to stderr (``conf/hydra/job_logging/stderr.yaml``): stdout is the text.
 """
 
 from __future__ import annotations
 
 import codecs
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -45,6 +47,15 @@ class Stopped(BaseException):
         self.signum = signum
         self.text: Optional[str] = None  # prompt + the text sampled so far (None: stopped before sampling)
         self.sampled = 0  # bytes sampled
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def prompt_text(value: Any) -> str:
+    """The prompt as typed (``prompt='"a\\nb"'``) as the text it means: ``\\n`` a newline, ``\\t`` a tab, ``\\\\`` one
+    backslash (Hydra keeps a typed ``\\n`` as two characters); any other backslash is kept."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], str(value))
 
 
 def encode(text: str) -> torch.Tensor:
@@ -135,7 +146,7 @@ def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> 
     model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model
     return generate_text(
         model,
-        str(cfg.prompt),
+        prompt_text(cfg.prompt),
         int(cfg.max_new_tokens),
         temperature=float(cfg.temperature),
         top_k=None if cfg.top_k is None else int(cfg.top_k),

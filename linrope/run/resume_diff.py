@@ -223,16 +223,29 @@ def default_differences(model_cfg: Mapping[str, Any], conf_dir: Path) -> List[st
     return out
 
 
+def _written(path) -> Optional[str]:
+    """When the file at ``path`` was written (its modification time, UTC), or None when there is no such file."""
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.fromtimestamp(Path(str(path)).stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
+    except OSError:
+        return None
+
+
 def describe_checkpoint(
     checkpoint: Mapping[str, Any], ckpt_path, conf_dir: Path, current: Optional[Mapping[str, Any]] = None
 ) -> str:
-    """One line: the checkpoint's step, commit and versions, whether today's code is another commit, and the
-    options the current code's defaults decide (``default_differences``)."""
+    """One line: the checkpoint's step, commit and versions, when its run started and when the file was written,
+    whether today's code is another commit, and the options the current code's defaults decide
+    (``default_differences``)."""
     prov = checkpoint.get(PROVENANCE_KEY)
     head = f"checkpoint {ckpt_path}: step {checkpoint.get('global_step', '?')}"
     if prov:
         versions = prov.get("versions") or {}
-        head += f", commit {commit_text(prov)}, torch {versions.get('torch')}, written {prov.get('started')}"
+        head += f", commit {commit_text(prov)}, torch {versions.get('torch')}, run started {prov.get('started')}"
+        written = _written(ckpt_path)
+        head += f", written {written}" if written else ""
         if current and commit_text(current) != commit_text(prov):
             head += f" (this code: {commit_text(current)})"
     else:

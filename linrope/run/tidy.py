@@ -1,5 +1,5 @@
 """A quiet, tidy run: every console line once, the dependencies' tips and notices that say nothing about
-this run filtered, and no empty run folder left behind by a refused config.
+this run filtered, and no empty run folder (nor the empty folders above it) left behind by a refused config.
 
 Imports only the standard library: train.py applies ``filter_warnings`` when it is imported (also in the
 processes ``trainer=ddp_spawn`` and submitit start, which import it again)."""
@@ -93,4 +93,20 @@ def no_folder_on_refusal() -> Iterator[None]:
                 sweep = folder.parent
                 if (sweep / "multirun.yaml").is_file() and {p.name for p in sweep.iterdir()} == {"multirun.yaml"}:
                     shutil.rmtree(sweep, ignore_errors=True)
+                remove_empty_parents(folder)
         raise
+
+
+def remove_empty_parents(folder: Path, levels: int = 3) -> None:
+    """The folders above ``folder`` that Hydra made for it and that are now empty (``logs/<task>/runs``,
+    ``logs/<task>``, ``logs``), up to ``levels`` of them, never the current folder nor one outside it."""
+    here = Path.cwd().resolve()
+    parent = folder.resolve().parent
+    for _ in range(levels):
+        if parent == here or here not in parent.parents:
+            return
+        try:
+            parent.rmdir()  # only an empty folder
+        except OSError:
+            return
+        parent = parent.parent

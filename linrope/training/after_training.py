@@ -12,6 +12,10 @@ runs can never log is refused before its first trial.
   sweeper that optimises ``optimized_metric`` needs each run to log it; a metric the task never logs, a test
   metric (train.py returns before testing), ``train=false`` or no validation before ``trainer.max_steps`` is
   refused in one line naming the metric and the setting to change.
+- ``validation_warning(cfg)``: one line at the start of a run whose validation cannot run before
+  ``trainer.max_steps`` (no best checkpoint, no validation curve: the test scores the last weights).
+- ``where_next(cfg, trainer, tested)``: the lines a finished run ends with: where its results are, which
+  checkpoint the test scored, and the commands that make sense next (report, evaluate, generate).
 
 No Lightning import (the trainer is passed in); Hydra only."""
 
@@ -175,6 +179,82 @@ def task_metric(metric: str, monitor: str) -> str:
     return monitor if metric == "val/bpb" else metric
 
 
+def no_validation(cfg) -> Optional[str]:
+    """Why no validation runs before the run ends (``trainer.limit_val_batches=0``, or a validation interval
+    longer than ``trainer.max_steps``), with the setting that gives one; None when it runs."""
+    if get(cfg, "trainer.limit_val_batches") == 0:
+        return "trainer.limit_val_batches=0 (set it to null for every batch, or > 0)"
+    max_steps, every = get(cfg, "trainer.max_steps"), get(cfg, "trainer.val_check_interval")
+    if (
+        isinstance(max_steps, int)
+        and max_steps > 0
+        and isinstance(every, int)
+        and not isinstance(every, bool)
+        and get(cfg, "trainer.check_val_every_n_epoch") is None
+        and every > max_steps
+    ):
+        return (
+            f"no validation before trainer.max_steps={max_steps} (trainer.val_check_interval={every}); set "
+            f"trainer.val_check_interval={max_steps} or less, or trainer.max_steps={every} or more"
+        )
+    return None
+
+
+def validation_warning(cfg) -> Optional[str]:
+    """One line for a run that trains but can never validate (``no_validation``), or None."""
+    if not cfg.get("train", True):
+        return None
+    why = no_validation(cfg)
+    if why is None:
+        return None
+    return (
+        f"warning: this run will not validate: {why}; without validation there is no best checkpoint and no "
+        f"validation curve, and the test scores the last weights"
+    )
+
+
+def _shown(path) -> str:
+    """A path as a user would type it: relative to the current folder when inside it."""
+    p = Path(str(path))
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def _ckpt_arg(path: str) -> str:
+    """``ckpt=PATH`` for a Hydra command line, quoted for the shell (and for Hydra, where the name holds '=')."""
+    value = f'"{path}"' if "=" in path else path
+    return shlex.quote(f"ckpt={value}")
+
+
+def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
+    """The lines a finished run ends with (printed by train.py on stdout): its folder, the checkpoint the test
+    scored (``tested``; None: the last weights), and the next commands: the report of the run (of the sweep, in
+    ``-m``), the length extrapolation and, for text, generation from the checkpoint."""
+    from linrope.config.checks import sweep_dir
+
+    run = _shown(cfg.paths.output_dir)
+    sweep = sweep_dir()
+    ckpt = tested or _checkpoint(cfg, trainer)
+    lines = [f"run folder: {run} (checkpoints/, csv/metrics.csv, provenance.json)"]
+    if cfg.get("test", True):
+        if tested:
+            how = "the best on validation" if cfg.get("train", True) else "ckpt_path"
+            lines.append(f"the test scored {_shown(tested)} ({how})")
+        elif cfg.get("train", True):
+            lines.append("the test scored the last weights: no validation ran, so no checkpoint was chosen on it")
+    lines.append("next:")
+    report = _shown(sweep) if sweep else run
+    lines.append(f"  python -m linrope.report {shlex.quote(report)}    # tables and figures: report.md")
+    if ckpt:
+        arg = _ckpt_arg(_shown(ckpt))
+        lines.append(f"  python -m linrope.evaluate {arg}    # loss by length, 1-16x the training context")
+        if str(get(cfg, "data.task") or "bytes") in ("bytes", "text"):
+            lines.append(f"  python -m linrope.generate {arg} prompt='\"def \"'    # sample text")
+    return lines
+
+
 def objective_problem(cfg) -> Optional[str]:
     """Why the runs of ``cfg`` can never log ``optimized_metric`` (one line), or None."""
     metric = str(cfg.get("optimized_metric") or "")
@@ -200,22 +280,9 @@ def objective_problem(cfg) -> Optional[str]:
         return (
             f"{head} task {task} never logs (it logs val/{', val/'.join(logged)}): set optimized_metric=val/{logged[0]}"
         )
-    if get(cfg, "trainer.limit_val_batches") == 0:
-        return f"{head} is never measured with trainer.limit_val_batches=0: set it to null (every batch) or > 0"
-    max_steps, every = get(cfg, "trainer.max_steps"), get(cfg, "trainer.val_check_interval")
-    if (
-        isinstance(max_steps, int)
-        and max_steps > 0
-        and isinstance(every, int)
-        and not isinstance(every, bool)
-        and get(cfg, "trainer.check_val_every_n_epoch") is None
-        and every > max_steps
-    ):
-        return (
-            f"{head} is never logged: no validation before trainer.max_steps={max_steps} "
-            f"(trainer.val_check_interval={every}); set trainer.val_check_interval={max_steps} or less, "
-            f"or trainer.max_steps={every} or more"
-        )
+    why = no_validation(cfg)
+    if why is not None:
+        return f"{head} is never logged: {why}"
     return None
 
 

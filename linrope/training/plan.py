@@ -8,14 +8,16 @@ and backward passes of the model on a random batch of the run's shape, on the ru
 training (the model's weights, its gradients and every random stream are left as they were), and prints the
 hours the run will take at that pace, the device-hours and the model-FLOPs utilisation it implies.  The optimizer
 step and data loading are not in the timed steps: the estimate is a floor.  ``torch.compile`` is not applied to
-the timed steps either (a compiled run is usually faster than the estimate)."""
+the timed steps either (a compiled run is usually faster than the estimate).  A ``trainer.max_steps`` given on the
+command line wins over ``plan.tokens_per_parameter``; either way the plan's first line says where the steps
+came from."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -121,9 +123,15 @@ def measure(model, cfg, steps: int, device: torch.device) -> float:
             torch.cuda.set_rng_state_all(cuda_rng)
 
 
-def apply_plan(cfg, module, device: Optional[torch.device] = None) -> Optional[Plan]:
-    """Set ``trainer.max_steps`` from ``plan.tokens_per_parameter`` (if set), measure (``plan.measure_steps``),
-    print the plan; None when ``plan`` asks for nothing."""
+def given_steps(overrides: Sequence[str]) -> bool:
+    """Whether the command line (a sweep job's overrides) sets ``trainer.max_steps`` itself."""
+    return any(str(o).lstrip("+~").split("=", 1)[0] == "trainer.max_steps" for o in overrides)
+
+
+def apply_plan(cfg, module, device: Optional[torch.device] = None, overrides: Sequence[str] = ()) -> Optional[Plan]:
+    """Set ``trainer.max_steps`` from ``plan.tokens_per_parameter`` (if set) unless ``overrides`` (the command line's)
+    set ``trainer.max_steps``: an explicit value wins, and the plan says which one it took and why; measure
+    (``plan.measure_steps``), print the plan; None when ``plan`` asks for nothing."""
     settings = cfg.get("plan") or {}
     measure_steps = int(settings.get("measure_steps") or 0)
     if settings.get("tokens_per_parameter") is None and not measure_steps:
@@ -131,7 +139,19 @@ def apply_plan(cfg, module, device: Optional[torch.device] = None) -> Optional[P
     model = module.model
     params = parameter_counts(model.cfg).total
     steps = steps_for(cfg, params)
-    if steps is not None:
+    per = settings.get("tokens_per_parameter")
+    if steps is not None and given_steps(overrides):
+        print(
+            f"plan: trainer.max_steps={int(cfg.trainer.max_steps):,} as given (plan.tokens_per_parameter={per} "
+            f"would make it {steps:,})",
+            flush=True,
+        )
+    elif steps is not None:
+        print(
+            f"plan: trainer.max_steps={steps:,} from plan.tokens_per_parameter={per} (was {cfg.trainer.max_steps}); "
+            f"trainer.max_steps=N on the command line sets it instead",
+            flush=True,
+        )
         cfg.trainer.max_steps = steps
     steps = int(cfg.trainer.max_steps)
     plan = Plan(parameters=params, tokens_per_step=tokens_per_step(cfg), steps=steps,

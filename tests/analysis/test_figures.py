@@ -156,6 +156,28 @@ def test_plot_length_table_draws_one_line_per_scaling_without_na(tmp_path, monke
     assert seen["kw"]["ylabel"] == "bits per byte" and seen["kw"]["vlines"] == [64]
 
 
+def test_every_row_of_an_evaluate_figure_has_a_style_of_its_own(tmp_path, monkeypatch):
+    """evaluate's figure of a RoPE model: 5 rows under each protocol and the context-limited control, 11 in all; the
+    control ("windows window256") was drawn in the colour of "as trained" (the palette has 10)."""
+    from linrope.base import plots
+    from linrope.evaluation.tables import row_name
+
+    rows = [
+        {"length": n, "protocol": p, "scaling": s, "window": None, "bpb": 2.0, "status": "ok"}
+        for n in (256, 512)
+        for p in ("sliding", "windows")
+        for s in ("none", "pi", "ntk", "yarn", "dynamic")
+    ] + [{"length": 512, "protocol": "windows", "scaling": "none", "window": 256, "bpb": 2.0, "status": "ok"}]
+    seen = {}
+    monkeypatch.setattr(plots, "plot_curves", lambda panels, path, **kw: seen.setdefault("curves", panels[0].curves))
+    plots.plot_length_table(rows, tmp_path / "e.png", train_context=256, name=row_name)
+    styles = {
+        c.label: (c.style["color"], str(c.style["linestyle"]), c.style.get("marker", "o")) for c in seen["curves"]
+    }
+    assert len(styles) == 11 and len(set(styles.values())) == 11
+    assert styles["windows window256"][0] not in {v[0] for k, v in styles.items() if k != "windows window256"}
+
+
 def test_reference_levels_are_drawn_across_every_panel_with_their_labels():
     """The extrapolation figure marks the unigram and the n-gram references (the table marks a mean above the
     unigram collapsed; the figure showed no level to read that against)."""

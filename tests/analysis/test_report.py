@@ -364,3 +364,30 @@ def test_figures_name_only_what_ran_in_the_shared_encoding(sweep, tmp_path, monk
     ]
     assert {c.label for c in ext_panels[1].curves} == {"softmax_rope as trained", "softmax_rope pi"}
     assert ext_kw["vlines"] == [64] and ext_kw["log2_x"]
+
+
+def test_the_report_claims_a_validation_choice_only_for_runs_that_validated(tmp_path):
+    """A run too short for its validation interval logged no val/ value: its test scored its last weights, and the
+    report says so instead of calling the headline the checkpoint chosen on validation."""
+    chosen = "The headline is the test score of the checkpoint chosen on validation"
+    unvalidated = [r for r in lm_rows([3.0, 2.5], 2.4, [900, 1000]) if "val/bpb" not in r]
+    write_run(tmp_path / "a" / "0", name="linear_rope", kind="linear", position="rope", seed=1, rows=unvalidated)
+    text = build_report([tmp_path / "a"], tmp_path / "a")
+    assert chosen not in text
+    assert (
+        "No run logged a validation value (each stopped before its first validation): the headline is the test" in text
+    )
+    write_run(tmp_path / "b" / "0", name="linear_rope", kind="linear", position="rope", seed=1, rows=unvalidated)
+    write_run(
+        tmp_path / "b" / "1",
+        name="linear_rope",
+        kind="linear",
+        position="rope",
+        seed=2,
+        rows=lm_rows([3.0, 2.5], 2.4, [900, 1000]),
+    )
+    text = build_report([tmp_path / "b"], tmp_path / "b")
+    assert (
+        f"{chosen}; the best validation value is the selection metric, shown for reference only; but 1 of the 2 runs logged no validation value (0): their test score is of their last weights;"
+        in text
+    )

@@ -254,6 +254,35 @@ def test_a_length_beyond_randomized_positions_is_an_na_row_that_says_so():
     assert [r["status"] for r in rows] == ["ok", "n/a (positions drawn below max_position=32)"]
 
 
+def test_the_table_says_its_plan_before_the_first_row_and_the_time_left_after_each():
+    """A table that can take an hour says up front how many rows it will compute, at which lengths and on how many
+    bytes, and after each computed row how long is left (``note``: linrope.evaluate prints it on stderr)."""
+    from linrope.training.lit import LanguageModel
+
+    l0 = 16
+    module = LanguageModel(
+        model=dict(vocab_size=256, d_model=16, n_heads=2, n_layers=1, d_ff=16, max_len=l0,
+                   attention={"kind": "softmax"}, position={"name": "rope"})
+    )  # fmt: skip
+    settings = {
+        **OmegaConf.to_container(OmegaConf.load(CONF / "extrapolation" / "default.yaml")),
+        "scalings": ["pi"],
+        "scored_bytes": 256,
+    }
+    notes, logged = [], []
+    rows = length_table(
+        module, Text(), settings, train_context=l0, lengths=[l0, 2 * l0], note=notes.append, log=logged.append
+    )
+    # at l0: 2 protocols x (as trained, pi), pi repeating; at 2 l0: 2 x 2 and the context-limited control
+    assert len(rows) == 9
+    assert notes[0] == (
+        "plan: 9 rows (7 computed) at lengths 16, 32, each scoring 256 bytes of the test split; the time left follows "
+        "each row"
+    )
+    assert [n.split(" computed")[0] for n in notes[1:]] == [f"row {i} of 7" for i in range(1, 8)]
+    assert notes[-1].endswith("about 0 s left") and not any(n.startswith("plan") for n in logged)
+
+
 # ---- the data module, rebuilt without running code ----------------------------------------------------------------
 def _malicious_config(path, payload):
     """What `hydra.utils.instantiate` would run: the nested _target_ makes a folder (any code could run)."""
@@ -358,7 +387,7 @@ def test_each_data_schema_is_its_modules_constructor_and_covers_its_yaml(task):
 def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
     r = run_cli("linrope.evaluate", "--help", cwd=tmp_path)
     assert r.returncode == 0 and "ckpt=PATH" in r.stdout and "scored_bytes" in r.stdout
-    assert "'ckpt=\"logs/.../epoch=1-step=32.ckpt\"'" in r.stdout and "scalings:" in r.stdout  # + the defaults
+    assert "'ckpt=\"logs/.../epoch=1-step=32.ckpt\"'" in r.stdout and "scalings=[pi,ntk,yarn,dynamic]" in r.stdout
     r = run_cli("linrope.evaluate", f"ckpt={tmp_path / 'none.ckpt'}", cwd=tmp_path)
     assert (
         r.returncode == 2

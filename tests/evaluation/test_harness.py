@@ -158,3 +158,33 @@ def test_local_tasks_of_each_kind_score_end_to_end(tmp_path, monkeypatch):
     nll = -logprobs(m, [10] + list(text.encode())).sum().item()
     assert math.isclose(res["tiny_ppl"]["bits_per_byte,none"], nll / (math.log(2) * len(text.encode())), rel_tol=1e-6)
     assert res["tiny_gen"]["exact_match,none"] in (0.0, 1.0)
+
+
+@pytest.mark.slow  # lm-eval's import and a subprocess: the slow stage
+def test_the_task_example_in_the_docs_runs_as_its_comment_says(tmp_path):
+    """docs/examples/my_tasks/ (README, "Research scale"): the command its comment gives scores both tasks on a
+    checkpoint, from the checkout's root, with no warning from lm-eval about a metric it cannot aggregate."""
+    import os
+    import subprocess
+    import sys
+
+    from linrope.training.lit import LanguageModel
+    from tests.helpers import ROOT
+
+    torch.manual_seed(0)
+    module = LanguageModel(model=dict(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_len=64,
+                                      attention={"kind": "linear"}, position={"name": "rope"}))  # fmt: skip
+    ckpt = tmp_path / "tiny.ckpt"
+    torch.save({"state_dict": module.state_dict(), "global_step": 0,
+                "hyper_parameters": {"model": dict(module.hparams["model"]), "optim": None}}, ckpt)  # fmt: skip
+    comment = (ROOT / "docs" / "examples" / "my_tasks" / "python_next.yaml").read_text()
+    command = " ".join(line.lstrip("#").strip().rstrip("\\") for line in comment.splitlines()[2:4]).split()
+    assert command[:3] == ["python", "-m", "linrope.evaluation.harness"], command
+    command = [sys.executable, *command[1:]]
+    command[command.index("--ckpt") + 1] = str(ckpt)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout)
+    assert 0.0 <= results["python_next"]["acc,none"] <= 1.0 and results["python_bpb"]["bits_per_byte,none"] > 0
+    assert "aggregation is not" not in r.stderr

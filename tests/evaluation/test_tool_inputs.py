@@ -34,8 +34,9 @@ def test_temperature_zero_is_greedy(tmp_path):
 
 
 # ---- generation: streamed, bounded, kept on Ctrl+C; arguments that are not UTF-8 -----------------------------------
-def saved_tiny_checkpoint(path):
-    """A checkpoint of an untrained tiny linear-attention model, written as linrope writes one (no training)."""
+def saved_tiny_checkpoint(path, **attention):
+    """A checkpoint of an untrained tiny linear-attention model, written as linrope writes one (no training);
+    ``attention``: more options of its attention layer (``impl="auto"``, as conf/attention/linear.yaml)."""
     import torch
 
     from linrope.training.lit import LanguageModel
@@ -48,7 +49,7 @@ def saved_tiny_checkpoint(path):
             n_layers=1,
             d_ff=64,
             max_len=64,
-            attention={"kind": "linear"},
+            attention={"kind": "linear", **attention},
             position={"name": "rope"},
         )
     )
@@ -145,6 +146,43 @@ def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     model = __import__("linrope.training.lit", fromlist=["LanguageModel"]).LanguageModel.from_checkpoint(ckpt).model
     expected = generate_text(model, "abc", sampled, temperature=0.8, top_k=40, seed=0)
     assert text.decode("utf-8", errors="replace") == expected + "\n"
+
+
+def test_generate_prints_the_text_alone_on_stdout_and_a_prompt_takes_newlines(tmp_path):
+    """stdout is the text and nothing else (``> out.txt`` holds the sample): the log line of ``impl=auto`` goes to
+    stderr; ``\\n`` and ``\\t`` in a prompt are a newline and a tab, ``\\\\`` one backslash."""
+    import os
+    import subprocess
+    import sys
+
+    from linrope.evaluation.generate import prompt_text
+    from linrope.training.lit import LanguageModel
+    from tests.helpers import ROOT
+
+    assert prompt_text("def f():\\n\\treturn '\\\\n' \\x") == "def f():\n\treturn '\\n' \\x"
+    ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt", impl="auto")
+    typed = "def f():\\n\\treturn \\\\n"  # as a user types it: backslash-n, backslash-t, two backslashes
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "linrope.generate",
+            f"ckpt={ckpt}",
+            f"prompt='{typed}'",
+            "max_new_tokens=12",
+            "device=cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = LanguageModel.from_checkpoint(ckpt).model
+    prompt = "def f():\n\treturn \\n"
+    assert r.stdout == generate_text(model, prompt, 12, temperature=0.8, top_k=40, seed=0) + "\n"
+    assert "linear attention impl=auto: chunk" in r.stderr and "impl=auto" not in r.stdout
 
 
 # ---- evaluation: rows written as they finish ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ generate name their checkpoint's provenance."""
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -231,7 +232,7 @@ def test_changes_fold_interpolated_keys_and_compare_an_older_checkpoint_by_what_
     ]
 
 
-def test_describe_checkpoint_names_commit_step_and_the_defaults_it_was_not_written_with():
+def test_describe_checkpoint_names_commit_step_and_the_defaults_it_was_not_written_with(tmp_path):
     prov = P.collect(precision="32-true", seed=1)
     ckpt = {
         "global_step": 12,
@@ -245,10 +246,17 @@ def test_describe_checkpoint_names_commit_step_and_the_defaults_it_was_not_writt
     }
     line = describe_checkpoint(ckpt, "a.ckpt", CONF, prov)
     assert line.startswith(f"checkpoint a.ckpt: step 12, commit 0000000000, torch {torch.__version__}")
+    assert f", run started {prov['started']} (this code" in line  # no file a.ckpt: no time it was written
     assert f"(this code: {P.commit_text(prov)})" in line
     assert "model.attention.placement is not in the checkpoint: built with today's default numerator" in line
     assert "model.position.scaling is not in the checkpoint: built with today's default None" in line
     assert "model.position.base" not in line  # held by the checkpoint
+    # the time the file was written, not the run's start (a checkpoint of step 3000 said the run's first minute)
+    saved = tmp_path / "c.ckpt"
+    saved.write_bytes(b"")
+    os.utime(saved, (1_800_000_000, 1_800_000_000))
+    line = describe_checkpoint(ckpt, saved, CONF, prov)
+    assert f", run started {prov['started']}, written 2027-01-15T08:00:00+00:00 (this code" in line
     old = describe_checkpoint({"global_step": 3, "hyper_parameters": {}}, "b.ckpt", CONF, prov)
     assert old == "checkpoint b.ckpt: step 3, no provenance recorded (written before linrope recorded it)"
 

@@ -13,7 +13,7 @@ import pytest
 
 from linrope.studies.sweeps import compose_train
 from linrope.training.after_training import objective_problem
-from tests.helpers import ROOT, target, tiny
+from tests.helpers import ROOT, run_main, target, tiny
 
 TINY = tiny(
     "logger=csv",
@@ -186,3 +186,49 @@ def test_the_optuna_sweep_that_cannot_score_is_refused_before_its_first_trial(tm
         "trainer.max_steps=100 or more"
     ]
     assert not sweep.exists() or not any(sweep.iterdir())  # no trial ran
+
+
+# ---- a finished run says where it is and what next ----------------------------------------------------------------
+@pytest.mark.parametrize("validates", [True, False])
+def test_a_finished_run_says_where_its_results_are_and_what_to_run_next(
+    compose, capsys, tmp_path, monkeypatch, validates
+):
+    """The last lines of a run (stdout): its folder, the checkpoint the test scored, and the report, evaluate and
+    generate commands, which name files that exist; the report command runs as printed.  A run too short to
+    validate says so at its start (stderr), and its end does not claim a checkpoint chosen on validation."""
+    from linrope.analysis.report_command import main as report
+
+    monkeypatch.chdir(tmp_path.parent)
+    interval = 2 if validates else 100
+    cfg = compose(*tiny("logger=csv", "trainer.max_steps=4", f"trainer.val_check_interval={interval}"))
+    run_main(cfg)
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    at = lines.index("next:")
+    assert lines[at - 2] == f"run folder: {tmp_path.name} (checkpoints/, csv/metrics.csv, provenance.json)"
+    commands = [shlex.split(line.split("    #")[0]) for line in lines[at + 1 :]]
+    assert [c[:3] for c in commands] == [
+        ["python", "-m", f"linrope.{name}"] for name in ("report", "evaluate", "generate")
+    ]
+    ckpt = commands[1][3].removeprefix("ckpt=")
+    assert commands[2][3] == commands[1][3] and (tmp_path.parent / ckpt).is_file()
+    warned = "linrope: warning: this run will not validate: no validation before trainer.max_steps=4" in captured.err
+    if validates:
+        assert lines[at - 1] == f"the test scored {ckpt} (the best on validation)" and "/best-step" in ckpt
+        assert not warned
+    else:
+        assert lines[at - 1] == "the test scored the last weights: no validation ran, so no checkpoint was chosen on it"
+        assert ckpt.endswith("checkpoints/last.ckpt") and warned
+    assert report(commands[0][3:]) == 0 and (tmp_path / "report.md").is_file()
+
+
+def test_a_run_that_cannot_validate_is_warned_at_its_start_and_one_that_can_is_not():
+    from linrope.training.after_training import validation_warning
+
+    base = ["size=tiny"]
+    assert "no validation before trainer.max_steps=20 (trainer.val_check_interval=100)" in validation_warning(
+        compose_train([*base, "trainer.max_steps=20"])
+    )
+    assert "trainer.limit_val_batches=0" in validation_warning(compose_train([*base, "trainer.limit_val_batches=0"]))
+    assert validation_warning(compose_train(base)) is None  # 500 steps, validation every 100
+    assert validation_warning(compose_train([*base, "trainer.max_steps=20", "train=false"])) is None  # no training

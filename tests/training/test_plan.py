@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import types
 
+import pytest
 import torch
 
 from linrope.models.flops import parameter_counts
@@ -53,3 +54,41 @@ def test_the_scale_recipe_plans_gpt2_small_at_twenty_tokens_per_parameter(compos
     plan = apply_plan(cfg, module)
     assert plan.steps == math.ceil(20 * parameter_counts(dict(cfg.model)).total / (32 * 1024))
     assert 70_000 < plan.steps < 80_000
+
+
+def test_a_max_steps_given_wins_over_the_recipe_and_the_plan_says_which(compose, capsys):
+    """experiment=scale sets the steps from the model's size; trainer.max_steps on the command line wins, and the
+    plan says where its steps came from either way."""
+    from linrope.models.spec import ModelConfig
+
+    cfg = compose("experiment=scale", "model=linear_rope", "trainer=cpu", "size=tiny", "plan.measure_steps=0")
+    module = types.SimpleNamespace(model=types.SimpleNamespace(cfg=ModelConfig.from_dict(dict(cfg.model))))
+    recipe = math.ceil(20 * parameter_counts(dict(cfg.model)).total / (32 * cfg.context))
+    assert apply_plan(cfg, module, overrides=["size=tiny"]).steps == recipe == cfg.trainer.max_steps
+    assert f"plan: trainer.max_steps={recipe:,} from plan.tokens_per_parameter=20 (was 500);" in capsys.readouterr().out
+    given = compose("experiment=scale", "model=linear_rope", "trainer=cpu", "size=tiny", "plan.measure_steps=0",
+                    "trainer.max_steps=20")  # fmt: skip
+    assert apply_plan(given, module, overrides=["trainer.max_steps=20"]).steps == 20 == given.trainer.max_steps
+    out = capsys.readouterr().out
+    assert f"plan: trainer.max_steps=20 as given (plan.tokens_per_parameter=20 would make it {recipe:,})" in out
+    assert "20 steps x" in out
+
+
+def test_a_refused_run_leaves_no_empty_folders_behind(tmp_path):
+    """experiment=scale as README gives it, on a machine without a GPU: one line, and neither the run folder nor
+    the logs/scale/runs folders Hydra made for it are left."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    if torch.cuda.is_available():
+        pytest.skip("the refusal needs a machine without CUDA")
+    (tmp_path / "kept").mkdir()
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "experiment=scale", "logger=none"],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("linrope: trainer.accelerator=gpu")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]

@@ -1,0 +1,86 @@
+"""README's commands cannot drift from the code: every command line in its ``bash`` blocks names options and keys
+that exist (the checks linrope runs before Hydra, without running the command), the flags of its argparse commands
+exist, the cheap ones run, and the configuration table names every option of the groups it lists."""
+
+import importlib
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from linrope.config.command_line import check_command_line, group_options
+from tests.helpers import CONF, ROOT
+
+README = (ROOT / "README.md").read_text()
+HYDRA = {"train.py": "train", "linrope-train": "train", "linrope-evaluate": "evaluate"}
+HYDRA_MODULES = {"linrope.evaluate": "evaluate", "linrope.generate": "generate", "linrope.passkey": "passkey",
+                 "linrope.sweeps": "train", "linrope.train": "train"}  # fmt: skip
+ARGPARSE = ("linrope.tokenize", "linrope.report", "linrope.evaluation.harness", "linrope.evaluation.references")
+
+
+def commands():
+    """Each command of README's bash blocks as its arguments (a ``&&`` chain split; comments, placeholders
+    ``<...>`` and the ``...`` that stands for more arguments handled)."""
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            for part in filter(None, (p.strip() for p in line.split("&&"))):
+                args = [a for a in shlex.split(re.sub(r"<[^>]+>", "x", part)) if a != "..."]
+                if args:
+                    yield part, args
+
+
+CASES = list(commands())
+
+
+def test_the_readme_has_the_commands_this_test_reads():
+    programs = {" ".join(args[:3]) if args[:2] == ["python", "-m"] else args[0] for _, args in CASES}
+    assert {"python -m linrope.evaluate", "python -m linrope.report", "linrope-train"} <= programs
+    assert sum(1 for _, a in CASES if a[:2] == ["python", "train.py"]) >= 15
+
+
+@pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/submitit_\w+' is validated")  # as linrope.run.tidy filters it
+@pytest.mark.parametrize("line,args", CASES, ids=[c[0][:60] for c in CASES])
+def test_every_readme_command_names_options_that_exist(line, args):
+    if args[:2] == ["python", "train.py"] or args[0] in HYDRA:
+        name, rest = HYDRA.get(args[0]) or "train", args[1:] if args[0] in HYDRA else args[2:]
+    elif args[:2] == ["python", "-m"] and args[2] in HYDRA_MODULES:
+        name, rest = HYDRA_MODULES[args[2]], args[3:]
+    elif args[:2] == ["python", "-m"] and args[2] in ARGPARSE:
+        return  # its flags: test_the_flags_readme_gives_an_argparse_command_exist
+    else:
+        assert args[0] in ("python3", "pip", ".", "python"), line  # the install lines and pytest
+        if args[:2] == ["python", "-m"]:
+            assert importlib.util.find_spec(args[2]) is not None, line
+        return
+    if "--config-dir" in rest:  # the user's own folder of presets: not in this checkout
+        return
+    check_command_line(rest, config_name=name, prefix=f"README: {line}")  # SystemExit, one line per problem
+
+
+@pytest.mark.parametrize("module", ARGPARSE)
+def test_the_flags_readme_gives_an_argparse_command_exist(module, capsys):
+    used = {a.split("=")[0] for line, args in CASES if module in args for a in args if a.startswith("--")}
+    main = importlib.import_module(module).main
+    shown = ""
+    for words in ([], ["train"], ["shards"]) if module == "linrope.tokenize" else ([],):
+        with pytest.raises(SystemExit):
+            main([*words, "--help"])
+        shown += capsys.readouterr().out
+    assert {f for f in used if f not in shown} == set(), module
+
+
+def test_train_help_as_readme_gives_it_runs_and_lists_the_groups():
+    r = subprocess.run([sys.executable, "train.py", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0 and "model: linear, linear_alibi," in r.stdout
+
+
+def test_the_configuration_table_names_every_option_of_the_groups_it_lists():
+    table = README.split("## Configuration")[1].split("Examples:")[0]
+    for group in ("attention", "size", "data", "trainer", "callbacks", "logger", "experiment", "hparams_search"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{group}` |"))
+        cell = row.split("|")[2]
+        assert {o for o in group_options(group, CONF) if f"`{o}`" not in cell} == set(), group
