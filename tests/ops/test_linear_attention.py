@@ -188,6 +188,30 @@ def test_block_plan_is_bounded():
         assert all((e - s) % 64 == 0 for s, e in blocks[:-1]), n  # whole chunks
 
 
+def test_no_bound_on_the_blocks_is_the_plan_before_issue_31(monkeypatch):
+    """``MAX_BLOCKS = None`` (or a device's None) lifts the bound: blocks of BLOCK_ELEMENTS numbers at any N (it
+    raised AttributeError before issue 53)."""
+    cpu = torch.device("cpu")
+    for unbounded in (None, {"cpu": None, "cuda": None}):
+        monkeypatch.setattr(tables_mod, "MAX_BLOCKS", unbounded)
+        blocks = tables_mod.plan_blocks(1, 8, 65536, 64, 64, True, cpu)
+        assert len(blocks) == 128 and blocks[1] == (512, 1024), unbounded
+
+
+def test_a_one_position_block_at_an_odd_offset_rotates_in_the_backward():
+    """The cosine map's rotated part starts one column in: for a block of one position and one head that view is
+    contiguous at an odd offset, which ``view_as_complex`` refuses (a RuntimeError in the backward before issue 53)."""
+    g = gen("odd-offset")
+    q, k = (torch.randn(1, 1, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, 1, 9, 6, generator=g, dtype=torch.float64)
+    w = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((1, 1, 9, 6), (1, 1, 9, 6), (1, 1, 9))]
+    kw = dict(feature_map="cosine", causal=True)
+    with small_blocks(8 * 4 * 2):  # blocks of 2 chunks of 4: the last block is position 8 alone
+        got = run_with_grads(chunk_linear_attention, q, k, v, None, w, chunk_size=4, **kw)
+    want = run_with_grads(naive_linear_attention, q, k, v, None, w, **kw)
+    assert rel(got[0], want[0]) < 1e-12 and all(rel(a, b) < 1e-12 for a, b in zip(got[2], want[2]))
+
+
 def aten_ops(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
 

@@ -122,7 +122,8 @@ def rotate_complex(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     """Interleaved RoPE: pairs (x[2t], x[2t+1]) as complex numbers times e^{i m θ_t} (= ``rope.rotate``);
     with ``rot.conj()`` the inverse rotation."""
     if x.stride(-1) != 1 or x.storage_offset() % 2 or any(st % 2 for st in x.stride()[:-1]):
-        x = x.contiguous()
+        x = x.clone(memory_format=torch.contiguous_format)  # a copy (a one-position view at an odd offset is
+        # already "contiguous", and .contiguous() would hand it back as it is)
     xc = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
     return torch.view_as_real(xc * rot).flatten(-2)
 

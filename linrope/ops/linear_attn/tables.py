@@ -30,8 +30,10 @@ from .documents import ChunkDocuments
 # then stays in cache.  But every block costs a fixed number of operations (a few hundred small kernels in
 # forward and backward), so a long sequence is cut into at most MAX_BLOCKS[device] blocks, which then grow
 # with N: the number of operations stays bounded, and the temporaries are N/MAX_BLOCKS positions, linear in
-# N.  4 on CPU (docs/benchmarks.md, "Issue 31"); 1 on CUDA, where every operation is a launch.  (MAX_BLOCKS None: no bound, the plan before issue 31.)  Non-causal attention needs global sums and runs
-# as a single block.
+# N.  4 on CPU (docs/benchmarks.md, "Issue 31"); 1 on CUDA, where every operation is a launch.  A device's value
+# None, or MAX_BLOCKS = None for every device, sets no bound: the blocks of the plan before issue 31 (that plan also
+# ran every head in one call and looped over chunks in its scans: heads.ENABLED = False, scans.SEQUENTIAL = True).
+# Non-causal attention needs global sums and runs as a single block.
 BLOCK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
 MAX_BLOCKS = {"cpu": 4, "cuda": 1}
 
@@ -43,7 +45,8 @@ def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, d
     C = max(1, min(chunk_size, n))
     target = BLOCK_ELEMENTS.get(device.type, BLOCK_ELEMENTS["cuda"])
     per = max(1, target // (B * H * max(d, 1) * C))  # chunks per block
-    cap = MAX_BLOCKS.get(device.type, MAX_BLOCKS["cuda"])
+    caps = MAX_BLOCKS or {}
+    cap = caps.get(device.type, caps.get("cuda"))
     if cap:
         nc = -(-n // C)
         per = max(per, -(-nc // cap))
