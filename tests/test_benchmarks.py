@@ -17,6 +17,7 @@ from benchmarks import (
     generation,
     gpu_check,
     gpu_table,
+    grid,
     kernel_time,
     loaded,
     memory,
@@ -180,7 +181,7 @@ def test_kernel_time_refuses_an_unknown_form_in_one_line(capsys):
 
 
 def test_every_script_explains_itself_in_help(capsys):
-    for main in (kernel_time.main, memory.main, generation.main, precision.main, loaded.main):
+    for main in (kernel_time.main, memory.main, generation.main, precision.main, loaded.main, grid.main):
         with pytest.raises(SystemExit) as e:
             main(["--help"])
         assert e.value.code == 0
@@ -494,6 +495,23 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:]
     assert row("kernels") and "| kernels | ok |" in (out / "gpu_check.md").read_text()
+
+
+def test_grid_times_this_checkout_against_another_commit_in_alternating_processes(tmp_path, capsys):
+    """benchmarks/grid.py: a worker per source and round (this checkout, then HEAD's linrope/ from git archive), each
+    importing its own tree; the table gives the chunk time, this ÷ HEAD and SDPA ÷ chunk, and --out keeps it."""
+    out = tmp_path / "grid.md"
+    args = ["--rows", "tiny", "--rounds", "1", "--repeats", "1", "--no-loaded", "--no-fla", "--compare", "HEAD"]
+    assert grid.main(args + ["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert "round 1/1 quiet new done" in text and f"round 1/1 quiet {head} done" in text
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2 and rows[0].startswith("| tiny | 16 4 16 64 | fp32 |"), rows
+    cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+    assert float(cells[3]) > 0 and cells[4].endswith("×") and cells[5] == "–" and cells[6].endswith("×"), cells
+    with pytest.raises(SystemExit, match="not a commit"):
+        grid.main(["--rows", "tiny", "--compare", "no-such-rev"])
 
 
 def test_loaded_benchmark_reports_both_states_and_restores_the_plan(capsys):
