@@ -309,8 +309,12 @@ class Tuning:
         return entries
 
     def write(self) -> None:
-        """``<study>/tuning.json``: the rule, and per configuration what was tried and chosen so far."""
+        """``<study>/tuning.json``: the rule, and per configuration what was tried and chosen so far; the entries of
+        configurations this call does not tune (an earlier call's, with other models) are kept as they were."""
         spec, entries = self.spec, self.entries()
+        ours = {e["configuration"]: e for e in entries}
+        earlier = (record_file.read(self.study.dir) or {}).get("configurations", [])
+        entries = [ours.pop(e.get("configuration"), e) for e in earlier] + list(ours.values())
         steps = {e["max_steps"] for e in entries}
         record_file.write(
             self.study.dir,

@@ -226,6 +226,20 @@ def test_the_record_holds_each_tuning_runs_score_as_soon_as_it_finishes(tmp_path
     assert [sum(x is not None for x in scores) for scores in seen[1:3]] == [1, 2]  # before the 2nd and the 3rd
 
 
+def test_a_study_adding_configurations_keeps_the_earlier_ones_tuning_record(tmp_path, trainer):
+    """A study run again with other configurations (a new arm, as issue 55's cosine arms joined the headline study)
+    adds theirs to tuning.json and keeps what the earlier configurations tried and chose (it was rewritten with the
+    new ones alone, losing the record the committed main runs rest on)."""
+    trainer.start({"linear": 2e-3, "linear_rope": 2e-3})
+    s = tmp_path / "s"
+    assert Study(s, [*TINY, "model=linear", "seed=1"], 1, False, cache=trainer.cache).run(jobs=1) == 0
+    first = tuning_record.read(s)["configurations"]
+    assert Study(s, [*TINY, "model=linear_rope", "seed=1"], 1, False, cache=trainer.cache).run(jobs=1) == 0
+    record = tuning_record.read(s)
+    assert [e["configuration"] for e in record["configurations"]] == ["linear", "linear_rope"]
+    assert record["configurations"][0] == first[0] and record["configurations"][1]["chosen"] == 0.002
+
+
 def test_a_stopped_tuning_resumes_and_no_finished_run_trains_again(tmp_path, trainer, capsys):
     """A tuning run stopped part-way (a checkpoint, no score): its configuration's main jobs do not start, the
     other configuration goes on; the next call trains only that run (and what follows from it)."""
