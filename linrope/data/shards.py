@@ -8,10 +8,16 @@ Layout of a shard folder (``<cache_dir>/<key>`` by default, ``key`` a hash of wh
 - ``NNNNN.docs.npy``: one row per document of the shard, in source order: (split code 0/1/2 for
   train/val/test, tokens with its EOD, the document's bytes); written last, so it marks the shard finished;
 - ``manifest.json``: the source (files with sizes and SHA-256, or the HF dataset), the tokenizer (what was asked,
-  its hash, vocabulary size, EOD id), the settings, per split the documents, tokens and bytes, and the shards;
-  written when every shard is, so its presence means the folder is whole.  ``building.json`` (the key and
-  settings) is written first: a run that stops half-way is resumed by the next one that asks for the same key
-  (finished shards kept, the partial one redone); a folder holding another key's shards is refused.
+  its hash, vocabulary size, EOD id), the settings, per split the documents, tokens and bytes, and the shards
+  (each file's size and content hash: ``content_hash``); written when every shard is, so its presence means the
+  folder is whole.  ``building.json`` (the key and settings) is written first: a run that stops half-way is
+  resumed by the next one that asks for the same key (finished shards kept, the partial one redone); a folder
+  holding another key's shards is refused.
+
+Opening a folder (``Shards``) checks it against its manifest, cheaply: every file's size (a .bin's against its
+documents' tokens in docs.npy, docs.npy's counts against the manifest), every file's content hash (whole for a file
+up to 1 MiB, else 16 blocks of 64 KiB spread over it), the end-of-document token at the end of sampled documents,
+and the tokenizer's hash against the one the run uses; a mismatch is one line naming the file.
 
 A shard holds ``shard_documents`` consecutive documents of the source; each document's split is drawn from its
 identity (``linrope.data.sources``), so it does not depend on the order, the machine or the seed.
@@ -64,6 +70,29 @@ def shard_settings(tokenizer: Tokenizer, val_fraction: float, test_fraction: flo
 def cache_key(source_identity: Dict[str, Any], settings: Dict[str, Any]) -> str:
     blob = json.dumps({"source": source_identity, "settings": settings}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:20]
+
+
+SAMPLE_BLOCKS, SAMPLE_BLOCK = 16, 1 << 16
+
+
+def content_hash(path: Path) -> str:
+    """SHA-256 (16 hex digits) of a file's size and content: the whole file up to ``SAMPLE_BLOCKS`` blocks, else
+    ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_BLOCK`` bytes spread evenly from its start to its end (1 MiB read)."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode() + b"\n")
+    with open(path, "rb") as f:
+        if size <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+            h.update(f.read())
+        else:
+            for i in range(SAMPLE_BLOCKS):
+                f.seek((size - SAMPLE_BLOCK) * i // (SAMPLE_BLOCKS - 1))
+                h.update(f.read(SAMPLE_BLOCK))
+    return h.hexdigest()[:16]
+
+
+def _files(folder: Path, k: int) -> Dict[str, Dict[str, Any]]:
+    names = [f"{k:05d}.{s}.bin" for s in SPLITS] + [f"{k:05d}.docs.npy"]
+    return {n: {"bytes": (folder / n).stat().st_size, "sha256": content_hash(folder / n)} for n in names}
 
 
 def _json(obj) -> bytes:
@@ -148,7 +177,14 @@ def build_shards(
             with open(partial, "wb") as f:
                 np.save(f, kept)
             os.replace(partial, folder / f"{k:05d}.docs.npy")
-        shards.append({"shard": f"{k:05d}", "documents": int(len(kept)), "tokens": int(kept[:, 1].sum())})
+        shards.append(
+            {
+                "shard": f"{k:05d}",
+                "documents": int(len(kept)),
+                "tokens": int(kept[:, 1].sum()),
+                "files": _files(folder, k),
+            }
+        )
 
     count = 0
     for ident, raw in source.documents():
@@ -216,26 +252,101 @@ class Shards:
     """A finished shard folder, read: ``manifest``, and per split the token stream (its documents one after the
     other, memory-mapped piece by piece) with each document's start, tokens and bytes."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, tokenizer: Optional[Tokenizer] = None):
         self.folder = Path(folder)
         path = self.folder / MANIFEST
         if not path.is_file():
             raise CorpusError(f"{self.folder}: no {MANIFEST} (not a finished shard folder)")
         self.manifest = json.loads(path.read_text())
+        self._check_tokenizer(tokenizer)
         dtype = np.dtype(self.manifest["dtype"])
         self.pieces: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}
         docs: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}
         for shard in self.manifest["shards"]:
-            rows = np.load(self.folder / f"{shard['shard']}.docs.npy")
+            rows = self._checked_rows(shard, dtype)
             for code, s in enumerate(SPLITS):
                 mine = rows[rows[:, 0] == code]
                 if len(mine):
                     self.pieces[s].append(np.memmap(self.folder / f"{shard['shard']}.{s}.bin", dtype=dtype, mode="r"))
                     docs[s].append(mine[:, 1:])
+                    self._check_ends(self.folder / f"{shard['shard']}.{s}.bin", self.pieces[s][-1], mine[:, 1])
         self.piece_starts = {s: np.concatenate([[0], np.cumsum([len(p) for p in self.pieces[s]])]) for s in SPLITS}
         self.doc_tokens = {s: np.concatenate(docs[s])[:, 0] for s in SPLITS}
         self.doc_bytes = {s: np.concatenate(docs[s])[:, 1] for s in SPLITS}
         self.doc_starts = {s: np.concatenate([[0], np.cumsum(self.doc_tokens[s])]) for s in SPLITS}
+
+    def _check_tokenizer(self, tokenizer: Optional[Tokenizer]) -> None:
+        """The tokenizer the manifest names (by hash) is the one this run uses, and the manifest is its key's."""
+        settings, source = self.manifest.get("settings") or {}, self.manifest.get("source") or {}
+        made = settings.get("tokenizer") or {}
+        if tokenizer is not None and made.get("sha256") != tokenizer.digest:
+            raise CorpusError(
+                f"{self.folder}: its shards were built by tokenizer {made.get('name')} (sha256 {made.get('sha256')}), "
+                f"not {tokenizer.name} (sha256 {tokenizer.digest}); delete the folder so that they are rebuilt"
+            )
+        if cache_key({k: v for k, v in source.items() if k != "root"}, settings) != self.manifest.get("key"):
+            raise CorpusError(
+                f"{self.folder / MANIFEST}: its key does not match its own source and settings (edited or copied "
+                "over); delete the folder so that the shards are rebuilt"
+            )
+
+    def _checked_rows(self, shard: Dict[str, Any], dtype) -> np.ndarray:
+        """Shard ``shard``'s docs.npy, once its files' sizes and hashes match the manifest and its rows the .bins."""
+        name = shard["shard"]
+        for file, want in (shard.get("files") or {}).items():  # manifests before issue 52 have no hashes
+            f = self.folder / file
+            size = f.stat().st_size if f.is_file() else None
+            if size != want["bytes"]:
+                raise CorpusError(
+                    f"{f}: {'missing' if size is None else f'{size} bytes'}; the manifest says {want['bytes']} "
+                    "(truncated, replaced or half-copied); delete the folder so that the shards are rebuilt"
+                )
+            if content_hash(f) != want["sha256"]:
+                raise CorpusError(
+                    f"{f}: its content differs from the manifest's hash (changed or replaced since it was "
+                    "written); delete the folder so that the shards are rebuilt"
+                )
+        docs_path = self.folder / f"{name}.docs.npy"
+        try:
+            rows = np.load(docs_path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CorpusError(
+                f"{docs_path}: not a shard index ({e}); delete the folder so that it is rebuilt"
+            ) from None
+        if (
+            rows.ndim != 2
+            or rows.shape[1] != 3
+            or len(rows) != shard["documents"]
+            or rows[:, 1].sum() != shard["tokens"]
+        ):
+            raise CorpusError(
+                f"{docs_path}: {len(rows)} documents of {int(rows[:, 1].sum()) if rows.ndim == 2 else '?'} tokens; "
+                f"the manifest says {shard['documents']} of {shard['tokens']}; delete the folder so that it is rebuilt"
+            )
+        for code, s in enumerate(SPLITS):
+            f = self.folder / f"{name}.{s}.bin"
+            want = int(rows[rows[:, 0] == code, 1].sum()) * dtype.itemsize
+            size = f.stat().st_size if f.is_file() else 0
+            if size != want:
+                raise CorpusError(
+                    f"{f}: {size} bytes; the manifest says {want} (the {s} tokens of its documents in "
+                    f"{docs_path.name}: truncated or replaced); delete the folder so that the shards are rebuilt"
+                )
+        return rows
+
+    def _check_ends(self, file: Path, piece: np.ndarray, tokens: np.ndarray, samples: int = 1024) -> None:
+        """Up to ``samples`` documents spread over the piece end with the end-of-document token."""
+        eod = (self.manifest.get("settings") or {}).get("tokenizer", {}).get("eod")
+        if eod is None:
+            return
+        ends = np.cumsum(tokens) - 1
+        picked = ends[np.linspace(0, len(ends) - 1, min(samples, len(ends))).astype(np.int64)]
+        bad = picked[piece[picked] != eod]
+        if len(bad):
+            raise CorpusError(
+                f"{file}: token {int(bad[0])} ends a document but is {int(piece[bad[0]])}, not the end-of-document "
+                f"token {eod} (the shard does not match its index); delete the folder so that it is rebuilt"
+            )
 
     def __len__(self):
         return int(self.manifest["tokens"])

@@ -130,7 +130,7 @@ class TextDataModule(ResumableDataModule):
             max_documents=max_documents,
             progress=progress,
         )
-        self.shards = Shards(self.folder)
+        self.shards = Shards(self.folder, self.tokenizer)
         need = max(context, self.eval_context) + 1
         for s in ("train", "val", "test"):
             if self.shards.length(s) < need:

@@ -99,7 +99,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             max_documents=args.max_documents,
             progress=not args.no_progress,
         )
-        m = Shards(folder).manifest
+        m = Shards(folder, tok).manifest
         splits = ", ".join(f"{k} {v['documents']} documents {v['tokens']} tokens" for k, v in m["splits"].items())
         print(f"{folder}: {m['documents']} documents, {m['tokens']} tokens, {m['bytes']} bytes ({splits})")
         return 0
