@@ -21,7 +21,7 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config.checks import validate
     from linrope.run.exit import one_line_errors
-    from linrope.run.folder import claim_run_folder
+    from linrope.run.folder import claim_run_folder, resume_begins
     from linrope.training.builders import name_model, test_checkpoint
 
     tidy.quiet_logging()
@@ -41,9 +41,11 @@ def main(cfg: DictConfig) -> Optional[float]:
         from linrope.training.plan import apply_plan
 
         seed_everything(cfg.seed, workers=True)
-        provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
         datamodule = T.build_datamodule(cfg)
         module = T.build_module(cfg)
+        T.check_resume(cfg, module)  # the checkpoint fits: refused before anything is written into the run folder
+        resume_begins()  # from here a resume changes the run (before: a refusal puts back the earlier .hydra/)
+        provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
         apply_plan(cfg, module)  # plan: trainer.max_steps from the model's size; the hours it will take (printed)
         callbacks = T.build_callbacks(cfg)
         loggers = T.build_loggers(cfg)

@@ -8,8 +8,9 @@
 - ``KeepEarlierRun``: the lock taken, and the same refusals made, as a Hydra callback (conf/hydra/default.yaml),
   before Hydra writes ``.hydra/`` into the folder, so a refused run cannot replace the saved config of the earlier
   one, nor of a run that started into the folder seconds before and has not reached train.py's checks yet;
-  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first.  A sweep is checked
-  the same way, job folder by job folder, before its first job starts.
+  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first, and a resume refused before
+  it begins (``resume_begins``) puts it back (``undo_refused_resume``): a refused resume changes nothing.  A sweep
+  is checked the same way, job folder by job folder, before its first job starts.
 
 Light: no torch, no Lightning."""
 
@@ -20,7 +21,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -195,4 +196,25 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
     for folder in earlier:
         k = len(list(folder.glob(".hydra.before-resume-*")))
         shutil.copytree(folder / ".hydra", folder / f".hydra.before-resume-{k}")
+        if sweep is None:
+            _kept.append((folder / ".hydra", folder / f".hydra.before-resume-{k}"))
     return True
+
+
+_kept: List[Tuple[Path, Path]] = []  # (a run's .hydra/, the copy this process made of it) for a resume not yet begun
+
+
+def resume_begins() -> None:
+    """The resume passed every check (train.py: the checkpoint fits the model built now): from here on it changes
+    the run, and the copy of the earlier ``.hydra/`` stays beside the new one as its record."""
+    _kept.clear()
+
+
+def undo_refused_resume() -> None:
+    """A resume refused before it began changes nothing: the earlier ``.hydra/`` is put back in place of the one
+    Hydra wrote for the refused run (its copy, made by ``KeepEarlierRun``, moved back)."""
+    while _kept:
+        hydra, copy = _kept.pop()
+        if copy.is_dir():
+            shutil.rmtree(hydra, ignore_errors=True)
+            os.replace(copy, hydra)

@@ -251,6 +251,18 @@ def resolve_ckpt(cfg: DictConfig) -> Optional[str]:
     return checkpoint_path(cfg)
 
 
+def check_resume(cfg: DictConfig, module) -> None:
+    """The checkpoint of ``ckpt_path`` fits the model built now (its parameters and identity, as
+    ``LanguageModel.on_load_checkpoint`` checks them when Lightning loads it): refused in one line before anything
+    is written into the run folder (provenance, the CSV history), so that a refused resume changes nothing there.
+    The file is memory-mapped: no tensor data is read."""
+    path = resolve_ckpt(cfg)
+    if path and Path(path).is_file():
+        import torch
+
+        module.on_load_checkpoint(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+
+
 def test_checkpoint(cfg: DictConfig) -> Optional[str]:
     """What ``train=false test=true`` tests: the checkpoint of ``ckpt_path`` — never the random weights of a
     new model (a one-line UserError when there is none)."""

@@ -45,8 +45,8 @@ def test_a_run_starting_into_a_folder_holds_it_before_hydra_writes_there(tmp_pat
     assert (run / ".hydra" / "config.yaml").read_text() == "seed: 1\n"
 
 
-def train(cwd, run, *overrides, wait=True):
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, f"hydra.run.dir={run}", *overrides]
+def train(cwd, run, *overrides, wait=True, base=TINY):
+    cmd = [sys.executable, str(ROOT / "train.py"), *base, f"hydra.run.dir={run}", *overrides]
     if not wait:
         return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
@@ -68,3 +68,33 @@ def test_two_train_py_started_seconds_apart_keep_the_first_ones_config(tmp_path)
     finally:
         first.kill()
         first.wait()
+
+
+def state(folder):
+    """Every file of a run folder and its bytes, but the lock and Hydra's log (which a refused run may append to)."""
+    skip = {".linrope.lock", "train.log"}
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+            and p.name not in skip}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_refused_resume_changes_nothing_in_the_finished_run(tmp_path):
+    """Case 8: ``model=softmax_rope ckpt_path=last`` over a linear_rope run was refused, yet .hydra/config.yaml then
+    said softmax (and the report printed ``linear_rope | softmax | rope``); a refusal for another vocabulary also
+    renamed csv/metrics.csv, after which linrope.report found no runs.  Both refused resumes leave every file."""
+    from tests.data.helpers import write_docs
+
+    run = tmp_path / "run"
+    common = ("model=linear_rope", "logger=csv", "test=false", "trainer.max_steps=2", "trainer.val_check_interval=2")
+    r = train(tmp_path, run, *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = state(run)
+    assert "csv/metrics.csv" in before and "checkpoints/last.ckpt" in before
+    r = train(tmp_path, run, *common, "model=softmax_rope", "ckpt_path=last")
+    assert r.returncode == 1 and "is a checkpoint of another model" in r.stderr.splitlines()[-1], r.stderr[-3000:]
+    assert state(run) == before
+    write_docs(tmp_path / "docs", files=2, per_file=60)
+    text = [o for o in TINY if not o.startswith("data.")] + ["data=text", f"data.path={tmp_path / 'docs'}"]
+    r = train(tmp_path, run, *common, f"data.shards_dir={tmp_path / 'shards'}", "ckpt_path=last", base=text)
+    assert r.returncode == 1 and "vocab" in r.stderr.splitlines()[-1], r.stderr[-3000:]
+    assert state(run) == before
