@@ -179,3 +179,26 @@ def test_the_harness_scores_continuations_in_the_runs_tokens(text_run):
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0], -1)
     assert math.isclose(rolling, sum(logp[i - 1, ids[i]].item() for i in range(1, len(ids))), rel_tol=1e-9)
+
+
+def test_generate_reads_the_runs_tokenizer(text_run, capsys):
+    """Issue 52, case 3: ``python -m linrope.generate`` on a data=text BPE checkpoint encoded the prompt as bytes and
+    failed mid-stream (``bytes must be in range(0, 256)``); it encodes and decodes with the run's own tokenizer."""
+    from linrope.data.tokenizer import load_tokenizer
+    from linrope.evaluation.generate import generate
+    from linrope.training.lit import LanguageModel
+    from tests.evaluation.helpers import compose_generate
+
+    ckpt = text_run["ckpt"]
+    pieces = []
+    cfg = compose_generate(f"ckpt={ckpt}", "prompt='the cat sat on'", "max_new_tokens=40", "temperature=1.0",
+                           "top_k=null", "device=cpu")  # fmt: skip
+    text = generate(cfg, write=pieces.append)
+    tok = load_tokenizer(str(text_run["root"] / "tok.json"))
+    model = LanguageModel.from_checkpoint(str(ckpt), map_location="cpu").model
+    g = torch.Generator().manual_seed(0)
+    ids = tok.encode("the cat sat on")
+    sampled = [int(t[0, 0]) for t in model.stream(torch.tensor([ids]), 40, temperature=1.0, top_k=None, generator=g)]
+    assert max(sampled) >= 256  # merges sampled: what bytes could not decode
+    assert text == tok.decode(ids + sampled) == "".join(pieces)
+
