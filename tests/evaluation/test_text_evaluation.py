@@ -202,3 +202,35 @@ def test_generate_reads_the_runs_tokenizer(text_run, capsys):
     assert max(sampled) >= 256  # merges sampled: what bytes could not decode
     assert text == tok.decode(ids + sampled) == "".join(pieces)
 
+
+def test_the_harness_keeps_the_prompt_and_leaves_room_to_generate():
+    """Issue 52, case 4: ``generate_until`` cut the context to max(max_len − max_gen_toks, 1) tokens: with the default
+    256 generated tokens and a context of 256 the model saw only the prompt's last token.  The prompt is now cut from
+    the left to leave room for generation but keep half the context at least, and the cut is said."""
+    pytest.importorskip("lm_eval")
+    from types import SimpleNamespace
+
+    from linrope.evaluation.harness import HarnessLM
+    from linrope.evaluation.passkey import ByteTokenizer
+
+    seen = []
+
+    class Model(torch.nn.Module):  # size=small's context; records the prompt it is given, then ends the document
+        cfg = SimpleNamespace(max_len=256, vocab_size=256)
+
+        def stream(self, prompt, max_new_tokens, **kwargs):
+            seen.append((prompt[0].tolist(), max_new_tokens))
+            yield torch.tensor([[ord("\n")]])
+
+    class Req:
+        def __init__(self, *args):
+            self.args = args
+
+    context = "".join(f"line {i}: the cat sat on a mat\n" for i in range(40))  # about 1 100 bytes
+    lm = HarnessLM(Model(), ByteTokenizer())
+    with pytest.warns(UserWarning, match=r"harness: 1 prompt of generate_until cut from the left to its last 128"):
+        lm.generate_until([Req(context, {"until": ["\n"]})])  # max_gen_toks: 256 by default
+    assert seen == [(list(context.encode())[-128:], 256)]
+    seen.clear()
+    lm.generate_until([Req(context[-60:], {"until": ["\n"], "max_gen_toks": 32})])  # fits: kept whole
+    assert seen == [(list(context[-60:].encode()), 32)]
