@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from linrope.base.errors import LinropeError
+from linrope.base.errors import LinropeError, OutputPathError
 from linrope.base.naming import program
+from linrope.base.writable import writable_folder
 
 from .bytes import split_of
 from .shards import Shards, build_shards, default_cache_dir
@@ -75,6 +76,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         source = resolve_source(args.input, field=args.field, suffixes=args.suffixes, hf_dataset=args.hf_dataset,
                                 hf_config=args.hf_config, hf_split=args.hf_split)  # fmt: skip
         if args.command == "train":
+            out = Path(args.out).expanduser()
+            writable_folder(out.parent, "--out", out)  # before training: a path it cannot write is one line
+            if out.is_dir():
+                raise OutputPathError(f"--out {out}: is a folder; name the tokenizer.json to write")
             limit = args.max_documents
 
             def texts():
@@ -88,6 +93,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{args.out}: byte-level BPE, {tok.vocab_size} tokens, end of document <|endoftext|> = {tok.eod}")
             return 0
         tok = load_tokenizer(args.tokenizer)
+        if args.out:
+            writable_folder(Path(args.out), "--out", args.out)  # before the corpus is read
         folder = build_shards(
             source,
             tok,

@@ -282,6 +282,7 @@ def probe(cfg) -> List[Dict[str, Any]]:
     from tqdm import tqdm
 
     from linrope.base.errors import ConfigError, SequenceTooLong
+    from linrope.base.writable import writable_folder
     from linrope.run.checkpoint import load_checkpoint
     from linrope.training.lit import LanguageModel
 
@@ -290,6 +291,7 @@ def probe(cfg) -> List[Dict[str, Any]]:
     for name in ("passkey.csv", "passkey.png"):
         if (out / name).exists():
             raise ConfigError(f"{out / name} exists (an earlier probe): pass out=<another folder> to keep both")
+    writable_folder(out, "out")  # before the probe: a folder it cannot write is one line, not a traceback after it
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
     model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model.eval()

@@ -80,3 +80,20 @@ def test_shards_of_another_tokenizer_under_this_ones_key_are_refused(tmp_path):
     with pytest.raises(CorpusError, match=f"^{ours}: .*tokenizer bytes \\(sha256 {load_tokenizer('bytes').digest}\\)"):
         TextDataModule(path=str(source.root), tokenizer=str(tmp_path / "tok.json"), shards_dir=str(cache), context=16,
                        progress=False)  # fmt: skip
+
+
+def test_tokenize_train_checks_its_output_path_before_training(tmp_path, monkeypatch, capsys):
+    """Case 9: ``tokenize train --out <bad path>`` failed only after training the tokenizer."""
+    import linrope.data.tokenize_command as T
+
+    write_docs(tmp_path / "docs", files=1, per_file=20)
+    (tmp_path / "afile").write_text("not a folder\n")
+    trained = []
+    monkeypatch.setattr(T, "train_bpe", lambda *a, **k: trained.append(a))
+    bad = tmp_path / "afile" / "tok.json"
+    argv = ["train", "--input", str(tmp_path / "docs"), "--vocab-size", "300", "--out", str(bad)]
+    assert T.main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"linrope: --out {bad}: cannot write into {bad.parent} (not a folder)"
+    ]
+    assert trained == []  # refused before any training

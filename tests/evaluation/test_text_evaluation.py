@@ -234,3 +234,19 @@ def test_the_harness_keeps_the_prompt_and_leaves_room_to_generate():
     seen.clear()
     lm.generate_until([Req(context[-60:], {"until": ["\n"], "max_gen_toks": 32})])  # fits: kept whole
     assert seen == [(list(context[-60:].encode()), 32)]
+
+
+def test_passkey_checks_its_output_folder_before_the_probe(text_run, tmp_path, monkeypatch):
+    """Issue 52, case 9: ``passkey … out=<a path it cannot write>`` ran the whole probe, then a traceback; nothing
+    was written.  The folder is checked before the checkpoint is read."""
+    import linrope.evaluation.passkey as P
+    from linrope.base.errors import LinropeError
+    from tests.evaluation.helpers import compose_passkey
+
+    scored = []
+    monkeypatch.setattr(P, "passkey_table", lambda *a, **k: scored.append(a) or [])
+    (tmp_path / "afile").write_text("not a folder\n")
+    bad = tmp_path / "afile" / "probe"
+    with pytest.raises(LinropeError, match=f"^out={bad}: cannot write into {bad} \\(not a folder\\)$"):
+        P.probe(compose_passkey(f"ckpt={text_run['ckpt']}", "factors=[8]", "depths=[0]", "trials=1", f"out={bad}"))
+    assert scored == []  # refused before any prompt was scored
