@@ -14,9 +14,10 @@ file's path, so a folder of text files splits as data=bytes splits it).
 
 from __future__ import annotations
 
-import glob as globlib
+import fnmatch
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -152,7 +153,7 @@ def resolve_source(
     suffixes = tuple(suffixes or DEFAULT_SUFFIXES)
     p = Path(str(path)).expanduser()
     if any(c in str(path) for c in "*?["):
-        files = sorted(Path(f).resolve() for f in globlib.glob(str(p), recursive=True) if Path(f).is_file())
+        files = glob_files(str(p))
         if not files:
             raise CorpusError(f"data.path {path}: the pattern matches no file")
         root = _common_root(files)
@@ -167,6 +168,42 @@ def resolve_source(
             f"data.path {path}: no files ending in {', '.join(suffixes)} found (data.suffixes names others)"
         )
     return Source(p, files, field)
+
+
+MAGIC = "*?["
+
+
+def glob_files(pattern: str) -> List[Path]:
+    """The regular files a glob names, each once (by its real path), sorted.  Unlike ``glob.glob``, ``**`` never
+    descends into a linked folder, so a symlink loop neither repeats files nor recurses without end; ``*`` and
+    ``**`` skip hidden names, as glob does.  A link to a file is read as that file."""
+    parts = Path(pattern).parts
+    k = next((i for i, q in enumerate(parts) if any(c in q for c in MAGIC)), len(parts))
+    base, rest = Path(*parts[:k]) if k else Path("."), list(parts[k:])
+    if not rest:
+        return [base.resolve()] if base.is_file() else []
+    if not base.is_dir():
+        return []
+    found, deep = set(), "**" in rest
+    for folder, dirs, names in os.walk(base, followlinks=False):
+        rel = Path(folder).relative_to(base).parts
+        if not deep and len(rel) >= len(rest) - 1:
+            dirs[:] = []  # no ``**``: no file below the pattern's depth can match
+        for name in names:
+            f = Path(folder) / name
+            if _matches(list(rel) + [name], rest) and f.is_file():
+                found.add(f.resolve())
+    return sorted(found)
+
+
+def _matches(parts: List[str], pats: List[str]) -> bool:
+    if not pats:
+        return not parts
+    if pats[0] == "**":
+        return any(_matches(parts[i:], pats[1:]) for i in range(len(parts) + 1))
+    if not parts or (parts[0].startswith(".") and not pats[0].startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], pats[0]) and _matches(parts[1:], pats[1:])
 
 
 def _common_root(files: List[Path]) -> Path:

@@ -97,3 +97,18 @@ def test_tokenize_train_checks_its_output_path_before_training(tmp_path, monkeyp
         f"linrope: --out {bad}: cannot write into {bad.parent} (not a folder)"
     ]
     assert trained == []  # refused before any training
+
+
+def test_a_glob_does_not_follow_symlink_loops(tmp_path):
+    """Case 6: ``--input 'dir/**/*.txt'`` with a symlink loop read 10 files as 410 documents; with two loops it hung.
+    A glob's ``**`` does not descend into linked folders, and each file is read once."""
+    docs = tmp_path / "dir"
+    for i in range(10):
+        (docs / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (docs / f"d{i % 3}" / f"{i}.txt").write_text(f"document {i}\n")
+    (docs / "d0" / "loop").symlink_to(docs)
+    source = resolve_source(f"{docs}/**/*.txt")
+    assert len(source.files) == 10 and len(list(source.documents())) == 10
+    (docs / "d1" / "again").symlink_to(docs / "d0")  # two loops: was exponential
+    assert len(resolve_source(f"{docs}/**/*.txt").files) == 10
+    assert len(resolve_source(f"{docs}/d*/[0-4].txt").files) == 5  # the other wildcards as before
