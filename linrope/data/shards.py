@@ -161,14 +161,13 @@ def build_shards(
         kept = finished(k)
         if kept is None:  # write (or redo) shard k
             rows, tokens = [], {s: [] for s in SPLITS}
-            texts = None if raw_bytes else [d[2].decode("utf-8", errors="replace") for d in docs_batch]
+            texts = None if raw_bytes else [utf8(ident, raw) for ident, _, raw in docs_batch]
             ids = [tokenizer.encode_bytes(d[2]) for d in docs_batch] if raw_bytes else tokenizer.encode_batch(texts)
             for (_ident, split, raw), doc in zip(docs_batch, ids):
                 arr = np.empty(len(doc) + 1, dtype=dtype)
                 arr[:-1], arr[-1] = doc, eod
                 tokens[split].append(arr)
-                nbytes = len(raw) if raw_bytes else len(texts[len(rows)].encode("utf-8"))
-                rows.append((SPLITS.index(split), len(arr), nbytes))
+                rows.append((SPLITS.index(split), len(arr), len(raw)))  # the document's own bytes: bpb's denominator
             for split in SPLITS:
                 data = np.concatenate(tokens[split]) if tokens[split] else np.empty(0, dtype)
                 atomic_write_bytes(data.tobytes(), folder / f"{k:05d}.{split}.bin")
@@ -213,6 +212,16 @@ def build_shards(
     atomic_write_bytes(_json(manifest), manifest_path)
     building.unlink(missing_ok=True)
     return folder
+
+
+def utf8(ident: str, raw: bytes) -> str:
+    """A document's text: its bytes decoded strictly (linrope.data.sources skipped the files that are not UTF-8; a
+    file changed since is one line, never replacement characters)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{ident}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); changed "
+                          "while it was read?") from None  # fmt: skip
 
 
 def describe(source: Source) -> str:

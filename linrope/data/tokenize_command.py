@@ -13,7 +13,7 @@ from linrope.base.naming import program
 from linrope.base.writable import writable_folder
 
 from .bytes import split_of
-from .shards import Shards, build_shards, default_cache_dir
+from .shards import Shards, build_shards, default_cache_dir, utf8
 from .sources import resolve_source
 from .tokenizer import load_tokenizer, train_bpe
 
@@ -87,7 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     if limit is not None and i >= limit:
                         return
                     if split_of(ident, args.val_fraction, args.test_fraction) == "train":
-                        yield raw.decode("utf-8", errors="replace")
+                        yield utf8(ident, raw)  # UTF-8 (linrope.data.sources skips what is not)
 
             tok = train_bpe(texts(), args.vocab_size, Path(args.out))
             print(f"{args.out}: byte-level BPE, {tok.vocab_size} tokens, end of document <|endoftext|> = {tok.eod}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 
 import pytest
 
@@ -112,3 +113,66 @@ def test_a_glob_does_not_follow_symlink_loops(tmp_path):
     (docs / "d1" / "again").symlink_to(docs / "d0")  # two loops: was exponential
     assert len(resolve_source(f"{docs}/**/*.txt").files) == 10
     assert len(resolve_source(f"{docs}/d*/[0-4].txt").files) == 5  # the other wildcards as before
+
+
+def _mixed_corpus(folder):
+    """120 UTF-8 documents in .jsonl, a Latin-1 .txt and a binary .txt (NUL bytes): what case 5 trained on."""
+    write_docs(folder, files=2, per_file=60)
+    (folder / "latin1.txt").write_bytes("Café crème, déjà vu: naïve façade.\n".encode("latin-1") * 20)
+    (folder / "blob.txt").write_bytes(bytes(range(256)) * 8)
+    return folder / "latin1.txt", folder / "blob.txt"
+
+
+def test_binary_and_non_utf8_files_are_named_and_skipped_under_data_text(tmp_path):
+    """Case 5: binary files and non-UTF-8 text trained under ``data=text`` with no warning (data=bytes names and
+    skips binary ones); a Latin-1 file became U+FFFD characters, so its bytes were counted as UTF-8's replacement
+    characters.  They are named and skipped, whatever the tokenizer."""
+    latin, blob = _mixed_corpus(tmp_path / "docs")
+    source = resolve_source(str(tmp_path / "docs"))
+    with pytest.warns(UserWarning, match="skipped 2 files") as caught:
+        docs = list(source.documents())
+    said = " ".join(str(w.message) for w in caught)
+    assert "latin1.txt (not UTF-8: byte 0xe9 at offset 3)" in said and "blob.txt (it holds NUL bytes" in said
+    assert len(docs) == 120 and not any(ident.endswith(".txt") for ident, _ in docs)
+    assert all("\ufffd" not in raw.decode("utf-8") for _, raw in docs)
+    # the shards' manifest names them too (and they change the key: old shards with U+FFFD are not reused)
+    folder = build_shards(source, load_tokenizer("bytes"), cache_dir=tmp_path / "cache", progress=False)
+    skipped = json.loads((folder / "manifest.json").read_text())["source"]["skipped"]
+    assert [s["path"] for s in skipped] == ["blob.txt", "latin1.txt"]
+
+
+def test_a_latin1_corpus_is_refused_in_one_line(tmp_path):
+    """Case 5: a Latin-1 corpus (one file, or a folder of them) trained on U+FFFD replacement characters."""
+    latin, blob = _mixed_corpus(tmp_path / "docs")
+    with pytest.raises(CorpusError, match=f"^data.path {latin}: not UTF-8 text \\(byte 0xe9 at offset 3\\); "):
+        list(resolve_source(str(latin)).documents())
+    with pytest.raises(CorpusError, match=f"^data.path {blob}: does not look like text: it holds NUL bytes"):
+        list(resolve_source(str(blob)).documents())
+    only = tmp_path / "latin"
+    only.mkdir()
+    for i in range(3):
+        (only / f"{i}.txt").write_bytes(f"Ol\xe9 {i}\n".encode("latin-1"))
+    with pytest.raises(CorpusError, match=f"^data.path {only}: no file is UTF-8 text: 0.txt \\(not UTF-8"):
+        list(resolve_source(str(only)).documents())
+
+
+def test_bits_per_byte_count_the_same_original_bytes_under_every_tokenizer(tmp_path):
+    """Case 5: bpb of a Latin-1 corpus was computed on 426,951 bytes under a BPE against 345,827 under bytes (each
+    undecodable byte counted as the 3 bytes of U+FFFD), and ``bytes_mismatch_documents`` stayed 0.  The shards of
+    both tokenizers count the documents' own bytes, the same under both."""
+    pytest.importorskip("tokenizers")
+    from linrope.data.tokenizer import train_bpe
+
+    _mixed_corpus(tmp_path / "docs")
+    source = resolve_source(str(tmp_path / "docs"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the skipped files: named by the test above
+        texts = [raw.decode("utf-8", errors="replace") for _, raw in source.documents()]
+        bpe = train_bpe(iter(texts), 300, tmp_path / "tok.json")
+        made = {}
+        for name, tok in (("bytes", load_tokenizer("bytes")), ("bpe", bpe)):
+            folder = build_shards(resolve_source(str(tmp_path / "docs")), tok, cache_dir=tmp_path / name,
+                                  progress=False)  # fmt: skip
+            made[name] = json.loads((folder / "manifest.json").read_text())
+    assert made["bytes"]["bytes"] == made["bpe"]["bytes"] == sum(len(t.encode()) for t in texts)
+    assert made["bpe"]["bytes_mismatch_documents"] == 0
