@@ -43,9 +43,13 @@ def main(cfg: DictConfig) -> Optional[float]:
         seed_everything(cfg.seed, workers=True)
         datamodule = T.build_datamodule(cfg)
         module = T.build_module(cfg)
-        T.check_resume(cfg, module)  # the checkpoint fits: refused before anything is written into the run folder
+        T.check_resume(
+            cfg, module, datamodule
+        )  # the checkpoint fits: refused before anything is written into the run folder
         resume_begins()  # from here a resume changes the run (before: a refusal puts back the earlier .hydra/)
-        provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
+        provenance = T.record_provenance(
+            cfg, datamodule
+        )  # provenance.json; a resume prints and records what it changes
         apply_plan(cfg, module)  # plan: trainer.max_steps from the model's size; the hours it will take (printed)
         callbacks = T.build_callbacks(cfg)
         loggers = T.build_loggers(cfg)

@@ -53,7 +53,9 @@ def parser() -> argparse.ArgumentParser:
                        "as data=text draws them, are left out) and save it as a tokenizer.json.")  # fmt: skip
     _source_args(t)
     t.add_argument("--vocab-size", type=int, required=True, help="tokens, <|endoftext|> included (>= 258)")
-    t.add_argument("--out", required=True, help="the tokenizer.json to write")
+    t.add_argument("--out", required=True, help="the tokenizer.json to write (an existing file is refused: runs "
+                   "may have trained with it)")  # fmt: skip
+    t.add_argument("--force", action="store_true", help="replace an existing --out")
     t.add_argument("--val-fraction", type=float, default=0.05)
     t.add_argument("--test-fraction", type=float, default=0.05)
     s = sub.add_parser("shards", help="tokenise a corpus into shards with a manifest (resumable, reused)",
@@ -80,6 +82,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             writable_folder(out.parent, "--out", out)  # before training: a path it cannot write is one line
             if out.is_dir():
                 raise OutputPathError(f"--out {out}: is a folder; name the tokenizer.json to write")
+            if out.exists() and not args.force:  # before training: runs record it by hash and refuse another
+                raise OutputPathError(
+                    f"--out {out}: exists (a tokenizer runs may have trained with); pass --force to replace it"
+                )
             limit = args.max_documents
 
             def texts():
