@@ -34,10 +34,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from linrope.base.atomic import atomic_write_bytes
-from linrope.base.errors import CorpusError
+from linrope.base.errors import CorpusError, LinropeError
 
 from .bytes import SPLITS, split_of
-from .sources import Source
+from .sources import RECORD_SUFFIXES, Source
 from .tokenizer import ByteTokenizer, Tokenizer
 
 FORMAT = 1  # bump when the layout changes: a new key, new shards
@@ -119,10 +119,27 @@ def build_shards(
 ) -> Path:
     """The folder of shards for ``source`` tokenised by ``tokenizer``: reused whole when its manifest says the same
     key, resumed when a run stopped half-way, written otherwise.  ``out``: that folder; else ``cache_dir / key``."""
+    if source.single and not source.files[0].name.endswith(RECORD_SUFFIXES):  # before any token is made
+        raise CorpusError(
+            f"data.path {source.files[0]}: one file is one document, which falls in one split, so the others would "
+            "be empty; use a folder of files, or a .jsonl / .parquet file (a document per line / row)"
+        )
     settings = shard_settings(tokenizer, val_fraction, test_fraction, shard_documents, max_documents)
     identity = source.identity()
     key = cache_key({k: v for k, v in identity.items() if k != "root"}, settings)  # where the files lie: not in it
     folder = Path(out) if out else Path(cache_dir or default_cache_dir()) / key
+    try:
+        return _build(source, tokenizer, folder, key, identity, settings, max_documents, shard_documents,
+                      val_fraction, test_fraction, progress)  # fmt: skip
+    except OSError as e:
+        if isinstance(e, LinropeError):  # a full disk: its own line
+            raise
+        what = f"{e.strerror or e}: {e.filename}" if e.filename else str(e.strerror or e)
+        raise CorpusError(f"{folder}: cannot write the shards ({what})") from None
+
+
+def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identity, settings, max_documents,
+           shard_documents: int, val_fraction: float, test_fraction: float, progress: bool) -> Path:  # fmt: skip
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())

@@ -176,3 +176,48 @@ def test_bits_per_byte_count_the_same_original_bytes_under_every_tokenizer(tmp_p
             made[name] = json.loads((folder / "manifest.json").read_text())
     assert made["bytes"]["bytes"] == made["bpe"]["bytes"] == sum(len(t.encode()) for t in texts)
     assert made["bpe"]["bytes_mismatch_documents"] == 0
+
+
+def test_fifos_and_broken_links_in_a_text_folder_are_named(tmp_path):
+    """POOR: data=text skipped FIFOs and links to nothing without naming them (data=bytes names them)."""
+    write_docs(tmp_path / "docs", files=2, per_file=10)
+    os.mkfifo(tmp_path / "docs" / "pipe.txt")
+    (tmp_path / "docs" / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
+    with pytest.warns(UserWarning, match="skipped 2 entries that are not regular files: .*gone.txt, .*pipe.txt"):
+        source = resolve_source(str(tmp_path / "docs"))
+    assert len(list(source.documents())) == 20
+
+
+def test_a_one_file_corpus_is_refused_before_it_is_tokenised(tmp_path, monkeypatch):
+    """POOR: a 22 MB one-line document took 70 s and 4.4 GB before "the split has no documents": one text file is
+    one document, so two splits are always empty.  Refused before any token is made."""
+    big = tmp_path / "one.txt"
+    big.write_text("word " * 1000)
+    tok = load_tokenizer("bytes")
+    monkeypatch.setattr(type(tok), "encode_bytes", lambda *a: pytest.fail("tokenised"))
+    with pytest.raises(CorpusError, match=f"^data.path {big}: one file is one document"):
+        build_shards(resolve_source(str(big)), tok, out=tmp_path / "s", progress=False)
+
+
+def test_a_shard_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """POOR: an unwritable shard folder, or a file size limit (``ulimit -f``: EFBIG), ended in a traceback."""
+    import errno
+
+    import linrope.data.shards as S
+
+    write_docs(tmp_path / "docs", files=2, per_file=10)
+    (tmp_path / "afile").write_text("not a folder\n")
+    out = tmp_path / "afile" / "s"
+    with pytest.raises(CorpusError, match=f"^{out}: cannot write the shards \\("):
+        build_shards(resolve_source(str(tmp_path / "docs")), load_tokenizer("bytes"), out=out, progress=False)
+
+    def too_large(data, path, *a, **k):
+        if str(path).endswith(".bin"):
+            raise OSError(errno.EFBIG, "File too large", str(path))
+        return write(data, path, *a, **k)
+
+    write = S.atomic_write_bytes
+    monkeypatch.setattr(S, "atomic_write_bytes", too_large)
+    out = tmp_path / "s"
+    with pytest.raises(CorpusError, match=f"^{out}: cannot write the shards \\(File too large: .*00000.train.bin\\)"):
+        build_shards(resolve_source(str(tmp_path / "docs")), load_tokenizer("bytes"), out=out, progress=False)
