@@ -22,7 +22,7 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config.checks import validate
     from linrope.run.exit import one_line_errors
-    from linrope.run.folder import claim_run_folder
+    from linrope.run.folder import claim_run_folder, resume_begins
     from linrope.training.builders import name_model, test_checkpoint
 
     tidy.quiet_logging()
@@ -42,9 +42,12 @@ def main(cfg: DictConfig) -> Optional[float]:
         from linrope.training.plan import apply_plan
 
         seed_everything(cfg.seed, workers=True)
-        provenance = T.record_provenance(cfg)  # provenance.json; a resume prints and records what it changes
         datamodule = T.build_datamodule(cfg)
         module = T.build_module(cfg)
+        # the checkpoint fits: refused before anything is written into the run folder
+        T.check_resume(cfg, module, datamodule)
+        resume_begins()  # from here a resume changes the run (before: a refusal puts back the earlier .hydra/)
+        provenance = T.record_provenance(cfg, datamodule)  # provenance.json; a resume prints what it changes
         # plan: trainer.max_steps from the model's size unless given; the hours it will take (printed)
         apply_plan(cfg, module, overrides=job_overrides())
         warning = validation_warning(cfg)  # max_steps below the validation interval: said now, not found in the report

@@ -58,6 +58,14 @@ class CorpusError(LinropeError, ValueError):
     """A corpus that cannot be used (missing, empty, too short for one window per split)."""
 
 
+class DataMismatch(CorpusError):
+    """The tokenizer or corpus a command would use is not the one the checkpoint's run trained on."""
+
+
+class OutputPathError(LinropeError, OSError):
+    """An output path a command cannot write (checked before the work that would fill it)."""
+
+
 class SavedDataError(LinropeError, ValueError):
     """A saved data config (a run folder's, a checkpoint's) that linrope refuses to rebuild."""
 

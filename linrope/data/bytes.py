@@ -95,6 +95,15 @@ def binary_reason(block: bytes) -> Optional[str]:
     return None
 
 
+HEAD = SAMPLE_BLOCK * 2  # a folder's file is judged on its first 8 KB (data=bytes and data=text alike)
+
+
+def head_reason(handle) -> Optional[str]:
+    """Why a file, open for reading in binary mode at its start, is not text (``binary_reason`` of its first
+    ``HEAD`` bytes), or None: the one check of a corpus's files, data=bytes' and data=text's."""
+    return binary_reason(handle.read(HEAD))
+
+
 def _named(paths: Sequence[Path], limit: int = 3) -> str:
     shown = ", ".join(str(p) for p in paths[:limit])
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
@@ -202,7 +211,7 @@ def load_corpus(
         for f in files:
             try:
                 with open(f, "rb") as handle:
-                    skip = not allow_binary and binary_reason(handle.read(SAMPLE_BLOCK * 2)) is not None
+                    skip = not allow_binary and head_reason(handle) is not None
                 raw = b"" if skip else f.read_bytes()  # a binary file is not read whole
             except OSError:
                 unreadable.append(f)
@@ -226,7 +235,7 @@ def load_corpus(
         if binary:
             warnings.warn(
                 f"data.path {root}: skipped {len(binary)} binary files (NUL or control bytes in their first "
-                f"{SAMPLE_BLOCK * 2} bytes; data.allow_binary=true keeps them): {_named(binary)}"
+                f"{HEAD} bytes; data.allow_binary=true keeps them): {_named(binary)}"
             )
         if not any(chunks.values()):
             raise CorpusError(f"data.path {root}: the corpus is empty (every file has 0 bytes)")

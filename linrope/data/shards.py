@@ -8,10 +8,16 @@ Layout of a shard folder (``<cache_dir>/<key>`` by default, ``key`` a hash of wh
 - ``NNNNN.docs.npy``: one row per document of the shard, in source order: (split code 0/1/2 for
   train/val/test, tokens with its EOD, the document's bytes); written last, so it marks the shard finished;
 - ``manifest.json``: the source (files with sizes and SHA-256, or the HF dataset), the tokenizer (what was asked,
-  its hash, vocabulary size, EOD id), the settings, per split the documents, tokens and bytes, and the shards;
-  written when every shard is, so its presence means the folder is whole.  ``building.json`` (the key and
-  settings) is written first: a run that stops half-way is resumed by the next one that asks for the same key
-  (finished shards kept, the partial one redone); a folder holding another key's shards is refused.
+  its hash, vocabulary size, EOD id), the settings, per split the documents, tokens and bytes, and the shards
+  (each file's size and content hash: ``content_hash``); written when every shard is, so its presence means the
+  folder is whole.  ``building.json`` (the key and settings) is written first: a run that stops half-way is
+  resumed by the next one that asks for the same key (finished shards kept, the partial one redone); a folder
+  holding another key's shards is refused.
+
+Opening a folder (``Shards``) checks it against its manifest, cheaply: every file's size (a .bin's against its
+documents' tokens in docs.npy, docs.npy's counts against the manifest), every file's content hash (whole for a file
+up to 1 MiB, else 16 blocks of 64 KiB spread over it), the end-of-document token at the end of sampled documents,
+and the tokenizer's hash against the one the run uses; a mismatch is one line naming the file.
 
 A shard holds ``shard_documents`` consecutive documents of the source; each document's split is drawn from its
 identity (``linrope.data.sources``), so it does not depend on the order, the machine or the seed.
@@ -28,10 +34,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from linrope.base.atomic import atomic_write_bytes
-from linrope.base.errors import CorpusError
+from linrope.base.errors import CorpusError, LinropeError
 
 from .bytes import SPLITS, split_of
-from .sources import Source
+from .sources import RECORD_SUFFIXES, Source
 from .tokenizer import ByteTokenizer, Tokenizer
 
 FORMAT = 1  # bump when the layout changes: a new key, new shards
@@ -66,6 +72,29 @@ def cache_key(source_identity: Dict[str, Any], settings: Dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:20]
 
 
+SAMPLE_BLOCKS, SAMPLE_BLOCK = 16, 1 << 16
+
+
+def content_hash(path: Path) -> str:
+    """SHA-256 (16 hex digits) of a file's size and content: the whole file up to ``SAMPLE_BLOCKS`` blocks, else
+    ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_BLOCK`` bytes spread evenly from its start to its end (1 MiB read)."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode() + b"\n")
+    with open(path, "rb") as f:
+        if size <= SAMPLE_BLOCKS * SAMPLE_BLOCK:
+            h.update(f.read())
+        else:
+            for i in range(SAMPLE_BLOCKS):
+                f.seek((size - SAMPLE_BLOCK) * i // (SAMPLE_BLOCKS - 1))
+                h.update(f.read(SAMPLE_BLOCK))
+    return h.hexdigest()[:16]
+
+
+def _files(folder: Path, k: int) -> Dict[str, Dict[str, Any]]:
+    names = [f"{k:05d}.{s}.bin" for s in SPLITS] + [f"{k:05d}.docs.npy"]
+    return {n: {"bytes": (folder / n).stat().st_size, "sha256": content_hash(folder / n)} for n in names}
+
+
 def _json(obj) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
 
@@ -90,10 +119,27 @@ def build_shards(
 ) -> Path:
     """The folder of shards for ``source`` tokenised by ``tokenizer``: reused whole when its manifest says the same
     key, resumed when a run stopped half-way, written otherwise.  ``out``: that folder; else ``cache_dir / key``."""
+    if source.single and not source.files[0].name.endswith(RECORD_SUFFIXES):  # before any token is made
+        raise CorpusError(
+            f"data.path {source.files[0]}: one file is one document, which falls in one split, so the others would "
+            "be empty; use a folder of files, or a .jsonl / .parquet file (a document per line / row)"
+        )
     settings = shard_settings(tokenizer, val_fraction, test_fraction, shard_documents, max_documents)
     identity = source.identity()
     key = cache_key({k: v for k, v in identity.items() if k != "root"}, settings)  # where the files lie: not in it
     folder = Path(out) if out else Path(cache_dir or default_cache_dir()) / key
+    try:
+        return _build(source, tokenizer, folder, key, identity, settings, max_documents, shard_documents,
+                      val_fraction, test_fraction, progress)  # fmt: skip
+    except OSError as e:
+        if isinstance(e, LinropeError):  # a full disk: its own line
+            raise
+        what = f"{e.strerror or e}: {e.filename}" if e.filename else str(e.strerror or e)
+        raise CorpusError(f"{folder}: cannot write the shards ({what})") from None
+
+
+def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identity, settings, max_documents,
+           shard_documents: int, val_fraction: float, test_fraction: float, progress: bool) -> Path:  # fmt: skip
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
@@ -132,14 +178,13 @@ def build_shards(
         kept = finished(k)
         if kept is None:  # write (or redo) shard k
             rows, tokens = [], {s: [] for s in SPLITS}
-            texts = None if raw_bytes else [d[2].decode("utf-8", errors="replace") for d in docs_batch]
+            texts = None if raw_bytes else [utf8(ident, raw) for ident, _, raw in docs_batch]
             ids = [tokenizer.encode_bytes(d[2]) for d in docs_batch] if raw_bytes else tokenizer.encode_batch(texts)
             for (_ident, split, raw), doc in zip(docs_batch, ids):
                 arr = np.empty(len(doc) + 1, dtype=dtype)
                 arr[:-1], arr[-1] = doc, eod
                 tokens[split].append(arr)
-                nbytes = len(raw) if raw_bytes else len(texts[len(rows)].encode("utf-8"))
-                rows.append((SPLITS.index(split), len(arr), nbytes))
+                rows.append((SPLITS.index(split), len(arr), len(raw)))  # the document's own bytes: bpb's denominator
             for split in SPLITS:
                 data = np.concatenate(tokens[split]) if tokens[split] else np.empty(0, dtype)
                 atomic_write_bytes(data.tobytes(), folder / f"{k:05d}.{split}.bin")
@@ -148,7 +193,14 @@ def build_shards(
             with open(partial, "wb") as f:
                 np.save(f, kept)
             os.replace(partial, folder / f"{k:05d}.docs.npy")
-        shards.append({"shard": f"{k:05d}", "documents": int(len(kept)), "tokens": int(kept[:, 1].sum())})
+        shards.append(
+            {
+                "shard": f"{k:05d}",
+                "documents": int(len(kept)),
+                "tokens": int(kept[:, 1].sum()),
+                "files": _files(folder, k),
+            }
+        )
 
     count = 0
     for ident, raw in source.documents():
@@ -177,6 +229,16 @@ def build_shards(
     atomic_write_bytes(_json(manifest), manifest_path)
     building.unlink(missing_ok=True)
     return folder
+
+
+def utf8(ident: str, raw: bytes) -> str:
+    """A document's text: its bytes decoded strictly (linrope.data.sources skipped the files that are not UTF-8; a
+    file changed since is one line, never replacement characters)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{ident}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); changed "
+                          "while it was read?") from None  # fmt: skip
 
 
 def describe(source: Source) -> str:
@@ -216,26 +278,101 @@ class Shards:
     """A finished shard folder, read: ``manifest``, and per split the token stream (its documents one after the
     other, memory-mapped piece by piece) with each document's start, tokens and bytes."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, tokenizer: Optional[Tokenizer] = None):
         self.folder = Path(folder)
         path = self.folder / MANIFEST
         if not path.is_file():
             raise CorpusError(f"{self.folder}: no {MANIFEST} (not a finished shard folder)")
         self.manifest = json.loads(path.read_text())
+        self._check_tokenizer(tokenizer)
         dtype = np.dtype(self.manifest["dtype"])
         self.pieces: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}
         docs: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}
         for shard in self.manifest["shards"]:
-            rows = np.load(self.folder / f"{shard['shard']}.docs.npy")
+            rows = self._checked_rows(shard, dtype)
             for code, s in enumerate(SPLITS):
                 mine = rows[rows[:, 0] == code]
                 if len(mine):
                     self.pieces[s].append(np.memmap(self.folder / f"{shard['shard']}.{s}.bin", dtype=dtype, mode="r"))
                     docs[s].append(mine[:, 1:])
+                    self._check_ends(self.folder / f"{shard['shard']}.{s}.bin", self.pieces[s][-1], mine[:, 1])
         self.piece_starts = {s: np.concatenate([[0], np.cumsum([len(p) for p in self.pieces[s]])]) for s in SPLITS}
         self.doc_tokens = {s: np.concatenate(docs[s])[:, 0] for s in SPLITS}
         self.doc_bytes = {s: np.concatenate(docs[s])[:, 1] for s in SPLITS}
         self.doc_starts = {s: np.concatenate([[0], np.cumsum(self.doc_tokens[s])]) for s in SPLITS}
+
+    def _check_tokenizer(self, tokenizer: Optional[Tokenizer]) -> None:
+        """The tokenizer the manifest names (by hash) is the one this run uses, and the manifest is its key's."""
+        settings, source = self.manifest.get("settings") or {}, self.manifest.get("source") or {}
+        made = settings.get("tokenizer") or {}
+        if tokenizer is not None and made.get("sha256") != tokenizer.digest:
+            raise CorpusError(
+                f"{self.folder}: its shards were built by tokenizer {made.get('name')} (sha256 {made.get('sha256')}), "
+                f"not {tokenizer.name} (sha256 {tokenizer.digest}); delete the folder so that they are rebuilt"
+            )
+        if cache_key({k: v for k, v in source.items() if k != "root"}, settings) != self.manifest.get("key"):
+            raise CorpusError(
+                f"{self.folder / MANIFEST}: its key does not match its own source and settings (edited or copied "
+                "over); delete the folder so that the shards are rebuilt"
+            )
+
+    def _checked_rows(self, shard: Dict[str, Any], dtype) -> np.ndarray:
+        """Shard ``shard``'s docs.npy, once its files' sizes and hashes match the manifest and its rows the .bins."""
+        name = shard["shard"]
+        for file, want in (shard.get("files") or {}).items():  # manifests before issue 52 have no hashes
+            f = self.folder / file
+            size = f.stat().st_size if f.is_file() else None
+            if size != want["bytes"]:
+                raise CorpusError(
+                    f"{f}: {'missing' if size is None else f'{size} bytes'}; the manifest says {want['bytes']} "
+                    "(truncated, replaced or half-copied); delete the folder so that the shards are rebuilt"
+                )
+            if content_hash(f) != want["sha256"]:
+                raise CorpusError(
+                    f"{f}: its content differs from the manifest's hash (changed or replaced since it was "
+                    "written); delete the folder so that the shards are rebuilt"
+                )
+        docs_path = self.folder / f"{name}.docs.npy"
+        try:
+            rows = np.load(docs_path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CorpusError(
+                f"{docs_path}: not a shard index ({e}); delete the folder so that it is rebuilt"
+            ) from None
+        if (
+            rows.ndim != 2
+            or rows.shape[1] != 3
+            or len(rows) != shard["documents"]
+            or rows[:, 1].sum() != shard["tokens"]
+        ):
+            raise CorpusError(
+                f"{docs_path}: {len(rows)} documents of {int(rows[:, 1].sum()) if rows.ndim == 2 else '?'} tokens; "
+                f"the manifest says {shard['documents']} of {shard['tokens']}; delete the folder so that it is rebuilt"
+            )
+        for code, s in enumerate(SPLITS):
+            f = self.folder / f"{name}.{s}.bin"
+            want = int(rows[rows[:, 0] == code, 1].sum()) * dtype.itemsize
+            size = f.stat().st_size if f.is_file() else 0
+            if size != want:
+                raise CorpusError(
+                    f"{f}: {size} bytes; the manifest says {want} (the {s} tokens of its documents in "
+                    f"{docs_path.name}: truncated or replaced); delete the folder so that the shards are rebuilt"
+                )
+        return rows
+
+    def _check_ends(self, file: Path, piece: np.ndarray, tokens: np.ndarray, samples: int = 1024) -> None:
+        """Up to ``samples`` documents spread over the piece end with the end-of-document token."""
+        eod = (self.manifest.get("settings") or {}).get("tokenizer", {}).get("eod")
+        if eod is None:
+            return
+        ends = np.cumsum(tokens) - 1
+        picked = ends[np.linspace(0, len(ends) - 1, min(samples, len(ends))).astype(np.int64)]
+        bad = picked[piece[picked] != eod]
+        if len(bad):
+            raise CorpusError(
+                f"{file}: token {int(bad[0])} ends a document but is {int(piece[bad[0]])}, not the end-of-document "
+                f"token {eod} (the shard does not match its index); delete the folder so that it is rebuilt"
+            )
 
     def __len__(self):
         return int(self.manifest["tokens"])

@@ -7,6 +7,12 @@ keeps files ending in ``suffixes``; with no path, the default corpus of data=byt
 library's ``.py`` sources, each file a document).  Or a Hugging Face dataset, only when named
 (``hf_dataset``, ``hf_config``, ``hf_split``), read by ``datasets`` in streaming mode.
 
+Only UTF-8 text is tokenised: a file that looks binary (``linrope.data.bytes.head_reason``, the check data=bytes
+makes of a folder's files) or that is not valid UTF-8 is skipped and named in one warning, and the shards'
+manifest lists it (``source.skipped``); a corpus of one such file, or of nothing else, is refused in one line.
+A Latin-1 file was decoded with replacement characters, so its bytes were counted as U+FFFD's, not its own.
+Entries that are not regular files (FIFOs, links to nothing) are skipped and named as data=bytes names them.
+
 Each document has an identity — its file's path relative to the corpus root, with ``:<line>`` or ``:<row>`` for a
 record — from which its split is drawn (``linrope.data.bytes.split_of``: the same hash data=bytes uses on a
 file's path, so a folder of text files splits as data=bytes splits it).
@@ -14,16 +20,20 @@ file's path, so a folder of text files splits as data=bytes splits it).
 
 from __future__ import annotations
 
-import glob as globlib
+import codecs
+import fnmatch
 import hashlib
 import json
+import os
+import warnings
 from dataclasses import dataclass
+from dataclasses import field as attribute
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from linrope.base.errors import CorpusError
 
-from .bytes import list_files, stdlib_dir
+from .bytes import _named, head_reason, list_files, stdlib_dir
 
 DEFAULT_SUFFIXES = (".txt", ".jsonl", ".parquet", ".md")
 RECORD_SUFFIXES = (".jsonl", ".parquet")
@@ -37,20 +47,63 @@ class Source:
     files: List[Path]
     field: str = "text"
     hf: Optional[Tuple[str, Optional[str], str]] = None
+    single: bool = False  # data.path named one file: refused, not skipped, when it is no UTF-8 text
+    _screened: Optional[Dict[Path, Dict[str, Any]]] = attribute(default=None, repr=False, compare=False)
+
+    def screened(self) -> Dict[Path, Dict[str, Any]]:
+        """{file: {path, bytes, sha256, why}} of every file, read once: ``why`` says why a file is skipped (it
+        looks binary, or is not UTF-8), else None.  The skipped files are named in one warning; a corpus with
+        nothing else is one ``CorpusError``."""
+        if self._screened is None:
+            self._screened = {f: self._screen(f) for f in self.files}
+            bad = [(f, s["why"]) for f, s in self._screened.items() if s["why"]]
+            if bad and (self.single or len(bad) == len(self.files)):
+                if self.single:
+                    why = bad[0][1]
+                    utf8 = why.startswith("not UTF-8: ")
+                    what = f"not UTF-8 text ({why[11:]})" if utf8 else f"does not look like text: {why}"
+                    raise CorpusError(f"data.path {bad[0][0]}: {what}; {TEXT_ONLY}")
+                raise CorpusError(f"data.path {self.root}: no file is UTF-8 text: {_whys(bad)}; {TEXT_ONLY}")
+            if bad:
+                warnings.warn(f"data.path {self.root}: skipped {len(bad)} files: {_whys(bad)}; {TEXT_ONLY}")
+        return self._screened
+
+    def _screen(self, f: Path) -> Dict[str, Any]:
+        h, why = hashlib.sha256(), None
+        utf8 = codecs.getincrementaldecoder("utf-8")() if not f.name.endswith(".parquet") else None
+        with open(f, "rb") as handle:
+            if utf8 is not None:
+                why = head_reason(handle)
+                handle.seek(0)
+            at = 0
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                h.update(block)
+                if utf8 is not None and why is None:
+                    pending = len(utf8.getstate()[0])
+                    try:
+                        utf8.decode(block)
+                    except UnicodeDecodeError as e:
+                        why = f"not UTF-8: byte 0x{e.object[e.start]:02x} at offset {at - pending + e.start}"
+                at += len(block)
+            if utf8 is not None and why is None:
+                try:
+                    utf8.decode(b"", final=True)
+                except UnicodeDecodeError:
+                    why = f"not UTF-8: it ends inside a character (offset {at})"
+        return {"path": self.rel(f), "bytes": at, "sha256": h.hexdigest(), "why": why}
 
     def identity(self) -> Dict[str, Any]:
-        """What the shards' cache key and manifest say of the source: every file with its size and hash, or the
-        HF dataset's name, config and split."""
+        """What the shards' cache key and manifest say of the source: every file read with its size and hash (and
+        the files skipped, with why, when there are any), or the HF dataset's name, config and split."""
         if self.hf:
             return {"hf_dataset": self.hf[0], "hf_config": self.hf[1], "hf_split": self.hf[2], "field": self.field}
-        files = []
-        for f in self.files:
-            h = hashlib.sha256()
-            with open(f, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    h.update(block)
-            files.append({"path": self.rel(f), "bytes": f.stat().st_size, "sha256": h.hexdigest()})
-        return {"root": str(self.root), "files": files, "field": self.field}
+        screened = self.screened().values()
+        files = [{k: s[k] for k in ("path", "bytes", "sha256")} for s in screened if not s["why"]]
+        out = {"root": str(self.root), "files": files, "field": self.field}
+        skipped = [{"path": s["path"], "why": s["why"]} for s in screened if s["why"]]
+        if skipped:  # only then: the keys of corpora with nothing skipped are as before
+            out["skipped"] = skipped
+        return out
 
     def rel(self, f: Path) -> str:
         return f.relative_to(self.root).as_posix() if self.root and self.root.is_dir() else f.name
@@ -60,7 +113,10 @@ class Source:
         if self.hf:
             yield from self._hf_documents()
             return
+        screened = self.screened()
         for f in self.files:
+            if screened[f]["why"]:
+                continue
             rel = self.rel(f)
             if f.name.endswith(".jsonl"):
                 yield from self._jsonl(f, rel)
@@ -131,6 +187,17 @@ class Source:
                 yield f"{name}/{config or ''}/{split}:{i}", text
 
 
+TEXT_ONLY = (
+    "data=text tokenizes UTF-8 text: convert such files (iconv -f latin1 -t utf-8) or train on their bytes with "
+    "data=bytes"
+)
+
+
+def _whys(bad: List[Tuple[Path, str]], limit: int = 3) -> str:
+    shown = ", ".join(f"{f.name} ({why})" for f, why in bad[:limit])
+    return shown + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
+
+
 def resolve_source(
     path: Optional[str] = None,
     *,
@@ -152,7 +219,7 @@ def resolve_source(
     suffixes = tuple(suffixes or DEFAULT_SUFFIXES)
     p = Path(str(path)).expanduser()
     if any(c in str(path) for c in "*?["):
-        files = sorted(Path(f).resolve() for f in globlib.glob(str(p), recursive=True) if Path(f).is_file())
+        files = glob_files(str(p))
         if not files:
             raise CorpusError(f"data.path {path}: the pattern matches no file")
         root = _common_root(files)
@@ -160,13 +227,52 @@ def resolve_source(
     if not p.exists():
         raise CorpusError(f"data.path {path}: does not exist")
     if p.is_file():
-        return Source(p.parent, [p], field)
-    files = list_files(p, suffixes)
+        return Source(p.parent, [p], field, single=True)
+    skipped: List[Path] = []
+    files = list_files(p, suffixes, skipped)
+    if skipped:  # as data=bytes names them
+        warnings.warn(f"data.path {p}: skipped {len(skipped)} entries that are not regular files: {_named(skipped)}")
     if not files:
         raise CorpusError(
             f"data.path {path}: no files ending in {', '.join(suffixes)} found (data.suffixes names others)"
         )
     return Source(p, files, field)
+
+
+MAGIC = "*?["
+
+
+def glob_files(pattern: str) -> List[Path]:
+    """The regular files a glob names, each once (by its real path), sorted.  Unlike ``glob.glob``, ``**`` never
+    descends into a linked folder, so a symlink loop neither repeats files nor recurses without end; ``*`` and
+    ``**`` skip hidden names, as glob does.  A link to a file is read as that file."""
+    parts = Path(pattern).parts
+    k = next((i for i, q in enumerate(parts) if any(c in q for c in MAGIC)), len(parts))
+    base, rest = Path(*parts[:k]) if k else Path("."), list(parts[k:])
+    if not rest:
+        return [base.resolve()] if base.is_file() else []
+    if not base.is_dir():
+        return []
+    found, deep = set(), "**" in rest
+    for folder, dirs, names in os.walk(base, followlinks=False):
+        rel = Path(folder).relative_to(base).parts
+        if not deep and len(rel) >= len(rest) - 1:
+            dirs[:] = []  # no ``**``: no file below the pattern's depth can match
+        for name in names:
+            f = Path(folder) / name
+            if _matches(list(rel) + [name], rest) and f.is_file():
+                found.add(f.resolve())
+    return sorted(found)
+
+
+def _matches(parts: List[str], pats: List[str]) -> bool:
+    if not pats:
+        return not parts
+    if pats[0] == "**":
+        return any(_matches(parts[i:], pats[1:]) for i in range(len(parts) + 1))
+    if not parts or (parts[0].startswith(".") and not pats[0].startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], pats[0]) and _matches(parts[1:], pats[1:])
 
 
 def _common_root(files: List[Path]) -> Path:

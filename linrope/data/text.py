@@ -26,6 +26,7 @@ from linrope.base.options import Count, Positive, Rule
 
 from .bytes import splitmix64
 from .modules import ResumableDataModule
+from .record import data_record
 from .shards import Shards, build_shards, default_cache_dir
 from .sources import resolve_source
 from .tasks import IGNORE
@@ -130,7 +131,7 @@ class TextDataModule(ResumableDataModule):
             max_documents=max_documents,
             progress=progress,
         )
-        self.shards = Shards(self.folder)
+        self.shards = Shards(self.folder, self.tokenizer)
         need = max(context, self.eval_context) + 1
         for s in ("train", "val", "test"):
             if self.shards.length(s) < need:
@@ -139,6 +140,7 @@ class TextDataModule(ResumableDataModule):
                     "use a larger corpus or a smaller context"
                 )
         self.token_bytes = torch.from_numpy(self.tokenizer.token_bytes())  # bits per byte (linrope.training.lit)
+        self.record = data_record(self)  # the tokenizer and corpus by path and hash: the run's provenance
 
     @classmethod
     def model_overrides_for(cls, data: Dict[str, Any]) -> Dict[str, Any]:

@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from linrope.base.errors import LinropeError
+from linrope.base.errors import LinropeError, OutputPathError
 from linrope.base.naming import program
+from linrope.base.writable import writable_folder
 
 from .bytes import split_of
-from .shards import Shards, build_shards, default_cache_dir
+from .shards import Shards, build_shards, default_cache_dir, utf8
 from .sources import resolve_source
 from .tokenizer import load_tokenizer, train_bpe
 
@@ -52,7 +53,9 @@ def parser() -> argparse.ArgumentParser:
                        "as data=text draws them, are left out) and save it as a tokenizer.json.")  # fmt: skip
     _source_args(t)
     t.add_argument("--vocab-size", type=int, required=True, help="tokens, <|endoftext|> included (>= 258)")
-    t.add_argument("--out", required=True, help="the tokenizer.json to write")
+    t.add_argument("--out", required=True, help="the tokenizer.json to write (an existing file is refused: runs "
+                   "may have trained with it)")  # fmt: skip
+    t.add_argument("--force", action="store_true", help="replace an existing --out")
     t.add_argument("--val-fraction", type=float, default=0.05)
     t.add_argument("--test-fraction", type=float, default=0.05)
     s = sub.add_parser("shards", help="tokenise a corpus into shards with a manifest (resumable, reused)",
@@ -75,6 +78,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         source = resolve_source(args.input, field=args.field, suffixes=args.suffixes, hf_dataset=args.hf_dataset,
                                 hf_config=args.hf_config, hf_split=args.hf_split)  # fmt: skip
         if args.command == "train":
+            out = Path(args.out).expanduser()
+            writable_folder(out.parent, "--out", out)  # before training: a path it cannot write is one line
+            if out.is_dir():
+                raise OutputPathError(f"--out {out}: is a folder; name the tokenizer.json to write")
+            if out.exists() and not args.force:  # before training: runs record it by hash and refuse another
+                raise OutputPathError(
+                    f"--out {out}: exists (a tokenizer runs may have trained with); pass --force to replace it"
+                )
             limit = args.max_documents
 
             def texts():
@@ -82,12 +93,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                     if limit is not None and i >= limit:
                         return
                     if split_of(ident, args.val_fraction, args.test_fraction) == "train":
-                        yield raw.decode("utf-8", errors="replace")
+                        yield utf8(ident, raw)  # UTF-8 (linrope.data.sources skips what is not)
 
             tok = train_bpe(texts(), args.vocab_size, Path(args.out))
             print(f"{args.out}: byte-level BPE, {tok.vocab_size} tokens, end of document <|endoftext|> = {tok.eod}")
             return 0
         tok = load_tokenizer(args.tokenizer)
+        if args.out:
+            writable_folder(Path(args.out), "--out", args.out)  # before the corpus is read
         folder = build_shards(
             source,
             tok,
@@ -99,7 +112,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             max_documents=args.max_documents,
             progress=not args.no_progress,
         )
-        m = Shards(folder).manifest
+        m = Shards(folder, tok).manifest
         splits = ", ".join(f"{k} {v['documents']} documents {v['tokens']} tokens" for k, v in m["splits"].items())
         print(f"{folder}: {m['documents']} documents, {m['tokens']} tokens, {m['bytes']} bytes ({splits})")
         return 0

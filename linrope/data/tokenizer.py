@@ -64,6 +64,7 @@ class Tokenizer:
     vocab_size: int
     eod: int
     digest: str
+    path: Optional[str] = None  # the tokenizer.json read, absolute (None: bytes, or an HF name)
 
     def encode_batch(self, texts: List[str]) -> List[List[int]]:
         raise NotImplementedError
@@ -168,7 +169,9 @@ def load_tokenizer(spec: Optional[str]) -> Tokenizer:
             raise CorpusError(
                 f"data.tokenizer={spec}: not a tokenizer.json the tokenizers library reads ({e})"
             ) from None
-        return HFTokenizer(tok, spec, file_digest(path)[:16])
+        made = HFTokenizer(tok, spec, file_digest(path)[:16])
+        made.path = str(path.resolve())
+        return made
     looks_like_path = spec.endswith(".json") or spec.startswith((".", "/", "~")) or spec.count("/") > 1
     if looks_like_path:
         raise CorpusError(f"data.tokenizer={spec}: no such file (expected bytes, a tokenizer.json or an HF name)")

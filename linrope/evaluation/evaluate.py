@@ -39,6 +39,7 @@ from linrope.data.rebuild import build_data_module
 from linrope.evaluation.extrapolation import SETTINGS, length_table
 from linrope.evaluation.tables import COLUMNS, HEADER, format_table, row_name, write_csv, write_details
 from linrope.run.checkpoint import load_checkpoint
+from linrope.run.provenance import PROVENANCE_KEY
 from linrope.run.provenance import collect as current_provenance
 from linrope.run.resume_diff import describe_checkpoint
 from linrope.training.lit import LanguageModel
@@ -217,6 +218,36 @@ def saved_data(cfg: DictConfig, ckpt: Path, checkpoint: Dict[str, Any]):
 def build_data(cfg: DictConfig, ckpt: Path, checkpoint: Dict[str, Any], task: str):
     data, where = saved_data(cfg, ckpt, checkpoint)
     overrides = {k: v for k, v in OmegaConf.to_container(cfg.data or {}, resolve=True).items() if v is not None}
+    record = ((checkpoint.get(PROVENANCE_KEY) or {}).get("data") or {}) if task == "text" else {}
+    if record and data is not None:
+        data = dict(data)  # the run's own files by their absolute paths, not those of the folder run from
+        tok, corpus = record.get("tokenizer") or {}, record.get("corpus") or {}
+        shards = Path(str(corpus.get("shards")))
+        for key, value in (("tokenizer", tok.get("path")), ("path", corpus.get("path")),
+                           ("shards_dir", str(shards.parent) if shards.is_dir() else None)):  # fmt: skip
+            if value and key not in overrides and not _same_file(data.get(key), value):
+                data[key] = value
+    datamodule = _build(data, overrides, task, where, cfg, checkpoint)
+    if record:
+        from linrope.data.record import check_corpus, check_tokenizer
+
+        tok = record.get("tokenizer") or {}
+        check_tokenizer(tok, datamodule.tokenizer, "evaluate", "pass data.tokenizer= naming the run's file")
+        if not cfg.get("config") and not {"path", "hf_dataset"} & set(overrides):  # another corpus, when asked
+            check_corpus(record.get("corpus"), datamodule.record["corpus"], "evaluate",
+                         "pass data.path= to evaluate on another corpus")  # fmt: skip
+    return datamodule
+
+
+def _same_file(typed, path: str) -> bool:
+    """``typed`` (relative to the folder run from) names the file ``path``, or ``path`` is gone: keep what was typed
+    (a tokenizer's name as typed is part of its shards' key: the same name finds the same shards)."""
+    if not Path(path).exists():
+        return True
+    return typed is not None and Path(str(typed)).expanduser().resolve() == Path(path).resolve()
+
+
+def _build(data, overrides, task: str, where, cfg: DictConfig, checkpoint: Dict[str, Any]):
     if data is None:
         if task != "bytes":
             raise EvaluateError(

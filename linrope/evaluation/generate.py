@@ -76,23 +76,24 @@ def generate_text(
     seed: int = 0,
     device: str = "cpu",
     write: Optional[Callable[[str], None]] = None,
+    tokenizer=None,
 ) -> str:
     """Prompt + ``max_new_tokens`` sampled bytes, as text.  ``write`` (e.g. ``sys.stdout.write``) is given the
     prompt and then each piece of text as its bytes are sampled.  A signal (``Stopped``, raised by the
-    caller's handler) carries the text sampled so far, all of it already given to ``write``."""
+    caller's handler) carries the text sampled so far, all of it already given to ``write``.  ``tokenizer``: a
+    data=text run's (linrope.data.tokenizer), which encodes the prompt and decodes the tokens; None: bytes."""
     g = torch.Generator(device=device).manual_seed(seed)
     prompt = prompt or "\n"
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace") if tokenizer is None else _Pieces(tokenizer)
     pieces = [prompt]
     emit = write or (lambda text: None)
     emit(prompt)
     sampled = 0
+    ids = encode(prompt) if tokenizer is None else torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)
     try:
-        for nxt in model.stream(
-            encode(prompt).to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g
-        ):
+        for nxt in model.stream(ids.to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g):
             sampled += 1
-            piece = decoder.decode(bytes([int(nxt[0, 0])]))
+            piece = decoder.decode(bytes([int(nxt[0, 0])])) if tokenizer is None else decoder.decode(int(nxt[0, 0]))
             if piece:
                 pieces.append(piece)
                 emit(piece)
@@ -107,6 +108,23 @@ def generate_text(
     return "".join(pieces)
 
 
+class _Pieces:
+    """A tokenizer's text piece by piece: the tokens not yet shown are decoded together and held back while they
+    end inside a character (U+FFFD), for at most 8 tokens."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.pending = tokenizer, []
+
+    def decode(self, token, final: bool = False) -> str:
+        if not final:
+            self.pending.append(token)
+        text = self.tokenizer.decode(self.pending) if self.pending else ""
+        if text.endswith("\ufffd") and not final and len(self.pending) < 8:
+            return ""
+        self.pending = []
+        return text
+
+
 @dataclass
 class GenerateSettings:
     """The keys of ``conf/generate.yaml`` (their values and meaning there), with their types and ranges."""
@@ -119,6 +137,7 @@ class GenerateSettings:
     top_k: Annotated[Optional[int], Rule(low=1, note="null: every byte")]
     seed: int
     device: Optional[str]
+    tokenizer: Optional[str] = None
 
 
 def check(cfg: DictConfig) -> None:
@@ -144,6 +163,9 @@ def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> 
         describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr
     )  # stdout: the text
     model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model
+    from linrope.evaluation.passkey import ByteTokenizer, checkpoint_tokenizer
+
+    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "generate", cfg.get("tokenizer"))
     return generate_text(
         model,
         prompt_text(cfg.prompt),
@@ -153,6 +175,7 @@ def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> 
         seed=int(cfg.seed),
         device=device,
         write=write,
+        tokenizer=None if isinstance(tok, ByteTokenizer) else tok,  # a data=text run's: not the bytes of data=bytes
     )
 
 

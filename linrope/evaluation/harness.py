@@ -110,14 +110,21 @@ class HarnessLM(_HarnessBase):
 
     @torch.no_grad()
     def generate_until(self, requests) -> List[str]:
-        out = []
+        """Greedy continuations.  A prompt longer than the room left for it is cut from the left to its last
+        ``max_length - min(max_gen_toks, max_length // 2)`` tokens (generation may then run past ``max_length``: a
+        softmax model reads its last ``max_length`` tokens), and the cut is said in one warning per call."""
+        out, cut = [], []
         for req in _progress(requests, "generate_until"):
             context, kwargs = req.args
             kwargs = dict(kwargs or {})
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             budget = int(kwargs.get("max_gen_toks", 256))
-            ids = (self.tok.encode(context) or self.prefix_ids)[-max(self.max_length - budget, 1) :]
+            ids = self.tok.encode(context) or self.prefix_ids
+            keep = self.max_length - min(budget, self.max_length // 2)
+            if len(ids) > keep:
+                cut.append((len(ids), keep))
+                ids = ids[-keep:]
             prompt = torch.tensor(ids, dtype=torch.long, device=self._device).unsqueeze(0)
             made: List[int] = []
             text = ""
@@ -131,6 +138,16 @@ class HarnessLM(_HarnessBase):
             for u in until:
                 text = text.split(u)[0]
             out.append(text)
+        if cut:
+            import warnings
+
+            n, kept = len(cut), "/".join(str(k) for k in sorted({k for _, k in cut}))
+            warnings.warn(
+                f"harness: {n} prompt{'' if n == 1 else 's'} of generate_until cut from the left to "
+                f"{'its' if n == 1 else 'their'} last {kept} tokens (of up to {max(t for t, _ in cut)}; the model "
+                f"reads {self.max_length} tokens, and up to half of them are left for the max_gen_toks generated)",
+                stacklevel=2,
+            )
         return out
 
 

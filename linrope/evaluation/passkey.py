@@ -208,18 +208,26 @@ def checkpoint_tokenizer(checkpoint: Dict[str, Any], vocab_size: int, who: str, 
     text checkpoint without its data config, or a tokenizer with more tokens than the model: one line each."""
     from linrope.base.errors import ConfigError
     from linrope.data.tokenizer import load_tokenizer
+    from linrope.run.provenance import PROVENANCE_KEY
 
     task = ((checkpoint.get("hyper_parameters") or {}).get("model") or {}).get("task", "bytes")
     if spec is None and task == "bytes":
         return ByteTokenizer()
     if spec is None and task != "text":
         raise ConfigError(f"{who}: the checkpoint was trained on task {task!r}, which reads no text")
+    saved = (((checkpoint.get(PROVENANCE_KEY) or {}).get("data") or {}).get("tokenizer")) or {}
+    if spec is None and saved.get("path") and Path(saved["path"]).is_file():
+        spec = saved["path"]  # the run's own file, by its absolute path: not a tok.json of the folder run from
     if spec is None:
         data = checkpoint.get("datamodule_hyper_parameters") or {}
         if "tokenizer" not in data:
             raise ConfigError(f"{who}: the checkpoint holds no data config to name its tokenizer: pass tokenizer=…")
         spec = data["tokenizer"]
     tok = load_tokenizer(spec)  # one line if unknown or unreadable
+    from linrope.data.record import check_tokenizer
+
+    flag = "--tokenizer" if who == "harness" else "tokenizer="
+    check_tokenizer(saved, tok, who, f"pass {flag} naming the run's file (or a copy of it)")
     if tok.vocab_size > vocab_size and not (tok.name == "bytes" and vocab_size == 256):
         raise ConfigError(
             f"{who}: tokenizer {spec} has {tok.vocab_size} tokens but the model's vocabulary {vocab_size}"
@@ -282,6 +290,7 @@ def probe(cfg) -> List[Dict[str, Any]]:
     from tqdm import tqdm
 
     from linrope.base.errors import ConfigError, SequenceTooLong
+    from linrope.base.writable import writable_folder
     from linrope.run.checkpoint import load_checkpoint
     from linrope.training.lit import LanguageModel
 
@@ -290,6 +299,7 @@ def probe(cfg) -> List[Dict[str, Any]]:
     for name in ("passkey.csv", "passkey.png"):
         if (out / name).exists():
             raise ConfigError(f"{out / name} exists (an earlier probe): pass out=<another folder> to keep both")
+    writable_folder(out, "out")  # before the probe: a folder it cannot write is one line, not a traceback after it
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
     model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model.eval()

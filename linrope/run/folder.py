@@ -5,10 +5,12 @@
   A second run into the same folder is refused in one line.  A run folder that already holds a run
   (checkpoints or a metrics.csv) is never overwritten: without ``ckpt_path`` it is refused in one line
   that says how to resume it.
-- ``KeepEarlierRun``: the same refusals as a Hydra callback (conf/hydra/default.yaml), made before Hydra
-  writes ``.hydra/`` into the folder, so a refused run cannot replace the saved config of the earlier one;
-  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first.  A sweep is checked
-  the same way, job folder by job folder, before its first job starts.
+- ``KeepEarlierRun``: the lock taken, and the same refusals made, as a Hydra callback (conf/hydra/default.yaml),
+  before Hydra writes ``.hydra/`` into the folder, so a refused run cannot replace the saved config of the earlier
+  one, nor of a run that started into the folder seconds before and has not reached train.py's checks yet;
+  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first, and a resume refused before
+  it begins (``resume_begins``) puts it back (``undo_refused_resume``): a refused resume changes nothing.  A sweep
+  is checked the same way, job folder by job folder, before its first job starts.
 
 Light: no torch, no Lightning."""
 
@@ -19,7 +21,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -52,12 +54,12 @@ def previous_outputs(cfg: DictConfig, folder: Path, callbacks: bool = True) -> L
 _held: Dict[str, int] = {}  # the folder this process holds -> the lock's file descriptor
 
 
-def claim_run_folder(cfg: DictConfig) -> None:
-    """Hold ``cfg.paths.output_dir`` until this process ends or claims another run folder (one run at a time
-    per process: Hydra's in-process sweeps, tests).  See the module docstring."""
-    if _other_process_of_a_run():
+def hold_run_folder(folder: Path) -> None:
+    """Take ``folder``'s lock (creating the folder), held until this process ends or holds another run folder;
+    RunFolderError when another process holds it.  Holding it already: nothing to do."""
+    folder = Path(os.path.abspath(folder))
+    if str(folder) in _held:
         return
-    folder = Path(str(cfg.paths.output_dir))
     release_run_folder()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
@@ -78,6 +80,21 @@ def claim_run_folder(cfg: DictConfig) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     _held[str(folder)] = fd
+
+
+def holds(folder: Path) -> bool:
+    """Whether this process holds ``folder``'s lock."""
+    return os.path.abspath(folder) in _held
+
+
+def claim_run_folder(cfg: DictConfig) -> None:
+    """Hold ``cfg.paths.output_dir`` until this process ends or claims another run folder (one run at a time
+    per process: Hydra's in-process sweeps, tests); ``KeepEarlierRun`` took it already, before Hydra wrote there,
+    in a run train.py started.  See the module docstring."""
+    if _other_process_of_a_run():
+        return
+    folder = Path(str(cfg.paths.output_dir))
+    hold_run_folder(folder)
     earlier = previous_outputs(cfg, folder)
     if earlier and not cfg.get("ckpt_path"):
         release_run_folder()
@@ -125,9 +142,21 @@ class KeepEarlierRun(Callback):
     earlier ``.hydra/`` to ``.hydra.before-resume-<k>/``, as the CSV history is kept beside it."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        """Hold the run folder first (a run starting into it seconds before has it: refused here, before Hydra
+        replaces that run's config), then refuse or keep what an earlier run left there."""
         folder = Path(str(config.hydra.run.dir))
-        if (folder / ".hydra" / "config.yaml").is_file() and not _other_process_of_a_run():
-            _refuse_or_keep(config, [folder])
+        if _other_process_of_a_run():
+            return
+        try:
+            hold_run_folder(folder)
+        except RunFolderError as e:
+            raise SystemExit(f"linrope: {e}") from None
+        if (folder / ".hydra" / "config.yaml").is_file():
+            try:
+                _refuse_or_keep(config, [folder])
+            except SystemExit:
+                release_run_folder()
+                raise
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         """A sweep launched into a sweep folder that holds an earlier sweep's jobs (``hydra.sweep.dir=`` given
@@ -148,7 +177,7 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
     ``sweep``: the folders are the jobs of this sweep folder.  True when something was kept."""
     option = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     for folder in folders:
-        holder = lock_holder(folder)
+        holder = None if holds(folder) else lock_holder(folder)
         if holder:
             raise SystemExit(f"linrope: {_in_use(folder, holder, option)}")
     earlier = {f: found for f in folders if (found := previous_outputs(config, f, callbacks=False))}
@@ -167,4 +196,25 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
     for folder in earlier:
         k = len(list(folder.glob(".hydra.before-resume-*")))
         shutil.copytree(folder / ".hydra", folder / f".hydra.before-resume-{k}")
+        if sweep is None:
+            _kept.append((folder / ".hydra", folder / f".hydra.before-resume-{k}"))
     return True
+
+
+_kept: List[Tuple[Path, Path]] = []  # (a run's .hydra/, the copy this process made of it) for a resume not yet begun
+
+
+def resume_begins() -> None:
+    """The resume passed every check (train.py: the checkpoint fits the model built now): from here on it changes
+    the run, and the copy of the earlier ``.hydra/`` stays beside the new one as its record."""
+    _kept.clear()
+
+
+def undo_refused_resume() -> None:
+    """A resume refused before it began changes nothing: the earlier ``.hydra/`` is put back in place of the one
+    Hydra wrote for the refused run (its copy, made by ``KeepEarlierRun``, moved back)."""
+    while _kept:
+        hydra, copy = _kept.pop()
+        if copy.is_dir():
+            shutil.rmtree(hydra, ignore_errors=True)
+            os.replace(copy, hydra)

@@ -83,10 +83,16 @@ def remove_if_only_hydra_files(folder: Path) -> bool:
 @contextmanager
 def no_folder_on_refusal() -> Iterator[None]:
     """A run refused in one line (``linrope: …``, SystemExit) leaves no run folder of Hydra's files
-    only; a sweep folder left with nothing but multirun.yaml goes too."""
+    only; a sweep folder left with nothing but multirun.yaml goes too.  A resume stopped before it began (refused,
+    or any error) leaves the earlier run as it was: its ``.hydra/`` put back (linrope.run.folder)."""
     try:
         yield
-    except SystemExit as e:
+    except BaseException as e:
+        from linrope.run.folder import undo_refused_resume  # hydra and the standard library only
+
+        undo_refused_resume()
+        if not isinstance(e, SystemExit):
+            raise
         folder = _hydra_output_dir()
         if isinstance(e.code, str) and e.code.startswith("linrope:") and folder is not None:
             if remove_if_only_hydra_files(folder):

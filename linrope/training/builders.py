@@ -223,11 +223,14 @@ def log_config(cfg: DictConfig, module, loggers: list, provenance: Optional[dict
                 exp.define_metric("val/loss", summary="min")
 
 
-def record_provenance(cfg: DictConfig) -> dict:
+def record_provenance(cfg: DictConfig, datamodule=None) -> dict:
     """This run's provenance (linrope.run.provenance), written to ``<run folder>/provenance.json``; a resume prints
     what it changes, one line per key, and writes them with the chain of runs it continues to ``resume.json``
-    (linrope.run.resume_diff)."""
+    (linrope.run.resume_diff).  A data=text run's tokenizer and corpus by path and hash (``data``:
+    linrope.data.record) are in it, and so in every checkpoint."""
     prov = P.collect(precision=cfg.trainer.get("precision"), seed=cfg.get("seed"), overrides=job_overrides())
+    if getattr(datamodule, "record", None):
+        prov["data"] = datamodule.record
     first = not any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
     path = resolve_ckpt(cfg) if cfg.get("train", True) else None
     if path:
@@ -249,6 +252,30 @@ def resolve_ckpt(cfg: DictConfig) -> Optional[str]:
     is loaded with weights_only=True (AtomicCheckpointIO); parameters that do not fit the model are named
     by LanguageModel.on_load_checkpoint."""
     return checkpoint_path(cfg)
+
+
+def check_resume(cfg: DictConfig, module, datamodule=None) -> None:
+    """The checkpoint of ``ckpt_path`` fits the model built now (its parameters and identity, as
+    ``LanguageModel.on_load_checkpoint`` checks them when Lightning loads it) and a data=text run reads the
+    tokenizer and corpus it trained on (by content hash: linrope.data.record): refused in one line before anything
+    is written into the run folder (provenance, the CSV history), so that a refused resume changes nothing there.
+    The file is memory-mapped: no tensor data is read."""
+    path = resolve_ckpt(cfg)
+    if path and Path(path).is_file():
+        import torch
+
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        module.on_load_checkpoint(checkpoint)
+        saved = (checkpoint.get(P.PROVENANCE_KEY) or {}).get("data") or {}
+        now = getattr(datamodule, "record", None)
+        if saved and now:
+            from linrope.data.record import check_corpus, check_tokenizer
+
+            tok = saved.get("tokenizer") or {}
+            check_tokenizer(tok, datamodule.tokenizer, "resume",
+                            f"pass data.tokenizer={tok.get('path') or tok.get('spec')}, or start a new run")  # fmt: skip
+            check_corpus(saved.get("corpus"), now["corpus"], "resume",
+                         "resume on the corpus the run trained on, or start a new run")  # fmt: skip
 
 
 def test_checkpoint(cfg: DictConfig) -> Optional[str]:

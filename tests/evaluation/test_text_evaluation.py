@@ -179,3 +179,74 @@ def test_the_harness_scores_continuations_in_the_runs_tokens(text_run):
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0], -1)
     assert math.isclose(rolling, sum(logp[i - 1, ids[i]].item() for i in range(1, len(ids))), rel_tol=1e-9)
+
+
+def test_generate_reads_the_runs_tokenizer(text_run, capsys):
+    """Issue 52, case 3: ``python -m linrope.generate`` on a data=text BPE checkpoint encoded the prompt as bytes and
+    failed mid-stream (``bytes must be in range(0, 256)``); it encodes and decodes with the run's own tokenizer."""
+    from linrope.data.tokenizer import load_tokenizer
+    from linrope.evaluation.generate import generate
+    from linrope.training.lit import LanguageModel
+    from tests.evaluation.helpers import compose_generate
+
+    ckpt = text_run["ckpt"]
+    pieces = []
+    cfg = compose_generate(f"ckpt={ckpt}", "prompt='the cat sat on'", "max_new_tokens=40", "temperature=1.0",
+                           "top_k=null", "device=cpu")  # fmt: skip
+    text = generate(cfg, write=pieces.append)
+    tok = load_tokenizer(str(text_run["root"] / "tok.json"))
+    model = LanguageModel.from_checkpoint(str(ckpt), map_location="cpu").model
+    g = torch.Generator().manual_seed(0)
+    ids = tok.encode("the cat sat on")
+    sampled = [int(t[0, 0]) for t in model.stream(torch.tensor([ids]), 40, temperature=1.0, top_k=None, generator=g)]
+    assert max(sampled) >= 256  # merges sampled: what bytes could not decode
+    assert text == tok.decode(ids + sampled) == "".join(pieces)
+
+
+def test_the_harness_keeps_the_prompt_and_leaves_room_to_generate():
+    """Issue 52, case 4: ``generate_until`` cut the context to max(max_len − max_gen_toks, 1) tokens: with the default
+    256 generated tokens and a context of 256 the model saw only the prompt's last token.  The prompt is now cut from
+    the left to leave room for generation but keep half the context at least, and the cut is said."""
+    pytest.importorskip("lm_eval")
+    from types import SimpleNamespace
+
+    from linrope.evaluation.harness import HarnessLM
+    from linrope.evaluation.passkey import ByteTokenizer
+
+    seen = []
+
+    class Model(torch.nn.Module):  # size=small's context; records the prompt it is given, then ends the document
+        cfg = SimpleNamespace(max_len=256, vocab_size=256)
+
+        def stream(self, prompt, max_new_tokens, **kwargs):
+            seen.append((prompt[0].tolist(), max_new_tokens))
+            yield torch.tensor([[ord("\n")]])
+
+    class Req:
+        def __init__(self, *args):
+            self.args = args
+
+    context = "".join(f"line {i}: the cat sat on a mat\n" for i in range(40))  # about 1 100 bytes
+    lm = HarnessLM(Model(), ByteTokenizer())
+    with pytest.warns(UserWarning, match=r"harness: 1 prompt of generate_until cut from the left to its last 128"):
+        lm.generate_until([Req(context, {"until": ["\n"]})])  # max_gen_toks: 256 by default
+    assert seen == [(list(context.encode())[-128:], 256)]
+    seen.clear()
+    lm.generate_until([Req(context[-60:], {"until": ["\n"], "max_gen_toks": 32})])  # fits: kept whole
+    assert seen == [(list(context[-60:].encode()), 32)]
+
+
+def test_passkey_checks_its_output_folder_before_the_probe(text_run, tmp_path, monkeypatch):
+    """Issue 52, case 9: ``passkey … out=<a path it cannot write>`` ran the whole probe, then a traceback; nothing
+    was written.  The folder is checked before the checkpoint is read."""
+    import linrope.evaluation.passkey as P
+    from linrope.base.errors import LinropeError
+    from tests.evaluation.helpers import compose_passkey
+
+    scored = []
+    monkeypatch.setattr(P, "passkey_table", lambda *a, **k: scored.append(a) or [])
+    (tmp_path / "afile").write_text("not a folder\n")
+    bad = tmp_path / "afile" / "probe"
+    with pytest.raises(LinropeError, match=f"^out={bad}: cannot write into {bad} \\(not a folder\\)$"):
+        P.probe(compose_passkey(f"ckpt={text_run['ckpt']}", "factors=[8]", "depths=[0]", "trials=1", f"out={bad}"))
+    assert scored == []  # refused before any prompt was scored
