@@ -300,7 +300,16 @@ def _ignored(key: str) -> bool:
 
 
 def signature(run: Run) -> Tuple:
-    return tuple(sorted((k, repr(v)) for k, v in run.config.items() if not _ignored(k)))
+    """What tells the run's configuration apart: its settings but the seed's, and what a data=text run recorded it
+    read (the tokenizer's and the corpus's hashes: the same ``data.tokenizer`` path rewritten is another
+    configuration, never averaged with the first; issue 52)."""
+    items = [(k, repr(v)) for k, v in run.config.items() if not _ignored(k)]
+    data = (run.provenance or {}).get("data") or {}
+    for key, value in (("data.tokenizer sha256", (data.get("tokenizer") or {}).get("sha256")),
+                       ("data.corpus content", (data.get("corpus") or {}).get("content"))):  # fmt: skip
+        if value:
+            items.append((key, repr(value)))
+    return tuple(sorted(items))
 
 
 def base_label(run: Run) -> str:

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index
 from linrope.base.nested import flatten
+from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
 
@@ -155,7 +156,22 @@ def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Op
     theirs = code_text(prov) if prov else None
     if theirs and code and theirs != code:
         parts.append(f"trained on {theirs}, the checkout is {code}")
+    changed = tokenizer_changed((prov or {}).get("data"), requested.get("data.tokenizer"))
+    if changed:
+        parts.append(changed)
     return "; ".join(parts) or None
+
+
+def tokenizer_changed(data: Optional[Dict[str, Any]], spec: Any) -> Optional[str]:
+    """Why the tokenizer file a job names (``data.tokenizer``, read from the driver's folder) is not the one its run
+    recorded (issue 52: a tokenizer rewritten under the same path is another job), or None; only a file the run
+    recorded by hash is compared."""
+    saved = ((data or {}).get("tokenizer") or {}).get("sha256")
+    path = Path(str(spec)).expanduser() if isinstance(spec, str) else None
+    if not saved or path is None or not path.is_file():
+        return None
+    now = file_digest(path)[:16]
+    return None if now == saved else f"tokenizer {spec} changed since the run (sha256 {saved} → {now})"
 
 
 def job_names(jobs: Sequence[Sequence[str]]) -> List[str]:

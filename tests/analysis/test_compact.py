@@ -133,3 +133,20 @@ def test_details_written_before_the_tokens_column_read_as_bytes_rows(tmp_path):
     rows = [{"length": 128, "protocol": "windows", "scaling": "none", "window": None}]
     attach(rows, read_details(path), "positions")
     assert rows[0]["per_position"] == [{"start": 0, "end": 32, "bytes": 100, "nats": 70.5, "tokens": None}]
+
+
+def test_runs_of_two_tokenizers_under_one_path_are_two_configurations():
+    """Issue 52, case 2: a study's next job trained on a tokenizer rewritten under the same path; its runs are another
+    configuration (a label of their own), not averaged with the first into one value."""
+    from pathlib import Path
+
+    from linrope.analysis.runs import Run
+
+    def run(seed, sha):
+        prov = {"data": {"tokenizer": {"sha256": sha}, "corpus": {"content": "c1"}}}
+        config = {"model.name": "linear_rope", "data.tokenizer": "tok.json", "seed": seed}
+        return Run(Path(f"r{seed}{sha}"), config, {}, provenance=prov)
+
+    groups = group_runs([run(1, "aaaa"), run(2, "aaaa"), run(1, "bbbb")])["bytes"]
+    assert sorted(len(rs) for rs in groups.values()) == [1, 2] and len(groups) == 2, groups
+    assert all("sha256=" in label for label in groups), list(groups)

@@ -237,3 +237,27 @@ def test_the_label_is_not_part_of_a_jobs_identity():
 
     assert differences({"model.name": "softmax_none"}, {"model.name": "linear_rope"}) == []
     assert differences({"model.d_model": 64}, {"model.d_model": 128}) == ["model.d_model: 64 → 128"]
+
+
+def test_a_tokenizer_rewritten_under_the_same_path_makes_another_job(tmp_path, monkeypatch):
+    """Issue 52, case 2: a finished data=text job whose tokenizer file changed since it trained is not the job asked
+    for now (a study would have counted it done and averaged runs of two tokenizers); the same file is."""
+    import json
+
+    from linrope.data.tokenizer import file_digest
+    from linrope.studies.study_jobs import mismatch
+
+    monkeypatch.chdir(tmp_path)
+    tok = tmp_path / "tok.json"
+    tok.write_text('{"model": 1}')
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("data:\n  tokenizer: tok.json\nseed: 1\n")
+    (run / "study_job.json").write_text("{}")
+    data = {"tokenizer": {"spec": "tok.json", "path": str(tok), "sha256": file_digest(tok)[:16], "vocab_size": 9}}
+    (run / "provenance.json").write_text(json.dumps({"data": data}))
+    requested = {"data.tokenizer": "tok.json", "seed": 1}
+    assert mismatch(run, requested, None) is None
+    tok.write_text('{"model": 2}')
+    why = mismatch(run, requested, None)
+    assert why and why.startswith("tokenizer tok.json changed since the run (sha256 "), why
