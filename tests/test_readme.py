@@ -84,3 +84,29 @@ def test_the_configuration_table_names_every_option_of_the_groups_it_lists():
         row = next(line for line in table.splitlines() if line.startswith(f"| `{group}` |"))
         cell = row.split("|")[2]
         assert {o for o in group_options(group, CONF) if f"`{o}`" not in cell} == set(), group
+
+
+CHEAP = [
+    args
+    for _, args in CASES
+    if args[:2] == ["python", "train.py"]
+    and "size=tiny" in args
+    and "-m" not in args
+    and "experiment=scale" not in args  # its stand-in data (data=text, a corpus folder) is the user's
+    and any(a.startswith("trainer.max_steps=") and int(a.split("=")[1]) <= 100 for a in args)
+]
+
+
+@pytest.mark.slow  # a real training run each (about a minute)
+@pytest.mark.parametrize("args", CHEAP, ids=[" ".join(a[2:])[:60] for a in CHEAP])
+def test_the_cheap_readme_training_commands_run_and_say_where_their_run_is(args, tmp_path):
+    """README's short training commands (size=tiny, at most 100 steps) run as written (logs under a temporary folder,
+    CSV only), and the run ends by naming its folder and the report command (issue 54)."""
+    extra = [f"paths.log_dir={tmp_path}", "logger=csv", "trainer.enable_progress_bar=false"]
+    r = subprocess.run([sys.executable, *args[1:], *extra], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert str(tmp_path) in r.stdout and "python -m linrope.report" in r.stdout, r.stdout[-2000:]
+
+
+def test_the_readme_has_a_cheap_training_command_to_run():
+    assert CHEAP, "README lost its size=tiny training example"
