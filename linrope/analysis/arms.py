@@ -488,10 +488,11 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
         withheld = {(a, c): ("control", f"{ctl} (the control) missed its bar") for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
-        unigram = (read_references(arm) or {}).get("unigram")
-        for c in study.claims if unigram is not None else ():
+        refs = read_references(arm)
+        for c in study.claims if refs else ():
             seeds = {x: row_values(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}
-            bad = {x: above(v, unigram) for x, v in seeds.items()}
+            bar = {x: refs.unigram(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}  # this row's unigram
+            bad = {x: above(v, bar[x]) for x, v in seeds.items()}
             if any(bad.values()) and "bpb" in c.metric:
                 counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
                 withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))

@@ -5,9 +5,11 @@ per position.  ``section`` gives a report's "Evidence" section for runs that kep
 
 * **Scored text** — per configuration, the bytes and documents its test and its extrapolation rows scored.
 * **Reference rows** — an add-one unigram and a Kneser–Ney 5-gram byte model fitted on the train split and scored
-  on the same test bytes (linrope.evaluation.references), written as ``references.csv``.  A run worse than the
-  unigram has *collapsed*: a difference with a collapsed configuration gets no verdict.  So does a row: the seeds of
-  each configuration above the unigram at each extrapolation length are counted (a table), and a comparison at a
+  on the same test bytes through the windows of each model row (linrope.evaluation.references, ``window_rows``: the
+  test's windows and every extrapolation row's, so a byte never sees more context than the model saw there),
+  written as ``references.csv``, a row per protocol row and length.  A run worse than the unigram of its row has
+  *collapsed*: a difference with a collapsed configuration gets no verdict.  So does a row: the seeds of each
+  configuration above that row's unigram at each extrapolation length are counted (a table), and a comparison at a
   row where A or B has such a seed gets no verdict (it would measure how badly two models fail, not which is
   better); its interval is still shown and still counts in the multiplicity family.
 * **Seeds** — a configuration whose seeds fail (diverged, or collapsed) is a count ("1 of 5 seeds stall"), never a
@@ -86,9 +88,10 @@ def row_metric(row: Mapping[str, Any]) -> str:
     return f"bpb@{row['length']}" + ("" if name == "none" else f" {name}")
 
 
-def collapse_lines(groups: Mapping[str, Sequence[Run]], unigram: Optional[float]) -> List[str]:
-    """A table: per configuration and extrapolation row, how many seeds scored above the unigram there."""
-    if unigram is None:
+def collapse_lines(groups: Mapping[str, Sequence[Run]], refs: Optional["References"]) -> List[str]:
+    """A table: per configuration and extrapolation row, how many seeds scored above the unigram of that row (the
+    unigram scored through the row's windows)."""
+    if not refs:
         return []
     metrics = sorted(
         {
@@ -101,23 +104,36 @@ def collapse_lines(groups: Mapping[str, Sequence[Run]], unigram: Optional[float]
     )
     if not metrics:
         return []
-    body = []
+    body, bars = [], set()
     for label, runs in groups.items():
         cells = []
         for _, metric in metrics:
             values = row_values(runs, metric)
-            bad = above(values, unigram)
+            bar = refs.unigram(runs, metric)
+            bars.add(bar)
+            bad = above(values, bar)
             text = f"{len(bad)} of {len(values)}" if values else "–"
             cells.append(f"**{text}**" if bad else text)
         body.append([label, *cells])
     return [
-        f"**Rows above the unigram** (seeds whose bpb at that row is above the unigram's {unigram:.3f}: collapsed "
-        "there; a comparison at a row with such a seed gets no verdict).  Rows: bpb@L slides windows of L bytes "
+        "**Rows above the unigram** (seeds whose bpb at that row is above the unigram's scored through the row's "
+        "windows"
+        + (f", {bars.pop():.3f} at every row (the same bytes)" if len(bars) == 1 and None not in bars else "")
+        + ": collapsed there; a comparison at a row with such a seed gets no verdict).  Rows: bpb@L slides windows "
+        "of L bytes "
         "(stride L/2); *windows*: non-overlapping windows; *window<N>*: attention to the last N keys only.",
         "",
         *_table(["configuration", *(m for _, m in metrics)], body),
         "",
     ]
+
+
+def reference_row_text(key: Tuple, test: bool = False) -> str:
+    """A reference row's windows in words: ``test: windows of 128`` / ``bpb@2048: sliding 2048 by 1024``."""
+    protocol, length, stride, window = key
+    metric = row_metric({"length": length, "protocol": protocol, "scaling": "none", "window": window})
+    words = f"windows of {length}" if protocol == "windows" else f"windows of {length} sliding by {stride}"
+    return ("test/bpb = " if test else "") + f"{metric} ({words}" + (f", last {window} keys" if window else "") + ")"
 
 
 def documents_of(runs: Sequence[Run], metric: str) -> Dict[Any, Dict[str, Tuple[float, float]]]:
@@ -135,27 +151,90 @@ def has_documents(groups: Mapping[str, Sequence[Run]]) -> bool:
 
 
 # ---- reference rows -------------------------------------------------------------------------------------------
-def read_references(folder: Path) -> Optional[Dict[str, float]]:
-    """{model: test bpb} of ``folder/references.csv`` (the split's rows, not each document's), or None without it."""
+def row_key(row: Mapping[str, Any]) -> Tuple[str, int, int, Optional[int]]:
+    """The windows an extrapolation row scored through: (protocol, length, stride, attention window or None) —
+    what its reference rows are scored as (a RoPE scaling changes the model, not the windows)."""
+    protocol, length = row.get("protocol") or "sliding", int(row["length"])
+    stride = row.get("stride") or (length if protocol == "windows" else max(1, length // 2))
+    return protocol, length, int(stride), (int(row["window"]) if row.get("window") else None)
+
+
+def test_key(run: Run) -> Optional[Tuple[str, int, int, None]]:
+    """The test's windows: non-overlapping windows of the training context over the whole split."""
+    context = train_context(run)
+    return None if context is None else ("windows", context, context, None)
+
+
+class References:
+    """The reference rows of ``references.csv``: each model's bpb scored through the windows of each model row
+    (``row_key``), so a model row is read against references that saw exactly the context it saw."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]]):
+        self.bpb: Dict[Tuple[str, Tuple], float] = {}
+        for r in rows:
+            if not r.get("document") and r.get("protocol") not in (None, "", "split"):
+                key = (r["protocol"], int(r["length"]), int(r["stride"]), int(r["window"]) if r["window"] else None)
+                self.bpb[(r["model"], key)] = float(r["bpb"])
+        self.models = list(dict.fromkeys(m for m, _ in self.bpb))
+        self.keys = set(k for _, k in self.bpb)
+
+    def __bool__(self) -> bool:
+        return bool(self.bpb)
+
+    def at(self, model: str, key) -> Optional[float]:
+        return self.bpb.get((model, key)) if key is not None else None
+
+    def row(self, key) -> Dict[str, float]:
+        """{model: bpb} through the windows ``key``."""
+        return {m: self.bpb[(m, key)] for m in self.models if (m, key) in self.bpb}
+
+    def for_metric(self, model: str, runs: Sequence[Run], metric: str) -> Optional[float]:
+        """``model``'s bpb through the windows of ``metric``'s row (the test's for ``test/bpb``)."""
+        for run in runs:
+            if metric == "test/bpb":
+                return self.at(model, test_key(run))
+            row = row_for(run, metric)
+            if row:
+                return self.at(model, row_key(row))
+        return None
+
+    def unigram(self, runs: Sequence[Run], metric: str) -> Optional[float]:
+        """The collapse bar of ``metric``'s row: the unigram scored through that row's windows."""
+        return self.for_metric("unigram", runs, metric)
+
+
+def needed_keys(groups: Mapping[str, Sequence[Run]]) -> List[Tuple]:
+    """Every model row of the runs, as ``row_key``: the test's, then each extrapolation row's windows."""
+    keys = {test_key(run) for runs in groups.values() for run in runs} - {None}
+    keys |= {
+        row_key(r) for runs in groups.values() for run in runs for r in run.extrapolation if r.get("status") == "ok"
+    }
+    return sorted(keys, key=lambda k: (k[1], k[0] != "windows" or k[2] != k[1], k[0], k[2], k[3] or 0))
+
+
+def read_references(folder: Path) -> Optional[References]:
+    """The rows of ``folder/references.csv`` (the split's rows, not each document's), or None without it."""
     path = folder / "references.csv"
     if not path.is_file():
         return None
     with open(path, newline="") as f:
-        return {r["model"]: float(r["bpb"]) for r in csv.DictReader(f) if not r.get("document")}
+        return References(list(csv.DictReader(f)))
 
 
-def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional[Dict[str, float]], str]:
-    """({model: test bpb}, a note): read from ``out/references.csv`` when there, else fitted now on the corpus the
-    runs name (their data config) when its test split has the bytes the runs scored, and written there."""
+def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional[References], str]:
+    """(the reference rows, a note): read from ``out/references.csv`` when it holds a row for every model row of
+    the runs, else fitted now on the corpus the runs name (their data config), when its test split has the bytes
+    the runs scored, scored through each model row's windows and written there."""
     path = out / "references.csv"
+    keys = needed_keys(groups)
     found = read_references(out)
-    if found is not None:
+    if found is not None and set(keys) <= found.keys:
         return found, ""
     run = next(run for runs in groups.values() for run in runs)
     scored = next((r["scored"] for r in run.extrapolation if r.get("per_document")), None)
     try:
         from linrope.data.bytes import load_corpus
-        from linrope.evaluation.references import reference_scores, summary_rows, write_csv
+        from linrope.evaluation.references import fitted, window_rows, write_csv
 
         splits = load_corpus(
             run.get("data.path"),
@@ -171,10 +250,10 @@ def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional
             f"no reference rows: the corpus here has a test split of {len(splits['test']) - 1} scored bytes, the "
             f"runs scored {scored} (another Python's standard library?)"
         )
-    scores = reference_scores(splits, "test", REFERENCE_ORDERS)
-    rows = summary_rows(scores, "test", splits.documents["test"])
+    models = fitted(splits["train"], REFERENCE_ORDERS)
+    rows = window_rows(models, splits["test"], "test", keys, documents=splits.documents["test"])
     write_csv(rows, path)
-    return {r["model"]: float(r["bpb"]) for r in rows if not r.get("document")}, ""
+    return References(rows), ""
 
 
 # ---- the section ---------------------------------------------------------------------------------------------
@@ -206,7 +285,6 @@ def section(
     ``refs_and_note``: what ``references`` gave, when the caller has asked it already."""
     lines = ["## Evidence", ""]
     refs, note = refs_and_note if refs_and_note is not None else references(groups, out)
-    unigram = (refs or {}).get("unigram")
     # scored text
     body = []
     for label, runs in groups.items():
@@ -231,10 +309,17 @@ def section(
     ]
     # references
     if refs:
+        first = next(run for runs in groups.values() for run in runs)
+        rows = [
+            [reference_row_text(key, key == test_key(first)), *(_fmt(refs.at(m, key)) for m in refs.models)]
+            for key in needed_keys(groups)
+        ]
         lines += [
-            "**Reference rows** (fitted on the train split, scored on the same test bytes; references.csv): "
-            + ", ".join(f"{k} {v:.3f} bpb" for k, v in refs.items())
-            + ".  A run above the unigram has collapsed.",
+            "**Reference rows** (fitted on the train split, scored on the same test bytes through the same windows as "
+            "each model row, so each byte sees no more context than the models saw there; references.csv).  A run "
+            "above the unigram of its row has collapsed.",
+            "",
+            *_table(["row (windows)", *(f"{m} bpb" for m in refs.models)], rows),
             "",
         ]
     elif note:
@@ -243,6 +328,7 @@ def section(
     outcome = {}
     body = []
     for label, runs in groups.items():
+        unigram = refs.unigram(runs, "test/bpb") if refs else None
         o = seed_outcomes({run.seed: run.value("test/bpb", "last") for run in runs}, worse_above=unigram, fails="stall")
         outcome[label] = o
         body.append([label, o.text()])
@@ -252,7 +338,7 @@ def section(
         *_table(["configuration", "test bpb over seeds"], body),
         "",
     ]
-    lines += collapse_lines(groups, unigram)
+    lines += collapse_lines(groups, refs)
     # comparisons
     family, records, notes, collapses = [], [], [], []
     for text, metric, a, b in comparisons:
@@ -269,7 +355,8 @@ def section(
             estimate = bpb_difference({c: {s: cells[c][s] for s in shared} for c in (a, b)}, a, b)
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
-        at_row = {c: (above({k: v for k, v in row_values(groups[c], metric).items() if k in cells[c]}, unigram),
+        bar = {c: refs.unigram(groups[c], metric) if refs else None for c in (a, b)}  # the unigram of this row
+        at_row = {c: (above({k: v for k, v in row_values(groups[c], metric).items() if k in cells[c]}, bar[c]),
                       len(cells[c])) for c in (a, b)}  # fmt: skip
         collapses.append(
             ", ".join(f"{c} {len(bad)} of {n}" for c, (bad, n) in at_row.items() if bad) if metric != "test/bpb" else ""

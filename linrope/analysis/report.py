@@ -181,7 +181,7 @@ def task_section(
     summary: list,
     pair_rows: list,
     run_rows: list,
-    references: Optional[Dict[str, float]] = None,
+    references: Optional[evidence.References] = None,
 ) -> List[str]:
     cols = columns_for(task)
     rows = summarize(groups, task)
@@ -220,7 +220,9 @@ def task_section(
         + [cell_n(r[c[0]], r["n"], c[3]) for c in cols]
         for r in rows
     ]
-    for model, value in (references or {}).items():  # scored on the same test bytes (linrope.evaluation.references)
+    first = next(run for runs in groups.values() for run in runs)
+    at_test = references.row(evidence.test_key(first)) if references else {}  # through the test's own windows
+    for model, value in at_test.items():  # scored on the same test bytes (linrope.evaluation.references)
         lines.append(
             [f"*{model} (train split)*", "reference", "–", "–", "–", "–", f"{value:.3f}"] + ["–"] * (len(cols) - 1)
         )
@@ -249,8 +251,9 @@ def task_section(
     ]
     if references:
         parts += [
-            "*reference*: byte models fitted on the train split and scored on the same test bytes; a configuration "
-            "above the unigram has collapsed (the Evidence section counts its seeds).",
+            "*reference*: byte models fitted on the train split and scored on the same test bytes through the same "
+            "windows as the test (each byte sees only the bytes before it in its window); a configuration above the "
+            "unigram has collapsed (the Evidence section counts its seeds).",
             "",
         ]
     factors = {r.get("data.test_factor") for runs in groups.values() for r in runs} - {None, 1}

@@ -1,7 +1,8 @@
 """A report's length-extrapolation tables and figure (linrope.analysis.report): per task, a table by evaluation length
 for each of its metrics (bits per byte for bytes; bits per byte and loss per token for text; accuracy for the
 tasks), the RoPE scaling rows beside the model as trained, the non-overlapping-window rows and the context-limited
-control where the runs scored them, the reference rows (unigram, n-gram) where the report has them, the declared
+control where the runs scored them, the reference rows (unigram, n-gram, each scored through the windows of the model
+rows beside it) where the report has them, the declared
 pairs at each length, and the figure."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from linrope.analysis.evidence import References, row_key
 from linrope.analysis.report_cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.runs import Run, by_seed
 from linrope.analysis.stats import LEVEL, mean_ci, paired
@@ -58,6 +60,28 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional
     return lengths, metric, rows
 
 
+def reference_at(refs: Optional[References], model: str, runs: List[Run], name: str, length: int) -> Optional[float]:
+    """``model``'s bpb through the windows of the runs' row ``name`` at ``length`` (None: no such row)."""
+    row = next(
+        (r for run in runs for r in run.extrapolation
+         if row_name(r) == name and r["length"] == length and r.get("status") == "ok"),
+        None,
+    )  # fmt: skip
+    return refs.at(model, row_key(row)) if refs and row else None
+
+
+def reference_rows(groups: Dict[str, List[Run]], rows: list, lengths: list, refs: Optional[References]) -> list:
+    """(model, protocol row, {length: bpb}) per reference model and protocol row of the table (its rows as trained:
+    sliding, windows, the control): the reference scored through that row's windows at each length."""
+    out = []
+    for name in dict.fromkeys(r["name"] for r in rows if r["scaling"] == "none"):
+        runs = [run for r in rows if r["name"] == name for run in groups[r["label"]]]
+        for model in refs.models if refs else []:
+            values = {n: reference_at(refs, model, runs, name, n) for n in lengths}
+            out.append((model, {"scaling": "none", "name": name}, values))
+    return out
+
+
 def row_text(row) -> str:
     """A row's cell in the table's second column: ``as trained`` (sliding windows), the RoPE scaling, and the
     protocol and window where not the default (``as trained, windows``; ``as trained, windows, last 128 keys``)."""
@@ -68,14 +92,24 @@ def row_text(row) -> str:
 
 
 def plot_extrapolation(
-    groups: Dict[str, List[Run]], task: str, path: Path, references: Optional[Dict[str, float]] = None
+    groups: Dict[str, List[Run]], task: str, path: Path, references: Optional[References] = None
 ) -> Optional[Path]:
     """The metric against evaluation length, sliding windows as trained (and each RoPE scaling in a second panel);
-    ``references`` ({model: bpb} on the same bytes): each drawn as a level across the panels (a line above the
-    unigram's has collapsed)."""
+    ``references``: each reference scored through the sliding rows' windows, a level across the panels where it is
+    the same at every length (a line above the unigram's has collapsed), else a grey dashed line of its own."""
     lengths, metric, rows = extrapolation_rows(groups, task)
     if not rows:
         return None
+    levels, ref_curves = {}, []
+    for model, _, values in reference_rows(groups, [r for r in rows if r["name"] == "none"], lengths, references):
+        found = {n: v for n, v in values.items() if v is not None}
+        if len(set(found.values())) == 1:
+            levels[f"{model} (train split, reference)"] = next(iter(found.values()))
+        elif found:
+            style = {"color": "grey", "linestyle": "--"}
+            ref_curves.append(
+                Curve(f"{model} (train split, reference, same windows)", {n: [v] for n, v in found.items()}, style)
+            )
 
     def points(row):
         return {n: list(by.values()) for n, by in row["values"].items() if by}
@@ -84,7 +118,7 @@ def plot_extrapolation(
     plain = [
         Curve(r["label"], points(r), config_style(groups[r["label"]][0].config)) for r in rows if r["scaling"] == "none"
     ]
-    panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")))]
+    panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")) + ref_curves)]
     scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
     if scaled_labels:
         scaled = [
@@ -119,7 +153,7 @@ def plot_extrapolation(
         vline_label="training context",
         title=f"{task}: length extrapolation, {len(plain)} configurations, {seeds_text(groups)}",
         note=band_note(groups),
-        hlines={f"{m} (train split, reference)": v for m, v in (references or {}).items()} if metric == "bpb" else None,
+        hlines=levels if metric == "bpb" and levels else None,
     )
 
 
@@ -143,8 +177,8 @@ def scaling_caption(scalings) -> str:
 
 
 def extrapolation_section(task, groups, pairs, out: Path, suffix: str, pair_rows: list, references=None) -> List[str]:
-    """``references``: {model: bpb} scored on the same bytes (linrope.analysis.evidence.references), rows of the
-    bits-per-byte table."""
+    """``references``: the reference rows (linrope.analysis.evidence.references), rows of the bits-per-byte table,
+    each scored through the windows of the model rows it stands beside."""
     parts: List[str] = []
     for k, metric in enumerate(extrapolation_metrics(task)):
         refs = references if metric == "bpb" else None
@@ -175,18 +209,23 @@ def extrapolation_table(
     context = contexts.pop() if len(contexts) == 1 else None
     names = [f"{n} ({n / context:g}×)" if isinstance(context, int) else str(n) for n in lengths]
     header = ["configuration", "scaling"] + names
-    bar = (references or {}).get("unigram")
 
-    def value(by_seed):
+    def value(by_seed, bar):
         if not by_seed:
             return "n/a"
         iv = mean_ci(list(by_seed.values()), LEVEL)
         return fmt(iv) + (" (collapsed)" if bar is not None and not iv.mean <= bar else "")  # NaN: collapsed too
 
-    lines = [[r["label"], row_text(r)] + [value(r["values"][n]) for n in lengths] for r in rows]
+    def bar(r, n):  # the unigram through this row's windows at this length
+        return reference_at(references, "unigram", groups[r["label"]], r["name"], n)
+
+    lines = [[r["label"], row_text(r)] + [value(r["values"][n], bar(r, n)) for n in lengths] for r in rows]
     protocols = any(r["name"] != r["scaling"] for r in rows)
-    for model, bpb in (references or {}).items():  # the same bytes at every length: one value
-        lines.append([f"*{model} (train split)*", "reference"] + [f"{bpb:.3f}" for _ in lengths])
+    for model, row, values in reference_rows(groups, rows, lengths, references):  # through each row's windows
+        lines.append(
+            [f"*{model} (train split)*", f"reference, {row_text(row)}"]
+            + ["–" if values[n] is None else f"{values[n]:.3f}" for n in lengths]
+        )
     parts = [f"## Length extrapolation: {task}", ""] if heading else []
     parts += [
         f"{METRIC_CAPTIONS[metric]} at each evaluation length in tokens (× the "
@@ -194,8 +233,9 @@ def extrapolation_table(
         + scaling_caption({r["scaling"] for r in rows})
         + (PROTOCOL_CAPTION if protocols else "")
         + (
-            "; *reference*: byte models fitted on the train split and scored on the same bytes (a mean above the "
-            "unigram is marked *collapsed*)"
+            "; *reference*: byte models fitted on the train split and scored on the same bytes through the same "
+            "windows as that protocol's rows (a byte sees no more context than the models saw; a mean above the "
+            "unigram of its row is marked *collapsed*)"
             if references
             else ""
         )

@@ -35,6 +35,7 @@ from torch.utils.data import Dataset
 from linrope.base.errors import CorpusError
 
 from .tasks import IGNORE
+from .windows import window_ends
 
 LN2 = math.log(2.0)  # bits per byte = cross-entropy per byte (nats) / LN2
 
@@ -318,7 +319,8 @@ def default_stride(length: int) -> int:
 
 
 class SlidingWindows(Dataset):
-    """Windows of ``length`` bytes over ``data[0 : n + 1]`` that score the targets at offsets 1 … n once each.
+    """Windows of ``length`` bytes over ``data[0 : n + 1]`` that score the targets at offsets 1 … n once each
+    (``linrope.data.windows``: where they end, and the context each scored byte gets).
 
     Window k ends at e_k (inputs ``data[e_k − length : e_k]``): e_0 = length, e_k = min(e_{k−1} + stride, n);
     it scores the targets at offsets e_{k−1}+1 … e_k.  With ``stride = length`` the windows do not overlap
@@ -328,12 +330,8 @@ class SlidingWindows(Dataset):
     would let each byte see only itself."""
 
     def __init__(self, data: np.ndarray, length: int, stride: int, n: int, offsets: bool = False):
-        if not 1 <= stride <= length:
-            raise ValueError(f"stride={stride}: must be between 1 and the length ({length})")
-        if n < length:
-            raise ValueError(f"the scored text ({n} bytes) is shorter than the length {length}")
+        self.ends = window_ends(length, stride, n)  # the one definition (linrope.data.windows)
         self.data, self.length = torch.from_numpy(np.asarray(data[: n + 1])), length
-        self.ends = list(range(length, n, stride)) + [n]
         self.offsets = offsets
 
     def __len__(self):

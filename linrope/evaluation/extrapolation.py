@@ -75,6 +75,7 @@ from linrope.base.errors import SequenceTooLong
 from linrope.config.settings import EXTRAPOLATION_SETTINGS
 from linrope.data.bytes import LN2, SlidingWindows, default_stride, document_index
 from linrope.data.tasks import IGNORE  # -100: positions that are not scored
+from linrope.data.windows import segments  # which stretches every length scores (the one definition)
 from linrope.evaluation.tables import COLUMNS, KEY, format_row
 from linrope.models.attention import attention_window
 from linrope.ops.rope import ntk_base, partial_frequencies, rope_frequencies, yarn_mscale
@@ -160,24 +161,6 @@ class Segments(Dataset):
         start, windows = self.parts[p]
         x, y, where = windows[k]
         return x, y, torch.where(where >= 0, where + start, where)
-
-
-MAX_SEGMENTS = 16
-
-
-def segments(split_bytes: int, scored_bytes: Optional[int], longest: int) -> List[tuple]:
-    """The (start, size) stretches every length scores: the whole split (every target but the first byte's)
-    when ``scored_bytes`` is None or covers it, else exactly ``scored_bytes`` targets in up to ``MAX_SEGMENTS``
-    segments of at least ``longest`` (the longest length scored) bytes, spread evenly from the split's start to
-    its end."""
-    n = split_bytes - 1
-    if scored_bytes is None or scored_bytes >= n:
-        return [(0, n)]
-    total = int(scored_bytes)
-    k = max(1, min(MAX_SEGMENTS, total // max(int(longest), 1)))
-    sizes = [total // k + (1 if i < total % k else 0) for i in range(k)]
-    gaps = [((n - total) * i) // max(k - 1, 1) for i in range(k)]
-    return [(gaps[i] + sum(sizes[:i]), sizes[i]) for i in range(k)]
 
 
 def scored_hash(offsets: torch.Tensor, targets: torch.Tensor, wide: bool = False) -> str:

@@ -6,7 +6,10 @@ Each is fitted on the **train** split and scores the targets at offsets 1 … n 
 length − 1): entry t − 1 of the returned float64 array is −ln p(byte t | the bytes before it), in nats, the
 loss the trained models pay at that byte.  A split is the corpus loader's (``linrope.data.bytes.load_corpus``):
 its files joined with ``b"\\n"``, so a context reaches across a file boundary as a model's window does; only
-the first bytes of the split have shorter contexts.
+the first bytes of the split have shorter contexts.  **Scored as a model row** (``window_rows``): ``nll``'s
+``context`` cuts each target's context to what the row's window holds before it (``linrope.data.windows``, the
+definition the models' rows read), so the first byte of a non-overlapping window has one byte of context, as the
+model has; a reference row is compared only with model rows scored through the same windows.
 
 * **unigram** — add-one smoothed byte frequencies of the train split: p(w) = (c(w) + 1) / (N + 256).
   A row worse than this has collapsed.
@@ -53,7 +56,8 @@ LN2 = math.log(2.0)  # bits per byte = nats per byte / LN2 (as linrope.data.byte
 MAX_ORDER = 8  # an n-gram is packed into one uint64 key
 UNCOUNTED_DISCOUNT = 0.75  # a discount whose counts of counts are 0 (Kneser–Ney's customary single discount)
 MIN_DISCOUNT = 0.1  # every seen context leaves at least this much of each count to the level below
-COLUMNS = ["model", "split", "document", "bytes", "nats", "bpb"]
+COLUMNS = ["model", "split", "protocol", "length", "stride", "window", "document", "bytes", "nats", "bpb"]
+WHOLE = ("split", None, None, None)  # a row of no windows: each byte with every byte of the split before it
 
 
 def _as_bytes(text, what: str) -> np.ndarray:
@@ -153,8 +157,8 @@ class Unigram:
         self.probs = (counts + self.alpha) / (len(train) + 256 * self.alpha)
         return self
 
-    def nll(self, text) -> np.ndarray:
-        """−ln p of the bytes at offsets 1 … len − 1, in nats (float64)."""
+    def nll(self, text, context: Optional[np.ndarray] = None) -> np.ndarray:
+        """−ln p of the bytes at offsets 1 … len − 1, in nats (float64); ``context`` is not read."""
         text = _as_bytes(text, "unigram: the scored split")
         return -np.log(self.probs)[text[1:]]
 
@@ -204,10 +208,14 @@ class KneserNey:
             p = level.prob(key, p, lengths >= k - 1)
         return -np.log(p)
 
-    def nll(self, text) -> np.ndarray:
-        """−ln p of the bytes at offsets 1 … len − 1 given the (up to n − 1) bytes before each, in nats."""
+    def nll(self, text, context: Optional[np.ndarray] = None) -> np.ndarray:
+        """−ln p of the bytes at offsets 1 … len − 1 given the (up to n − 1) bytes before each, in nats; with
+        ``context`` (entry t − 1: how many bytes before offset t the scoring window holds, as
+        ``linrope.data.windows.scored_context`` gives them) no more than that many."""
         text = _as_bytes(text, f"{self.name}: the scored split")
         ctx, lengths = contexts_of(text, self.order - 1)
+        if context is not None:
+            lengths = np.minimum(lengths, np.maximum(np.asarray(context), 0))
         return self.nll_next(ctx, lengths, text[1:])
 
     def distribution(self, context: bytes = b"") -> np.ndarray:
@@ -223,44 +231,82 @@ def model(order: int):
     return Unigram() if order == 1 else KneserNey(order)
 
 
+def fitted(train, orders: Sequence[int] = (1, 5), log: Optional[Callable[[str], None]] = None) -> list:
+    """Each model (``model(order)``) fitted on the train split ``train``; ``log`` gets a line per model."""
+    if not orders:
+        raise ConfigError("orders: name at least one model (1: the unigram, n ≥ 2: the n-gram)")
+    out = []
+    for order in orders:
+        t0 = time.perf_counter()
+        out.append(model(order).fit(train))
+        if log:
+            log(f"{out[-1].name}: fitted on {len(train):,} train bytes in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
 def reference_scores(
     splits: Mapping[str, np.ndarray],
     split: str = "test",
     orders: Sequence[int] = (1, 5),
     log: Optional[Callable[[str], None]] = None,
+    context: Optional[np.ndarray] = None,
 ) -> Dict[str, np.ndarray]:
     """{model name: per-byte nats on ``split``}, each model (``model(order)``) fitted on ``splits["train"]``;
-    ``splits`` as ``linrope.data.bytes.load_corpus`` returns them.  ``log`` gets a progress line per model."""
+    ``splits`` as ``linrope.data.bytes.load_corpus`` returns them; ``context`` (as ``nll``'s): the bytes each
+    target may see, else every byte before it.  ``log`` gets a progress line per model."""
     for s in ("train", split):
         if s not in splits:
             raise ConfigError(f"split {s!r}: not among the corpus's splits ({', '.join(splits)})")
-    if not orders:
-        raise ConfigError("orders: name at least one model (1: the unigram, n ≥ 2: the n-gram)")
-    train, text = splits["train"], splits[split]
+    text = splits[split]
     if len(text) < 2:
         raise ConfigError(f"the {split} split has {len(text)} bytes: nothing to score")
     out = {}
-    for order in orders:
-        m = model(order)
+    for m in fitted(splits["train"], orders, log):
         t0 = time.perf_counter()
-        m.fit(train)
-        t1 = time.perf_counter()
-        out[m.name] = m.nll(text)
+        out[m.name] = m.nll(text, context)
         if log:
-            log(
-                f"{m.name}: fitted on {len(train):,} train bytes in {t1 - t0:.1f} s, "
-                f"scored {len(text) - 1:,} {split} bytes in {time.perf_counter() - t1:.1f} s"
-            )
+            log(f"{m.name}: scored {len(text) - 1:,} {split} bytes in {time.perf_counter() - t0:.1f} s")
     return out
 
 
-def per_document(nats: np.ndarray, documents: Sequence[Tuple[str, int, int]]) -> List[Dict]:
+def window_rows(
+    models: Sequence,
+    text: np.ndarray,
+    split: str,
+    rows: Sequence[Tuple[str, int, int, Optional[int]]],
+    parts: Optional[Sequence[tuple]] = None,
+    documents: Optional[Sequence[Tuple[str, int, int]]] = None,
+) -> List[Dict]:
+    """The CSV rows (``COLUMNS``) of fitted ``models`` scored as each model row ``(protocol, length, stride,
+    window)`` scores ``text`` (``WHOLE``: no windows): the same windows over the same stretches ``parts`` (default: the whole split), so
+    each target sees no more bytes than the row's model saw (``linrope.data.windows.scored_context``, the
+    definition ``SlidingWindows`` reads)."""
+    from linrope.data.windows import scored_context
+
+    text = _as_bytes(text, f"the {split} split")
+    parts = [(0, len(text) - 1)] if parts is None else parts
+    out = []
+    for row in rows:
+        protocol, length, stride, window = row
+        context = None if length is None else scored_context(len(text), parts, int(length), int(stride), window)
+        scores = {m.name: m.nll(text, context) for m in models}
+        out += summary_rows(scores, split, documents, row=row, scored=None if context is None else context >= 0)
+    return out
+
+
+def per_document(
+    nats: np.ndarray, documents: Sequence[Tuple[str, int, int]], scored: Optional[np.ndarray] = None
+) -> List[Dict]:
     """Per document ``(name, start, end)`` (offsets in the split, end exclusive): the nats of the targets whose
     offset falls in [start, end) and how many there are.  ``nats[t − 1]`` is the target at offset t (as the
     models return), so offset 0, which has no target, counts in no document.  Documents must lie in the split
-    and not overlap; the bytes between them (the ``b"\\n"`` that joins files) belong to none."""
+    and not overlap; the bytes between them (the ``b"\\n"`` that joins files) belong to none.  ``scored``
+    (a mask like ``nats``): only those targets count."""
     nats = np.asarray(nats, np.float64)
     n = len(nats)
+    kept = np.ones(n, bool) if scored is None else np.asarray(scored, bool)
+    nats = np.where(kept, nats, 0.0)
+    before = np.concatenate(([0], np.cumsum(kept)))
     rows, last_end = [], 0
     for i, doc in enumerate(documents):
         try:
@@ -279,7 +325,7 @@ def per_document(nats: np.ndarray, documents: Sequence[Tuple[str, int, int]]) ->
                 "document": str(name),
                 "start": start,
                 "end": end,
-                "bytes": hi - lo,
+                "bytes": int(before[hi - 1] - before[lo - 1]),
                 "nats": float(nats[lo - 1 : hi - 1].sum()),
             }
         )
@@ -291,18 +337,26 @@ def bpb(nats: float, count: int) -> float:
 
 
 def summary_rows(
-    scores: Mapping[str, np.ndarray], split: str, documents: Optional[Sequence[Tuple[str, int, int]]] = None
+    scores: Mapping[str, np.ndarray],
+    split: str,
+    documents: Optional[Sequence[Tuple[str, int, int]]] = None,
+    row: Tuple = WHOLE,
+    scored: Optional[np.ndarray] = None,
 ) -> List[Dict]:
     """The rows of the CSV (``COLUMNS``): per model the whole split (``document`` empty), then, with
-    ``documents``, one row per document."""
+    ``documents``, one row per document; ``row``: the model row ``(protocol, length, stride, window)`` they were
+    scored as (``WHOLE``: no windows), ``scored``: the targets it scored (default all)."""
+    where = dict(zip(("protocol", "length", "stride", "window"), row))
     rows = []
     for name, nats in scores.items():
-        total = float(np.sum(nats))
-        rows.append({"model": name, "split": split, "document": "", "bytes": len(nats), "nats": total})
-        for d in per_document(nats, documents) if documents is not None else []:
+        kept = np.ones(len(nats), bool) if scored is None else np.asarray(scored, bool)
+        total = float(np.sum(nats[kept]))
+        rows.append({"model": name, "split": split, **where, "document": "", "bytes": int(kept.sum()), "nats": total})
+        for d in per_document(nats, documents, kept) if documents is not None else []:
             rows.append(
-                {"model": name, "split": split, "document": d["document"], "bytes": d["bytes"], "nats": d["nats"]}
-            )
+                {"model": name, "split": split, **where, "document": d["document"], "bytes": d["bytes"],
+                 "nats": d["nats"]}
+            )  # fmt: skip
     for r in rows:
         r["bpb"] = bpb(r["nats"], r["bytes"])
     return rows
@@ -315,7 +369,7 @@ def write_csv(rows: Sequence[Dict], path: Path) -> Path:
     w = csv.DictWriter(f, fieldnames=COLUMNS)
     w.writeheader()
     for r in rows:
-        w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else r[k]) for k in COLUMNS})
+        w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else "" if r[k] is None else r[k]) for k in COLUMNS})
     atomic_write_bytes(f.getvalue().encode("utf-8"), path)
     return path
 
@@ -338,12 +392,14 @@ def parser() -> argparse.ArgumentParser:
         prog=program("python -m linrope.evaluation.references"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Reference rows: byte models fitted on the corpus's train split, scored on another split\n"
-        "(every target byte of it, offsets 1..n, as the extrapolation table scores them).  Order 1 is the\n"
-        "add-one unigram (a trained model worse than it has collapsed); order n >= 2 an interpolated\n"
-        "modified Kneser-Ney n-gram with n - 1 bytes of context.  Prints bits per byte per model and\n"
-        "writes a CSV with the columns model, split, document, bytes, nats, bpb (document empty: the\n"
-        "whole split).  The splits are the training run's: the same path and fractions give the same ones.",
+        "(every target byte of it, offsets 1..n; with --length, through the windows a model row of that length\n"
+        "uses, each byte seeing no more than the model saw).  Order 1 is the add-one unigram (a trained model\n"
+        "worse than it has collapsed); order n >= 2 an interpolated modified Kneser-Ney n-gram with n - 1\n"
+        "bytes of context.  Prints bits per byte per model and writes a CSV with the columns model, split,\n"
+        "protocol, length, stride, window, document, bytes, nats, bpb (document empty: the whole split).  The\n"
+        "splits are the training run's: the same path and fractions give the same ones.",
         epilog="examples:\n  python -m linrope.evaluation.references --out references.csv\n"
+        "  python -m linrope.evaluation.references --length 128   # as the test of a model trained at 128\n"
         "  python -m linrope.evaluation.references --path my_corpus/ --split val --orders 1,3,5",
     )
     p.add_argument("--path", help="the corpus, as data.path (default: the Python standard library's .py sources)")
@@ -354,6 +410,13 @@ def parser() -> argparse.ArgumentParser:
         default=(1, 5),
         help="models, comma-separated: 1 = unigram, n = n-gram (default 1,5)",
     )
+    p.add_argument(
+        "--length",
+        type=int,
+        help="score through windows of this many bytes, as a model row does (default: no windows: each byte with "
+        "the n - 1 bytes before it in the split)",
+    )
+    p.add_argument("--stride", type=int, help="with --length: the windows move by this much (default: the length)")
     p.add_argument("--out", type=Path, help="CSV to write (default: print only)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="as data.val_fraction (default 0.05)")
     p.add_argument("--test-fraction", type=float, default=0.05, help="as data.test_fraction (default 0.05)")
@@ -382,10 +445,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         say(f"corpus {args.path or 'stdlib'}: " + ", ".join(f"{s} {len(v):,} bytes" for s, v in splits.items()))
         if args.split == "train":
             say("(scoring the train split: the models were fitted on it, so these are not held-out numbers)")
-        scores = reference_scores(splits, args.split, args.orders, log=say)
+        if args.length:
+            stride = args.stride or args.length
+            if not 1 <= stride <= args.length < len(splits[args.split]):
+                raise ConfigError(f"--length {args.length} --stride {stride}: need 1 <= stride <= length < the split")
+            row = ("windows" if stride == args.length else "sliding", args.length, stride, None)
+            rows = window_rows(fitted(splits["train"], args.orders, log=say), splits[args.split], args.split, [row])
+        else:
+            rows = summary_rows(reference_scores(splits, args.split, args.orders, log=say), args.split)
     except LinropeError as e:
         raise SystemExit(f"linrope.evaluation.references: {e}") from None
-    rows = summary_rows(scores, args.split)
     say(f"{'model':<10} {'bytes':>10} {'nats':>14} {'bpb':>8}")
     for r in rows:
         say(f"{r['model']:<10} {r['bytes']:>10} {r['nats']:>14.1f} {r['bpb']:>8.4f}")

@@ -223,3 +223,22 @@ def fake_run(folder, model, seed, finished=True, lr=3e-3, parameters=True, extra
                 }
             )
         )
+
+
+def write_references(path: Path, runs, values) -> Path:
+    """``path`` (a references.csv) with a row per model row of ``runs`` (linrope.analysis.evidence.needed_keys: the
+    test's windows, then each extrapolation row's); ``values``: {model: bpb, or a function of the row's key}."""
+    from linrope.analysis.evidence import needed_keys
+    from linrope.evaluation.references import COLUMNS
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for key in needed_keys({"": list(runs)}):
+            for model, value in values.items():
+                bpb = value(key) if callable(value) else value
+                protocol, length, stride, window = key
+                w.writerow(dict(model=model, split="test", protocol=protocol, length=length, stride=stride,
+                                window=window or "", document="", bytes=1000, nats=bpb * 1000 * math.log(2),
+                                bpb=bpb))  # fmt: skip
+    return path

@@ -10,7 +10,7 @@ from linrope.analysis import study_config
 from linrope.analysis.arms import arms_table, claim_results, outcome
 from linrope.analysis.runs import find_runs, group_runs
 from linrope.analysis.stats import paired
-from tests.analysis.helpers import write_budget
+from tests.analysis.helpers import write_budget, write_references
 
 BUDGET = study_config.named("budget")
 CLAIMS = BUDGET.claims
@@ -153,9 +153,8 @@ def test_a_claim_at_a_row_where_a_seed_is_above_the_unigram_gets_no_verdict(tmp_
     bpb = {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.00, 3.03, 3.01]}  # bpb@256: test + 0.1·seed
     write_budget(tmp_path, 800, bpb)
     write_budget(tmp_path, 3200, bpb)
-    (tmp_path / "steps800" / "references.csv").write_text(
-        "model,split,document,bytes,nats,bpb\nunigram,test,,1000,2322.0,3.35\nunigram,test,a.py,10,23.0,3.3\n"
-    )  # linear's bpb@256 is 3.40, 3.52, 3.61 at 800 steps: all three above; linear_rope's 3.10, 3.23, 3.31
+    write_references(tmp_path / "steps800" / "references.csv", find_runs(tmp_path / "steps800"), {"unigram": 3.35})
+    # linear's bpb@256 is 3.40, 3.52, 3.61 at 800 steps: all three above; linear_rope's 3.10, 3.23, 3.31
     text = arms_table(tmp_path, BUDGET, reports=False)
     at_2x = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "bpb@256"))
     at_1x = next(c for c in CLAIMS if (c.a, c.b, c.metric) == ("linear_rope", "linear", "test/bpb"))

@@ -12,6 +12,7 @@ import pytest
 
 from linrope.analysis.evidence import documents_of, row_for, section
 from linrope.analysis.runs import Run
+from tests.analysis.helpers import write_references
 
 LN2 = math.log(2.0)
 DOCS = [f"doc{i}.py" for i in range(6)]
@@ -65,7 +66,8 @@ def test_a_metric_reads_its_row_and_the_documents(groups):
 
 
 def test_the_section_has_every_part_and_adjusted_p(groups, tmp_path):
-    (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,4.5\n")
+    every = [r for runs in groups.values() for r in runs]
+    write_references(tmp_path / "references.csv", every, {"unigram": 4.5, "5-gram": lambda key: 1.5 + key[1] / 1000})
     comparisons = [
         ("A beats B", "test/bpb", "a", "b"),
         ("A beats B at 2x", "bpb@128", "a", "b"),
@@ -75,7 +77,9 @@ def test_the_section_has_every_part_and_adjusted_p(groups, tmp_path):
     lines, records = section(groups, comparisons, tmp_path)
     text = "\n".join(lines)
     assert "| a | 3 | 9,000 bytes, 6 documents |" in text  # the scored text
-    assert "unigram 4.500 bpb" in text  # the reference rows
+    assert "| row (windows) | unigram bpb | 5-gram bpb |" in text  # the reference rows, one per model row:
+    assert "| test/bpb = bpb@64 windows (windows of 64) | 4.500 | 1.564 |" in text  # the test's own windows
+    assert "| bpb@128 windows window64 (windows of 128, last 64 keys) | 4.500 | 1.628 |" in text
     assert "| c | 1 of 3 seeds fail (1 diverged); the other 2:" in text  # a failed seed is a count
     assert [r["claim"] for r in records] == ["A beats B", "A beats B at 2x", "C against B"]  # no row: no comparison
     first = records[0]
@@ -95,7 +99,7 @@ def test_a_row_above_the_unigram_is_counted_and_its_comparison_gets_no_verdict(g
     rows = {m: [row_for(r, m)["bpb"] for r in groups["b"]] for m in ("test/bpb", "bpb@128")}
     bar = (max(rows["test/bpb"]) + min(rows["bpb@128"])) / 2
     assert max(rows["test/bpb"]) < bar < min(rows["bpb@128"])
-    (tmp_path / "references.csv").write_text(f"model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,{bar}\n")
+    write_references(tmp_path / "references.csv", [r for runs in groups.values() for r in runs], {"unigram": bar})
     comparisons = [("A beats B", "test/bpb", "a", "b"), ("A beats B at 2x", "bpb@128", "a", "b")]
     lines, records = section(groups, comparisons, tmp_path)
     text = "\n".join(lines)
@@ -110,14 +114,14 @@ def test_a_row_above_the_unigram_is_counted_and_its_comparison_gets_no_verdict(g
 
 def test_a_run_still_training_has_no_scored_text_yet(groups, tmp_path):
     """A study reported while a run trains: the run has no test values yet, and the scored text lists the others."""
-    (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,4.5\n")
+    write_references(tmp_path / "references.csv", [r for runs in groups.values() for r in runs], {"unigram": 4.5})
     groups["a"].append(Run(Path("/x/a-seed4"), {"seed": 4, "context": 64, "model.name": "a"}, {}, []))
     lines, _ = section(groups, [("A beats B", "test/bpb", "a", "b")], tmp_path)
     assert "| a | 4 | 9,000 bytes, 6 documents |" in "\n".join(lines)
 
 
 def test_a_collapsed_configuration_gets_no_verdict(groups, tmp_path):
-    (tmp_path / "references.csv").write_text("model,split,document,bytes,nats,bpb\nunigram,test,,9000,1,1.5\n")
+    write_references(tmp_path / "references.csv", [r for runs in groups.values() for r in runs], {"unigram": 1.5})
     lines, records = section(groups, [("A beats B", "test/bpb", "a", "b")], tmp_path)
     assert "3 of 3 seeds stall (> 1.5)" in "\n".join(lines)
     assert records[0]["verdict"] == "no verdict (every seed failed)" and records[0]["diff"] is None
@@ -148,20 +152,35 @@ def test_a_tiny_study_reports_its_evidence(tmp_path):
     assert {r["metric"] for r in rows} >= {"test/bpb"} and all(r["p_holm"] for r in rows if r["lo"])
 
 
-def test_the_extrapolation_table_has_a_row_per_protocol_and_the_reference_rows(groups):
+def refs_of(groups, folder: Path, values):
+    """The reference rows ``values`` ({model: bpb or a function of the row's key}) at every model row of ``groups``."""
+    from linrope.analysis.evidence import read_references
+
+    write_references(folder / "references.csv", [r for runs in groups.values() for r in runs], values)
+    return read_references(folder)
+
+
+def test_the_extrapolation_table_has_a_row_per_protocol_and_the_reference_rows(groups, tmp_path):
     """Each configuration's sliding, non-overlapping and context-limited rows (not only the first row of a length),
     the references at every length, and the paired differences on the sliding rows."""
     from linrope.analysis.report_lengths import extrapolation_table
     from linrope.analysis.stats import paired
 
     pair_rows = []
-    lines = extrapolation_table("bytes", groups, [("a", "b")], pair_rows, "bpb", references={"unigram": 4.5})
+    refs = refs_of(
+        groups, tmp_path, {"unigram": 4.5, "5-gram": lambda key: 1.5 + key[1] / 1000 + (key[0] == "sliding")}
+    )
+    lines = extrapolation_table("bytes", groups, [("a", "b")], pair_rows, "bpb", references=refs)
     text = "\n".join(lines)
     rows = [line for line in text.splitlines() if line.startswith("| a |")]
     cells = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in rows}
     assert set(cells) == {("a", "as trained"), ("a", "as trained, windows"), ("a", "as trained, windows, last 64 keys")}
     assert cells[("a", "as trained")].split("|")[3].strip() == "n/a"  # no sliding row at 64
-    assert "| *unigram (train split)* | reference | 4.500 | 4.500 |" in text and "last N keys" in text
+    assert "| *unigram (train split)* | reference, as trained | – | 4.500 |" in text and "last N keys" in text
+    # each protocol's reference through that protocol's windows: 1.564 at the test's windows of 64, not one value
+    assert "| *5-gram (train split)* | reference, as trained | – | 2.628 |" in text
+    assert "| *5-gram (train split)* | reference, as trained, windows | 1.564 | 1.628 |" in text
+    assert "| *5-gram (train split)* | reference, as trained, windows, last 64 keys | – | 1.628 |" in text
     sliding = {g: {r.seed: row_for(r, "bpb@128")["bpb"] for r in groups[g]} for g in ("a", "b")}
     at_128 = next(r for r in pair_rows if r["metric"] == "bpb@128")
     assert at_128["mean difference"] == pytest.approx(paired(sliding["a"], sliding["b"]).diff.mean)
@@ -173,12 +192,16 @@ def test_the_reference_rows_stand_in_the_test_table_and_a_collapsed_mean_is_mark
     from linrope.analysis.report import task_section
     from linrope.analysis.report_lengths import extrapolation_table
 
-    text = "\n".join(task_section("bytes", groups, [], tmp_path, "", [], [], [], {"unigram": 4.5, "5-gram": 1.7}))
+    refs = refs_of(
+        groups, tmp_path, {"unigram": 4.5, "5-gram": lambda key: 1.7 if key == ("windows", 64, 64, None) else 9}
+    )
+    text = "\n".join(task_section("bytes", groups, [], tmp_path, "", [], [], [], refs))
     assert "| *unigram (train split)* | reference | – | – | – | – | 4.500 |" in text
-    assert "| *5-gram (train split)* | reference | – | – | – | – | 1.700 |" in text
+    assert "| *5-gram (train split)* | reference | – | – | – | – | 1.700 |" in text  # the test's windows
     sliding = {g: [row_for(r, "bpb@128")["bpb"] for r in groups[g]] for g in ("a", "b")}
     bar = (max(sliding["a"]) + min(sliding["b"])) / 2  # a's mean below it, b's above
-    lines = "\n".join(extrapolation_table("bytes", groups, [], [], "bpb", references={"unigram": bar})).splitlines()
+    refs = refs_of(groups, tmp_path, {"unigram": lambda key: bar if key[0] == "sliding" else 99.0})  # this row's bar
+    lines = "\n".join(extrapolation_table("bytes", groups, [], [], "bpb", references=refs)).splitlines()
     row = {line.split("|")[1].strip(): line for line in lines if "| as trained |" in line}
     assert "(collapsed)" in row["b"].split("|")[4] and "(collapsed)" not in row["a"]
 

@@ -12,6 +12,7 @@ import pytest
 
 from linrope.base.errors import ConfigError
 from linrope.evaluation.references import (
+    WHOLE,
     KneserNey,
     Unigram,
     main,
@@ -221,3 +222,28 @@ def test_stdlib_corpus_five_gram_beats_the_unigram_on_test():
     print(f"test bpb {bpb} over {len(splits['test']) - 1} bytes; fit + score {seconds:.1f} s")
     assert all(len(v) == len(splits["test"]) - 1 and np.isfinite(v).all() for v in scores.values())
     assert bpb["5-gram"] < bpb["unigram"] and seconds < 60
+
+
+def test_the_ngram_scored_through_a_rows_windows_sees_no_more_than_the_model():
+    """A reference row scored like a model row: at the first byte of each non-overlapping window the 5-gram has one
+    byte of context (the window's first), as the model has; sliding windows with at least 4 bytes before each scored
+    byte (after the first window) give the whole-split scores there; the unigram is the same on every row."""
+    from linrope.data.windows import window_context
+    from linrope.evaluation.references import fitted, window_rows
+
+    r = rng("windows")
+    train, test = markov_text(r, 20000), markov_text(r, 4001)
+    models = fitted(train, (1, 5))
+    gram = models[1]
+    whole = gram.nll(test)
+    cut = gram.nll(test, window_context(16, 16, 4000))
+    for t in (17, 33, 49):  # the first byte of a window: one byte of context
+        one = gram.nll_next(np.array([test[t - 1]], np.uint64), np.array([1]), np.array([test[t]]))
+        assert cut[t - 1] == pytest.approx(one[0]) and cut[t - 1] != pytest.approx(whole[t - 1])
+    assert np.allclose(cut[np.r_[3:16, 20:32]], whole[np.r_[3:16, 20:32]])  # 4 bytes or more: the same
+    rows = window_rows(models, test, "test", [("windows", 16, 16, None), ("sliding", 16, 8, None), WHOLE])
+    bpb = {(row["model"], row["protocol"]): row["bpb"] for row in rows}
+    assert bpb[("5-gram", "sliding")] == pytest.approx(bpb[("5-gram", "split")], abs=1e-3)  # all but 3 bytes alike
+    assert bpb[("5-gram", "windows")] != pytest.approx(bpb[("5-gram", "split")], abs=1e-3)
+    assert bpb[("unigram", "windows")] == bpb[("unigram", "sliding")] == bpb[("unigram", "split")]
+    assert {row["bytes"] for row in rows} == {4000}
