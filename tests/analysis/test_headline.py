@@ -40,10 +40,13 @@ def main_runs() -> list:
     return compact_index(PART) if (PART / "runs.json").is_file() else []
 
 
+COSINE = ["linear_cosine", "linear_cosine_rope"]  # issue 55's arms, tuned first, their main runs in progress
+
+
 def test_the_study_holds_the_seven_configurations_and_the_two_trained_controls():
     names = configurations()
     assert len(names) == 9 and set(CONTROLS) <= set(names)
-    assert [c["configuration"] for c in tuning()["configurations"]] == names
+    assert [c["configuration"] for c in tuning()["configurations"]] == names + COSINE
 
 
 def test_tuning_is_on_validation_only_with_one_grid_and_budget_and_every_choice_is_interior():
