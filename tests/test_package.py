@@ -40,6 +40,10 @@ def test_the_commands_are_declared_and_defined():
         tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
         defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
         defined |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        targets = [t for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]  # run, __getattr__ = ...
+        defined |= {
+            e.id for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)
+        }
         assert function in defined, target  # the command module defines it or takes it from its layer
 
 
@@ -80,11 +84,13 @@ def test_git_holds_one_copy_of_the_configs():
     tracked = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     entries = [line.split(maxsplit=3) for line in tracked.splitlines()]
     assert not [p for mode, _, _, p in entries if mode == "120000"], "a symlink in git"
-    # besides conf/, only the committed studies' run records (docs/results/) and pre-commit's own settings
+    # besides conf/, only the committed studies' run records (docs/results/), the harness task example (lm-eval's
+    # task YAML, docs/examples/my_tasks/) and pre-commit's own settings
+    others = ("docs/results/", "docs/examples/my_tasks/")
     yamls = [
         p
         for *_, p in entries
-        if p.endswith((".yaml", ".yml")) and not p.startswith("docs/results/") and p != ".pre-commit-config.yaml"
+        if p.endswith((".yaml", ".yml")) and not p.startswith(others) and p != ".pre-commit-config.yaml"
     ]
     assert yamls and all(p.startswith("conf/") for p in yamls), [p for p in yamls if not p.startswith("conf/")]
     assert not (ROOT / "linrope" / "conf").exists()  # the build maps conf/ there, in the wheel only
