@@ -312,9 +312,9 @@ class Tuning:
         """``<study>/tuning.json``: the rule, and per configuration what was tried and chosen so far; the entries of
         configurations this call does not tune (an earlier call's, with other models) are kept as they were."""
         spec, entries = self.spec, self.entries()
-        ours = {e["configuration"]: e for e in entries}
+        ours = {_identity(e): e for e in entries}  # by overrides: a name depends on the call's other jobs
         earlier = (record_file.read(self.study.dir) or {}).get("configurations", [])
-        entries = [ours.pop(e.get("configuration"), e) for e in earlier] + list(ours.values())
+        entries = [ours.pop(_identity(e), e) for e in earlier] + list(ours.values())
         steps = {e["max_steps"] for e in entries}
         record_file.write(
             self.study.dir,
@@ -349,3 +349,8 @@ class Tuning:
                     f"linrope.study: tuning {name}: {self.spec.key}={value_text(d['chosen'])} ({where}; tried {tried})"
                 )
         return out
+
+
+def _identity(entry: Dict[str, Any]) -> frozenset:
+    """A tuning record entry's configuration: its overrides, in any order."""
+    return frozenset(entry.get("overrides") or [entry.get("configuration")])

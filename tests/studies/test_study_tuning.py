@@ -230,14 +230,17 @@ def test_a_study_adding_configurations_keeps_the_earlier_ones_tuning_record(tmp_
     """A study run again with other configurations (a new arm, as issue 55's cosine arms joined the headline study)
     adds theirs to tuning.json and keeps what the earlier configurations tried and chose (it was rewritten with the
     new ones alone, losing the record the committed main runs rest on)."""
-    trainer.start({"linear": 2e-3, "linear_rope": 2e-3})
+    trainer.start({"linear": 2e-3, "linear_rope": 2e-3, "linear_alibi": 2e-3, "softmax_rope": 2e-3})
     s = tmp_path / "s"
-    assert Study(s, [*TINY, "model=linear", "seed=1"], 1, False, cache=trainer.cache).run(jobs=1) == 0
-    first = tuning_record.read(s)["configurations"]
-    assert Study(s, [*TINY, "model=linear_rope", "seed=1"], 1, False, cache=trainer.cache).run(jobs=1) == 0
-    record = tuning_record.read(s)
-    assert [e["configuration"] for e in record["configurations"]] == ["linear", "linear_rope"]
-    assert record["configurations"][0] == first[0] and record["configurations"][1]["chosen"] == 0.002
+
+    def study(models, jobs):
+        assert Study(s, [*TINY, f"model={models}", "seed=1"], 1, False, cache=trainer.cache).run(jobs=jobs) == 0
+        return tuning_record.read(s)["configurations"]
+
+    first = study("linear,linear_rope", 2)
+    second = study("linear_alibi,softmax_rope", 2)
+    assert [e["configuration"] for e in second] == ["linear", "linear_rope", "linear_alibi", "softmax_rope"]
+    assert second[:2] == first and [e["chosen"] for e in second[2:]] == [0.002, 0.002]
 
 
 def test_a_stopped_tuning_resumes_and_no_finished_run_trains_again(tmp_path, trainer, capsys):
