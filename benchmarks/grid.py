@@ -161,19 +161,6 @@ def run_worker(src: str, args, fla: bool) -> Dict[str, float]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-class Spinner:
-    """A competing process spinning one thread while the context is open."""
-
-    def __enter__(self):
-        self.p = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        time.sleep(0.5)
-        return self
-
-    def __exit__(self, *exc):
-        self.p.kill()
-        self.p.wait()
-
-
 def med(results: List[Dict[str, float]], key: str) -> Optional[float]:
     vals = [r[key] for r in results if key in r]
     return statistics.median(vals) if vals else None
@@ -246,6 +233,9 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.rows, args.repeats, args.sdpa_max, not args.no_fla, args.threads)))
         return 0
+    sys.path.insert(0, str(ROOT))  # the driver, not a worker: this checkout's helpers
+    from benchmarks import timing
+
     if args.out and not args.out.parent.is_dir():
         p.error(f"--out {args.out}: folder {args.out.parent} does not exist")
     states = ["quiet"] + ([] if args.no_loaded else ["loaded"])
@@ -261,16 +251,12 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for state in states:
                 for who, src in sources if r % 2 == 0 else sources[::-1]:
-                    if state == "loaded":
-                        with Spinner():
-                            out = run_worker(src, args, fla=not args.no_fla)
-                    else:
+                    with timing.busy_process(state == "loaded"):
                         out = run_worker(src, args, fla=not args.no_fla)
                     res.setdefault(f"{who}/{state}", []).append(out)
                     print(
                         f"grid: round {r + 1}/{args.rounds} {state} {who} done ({time.time() - t0:.0f} s)", flush=True
                     )
-    sys.path.insert(0, str(ROOT))
     from linrope.run.provenance import machine_line
 
     title = f"# Chunk kernel grid ({args.rounds} rounds × {args.repeats} repeats, medians)"

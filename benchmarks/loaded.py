@@ -27,10 +27,7 @@ Usage:  python benchmarks/loaded.py                      # N = 16 384, 5 rounds
 from __future__ import annotations
 
 import argparse
-import contextlib
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -45,21 +42,6 @@ FORMS = ("chunk", "chunk-whole", "chunk-old", "sdpa")
 STATES = ("quiet", "loaded")
 
 
-@contextlib.contextmanager
-def busy_process(enabled: bool):
-    """One competing process spinning one thread, started here and stopped on leaving."""
-    if not enabled:
-        yield
-        return
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)  # running and scheduled before the first timing
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 def measure(length: int, rounds: int, forms, warmup: int = 1):
     """{(form, state): [seconds per round]}."""
     calls = {}
@@ -70,7 +52,7 @@ def measure(length: int, rounds: int, forms, warmup: int = 1):
     times = {(f, s): [] for f in forms for s in STATES}
     for r in range(rounds):
         for state in STATES:
-            with busy_process(state == "loaded"):
+            with timing.busy_process(state == "loaded"):
                 got = timing.rounds(calls, rounds=1, warmup=warmup if r == 0 and state == "quiet" else 0)
             for f in forms:
                 times[f, state] += got[f]

@@ -8,8 +8,10 @@ only ever taken between two times measured in the same process (``ratio``: None 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,3 +124,18 @@ def header(title: str, timing: str) -> None:
 def set_threads(threads: Optional[int]) -> None:
     if threads:
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def busy_process(enabled: bool):
+    """One competing process spinning one thread, started here and stopped on leaving."""
+    if not enabled:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # running and scheduled before the first timing
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
