@@ -183,6 +183,11 @@ def data_errors(cfg) -> List[str]:
     path = get(cfg, "data.path")
     if not path:
         return []
+    from linrope.data.corpora import PREFIX, check
+
+    if str(path).startswith(PREFIX):  # a named corpus: installed, and the text the results were measured on
+        why = check(str(path))
+        return [why] if why else []
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         return [f"data.path {path}: does not exist"]

@@ -168,6 +168,9 @@ def load_corpus(
     content unless ``allow_binary`` (see the module docstring).
 
     A single file is split by position (first 90% train, then val, then test), memory-mapped."""
+    from .corpora import resolve
+
+    path = resolve(path)  # corpus:<name>: the folder of a named corpus's documents (linrope.data.corpora)
     root = Path(path).expanduser() if path else stdlib_dir()
     if suffixes is None and not path:
         suffixes = (".py",)

@@ -216,6 +216,9 @@ def resolve_source(
     if not path:
         root = stdlib_dir()
         return Source(root, list_files(root, tuple(suffixes or (".py",))), field)
+    from .corpora import resolve
+
+    path = resolve(path)  # corpus:<name>: a named corpus's folder (linrope.data.corpora)
     suffixes = tuple(suffixes or DEFAULT_SUFFIXES)
     p = Path(str(path)).expanduser()
     if any(c in str(path) for c in "*?["):
