@@ -25,6 +25,7 @@ file, tests/positions/test_<scheme>.py, are the place for a scheme's numbers).""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -417,3 +418,92 @@ def run_contract(found: list) -> list:
             fn(*param.values)
             ran.append(f"{check}[{param.id}]")
     return ran
+
+
+# ---------------------------------------------------------------------------------------------------
+# its rows in README's tables and its section in docs/schemes.md
+# ---------------------------------------------------------------------------------------------------
+def table(text: str, header: str) -> list:
+    """The rows (lists of cells, ``\\|`` kept inside a cell) of the markdown table whose header line starts with
+    ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows
+
+
+def names_in(cell: str, registry) -> list:
+    return [n for n in re.findall(r"`([^`]+)`", cell) if n in registry]
+
+
+def readme_problems(readme: str, registry=None) -> list:
+    """What README's two scheme tables say that the registry does not: the scheme table (scheme | kind | paper) has
+    one row per scheme, its kind the scheme's (— for none) and its paper cell naming the first word of ``paper``; in
+    the softmax | linear table every scheme is in one row of schemes alone, softmax takes it (causal only where the
+    scheme is), linear attention takes it (✓) exactly where ``linear_ok``."""
+    registry = REGISTRY if registry is None else registry
+    problems = []
+    rows = {}
+    for cells in table(readme, "| scheme | kind | paper |"):
+        named = re.fullmatch(r"`([^`]+)`", cells[0])
+        if named:
+            rows.setdefault(named.group(1), []).append(cells)
+    for name in sorted(set(rows) | set(registry)):
+        cls, found = registry.get(name), rows.get(name, [])
+        if cls is None:
+            problems.append(f"README's scheme table: `{name}` is no registered scheme")
+            continue
+        if len(found) != 1:
+            problems.append(f"README's scheme table: {len(found)} rows for `{name}`, expected one")
+            continue
+        _, kind, paper = found[0]
+        if not kind.startswith("—" if cls.kind == "none" else cls.kind):
+            problems.append(f"README's scheme table: `{name}` is a {cls.kind} scheme, the table says {kind!r}")
+        first = re.split(r"[\s,]+", cls.paper)[0]
+        if first not in paper:
+            problems.append(f"README's scheme table: `{name}`'s paper cell does not name {first!r} ({cls.paper})")
+    alone = {}
+    for cells in table(readme, "| scheme | softmax | linear |"):
+        bare = re.sub(r"`([^`]+)`", lambda m: "" if m.group(1) in registry else m.group(0), cells[0])
+        rest = re.sub(r"\([^)]*\)", "", bare).replace(",", "").strip()  # "(all variants)" is no other option
+        if not rest and names_in(cells[0], registry):
+            for name in names_in(cells[0], registry):
+                alone.setdefault(name, []).append(cells)
+    for name, cls in sorted(registry.items()):
+        found = alone.get(name, [])
+        if len(found) != 1:
+            problems.append(f"README's softmax | linear table: {len(found)} rows of `{name}` alone, expected one")
+            continue
+        _, softmax, linear = found[0]
+        if not softmax.startswith("✓") or ("causal only" in softmax) != bool(cls.causal_only):
+            problems.append(f"README's softmax | linear table: `{name}`'s softmax cell {softmax!r}")
+        if linear.startswith("✓") != cls.linear_ok:
+            problems.append(
+                f"README's softmax | linear table: `{name}`: linear_ok is {cls.linear_ok}, the table {linear!r}"
+            )
+    return problems
+
+
+def schemes_md_problems(doc: str, registry=None) -> list:
+    """What docs/schemes.md lacks: a section ``### `<name>` `` per scheme, and in its sharing table a row for every
+    scheme that shares (``shares``), saying ``share: false`` is the default where it is; no row for an unknown name."""
+    from linrope.base.options import defaults
+
+    registry = REGISTRY if registry is None else registry
+    problems = [f"docs/schemes.md: no section ### `{n}`" for n in sorted(registry) if f"\n### `{n}`\n" not in doc]
+    rows = {}
+    for cells in table(doc, "| scheme | what the paper / release shares across layers |"):
+        named = re.fullmatch(r"`([^`]+)`", cells[0])
+        if named:
+            rows[named.group(1)] = cells
+    problems += [f"docs/schemes.md's sharing table: `{n}` is no registered scheme" for n in rows if n not in registry]
+    for name, cls in sorted(registry.items()):
+        if cls.shares and name not in rows:
+            problems.append(f"docs/schemes.md's sharing table: no row for `{name}`, which shares {cls.shares}")
+        elif cls.shares and defaults(cls).get("share") is False and "`share: false` (default)" not in rows[name][2]:
+            problems.append(f"docs/schemes.md's sharing table: `{name}` shares nothing by default (share: false)")
+    return problems
