@@ -126,23 +126,37 @@ def lm_step(m, causal):
 # ---------------------------------------------------------------------------------------------------
 # pairings: linear attention takes the scheme, or refuses it in one line
 # ---------------------------------------------------------------------------------------------------
-def check_linear_pairing(name, opts):
+def check_linear_pairing(name, opts, max_position=None):
+    """Softmax attention takes every scheme; linear attention takes it where ``linear_ok``, else refuses it in one line
+    naming the pairing and the reason (``linear_note``), at randomized positions (``max_position``) too."""
     cls = REGISTRY[name]
-    check_pairing("softmax", name, opts or None)
-    check_pairing("softmax", name, {**opts, "max_position": 64})
+    given = {**opts, "max_position": max_position} if max_position else (opts or None)
+    check_pairing("softmax", name, given)
+    if cls.linear_ok and max_position and cls.linear_decays(settings(name, given)):  # a decay counts tokens
+        with pytest.raises(IncompatiblePairing, match="counts tokens, not positions"):
+            check_pairing("linear", name, given)
+        return
     if cls.linear_ok:
-        check_pairing("linear", name, opts or None)
+        check_pairing("linear", name, given)
         return
     assert cls.linear_note, f"{name}: a scheme linear attention refuses says why (linear_note)"
-    for given in (opts or None, {**opts, "max_position": 64}):  # randomized positions change nothing
-        with pytest.raises(IncompatiblePairing) as e:
-            check_pairing("linear", name, given)
-        msg = str(e.value)
-        assert "\n" not in msg
-        assert f"attention=linear with position={name} cannot work: {name} is a" in msg  # names the pairing
-        assert "N×N score matrix" in msg and cls.linear_note in msg  # and the reason
-        with pytest.raises(IncompatiblePairing, match=f"position={name}"):  # and the model is never built
-            tiny_lm(name, attention_kind="linear", **(given or {}))
+    with pytest.raises(IncompatiblePairing) as e:
+        check_pairing("linear", name, given)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert f"attention=linear with position={name} cannot work: {name} is a" in msg  # names the pairing
+    assert "N×N score matrix" in msg and cls.linear_note in msg  # and the reason
+
+
+def check_linear_pairing_at_randomized_positions(name, opts):
+    check_linear_pairing(name, opts, max_position=64)
+
+
+def check_linear_refused_at_build(name, opts):
+    """The model is never built: the same refusal, with and without randomized positions."""
+    for given in (opts, {**opts, "max_position": 64}):
+        with pytest.raises(IncompatiblePairing, match=f"attention=linear with position={name} cannot work"):
+            tiny_lm(name, attention_kind="linear", **given)
 
 
 def check_linear_lm_trains(name, opts, causal):
@@ -177,8 +191,8 @@ def check_causal_only(name, opts):
 # positions: a shift, the distances, the attention path, a table's length
 # ---------------------------------------------------------------------------------------------------
 def check_shift_invariance(name, opts, causal):
-    """Claimed by ``shift_invariant``: the layer at shifted positions and a model at another offset give the same
-    output; the distances matter (kind ``none`` has none, a contextual scheme counts its own)."""
+    """Claimed by ``shift_invariant``: the layer at shifted positions gives the same output; the distances matter
+    (kind ``none`` has none, a contextual scheme counts its own)."""
     att = attention(name, causal=causal, **opts)
     x = torch.randn(2, 12, D, dtype=torch.float64)
     positions = random_positions(12)
@@ -188,6 +202,10 @@ def check_shift_invariance(name, opts, causal):
     if REGISTRY[name].kind not in ("none", "contextual"):  # other distances, other output
         near = torch.arange(12)
         assert not torch.allclose(att(x, near * 2)[0], att(x, near)[0], atol=1e-6)
+
+
+def check_model_ignores_offset(name, opts, causal):
+    """Claimed by ``shift_invariant``: a model at another offset gives the same output."""
     m = tiny_lm(name, causal=causal, **opts).double()
     ids = torch.randint(0, 32, (2, 10))
     torch.testing.assert_close(m(ids, offset=23), m(ids), rtol=SHIFT_TOL, atol=SHIFT_TOL)
@@ -378,9 +396,12 @@ def _shares(cls, s, opts):
 # no argument, "both" causal and bidirectional (a causal-only scheme: causal only), "every" both for every scheme)
 CONTRACT = {
     "linear_pairing": (check_linear_pairing, lambda cls, s, o: True, None),
+    "linear_pairing_at_randomized_positions": (check_linear_pairing_at_randomized_positions, lambda *a: True, None),
+    "linear_refused_at_build": (check_linear_refused_at_build, lambda cls, s, o: not cls.linear_ok, None),
     "linear_lm_trains": (check_linear_lm_trains, lambda cls, s, o: cls.linear_ok, "both"),
     "causal_only": (check_causal_only, lambda cls, s, o: True, None),
     "shift_invariance": (check_shift_invariance, lambda cls, s, o: cls.shift_invariant(s), "both"),
+    "model_ignores_offset": (check_model_ignores_offset, lambda cls, s, o: cls.shift_invariant(s), "both"),
     "absolute_sees_offset": (check_absolute_sees_offset, lambda cls, s, o: cls.kind == "absolute", None),
     "attention_path": (check_attention_path, lambda cls, s, o: True, None),
     "table_length": (check_table_length, lambda cls, s, o: True, None),

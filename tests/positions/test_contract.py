@@ -74,6 +74,16 @@ def test_linear_attention_takes_it_or_refuses_it_in_one_line(name, opts):
     c.check_linear_pairing(name, opts)
 
 
+@pytest.mark.parametrize("name,opts", c.selected("linear_pairing_at_randomized_positions"))
+def test_randomized_positions_change_no_pairing(name, opts):
+    c.check_linear_pairing_at_randomized_positions(name, opts)
+
+
+@pytest.mark.parametrize("name,opts", c.selected("linear_refused_at_build"))
+def test_a_linear_model_refused_at_build(name, opts):
+    c.check_linear_refused_at_build(name, opts)
+
+
 @pytest.mark.parametrize("name,opts,causal", c.selected("linear_lm_trains"))
 def test_linear_lm_trains_with_every_scheme_it_takes(name, opts, causal):
     c.check_linear_lm_trains(name, opts, causal)
@@ -90,6 +100,11 @@ def test_a_causal_only_scheme_refuses_a_bidirectional_model_in_one_line(name, op
 @pytest.mark.parametrize("name,opts,causal", c.selected("shift_invariance"))
 def test_a_shift_invariant_scheme_ignores_a_shift(name, opts, causal):
     c.check_shift_invariance(name, opts, causal)
+
+
+@pytest.mark.parametrize("name,opts,causal", c.selected("model_ignores_offset"))
+def test_a_model_with_a_shift_invariant_scheme_ignores_its_offset(name, opts, causal):
+    c.check_model_ignores_offset(name, opts, causal)
 
 
 @pytest.mark.parametrize("name,opts", c.selected("absolute_sees_offset"))

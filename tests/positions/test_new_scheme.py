@@ -79,7 +79,7 @@ def test_the_contract_runs_on_the_example(example, tmp_path, monkeypatch):
     # what its traits claim: every check but linear attention's training and an absolute scheme's offset; sharing's
     # only where it shares
     assert checks == set(c.CONTRACT) - {
-        "linear_lm_trains",
+        "linear_lm_trains",  # it is no scheme linear attention takes
         "absolute_sees_offset",
         "shared_counted_once",
         "every_layer_uses_the_shared_module",
