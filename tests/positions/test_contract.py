@@ -5,6 +5,8 @@ named here.  A scheme's own file keeps its paper's formula and its release's qui
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -158,8 +160,14 @@ def test_position_terms_are_computed_once_per_forward(name, opts):
 # ---------------------------------------------------------------------------------------------------
 # every pairing and every preset that sets position options: three steps in float32 and bf16, torch.compile
 # ---------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def composed(overrides: tuple) -> dict:
+    return model_config(*overrides, "size=tiny", "model.n_layers=1")
+
+
 def model(overrides, *more):
-    return model_config(*overrides, "size=tiny", "model.n_layers=1", *more)
+    """The model config of ``overrides`` (one layer of size=tiny), composed once for the tests that share it."""
+    return copy.deepcopy(composed((*overrides, *more)))
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
