@@ -235,6 +235,7 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     # the test split of data.max_bytes=400000 holds 20 000 bytes: all but the first scored at every length
     assert {row["scored"] for row in rows} == {"19999"} and len({row["scored_hash"] for row in rows}) == 1
     assert "length" in r.stdout and "bpb" in r.stdout and (tmp_path / "evaluate.png").exists()
+    assert r.stdout.splitlines()[-1].startswith(f"next: python -m linrope.passkey ckpt={ckpt}")
     assert sorted(p.name for p in tmp_path.iterdir()) == [  # no Hydra folders
         "evaluate.csv",
         "evaluate.png",
