@@ -511,6 +511,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     if study.claims:
         results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
         parts += claim_lines(study, results, arms, names, rows, cluster_text(groups, grouping, arms))
+        parts += provenance.mixed_pairs(groups, study.claims, [a.name for a in arms], names)
     png = folder / written[2]
     if table.get("figure", "claims") == "claims":  # what the figure below will draw (none: no link to it)
         drawn = any(r is not None for a in arms for r in results[a.name].values())
