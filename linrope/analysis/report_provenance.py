@@ -109,8 +109,12 @@ def check(runs: Sequence[Any], allow_mixed: bool) -> Optional[str]:
 
 
 def computed_on(p: Optional[Mapping[str, Any]]) -> Optional[str]:
-    """What computed a run: its machine and torch version (None without a provenance record)."""
-    return f"{_machine(p)}, torch {_versions(p).get('torch') or 'not recorded'}" if p else None
+    """What computed a run: its processor (the GPU, else the CPU; not its thread count) and torch version (None without
+    a provenance record)."""
+    if not p:
+        return None
+    m = p.get("machine") or {}
+    return f"{m.get('gpu') or m.get('cpu') or 'not recorded'}, torch {_versions(p).get('torch') or 'not recorded'}"
 
 
 def mixed_pairs(groups: Mapping[str, Mapping[str, Sequence[Any]]], claims: Sequence[Any], arms: Sequence[str],

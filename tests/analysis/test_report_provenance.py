@@ -106,13 +106,12 @@ def test_pairs_from_two_machines_are_named_seed_by_seed():
     (text, blank) = mixed_pairs(runs, claims, ["w128"], ["width 128"])
     assert blank == "" and text.startswith("**Pairs from two machines** (1): ")
     assert text.endswith(
-        "width 128: a − b, seeds 1, 2 (a on NVIDIA H200 (580 driver), torch 2.11.0+cu130; "
-        "b on AMD EPYC (1 thread), torch 2.13.0+cpu)."
+        "width 128: a − b, seeds 1, 2 (a on NVIDIA H200, torch 2.11.0+cu130; b on AMD EPYC, torch 2.13.0+cpu)."
     )
     same = {"w128": {"a": runs["w128"]["b"], "b": runs["w128"]["b"]}}
     assert mixed_pairs(same, claims[:1], ["w128"], ["width 128"]) == []
     torch_only = {"w128": {"a": [NS(seed=1, provenance=on(torch="2.11.0"))], "b": [NS(seed=1, provenance=on())]}}
-    assert (
-        "torch 2.11.0; b on AMD EPYC (1 thread), torch 2.13.0+cpu"
-        in mixed_pairs(torch_only, claims[:1], ["w128"], ["w"])[0]
-    )
+    assert "torch 2.11.0; b on AMD EPYC, torch 2.13.0+cpu" in mixed_pairs(torch_only, claims[:1], ["w128"], ["w"])[0]
+    threads = {"w128": {"a": [NS(seed=1, provenance={**on(), "machine": {"cpu": "AMD EPYC", "threads": 2}})],
+                        "b": [NS(seed=1, provenance=on())]}}  # fmt: skip
+    assert mixed_pairs(threads, claims[:1], ["w128"], ["w"]) == []  # one machine, two thread counts
