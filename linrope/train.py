@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from linrope.config.command_line import CONF_DIR
-from linrope.run import tidy
+from linrope.run import sweep_folders, tidy  # noqa: F401 - sweep_folders: ${linrope.job_folder:} of conf/hydra/
 
 tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit start, which import this module
 

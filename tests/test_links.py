@@ -78,4 +78,4 @@ def test_published_results_are_not_ignored_but_local_sweeps_are():
 
     for path in ("docs/results/pe_compare/report.md", "docs/results/extrapolation/extrapolation.png"):
         assert not ignored(path), f"{path} is ignored by .gitignore: published results could not be committed"
-    assert ignored("results/pe_compare/0/csv/metrics.csv")  # README's sweep recipe writes there
+    assert ignored("results/pe_compare/linear_rope-seed1/csv/metrics.csv")  # README's sweep recipe writes there

@@ -29,7 +29,8 @@ from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.by_order import order_lines
 from linrope.analysis.control import control_missed, control_text
-from linrope.analysis.evidence import above, documents_of, read_references, row_values
+from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
+from linrope.analysis.evidence_clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, write_csv
 from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
@@ -139,9 +140,10 @@ class Boot:
         return self.estimate.p
 
 
-def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float) -> Optional[Boot]:
-    """The bootstrap over seeds and documents when every run of A and B with the claim's row kept its loss per
-    document there (linrope.analysis.evidence.documents_of), at least two seeds shared; else None."""
+def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float, clusters=None) -> Optional[Boot]:
+    """The bootstrap over seeds and document clusters (``clusters``: {document: cluster}; None: each document its
+    own) when every run of A and B with the claim's row kept its loss per document there
+    (linrope.analysis.evidence.documents_of), at least two seeds shared; else None."""
     cells, metric = {}, claim.metric
     for c in (claim.a, claim.b):
         cells[c] = documents_of(groups[c], metric)
@@ -151,7 +153,7 @@ def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float) -> Opt
     if len(shared) < 2:
         return None
     data = {c: {s: cells[c][s] for s in shared} for c in (claim.a, claim.b)}
-    return Boot(bpb_difference(data, claim.a, claim.b, level=level), tuple(shared))
+    return Boot(bpb_difference(data, claim.a, claim.b, level=level, clusters=clusters), tuple(shared))
 
 
 def seed_paired(groups: Dict[str, List[Run]], claim: Claim, level: float):
@@ -160,16 +162,18 @@ def seed_paired(groups: Dict[str, List[Run]], claim: Claim, level: float):
                   level)  # fmt: skip
 
 
-def claim_results(groups: Dict[str, List[Run]], claims: Sequence[Claim], level: float = LEVEL) -> Dict[Claim, Any]:
+def claim_results(
+    groups: Dict[str, List[Run]], claims: Sequence[Claim], level=LEVEL, clusters=None
+) -> Dict[Claim, Any]:
     """claim -> its difference in one arm (None when a configuration is missing), its interval at ``level``: the
-    bootstrap over seeds and documents (Boot) where the runs kept their loss per document, else a paired t over
-    seeds (stats.Paired)."""
+    bootstrap over seeds and document clusters (Boot; ``clusters`` as boot_result) where the runs kept their loss
+    per document, else a paired t over seeds (stats.Paired)."""
     out: Dict[Claim, Any] = {}
     for c in claims:
         if c.a not in groups or c.b not in groups:
             out[c] = None
             continue
-        boot = boot_result(groups, c, level) if "bpb" in c.metric else None
+        boot = boot_result(groups, c, level, clusters) if "bpb" in c.metric else None
         out[c] = boot or seed_paired(groups, c, level)
     return out
 
@@ -280,7 +284,7 @@ def cell(r) -> str:
     s = r.simultaneous
     why = f"; no verdict: {r.withheld}" if r.withheld else ""
     return (
-        f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n}; Holm p {r.p_holm:.2g}; "
+        f"{star}{d.mean:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]{star} (n={d.n}; Holm p {r.adjusted.p_text(r.p_holm)}; "
         f"simultaneous [{s.lo:+.3f}, {s.hi:+.3f}]{why})"
     )
 
@@ -358,8 +362,10 @@ def claim_lines(
     arms: Sequence[Path],
     names: Sequence[str],
     rows: List[Dict[str, Any]],
+    clusters_text: str = "",
 ) -> List[str]:
-    """Every claim at every arm, with its verdict when the study names them; each (claim, arm) joins ``rows``."""
+    """Every claim at every arm, with its verdict when the study names them; each (claim, arm) joins ``rows``;
+    ``clusters_text``: what the bootstrap drew (``cluster_text``), said below the table."""
     texts = any(c.text != f"{c.a} − {c.b}" for c in study.claims)
     metrics = len({c.metric for c in study.claims}) > 1 or texts
     v = study.verdict
@@ -384,7 +390,9 @@ def claim_lines(
                 "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
                 "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
                 "family size": r.m,
-                "interval": "bootstrap over seeds and documents" if isinstance(r.raw, Boot) else "t over seeds",
+                "interval": "bootstrap over seeds and document clusters" if isinstance(r.raw, Boot) else "t over seeds",
+                "p floor": r.adjusted.p_floor,  # the smallest p printed as a number (bootstrap.p_floor)
+                **({"clusters": r.raw.estimate.clusters} if isinstance(r.raw, Boot) else {}),  # blank: none known
             }
             for a, r in zip(arms, per)
             if r is not None
@@ -405,7 +413,8 @@ def claim_lines(
             f" *No verdict*: {'; '.join(reasons)}; such comparisons keep their place in the family (dropping them "
             "cannot ease the others) but are never bold."
         )
-    return [*intro, markdown_table(header, lines), "", family, ""]
+    floors = {r.adjusted.p_floor for arm in results.values() for r in arm.values() if r and r.p_holm is not None}
+    return [*intro, markdown_table(header, lines), "", family + holm_floor_text(floors) + clusters_text, ""]
 
 
 def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bool = False, write: bool = True) -> str:
@@ -481,7 +490,10 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         parts += configuration_lines(study, values, arms, names, rows)
     if table.get("by_order"):
         parts += order_lines(study, groups, arms, names, rows)
-    results = {a.name: claim_results(groups[a.name], study.claims) for a in arms}
+    grouping = {a.name: document_clusters(groups[a.name], a, False) for a in arms if has_documents(groups[a.name])}
+    results = {
+        a.name: claim_results(groups[a.name], study.claims, LEVEL, grouping.get(a.name, [None])[0]) for a in arms
+    }
     missed, withheld = [], {}  # the arms whose control missed its bar: the probe could not tell there (no verdict)
     if study.control:
         ctl = study.control["configuration"]
@@ -498,7 +510,8 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
                 withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))
     if study.claims:
         results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
-        parts += claim_lines(study, results, arms, names, rows)
+        parts += claim_lines(study, results, arms, names, rows, cluster_text(groups, grouping, arms))
+        parts += provenance.mixed_pairs(groups, study.claims, [a.name for a in arms], names)
     png = folder / written[2]
     if table.get("figure", "claims") == "claims":  # what the figure below will draw (none: no link to it)
         drawn = any(r is not None for a in arms for r in results[a.name].values())

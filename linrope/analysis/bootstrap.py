@@ -1,4 +1,4 @@
-"""Intervals that vary both sources of a study's noise: the training seed and the test documents.
+"""Intervals that vary both sources of a study's noise: the training seed and the test documents (in clusters).
 
 A run's test score is a ratio over the documents of the test split, ``Σ nats / Σ bytes / ln 2`` (bits per byte,
 weighted by bytes), or ``Σ correct / Σ count`` (accuracy, per group of test examples).  A configuration's value
@@ -10,8 +10,14 @@ The input is, per configuration, per seed and per document, a pair ``(numerator,
 ``{config: {seed: {document: (nats, bytes)}}}``.  Every run scores the same documents (the shared test text), and
 a document's denominator is the same in every run (its bytes); both are checked.
 
+**Clusters.**  Documents are not always independent draws: near-copies of one file (generated tables, one template)
+move together, and resampling them one by one counts the same evidence several times.  ``clusters`` ({document:
+cluster}, linrope.analysis.clusters) makes the cluster the unit: a drawn cluster brings all its documents (its
+numerators and denominators summed: the statistic is a ratio of sums, so that is the same thing), and the document
+level's count below is the number of clusters.  Without ``clusters`` every document is its own cluster.
+
 **Resampling.**  Seeds and documents are crossed, not nested (every seed scores every document), so each
-bootstrap replicate draws seeds with replacement and, independently, documents with replacement (the "pigeonhole"
+bootstrap replicate draws seeds with replacement and, independently, document clusters with replacement (the "pigeonhole"
 bootstrap of a crossed design, Owen 2007): seeds as multinomial counts applied as weights, documents as the sums
 over the drawn documents (the same thing).  The same documents are drawn for every configuration and every seed of
 one replicate.  Seeds are paired when both configurations ran the same seeds (same initialisation and data order):
@@ -20,7 +26,7 @@ different seed sets) each configuration's seeds are drawn on their own.
 
 **The interval (``method="t"``, the default).**  The standard error comes from the bootstrap, level by level:
 ``V_k``, the variance of the statistic when only level ``k`` is resampled (the seeds, or each configuration's
-seeds when unpaired, and the documents), times ``n_k / (n_k − 1)`` (the bootstrap's plug-in variance is that much
+seeds when unpaired, and the document clusters), times ``n_k / (n_k − 1)`` (the bootstrap's plug-in variance is that much
 too small): ``se² = Σ_k V_k n_k / (n_k − 1)``.  The statistic is linear in the seeds' weights, so their ``V_k`` is
 taken in closed form (the variance of the per-seed values over ``n_k``: the limit of infinitely many draws); the
 documents' is the variance of their replicates (a ratio of sums is not linear in the weights).  The interval is
@@ -37,6 +43,13 @@ the t interval in 93.5% (94%).  BCa corrects skew and bias, not this narrowness,
 values of 5 seeds.  At a family-wise level (α/m, linrope.analysis.multiplicity) a percentile interval would read
 quantiles further out than 10 000 replicates resolve; the t interval extends to any level.
 
+**How precisely a p is printed** (``p_floor``).  No p is printed below ``max(10 / B, 1 / N)``, rounded up to a power
+of ten, and one below it reads "< floor" (linrope.analysis.stats.p_text): B the replicates (a tail probability
+under 10 / B rests on fewer than 10 of them; 0.001 at the default 10 000) and N the distinct resamples of the design,
+``C(2s − 1, s)`` per group of s seeds drawn together times ``C(2c − 1, c)`` for c clusters (a resampling
+distribution of N atoms says nothing finer than about 1 / N).  The t p beyond the floor is the t distribution's
+tail, which no replicate checks; the floor changes what is printed, not the verdicts.
+
 ``method="percentile"`` gives the percentile interval of the two-way replicates and the bootstrap's two-sided
 ``p = min(1, 2 · (k + 1) / (B + 1))``, k the replicates on the smaller side of 0 (``2 · min(P*(d ≤ 0), P*(d ≥ 0))``,
 the smallest α at which the percentile interval excludes 0, with the usual +1 so that no p is 0 from B draws); it
@@ -51,7 +64,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -88,6 +101,13 @@ class Estimate:
     paired: bool
     resamples: int
     replicates: np.ndarray = field(repr=False, compare=False)
+    clusters: Optional[int] = None  # the document clusters resampled (None: as many as documents)
+
+    @property
+    def p_floor(self) -> float:
+        """The smallest p printed as a number (the module's docstring): max(10/B, 1/N), up to a power of ten."""
+        groups = self.seeds[:1] if self.paired else self.seeds
+        return p_floor(self.resamples, groups, self.documents if self.clusters is None else self.clusters)
 
     def interval(self, level: float) -> Tuple[Optional[float], Optional[float]]:
         """(lo, hi) at another level, by the same method (a family-wise level for linrope.analysis.multiplicity)."""
@@ -97,6 +117,19 @@ class Estimate:
 
     def excludes_zero(self) -> bool:
         return self.lo is not None and (self.lo > 0.0 or self.hi < 0.0)
+
+
+def p_floor(resamples: Optional[int], seed_groups: Iterable[int], clusters: int = 1) -> float:
+    """``max(10 / B, 1 / N)`` rounded up to a power of ten: B ``resamples`` (None: no replicates, a closed form),
+    N = Π C(2s − 1, s) over the groups of seeds drawn together (one group when paired) × C(2c − 1, c) for c clusters,
+    the distinct resamples of the design."""
+    log_n = sum(_log10_comb(2 * s - 1, s) for s in seed_groups) + _log10_comb(2 * clusters - 1, clusters)
+    floor = max(10.0 / resamples if resamples else 0.0, 10.0**-log_n)
+    return 10.0 ** math.ceil(math.log10(floor) - 1e-9) if floor > 0 else 0.0
+
+
+def _log10_comb(n: int, k: int) -> float:
+    return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(10.0) if n > 0 else 0.0
 
 
 # ---- input -------------------------------------------------------------------------------------------------------
@@ -226,6 +259,24 @@ def _p(method: str, value: float, se: float, df: float, replicates: np.ndarray) 
     return t_two_sided(value / se, df)
 
 
+def _grouped(configs: Sequence[_Config], docs: Sequence[Hashable], clusters: Mapping[Hashable, Hashable]) -> int:
+    """Sum each configuration's documents by cluster in place (``num``/``den``: seeds × clusters, clusters in the
+    order of their first document); returns the number of clusters."""
+    missing = [d for d in docs if d not in clusters]
+    if missing:
+        raise ResultsError(
+            f"clusters: no cluster for {len(missing)} of the {len(docs)} documents scored "
+            f"({first_names(sorted(map(str, missing)))}): give every scored document its cluster"
+        )
+    order: Dict[Hashable, int] = {}
+    index = np.array([order.setdefault(clusters[d], len(order)) for d in docs])
+    member = np.zeros((len(docs), len(order)))
+    member[np.arange(len(docs)), index] = 1.0
+    for i, c in enumerate(configs):
+        configs[i] = _Config(c.name, c.seeds, c.num @ member, c.den @ member)
+    return len(order)
+
+
 def _estimate(
     data: Cells,
     names: Sequence[Hashable],
@@ -235,6 +286,7 @@ def _estimate(
     seed: int,
     paired: Optional[bool],
     method: str,
+    clusters: Optional[Mapping[Hashable, Hashable]] = None,
 ) -> Estimate:
     if method not in METHODS:
         raise ResultsError(f"method {method!r}: it takes {', '.join(METHODS)}")
@@ -246,6 +298,7 @@ def _estimate(
     docs = tuple(sorted(data[names[0]][first.seeds[0]], key=_key))
     configs = [first] + [_config(data, n, docs) for n in names[1:]]
     _same_text(configs, docs)
+    n_docs = len(docs) if clusters is None else _grouped(configs, docs, clusters)  # the units the bootstrap draws
     same_seeds = len(configs) == 2 and set(configs[0].seeds) == set(configs[1].seeds)
     if paired and not same_seeds and len(configs) == 2:
         a, b = configs
@@ -259,12 +312,18 @@ def _estimate(
     coefs = (1.0, -1.0)[: len(configs)]
     arms = [(scale * k, g, c.num, c.den) for k, g, c in zip(coefs, groups, configs)]
     value = float(sum(k * np.mean(c.num.sum(1) / c.den.sum(1)) for k, c in zip(coefs, configs)) * scale)
-    n_docs = len(docs)
     what = " − ".join(map(str, names))
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
     replicates = _replicates(arms, sizes, n_docs, range(len(sizes)), True, resamples, streams[0])
     seeds = tuple(len(c.seeds) for c in configs)
-    common = dict(seeds=seeds, documents=n_docs, paired=is_paired, resamples=int(resamples), replicates=replicates)
+    common = dict(
+        seeds=seeds,
+        documents=len(docs),
+        paired=is_paired,
+        resamples=int(resamples),
+        replicates=replicates,
+        clusters=None if clusters is None else n_docs,
+    )
     if min(seeds) < 2:  # one seed says nothing of training noise: no interval, as linrope.analysis.stats
         return Estimate(what, value, level, None, None, None, method, None, None, **common)
     levels: List[Tuple[float, int]] = []  # (bootstrap variance resampling one level only, its count)
@@ -294,11 +353,13 @@ def ratio_difference(
     seed: int = 0,
     paired: Optional[bool] = None,
     method: str = "t",
+    clusters: Optional[Mapping[Hashable, Hashable]] = None,
 ) -> Estimate:
     """A − B of ``scale`` · (mean over seeds of Σ numerator / Σ denominator over documents), resampling seeds and
-    documents.  ``paired``: None pairs the seeds when both configurations ran the same ones; True insists (one line
-    otherwise); False draws each configuration's seeds on their own.  Accuracy: ``(correct, count)`` per group."""
-    return _estimate(data, (a, b), scale, level, resamples, seed, paired, method)
+    document clusters.  ``paired``: None pairs the seeds when both configurations ran the same ones; True insists
+    (one line otherwise); False draws each configuration's seeds on their own.  ``clusters``: {document: cluster}
+    (every scored document; None: each document its own).  Accuracy: ``(correct, count)`` per group."""
+    return _estimate(data, (a, b), scale, level, resamples, seed, paired, method, clusters)
 
 
 def ratio_mean(
@@ -310,18 +371,21 @@ def ratio_mean(
     resamples: int = RESAMPLES,
     seed: int = 0,
     method: str = "t",
+    clusters: Optional[Mapping[Hashable, Hashable]] = None,
 ) -> Estimate:
     """One configuration's ``scale`` · mean over seeds of Σ numerator / Σ denominator, with its interval."""
-    return _estimate(data, (config,), scale, level, resamples, seed, None, method)
+    return _estimate(data, (config,), scale, level, resamples, seed, None, method, clusters)
 
 
 def bpb_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:
-    """A − B in bits per byte from ``{config: {seed: {document: (nats, bytes)}}}`` (see ``ratio_difference``)."""
+    """A − B in bits per byte from ``{config: {seed: {document: (nats, bytes)}}}`` (see ``ratio_difference``;
+    ``clusters=`` {document: cluster} resamples clusters of documents)."""
     return ratio_difference(data, a, b, scale=1.0 / LN2, **kw)
 
 
 def bpb_mean(data: Cells, config: Hashable, **kw) -> Estimate:
-    """A configuration's bits per byte (mean over seeds of Σ nats / Σ bytes / ln 2), resampling seeds and documents."""
+    """A configuration's bits per byte (mean over seeds of Σ nats / Σ bytes / ln 2), resampling seeds and document
+    clusters."""
     return ratio_mean(data, config, scale=1.0 / LN2, **kw)
 
 

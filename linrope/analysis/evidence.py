@@ -14,10 +14,15 @@ per position.  ``section`` gives a report's "Evidence" section for runs that kep
   better); its interval is still shown and still counts in the multiplicity family.
 * **Seeds** — a configuration whose seeds fail (diverged, or collapsed) is a count ("1 of 5 seeds stall"), never a
   mean ± t (linrope.analysis.seed_outcomes); failed seeds are left out of its comparisons, which say so.
+* **Clusters** — the test documents in clusters of near-duplicates (linrope.analysis.clusters), computed from the
+  corpus the runs name when it is here and holds the documents they scored, and recorded as ``clusters.csv``; else
+  read from a ``clusters.csv`` already recorded (in the report's folder or the runs'); with neither, each document
+  is its own cluster, and the section says so (``document_clusters``).
 * **Comparisons** — each A − B on a bytes metric (``test/bpb``: the non-overlapping windows at the training
   context, the same bytes as the test; ``bpb@2048 windows``: that extrapolation row), from the paired bootstrap
-  over seeds and documents (linrope.analysis.bootstrap); over the family of a report's comparisons the raw p, the
-  Holm p (the verdict) and the Benjamini–Hochberg p (linrope.analysis.multiplicity); ``evidence.csv``.
+  over seeds and document clusters (linrope.analysis.bootstrap); over the family of a report's comparisons the raw
+  p, the Holm p (the verdict) and the Benjamini–Hochberg p (linrope.analysis.multiplicity), none printed below
+  what the bootstrap resolves (bootstrap.p_floor); ``evidence.csv``.
 * **Per position** — at the longest length, the mean loss by position in the window (non-overlapping windows),
   beside the context-limited control (attention to the last L₀ keys): a table and ``positions.png``."""
 
@@ -28,7 +33,9 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from linrope.analysis import clusters as clustering
 from linrope.analysis.bootstrap import bpb_difference
+from linrope.analysis.evidence_clusters import cluster_lines, document_clusters, floor_text, runs_corpus
 from linrope.analysis.multiplicity import adjust, resolved_count
 from linrope.analysis.runs import Run
 from linrope.analysis.seed_outcomes import seed_outcomes
@@ -36,7 +43,7 @@ from linrope.base.plots import Curve, Panel, plot_curves, series_colour
 from linrope.evaluation.tables import row_name
 
 LN2 = math.log(2.0)
-FILES = ("evidence.csv", "references.csv", "positions.png")
+FILES = ("evidence.csv", "references.csv", "positions.png", clustering.FILE)
 REFERENCE_ORDERS = (1, 5)
 
 
@@ -230,26 +237,13 @@ def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional
     found = read_references(out)
     if found is not None and set(keys) <= found.keys:
         return found, ""
-    run = next(run for runs in groups.values() for run in runs)
-    scored = next((r["scored"] for r in run.extrapolation if r.get("per_document")), None)
+    splits, why = runs_corpus(groups)
+    if splits is None:
+        return None, f"no reference rows: {why}"
     try:
-        from linrope.data.bytes import load_corpus
         from linrope.evaluation.references import fitted, window_rows, write_csv
-
-        splits = load_corpus(
-            run.get("data.path"),
-            context=int(run.get("context") or 1),
-            val_fraction=float(run.get("data.val_fraction", 0.05)),
-            test_fraction=float(run.get("data.test_fraction", 0.05)),
-            max_bytes=run.get("data.max_bytes"),
-        )
-    except Exception as e:  # noqa: BLE001 - a corpus not on this machine: the report goes on without the rows
+    except Exception as e:  # noqa: BLE001 - as a corpus that cannot be read: the report goes on without the rows
         return None, f"no reference rows: the runs' corpus cannot be read here ({str(e).splitlines()[0][:120]})"
-    if scored is not None and len(splits["test"]) - 1 != int(scored):
-        return None, (
-            f"no reference rows: the corpus here has a test split of {len(splits['test']) - 1} scored bytes, the "
-            f"runs scored {scored} (another Python's standard library?)"
-        )
     models = fitted(splits["train"], REFERENCE_ORDERS)
     rows = window_rows(models, splits["test"], "test", keys, documents=splits.documents["test"])
     write_csv(rows, path)
@@ -261,10 +255,6 @@ def _fmt(x: Optional[float], digits: int = 3, sign: bool = False) -> str:
     if x is None:
         return "–"
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
-def _p(p: Optional[float]) -> str:
-    return "–" if p is None else (f"{p:.2g}" if p < 0.001 else f"{p:.3f}")
 
 
 def _table(header: List[str], lines: List[List[str]]) -> List[str]:
@@ -285,6 +275,7 @@ def section(
     ``refs_and_note``: what ``references`` gave, when the caller has asked it already."""
     lines = ["## Evidence", ""]
     refs, note = refs_and_note if refs_and_note is not None else references(groups, out)
+    grouping, grouping_why = document_clusters(groups, out)
     # scored text
     body = []
     for label, runs in groups.items():
@@ -339,6 +330,7 @@ def section(
         "",
     ]
     lines += collapse_lines(groups, refs)
+    lines += cluster_lines(groups, grouping, grouping_why)
     # comparisons
     family, records, notes, collapses = [], [], [], []
     for text, metric, a, b in comparisons:
@@ -352,7 +344,8 @@ def section(
             why = "failed seeds left out: " + "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items())
         estimate = None
         if len(shared) >= 2:
-            estimate = bpb_difference({c: {s: cells[c][s] for s in shared} for c in (a, b)}, a, b)
+            data = {c: {s: cells[c][s] for s in shared} for c in (a, b)}
+            estimate = bpb_difference(data, a, b, clusters=grouping)
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
         bar = {c: refs.unigram(groups[c], metric) if refs else None for c in (a, b)}  # the unigram of this row
@@ -361,7 +354,17 @@ def section(
         collapses.append(
             ", ".join(f"{c} {len(bad)} of {n}" for c, (bad, n) in at_row.items() if bad) if metric != "test/bpb" else ""
         )
-        records.append({"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared)})
+        records.append(
+            {
+                "claim": text,
+                "metric": metric,
+                "a": a,
+                "b": b,
+                "seeds": len(shared),
+                "clusters": None if estimate is None else estimate.clusters or estimate.documents,
+                "p_floor": None if estimate is None else estimate.p_floor,
+            }
+        )
     adjusted = adjust(family)
     body = []
     for record, adj, why, at_row in zip(records, adjusted, notes, collapses):
@@ -389,9 +392,9 @@ def section(
                 record["metric"],
                 f"{_fmt(adj.value, sign=True)} [{_fmt(adj.lo, sign=True)}, {_fmt(adj.hi, sign=True)}]",
                 f"[{_fmt(adj.family_lo, sign=True)}, {_fmt(adj.family_hi, sign=True)}]",
-                _p(adj.p),
-                _p(adj.p_holm),
-                _p(adj.p_bh),
+                adj.p_text(adj.p),
+                adj.p_text(adj.p_holm),
+                adj.p_text(adj.p_bh),
                 f"**{verdict}**" if verdict == "resolved" else verdict,
                 str(record["seeds"]) + (f" ({why})" if why else ""),
             ]
@@ -409,8 +412,8 @@ def section(
         )
         lines += [
             f"**Comparisons** (A − B in bpb, below 0: A better; failed seeds left out).  Interval: 95%, from a paired "
-            f"bootstrap that resamples both the seeds and the test documents (linrope.analysis.bootstrap: a t "
-            f"interval on the bootstrap's per-level variances); {family_text}",
+            f"bootstrap that resamples both the seeds and the clusters of test documents (linrope.analysis.bootstrap: "
+            f"a t interval on the bootstrap's per-level variances); {family_text}  {floor_text(adjusted)}",
             "",
             *_table(
                 ["claim", "A − B", "metric", "A − B [95%]", "simultaneous", "p", "p Holm", "p BH", "verdict", "seeds"],

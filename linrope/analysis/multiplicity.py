@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
+from linrope.analysis.stats import P_FLOOR, p_text
 from linrope.base.errors import ResultsError
 
 ALPHA = 0.05
@@ -92,6 +93,7 @@ class Adjusted:
     family_hi: Optional[float]
     m: int
     alpha: float
+    p_floor: float = P_FLOOR  # the smallest p it prints as a number (its estimate's, else stats.P_FLOOR)
 
     @property
     def resolved(self) -> bool:
@@ -107,10 +109,14 @@ class Adjusted:
         if self.p_holm is None:
             return "no test (fewer than 2 seeds)"
         if not self.resolved:
-            return f"not resolved (Holm p {self.p_holm:.3g} > {self.alpha:g} over {self.m} comparisons)"
+            return f"not resolved (Holm p {self.p_text(self.p_holm)} > {self.alpha:g} over {self.m} comparisons)"
         inside = self.family_lo is not None and self.family_lo <= 0.0 <= self.family_hi
         note = "; its simultaneous interval still includes 0" if inside else ""
-        return f"resolved (Holm p {self.p_holm:.3g} ≤ {self.alpha:g} over {self.m} comparisons{note})"
+        return f"resolved (Holm p {self.p_text(self.p_holm)} ≤ {self.alpha:g} over {self.m} comparisons{note})"
+
+    def p_text(self, p: Optional[float]) -> str:
+        """``p`` (its raw, Holm or BH p) as printed: stats.p_text at this comparison's floor."""
+        return p_text(p, self.p_floor)
 
 
 def adjust(family: Sequence[Tuple[str, object]], alpha: float = ALPHA) -> list:
@@ -136,6 +142,7 @@ def adjust(family: Sequence[Tuple[str, object]], alpha: float = ALPHA) -> list:
                 hi,
                 m,
                 alpha,
+                getattr(e, "p_floor", P_FLOOR),
             )
         )
     return out

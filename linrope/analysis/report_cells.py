@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from linrope.analysis.runs import Run
-from linrope.analysis.stats import Interval, Paired
+from linrope.analysis.stats import Interval, Paired, p_text
 
 
 def higher_is_better(metric: str) -> bool:
@@ -28,7 +28,9 @@ def cell_n(iv: Interval, n: int, digits: int = 3) -> str:
 
 
 def fmt_p(p: Optional[float]) -> str:
-    return "–" if p is None else "< 0.001" if p < 0.001 else f"= {p:.3f}"
+    """A paired t's p after "p " in a cell: "= 0.012", "< 0.001" (stats.p_text, its floor)."""
+    text = p_text(p)
+    return text if text[0] in "<–" else f"= {text}"
 
 
 def markdown_table(header: List[str], lines: List[List[str]]) -> str:

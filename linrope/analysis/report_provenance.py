@@ -106,3 +106,41 @@ def check(runs: Sequence[Any], allow_mixed: bool) -> Optional[str]:
     if line and not allow_mixed:
         raise SystemExit(f"linrope.report: {line}: pass --allow-mixed to report them together, or report each apart")
     return f"**Mixed provenance: {line}.**" if line else None
+
+
+def computed_on(p: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """What computed a run: its processor (the GPU, else the CPU; not its thread count) and torch version (None without
+    a provenance record)."""
+    if not p:
+        return None
+    m = p.get("machine") or {}
+    return f"{m.get('gpu') or m.get('cpu') or 'not recorded'}, torch {_versions(p).get('torch') or 'not recorded'}"
+
+
+def mixed_pairs(groups: Mapping[str, Mapping[str, Sequence[Any]]], claims: Sequence[Any], arms: Sequence[str],
+                names: Sequence[str]) -> List[str]:  # fmt: skip
+    """A paragraph naming every paired seed of a claim whose two runs were computed on different machines or torch
+    versions (``groups``: arm -> configuration -> runs; ``names``: each arm's label), or nothing when there is none:
+    seed s of A on one machine and of B on another are not the computation either would be on one machine, so the
+    difference holds the machines' difference as well."""
+    found: Dict[Tuple[str, str, str], Dict[Tuple[str, str], List[Any]]] = {}
+    for arm, name in zip(arms, names):
+        for c in claims:
+            on = [{r.seed: computed_on(r.provenance) for r in groups[arm].get(x, [])} for x in (c.a, c.b)]
+            for s in sorted(on[0].keys() & on[1].keys(), key=str):
+                if on[0][s] and on[1][s] and on[0][s] != on[1][s]:
+                    seeds = found.setdefault((name, c.a, c.b), {}).setdefault((on[0][s], on[1][s]), [])
+                    if s not in seeds:
+                        seeds.append(s)
+    if not found:
+        return []
+    items = []
+    for (name, a, b), by in found.items():
+        for (ma, mb), seeds in by.items():
+            word = "seed" if len(seeds) == 1 else "seeds"
+            items.append(f"{name}: {a} − {b}, {word} {', '.join(map(str, seeds))} ({a} on {ma}; {b} on {mb})")
+    return [
+        f"**Pairs from two machines** ({len(items)}): a seed run on one machine is not the same computation as that "
+        "seed on another, so these paired differences also hold the machines' difference: " + "; ".join(items) + ".",
+        "",
+    ]

@@ -5,6 +5,8 @@
 * ``mean_ci`` — mean of the values and the two-sided t-interval ``mean ± t_{1-α/2, n-1} · s / √n``;
 * ``paired`` — the paired difference A − B over the seeds both have: mean difference, its t-interval
   and the two-sided p-value of the paired t-test (H0: mean difference 0).
+* ``p_text`` — how every report prints a p-value: never below a floor (``P_FLOOR``, or an estimate's own,
+  linrope.analysis.bootstrap.p_floor), "< floor" below it.
 
 Runs that share a seed share their data order and initialisation, so the paired test removes
 that shared part of the noise; an unpaired comparison would count it twice."""
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Hashable, Mapping, Optional, Sequence, Tuple
 
 LEVEL = 0.95  # the confidence level of every interval the reports print, paired differences' included
+P_FLOOR = 1e-3  # the smallest p printed as a number: a bootstrap's 10 / B at B = 10 000; a t over seeds alone too
 _TINY = 1e-300
 _EPS = 1e-16
 
@@ -144,3 +147,14 @@ def paired(a: Mapping[Hashable, float], b: Mapping[Hashable, float], level: floa
     else:
         t = diff.mean / (diff.std / math.sqrt(diff.n))
     return Paired(seeds, diff, t, t_two_sided(t, diff.n - 1))
+
+
+def p_text(p: Optional[float], floor: float = P_FLOOR) -> str:
+    """A p-value as the reports print it: "–" without one; "< floor" below ``floor`` (what the design and the
+    replicates can resolve: linrope.analysis.bootstrap's docstring); else three decimals, or two significant digits
+    below 0.001 (a floor under 0.001 needs more than 10 000 replicates)."""
+    if p is None:
+        return "–"
+    if p < floor:
+        return f"< {floor:g}"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.2g}"

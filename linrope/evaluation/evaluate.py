@@ -4,7 +4,8 @@ A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key): overri
 (``-m ckpt=a.ckpt,b.ckpt``) and ``--cfg job`` work as for ``train.py``.  What is measured and how
 (the same scored bytes at every length, the like-for-like RoPE rows) is in ``linrope.evaluation.extrapolation``.
 Writes ``evaluate.csv`` and ``evaluate.png`` to ``out`` (default: ``<run folder>/evaluate``, which is
-also Hydra's output folder, so nothing lands in the current directory).
+also Hydra's output folder, so nothing lands in the current directory), and ends with one line naming the
+command to run next on the checkpoint (``next_command``).
 
 Nothing read from disk runs code: the checkpoint is loaded with ``weights_only=True`` and the model
 rebuilt from its ``hyper_parameters`` through linrope's own model builder; the data module is rebuilt
@@ -17,6 +18,7 @@ train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.ena
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import sys
 import tempfile
@@ -304,7 +306,23 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
             note=lambda line: print(line, file=sys.stderr, flush=True),  # the plan and the time left: stderr
         )
     print(f"wrote {csv_path} and {png}")
+    print(next_command(ckpt, module.task), flush=True)
     return rows
+
+
+def next_command(ckpt: Path, task: str) -> str:
+    """The one line evaluate ends with: what to run next on this checkpoint, its path filled in (as train.py's
+    ``where_next``): the pass-key probe for a model of text (bytes, text), else the report of its run folder."""
+    from linrope.training.after_training import ckpt_arg, shown_path
+
+    if task in ("bytes", "text"):
+        return (
+            f"next: python -m linrope.passkey {ckpt_arg(shown_path(ckpt))}    "
+            f"# retrieval of a key hidden at 1-16x the training context"
+        )
+    folder = ckpt.expanduser().resolve().parent
+    run = folder.parent if folder.name == "checkpoints" else folder
+    return f"next: python -m linrope.report {shlex.quote(shown_path(run))}    # the run's tables and figures: report.md"
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 code that trains it, never its folder's name.
 
 A job's folder is named after the override values that differ between the study's jobs (``linear_rope-seed1``;
-``job`` when there is one job), so two different requests can name the same folder.  Before anything is counted
+``job`` when there is one job: ``linrope.base.naming.job_names``, the rule a sweep's job folders follow too), so two
+different requests can name the same folder.  Before anything is counted
 as done or resumed, the configuration saved in the folder (``<folder>/.hydra/config.yaml``, what Hydra composed
 for the run) is compared key by key with the one requested now (composed the same way), and the code the run
 recorded (``<folder>/provenance.json``, linrope.run.provenance's ``code``) with the checkout's.  Only settings that
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index
+from linrope.base.naming import job_names  # noqa: F401 - the study names its folders as a sweep does
 from linrope.base.nested import flatten
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
@@ -172,23 +173,6 @@ def tokenizer_changed(data: Optional[Dict[str, Any]], spec: Any) -> Optional[str
         return None
     now = file_digest(path)[:16]
     return None if now == saved else f"tokenizer {spec} changed since the run (sha256 {saved} → {now})"
-
-
-def job_names(jobs: Sequence[Sequence[str]]) -> List[str]:
-    """One folder name per job, made of the override values that differ between jobs: ``model=linear_rope``
-    gives ``linear_rope``, ``seed=1`` gives ``seed1``, joined by ``-``."""
-    splits = [dict(o.split("=", 1) for o in job) for job in jobs]
-    keys = [k for k in dict.fromkeys(k for s in splits for k in s) if len({s.get(k) for s in splits}) > 1]
-    names = []
-    for s in splits:
-        parts = []
-        for k in keys:
-            v = s.get(k, "none")
-            parts.append(v if k in ("model", "data", "experiment") else f"{k.split('.')[-1]}{v}")
-        names.append(re.sub(r"[^A-Za-z0-9_.+-]", "_", "-".join(parts)) or "job")
-    if len(set(names)) != len(names):
-        raise SystemExit(f"linrope.study: two jobs would share a folder name ({names})")
-    return names
 
 
 @dataclass

@@ -8,7 +8,8 @@ checked (``linrope.config.checks.validate``) without training anything.
 Expands ``hydra.sweeper.params`` of the composed config and the sweeps on the command line
 (``a=x,y``) the way Hydra's basic sweeper does (the command line wins over the config for one key).
 Each job's config is checked, not this machine: ``trainer=gpu`` jobs check on a login node without a GPU.
-Exit status 1 when a job's config is refused."""
+Each line names the job's folder in the sweep folder (``softmax_rope-seed1/``: the values that differ between the
+jobs, linrope.run.sweep_folders).  Exit status 1 when a job's config is refused."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from linrope.base.errors import ConfigError
+from linrope.base.naming import job_names
 from linrope.config.checks import validate
 from linrope.config.command_line import CONF_DIR, check_command_line, config_dirs_as_overrides
+from linrope.run.sweep_folders import expand
 
 
 def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
@@ -37,15 +40,11 @@ def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
 
 def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
     """The override list of every job, in launch order."""
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides(list(overrides))
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     cfg = compose_train(fixed, hydra_config=True)
-    params = cfg.hydra.sweeper.get("params") or {}
-    cli_keys = {o.get_key_element() for o in parsed}
-    from_config = [f"{k}={v}" for k, v in params.items() if k not in cli_keys]
-    batches = BasicSweeper.split_arguments(parser.parse_overrides(from_config) + parsed, None)
-    return [list(job) for batch in batches for job in batch]
+    params = cfg.hydra.sweeper.get("params")
+    return expand(OmegaConf.to_container(params) if params else {}, overrides)
 
 
 def check_jobs(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[Tuple[List[str], Optional[str]]]:
@@ -71,8 +70,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     check_command_line(argv, prefix="linrope.sweeps")  # model=nope, trainer.max_step=3: one line
     results = check_jobs(config_dirs_as_overrides(argv))
-    for i, (job, err) in enumerate(results):
-        print(f"#{i:<3} {' '.join(job)}" + ("" if err is None else f"\n     REFUSED: {err}"))
+    names = job_names([job for job, _ in results])  # each job's folder in the sweep's (linrope.run.sweep_folders)
+    for i, ((job, err), name) in enumerate(zip(results, names)):
+        print(f"#{i:<3} {name}/  {' '.join(job)}" + ("" if err is None else f"\n     REFUSED: {err}"))
     bad = sum(err is not None for _, err in results)
     print(f"{len(results)} jobs, {bad} refused")
     return 1 if bad else 0

@@ -213,7 +213,7 @@ def validation_warning(cfg) -> Optional[str]:
     )
 
 
-def _shown(path) -> str:
+def shown_path(path) -> str:
     """A path as a user would type it: relative to the current folder when inside it."""
     p = Path(str(path))
     try:
@@ -222,7 +222,7 @@ def _shown(path) -> str:
         return str(p)
 
 
-def _ckpt_arg(path: str) -> str:
+def ckpt_arg(path: str) -> str:
     """``ckpt=PATH`` for a Hydra command line, quoted for the shell (and for Hydra, where the name holds '=')."""
     value = f'"{path}"' if "=" in path else path
     return shlex.quote(f"ckpt={value}")
@@ -234,21 +234,21 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
     ``-m``), the length extrapolation and, for text, generation from the checkpoint."""
     from linrope.config.checks import sweep_dir
 
-    run = _shown(cfg.paths.output_dir)
+    run = shown_path(cfg.paths.output_dir)
     sweep = sweep_dir()
     ckpt = tested or _checkpoint(cfg, trainer)
     lines = [f"run folder: {run} (checkpoints/, csv/metrics.csv, provenance.json)"]
     if cfg.get("test", True):
         if tested:
             how = "the best on validation" if cfg.get("train", True) else "ckpt_path"
-            lines.append(f"the test scored {_shown(tested)} ({how})")
+            lines.append(f"the test scored {shown_path(tested)} ({how})")
         elif cfg.get("train", True):
             lines.append("the test scored the last weights: no validation ran, so no checkpoint was chosen on it")
     lines.append("next:")
-    report = _shown(sweep) if sweep else run
+    report = shown_path(sweep) if sweep else run
     lines.append(f"  python -m linrope.report {shlex.quote(report)}    # tables and figures: report.md")
     if ckpt:
-        arg = _ckpt_arg(_shown(ckpt))
+        arg = ckpt_arg(shown_path(ckpt))
         lines.append(f"  python -m linrope.evaluate {arg}    # loss by length, 1-16x the training context")
         if str(get(cfg, "data.task") or "bytes") in ("bytes", "text"):
             lines.append(f"  python -m linrope.generate {arg} prompt='\"def \"'    # sample text")

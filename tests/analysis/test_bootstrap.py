@@ -13,11 +13,12 @@ from linrope.analysis.bootstrap import (
     LN2,
     bpb_difference,
     bpb_mean,
+    p_floor,
     ratio_difference,
     seed_difference,
     seed_mean,
 )
-from linrope.analysis.stats import mean_ci, paired, t_quantile
+from linrope.analysis.stats import P_FLOOR, mean_ci, p_text, paired, t_quantile
 from linrope.base.errors import ResultsError
 
 
@@ -196,6 +197,81 @@ def test_one_seed_gives_a_value_and_no_interval():
     e = bpb_difference(data, "A", "B")
     assert e.lo is None and e.p is None and e.interval(0.9) == (None, None) and not e.excludes_zero()
     assert math.isfinite(e.value)
+
+
+# ---- clusters of documents -----------------------------------------------------------------------------------------
+def copies(data, k):
+    """Every document of ``data`` as k identical copies (doc3 → doc3.0 … doc3.{k-1}, sorted as the originals), and their clusters."""
+    out = {c: {s: {f"{d}.{i}": v for d, v in docs.items() for i in range(k)} for s, docs in r.items()}
+           for c, r in data.items()}  # fmt: skip
+    return out, {f"{d}.{i}": d for d in next(iter(next(iter(data.values())).values())) for i in range(k)}
+
+
+def test_copies_of_a_document_do_not_narrow_the_interval_when_clustered():
+    """Each document copied 4 times: drawn as independent documents the copies narrow the interval (and raise the
+    df) as four times the documents would; drawn as clusters the interval is the original one (a cluster of k equal
+    copies is the document with k times its nats and bytes: the same ratios in every replicate)."""
+    data, _ = study(np.random.default_rng(21), docs=12, seed_sd=0.005, inter_sd=0.1)
+    one = bpb_difference(data, "A", "B", seed=3)
+    copied, grouping = copies(data, 4)
+    loose = bpb_difference(copied, "A", "B", seed=3)
+    clustered = bpb_difference(copied, "A", "B", seed=3, clusters=grouping)
+    width = lambda e: e.hi - e.lo  # noqa: E731
+    assert loose.documents == clustered.documents == 48 and clustered.clusters == 12 and loose.clusters is None
+    assert width(loose) < 0.7 * width(one) and loose.df > 2 * one.df  # as if 48 independent documents
+    assert (clustered.value, clustered.lo, clustered.hi, clustered.p, clustered.df) == pytest.approx(
+        (one.value, one.lo, one.hi, one.p, one.df), rel=1e-9
+    )
+
+
+def test_the_cluster_variance_matches_its_closed_form():
+    """Clusters of equal bytes: the statistic is linear in the clusters' weights, so se² = var(seed means)/S +
+    var(cluster means)/K (sample variances, numpy), the documents of a cluster pooled."""
+    rng = np.random.default_rng(22)
+    S, K, per = 5, 15, 3
+    x = rng.normal(0.0, 0.1, (S, 1, 1)) + rng.normal(0.0, 0.3, (1, K, 1)) + rng.normal(0.0, 0.2, (S, K, per))
+    data = {
+        "A": {s: {f"{k}.{j}": (x[s, k, j] + 3.0, 1.0) for k in range(K) for j in range(per)} for s in range(S)},
+        "B": {s: {f"{k}.{j}": (3.0, 1.0) for k in range(K) for j in range(per)} for s in range(S)},
+    }
+    grouping = {f"{k}.{j}": k for k in range(K) for j in range(per)}
+    e = ratio_difference(data, "A", "B", resamples=20_000, clusters=grouping)
+    vs, vk = np.var(x.mean((1, 2)), ddof=1) / S, np.var(x.mean((0, 2)), ddof=1) / K
+    assert e.value == pytest.approx(x.mean(), rel=1e-12) and e.clusters == K and e.documents == K * per
+    assert e.se == pytest.approx(math.sqrt(vs + vk), rel=0.02)
+    assert e.df == pytest.approx((vs + vk) ** 2 / (vs**2 / (S - 1) + vk**2 / (K - 1)), rel=0.05)
+    singletons = ratio_difference(data, "A", "B", resamples=2_000, clusters={d: d for d in grouping})
+    plain = ratio_difference(data, "A", "B", resamples=2_000)
+    assert (singletons.lo, singletons.hi, singletons.p) == (plain.lo, plain.hi, plain.p)  # one document each: as none
+
+
+def test_a_document_without_a_cluster_is_named():
+    data, _ = study(np.random.default_rng(23), seeds=2, docs=3)
+    bad(data, r"clusters: no cluster for 1 of the 3 documents scored \(doc2\)", clusters={"doc0": 0, "doc1": 0})
+
+
+# ---- how precisely a p is printed ------------------------------------------------------------------------------------
+def test_the_p_floor_is_ten_over_the_replicates_or_one_over_the_distinct_resamples():
+    """max(10/B, 1/N) rounded up to a power of ten, N = Π C(2s−1, s) × C(2c−1, c), against math.comb."""
+    for resamples, seeds, clusters in [(10_000, [5], 30), (None, [5], 1), (None, [3], 1), (100_000, [5], 30),
+                                       (None, [5, 5], 1), (10_000, [3], 2), (1_000_000, [5], 3)]:  # fmt: skip
+        n = math.prod(math.comb(2 * s - 1, s) for s in seeds) * math.comb(2 * clusters - 1, clusters)
+        floor = max(10 / resamples if resamples else 0.0, 1 / n)
+        assert p_floor(resamples, seeds, clusters) == pytest.approx(10.0 ** math.ceil(math.log10(floor) - 1e-12))
+    assert p_floor(10_000, [5], 30) == pytest.approx(1e-3) and p_floor(None, [5], 1) == pytest.approx(0.01)
+    assert p_floor(None, [3], 1) == pytest.approx(0.1) and p_floor(10_000, [3], 2) == pytest.approx(0.1)  # 1/30
+    data, _ = study(np.random.default_rng(24), docs=30, diff=0.5)
+    e = bpb_difference(data, "A", "B")
+    assert e.p < 1e-10 and e.p_floor == pytest.approx(1e-3)  # 10 000 replicates of 5 seeds × 30 documents
+    few = bpb_difference(study(np.random.default_rng(24), seeds=3, docs=4)[0], "A", "B", clusters={
+        "doc0": 0, "doc1": 0, "doc2": 1, "doc3": 1})  # fmt: skip
+    assert few.p_floor == pytest.approx(0.1)  # 3 seeds × 2 clusters: 10 × 3 distinct resamples
+
+
+def test_a_p_below_its_floor_is_printed_as_less_than_the_floor():
+    assert p_text(6.2e-29) == "< 0.001" and P_FLOOR == 1e-3
+    assert p_text(0.001) == "0.001" and p_text(0.0044) == "0.004" and p_text(0.0749) == "0.075"
+    assert p_text(0.0042, 0.01) == "< 0.01" and p_text(4.2e-4, 1e-4) == "0.00042" and p_text(None) == "–"
 
 
 # ---- bad input, one line each ------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def _compose(out, overrides):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """A sweep folder of two real tiny runs (0: bytes with extrapolation, 1: mqar), and the keys they logged:
+    """A sweep folder of two real tiny runs (bytes: with extrapolation, mqar), and the keys they logged:
     (folder, keys sent to wandb, columns of their metrics.csv)."""
     import train
 
@@ -81,7 +81,7 @@ def sweep(tmp_path_factory):
     WandbLogger.logged = set()
     columns = set()
     try:
-        for job, extra in (("0", BYTES), ("1", MQAR)):
+        for job, extra in (("bytes", BYTES), ("mqar", MQAR)):  # named by what differs, as a sweep names them
             cfg = _compose(folder / job, [*TINY, *extra])
             (folder / job / ".hydra").mkdir(parents=True)
             OmegaConf.save(cfg, folder / job / ".hydra" / "config.yaml")

@@ -89,8 +89,36 @@ def test_the_section_has_every_part_and_adjusted_p(groups, tmp_path):
     third = records[2]
     assert third["seeds"] == 2 and "failed seeds left out: c 2" in third["note"]
     assert "| A beats B | a − b | test/bpb |" in text and "p Holm" in text and "p BH" in text
+    # p far below what 10 000 replicates of 3 seeds × 6 documents resolve is printed as "< 0.001", never 1e-12
+    assert first["p"] < 1e-5 and first["p_floor"] == pytest.approx(1e-3)
+    row = next(line for line in text.splitlines() if line.startswith("| A beats B | a − b | test/bpb |"))
+    assert row.split(" | ")[5:8] == ["< 0.001"] * 3 and "e-" not in row
+    assert (
+        "No p is printed below what the bootstrap resolves" in text
+        and '(0.001 here); a p below it reads "< floor"' in text
+    )
+    # no corpus with these documents here and none recorded: each document its own cluster, said
+    assert first["clusters"] == 6 and "**Test documents in clusters:** none known (" in text
+    assert "each of the 6 documents is its own cluster" in text
     # the loss by position, beside the context-limited control, and its figure
     assert "| a, last 64 keys | 128 |" in text and (tmp_path / "positions.png").stat().st_size > 0
+
+
+def test_the_section_draws_the_clusters_recorded_beside_it(groups, tmp_path):
+    """With a clusters.csv in the report's folder (and no corpus here with these documents), the comparisons
+    resample those clusters: the Evidence section's estimate is the bootstrap with them."""
+    from linrope.analysis import clusters
+    from linrope.analysis.bootstrap import bpb_difference
+
+    grouping = {d: int(d[3]) // 2 for d in DOCS}  # three clusters of two documents
+    rows = [{"document": d, "cluster": k, "bytes": 1, "nearest": "", "jaccard": ""} for d, k in grouping.items()]
+    clusters.write(rows, tmp_path / clusters.FILE)
+    lines, records = section(groups, [("A beats B", "test/bpb", "a", "b")], tmp_path)
+    text = "\n".join(lines)
+    cells = {c: documents_of(groups[c], "test/bpb") for c in ("a", "b")}
+    expected = bpb_difference(cells, "a", "b", clusters=grouping)
+    assert records[0]["clusters"] == 3 and (records[0]["lo"], records[0]["hi"]) == (expected.lo, expected.hi)
+    assert "6 documents in 3 clusters; of more than one document: doc0.py, doc1.py (" in text
 
 
 def test_a_row_above_the_unigram_is_counted_and_its_comparison_gets_no_verdict(groups, tmp_path):
@@ -220,6 +248,10 @@ def test_a_study_table_reads_the_bootstrap_over_documents_where_the_runs_kept_th
     assert isinstance(r, Boot) and r.diff.n == 3 and r.seeds == (1, 2, 3)
     assert (r.diff.mean, r.diff.lo, r.diff.hi, r.p) == (expected.value, expected.lo, expected.hi, expected.p)
     assert r.estimate.interval(0.99)[0] < r.diff.lo  # a wider level, from the same replicates
+    grouping = {d: int(d[3]) // 2 for d in DOCS}  # three clusters of two documents: drawn as clusters
+    r = claim_results(groups, [claim], clusters=grouping)[claim]
+    expected = bpb_difference({c: documents_of(groups[c], "test/bpb") for c in ("a", "b")}, "a", "b", clusters=grouping)
+    assert r.estimate.clusters == 3 and (r.diff.lo, r.diff.hi, r.p) == (expected.lo, expected.hi, expected.p)
     groups["b"][0].extrapolation = []  # seed 1 of b lost its documents: the seeds alone
     assert isinstance(claim_results(groups, [claim])[claim], Paired)
 

@@ -81,3 +81,37 @@ def test_runs_without_their_own_provenance_take_the_studys_file(tmp_path):
     P.write(tmp_path / "out2", study)
     text = build_report([sweep], tmp_path / "out2")
     assert "| cccccccccc |" in text and "determined after the fact: from the history, by hand." in text
+
+
+def test_pairs_from_two_machines_are_named_seed_by_seed():
+    """Issue 55: a paired seed whose two runs ran on different machines (or torch versions) is named with both;
+    pairs from one machine, and runs without a record, are not."""
+    from types import SimpleNamespace as NS
+
+    from linrope.analysis.report_provenance import mixed_pairs
+
+    def on(gpu=None, torch="2.13.0+cpu"):
+        machine = {"gpu": gpu, "gpu_driver": "580"} if gpu else {"cpu": "AMD EPYC", "threads": 1}
+        return {"machine": machine, "versions": {"torch": torch}}
+
+    gpu = on("NVIDIA H200", "2.11.0+cu130")
+    runs = {
+        "w128": {
+            "a": [NS(seed=1, provenance=gpu), NS(seed=2, provenance=gpu), NS(seed=3, provenance=on())],
+            "b": [NS(seed=1, provenance=on()), NS(seed=2, provenance=on()), NS(seed=3, provenance=on())],
+            "c": [NS(seed=1, provenance=gpu), NS(seed=2, provenance=None), NS(seed=4, provenance=on())],
+        }
+    }
+    claims = [NS(a="a", b="b"), NS(a="a", b="b"), NS(a="a", b="c")]  # a pair claimed twice is named once
+    (text, blank) = mixed_pairs(runs, claims, ["w128"], ["width 128"])
+    assert blank == "" and text.startswith("**Pairs from two machines** (1): ")
+    assert text.endswith(
+        "width 128: a − b, seeds 1, 2 (a on NVIDIA H200, torch 2.11.0+cu130; b on AMD EPYC, torch 2.13.0+cpu)."
+    )
+    same = {"w128": {"a": runs["w128"]["b"], "b": runs["w128"]["b"]}}
+    assert mixed_pairs(same, claims[:1], ["w128"], ["width 128"]) == []
+    torch_only = {"w128": {"a": [NS(seed=1, provenance=on(torch="2.11.0"))], "b": [NS(seed=1, provenance=on())]}}
+    assert "torch 2.11.0; b on AMD EPYC, torch 2.13.0+cpu" in mixed_pairs(torch_only, claims[:1], ["w128"], ["w"])[0]
+    threads = {"w128": {"a": [NS(seed=1, provenance={**on(), "machine": {"cpu": "AMD EPYC", "threads": 2}})],
+                        "b": [NS(seed=1, provenance=on())]}}  # fmt: skip
+    assert mixed_pairs(threads, claims[:1], ["w128"], ["w"]) == []  # one machine, two thread counts

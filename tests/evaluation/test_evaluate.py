@@ -140,6 +140,23 @@ def test_every_length_scores_the_same_bytes_and_prints_each_row_once(run_folder,
     assert more[0]["scored"] == 4097 and more[0]["scored_hash"] != rows[0]["scored_hash"]
 
 
+def test_evaluate_ends_with_the_command_to_run_next(run_folder, tmp_path, capsys, monkeypatch):
+    """After its table evaluate says in one line what to run next on the checkpoint, its path filled in, as
+    train.py ends with its next commands: the pass-key probe for a model of text, the run's report otherwise."""
+    from pathlib import Path
+
+    from linrope.evaluation.evaluate import evaluate, next_command
+
+    monkeypatch.chdir(tmp_path)  # paths outside the working folder are shown whole
+    ckpt = run_folder / "checkpoints" / "last.ckpt"
+    evaluate(compose_evaluate(f"ckpt={ckpt}", "lengths=[32]", "scalings=[]", "scored_bytes=1024", f"out={tmp_path}"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("wrote ") and lines[-1].startswith(f"next: python -m linrope.passkey ckpt={ckpt}    # ")
+    assert sum(line.startswith("next:") for line in lines) == 1
+    task = next_command(Path("/runs/mqar/checkpoints/last.ckpt"), "mqar")
+    assert task.startswith("next: python -m linrope.report /runs/mqar    # ")
+
+
 def test_evaluate_gives_the_yarn_and_dynamic_rows_by_default(run_folder, tmp_path):
     """The default scalings: pi, ntk, yarn and dynamic beside the model as trained, each with finite values; at the
     training length they repeat it, beyond it yarn is its own row and dynamic (one forward per window of L

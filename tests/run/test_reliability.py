@@ -582,26 +582,26 @@ def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
     from linrope.run.folder import KeepEarlierRun
 
     sweep = tmp_path / "sweep"
-    for job in ("0", "1", "2"):
-        saved_config(sweep / job, f"seed: {job}\n")
+    for job in ("seed0", "seed1", "seed2"):
+        saved_config(sweep / job, f"seed: {job[4:]}\n")
     (sweep / "multirun.yaml").write_text("first sweep\n")
     hook = KeepEarlierRun()
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}, "ckpt_path": None})
     hook.on_multirun_start(config=config)  # only Hydra's files (jobs refused or never started): nothing to keep
-    for job in ("0", "2"):
+    for job in ("seed0", "seed2"):
         (sweep / job / "csv").mkdir()
         (sweep / job / "csv" / "metrics.csv").write_text("step,val/bpb\n")
     with pytest.raises(SystemExit) as e:
         hook.on_multirun_start(config=config)
     assert exit_message(e) == (
-        f"linrope: sweep folder {sweep} already holds 2 earlier runs (0, 2); resume them with "
+        f"linrope: sweep folder {sweep} already holds 2 earlier runs (seed0, seed2); resume them with "
         f"ckpt_path=auto, or choose a new hydra.sweep.dir — they are not overwritten"
     )
     config.ckpt_path = "auto"
     hook.on_multirun_start(config=config)
-    assert (sweep / "0" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 0\n"
-    assert (sweep / "2" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 2\n"
-    assert not (sweep / "1" / ".hydra.before-resume-0").exists()  # job 1 never ran: nothing of it to keep
+    assert (sweep / "seed0" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 0\n"
+    assert (sweep / "seed2" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 2\n"
+    assert not (sweep / "seed1" / ".hydra.before-resume-0").exists()  # job seed1 never ran: nothing of it to keep
     assert (sweep / "multirun.before-resume-0.yaml").read_text() == "first sweep\n"
 
 
@@ -609,9 +609,9 @@ def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):
     """The same through Hydra: ``train.py -m hydra.sweep.dir=<earlier sweep>`` stops in one line and leaves the
     earlier job's saved config and the sweep's multirun.yaml as they were."""
     sweep = tmp_path / "sweep"
-    saved_config(sweep / "0", "seed: 7\n")
-    (sweep / "0" / "checkpoints").mkdir()
-    (sweep / "0" / "checkpoints" / "last.ckpt").write_bytes(b"PK")
+    saved_config(sweep / "linear_rope", "seed: 7\n")  # the folder the sweep below names its first job
+    (sweep / "linear_rope" / "checkpoints").mkdir()
+    (sweep / "linear_rope" / "checkpoints" / "last.ckpt").write_bytes(b"PK")
     (sweep / "multirun.yaml").write_text("first sweep\n")
     r = subprocess.run(
         [
@@ -629,12 +629,12 @@ def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):
     )
     assert r.returncode != 0
     assert (
-        f"linrope: sweep folder {sweep} already holds 1 earlier run (0); resume it with ckpt_path=auto"
+        f"linrope: sweep folder {sweep} already holds 1 earlier run (linear_rope); resume it with ckpt_path=auto"
         in r.stderr + r.stdout
     )
-    assert (sweep / "0" / ".hydra" / "config.yaml").read_text() == "seed: 7\n"
+    assert (sweep / "linear_rope" / ".hydra" / "config.yaml").read_text() == "seed: 7\n"
     assert (sweep / "multirun.yaml").read_text() == "first sweep\n"
-    assert sorted(p.name for p in sweep.iterdir()) == ["0", "multirun.yaml"]
+    assert sorted(p.name for p in sweep.iterdir()) == ["linear_rope", "multirun.yaml"]
 
 
 def test_a_run_folder_in_use_is_refused(compose, tmp_path):

@@ -262,7 +262,7 @@ def test_ddp_spawn_sweep_runs_each_job_once_and_keeps_the_metrics_history(tmp_pa
     gains the test columns (Lightning's CSV writer failed at test, or rewrote the file with test/* only)."""
     out = sweep(tmp_path, "trainer=ddp_spawn", "trainer.devices=2", "seed=1,2", "test=true")
     jobs = sorted(p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith("."))
-    assert jobs == ["0", "1"]
+    assert jobs == ["seed1", "seed2"]
     for j in jobs:
         assert weights(out / j / "checkpoints" / "last.ckpt")[0] == 3
         m = metrics(out / j)
@@ -308,7 +308,7 @@ def test_submitit_local_sweep(tmp_path):
         "hydra.launcher.timeout_min=10",
         "seed=1,2",
     )
-    for j in ("0", "1"):
+    for j in ("seed1", "seed2"):  # named in the processes submitit started, from the sweep's multirun.yaml
         assert weights(out / j / "checkpoints" / "last.ckpt")[0] == 3
         assert (out / j / "csv" / "metrics.csv").exists()
     assert list((out / ".submitit").glob("*/*_result.pkl"))

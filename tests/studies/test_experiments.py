@@ -171,9 +171,9 @@ def sweep(tmp_path_factory):
 @pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [r.name for r in runs] == ["0", "1"]
+    assert [r.name for r in runs] == ["linear_rope", "softmax_rope"]  # each job's folder named by what varies
     names = [OmegaConf.load(r / ".hydra" / "config.yaml").model.name for r in runs]
-    assert names == ["softmax_rope", "linear_rope"]
+    assert names == ["linear_rope", "softmax_rope"]
     for r in runs:
         header = (r / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
         assert {"val/bpb", "test/bpb", "train/loss"} <= set(header)
@@ -210,7 +210,7 @@ def test_report_on_the_sweep(sweep, tmp_path):
 
 @pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
-    ckpt = sweep / "0" / "checkpoints" / "last.ckpt"
+    ckpt = sweep / "softmax_rope" / "checkpoints" / "last.ckpt"
     cmd = [
         sys.executable,
         "-m",
@@ -235,6 +235,7 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     # the test split of data.max_bytes=400000 holds 20 000 bytes: all but the first scored at every length
     assert {row["scored"] for row in rows} == {"19999"} and len({row["scored_hash"] for row in rows}) == 1
     assert "length" in r.stdout and "bpb" in r.stdout and (tmp_path / "evaluate.png").exists()
+    assert r.stdout.splitlines()[-1].startswith(f"next: python -m linrope.passkey ckpt={ckpt}")
     assert sorted(p.name for p in tmp_path.iterdir()) == [  # no Hydra folders
         "evaluate.csv",
         "evaluate.png",
@@ -246,7 +247,7 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     def key(row):
         return row["length"], row["protocol"], row["scaling"], row["window"]
 
-    own = {key(row): row for row in csv.DictReader(open(sweep / "0" / "extrapolation.csv"))}
+    own = {key(row): row for row in csv.DictReader(open(sweep / "softmax_rope" / "extrapolation.csv"))}
     for row in rows[:5]:  # 64 and 128, both protocols, and the control at 128
         assert float(row["loss"]) == pytest.approx(float(own[key(row)]["loss"]), rel=1e-5)
         assert row["scored_hash"] == own[key(row)]["scored_hash"]
