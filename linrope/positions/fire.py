@@ -50,6 +50,7 @@ class FIRE(PositionScheme):
     # threshold's multiplier are scalars, never decayed
     score_biases = ("w1", "b1", "w2", "b2")
     absolute_terms = True  # ψ(max(L, i)) reads the query's own position: packed documents give each its own
+    variants = ({"init_threshold": 4.0},)  # queries past L: ψ(max(L, i)) reads the query's position
 
     def __init__(
         self,

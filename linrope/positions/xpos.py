@@ -15,7 +15,7 @@ docs/schemes.md#xpos says what differs from the release, and why; docs/design.md
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import Annotated, Mapping, Optional
 
 import torch
 
@@ -58,6 +58,10 @@ class XPos(PositionScheme):
         "linear attention's forms carry a per-head decay γ_h^(i-j) only, and xPos is not approximated by one"
     )
     paper = "Sun et al. 2023, A Length-Extrapolatable Transformer"
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True  # ζ's exponents and the rotation's angles are i - j once the centre cancels
 
     def __init__(
         self,
