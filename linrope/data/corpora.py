@@ -17,7 +17,6 @@ installs it.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from linrope.base.errors import CorpusError
+
+from .tokenizer import file_digest
 
 PREFIX = "corpus:"
 
@@ -105,14 +106,6 @@ def source_file(name: str) -> Path:
     raise CorpusError(f"data.path {PREFIX}{name} ({c.about}) is not installed: {c.install}")
 
 
-def _sha256(f: Path) -> str:
-    h = hashlib.sha256()
-    with open(f, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def cache_root() -> Path:
     return Path(os.environ.get("LINROPE_CACHE") or "~/.cache/linrope").expanduser() / "corpora"
 
@@ -127,7 +120,7 @@ def check(path: Optional[str]) -> Optional[str]:
         f = source_file(name)
     except CorpusError as e:
         return str(e)
-    if _sha256(f) != NAMED[name].sha256:
+    if file_digest(f) != NAMED[name].sha256:
         return _other_text(name, f)
     return None
 
@@ -146,7 +139,7 @@ def resolve(path: Optional[str]) -> Optional[str]:
         return path
     c = NAMED[name]
     f = source_file(name)
-    digest = _sha256(f)
+    digest = file_digest(f)
     if digest != c.sha256:
         raise CorpusError(_other_text(name, f))
     folder = cache_root() / f"{name}-{digest[:12]}"
