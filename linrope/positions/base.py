@@ -78,7 +78,7 @@ class PositionScheme(nn.Module):
     paper: ClassVar[str] = ""
     shares: ClassVar[str] = ""  # what the paper shares across layers ("": nothing, and no `share` option)
     # parameters added to scores (or to every query) as biases: not weight-decayed, like every bias
-    # (T5's β, TUPE's b, XL's u and v): docs/design.md#weight-decay
+    # (T5's β, TUPE's b, XL's u and v): docs/methods.md#weight-decay
     score_biases: ClassVar[Tuple[str, ...]] = ()
     # its position tables (rows indexed by position or distance): not weight-decayed, like the token embedding
     tables: ClassVar[Tuple[str, ...]] = ()
@@ -94,7 +94,7 @@ class PositionScheme(nn.Module):
 
     # its attention hooks read positions themselves, not only i - j (TUPE's absolute correlation): with packed
     # documents they are given each document's positions, (B, N), and must take them; every other scheme gets
-    # the row's positions 0 … N-1 and the documents' mask (docs/design.md, "Packed documents")
+    # the row's positions 0 … N-1 and the documents' mask (docs/mathematics.md, "Packed documents")
     absolute_terms: ClassVar[bool] = False
     # linear attention's ``placement`` (numerator, both, none) says where it acts: named in the run's name and tags
     linear_placement: ClassVar[bool] = False
@@ -205,7 +205,7 @@ class PositionScheme(nn.Module):
 
     def span(self, positions: torch.Tensor) -> Tuple[int, int]:
         """(smallest, largest) of ``positions``, Python ints: what sizes a table slice or an ODE grid and checks
-        a table's range without reading the device (docs/design.md#gpu-readiness).  Inside a model's forward the
+        a table's range without reading the device (docs/mathematics.md#gpu-readiness).  Inside a model's forward the
         model says (its positions are ``offset … offset + N - 1``); positions handed in as a tensor are read
         once (``position_span``: a host sync, outside training)."""
         if self._span is not None:

@@ -14,7 +14,7 @@ softmax attention only; linear attention normalises φ(q)·φ(k), where a common
 
 ``rotary_fraction`` < 1 (GPT-NeoX's ``rotary_pct``, Black et al. 2022) turns only the first r = int(d·fraction)
 dimensions' pairs, with an r-dimensional RoPE's frequencies (scaled as ``scaling`` says), and leaves the others
-(θ = 0): softmax and linear attention take it unchanged (docs/design.md#partial-rotary)."""
+(θ = 0): softmax and linear attention take it unchanged (docs/mathematics.md#partial-rotary)."""
 
 from typing import Annotated, List, Mapping, Optional
 

@@ -10,7 +10,7 @@ the window (n - c, c = first + ceil(N/2), as the release's ``min_pos = -(length 
 exponents' size without changing a score.  Full causal attention at every length, as the release's decoder; the
 paper's blockwise causal attention (blocks of max_len/2, each query sees its own and the previous block) is the
 option ``blockwise: true``.  The scale is formed in float64 and rounded once to ``compute_dtype`` with cos and sin.
-docs/schemes.md#xpos says what differs from the release, and why; docs/design.md#xpos the numerics."""
+docs/schemes.md#xpos says what differs from the release, and why; docs/mathematics.md#xpos the numerics."""
 
 from __future__ import annotations
 
