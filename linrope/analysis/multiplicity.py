@@ -50,7 +50,7 @@ def _adjusted(p_values: Sequence[Optional[float]], method: str) -> list:
     ps = _checked(p_values)
     present = [i for i, p in enumerate(ps) if p is not None]
     out = list(ps)
-    if present:  # statsmodels before 0.15 divides by the family's size
+    if present:  # an empty family: statsmodels before 0.15 divides by its size, 0
         for i, p in zip(present, multipletests([ps[i] for i in present], method=method)[1]):
             out[i] = float(p)
     return out
