@@ -179,7 +179,7 @@ def fake_run(folder, model, seed, finished=True, lr=3e-3, parameters=True, extra
                     "attention": {"kind": "linear"},
                     "position": {"name": "rope", "base": 10000.0},
                 },
-                "callbacks": {"m": {"_target_": "linrope.movement.PositionMovement"}},
+                "callbacks": {"m": {"_target_": "linrope.training.movement.PositionMovement"}},
                 "trainer": {"max_steps": 4},
             }
         ),
