@@ -169,7 +169,9 @@ def collect(
         **gpu(),
     }
     argv = list(sys.argv if argv is None else argv)
-    if argv and argv[0].endswith(".py"):
+    if argv and argv[0].startswith("python -m "):  # python -m linrope <command>: linrope/__main__.py names it so
+        argv = [*argv[0].split(), *argv[1:]]
+    elif argv and argv[0].endswith(".py"):
         argv = ["python", *argv]
     elif argv and Path(argv[0]).name.startswith("linrope-"):  # a console script: its name, as it is typed
         argv = [Path(argv[0]).name, *argv[1:]]

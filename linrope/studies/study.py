@@ -434,7 +434,14 @@ class Study:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # Ctrl+C before any job started (composing, checking); a job's own is handled in run
+        print("linrope.study: interrupted before any job started", file=sys.stderr)
+        return 130
+
+
+def _main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m linrope.study",
         description=__doc__.split("\n\n")[0],

@@ -41,7 +41,7 @@ def compose_command(name: str, *overrides):
 
 
 def compose_evaluate(*overrides):
-    import linrope.evaluate  # noqa: F401 - registers the resolver of `out`
+    import linrope.evaluation.evaluate  # noqa: F401 - registers the resolver of `out`
 
     return compose_command("evaluate", *overrides)
 

@@ -16,7 +16,7 @@ APP = textwrap.dedent(
     """
     import hydra
 
-    import linrope.train  # noqa: F401 - registers what train.py's config needs, as train.py does
+    import linrope.studies.train  # noqa: F401 - registers what train.py's config needs, as train.py does
     from linrope.config.command_line import CONF_DIR
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
