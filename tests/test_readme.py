@@ -16,9 +16,9 @@ from tests.helpers import CONF, ROOT
 
 README = (ROOT / "README.md").read_text()
 HYDRA = {"train.py": "train", "linrope-train": "train", "linrope-evaluate": "evaluate"}
-HYDRA_MODULES = {"linrope.evaluate": "evaluate", "linrope.generate": "generate", "linrope.passkey": "passkey",
-                 "linrope.sweeps": "train", "linrope.train": "train"}  # fmt: skip
-ARGPARSE = ("linrope.tokenize", "linrope.report", "linrope.evaluation.harness", "linrope.evaluation.references")
+HYDRA_MODULES = {"linrope evaluate": "evaluate", "linrope generate": "generate", "linrope passkey": "passkey",
+                 "linrope sweeps": "train", "linrope train": "train"}  # fmt: skip
+ARGPARSE = ("linrope tokenize", "linrope report", "linrope.evaluation.harness", "linrope.evaluation.references")
 
 
 def commands():
@@ -38,7 +38,7 @@ CASES = list(commands())
 
 def test_the_readme_has_the_commands_this_test_reads():
     programs = {" ".join(args[:3]) if args[:2] == ["python", "-m"] else args[0] for _, args in CASES}
-    assert {"python -m linrope.evaluate", "python -m linrope.report", "linrope-train"} <= programs
+    assert {"python -m linrope evaluate", "python -m linrope report", "linrope-train"} <= programs
     assert sum(1 for _, a in CASES if a[:2] == ["python", "train.py"]) >= 15
 
 
@@ -66,7 +66,7 @@ def test_the_flags_readme_gives_an_argparse_command_exist(module, capsys):
     used = {a.split("=")[0] for line, args in CASES if module in args for a in args if a.startswith("--")}
     main = importlib.import_module(module).main
     shown = ""
-    for words in ([], ["train"], ["shards"]) if module == "linrope.tokenize" else ([],):
+    for words in ([], ["train"], ["shards"]) if module == "linrope tokenize" else ([],):
         with pytest.raises(SystemExit):
             main([*words, "--help"])
         shown += capsys.readouterr().out
@@ -105,7 +105,7 @@ def test_the_cheap_readme_training_commands_run_and_say_where_their_run_is(args,
     extra = [f"paths.log_dir={tmp_path}", "logger=csv", "trainer.enable_progress_bar=false"]
     r = subprocess.run([sys.executable, *args[1:], *extra], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert str(tmp_path) in r.stdout and "python -m linrope.report" in r.stdout, r.stdout[-2000:]
+    assert str(tmp_path) in r.stdout and "python -m linrope report" in r.stdout, r.stdout[-2000:]
 
 
 def test_the_readme_has_a_cheap_training_command_to_run():

@@ -29,7 +29,7 @@ def template(config_name: str, conf_dir: Path = CONF_DIR) -> str:
 
 def config_groups(conf_dir: Path = CONF_DIR) -> str:
     """``group: option, option, ...`` per config group of ``conf_dir`` (Hydra's own groups and ``study`` left out)."""
-    # conf/study is read by linrope.report, never composed into a run (linrope.config.command_line refuses study=)
+    # conf/study is read by linrope report, never composed into a run (linrope.config.command_line refuses study=)
     groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name not in ("hydra", "study"))
     return "\n".join(f"{g}: {', '.join(group_options(g, conf_dir))}" for g in groups)
 

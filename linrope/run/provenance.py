@@ -15,7 +15,7 @@
 
 It is written to ``<run folder>/provenance.json`` (``write``), put in every checkpoint under
 ``PROVENANCE_KEY`` (plain strings, numbers and lists: it loads with ``weights_only=True``), into the wandb
-config and the CSV logger's hparams.yaml (``provenance``), and read back by ``linrope.report``.
+config and the CSV logger's hparams.yaml (``provenance``), and read back by ``linrope report``.
 
 Foundation layer: no Lightning, no linrope import; torch only inside ``collect`` (it is loaded by then)."""
 

@@ -1,4 +1,4 @@
-"""linrope.report on fabricated run folders, and the statistics under it (linrope.analysis.stats): t quantiles
+"""linrope report on fabricated run folders, and the statistics under it (linrope.analysis.stats): t quantiles
 and p-values against table values and closed forms, intervals and paired differences against
 numbers computed by hand."""
 

@@ -47,6 +47,6 @@ def test_a_study_given_to_train_is_one_line_naming_what_runs_it(given):
     with pytest.raises(SystemExit) as e:
         check_command_line([given, "size=tiny"])
     assert str(e.value) == (
-        f"linrope: {given}: conf/study/ says what a study claims, read by linrope.report, not an option of a run; "
+        f"linrope: {given}: conf/study/ says what a study claims, read by linrope report, not an option of a run; "
         f"run the study's jobs with: python train.py -m experiment=headline"
     )
