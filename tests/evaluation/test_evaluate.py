@@ -17,8 +17,11 @@ from tests.evaluation.helpers import compose_evaluate
 from tests.helpers import CONF, ROOT
 
 
-def run_cli(module, *args, cwd):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+def run_cli(program, *args, cwd):
+    """``python -m <program> args``: ``program`` a module, or ``linrope <command>``."""
+    return subprocess.run(
+        [sys.executable, "-m", *program.split(), *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
