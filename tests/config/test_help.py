@@ -13,12 +13,13 @@ from tests.helpers import ROOT
 COMMANDS = ("train", "evaluate", "generate", "passkey")
 
 SHOW = """
-import importlib, sys
+import sys
+from linrope import __main__ as commands
 for name in sys.argv[1:]:
     print("=== " + name)
     sys.argv = ["linrope-" + name, "--help"]
     try:
-        importlib.import_module("linrope." + name).run()
+        getattr(commands, name)()  # the console script linrope-<name>
     except SystemExit as e:
         assert e.code in (0, None), e.code
 print("=== loaded", sorted(m for m in ("torch", "lightning") if m in sys.modules))
