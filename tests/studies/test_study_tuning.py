@@ -34,7 +34,7 @@ class FakeTrain:
         self.cache, self.optima, self.calls, self.fail = cache, optima, calls, set(fail)
 
     def __call__(self, cmd, env, out):
-        args = cmd[3:]
+        args = cmd[4:]  # python -m linrope train <overrides>
         folder = study_module.Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
         overrides = tuple(a for a in args if not a.startswith(("hydra.run.dir=", "ckpt_path=")))
         cfg = self.cache[overrides][0]
