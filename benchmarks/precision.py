@@ -9,7 +9,7 @@ a 2048³ ``torch.mm``.  B=1, H=8, d=64, causal, elu+1, RoPE in the numerator, C=
 Accuracy: the relative error (in norm) of linrope chunk's output, final state and gradients on bfloat16 inputs
 against the float64 naive form on the same inputs (N = ``--error-length`` 2048, H = 2), once with the bfloat16
 products the kernel uses and once with float32 products (``chunk_kernel.matmul_dtype`` swapped for the run,
-then restored), beside the floor: the float64 output rounded to bfloat16.  docs/design.md, "Precision", gives
+then restored), beside the floor: the float64 output rounded to bfloat16.  docs/mathematics.md, "Precision", gives
 the rule.
 
 Usage:  python benchmarks/precision.py --rounds 9

@@ -99,3 +99,133 @@ def scalar_softmax(att, x, causal: bool, bias):
                 for t in range(v.shape[-1]):
                     o[b, h, i, t] = sum(wj * vl[b][h][j][t] for j, wj in zip(keys, w)) / sum(w)
     return att.merge(o)
+
+
+# ---- the schemes of the registry, their variants, the models it pairs -----------------------------------------------
+def scheme_cases() -> list:
+    """``(name, options)`` of every registered scheme: its defaults, then each of its ``variants`` (the option sets
+    under which its positions enter in another way)."""
+    from linrope.positions import REGISTRY
+
+    return [(name, dict(o)) for name, cls in sorted(REGISTRY.items()) for o in ({}, *cls.variants)]
+
+
+def case_id(name: str, options: dict) -> str:
+    """``deberta-k=4``: a scheme case as a test id."""
+    return "-".join([name, *(f"{k}={v}" for k, v in options.items())])
+
+
+def scheme_pairings() -> list:
+    """``(attention, position)`` config options of every scheme's model: softmax attention with each scheme, linear
+    attention with each scheme it takes inside attention (an absolute scheme acts at the input, before either
+    attention: its softmax model checks it).  Read from the registry, no name written here."""
+    from linrope.positions import REGISTRY
+
+    softmax = [("softmax", name) for name in sorted(REGISTRY)]
+    linear = [("linear", n) for n, cls in sorted(REGISTRY.items()) if cls.linear_ok and cls.kind != "absolute"]
+    return softmax + linear
+
+
+def preset_pairing(preset: str) -> tuple:
+    """``(attention, position, model options)`` of ``conf/model/<preset>.yaml``: the config options it picks and what
+    it sets under ``model`` besides its name."""
+    import yaml
+
+    text = yaml.safe_load((CONF / "model" / f"{preset}.yaml").read_text())
+    picked = {k.split("/")[-1]: v for d in text.get("defaults", []) for k, v in d.items()}
+    model = {k: v for k, v in (text.get("model") or {}).items() if k != "name"}
+    return picked.get("attention"), picked.get("position"), model
+
+
+def presets_beyond_pairings() -> list:
+    """The presets that build more than a scheme's pairing with softmax or linear attention: another attention
+    config (``linear_cosine``), a position config that is no scheme's own (``randomized``), or options under
+    ``model`` (RoPE's scaling, a placement, no denominator)."""
+    from linrope.positions import REGISTRY
+
+    pairs = {
+        (kind, n) for n, cls in REGISTRY.items() for kind in ("softmax", "linear") if kind == "softmax" or cls.linear_ok
+    }
+    out = []
+    for path in sorted((CONF / "model").glob("*.yaml")):
+        attention, position, options = preset_pairing(path.stem)
+        if options or (attention, position) not in pairs:
+            out.append(path.stem)
+    return out
+
+
+def presets_setting_positions() -> list:
+    """The presets beyond the scheme pairings that set something of the position (its options, or a position config
+    that is no scheme's own); the rest set only attention options (tests/test_compile.py, tests/ops)."""
+    from linrope.positions import REGISTRY
+
+    found = []
+    for preset in presets_beyond_pairings():
+        _, position, options = preset_pairing(preset)
+        if position not in REGISTRY or "position" in options:
+            found.append(preset)
+    return found
+
+
+# three AdamW steps, eager and compiled, in a fresh process (no compile cache hides a crash); the child writes losses
+# and gradients as JSON
+COMPILED_VS_EAGER = r"""
+import json, sys, copy, torch
+sys.path.insert(0, {root!r})
+torch.manual_seed(0)
+torch.set_num_threads(1)
+from linrope.models.model import TransformerLM
+cfg, backend = json.loads(sys.argv[1]), sys.argv[2]
+eager = TransformerLM(cfg)
+compiled = copy.deepcopy(eager)
+compiled.compile(backend=backend, fullgraph=True)
+result = {{}}
+for name, model in (("eager", eager), ("compiled", compiled)):
+    x = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, grads = [], []
+    for step in range(3):
+        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({{n: p.grad.flatten().tolist() for n, p in model.named_parameters()}})
+        opt.step()
+    result[name] = {{"losses": losses, "grads": grads}}
+print("RESULT" + json.dumps(result))
+"""
+
+
+def compiled_vs_eager(cfg: dict, backend: str, what: str = "") -> None:
+    """The model ``cfg`` trained three steps compiled (``backend``: aot_eager, inductor) and eager, in a fresh process:
+    the same losses and gradients, and the steps did train."""
+    import json
+    import subprocess
+    import sys
+
+    code = COMPILED_VS_EAGER.format(root=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(cfg), backend], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
+    res = json.loads(line[len("RESULT") :])
+    eager, comp = res["eager"], res["compiled"]
+    assert torch.allclose(torch.tensor(comp["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=1e-6), res
+    assert eager["losses"][2] < eager["losses"][0]  # the steps did train (one batch, three times)
+    for step, (ge, gc) in enumerate(zip(eager["grads"], comp["grads"])):
+        assert ge.keys() == gc.keys()
+        for name in ge:
+            a, b = torch.tensor(gc[name]), torch.tensor(ge[name])
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (what, step, name, (a - b).abs().max().item())
+
+
+def no_graph_breaks(cfg: dict) -> None:
+    """Dynamo traces the model ``cfg``'s forward in one graph."""
+    from linrope.models.model import TransformerLM
+
+    torch._dynamo.reset()
+    model = TransformerLM(cfg)
+    explained = torch._dynamo.explain(model)(torch.randint(0, 256, (2, 48)))
+    assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
+    assert explained.graph_count == 1

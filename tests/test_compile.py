@@ -6,129 +6,49 @@ suite (where the linear path used to break and crash) and through Inductor, whic
 2 cores, as slow tests; each runs in a fresh process, so that no compile cache hides a crash."""
 
 import itertools
-import json
-import subprocess
-import sys
 import zlib
 
 import pytest
 import torch
+import yaml
 
 from linrope.ops.linear_attn.chunk import chunk_bwd, chunk_fwd
 from linrope.ops.linear_attn.recurrent import recurrent_step_op
-from tests.helpers import CONF, ROOT
+from tests.helpers import CONF, compiled_vs_eager, no_graph_breaks, preset_pairing, presets_beyond_pairings
+from tests.helpers import model_config as composed
 
-PRESETS = [
-    "linear_rope",
-    "linear_cosine_rope",
-    "linear_rope_both",
-    "linear_rope_norm",
-    "linear_alibi",
-    "softmax_rope",
-    "softmax_cope",
-    "softmax_kerple",
-    "softmax_sandwich",
-    "softmax_xpos",  # its scale tables: no graph break, no host sync (ζ_0 and the window's span are host floats)
-    "softmax_rope_yarn",
-]
+# every scheme's model with softmax and linear attention is the contract suite's (tests/positions/test_contract.py);
+# here the presets beyond them: attention forms (cosine features, placements, no denominator) and position options
+FORMS = presets_beyond_pairings()
+DEFAULT = next(d["model"] for d in yaml.safe_load((CONF / "train.yaml").read_text())["defaults"] if "model" in d)
 
 
 def model_config(preset: str) -> dict:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=[f"model={preset}", "size=tiny", "model.n_layers=1"])
-    finally:
-        GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg.model, resolve=True)
+    return composed(f"model={preset}", "size=tiny", "model.n_layers=1")
 
 
-# randomized positions (a draw per forward): graph breaks only, since eager and compiled runs draw differently
-RANDOMIZED = ["softmax_randomized", "linear_randomized"]
+def draws_positions(preset: str) -> bool:
+    """Randomized positions (a draw per forward): graph breaks only, since eager and compiled runs draw differently."""
+    _, position, options = preset_pairing(preset)
+    given = yaml.safe_load((CONF / "position" / f"{position}.yaml").read_text())
+    return bool({**given, **options.get("position", {})}.get("max_position"))
 
 
-@pytest.mark.parametrize("preset", PRESETS + RANDOMIZED)
+@pytest.mark.parametrize("preset", FORMS)
 def test_no_graph_breaks(preset):
-    from linrope.models.model import TransformerLM
-
-    torch._dynamo.reset()
-    model = TransformerLM(model_config(preset))
-    x = torch.randint(0, 256, (2, 48))
-    explained = torch._dynamo.explain(model)(x)
-    assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
-    assert explained.graph_count == 1
+    no_graph_breaks(model_config(preset))
 
 
-# three AdamW steps, eager and compiled, in a fresh process; the child writes losses and gradients as JSON
-CHILD = r"""
-import json, sys, copy, torch
-sys.path.insert(0, {root!r})
-torch.manual_seed(0)
-torch.set_num_threads(1)
-from linrope.models.model import TransformerLM
-cfg, backend = json.loads(sys.argv[1]), sys.argv[2]
-eager = TransformerLM(cfg)
-compiled = copy.deepcopy(eager)
-compiled.compile(backend=backend, fullgraph=True)
-result = {{}}
-for name, model in (("eager", eager), ("compiled", compiled)):
-    x = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses, grads = [], []
-    for step in range(3):
-        loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        losses.append(loss.item())
-        grads.append({{n: p.grad.flatten().tolist() for n, p in model.named_parameters()}})
-        opt.step()
-    result[name] = {{"losses": losses, "grads": grads}}
-print("RESULT" + json.dumps(result))
-"""
-
-
-def compiled_vs_eager(preset: str, backend: str):
-    code = CHILD.format(root=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(model_config(preset)), backend],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))
-    res = json.loads(line[len("RESULT") :])
-    eager, comp = res["eager"], res["compiled"]
-    assert torch.allclose(torch.tensor(comp["losses"]), torch.tensor(eager["losses"]), rtol=1e-5, atol=1e-6), res
-    assert eager["losses"][2] < eager["losses"][0]  # the steps did train (one batch, three times)
-    for step, (ge, gc) in enumerate(zip(eager["grads"], comp["grads"])):
-        assert ge.keys() == gc.keys()
-        for name in ge:
-            a, b = torch.tensor(gc[name]), torch.tensor(ge[name])
-            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (preset, step, name, (a - b).abs().max().item())
-
-
-@pytest.mark.parametrize(
-    "preset",
-    [
-        "linear_rope",
-        pytest.param("linear_alibi", marks=pytest.mark.slow),
-        pytest.param("softmax_cope", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("preset", [DEFAULT])
 def test_compiled_training_matches_eager_aot(preset):
-    compiled_vs_eager(preset, "aot_eager")
+    """The default run's model (every other: the contract suite's and the inductor test below, slow)."""
+    compiled_vs_eager(model_config(preset), "aot_eager", what=preset)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", [p for p in FORMS if not draws_positions(p)])
 def test_compiled_training_matches_eager_inductor(preset):
-    compiled_vs_eager(preset, "inductor")
+    compiled_vs_eager(model_config(preset), "inductor", what=preset)
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Every relative link in README.md and docs/**/*.md points at a file git tracks, so a fresh clone
-shows what the text links to (results, figures, other docs)."""
+shows what the text links to (results, figures, other docs), and every section named by its anchor, in a link or
+cited as ``docs/<file>.md#<anchor>`` anywhere in the repository, is a heading of that file."""
 
 import posixpath
 import re
@@ -79,3 +80,57 @@ def test_published_results_are_not_ignored_but_local_sweeps_are():
     for path in ("docs/results/pe_compare/report.md", "docs/results/extrapolation/extrapolation.png"):
         assert not ignored(path), f"{path} is ignored by .gitignore: published results could not be committed"
     assert ignored("results/pe_compare/linear_rope-seed1/csv/metrics.csv")  # README's sweep recipe writes there
+
+
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+LINK_WITH_FRAGMENT = re.compile(r"!?\[[^\]\n]*\]\(\s*<?([^)\s>#]*)#([^)\s>]+)>?[^)]*\)")
+CITED = re.compile(r"\b(docs/[\w./-]+\.md|README\.md)#([\w-]+)")
+TEXT_FILES = (".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg")
+
+
+def anchors(text: str) -> set:
+    """The anchors GitHub gives a markdown text's headings: lowercased, every character but a letter, digit,
+    ``_``, ``-`` or space dropped, spaces made ``-``; a repeated one gets ``-1``, ``-2``, …"""
+    seen, out = {}, set()
+    for heading in HEADING.findall(FENCE.sub("", text)):
+        heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text, not its target
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_anchors():
+    text = "# A: b (`c=d`)\n## A: b (`c=d`)\n```\n# not a heading\n```\n### [x](y.md) and `z`\n"
+    assert anchors(text) == {"a-b-cd", "a-b-cd-1", "x-and-z"}
+
+
+@pytest.mark.skipif(TRACKED is None, reason="not a git checkout: no list of tracked files")
+def test_every_anchor_cited_is_a_heading_of_its_file():
+    """A section named by its anchor exists: links with a ``#fragment`` in README and docs/ (to another .md file,
+    or ``#x`` within the same one), and ``docs/<file>.md#<anchor>`` cited in any tracked text file (docstrings,
+    comments, conf/, tests)."""
+    cache = {}
+
+    def heads(path):
+        if path not in cache:
+            cache[path] = anchors((ROOT / path).read_text(encoding="utf-8")) if path in TRACKED else None
+        return cache[path]
+
+    broken = []
+    for doc in DOCS:
+        text = INLINE_CODE.sub("", FENCE.sub("", (ROOT / doc).read_text(encoding="utf-8")))
+        for target, fragment in LINK_WITH_FRAGMENT.findall(text):
+            if EXTERNAL.match(target) or (target and not target.endswith(".md")):
+                continue
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(doc), target)) if target else doc
+            if heads(path) is not None and fragment not in heads(path):
+                broken.append(f"{doc}: {target}#{fragment}")
+    for f in sorted(TRACKED):
+        if not f.endswith(TEXT_FILES) or f.startswith("docs/results/"):  # run records keep what they were saved with
+            continue
+        for path, fragment in CITED.findall((ROOT / f).read_text(encoding="utf-8", errors="ignore")):
+            if heads(path) is None or fragment not in heads(path):
+                broken.append(f"{f}: {path}#{fragment}")
+    assert not broken, "anchors that name no heading: " + "; ".join(broken)

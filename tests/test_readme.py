@@ -1,6 +1,7 @@
-"""README's commands cannot drift from the code: every command line in its ``bash`` blocks names options and keys
-that exist (the checks linrope runs before Hydra, without running the command), the flags of its argparse commands
-exist, the cheap ones run, and the configuration table names every option of the groups it lists."""
+"""README's code cannot drift from the code: its Python example runs and prints what its comments say, every command
+line in its ``bash`` blocks (and in those of the docs that README's commands moved to, issue 51) names options and
+keys that exist (the checks linrope runs before Hydra, without running the command), the flags of its argparse
+commands exist, the cheap ones run, and the configuration table names every option of the groups it lists."""
 
 import importlib
 import importlib.util
@@ -15,6 +16,8 @@ from linrope.config.command_line import check_command_line, group_options
 from tests.helpers import CONF, ROOT
 
 README = (ROOT / "README.md").read_text()
+# the docs that hold the commands README's sections moved to (issue 51): checked as README's own
+COMMAND_DOCS = ("README.md", "docs/usage.md", "docs/package.md")
 HYDRA = {"train.py": "train", "linrope-train": "train", "linrope-evaluate": "evaluate"}
 # `python -m <program>`: a command of linrope (`linrope evaluate`) or a module with a command line of its own
 HYDRA_MODULES = {"linrope evaluate": "evaluate", "linrope generate": "generate", "linrope passkey": "passkey",
@@ -31,11 +34,11 @@ def program(args):
     return args[2], args[3:]
 
 
-def commands():
-    """Each command of README's bash blocks as its arguments (a ``&&`` chain split; comments, placeholders
-    ``<...>`` and the ``...`` that stands for more arguments handled)."""
-    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
-        for line in block.splitlines():
+def commands(doc: str = "README.md"):
+    """Each command of a doc's bash blocks as its arguments (a ``&&`` chain split; a line ending in ``\\`` joined
+    to the next; comments, placeholders ``<...>`` and the ``...`` that stands for more arguments handled)."""
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / doc).read_text(), re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             for part in filter(None, (p.strip() for p in line.split("&&"))):
                 args = [a for a in shlex.split(re.sub(r"<[^>]+>", "x", part)) if a != "..."]
@@ -43,13 +46,38 @@ def commands():
                     yield part, args
 
 
-CASES = list(commands())
+CASES = [case for doc in COMMAND_DOCS for case in commands(doc)]
+README_CASES = list(commands())
+
+
+def python_blocks():
+    """README's ``python`` blocks: the example of the API a newcomer copies."""
+    return re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+def test_the_readme_has_a_python_example_of_linear_attention_and_a_position_scheme():
+    blocks = python_blocks()
+    assert blocks, "README lost its Python example"
+    code = "\n".join(blocks)
+    assert "linear_attention(" in code and 'rope="numerator"' in code and "build_position(" in code
+
+
+@pytest.mark.parametrize("block", python_blocks(), ids=lambda b: b.splitlines()[0][:40])
+def test_the_readme_python_example_runs_and_prints_what_it_says(block):
+    """The block runs as a user would paste it (a fresh interpreter), and each ``print(...)  # text`` line prints
+    ``text``: the shapes, chunked against naive, the refused pairing."""
+    expected = [m.group(1) for m in re.finditer(r"^[ \t]*print\(.*\)[ \t]+#[ \t]*(.+?)[ \t]*$", block, re.M)]
+    r = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert expected and r.stdout.splitlines() == expected, r.stdout
 
 
 def test_the_readme_has_the_commands_this_test_reads():
     programs = {f"python -m {program(args)[0]}" if args[:2] == ["python", "-m"] else args[0] for _, args in CASES}
     assert {"python -m linrope evaluate", "python -m linrope report", "linrope-train"} <= programs
     assert sum(1 for _, a in CASES if a[:2] == ["python", "train.py"]) >= 15
+    readme = {" ".join(args[:3]) for _, args in README_CASES}
+    assert {"python3 -m venv", "python train.py model=linear_rope", "python -m pytest"} <= readme  # the quick start
 
 
 @pytest.mark.filterwarnings(r"ignore:\s*'hydra/launcher/submitit_\w+' is validated")  # as linrope.run.tidy filters it
@@ -62,7 +90,8 @@ def test_every_readme_command_names_options_that_exist(line, args):
     elif args[:2] == ["python", "-m"] and program(args)[0] in ARGPARSE:
         return  # its flags: test_the_flags_readme_gives_an_argparse_command_exist
     else:
-        assert args[0] in ("python3", "pip", ".", "python"), line  # the install lines and pytest
+        if (line, args) in README_CASES:  # README's own: the install lines and pytest, nothing else
+            assert args[0] in ("python3", "pip", ".", "python"), line
         if args[:3] == ["python", "-m", "linrope"]:
             from linrope.__main__ import COMMANDS
 

@@ -1,5 +1,5 @@
 """Test documents that are not independent draws: clusters of near-duplicates, the units that
-linrope.analysis.bootstrap resamples (docs/design.md, "Evidence").
+linrope.analysis.bootstrap resamples (docs/methods.md, "Evidence").
 
 **The rule.**  A document's *shingles* are its distinct substrings of ``SHINGLE`` = 8 bytes, each read as one 64-bit
 integer (exact: no hashing, no collisions).  Two documents are *linked* when the Jaccard similarity of their shingle

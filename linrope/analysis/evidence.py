@@ -1,4 +1,4 @@
-"""What a bytes comparison rests on (docs/design.md, "Evidence"): the text each result scored, reference rows,
+"""What a bytes comparison rests on (docs/methods.md, "Evidence"): the text each result scored, reference rows,
 failed seeds as counts, intervals over seeds *and* test documents with a multiplicity correction, and the loss
 per position.  ``section`` gives a report's "Evidence" section for runs that kept their loss per document
 (linrope.evaluation.extrapolation: ``per_document`` / ``per_position`` on each extrapolation row).

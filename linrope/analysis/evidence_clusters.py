@@ -1,5 +1,5 @@
 """Where a bytes report gets the clusters of its test documents, and what it says of them and of how precisely it
-prints p-values (docs/design.md, "Evidence"):
+prints p-values (docs/methods.md, "Evidence"):
 
 * ``runs_corpus`` — the corpus the runs name, read here from their data config (also what the reference rows of
   linrope.analysis.evidence are fitted on), when its test split has the bytes the runs scored;

@@ -7,7 +7,7 @@ the runs: every experiment sets ``task_name`` to its own name, so runs of ``task
 ``conf/study/<experiment>.yaml``; runs of an experiment without a study file (a sweep of your own) with
 ``conf/study/default.yaml``; ``--study NAME|FILE`` chooses another.  The file lives beside the experiment, not in
 it: an experiment file is merged into every run's config (``# @package _global_``), where a report's claims
-have no place.  Keys, each optional (docs/design.md, "Studies are data"):
+have no place.  Keys, each optional (docs/methods.md, "Studies are data"):
 
 * ``pairs`` — ``[[A, B], …]``: compared (A − B over matching seeds) in every report of the study's runs where both
   configurations ran; ``--pair A:B`` adds more.  A claim's pair is compared too;

@@ -6,7 +6,7 @@ Every tokenizer here has one end-of-document token (EOD), appended to each docum
 tokens named in ``EOD_NAMES`` (one is added if it has none, which enlarges the vocabulary by one).
 
 ``token_bytes()`` gives, for every token id, how many bytes of text that token stands for — the denominator of
-bits per byte (docs/design.md, "Text data and metrics across tokenizers").  For a byte-level tokenizer (bytes, a
+bits per byte (docs/methods.md, "Text data and metrics across tokenizers").  For a byte-level tokenizer (bytes, a
 BPE trained here, GPT-2's) it is exact: a token's string is read through the byte-level alphabet.  Otherwise it
 is the UTF-8 length of the token decoded alone, and the shard writer counts the documents whose tokens' bytes do
 not add up to the document's own bytes (manifest ``bytes_mismatch_documents``).  EOD counts as one byte: it stands

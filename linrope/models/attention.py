@@ -33,7 +33,7 @@ def window_mask(n: int, window: int, device, dtype) -> torch.Tensor:
 
 
 class Documents(NamedTuple):
-    """Packed documents of a batch (docs/design.md, "Packed documents"): ``ids`` (B, N), non-decreasing along a
+    """Packed documents of a batch (docs/mathematics.md, "Packed documents"): ``ids`` (B, N), non-decreasing along a
     row, equal ids one document; ``positions`` (B, N), each position counted from its document's start
     (``document_positions``)."""
 

@@ -1,5 +1,5 @@
 """What a model costs, counted from its config: parameters (counted on the meta device, so a 350M model costs no
-memory) and model FLOPs per token, the numerator of model-FLOPs utilisation (docs/design.md#model-flops).
+memory) and model FLOPs per token, the numerator of model-FLOPs utilisation (docs/mathematics.md#model-flops).
 
 Model FLOPs follow the convention of PaLM (Chowdhery et al. 2022, appendix B) and nanoGPT's MFU estimate: training
 costs three forward passes (forward, and a backward of twice the work); a forward costs 2 FLOPs per weight that

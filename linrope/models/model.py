@@ -154,7 +154,7 @@ class TransformerLM(nn.Module):
         ``mask`` (B, N) marks real tokens for the classifier's mean pooling.
         ``documents`` (B, N) document ids of packed sequences (non-decreasing along a row): no document sees
         another, every position scheme counts from each document's start, linear attention's state resets at
-        each boundary (docs/design.md, "Packed documents"); None: one sequence per row."""
+        each boundary (docs/mathematics.md, "Packed documents"); None: one sequence per row."""
         n = idx.shape[1]
         span = None  # explicit positions: a scheme that needs their span reads it (PositionScheme.span)
         packed = None
@@ -202,7 +202,7 @@ class TransformerLM(nn.Module):
     def _documents(idx, documents, positions, offset, states, return_states) -> Documents:
         """``documents`` checked (one line each) -> the ids and each position counted from its document's start.
         Whether ids are non-decreasing is read on the CPU only; elsewhere it is queued as an assertion (no host
-        sync, docs/design.md#gpu-readiness)."""
+        sync, docs/mathematics.md#gpu-readiness)."""
         if not torch.is_tensor(documents) or documents.dtype.is_floating_point or documents.dtype == torch.bool:
             raise ValueError(f"documents must be an integer tensor of document ids, (B, N); got {documents!r:.60}")
         if tuple(documents.shape) != tuple(idx.shape):
@@ -273,7 +273,7 @@ NOT_DECAYED_MODULES = (nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 
 
 def decayed(module: nn.Module, attr: str, p: nn.Parameter) -> bool:
-    """The weight-decay rule (docs/design.md#weight-decay): matrices that multiply activations are decayed;
+    """The weight-decay rule (docs/methods.md#weight-decay): matrices that multiply activations are decayed;
     biases, norm gains and other vectors, the token embedding, a scheme's position tables (they follow the token
     embedding) and its additive score biases are not: the scheme says which they are (its traits ``tables``,
     ``score_biases``)."""

@@ -21,15 +21,16 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
 from linrope.base.options import Rule, declared, option_errors
 from linrope.models.attention import ATTENTION
-from linrope.positions import check_pairing, model_problems, scheme_class
+from linrope.positions import REGISTRY, PositionScheme, check_pairing, model_problems, scheme_class
 from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
-# position options that evaluation may change without changing the trained model (RoPE context scaling)
-EVALUATION_OPTIONS = ("scaling", "factor", "original_context", "beta_fast", "beta_slow", "mscale", "ramp")
-# position options that are no part of a model's identity at these values, which every earlier checkpoint (saved
-# before the option existed) had: RoPE's decay and its rotary_fraction
-ABSENT_AS = {"decay": None, "rotary_fraction": 1.0, "max_position": None}
+
+
+def scheme_or_base(name: Any):
+    """The class of the scheme ``name``; for a name no scheme has (a config not yet checked), the base class, whose
+    hooks say nothing of options it does not know."""
+    return REGISTRY.get(name, PositionScheme) if isinstance(name, str) else PositionScheme
 
 
 Positive = Annotated[int, Rule(low=1)]
@@ -114,23 +115,17 @@ class ModelConfig:
         except IncompatiblePairing as e:
             found.append(e)
         found += [ConfigError(e) for e in model_problems(pos, self.position_options(), max_len=int(self.max_len))]
-        d, h = int(self.d_model), int(self.n_heads)
+        d, h, scheme = int(self.d_model), int(self.n_heads), scheme_class(pos)
         if d % h:
             found.append(ConfigError(f"model.d_model={d} is not divisible by model.n_heads={h}"))
-        elif pos == "rope" and (d // h) % 2:
+        elif scheme.even_head_dim and (d // h) % 2:
             found.append(
-                ConfigError(f"position=rope needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
+                ConfigError(f"position={pos} needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
             )
-        problem = scheme_class(pos).causal_problem(bool(self.causal))
+        problem = scheme.causal_problem(bool(self.causal))
         if problem:
             found.append(ConfigError(problem))
-        if pos == "rope" and kind == "linear" and self.position.get("mscale") is not None:
-            found.append(
-                ConfigError(
-                    f"model.position.mscale={self.position['mscale']}: YaRN's temperature scales softmax logits; "
-                    "linear attention normalises φ(q)·φ(k), which cancels it (leave mscale null)"
-                )
-            )
+        found += [ConfigError(e) for e in scheme.attention_problems(kind, self.position_options())]
         window = self.attention.get("window")
         if window is not None and not self.causal:
             found.append(ConfigError(f"model.attention.window={window} limits causal attention; model.causal is false"))
@@ -163,13 +158,16 @@ class ModelConfig:
             out.update({f"attention.{k}": self.attention_setting(k) for k in ("feature_map", "placement")})
             if not self.normalized():  # only then: the identity of every earlier checkpoint is unchanged
                 out["attention.normalize"] = False
-        # an option left at its old behaviour (RoPE's decay None, rotary_fraction 1, max_position None) is no part of
-        # it: earlier checkpoints, which lack the key, agree
+        # what evaluation may change is no part of it (the scheme's ``evaluation_options``: RoPE's scaling), nor an
+        # option left at its old behaviour (``absent_as``: RoPE's decay None, rotary_fraction 1, max_position None):
+        # earlier checkpoints, which lack the key, agree
+        scheme = scheme_or_base(self.position.get("name"))
+        absent = scheme.absent_as
         out.update(
             {
                 f"position.{k}": v
                 for k, v in sorted(self.position.items())
-                if k not in EVALUATION_OPTIONS and not (k in ABSENT_AS and v == ABSENT_AS[k])
+                if k not in scheme.evaluation_options and not (k in absent and v == absent[k])
             }
         )
         if self.short_conv:
@@ -179,49 +177,35 @@ class ModelConfig:
     def tags(self, task: Optional[str] = None) -> List[str]:
         """wandb tags: attention kind, position scheme, task, feature map, RoPE placement, scaling and decay."""
         kind, pos = self.attention.get("kind"), self.position.get("name")
+        scheme = scheme_or_base(pos)
         tags = [f"attention:{kind}", f"position:{pos}", f"task:{task or self.task}"]
         if kind == "linear":
             tags += [f"feature_map:{self.attention_setting('feature_map')}"]
-            if pos == "rope":
+            if scheme.linear_placement:
                 tags += [f"placement:{self.attention_setting('placement')}"]
             if not self.normalized():
                 tags += ["normalize:false"]
-        if pos == "rope" and self.position.get("scaling"):
-            tags += [f"rope_scaling:{self.position['scaling']}"]
-        if pos == "rope" and self.position.get("decay"):
-            tags += [f"rope_decay:{self.position['decay']}"]
-        if self.position.get("max_position"):
-            tags += [f"randomized:{self.position['max_position']}"]
-        if pos == "kerple" and self.position.get("variant") == "power":
-            tags += ["kerple_variant:power"]
-        if pos == "rope" and self.position.get("rotary_fraction", 1.0) != 1.0:
-            tags += [f"rotary_fraction:{self.position['rotary_fraction']}"]
-        return tags
+        return tags + scheme.tags(self.position_options())  # the scheme's options: RoPE's scaling, decay, …
 
     def normalized(self) -> bool:
         """Linear attention with its denominator (``model.attention.normalize``, true unless set false)."""
         return self.attention.get("kind") != "linear" or bool(self.attention_setting("normalize"))
 
     def run_name(self, seed: Any) -> str:
-        """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator, RoPE's decay
-        when it has one: ``linear-elu-rope-retnet-s1234``; KERPLE's power kernel: ``softmax-kerple-power-s1234``;
+        """wandb's run name: ``linear-elu-rope-s1234`` (the placement when it is not the numerator:
+        ``linear-elu-rope-both-s1234``; then what the scheme says of its options, ``PositionScheme.name_parts``:
+        RoPE's decay, ``linear-elu-rope-retnet-s1234``, KERPLE's power kernel, ``softmax-kerple-power-s1234``,
         ``-randomized`` with randomized positions; ``-norm`` for linear attention without a denominator, its output
         normalised)."""
         kind, pos = self.attention.get("kind"), self.position.get("name")
+        scheme = scheme_or_base(pos)
         name = kind
         if kind == "linear":
             name += f"-{self.attention_setting('feature_map')}"
         name += f"-{pos}"
-        if kind == "linear" and pos == "rope" and self.attention_setting("placement") != "numerator":
+        if kind == "linear" and scheme.linear_placement and self.attention_setting("placement") != "numerator":
             name += f"-{self.attention['placement']}"
-        if pos == "rope" and self.position.get("decay"):
-            name += f"-{self.position['decay']}"
-        if self.position.get("max_position"):
-            name += "-randomized"
-        if pos == "kerple" and self.position.get("variant") == "power":  # the default log kernel: no suffix
-            name += "-power"
-        if pos == "rope" and self.position.get("rotary_fraction", 1.0) != 1.0:
-            name += f"-rot{self.position['rotary_fraction']}"
+        name += "".join(f"-{part}" for part in scheme.name_parts(self.position_options()))
         if not self.normalized():
             name += "-norm"
         return f"{name}-s{seed}"
@@ -239,9 +223,10 @@ class ModelConfig:
 
 def pair_label(attention: str, position: str) -> str:
     """The label of an attention × position pairing, by their config options: ``<attention>_<position>``;
-    linear attention without position information is named by its attention alone (the presets
-    ``linear``, ``linear_cosine``)."""
-    return attention if position == "none" and attention != "softmax" else f"{attention}_{position}"
+    linear attention without position information (a scheme of kind ``none``) is named by its attention alone
+    (the presets ``linear``, ``linear_cosine``)."""
+    silent = position in REGISTRY and REGISTRY[position].kind == "none"
+    return attention if silent and attention != "softmax" else f"{attention}_{position}"
 
 
 def model_identity(model: Optional[Mapping[str, Any]]) -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Rotary Position Embedding (RoFormer, Su et al. 2021), docs/design.md#rope.
+"""Rotary Position Embedding (RoFormer, Su et al. 2021), docs/mathematics.md#rope.
 
 Interleaved pairs: for t = 0 … d/2-1, θ_t = base^(-2t/d) and
 
@@ -9,7 +9,7 @@ so that <R_m q, R_n k> = <q, R_{n-m} k>.  Angles are always formed in float64
 from integer positions and handed to the rotation in float32 (float64 for
 float64 inputs), never in the input's low precision.
 
-Length scaling reduces to a change of the frequencies θ (docs/design.md#length-scaling):
+Length scaling reduces to a change of the frequencies θ (docs/mathematics.md#length-scaling):
   - position interpolation ("pi"):  m -> m / factor   ⇔ θ -> θ / factor
   - NTK-aware ("ntk"):              base -> base * factor^(d/(d-2))
   - YaRN ("yarn", Peng et al. 2024): θ_t -> (1 - γ_t) θ_t / factor + γ_t θ_t, the ramp γ_t measured against the
@@ -19,7 +19,7 @@ Length scaling reduces to a change of the frequencies θ (docs/design.md#length-
 Partial rotary (GPT-NeoX's ``rotary_pct``, Black et al. 2022) rotates r < d dimensions: the first r/2 pairs
 carry the frequencies of an r-dimensional RoPE and the other pairs θ = 0 (a rotation by angle 0 is the identity),
 ``partial_frequencies``.  With NeoX's half-split layout on the first r dimensions this is NeoX's partial rotary
-up to a fixed permutation of the head's dimensions (docs/design.md#partial-rotary).
+up to a fixed permutation of the head's dimensions (docs/mathematics.md#partial-rotary).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def apply_rope(
     theta: Optional[torch.Tensor] = None,
     interleaved: bool = True,
 ) -> torch.Tensor:
-    """Rotate the last dimension of ``x`` (..., N, d) by position (docs/design.md#the-rotation).
+    """Rotate the last dimension of ``x`` (..., N, d) by position (docs/mathematics.md#the-rotation).
 
     ``positions`` is a 1-D integer tensor of length N (default ``0 … N-1``);
     ``theta`` overrides the frequencies computed from ``base``/``scaling``/``factor``.

@@ -12,6 +12,7 @@ arguments (``linrope.base.options``), read here and nowhere else.
 
 from __future__ import annotations
 
+import pkgutil
 from importlib import import_module
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -23,28 +24,12 @@ from .base import DIMS, REGISTRY, PositionScheme, register
 from .functional import alibi_slopes, relative_distance, t5_bucket
 from .randomized import linear_problem, table_problems
 
-# one module per scheme; importing registers it
-SCHEME_MODULES = (
-    "none",
-    "learned",
-    "sinusoidal",
-    "rope",
-    "floater",
-    "multiplicative",
-    "shaw",
-    "xl",
-    "t5",
-    "deberta",
-    "tupe",
-    "alibi",
-    "cope",
-    "fire",
-    "kerple",
-    "sandwich",
-    "xpos",
-)
-for _m in SCHEME_MODULES:
-    import_module(f"{__name__}.{_m}")
+# one module per scheme, which registers its class (``register``) when imported: every module of this folder is
+# imported here, so a new scheme is its module alone, with no list to extend; the registry is the one list of schemes
+# that the rest of the code and the tests read
+for _m in pkgutil.iter_modules(__path__):
+    import_module(f"{__name__}.{_m.name}")
+SCHEME_MODULES = tuple(sorted({cls.__module__.rsplit(".", 1)[1] for cls in REGISTRY.values()}))
 
 
 def scheme_class(name: str):

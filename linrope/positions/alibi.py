@@ -6,6 +6,8 @@ per-head decay γ_h^(i-j) with γ_h = exp(-m_h), the same weight
 factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
 """
 
+from typing import Mapping
+
 import torch
 
 from linrope.ops.rope import compute_dtype
@@ -24,6 +26,10 @@ class ALiBi(PositionScheme):
         "Press, Smith, Lewis 2022, Train short, test long: attention with linear biases enables input length "
         "extrapolation"
     )
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True
 
     def __init__(self, **dims):
         super().__init__(**dims)

@@ -30,7 +30,14 @@ name: ``linear_ok`` (linear attention may take it; ``check_pairing`` refuses the
 position tables, not weight-decayed), ``score_biases`` (its additive score biases, not weight-decayed),
 ``bounded_by_max_len`` (a table of ``max_len`` positions: no longer sequence), ``shares``, ``linear_decays`` (with
 these options linear attention takes a per-head decay γ_h^(i-j)), ``causal_only`` (why it cannot serve
-bidirectional attention; ``causal_problem`` says so in one line, at the config check and at build).
+bidirectional attention; ``causal_problem`` says so in one line, at the config check and at build).  What a run is
+called and what identifies its checkpoint, ``linrope.models.spec`` asks the scheme too: ``name_parts`` and ``tags``
+(what its options add to the run's name and tags), ``linear_placement``, ``even_head_dim``, ``attention_problems``,
+``evaluation_options`` and ``absent_as``.  What the contract suite (tests/positions/test_contract.py) checks of
+every scheme it reads from the same traits and from two claims: ``shift_invariant`` (only differences of positions
+enter) and ``variants`` (option sets under which the positions enter in another way, checked beside the defaults).
+A new scheme is one module in this folder (``register``), found without a list (``linrope.positions``): see
+CONTRIBUTING.md.
 
 **Where the positions come from.**  Every scheme takes ``max_position`` (``linrope.positions.randomized``:
 randomized positions, Ruoss et al. 2023): null, the forward's positions are ``offset … offset+N-1``; set, they
@@ -71,7 +78,7 @@ class PositionScheme(nn.Module):
     paper: ClassVar[str] = ""
     shares: ClassVar[str] = ""  # what the paper shares across layers ("": nothing, and no `share` option)
     # parameters added to scores (or to every query) as biases: not weight-decayed, like every bias
-    # (T5's β, TUPE's b, XL's u and v): docs/design.md#weight-decay
+    # (T5's β, TUPE's b, XL's u and v): docs/methods.md#weight-decay
     score_biases: ClassVar[Tuple[str, ...]] = ()
     # its position tables (rows indexed by position or distance): not weight-decayed, like the token embedding
     tables: ClassVar[Tuple[str, ...]] = ()
@@ -87,8 +94,44 @@ class PositionScheme(nn.Module):
 
     # its attention hooks read positions themselves, not only i - j (TUPE's absolute correlation): with packed
     # documents they are given each document's positions, (B, N), and must take them; every other scheme gets
-    # the row's positions 0 … N-1 and the documents' mask (docs/design.md, "Packed documents")
+    # the row's positions 0 … N-1 and the documents' mask (docs/mathematics.md, "Packed documents")
     absolute_terms: ClassVar[bool] = False
+    # linear attention's ``placement`` (numerator, both, none) says where it acts: named in the run's name and tags
+    linear_placement: ClassVar[bool] = False
+    even_head_dim: ClassVar[bool] = False  # rotates pairs of a head's dimensions: refused at the config check if odd
+    # options that evaluation may change without changing the trained model (RoPE's context scaling): no part of
+    # the model's identity (``linrope.models.spec``)
+    evaluation_options: ClassVar[Tuple[str, ...]] = ()
+    # options that are no part of the identity at these values, which every checkpoint saved before the option
+    # existed had (so that it keeps its identity)
+    absent_as: ClassVar[Mapping[str, object]] = {"max_position": None}
+    # option sets under which the positions enter in another way (another kernel, variant, table, decay, bucket
+    # range): the contract suite (tests/positions/test_contract.py) checks each beside the defaults
+    variants: ClassVar[Tuple[Mapping[str, object], ...]] = ()
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        """Whether, with ``options`` (every option, defaults filled in), only differences of positions enter, so that a
+        shift of every position (a window's offset) leaves the output unchanged; the contract suite checks the
+        claim."""
+        return False
+
+    @classmethod
+    def name_parts(cls, options: Mapping) -> List[str]:
+        """What the run's name says of the scheme's ``options`` (as the config gives them), after
+        ``<attention>-<scheme>``: ``randomized`` with randomized positions; a scheme adds its own around it."""
+        return ["randomized"] if options.get("max_position") else []
+
+    @classmethod
+    def tags(cls, options: Mapping) -> List[str]:
+        """The run's wandb tags of the scheme's ``options`` (as the config gives them), after ``position:<name>``."""
+        return [f"randomized:{options['max_position']}"] if options.get("max_position") else []
+
+    @classmethod
+    def attention_problems(cls, attention_kind: str, options: Mapping) -> List[str]:
+        """One line per option (as the config gives them) that the attention ``attention_kind`` cannot honour
+        although it takes the scheme (YaRN's temperature under linear attention)."""
+        return []
 
     @classmethod
     def bounded_by_max_len(cls, options: Mapping) -> bool:
@@ -162,7 +205,7 @@ class PositionScheme(nn.Module):
 
     def span(self, positions: torch.Tensor) -> Tuple[int, int]:
         """(smallest, largest) of ``positions``, Python ints: what sizes a table slice or an ODE grid and checks
-        a table's range without reading the device (docs/design.md#gpu-readiness).  Inside a model's forward the
+        a table's range without reading the device (docs/mathematics.md#gpu-readiness).  Inside a model's forward the
         model says (its positions are ``offset … offset + N - 1``); positions handed in as a tensor are read
         once (``position_span``: a host sync, outside training)."""
         if self._span is not None:

@@ -19,7 +19,7 @@ inputs) with autocast off.  Softmax only: it acts on every score and needs the N
 counts from the key up to the query, defined for keys at or behind it (the release builds a decoder only).
 """
 
-from typing import Literal, Optional
+from typing import Literal, Mapping, Optional
 
 import torch
 from torch import nn
@@ -65,6 +65,10 @@ class CoPE(PositionScheme):
         "its positions p_ij = Σ_{t=j..i} σ(q_i·k_t) count from the key up to the query, defined for keys at or "
         "behind it (the paper and its release train decoders); use a causal model"
     )
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True  # it never reads the positions: p_ij is counted by the gates
 
     def __init__(
         self,

@@ -55,6 +55,11 @@ class DeBERTa(PositionScheme):
     paper = "He, Liu, Gao, Chen 2021, DeBERTa: decoding-enhanced BERT with disentangled attention"
     tables = ("table",)  # P
     shares = "the relative-embedding table P (2k × d_model); the projections W_{K,r}, W_{Q,r} stay per layer"
+    variants = ({"k": 4}, {"k": 8, "log_buckets": True, "max_distance": 32})  # clipped, log buckets
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True
 
     def __init__(
         self,

@@ -46,10 +46,11 @@ class FIRE(PositionScheme):
     )
     shares = "f_θ, c and L (share: true is the paper's FIRE-S; its FIRE, the default here, has one set per layer)"
     causal_only = "its normaliser ψ(max(L, i)) bounds only keys behind the query (j ≤ i), as the paper defines it"
-    # f_θ is the score bias, parametrised: not weight-decayed, as T5's β (docs/design.md#weight-decay); c and the
+    # f_θ is the score bias, parametrised: not weight-decayed, as T5's β (docs/methods.md#weight-decay); c and the
     # threshold's multiplier are scalars, never decayed
     score_biases = ("w1", "b1", "w2", "b2")
     absolute_terms = True  # ψ(max(L, i)) reads the query's own position: packed documents give each its own
+    variants = ({"init_threshold": 4.0},)  # queries past L: ψ(max(L, i)) reads the query's position
 
     def __init__(
         self,

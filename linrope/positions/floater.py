@@ -99,6 +99,7 @@ class Floater(PositionScheme):
     kind = "absolute"
     linear_ok = True
     paper = "Liu, Yu, Dhillon, Hsieh 2020, Learning to encode position for transformer with continuous dynamical model"
+    variants = ({"inject": "blocks"},)
 
     def __init__(
         self,

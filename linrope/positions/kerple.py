@@ -16,7 +16,7 @@ leaves the stored value alone: identical while the stored value is inside the ra
 ever stores (docs/schemes.md).  The parameters are score biases: never weight-decayed (the release trains
 with weight decay 0)."""
 
-from typing import Annotated, Optional
+from typing import Annotated, List, Mapping, Optional
 
 import torch
 from torch import nn
@@ -49,6 +49,20 @@ class Kerple(PositionScheme):
     )
     shares = "the kernel's parameters r₁, r₂ (one pair per head)"
     score_biases = ("r1", "r2")  # additive score biases: not weight-decayed
+    variants = ({"variant": "power"},)
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True
+
+    @classmethod
+    def name_parts(cls, options: Mapping) -> List[str]:
+        """``power`` for the power kernel (the default log kernel: no suffix), after ``randomized``."""
+        return super().name_parts(options) + (["power"] if options.get("variant") == "power" else [])
+
+    @classmethod
+    def tags(cls, options: Mapping) -> List[str]:
+        return super().tags(options) + (["kerple_variant:power"] if options.get("variant") == "power" else [])
 
     def __init__(self, *, variant: Annotated[str, Rule(choices=lambda: VARIANTS)] = "log", **dims):
         super().__init__(**dims)

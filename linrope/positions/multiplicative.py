@@ -24,6 +24,7 @@ class Multiplicative(PositionScheme):
     kind = "absolute"
     linear_ok = True
     tables = ("table",)  # with table: learned
+    variants = ({"table": "learned"},)
     paper = "multiplicative counterpart of Vaswani et al. 2017's additive encoding (x_i ⊙ p_i)"
 
     def __init__(

@@ -14,7 +14,7 @@ softmax attention only; linear attention normalises φ(q)·φ(k), where a common
 
 ``rotary_fraction`` < 1 (GPT-NeoX's ``rotary_pct``, Black et al. 2022) turns only the first r = int(d·fraction)
 dimensions' pairs, with an r-dimensional RoPE's frequencies (scaled as ``scaling`` says), and leaves the others
-(θ = 0): softmax and linear attention take it unchanged (docs/design.md#partial-rotary)."""
+(θ = 0): softmax and linear attention take it unchanged (docs/mathematics.md#partial-rotary)."""
 
 from typing import Annotated, List, Mapping, Optional
 
@@ -52,6 +52,12 @@ class RoPE(PositionScheme):
         "cancels"
     )
     paper = "Su et al. 2021, RoFormer: enhanced transformer with rotary position embedding"
+    linear_placement = True
+    even_head_dim = True
+    evaluation_options = ("scaling", "factor", "original_context", "beta_fast", "beta_slow", "mscale", "ramp")
+    # decay and rotary_fraction at their old behaviour: every checkpoint saved before they existed
+    absent_as = {**PositionScheme.absent_as, "decay": None, "rotary_fraction": 1.0}
+    variants = ({"decay": "retnet"}, {"scaling": "ntk", "factor": 2.0})
 
     def __init__(
         self,
@@ -91,6 +97,35 @@ class RoPE(PositionScheme):
     @classmethod
     def linear_decays(cls, options: Mapping) -> bool:
         return options.get("decay") is not None
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return options.get("scaling") != "dynamic"  # dynamic NTK turns at the frequencies of the largest position
+
+    @classmethod
+    def name_parts(cls, options: Mapping) -> List[str]:
+        """``retnet`` for a decay, then ``randomized``, then ``rot0.25`` for a partial rotary."""
+        parts = [str(options["decay"])] if options.get("decay") else []
+        parts += super().name_parts(options)
+        fraction = options.get("rotary_fraction", 1.0)
+        return parts + ([f"rot{fraction}"] if fraction != 1.0 else [])
+
+    @classmethod
+    def tags(cls, options: Mapping) -> List[str]:
+        tags = [f"rope_scaling:{options['scaling']}"] if options.get("scaling") else []
+        tags += [f"rope_decay:{options['decay']}"] if options.get("decay") else []
+        tags += super().tags(options)
+        fraction = options.get("rotary_fraction", 1.0)
+        return tags + ([f"rotary_fraction:{fraction}"] if fraction != 1.0 else [])
+
+    @classmethod
+    def attention_problems(cls, attention_kind: str, options: Mapping) -> List[str]:
+        if attention_kind == "linear" and options.get("mscale") is not None:
+            return [
+                f"model.position.mscale={options['mscale']}: YaRN's temperature scales softmax logits; "
+                "linear attention normalises φ(q)·φ(k), which cancels it (leave mscale null)"
+            ]
+        return []
 
     @classmethod
     def option_problems(cls, options: Mapping) -> List[str]:

@@ -44,6 +44,10 @@ class Sandwich(PositionScheme):
     )
     shares = "no parameters: its bias, a function of the positions only, computed once per forward for every layer"
 
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True
+
     def __init__(self, *, dim: Annotated[int, Rule(low=2, note="even: the sinusoids' width d̄")] = 128, **dims):
         super().__init__(**dims)
         self.dim = dim

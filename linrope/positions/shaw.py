@@ -13,7 +13,7 @@ probabilities (explicit attention); the variants go through SDPA.
 """
 
 import math
-from typing import Literal, Optional
+from typing import Literal, Mapping, Optional
 
 import torch
 from torch import nn
@@ -36,6 +36,11 @@ class Shaw(PositionScheme):
         "Shaw, Uszkoreit, Vaswani 2018, Self-attention with relative position representations; "
         "Huang, Liang, Xu, Xiang 2020, Improve transformer models with better relative position embeddings"
     )
+    variants = ({"k": 3}, {"variant": "relative_key"}, {"variant": "relative_key_query"})
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True
 
     def __init__(
         self, *, variant: Literal[VARIANTS] = "shaw", k: Positive = 16, init_std: Optional[InitStd] = None, **dims

@@ -9,7 +9,7 @@ forward; ``share: false`` gives each layer its own table.  ``BucketBias`` is thi
 initialisation: TUPE (``linrope.positions.tupe``) adds the same bias b beside its positional correlation.
 """
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 from torch import nn
@@ -67,6 +67,11 @@ class T5Bias(BucketBias):
     linear_note = "adds a learned bias β_h[bucket(j-i)] to every score"
     paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
     shares = "the bias table β (num_buckets × heads)"
+    variants = ({"num_buckets": 8, "max_distance": 16},)  # log-spaced buckets within a short window
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True
 
     def __init__(self, *, init_std: Optional[InitStd] = None, **options):
         super().__init__(**options)

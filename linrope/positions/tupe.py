@@ -35,6 +35,7 @@ class TUPE(BucketBias):
     shares = "everything: the table p, its layer norm, U_Q, U_K and the bucket bias b (one correlation for all layers)"
     tables = ("table",)
     absolute_terms = True  # p_i, p_j: packed documents give each document's own positions
+    variants = ({"share": False},)
 
     def __init__(self, *, init_std: InitStd = 0.02, **options):
         super().__init__(**options)

@@ -8,6 +8,8 @@ vector per head) are trainable.  The three position terms form the additive bias
 they are computed per distance (at most 2N-1 rows) and gathered into N×N.
 """
 
+from typing import Mapping
+
 import torch
 from einops import einsum, rearrange
 from torch import nn
@@ -24,6 +26,10 @@ class TransformerXL(PositionScheme):
     linear_note = "adds q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j} to every score"
     paper = "Dai et al. 2019, Transformer-XL: attentive language models beyond a fixed-length context"
     score_biases = ("u", "v")  # the global content and position biases: not weight-decayed
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True
 
     def __init__(self, *, base: Base = 10000.0, init_std: InitStd = 0.02, **dims):
         super().__init__(**dims)

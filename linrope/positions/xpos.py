@@ -10,12 +10,12 @@ the window (n - c, c = first + ceil(N/2), as the release's ``min_pos = -(length 
 exponents' size without changing a score.  Full causal attention at every length, as the release's decoder; the
 paper's blockwise causal attention (blocks of max_len/2, each query sees its own and the previous block) is the
 option ``blockwise: true``.  The scale is formed in float64 and rounded once to ``compute_dtype`` with cos and sin.
-docs/schemes.md#xpos says what differs from the release, and why; docs/design.md#xpos the numerics."""
+docs/schemes.md#xpos says what differs from the release, and why; docs/mathematics.md#xpos the numerics."""
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import Annotated, Mapping, Optional
 
 import torch
 
@@ -58,6 +58,10 @@ class XPos(PositionScheme):
         "linear attention's forms carry a per-head decay γ_h^(i-j) only, and xPos is not approximated by one"
     )
     paper = "Sun et al. 2023, A Length-Extrapolatable Transformer"
+
+    @classmethod
+    def shift_invariant(cls, options: Mapping) -> bool:
+        return True  # ζ's exponents and the rotation's angles are i - j once the centre cancels
 
     def __init__(
         self,

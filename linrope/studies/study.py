@@ -59,8 +59,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from linrope.analysis import compact
 from linrope.analysis.runs import TUNING
+from linrope.base.naming import job_names
 from linrope.studies.study_git import commit_part
-from linrope.studies.study_jobs import DONE, Place, current_code, finished, flat, job_names, mismatch, place
+from linrope.studies.study_jobs import DONE, Place, current_code, finished, flat, mismatch, place
 
 IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/\n"  # run folders stay out: the compact results are committed
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress

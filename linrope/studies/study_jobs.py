@@ -32,7 +32,6 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index
-from linrope.base.naming import job_names  # noqa: F401 - the study names its folders as a sweep does
 from linrope.base.nested import flatten
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import tuning as record_file
 from linrope.analysis.runs import TUNING, read_metrics
-from linrope.studies.study_jobs import DONE, finished, job_names, record
+from linrope.base.naming import job_names
+from linrope.studies.study_jobs import DONE, finished, record
 
 if TYPE_CHECKING:  # pragma: no cover
     from linrope.analysis.study_config import Tuning as Spec

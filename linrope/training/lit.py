@@ -223,7 +223,7 @@ class LanguageModel(L.LightningModule):
         """bytes: loss and bits per byte; the tasks: loss and accuracy over the scored positions
         (every answer of the epoch counts alike); a task whose data module declares ``query_orders`` (mqar: the
         queries of an example, in order of appearance) also the accuracy of each example's k-th query,
-        ``<stage>/acc_q1`` … ``acc_q<P>``, each weighed by its scored k-th queries (docs/design.md, "The recall
+        ``<stage>/acc_q1`` … ``acc_q<P>``, each weighed by its scored k-th queries (docs/methods.md, "The recall
         probe": the last query can be answered by elimination, the first only by the lookup)."""
         logits, y = self.outputs(batch)
         if self.task == "text":
@@ -260,7 +260,7 @@ class LanguageModel(L.LightningModule):
 
     def _log_text(self, stage: str):
         """``loss`` per scored token; ``bpb`` = the nats of the scored targets / (ln 2 · the bytes they stand for);
-        ``tokens`` and ``bytes`` scored: the epoch's sums over every process (docs/design.md, "Text data and
+        ``tokens`` and ``bytes`` scored: the epoch's sums over every process (docs/methods.md, "Text data and
         metrics across tokenizers")."""
         sums = self._text_sums.pop(stage, None)
         if sums is None:

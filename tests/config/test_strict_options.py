@@ -157,8 +157,9 @@ def test_checking_a_model_draws_no_random_numbers():
     import torch
 
     from linrope.models.spec import ModelConfig
+    from linrope.positions import REGISTRY
 
-    for position in ({"name": "learned"}, {"name": "floater"}, {"name": "tupe"}, {"name": "t5"}):
+    for position in ({"name": name} for name in sorted(REGISTRY)):  # every scheme, those with parameters too
         torch.manual_seed(0)
         ModelConfig.from_dict(
             dict(vocab_size=32, d_model=16, n_heads=2, d_ff=32, max_len=16, position=position)

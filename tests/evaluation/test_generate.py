@@ -4,17 +4,16 @@ import pytest
 import torch
 
 from linrope.models.model import TransformerLM
+from linrope.positions import REGISTRY
 from tests.evaluation.helpers import compose_generate, tiny
+
+# every scheme linear attention takes; RoPE also with the cosine features rotated in both places
+LINEAR = [{"name": n} for n, cls in sorted(REGISTRY.items()) if cls.linear_ok]
+CASES = [(p, {}) for p in LINEAR] + [({"name": "rope"}, {"feature_map": "cosine", "placement": "both"})]
 
 
 @pytest.mark.parametrize(
-    "position,attention",
-    [
-        ({"name": "rope"}, {}),
-        ({"name": "rope"}, {"feature_map": "cosine", "placement": "both"}),
-        ({"name": "alibi"}, {}),
-        ({"name": "sinusoidal"}, {}),
-    ],
+    "position,attention", CASES, ids=["-".join(map(str, [*p.values(), *a.values()])) for p, a in CASES]
 )
 @pytest.mark.parametrize("short_conv", [0, 3])
 def test_recurrent_steps_match_chunk_logits(position, attention, short_conv):

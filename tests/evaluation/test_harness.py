@@ -162,7 +162,7 @@ def test_local_tasks_of_each_kind_score_end_to_end(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # lm-eval's import and a subprocess: the slow stage
 def test_the_task_example_in_the_docs_runs_as_its_comment_says(tmp_path):
-    """docs/examples/my_tasks/ (README, "Research scale"): the command its comment gives scores both tasks on a
+    """docs/examples/my_tasks/ (docs/usage.md, "Research scale"): the command its comment gives scores both tasks on a
     checkpoint, from the checkout's root, with no warning from lm-eval about a metric it cannot aggregate."""
     import os
     import subprocess

@@ -8,8 +8,8 @@ import torch
 from linrope.models.attention import LinearAttention, SoftmaxAttention, attention_window
 from linrope.models.model import TransformerLM
 from linrope.models.spec import ModelConfig
-from linrope.positions import build_position
-from tests.helpers import gen, rel
+from linrope.positions import REGISTRY, build_position
+from tests.helpers import case_id, gen, rel, scheme_cases
 
 D, H, HD = 16, 2, 8
 
@@ -33,7 +33,16 @@ def masked_softmax(att, x, positions, window):
     return att.merge(s.masked_fill(~visible, float("-inf")).softmax(-1) @ v)
 
 
-@pytest.mark.parametrize("name,opts", [("none", {}), ("rope", {}), ("alibi", {}), ("rope", {"decay": "retnet"})])
+# every scheme that acts inside attention (an absolute one's attention role adds nothing) and its variants, through
+# SDPA (a value term takes the explicit path: the test below)
+THROUGH_SDPA = [
+    pytest.param(n, o, id=case_id(n, o))
+    for n, o in scheme_cases()
+    if REGISTRY[n].kind != "absolute" and not scheme(n, **o).has_value_term
+]
+
+
+@pytest.mark.parametrize("name,opts", THROUGH_SDPA)
 @pytest.mark.parametrize("n,window", [(13, 4), (16, 4), (9, 1), (9, 9), (9, 40)])
 def test_softmax_window_is_a_masked_softmax(name, opts, n, window):
     """SDPA's path, with a scheme's score bias or none, against the masked softmax written out in float64."""

@@ -8,7 +8,7 @@ import torch
 
 from linrope.models.model import TransformerLM
 from linrope.positions import REGISTRY
-from tests.helpers import gen
+from tests.helpers import gen, scheme_cases
 
 V, N = 32, 24
 # row 0: documents of 5, 1, 11 and 7 tokens; row 1: one document
@@ -16,18 +16,10 @@ DOCS = torch.tensor([[3] * 5 + [4] + [6] * 11 + [9] * 7, [0] * N])
 pytestmark = pytest.mark.usefixtures("kernel_env")  # NaN-poisoned kernel buffers, one thread (tests/conftest.py)
 SPANS = {0: [(0, 5), (5, 6), (6, 17), (17, 24)], 1: [(0, N)]}
 
-# every scheme with softmax attention, and the variants whose positions enter differently
-SOFTMAX = [{"name": n} for n in sorted(REGISTRY)] + [
-    {"name": "rope", "decay": "retnet"},
-    {"name": "rope", "scaling": "ntk", "factor": 2.0},
-    {"name": "multiplicative", "table": "learned"},
-    {"name": "floater", "inject": "blocks"},
-    {"name": "tupe", "share": False},
-    {"name": "fire", "init_threshold": 4.0},  # queries past L: ψ(max(L, i)) reads the position in its document
-]
-LINEAR_SCHEMES = [{"name": n} for n, c in sorted(REGISTRY.items()) if c.linear_ok] + [
-    {"name": "rope", "decay": "retnet"}
-]
+# every scheme with softmax attention, and its variants (the option sets under which its positions enter differently:
+# a decay, a scaling, a learned gate, every block's input, per-layer copies, queries past FIRE's threshold, …)
+SOFTMAX = [{"name": n, **o} for n, o in scheme_cases()]
+LINEAR_SCHEMES = [{"name": n, **o} for n, o in scheme_cases() if REGISTRY[n].linear_ok]
 LINEAR_VARIANTS = [{}, {"feature_map": "cosine", "placement": "both"}, {"normalize": False}]
 
 

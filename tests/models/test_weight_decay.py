@@ -1,4 +1,4 @@
-"""Which parameters AdamW decays (docs/design.md#weight-decay): for every model preset, listed and checked
+"""Which parameters AdamW decays (docs/methods.md#weight-decay): for every model preset, listed and checked
 against what they are — never a bias, a norm gain, an embedding or position table, or an additive score
 bias (T5's β, TUPE's b, XL's u and v); always every matrix that multiplies activations."""
 

@@ -106,7 +106,7 @@ def test_chunk_on_cuda_matches_naive(dtype):
 # final state) and backward (q, k, v and the initial state), as a relative error in norm.  N = 200 with
 # chunk 64: more than one chunk and not a multiple of it (a partial last chunk, several blocks of state).
 # Tolerances per mode (forward: output and final state; backward: every gradient), documented in
-# docs/design.md ("Precision"), about 3x the largest error seen over the 24 cases of each test:
+# docs/mathematics.md ("Precision"), about 3x the largest error seen over the 24 cases of each test:
 #   autocast-bf16 / bf16: inputs and output rounded to bfloat16 (8 significant bits); the chunk form's large
 #       products run in bfloat16 with float32 accumulation (``chunk_kernel.matmul_dtype``).  Seen: forward
 #       4.6e-3 (chunk; 1.8e-3 the other forms), backward 1.3e-2 (chunk; 5.2e-3 the other forms).

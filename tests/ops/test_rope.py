@@ -1,4 +1,4 @@
-"""apply_rope follows docs/design.md#the-rotation element by element; <R_m q, R_n k> depends only on n - m."""
+"""apply_rope follows docs/mathematics.md#the-rotation element by element; <R_m q, R_n k> depends only on n - m."""
 
 import math
 
@@ -9,7 +9,7 @@ from linrope.ops.rope import apply_rope, rope_frequencies
 
 
 def reference_rope(x, positions, base=10000.0):
-    """The rotation of docs/design.md#the-rotation, written out with Python loops, in float64."""
+    """The rotation of docs/mathematics.md#the-rotation, written out with Python loops, in float64."""
     *lead, n, d = x.shape
     out = torch.full_like(x, float("nan"), dtype=torch.float64)
     xf = x.to(torch.float64)

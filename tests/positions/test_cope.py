@@ -1,6 +1,7 @@
 """CoPE (Golovneva, Wang, Weston, Sukhbaatar 2024; docs/schemes.md#cope): the paper's formula as a scalar loop in
 float64, its independence of the positions, its reduction to plain attention (e = 0) and to relative positions
-(every gate 1), its gradients, bf16 autocast, and the pairings it refuses (linear attention, bidirectional)."""
+(every gate 1), its gradients, bf16 autocast, and why it refuses linear and bidirectional attention (the refusals themselves: the
+contract suite, test_contract.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linrope.base.errors import ConfigError, IncompatiblePairing
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM
-from linrope.models.spec import ModelConfig
-from linrope.positions import REGISTRY, build_position, check_pairing
+from linrope.positions import REGISTRY, build_position
 from linrope.positions.cope import contextual_positions, interpolated_logits
 
 D, H, HD = 16, 2, 8  # d_model, heads, head dim
@@ -207,29 +206,10 @@ def test_bf16_autocast_counts_in_float32():
     assert p[0, 0, -1, 0] > 40  # sums that bf16 (8 bits) could not hold to the interpolation's precision
 
 
-def test_linear_attention_refuses_it_in_one_line():
-    with pytest.raises(IncompatiblePairing) as e:
-        check_pairing("linear", "cope")
-    msg = str(e.value)
-    assert "\n" not in msg and "attention=linear with position=cope" in msg
-    assert "N×N score matrix" in msg and "gates σ(q_i·k_t) of every query-key pair" in msg
-    check_pairing("softmax", "cope")
-    with pytest.raises(IncompatiblePairing, match="position=cope"):
-        TransformerLM(dict(vocab_size=32, d_model=32, n_layers=1, n_heads=4, d_ff=64, attention={"kind": "linear"},
-                           position={"name": "cope"}))  # fmt: skip
-
-
-def test_bidirectional_attention_is_refused_in_one_line():
-    cfg = dict(vocab_size=32, d_model=32, n_layers=1, n_heads=4, d_ff=64, causal=False, position={"name": "cope"})
-    problems = ModelConfig.from_dict(cfg).problems()  # the config check, before any data is read
-    assert problems == [
-        "model.causal=false with position=cope cannot work: its positions p_ij = Σ_{t=j..i} σ(q_i·k_t) count from "
-        "the key up to the query, defined for keys at or behind it (the paper and its release train decoders); "
-        "use a causal model"
-    ]
-    with pytest.raises(ConfigError, match="model.causal=false with position=cope"):
-        TransformerLM(cfg)
-    with pytest.raises(ConfigError, match="model.causal=false with position=cope"):
-        build_position("cope", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, causal=False)
-    assert ModelConfig.from_dict({**cfg, "causal": True}).problems() == []
-    assert ModelConfig.from_dict({**cfg, "position": {"name": "alibi"}}).problems() == []  # others take it
+def test_the_refusals_say_why():
+    """Linear attention's and a bidirectional model's refusals (test_contract.py) give these reasons."""
+    assert "gates σ(q_i·k_t) of every query-key pair" in REGISTRY["cope"].linear_note
+    assert REGISTRY["cope"].causal_only == (
+        "its positions p_ij = Σ_{t=j..i} σ(q_i·k_t) count from the key up to the query, defined for keys at or behind "
+        "it (the paper and its release train decoders); use a causal model"
+    )

@@ -1,6 +1,7 @@
 """FIRE (docs/schemes.md#fire): its bias and its attention against the paper's formula written as a scalar loop in
 float64, the one shift property it has (none once a query passes the threshold L), its init, per-layer parameters
-and the paper's FIRE-S sharing, and the pairings it refuses (linear attention, bidirectional attention)."""
+and the paper's FIRE-S sharing.  The pairings it refuses (linear attention, bidirectional attention), FIRE-S's one bias
+per forward, bf16 training and compile: the contract suite (test_contract.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,9 @@ import pytest
 import torch
 
 import linrope.positions.fire as fire_module
-from linrope.base.errors import ConfigError, IncompatiblePairing
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM, weight_decay_split
-from linrope.models.spec import ModelConfig
-from linrope.positions import REGISTRY, build_position, check_pairing
+from linrope.positions import build_position
 
 D, H, HD = 16, 2, 8  # d_model, heads, head dim
 
@@ -153,6 +152,7 @@ def test_init_is_torch_linear_and_survives_the_model_init():
 
 
 def test_per_layer_by_default_and_fire_s_shares_one():
+    """The paper's FIRE: f_θ, c and L per layer (the default); its FIRE-S (share: true) one set for all layers."""
     own, shared = tiny(3), tiny(3, share=True)
     assert own.pos_shared is None and own.blocks[0].attn.pos.w2 is not own.blocks[1].attn.pos.w2
     per_fire = 32 + 32 + 4 * 32 + 4 + 2  # w1, b1, w2, b2, c and L's multiplier
@@ -160,21 +160,6 @@ def test_per_layer_by_default_and_fire_s_shares_one():
     assert all(b.attn.pos.src is shared.pos_shared for b in shared.blocks)
     assert sum(p.numel() for p in shared.pos_shared.parameters()) == per_fire
     assert not list(shared.blocks[0].attn.pos.parameters())
-    calls = []
-    original = fire_module.FIRE.position_bias
-
-    def counting(self, positions, dtype):
-        calls.append(self)
-        return original(self, positions, dtype)
-
-    fire_module.FIRE.position_bias = counting
-    try:
-        shared(torch.randint(0, 32, (2, 9)))
-        assert len(calls) == 1  # FIRE-S: once per forward
-        own(torch.randint(0, 32, (2, 9)))
-        assert len(calls) == 1 + 3  # FIRE: each layer its own
-    finally:
-        fire_module.FIRE.position_bias = original
 
 
 def test_f_theta_is_spared_by_weight_decay_and_the_attention_is_not():
@@ -182,29 +167,3 @@ def test_f_theta_is_spared_by_weight_decay_and_the_attention_is_not():
     mine = {f"blocks.{i}.attn.pos.{a}" for i in range(2) for a in ("w1", "b1", "w2", "b2", "c", "l_mult")}
     assert mine <= set(spared) and not mine & set(decay)
     assert "blocks.0.attn.qkv.weight" in decay
-
-
-def test_linear_attention_refuses_fire_in_one_line():
-    with pytest.raises(IncompatiblePairing) as e:
-        check_pairing("linear", "fire")
-    msg = str(e.value)
-    assert "\n" not in msg and "position=fire" in msg and REGISTRY["fire"].linear_note in msg
-    check_pairing("softmax", "fire")
-    with pytest.raises(IncompatiblePairing, match="attention=linear with position=fire"):
-        TransformerLM(dict(d_model=32, n_heads=4, attention={"kind": "linear"}, position={"name": "fire"}))
-
-
-def test_bidirectional_attention_is_refused_in_one_line():
-    cfg = ModelConfig(d_model=32, n_heads=4, causal=False, position={"name": "fire"})
-    assert cfg.problems() == [f"model.causal=false with position=fire cannot work: {REGISTRY['fire'].causal_only}"]
-    with pytest.raises(ConfigError, match="model.causal=false with position=fire cannot work"):
-        build_position("fire", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, causal=False)
-    assert ModelConfig(d_model=32, n_heads=4, position={"name": "fire"}).problems() == []
-
-
-@pytest.mark.slow
-def test_no_graph_breaks_under_torch_compile():
-    torch._dynamo.reset()
-    model = tiny(1)
-    explained = torch._dynamo.explain(model)(torch.randint(0, 32, (2, 48)))
-    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons

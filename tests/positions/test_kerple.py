@@ -1,6 +1,6 @@
 """KERPLE (docs/schemes.md#kerple): the paper's two kernels against a scalar float64 loop, the release's
-clamping and initialisation, one pair of parameters per head shared across layers, invariance to a shift of
-the positions, and the refusal of linear attention."""
+clamping and initialisation, one pair of parameters per head shared across layers.  A shift, the refusal of linear
+attention, the sharing's mechanics, bf16 training and compile: the contract suite (test_contract.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM, weight_decay_split
-from linrope.positions import REGISTRY, IncompatiblePairing, build_position, check_pairing
+from linrope.positions import REGISTRY, build_position
 from tests.helpers import scalar_softmax
 
 D, H, HD = 16, 2, 8  # d_model, heads, head dim
@@ -103,52 +103,17 @@ def tiny_lm(n_layers=3, *, attention="softmax", causal=True, **opts):
 
 
 @pytest.mark.parametrize("variant", ["log", "power"])
-def test_one_pair_per_head_for_all_layers_and_one_bias_per_forward(variant, monkeypatch):
+def test_one_pair_per_head_for_all_layers(variant):
     m = tiny_lm(variant=variant)
     assert {n for n, _ in m.named_parameters() if "pos" in n} == {"pos_shared.r1", "pos_shared.r2"}
     assert m.pos_shared.r1.shape == (4,) and all(b.attn.pos.src is m.pos_shared for b in m.blocks)
     own = tiny_lm(variant=variant, share=False)
     assert own.pos_shared is None and own.num_params() == m.num_params() + 2 * 4 * 2  # two more layers' pairs
-    calls = []
-    original = type(m.pos_shared).kernel
-    monkeypatch.setattr(type(m.pos_shared), "kernel", lambda self, *a: calls.append(self) or original(self, *a))
-    x = torch.randint(0, 32, (2, 11))
-    m(x).pow(2).mean().backward()
-    assert len(calls) == 1 and m.pos_shared.r1.grad.abs().min() > 0  # every layer's gradient on the one pair
-    calls.clear()
-    own(x)
-    assert len(calls) == 3
-    # tied copies are the shared model
-    state = {k: v for k, v in m.state_dict().items() if not k.startswith("pos_shared.")}
-    for i in range(3):
-        state.update({f"blocks.{i}.attn.pos.r{j}": m.pos_shared.state_dict()[f"r{j}"] for j in (1, 2)})
-    own.load_state_dict(state)
-    torch.testing.assert_close(own(x), m(x), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("variant", ["log", "power"])
-def test_relative_shift_invariance(variant, causal):
-    att = layer(variant, causal=causal)
-    x = torch.randn(2, 10, D, dtype=torch.float64)
-    positions = torch.randperm(50)[:10].sort().values
-    out = att(x, positions)[0]
-    torch.testing.assert_close(att(x, positions + 37)[0], out, rtol=1e-12, atol=1e-12)
-    assert not torch.allclose(att(x, positions * 2)[0], out, atol=1e-4)  # other distances, other output
-    m = tiny_lm(2, variant=variant, causal=causal).double()
-    ids = torch.randint(0, 32, (2, 10))
-    torch.testing.assert_close(m(ids, offset=29), m(ids), rtol=1e-10, atol=1e-10)
-
-
-def test_linear_attention_refuses_kerple_in_one_line():
-    with pytest.raises(IncompatiblePairing) as e:
-        check_pairing("linear", "kerple")
-    msg = str(e.value)
-    assert "\n" not in msg and "attention=linear with position=kerple cannot work" in msg
-    assert "N×N score matrix" in msg and REGISTRY["kerple"].linear_note in msg and "log(1 + r₂|i-j|)" in msg
-    check_pairing("softmax", "kerple")
-    with pytest.raises(IncompatiblePairing, match="position=kerple"):
-        tiny_lm(attention="linear")
+def test_linear_note_names_the_kernel():
+    """Linear attention's refusal (test_contract.py) gives the note: the kernel it would have to add to every score."""
+    assert "log(1 + r₂|i-j|)" in REGISTRY["kerple"].linear_note
 
 
 def test_parameters_are_score_biases_not_decayed():

@@ -1,8 +1,9 @@
 """Position schemes (docs/schemes.md): pure torch, float64 where numerics matter, fresh random inputs.
 
-Every scheme is checked against its own formula written as a loop, for invariance (relative
-schemes) or sensitivity (absolute ones) to a shift of all positions, for its zero-parameter
-reduction to plain attention, and end to end in a TransformerLM (forward + backward)."""
+The founding schemes' formulas, each against a loop over (b, h, i, j), their zero-parameter reductions to plain
+attention, T5's buckets and ALiBi's slopes, TUPE's absolute term and FLOATER's ODE.  What every scheme owes (a
+shift, the pairings, the attention path, tables, training, sharing, bf16, compile) is the contract suite's,
+tests/positions/test_contract.py, read from the registry."""
 
 from __future__ import annotations
 
@@ -12,62 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from linrope.base.errors import ConfigError, SequenceTooLong
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM
-from linrope.positions import (
-    REGISTRY,
-    SCHEME_MODULES,
-    IncompatiblePairing,
-    alibi_slopes,
-    build_position,
-    check_pairing,
-    t5_bucket,
-)
+from linrope.positions import alibi_slopes, build_position, t5_bucket
 from linrope.positions.deberta import log_bucket_distance
-
-D, H, HD = 16, 2, 8  # d_model, heads, head dim of the attention-level tests
-ALL = (
-    "none",
-    "learned",
-    "sinusoidal",
-    "rope",
-    "floater",
-    "multiplicative",
-    "shaw",
-    "xl",
-    "t5",
-    "deberta",
-    "tupe",
-    "alibi",
-    "cope",
-    "fire",
-    "kerple",
-    "sandwich",
-    "xpos",
-)
-# act on the N×N scores (xpos: on every score's pairs, a per-dimension decay): softmax only
-SCORE_ONLY = ("shaw", "xl", "t5", "deberta", "tupe", "cope", "fire", "kerple", "sandwich", "xpos")
-LINEAR_OK = ("none", "learned", "sinusoidal", "floater", "multiplicative", "rope", "alibi")
-
-
-def attention(name, *, causal=True, max_len=128, randomize=True, **opts):
-    """A float64 SoftmaxAttention layer with scheme ``name``; its position parameters drawn large
-    (std 0.5) so that every position term visibly moves the output."""
-    pos = build_position(
-        name, where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=max_len, causal=causal, **opts
-    )
-    att = SoftmaxAttention(D, H, pos, causal=causal).double()
-    if randomize:
-        with torch.no_grad():
-            for p in pos.parameters():
-                p.normal_(0.0, 0.5)
-    return att
-
-
-def random_positions(n, high=60):
-    """n sorted, distinct, non-contiguous positions in [0, high)."""
-    return torch.randperm(high)[:n].sort().values
+from tests.positions.contract import HD, D, H, attention, random_positions, tiny_lm
 
 
 def plain(att, x, *, causal, scale):
@@ -103,32 +53,6 @@ def sinusoid(r, dim, base=10000.0):
         if t + 1 < dim:
             out[t + 1] = math.cos(r / base ** (t / dim))
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# registry and pairing
-# ---------------------------------------------------------------------------------------------------
-
-
-def test_every_scheme_is_registered():
-    assert set(ALL) <= set(REGISTRY) and set(ALL) <= set(SCHEME_MODULES)
-
-
-@pytest.mark.parametrize("name", SCORE_ONLY)
-def test_linear_refuses_score_schemes(name):
-    with pytest.raises(IncompatiblePairing) as e:
-        check_pairing("linear", name)
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert "attention=linear" in msg and f"position={name}" in msg  # names the pairing
-    assert "N×N score matrix" in msg and REGISTRY[name].linear_note in msg  # and the reason
-    check_pairing("softmax", name)
-
-
-@pytest.mark.parametrize("name", LINEAR_OK)
-def test_linear_takes(name):
-    check_pairing("linear", name)
-    check_pairing("softmax", name)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -196,42 +120,22 @@ def test_alibi_bias_matrix_and_linear_decay():
 
 
 # ---------------------------------------------------------------------------------------------------
-# relative schemes: only differences of positions matter; absolute schemes: they do not
+# TUPE: a relative bucket bias and an absolute term
 # ---------------------------------------------------------------------------------------------------
-
-RELATIVE_CASES = [
-    ("none", {}),
-    ("rope", {}),
-    ("shaw", {}),
-    ("shaw", {"k": 3}),
-    ("shaw", {"variant": "relative_key"}),
-    ("shaw", {"variant": "relative_key_query"}),
-    ("xl", {}),
-    ("t5", {}),
-    ("t5", {"num_buckets": 8, "max_distance": 16}),
-    ("deberta", {"k": 4}),
-    ("deberta", {"k": 8, "log_buckets": True, "max_distance": 32}),
-    ("tupe", {}),  # with its absolute term zeroed below
-    ("alibi", {}),
-]
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize(
-    "name,opts", RELATIVE_CASES, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in RELATIVE_CASES]
-)
-def test_relative_scheme_ignores_a_shift(name, opts, causal):
-    att = attention(name, causal=causal, **opts)
-    if name == "tupe":
-        zero(att.pos, "u_q")
+def test_tupe_relative_part_ignores_a_shift(causal):
+    """With its absolute term zeroed (U_Q), TUPE is its bucket bias: only differences of positions matter."""
+    att = attention("tupe", causal=causal)
+    zero(att.pos, "u_q")
     x = torch.randn(2, 12, D, dtype=torch.float64)
     positions = random_positions(12)
     shift = int(torch.randint(1, 60, ()))
     out = att(x, positions)[0]
     torch.testing.assert_close(att(x, positions + shift)[0], out, rtol=1e-9, atol=1e-9)
-    if name != "none":  # the position term matters: other distances, other output
-        near = torch.arange(12)
-        assert not torch.allclose(att(x, near * 2)[0], att(x, near)[0], atol=1e-6)
+    near = torch.arange(12)  # the bucket bias matters: other distances, other output
+    assert not torch.allclose(att(x, near * 2)[0], att(x, near)[0], atol=1e-6)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
@@ -240,47 +144,6 @@ def test_tupe_absolute_term_sees_the_shift(causal):
     x = torch.randn(2, 10, D, dtype=torch.float64)
     positions = torch.arange(10)
     assert (att(x, positions + 7)[0] - att(x, positions)[0]).abs().max() > 1e-3
-
-
-def tiny_lm(name, *, causal=True, attention_kind="softmax", **opts):
-    attn = {"kind": "softmax"} if attention_kind == "softmax" else {"kind": "linear", "impl": "naive"}
-    return TransformerLM(
-        dict(
-            vocab_size=32,
-            d_model=32,
-            n_layers=2,
-            n_heads=4,
-            d_ff=64,
-            max_len=64,
-            causal=causal,
-            attention=attn,
-            position={"name": name, **opts},
-        )
-    )
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("name", ["none", "rope", "shaw", "xl", "t5", "deberta", "alibi"])
-def test_model_with_relative_scheme_ignores_offset(name, causal):
-    m = tiny_lm(name, causal=causal).double()
-    x = torch.randint(0, 32, (2, 10))
-    torch.testing.assert_close(m(x, offset=23), m(x), rtol=1e-9, atol=1e-9)
-
-
-@pytest.mark.parametrize(
-    "name,opts",
-    [
-        ("learned", {}),
-        ("sinusoidal", {}),
-        ("multiplicative", {}),
-        ("multiplicative", {"table": "learned"}),
-        ("floater", {}),
-    ],
-)
-def test_model_with_absolute_scheme_sees_offset(name, opts):
-    m = tiny_lm(name, **opts).double()
-    x = torch.randint(0, 32, (2, 10))
-    assert (m(x, offset=17) - m(x)).abs().max() > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -560,30 +423,8 @@ def test_deberta_log_buckets_use_every_row():
 
 
 # ---------------------------------------------------------------------------------------------------
-# attention paths and the value term
+# Shaw's value term
 # ---------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "name,opts",
-    [
-        ("t5", {}),
-        ("alibi", {}),
-        ("xl", {}),
-        ("deberta", {}),
-        ("tupe", {}),
-        ("shaw", {"variant": "relative_key"}),
-        ("shaw", {"variant": "relative_key_query"}),
-    ],
-)
-def test_score_schemes_take_the_sdpa_path(name, opts, monkeypatch):
-    att = attention(name, **opts)
-
-    def refuse(*a, **k):
-        raise AssertionError("explicit attention path taken")
-
-    monkeypatch.setattr(att, "_explicit", refuse)
-    att(torch.randn(1, 6, D, dtype=torch.float64), torch.arange(6))
 
 
 def test_shaw_value_term_uses_the_dropped_weights():
@@ -604,24 +445,6 @@ def test_shaw_value_term_uses_the_dropped_weights():
     with torch.no_grad():
         att.pos.value_table.zero_()
     assert att(x, torch.arange(8))[0].abs().max() > 1e-6  # the check above is not vacuous
-
-
-# ---------------------------------------------------------------------------------------------------
-# learned tables: one clear line beyond max_len
-# ---------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name,opts", [("learned", {}), ("tupe", {}), ("multiplicative", {"table": "learned"})])
-def test_learned_tables_refuse_long_sequences(name, opts):
-    m = TransformerLM(
-        dict(vocab_size=32, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=8, position={"name": name, **opts})
-    )
-    m(torch.randint(0, 32, (1, 8)))  # exactly max_len: fine
-    for call in (lambda: m(torch.randint(0, 32, (1, 9))), lambda: m(torch.randint(0, 32, (1, 4)), offset=5)):
-        with pytest.raises(SequenceTooLong) as e:
-            call()
-        msg = str(e.value)
-        assert "\n" not in msg and "8 rows" in msg and "max_len" in msg and name.split("_")[0] in msg
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -666,52 +489,6 @@ def test_floater_gradients_reach_the_ode():
         g = getattr(fl, name).grad
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
     assert fl.w1.grad[-1].abs().sum() > 0  # the time input too
-
-
-# ---------------------------------------------------------------------------------------------------
-# end to end: a TransformerLM with each scheme trains a step
-# ---------------------------------------------------------------------------------------------------
-
-
-def lm_step(m, causal):
-    x = torch.randint(0, 32, (2, 12))
-    logits = m(x, offset=2)
-    loss = F.cross_entropy(logits[:, :-1].reshape(-1, 32), x[:, 1:].reshape(-1)) if causal else logits.pow(2).mean()
-    assert torch.isfinite(loss)
-    loss.backward()
-    for name, p in m.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), name
-    pos_params = [p for n, p in m.named_parameters() if ".pos." in f".{n}"]
-    if pos_params:  # the position parameters learn (grads reach them through SDPA's mask, too)
-        assert sum(p.grad.abs().sum() for p in pos_params) > 0
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("name", ALL)
-def test_softmax_lm_trains_with_every_scheme(name, causal):
-    if not causal and REGISTRY[name].causal_only:  # defined for causal attention only: refused at the config check
-        with pytest.raises(ConfigError, match=f"model.causal=false with position={name} cannot work"):
-            tiny_lm(name, causal=causal)
-        return
-    lm_step(tiny_lm(name, causal=causal), causal)
-
-
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("name", ["alibi", "floater", "multiplicative"])
-def test_linear_lm_trains_with_linear_schemes(name, causal):
-    m = tiny_lm(name, causal=causal, attention_kind="linear")
-    lm_step(m, causal)
-    if name == "alibi":  # the decay acts: not the same model as linear attention without position
-        ref = tiny_lm("none", causal=causal, attention_kind="linear")
-        ref.load_state_dict(m.state_dict())
-        x = torch.randint(0, 32, (2, 12))
-        assert (m(x) - ref(x)).abs().max() > 1e-6
-
-
-@pytest.mark.parametrize("name", SCORE_ONLY)
-def test_linear_lm_refuses_score_schemes_at_build(name):
-    with pytest.raises(IncompatiblePairing, match=f"position={name}"):
-        tiny_lm(name, attention_kind="linear")
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])

@@ -17,6 +17,7 @@ from linrope.base.errors import ConfigError, IncompatiblePairing, SequenceTooLon
 from linrope.models.model import TransformerLM
 from linrope.positions import REGISTRY, check_pairing
 from linrope.positions.randomized import draw_positions
+from tests.positions.contract import cases, params
 
 V, D, H, HD = 11, 16, 2, 8  # vocabulary, d_model, heads, head dim
 L = 40  # max_position of the model tests
@@ -88,15 +89,8 @@ def test_more_tokens_than_positions_are_refused_in_one_line():
 # the model: one draw per forward, equal to the base scheme at the drawn positions
 # ---------------------------------------------------------------------------------------------------
 
-QUICK = ("rope", "learned", "xl")  # a rotation, a table, a distance table sized by the span; the rest: slow
-EVERY = [
-    pytest.param(name, {"table": "learned"} if name == "multiplicative" else {}, id=name,
-                 marks=() if name in QUICK else pytest.mark.slow)
-    for name in sorted(REGISTRY)
-]  # fmt: skip
 
-
-@pytest.mark.parametrize("name,opts", EVERY)
+@pytest.mark.parametrize("name,opts", params(cases()))  # every scheme and its variants
 def test_every_scheme_at_drawn_positions_is_its_base_scheme_at_those_positions(name, opts):
     """Seeded, the randomized model's output is the base model's with the drawn positions handed in: the input
     scheme and both layers saw the same draw (a second draw anywhere would differ), and the span bound handed to
@@ -115,7 +109,10 @@ def test_every_scheme_at_drawn_positions_is_its_base_scheme_at_those_positions(n
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     # given explicitly, the positions are used as they are: the base scheme exactly
     torch.testing.assert_close(rand(x, positions=drawn), expected, rtol=0, atol=0)
-    if name not in ("none", "cope"):  # the drawn positions matter (NoPE has none to see; CoPE counts from q, k)
+    if REGISTRY[name].kind not in (
+        "none",
+        "contextual",
+    ):  # the drawn positions matter (none to see; or counted from q, k)
         assert not torch.allclose(got, base(x), atol=1e-6), name
 
 
@@ -245,14 +242,6 @@ def test_linear_refuses_a_decay_at_randomized_positions(name, opts):
     assert "\n" not in str(e.value)
     with pytest.raises(IncompatiblePairing, match="counts tokens, not positions"):
         lm("linear", name, max_position=64, **opts)
-
-
-def test_bases_refused_for_linear_attention_stay_refused():
-    for name in ("t5", "shaw", "xl", "deberta", "tupe"):
-        with pytest.raises(IncompatiblePairing, match=f"position={name} cannot work: {name} is a"):
-            check_pairing("linear", name, {"max_position": 64})
-        with pytest.raises(IncompatiblePairing):
-            lm("linear", name, max_position=64)
 
 
 def test_a_table_shorter_than_max_position_is_refused_at_build():

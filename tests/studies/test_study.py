@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from linrope.studies.study import DONE, Study, job_names, state
+from linrope.base.naming import job_names
+from linrope.studies.study import DONE, Study, state
 
 
 def test_job_names_are_the_values_that_differ():

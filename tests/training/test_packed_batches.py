@@ -1,5 +1,5 @@
 """A language model's batch of three items, (tokens, targets, documents), trains packed documents apart; a batch
-of two, the shortcut without resets, is what it was (docs/design.md, "Packed documents")."""
+of two, the shortcut without resets, is what it was (docs/mathematics.md, "Packed documents")."""
 
 import torch
 import torch.nn.functional as F

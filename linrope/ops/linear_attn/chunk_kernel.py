@@ -37,7 +37,7 @@ output in the input precision enters ∂L/∂den (as FlashAttention's backward u
 Precision: features, scans, states and the denominators are float32 for float16/bfloat16 inputs (float64
 for float64).  The large products (QKᵀ, PV, KᵀV, Q·S_in and their backward twins) run in ``matmul_dtype``:
 bfloat16 operands with float32 accumulation for bfloat16 inputs (except placement "both"), the compute
-dtype otherwise (docs/design.md, "Precision").  The output comes back in v's dtype, the final state in
+dtype otherwise (docs/mathematics.md, "Precision").  The output comes back in v's dtype, the final state in
 float32/float64.
 """
 
@@ -65,7 +65,7 @@ def matmul_dtype(dtype: torch.dtype, rope: str) -> torch.dtype:
     and leaves float16's range (65504) within a few thousand positions, and it is an operand of Q·S_in.
     Placement "both": its denominator is a sum of terms of either sign, folded into the products, and when
     it cancels a bfloat16 rounding of its terms is amplified without bound (measured: 0.11 relative error
-    of the output against 1.7e-3 with float32 products; docs/design.md, "Precision")."""
+    of the output against 1.7e-3 with float32 products; docs/mathematics.md, "Precision")."""
     return torch.bfloat16 if (dtype == torch.bfloat16 and rope != "both") else compute_dtype(dtype)
 
 

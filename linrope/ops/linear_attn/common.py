@@ -31,7 +31,7 @@ class LinearAttentionState(NamedTuple):
 
 
 # Autocast does not reach inside linear attention.  Every form computes by the rule of its inputs' dtypes
-# (docs/design.md, "Precision"): under ``torch.autocast`` the tensors the model hands in (bf16 from an autocast
+# (docs/mathematics.md, "Precision"): under ``torch.autocast`` the tensors the model hands in (bf16 from an autocast
 # Linear) decide, and no matmul inside is re-cast behind the kernel's back (that re-cast used to meet float32
 # states with bfloat16 operands in the chunk kernel).  The registered operators run their implementation
 # inside ``autocast_off``; the naive and recurrent forms are wrapped whole by ``without_autocast``, so that
@@ -201,7 +201,7 @@ def check_decay_range(decay: Tensor) -> None:
     """Every 0 < γ_h <= 1, without waiting for a device.  A test of values needs them on the host: on the CPU
     that is free, and a bad value raises ValueError here.  On any other device (CUDA), and while torch.compile
     traces, the test is ``torch._assert_async``: queued with the kernels, no host sync, no graph break; a bad
-    value then fails at the device's next synchronisation (docs/design.md, "GPU readiness")."""
+    value then fails at the device's next synchronisation (docs/mathematics.md, "GPU readiness")."""
     ok = ((decay > 0) & (decay <= 1)).all()
     if decay.device.type == "cpu" and not torch.compiler.is_compiling():
         if not bool(ok):

@@ -10,7 +10,7 @@ exactly what the document gives when run alone: the state is zero where a docume
 (S0, z0) continues the row's first document; the final state is that of its last.  RoPE rotates by the
 row's own positions: inside one document q_i·k_j depends on i - j only, so the rotation needs no reset.
 
-How each form does it (docs/design.md, "Packed documents"):
+How each form does it (docs/mathematics.md, "Packed documents"):
 
   * naive:     the N×N weights times ``same_document`` (B, 1, N, N);
   * recurrent: the state is multiplied by 0 at a position whose id differs from the previous one;

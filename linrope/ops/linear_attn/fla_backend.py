@@ -1,7 +1,7 @@
 """Linear attention on flash-linear-attention's chunked Triton kernels (``impl="fla"``, CUDA), and
 the facts ``impl="auto"`` chooses by (``backends.py``).
 
-The mapping (docs/design.md, "GPU backend (fla)").  For q, k: [B, T, H, K], v: [B, T, H, V], a per-head
+The mapping (docs/mathematics.md, "GPU backend (fla)").  For q, k: [B, T, H, K], v: [B, T, H, V], a per-head
 log-decay g_h = log γ_h and an initial state h0: [B, H, K, V], fla's ``chunk_simple_gla`` with scale 1 gives
 
     o_t = Σ_{j≤t} γ^(t-j) (q_t·k_j) v_j + γ^(t+1) q_t h0,        h_T = Σ_{j<T} γ^(T-1-j) k_j v_jᵀ + γ^T h0.
@@ -308,7 +308,7 @@ class Varlen(NamedTuple):
 def varlen(documents: Tensor) -> Varlen:
     """The variable-length layout of packed ``documents`` (B, N).  The number of documents sizes
     ``cu_seqlens``: read on the host (``nonzero``), one sync per call, where a data module could hand the
-    offsets over (docs/design.md, "Packed documents")."""
+    offsets over (docs/mathematics.md, "Packed documents")."""
     B, N = documents.shape
     starts = torch.ones_like(documents, dtype=torch.bool)
     starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
