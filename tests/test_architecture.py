@@ -2,7 +2,7 @@
 
 - the import graph of ``linrope/`` (module-level and function-level imports alike) has no cycle, and
   every import goes to a lower layer or to its own package (the layers are the packages: each names its
-  layer in the first line of its docstring; the top-level modules are the commands, above them all);
+  layer in the first line of its docstring; ``linrope/__main__.py``, the table of the commands, is above them all);
 - no module of ``linrope/`` is longer than 550 lines (as ruff formats it: one argument a line where a call wraps);
 - no object is recognised by the string of its class name (``type(x).__name__ == ...``);
 - the repository explains itself: no tracked file cites a design note it does not contain.
@@ -112,7 +112,7 @@ LAYER_LINE = re.compile(r"^Layer (\d+), ([^:(]+)")
 
 def layers() -> dict:
     """{package: (layer number, name)}, read from the first line of each package's docstring ("Layer N, name: ...").
-    The top-level modules are the commands, above every package."""
+    linrope/__main__.py, the commands, is above every package."""
     out = {}
     for init in sorted(PACKAGE.glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
@@ -133,15 +133,13 @@ def test_layers_come_from_the_folders():
     table = layers()
     assert table["base"][0] == 0 and table["ops"][0] < table["positions"][0] < table["models"][0]
     assert layer_of("linrope.positions.t5", table) == table["positions"]
-    assert layer_of("linrope.train", table)[1] == "commands"
+    assert layer_of("linrope.__main__", table)[1] == "commands"
 
 
 def test_the_top_level_holds_only_the_commands():
-    """Besides __init__, each module of linrope/ is a command: it runs its entry point as ``python -m linrope.<name>``
-    (the work lives in the layers)."""
-    top = sorted(p for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
-    not_commands = [p.name for p in top if 'if __name__ == "__main__":' not in p.read_text()]
-    assert not not_commands, not_commands
+    """Besides the packages, linrope/ holds __init__ and __main__ (the commands: ``python -m linrope <command>``, one
+    table); the work lives in the layers."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py"]
 
 
 def upward_imports(graph, table) -> list:
@@ -165,7 +163,7 @@ def test_the_layer_check_finds_an_upward_import():
         "linrope.base.errors": {"linrope.ops.rope"},
         "linrope.ops.rope": {"linrope.data.bytes"},
         "linrope.data.bytes": {"linrope.base.errors"},
-        "linrope.train": {"linrope.data.bytes"},
+        "linrope.__main__": {"linrope.data.bytes"},
     }
     assert upward_imports(graph, table) == [
         "linrope.base.errors (foundation) imports linrope.ops.rope (operators)",

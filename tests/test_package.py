@@ -17,13 +17,8 @@ import pytest
 from tests.helpers import CONF, ROOT
 
 SCRIPTS = {
-    "linrope-train": "linrope.train:run",
-    "linrope-evaluate": "linrope.evaluate:run",
-    "linrope-generate": "linrope.generate:run",
-    "linrope-passkey": "linrope.passkey:run",
-    "linrope-tokenize": "linrope.tokenize:main",
-    "linrope-report": "linrope.report:main",
-    "linrope-dashboard": "linrope.dashboard:main",
+    f"linrope-{name}": f"linrope.__main__:{name}"
+    for name in ("train", "evaluate", "generate", "passkey", "tokenize", "report", "dashboard")
 }
 PRESET = "# @package _global_\ndefaults:\n  - override /attention: linear\n  - override /position: rope\nmodel:\n  name: {name}\n"
 
@@ -34,17 +29,18 @@ def pyproject():
 
 
 def test_the_commands_are_declared_and_defined():
+    """Each console script is a command of ``python -m linrope`` (linrope/__main__.py), and each command of its table
+    names a function its module defines."""
+    from linrope import __main__ as entry
+
     assert pyproject()["project"]["scripts"] == SCRIPTS
     for target in SCRIPTS.values():
         module, function = target.split(":")
+        assert module == "linrope.__main__" and function in entry.COMMANDS and callable(getattr(entry, function))
+    for name, command in entry.COMMANDS.items():
+        module, function = command.target.split(":")
         tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
-        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        defined |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-        targets = [t for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]  # run, __getattr__ = ...
-        defined |= {
-            e.id for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(e, ast.Name)
-        }
-        assert function in defined, target  # the command module defines it or takes it from its layer
+        assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, name
 
 
 def _names(requirements):
@@ -312,6 +308,8 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
         assert r.returncode == 0 and "Traceback" not in r.stderr, (command, r.stderr[-2000:])
         assert ("usage: " + command) in r.stdout or r.stdout.startswith(command + " "), command
     assert "model: linear," in run("linrope-train", "--help").stdout
+    r = run("python", "-m", "linrope")
+    assert r.returncode == 0 and "  evaluate " in r.stdout and "  study " in r.stdout, r.stderr[-2000:]
 
     r = run("linrope-train", "model=linear_rope", "size=tiny", "trainer.max_steps=2", "data.max_bytes=400000")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -19,9 +19,19 @@ README = (ROOT / "README.md").read_text()
 # the docs that hold the commands README's sections moved to (issue 51): checked as README's own
 COMMAND_DOCS = ("README.md", "docs/usage.md", "docs/package.md")
 HYDRA = {"train.py": "train", "linrope-train": "train", "linrope-evaluate": "evaluate"}
-HYDRA_MODULES = {"linrope.evaluate": "evaluate", "linrope.generate": "generate", "linrope.passkey": "passkey",
-                 "linrope.sweeps": "train", "linrope.train": "train"}  # fmt: skip
-ARGPARSE = ("linrope.tokenize", "linrope.report", "linrope.evaluation.harness", "linrope.evaluation.references")
+# `python -m <program>`: a command of linrope (`linrope evaluate`) or a module with a command line of its own
+HYDRA_MODULES = {"linrope evaluate": "evaluate", "linrope generate": "generate", "linrope passkey": "passkey",
+                 "linrope sweeps": "train", "linrope train": "train"}  # fmt: skip
+ARGPARSE = {"linrope tokenize": "linrope.data.tokenize_command", "linrope report": "linrope.analysis.report_command",
+            "linrope.evaluation.harness": "linrope.evaluation.harness",
+            "linrope.evaluation.references": "linrope.evaluation.references"}  # fmt: skip
+
+
+def program(args):
+    """(``python -m``'s program, the rest of the arguments): ``linrope report`` for ``python -m linrope report``."""
+    if args[2:3] == ["linrope"] and len(args) > 3:
+        return f"linrope {args[3]}", args[4:]
+    return args[2], args[3:]
 
 
 def commands(doc: str = "README.md"):
@@ -63,8 +73,8 @@ def test_the_readme_python_example_runs_and_prints_what_it_says(block):
 
 
 def test_the_readme_has_the_commands_this_test_reads():
-    programs = {" ".join(args[:3]) if args[:2] == ["python", "-m"] else args[0] for _, args in CASES}
-    assert {"python -m linrope.evaluate", "python -m linrope.report", "linrope-train"} <= programs
+    programs = {f"python -m {program(args)[0]}" if args[:2] == ["python", "-m"] else args[0] for _, args in CASES}
+    assert {"python -m linrope evaluate", "python -m linrope report", "linrope-train"} <= programs
     assert sum(1 for _, a in CASES if a[:2] == ["python", "train.py"]) >= 15
     readme = {" ".join(args[:3]) for _, args in README_CASES}
     assert {"python3 -m venv", "python train.py model=linear_rope", "python -m pytest"} <= readme  # the quick start
@@ -75,14 +85,18 @@ def test_the_readme_has_the_commands_this_test_reads():
 def test_every_readme_command_names_options_that_exist(line, args):
     if args[:2] == ["python", "train.py"] or args[0] in HYDRA:
         name, rest = HYDRA.get(args[0]) or "train", args[1:] if args[0] in HYDRA else args[2:]
-    elif args[:2] == ["python", "-m"] and args[2] in HYDRA_MODULES:
-        name, rest = HYDRA_MODULES[args[2]], args[3:]
-    elif args[:2] == ["python", "-m"] and args[2] in ARGPARSE:
+    elif args[:2] == ["python", "-m"] and program(args)[0] in HYDRA_MODULES:
+        name, rest = HYDRA_MODULES[program(args)[0]], program(args)[1]
+    elif args[:2] == ["python", "-m"] and program(args)[0] in ARGPARSE:
         return  # its flags: test_the_flags_readme_gives_an_argparse_command_exist
     else:
         if (line, args) in README_CASES:  # README's own: the install lines and pytest, nothing else
             assert args[0] in ("python3", "pip", ".", "python"), line
-        if args[:2] == ["python", "-m"]:
+        if args[:3] == ["python", "-m", "linrope"]:
+            from linrope.__main__ import COMMANDS
+
+            assert args[3:4] and args[3] in COMMANDS, line
+        elif args[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(args[2]) is not None, line
         return
     if "--config-dir" in rest:  # the user's own folder of presets: not in this checkout
@@ -90,16 +104,22 @@ def test_every_readme_command_names_options_that_exist(line, args):
     check_command_line(rest, config_name=name, prefix=f"README: {line}")  # SystemExit, one line per problem
 
 
-@pytest.mark.parametrize("module", ARGPARSE)
-def test_the_flags_readme_gives_an_argparse_command_exist(module, capsys):
-    used = {a.split("=")[0] for line, args in CASES if module in args for a in args if a.startswith("--")}
-    main = importlib.import_module(module).main
+@pytest.mark.parametrize("command", ARGPARSE)
+def test_the_flags_readme_gives_an_argparse_command_exist(command, capsys):
+    used = {
+        a.split("=")[0]
+        for line, args in CASES
+        if args[:2] == ["python", "-m"] and program(args)[0] == command
+        for a in args
+        if a.startswith("--")
+    }
+    main = importlib.import_module(ARGPARSE[command]).main
     shown = ""
-    for words in ([], ["train"], ["shards"]) if module == "linrope.tokenize" else ([],):
+    for words in ([], ["train"], ["shards"]) if command == "linrope tokenize" else ([],):
         with pytest.raises(SystemExit):
             main([*words, "--help"])
         shown += capsys.readouterr().out
-    assert {f for f in used if f not in shown} == set(), module
+    assert {f for f in used if f not in shown} == set(), command
 
 
 def test_train_help_as_readme_gives_it_runs_and_lists_the_groups():
@@ -134,7 +154,7 @@ def test_the_cheap_readme_training_commands_run_and_say_where_their_run_is(args,
     extra = [f"paths.log_dir={tmp_path}", "logger=csv", "trainer.enable_progress_bar=false"]
     r = subprocess.run([sys.executable, *args[1:], *extra], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert str(tmp_path) in r.stdout and "python -m linrope.report" in r.stdout, r.stdout[-2000:]
+    assert str(tmp_path) in r.stdout and "python -m linrope report" in r.stdout, r.stdout[-2000:]
 
 
 def test_the_readme_has_a_cheap_training_command_to_run():

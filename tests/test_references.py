@@ -2,9 +2,8 @@
 ``tests/``, ``benchmarks/`` and ``train.py``, in ``conf/``'s YAML and in README.md and ``docs/*.md``.
 
 A name resolves when its longest importable prefix is a module of that very name and the rest are attributes
-of it (``linrope.run.exit.one_line_errors``).  An old path, one that imports only through the alias table of
-``linrope.base.moved``, is stale: committed run folders keep the paths they were saved with (``docs/results/`` is
-not read), and a text that quotes one as such an example lists it in ``OLD_PATHS_QUOTED``."""
+of it (``linrope.run.exit.one_line_errors``).  ``docs/results/`` is not read: its saved targets are checked by
+tests/test_migrate_runs.py."""
 
 import ast
 import functools
@@ -14,15 +13,8 @@ import re
 import tokenize
 from pathlib import Path
 
-import linrope  # noqa: F401 - installs the alias table, so that an old path is told apart from a missing one
-
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"(?<![\w./-])(?<!\$\{)linrope(?:\.[A-Za-z_]\w*)+")  # ${linrope.x:…}: an OmegaConf resolver
-# old paths quoted as what a saved run folder holds, by the files that explain the alias table
-OLD_PATHS_QUOTED = {
-    "docs/architecture.md": {"linrope.movement.PositionMovement"},
-    "linrope/base/moved.py": {"linrope.movement.PositionMovement", "linrope.movement"},
-}
 
 
 PACKAGE_DIR = re.compile(r"^package-dir\s*=\s*\{(.*)\}", re.M)
@@ -49,8 +41,6 @@ def problem(dotted: str):
             if e.name is not None and not module.startswith(e.name):
                 return f"importing {module} fails: {e}"
             continue
-        if obj.__name__ != module:
-            return f"an old path: {module} is {obj.__name__} now (linrope.base.moved)"
         break
     for attr in parts[i:]:
         if not hasattr(obj, attr):
@@ -97,7 +87,7 @@ def stale_names(paths) -> list:
         where = path.relative_to(ROOT).as_posix()
         for n, name in names(path):
             why = problem(name)
-            if why and not (name in OLD_PATHS_QUOTED.get(where, ()) and why.startswith("an old path")):
+            if why:
                 found.append(f"{where}:{n}: {name}: {why}")
     return found
 
@@ -111,7 +101,7 @@ def test_a_stale_or_old_name_is_found_and_a_current_one_is_not(tmp_path):
     assert problem("linrope.models.spec.ModelConfig.position") is None  # a dataclass field
     assert problem("linrope.conf") is None  # built from conf/
     assert problem("linrope.run.checkpoint.check_identity") == "linrope.run.checkpoint has no check_identity"
-    assert problem("linrope.checkpoint.check_identity").startswith("an old path: linrope.checkpoint is")
+    assert problem("linrope.checkpoint.check_identity") == "linrope has no checkpoint"  # a path from before the layers
     assert problem("linrope.nowhere.thing") == "linrope has no nowhere"
     source = (
         '"""Reported by linrope.run.exit.one_line_errors."""\n'

@@ -4,7 +4,7 @@
 #   bash tools/device_studies.sh LIST SECONDS        # on the device, from the repo root (carry=[".whl"])
 #   DEVICE_STUDIES_CPU=1 bash tools/device_studies.sh LIST SECONDS   # here: the same mechanics on the CPU
 #
-# LIST: a file of `python -m linrope.study ...` argument lines (one study folder per line, `#` comments), each
+# LIST: a file of `python -m linrope study ...` argument lines (one study folder per line, `#` comments), each
 # started at once in the background (so the folders train side by side); SECONDS: when the parts are stopped
 # (SIGTERM: the study driver stops its jobs and says what is left; the folders stay resumable).  Every 30 s
 # (DEVICE_STUDIES_POLL) and at the end, every folder named in LIST is packed, without checkpoints, into
@@ -49,7 +49,7 @@ while IFS= read -r line; do
   folders+=("${args[0]}")
   name="$(echo "${args[0]}" | tr '/' '_')"
   echo "== start $(date -u +%T) ${args[*]}" >> "$LOG"
-  "$PY" -m linrope.study "${args[@]}" > "$OUT/$name.log" 2>&1 &
+  "$PY" -m linrope study "${args[@]}" > "$OUT/$name.log" 2>&1 &
   pids+=($!)
 done < "$LIST"
 (( ${#folders[@]} )) || { echo "no study lines in $LIST" | tee -a "$LOG"; exit 2; }

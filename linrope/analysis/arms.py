@@ -1,4 +1,4 @@
-"""A study run in arms, tabled side by side: ``python -m linrope.report <study folder>`` when the study's config
+"""A study run in arms, tabled side by side: ``python -m linrope report <study folder>`` when the study's config
 (``linrope.analysis.study_config``) declares ``arms`` and the folder holds them (``steps800/``, ``steps3200/``).
 
 For each arm it writes the ordinary report (``linrope.analysis.report``: report.md, summary.csv, pairs.csv, runs.csv
@@ -39,7 +39,7 @@ from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
 from linrope.evaluation.tables import row_name
 
-TOOL = "linrope.report"
+TOOL = "linrope report"
 LEVEL = 0.95
 
 

@@ -1,4 +1,4 @@
-"""What a reader of a sweep report must know beside its numbers (``linrope.report`` prints these):
+"""What a reader of a sweep report must know beside its numbers (``linrope report`` prints these):
 
 * **failed runs** — a run whose headline metric is NaN, infinite or missing (a diverged or unfinished run)
   is named above its task's table; it is behind no value, and ``n`` counts only the runs that are;

@@ -1,8 +1,8 @@
 """A study's results in compact form: three files in the study's folder in place of a folder per run.
 
-    python -m linrope.study <study part folder> --compact
+    python -m linrope study <study part folder> --compact
 
-* ``runs.json`` — per run: its folder's name, its study record (``study_job.json``, linrope.study: the job, the
+* ``runs.json`` — per run: its folder's name, its study record (``study_job.json``, linrope study: the job, the
   command, threads, wall time, test metrics, when it finished) and what linrope.analysis.runs reads of a run
   folder (``folder_record``: the config Hydra saved, nested and as written; the model name the loggers got; the
   parameter count and how far position parameters moved; the provenance: commit, code, versions, machine; the
@@ -18,7 +18,7 @@
 ``linrope.analysis.runs.find_runs`` reads ``runs.json`` with ``curves.csv`` into the same runs as the folders
 (a folder still there wins), so a report, a figure or a table of a study reads either form.  The raw logs
 (``train.log``, ``study.log``, Hydra's ``hydra.yaml`` and ``hparams.yaml``) are not kept: nothing is computed
-from them.  linrope.study writes these files after each job it finishes (``finished_only``: runs with a study
+from them.  linrope study writes these files after each job it finishes (``finished_only``: runs with a study
 record), and commits them with ``--commit``.  A study with a tuning stage keeps its tuning runs the same way in
 ``<study>/tuning/`` (its own three files; never among the study's runs) beside ``<study>/tuning.json``, the choice
 and its rule (linrope.analysis.tuning).  Light: no torch."""
@@ -45,7 +45,7 @@ from linrope.analysis.runs import (
 )
 from linrope.evaluation.tables import DETAILS, KEY, row_name
 
-STUDY_RECORD = "study_job.json"  # what linrope.study writes into a job's folder when the job has finished
+STUDY_RECORD = "study_job.json"  # what linrope study writes into a job's folder when the job has finished
 RESULTS = "results.csv"
 FILES = (COMPACT, CURVES, RESULTS, "documents.csv", "positions.csv")  # the last two: bytes runs with details
 ABOUT = (

@@ -1,8 +1,8 @@
 """wandb dashboards as code: a workspace and a report comparing the runs of one sweep.
 
-    python -m linrope.dashboard logs/pe_compare/multiruns/<time>             # saves both, prints their URLs
-    python -m linrope.dashboard logs/pe_compare/multiruns/<time> --dry-run   # writes the specs as JSON, no login
-    python -m linrope.dashboard --group pe_compare-<time> --project linrope  # without the sweep folder
+    python -m linrope dashboard logs/pe_compare/multiruns/<time>             # saves both, prints their URLs
+    python -m linrope dashboard logs/pe_compare/multiruns/<time> --dry-run   # writes the specs as JSON, no login
+    python -m linrope dashboard --group pe_compare-<time> --project linrope  # without the sweep folder
 
 The sweep folder tells the wandb project and group of its runs (``linrope.base.naming.wandb_group``), their
 tasks and the lengths of their extrapolation table.  Sections (the same panels in the workspace and
@@ -69,7 +69,7 @@ class Target:
 
 
 def extrapolation_keys(target: Target, scaling: str) -> List[str]:
-    metric = "bpb" if BYTES in target.tasks else "loss"  # the key linrope.evaluate logs for the task
+    metric = "bpb" if BYTES in target.tasks else "loss"  # the key linrope evaluate logs for the task
     return [f"extrapolation/{scaling}/{metric}@{n}" for n in target.lengths]
 
 
@@ -207,7 +207,7 @@ def build_report(target: Target, *, offline: bool = True):
         wr.P(
             f"Runs of the wandb group {target.group} (project {target.project}): tasks "
             f"{', '.join(target.tasks)}, grouped by {' × '.join(target.group_by)}; lines and bars are "
-            "the mean over seeds with ±1 standard deviation. Made by python -m linrope.dashboard."
+            "the mean over seeds with ±1 standard deviation. Made by python -m linrope dashboard."
         )
     ]
     for s in sections(target):
@@ -270,7 +270,7 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
 # ---- command line ----------------------------------------------------------------------------------------------
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog=program("python -m linrope.dashboard"),
+        prog=program("python -m linrope dashboard"),
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),

@@ -1,4 +1,4 @@
-"""A sweep's results without wandb: ``python -m linrope.report <sweep dir> [--out DIR] [--pair A:B]``.
+"""A sweep's results without wandb: ``python -m linrope report <sweep dir> [--out DIR] [--pair A:B]``.
 
 Reads every run under the sweep folder(s) (``linrope.analysis.runs``), groups per task the runs that differ
 only in their seed, and writes into the sweep folder (or ``--out``):
@@ -315,7 +315,7 @@ def tuning_only(sweeps: Sequence[Path]) -> str:
     done = ", ".join(f"{n} in {part / TUNING}" for part, n in counts)
     return (
         f"; only tuning runs have finished ({done}): the main runs start once the tuning stage has chosen, "
-        "and `python -m linrope.study <part> experiment=<name> --list` shows what is left"
+        "and `python -m linrope study <part> experiment=<name> --list` shows what is left"
     )
 
 
@@ -338,7 +338,7 @@ def build_report(
             else ""
         )
         raise SystemExit(
-            f"linrope.report: no linrope runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}{others}"
+            f"linrope report: no linrope runs (csv/metrics.csv) under {', '.join(map(str, sweeps))}{others}"
             + tuning_only(sweeps)
         )
     provenance.fill_in(runs, [*map(Path, sweeps), out])  # runs that predate their own provenance.json
@@ -362,11 +362,11 @@ def build_report(
             if (a, b) not in declared:
                 missing = a if a not in labels else b
                 raise SystemExit(
-                    f"linrope.report: --pair {a}:{b}: no configuration named {missing!r} "
+                    f"linrope report: --pair {a}:{b}: no configuration named {missing!r} "
                     f"(have: {', '.join(sorted(labels))})"
                 )
     pairs = list(dict.fromkeys([*declared, *pairs]))
-    outputs.claim(out, written, "linrope.report", LEGACY)  # never over a file a report did not write: one line
+    outputs.claim(out, written, "linrope report", LEGACY)  # never over a file a report did not write: one line
     out.mkdir(parents=True, exist_ok=True)
     n_configs = sum(len(g) for g in tasks.values())
     parts = [mixed, ""] if mixed else []

@@ -1,4 +1,4 @@
-"""The command line of ``python -m linrope.report DIR`` (``linrope-report``): a sweep's report
+"""The command line of ``python -m linrope report DIR`` (``linrope-report``): a sweep's report
 (linrope.analysis.report), or, for the folder of a study run in arms, each arm's report and the study's table
 across them (linrope.analysis.arms).  Which pairs, claims and verdicts: the study's config
 (linrope.analysis.study_config), found from the runs or named with ``--study``.  Light: no torch."""
@@ -26,7 +26,7 @@ def parse_pair(text: str) -> Tuple[str, str]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=program("python -m linrope.report"),
+        prog=program("python -m linrope report"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Summarise a sweep without wandb: reads <run>/csv/metrics.csv and <run>/.hydra/config.yaml\n"
         "of every run under the folder(s); writes report.md (per configuration the mean test score\n"
@@ -36,9 +36,9 @@ def parser() -> argparse.ArgumentParser:
         "those of the runs' study: conf/study/<experiment>.yaml (the runs' task_name), else\n"
         "conf/study/default.yaml.  A study whose config declares arms (<folder><N>/ of runs) gets\n"
         "each arm's report and its table of claims across the arms.",
-        epilog="examples:\n  python -m linrope.report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
+        epilog="examples:\n  python -m linrope report logs/pe_compare/multiruns/2025-01-01_12-00-00 "
         "--pair linear_alibi:linear\n"
-        "  python -m linrope.report docs/results/<study>   (a study in arms: each arm's report, its table)",
+        "  python -m linrope report docs/results/<study>   (a study in arms: each arm's report, its table)",
     )
     p.add_argument("sweeps", nargs="+", type=Path, help="sweep folder(s) (e.g. logs/<task_name>/multiruns/<time>)")
     p.add_argument("--out", type=Path, default=None, help="where to write (default: the first sweep folder)")
@@ -90,6 +90,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         out = args.out or folder
         print(build_report(args.sweeps, out, args.pair, allow_mixed=args.allow_mixed, study=study))
     except LinropeError as e:
-        raise SystemExit(f"linrope.report: {e}") from None
+        raise SystemExit(f"linrope report: {e}") from None
     print(f"\nwrote {out / 'report.md'}")
     return 0

@@ -1,4 +1,4 @@
-"""The files a report writes (linrope.report: a sweep's report, a study's table over its arms), and only those: a
+"""The files a report writes (linrope report: a sweep's report, a study's table over its arms), and only those: a
 report never replaces a file it did not write.
 
 Each tool names every file it will write before writing any (``claim``).  A file may be replaced when it does not
@@ -55,7 +55,7 @@ def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Seque
     if not os.access(existing, os.W_OK | os.X_OK):
         raise SystemExit(
             f"{tool}: {existing} is not writable: nothing written (choose another folder with --out)"
-            if tool == "linrope.report"
+            if tool == "linrope report"
             else f"{tool}: {existing} is not writable: nothing written"
         )
     known = manifest(folder)
@@ -73,7 +73,7 @@ def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Seque
         elif not adopted:
             foreign.append(name)
     if foreign:
-        more = "" if tool != "linrope.report" else ", or write the report elsewhere with --out"
+        more = "" if tool != "linrope report" else ", or write the report elsewhere with --out"
         raise SystemExit(
             f"{tool}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
             f"written; move {'it' if len(foreign) == 1 else 'them'} away{more}"

@@ -1,4 +1,4 @@
-"""The provenance section of ``linrope.report``: which code, libraries and machines produced a study's runs.
+"""The provenance section of ``linrope report``: which code, libraries and machines produced a study's runs.
 
 Each run's own ``<run>/provenance.json`` (linrope.run.provenance); a run without one (written before linrope
 recorded it) takes the study's ``provenance.json`` — in a sweep folder or the report's output folder — which
@@ -104,7 +104,7 @@ def check(runs: Sequence[Any], allow_mixed: bool) -> Optional[str]:
     """The top line for mixed runs (or None); refuses (SystemExit, one line) unless ``allow_mixed``."""
     line = mixed(runs)
     if line and not allow_mixed:
-        raise SystemExit(f"linrope.report: {line}: pass --allow-mixed to report them together, or report each apart")
+        raise SystemExit(f"linrope report: {line}: pass --allow-mixed to report them together, or report each apart")
     return f"**Mixed provenance: {line}.**" if line else None
 
 

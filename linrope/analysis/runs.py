@@ -1,4 +1,4 @@
-"""The runs of a sweep folder, read back for ``linrope.report``: each run's metrics
+"""The runs of a sweep folder, read back for ``linrope report``: each run's metrics
 (``<run>/csv/metrics.csv``, Lightning's CSVLogger), its composed config (``<run>/.hydra/config.yaml``,
 flattened to dotted keys), its extrapolation table (``<run>/extrapolation.csv``) and its parameter record
 (``<run>/parameters.json``, linrope.training.movement; else the ``n_params`` the loggers got, ``csv/hparams.yaml``),

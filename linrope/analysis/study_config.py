@@ -1,7 +1,7 @@
 """What a study claims, read from its config: ``conf/study/<experiment>.yaml``, beside its experiment.
 
 A study is data: the pairs its reports compare, the claims it tables across its arms (text, metric, A, B), the
-verdict each claim gets and the positive control its runs must pass all live in the YAML file; ``linrope.report``
+verdict each claim gets and the positive control its runs must pass all live in the YAML file; ``linrope report``
 (``linrope.analysis.report``, ``linrope.analysis.arms``) is one code path for every study.  The file is found from
 the runs: every experiment sets ``task_name`` to its own name, so runs of ``task_name: <experiment>`` are read with
 ``conf/study/<experiment>.yaml``; runs of an experiment without a study file (a sweep of your own) with

@@ -1,5 +1,5 @@
 """A study's tuning record, ``<study>/tuning.json`` (written by linrope.studies.study_tuning), and its table in
-the report (``linrope.report``: report.md's "Tuning" section).
+the report (``linrope report``: report.md's "Tuning" section).
 
 The record holds what the tuning stage did and the rule it followed: the setting tuned (``key``), the metric
 (validation only) and which way is best (``mode``); the ``protocol`` every configuration got alike (grid, factor,
@@ -24,7 +24,7 @@ from linrope.analysis.compact import _replace, dumps
 RECORD = "tuning.json"
 FORMAT = "linrope.tuning/1"
 ABOUT = (
-    "The study's tuning stage (linrope.study): per configuration the values of the key tried on validation "
+    "The study's tuning stage (linrope study): per configuration the values of the key tried on validation "
     "(never test), each one's score and steps, the value chosen and whether it is interior."
 )
 INTERIOR, AT_EDGE, UNFINISHED = "interior", "at edge", "unfinished"

@@ -3,7 +3,7 @@
 The wandb group of a run: one group per sweep, ``<task_name>-<sweep folder name>`` (the sweep folder is
 named by its start time, ``logs/<task_name>/multiruns/<time>``); a single run is grouped by ``task_name``.
 
-Light on purpose (no Lightning, no wandb): train.py and ``python -m linrope.dashboard`` use it.  What a
+Light on purpose (no Lightning, no wandb): train.py and ``python -m linrope dashboard`` use it.  What a
 model is called (``model.name``, the run name, the tags) is ``linrope.models.spec.ModelConfig``'s."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def wandb_group(task_name: str, sweep_dir: Optional[str] = None) -> str:
 
 def program(module_command: str) -> str:
     """The name a command's usage line gives: ``linrope-report`` when started as that console script,
-    else ``module_command`` (``python -m linrope.report``)."""
+    else ``module_command`` (``python -m linrope report``)."""
     import sys
 
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""

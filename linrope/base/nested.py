@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
-from linrope.base.moved import current_name
-
 
 def get(cfg: Any, dotted: str, default: Any = None) -> Any:
     """The value at a dotted key (``model.attention.kind``), or ``default`` where a part is missing or a node on
@@ -24,12 +22,10 @@ def get(cfg: Any, dotted: str, default: Any = None) -> Any:
 
 
 def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
-    """A nested config as ``{dotted key: value}`` (``prefix`` before every key); a ``_target_`` saved before a
-    module moved reads as its path today (``linrope.base.moved``), so a folder saved then is the same
-    configuration as one composed now."""
+    """A nested config as ``{dotted key: value}`` (``prefix`` before every key).  A value is compared as saved: a
+    run folder saved before linrope's modules moved into its layers is migrated once (tools/migrate_runs.py)."""
     if not isinstance(node, Mapping):
-        key = prefix[:-1]
-        return {key: current_name(node) if key.endswith("_target_") and isinstance(node, str) else node}
+        return {prefix[:-1]: node}
     out: Dict[str, Any] = {}
     for k, v in node.items():
         out.update(flatten(v, f"{prefix}{k}."))

@@ -1,4 +1,4 @@
-"""Plotting helpers shared by the sweep report (and open to ``linrope.evaluate``).
+"""Plotting helpers shared by the sweep report (and open to ``linrope evaluate``).
 
 One encoding everywhere: the **hue names the position scheme** (the same colour for a scheme in
 every figure), the **line style names the attention kind** (softmax solid, linear elu+1 dashed,
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-# matplotlib (~0.5 s) is imported inside the functions that draw: `python -m linrope.report --help` stays fast
+# matplotlib (~0.5 s) is imported inside the functions that draw: `python -m linrope report --help` stays fast
 
 # a qualitative palette, one hue per position scheme (tab10's ten plus two that stay apart from them)
 POSITION_COLOURS = {

@@ -138,7 +138,7 @@ def validate(cfg: DictConfig, hardware: bool = True) -> None:
     (``settings_errors``, no torch); then what each component refuses (an option it does not take, naming the
     nearest it does; its own values; the model's pairing and dimensions); then (when those are sound) what
     depends on several values, the corpus, the Trainer and ``ckpt_path``.  ``hardware=False`` (the dry run of
-    a sweep, linrope.sweeps, on a login node) checks the config alone: whether this machine has the devices
+    a sweep, linrope sweeps, on a login node) checks the config alone: whether this machine has the devices
     asked for, and what ``accelerator: auto`` would pick here, are the launch's business."""
     errors = settings_errors(cfg)
     if errors:

@@ -83,7 +83,7 @@ def user_config_dirs(argv: Sequence[str]) -> List[Path]:
 def config_dirs_as_overrides(argv: Sequence[str]) -> List[str]:
     """``argv`` with ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR`` turned into the override Hydra's
     compose API reads (``hydra.searchpath=[file://DIR]``): tools that compose without Hydra's command line
-    (linrope.sweeps, linrope.study) find a user's configs as train.py does."""
+    (linrope sweeps, linrope study) find a user's configs as train.py does."""
     out: List[str] = []
     dirs: List[str] = []
     args = list(argv)
@@ -127,7 +127,7 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_n
         key = key.lstrip("+~").split("@", 1)[0]
         if key == "study" and config_name == "train":
             errors.append(
-                f"{arg}: conf/study/ says what a study claims, read by linrope.report, not an option of a run; run "
+                f"{arg}: conf/study/ says what a study claims, read by linrope report, not an option of a run; run "
                 f"the study's jobs with: python train.py -m experiment={value.strip() or '<name>'}"
             )
             continue

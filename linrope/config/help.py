@@ -3,7 +3,8 @@ its main options and an example, read from the ``hydra.help.template`` of its co
 ``conf/hydra/default.yaml``), with ``$APP_CONFIG_GROUPS`` filled in from the config folders.  Hydra's own
 ``--help`` prints the same template (with no config dump in it); ``--cfg job`` prints every key and its value.
 
-Standard library and PyYAML only: ``linrope.evaluate --help`` answers as fast as an argparse command."""
+Standard library and PyYAML only: ``python -m linrope evaluate --help`` (linrope/__main__.py) answers as fast as
+an argparse command."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def template(config_name: str, conf_dir: Path = CONF_DIR) -> str:
 
 def config_groups(conf_dir: Path = CONF_DIR) -> str:
     """``group: option, option, ...`` per config group of ``conf_dir`` (Hydra's own groups and ``study`` left out)."""
-    # conf/study is read by linrope.report, never composed into a run (linrope.config.command_line refuses study=)
+    # conf/study is read by linrope report, never composed into a run (linrope.config.command_line refuses study=)
     groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name not in ("hydra", "study"))
     return "\n".join(f"{g}: {', '.join(group_options(g, conf_dir))}" for g in groups)
 
@@ -43,22 +44,3 @@ def answer_help(config_name: str, argv: Optional[Sequence[str]] = None, conf_dir
     if any(a in HELP_FLAGS for a in argv):
         sys.stdout.write(command_help(config_name, conf_dir))
         raise SystemExit(0)
-
-
-def command(config_name: str, module: str):
-    """A command shim's ``(run, __getattr__)``: ``run`` answers ``--help`` here, before torch and Lightning are imported
-    (seconds), and hands the rest to ``<module>.run``; ``__getattr__`` gives ``main``, the module's Hydra entry point,
-    only when asked for (importing it loads torch)."""
-    import importlib
-
-    def run() -> None:
-        answer_help(config_name)
-        importlib.import_module(module).run()
-
-    def getattr_(name: str):
-        if name == "main":
-            return importlib.import_module(module).main
-        raise AttributeError(name)
-
-    run.__doc__ = f"The ``linrope-{config_name}`` command (``{module}.run`` after ``--help``)."
-    return run, getattr_

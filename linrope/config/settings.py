@@ -43,7 +43,7 @@ class TrainSettings:
 @dataclass
 class ExtrapolationSettings:
     """The settings of a length-extrapolation table (``linrope.evaluation.extrapolation.length_table``): under
-    ``extrapolation.`` in train.py's config, at the top of ``python -m linrope.evaluate``'s.  Their values
+    ``extrapolation.`` in train.py's config, at the top of ``python -m linrope evaluate``'s.  Their values
     (the defaults) and what each means: ``conf/extrapolation/default.yaml``."""
 
     split: Literal["val", "test"]

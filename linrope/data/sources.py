@@ -1,4 +1,4 @@
-"""Where ``data=text`` and ``python -m linrope.tokenize`` read documents from.
+"""Where ``data=text`` and ``python -m linrope tokenize`` read documents from.
 
 A local file, folder or glob: a ``.jsonl`` file holds one document per line (the string in ``field``), a
 ``.parquet`` file one per row (the column ``field``, read by pyarrow), any other file is one document (its

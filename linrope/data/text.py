@@ -100,7 +100,7 @@ class EvalWindows(Dataset):
 
 class TextDataModule(ResumableDataModule):
     """Next-token prediction on a tokenised corpus (the module docstring); shards built on first use
-    (linrope.data.shards, the code ``python -m linrope.tokenize shards`` runs), reused after."""
+    (linrope.data.shards, the code ``python -m linrope tokenize shards`` runs), reused after."""
 
     monitor = "val/bpb"
 

@@ -1,4 +1,4 @@
-"""``python -m linrope.tokenize``: train a byte-level BPE on a corpus, or write a corpus's token shards (the same
+"""``python -m linrope tokenize``: train a byte-level BPE on a corpus, or write a corpus's token shards (the same
 code ``data=text`` runs on first use; linrope.data.shards).  Errors are one line (``linrope: …``)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from .sources import resolve_source
 from .tokenizer import load_tokenizer, train_bpe
 
 EPILOG = """examples:
-  python -m linrope.tokenize train --input docs/ --vocab-size 8192 --out tok.json
-  python -m linrope.tokenize shards --input docs/ --tokenizer tok.json
-  python -m linrope.tokenize shards --hf-dataset roneneldan/TinyStories --tokenizer gpt2 --max-documents 100000
+  python -m linrope tokenize train --input docs/ --vocab-size 8192 --out tok.json
+  python -m linrope tokenize shards --input docs/ --tokenizer tok.json
+  python -m linrope tokenize shards --hf-dataset roneneldan/TinyStories --tokenizer gpt2 --max-documents 100000
 then: python train.py data=text data.path=docs/ data.tokenizer=tok.json   (finds the same shards)
 """
 
@@ -42,7 +42,7 @@ def _source_args(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
-        prog=program("python -m linrope.tokenize"),
+        prog=program("python -m linrope tokenize"),
         description="Tokenizers and memory-mapped token shards for data=text.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

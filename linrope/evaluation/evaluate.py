@@ -1,4 +1,4 @@
-"""Length extrapolation of a trained checkpoint: ``python -m linrope.evaluate ckpt=PATH lengths=[256,512,1024]``.
+"""Length extrapolation of a trained checkpoint: ``python -m linrope evaluate ckpt=PATH lengths=[256,512,1024]``.
 
 A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key): overrides, multirun
 (``-m ckpt=a.ckpt,b.ckpt``) and ``--cfg job`` work as for ``train.py``.  What is measured and how
@@ -48,7 +48,7 @@ from linrope.training.lit import LanguageModel
 
 
 class EvaluateError(ConfigError):
-    """A bad argument of ``python -m linrope.evaluate`` (one line)."""
+    """A bad argument of ``python -m linrope evaluate`` (one line)."""
 
 
 @dataclass
@@ -317,12 +317,12 @@ def next_command(ckpt: Path, task: str) -> str:
 
     if task in ("bytes", "text"):
         return (
-            f"next: python -m linrope.passkey {ckpt_arg(shown_path(ckpt))}    "
+            f"next: python -m linrope passkey {ckpt_arg(shown_path(ckpt))}    "
             f"# retrieval of a key hidden at 1-16x the training context"
         )
     folder = ckpt.expanduser().resolve().parent
     run = folder.parent if folder.name == "checkpoints" else folder
-    return f"next: python -m linrope.report {shlex.quote(shown_path(run))}    # the run's tables and figures: report.md"
+    return f"next: python -m linrope report {shlex.quote(shown_path(run))}    # the run's tables and figures: report.md"
 
 
 @contextlib.contextmanager
@@ -368,7 +368,7 @@ def _stop_says_what_is_kept(csv_path: Path, kept: list):
         yield
     except _Stopped as e:
         where = f"the {len(kept)} rows done are in {csv_path}" if kept else "no row was done"
-        print(f"linrope.evaluate: stopped by {signal.Signals(e.signum).name}: {where}", file=sys.stderr, flush=True)
+        print(f"linrope evaluate: stopped by {signal.Signals(e.signum).name}: {where}", file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
     finally:
         for s, h in previous.items():
@@ -380,11 +380,11 @@ def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)
     except LinropeError as e:
-        print(f"linrope.evaluate: {e}", file=sys.stderr)
+        print(f"linrope evaluate: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
 def run() -> None:
-    """The ``linrope-evaluate`` command (and ``python -m linrope.evaluate``): the command line checked, then Hydra."""
-    check_command_line(config_name="evaluate", prefix="linrope.evaluate")
+    """The ``linrope-evaluate`` command (and ``python -m linrope evaluate``): the command line checked, then Hydra."""
+    check_command_line(config_name="evaluate", prefix="linrope evaluate")
     main()

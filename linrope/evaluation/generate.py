@@ -1,6 +1,6 @@
 """Sample text from a trained checkpoint, token by token: a Hydra entry point (``conf/generate.yaml``).
 
-    python -m linrope.generate ckpt=PATH prompt='"def main("' max_new_tokens=300 temperature=0.8 top_k=40
+    python -m linrope generate ckpt=PATH prompt='"def main("' max_new_tokens=300 temperature=0.8 top_k=40
 
 Linear-attention models generate with the recurrent form: each new byte updates the carried
 state (S, z) of every layer, so memory per token is constant whatever the length.  Softmax
@@ -196,18 +196,18 @@ def main(cfg: DictConfig) -> None:
     except Stopped as e:
         name = signal.Signals(e.signum).name
         if e.text is None:
-            print(f"linrope.generate: stopped by {name} before any byte was sampled", file=sys.stderr, flush=True)
+            print(f"linrope generate: stopped by {name} before any byte was sampled", file=sys.stderr, flush=True)
         else:
             _streamed("\n")
             print(
-                f"linrope.generate: stopped by {name} after {e.sampled} of {cfg.max_new_tokens} bytes: all of "
+                f"linrope generate: stopped by {name} after {e.sampled} of {cfg.max_new_tokens} bytes: all of "
                 f"them are printed above",
                 file=sys.stderr,
                 flush=True,
             )
         raise SystemExit(128 + e.signum) from None
     except LinropeError as e:
-        print(f"linrope.generate: {e}", file=sys.stderr)
+        print(f"linrope generate: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
         for s, h in previous.items():
@@ -215,6 +215,6 @@ def main(cfg: DictConfig) -> None:
 
 
 def run() -> None:
-    """The ``linrope-generate`` command (and ``python -m linrope.generate``): the command line checked, then Hydra."""
-    check_command_line(config_name="generate", prefix="linrope.generate")
+    """The ``linrope-generate`` command (and ``python -m linrope generate``): the command line checked, then Hydra."""
+    check_command_line(config_name="generate", prefix="linrope generate")
     main()

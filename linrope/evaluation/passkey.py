@@ -244,7 +244,7 @@ def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the command: python -m linrope.passkey ckpt=PATH (conf/passkey.yaml)
+# the command: python -m linrope passkey ckpt=PATH (conf/passkey.yaml)
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass
 class PasskeySettings:
@@ -366,17 +366,17 @@ def main_from_config(cfg) -> None:
     try:
         rows = probe(cfg)
     except LinropeError as e:
-        print(f"linrope.passkey: {e}", file=sys.stderr)
+        print(f"linrope passkey: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     print("\n".join(summary_lines(rows)))
-    print(f"linrope.passkey: wrote {out_dir(cfg) / 'passkey.csv'}", file=sys.stderr)
+    print(f"linrope passkey: wrote {out_dir(cfg) / 'passkey.csv'}", file=sys.stderr)
 
 
 def run() -> None:
-    """The ``linrope-passkey`` command (and ``python -m linrope.passkey``): the command line checked, then Hydra."""
+    """The ``linrope-passkey`` command (and ``python -m linrope passkey``): the command line checked, then Hydra."""
     import hydra
 
     from linrope.config.command_line import CONF_DIR, check_command_line
 
-    check_command_line(config_name="passkey", prefix="linrope.passkey")
+    check_command_line(config_name="passkey", prefix="linrope passkey")
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="passkey")(main_from_config)()

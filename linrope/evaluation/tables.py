@@ -1,5 +1,5 @@
 """The length-extrapolation table on disk and on the console: its columns, ``extrapolation.csv`` /
-``evaluate.csv`` written and read back, one console line per row.  No torch here: ``linrope.report``
+``evaluate.csv`` written and read back, one console line per row.  No torch here: ``linrope report``
 reads these files without loading a model."""
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def hold_run_folder(folder: Path) -> None:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             raise RunFolderError(_in_use(folder, holder)) from None
-        try:  # a lock on a file no longer at the path guards nothing: take the one there now (as linrope.study)
+        try:  # a lock on a file no longer at the path guards nothing: take the one there now (as linrope study)
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 break
         except FileNotFoundError:

@@ -15,7 +15,7 @@
 
 It is written to ``<run folder>/provenance.json`` (``write``), put in every checkpoint under
 ``PROVENANCE_KEY`` (plain strings, numbers and lists: it loads with ``weights_only=True``), into the wandb
-config and the CSV logger's hparams.yaml (``provenance``), and read back by ``linrope.report``.
+config and the CSV logger's hparams.yaml (``provenance``), and read back by ``linrope report``.
 
 Foundation layer: no Lightning, no linrope import; torch only inside ``collect`` (it is loaded by then)."""
 
@@ -169,7 +169,9 @@ def collect(
         **gpu(),
     }
     argv = list(sys.argv if argv is None else argv)
-    if argv and argv[0].endswith(".py"):
+    if argv and argv[0].startswith("python -m "):  # python -m linrope <command>: linrope/__main__.py names it so
+        argv = [*argv[0].split(), *argv[1:]]
+    elif argv and argv[0].endswith(".py"):
         argv = ["python", *argv]
     elif argv and Path(argv[0]).name.startswith("linrope-"):  # a console script: its name, as it is typed
         argv = [Path(argv[0]).name, *argv[1:]]

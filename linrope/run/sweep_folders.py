@@ -1,13 +1,13 @@
 """The folder of each job of a sweep (``python train.py -m …``), named by what distinguishes the job:
 ``logs/<task_name>/multiruns/<time>/<name>/``, the name made of the override values that differ between the
 sweep's jobs (``softmax_rope-seed1``, ``linear_rope-seed2``; ``linrope.base.naming.job_names``), as
-``python -m linrope.study <folder> <the same overrides>`` names its job folders.
+``python -m linrope study <folder> <the same overrides>`` names its job folders.
 
 ``conf/hydra/default.yaml`` sets ``hydra.sweep.subdir: ${linrope.job_folder:}``; Hydra resolves it in the process
 that runs the job (the launcher's, or the one submitit started), from the job's own config.  That config holds
 only the job's overrides; which values differ between jobs comes from the sweep's: ``multirun.yaml``, which
 Hydra's basic sweeper writes into the sweep folder before its first job starts (its command line and
-``hydra.sweeper.params``).  The jobs are expanded as ``linrope.sweeps`` and ``linrope.study`` expand them
+``hydra.sweeper.params``).  The jobs are expanded as ``linrope sweeps`` and ``linrope study`` expand them
 (``expand``: the command line's sweep of a key replaces the config's), named, and the job found among them
 by its overrides.
 
@@ -45,7 +45,7 @@ def _split(params: Mapping[str, Any], overrides: Sequence[str], cli_wins: bool) 
 
 
 def expand(params: Mapping[str, Any], overrides: Sequence[str]) -> List[List[str]]:
-    """The jobs of a sweep as linrope lists them (``linrope.sweeps``, ``linrope.study``): the config's
+    """The jobs of a sweep as linrope lists them (``linrope sweeps``, ``linrope study``): the config's
     ``hydra.sweeper.params`` whose keys the command line leaves alone, then the command line's overrides."""
     return _split(params, overrides, cli_wins=True)
 

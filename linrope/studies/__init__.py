@@ -1,4 +1,5 @@
-"""Layer 9, studies: sweeps checked before they start, and the resumable study runner.
+"""Layer 9, studies: one training run (``train``: fit, test, extrapolate), sweeps checked before they start, and the
+resumable study runner.
 
 May import: layers 0-8.
 """

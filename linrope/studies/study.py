@@ -1,12 +1,12 @@
 """A study that outlives a session: the jobs of a sweep, one folder each, finished ones skipped.
 
-    python -m linrope.study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit
-    python -m linrope.study docs/results/budget/steps3200 experiment=budget --list
-    python -m linrope.study /tmp/s experiment=budget optim.lr=3e-3    (no tuning: the learning rate is given)
+    python -m linrope study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit
+    python -m linrope study docs/results/budget/steps3200 experiment=budget --list
+    python -m linrope study /tmp/s experiment=budget optim.lr=3e-3    (no tuning: the learning rate is given)
 
-The jobs are those ``python train.py -m <overrides>`` would launch (``linrope.sweeps``: the sweep of the
+The jobs are those ``python train.py -m <overrides>`` would launch (``linrope sweeps``: the sweep of the
 experiment and of the command line).  Each job trains in ``<dir>/<name>``, its name made of the values
-that differ between jobs (``linear_rope-seed1``), as ``python -m linrope.train <job> hydra.run.dir=...
+that differ between jobs (``linear_rope-seed1``), as ``python -m linrope train <job> hydra.run.dir=...
 ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores / jobs threads each unless ``--threads``.
 
 * A job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name: a folder whose saved
@@ -39,7 +39,7 @@ ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores /
   finished, resumed, locked, checked, ``--jobs N`` at a time.  ``--list`` shows them and the choices so far.  The
   key given on the command line (``optim.lr=3e-3``) skips the tuning, with one line saying so.
 
-``python -m linrope.report <dir>`` reads whatever has finished."""
+``python -m linrope report <dir>`` reads whatever has finished."""
 
 from __future__ import annotations
 
@@ -104,10 +104,10 @@ def test_metrics(folder: Path) -> Dict[str, float]:
 def check_folder(dir_: Path) -> None:
     """One line for a study path that cannot hold a study: a file, or a folder (or its parent) not writable."""
     if dir_.exists() and not dir_.is_dir():
-        raise SystemExit(f"linrope.study: {dir_} is a file, not a study folder; choose another path")
+        raise SystemExit(f"linrope study: {dir_} is a file, not a study folder; choose another path")
     existing = next(p for p in (dir_, *dir_.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise SystemExit(f"linrope.study: {existing} is not writable: the study cannot write its runs there")
+        raise SystemExit(f"linrope study: {existing} is not writable: the study cannot write its runs there")
 
 
 def _claim(folder: Path) -> Optional[int]:
@@ -118,7 +118,7 @@ def _claim(folder: Path) -> Optional[int]:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except IsADirectoryError:
-            raise SystemExit(f"linrope.study: {path} is a folder, not the study's lock file; remove it") from None
+            raise SystemExit(f"linrope study: {path} is a folder, not the study's lock file; remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -169,7 +169,7 @@ class Study:
         self._cache = {} if cache is None else cache
         self.code = code or current_code()
         self.resume_command = resume_command or " ".join(
-            ["python -m linrope.study", shlex.quote(str(self.dir)), *map(shlex.quote, overrides)]
+            ["python -m linrope study", shlex.quote(str(self.dir)), *map(shlex.quote, overrides)]
         )
         self.outcome: Callable[[Path, Sequence[str]], Optional[Tuple[Dict[str, Any], str]]] = _test_outcome
         self.expects = "test metric"
@@ -222,7 +222,8 @@ class Study:
         return [
             sys.executable,
             "-m",
-            "linrope.train",
+            "linrope",
+            "train",
             *self.job_overrides(job),
             f"hydra.run.dir={folder}",
             "ckpt_path=auto",
@@ -238,7 +239,7 @@ class Study:
     def conflicts(self) -> List[str]:
         """One line per job whose folder holds another configuration or code (the keys that differ)."""
         return [
-            f"linrope.study: job {self.names[i]}: {self.folder(i)} holds another run ({p.conflict}); pass "
+            f"linrope study: job {self.names[i]}: {self.folder(i)} holds another run ({p.conflict}); pass "
             f"--new-folder to train this job in a folder of its own, or choose another study folder"
             for i, p in enumerate(self.places)
             if p.conflict
@@ -256,7 +257,7 @@ class Study:
             try:
                 validate(cfg)
             except LinropeError as e:
-                errors += [f"linrope.study: job {self.names[i]}: {line}" for line in str(e).splitlines()]
+                errors += [f"linrope study: job {self.names[i]}: {line}" for line in str(e).splitlines()]
         return errors
 
     def run_one(self, i: int) -> None:
@@ -349,7 +350,7 @@ class Study:
         if self.signal is None:
             self.signal = signum
             print(
-                f"linrope.study: {signal.Signals(signum).name}: stopping after the running jobs save (no job starts)",
+                f"linrope study: {signal.Signals(signum).name}: stopping after the running jobs save (no job starts)",
                 flush=True,
             )
         with self._lock:
@@ -406,7 +407,7 @@ class Study:
             waiting = [self.names[i] for i in range(len(self.jobs)) if not self.ready[i]]
             n = len(self.jobs)
             print(
-                f"linrope.study: {n} {self.what} in {self.dir}: "
+                f"linrope study: {n} {self.what} in {self.dir}: "
                 f"{sum(state(self.folder(i)) == 'done' for i in range(n) if self.ready[i])} done, {len(todo)} to run"
                 + (f", {len(waiting)} waiting for their configuration's tuning" if waiting else "")
                 + f", {jobs} at a time with {self.threads} thread(s) each",
@@ -420,14 +421,14 @@ class Study:
                 signal.signal(s, handler)
         left = [self.folder(i).name for i in range(n) if not self.ready[i] or state(self.folder(i)) != "done"]
         print(
-            f"linrope.study: {n - len(left)}/{n} {self.what} done"
+            f"linrope study: {n - len(left)}/{n} {self.what} done"
             + (f"; not finished: {', '.join(left)}" if left else "")
             + (f" ({', '.join(self.elsewhere)} running elsewhere)" if self.elsewhere else ""),
             flush=True,
         )
         if self.signal is not None:
             print(
-                f"linrope.study: stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}",
+                f"linrope study: stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}",
                 flush=True,
             )
             return 128 + int(self.signal)
@@ -435,9 +436,16 @@ class Study:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # Ctrl+C before any job started (composing, checking); a job's own is handled in run
+        print("linrope study: interrupted before any job started", file=sys.stderr)
+        return 130
+
+
+def _main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m linrope.study",
+        prog="python -m linrope study",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="tuning: a study whose config (conf/study/<task_name>.yaml) declares `tuning` first trains every\n"
@@ -445,7 +453,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "extrapolation off, in <dir>/tuning/; the best validation value chooses (a best at an edge of the values\n"
         "tried adds the value beyond it); the main jobs train with <key>=<chosen> (recorded in <dir>/tuning.json).\n"
         "The key on the command line (optim.lr=3e-3) skips the tuning.\n\n"
-        "example:\n  python -m linrope.study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit",
+        "example:\n  python -m linrope study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit",
     )
     ap.add_argument("dir", type=Path, help="the study's folder: one sub-folder per job")
     ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
@@ -486,7 +494,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     if args.dir.exists() and not args.dir.is_dir():
-        raise SystemExit(f"linrope.study: {args.dir} is a file, not a study folder; choose another path")
+        raise SystemExit(f"linrope study: {args.dir} is a file, not a study folder; choose another path")
     if args.compact:
         if not args.dir.is_dir():
             ap.error(f"{args.dir}: not a folder")
@@ -494,14 +502,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if (args.dir / TUNING).is_dir():  # the tuning runs: their own compact results
             compact.write(args.dir / TUNING)
         if not n:
-            raise SystemExit(f"linrope.study: no linrope runs under {args.dir}: nothing written")
+            raise SystemExit(f"linrope study: no linrope runs under {args.dir}: nothing written")
         print(f"wrote {', '.join(str(args.dir / f) for f in compact.FILES if (args.dir / f).is_file())}: {n} runs")
         return 0
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     from linrope.config.command_line import check_command_line, config_dirs_as_overrides
 
     command_line = [*args.overrides, *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir)]
-    check_command_line(command_line, prefix="linrope.study")  # model=nope, trainer.max_step=3: one line
+    check_command_line(command_line, prefix="linrope study")  # model=nope, trainer.max_step=3: one line
     overrides = config_dirs_as_overrides(command_line)
     flags = [
         f"--jobs={args.jobs}",
@@ -509,7 +517,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         *(["--commit"] if args.commit else []),
         *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir),
     ]
-    resume = shlex.join(["python", "-m", "linrope.study", os.path.abspath(args.dir), *args.overrides, *flags])
+    resume = shlex.join(["python", "-m", "linrope", "study", os.path.abspath(args.dir), *args.overrides, *flags])
     study = Study(args.dir, overrides, threads, args.commit, args.new_folder, resume)
     if args.list:
         print("\n".join(study.listing()))

@@ -1,4 +1,4 @@
-"""A study part's one commit (``linrope.study --commit``): the part's compact results (linrope.analysis.compact)
+"""A study part's one commit (``linrope study --commit``): the part's compact results (linrope.analysis.compact)
 committed as each job finishes, amending the commit the part made before while it is still the branch's own.
 
 Why amend rather than commit once at the end: a session can be killed at any moment (SIGKILL, a machine taken
@@ -47,7 +47,7 @@ def commit_part(dir_: Path, jobs: int) -> None:
     ``_amendable``; retried while another git holds the index.  The message lists every finished job."""
     top = _git(dir_, "rev-parse", "--show-toplevel").stdout.strip()
     if not top:
-        print(f"linrope.study: {dir_} is not in a git checkout: nothing committed", file=sys.stderr)
+        print(f"linrope study: {dir_} is not in a git checkout: nothing committed", file=sys.stderr)
         return
     part = Path(os.path.relpath(os.path.realpath(dir_), os.path.realpath(top))).as_posix()
     kept = (*compact.FILES, ".gitignore", tuning.RECORD, *(f"{TUNING}/{f}" for f in (*compact.FILES, ".gitignore")))
@@ -76,7 +76,7 @@ def commit_part(dir_: Path, jobs: int) -> None:
             subject,
             "",
             "The study's compact results (runs.json, curves.csv, results.csv), written by",
-            "linrope.study as each job finishes and amended into this one commit, so that",
+            "linrope study as each job finishes and amended into this one commit, so that",
             "no finished run waits for the part to end.",
             "",
             *lines,
@@ -94,8 +94,8 @@ def commit_part(dir_: Path, jobs: int) -> None:
             return  # committed, or nothing of the part changed
         if "index.lock" not in result.stderr and "cannot lock ref" not in result.stderr:
             print(
-                f"linrope.study: could not commit {dir_}: {(result.stderr or result.stdout).strip()}", file=sys.stderr
+                f"linrope study: could not commit {dir_}: {(result.stderr or result.stdout).strip()}", file=sys.stderr
             )
             return
         time.sleep(2)
-    print(f"linrope.study: could not commit {dir_}: the git index stayed locked", file=sys.stderr)
+    print(f"linrope study: could not commit {dir_}: the git index stayed locked", file=sys.stderr)

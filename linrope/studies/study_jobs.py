@@ -1,4 +1,4 @@
-"""Which folder holds which job of a study (``linrope.study``): a job is its whole composed configuration and the
+"""Which folder holds which job of a study (``linrope study``): a job is its whole composed configuration and the
 code that trains it, never its folder's name.
 
 A job's folder is named after the override values that differ between the study's jobs (``linear_rope-seed1``;

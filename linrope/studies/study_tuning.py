@@ -68,7 +68,7 @@ def stage(study: Any, spec: Optional["Spec"] = None) -> Optional["Tuning"]:
     given += [o for job in study.sweep for o in job if key_of(o) == spec.key and o not in given]
     if given:
         print(
-            f"linrope.study: {given[0]} is given: {spec.key} is not tuned (the tuning stage of {source} is skipped)",
+            f"linrope study: {given[0]} is given: {spec.key} is not tuned (the tuning stage of {source} is skipped)",
             flush=True,
         )
         return None
@@ -76,7 +76,7 @@ def stage(study: Any, spec: Optional["Spec"] = None) -> Optional["Tuning"]:
 
     missing = object()
     if OmegaConf.select(study.compose(study.sweep[0])[0], spec.key, default=missing) is missing:
-        raise SystemExit(f"linrope.study: {source}: tuning.key: {spec.key} is no setting of the jobs' configuration")
+        raise SystemExit(f"linrope study: {source}: tuning.key: {spec.key} is no setting of the jobs' configuration")
     return Tuning(study, spec, source)
 
 
@@ -95,14 +95,14 @@ def _declared(study: Any) -> Tuple[Optional["Spec"], str]:
         try:
             spec = study_config.load(path).tuning
         except ConfigError as e:
-            raise SystemExit(f"linrope.study: {e}") from None
+            raise SystemExit(f"linrope study: {e}") from None
         if spec is not None:
             specs[task] = (spec, str(path.relative_to(CONF_DIR.parent)))
     if not specs:
         return None, ""
     if len(tasks) > 1:
         raise SystemExit(
-            f"linrope.study: the jobs come from {len(tasks)} experiments ({', '.join(tasks)}) and "
+            f"linrope study: the jobs come from {len(tasks)} experiments ({', '.join(tasks)}) and "
             f"{specs[next(iter(specs))][1]} declares a tuning stage: run each experiment as a study of its own"
         )
     return specs[tasks[0]]
@@ -343,11 +343,11 @@ class Tuning:
         for name, d in zip(self.names, self.decisions):
             tried = ", ".join(value_text(v) for v in d["values"])
             if d["chosen"] is None:
-                out.append(f"linrope.study: tuning {name}: not finished ({self.spec.key} {tried})")
+                out.append(f"linrope study: tuning {name}: not finished ({self.spec.key} {tried})")
             else:
                 where = record_file.INTERIOR if d["interior"] else record_file.AT_EDGE
                 out.append(
-                    f"linrope.study: tuning {name}: {self.spec.key}={value_text(d['chosen'])} ({where}; tried {tried})"
+                    f"linrope study: tuning {name}: {self.spec.key}={value_text(d['chosen'])} ({where}; tried {tried})"
                 )
         return out
 

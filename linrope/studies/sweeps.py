@@ -1,9 +1,9 @@
 """Dry run of a sweep: the jobs ``python train.py -m <overrides>`` would launch, each composed and
 checked (``linrope.config.checks.validate``) without training anything.
 
-    python -m linrope.sweeps experiment=pe_compare
-    python -m linrope.sweeps experiment=linear_rope_ablation trainer.max_steps=50
-    python -m linrope.sweeps --config-dir my_conf model=my_preset     (a folder of your own configs)
+    python -m linrope sweeps experiment=pe_compare
+    python -m linrope sweeps experiment=linear_rope_ablation trainer.max_steps=50
+    python -m linrope sweeps --config-dir my_conf model=my_preset     (a folder of your own configs)
 
 Expands ``hydra.sweeper.params`` of the composed config and the sweeps on the command line
 (``a=x,y``) the way Hydra's basic sweeper does (the command line wins over the config for one key).
@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
-    check_command_line(argv, prefix="linrope.sweeps")  # model=nope, trainer.max_step=3: one line
+    check_command_line(argv, prefix="linrope sweeps")  # model=nope, trainer.max_step=3: one line
     results = check_jobs(config_dirs_as_overrides(argv))
     names = job_names([job for job, _ in results])  # each job's folder in the sweep's (linrope.run.sweep_folders)
     for i, ((job, err), name) in enumerate(zip(results, names)):

@@ -246,12 +246,12 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
             lines.append("the test scored the last weights: no validation ran, so no checkpoint was chosen on it")
     lines.append("next:")
     report = shown_path(sweep) if sweep else run
-    lines.append(f"  python -m linrope.report {shlex.quote(report)}    # tables and figures: report.md")
+    lines.append(f"  python -m linrope report {shlex.quote(report)}    # tables and figures: report.md")
     if ckpt:
         arg = ckpt_arg(shown_path(ckpt))
-        lines.append(f"  python -m linrope.evaluate {arg}    # loss by length, 1-16x the training context")
+        lines.append(f"  python -m linrope evaluate {arg}    # loss by length, 1-16x the training context")
         if str(get(cfg, "data.task") or "bytes") in ("bytes", "text"):
-            lines.append(f"  python -m linrope.generate {arg} prompt='\"def \"'    # sample text")
+            lines.append(f"  python -m linrope generate {arg} prompt='\"def \"'    # sample text")
     return lines
 
 

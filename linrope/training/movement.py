@@ -1,5 +1,5 @@
 """How far a run's learned position parameters moved from their initialisation, and how many parameters the
-model has: written into the run folder for ``linrope.report`` (docs/methods.md#evidence-how-the-studies-measure).
+model has: written into the run folder for ``linrope report`` (docs/methods.md#evidence-how-the-studies-measure).
 
 ``PositionMovement`` (a callback of conf/callbacks/default.yaml) saves the position parameters as they are
 when training starts at step 0 (``<run>/position_init.pt``, tensors only, read back with

@@ -165,7 +165,7 @@ EXTRAPOLATION = "length,factor,scaling,loss,bpb,acc,examples,scored,stride,score
 
 
 def fake_run(folder, model, seed, finished=True, lr=3e-3, parameters=True, extrapolation=True):
-    """A run folder as train.py and linrope.study leave it (the files find_runs reads)."""
+    """A run folder as train.py and linrope study leave it (the files find_runs reads)."""
     (folder / ".hydra").mkdir(parents=True)
     (folder / "csv").mkdir()
     OmegaConf.save(
@@ -179,7 +179,7 @@ def fake_run(folder, model, seed, finished=True, lr=3e-3, parameters=True, extra
                     "attention": {"kind": "linear"},
                     "position": {"name": "rope", "base": 10000.0},
                 },
-                "callbacks": {"m": {"_target_": "linrope.movement.PositionMovement"}},
+                "callbacks": {"m": {"_target_": "linrope.training.movement.PositionMovement"}},
                 "trainer": {"max_steps": 4},
             }
         ),

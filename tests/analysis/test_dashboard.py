@@ -1,4 +1,4 @@
-"""Dashboards as code (``python -m linrope.dashboard``): the workspace and report specs build offline, and
+"""Dashboards as code (``python -m linrope dashboard``): the workspace and report specs build offline, and
 every metric a panel names is one the training loop logs — checked against two real tiny runs (bytes
 with length extrapolation, and mqar) whose wandb calls are recorded (those two tests are slow: about 15 s
 of CPU for the two runs)."""
@@ -38,7 +38,7 @@ MQAR = ["data=mqar", "data.val_examples=8", "data.test_examples=8"]
 
 class WandbLogger(linrope.run.loggers.WandbLogger):
     """Test-only: the keys of everything logged to wandb, as wandb receives them (with Lightning's step key).
-    (Named like the real one: train.py and linrope.evaluate find the wandb logger by its class name.)"""
+    (Named like the real one: train.py and linrope evaluate find the wandb logger by its class name.)"""
 
     logged: set = set()
 
@@ -129,7 +129,7 @@ def test_dry_run_writes_the_workspace_and_the_report(sweep, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     env["HOME"] = str(tmp_path)  # no ~/.netrc: nothing may need a login
     r = subprocess.run(
-        [sys.executable, "-m", "linrope.dashboard", str(folder), "--dry-run", "--out", str(tmp_path)],
+        [sys.executable, "-m", "linrope", "dashboard", str(folder), "--dry-run", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -212,7 +212,7 @@ def test_cli_help_and_errors(tmp_path, capsys):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     env["HOME"] = str(tmp_path)
     r = subprocess.run(
-        [sys.executable, "-m", "linrope.dashboard", "--group", "g"],
+        [sys.executable, "-m", "linrope", "dashboard", "--group", "g"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -162,10 +162,10 @@ def test_a_tiny_study_reports_its_evidence(tmp_path):
     common = ["experiment=headline", "model=linear,linear_rope", "seed=1,2", "size=tiny", "context=32",
               "trainer.max_steps=150", "trainer.val_check_interval=50", "data.max_bytes=300000",
               "extrapolation.factors=[1,4]", "optim.lr=3e-3"]  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "linrope.study", str(study), *common, "--jobs", "2"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "linrope", "study", str(study), *common, "--jobs", "2"], cwd=ROOT,
                        capture_output=True, text=True, timeout=900)  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    r = subprocess.run([sys.executable, "-m", "linrope.report", str(study)], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "linrope", "report", str(study)], cwd=ROOT, capture_output=True, text=True,
                        timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     report = (study / "report.md").read_text()

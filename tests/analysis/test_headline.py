@@ -3,7 +3,7 @@ validation-only tuning per configuration whose choice is interior, the main runs
 with the same budget, and every run scoring the whole test split (bytes and documents checked against the split
 rebuilt from the run's own data config), under both extrapolation protocols and the context-limited control.
 
-The study was committed as it ran (finished runs in compact form, linrope.study --commit); it has finished, so
+The study was committed as it ran (finished runs in compact form, linrope study --commit); it has finished, so
 every configuration must hold its five seeds."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""linrope.report on fabricated run folders, and the statistics under it (linrope.analysis.stats, Student's t from
+"""linrope report on fabricated run folders, and the statistics under it (linrope.analysis.stats, Student's t from
 scipy): t quantiles and p-values against table values and closed forms, intervals and paired differences against
 numbers computed by hand and Student's sleep data as R's t.test prints it."""
 

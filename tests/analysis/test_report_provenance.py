@@ -1,4 +1,4 @@
-"""linrope.report's provenance (linrope/analysis/report_provenance.py): a section per study naming commits, versions and
+"""linrope report's provenance (linrope/analysis/report_provenance.py): a section per study naming commits, versions and
 machines; runs from more than one commit or torch version are refused unless --allow-mixed, and then named in one
 line at the top; runs that predate the record take their study's file, determined after the fact."""
 
@@ -34,7 +34,7 @@ def test_runs_from_two_commits_are_refused_in_one_line_and_reported_with_allow_m
     with pytest.raises(SystemExit) as e:
         build_report([sweep], tmp_path / "out")
     assert str(e.value) == (
-        "linrope.report: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb): pass --allow-mixed "
+        "linrope report: the runs come from 2 commits (aaaaaaaaaa, bbbbbbbbbb): pass --allow-mixed "
         "to report them together, or report each apart"
     )
     assert not (tmp_path / "out" / "report.md").exists()

@@ -42,7 +42,7 @@ def test_a_folder_with_a_metrics_csv_of_no_linrope_run_is_not_reported_nor_overw
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
     assert str(e.value) == (
-        f"linrope.report: no linrope runs (csv/metrics.csv) under {tmp_path} "
+        f"linrope report: no linrope runs (csv/metrics.csv) under {tmp_path} "
         f"({tmp_path / 'exp1' / 'metrics.csv'}: no provenance.json or .hydra/config.yaml of a "
         f"linrope run beside it)"
     )
@@ -60,7 +60,7 @@ def test_a_study_with_only_tuning_runs_says_so(tmp_path):
     (tuning / "runs.json").write_text(json.dumps({"format": "linrope.runs/1", "runs": runs}))
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "study")])
-    assert str(e.value).startswith(f"linrope.report: no linrope runs (csv/metrics.csv) under {tmp_path / 'study'}; ")
+    assert str(e.value).startswith(f"linrope report: no linrope runs (csv/metrics.csv) under {tmp_path / 'study'}; ")
     assert f"only tuning runs have finished (2 in {tuning})" in str(e.value) and "--list" in str(e.value)
 
 
@@ -72,7 +72,7 @@ def test_a_report_never_writes_over_a_file_it_did_not_write(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "sweep")])
     assert str(e.value) == (
-        f"linrope.report: {tmp_path / 'sweep'} holds report.md, summary.csv, not written by a "
+        f"linrope report: {tmp_path / 'sweep'} holds report.md, summary.csv, not written by a "
         f"linrope report: nothing written; move them away, or write the report elsewhere with --out"
     )
     assert (tmp_path / "sweep" / "report.md").read_text() == "# my notes\n"
@@ -83,7 +83,7 @@ def test_a_report_never_writes_over_a_file_it_did_not_write(tmp_path, capsys):
     assert main([str(tmp_path / "sweep"), "--out", str(out)]) == 0  # its own files: replaced
     assert (out / "report.md").read_text() == first
     (out / "summary.csv").write_text((out / "summary.csv").read_text() + "my row\n")
-    with pytest.raises(SystemExit, match=r"holds summary.csv \(changed since linrope.report wrote it\), not written"):
+    with pytest.raises(SystemExit, match=r"holds summary.csv \(changed since linrope report wrote it\), not written"):
         main([str(tmp_path / "sweep"), "--out", str(out)])
     assert (out / "summary.csv").read_text().endswith("my row\n")
 
@@ -110,7 +110,7 @@ def test_a_read_only_folder_is_one_line(tmp_path, monkeypatch):
     finally:
         (tmp_path / "sweep").chmod(0o755)
     assert str(e.value) == (
-        f"linrope.report: {tmp_path / 'sweep'} is not writable: nothing written (choose another folder with --out)"
+        f"linrope report: {tmp_path / 'sweep'} is not writable: nothing written (choose another folder with --out)"
     )
 
 
@@ -141,7 +141,7 @@ def test_budget_arms_are_labelled_by_the_steps_their_runs_recorded(tmp_path):
         with pytest.raises(SystemExit) as e:
             main([str(tmp_path), *flags])
         assert str(e.value) == (
-            "linrope.report: steps800/linear-seed1 ran with trainer.max_steps=20, not 800 as its "
+            "linrope report: steps800/linear-seed1 ran with trainer.max_steps=20, not 800 as its "
             "folder steps800/ says: move it to the arm it belongs to"
         )
     assert not (tmp_path / "budget.md").exists() and not (tmp_path / "steps800" / "report.md").exists()
@@ -196,7 +196,7 @@ def test_recall_on_runs_that_are_not_mqar_says_so(tmp_path):
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--study", "recall"])
     assert str(e.value) == (
-        f"linrope.report: the runs under {tmp_path} are bytes runs, not mqar: the study of "
+        f"linrope report: the runs under {tmp_path} are bytes runs, not mqar: the study of "
         f"{study_config.named('recall').path} tables mqar runs; choose another with --study"
     )
 
@@ -211,7 +211,7 @@ def test_report_paths_mean_what_they_say_from_any_folder(tmp_path, monkeypatch):
 
 
 def test_an_option_between_two_folders_keeps_both_folders(tmp_path, capsys):
-    """`linrope.report A --allow-mixed B` read B as an unrecognised argument; now both folders are read
+    """`linrope report A --allow-mixed B` read B as an unrecognised argument; now both folders are read
     (the second, missing, is the one named)."""
     (tmp_path / "a").mkdir()
     with pytest.raises(SystemExit):

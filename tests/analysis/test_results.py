@@ -102,7 +102,7 @@ def test_every_interval_the_results_quote_is_in_a_committed_report(where):
     assert not missing, f"{where} quotes numbers no committed report holds: {missing}"
 
 
-# ---- studies run job by job (linrope.study), committed in compact form, read by arm --------------------------------
+# ---- studies run job by job (linrope study), committed in compact form, read by arm --------------------------------
 ARMED = {
     "budget": ("steps", "budget.md"),
     "recall": ("width", "recall.md"),
@@ -136,7 +136,7 @@ def test_the_job_by_job_studies_are_committed_in_compact_form():
 
 @pytest.mark.parametrize("part", COMPACT_PARTS)
 def test_a_compact_studys_report_is_recomputed_from_runs_json_and_curves_csv(part, tmp_path, monkeypatch):
-    """linrope.report of the compact files alone writes the committed report.md, summary.csv, runs.csv and
+    """linrope report of the compact files alone writes the committed report.md, summary.csv, runs.csv and
     pairs.csv again, byte for byte (the figures are drawn, not encoded: the same code writes the committed
     PNGs); every run is finished (its study record), has provenance and curves, and results.csv is what
     linrope.analysis.compact writes of them."""
@@ -171,7 +171,7 @@ def test_a_compact_studys_report_is_recomputed_from_runs_json_and_curves_csv(par
 
 @pytest.mark.parametrize("study", armed_studies())
 def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
-    """budget.md / recall.md equal what linrope.report computes from the compact runs committed beside them and
+    """budget.md / recall.md equal what linrope report computes from the compact runs committed beside them and
     the study's config (conf/study/<study>.yaml); each arm's runs.csv matches its runs."""
     from linrope.analysis.arms import arm_folders, arms_table
     from linrope.analysis.runs import find_runs

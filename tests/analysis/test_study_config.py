@@ -162,7 +162,7 @@ def test_a_bad_study_on_the_command_line_is_one_line(tmp_path):
     (tmp_path / "mine.yaml").write_text("pairs: [[linear_rope, linear]]\ncliams: []\n")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "sweep"), "--study", str(tmp_path / "mine.yaml")])
-    assert str(e.value) == f"linrope.report: {tmp_path / 'mine.yaml'}: cliams: unknown key; did you mean claims?"
+    assert str(e.value) == f"linrope report: {tmp_path / 'mine.yaml'}: cliams: unknown key; did you mean claims?"
 
 
 def test_a_study_of_your_own_is_tabled_with_its_own_words(tmp_path, capsys):

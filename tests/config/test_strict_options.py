@@ -242,12 +242,12 @@ def test_a_user_preset_key_is_found_and_a_typo_in_evaluate_is_one_line(tmp_path)
     assert unknown_key_errors([*argv, "model.d_model=64"]) == []
     assert unknown_key_errors([*argv, "model.d_modle=64"]) == ["model.d_modle: unknown option; did you mean d_model?"]
     r = subprocess.run(
-        [sys.executable, "-m", "linrope.evaluate", "ckpt=missing.ckpt", "lenghts=[64]"],
+        [sys.executable, "-m", "linrope", "evaluate", "ckpt=missing.ckpt", "lenghts=[64]"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    assert r.returncode == 1 and r.stderr.strip() == "linrope.evaluate: lenghts: unknown option; did you mean lengths?"
+    assert r.returncode == 1 and r.stderr.strip() == "linrope evaluate: lenghts: unknown option; did you mean lengths?"
     assert not (tmp_path / "evaluate").exists() and not (tmp_path / "outputs").exists()

@@ -28,7 +28,7 @@ def tiny(position, short_conv=0, **attention):
 
 
 def compose_command(name: str, *overrides):
-    """conf/<name>.yaml composed with ``overrides``, as the command ``python -m linrope.<name>`` composes it."""
+    """conf/<name>.yaml composed with ``overrides``, as the command ``python -m linrope <name>`` composes it."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -41,7 +41,7 @@ def compose_command(name: str, *overrides):
 
 
 def compose_evaluate(*overrides):
-    import linrope.evaluate  # noqa: F401 - registers the resolver of `out`
+    import linrope.evaluation.evaluate  # noqa: F401 - registers the resolver of `out`
 
     return compose_command("evaluate", *overrides)
 

@@ -1,4 +1,4 @@
-"""python -m linrope.evaluate: the same scored bytes at every length, like-for-like RoPE rows, a data
+"""python -m linrope evaluate: the same scored bytes at every length, like-for-like RoPE rows, a data
 module rebuilt without running what a saved file names, and a Hydra command line."""
 
 import csv
@@ -17,8 +17,11 @@ from tests.evaluation.helpers import compose_evaluate
 from tests.helpers import CONF, ROOT
 
 
-def run_cli(module, *args, cwd):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+def run_cli(program, *args, cwd):
+    """``python -m <program> args``: ``program`` a module, or ``linrope <command>``."""
+    return subprocess.run(
+        [sys.executable, "-m", *program.split(), *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +154,10 @@ def test_evaluate_ends_with_the_command_to_run_next(run_folder, tmp_path, capsys
     ckpt = run_folder / "checkpoints" / "last.ckpt"
     evaluate(compose_evaluate(f"ckpt={ckpt}", "lengths=[32]", "scalings=[]", "scored_bytes=1024", f"out={tmp_path}"))
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-2].startswith("wrote ") and lines[-1].startswith(f"next: python -m linrope.passkey ckpt={ckpt}    # ")
+    assert lines[-2].startswith("wrote ") and lines[-1].startswith(f"next: python -m linrope passkey ckpt={ckpt}    # ")
     assert sum(line.startswith("next:") for line in lines) == 1
     task = next_command(Path("/runs/mqar/checkpoints/last.ckpt"), "mqar")
-    assert task.startswith("next: python -m linrope.report /runs/mqar    # ")
+    assert task.startswith("next: python -m linrope report /runs/mqar    # ")
 
 
 def test_evaluate_gives_the_yarn_and_dynamic_rows_by_default(run_folder, tmp_path):
@@ -273,7 +276,7 @@ def test_a_length_beyond_randomized_positions_is_an_na_row_that_says_so():
 
 def test_the_table_says_its_plan_before_the_first_row_and_the_time_left_after_each():
     """A table that can take an hour says up front how many rows it will compute, at which lengths and on how many
-    bytes, and after each computed row how long is left (``note``: linrope.evaluate prints it on stderr)."""
+    bytes, and after each computed row how long is left (``note``: linrope evaluate prints it on stderr)."""
     from linrope.training.lit import LanguageModel
 
     l0 = 16
@@ -328,7 +331,7 @@ def test_a_run_config_that_names_code_is_refused_in_one_line(run_folder, tmp_pat
     _malicious_config(config, payload)
     ckpt = run_folder / "checkpoints" / "last.ckpt"
     r = run_cli(
-        "linrope.evaluate", f"ckpt={ckpt}", f"config={config}", "lengths=[32]", f"out={tmp_path / 'o'}", cwd=tmp_path
+        "linrope evaluate", f"ckpt={ckpt}", f"config={config}", "lengths=[32]", f"out={tmp_path / 'o'}", cwd=tmp_path
     )
     assert not payload.exists()
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
@@ -402,13 +405,13 @@ def test_each_data_schema_is_its_modules_constructor_and_covers_its_yaml(task):
 # ---- the command line ---------------------------------------------------------------------------------------------
 @pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_evaluate_help_and_one_line_errors_write_nothing_in_the_cwd(tmp_path):
-    r = run_cli("linrope.evaluate", "--help", cwd=tmp_path)
+    r = run_cli("linrope evaluate", "--help", cwd=tmp_path)
     assert r.returncode == 0 and "ckpt=PATH" in r.stdout and "scored_bytes" in r.stdout
     assert "'ckpt=\"logs/.../epoch=1-step=32.ckpt\"'" in r.stdout and "scalings=[pi,ntk,yarn,dynamic]" in r.stdout
-    r = run_cli("linrope.evaluate", f"ckpt={tmp_path / 'none.ckpt'}", cwd=tmp_path)
+    r = run_cli("linrope evaluate", f"ckpt={tmp_path / 'none.ckpt'}", cwd=tmp_path)
     assert (
         r.returncode == 2
-        and r.stderr.strip() == f"linrope.evaluate: checkpoint {tmp_path / 'none.ckpt'}: does not exist"
+        and r.stderr.strip() == f"linrope evaluate: checkpoint {tmp_path / 'none.ckpt'}: does not exist"
     )
     assert list(tmp_path.iterdir()) == []  # no outputs/, no .hydra/, no log in the current directory
     from linrope.evaluation.evaluate import EvaluateError, evaluate
@@ -439,8 +442,8 @@ def test_generate_says_a_missing_or_truncated_checkpoint_in_one_line(broken, tmp
         data = torch.nn.Linear(64, 64).state_dict()
         torch.save({"state_dict": data}, ckpt)
         ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-    r = run_cli("linrope.generate", f"ckpt={ckpt}", cwd=tmp_path)
+    r = run_cli("linrope generate", f"ckpt={ckpt}", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-    assert r.stderr.startswith(f"linrope.generate: checkpoint {ckpt}: ")
+    assert r.stderr.startswith(f"linrope generate: checkpoint {ckpt}: ")
     assert ("does not exist" if broken == "missing" else "not a complete checkpoint") in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == (["last.ckpt"] if broken == "truncated" else [])

@@ -45,7 +45,7 @@ def test_generate_is_seeded_and_constant_state():
 
 
 def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys):
-    """python -m linrope.generate ckpt=... (conf/generate.yaml) samples prompt + bytes from a real checkpoint."""
+    """python -m linrope generate ckpt=... (conf/generate.yaml) samples prompt + bytes from a real checkpoint."""
     from pathlib import Path
 
     from hydra.errors import ConfigCompositionException

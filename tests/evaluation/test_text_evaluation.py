@@ -182,7 +182,7 @@ def test_the_harness_scores_continuations_in_the_runs_tokens(text_run):
 
 
 def test_generate_reads_the_runs_tokenizer(text_run, capsys):
-    """Issue 52, case 3: ``python -m linrope.generate`` on a data=text BPE checkpoint encoded the prompt as bytes and
+    """Issue 52, case 3: ``python -m linrope generate`` on a data=text BPE checkpoint encoded the prompt as bytes and
     failed mid-stream (``bytes must be in range(0, 256)``); it encodes and decodes with the run's own tokenizer."""
     from linrope.data.tokenizer import load_tokenizer
     from linrope.evaluation.generate import generate

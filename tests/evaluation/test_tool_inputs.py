@@ -104,9 +104,9 @@ def test_an_argument_that_is_not_utf8_is_one_line():
 
     prompt = b"prompt=ab\xff\xfe".decode("utf-8", errors="surrogateescape")  # what Python makes of the argument
     with pytest.raises(SystemExit) as e:
-        check_command_line(["ckpt=x.ckpt", prompt], config_name="generate", prefix="linrope.generate")
+        check_command_line(["ckpt=x.ckpt", prompt], config_name="generate", prefix="linrope generate")
     assert str(e.value) == (
-        "linrope.generate: prompt: is not UTF-8 text (byte 0xff at byte 2 of the value); give it in UTF-8"
+        "linrope generate: prompt: is not UTF-8 text (byte 0xff at byte 2 of the value); give it in UTF-8"
     )
 
 
@@ -123,7 +123,16 @@ def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     ckpt = saved_tiny_checkpoint(tmp_path / "tiny.ckpt")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen(
-        [sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "prompt=abc", "max_new_tokens=999999", "device=cpu"],
+        [
+            sys.executable,
+            "-m",
+            "linrope",
+            "generate",
+            f"ckpt={ckpt}",
+            "prompt=abc",
+            "max_new_tokens=999999",
+            "device=cpu",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=tmp_path,
@@ -141,7 +150,7 @@ def test_ctrl_c_during_generation_keeps_every_sampled_byte(tmp_path):
     assert p.returncode == 130, err.decode()[-2000:]
     line = err.decode().strip().splitlines()[-1]
     sampled = int(line.split(" after ")[1].split(" ")[0])
-    assert line == f"linrope.generate: stopped by SIGINT after {sampled} of 999999 bytes: all of them are printed above"
+    assert line == f"linrope generate: stopped by SIGINT after {sampled} of 999999 bytes: all of them are printed above"
     assert text.startswith(b"abc") and len(text) >= 200 and "Traceback" not in err.decode()
     model = __import__("linrope.training.lit", fromlist=["LanguageModel"]).LanguageModel.from_checkpoint(ckpt).model
     expected = generate_text(model, "abc", sampled, temperature=0.8, top_k=40, seed=0)
@@ -166,7 +175,8 @@ def test_generate_prints_the_text_alone_on_stdout_and_a_prompt_takes_newlines(tm
         [
             sys.executable,
             "-m",
-            "linrope.generate",
+            "linrope",
+            "generate",
             f"ckpt={ckpt}",
             f"prompt='{typed}'",
             "max_new_tokens=12",
@@ -221,7 +231,7 @@ def test_evaluation_rows_are_written_as_they_finish_and_a_sigterm_keeps_them(tmp
     assert e.value.code == 128 + signal.SIGTERM
     assert (
         capsys.readouterr().err.strip().splitlines()[-1]
-        == f"linrope.evaluate: stopped by SIGTERM: the 2 rows done are in {out / 'evaluate.csv'}"
+        == f"linrope evaluate: stopped by SIGTERM: the 2 rows done are in {out / 'evaluate.csv'}"
     )
     rows = read_csv(out / "evaluate.csv")
     assert [(r["length"], r["scaling"]) for r in rows] == [(32, "none"), (32, "pi")]

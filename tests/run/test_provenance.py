@@ -266,7 +266,7 @@ def test_evaluate_and_generate_name_their_checkpoints_provenance(tiny_run):
     ckpt = tiny_run / "checkpoints" / "last.ckpt"
     commit = P.commit_text(json.loads((tiny_run / "provenance.json").read_text()))
     r = subprocess.run(
-        [sys.executable, "-m", "linrope.generate", f"ckpt={ckpt}", "max_new_tokens=3"],
+        [sys.executable, "-m", "linrope", "generate", f"ckpt={ckpt}", "max_new_tokens=3"],
         capture_output=True,
         text=True,
         cwd=ROOT,

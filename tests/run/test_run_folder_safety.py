@@ -81,7 +81,7 @@ def state(folder):
 def test_a_refused_resume_changes_nothing_in_the_finished_run(tmp_path):
     """Case 8: ``model=softmax_rope ckpt_path=last`` over a linear_rope run was refused, yet .hydra/config.yaml then
     said softmax (and the report printed ``linear_rope | softmax | rope``); a refusal for another vocabulary also
-    renamed csv/metrics.csv, after which linrope.report found no runs.  Both refused resumes leave every file."""
+    renamed csv/metrics.csv, after which linrope report found no runs.  Both refused resumes leave every file."""
     from tests.data.helpers import write_docs
 
     run = tmp_path / "run"

@@ -74,9 +74,9 @@ class SigkillAt(L.Callback):
             self.kill()
 
 
-def train(tmp_path, run_dir, *overrides, expect=0, timeout=300):
+def train(tmp_path, run_dir, *overrides, expect=0, timeout=300, program=(str(ROOT / "train.py"),)):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
-    cmd = [sys.executable, str(ROOT / "train.py"), *TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, *program, *TINY, *overrides, f"hydra.run.dir={run_dir}"]
     r = subprocess.run(
         cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout, start_new_session=True
     )  # its own process group: SigkillAt(group=true) kills only the run
@@ -140,6 +140,20 @@ def test_ddp_two_processes_match_one_process_with_the_same_global_batch(tmp_path
     losses = [(one[s]["train/loss"], ddp[s]["train/loss"]) for s in range(5)]
     assert all(abs(a - b) < 1e-4 for a, b in losses), losses
     assert abs(one[4]["val/loss"] - ddp[4]["val/loss"]) < 1e-4
+
+
+def test_ddp_runs_when_started_as_python_m_linrope_train(tmp_path):
+    """Lightning's trainer=ddp starts the second process as ``python -m <__main__'s module>`` with the overrides:
+    linrope.__main__ makes that the train module, not its table of commands (which would read ``size=tiny`` as a
+    command and stop the second rank)."""
+    steps = [
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "callbacks.last_checkpoint.every_n_train_steps=null",
+    ]
+    train(tmp_path, tmp_path / "ddp", *steps, "trainer=ddp", "trainer.devices=2", program=("-m", "linrope", "train"))
+    assert 2 in metrics(tmp_path / "ddp")
+    assert '"command": "python -m linrope train ' in (tmp_path / "ddp" / "provenance.json").read_text()
 
 
 def test_ddp_killed_run_resumes_like_an_uninterrupted_one(tmp_path):

@@ -1,5 +1,5 @@
 """A sweep's job folders are named by what distinguishes each job (linrope.run.sweep_folders): the values that
-differ between its jobs, as linrope.study names its job folders (linrope.base.naming.job_names), one folder each,
+differ between its jobs, as linrope study names its job folders (linrope.base.naming.job_names), one folder each,
 never nested or outside the sweep folder, never shared."""
 
 import subprocess
@@ -16,7 +16,7 @@ APP = textwrap.dedent(
     """
     import hydra
 
-    import linrope.train  # noqa: F401 - registers what train.py's config needs, as train.py does
+    import linrope.studies.train  # noqa: F401 - registers what train.py's config needs, as train.py does
     from linrope.config.command_line import CONF_DIR
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
@@ -57,7 +57,7 @@ def test_sweep_folders_are_named_by_what_varies_and_never_nest(tmp_path):
 
 def test_sweep_folders_follow_the_study_convention(tmp_path):
     """An experiment's sweep of model x seed, the command line sweeping both in the other order: each folder holds
-    the job its name says, and the names are those linrope.study (and linrope.sweeps' dry run) give the same jobs."""
+    the job its name says, and the names are those linrope study (and linrope sweeps' dry run) give the same jobs."""
     from linrope.studies.sweeps import sweep_jobs
 
     overrides = ["experiment=pe_compare", "seed=1,2", "model=linear,linear_rope", "size=tiny"]

@@ -1,4 +1,4 @@
-"""Study folders written by hand, as linrope.study leaves them, for the tests of tests/studies."""
+"""Study folders written by hand, as linrope study leaves them, for the tests of tests/studies."""
 
 import json
 from pathlib import Path

@@ -192,7 +192,7 @@ def test_sweep_runs_both_models_with_logs_and_extrapolation(sweep):
 @pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_report_on_the_sweep(sweep, tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "linrope.report", str(sweep), "--out", str(tmp_path)],
+        [sys.executable, "-m", "linrope", "report", str(sweep), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -214,7 +214,8 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "linrope.evaluate",
+        "linrope",
+        "evaluate",
         f"ckpt={ckpt}",
         "lengths=[64,128,256]",
         "scalings=[pi]",
@@ -235,7 +236,7 @@ def test_evaluate_a_checkpoint_standalone(sweep, tmp_path):
     # the test split of data.max_bytes=400000 holds 20 000 bytes: all but the first scored at every length
     assert {row["scored"] for row in rows} == {"19999"} and len({row["scored_hash"] for row in rows}) == 1
     assert "length" in r.stdout and "bpb" in r.stdout and (tmp_path / "evaluate.png").exists()
-    assert r.stdout.splitlines()[-1].startswith(f"next: python -m linrope.passkey ckpt={ckpt}")
+    assert r.stdout.splitlines()[-1].startswith(f"next: python -m linrope passkey ckpt={ckpt}")
     assert sorted(p.name for p in tmp_path.iterdir()) == [  # no Hydra folders
         "evaluate.csv",
         "evaluate.png",

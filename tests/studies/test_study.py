@@ -1,4 +1,4 @@
-"""linrope.study: a sweep run job by job into named folders; finished jobs are skipped on the next call,
+"""linrope study: a sweep run job by job into named folders; finished jobs are skipped on the next call,
 stopped ones resume, a failed one is reported and left to run again; the finished ones are kept in the study's
 compact results, committed as one commit with --commit."""
 
@@ -159,7 +159,7 @@ def test_a_job_another_process_holds_is_left_to_it(tmp_path, capsys):
 
 
 def test_a_users_config_folder_reaches_the_dry_run_and_the_study(tmp_path, capsys):
-    """--config-dir DIR becomes Hydra's search path for linrope.sweeps and linrope.study, as for train.py; a
+    """--config-dir DIR becomes Hydra's search path for linrope sweeps and linrope study, as for train.py; a
     typo in such a preset is refused by the dry run in one line."""
     from linrope.studies import sweeps
     from linrope.studies.study import main
@@ -178,18 +178,18 @@ def test_a_users_config_folder_reaches_the_dry_run_and_the_study(tmp_path, capsy
 
 
 def test_a_typo_on_the_study_or_dry_run_command_line_is_one_line_and_writes_nothing(tmp_path):
-    """An unknown key or group option stops linrope.study and linrope.sweeps before any job is composed
+    """An unknown key or group option stops linrope study and linrope sweeps before any job is composed
     (Hydra's compose would end in a traceback), and the study's folder is not created."""
     from linrope.studies import sweeps
     from linrope.studies.study import main
 
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / "s"), "experiment=budget", "trainer.max_step=3"])
-    assert str(e.value) == "linrope.study: trainer.max_step: unknown option; did you mean max_steps?"
+    assert str(e.value) == "linrope study: trainer.max_step: unknown option; did you mean max_steps?"
     assert not (tmp_path / "s").exists()
     with pytest.raises(SystemExit) as e:
         sweeps.main(["model=linear_rop", "seed=1,2"])
-    assert str(e.value).startswith("linrope.sweeps: model=linear_rop: no such option")
+    assert str(e.value).startswith("linrope sweeps: model=linear_rop: no such option")
 
 
 def test_options_may_sit_between_the_overrides(tmp_path, capsys):

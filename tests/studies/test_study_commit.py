@@ -30,7 +30,7 @@ def repo(path):
 
 
 def finish(part, name, seed, jobs=3):
-    """A job finishing as linrope.study's driver sees it: its folder, then the compact results and the commit."""
+    """A job finishing as linrope study's driver sees it: its folder, then the compact results and the commit."""
     fake_run(part / name, name.split("-")[0], seed)
     compact.write(part, finished_only=True)
     commit_part(part, jobs)

@@ -1,4 +1,4 @@
-"""linrope.study fails safe (issue 33): a job is its whole configuration and code, never its folder's name; paths
+"""linrope study fails safe (issue 33): a job is its whole configuration and code, never its folder's name; paths
 mean what they say from any folder; every job is checked before the first starts; odd folders are one line;
 SIGTERM / SIGINT stop the driver after the running job has saved.  Finished jobs are made by hand here as a run
 leaves them (the configuration Hydra saves, metrics, study_job.json); two tests train (one of them slow)."""
@@ -38,7 +38,7 @@ def test_a_study_never_reports_a_run_it_did_not_train(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(asked)
     line = str(e.value)
-    assert line.startswith(f"linrope.study: job job: {s / 'job'} holds another run (") and "\n" not in line
+    assert line.startswith(f"linrope study: job job: {s / 'job'} holds another run (") and "\n" not in line
     assert "trainer.max_steps: 40 → 80" in line and line.endswith(
         "pass --new-folder to train this job in a folder of its own, or choose another study folder"
     )
@@ -99,7 +99,7 @@ def test_every_job_is_checked_before_the_first_starts(tmp_path):
     with pytest.raises(SystemExit) as e:
         study.run(jobs=1)
     lines = str(e.value).splitlines()
-    assert lines and all(line.startswith("linrope.study: job positiont5: ") for line in lines)
+    assert lines and all(line.startswith("linrope study: job positiont5: ") for line in lines)
     assert "t5" in lines[0] and "linear" in lines[0]
     assert not (tmp_path / "s").exists()  # nothing launched, nothing written
 
@@ -111,7 +111,7 @@ def test_odd_study_folders_are_one_line(tmp_path, monkeypatch):
     for extra in ([], ["--list"]):
         with pytest.raises(SystemExit) as e:
             main([str(tmp_path / "file"), "model=linear_rope", *extra])
-        assert str(e.value) == f"linrope.study: {tmp_path / 'file'} is a file, not a study folder; choose another path"
+        assert str(e.value) == f"linrope study: {tmp_path / 'file'} is a file, not a study folder; choose another path"
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro").chmod(0o555)
     try:
@@ -121,7 +121,7 @@ def test_odd_study_folders_are_one_line(tmp_path, monkeypatch):
             with pytest.raises(SystemExit) as e:
                 Study(tmp_path / "ro" / "s", ["model=linear_rope", "size=tiny"], threads=1, commit=False).run(1)
         assert (
-            str(e.value) == f"linrope.study: {tmp_path / 'ro'} is not writable: the study cannot write its runs there"
+            str(e.value) == f"linrope study: {tmp_path / 'ro'} is not writable: the study cannot write its runs there"
         )
     finally:
         (tmp_path / "ro").chmod(0o755)
@@ -130,7 +130,7 @@ def test_odd_study_folders_are_one_line(tmp_path, monkeypatch):
         Study(tmp_path / "s", ["model=linear_rope", "size=tiny"], threads=1, commit=False).run(1)
     assert (
         str(e.value)
-        == f"linrope.study: {tmp_path / 's' / 'job' / '.study.lock'} is a folder, not the study's lock file; remove it"
+        == f"linrope study: {tmp_path / 's' / 'job' / '.study.lock'} is a folder, not the study's lock file; remove it"
     )
 
 
@@ -166,14 +166,15 @@ TINY = ["size=tiny", "trainer.val_check_interval=2", "data.val_windows=2", "data
 
 @pytest.mark.slow  # a subprocess or a whole run: the slow stage (default suite under 10 minutes)
 def test_a_relative_study_folder_outside_the_checkout_trains_there(tmp_path):
-    """Issue 33, case 2: `cd /tmp/x && python -m linrope.study relstudy …` trained into <checkout>/relstudy/job
+    """Issue 33, case 2: `cd /tmp/x && python -m linrope study relstudy …` trained into <checkout>/relstudy/job
     while the driver looked in /tmp/x/relstudy (`FAILED (no test metric was logged)`).  A relative data.path
     means the caller's file too."""
     (tmp_path / "corpus.txt").write_bytes((Path(os.__file__).read_bytes() * 2)[:60_000])
     cmd = [
         sys.executable,
         "-m",
-        "linrope.study",
+        "linrope",
+        "study",
         "relstudy",
         *TINY,
         "trainer.max_steps=4",
@@ -201,7 +202,8 @@ def test_a_signal_to_the_driver_stops_after_the_job_saved_and_starts_nothing(tmp
     cmd = [
         sys.executable,
         "-m",
-        "linrope.study",
+        "linrope",
+        "study",
         str(tmp_path / "s"),
         *TINY,
         "trainer.max_steps=100000",
@@ -221,7 +223,7 @@ def test_a_signal_to_the_driver_stops_after_the_job_saved_and_starts_nothing(tmp
     assert f"[linear_rope] stopped by {sig.name}" in out and "last.ckpt saved" in out and "[linear]" not in out
     last = out.strip().splitlines()[-1]
     assert (
-        last.startswith(f"linrope.study: stopped by {sig.name}; resume with: python -m linrope.study {tmp_path / 's'} ")
+        last.startswith(f"linrope study: stopped by {sig.name}; resume with: python -m linrope study {tmp_path / 's'} ")
         and "model=linear_rope,linear" in last
     )
     assert (tmp_path / "s" / "linear_rope" / "checkpoints" / "last.ckpt").is_file()

@@ -1,6 +1,6 @@
-"""The tuning stage of linrope.study (issue 34, item 4): every configuration's learning rate chosen on validation
+"""The tuning stage of linrope study (issue 34, item 4): every configuration's learning rate chosen on validation
 before its main runs, by one rule (grid, extension beyond an edge, seed, steps) for every configuration; recorded in
-tuning.json and the report.  A stand-in trainer (``FakeTrain``) writes what linrope.train leaves in a run folder
+tuning.json and the report.  A stand-in trainer (``FakeTrain``) writes what linrope train leaves in a run folder
 (the saved configuration, metrics.csv) with validation scores fabricated from the learning rate, so that the choice
 of each configuration is known beforehand; the real trainer's part is checked by test_a_real_tuning_run."""
 
@@ -34,7 +34,7 @@ class FakeTrain:
         self.cache, self.optima, self.calls, self.fail = cache, optima, calls, set(fail)
 
     def __call__(self, cmd, env, out):
-        args = cmd[3:]
+        args = cmd[4:]  # python -m linrope train <overrides>
         folder = study_module.Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
         overrides = tuple(a for a in args if not a.startswith(("hydra.run.dir=", "ckpt_path=")))
         cfg = self.cache[overrides][0]
@@ -140,7 +140,7 @@ def test_tuning_runs_first_on_validation_and_the_main_jobs_train_at_the_choice(t
     assert by["linear"]["chosen"] == 0.002 and by["linear"]["interior"] is True and by["linear"]["extensions"] == 0
     out = capsys.readouterr().out
     assert (
-        "linrope.study: tuning linear_rope: optim.lr=0.008 (interior; tried 0.001, 0.002, 0.004, 0.008, 0.016)" in out
+        "linrope study: tuning linear_rope: optim.lr=0.008 (interior; tried 0.001, 0.002, 0.004, 0.008, 0.016)" in out
     )
 
     # the tuning runs are not among the study's runs; they are kept in compact form beside it, and committed
@@ -251,7 +251,7 @@ def test_a_stopped_tuning_resumes_and_no_finished_run_trains_again(tmp_path, tra
     asked = [*TINY, "model=linear_rope,linear", "seed=1"]
     assert Study(s, asked, 1, False, cache=trainer.cache).run(jobs=1) == 1
     out = capsys.readouterr().out
-    assert "[linear_rope-lr0.004] FAILED" in out and "linrope.study: tuning linear_rope: not finished" in out
+    assert "[linear_rope-lr0.004] FAILED" in out and "linrope study: tuning linear_rope: not finished" in out
     assert [name for parent, name, _ in trainer.calls if parent == "s"] == ["linear"]  # linear_rope's waits
     rope = next(e for e in tuning_record.read(s)["configurations"] if e["configuration"] == "linear_rope")
     assert rope["chosen"] is None and rope["tried"][2]["score"] is None
@@ -274,7 +274,7 @@ def test_the_learning_rate_given_on_the_command_line_skips_the_tuning(tmp_path, 
     study = Study(s, [*TINY, "model=linear_rope", "seed=1", "optim.lr=3e-3"], 1, False, cache=trainer.cache)
     out = capsys.readouterr().out
     assert out == (
-        "linrope.study: optim.lr=3e-3 is given: optim.lr is not tuned (the tuning stage of "
+        "linrope study: optim.lr=3e-3 is given: optim.lr is not tuned (the tuning stage of "
         "conf/study/budget.yaml is skipped)\n"
     )
     assert study.tuning is None and study.run(jobs=1) == 0
@@ -295,7 +295,7 @@ def test_a_study_without_tuning_runs_as_before(tmp_path, trainer):
 
 @pytest.mark.slow
 def test_a_real_tuning_run(tmp_path):
-    """linrope.train itself: a tuning run logs the validation metric, never tests, and the main job trains at the
+    """linrope train itself: a tuning run logs the validation metric, never tests, and the main job trains at the
     value chosen (one value, no extension: the shortest tuning there is)."""
     study = Study(
         tmp_path / "s",

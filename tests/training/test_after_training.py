@@ -207,11 +207,11 @@ def test_a_finished_run_says_where_its_results_are_and_what_to_run_next(
     at = lines.index("next:")
     assert lines[at - 2] == f"run folder: {tmp_path.name} (checkpoints/, csv/metrics.csv, provenance.json)"
     commands = [shlex.split(line.split("    #")[0]) for line in lines[at + 1 :]]
-    assert [c[:3] for c in commands] == [
-        ["python", "-m", f"linrope.{name}"] for name in ("report", "evaluate", "generate")
+    assert [c[:4] for c in commands] == [
+        ["python", "-m", "linrope", name] for name in ("report", "evaluate", "generate")
     ]
-    ckpt = commands[1][3].removeprefix("ckpt=")
-    assert commands[2][3] == commands[1][3] and (tmp_path.parent / ckpt).is_file()
+    ckpt = commands[1][4].removeprefix("ckpt=")
+    assert commands[2][4] == commands[1][4] and (tmp_path.parent / ckpt).is_file()
     warned = "linrope: warning: this run will not validate: no validation before trainer.max_steps=4" in captured.err
     if validates:
         assert lines[at - 1] == f"the test scored {ckpt} (the best on validation)" and "/best-step" in ckpt
@@ -219,7 +219,7 @@ def test_a_finished_run_says_where_its_results_are_and_what_to_run_next(
     else:
         assert lines[at - 1] == "the test scored the last weights: no validation ran, so no checkpoint was chosen on it"
         assert ckpt.endswith("checkpoints/last.ckpt") and warned
-    assert report(commands[0][3:]) == 0 and (tmp_path / "report.md").is_file()
+    assert report(commands[0][4:]) == 0 and (tmp_path / "report.md").is_file()
 
 
 def test_a_run_that_cannot_validate_is_warned_at_its_start_and_one_that_can_is_not():

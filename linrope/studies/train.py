@@ -1,10 +1,13 @@
-"""Train and test one model: ``linrope-train model=linear_rope`` (in a checkout also ``python train.py ...``;
-sweeps: ``-m``).
+"""Train and test one model: ``python -m linrope train model=linear_rope`` (``linrope-train``; in a checkout also
+``python train.py ...``; sweeps: ``-m``).
 
 Reads like a table of contents: check the config, seed, build data / model / callbacks /
 loggers / trainer, fit, test the best checkpoint (``train=false``: the ``ckpt_path`` given), return
 the metric a sweeper optimises. ``--help`` lists the config groups and their options; ``--config-dir DIR``
-adds a folder of the user's own presets and experiments (docs/package.md)."""
+adds a folder of the user's own presets and experiments (docs/package.md).  In the studies layer because it calls
+every layer below: the training builders, then the extrapolation table of ``linrope.evaluation`` after the test.
+Runnable as ``python -m linrope.studies.train``: the program Lightning's ``trainer=ddp`` starts once per further
+process (``linrope.__main__`` makes this module the one it restarts)."""
 
 import sys
 from typing import Optional
@@ -83,7 +86,7 @@ def _first_process() -> bool:
 
 
 def run() -> None:
-    """The ``linrope-train`` command (and ``python train.py``, ``python -m linrope.train``)."""
+    """The train command (``python -m linrope train``, ``linrope-train``, ``python train.py``)."""
     from linrope.config.command_line import check_command_line
     from linrope.config.help import answer_help
 
