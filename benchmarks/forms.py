@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linrope.ops import BACKENDS, linear_attention  # noqa: E402
-from linrope.ops.linear_attn import fla_backend, heads, scans, tables  # noqa: E402
+from linrope.ops.linear_attn import fla_backend, heads, scans  # noqa: E402
 from linrope.ops.linear_attn.features import reference_features  # noqa: E402
 
 B, H, D = 1, 8, 64  # the shapes every benchmark uses unless told otherwise
@@ -148,18 +148,15 @@ def _fla_naive_torch(chunk_size, device):
 
 @contextlib.contextmanager
 def old_plan():
-    """The chunk kernel's plan before issue 31: a Python loop over chunks in every scan, 512-position blocks at
-    any N, every head in one call (``scans.SEQUENTIAL = True``, ``tables.MAX_BLOCKS`` None, ``heads.ENABLED``
-    False); restored on leaving."""
-    saved = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS)
-    scans.SEQUENTIAL = True
-    tables.MAX_BLOCKS.update({k: None for k in tables.MAX_BLOCKS})
+    """The chunk kernel's plan before issue 31: a Python loop over chunks in every scan, every head in one call
+    walking blocks of 2^18 numbers (512 positions at B·H = 8, d = 64) at any N (``scans.SEQUENTIAL = True``,
+    ``heads.ENABLED = False``); restored on leaving."""
+    saved, scans.SEQUENTIAL = scans.SEQUENTIAL, True
     try:
         with whole_heads():
             yield
     finally:
-        scans.SEQUENTIAL = saved[0]
-        tables.MAX_BLOCKS.update(saved[1])
+        scans.SEQUENTIAL = saved
 
 
 @contextlib.contextmanager
@@ -238,7 +235,7 @@ def _registry() -> dict[str, Form]:
             "chunk-old",
             "linrope chunk, old plan",
             'linear_attention(impl="chunk") under the plan before issue 31: a Python loop over chunks in every '
-            "scan (scans.SEQUENTIAL) and 512-position blocks at any N (tables.MAX_BLOCKS None)",
+            "scan (scans.SEQUENTIAL) and every head in one call (heads.ENABLED False): 512-position blocks at any N",
             _chunk_old,
         ),
         Form(

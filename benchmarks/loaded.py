@@ -7,8 +7,8 @@ Forward+backward of three forms of benchmarks/forms.py, B=1, H=8, d=64, float32,
              run as tasks on torch's threads (linrope.ops.linear_attn.heads)
   chunk-whole the same with every head in one call, each operation split between the threads (heads off)
   chunk-old  linrope chunk, old plan: the same kernel with the plan before issue 31 (``scans.SEQUENTIAL = True``:
-             a Python loop over chunks in every scan; ``tables.MAX_BLOCKS = None``: blocks of 512 positions
-             however long the sequence), timed interleaved with the new plan in the same process
+             a Python loop over chunks in every scan; ``heads.ENABLED = False``: every head in one call, blocks of
+             512 positions however long the sequence), timed interleaved with the new plan in the same process
   sdpa       sdpa softmax: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``
 
 Each round times every form twice (benchmarks/timing.py): once on the quiet machine, then once while a competing

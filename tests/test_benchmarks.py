@@ -517,14 +517,14 @@ def test_grid_times_this_checkout_against_another_commit_in_alternating_processe
 def test_loaded_benchmark_reports_both_states_and_restores_the_plan(capsys):
     from linrope.ops.linear_attn import heads, scans, tables
 
-    plan = scans.SEQUENTIAL, dict(tables.MAX_BLOCKS), heads.ENABLED
+    plan = scans.SEQUENTIAL, dict(tables.BLOCK_ELEMENTS), heads.ENABLED
     adv = loaded.main(["--length", "256", "--rounds", "1", "--warmup", "0"])
     text = capsys.readouterr().out
     assert set(adv) == {(f, s) for f in ("chunk", "chunk-whole", "chunk-old") for s in ("quiet", "loaded")}
     assert all(a > 0 for a in adv.values()), adv
     assert "linrope chunk, old plan: loaded / quiet advantage" in text and "new / old plan" in text
     assert "linrope chunk, heads whole: loaded / quiet advantage" in text
-    assert (scans.SEQUENTIAL, tables.MAX_BLOCKS, heads.ENABLED) == plan  # the old plan was only borrowed
+    assert (scans.SEQUENTIAL, tables.BLOCK_ELEMENTS, heads.ENABLED) == plan  # the old plan was only borrowed
 
 
 # ---- benchmarks/fla_probe.py: the variants of fla's training-shape call (docs/benchmarks.md, "Device check") ----

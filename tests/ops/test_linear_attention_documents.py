@@ -35,14 +35,13 @@ pytestmark = pytest.mark.usefixtures("kernel_env")
 def small_blocks(elements=512):
     """The chunk form walks causal sequences in blocks: make them a few chunks long, so a boundary falls in a
     later block and the state crosses blocks."""
-    old = dict(tables_mod.BLOCK_ELEMENTS), dict(tables_mod.MAX_BLOCKS)
+    old = dict(tables_mod.BLOCK_ELEMENTS)
     tables_mod.BLOCK_ELEMENTS.update(cpu=elements, cuda=elements)
-    tables_mod.MAX_BLOCKS.update(cpu=None, cuda=None)
     try:
         yield
     finally:
-        tables_mod.BLOCK_ELEMENTS.update(old[0])
-        tables_mod.MAX_BLOCKS.update(old[1])
+        tables_mod.BLOCK_ELEMENTS.clear()
+        tables_mod.BLOCK_ELEMENTS.update(old)
 
 
 def spans(row):

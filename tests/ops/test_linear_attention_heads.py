@@ -32,7 +32,6 @@ def as_tasks(monkeypatch):
     torch.set_num_threads(2)
     monkeypatch.setattr(heads, "MIN_POSITIONS", 1)
     monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 512)
-    monkeypatch.setitem(tables_mod.MAX_BLOCKS, "cpu", None)
     calls = []
     run = heads.run
     monkeypatch.setattr(heads, "run", lambda task, parts, dims: (calls.append(len(parts)), run(task, parts, dims))[1])
@@ -90,14 +89,14 @@ def test_heads_as_tasks_match_the_naive_form(as_tasks, feature_map, rope, decaye
 
 def test_the_tasks_run_one_thread_each_and_leave_the_callers_threads(as_tasks):
     seen = []
-    x = torch.randn(2, 3, 64, 4)
+    x = torch.randn(2, 3, 64, 8)
 
     def task(rows, hs):
         seen.append((threading.current_thread().name, torch.get_num_threads(), torch.is_grad_enabled()))
         return (x[rows, hs] + 1, None)
 
-    parts = heads.groups(x)
-    assert len(parts) == 6  # every (row, head) alone: 6 units for 2 threads x 4 tasks
+    parts = heads.groups(*x.shape, x.device)
+    assert len(parts) == 6  # every (row, head) alone: one head is a block (512 numbers)
     out, none = heads.run(task, parts, (1, 1))
     assert torch.equal(out, x + 1) and none is None
     assert {n for _, n, _ in seen} == {1} and not any(grad for *_, grad in seen)
@@ -110,17 +109,20 @@ def test_the_tasks_run_one_thread_each_and_leave_the_callers_threads(as_tasks):
     assert other == [2]  # a thread started later takes the caller's setting, not the workers'
 
 
-def test_short_sequences_one_thread_and_one_head_run_whole(monkeypatch):
+def test_short_sequences_and_one_head_run_whole_and_tasks_hold_a_block(monkeypatch):
     monkeypatch.setattr(heads, "MIN_POSITIONS", 2048)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert heads.groups(torch.empty(4, 8, 2047, 8)) is None
-        assert heads.groups(torch.empty(1, 1, 4096, 8)) is None
-        assert len(heads.groups(torch.empty(1, 8, 4096, 8))) == 8
-        assert heads.groups(torch.empty(1, 8, 4096, 8, device="meta")) is None
-        torch.set_num_threads(1)
-        assert heads.groups(torch.empty(1, 8, 4096, 8)) is None
+        cpu, meta = torch.device("cpu"), torch.device("meta")
+        assert heads.groups(4, 8, 2047, 8, cpu) is None
+        assert heads.groups(1, 1, 4096, 8, cpu) is None
+        assert heads.groups(1, 8, 4096, 8, meta) is None
+        assert len(heads.groups(1, 8, 4096, 64, cpu)) == 8  # one head is a block (2^18 numbers): one each
+        assert heads.groups(2, 8, 2048, 64, cpu)[:2] == [(slice(0, 1), slice(0, 2)), (slice(0, 1), slice(2, 4))]
+        assert len(heads.groups(1, 8, 4096, 8, cpu)) == 1  # all eight heads make one block
+        torch.set_num_threads(1)  # the thread count changes nothing: the plan is the shape's
+        assert len(heads.groups(1, 8, 4096, 64, cpu)) == 8
     finally:
         torch.set_num_threads(threads)
 
@@ -157,23 +159,25 @@ def test_an_error_in_a_task_reaches_the_caller(as_tasks, monkeypatch):
 
 
 @pytest.mark.parametrize("rope", ["numerator", "both"])
-def test_uneven_parts_give_the_shapes_the_fake_implementation_gives(as_tasks, rope):
-    """12 (row, head) units in 8 tasks of one or two heads: every part walks the whole call's blocks, so the saved
-    states line up and match the operator's registered shapes (what torch.compile plans with)."""
+def test_uneven_parts_give_the_shapes_the_fake_implementation_gives(as_tasks, rope, monkeypatch):
+    """4 heads of 3 rows in tasks of three heads and of one: every task walks the blocks planned for three, so the
+    saved states line up and match the operator's registered shapes (what torch.compile plans with)."""
     from linrope.ops.linear_attn.chunk import _fwd_shapes, chunk_fwd
 
+    monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 3 * N * D)  # three heads of one row make a block
     g = gen("heads-uneven", rope)
     q, k = (torch.randn(3, 4, N, D, generator=g) for _ in range(2))
     v = torch.randn(3, 4, N, DV, generator=g)
     theta = torch.rand(D // 2, generator=g)
     positions = torch.arange(N)
     res = chunk_fwd(q, k, v, None, None, positions, theta, None, "elu", rope, True, 1e-6, C, True, None)
-    assert len(as_tasks) == 1 and len({hs.stop - hs.start for _, hs in heads.groups(q)}) == 2  # 1 or 2 heads
+    assert len(as_tasks) == 1 and {hs.stop - hs.start for _, hs in heads.groups(*q.shape, q.device)} == {1, 3}
     assert [tuple(t.shape) for t in res] == list(_fwd_shapes(q, v, "elu", rope, True, C, True))
+    assert res[4].dim() == 5  # several blocks: states were saved
     heads.ENABLED = False
     try:
         whole = chunk_fwd(q, k, v, None, None, positions, theta, None, "elu", rope, True, 1e-6, C, True, None)
     finally:
         heads.ENABLED = True
-    for a, b in zip(res, whole):
+    for a, b in zip(res[:4], whole[:4]):  # (the whole call walks blocks planned for all 12 heads: other states)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

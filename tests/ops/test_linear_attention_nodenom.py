@@ -79,6 +79,7 @@ def blocks_of(elements):
     try:
         yield
     finally:
+        tables.BLOCK_ELEMENTS.clear()
         tables.BLOCK_ELEMENTS.update(old)
 
 

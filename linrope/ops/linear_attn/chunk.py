@@ -20,6 +20,7 @@ from torch import Tensor
 from linrope.ops.rope import compute_dtype
 
 from . import heads
+from .buffers import alloc
 from .chunk_kernel import Cfg, chunk_backward, chunk_forward
 from .common import Args, LinearAttentionState, autocast_off, decay_log, shared_features, zero_state
 from .features import feature_width
@@ -46,7 +47,7 @@ def _fwd_shapes(q: Tensor, v: Tensor, feature_map: str, rope: str, causal: bool,
     B, H, N, d = q.shape
     dv, D = v.shape[-1], feature_width(feature_map, q.shape[-1])
     shared = shared_features(rope)
-    nb = len(plan_blocks(B, H, N, max(d, dv), chunk_size, causal, q.device)) - 1
+    nb = len(plan(B, H, N, max(d, dv), chunk_size, causal, q.device)[1]) - 1
     state = ((B, H, D, dv), (B, H, D)) if causal else (_NONE, _NONE)
     saved_S = (nb, B, H, D, dv + 1 if shared else dv) if nb else _NONE
     saved_z = (nb, B, H, D) if (nb and not shared) else _NONE
@@ -63,20 +64,25 @@ def chunk_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optiona
     placeholder when ``normalize`` is False (the output is the numerator)."""
     log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
     cfg = Cfg(feature_map, rope, causal, eps, chunk_size, normalize)
-    parts = heads.groups(q)
+    parts, blocks = _plan(q, v, cfg)
+    dtype = compute_dtype(q.dtype)
     with autocast_off(q.device.type):  # autocast does not reach inside: the inputs' dtypes decide (common.py)
         if parts is None:
-            res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg, documents)
-        else:  # heads as tasks of their own on the CPU's threads (heads.py)
-            blocks = _blocks(q, v, cfg)
+            res = chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg, documents, blocks)
+        else:  # heads as tasks of their own on the CPU's threads (heads.py), writing into views of these buffers
+            out = alloc(v.shape, dtype=v.dtype, device=v.device)
+            denom = alloc(q.shape[:3], dtype=dtype, device=q.device) if normalize else None
 
             def task(rows, hs):
-                return chunk_forward(*(heads.rows_heads(t, rows, hs) for t in (q, k, v, S0, z0)), positions, theta,
-                                     None if log_gamma is None else log_gamma[hs], cfg,
-                                     None if documents is None else documents[rows], blocks)  # fmt: skip
+                def part(t, dim=1):
+                    return heads.rows_heads(t, rows, hs, dim)
 
-            res = heads.run(task, parts, (1, 1, 1, 1, 2, 2))
-    dtype = compute_dtype(q.dtype)
+                return chunk_forward(*(part(t) for t in (q, k, v, S0, z0)), positions, theta,
+                                     None if log_gamma is None else log_gamma[hs], cfg,
+                                     None if documents is None else documents[rows], blocks, part(out),
+                                     part(denom))[2:]  # fmt: skip
+
+            res = (out, denom, *heads.run(task, parts, (1, 1, 2, 2)))
     return tuple(_or_empty(t, q, dtype) for t in res)
 
 
@@ -100,13 +106,14 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
     cfg = Cfg(feature_map, rope, causal, eps, chunk_size, normalize)
     needs = (need_q, need_k, need_v, need_S0, need_z0)
     g_S, g_z, saved_S, saved_z = _or_none_opt(g_S), _or_none_opt(g_z), _or_none(saved_S), _or_none(saved_z)
-    parts = heads.groups(q)
+    parts, blocks = _plan(q, v, cfg)
     with autocast_off(q.device.type):
         if parts is None:
             grads = chunk_backward(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out,
-                                   denom, saved_S, saved_z, cfg, needs, documents)  # fmt: skip
-        else:  # heads as tasks of their own on the CPU's threads (heads.py)
-            blocks = _blocks(q, v, cfg)
+                                   denom, saved_S, saved_z, cfg, needs, documents, blocks)  # fmt: skip
+        else:  # heads as tasks of their own on the CPU's threads (heads.py), writing into views of these buffers
+            buffers = [alloc(x.shape, dtype=x.dtype, device=x.device) if need else None
+                       for x, need in zip((q, k, v), needs[:3])]  # fmt: skip
 
             def task(rows, hs):
                 def part(t, dim=1):
@@ -115,9 +122,10 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
                 return chunk_backward(*(part(t) for t in (g_out, g_S, g_z, q, k, v, S0, z0)), positions, theta,
                                       None if log_gamma is None else log_gamma[hs], part(out), part(_or_none(denom)),
                                       part(saved_S, 2), part(saved_z, 2), cfg, needs,
-                                      None if documents is None else documents[rows], blocks)  # fmt: skip
+                                      None if documents is None else documents[rows], blocks,
+                                      [part(b) for b in buffers])[3:]  # fmt: skip
 
-            grads = heads.run(task, parts, (1, 1, 1, 1, 1))
+            grads = (*buffers, *heads.run(task, parts, (1, 1)))
     dq, dk, dv, dS0, dz0 = (_or_empty(g, like) for g, like in zip(grads, (q, k, v, q, q)))
     return dq, dk, dv, dS0.clone(), dz0.clone()  # the state's gradients may be views of one buffer
 
@@ -131,10 +139,17 @@ def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, denom, sav
     return grad(need_q, q), grad(need_k, k), grad(need_v, v), grad(need_S0, S0), grad(need_z0, z0)
 
 
-def _blocks(q: Tensor, v: Tensor, cfg: Cfg):
-    """The blocks of the whole call, which every part of its heads walks (their saved states line up)."""
+def plan(B: int, H: int, N: int, d: int, chunk_size: int, causal: bool, device: torch.device):
+    """(the tasks' (rows, heads), or None to run the call whole; the blocks every task, or the whole call, walks):
+    a function of the shape alone, so that forward, backward and the fake implementation agree."""
+    parts = heads.groups(B, H, N, d, device)
+    width = H if parts is None else max(hs.stop - hs.start for _, hs in parts)
+    return parts, plan_blocks(1 if parts else B, width, N, d, chunk_size, causal, device)
+
+
+def _plan(q: Tensor, v: Tensor, cfg: Cfg):
     B, H, N, d = q.shape
-    return plan_blocks(B, H, N, max(d, v.shape[-1]), cfg.chunk_size, cfg.causal, q.device)
+    return plan(B, H, N, max(d, v.shape[-1]), cfg.chunk_size, cfg.causal, q.device)
 
 
 def _setup_context(ctx, inputs, output):

@@ -96,12 +96,15 @@ def block_documents(documents, s: int, e: int):
     return documents[:, s:e], (documents[:, s - 1] if s > 0 else None)
 
 
-def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents=None, blocks=None):
+def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents=None, blocks=None, out=None,
+                  denom=None):  # fmt: skip
     """-> (out, denom, S_final, z_final, states entering blocks 1, 2, … (S, and z unless shared)).
 
     ``denom`` is the guarded den + eps (B, H, N), None without normalising; the final state is None when not
     causal, a saved state None when there is a single block.  ``blocks``: the walk's blocks (default
-    ``plan_blocks`` for q's shape; a part of the heads walks the blocks of the whole call, ``heads.py``)."""
+    ``plan_blocks`` for q's shape; a task of ``heads.py`` walks the blocks planned for its group).  ``out`` and
+    ``denom``, when given, are the buffers (views of the caller's) the output and the denominator are written
+    into."""
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
     B, H, N, _ = q.shape
     dv = v.shape[-1]
@@ -112,8 +115,10 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, docume
     z = None if z0 is None else z0.to(dtype)
     if shared and S is not None:  # the denominator rides along as the last value column: S' = [S | z]
         S = torch.cat((S, z.unsqueeze(-1)), dim=-1)
-    out = alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
-    denom = alloc((B, H, N), dtype=dtype, device=q.device) if cfg.normalize else None
+    if out is None:
+        out = alloc((B, H, N, dv), dtype=v.dtype, device=v.device)
+    if denom is None and cfg.normalize:
+        denom = alloc((B, H, N), dtype=dtype, device=q.device)
     starts_S, starts_z = [], []  # states entering blocks 1, 2, … (saved for backward)
     blocks = blocks or plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     for b, (s, e) in enumerate(blocks):
@@ -169,10 +174,10 @@ def _carried_back(dkd: torch.Tensor, ch) -> torch.Tensor:
 
 def chunk_backward(
     g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z, cfg: Cfg, needs,
-    documents=None, blocks=None,
+    documents=None, blocks=None, grads=None,
 ):  # fmt: skip
     """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient; ``blocks`` as
-    in ``chunk_forward``."""
+    in ``chunk_forward``; ``grads``, when given, the buffers (dq, dk, dv) the gradients are written into."""
     shared = shared_features(cfg.rope)
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
     B, H, N, _ = q.shape
@@ -199,9 +204,12 @@ def chunk_backward(
     else:
         dS = None if g_S is None else g_S.to(dtype)
         dz = None if g_z is None else g_z.to(dtype)
-    dq = alloc(q.shape, dtype=q.dtype, device=q.device) if need_q else None
-    dk = alloc(k.shape, dtype=k.dtype, device=k.device) if need_k else None
-    dvl = alloc(v.shape, dtype=v.dtype, device=v.device) if need_v else None
+    if grads is not None:
+        dq, dk, dvl = grads
+    else:
+        dq = alloc(q.shape, dtype=q.dtype, device=q.device) if need_q else None
+        dk = alloc(k.shape, dtype=k.dtype, device=k.device) if need_k else None
+        dvl = alloc(v.shape, dtype=v.dtype, device=v.device) if need_v else None
     for b in range(len(blocks) - 1, -1, -1):
         s, e = blocks[b]
         n = e - s

@@ -8,11 +8,18 @@ sequence's heads are cut into groups, each group one task run start to end by on
 single-threaded inside it), and a thread that finishes takes the next group: a thread slowed by a busy core
 simply takes fewer groups, and no operation waits for another thread.
 
-Used by ``chunk.py``'s operators on the CPU when torch has more than one thread, the sequence has at least
-``MIN_POSITIONS`` positions (shorter ones are too little work per task) and there are at least two heads and batch
-rows between them; ``ENABLED = False`` turns it off (benchmarks/loaded.py compares both).  The tasks see the
-caller's inputs as they are (no copy); each task's results are joined along the head dimension.  Inside a task
-autograd records nothing (the kernels build no graph) and autocast is off (the operators turn it off too)."""
+The groups depend on the shape alone, never on the thread count or the load: each (batch row, head) is a task of
+its own, or, where a whole sequence of one head is less than a block (``tables.BLOCK_ELEMENTS``), a few heads of
+one row together, up to a block's worth.  Every task walks blocks planned for its group's size, so the arithmetic
+of each head, the saved states' shapes and the results are the same with one thread or many (one thread runs the
+tasks one after the other in the caller's thread).
+
+Used by ``chunk.py``'s operators on the CPU when the sequence has at least ``MIN_POSITIONS`` positions (shorter
+ones are too little work per task: they run whole, each operation split between torch's threads) and there are
+at least two heads and batch rows between them; ``ENABLED = False`` runs every call whole (benchmarks/loaded.py
+compares both).  The tasks see the caller's inputs as they are (no copy) and write their outputs into views of
+the caller's buffers; their small results (states) are joined along the head dimension.  Inside a task autograd
+records nothing (the kernels build no graph) and autocast is off (the operators turn it off too)."""
 
 from __future__ import annotations
 
@@ -22,9 +29,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .tables import BLOCK_ELEMENTS
+
 ENABLED = True
 MIN_POSITIONS = 2048
-TASKS_PER_THREAD = 4  # enough groups that a slowed thread's share can move to the other threads
 
 _pools: dict = {}
 _lock = threading.Lock()
@@ -52,34 +60,27 @@ def _pool(threads: int) -> ThreadPoolExecutor:
         return _pools[threads]
 
 
-def groups(q: torch.Tensor) -> Optional[List[Tuple[slice, slice]]]:
-    """(batch rows, heads) of each task for ``q`` (B, H, N, d), or None to run the call whole."""
-    B, H, N = q.shape[:3]
-    threads = torch.get_num_threads()
-    if not ENABLED or q.device.type != "cpu" or N < MIN_POSITIONS or threads < 2 or B * H < 2:
+def groups(B: int, H: int, N: int, d: int, device: torch.device) -> Optional[List[Tuple[slice, slice]]]:
+    """(batch rows, heads) of each task for a call of B rows, H heads, N positions and width d, or None to run the
+    call whole.  A function of the shape alone (see the module's docstring)."""
+    if not ENABLED or device.type != "cpu" or N < MIN_POSITIONS or B * H < 2:
         return None
-    units = [(b, h) for b in range(B) for h in range(H)]
-    n = min(len(units), threads * TASKS_PER_THREAD)
-    cuts = [len(units) * i // n for i in range(n + 1)]
-    out = []
-    for i in range(n):  # contiguous heads of one batch row per task (a view of the inputs, no copy)
-        part = units[cuts[i] : cuts[i + 1]]
-        for b in dict.fromkeys(b for b, _ in part):
-            hs = [h for bb, h in part if bb == b]
-            out.append((slice(b, b + 1), slice(hs[0], hs[-1] + 1)))
-    return out
+    width = max(1, min(H, BLOCK_ELEMENTS["cpu"] // (N * max(d, 1))))  # heads of one row per task
+    return [(slice(b, b + 1), slice(h, min(h + width, H))) for b in range(B) for h in range(0, H, width)]
 
 
 def run(task: Callable[[slice, slice], Sequence[Optional[torch.Tensor]]], parts: List[Tuple[slice, slice]],
         head_dims: Sequence[int]) -> tuple:  # fmt: skip
-    """``task(rows, heads)`` for every part on the pool, its results joined: result i along batch dimension
-    ``head_dims[i] - 1`` and head dimension ``head_dims[i]`` (None stays None)."""
+    """``task(rows, heads)`` for every part, on the pool when torch has more than one thread (else one after the
+    other in this thread), its results joined: result i along batch dimension ``head_dims[i] - 1`` and head
+    dimension ``head_dims[i]`` (None stays None)."""
 
     def one(part):
         with torch.no_grad():
             return task(*part)
 
-    results = list(_pool(torch.get_num_threads()).map(one, parts))
+    threads = torch.get_num_threads()
+    results = list(_pool(threads).map(one, parts)) if threads > 1 else [one(p) for p in parts]
     joined = []
     for i, dim in enumerate(head_dims):
         pieces = [r[i] for r in results]

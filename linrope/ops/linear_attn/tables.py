@@ -25,31 +25,23 @@ from einops import rearrange
 from .buffers import alloc
 from .documents import ChunkDocuments
 
-# A block holds about BLOCK_ELEMENTS[device] numbers per (B, H, ·, d) tensor (at least one chunk): 2^18
-# (1 MiB in float32; 512 positions at B·H = 8, d = 64) measured best on CPU, where a block's working set
-# then stays in cache.  But every block costs a fixed number of operations (a few hundred small kernels in
-# forward and backward), so a long sequence is cut into at most MAX_BLOCKS[device] blocks, which then grow
-# with N: the number of operations stays bounded, and the temporaries are N/MAX_BLOCKS positions, linear in
-# N.  4 on CPU (docs/benchmarks.md, "Issue 31"); 1 on CUDA, where every operation is a launch.  A device's value
-# None, or MAX_BLOCKS = None for every device, sets no bound: the blocks of the plan before issue 31 (that plan also
-# ran every head in one call and looped over chunks in its scans: heads.ENABLED = False, scans.SEQUENTIAL = True).
+# A block holds about BLOCK_ELEMENTS[device] numbers per (·, ·, ·, d) tensor of the rows and heads walked together
+# (at least one chunk): 2^18 on CPU (1 MiB in float32: 4 096 positions of one head at d = 64, 512 of eight), measured
+# best because a block's temporaries then stay in cache.  Its number of blocks grows with N, and so does the number
+# of operations; on a CPU long sequences run their heads as single-threaded tasks (heads.py), where an operation
+# waits for no other thread.  A device without an entry (CUDA, where every operation is a launch) walks one block.
 # Non-causal attention needs global sums and runs as a single block.
-BLOCK_ELEMENTS = {"cpu": 1 << 18, "cuda": 1 << 26}
-MAX_BLOCKS = {"cpu": 4, "cuda": 1}
+BLOCK_ELEMENTS = {"cpu": 1 << 18}
 
 
 def plan_blocks(B: int, H: int, n: int, d: int, chunk_size: int, causal: bool, device: torch.device):
-    """[(start, end), …]: the blocks of whole chunks a sequence of length n is walked in."""
-    if not causal:
+    """[(start, end), …]: the blocks of whole chunks a sequence of length n is walked in, for B·H rows and heads
+    walked together."""
+    target = BLOCK_ELEMENTS.get(device.type)
+    if not causal or target is None:
         return [(0, n)]
     C = max(1, min(chunk_size, n))
-    target = BLOCK_ELEMENTS.get(device.type, BLOCK_ELEMENTS["cuda"])
     per = max(1, target // (B * H * max(d, 1) * C))  # chunks per block
-    caps = MAX_BLOCKS or {}
-    cap = caps.get(device.type, caps.get("cuda"))
-    if cap:
-        nc = -(-n // C)
-        per = max(per, -(-nc // cap))
     step = C * per
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
@@ -189,4 +181,4 @@ class Tables:
         return self.cache[n]
 
 
-__all__ = ["BLOCK_ELEMENTS", "MAX_BLOCKS", "plan_blocks", "Chunks", "Tables"]
+__all__ = ["BLOCK_ELEMENTS", "plan_blocks", "Chunks", "Tables"]
