@@ -96,8 +96,36 @@ class Run:
 
 
 def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
-    """(columns, rows) of a CSVLogger's metrics.csv, as text; a file that is no CSV text (binary, NUL bytes) is
+    """(columns, rows) of a CSVLogger's metrics.csv, as text, with the history of a resumed run in front: the rows
+    of each ``metrics.before-resume-<k>.csv`` beside it (linrope.run.loggers keeps them) before the step the next
+    file starts at (a resume logs again from its checkpoint).  A file that is no CSV text (binary, NUL bytes) is
     refused in one line (SystemExit) naming it."""
+    earlier = sorted(path.parent.glob("metrics.before-resume-*.csv"), key=lambda p: _resume_index(p.stem))
+    columns: List[str] = []
+    rows: List[Dict[str, str]] = []
+    for part in [*earlier, path]:
+        cols, more = _csv_rows(part)
+        starts = [s for s in map(_step, more) if s is not None]
+        if starts:
+            rows = [r for r in rows if (_step(r) is None or _step(r) < min(starts))]
+        columns += [c for c in cols if c not in columns]
+        rows += more
+    return columns, rows
+
+
+def _resume_index(stem: str) -> int:
+    tail = stem.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _step(row: Mapping[str, Optional[str]]) -> Optional[int]:
+    try:
+        return int(float(row.get("step") or ""))
+    except ValueError:
+        return None
+
+
+def _csv_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
     try:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
@@ -233,7 +261,7 @@ def compact_records(folder: Path) -> List[Tuple[Dict[str, Any], List[Dict[str, s
     records = compact_index(folder)
     curves: Dict[str, List[Dict[str, str]]] = defaultdict(list)
     if records and (folder / CURVES).is_file():
-        for row in metrics_rows(folder / CURVES)[1]:
+        for row in _csv_rows(folder / CURVES)[1]:
             curves[row.pop("run", "")].append(row)
     for which in DETAILS:  # documents.csv, positions.csv: the rows' details, the run's name in front
         if records and (folder / f"{which}.csv").is_file():

@@ -8,7 +8,8 @@ each with its tuning run's folder (``tuning/<run>``), score (the best value of t
 when it logged none that is finite), the step of that value (``best_step``), the last step it logged (``last_step``:
 the table's column, where a run stopped early shows) and its wall time; the value
 chosen, and whether it is interior (False: at an edge of the values tried after the extensions allowed; None: the
-tuning of the configuration has not finished).  The tuning runs themselves are in compact form in
+tuning of the configuration has not finished); optionally a ``note`` where the choice went beyond the protocol
+(printed under the table).  The tuning runs themselves are in compact form in
 ``<study>/tuning/`` (runs.json, curves.csv, results.csv: linrope.analysis.compact), committed with the record.
 Light: json."""
 
@@ -90,4 +91,7 @@ def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> 
             f"{', '.join(scores)} | {_num(chosen)} | {where(entry)} | "
             f"{', '.join(map(str, ran)) or '–'} | {wall / 60:.1f} |"
         )
+    notes = [(e.get("configuration", "?"), e["note"]) for e in record.get("configurations") or [] if e.get("note")]
+    if notes:  # a configuration whose choice went beyond the protocol says how, under the table
+        lines += ["", *(f"- **{name}**: {note}" for name, note in notes)]
     return [*lines, ""]

@@ -150,3 +150,21 @@ def test_runs_of_two_tokenizers_under_one_path_are_two_configurations():
     groups = group_runs([run(1, "aaaa"), run(2, "aaaa"), run(1, "bbbb")])["bytes"]
     assert sorted(len(rs) for rs in groups.values()) == [1, 2] and len(groups) == 2, groups
     assert all("sha256=" in label for label in groups), list(groups)
+
+
+def test_a_resumed_runs_history_before_the_resume_is_kept(tmp_path):
+    """linrope.run.loggers renames metrics.csv to metrics.before-resume-<k>.csv when a run resumes; the resumed run
+    logs again from its checkpoint's step.  The curves (and a compact copy) hold every step once, the earlier file's
+    rows up to where the next one starts (a resumed run's compact copy kept only the rows after the resume)."""
+    from linrope.analysis.runs import metrics_rows
+
+    d = tmp_path / "csv"
+    d.mkdir()
+    (d / "metrics.before-resume-0.csv").write_text("step,val/bpb\n0,3.0\n10,2.5\n20,2.4\n")
+    (d / "metrics.before-resume-1.csv").write_text("step,val/bpb,train/loss\n20,2.45,1.0\n30,2.3,0.9\n")
+    (d / "metrics.csv").write_text("step,train/loss\n30,0.95\n40,0.8\n")
+    columns, rows = metrics_rows(d / "metrics.csv")
+    assert columns == ["step", "val/bpb", "train/loss"]
+    assert [(r["step"], r.get("val/bpb"), r.get("train/loss")) for r in rows] == [
+        ("0", "3.0", None), ("10", "2.5", None), ("20", "2.45", "1.0"), ("30", None, "0.95"), ("40", None, "0.8")
+    ]  # fmt: skip
