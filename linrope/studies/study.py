@@ -61,7 +61,7 @@ from linrope.analysis import compact
 from linrope.analysis.runs import TUNING
 from linrope.base.naming import job_names
 from linrope.studies.study_git import commit_part
-from linrope.studies.study_jobs import DONE, Place, current_code, finished, flat, mismatch, place
+from linrope.studies.study_jobs import DONE, Place, current_code, finished, flat, mismatch, place, saved
 
 IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/\n"  # run folders stay out: the compact results are committed
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
@@ -83,10 +83,34 @@ def launch(cmd: List[str], env: Dict[str, str], out) -> subprocess.Popen:
 
 
 def _test_outcome(folder: Path, job: Sequence[str]) -> Optional[Tuple[Dict[str, Any], str]]:
-    """A main job's record (its test metrics) and the line that shows them, None when it logged none."""
+    """A main job's record (its test metrics) and the line that shows them, None when it logged none.  A job
+    whose own config turned the test off (``test=false``) has none to log: its record is then its last logged
+    step and validation values (``test_off``), where it was once counted as failed and resumed on the next start."""
     metrics = test_metrics(folder)
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "@" not in k)
-    return ({"test": metrics}, shown) if metrics else None
+    if metrics:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "@" not in k)
+        return {"test": metrics}, shown
+    if (saved(folder) or {}).get("test") is False:
+        last = _last_validation(folder)
+        if last is not None:
+            step, values = last
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(values.items()))
+            return {"test": {}, "test_off": {"last_step": step, **values}}, f"test off: step {step}, {shown}"
+    return None
+
+
+def _last_validation(folder: Path) -> Optional[Tuple[int, Dict[str, float]]]:
+    """(the last step the run logged, the last value of each ``val/*`` metric), None when it logged none."""
+    from linrope.analysis.runs import read_metrics  # light: csv + omegaconf
+
+    series: Dict[str, List[Tuple[int, float]]] = {}
+    for path in sorted(folder.rglob("metrics.csv")):
+        for key, values in read_metrics(path).items():
+            series.setdefault(key, []).extend(values)
+    values = {k: v[-1][1] for k, v in series.items() if k.startswith("val/") and v}
+    if not values:
+        return None
+    return max(s for v in series.values() for s, _ in v), values
 
 
 def test_metrics(folder: Path) -> Dict[str, float]:
@@ -307,9 +331,9 @@ class Study:
         if self.signal is not None and (rc != 0 or result is None):
             with self._lock:
                 self.stopped.append(name)
-            saved = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
+            ckpt = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
             print(
-                f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({saved}): "
+                f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({ckpt}): "
                 f"resumable, see {log}",
                 flush=True,
             )

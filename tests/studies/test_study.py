@@ -6,9 +6,11 @@ import json
 import subprocess
 
 import pytest
+from omegaconf import OmegaConf
 
 from linrope.base.naming import job_names
 from linrope.studies.study import DONE, Study, state
+from linrope.studies.sweeps import compose_train
 
 
 def test_job_names_are_the_values_that_differ():
@@ -203,3 +205,22 @@ def test_options_may_sit_between_the_overrides(tmp_path, capsys):
     )
     jobs = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("todo")]
     assert jobs == ["linear-seed1", "linear-seed2", "linear_rope-seed1", "linear_rope-seed2"]
+
+
+def test_a_job_that_turned_its_test_off_is_done_with_its_last_validation(tmp_path):
+    """``test=false`` in a main job: no test metric is logged, and the job is done with its last step and validation
+    values, not failed (and resumed on the next start, which renamed its finished history)."""
+    from linrope.studies.study import _test_outcome
+
+    for test, expected in ((False, True), (True, False)):
+        folder = tmp_path / f"test-{test}"
+        (folder / ".hydra").mkdir(parents=True)
+        OmegaConf.save(compose_train(["size=tiny", f"test={test}"]), folder / ".hydra" / "config.yaml")
+        (folder / "csv").mkdir()
+        (folder / "csv" / "metrics.csv").write_text("step,train/loss,val/bpb\n9,2.0,\n19,1.5,\n19,,2.25\n29,1.2,\n")
+        outcome = _test_outcome(folder, ["size=tiny"])
+        assert (outcome is not None) == expected, test
+        if expected:
+            record, shown = outcome
+            assert record == {"test": {}, "test_off": {"last_step": 29, "val/bpb": 2.25}}
+            assert shown == "test off: step 29, val/bpb 2.2500"
