@@ -121,6 +121,7 @@ def committed_targets():
     return found
 
 
+@pytest.mark.results  # committed study data: CI's results stage
 def test_no_committed_record_names_code_that_does_not_exist():
     """What the import hook was for cannot come back: every ``_target_`` docs/results and tests/fixtures hold names a
     module of linrope, or a name one defines, as it is today (else: python tools/migrate_runs.py FOLDER)."""

@@ -19,6 +19,8 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.runs import compact_index
 
+pytestmark = pytest.mark.results  # committed study data: CI's results stage (pytest -m results)
+
 ROOT = Path(__file__).resolve().parents[2]
 PART = ROOT / "docs" / "results" / "headline" / "steps3200"
 SEEDS = {1, 2, 3, 4, 5}

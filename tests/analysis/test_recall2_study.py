@@ -16,6 +16,8 @@ import pytest
 
 from linrope.analysis.runs import compact_index
 
+pytestmark = pytest.mark.results  # committed study data: CI's results stage (pytest -m results)
+
 ROOT = Path(__file__).resolve().parents[2]
 RECALL2 = ROOT / "docs" / "results" / "recall2"
 SETTINGS = {32: 2, 64: 4}  # sequence length -> key-value pairs

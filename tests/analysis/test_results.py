@@ -17,6 +17,8 @@ from linrope.analysis.report import columns_for
 from linrope.analysis.runs import TUNING
 from linrope.analysis.stats import mean_ci, paired
 
+pytestmark = pytest.mark.results  # committed study data: CI's results stage (pytest -m results)
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
 STUDIES = ("precision",)  # the sweeps (multirun folders, not compact) docs/results-old-protocol.md quotes
