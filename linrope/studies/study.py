@@ -61,7 +61,7 @@ from linrope.analysis import compact
 from linrope.analysis.runs import TUNING
 from linrope.base.naming import job_names
 from linrope.studies.study_git import commit_part
-from linrope.studies.study_jobs import DONE, Place, current_code, finished, flat, mismatch, place, saved
+from linrope.studies.study_jobs import DONE, Place, current_code, finished, flat, logged, mismatch, place, saved
 
 IGNORE = "*.ckpt\n*.pt\n.linrope.lock\n.study.lock\n/*/\n"  # run folders stay out: the compact results are committed
 DEFAULTS = ("logger=csv", "trainer.enable_progress_bar=false")  # unless given: the log is the study's progress
@@ -101,12 +101,7 @@ def _test_outcome(folder: Path, job: Sequence[str]) -> Optional[Tuple[Dict[str, 
 
 def _last_validation(folder: Path) -> Optional[Tuple[int, Dict[str, float]]]:
     """(the last step the run logged, the last value of each ``val/*`` metric), None when it logged none."""
-    from linrope.analysis.runs import read_metrics  # light: csv + omegaconf
-
-    series: Dict[str, List[Tuple[int, float]]] = {}
-    for path in sorted(folder.rglob("metrics.csv")):
-        for key, values in read_metrics(path).items():
-            series.setdefault(key, []).extend(values)
+    series = logged(folder)
     values = {k: v[-1][1] for k, v in series.items() if k.startswith("val/") and v}
     if not values:
         return None
@@ -115,14 +110,7 @@ def _last_validation(folder: Path) -> Optional[Tuple[int, Dict[str, float]]]:
 
 def test_metrics(folder: Path) -> Dict[str, float]:
     """The last ``test/*`` values the run logged."""
-    from linrope.analysis.runs import read_metrics  # light: csv + omegaconf
-
-    found: Dict[str, float] = {}
-    for path in sorted(folder.rglob("metrics.csv")):
-        for key, series in read_metrics(path).items():
-            if key.startswith("test/") and series:
-                found[key] = series[-1][1]
-    return found
+    return {k: v[-1][1] for k, v in logged(folder).items() if k.startswith("test/") and v}
 
 
 def check_folder(dir_: Path) -> None:

@@ -26,12 +26,12 @@ import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
-from linrope.analysis.runs import COMPACT, compact_index
+from linrope.analysis.runs import COMPACT, compact_index, read_metrics
 from linrope.base.nested import flatten
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
@@ -76,6 +76,16 @@ def record(folder: Path) -> Optional[Dict[str, Any]]:
 @functools.lru_cache(maxsize=8)
 def _records(index: str, _stamp: int) -> Dict[str, Dict[str, Any]]:
     return {r["run"]: r for r in compact_index(Path(index).parent)}
+
+
+def logged(folder: Path) -> Dict[str, List[Tuple[int, float]]]:
+    """metric -> [(step, value)] of every metrics.csv under a job's folder, in path order (a resumed run's history
+    included: ``analysis.runs.metrics_rows``)."""
+    series: Dict[str, List[Tuple[int, float]]] = {}
+    for path in sorted(folder.rglob("metrics.csv")):
+        for key, values in read_metrics(path).items():
+            series.setdefault(key, []).extend(values)
+    return series
 
 
 def finished(folder: Path) -> bool:

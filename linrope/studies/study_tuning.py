@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import tuning as record_file
-from linrope.analysis.runs import TUNING, read_metrics
+from linrope.analysis.runs import TUNING
 from linrope.base.naming import job_names
 from linrope.studies.study_jobs import DONE, finished, record
+from linrope.studies.study_jobs import logged as logged_series
 
 if TYPE_CHECKING:  # pragma: no cover
     from linrope.analysis.study_config import Tuning as Spec
@@ -219,10 +220,7 @@ class Tuning:
         """A tuning run's record: its score (the best logged value of the metric), the step of it and the last
         step logged; None when it logged no value of the metric."""
         spec = self.spec
-        series: Dict[str, List[Tuple[int, float]]] = {}
-        for path in sorted(folder.rglob("metrics.csv")):
-            for k, v in read_metrics(path).items():
-                series.setdefault(k, []).extend(v)
+        series = logged_series(folder)
         logged = series.get(spec.metric) or []
         if not logged:
             return None
