@@ -21,7 +21,7 @@ What is carried
     ``z = Σ_j γ^(n-1-j) kd_j`` (unrotated) is a decayed prefix sum of vectors (``scans.dcumsum``):
     ``den_i = qd_i · zc_i`` with ``zc_i = Σ_{j≤i} γ^(i-j) kd_j + γ^(i+1) z0``.
   (D' = d, or d+1 for the cosine map φ(x) = [1, x̂].)
-Causal sequences are walked in blocks of whole chunks (``tables.plan_blocks``), the state handed from
+Causal sequences are walked in blocks of whole chunks (``tables.plan_blocks``, through ``chunk.plan``), the state handed from
 block to block exactly as from chunk to chunk.
 
 Backward: with g = ∂L/∂o and D = den + eps,
@@ -54,7 +54,7 @@ from .common import feature_width, guard_denominator_, shared_features, unclampe
 from .features import features_backward_, rotors_for, split_features
 from .matrix import matrix_bwd, matrix_fwd
 from .scans import dcumsum, dcumsum_reverse, dsum_symmetric
-from .tables import Chunks, Tables, plan_blocks
+from .tables import Chunks, Tables
 
 
 def matmul_dtype(dtype: torch.dtype, rope: str) -> torch.dtype:
@@ -96,13 +96,13 @@ def block_documents(documents, s: int, e: int):
     return documents[:, s:e], (documents[:, s - 1] if s > 0 else None)
 
 
-def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents=None, blocks=None, out=None,
+def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents, blocks, out=None,
                   denom=None):  # fmt: skip
     """-> (out, denom, S_final, z_final, states entering blocks 1, 2, … (S, and z unless shared)).
 
     ``denom`` is the guarded den + eps (B, H, N), None without normalising; the final state is None when not
-    causal, a saved state None when there is a single block.  ``blocks``: the walk's blocks (default
-    ``plan_blocks`` for q's shape; a task of ``heads.py`` walks the blocks planned for its group).  ``out`` and
+    causal, a saved state None when there is a single block.  ``blocks``: the walk's blocks (``chunk.plan``: the
+    whole call's, or those planned for a task's group of ``heads.py``).  ``out`` and
     ``denom``, when given, are the buffers (views of the caller's) the output and the denominator are written
     into."""
     dtype, mm = compute_dtype(q.dtype), matmul_dtype(q.dtype, cfg.rope)
@@ -120,7 +120,6 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, docume
     if denom is None and cfg.normalize:
         denom = alloc((B, H, N), dtype=dtype, device=q.device)
     starts_S, starts_z = [], []  # states entering blocks 1, 2, … (saved for backward)
-    blocks = blocks or plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     for b, (s, e) in enumerate(blocks):
         if b > 0:
             starts_S.append(S)
@@ -174,7 +173,7 @@ def _carried_back(dkd: torch.Tensor, ch) -> torch.Tensor:
 
 def chunk_backward(
     g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, log_gamma, out, denom, saved_S, saved_z, cfg: Cfg, needs,
-    documents=None, blocks=None, grads=None,
+    documents, blocks, grads=None,
 ):  # fmt: skip
     """-> (dq, dk, dv, dS0, dz0), None where ``needs`` (five booleans) or the inputs say no gradient; ``blocks`` as
     in ``chunk_forward``; ``grads``, when given, the buffers (dq, dk, dv) the gradients are written into."""
@@ -184,7 +183,6 @@ def chunk_backward(
     dv = v.shape[-1]
     E = dv + 1 if shared else dv
     need_q, need_k, need_v = needs[:3]
-    blocks = blocks or plan_blocks(B, H, N, max(q.shape[-1], dv), cfg.chunk_size, cfg.causal, q.device)
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
     S_first = None if S0 is None else S0.to(dtype)
