@@ -161,6 +161,7 @@ class Study:
         what: str = "jobs",
         cache: Optional[Dict[Tuple[str, ...], Any]] = None,
         code: Optional[str] = None,
+        keep_finished: bool = False,
     ):
         """``jobs`` and ``names``: these jobs in these folders (default: the sweep of ``overrides``, named by
         ``job_names``); ``tune``: run the tuning stage of the study's config (True), none (False), or this one
@@ -170,6 +171,7 @@ class Study:
 
         self.dir = Path(os.path.abspath(dir_))  # jobs run in the caller's folder: this one, given absolute
         self.threads, self.commit, self.new_folder = threads, commit, new_folder
+        self.keep_finished = keep_finished
         self.given = list(overrides)
         self.fixed = list(overrides)
         self.sweep = [list(j) for j in jobs] if jobs is not None else sweep_jobs(self.fixed)
@@ -219,7 +221,9 @@ class Study:
         self.configs = [cfg for cfg, _ in composed]
         self.requested = [req for _, req in composed]
         self.places = [
-            place(self.dir, name, req, self.code, self.new_folder, self.names) if ready else Place(self.dir / name)
+            place(self.dir, name, req, self.code, self.new_folder, self.names, self.keep_finished)
+            if ready
+            else Place(self.dir / name)
             for name, req, ready in zip(self.names, self.requested, self.ready)
         ]
 
@@ -494,6 +498,12 @@ def _main(argv: List[str]) -> int:
         "(<name>-run2) instead of being refused",
     )
     ap.add_argument(
+        "--keep-finished",
+        action="store_true",
+        help="a finished job trained on other code counts as done (to add an arm to a finished study: each run "
+        "keeps the code it recorded; a stopped one still differs)",
+    )
+    ap.add_argument(
         "--config-dir",
         "-cd",
         action="append",
@@ -527,10 +537,11 @@ def _main(argv: List[str]) -> int:
         f"--jobs={args.jobs}",
         *([f"--threads={args.threads}"] if args.threads else []),
         *(["--commit"] if args.commit else []),
+        *(["--keep-finished"] if args.keep_finished else []),
         *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir),
     ]
     resume = shlex.join(["python", "-m", "linrope", "study", os.path.abspath(args.dir), *args.overrides, *flags])
-    study = Study(args.dir, overrides, threads, args.commit, args.new_folder, resume)
+    study = Study(args.dir, overrides, threads, args.commit, args.new_folder, resume, keep_finished=args.keep_finished)
     if args.list:
         print("\n".join(study.listing()))
         return 0

@@ -12,7 +12,10 @@ cannot change a result are left out (``IGNORED``: folders, loggers, the progress
 ``place`` finds a job's folder: its own name, or ``<name>-run<k>`` that an earlier ``--new-folder`` made, when
 the configuration and code there are the requested ones; a folder holding no run yet; else the job conflicts
 with what its folder holds (the differing keys, old → new) and is refused, unless ``new_folder`` asks for a
-folder of its own (the first free ``<name>-run<k>``).
+folder of its own (the first free ``<name>-run<k>``).  ``keep_finished`` counts a finished run of the same
+configuration but other code as done (an arm added to a finished study on newer code: the runs keep the code they
+recorded, and the report gives a provenance row per code); a stopped run of other code still differs, so no run
+mixes two codes.
 
 A job whose folder is gone but whose run the study's compact results hold (``<dir>/runs.json``,
 linrope.analysis.compact: its saved configuration, provenance and study record) is that run: a study committed in
@@ -147,8 +150,11 @@ def holds_a_run(folder: Path) -> bool:
     )
 
 
-def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Optional[str]:
-    """Why the run in ``folder`` is not the requested job (None when it is, or when the folder holds no run)."""
+def mismatch(
+    folder: Path, requested: Dict[str, Any], code: Optional[str], keep_finished: bool = False
+) -> Optional[str]:
+    """Why the run in ``folder`` is not the requested job (None when it is, or when the folder holds no run);
+    ``keep_finished``: the code of a finished run is not compared."""
     if not holds_a_run(folder):
         return None
     old = saved(folder)
@@ -164,7 +170,7 @@ def mismatch(folder: Path, requested: Dict[str, Any], code: Optional[str]) -> Op
         else (record(folder) or {}).get("provenance")
     )
     theirs = code_text(prov) if prov else None
-    if theirs and code and theirs != code:
+    if theirs and code and theirs != code and not (keep_finished and finished(folder)):
         parts.append(f"trained on {theirs}, the checkout is {code}")
     changed = tokenizer_changed((prov or {}).get("data"), requested.get("data.tokenizer"))
     if changed:
@@ -197,7 +203,13 @@ def candidates(dir_: Path, name: str):
 
 
 def place(
-    dir_: Path, name: str, requested: Dict[str, Any], code: Optional[str], new_folder: bool, names: Sequence[str] = ()
+    dir_: Path,
+    name: str,
+    requested: Dict[str, Any],
+    code: Optional[str],
+    new_folder: bool,
+    names: Sequence[str] = (),
+    keep_finished: bool = False,
 ) -> Place:
     """The folder of one job (see the module docstring); ``names``: the study's other folder names, never taken."""
     first: Optional[Place] = None
@@ -212,7 +224,7 @@ def place(
             if not folder.exists():
                 break
             continue
-        why = mismatch(folder, requested, code)
+        why = mismatch(folder, requested, code, keep_finished)
         if why is None:
             return Place(folder)
         if k == 1:

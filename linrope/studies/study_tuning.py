@@ -153,6 +153,7 @@ class Tuning:
             what="tuning runs",
             cache=s._cache,
             code=s.code,
+            keep_finished=s.keep_finished,
         )
         runs.outcome, runs.expects, runs.on_keep = self.outcome, f"{self.spec.metric} value", self.write
         runs.index = {(c, v): i for i, (c, v) in enumerate(planned)}

@@ -72,6 +72,27 @@ def test_a_run_of_other_code_is_not_counted_as_done(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("done ")
 
 
+def test_keep_finished_adds_an_arm_to_a_study_of_other_code(tmp_path, capsys):
+    """--keep-finished: a finished job of the same configuration and other code is done (an arm added to a finished
+    study on newer code); a stopped one of other code, or a finished one of another configuration, still differs."""
+    s = tmp_path / "S"
+    sweep = [str(s), "model=linear_rope,softmax_rope", "size=tiny"]
+    finished_job(s / "linear_rope", ["model=linear_rope", "size=tiny"], code="0123456789ab")
+    finished_job(s / "softmax_rope", ["model=softmax_rope", "size=tiny", "trainer.max_steps=40"], code="0123456789ab")
+    assert main([*sweep, "--list"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["differs", "differs"]
+    assert main([*sweep, "--keep-finished", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["done", "linear_rope"]
+    assert out[1].startswith("differs") and "trainer.max_steps" in out[1] and "code" not in out[1]
+    (s / "linear_rope" / DONE).unlink()  # stopped: resuming it would mix two codes in one run
+    (s / "linear_rope" / "checkpoints").mkdir()
+    (s / "linear_rope" / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    assert main([*sweep, "--keep-finished", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("differs") and "trained on code 0123456789ab" in out[0]
+
+
 def test_a_stopped_job_of_another_configuration_is_not_resumed(tmp_path):
     """The same check when a stopped job would resume from its last.ckpt."""
     folder = tmp_path / "S" / "job"
