@@ -94,11 +94,8 @@ def measure(key: str, n: int, args, device: torch.device) -> dict:
 
 
 def row_line(r: dict) -> str:
-    cells = [r["n"], r["form"], *(timing.fmt(r.get(k), d) for k, d in CELLS), timing.status(r)]
-    return timing.table(COLUMNS, [cells])[-1]
-
-
-CELLS = (("fwd_bwd_ms", 2), ("fwd_ms", 2), ("peak_mib", 0), ("first_s", 1))
+    cells = [timing.fmt(r.get(k), d) for k, d in (("fwd_bwd_ms", 2), ("fwd_ms", 2), ("peak_mib", 0), ("first_s", 1))]
+    return timing.table(COLUMNS, [[r["n"], r["form"], *cells, timing.status(r)]])[-1]
 
 
 def skip_reason(key: str, n: int, args, last: dict, left: float) -> Optional[str]:
@@ -184,11 +181,7 @@ def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
                     + [x for r in rates for x in (f"{r:.1f}", f"{100 * r / peak:.0f}%" if peak else "–")]
                 )
     if cells:
-        where = (
-            f"float32 matmul peak ({args.peak_size}³ torch.mm) {peak:.1f} GFLOP/s"
-            if peak
-            else "no matmul peak measured (--peak-size 0)"
-        )
+        where = f"float32 matmul peak ({args.peak_size}³ torch.mm) {peak:.1f} GFLOP/s" if peak else "--peak-size 0"
         out += ["", f"FLOP rate of the forward; {where}", ""]
         out += timing.table(["N", "form"] + [h for c in counts for h in (f"GFLOP/s ({c})", "% of peak")], cells)
     return out

@@ -57,7 +57,7 @@ DEFAULT_MODELS = ["linear_rope", "softmax_rope"]
 
 
 def model_spec(text: str) -> tuple[str, list[str]]:
-    """``PRESET[:KEY=VALUE[,KEY=VALUE]]`` -> (preset, overrides); argparse's check of --models."""
+    """``PRESET[:KEY=VALUE[,KEY=VALUE]]`` -> (preset, overrides)."""
     preset, _, rest = text.partition(":")
     if preset not in PRESETS:
         raise argparse.ArgumentTypeError(f"{preset!r} is not a preset of conf/model/ ({', '.join(PRESETS)})")
@@ -66,6 +66,11 @@ def model_spec(text: str) -> tuple[str, list[str]]:
     if bad:
         raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]!r} is not KEY=VALUE")
     return preset, overrides
+
+
+def checked_spec(text: str) -> str:
+    """argparse's check of a --models entry: ``text`` itself, if ``model_spec`` reads it."""
+    return model_spec(text) and text
 
 
 def compose_config(name: str, args, context: int, compiled: bool) -> DictConfig:
@@ -235,35 +240,21 @@ def summary(rows: list[dict], args) -> list[str]:
 def main(argv=None) -> int:
     p = timing.parser(__doc__, malloc=True)
     p.add_argument("--context", type=int, nargs="+", default=[8192], help="context lengths (tokens) to time")
-    default = " ".join(DEFAULT_MODELS)
-    models_help = f"presets of conf/model/, each optionally with overrides of its own (default {default})"
-    p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, metavar="PRESET[:KEY=VALUE,...]", help=models_help)
+    models = f"PRESET[:KEY=VALUE,…]: presets of conf/model/, each with overrides (default {' '.join(DEFAULT_MODELS)})"
+    p.add_argument("--models", nargs="+", type=checked_spec, default=DEFAULT_MODELS, metavar="MODEL", help=models)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: model, optimizer and data there")
     for flag, key in (("--d-model", "d_model"), ("--layers", "n_layers"), ("--heads", "n_heads"), ("--d-ff", "d_ff")):
         p.add_argument(flag, type=int, default=None, help=f"model.{key} (default: the size config's)")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument(
-        "--chunk-size", type=int, default=None, help="chunk size of the chunked kernel (default: the config's)"
-    )
+    p.add_argument("--chunk-size", type=int, default=None, help="chunk size of linear attention (the config's)")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per model before timing")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per model (median reported)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="time every model eager and compiled (torch.compile)")
-    p.add_argument(
-        "--precision",
-        nargs="+",
-        default=["32-true"],
-        choices=list(AUTOCAST),
-        help="trainer.precision values to time, each model at each",
-    )
+    p.add_argument("--precision", nargs="+", default=["32-true"], choices=list(AUTOCAST), help="each model at each")
     p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE", help="more Hydra overrides, every model")
     p.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and context here")
     args = p.parse_args(argv)
-    for m in args.models:
-        try:
-            model_spec(m)
-        except argparse.ArgumentTypeError as e:
-            p.error(f"--models: {e}")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch.cuda.is_available() is False here")
     malloc = timing.start(args)
