@@ -137,13 +137,16 @@ def _linrope(impl: str, *plan: tuple, **options):
         if why is not None:
             raise FormUnavailable(why)
 
-        def run(q, k, v):
+        def call(q, k, v):
+            return linear_attention(q, k, v, impl=impl, chunk_size=chunk_size, **options)
+
+        def planned(q, k, v):
             with contextlib.ExitStack() as stack:
                 for module, name, value in plan:
                     stack.enter_context(mock.patch.object(module, name, value))
-                return linear_attention(q, k, v, impl=impl, chunk_size=chunk_size, **options)
+                return call(q, k, v)
 
-        return run
+        return planned if plan else call
 
     return build
 
