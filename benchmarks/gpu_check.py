@@ -82,8 +82,8 @@ SIZES = {  # what each mode measures
 }
 GOAL_N = 16384
 # the installed distributions the environment part records (and its table lists, in this order)
-DISTRIBUTIONS = "torch triton fla-core lightning hydra-core omegaconf antlr4-python3-runtime einops numpy PyYAML"
-DISTRIBUTIONS = tuple(DISTRIBUTIONS.split()) + ("pytest", "packaging")
+DISTRIBUTIONS = ("torch", "triton", "fla-core", "lightning", "hydra-core", "omegaconf", "antlr4-python3-runtime")
+DISTRIBUTIONS += ("einops", "numpy", "PyYAML", "pytest", "packaging")
 
 
 class Log:
@@ -420,8 +420,8 @@ def report(ctx) -> str:
         cells = [_f(ms), _f(r.get("fwd_ms")), _f(r.get("peak_mib"), 0), _f(r.get("first_s"), 1)]
         cells += [f"{ms / base:.2f}×" if ms and base else "–", f"{sd / ms:.2f}×" if ms and sd else "–"]
         rows.append([p or "–", r["n"], r["form"], *cells, status(r)])
-    head = "process|N|form|fwd+bwd ms|fwd ms|peak MiB|first call s|÷ fla chunk_simple_gla|sdpa flash ÷ form|status"
-    L += (table(head.split("|"), rows) if rows else ["Not run."]) + [""]
+    head = ["process", "N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "÷ fla chunk_simple_gla"]
+    L += (table(head + ["sdpa flash ÷ form", "status"], rows) if rows else ["Not run."]) + [""]
     L += [
         "## Training throughput",
         "",
@@ -438,8 +438,8 @@ def report(ctx) -> str:
         first = [r.get("process", "–"), r["model"], r.get("size", "–"), r.get("context"), r.get("batch")]
         cells = [_f(r.get(k), d) for k, d in (("ms_per_step", 1), ("tokens_per_s", 0), ("peak_mib", 0), ("first_s", 1))]
         rows.append(first + cells + [status(r)])
-    head = "process|model|size|context|batch|ms/step|tokens/s|peak MiB|first step s|status"
-    L += (table(head.split("|"), rows) if rows else ["Not run."]) + ["", "## FSDP", ""]
+    head = ["process", "model", "size", "context", "batch", "ms/step", "tokens/s", "peak MiB", "first step s", "status"]
+    L += (table(head, rows) if rows else ["Not run."]) + ["", "## FSDP", ""]
     f = ctx.results.get("fsdp")
     fsdp = [[f"`{ctx.fsdp.get('command', '')}`", f["status"], _f(f.get("wall_s"), 0), f.get("note", "")]] if f else []
     L += (table(["command", "status", "wall s", "note"], fsdp) if f else ["Not run."]) + [""]
