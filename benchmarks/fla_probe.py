@@ -1,18 +1,14 @@
 """Whether linrope's Hopper guard keeps fla's training-shape call from faulting: one process per variant.
 
-On an H200 (Triton 3.6.0, fla-core 0.6.0) linrope's fla form stopped with a CUDA illegal memory access in its
-backward at the training shape (docs/benchmarks.md, "Device check"): in ``chunk_bwd_kernel_dv``, whose value block
-is 16 wide for the denominator's two-column value.  Triton >= 3.6 miscompiles multi-dot kernels on sm_90 at block
-sizes 16 and 32, so on Hopper linrope pads every width it hands fla to 64 and drops fla's 16- and 32-wide autotune
-configurations (``fla_backend.HOPPER_GUARD``).  Each variant runs the call — bfloat16, elu+1, RoPE in the
-numerator, (B, H, N, d) = (4, 8, 4096, 64), forward and backward, ``--repeats`` times, synchronised after each — in a
-process of its own, since a fault ends the CUDA context:
+On Hopper linrope pads every width it hands fla to 64 and drops fla's 16- and 32-wide autotune configurations
+(``fla_backend.HOPPER_GUARD``; why: docs/benchmarks.md, "Device check").  Each variant runs the training-shape call
+(bf16, elu+1, RoPE in the numerator, (B, H, N, d) = (4, 8, 4096, 64), forward and backward, ``--repeats`` times,
+synchronised after each) in a process of its own, since a fault ends the CUDA context:
 
   as-is      the guard off: widths padded to even only, every autotune configuration
   guarded    linrope as it is (on Hopper: the guard on)
 
-One line per variant: ok / fault (the error's first line) / timeout, and the seconds taken.  The call alone did not
-fault unguarded on the H200 (5 repeats, 2026-11-27); the training step did (``benchmarks/train_throughput.py``).
+One line per variant: ok / fault (the error's first line) / timeout, and the seconds taken.
 
 Usage:  python benchmarks/fla_probe.py                      # every variant, each in its own process
         python benchmarks/fla_probe.py --variant as-is --repeats 3
@@ -76,12 +72,10 @@ def main(argv=None) -> int:
         cmd = [sys.executable, __file__, "--variant", name, "--repeats", str(a.repeats)]
         try:
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.timeout)
-            lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
-            if r.returncode == 0 and lines:
-                row = json.loads(lines[-1])
-            else:
-                error = next((x for x in reversed(r.stderr.splitlines()) if "Error" in x), r.stderr[-200:])
-                row = {"variant": name, "status": f"fault: {error.strip()[:160]}"}
+            error = next((x for x in reversed(r.stderr.splitlines()) if "Error" in x), r.stderr[-200:])
+            status = f"fault: {error.strip()[:160]}"
+            row = next((json.loads(x) for x in reversed(r.stdout.splitlines()) if x.startswith("{")), None)
+            row = row if r.returncode == 0 and row else {"variant": name, "status": status}
         except subprocess.TimeoutExpired:
             row = {"variant": name, "status": f"timeout after {a.timeout:g} s"}
         row.setdefault("seconds", round(time.perf_counter() - start, 1))

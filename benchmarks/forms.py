@@ -1,14 +1,10 @@
 """The registry of forms the benchmarks time: one entry per form, with a label that says exactly what it times.
 
 A form is a callable ``f(q, k, v) -> output`` on one causal attention problem.  ``REGISTRY[key]`` holds its
-command-line name (``key``, what ``--forms`` takes), the label its rows carry (``label``), one sentence on the
-call, what it computes and what its time includes (``what``), how its time grows with N (``growth``, for the
-budget predictions) and its input layout.  Every benchmark script takes its forms from here, so a row labelled
-"fla naive_chunk_linear_attn (fla's pure-PyTorch reference)" times exactly that in every script.
-
-linrope's own forms are read from the backend registry ``linrope.ops.BACKENDS`` as it is (one form per backend
-that runs, ``auto`` excluded because it only chooses); the others are the baselines and variants below.
-``python benchmarks/kernel_time.py --help`` lists them all.
+command-line name (``key``, what ``--forms`` takes), the label its rows carry, what it computes and what its time
+includes (``what``), how its time grows with N (``growth``, for the budget predictions) and its input layout.
+linrope's own forms are read from the backend registry ``linrope.ops.BACKENDS`` (``auto`` excluded: it only
+chooses); the others are the baselines and variants below.  ``python benchmarks/kernel_time.py --help`` lists them.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +47,6 @@ class Form:
     chunk_flops: bool = False  # the chunked linear-attention FLOP count (8·C·d + 8·d² per token per head) applies
 
 
-# ------------------------------------------------------------------------------------------------------------
-# the forms that are not linrope backends
-# ------------------------------------------------------------------------------------------------------------
 def plain_chunk_linear_attention(q, k, v, *, rope: str = "numerator", chunk_size: int = C, eps: float = 1e-6):
     """Causal elu+1 linear attention as a first chunked version would write it (the reference "before").
 
@@ -70,9 +64,8 @@ def plain_chunk_linear_attention(q, k, v, *, rope: str = "numerator", chunk_size
     U = kc.transpose(-1, -2) @ vc
     num = (qc @ kc.transpose(-1, -2)).masked_fill(future, 0) @ vc + qc @ (U.cumsum(2) - U)
     zk = kdc.sum(3)
-    den = (qdc @ kdc.transpose(-1, -2)).masked_fill(future, 0).sum(-1) + (qdc * (zk.cumsum(2) - zk).unsqueeze(3)).sum(
-        -1
-    )
+    den = (qdc @ kdc.transpose(-1, -2)).masked_fill(future, 0).sum(-1)
+    den = den + (qdc * (zk.cumsum(2) - zk).unsqueeze(3)).sum(-1)
     return (num / (den.unsqueeze(-1) + eps)).flatten(2, 3)[:, :, :n]
 
 
@@ -98,12 +91,6 @@ def _plain(rope: str):
     return build
 
 
-def _needs_cuda(device: torch.device) -> None:
-    why = fla_backend.unavailable(device)
-    if why is not None:
-        raise FormUnavailable(why)
-
-
 def _sdpa(chunk_size, device):
     return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -122,10 +109,10 @@ def _fla_triton(chunk_size, device):
     """fla's own chunk_simple_gla, imported now (not merely found): an import error is this form's row.  Under the
     Hopper guard of linrope's fla form (``fla_backend.kernels``), so that both fla rows choose among the same
     autotune configurations."""
-    _needs_cuda(device)
+    why = fla_backend.unavailable(device)
+    if why is not None:
+        raise FormUnavailable(why)
     from fla.ops.simple_gla import chunk_simple_gla
-
-    from linrope.ops.linear_attn import fla_backend
 
     fla_backend.kernels(device)
     return lambda q, k, v: chunk_simple_gla(q, k, v, scale=1.0)[0]
@@ -138,167 +125,100 @@ def _fla_naive_torch(chunk_size, device):
         raise FormUnavailable(
             f"flash-linear-attention does not import ({type(e).__name__}: {e}); pip install -e '.[gpu]' (fla-core)"
         ) from e
-
-    def run(q, k, v):  # fla takes and returns (B, N, H, d); the transposes are views
-        o = naive_chunk_linear_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), normalize=True)
-        return o.transpose(1, 2)
-
-    return run
+    t = lambda x: x.transpose(1, 2)  # noqa: E731 - fla takes and returns (B, N, H, d); the transposes are views
+    return lambda q, k, v: t(naive_chunk_linear_attn(t(q), t(k), t(v), normalize=True))
 
 
-@contextlib.contextmanager
-def old_plan():
-    """The chunk kernel's plan before issue 31: a Python loop over chunks in every scan, every head in one call
-    walking blocks of 2^18 numbers (512 positions at B·H = 8, d = 64) at any N (``scans.SEQUENTIAL = True``,
-    ``heads.ENABLED = False``); restored on leaving."""
-    saved, scans.SEQUENTIAL = scans.SEQUENTIAL, True
-    try:
-        with whole_heads():
-            yield
-    finally:
-        scans.SEQUENTIAL = saved
+def _linrope(impl: str, *plan: tuple, **options):
+    """linrope's ``impl``, under ``plan``: (module, attribute, value) patched for the call and restored after."""
 
-
-@contextlib.contextmanager
-def whole_heads():
-    """Every head in one call, each operation split between torch's threads (``heads.ENABLED = False``)."""
-    saved, heads.ENABLED = heads.ENABLED, False
-    try:
-        yield
-    finally:
-        heads.ENABLED = saved
-
-
-def _chunk_whole(chunk_size, device):
-    def run(q, k, v):
-        with whole_heads():
-            return linear_attention(q, k, v, impl="chunk", chunk_size=chunk_size)
-
-    return run
-
-
-def _chunk_old(chunk_size, device):
-    def run(q, k, v):
-        with old_plan():
-            return linear_attention(q, k, v, impl="chunk", chunk_size=chunk_size)
-
-    return run
-
-
-def _linrope(impl: str, **options):
     def build(chunk_size, device):
         why = BACKENDS[impl].unavailable(device)
         if why is not None:
             raise FormUnavailable(why)
-        return lambda q, k, v: linear_attention(q, k, v, impl=impl, chunk_size=chunk_size, **options)
+
+        def call(q, k, v):
+            return linear_attention(q, k, v, impl=impl, chunk_size=chunk_size, **options)
+
+        def planned(q, k, v):
+            with contextlib.ExitStack() as stack:
+                for module, name, value in plan:
+                    stack.enter_context(mock.patch.object(module, name, value))
+                return call(q, k, v)
+
+        return planned if plan else call
 
     return build
 
 
-# ------------------------------------------------------------------------------------------------------------
-# the registry
-# ------------------------------------------------------------------------------------------------------------
-LINROPE_LABELS = {"fla": "linrope on fla"}  # the device check's label; the others are "linrope <impl>"
-GROWTH = {"naive": 2}  # the N×N reference; every other backend is linear in N
+WHOLE = (heads, "ENABLED", False)  # every head in one call, each operation split between torch's threads
+OLD_PLAN = (WHOLE, (scans, "SEQUENTIAL", True))  # before issue 31: a Python loop over chunks in every scan as well
+
+
+WHAT = {  # what each form that is not a linrope backend computes, and what its time includes
+    "chunk-none": 'linear_attention(impl="chunk", rope="none"): elu+1 features, no RoPE, normalised: what '
+    "fla-naive-torch computes, plus the feature map",
+    "chunk-whole": 'linear_attention(impl="chunk") with every head in one call (linrope.ops.linear_attn.heads off): '
+    "each operation split between torch's threads",
+    "chunk-old": 'linear_attention(impl="chunk") under the plan before issue 31: a Python loop over chunks in every '
+    "scan (scans.SEQUENTIAL) and every head in one call (heads.ENABLED False): 512-position blocks at any N",
+    "plain": f"plain_chunk_linear_attention (benchmarks/forms.py), {COMPUTES}: a first chunked version in a dozen "
+    "lines of PyTorch: every chunk's state materialised, a cumsum, autograd for the backward; checked against "
+    "linrope naive before it is timed",
+    "plain-none": "plain_chunk_linear_attention with rope='none': elu+1 features, no RoPE, normalised",
+    "sdpa": "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), whichever backend torch "
+    "picks: softmax attention, no position scheme",
+    "sdpa-flash": "scaled_dot_product_attention(is_causal=True) with only the FlashAttention backend allowed (CUDA): "
+    "softmax attention",
+    "fla-triton": "fla.ops.simple_gla.chunk_simple_gla(q, k, v, scale=1) on fla's [B, N, H, d] layout: fla's own "
+    "Triton kernel, unnormalised linear attention with no feature map, RoPE, denominator or decay (CUDA): the speed "
+    "bound for linrope on fla",
+    "fla-naive-torch": "fla.ops.linear_attn.naive.naive_chunk_linear_attn(q, k, v, normalize=True): fla's "
+    "pure-PyTorch reference implementation, not its Triton kernel; on the raw q, k, v (no feature map, no RoPE), "
+    "normalised; compare with chunk-none",
+}
 
 
 def _registry() -> dict[str, Form]:
+    labels = {"fla": "linrope on fla"}  # the device check's label; the others are "linrope <impl>"
     forms = [
         Form(
             name,
-            LINROPE_LABELS.get(name, f"linrope {name}"),
+            labels.get(name, f"linrope {name}"),
             f'linrope.ops.linear_attention(q, k, v, impl="{name}"): {COMPUTES}; {b.what}',
             _linrope(name),
-            growth=GROWTH.get(name, 1),
+            growth=2 if name == "naive" else 1,  # the N×N reference; every other backend is linear in N
             chunk_flops=name == "chunk",
         )
         for name, b in BACKENDS.items()
-        if b.choose is None
-    ]  # "auto" only chooses one of the others
-    forms += [
-        Form(
-            "chunk-none",
-            "linrope chunk, rope=none",
-            'linear_attention(impl="chunk", rope="none"): elu+1 features, no RoPE, normalised: what '
-            "fla-naive-torch computes, plus the feature map",
-            _linrope("chunk", rope="none"),
-            chunk_flops=True,
-        ),
-        Form(
-            "chunk-whole",
-            "linrope chunk, heads whole",
-            'linear_attention(impl="chunk") with every head in one call (linrope.ops.linear_attn.heads off): each '
-            "operation split between torch's threads",
-            _chunk_whole,
-        ),
-        Form(
-            "chunk-old",
-            "linrope chunk, old plan",
-            'linear_attention(impl="chunk") under the plan before issue 31: a Python loop over chunks in every '
-            "scan (scans.SEQUENTIAL) and every head in one call (heads.ENABLED False): 512-position blocks at any N",
-            _chunk_old,
-        ),
-        Form(
-            "plain",
-            "plain chunk (before)",
-            f"plain_chunk_linear_attention (benchmarks/forms.py), {COMPUTES}: a first chunked version in a dozen "
-            "lines of PyTorch: every chunk's state materialised, a cumsum, autograd for the backward; checked "
-            "against linrope naive before it is timed",
-            _plain("numerator"),
-            chunk_flops=True,
-        ),
-        Form(
-            "plain-none",
-            "plain chunk (before), rope=none",
-            "plain_chunk_linear_attention with rope='none': elu+1 features, no RoPE, normalised",
-            _plain("none"),
-            chunk_flops=True,
-        ),
-        Form(
-            "sdpa",
-            "sdpa softmax",
-            "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), whichever backend torch "
-            "picks: softmax attention, no position scheme",
-            _sdpa,
-            growth=2,
-        ),
-        Form(
-            "sdpa-flash",
-            "sdpa flash",
-            "scaled_dot_product_attention(is_causal=True) with only the FlashAttention backend allowed (CUDA): "
-            "softmax attention",
-            _sdpa_flash,
-            growth=2,
-        ),
-        Form(
-            "fla-triton",
-            "fla chunk_simple_gla",
-            "fla.ops.simple_gla.chunk_simple_gla(q, k, v, scale=1) on fla's [B, N, H, d] layout: fla's own Triton "
-            "kernel, unnormalised linear attention with no feature map, RoPE, denominator or decay (CUDA): the "
-            "speed bound for linrope on fla",
-            _fla_triton,
-            layout="BNHD",
-        ),
-        Form(
+        if b.choose is None  # "auto" only chooses one of the others
+    ]
+    others = [  # (key, label, build, options)
+        ("chunk-none", "linrope chunk, rope=none", _linrope("chunk", rope="none"), dict(chunk_flops=True)),
+        ("chunk-whole", "linrope chunk, heads whole", _linrope("chunk", WHOLE), {}),
+        ("chunk-old", "linrope chunk, old plan", _linrope("chunk", *OLD_PLAN), {}),
+        ("plain", "plain chunk (before)", _plain("numerator"), dict(chunk_flops=True)),
+        ("plain-none", "plain chunk (before), rope=none", _plain("none"), dict(chunk_flops=True)),
+        ("sdpa", "sdpa softmax", _sdpa, dict(growth=2)),
+        ("sdpa-flash", "sdpa flash", _sdpa_flash, dict(growth=2)),
+        ("fla-triton", "fla chunk_simple_gla", _fla_triton, dict(layout="BNHD")),
+        (
             "fla-naive-torch",
             "fla naive_chunk_linear_attn (fla's pure-PyTorch reference)",
-            "fla.ops.linear_attn.naive.naive_chunk_linear_attn(q, k, v, normalize=True): fla's pure-PyTorch "
-            "reference implementation, not its Triton kernel; on the raw q, k, v (no feature map, no RoPE), "
-            "normalised; compare with chunk-none",
             _fla_naive_torch,
-            multiple_of=64,
+            dict(multiple_of=64),
         ),
     ]
+    forms += [Form(key, label, WHAT[key], build, **options) for key, label, build, options in others]
     return {f.key: f for f in forms}
 
 
 REGISTRY = _registry()
-BY_LABEL = {f.label: f for f in REGISTRY.values()}
 
 
 def lookup(name: str) -> Form:
     """The form named by its key or its label; one line naming the known keys otherwise."""
-    form = REGISTRY.get(name) or BY_LABEL.get(name)
+    form = REGISTRY.get(name) or next((f for f in REGISTRY.values() if f.label == name), None)
     if form is None:
         raise KeyError(f"unknown form {name!r}; forms: {', '.join(REGISTRY)}")
     return form
@@ -309,34 +229,9 @@ def legend(keys) -> list[str]:
     return [f"- {REGISTRY[k].label} [{k}]: {REGISTRY[k].what}" for k in keys]
 
 
-def make_inputs(
-    form: Form,
-    n: int,
-    *,
-    device="cpu",
-    dtype=torch.float32,
-    batch: int = B,
-    heads: int = H,
-    dim: int = D,
-    seed: int = 0,
-    requires_grad: bool = True,
-):
-    """q, k, v and a gradient for the output, random normal, in the form's layout."""
+def make_inputs(form: Form, n: int, *, device="cpu", dtype=torch.float32, batch=B, heads=H, dim=D, seed=0):
+    """q, k, v (requiring gradients) and a gradient for the output, random normal, in the form's layout."""
     g = torch.Generator(device=device).manual_seed(seed)
     shape = (batch, n, heads, dim) if form.layout == "BNHD" else (batch, heads, n, dim)
     q, k, v, grad = (torch.randn(shape, device=device, dtype=dtype, generator=g) for _ in range(4))
-    return [t.requires_grad_(requires_grad) for t in (q, k, v)], grad
-
-
-def passes(fn, q, k, v, grad):
-    """(forward+backward, forward under no_grad): the two calls a row times."""
-
-    def fwd_bwd():
-        q.grad = k.grad = v.grad = None
-        fn(q, k, v).backward(grad)
-
-    def fwd():
-        with torch.no_grad():
-            fn(q, k, v)
-
-    return fwd_bwd, fwd
+    return [t.requires_grad_() for t in (q, k, v)], grad

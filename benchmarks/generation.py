@@ -20,7 +20,6 @@ Usage:  python benchmarks/generation.py                       # positions 1 024 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -57,23 +56,10 @@ def model_steps(positions, g):
     from linrope.models.model import TransformerLM
 
     torch.manual_seed(0)
-    model = TransformerLM(
-        dict(
-            vocab_size=256,
-            max_len=1024,
-            causal=True,
-            attention={
-                "kind": "linear",
-                "feature_map": "elu",
-                "placement": "numerator",
-                "impl": "chunk",
-                "chunk_size": 64,
-                "eps": 1e-6,
-            },
-            position={"name": "rope", "base": 10000.0, "scaling": None, "factor": 1.0},
-            **MODEL_SIZE,
-        )
-    ).eval()
+    attention = dict(kind="linear", feature_map="elu", placement="numerator", impl="chunk", chunk_size=64, eps=1e-6)
+    position = {"name": "rope", "base": 10000.0, "scaling": None, "factor": 1.0}
+    config = dict(vocab_size=256, max_len=1024, causal=True, attention=attention, position=position, **MODEL_SIZE)
+    model = TransformerLM(config).eval()
     steps = {}
     for pos in positions:
         state = [model(torch.randint(0, 256, (1, pos), generator=g), return_states=True)[1]]
@@ -93,49 +79,34 @@ def per_token(steps: dict, tokens: int, rounds: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
-    p.add_argument(
-        "--positions",
-        type=int,
-        nargs="+",
-        default=[1024, 65536],
-        help="positions at which generation is timed (the ratio is last ÷ first)",
-    )
+    p = timing.parser(__doc__)
+    p.add_argument("--positions", type=int, nargs="+", default=[1024, 65536], help="positions (ratio: last ÷ first)")
     p.add_argument("--tokens", type=int, default=200, help="consecutive tokens timed per position and round")
     p.add_argument("--rounds", type=int, default=7, help="rounds per position; the median is reported")
     p.add_argument("--forms", nargs="+", choices=list(LABELS), default=list(LABELS), help="op, model or both")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     args = p.parse_args(argv)
-    timing.set_threads(args.threads)
+    timing.start(args)
     pos = args.positions
     timing.header(
         "generation: time per token of recurrent decoding",
         f"{args.tokens} consecutive tokens from each position, median of {args.rounds} rounds (positions alternating)",
     )
+    size = ", ".join(f"{k} {v}" for k, v in MODEL_SIZE.items())
     print(f"- {LABELS['op']}: linrope.ops.recurrent_step, B={B} H={H} d={D} float32, elu+1, RoPE numerator")
-    print(
-        f"- {LABELS['model']}: TransformerLM forward(token, offset=pos, states=…), d_model "
-        f"{MODEL_SIZE['d_model']}, {MODEL_SIZE['n_layers']} layers, {MODEL_SIZE['n_heads']} heads",
-        flush=True,
-    )
+    print(f"- {LABELS['model']}: TransformerLM forward(token, offset=pos, states=…), {size}", flush=True)
     g = torch.Generator().manual_seed(0)
-    build = {"op": op_steps, "model": model_steps}
     res = {}
     with torch.no_grad():
         for form in args.forms:
-            res[LABELS[form]] = per_token(build[form](pos, g), args.tokens, args.rounds)
+            res[LABELS[form]] = per_token(
+                {"op": op_steps, "model": model_steps}[form](pos, g), args.tokens, args.rounds
+            )
     rows = [
-        [label] + [f"{per[p_] * 1e6:.1f}" for p_ in pos] + [f"{per[pos[-1]] / per[pos[0]]:.3f}"]
+        [label, *(f"{per[p_] * 1e6:.1f}" for p_ in pos), f"{per[pos[-1]] / per[pos[0]]:.3f}"]
         for label, per in res.items()
     ]
-    print(
-        "\n".join(
-            [""] + timing.table(["form"] + [f"µs/token at {p_}" for p_ in pos] + [f"ratio {pos[-1]}/{pos[0]}"], rows)
-        ),
-        flush=True,
-    )
+    head = ["form"] + [f"µs/token at {p_}" for p_ in pos] + [f"ratio {pos[-1]}/{pos[0]}"]
+    print("\n".join([""] + timing.table(head, rows)), flush=True)
     return res
 
 

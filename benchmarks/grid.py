@@ -1,23 +1,14 @@
 """The chunk kernel's whole grid: every shape studies train and the long rows, fp32 and bf16, against SDPA and fla's
 naive chunk, quiet and beside one busy process, and optionally against another commit's kernel.
 
-Rows (forward+backward of causal linear attention, elu+1, RoPE in the numerator, C = 64, unless a column says
-otherwise):
-
-  tiny       B 16 H 4 d 16  N 64      (``size=tiny``)
-  headline   B 16 H 2 d 64  N 128     (``experiment=headline``: the rope_study model)
-  default    B 16 H 4 d 64  N 256     (``python train.py model=linear_rope``: ``size=small``)
-  base       B 4  H 8 d 64  N 4096    (``size=base``)
-  long-<N>   B 1  H 8 d 64  N 1k, 4k, 8k, 16k, 64k
-
-Each row is timed in a worker process (``--worker``): the median of ``--repeats`` calls after one untimed call
-(for a call under 0.5 s, of 5 × ``--repeats`` calls after five untimed ones),
-for the chunk form (fp32 and bf16), its forward alone (fp32), SDPA causal softmax (up to ``--sdpa-max``) and fla's
-pure-PyTorch ``naive_chunk_linear_attn`` (fla installed, B 1 rows), each ratio taken inside the worker that measured
-both.  The workers run in rounds (``--rounds``): in each round, quiet, then beside a competing process spinning one
-thread; with ``--compare REV [REV …]`` each state runs this checkout's worker and each REV's (its ``linrope/``
-extracted with ``git archive``), alternating (the order reversed every other round), so drift of the machine hits
-them alike.  Reported: medians over the rounds.
+Rows (``ROWS``: B, H, d, N): forward+backward of causal linear attention, elu+1, RoPE in the numerator, C = 64.
+Each row is timed in a worker process: the median of ``--repeats`` calls after one untimed call (for a call under
+0.5 s, of 5 × ``--repeats`` after five) of the chunk form (fp32 and bf16), and in fp32 of its forward alone, SDPA
+(up to ``--sdpa-max``) and fla's pure-PyTorch ``naive_chunk_linear_attn`` (fla installed, B 1 rows), each ratio
+taken inside the worker that measured both.  In each of ``--rounds`` rounds the workers run quiet, then beside a
+process spinning one thread; with ``--compare REV [REV …]`` each state runs this checkout's worker and each REV's
+(its ``linrope/`` from ``git archive``), alternating, the order reversed every other round.  Reported: medians
+over the rounds.
 
 Columns of the table (one line per row × dtype):
   chunk ms           the chunk form's fwd+bwd, quiet (this checkout)
@@ -45,12 +36,15 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # benchmarks.timing; a worker puts the linrope it times first
+
+from benchmarks import timing  # noqa: E402
 
 ROWS = {  # name: (B, H, d, N)
-    "tiny": (16, 4, 16, 64),
-    "headline": (16, 2, 64, 128),
-    "default": (16, 4, 64, 256),
-    "base": (4, 8, 64, 4096),
+    "tiny": (16, 4, 16, 64),  # size=tiny
+    "headline": (16, 2, 64, 128),  # experiment=headline: the rope_study model
+    "default": (16, 4, 64, 256),  # python train.py model=linear_rope: size=small
+    "base": (4, 8, 64, 4096),  # size=base
     "long-1k": (1, 8, 64, 1024),
     "long-4k": (1, 8, 64, 4096),
     "long-8k": (1, 8, 64, 8192),
@@ -60,12 +54,11 @@ ROWS = {  # name: (B, H, d, N)
 DTYPES = ("fp32", "bf16")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# the worker: one process, one kernel source, every row once
-# ----------------------------------------------------------------------------------------------------------------
 def worker(src: str, rows: List[str], repeats: int, sdpa_max: int, fla: bool, threads: int) -> Dict[str, float]:
     """{"<row>/<form>": seconds}: the chunk form of the linrope found in ``src`` (and, for this checkout, SDPA,
-    fla's naive chunk and the forward alone), each the median of ``repeats`` calls after one untimed call."""
+    fla's naive chunk and the forward alone), each the median of ``repeats`` calls after one untimed call (for a
+    call under 0.5 s, of 5 × ``repeats`` calls after five untimed ones: the first calls are slow while torch warms
+    its caches)."""
     sys.path.insert(0, src)
     import torch
 
@@ -81,38 +74,17 @@ def worker(src: str, rows: List[str], repeats: int, sdpa_max: int, fla: bool, th
         try:
             from fla.ops.linear_attn.naive import naive_chunk_linear_attn as naive_chunk
         except Exception:  # noqa: BLE001 - fla missing or broken: no fla column
-            naive_chunk = None
-
-    def fwd_bwd(fn, q, k, v, g):
-        def call():
-            for x in (q, k, v):
-                x.grad = None
-            fn(q, k, v).backward(g)
-
-        return call
-
-    def chunk(q, k, v):
-        return ops.linear_attention(q, k, v, impl="chunk", chunk_size=64)
-
-    def sdpa(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    def fla_naive(q, k, v):  # fla takes (B, N, H, d); transposes are views
-        t = lambda x: x.transpose(1, 2)  # noqa: E731
-        return t(naive_chunk(t(q), t(k), t(v), normalize=True))
+            pass
+    t = lambda x: x.transpose(1, 2)  # noqa: E731 - fla takes (B, N, H, d); transposes are views
+    forms = {
+        "chunk": lambda q, k, v: ops.linear_attention(q, k, v, impl="chunk", chunk_size=64),
+        "sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "fla": lambda q, k, v: t(naive_chunk(t(q), t(k), t(v), normalize=True)),
+    }
 
     def median(call) -> float:
-        t0 = time.perf_counter()
-        call()
-        short = time.perf_counter() - t0 < 0.5  # a short call: more warm-up (the first few calls of a form are
-        for _ in range(4 if short else 0):  # slow while torch warms its caches) and more timed calls
-            call()
-        times = []
-        for _ in range(repeats * (5 if short else 1)):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        short = timing.once(call) < 0.5
+        return timing.median_time(call, warmup=4 if short else 0, repeats=repeats * (5 if short else 1))
 
     out: Dict[str, float] = {}
     for name in rows:
@@ -120,18 +92,14 @@ def worker(src: str, rows: List[str], repeats: int, sdpa_max: int, fla: bool, th
         for dt in DTYPES:
             gen = torch.Generator().manual_seed(0)
             q, k, v, g = (torch.randn(B, H, N, d, generator=gen).to(dtypes[dt]) for _ in range(4))
-            for x in (q, k, v):
-                x.requires_grad_(True)
-            out[f"{name}/chunk/{dt}"] = median(fwd_bwd(chunk, q, k, v, g))
-            if src != str(ROOT):
+            fwd_bwd, fwd = timing.passes(forms["chunk"], *(x.requires_grad_(True) for x in (q, k, v)), g)
+            out[f"{name}/chunk/{dt}"] = median(fwd_bwd)
+            if src != str(ROOT) or dt != "fp32":  # the rest: this checkout's, in float32
                 continue
-            if dt == "fp32":
-                with torch.no_grad():
-                    out[f"{name}/chunk-fwd/{dt}"] = median(lambda q=q, k=k, v=v: chunk(q, k, v))
-                if N <= sdpa_max:
-                    out[f"{name}/sdpa/{dt}"] = median(fwd_bwd(sdpa, q, k, v, g))
-                if naive_chunk is not None and B == 1 and N % 64 == 0:
-                    out[f"{name}/fla/{dt}"] = median(fwd_bwd(fla_naive, q, k, v, g))
+            out[f"{name}/chunk-fwd/{dt}"] = median(fwd)
+            for other, runs in (("sdpa", N <= sdpa_max), ("fla", naive_chunk and B == 1 and N % 64 == 0)):
+                if runs:
+                    out[f"{name}/{other}/{dt}"] = median(timing.passes(forms[other], q, k, v, g)[0])
         print(f"grid worker: {name} done", file=sys.stderr, flush=True)
     if src == str(ROOT) and "long-64k" in rows:
         a = torch.randn(2048, 2048)
@@ -139,9 +107,6 @@ def worker(src: str, rows: List[str], repeats: int, sdpa_max: int, fla: bool, th
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# the driver: rounds of workers, quiet and loaded, this checkout against REV
-# ----------------------------------------------------------------------------------------------------------------
 def extract(rev: str, into: Path) -> str:
     """REV's ``linrope/`` under ``into`` (git archive): the source tree its worker imports."""
     sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True)
@@ -154,25 +119,20 @@ def extract(rev: str, into: Path) -> str:
 
 def run_worker(src: str, args, fla: bool) -> Dict[str, float]:
     cmd = [sys.executable, __file__, "--worker", src, "--rows", *args.rows, "--repeats", str(args.repeats)]
-    cmd += ["--sdpa-max", str(args.sdpa_max), "--threads", str(args.threads)] + ([] if fla else ["--no-fla"])
+    cmd += ["--sdpa-max", str(args.sdpa_max), "--threads", str(args.threads or 0)] + ([] if fla else ["--no-fla"])
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if res.returncode:
         raise SystemExit(f"grid: worker for {src} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def med(results: List[Dict[str, float]], key: str) -> Optional[float]:
-    vals = [r[key] for r in results if key in r]
+def med(results: List[Dict[str, float]], a: str, b: Optional[str] = None) -> Optional[float]:
+    """The median over workers of ``a`` (÷ ``b``, each ratio inside one worker)."""
+    vals = [r[a] / (r[b] if b else 1) for r in results if a in r and (b is None or b in r)]
     return statistics.median(vals) if vals else None
 
 
-def med_ratio(results: List[Dict[str, float]], a: str, b: str) -> Optional[float]:
-    """The median over workers of a ÷ b, each ratio inside one worker."""
-    vals = [r[a] / r[b] for r in results if a in r and b in r]
-    return statistics.median(vals) if vals else None
-
-
-def fmt(x: Optional[float], spec: str = ".2f", unit: str = "") -> str:
+def fmt(x: Optional[float], spec: str = ".2f", unit: str = "×") -> str:
     return "–" if x is None else f"{x:{spec}}{unit}"
 
 
@@ -182,24 +142,24 @@ def report(res: Dict[str, List[Dict[str, float]]], args, revs: List[str]) -> Lis
     for rev in revs:
         head += [f"÷ {rev} quiet", f"÷ {rev} loaded"]
     head += ["SDPA ÷ chunk", "loaded", "kept", "fla ÷ chunk", "loaded", "kept"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for name in args.rows:
         B, H, d, N = ROWS[name]
         for dt in DTYPES:
             c = f"{name}/chunk/{dt}"
             t = med(new_q, c)
-            cells = [name, f"{B} {H} {d} {N}", dt, fmt(None if t is None else t * 1e3, ".1f")]
+            cells = [name, f"{B} {H} {d} {N}", dt, fmt(t and t * 1e3, ".1f", "")]
             for rev in revs:
                 for state, new in (("quiet", new_q), ("loaded", new_l)):
                     a, b = med(new, c), med(res.get(f"{rev}/{state}", []), c)
-                    cells.append(fmt(a / b if a and b else None, ".2f", "×"))
+                    cells.append(fmt(timing.ratio(a, b)))
             for other in ("sdpa", "fla"):
                 o = f"{name}/{other}/{dt}"
-                quiet, loaded = med_ratio(new_q, o, c), med_ratio(new_l, o, c)
-                kept = loaded / quiet if quiet and loaded else None
-                cells += [fmt(quiet, ".2f", "×"), fmt(loaded, ".2f", "×"), fmt(kept, ".0%")]
-            lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+                quiet, loaded = med(new_q, o, c), med(new_l, o, c)
+                kept = timing.ratio(loaded, quiet)
+                cells += [fmt(quiet), fmt(loaded), fmt(kept, ".0%", "")]
+            rows.append(cells)
+    lines = timing.table(head, rows) + [""]
     t64, t8 = med(new_q, "long-64k/chunk/fp32"), med(new_q, "long-8k/chunk/fp32")
     if t64 and t8:
         lines.append(f"- t(64k) ÷ t(8k), chunk fwd+bwd fp32: {t64 / t8:.2f} (8 if linear)")
@@ -211,20 +171,19 @@ def report(res: Dict[str, List[Dict[str, float]]], args, revs: List[str]) -> Lis
             f"- chunk forward at 64k: {flops / fwd / 1e9:.1f} GFLOP/s, {flops / fwd / 1e9 / peak:.0%} of a float32 "
             f"2048³ matmul's {peak:.1f} GFLOP/s (numerator matmuls only)"
         )
-    bf = med_ratio(new_q, "long-16k/chunk/fp32", "long-16k/chunk/bf16")
+    bf = med(new_q, "long-16k/chunk/fp32", "long-16k/chunk/bf16")
     if bf:
         lines.append(f"- fp32 ÷ bf16 chunk fwd+bwd at 16k: {bf:.2f}× (bf16 faster above 1)")
     return lines
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = timing.parser(__doc__)
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="rows of the grid (all)")
     p.add_argument("--compare", metavar="REV", nargs="+", default=[], help="also time each REV's chunk kernel")
     p.add_argument("--rounds", type=int, default=3, help="worker rounds per state and source (3)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per row inside a worker (3)")
     p.add_argument("--sdpa-max", type=int, default=16384, help="longest N for SDPA (16384)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     p.add_argument("--no-loaded", action="store_true", help="quiet only (no competing process)")
     p.add_argument("--no-fla", action="store_true", help="no fla naive chunk column")
     p.add_argument("--out", type=Path, help="also write the table (markdown) here")
@@ -233,9 +192,6 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, args.rows, args.repeats, args.sdpa_max, not args.no_fla, args.threads)))
         return 0
-    sys.path.insert(0, str(ROOT))  # the driver, not a worker: this checkout's helpers
-    from benchmarks import timing
-
     if args.out and not args.out.parent.is_dir():
         p.error(f"--out {args.out}: folder {args.out.parent} does not exist")
     states = ["quiet"] + ([] if args.no_loaded else ["loaded"])

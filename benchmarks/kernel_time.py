@@ -1,46 +1,38 @@
 """Kernel time: forward and forward+backward of attention forms, side by side, and their ratios.
 
-One process, one row per (N, form), each printed as it is measured and labelled with what it times (the forms
-and their labels: benchmarks/forms.py; the list is at the end of this help).  Per row: the median of
-``--repeats`` timed forward+backward passes after ``--warmup`` untimed ones (CUDA events on a GPU), the forward
-alone under ``torch.no_grad`` (the same), the peak memory allocated during one forward+backward above what was
-allocated before it (CUDA only; on a CPU see benchmarks/memory.py) and the wall time of the very first call (on
-a GPU: Triton's compile and fla's autotuning).  A form that fails (out of memory, an import, a kernel error)
-becomes a row saying what failed, and the other forms go on; a form that cannot run here (fla's Triton kernels
-on a CPU) says "unavailable".
+One process, one row per (N, form), printed as it is measured and labelled with what it times (benchmarks/forms.py;
+the list ends this help): the median fwd+bwd and forward (under no_grad) of ``--repeats`` runs after ``--warmup``,
+the peak memory allocated during one fwd+bwd above what was allocated before it (CUDA only; on a CPU see
+benchmarks/memory.py) and the wall time of the first call (on a GPU: Triton's compile and fla's autotuning).  A form
+that fails becomes a row saying what failed (OOM named as such; the form is skipped at larger N after an OOM); one
+that cannot run here says "unavailable".  A row is skipped, saying why, above ``--naive-max`` for the naive form, at
+an N that is not a multiple the form needs, or when one fwd+bwd is predicted (from the form's previous N, linear or
+quadratic) to take over ``--max-run-s`` or the table's ``--budget-s`` would overrun.
 
-Skipped rows say why: the naive form above ``--naive-max`` (it materialises B·H·N² weights), N not a multiple
-the form needs, one forward+backward predicted (from the form's previous N: linear or quadratic in N) to take
-longer than ``--max-run-s``, or the whole table's ``--budget-s`` spent or predicted to overrun.
+After the rows: the time ratios A ÷ B of each ``--ratios A/B`` pair (both measured in this process; > 1: B is
+faster); each form's growth (time at N ÷ at the first N); the forward's FLOP rate of the chunked linear forms, as a
+share of a ``--peak-size``³ float32 torch.mm timed in the same run, for two counts per token and head: 8·C·d + 8·d²
+(the count the targets were set in, twice the numerator's matmul work, so it can pass 100%) and 4·C·d + 4·d² (the
+numerator's matmuls QKᵀ, PV, KᵀV, Q·S).
 
-After the rows:
-  ratios      time of A ÷ time of B for each ``--ratios A/B`` pair, fwd and fwd+bwd, at each N where both ran
-              (both measured above, in this process; > 1 means B is faster)
-  growth      each form's fwd+bwd time at N ÷ its time at the first N, beside N ÷ first N
-  FLOP rate   the forward of the chunked linear forms in GFLOP/s and as a share of a float32 matmul's rate
-              measured in the same run (a ``--peak-size``³ torch.mm), with two counts per token and head:
-              8·C·d + 8·d² (the count the targets were set in; twice the numerator's matmul work, so it can
-              pass 100%) and 4·C·d + 4·d² (the numerator's matmuls QKᵀ, PV, KᵀV, Q·S at 2 FLOPs per
-              multiply-add; denominator, feature map and RoPE not counted)
-
-Shapes: B=1, H=8, d=64 (``--batch``, ``--heads``, ``--dim``), float32 (``--dtype``), causal, chunk C=64.  On a CPU
-freed memory is kept for reuse by default, as train.py does (``--system-malloc`` leaves malloc alone).
-``--jsonl`` appends each row as one JSON line as it is measured (benchmarks/gpu_check.py reads them);
-``LINROPE_BENCH_FAIL=<key or label>[,…]`` makes those forms raise.  Exit status 1 if a row failed (on CUDA also
-if a form was unavailable), else 0.
+On CUDA (``--device cuda``) it is the device check's kernel table: by default sdpa flash, fla chunk_simple_gla (fla's
+own Triton kernel: the speed bound), linrope on fla and linrope chunk, bf16, N = 1k, 4k, 16k, 64k, the median of 10
+after 3 warm-up, no per-run limit, a table budget of 600 s and no matmul peak; without a CUDA GPU it says so and
+measures nothing.  ``--jsonl`` appends each row as one JSON line (benchmarks/gpu_check.py reads them);
+``LINROPE_BENCH_FAIL=<key or label>[,…]`` makes those forms raise.  Exit status 1 if a row failed (on CUDA also if
+a form was unavailable).
 
 Usage:  python benchmarks/kernel_time.py --quick
         python benchmarks/kernel_time.py --lengths 8192 16384 65536 --max-run-s 40
         python benchmarks/kernel_time.py --lengths 16384 --forms chunk sdpa
         python benchmarks/kernel_time.py --lengths 65536 --forms chunk-none fla-naive-torch \
             --ratios fla-naive-torch/chunk-none
-        python benchmarks/kernel_time.py --device cuda --dtype bf16 --forms sdpa-flash fla-triton fla chunk
+        python benchmarks/kernel_time.py --device cuda
+        python benchmarks/kernel_time.py --device cuda --lengths 1024 16384 --forms "sdpa flash" "linrope on fla"
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
@@ -52,13 +44,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import timing  # noqa: E402
-from benchmarks.forms import REGISTRY, FormUnavailable, legend, lookup, make_inputs, passes  # noqa: E402
-from linrope.base.memory import retain_freed_memory  # noqa: E402
+from benchmarks.forms import REGISTRY, FormUnavailable, legend, lookup, make_inputs  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 COLUMNS = ("N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "status")
-DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-QUICK_LENGTHS = [1024, 2048, 4096]
 DEFAULT_FORMS = {
     "cpu": ["chunk", "plain", "naive", "sdpa", "chunk-none", "plain-none", "fla-naive-torch"],
     "cuda": ["sdpa-flash", "fla-triton", "fla", "chunk"],
@@ -67,21 +56,29 @@ DEFAULT_RATIOS = {
     "cpu": ["sdpa/chunk", "plain/chunk", "naive/chunk", "fla-naive-torch/chunk-none", "plain-none/chunk-none"],
     "cuda": ["fla/fla-triton", "sdpa-flash/fla", "sdpa-flash/chunk"],
 }
-OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: only torch.cuda's
+DEFAULTS = {  # option: (default on cpu, on cuda: the device check's kernel table)
+    "dtype": ("fp32", "bf16"),
+    "lengths": ([2**i for i in range(10, 17)], [1024, 4096, 16384, 65536]),
+    "warmup": (1, 3),
+    "repeats": (5, 10),
+    "max_run_s": (20.0, math.inf),
+    "budget_s": (math.inf, 600.0),
+    "peak_size": (2048, 0),
+}
+NEEDS_GPU = "--device cuda: no CUDA GPU here (torch.cuda.is_available() is False): nothing was measured"
 
 
 def measure(key: str, n: int, args, device: torch.device) -> dict:
     form = REGISTRY[key]
     fn = form.build(args.chunk_size, device)
-    (q, k, v), grad = make_inputs(
-        form, n, device=device, dtype=DTYPES[args.dtype], batch=args.batch, heads=args.heads, dim=args.dim, seed=n
-    )
+    shape = dict(batch=args.batch, heads=args.heads, dim=args.dim)
+    (q, k, v), grad = make_inputs(form, n, device=device, dtype=DTYPES[args.dtype], seed=n, **shape)
 
     def checked(q, k, v):
         timing.forced_failure(key, form.label)
         return fn(q, k, v)
 
-    fwd_bwd, fwd = passes(checked, q, k, v, grad)
+    fwd_bwd, fwd = timing.passes(checked, q, k, v, grad)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -92,38 +89,13 @@ def measure(key: str, n: int, args, device: torch.device) -> dict:
     first = time.perf_counter() - t0
     peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if cuda else None
     reps = dict(warmup=args.warmup, repeats=args.repeats, device=device)
-    return {
-        "fwd_bwd_ms": timing.median_time(fwd_bwd, **reps) * 1e3,
-        "fwd_ms": timing.median_time(fwd, **reps) * 1e3,
-        "peak_mib": peak,
-        "first_s": first,
-    }
-
-
-def failure_note(e: BaseException) -> str:
-    """One line saying what failed: OOM named as such, else the exception's type and first line."""
-    first = (str(e).strip().splitlines() or [""])[0][:160]
-    if isinstance(e, OOM) or "out of memory" in first.lower():
-        return f"OOM: {first}"
-    return f"{type(e).__name__}: {first}"
+    fb_ms, fwd_ms = (timing.median_time(f, **reps) * 1e3 for f in (fwd_bwd, fwd))
+    return {"fwd_bwd_ms": fb_ms, "fwd_ms": fwd_ms, "peak_mib": peak, "first_s": first}
 
 
 def row_line(r: dict) -> str:
-    status = r["status"] + (f": {r['note']}" if r.get("note") else "")
-    return timing.table(
-        COLUMNS,
-        [
-            [
-                r["n"],
-                r["form"],
-                timing.fmt(r.get("fwd_bwd_ms")),
-                timing.fmt(r.get("fwd_ms")),
-                timing.fmt(r.get("peak_mib"), 0),
-                timing.fmt(r.get("first_s"), 1),
-                status,
-            ]
-        ],
-    )[-1]
+    cells = [timing.fmt(r.get(k), d) for k, d in (("fwd_bwd_ms", 2), ("fwd_ms", 2), ("peak_mib", 0), ("first_s", 1))]
+    return timing.table(COLUMNS, [[r["n"], r["form"], *cells, timing.status(r)]])[-1]
 
 
 def skip_reason(key: str, n: int, args, last: dict, left: float) -> Optional[str]:
@@ -151,14 +123,7 @@ def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
     rows, last, dead = [], {}, {}
     for n in args.lengths:
         for key in args.forms:
-            row = {
-                "part": "kernels",
-                "n": n,
-                "form": REGISTRY[key].label,
-                "key": key,
-                "device": device.type,
-                "dtype": args.dtype,
-            }
+            row = dict(part="kernels", n=n, form=REGISTRY[key].label, key=key, device=device.type, dtype=args.dtype)
             why = skip_reason(key, n, args, last, args.budget_s - (time.perf_counter() - start))
             if key in dead:
                 row.update(dead[key])
@@ -172,7 +137,7 @@ def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
                     row.update(status="unavailable", note=str(e))
                     dead[key] = {"status": "unavailable", "note": str(e)}
                 except Exception as e:  # noqa: BLE001 - any failure of one form is that form's row
-                    row.update(status="failed", note=failure_note(e))
+                    row.update(status="failed", note=timing.failure_note(e))
                     if row["note"].startswith("OOM"):
                         dead[key] = {"status": "skipped", "note": f"OOM at N={n}"}
                 finally:
@@ -185,34 +150,26 @@ def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
 
 def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
     """The ratios, growth and FLOP-rate tables of the rows measured."""
-    ms = {
-        (r["n"], r["key"], kind): r.get(kind) for r in rows if r["status"] == "ok" for kind in ("fwd_ms", "fwd_bwd_ms")
-    }
+    ok = [r for r in rows if r["status"] == "ok"]
+    ms = {(r["n"], r["key"], kind): r[kind] for r in ok for kind in ("fwd_ms", "fwd_bwd_ms")}
     lengths = sorted({r["n"] for r in rows})
+    label = {k: f.label for k, f in REGISTRY.items()}
     out = ["", "Ratios: time of A ÷ time of B, both measured above in this process (> 1: B is faster)", ""]
     cells = []
-    for pair in args.ratios:
-        a, b = pair.split("/")
+    for a, b in (pair.split("/") for pair in args.ratios):
         for n in lengths:
             fwd, fb = (timing.ratio(ms.get((n, a, kind)), ms.get((n, b, kind))) for kind in ("fwd_ms", "fwd_bwd_ms"))
             if fwd or fb:
-                cells.append(
-                    [n, f"{REGISTRY[a].label} ÷ {REGISTRY[b].label}", timing.fmt_ratio(fwd), timing.fmt_ratio(fb)]
-                )
+                cells.append([n, f"{label[a]} ÷ {label[b]}", timing.fmt_ratio(fwd), timing.fmt_ratio(fb)])
     out += timing.table(["N", "ratio", "fwd", "fwd+bwd"], cells) if cells else ["(no pair measured at the same N)"]
     out += ["", "Growth: fwd+bwd time at N ÷ at the first N measured", ""]
     cells = []
     for key in args.forms:
-        got = [(n, ms[n, key, "fwd_bwd_ms"]) for n in lengths if ms.get((n, key, "fwd_bwd_ms"))]
-        cells += [
-            [REGISTRY[key].label, f"{got[0][0]} → {n}", f"{t / got[0][1]:.2f}", f"{n / got[0][0]:g}"]
-            for n, t in got[1:]
-        ]
+        got = [(n, ms[n, key, "fwd_bwd_ms"]) for n in lengths if (n, key, "fwd_bwd_ms") in ms]
+        cells += [[label[key], f"{got[0][0]} → {n}", f"{t / got[0][1]:.2f}", f"{n / got[0][0]:g}"] for n, t in got[1:]]
     out += timing.table(["form", "N", "time ratio", "N ratio"], cells) if cells else ["(one N only)"]
-    counts = {
-        "8·C·d + 8·d²": 8 * args.chunk_size * args.dim + 8 * args.dim**2,
-        "4·C·d + 4·d²": 4 * args.chunk_size * args.dim + 4 * args.dim**2,
-    }
+    cs, d = args.chunk_size, args.dim
+    counts = {"8·C·d + 8·d²": 8 * cs * d + 8 * d**2, "4·C·d + 4·d²": 4 * cs * d + 4 * d**2}
     cells = []
     for n in lengths:
         for key in args.forms:
@@ -220,72 +177,52 @@ def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
             if t and REGISTRY[key].chunk_flops:
                 rates = [args.batch * args.heads * n * c / (t / 1e3) / 1e9 for c in counts.values()]
                 cells.append(
-                    [n, REGISTRY[key].label]
+                    [n, label[key]]
                     + [x for r in rates for x in (f"{r:.1f}", f"{100 * r / peak:.0f}%" if peak else "–")]
                 )
     if cells:
-        where = (
-            f"float32 matmul peak ({args.peak_size}³ torch.mm) {peak:.1f} GFLOP/s"
-            if peak
-            else "no matmul peak measured (--peak-size 0)"
-        )
+        where = f"float32 matmul peak ({args.peak_size}³ torch.mm) {peak:.1f} GFLOP/s" if peak else "--peak-size 0"
         out += ["", f"FLOP rate of the forward; {where}", ""]
         out += timing.table(["N", "form"] + [h for c in counts for h in (f"GFLOP/s ({c})", "% of peak")], cells)
     return out
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__ + "\nForms (--forms takes the key in brackets or the label):\n" + "\n".join(legend(REGISTRY)),
+    p = timing.parser(
+        __doc__,
+        malloc=True,
+        epilog="\nForms (--forms takes the key in brackets or the label):\n" + "\n".join(legend(REGISTRY)),
     )
-    p.add_argument("--lengths", type=int, nargs="+", default=None, help="sequence lengths N (default 1k … 64k)")
+    p.add_argument(
+        "--lengths", type=int, nargs="+", help="sequence lengths N (default 1k, 2k, … 64k; on cuda 1k, 4k, 16k, 64k)"
+    )
     p.add_argument("--quick", action="store_true", help="N = 1k, 2k, 4k only (a smoke run)")
-    p.add_argument(
-        "--forms",
-        nargs="+",
-        default=None,
-        metavar="FORM",
-        help="forms to time, in this order at each N (default on cpu: "
-        f"{' '.join(DEFAULT_FORMS['cpu'])}; on cuda: {' '.join(DEFAULT_FORMS['cuda'])})",
-    )
-    p.add_argument(
-        "--ratios",
-        nargs="+",
-        default=None,
-        metavar="A/B",
-        help="time ratios to print, each of two forms' keys (default on cpu: "
-        f"{' '.join(DEFAULT_RATIOS['cpu'])}; on cuda: {' '.join(DEFAULT_RATIOS['cuda'])})",
-    )
+    for name, default, what in (
+        ("forms", DEFAULT_FORMS, "forms to time, in this order at each N"),
+        ("ratios", DEFAULT_RATIOS, "time ratios A/B to print, each of two forms' keys"),
+    ):
+        on = "; ".join(f"on {kind}: {' '.join(v)}" for kind, v in default.items())
+        p.add_argument(f"--{name}", nargs="+", default=None, help=f"{what} (default {on})")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="input dtype (default fp32)")
+    p.add_argument("--dtype", choices=DTYPES, help="input dtype (default fp32; on cuda bf16)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--chunk-size", type=int, default=64, help="chunk size C of linrope's and the plain chunk form")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs before timing")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per measurement; the median is reported")
+    p.add_argument("--warmup", type=int, help="untimed runs before timing (default 1; on cuda 3)")
+    p.add_argument("--repeats", type=int, help="timed runs per measurement; the median is reported (5; on cuda 10)")
     p.add_argument("--naive-max", type=int, default=4096, help="largest N for the naive form (B·H·N² weights)")
-    p.add_argument(
-        "--max-run-s",
-        type=float,
-        default=20.0,
-        help="skip a form at an N where one fwd+bwd is predicted to take longer than this (default 20)",
-    )
-    p.add_argument("--budget-s", type=float, default=math.inf, help="wall-clock budget of the whole table")
-    p.add_argument("--peak-size", type=int, default=2048, help="size of the matmul whose rate is the peak (0: none)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
-    p.add_argument(
-        "--system-malloc",
-        action="store_true",
-        help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
-        "(linrope.base.memory.retain_freed_memory), for every form alike",
-    )
+    p.add_argument("--max-run-s", type=float, help="longest predicted fwd+bwd run at an N (20; on cuda no limit)")
+    p.add_argument("--budget-s", type=float, help="wall-clock budget of the whole table (none; on cuda 600)")
+    p.add_argument("--peak-size", type=int, help="size of the matmul whose rate is the peak (0: none; 2048, cuda 0)")
     p.add_argument("--jsonl", type=Path, default=None, help="append each row here as one JSON line")
     args = p.parse_args(argv)
     kind = torch.device(args.device).type
-    args.lengths = args.lengths or (QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
+    if args.quick and args.lengths is None:
+        args.lengths = [1024, 2048, 4096]
+    for name, default in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default[kind == "cuda"])
     try:
         args.forms = [lookup(f).key for f in args.forms or DEFAULT_FORMS[kind]]
         pairs = [r.split("/") for r in args.ratios or DEFAULT_RATIOS[kind]]
@@ -298,22 +235,20 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    timing.set_threads(args.threads)
-    retained = False if args.system_malloc else retain_freed_memory()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(NEEDS_GPU)
+        return 0
+    malloc = timing.start(args)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     timing.header(
-        f"kernel time: {where}; B={args.batch}, H={args.heads}, d={args.dim}, {args.dtype}, causal, "
-        f"C={args.chunk_size}",
-        f"fwd+bwd and fwd: median of {args.repeats} after {args.warmup} warm-up; malloc: "
-        + ("freed memory kept for reuse" if retained else "as the system has it"),
+        f"kernel time: {where}; B={args.batch}, H={args.heads}, d={args.dim}, {args.dtype}, causal, C={args.chunk_size}",
+        f"fwd+bwd and fwd: median of {args.repeats} after {args.warmup} warm-up; malloc: {malloc}",
     )
     print("\n".join(["Forms:"] + legend(args.forms) + [""] + timing.table(COLUMNS, [])[:2]), flush=True)
 
     def emit(row):
         print(row_line(row), flush=True)
-        if args.jsonl:
-            with open(args.jsonl, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        timing.append_jsonl(args.jsonl, row)
 
     rows = run(args, device, emit)
     peak = timing.matmul_rate(args.peak_size, device=device) if args.peak_size else None

@@ -8,10 +8,9 @@ allocator caching included, not a count of tensor bytes.  (``ru_maxrss`` is no u
 from the parent across fork/exec.)  Linux only.  On a GPU, benchmarks/kernel_time.py --device cuda reports the
 peak memory allocated per row instead.
 
-The forms and their labels are benchmarks/forms.py's (listed at the end of this help).  The naive form runs only
-up to ``--naive-max`` (it materialises B·H·N² weights); a child that fails or exceeds ``--timeout-s`` gives a row
-saying so.  Shapes: B=1, H=8, d=64, float32, causal, C=64; the children run with this process's thread count and
-keep freed memory for reuse as train.py does, unless ``--system-malloc``.
+The naive form runs only up to ``--naive-max`` (it materialises B·H·N² weights); a child that fails or exceeds
+``--timeout-s`` gives a row saying so.  Shapes: B=1, H=8, d=64, float32, causal, C=64; the children run with this
+process's thread count and malloc setting.
 
 Usage:  python benchmarks/memory.py --lengths 4096 16384 65536 --forms chunk naive sdpa
 """
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,28 +28,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import timing  # noqa: E402
-from benchmarks.forms import REGISTRY, B, C, D, H, legend, lookup, make_inputs, passes  # noqa: E402
-from linrope.base.memory import retain_freed_memory  # noqa: E402
+from benchmarks.forms import REGISTRY, B, C, D, H, legend, lookup, make_inputs  # noqa: E402
 
 COLUMNS = ("N", "form", "MB above the RSS before the call", "peak RSS MB", "q, k, v MB", "status")
 
 
 def proc_status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def child(key: str, n: int, chunk_size: int) -> dict:
     """One forward+backward of one form at N, in this (fresh) process: the RSS high-water mark and its rise."""
     form = REGISTRY[key]
     fn = form.build(chunk_size, torch.device("cpu"))
-    (q, k, v), grad = make_inputs(form, 256)
-    passes(fn, q, k, v, grad)[0]()  # one-time library set-up, not counted
-    (q, k, v), grad = make_inputs(form, n)
-    fwd_bwd, _ = passes(fn, q, k, v, grad)
+
+    def fwd_bwd_at(n: int):
+        (q, k, v), grad = make_inputs(form, n)
+        return timing.passes(fn, q, k, v, grad)[0]
+
+    fwd_bwd_at(256)()  # one-time library set-up, not counted
+    fwd_bwd = fwd_bwd_at(n)
     try:  # reset the high-water mark to the current RSS (Linux >= 4.0); else it counts from process start
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -64,19 +61,10 @@ def child(key: str, n: int, chunk_size: int) -> dict:
 
 
 def measure(key: str, n: int, args) -> dict:
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--_child",
-        key,
-        str(n),
-        "--chunk-size",
-        str(args.chunk_size),
-        "--threads",
-        str(torch.get_num_threads()),
-    ] + (["--system-malloc"] if args.system_malloc else [])
+    cmd = [sys.executable, __file__, "--_child", key, str(n), "--chunk-size", str(args.chunk_size)]
+    cmd += ["--threads", str(torch.get_num_threads())] + (["--system-malloc"] if args.system_malloc else [])
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, env=os.environ.copy())
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
     except subprocess.TimeoutExpired:
         return {"status": "failed", "note": f"over --timeout-s {args.timeout_s:g}"}
     lines = res.stdout.strip().splitlines()
@@ -87,32 +75,15 @@ def measure(key: str, n: int, args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__ + "\nForms:\n" + "\n".join(legend(REGISTRY)),
-    )
+    p = timing.parser(__doc__, malloc=True, epilog="\nForms:\n" + "\n".join(legend(REGISTRY)))
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536], help="sequence lengths N")
-    p.add_argument(
-        "--forms",
-        nargs="+",
-        default=["chunk", "naive", "sdpa"],
-        metavar="FORM",
-        help="forms (keys or labels of benchmarks/forms.py; default chunk naive sdpa)",
-    )
+    p.add_argument("--forms", nargs="+", default=["chunk", "naive", "sdpa"], help="forms (keys or labels)")
     p.add_argument("--chunk-size", type=int, default=C)
     p.add_argument("--naive-max", type=int, default=4096, help="largest N for the naive form (B·H·N² weights)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="time limit of each child process")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
-    p.add_argument(
-        "--system-malloc",
-        action="store_true",
-        help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does",
-    )
     p.add_argument("--_child", nargs=2, metavar=("FORM", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    timing.set_threads(args.threads)
-    retained = False if args.system_malloc else retain_freed_memory()
+    malloc = timing.start(args)
     if args._child:
         print(json.dumps(child(args._child[0], int(args._child[1]), args.chunk_size)), flush=True)
         return 0
@@ -123,35 +94,19 @@ def main(argv=None) -> int:
     timing.header(
         f"memory: peak RSS of one forward+backward in a fresh process; B={B}, H={H}, d={D}, float32, "
         f"causal, C={args.chunk_size}",
-        "malloc: " + ("freed memory kept for reuse" if retained else "as the system has it"),
+        f"malloc: {malloc}",
     )
     print("\n".join(["Forms:"] + legend(keys) + [""] + timing.table(COLUMNS, [])[:2]), flush=True)
     failed = False
     for n in args.lengths:
         for key in keys:
-            r = (
-                {"status": "skipped", "note": f"N above --naive-max {args.naive_max}"}
-                if key == "naive" and n > args.naive_max
-                else measure(key, n, args)
-            )
+            if key == "naive" and n > args.naive_max:
+                r = {"status": "skipped", "note": f"N above --naive-max {args.naive_max}"}
+            else:
+                r = measure(key, n, args)
             failed = failed or r["status"] == "failed"
-            status = r["status"] + (f": {r['note']}" if r.get("note") else "")
-            print(
-                timing.table(
-                    COLUMNS,
-                    [
-                        [
-                            n,
-                            REGISTRY[key].label,
-                            timing.fmt(r.get("delta_mb"), 0),
-                            timing.fmt(r.get("peak_mb"), 0),
-                            timing.fmt(3 * B * H * n * D * 4 / 2**20, 0),
-                            status,
-                        ]
-                    ],
-                )[-1],
-                flush=True,
-            )
+            mb = [timing.fmt(x, 0) for x in (r.get("delta_mb"), r.get("peak_mb"), 3 * B * H * n * D * 4 / 2**20)]
+            print(timing.table(COLUMNS, [[n, REGISTRY[key].label, *mb, timing.status(r)]])[-1], flush=True)
     return 1 if failed else 0
 
 

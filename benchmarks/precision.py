@@ -18,20 +18,19 @@ Usage:  python benchmarks/precision.py --rounds 9
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import timing  # noqa: E402
-from benchmarks.forms import REGISTRY, B, C, D, H, legend, lookup, make_inputs, passes  # noqa: E402
+from benchmarks.forms import REGISTRY, B, C, D, H, legend, lookup, make_inputs  # noqa: E402
 from linrope.ops import linear_attention  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-PASSES = {"fwd+bwd": 0, "fwd": 1}
 
 
 def speed(key: str, lengths, rounds: int, warmup: int, mm_size: int) -> list[str]:
@@ -39,32 +38,21 @@ def speed(key: str, lengths, rounds: int, warmup: int, mm_size: int) -> list[str
     fn = form.build(C, torch.device("cpu"))
     a, b = torch.randn(mm_size, mm_size), torch.randn(mm_size, mm_size)
     mats = {name: (a.to(dt), b.to(dt)) for name, dt in DTYPES.items()}
-    mm = timing.medians(timing.rounds({name: (lambda x=x, y=y: x @ y) for name, (x, y) in mats.items()}, rounds=rounds))
-    out = [
-        f"{mm_size}³ torch.mm: float32 {2 * mm_size**3 / mm['float32'] / 1e9:.0f} GFLOP/s, bfloat16 "
-        f"{2 * mm_size**3 / mm['bfloat16'] / 1e9:.0f} GFLOP/s: {mm['float32'] / mm['bfloat16']:.2f}×",
-        "",
-    ]
+    mm = {name: (lambda x=x, y=y: x @ y) for name, (x, y) in mats.items()}
+    rate = {name: 2 * mm_size**3 / t / 1e9 for name, t in timing.medians(timing.rounds(mm, rounds=rounds)).items()}
+    f32, bf16 = rate["float32"], rate["bfloat16"]
+    out = [f"{mm_size}³ torch.mm: float32 {f32:.0f} GFLOP/s, bfloat16 {bf16:.0f} GFLOP/s: {bf16 / f32:.2f}×", ""]
     rows = []
     for n in lengths:
         calls = {}
         for name, dt in DTYPES.items():
             (q, k, v), grad = make_inputs(form, n, dtype=dt)
-            pair = passes(fn, q, k, v, grad)
-            calls.update({(name, p): pair[i] for p, i in PASSES.items()})
+            calls[name, "fwd+bwd"], calls[name, "fwd"] = timing.passes(fn, q, k, v, grad)
         m = {key_: t * 1e3 for key_, t in timing.medians(timing.rounds(calls, rounds=rounds, warmup=warmup)).items()}
-        rows.append(
-            [n, form.label]
-            + [
-                x
-                for p in ("fwd", "fwd+bwd")
-                for x in (
-                    f"{m['float32', p]:.1f}",
-                    f"{m['bfloat16', p]:.1f}",
-                    timing.fmt_ratio(timing.ratio(m["float32", p], m["bfloat16", p])),
-                )
-            ]
-        )
+        rows.append([n, form.label])
+        for p in ("fwd", "fwd+bwd"):
+            f32, bf16 = m["float32", p], m["bfloat16", p]
+            rows[-1] += [f"{f32:.1f}", f"{bf16:.1f}", timing.fmt_ratio(timing.ratio(f32, bf16))]
     head = ["N", "form"] + [
         f"{p} {h}" for p in ("fwd", "fwd+bwd") for h in ("float32 ms", "bfloat16 ms", "float32 ÷ bfloat16")
     ]
@@ -80,40 +68,32 @@ def errors(n: int, heads: int = 2) -> list[str]:
         return ((a.double() - b).norm() / b.norm()).item()
 
     rules = {"bfloat16 products": CK.matmul_dtype, "float32 products": lambda dtype, rope: compute_dtype(dtype)}
+    decay = torch.tensor([0.999, 0.99])
     cases = [
         ("elu", "numerator", None),
-        ("elu", "numerator", torch.tensor([0.999, 0.99])),
+        ("elu", "numerator", decay),
         ("cosine", "numerator", None),
         ("elu", "none", None),
     ]
     rows = []
-    try:
-        for fm, rope, decay in cases:
-            g = torch.Generator().manual_seed(1)
-            q, k, v = (torch.randn(1, heads, n, D, generator=g).bfloat16() for _ in range(3))
-            w = torch.randn(1, heads, n, D, generator=g, dtype=torch.float64)
-            kw = dict(feature_map=fm, rope=rope, decay=decay)
-            ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-            ref, ref_state = linear_attention(*ref_leaves, impl="naive", output_final_state=True, **kw)
-            (ref * w).sum().backward()
-            floor = rel(ref.detach().bfloat16(), ref.detach())
-            for label, rule in rules.items():
-                CK.matmul_dtype = rule
-                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    for fm, rope, decay in cases:
+        g = torch.Generator().manual_seed(1)
+        q, k, v = (torch.randn(1, heads, n, D, generator=g).bfloat16() for _ in range(3))
+        w = torch.randn(1, heads, n, D, generator=g, dtype=torch.float64)
+        kw = dict(feature_map=fm, rope=rope, decay=decay)
+        ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        ref, ref_state = linear_attention(*ref_leaves, impl="naive", output_final_state=True, **kw)
+        (ref * w).sum().backward()
+        floor = rel(ref.detach().bfloat16(), ref.detach())
+        for label, rule in rules.items():
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            with mock.patch.object(CK, "matmul_dtype", rule):  # the products' precision, for this call only
                 out, state = linear_attention(*leaves, impl="chunk", output_final_state=True, **kw)
                 (out.double() * w).sum().backward()
-                errs = [rel(out.detach(), ref.detach()), rel(state.S, ref_state.S.detach())]
-                errs += [rel(x.grad, r.grad) for x, r in zip(leaves, ref_leaves)]
-                rows.append(
-                    [
-                        f"{fm}, {rope}, {'decay' if decay is not None else 'no decay'}",
-                        label,
-                        f"{errs[0]:.1e} ({floor:.1e})",
-                    ]
-                    + [f"{e:.1e}" for e in errs[1:]]
-                )
-    finally:
-        CK.matmul_dtype = rules["bfloat16 products"]
+            errs = [rel(out.detach(), ref.detach()), rel(state.S, ref_state.S.detach())]
+            errs += [rel(x.grad, r.grad) for x, r in zip(leaves, ref_leaves)]
+            case = f"{fm}, {rope}, {'decay' if decay is not None else 'no decay'}"
+            rows.append([case, label, f"{errs[0]:.1e} ({floor:.1e})"] + [f"{e:.1e}" for e in errs[1:]])
     return [
         f"linrope chunk on bfloat16 inputs against float64 linrope naive on the same inputs (N={n}, H={heads}, "
         f"d={D}; relative error, in norm)",
@@ -122,9 +102,7 @@ def errors(n: int, heads: int = 2) -> list[str]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
+    p = timing.parser(__doc__)
     p.add_argument("--form", default="chunk", help="the form timed in both precisions (a key of benchmarks/forms.py)")
     p.add_argument("--lengths", type=int, nargs="+", default=[16384], help="sequence lengths N of the speed table")
     p.add_argument("--rounds", type=int, default=9, help="alternating rounds; medians reported")
@@ -132,13 +110,12 @@ def main(argv=None) -> None:
     p.add_argument("--mm-size", type=int, default=2048, help="size of the matmul timed for scale")
     p.add_argument("--error-length", type=int, default=2048, help="N of the accuracy table")
     p.add_argument("--no-errors", action="store_true", help="only the speed table")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
     args = p.parse_args(argv)
     try:
         key = lookup(args.form).key
     except KeyError as e:
         p.error(f"--form: {e.args[0]}")
-    timing.set_threads(args.threads)
+    timing.start(args)
     timing.header(
         f"precision: float32 vs bfloat16 inputs, B={B} H={H} d={D} causal, C={C}",
         f"median of {args.rounds} alternating rounds after {args.warmup} warm-up",

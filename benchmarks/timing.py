@@ -1,4 +1,5 @@
-"""The benchmarks' one timing helper: warm-up, repeats, the median; alternating rounds; ratios; the header line.
+"""The benchmarks' shared helpers: timing (warm-up, repeats, the median; alternating rounds; ratios), the header
+line, the options every script takes, and the rows' cells.
 
 Every time a benchmark prints is a median: of ``repeats`` calls after ``warmup`` untimed ones (``median_time``),
 or, where several things are compared, of rounds in which they alternate (``rounds``), so that a slow drift of
@@ -8,7 +9,9 @@ only ever taken between two times measured in the same process (``ratio``: None 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -19,11 +22,8 @@ from typing import Callable, Hashable, Optional
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from linrope.run.provenance import machine_line  # noqa: E402
-
 FAIL_ENV = "LINROPE_BENCH_FAIL"  # names of forms or models made to raise: the failure drill of the device check
+OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch < 2.5: only torch.cuda's
 
 
 def sync(device) -> None:
@@ -54,26 +54,33 @@ def median_time(fn: Callable[[], object], *, warmup: int, repeats: int, device="
 
 
 def rounds(
-    fns: dict[Hashable, Callable[[], object]],
-    *,
-    rounds: int,
-    warmup: int = 1,
-    device="cpu",
-    on_round: Optional[Callable[[int, dict], None]] = None,
+    fns: dict[Hashable, Callable[[], object]], *, rounds: int, warmup: int = 1, device="cpu"
 ) -> dict[Hashable, list[float]]:
     """Seconds per call of each ``fns[key]()``, the keys alternating within each of ``rounds`` rounds, after
-    ``warmup`` untimed calls of each; ``on_round(i, times)`` after each round (to print progress)."""
+    ``warmup`` untimed calls of each."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     sync(device)
     times: dict[Hashable, list[float]] = {key: [] for key in fns}
-    for i in range(rounds):
+    for _ in range(rounds):
         for key, fn in fns.items():
             times[key].append(once(fn, device))
-        if on_round is not None:
-            on_round(i, times)
     return times
+
+
+def passes(fn, q, k, v, grad):
+    """(forward+backward, forward under no_grad): the two calls a row times."""
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(grad)
+
+    def fwd():
+        with torch.no_grad():
+            fn(q, k, v)
+
+    return fwd_bwd, fwd
 
 
 def medians(times: dict) -> dict:
@@ -99,12 +106,25 @@ def forced_failure(*names: str) -> None:
         raise RuntimeError(f"forced failure ({FAIL_ENV}={os.environ[FAIL_ENV]})")
 
 
+def failure_note(e: BaseException) -> str:
+    """One line saying what failed: OOM named as such, else the exception's type and first line."""
+    first = (str(e).strip().splitlines() or [""])[0][:160]
+    if isinstance(e, OOM) or "out of memory" in first.lower():
+        return f"OOM: {first}"
+    return f"{type(e).__name__}: {first}"
+
+
 def fmt(x: Optional[float], digits: int = 2) -> str:
     return "–" if x is None else f"{x:,.{digits}f}".replace(",", " ")
 
 
 def fmt_ratio(x: Optional[float]) -> str:
     return "–" if x is None else f"{x:.2f}×"
+
+
+def status(row: dict) -> str:
+    """A row's status cell: "ok", or the status and its note."""
+    return row["status"] + (f": {row['note']}" if row.get("note") else "")
 
 
 def table(head: list, rows: list[list]) -> list[str]:
@@ -115,15 +135,49 @@ def table(head: list, rows: list[list]) -> list[str]:
     ]
 
 
+def append_jsonl(path: Optional[Path], row: dict) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def header(title: str, timing: str) -> None:
     """The first two lines of every benchmark: what it measures, then what produced the numbers and how."""
+    from linrope.run.provenance import machine_line  # here, not above: grid.py's workers import another linrope
+
     print(f"# {title}")
     print(f"{machine_line()}; {timing}", flush=True)
 
 
-def set_threads(threads: Optional[int]) -> None:
+def parser(doc: str, *, threads: bool = True, malloc: bool = False, epilog: str = "") -> argparse.ArgumentParser:
+    """The options the scripts share: ``--help`` gives ``doc`` (its first paragraph first), ``--threads``, and with
+    ``malloc`` ``--system-malloc``."""
+    p = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc + epilog
+    )
     if threads:
-        torch.set_num_threads(threads)
+        p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    if malloc:
+        p.add_argument(
+            "--system-malloc",
+            action="store_true",
+            help="leave malloc as it is; by default freed memory is kept for reuse, as train.py does "
+            "(linrope.base.memory.retain_freed_memory), for every form alike",
+        )
+    return p
+
+
+def start(args) -> str:
+    """Set ``--threads``; keep freed memory for reuse unless ``--system-malloc`` (where the script has it): what
+    malloc does, for the header."""
+    from linrope.base.memory import retain_freed_memory
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not hasattr(args, "system_malloc"):
+        return "as the system has it"
+    kept = False if args.system_malloc else retain_freed_memory()
+    return "freed memory kept for reuse" if kept else "as the system has it"
 
 
 @contextlib.contextmanager

@@ -16,7 +16,6 @@ from benchmarks import (
     forms,
     generation,
     gpu_check,
-    gpu_table,
     grid,
     kernel_time,
     loaded,
@@ -246,7 +245,7 @@ def test_training_throughput_benchmark_reports_a_ratio(capsys):
 
 
 # --------------------------------------------------------------------------------------------------------
-# the device check: benchmarks/gpu_check.sh (gpu_check.py), its kernel table (gpu_table.py), its training rows
+# the device check: benchmarks/gpu_check.sh (gpu_check.py), its kernel table (kernel_time.py), its training rows
 # --------------------------------------------------------------------------------------------------------
 def read_rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -255,14 +254,18 @@ def read_rows(path):
 def test_kernel_table_keeps_the_other_forms_when_one_fails(tmp_path, monkeypatch, capsys):
     """A form that raises becomes its own row; the forms after it, and the next N, are still measured; fla on a CPU
     is "unavailable", not a failure; every row is printed as it is measured."""
-    monkeypatch.setenv("LINROPE_BENCH_FAIL", gpu_table.SDPA)
+    monkeypatch.setenv("LINROPE_BENCH_FAIL", gpu_check.SDPA)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     rows = tmp_path / "rows.jsonl"
-    forms = [gpu_table.SDPA, gpu_table.LINROPE_CHUNK, gpu_table.FLA_KERNEL]
-    rc = gpu_table.main(
+    forms = [gpu_check.SDPA, gpu_check.LINROPE_CHUNK, gpu_check.FLA_KERNEL]
+    rc = kernel_time.main(
         [
             "--device",
             "cpu",
+            "--dtype",
+            "bf16",
+            "--peak-size",
+            "0",
             "--lengths",
             "64",
             "128",
@@ -288,21 +291,23 @@ def test_kernel_table_keeps_the_other_forms_when_one_fails(tmp_path, monkeypatch
     assert all("forced failure" in r["note"] for r in got if r["status"] == "failed")
     assert all(r["fwd_bwd_ms"] > 0 and r["fwd_ms"] > 0 and r["first_s"] > 0 for r in got if r["status"] == "ok")
     printed = capsys.readouterr().out
-    assert all(table_rows(printed, f"{n} | {gpu_table.LINROPE_CHUNK}")[0][-1] == "ok" for n in (64, 128))
+    assert all(table_rows(printed, f"{n} | {gpu_check.LINROPE_CHUNK}")[0][-1] == "ok" for n in (64, 128))
     assert printed.count("| failed: RuntimeError") == 2
 
 
 def test_kernel_table_says_when_its_budget_is_spent(tmp_path):
     rows = tmp_path / "rows.jsonl"
     assert (
-        gpu_table.main(
+        kernel_time.main(
             [
                 "--device",
                 "cpu",
+                "--dtype",
+                "bf16",
                 "--lengths",
                 "64",
                 "--forms",
-                gpu_table.LINROPE_CHUNK,
+                gpu_check.LINROPE_CHUNK,
                 "--budget-s",
                 "0",
                 "--jsonl",
@@ -357,11 +362,11 @@ def test_training_throughput_refuses_a_model_spec_that_is_not_key_value(capsys):
 def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
     ctx = gpu_check.Context(argparse.Namespace(cpu=False, out=tmp_path, parts=list(gpu_check.PARTS), total_s=None))
     for process, form, ms in (  # each form against the sdpa flash of its own process
-        (1, gpu_table.SDPA, 80.0),
-        (1, gpu_table.LINROPE_CHUNK, 20.0),
-        (2, gpu_table.SDPA, 90.0),
-        (2, gpu_table.FLA_KERNEL, 10.0),
-        (2, gpu_table.LINROPE_FLA, fla_ms),
+        (1, gpu_check.SDPA, 80.0),
+        (1, gpu_check.LINROPE_CHUNK, 20.0),
+        (2, gpu_check.SDPA, 90.0),
+        (2, gpu_check.FLA_KERNEL, 10.0),
+        (2, gpu_check.LINROPE_FLA, fla_ms),
     ):
         ctx.add_row(
             {
@@ -390,7 +395,7 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
     assert (train_fla[2], train_chunk[2]) == ("yes", "no") and train_fla[1].endswith("= 2.20×")
     assert train_chunk[1].endswith("= 0.90×")
     md = gpu_check.report(ctx)
-    assert f"| 2 | 16384 | {gpu_table.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
+    assert f"| 2 | 16384 | {gpu_check.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -438,7 +443,7 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     model made to fail leave every other row measured, and the exit status says a part failed."""
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OUT", "GPU_CHECK_CPU")}
-    env.update(PYTHON=sys.executable, OUT=str(out), LINROPE_BENCH_FAIL=f"{gpu_table.LINROPE_CHUNK},softmax_rope")
+    env.update(PYTHON=sys.executable, OUT=str(out), LINROPE_BENCH_FAIL=f"{gpu_check.LINROPE_CHUNK},softmax_rope")
     res = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
@@ -466,10 +471,10 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     assert row("kernels")[0] == row("train")[0] == "failed"
     for n in gpu_check.SIZES["cpu"]["lengths"]:
         for process in (1, 2):  # the baseline in each process
-            sdpa = row(process, n, gpu_table.SDPA)
+            sdpa = row(process, n, gpu_check.SDPA)
             assert float(sdpa[0]) > 0 and sdpa[-1] == "ok"
-        assert row(1, n, gpu_table.LINROPE_CHUNK)[-1].startswith("failed: RuntimeError: forced failure")
-        for form in (gpu_table.FLA_KERNEL, gpu_table.LINROPE_FLA):
+        assert row(1, n, gpu_check.LINROPE_CHUNK)[-1].startswith("failed: RuntimeError: forced failure")
+        for form in (gpu_check.FLA_KERNEL, gpu_check.LINROPE_FLA):
             assert row(2, n, form)[-1].startswith("unavailable: fla's Triton kernels need a CUDA device")
     chunk = row(1, gpu_check.LINEAR_CHUNK)
     assert float(chunk[4].replace(" ", "")) > 0 and chunk[-1] == "ok"  # tokens/s

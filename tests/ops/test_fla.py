@@ -407,12 +407,12 @@ def test_safe_blocks_drops_16_and_32_wide_configurations_of_fla_autotuners(monke
 
 
 # --------------------------------------------------------------------------------------------------------
-# benchmarks/gpu_table.py: says it needs a GPU here (its rows: tests/test_benchmarks.py)
+# benchmarks/kernel_time.py --device cuda, the kernel table: says it needs a GPU here (rows: tests/test_benchmarks.py)
 # --------------------------------------------------------------------------------------------------------
-def test_gpu_table_says_it_needs_a_gpu(capsys):
-    from benchmarks import gpu_table
+def test_gpu_kernel_table_says_it_needs_a_gpu(capsys):
+    from benchmarks import kernel_time
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the table would be measured")
-    assert gpu_table.main(["--lengths", "2048"]) == 0
-    assert capsys.readouterr().out.strip() == gpu_table.NEEDS_GPU
+    assert kernel_time.main(["--device", "cuda", "--lengths", "2048"]) == 0
+    assert capsys.readouterr().out.strip() == kernel_time.NEEDS_GPU
