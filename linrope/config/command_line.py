@@ -17,20 +17,8 @@ from typing import List, Optional, Sequence
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "conf"  # linrope/conf in an installed wheel
 CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-_FLAGS_WITH_VALUE = {
-    "-c",
-    "--cfg",
-    "-p",
-    "--package",
-    "--info",
-    "-cp",
-    "--config-path",
-    "-cn",
-    "--config-name",
-    "-cd",
-    "--config-dir",
-    "--experimental-rerun",
-}
+_FLAGS_WITH_VALUE = {"-c", "--cfg", "-p", "--package", "--info", "-cp", "--config-path", "-cn", "--config-name", "-cd"}
+_FLAGS_WITH_VALUE |= {"--config-dir", "--experimental-rerun"}
 
 
 class _Unknown(Exception):
@@ -67,15 +55,11 @@ def user_config_dirs(argv: Sequence[str]) -> List[Path]:
     (relative to the current folder). Raises ``_Unknown`` for a source it cannot list (``pkg://``,
     ``--config-path``)."""
     dirs: List[Path] = []
-    args = list(argv)
-    for i, arg in enumerate(args):
+    for arg in config_dirs_as_overrides(argv):
         flag, eq, inline = arg.partition("=")
-        if flag in ("-cd", "--config-dir"):
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-            dirs.append(Path(value).expanduser())
-        elif flag in ("-cp", "--config-path"):
+        if flag in ("-cp", "--config-path"):
             raise _Unknown(arg)
-        elif flag.lstrip("+") == "hydra.searchpath" and eq:
+        if flag.lstrip("+") == "hydra.searchpath" and eq:
             dirs.extend(_search_path_entries(inline))
     return [d if d.is_absolute() else Path(os.getcwd()) / d for d in dirs]
 
@@ -100,6 +84,19 @@ def config_dirs_as_overrides(argv: Sequence[str]) -> List[str]:
     if dirs:
         out.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]")
     return out
+
+
+def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train", hydra_config=False):
+    """``conf/<config_name>.yaml`` composed with ``overrides``, outside any Hydra run (tools, checks, tests)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> List[str]:
@@ -243,8 +240,6 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
     (``trainer.max_step=10``), one line each naming the nearest key there is (Hydra's own message is six lines
     and names none). The config is composed from the command line's other overrides; a command line with a
     sweep among those, another primary config, or anything Hydra would refuse is left to Hydra."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -263,15 +258,12 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
         (plain if is_plain else rest).append(o)
     if not plain or any(o.is_sweep_override() for o in rest):
         return []
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=[o.input_line for o in rest])
-        tree = OmegaConf.to_container(cfg, resolve=False)
-    except Exception:
+        tree = OmegaConf.to_container(
+            compose_config([o.input_line for o in rest], conf_dir, config_name), resolve=False
+        )
+    except Exception:  # noqa: BLE001 - Hydra says it
         return []
-    finally:
-        GlobalHydra.instance().clear()
     errors = []
     for o in plain:
         node, parts = tree, o.key_or_group.split(".")
@@ -296,8 +288,6 @@ def launcher_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name:
     ``trainer.num_nodes`` and ``trainer.devices``) must be numbers, e.g. not ``trainer.devices=auto`` (Hydra
     would refuse them at launch in several lines).  The config is composed from the command line's
     overrides that sweep nothing; anything else is left to Hydra."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -307,15 +297,12 @@ def launcher_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Hydra's note on the plugin's schema: Hydra says it again at launch
-            cfg = compose(config_name=config_name, overrides=fixed, return_hydra_config=True)
+            cfg = compose_config(fixed, conf_dir, config_name, hydra_config=True)
         launcher = cfg.hydra.launcher
     except Exception:  # noqa: BLE001 - a line Hydra refuses: Hydra says it
         return []
-    finally:
-        GlobalHydra.instance().clear()
     raw = OmegaConf.to_container(launcher, resolve=False)
     bad: dict = {}  # (source key or None, value): the launcher's keys that take it
     for key in SLURM_COUNTS:
