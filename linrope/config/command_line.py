@@ -143,15 +143,6 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_n
     return errors
 
 
-def _option_file(group: str, option: str, conf_dir: Path, extra: Sequence[Path]) -> Optional[Path]:
-    """The file Hydra reads for ``group=option``: linrope's first, then the user's folders."""
-    for root in (conf_dir, *extra):
-        path = root / group / f"{option}.yaml"
-        if path.is_file():
-            return path
-    return None
-
-
 def yaml_problem(path: Path) -> Optional[str]:
     """Why Hydra cannot read ``path`` as a config (not YAML, or YAML that is not a mapping), or None."""
     import yaml
@@ -194,7 +185,8 @@ def preset_errors(
     """One line for the file of ``group=option`` — or of an option its defaults list chooses — that Hydra would
     stop on with a 70-line YAML traceback (a preset that is not YAML, or not a mapping), naming the file."""
     seen = set() if seen is None else seen
-    path = _option_file(group, option, conf_dir, extra)
+    # the file Hydra reads for group=option: linrope's first, then the user's folders
+    path = next((p for root in (conf_dir, *extra) if (p := root / group / f"{option}.yaml").is_file()), None)
     if path is None or path in seen:
         return []
     seen.add(path)
