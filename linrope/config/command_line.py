@@ -5,7 +5,12 @@ the nearest key (Hydra's own messages are several lines).
 ``CONF_DIR`` is where linrope's configs are: ``linrope/conf`` inside an installed wheel (the build maps the
 repository's top-level ``conf/`` there: pyproject.toml), else the checkout's ``conf/`` (a checkout, or an
 editable install). A user's own config folders (``--config-dir DIR`` / ``-cd DIR``, ``hydra.searchpath=[file://DIR]``)
-add their options to those of ``CONF_DIR``."""
+add their options to those of ``CONF_DIR``.
+
+``answer_help`` answers ``--help`` of the Hydra commands before Hydra, torch or Lightning is imported: the
+``hydra.help.template`` of the command's config (``conf/train.yaml``'s is in ``conf/hydra/default.yaml``), with
+``$APP_CONFIG_GROUPS`` filled in from the config folders; ``--cfg job`` prints every key and its value.  Standard
+library and PyYAML at the top level: ``python -m linrope evaluate --help`` answers as fast as an argparse command."""
 
 from __future__ import annotations
 
@@ -346,6 +351,38 @@ def check_command_line(
     )
     if errors:
         raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
+
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def template(config_name: str, conf_dir: Path = CONF_DIR) -> str:
+    """The ``hydra.help.template`` of ``conf/<config_name>.yaml`` (for ``train``: of ``conf/hydra/default.yaml``)."""
+    import yaml
+
+    path = conf_dir / ("hydra/default.yaml" if config_name == "train" else f"{config_name}.yaml")
+    node = yaml.safe_load(path.read_text()) or {}
+    node = node if config_name == "train" else node.get("hydra") or {}
+    return str((node.get("help") or {}).get("template") or "")
+
+
+def config_groups(conf_dir: Path = CONF_DIR) -> str:
+    """``group: option, option, ...`` per config group of ``conf_dir`` (Hydra's own groups and ``study`` left out)."""
+    # conf/study is read by linrope report, never composed into a run (command_line_errors refuses study=)
+    groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name not in ("hydra", "study"))
+    return "\n".join(f"{g}: {', '.join(group_options(g, conf_dir))}" for g in groups)
+
+
+def command_help(config_name: str, conf_dir: Path = CONF_DIR) -> str:
+    return template(config_name, conf_dir).replace("$APP_CONFIG_GROUPS", config_groups(conf_dir)).rstrip() + "\n"
+
+
+def answer_help(config_name: str, argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR) -> None:
+    """With ``--help`` / ``-h`` on the command line: print the command's help and exit 0; otherwise nothing."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in HELP_FLAGS for a in argv):
+        sys.stdout.write(command_help(config_name, conf_dir))
+        raise SystemExit(0)
 
 
 from linrope.base.naming import program  # noqa: E402,F401 - where the commands have long imported it from

@@ -81,8 +81,7 @@ def main(cfg: DictConfig) -> Optional[float]:
 
 def run() -> None:
     """The train command (``python -m linrope train``, ``linrope-train``, ``python train.py``)."""
-    from linrope.config.command_line import check_command_line
-    from linrope.config.help import answer_help
+    from linrope.config.command_line import answer_help, check_command_line
 
     answer_help("train")  # what the command does, its main options and groups; no config dump
     check_command_line()  # model=nope: one line naming the options, before Hydra's longer message
