@@ -61,7 +61,7 @@ def run(name: str, args: Sequence[str], program: Optional[str] = None) -> int:
     command = COMMANDS[name]
     sys.argv = [program or f"python -m linrope {name}", *args]
     if command.config is not None:
-        from linrope.config.help import answer_help  # standard library and PyYAML
+        from linrope.config.command_line import answer_help  # standard library and PyYAML
 
         answer_help(command.config)  # --help: printed, exit 0, before the command's module loads torch
     module_name, function = command.target.split(":")

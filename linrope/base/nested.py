@@ -7,7 +7,7 @@ checkpoint's identity, a resume's changes, a study's job identity and a report's
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Iterable, Mapping
 
 
 def get(cfg: Any, dotted: str, default: Any = None) -> Any:
@@ -30,3 +30,8 @@ def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
     for k, v in node.items():
         out.update(flatten(v, f"{prefix}{k}."))
     return out
+
+
+def under(key: str, prefixes: Iterable[str]) -> bool:
+    """Whether a dotted key is one of ``prefixes`` or lies below one that ends in a dot (``paths.``)."""
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in prefixes)

@@ -8,17 +8,14 @@ with its type and, where it has one, its range::
     feature_map: Annotated[str, Rule(choices=lambda: tuple(FEATURE_MAPS))] = "elu"
     stride: Annotated[Optional[int], Rule(low=1, note="null: half the length")]
 
-``declared(component)`` reads that declaration (types from the annotations: int, float, str, bool, Optional,
-lists and pairs of them, ``Literal``); ``option_errors(declared, given, where)`` is the one check made of the
-options given anywhere — the composed config of a command line and its preset files, a saved config, a
-checkpoint's hyper-parameters: one line for each key the component does not take, naming the nearest it
-does (``UnknownOption``), else one line for each value it refuses (``model.attention.chunk_size=0: expected
-an integer >= 1``).
+``declared(component)`` reads that declaration; ``option_errors(declared, given, where)`` checks the options
+given anywhere (a command line and its presets, a saved config, a checkpoint's hyper-parameters): one line per
+key the component does not take, naming the nearest it does (``UnknownOption``), else one line per value it
+refuses (``model.attention.chunk_size=0: expected an integer >= 1``).
 
-Why not OmegaConf's structured configs: they check types but not ranges or choices read from a registry,
-stop at the first error with a several-line message, and as Hydra schemas they would refuse a bad value while
-Hydra composes, before linrope can say it in one line.  The declarations here are plain dataclasses and
-signatures, so they also serve as structured configs wherever one is wanted."""
+Why not OmegaConf's structured configs or pydantic: both stop a value while Hydra composes or report it in their
+own several-line wording, coerce (``"1"`` to 1, ``True`` to 1) unless made strict, and take no choices read from a
+registry when checked; the one-line message names the expectation, which the declaration has to spell anyway."""
 
 from __future__ import annotations
 
@@ -26,10 +23,11 @@ import collections.abc
 import dataclasses
 import inspect
 import math
+import operator
 import sys
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Annotated, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from linrope.base.errors import UnknownOption
 
@@ -53,27 +51,21 @@ class Rule:
     length: Optional[int] = None
     empty: bool = True
 
+    def _bounds(self) -> Iterator[Tuple[str, float, Callable[[float, float], bool]]]:
+        ops = ((">=", self.low, operator.ge), (">", self.above, operator.gt))
+        ops += (("<=", self.high, operator.le), ("<", self.below, operator.lt))
+        return ((op, v, test) for op, v, test in ops if v is not None)
+
     def expectation(self) -> str:
         if self.kind == "list":
-            many = "two" if self.length == 2 else "a list of"
-            text = f"{many} {_plural(self.item.expectation())}"
+            text = f"{'two' if self.length == 2 else 'a list of'} {_plural(self.item.expectation())}"
         elif self.kind == "choice":
             choices = [*self.choices(), *([None] if self.null and None not in self.choices() else [])]
             text = "one of " + ", ".join("null" if c is None else str(c) for c in choices)
         else:
-            text = {
-                "int": "an integer",
-                "number": "a number",
-                "bool": "true or false",
-                "str": "a string",
-                "any": "anything",
-            }[self.kind]
-            bounds = [
-                f"{op} {_num(v)}"
-                for op, v in ((">=", self.low), (">", self.above), ("<=", self.high), ("<", self.below))
-                if v is not None
-            ]
-            text += (" " + " and ".join(bounds)) if bounds else ""
+            text = _NAMES[self.kind] + "".join(
+                f"{' and' if i else ''} {op} {_num(v)}" for i, (op, v, _) in enumerate(self._bounds())
+            )
         text += " or null" if self.null and self.kind != "choice" else ""
         return text + (f" ({self.note})" if self.note else "")
 
@@ -92,21 +84,16 @@ class Rule:
             return isinstance(value, bool if self.kind == "bool" else str)
         if isinstance(value, bool) or not isinstance(value, int if self.kind == "int" else (int, float)):
             return False
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        return (
-            (self.low is None or value >= self.low)
-            and (self.above is None or value > self.above)
-            and (self.high is None or value <= self.high)
-            and (self.below is None or value < self.below)
-        )
+        finite = not isinstance(value, float) or math.isfinite(value)
+        return finite and all(test(value, v) for _, v, test in self._bounds())
+
+
+_NAMES = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string", "any": "anything"}
 
 
 def _plural(expectation: str) -> str:
     """``an integer >= 1`` -> ``integers >= 1``; ``one of pi, ntk`` -> ``pi, ntk``."""
-    if expectation.startswith("one of "):
-        return expectation[len("one of ") :]
-    for one, many in (("an integer", "integers"), ("a number", "numbers"), ("a string", "strings")):
+    for one, many in (("one of ", ""), ("an integer", "integers"), ("a number", "numbers"), ("a string", "strings")):
         if expectation.startswith(one):
             return many + expectation[len(one) :]
     return expectation
@@ -145,40 +132,33 @@ def rule_of(annotation: Any) -> Rule:
         item = dataclasses.replace(
             item, **{k: v for k, v in ranged.items() if v is not None}, kind="choice" if given.choices else item.kind
         )
-        return dataclasses.replace(
-            Rule(), kind="list", item=item, length=length, empty=given.empty, null=null, note=given.note
-        )
+        return Rule(kind="list", item=item, length=length, empty=given.empty, null=null, note=given.note)
     kind = "choice" if given.choices else _KINDS[annotation]
     return dataclasses.replace(given, kind=kind, null=null or given.null)
 
 
-def declared(component: Any, skip: Iterable[str] = ()) -> Dict[str, Rule]:
-    """{option: Rule} of a component: a dataclass's fields, or a class's keyword arguments (its ``__init__``'s
-    and, where that passes ``**kwargs`` on, its parents'), less ``skip`` (what the caller passes itself)."""
-    skip = set(skip)
+def _parameters(component: Any) -> Iterator[Tuple[str, Any, Any]]:
+    """(name, annotation, default or ``inspect.Parameter.empty``) of each option of a component: a dataclass's
+    fields, or a class's keyword arguments (its ``__init__``'s and, where that passes ``**kwargs`` on, its
+    parents')."""
     if dataclasses.is_dataclass(component):
         hints = _field_hints(component)
-        return {f.name: rule_of(hints[f.name]) for f in dataclasses.fields(component) if f.name not in skip}
-    rules: Dict[str, Rule] = {}
+        for f in dataclasses.fields(component):
+            yield f.name, hints[f.name], inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        return
+    seen = set()
     for klass in component.__mro__ if inspect.isclass(component) else ():
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
         params = inspect.signature(init).parameters.values()
         hints = typing.get_type_hints(init, include_extras=True)
-        rules.update(
-            {
-                p.name: rule_of(hints.get(p.name, Any))
-                for p in params
-                if p.name not in rules
-                and p.name not in skip
-                and p.name != "self"
-                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            }
-        )
+        for p in params:
+            if p.name not in seen and p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                seen.add(p.name)
+                yield p.name, hints.get(p.name, Any), p.default
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
-    return rules
 
 
 def _field_hints(cls: type) -> Dict[str, Any]:
@@ -193,42 +173,31 @@ def _field_hints(cls: type) -> Dict[str, Any]:
     return hints
 
 
+def declared(component: Any, skip: Iterable[str] = ()) -> Dict[str, Rule]:
+    """{option: Rule} of a component, less ``skip`` (what the caller passes itself)."""
+    skip = set(skip)
+    return {name: rule_of(hint) for name, hint, _ in _parameters(component) if name not in skip}
+
+
 def defaults(component: Any) -> Dict[str, Any]:
     """{option: default} of a component's declaration (those that have one)."""
-    if dataclasses.is_dataclass(component):
-        return {f.name: f.default for f in dataclasses.fields(component) if f.default is not dataclasses.MISSING}
-    out: Dict[str, Any] = {}
-    for klass in component.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        params = inspect.signature(init).parameters.values()
-        out.update({p.name: p.default for p in params if p.name not in out and p.default is not p.empty})
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return out
-
-
-def unknown_errors(rules: Iterable[str], given: Iterable[str], where: str) -> List[str]:
-    """One line per key of ``given`` not among ``rules``, naming the nearest that is."""
-    known = list(rules)
-    return [str(UnknownOption(f"{where}.{k}" if where else str(k), known)) for k in given if k not in known]
+    return {name: default for name, _, default in _parameters(component) if default is not inspect.Parameter.empty}
 
 
 def option_errors(
     rules: Mapping[str, Rule], given: Mapping[str, Any], where: str = "", also: Iterable[str] = ()
 ) -> List[str]:
-    """The check of a component's options wherever they come from: one line per key of ``given`` that it does
-    not take (``also``: keys taken but not checked here), naming the nearest it does; else one line per value
-    it refuses.  A value of an OmegaConf node that is an interpolation (``data.context: ${context}``) is
-    checked where it is set, not again where it is used."""
-    unknown = unknown_errors([*rules, *also], given, where)
+    """One line per key of ``given`` that the component does not take (``also``: keys taken but not checked
+    here), naming the nearest it does; else one line per value it refuses (``value_errors``)."""
+    known = [*rules, *also]
+    unknown = [str(UnknownOption(f"{where}.{k}" if where else str(k), known)) for k in given if k not in known]
     return unknown or value_errors(rules, given, where)
 
 
 def value_errors(rules: Mapping[str, Rule], given: Mapping[str, Any], where: str = "") -> List[str]:
     """One line per value of ``given`` its rule refuses (``model.attention.chunk_size=0: expected an integer
-    >= 1``); keys without a rule are left alone."""
+    >= 1``); keys without a rule are left alone, and so is an OmegaConf interpolation (``data.context:
+    ${context}``): it is checked where it is set."""
     from omegaconf import DictConfig, OmegaConf  # light; not needed by plain mappings
 
     errors = []
@@ -246,9 +215,6 @@ def value_errors(rules: Mapping[str, Rule], given: Mapping[str, Any], where: str
             except Exception:  # noqa: BLE001 - an interpolation inside (${hydra:...}): checked where it is set
                 continue
         if not rule.accepts(value):
-            errors.append(f"{where + '.' if where else ''}{key}={_shown(value)}: expected {rule.expectation()}")
+            shown = "null" if value is None else str(list(value)) if isinstance(value, tuple) else str(value)
+            errors.append(f"{where + '.' if where else ''}{key}={shown}: expected {rule.expectation()}")
     return errors
-
-
-def _shown(value: Any) -> str:
-    return "null" if value is None else str(list(value)) if isinstance(value, tuple) else str(value)

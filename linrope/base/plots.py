@@ -38,18 +38,8 @@ ATTENTION_STYLES = {("softmax", None): "-", ("linear", "elu"): "--", ("linear", 
 VARIANT_MARKERS = {"both": "D", "pi": "^", "ntk": "v"}
 # a RoPE model evaluated as trained / scaled
 SCALING_STYLES = {"none": "-", "pi": "--", "ntk": ":", "yarn": (0, (6, 2, 1, 2, 1, 2)), "dynamic": (0, (1, 4))}
-SERIES_COLOURS = (
-    "#d62728",
-    "#1f77b4",
-    "#2ca02c",
-    "#9467bd",
-    "#ff7f0e",
-    "#8c564b",
-    "#e377c2",
-    "#17becf",
-    "#bcbd22",
-    "#7f7f7f",
-)  # tab10, for lines that are not one per position scheme
+# tab10, for lines that are not one per position scheme
+SERIES_COLOURS = tuple("#d62728 #1f77b4 #2ca02c #9467bd #ff7f0e #8c564b #e377c2 #17becf #bcbd22 #7f7f7f".split())
 BAND_ALPHA = 0.15
 CONTROL_COLOUR = "#000000"  # a length table's context-limited control (attention to the last L0 keys)
 
@@ -91,15 +81,8 @@ def distinct_styles(curves: Sequence["Curve"]) -> List["Curve"]:
         k = seen.get(key, 0)
         seen[key] = k + 1
         if k:
-            c = Curve(
-                c.label,
-                c.points,
-                {
-                    **c.style,
-                    "marker": DISTINCT_MARKERS[(k - 1) % len(DISTINCT_MARKERS)],
-                    "alpha": max(0.45, 1.0 - 0.2 * k),
-                },
-            )
+            marker = DISTINCT_MARKERS[(k - 1) % len(DISTINCT_MARKERS)]
+            c = Curve(c.label, c.points, {**c.style, "marker": marker, "alpha": max(0.45, 1.0 - 0.2 * k)})
         out.append(c)
     return out
 
@@ -233,13 +216,8 @@ def make_figure(
             x = next(c.summary()[0][0] for c in panel.curves if c.summary()[0])
             ax.set_xlim(*((x / 2**0.5, x * 2**0.5) if log2_x else (x * 0.8, x * 1.2)))
         for i, x in enumerate(sorted(set(vlines))):
-            ax.axvline(
-                x,
-                color="grey",
-                linestyle=(0, (4, 3)),
-                linewidth=1,
-                label=vline_label if i == 0 and vline_label else None,
-            )
+            label = vline_label if i == 0 and vline_label else None
+            ax.axvline(x, color="grey", linestyle=(0, (4, 3)), linewidth=1, label=label)
         for k, (label, y) in enumerate((hlines or {}).items()):
             ax.axhline(y, color="black" if k == 0 else "dimgrey", linestyle=(0, (1, 2)) if k == 0 else "-.",
                        linewidth=1, label=label)  # fmt: skip
@@ -251,14 +229,8 @@ def make_figure(
         if panel.title:
             ax.set_title(panel.title, fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            ncol=2 if len(panel.curves) > 14 else 1,
-            fontsize=8,
-            handlelength=3.2,
-            frameon=False,
-        )
+        ncol = 2 if len(panel.curves) > 14 else 1
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=ncol, fontsize=8, handlelength=3.2, frameon=False)
     heading = "\n".join(t for t in (title, f"({note})" if note else "") if t)
     if heading:
         fig.suptitle(heading, fontsize=11)

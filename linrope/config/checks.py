@@ -1,13 +1,7 @@
-"""Checks on a composed config, made before any data is read or model built.
-
-Each failure is one line that names the problem (``ConfigError``); train.py prints it and exits without a
-traceback.  Every component declares its options once, with their types and ranges (``linrope.base.options``),
-and the same declaration checks the command line's values, a preset file's and a saved config's: linrope's own
-settings, the extrapolation table's, the Trainer keys linrope reads (``linrope.config.settings``), the optimiser
-(``linrope.models.optim``), the model, its attention and position scheme (``linrope.models.spec.ModelConfig``), a
-data module (its constructor; this imports Lightning, as train.py has by then), the Trainer (Lightning's
-constructor: which keys it takes).  ``check_command_line`` (linrope.config.command_line) runs even earlier,
-before Hydra."""
+"""Checks on a composed config, made before any data is read or model built: one line per problem
+(``ConfigError``), which train.py prints before it exits.  Each component's own declaration
+(``linrope.base.options``) checks its options; what depends on several values, the corpus, the Trainer and
+the checkpoint is checked here.  ``check_command_line`` (linrope.config.command_line) runs earlier, before Hydra."""
 
 from __future__ import annotations
 
@@ -212,20 +206,8 @@ def data_errors(cfg) -> List[str]:
     return []
 
 
-PRECISIONS = (
-    "64-true",
-    "32-true",
-    "16-mixed",
-    "bf16-mixed",
-    "16-true",
-    "bf16-true",
-    "transformer-engine",
-    "transformer-engine-float16",
-    "64",
-    "32",
-    "16",
-    "bf16",
-)
+PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "transformer-engine")
+PRECISIONS += ("transformer-engine-float16", "64", "32", "16", "bf16")
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
 

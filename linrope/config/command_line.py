@@ -5,7 +5,12 @@ the nearest key (Hydra's own messages are several lines).
 ``CONF_DIR`` is where linrope's configs are: ``linrope/conf`` inside an installed wheel (the build maps the
 repository's top-level ``conf/`` there: pyproject.toml), else the checkout's ``conf/`` (a checkout, or an
 editable install). A user's own config folders (``--config-dir DIR`` / ``-cd DIR``, ``hydra.searchpath=[file://DIR]``)
-add their options to those of ``CONF_DIR``."""
+add their options to those of ``CONF_DIR``.
+
+``answer_help`` answers ``--help`` of the Hydra commands before Hydra, torch or Lightning is imported: the
+``hydra.help.template`` of the command's config (``conf/train.yaml``'s is in ``conf/hydra/default.yaml``), with
+``$APP_CONFIG_GROUPS`` filled in from the config folders; ``--cfg job`` prints every key and its value.  Standard
+library and PyYAML at the top level: ``python -m linrope evaluate --help`` answers as fast as an argparse command."""
 
 from __future__ import annotations
 
@@ -17,20 +22,8 @@ from typing import List, Optional, Sequence
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "conf"  # linrope/conf in an installed wheel
 CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-_FLAGS_WITH_VALUE = {
-    "-c",
-    "--cfg",
-    "-p",
-    "--package",
-    "--info",
-    "-cp",
-    "--config-path",
-    "-cn",
-    "--config-name",
-    "-cd",
-    "--config-dir",
-    "--experimental-rerun",
-}
+_FLAGS_WITH_VALUE = {"-c", "--cfg", "-p", "--package", "--info", "-cp", "--config-path", "-cn", "--config-name", "-cd"}
+_FLAGS_WITH_VALUE |= {"--config-dir", "--experimental-rerun"}
 
 
 class _Unknown(Exception):
@@ -67,15 +60,11 @@ def user_config_dirs(argv: Sequence[str]) -> List[Path]:
     (relative to the current folder). Raises ``_Unknown`` for a source it cannot list (``pkg://``,
     ``--config-path``)."""
     dirs: List[Path] = []
-    args = list(argv)
-    for i, arg in enumerate(args):
+    for arg in config_dirs_as_overrides(argv):
         flag, eq, inline = arg.partition("=")
-        if flag in ("-cd", "--config-dir"):
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-            dirs.append(Path(value).expanduser())
-        elif flag in ("-cp", "--config-path"):
+        if flag in ("-cp", "--config-path"):
             raise _Unknown(arg)
-        elif flag.lstrip("+") == "hydra.searchpath" and eq:
+        if flag.lstrip("+") == "hydra.searchpath" and eq:
             dirs.extend(_search_path_entries(inline))
     return [d if d.is_absolute() else Path(os.getcwd()) / d for d in dirs]
 
@@ -100,6 +89,19 @@ def config_dirs_as_overrides(argv: Sequence[str]) -> List[str]:
     if dirs:
         out.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]")
     return out
+
+
+def compose_config(overrides: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train", hydra_config=False):
+    """``conf/<config_name>.yaml`` composed with ``overrides``, outside any Hydra run (tools, checks, tests)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> List[str]:
@@ -146,15 +148,6 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_n
     return errors
 
 
-def _option_file(group: str, option: str, conf_dir: Path, extra: Sequence[Path]) -> Optional[Path]:
-    """The file Hydra reads for ``group=option``: linrope's first, then the user's folders."""
-    for root in (conf_dir, *extra):
-        path = root / group / f"{option}.yaml"
-        if path.is_file():
-            return path
-    return None
-
-
 def yaml_problem(path: Path) -> Optional[str]:
     """Why Hydra cannot read ``path`` as a config (not YAML, or YAML that is not a mapping), or None."""
     import yaml
@@ -197,7 +190,8 @@ def preset_errors(
     """One line for the file of ``group=option`` — or of an option its defaults list chooses — that Hydra would
     stop on with a 70-line YAML traceback (a preset that is not YAML, or not a mapping), naming the file."""
     seen = set() if seen is None else seen
-    path = _option_file(group, option, conf_dir, extra)
+    # the file Hydra reads for group=option: linrope's first, then the user's folders
+    path = next((p for root in (conf_dir, *extra) if (p := root / group / f"{option}.yaml").is_file()), None)
     if path is None or path in seen:
         return []
     seen.add(path)
@@ -243,8 +237,6 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
     (``trainer.max_step=10``), one line each naming the nearest key there is (Hydra's own message is six lines
     and names none). The config is composed from the command line's other overrides; a command line with a
     sweep among those, another primary config, or anything Hydra would refuse is left to Hydra."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -263,15 +255,12 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
         (plain if is_plain else rest).append(o)
     if not plain or any(o.is_sweep_override() for o in rest):
         return []
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=[o.input_line for o in rest])
-        tree = OmegaConf.to_container(cfg, resolve=False)
-    except Exception:
+        tree = OmegaConf.to_container(
+            compose_config([o.input_line for o in rest], conf_dir, config_name), resolve=False
+        )
+    except Exception:  # noqa: BLE001 - Hydra says it
         return []
-    finally:
-        GlobalHydra.instance().clear()
     errors = []
     for o in plain:
         node, parts = tree, o.key_or_group.split(".")
@@ -296,8 +285,6 @@ def launcher_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name:
     ``trainer.num_nodes`` and ``trainer.devices``) must be numbers, e.g. not ``trainer.devices=auto`` (Hydra
     would refuse them at launch in several lines).  The config is composed from the command line's
     overrides that sweep nothing; anything else is left to Hydra."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -307,15 +294,12 @@ def launcher_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
         fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Hydra's note on the plugin's schema: Hydra says it again at launch
-            cfg = compose(config_name=config_name, overrides=fixed, return_hydra_config=True)
+            cfg = compose_config(fixed, conf_dir, config_name, hydra_config=True)
         launcher = cfg.hydra.launcher
     except Exception:  # noqa: BLE001 - a line Hydra refuses: Hydra says it
         return []
-    finally:
-        GlobalHydra.instance().clear()
     raw = OmegaConf.to_container(launcher, resolve=False)
     bad: dict = {}  # (source key or None, value): the launcher's keys that take it
     for key in SLURM_COUNTS:
@@ -367,6 +351,38 @@ def check_command_line(
     )
     if errors:
         raise SystemExit("\n".join(f"{prefix}: {e}" for e in errors))
+
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def template(config_name: str, conf_dir: Path = CONF_DIR) -> str:
+    """The ``hydra.help.template`` of ``conf/<config_name>.yaml`` (for ``train``: of ``conf/hydra/default.yaml``)."""
+    import yaml
+
+    path = conf_dir / ("hydra/default.yaml" if config_name == "train" else f"{config_name}.yaml")
+    node = yaml.safe_load(path.read_text()) or {}
+    node = node if config_name == "train" else node.get("hydra") or {}
+    return str((node.get("help") or {}).get("template") or "")
+
+
+def config_groups(conf_dir: Path = CONF_DIR) -> str:
+    """``group: option, option, ...`` per config group of ``conf_dir`` (Hydra's own groups and ``study`` left out)."""
+    # conf/study is read by linrope report, never composed into a run (command_line_errors refuses study=)
+    groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and p.name not in ("hydra", "study"))
+    return "\n".join(f"{g}: {', '.join(group_options(g, conf_dir))}" for g in groups)
+
+
+def command_help(config_name: str, conf_dir: Path = CONF_DIR) -> str:
+    return template(config_name, conf_dir).replace("$APP_CONFIG_GROUPS", config_groups(conf_dir)).rstrip() + "\n"
+
+
+def answer_help(config_name: str, argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR) -> None:
+    """With ``--help`` / ``-h`` on the command line: print the command's help and exit 0; otherwise nothing."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in HELP_FLAGS for a in argv):
+        sys.stdout.write(command_help(config_name, conf_dir))
+        raise SystemExit(0)
 
 
 from linrope.base.naming import program  # noqa: E402,F401 - where the commands have long imported it from

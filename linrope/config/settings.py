@@ -1,10 +1,6 @@
 """linrope's own settings, each declared once with its type and range (``linrope.base.options``): the top level of
-``conf/train.yaml``, the length-extrapolation table's (``conf/extrapolation/default.yaml``, whose values are the
-defaults), the Trainer keys linrope reads or bounds, and the last-checkpoint callback's interval.  The other
-components declare their own options where they are built: the model (``linrope.models.spec.ModelConfig``), its
-attention (``linrope.models.attention``) and position scheme (``linrope.positions``), the optimiser
-(``linrope.models.optim``), a data module (its constructor).  No torch: this is read before any check that
-needs it."""
+``conf/train.yaml``, the length-extrapolation table's, the Trainer keys linrope reads or bounds, and the
+last-checkpoint callback's interval.  No torch: this is read before any check that needs it."""
 
 from __future__ import annotations
 

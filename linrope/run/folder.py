@@ -31,7 +31,7 @@ from linrope.base.errors import RunFolderError, first_names
 LOCK_NAME = ".linrope.lock"
 
 
-def _other_process_of_a_run() -> bool:
+def other_process_of_a_run() -> bool:
     """A process that Lightning (``ddp``), srun or torchrun started beside the first one of the run: it
     shares the first one's folder, and the first one holds it."""
     return any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID", "NODE_RANK"))
@@ -62,24 +62,30 @@ def hold_run_folder(folder: Path) -> None:
         return
     release_run_folder()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
+    fd = exclusive_lock(folder / LOCK_NAME)
+    if fd is None:
+        raise RunFolderError(_in_use(folder, lock_holder(folder) or "another process"))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    _held[str(folder)] = fd
+
+
+def exclusive_lock(path: Path) -> Optional[int]:
+    """An exclusive lock on the file at ``path`` (created): its descriptor, None when another process holds it.
+    A lock on a file no longer at the path guards nothing: the one there now is taken."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise RunFolderError(_in_use(folder, holder)) from None
-        try:  # a lock on a file no longer at the path guards nothing: take the one there now (as linrope study)
+            return None
+        try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                break
+                return fd
         except FileNotFoundError:
             pass
         os.close(fd)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-    _held[str(folder)] = fd
 
 
 def holds(folder: Path) -> bool:
@@ -91,7 +97,7 @@ def claim_run_folder(cfg: DictConfig) -> None:
     """Hold ``cfg.paths.output_dir`` until this process ends or claims another run folder (one run at a time
     per process: Hydra's in-process sweeps, tests); ``KeepEarlierRun`` took it already, before Hydra wrote there,
     in a run train.py started.  See the module docstring."""
-    if _other_process_of_a_run():
+    if other_process_of_a_run():
         return
     folder = Path(str(cfg.paths.output_dir))
     hold_run_folder(folder)
@@ -145,7 +151,7 @@ class KeepEarlierRun(Callback):
         """Hold the run folder first (a run starting into it seconds before has it: refused here, before Hydra
         replaces that run's config), then refuse or keep what an earlier run left there."""
         folder = Path(str(config.hydra.run.dir))
-        if _other_process_of_a_run():
+        if other_process_of_a_run():
             return
         try:
             hold_run_folder(folder)
@@ -163,7 +169,7 @@ class KeepEarlierRun(Callback):
         twice) is refused before any job's ``.hydra/`` or ``multirun.yaml`` is replaced; with ``ckpt_path``
         (resume every job) the earlier files are kept beside the new ones."""
         sweep = Path(str(config.hydra.sweep.dir))
-        if not sweep.is_dir() or _other_process_of_a_run():
+        if not sweep.is_dir() or other_process_of_a_run():
             return
         jobs = sorted(p.parent.parent for p in sweep.rglob(".hydra/config.yaml"))
         if _refuse_or_keep(config, jobs, sweep) and (sweep / "multirun.yaml").is_file():

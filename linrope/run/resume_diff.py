@@ -18,25 +18,12 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from linrope.base.nested import flatten
+from linrope.base.nested import flatten, under
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
 # settings that differ between a run and its continuation by construction (folders, what to do now, output)
-NOT_COMPARED = (
-    "paths.",
-    "hydra.",
-    "ckpt_path",
-    "train",
-    "test",
-    "callbacks.",
-    "logger.",
-    "tags",
-    "task_name",
-    "trainer.default_root_dir",
-    "trainer.enable_progress_bar",
-    "extrapolation.",
-    "data.num_workers",
-)
+NOT_COMPARED = ("paths.", "hydra.", "ckpt_path", "train", "test", "callbacks.", "logger.", "tags", "task_name")
+NOT_COMPARED += ("trainer.default_root_dir", "trainer.enable_progress_bar", "extrapolation.", "data.num_workers")
 # settings that decide which examples come in which order: changing them breaks the data order's reproducibility
 DATA_ORDER = ("seed", "context", "data.")
 DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"
@@ -44,10 +31,6 @@ DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"
 # and the scheduler's base rates): changing them on a resume does nothing
 RESTORED = ("optim.lr", "optim.betas", "optim.weight_decay")
 INTERPOLATION = re.compile(r"^\$\{([A-Za-z0-9_.]+)\}$")
-
-
-def _matches(key: str, prefixes) -> bool:
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in prefixes)
 
 
 def saved_config(checkpoint: Mapping[str, Any]) -> tuple:
@@ -84,7 +67,7 @@ def changes(
     differ = {
         k: (old.get(k, _ABSENT), new.get(k, _ABSENT))
         for k in keys
-        if not _matches(k, NOT_COMPARED) and old.get(k, _ABSENT) != new.get(k, _ABSENT)
+        if not under(k, NOT_COMPARED) and old.get(k, _ABSENT) != new.get(k, _ABSENT)
     }
     raw = new_unresolved or {}
     follows = {}
@@ -104,7 +87,7 @@ def changes(
                 "new": None if b is _ABSENT else b,
                 "line": f"resume: {k} {_show(a)} → {_show(b)}" + (f" (also {', '.join(also)})" if also else ""),
                 "also": also,
-                "data_order": _matches(k, DATA_ORDER) or any(_matches(f, DATA_ORDER) for f in also),
+                "data_order": under(k, DATA_ORDER) or any(under(f, DATA_ORDER) for f in also),
             }
         )
     for c in out:

@@ -50,11 +50,6 @@ def expand(params: Mapping[str, Any], overrides: Sequence[str]) -> List[List[str
     return _split(params, overrides, cli_wins=True)
 
 
-def folder_names(params: Mapping[str, Any], overrides: Sequence[str]) -> List[str]:
-    """The folder name of each job of ``expand(params, overrides)``, in its order."""
-    return job_names(expand(params, overrides))
-
-
 def _same(a: Sequence[str], b: Sequence[str]) -> bool:
     return sorted(a) == sorted(b)
 

@@ -15,7 +15,6 @@ from typing import Iterator, Optional
 
 from hydra.core.hydra_config import HydraConfig
 
-# Lightning's advertisements, and its notice that a value set explicitly is its default
 # Lightning's notices that say nothing to a user: a tip, the default of limit_val_batches, and that it skips its own
 # model summary because linrope's (linrope.training.throughput.Summary, with the FLOPs) is configured
 NOTICES = ("💡 Tip:", "was configured so 100% of the batches will be used", "Skipping setting a default `ModelSummary`")

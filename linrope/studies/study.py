@@ -9,10 +9,8 @@ experiment and of the command line).  Each job trains in ``<dir>/<name>``, its n
 that differ between jobs (``linear_rope-seed1``), as ``python -m linrope train <job> hydra.run.dir=...
 ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores / jobs threads each unless ``--threads``.
 
-* A job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name: a folder whose saved
-  configuration (``.hydra/config.yaml``) or recorded code differs from the job requested now is never counted as
-  done nor resumed.  The driver names the keys that differ (old → new) and refuses before training anything;
-  ``--new-folder`` trains such a job in a folder of its own (``<name>-run2``), which later calls find.
+* A job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name: a folder holding
+  another is refused, naming the keys that differ, unless ``--new-folder`` gives the job one of its own.
 * Every job's configuration is checked (values, pairings: linrope.config.checks) before the first one starts.
 * A job whose folder holds ``study_job.json`` and its configuration has finished: it is skipped.
 * A job stopped part-way (a session ending, Ctrl+C) resumes from its ``last.ckpt`` on the next call.
@@ -21,23 +19,16 @@ ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores /
 * Each finished job is added to the study's compact results (``<dir>/runs.json``, ``curves.csv``,
   ``results.csv``: linrope.analysis.compact), the form a study is committed in; the run folders stay out of git
   (``<dir>/.gitignore``).  ``--compact`` writes them from the folders alone, training nothing.
-* ``--commit`` commits the compact results as each job finishes, amending the study part's one commit (its
-  ``Study-part:`` trailer) while that commit is the branch's last and on no other branch, so a study run in pieces
-  across sessions keeps every finished run in git and ends as one commit per part, listing its jobs.
+* ``--commit`` commits the compact results as each job finishes, one commit per study part
+  (linrope.studies.study_git).
 * A job that fails is reported (with its log) and left unfinished; the others go on; exit status 1.
 * Two drivers may share a study (one started later to add cores): a job whose folder another run holds
   (its lock, linrope.run.folder) is left to it.
 * Paths mean what they say from any folder: the study folder, ``data.path`` and ``--config-dir`` are read
   from where the driver was started (each job runs there, its run folder given absolute).
-* Tuning first, when the study's config declares it (``tuning`` in ``conf/study/<task_name>.yaml``;
-  linrope.studies.study_tuning): every configuration (a job less its seed) trains at each value of a grid of
-  one setting (``optim.lr``) at the tuning seed, with the main runs' budget but test and extrapolation off, in
-  ``<dir>/tuning/<configuration>-lr<value>/``; scored by the best validation value it logged; a best at an edge of
-  the values tried adds the value beyond it, up to the extensions allowed.  The choice goes to ``<dir>/tuning.json``
-  (committed, with the tuning runs' compact results in ``<dir>/tuning/``), and the configuration's main jobs train
-  with ``<key>=<chosen>`` (they wait until it is chosen).  Tuning runs are jobs like the others: skipped when
-  finished, resumed, locked, checked, ``--jobs N`` at a time.  ``--list`` shows them and the choices so far.  The
-  key given on the command line (``optim.lr=3e-3``) skips the tuning, with one line saying so.
+* Tuning first, when the study's config declares it (``tuning`` in ``conf/study/<task_name>.yaml``): each
+  configuration's learning rate chosen on validation in ``<dir>/tuning/``, recorded in ``<dir>/tuning.json``, before
+  its main jobs train with it (linrope.studies.study_tuning); ``optim.lr=...`` on the command line skips it.
 
 ``python -m linrope report <dir>`` reads whatever has finished."""
 
@@ -83,34 +74,21 @@ def launch(cmd: List[str], env: Dict[str, str], out) -> subprocess.Popen:
 
 
 def _test_outcome(folder: Path, job: Sequence[str]) -> Optional[Tuple[Dict[str, Any], str]]:
-    """A main job's record (its test metrics) and the line that shows them, None when it logged none.  A job
-    whose own config turned the test off (``test=false``) has none to log: its record is then its last logged
-    step and validation values (``test_off``), where it was once counted as failed and resumed on the next start."""
-    metrics = test_metrics(folder)
+    """A main job's record (its last logged ``test/*`` values) and the line that shows them, None when it logged
+    none.  A job whose own config turned the test off (``test=false``) has none to log: its record is then its last
+    logged step and ``val/*`` values (``test_off``), where it was once counted as failed and resumed on the next
+    start."""
+    series = logged(folder)
+    metrics = {k: v[-1][1] for k, v in series.items() if k.startswith("test/") and v}
     if metrics:
         shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if "@" not in k)
         return {"test": metrics}, shown
-    if (saved(folder) or {}).get("test") is False:
-        last = _last_validation(folder)
-        if last is not None:
-            step, values = last
-            shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(values.items()))
-            return {"test": {}, "test_off": {"last_step": step, **values}}, f"test off: step {step}, {shown}"
-    return None
-
-
-def _last_validation(folder: Path) -> Optional[Tuple[int, Dict[str, float]]]:
-    """(the last step the run logged, the last value of each ``val/*`` metric), None when it logged none."""
-    series = logged(folder)
     values = {k: v[-1][1] for k, v in series.items() if k.startswith("val/") and v}
-    if not values:
-        return None
-    return max(s for v in series.values() for s, _ in v), values
-
-
-def test_metrics(folder: Path) -> Dict[str, float]:
-    """The last ``test/*`` values the run logged."""
-    return {k: v[-1][1] for k, v in logged(folder).items() if k.startswith("test/") and v}
+    if (saved(folder) or {}).get("test") is False and values:
+        step = max(s for v in series.values() for s, _ in v)
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(values.items()))
+        return {"test": {}, "test_off": {"last_step": step, **values}}, f"test off: step {step}, {shown}"
+    return None
 
 
 def check_folder(dir_: Path) -> None:
@@ -124,24 +102,13 @@ def check_folder(dir_: Path) -> None:
 
 def _claim(folder: Path) -> Optional[int]:
     """This driver's claim on a job (an exclusive lock on ``<folder>/.study.lock``), None when another driver
-    holds it.  A lock file deleted meanwhile is not trusted: the claim is taken on the file now at the path."""
-    path = folder / CLAIM
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except IsADirectoryError:
-            raise SystemExit(f"linrope study: {path} is a folder, not the study's lock file; remove it") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)  # the file was replaced or removed while this driver took it: take the one there now
+    holds it."""
+    from linrope.run.folder import exclusive_lock
+
+    try:
+        return exclusive_lock(folder / CLAIM)
+    except IsADirectoryError:
+        raise SystemExit(f"linrope study: {folder / CLAIM} is a folder, not the study's lock file; remove it") from None
 
 
 class Study:
@@ -379,16 +346,16 @@ class Study:
         state."""
         lines = []
         if self.tuning is not None:
-            runs = self.tuning.child
-            for i, job in enumerate(runs.jobs):
-                p = runs.places[i]
-                shown = p.folder.name if not p.conflict else f"{runs.names[i]} (holds another run: {p.conflict})"
-                lines.append(f"{runs.status(i):8} {TUNING + '/' + shown:32} {' '.join(job)}")
-            lines += self.tuning.lines()
+            lines += self.tuning.child.rows(TUNING + "/") + self.tuning.lines()
+        return lines + self.rows()
+
+    def rows(self, prefix: str = "") -> List[str]:
+        """One line per job: its state, folder and overrides."""
+        lines = []
         for i, (job, name) in enumerate(zip(self.jobs, self.names)):
             p = self.places[i]
             shown = p.folder.name if not p.conflict else f"{name} (holds another run: {p.conflict})"
-            lines.append(f"{self.status(i):8} {shown:32} {' '.join(job)}")
+            lines.append(f"{self.status(i):8} {prefix + shown:32} {' '.join(job)}")
         return lines
 
     def run(self, jobs: int, skip: Sequence[str] = ()) -> int:
@@ -464,11 +431,9 @@ def _main(argv: List[str]) -> int:
         prog="python -m linrope study",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="tuning: a study whose config (conf/study/<task_name>.yaml) declares `tuning` first trains every\n"
-        "configuration (a job less its seed) at each value of the grid at the tuning seed, with test and\n"
-        "extrapolation off, in <dir>/tuning/; the best validation value chooses (a best at an edge of the values\n"
-        "tried adds the value beyond it); the main jobs train with <key>=<chosen> (recorded in <dir>/tuning.json).\n"
-        "The key on the command line (optim.lr=3e-3) skips the tuning.\n\n"
+        epilog="tuning: a study whose config (conf/study/<task_name>.yaml) declares `tuning` first chooses each\n"
+        "configuration's learning rate on validation in <dir>/tuning/ (recorded in <dir>/tuning.json); the key on\n"
+        "the command line (optim.lr=3e-3) skips it.\n\n"
         "example:\n  python -m linrope study docs/results/budget/steps3200 experiment=budget --jobs 2 --commit",
     )
     ap.add_argument("dir", type=Path, help="the study's folder: one sub-folder per job")
@@ -516,7 +481,7 @@ def _main(argv: List[str]) -> int:
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
     if args.dir.exists() and not args.dir.is_dir():
-        raise SystemExit(f"linrope study: {args.dir} is a file, not a study folder; choose another path")
+        check_folder(args.dir)
     if args.compact:
         if not args.dir.is_dir():
             ap.error(f"{args.dir}: not a folder")

@@ -35,30 +35,16 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index, read_metrics
-from linrope.base.nested import flatten
+from linrope.base.nested import flatten, under
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
 
 # settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
 # its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)
-IGNORED = (
-    "paths.",
-    "hydra.",
-    "ckpt_path",
-    "logger.",
-    "tags",
-    "task_name",
-    "trainer.enable_progress_bar",
-    "trainer.default_root_dir",
-    "data.num_workers",
-    "model.name",
-)
+IGNORED = ("paths.", "hydra.", "ckpt_path", "logger.", "tags", "task_name", "trainer.enable_progress_bar")
+IGNORED += ("trainer.default_root_dir", "data.num_workers", "model.name")
 SHOWN = 4  # differing keys named in a refusal; the rest are counted
-
-
-def _ignored(key: str) -> bool:
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in IGNORED)
 
 
 def flat(cfg) -> Dict[str, Any]:
@@ -122,7 +108,9 @@ _ABSENT = "(absent)"
 def differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
     """``key: old → new`` for every compared key whose value differs: first the keys both hold, then the keys
     only one holds (a component swapped for another brings its own options)."""
-    keys = sorted((k for k in set(old) | set(new) if not _ignored(k)), key=lambda k: (not (k in old and k in new), k))
+    keys = sorted(
+        (k for k in set(old) | set(new) if not under(k, IGNORED)), key=lambda k: (not (k in old and k in new), k)
+    )
     return [
         f"{k}: {old.get(k, _ABSENT)} → {new.get(k, _ABSENT)}"
         for k in keys

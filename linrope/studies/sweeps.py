@@ -16,26 +16,19 @@ from __future__ import annotations
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from linrope.base.errors import ConfigError
 from linrope.base.naming import job_names
 from linrope.config.checks import validate
-from linrope.config.command_line import CONF_DIR, check_command_line, config_dirs_as_overrides
+from linrope.config.command_line import check_command_line, compose_config, config_dirs_as_overrides
 from linrope.run.sweep_folders import expand
 
 
 def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
     """``conf/train.yaml`` composed with ``overrides``, outside any Hydra run (tools, benchmarks, tests)."""
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="train", overrides=list(overrides), return_hydra_config=hydra_config)
-    finally:
-        GlobalHydra.instance().clear()
+    return compose_config(overrides, hydra_config=hydra_config)
 
 
 def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:

@@ -25,7 +25,7 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 def main(cfg: DictConfig) -> Optional[float]:
     from linrope.config.checks import validate
     from linrope.run.exit import one_line_errors
-    from linrope.run.folder import claim_run_folder, resume_begins
+    from linrope.run.folder import claim_run_folder, other_process_of_a_run, resume_begins
     from linrope.training.builders import name_model, test_checkpoint
 
     tidy.quiet_logging()
@@ -54,7 +54,7 @@ def main(cfg: DictConfig) -> Optional[float]:
         # plan: trainer.max_steps from the model's size unless given; the hours it will take (printed)
         apply_plan(cfg, module, overrides=job_overrides())
         warning = validation_warning(cfg)  # max_steps below the validation interval: said now, not found in the report
-        if warning and _first_process():
+        if warning and not other_process_of_a_run():
             print(f"linrope: {warning}", file=sys.stderr, flush=True)
         callbacks = T.build_callbacks(cfg)
         loggers = T.build_loggers(cfg)
@@ -79,16 +79,9 @@ def main(cfg: DictConfig) -> Optional[float]:
         return metric
 
 
-def _first_process() -> bool:
-    import os
-
-    return not any(int(os.environ.get(v, "0") or 0) > 0 for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
-
-
 def run() -> None:
     """The train command (``python -m linrope train``, ``linrope-train``, ``python train.py``)."""
-    from linrope.config.command_line import check_command_line
-    from linrope.config.help import answer_help
+    from linrope.config.command_line import answer_help, check_command_line
 
     answer_help("train")  # what the command does, its main options and groups; no config dump
     check_command_line()  # model=nope: one line naming the options, before Hydra's longer message

@@ -1,4 +1,4 @@
-"""``--help`` of the Hydra commands (linrope/config/help.py): answered before torch or Lightning is imported, what
+"""``--help`` of the Hydra commands (linrope/config/command_line.py): answered before torch or Lightning is imported, what
 the command does, its main options and an example, never Hydra's banner or a dump of the config."""
 
 import subprocess
@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from linrope.config.command_line import check_command_line
-from linrope.config.help import command_help
+from linrope.config.command_line import check_command_line, command_help
 from tests.helpers import ROOT
 
 COMMANDS = ("train", "evaluate", "generate", "passkey")
