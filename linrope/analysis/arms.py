@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from linrope.analysis import report_files as outputs
-from linrope.analysis import report_provenance as provenance
 from linrope.analysis import tuning
 from linrope.analysis.arm_figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
@@ -32,8 +30,9 @@ from linrope.analysis.control import control_missed, control_text
 from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
 from linrope.analysis.evidence_clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
-from linrope.analysis.report import build_report, write_csv
-from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
+from linrope.analysis.report import build_report, provenance, write_csv
+from linrope.analysis.report import files as outputs
+from linrope.analysis.report.cells import higher_is_better, markdown_table, pair_record
 from linrope.analysis.runs import TUNING, Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
@@ -85,7 +84,7 @@ def check_arms(folders: Sequence[Path], study: Study) -> None:
 
 
 def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> Optional[str]:
-    """The runs of every arm come from one code and torch version (linrope.analysis.report_provenance), whatever the
+    """The runs of every arm come from one code and torch version (linrope.analysis.report.provenance), whatever the
     flags: else one line, refused unless ``allow_mixed``; returns the line for the table's top, or None."""
     runs = []
     for arm in folders:

@@ -3,7 +3,7 @@
 flattened to dotted keys), its extrapolation table (``<run>/extrapolation.csv``) and its parameter record
 (``<run>/parameters.json``, linrope.training.movement; else the ``n_params`` the loggers got, ``csv/hparams.yaml``),
 grouped per task into configurations that differ only in their seed.  A value that is NaN or infinite
-counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.caveats).
+counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.report.caveats).
 
 A study's committed results are the same runs in compact form (linrope.analysis.compact): ``runs.json`` holds
 each run's ``folder_record`` (what is read above but the curves) and ``curves.csv`` every row of every

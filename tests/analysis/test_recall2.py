@@ -4,7 +4,7 @@ task_name, it tables the accuracy of each query order per configuration and widt
 
 import statistics
 
-from linrope.analysis.report_command import main
+from linrope.analysis.report.command import main
 from tests.analysis.helpers import table_row, write_width
 
 # (test accuracy, accuracy of query 1 … 4) per seed

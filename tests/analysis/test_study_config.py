@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from linrope.analysis import study_config
-from linrope.analysis.report_command import main
+from linrope.analysis.report.command import main
 from linrope.base.errors import ConfigError
 from tests.analysis.helpers import lm_rows, write_run
 

@@ -1,4 +1,5 @@
-"""A sweep's results without wandb: ``python -m linrope report <sweep dir> [--out DIR] [--pair A:B]``.
+"""Layer 8, analysis: a sweep's results without wandb, ``python -m linrope report <sweep dir> [--out DIR]
+[--pair A:B]``.
 
 Reads every run under the sweep folder(s) (``linrope.analysis.runs``), groups per task the runs that differ
 only in their seed, and writes into the sweep folder (or ``--out``):
@@ -21,7 +22,7 @@ A study folder with a tuning stage (``tuning.json``, linrope.analysis.tuning) ge
 configuration the values tried on validation, each one's score, the value chosen, interior or at an edge, and the
 budget they all had; the tuning runs (``tuning/``) are not among the report's runs.
 
-Beside the numbers (linrope.analysis.caveats): failed runs (headline NaN, infinite or missing) and configurations
+Beside the numbers (linrope.analysis.report.caveats): failed runs (headline NaN, infinite or missing) and configurations
 still improving are named above each table; ``n`` counts only the runs behind each value; every table
 gives parameter counts, and learned position parameters get a table of how far they moved.
 
@@ -38,9 +39,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import evidence, study_config, tuning
-from linrope.analysis import report_files as outputs
-from linrope.analysis import report_provenance as provenance
-from linrope.analysis.caveats import (
+from linrope.analysis.report import files as outputs
+from linrope.analysis.report import provenance
+from linrope.analysis.report.caveats import (
     failed_note,
     failed_runs,
     improving,
@@ -49,7 +50,7 @@ from linrope.analysis.caveats import (
     movement_section,
     params_cell,
 )
-from linrope.analysis.report_cells import (
+from linrope.analysis.report.cells import (
     band_note,
     cell_n,
     fmt_p,
@@ -58,7 +59,7 @@ from linrope.analysis.report_cells import (
     pair_record,
     seeds_text,
 )
-from linrope.analysis.report_lengths import extrapolation_section
+from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
 from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
 from linrope.base.errors import first_names

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from linrope.analysis.evidence import References, row_key
-from linrope.analysis.report_cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
+from linrope.analysis.report.cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.runs import Run, by_seed
 from linrope.analysis.stats import LEVEL, mean_ci, paired
 from linrope.base.plots import (
