@@ -33,9 +33,10 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from linrope.analysis import clusters as clustering
 from linrope.analysis.bootstrap import bpb_difference
-from linrope.analysis.evidence_clusters import cluster_lines, document_clusters, floor_text, runs_corpus
+from linrope.analysis.cells import markdown_table
+from linrope.analysis.clusters import FILE as CLUSTERS
+from linrope.analysis.clusters import cluster_lines, document_clusters, floor_text, runs_corpus
 from linrope.analysis.multiplicity import adjust, resolved_count
 from linrope.analysis.runs import Run
 from linrope.analysis.seed_outcomes import seed_outcomes
@@ -43,7 +44,7 @@ from linrope.base.plots import Curve, Panel, plot_curves, series_colour
 from linrope.evaluation.tables import row_name
 
 LN2 = math.log(2.0)
-FILES = ("evidence.csv", "references.csv", "positions.png", clustering.FILE)
+FILES = ("evidence.csv", "references.csv", "positions.png", CLUSTERS)
 REFERENCE_ORDERS = (1, 5)
 
 
@@ -130,7 +131,7 @@ def collapse_lines(groups: Mapping[str, Sequence[Run]], refs: Optional["Referenc
         "of L bytes "
         "(stride L/2); *windows*: non-overlapping windows; *window<N>*: attention to the last N keys only.",
         "",
-        *_table(["configuration", *(m for _, m in metrics)], body),
+        markdown_table(["configuration", *(m for _, m in metrics)], body),
         "",
     ]
 
@@ -257,14 +258,6 @@ def _fmt(x: Optional[float], digits: int = 3, sign: bool = False) -> str:
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
-def _table(header: List[str], lines: List[List[str]]) -> List[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(line) + " |" for line in lines),
-    ]
-
-
 def section(
     groups: Mapping[str, Sequence[Run]],
     comparisons: Sequence[Tuple[str, str, str, str]],
@@ -295,7 +288,7 @@ def section(
         "**Scored text.**  What each configuration's test and extrapolation rows scored (every row of a run scores "
         "the same bytes).",
         "",
-        *_table(["configuration", "runs", "test", "extrapolation rows"], body),
+        markdown_table(["configuration", "runs", "test", "extrapolation rows"], body),
         "",
     ]
     # references
@@ -310,7 +303,7 @@ def section(
             "each model row, so each byte sees no more context than the models saw there; references.csv).  A run "
             "above the unigram of its row has collapsed.",
             "",
-            *_table(["row (windows)", *(f"{m} bpb" for m in refs.models)], rows),
+            markdown_table(["row (windows)", *(f"{m} bpb" for m in refs.models)], rows),
             "",
         ]
     elif note:
@@ -326,7 +319,7 @@ def section(
     lines += [
         "**Seeds** (test bpb; a seed that diverged or scored above the unigram is counted, not averaged).",
         "",
-        *_table(["configuration", "test bpb over seeds"], body),
+        markdown_table(["configuration", "test bpb over seeds"], body),
         "",
     ]
     lines += collapse_lines(groups, refs)
@@ -415,7 +408,7 @@ def section(
             f"bootstrap that resamples both the seeds and the clusters of test documents (linrope.analysis.bootstrap: "
             f"a t interval on the bootstrap's per-level variances); {family_text}  {floor_text(adjusted)}",
             "",
-            *_table(
+            markdown_table(
                 ["claim", "A − B", "metric", "A − B [95%]", "simultaneous", "p", "p Holm", "p BH", "verdict", "seeds"],
                 body,
             ),
@@ -512,7 +505,7 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
         "keys starts a window, and in a deeper layer each kept key was computed from keys further back; so read "
         "its rows against the positions below the training context as well as against the full model.",
         "",
-        *_table(header, table),
+        markdown_table(header, table),
         "",
         *([f"![loss by position]({png.name})", ""] if png else []),
     ]

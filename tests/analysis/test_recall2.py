@@ -1,4 +1,4 @@
-"""The recall study of issue 34 (conf/study/recall2.yaml, linrope.analysis.by_order): found from its runs'
+"""The recall study of issue 34 (conf/study/recall2.yaml, linrope.analysis.arms.by_order): found from its runs'
 task_name, it tables the accuracy of each query order per configuration and width, the seeds that fail counted
 (a control below its bar, another configuration collapsed), never averaged, from small hand-made run folders."""
 

@@ -39,6 +39,15 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import evidence, study_config, tuning
+from linrope.analysis.cells import (
+    band_note,
+    cell_n,
+    fmt_p,
+    higher_is_better,
+    markdown_table,
+    pair_record,
+    seeds_text,
+)
 from linrope.analysis.report import files as outputs
 from linrope.analysis.report import provenance
 from linrope.analysis.report.caveats import (
@@ -49,15 +58,6 @@ from linrope.analysis.report.caveats import (
     improving_note,
     movement_section,
     params_cell,
-)
-from linrope.analysis.report.cells import (
-    band_note,
-    cell_n,
-    fmt_p,
-    higher_is_better,
-    markdown_table,
-    pair_record,
-    seeds_text,
 )
 from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs

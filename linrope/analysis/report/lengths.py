@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from linrope.analysis.cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.evidence import References, row_key
-from linrope.analysis.report.cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.runs import Run, by_seed
 from linrope.analysis.stats import LEVEL, mean_ci, paired
 from linrope.base.plots import (

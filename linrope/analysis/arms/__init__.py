@@ -1,5 +1,5 @@
-"""A study run in arms, tabled side by side: ``python -m linrope report <study folder>`` when the study's config
-(``linrope.analysis.study_config``) declares ``arms`` and the folder holds them (``steps800/``, ``steps3200/``).
+"""Layer 8, analysis: a study run in arms, tabled side by side: ``python -m linrope report <study folder>`` when
+the study's config (``linrope.analysis.study_config``) declares ``arms`` and the folder holds them (``steps800/``, ``steps3200/``).
 
 For each arm it writes the ordinary report (``linrope.analysis.report``: report.md, summary.csv, pairs.csv, runs.csv
 and figures, beside the arm's runs; not with ``--no-reports``), then one table, ``<folder>/<table.file>.md`` with
@@ -11,7 +11,7 @@ multiplicity), with its verdict (``claims``, ``verdict``; no verdict where the a
 or where a seed of A or B scores above the unigram byte model at the claim's row, from the arm's references.csv,
 as the report's Evidence section rules), a figure (``table.figure``) and
 every run's value behind the intervals (``table.per_run``), the metric by query order with failed seeds counted
-(``table.by_order``, linrope.analysis.by_order), and each arm's tuning table when the arm tuned
+(``table.by_order``, linrope.analysis.arms.by_order), and each arm's tuning table when the arm tuned
 (``tuning.json``, linrope.analysis.tuning).  An arm's label is what its runs recorded, and the
 runs of every arm come from one code (one line each, else).  Light: no torch."""
 
@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import tuning
-from linrope.analysis.arm_figures import plot_by_arm, plot_claims
+from linrope.analysis.arms.by_order import order_lines
+from linrope.analysis.arms.control import control_missed, control_text
+from linrope.analysis.arms.figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
-from linrope.analysis.by_order import order_lines
-from linrope.analysis.control import control_missed, control_text
+from linrope.analysis.cells import higher_is_better, markdown_table, pair_record
+from linrope.analysis.clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
-from linrope.analysis.evidence_clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, provenance, write_csv
 from linrope.analysis.report import files as outputs
-from linrope.analysis.report.cells import higher_is_better, markdown_table, pair_record
 from linrope.analysis.runs import TUNING, Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
