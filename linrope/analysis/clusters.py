@@ -1,31 +1,17 @@
 """Test documents that are not independent draws: clusters of near-duplicates, the units that
-linrope.analysis.bootstrap resamples (docs/methods.md, "Evidence").
+linrope.analysis.bootstrap resamples (docs/methods.md, "Uncertainty", where the rule's numbers are argued).
 
-**The rule.**  A document's *shingles* are its distinct substrings of ``SHINGLE`` = 8 bytes, each read as one 64-bit
-integer (exact: no hashing, no collisions).  Two documents are *linked* when the Jaccard similarity of their shingle
-sets, ``|A ∩ B| / |A ∪ B|``, is at least ``THRESHOLD`` = 0.2.  The clusters are the connected components of the links
-(single linkage: a chain of links puts its two ends in one cluster, however far apart they are).  A document shorter
-than 8 bytes has one shingle, the document itself: it links to an identical document only.  Cluster ids are 0, 1, …
-in the order of each cluster's first document in the list given; the rule reads the bytes, never the names.
+**The rule.**  A document's *shingles* are its distinct substrings of ``SHINGLE`` = 8 bytes, each one exact 64-bit
+integer.  Two documents are *linked* when their shingle sets' Jaccard similarity is at least ``THRESHOLD`` = 0.2;
+the clusters are the connected components of the links (single linkage).  A document shorter than 8 bytes has one
+shingle, itself.  Cluster ids are 0, 1, … in the order of each cluster's first document; the rule reads the bytes,
+never the names.  O(n² · mean size): about 0.03 s for the 33 test files.
 
-**Why 8 bytes and 0.2** (measured on the stdlib corpus's test split of 33 files and on English prose).  Shorter
-shingles are shared by any two texts of one language: with 5-byte shingles, consecutive 15 kB chunks of one English
-text (the GPL, Rust's release notes, pyenv's README) reach 0.26 and unrelated Python files 0.12, where the generated
-codec tables reach 0.29; with 8 bytes the chunks of one English text stay at or below 0.11 and unrelated Python files
-at or below 0.075, while the codec tables (files written by one generator, ``encodings/cp*.py`` and ``mac_*.py``)
-link at 0.94, 0.74, 0.74, 0.25, 0.22 and 0.22.  0.2 lies in the gap between these and the next pair, two lib2to3
-fixers written from one template (0.13): files of one project, or of one language, stay apart; files generated from
-one template around one shared table join.
-
-**Cost.**  Each document's shingles once (a sort), then per pair a look-up of one set in the other: O(n² · mean
-size) for n documents, about 0.03 s for the 33 test files (427 kB), seconds for a few hundred.
-
-**In a bytes report** (linrope.analysis.evidence, a study's table): ``document_clusters`` computes the clusters
-from the corpus the runs name (``runs_corpus``, also what the reference rows are fitted on) when it is here and
-holds the documents they scored, and records them as ``clusters.csv``; else reads a recorded ``clusters.csv`` (the
-report's folder, or the runs'); else none, each document its own cluster, and why.  ``cluster_lines``,
-``cluster_text``, ``floor_text`` and ``holm_floor_text`` are what a report says of them and of how precisely it
-prints p-values (linrope.analysis.bootstrap.p_floor).  Light: numpy only."""
+**In a report** (linrope.analysis.evidence, a study's table): ``document_clusters`` computes them from the corpus
+the runs name (``runs_corpus``) when it is here with the documents they scored, recorded as ``clusters.csv``; else
+reads a recorded ``clusters.csv`` (the report's folder, or the runs'); else none, and why.  ``cluster_lines``,
+``cluster_text``, ``floor_text`` and ``holm_floor_text`` are what a report says of them and of its p floor.
+Light: numpy only."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 from linrope.analysis.runs import (
     COMPACT,
@@ -41,6 +41,7 @@ from linrope.analysis.runs import (
     flatten,
     folder_record,
     metrics_rows,
+    read_json,
     run_folders,
 )
 from linrope.evaluation.tables import DETAILS, KEY, row_name
@@ -60,7 +61,7 @@ def gather(folder: Path, finished_only: bool = False) -> Dict[str, Entry]:
     a study record when ``finished_only``), then every run of the compact files already there whose folder is gone."""
     found: Dict[str, Entry] = {}
     for run_dir, metrics in run_folders(folder):
-        study = _json(run_dir / STUDY_RECORD)
+        study = read_json(run_dir / STUDY_RECORD)
         if finished_only and study is None:
             continue
         name = run_dir.relative_to(folder).as_posix()
@@ -163,14 +164,6 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
 
 def _rank(metric: str) -> int:
     return next(i for i, p in enumerate(("test/", "val/", "train/", "")) if metric.startswith(p))
-
-
-def _json(path: Path) -> Optional[Dict[str, Any]]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _csv(columns: List[str], rows: List[Mapping[str, Any]]) -> str:

@@ -152,34 +152,14 @@ def _libs():
 def _panels(secs_panels: Sequence[Panel]) -> list:
     """wandb-workspaces panels; grouping and the seed band come from the run set's grouping."""
     _, wr = _libs()
-    made = []
-    for p in secs_panels:
-        if p.kind == "line":
-            made.append(
-                wr.LinePlot(
-                    title=p.title,
-                    x=STEP,
-                    y=list(p.metrics),
-                    groupby_aggfunc="mean",
-                    groupby_rangefunc="stddev",
-                    smoothing_type="none",
-                )
-            )
-        elif p.kind == "bar":
-            made.append(
-                wr.BarPlot(
-                    title=p.title,
-                    metrics=list(p.metrics),
-                    groupby_aggfunc="mean",
-                    groupby_rangefunc="stddev",
-                    orientation="v",
-                )
-            )
-        elif p.kind == "media":
-            made.append(wr.MediaBrowser(title=p.title, media_keys=list(p.metrics)))
-        elif p.kind == "table":
-            made.append(wr.WeavePanelSummaryTable(table_name=p.metrics[0]))
-    return made
+    band = {"groupby_aggfunc": "mean", "groupby_rangefunc": "stddev"}
+    make = {
+        "line": lambda p: wr.LinePlot(title=p.title, x=STEP, y=list(p.metrics), smoothing_type="none", **band),
+        "bar": lambda p: wr.BarPlot(title=p.title, metrics=list(p.metrics), orientation="v", **band),
+        "media": lambda p: wr.MediaBrowser(title=p.title, media_keys=list(p.metrics)),
+        "table": lambda p: wr.WeavePanelSummaryTable(table_name=p.metrics[0]),
+    }
+    return [make[p.kind](p) for p in secs_panels]
 
 
 def build_workspace(target: Target):

@@ -68,9 +68,7 @@ def row_for(run: Run, metric: str) -> Optional[Dict[str, Any]]:
         length, name = int(length_text), name or "none"
     else:
         return None
-    return next(
-        (r for r in run.extrapolation if r["length"] == length and row_name(r) == name and r["status"] == "ok"), None
-    )
+    return run.row(length, name)
 
 
 def row_values(runs: Sequence[Run], metric: str) -> Dict[Any, float]:

@@ -28,7 +28,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from linrope.base.nested import flatten
-from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details
+from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details, row_name
 from linrope.run.provenance import read as read_provenance
 
 # settings that do not tell configurations apart (the seed is what we average over)
@@ -83,6 +83,13 @@ class Run:
     @property
     def seed(self):
         return self.get("seed")
+
+    def row(self, length: int, name: str = "none") -> Optional[Dict[str, Any]]:
+        """Its extrapolation row of ``length`` and ``name`` (linrope.evaluation.tables.row_name) that ran, or None."""
+        return next(
+            (r for r in self.extrapolation if r["length"] == length and row_name(r) == name and r["status"] == "ok"),
+            None,
+        )
 
     def value(self, metric: str, how: str) -> Optional[float]:
         """The run's ``metric`` reduced by ``how``: min, max, last or mean over the logged values (min, max and
@@ -244,14 +251,20 @@ def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, 
     )
 
 
+def read_json(path: Path) -> Optional[Dict[str, Any]]:
+    """The JSON object in ``path``; None when there is none, or it is not JSON, or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def compact_index(folder: Path) -> List[Dict[str, Any]]:
     """The run records of ``folder``'s compact results (``runs.json`` with ``format`` ``FORMAT``; [] when there
     are none); a record names its run folder relative to ``folder`` (``run``)."""
-    try:
-        data = json.loads((folder / COMPACT).read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    data = read_json(folder / COMPACT) or {}
+    if data.get("format") != FORMAT:
         return []
     return [r for r in data.get("runs") or [] if isinstance(r, dict) and isinstance(r.get("run"), str)]
 

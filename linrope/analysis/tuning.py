@@ -15,13 +15,13 @@ Light: json."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from linrope.analysis.cells import markdown_table
 from linrope.analysis.compact import _replace, dumps
+from linrope.analysis.runs import read_json
 
 RECORD = "tuning.json"
 FORMAT = "linrope.tuning/1"
@@ -44,11 +44,8 @@ def write(folder: Path, record: Dict[str, Any]) -> None:
 
 def read(folder: Path) -> Optional[Dict[str, Any]]:
     """The tuning record of a study folder, None when it has none (or not one of this format)."""
-    try:
-        value = json.loads((folder / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) and value.get("format") == FORMAT else None
+    value = read_json(folder / RECORD)
+    return value if value is not None and value.get("format") == FORMAT else None
 
 
 def _num(v: Any) -> str:

@@ -36,7 +36,6 @@ from linrope.analysis.report import files as outputs
 from linrope.analysis.runs import TUNING, Run, by_seed, find_runs, group_runs
 from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
-from linrope.evaluation.tables import row_name
 
 TOOL = "linrope report"
 LEVEL = 0.95
@@ -107,14 +106,7 @@ def value_of(metric: str):
     if "@" in metric:
         name, rest = metric.split("@")
         length, _, row = rest.partition(" ")
-        return lambda run: next(
-            (
-                r[name]
-                for r in run.extrapolation
-                if row_name(r) == (row or "none") and r["length"] == int(length) and r["status"] == "ok"
-            ),
-            None,
-        )
+        return lambda run: (run.row(int(length), row or "none") or {}).get(name)
     return lambda run: run.value(metric, "last")
 
 
@@ -155,12 +147,6 @@ def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float, cluste
     return Boot(bpb_difference(data, claim.a, claim.b, level=level, clusters=clusters), tuple(shared))
 
 
-def seed_paired(groups: Dict[str, List[Run]], claim: Claim, level: float):
-    """A − B of the claim's metric over the seeds both configurations have (stats.Paired, a t over seeds)."""
-    return paired(by_seed(groups[claim.a], value_of(claim.metric)), by_seed(groups[claim.b], value_of(claim.metric)),
-                  level)  # fmt: skip
-
-
 def claim_results(
     groups: Dict[str, List[Run]], claims: Sequence[Claim], level=LEVEL, clusters=None
 ) -> Dict[Claim, Any]:
@@ -173,27 +159,10 @@ def claim_results(
             out[c] = None
             continue
         boot = boot_result(groups, c, level, clusters) if "bpb" in c.metric else None
-        out[c] = boot or seed_paired(groups, c, level)
+        out[c] = boot or paired(
+            by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), level
+        )
     return out
-
-
-@dataclass(frozen=True)
-class SeedT:
-    """A paired t over seeds (stats.Paired) as linrope.analysis.multiplicity.adjust reads an estimate: value, lo, hi,
-    p, and its interval at another level (the t over the same seeds)."""
-
-    result: Any  # stats.Paired at LEVEL
-    groups: Dict[str, List[Run]]
-    claim: Claim
-
-    value = property(lambda self: self.result.diff.mean)
-    lo = property(lambda self: self.result.diff.lo)
-    hi = property(lambda self: self.result.diff.hi)
-    p = property(lambda self: self.result.p)
-
-    def interval(self, level: float):
-        d = seed_paired(self.groups, self.claim, level).diff
-        return d.lo, d.hi
 
 
 @dataclass(frozen=True)
@@ -229,7 +198,6 @@ NO_VERDICT = {
 
 
 def corrected(
-    groups: Dict[str, Dict[str, List[Run]]],
     results: Dict[str, Dict[Claim, Any]],
     claims: Sequence[Claim],
     withheld: Optional[Dict[tuple, Tuple[str, str]]] = None,
@@ -240,11 +208,12 @@ def corrected(
     withheld = withheld or {}
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
 
-    def estimate(arm, c):
-        r = results[arm][c]
-        return r.estimate if isinstance(r, Boot) else SeedT(r, groups[arm], c)
-
-    family = adjust([(f"{arm}: {c.a} − {c.b} ({c.metric})", estimate(arm, c)) for arm, c in keys])
+    family = adjust(
+        [
+            (f"{arm}: {c.a} − {c.b} ({c.metric})", getattr(results[arm][c], "estimate", results[arm][c]))
+            for arm, c in keys
+        ]
+    )
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
     for (arm, c), adj in zip(keys, family):
         why, text = withheld.get((arm, c), ("", ""))
@@ -508,7 +477,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
                 counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
                 withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))
     if study.claims:
-        results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
+        results = corrected(results, study.claims, withheld)  # the figure fills what the table bolds
         parts += claim_lines(study, results, arms, names, rows, cluster_text(groups, grouping, arms))
         parts += provenance.mixed_pairs(groups, study.claims, [a.name for a in arms], names)
     png = folder / written[2]

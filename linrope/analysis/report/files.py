@@ -17,6 +17,9 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from linrope.analysis.compact import _replace
+from linrope.analysis.runs import read_json
+
 MANIFEST = ".linrope-outputs.json"
 
 
@@ -25,11 +28,7 @@ def _sha(path: Path) -> str:
 
 
 def manifest(folder: Path) -> Optional[Dict[str, str]]:
-    try:
-        value = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+    return read_json(folder / MANIFEST)
 
 
 def _legacy(folder: Path, legacy: Dict[str, Sequence[str]]) -> bool:
@@ -85,6 +84,4 @@ def record(folder: Path, names: Iterable[str]) -> None:
     folder = Path(folder)
     known = manifest(folder) or {}
     known.update({name: _sha(folder / name) for name in names if (folder / name).is_file()})
-    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+    _replace(folder / MANIFEST, json.dumps(dict(sorted(known.items())), indent=1) + "\n")

@@ -47,26 +47,16 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional
             continue
         named = dict.fromkeys((row_name(r), r["scaling"]) for run in runs for r in run.extrapolation)
         for name, scaling in named:
-
-            def at(n, name=name):
-                return lambda one: next(
-                    (r[metric] for r in one.extrapolation if row_name(r) == name and r["length"] == n
-                     and r["status"] == "ok"),
-                    None,
-                )  # fmt: skip
-
-            values = {n: by_seed(runs, at(n)) for n in lengths}
+            values = {
+                n: by_seed(runs, lambda one, n=n, name=name: (one.row(n, name) or {}).get(metric)) for n in lengths
+            }
             rows.append({"label": label, "scaling": scaling, "name": name, "values": values})
     return lengths, metric, rows
 
 
 def reference_at(refs: Optional[References], model: str, runs: List[Run], name: str, length: int) -> Optional[float]:
     """``model``'s bpb through the windows of the runs' row ``name`` at ``length`` (None: no such row)."""
-    row = next(
-        (r for run in runs for r in run.extrapolation
-         if row_name(r) == name and r["length"] == length and r.get("status") == "ok"),
-        None,
-    )  # fmt: skip
+    row = next((r for r in (run.row(length, name) for run in runs) if r), None)
     return refs.at(model, row_key(row)) if refs and row else None
 
 
