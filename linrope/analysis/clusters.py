@@ -134,6 +134,9 @@ def write(rows: Sequence[Dict], path: Path) -> None:
         w.writerows(rows)
 
 
+_write = write  # document_clusters' own ``write`` is a flag
+
+
 def read(path: Path) -> Optional[Dict[str, int]]:
     """{document: cluster} of a ``clusters.csv``, or None when there is none (or it is not one)."""
     try:
@@ -197,7 +200,7 @@ def document_clusters(
         if len(docs) == len(names):
             rows = records(docs)
             if write:
-                write(rows, Path(out) / FILE)
+                _write(rows, Path(out) / FILE)
             return {r["document"]: int(r["cluster"]) for r in rows}, ""
         lacking = sorted(set(names) - {n for n, _ in docs})
         why = f"the corpus here lacks {len(lacking)} of the documents the runs scored ({', '.join(lacking[:3])})"

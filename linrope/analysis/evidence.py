@@ -1,30 +1,19 @@
-"""What a bytes comparison rests on (docs/methods.md, "Evidence"): the text each result scored, reference rows,
-failed seeds as counts, intervals over seeds *and* test documents with a multiplicity correction, and the loss
-per position.  ``section`` gives a report's "Evidence" section for runs that kept their loss per document
-(linrope.evaluation.extrapolation: ``per_document`` / ``per_position`` on each extrapolation row).
+"""What a bytes comparison rests on (docs/methods.md, "Evidence" and "Uncertainty", where each rule is argued):
+``section`` gives a report's "Evidence" section for runs that kept their loss per document
+(linrope.evaluation.extrapolation: ``per_document`` / ``per_position`` on each extrapolation row):
 
-* **Scored text** — per configuration, the bytes and documents its test and its extrapolation rows scored.
-* **Reference rows** — an add-one unigram and a Kneser–Ney 5-gram byte model fitted on the train split and scored
-  on the same test bytes through the windows of each model row (linrope.evaluation.references, ``window_rows``: the
-  test's windows and every extrapolation row's, so a byte never sees more context than the model saw there),
-  written as ``references.csv``, a row per protocol row and length.  A run worse than the unigram of its row has
-  *collapsed*: a difference with a collapsed configuration gets no verdict.  So does a row: the seeds of each
-  configuration above that row's unigram at each extrapolation length are counted (a table), and a comparison at a
-  row where A or B has such a seed gets no verdict (it would measure how badly two models fail, not which is
-  better); its interval is still shown and still counts in the multiplicity family.
-* **Seeds** — a configuration whose seeds fail (diverged, or collapsed) is a count ("1 of 5 seeds stall"), never a
-  mean ± t (linrope.analysis.seed_outcomes); failed seeds are left out of its comparisons, which say so.
-* **Clusters** — the test documents in clusters of near-duplicates (linrope.analysis.clusters), computed from the
-  corpus the runs name when it is here and holds the documents they scored, and recorded as ``clusters.csv``; else
-  read from a ``clusters.csv`` already recorded (in the report's folder or the runs'); with neither, each document
-  is its own cluster, and the section says so (``document_clusters``).
-* **Comparisons** — each A − B on a bytes metric (``test/bpb``: the non-overlapping windows at the training
-  context, the same bytes as the test; ``bpb@2048 windows``: that extrapolation row), from the paired bootstrap
-  over seeds and document clusters (linrope.analysis.bootstrap); over the family of a report's comparisons the raw
-  p, the Holm p (the verdict) and the Benjamini–Hochberg p (linrope.analysis.multiplicity), none printed below
-  what the bootstrap resolves (bootstrap.p_floor); ``evidence.csv``.
-* **Per position** — at the longest length, the mean loss by position in the window (non-overlapping windows),
-  beside the context-limited control (attention to the last L₀ keys): a table and ``positions.png``."""
+* **scored text** — per configuration, the bytes and documents its test and extrapolation rows scored;
+* **reference rows** — a unigram and a Kneser–Ney 5-gram byte model (linrope.evaluation.references) scored
+  through the windows of each model row (``references.csv``); a seed above its row's unigram has collapsed there,
+  counted per configuration and row, and a comparison at that row gets no verdict (it keeps its interval and its
+  place in the family);
+* **seeds** — failed seeds counted, never averaged, and left out of the comparisons (linrope.analysis.seed_outcomes);
+* **clusters** — the test documents' clusters of near-duplicates (linrope.analysis.clusters);
+* **comparisons** — each A − B on a bytes metric (``test/bpb``; ``bpb@2048 windows``: that row) from the paired
+  bootstrap over seeds and document clusters, with raw, Holm (the verdict) and Benjamini–Hochberg p
+  (linrope.analysis.multiplicity); ``evidence.csv``;
+* **per position** — at the longest length, the loss by position in the window beside the context-limited
+  control: a table and ``positions.png``."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from tests.analysis.helpers import lm_rows, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted((ROOT / "conf" / "study").glob("*.yaml"))
-ANALYSIS = sorted((ROOT / "linrope" / "analysis").glob("*.py"))
+ANALYSIS = sorted((ROOT / "linrope" / "analysis").rglob("*.py"))
 
 
 def what_the_studies_say():

@@ -1,36 +1,22 @@
 """Layer 8, analysis: a sweep's results without wandb, ``python -m linrope report <sweep dir> [--out DIR]
-[--pair A:B]``.
+[--pair A:B]`` (its command line: ``command``).
 
-Reads every run under the sweep folder(s) (``linrope.analysis.runs``), groups per task the runs that differ
-only in their seed, and writes into the sweep folder (or ``--out``):
+Reads every run under the sweep folder(s) (linrope.analysis.runs), groups per task the runs that differ only in
+their seed (a configuration is named by ``model.name`` and the settings that tell its runs apart:
+``linear_rope feature_map=cosine``), and writes into the sweep folder (or ``--out``), never over a file it did
+not write (``files``):
 
-* ``report.md`` — per task, one row per configuration.  The headline column is the **test** score of
-  the checkpoint chosen on validation (train.py tests the best checkpoint): ``test/bpb`` for bytes,
-  ``test/bpb`` and ``test/loss`` (per token) for text, ``test/acc`` (and ``test/loss``) for the tasks.  The best
-  validation value is shown as the selection metric only: it was picked on the data it reports.  Each cell is the
-  mean over seeds ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
-  differences A − B of the pairs the study declares (its config, linrope.analysis.study_config: the
-  experiment's ``conf/study/<experiment>.yaml``, else ``default.yaml``; plus ``--pair``) over the seeds both ran, with
-  their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
-  excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes; bits per
-  byte and loss per token for text; accuracy for the tasks) with the same intervals and the pairs at each length;
-* ``summary.csv`` and ``pairs.csv`` — the same numbers, machine-readable; ``runs.csv`` — every run's
-  own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
-* ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
+* ``report.md`` — per task a row per configuration: the **test** score of the checkpoint chosen on validation
+  (the best validation value beside it, as the selection metric only), the mean over seeds ± the half-width of
+  its 95% t-interval; the paired differences A − B over matching seeds of the pairs the study declares
+  (linrope.analysis.study_config) and of ``--pair``, with interval, p and a sentence each; the tables by
+  evaluation length (``lengths``); failed runs, configurations still improving, parameter counts and how far
+  position parameters moved (``caveats``); the runs' code and machines (``provenance``); a study's tuning table
+  (linrope.analysis.tuning); a bytes report's Evidence section (linrope.analysis.evidence);
+* ``summary.csv``, ``pairs.csv`` and ``runs.csv`` (every run's own values); ``val_curves.png`` and
+  ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
 
-A study folder with a tuning stage (``tuning.json``, linrope.analysis.tuning) gets its table in report.md: per
-configuration the values tried on validation, each one's score, the value chosen, interior or at an edge, and the
-budget they all had; the tuning runs (``tuning/``) are not among the report's runs.
-
-Beside the numbers (linrope.analysis.report.caveats): failed runs (headline NaN, infinite or missing) and configurations
-still improving are named above each table; ``n`` counts only the runs behind each value; every table
-gives parameter counts, and learned position parameters get a table of how far they moved.
-
-A configuration is named by ``model.name``, followed by the settings that tell apart runs of
-the same model (e.g. ``linear_rope feature_map=cosine placement=both``).
-
-A folder of a study run in arms (its config declares ``arms``: ``steps800/``, ``steps3200/``) gets each arm's
-report and the study's table across them (linrope.analysis.arms)."""
+A folder of a study run in arms gets each arm's report and the study's table across them (linrope.analysis.arms)."""
 
 from __future__ import annotations
 

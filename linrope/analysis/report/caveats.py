@@ -15,6 +15,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
+from linrope.analysis.cells import markdown_table
 from linrope.analysis.runs import Run
 
 WINDOW = 3  # "its last evaluations": the change from the third-last validation to the last
@@ -196,8 +197,6 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
         ]
         for r in rows
     ]
-    table = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    table += ["| " + " | ".join(line) + " |" for line in lines]
     return [
         f"### Learned position parameters: how far they moved ({task})",
         "",
@@ -206,6 +205,6 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
         "one, and the largest change of one entry; means over the seeds that recorded them (n). A scheme "
         "whose parameters barely moved had no budget to express itself.",
         "",
-        *table,
+        markdown_table(header, lines),
         "",
     ]
