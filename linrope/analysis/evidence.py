@@ -27,7 +27,7 @@ from linrope.analysis.cells import markdown_table
 from linrope.analysis.clusters import FILE as CLUSTERS
 from linrope.analysis.clusters import cluster_lines, document_clusters, floor_text, runs_corpus
 from linrope.analysis.multiplicity import adjust, resolved_count
-from linrope.analysis.runs import Run
+from linrope.analysis.runs import Run, extrapolation_row
 from linrope.analysis.seed_outcomes import seed_outcomes
 from linrope.base.plots import Curve, Panel, plot_curves, series_colour
 from linrope.evaluation.tables import row_name
@@ -57,7 +57,7 @@ def row_for(run: Run, metric: str) -> Optional[Dict[str, Any]]:
         length, name = int(length_text), name or "none"
     else:
         return None
-    return run.row(length, name)
+    return extrapolation_row(run.extrapolation, length, name)
 
 
 def row_values(runs: Sequence[Run], metric: str) -> Dict[Any, float]:

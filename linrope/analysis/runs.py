@@ -50,11 +50,7 @@ IGNORED = (
     "test",
     "data.num_workers",
 )
-COMPACT, CURVES, FORMAT = (
-    "runs.json",
-    "curves.csv",
-    "linrope.runs/1",
-)  # a study's compact results (linrope.analysis.compact)
+COMPACT, CURVES, FORMAT = "runs.json", "curves.csv", "linrope.runs/1"  # compact results (linrope.analysis.compact)
 TUNING = "tuning"  # a study's tuning runs (linrope.studies.study_tuning), never among its runs
 
 
@@ -84,13 +80,6 @@ class Run:
     def seed(self):
         return self.get("seed")
 
-    def row(self, length: int, name: str = "none") -> Optional[Dict[str, Any]]:
-        """Its extrapolation row of ``length`` and ``name`` (linrope.evaluation.tables.row_name) that ran, or None."""
-        return next(
-            (r for r in self.extrapolation if r["length"] == length and row_name(r) == name and r["status"] == "ok"),
-            None,
-        )
-
     def value(self, metric: str, how: str) -> Optional[float]:
         """The run's ``metric`` reduced by ``how``: min, max, last or mean over the logged values (min, max and
         mean over the finite ones; ``last`` is the last value as logged, NaN if the run diverged)."""
@@ -100,6 +89,11 @@ class Run:
         if not values:
             return None
         return {"min": min, "max": max, "last": lambda vs: vs[-1], "mean": statistics.fmean}[how](values)
+
+
+def extrapolation_row(rows: Iterable[Dict[str, Any]], length: int, name: str = "none") -> Optional[Dict[str, Any]]:
+    """The extrapolation row of ``length`` and ``name`` (linrope.evaluation.tables.row_name) that ran, or None."""
+    return next((r for r in rows if r["length"] == length and row_name(r) == name and r["status"] == "ok"), None)
 
 
 def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:

@@ -33,7 +33,7 @@ from linrope.analysis.evidence import above, documents_of, has_documents, read_r
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, provenance, write_csv
 from linrope.analysis.report import files as outputs
-from linrope.analysis.runs import TUNING, Run, by_seed, find_runs, group_runs
+from linrope.analysis.runs import TUNING, Run, by_seed, extrapolation_row, find_runs, group_runs
 from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
 
@@ -106,7 +106,7 @@ def value_of(metric: str):
     if "@" in metric:
         name, rest = metric.split("@")
         length, _, row = rest.partition(" ")
-        return lambda run: (run.row(int(length), row or "none") or {}).get(name)
+        return lambda run: (extrapolation_row(run.extrapolation, int(length), row or "none") or {}).get(name)
     return lambda run: run.value(metric, "last")
 
 
@@ -272,13 +272,10 @@ def verdict_legend(study: Study, names: Sequence[str]) -> str:
         return ""
     if len(names) < 2:
         return v["single"][1]
-    fill = {"{first}": names[0], "{last}": names[-1]}
-    legends = []
-    for k in ("same", "opposite", "first_only", "last_only", "none", "unpaired"):
-        text = v[k][1]
-        for key, value in fill.items():
-            text = text.replace(key, value)
-        legends.append(f"{v[k][0]} ({text})")
+    legends = [
+        f"{v[k][0]} ({v[k][1].replace('{first}', names[0]).replace('{last}', names[-1])})"
+        for k in ("same", "opposite", "first_only", "last_only", "none", "unpaired")
+    ]
     return f"'{v['column']}': {', '.join(legends)}."
 
 
@@ -417,13 +414,10 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             build_report([arm], arm, allow_mixed=allow_mixed, study=study)
     groups = {name: g.get(task, {}) for name, g in found.items()}
     names = [label(a, study) for a in arms]
-    intro = table.get("intro", "")
-    for key, value in (
-        ("{arms}", ", ".join(names)),
-        ("{folders}", ", ".join(a.name for a in arms)),
-        ("{verdicts}", verdict_legend(study, names)),
-    ):
-        intro = intro.replace(key, value)
+    intro = (
+        table.get("intro", "").replace("{arms}", ", ".join(names)).replace("{folders}", ", ".join(a.name for a in arms))
+    )
+    intro = intro.replace("{verdicts}", verdict_legend(study, names))
     rows: List[Dict[str, Any]] = []
     parts = [
         f"# {table['title']}",

@@ -58,7 +58,7 @@ from linrope.base.plots import (
     plot_curves,
 )
 
-LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
+LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report.files)
 
 
 def columns_for(task: str):

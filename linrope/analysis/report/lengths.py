@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 
 from linrope.analysis.cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.evidence import References, row_key
-from linrope.analysis.runs import Run, by_seed
+from linrope.analysis.runs import Run, by_seed, extrapolation_row
 from linrope.analysis.stats import LEVEL, mean_ci, paired
 from linrope.base.plots import (
     SCALING_STYLES,
@@ -48,7 +48,10 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional
         named = dict.fromkeys((row_name(r), r["scaling"]) for run in runs for r in run.extrapolation)
         for name, scaling in named:
             values = {
-                n: by_seed(runs, lambda one, n=n, name=name: (one.row(n, name) or {}).get(metric)) for n in lengths
+                n: by_seed(
+                    runs, lambda one, n=n, name=name: (extrapolation_row(one.extrapolation, n, name) or {}).get(metric)
+                )
+                for n in lengths
             }
             rows.append({"label": label, "scaling": scaling, "name": name, "values": values})
     return lengths, metric, rows
@@ -56,7 +59,7 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional
 
 def reference_at(refs: Optional[References], model: str, runs: List[Run], name: str, length: int) -> Optional[float]:
     """``model``'s bpb through the windows of the runs' row ``name`` at ``length`` (None: no such row)."""
-    row = next((r for r in (run.row(length, name) for run in runs) if r), None)
+    row = next((r for r in (extrapolation_row(run.extrapolation, length, name) for run in runs) if r), None)
     return refs.at(model, row_key(row)) if refs and row else None
 
 
