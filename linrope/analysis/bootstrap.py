@@ -10,8 +10,8 @@ the crossed design's bootstrap (Owen 2007).
 
 ``method="t"`` (the default): ``se² = Σ_k V_k n_k / (n_k − 1)`` over the levels k (seeds in closed form, the
 statistic being linear in their weights; document clusters from their own replicates), the interval
-``value ± t_{1−α/2, df} · se`` with Welch–Satterthwaite's df, ``p`` the two-sided t p; with one document it is the
-paired t of linrope.analysis.stats.  ``method="percentile"``: the percentile interval of the two-way replicates
+``value ± t_{1−α/2, df} · se`` with Welch–Satterthwaite's df, ``p`` the two-sided t p; with one document it is
+the paired t of linrope.analysis.stats.  ``method="percentile"``: the percentile interval of the two-way replicates
 and ``p = min(1, 2 · (k + 1) / (B + 1))``, kept to compare with.  ``p_floor``: no p is printed below
 ``max(10 / B, 1 / N)`` up to a power of ten, N the design's distinct resamples.  Every draw comes from
 ``numpy.random.default_rng(seed)``: the same input and seed give the same numbers, whatever the mappings' order.

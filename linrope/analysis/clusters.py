@@ -78,21 +78,11 @@ def cluster_ids(sim: np.ndarray, threshold: float = THRESHOLD) -> List[int]:
     each component's first document."""
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"a Jaccard threshold is in (0, 1], got {threshold}")
-    n = sim.shape[0]
-    parent = list(range(n))
+    from scipy.sparse.csgraph import connected_components  # here: a report without documents never needs it
 
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, j in zip(*np.nonzero(np.triu(sim >= threshold, 1))):
-        a, b = root(int(i)), root(int(j))
-        if a != b:
-            parent[max(a, b)] = min(a, b)
+    _, labels = connected_components(sim >= threshold, directed=False)
     number: Dict[int, int] = {}
-    return [number.setdefault(root(i), len(number)) for i in range(n)]
+    return [number.setdefault(int(c), len(number)) for c in labels]
 
 
 def clusters(documents: Sequence[Tuple[str, bytes]], threshold: float = THRESHOLD, k: int = SHINGLE) -> Dict[str, int]:

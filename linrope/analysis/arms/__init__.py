@@ -1,19 +1,16 @@
 """Layer 8, analysis: a study run in arms, tabled side by side: ``python -m linrope report <study folder>`` when
-the study's config (``linrope.analysis.study_config``) declares ``arms`` and the folder holds them (``steps800/``, ``steps3200/``).
+the study's config (linrope.analysis.study_config) declares ``arms`` and the folder holds them (``steps800/``).
 
-For each arm it writes the ordinary report (``linrope.analysis.report``: report.md, summary.csv, pairs.csv, runs.csv
-and figures, beside the arm's runs; not with ``--no-reports``), then one table, ``<folder>/<table.file>.md`` with
-its ``.csv`` and ``.png``, in the sections the config asks for: the positive control (``control``), the metric per
-configuration and arm (``table.configurations``), every claim as a paired difference A − B over the seeds both
-configurations finished at each arm, corrected over the table's family of (claim, arm) comparisons (Holm's p: bold
-and the verdicts rest on it; the simultaneous interval at 1 − 0.05/m beside the raw one; linrope.analysis.
-multiplicity), with its verdict (``claims``, ``verdict``; no verdict where the arm's positive control missed its bar,
-or where a seed of A or B scores above the unigram byte model at the claim's row, from the arm's references.csv,
-as the report's Evidence section rules), a figure (``table.figure``) and
-every run's value behind the intervals (``table.per_run``), the metric by query order with failed seeds counted
-(``table.by_order``, linrope.analysis.arms.by_order), and each arm's tuning table when the arm tuned
-(``tuning.json``, linrope.analysis.tuning).  An arm's label is what its runs recorded, and the
-runs of every arm come from one code (one line each, else).  Light: no torch."""
+For each arm it writes the ordinary report (linrope.analysis.report; not with ``--no-reports``), then one table,
+``<folder>/<table.file>.md`` with its ``.csv`` and ``.png``, in the sections the config asks for: the positive
+control (``control``), the metric per configuration and arm (``table.configurations``), every claim
+as a paired difference A − B at each arm, corrected over the table's family of (claim, arm) comparisons
+(linrope.analysis.multiplicity: Holm's p, bold, the verdicts rest on it; the simultaneous interval beside the
+raw one), with its verdict (``claims``, ``verdict``; none where the arm's control missed its bar, or where a seed
+of A or B is above the unigram at the claim's row, as the report's Evidence section rules), a figure
+(``table.figure``, ``figures``), every run's value behind the intervals (``table.per_run``), the metric by query
+order (``table.by_order``, ``by_order``) and each arm's tuning table (linrope.analysis.tuning).  An arm's label is
+what its runs recorded, and the runs of every arm come from one code (one line each, else).  Light: no torch."""
 
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ from linrope.analysis.arms.by_order import order_lines
 from linrope.analysis.arms.control import control_missed, control_text
 from linrope.analysis.arms.figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
-from linrope.analysis.cells import higher_is_better, markdown_table, pair_record
+from linrope.analysis.cells import fmt, higher_is_better, markdown_table, pair_record
 from linrope.analysis.clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
@@ -262,8 +259,7 @@ def value_cell(seeds: Dict[Any, float]) -> str:
     if not seeds:
         return "–"
     iv = mean_ci(list(seeds.values()), LEVEL)
-    spread = f" ± {iv.half_width:.3f}" if iv.n > 1 else ""
-    return f"{iv.mean:.3f}{spread} (min {min(seeds.values()):.3f}, n={iv.n})"
+    return f"{fmt(iv)} (min {min(seeds.values()):.3f}, n={iv.n})"
 
 
 def verdict_legend(study: Study, names: Sequence[str]) -> str:
@@ -408,7 +404,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     mixed = check_code(arms, folder, allow_mixed)
     written = [f"{table['file']}.{ext}" for ext in ("md", "csv", "png")]
     if write:
-        outputs.claim(folder, written, TOOL, {written[0]: (f"# {table['title']}",)})
+        outputs.claim(folder, written, {written[0]: (f"# {table['title']}",)})
     if reports:
         for arm in arms:  # each arm's own report beside its runs, with the pairs of the study
             build_report([arm], arm, allow_mixed=allow_mixed, study=study)

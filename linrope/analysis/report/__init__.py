@@ -353,7 +353,7 @@ def build_report(
                     f"(have: {', '.join(sorted(labels))})"
                 )
     pairs = list(dict.fromkeys([*declared, *pairs]))
-    outputs.claim(out, written, "linrope report", LEGACY)  # never over a file a report did not write: one line
+    outputs.claim(out, written, LEGACY)  # never over a file a report did not write: one line
     out.mkdir(parents=True, exist_ok=True)
     n_configs = sum(len(g) for g in tasks.values())
     parts = [mixed, ""] if mixed else []

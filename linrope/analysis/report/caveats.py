@@ -1,13 +1,7 @@
-"""What a reader of a sweep report must know beside its numbers (``linrope report`` prints these):
-
-* **failed runs** — a run whose headline metric is NaN, infinite or missing (a diverged or unfinished run)
-  is named above its task's table; it is behind no value, and ``n`` counts only the runs that are;
-* **still improving** — a configuration whose validation metric was still falling over its last
-  evaluations by more than the final values spread across seeds: a longer budget may change its number
-  and its rank;
-* **parameter counts** per configuration (``parameters.json`` or the loggers' ``n_params``);
-* **how far learned position parameters moved** from their initialisation (linrope.training.movement writes it):
-  a scheme whose parameters barely moved had no budget to express itself."""
+"""What a reader of a sweep report must know beside its numbers (docs/methods.md, "A report says what its numbers
+cannot"): failed runs (headline NaN, infinite or missing: named above the table, behind no value), configurations
+still improving (validation still falling over the last ``WINDOW`` evaluations by more than the final values'
+spread across seeds), parameter counts, and how far learned position parameters moved (linrope.training.movement)."""
 
 from __future__ import annotations
 

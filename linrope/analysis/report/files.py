@@ -21,6 +21,7 @@ from linrope.analysis.compact import _replace
 from linrope.analysis.runs import read_json
 
 MANIFEST = ".linrope-outputs.json"
+TOOL = "linrope report"  # a sweep's report and a study's table over its arms alike
 
 
 def _sha(path: Path) -> str:
@@ -44,19 +45,15 @@ def _legacy(folder: Path, legacy: Dict[str, Sequence[str]]) -> bool:
     return False
 
 
-def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Sequence[str]]) -> None:
+def claim(folder: Path, names: Iterable[str], legacy: Dict[str, Sequence[str]]) -> None:
     """Refuse (SystemExit, one line) unless every file of ``names`` in ``folder`` may be written; see the module
-    docstring.  ``legacy``: {main file: the first lines the tool has written in it}."""
+    docstring.  ``legacy``: {main file: the first lines a report has written in it}."""
     folder = Path(folder)
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir():
-        raise SystemExit(f"{tool}: {existing} is a file: cannot write the report into {folder}")
+        raise SystemExit(f"{TOOL}: {existing} is a file: cannot write the report into {folder}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise SystemExit(
-            f"{tool}: {existing} is not writable: nothing written (choose another folder with --out)"
-            if tool == "linrope report"
-            else f"{tool}: {existing} is not writable: nothing written"
-        )
+        raise SystemExit(f"{TOOL}: {existing} is not writable: nothing written (choose another folder with --out)")
     known = manifest(folder)
     adopted = known is None and _legacy(folder, legacy)
     foreign: List[str] = []
@@ -68,14 +65,13 @@ def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Seque
             foreign.append(f"{name} (not a regular file)")
         elif known is not None and name in known:
             if known[name] != _sha(path):
-                foreign.append(f"{name} (changed since {tool} wrote it)")
+                foreign.append(f"{name} (changed since {TOOL} wrote it)")
         elif not adopted:
             foreign.append(name)
     if foreign:
-        more = "" if tool != "linrope report" else ", or write the report elsewhere with --out"
         raise SystemExit(
-            f"{tool}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
-            f"written; move {'it' if len(foreign) == 1 else 'them'} away{more}"
+            f"{TOOL}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
+            f"written; move {'it' if len(foreign) == 1 else 'them'} away, or write the report elsewhere with --out"
         )
 
 
