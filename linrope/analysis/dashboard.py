@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from linrope.analysis.cells import SCALINGS
 from linrope.base.naming import wandb_group
 from linrope.config.command_line import program
 
@@ -90,13 +91,6 @@ TASKS = [
     ("line", "val/loss against step", ["val/loss"]),
 ]
 TRAINING = [("line", "train/loss", ["train/loss"]), ("line", "learning rate", ["train/lr"])]
-SCALINGS = {
-    "none": "as trained",
-    "pi": "position interpolation",
-    "ntk": "NTK-aware scaling",
-    "yarn": "YaRN",
-    "dynamic": "dynamic NTK",
-}
 
 
 def sections(target: Target) -> List[Section]:
@@ -113,7 +107,7 @@ def sections(target: Target) -> List[Section]:
         panels = [("table", "extrapolation table", ["extrapolation/table"])]
         panels.append(("media", "extrapolation curves (per run)", ["extrapolation/plot"]))
         for scaling in ["none", *[s for s in target.scalings if s != "none"]]:
-            name = f"{SCALINGS.get(scaling, scaling)}: by evaluation length"
+            name = f"{SCALINGS.get(scaling, scaling) if scaling != 'none' else 'as trained'}: by evaluation length"
             panels.append(("bar", name, extrapolation_keys(target, scaling)))
         lengths = ", ".join(map(str, target.lengths))
         text = f"The model trained at one context, evaluated at longer ones ({lengths}); RoPE models also with their scaling rows."

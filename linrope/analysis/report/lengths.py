@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from linrope.analysis.cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
+from linrope.analysis.cells import SCALINGS, band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.evidence import References, row_key
 from linrope.analysis.runs import Run, by_seed, extrapolation_row
 from linrope.analysis.stats import LEVEL, mean_ci, paired
@@ -150,19 +150,13 @@ def plot_extrapolation(
     )
 
 
-SCALING_NAMES = {
-    "pi": "position interpolation (pi)",
-    "ntk": "NTK-aware scaling (ntk)",
-    "yarn": "YaRN (yarn)",
-    "dynamic": "dynamic NTK (dynamic)",
-}
-
-
 def scaling_caption(scalings) -> str:
     """The caption's clause naming the scaling rows the table has, e.g. "; RoPE models also with position
     interpolation (pi) and NTK-aware scaling (ntk) at the matching factor" (no such rows: "")."""
-    named = [SCALING_NAMES.get(s, s) for s in ("pi", "ntk", "yarn", "dynamic", *sorted(scalings)) if s in scalings]
-    named = list(dict.fromkeys(n for n in named if n != "none"))
+    order = ("pi", "ntk", "yarn", "dynamic", *sorted(scalings))
+    named = list(
+        dict.fromkeys(f"{SCALINGS[s]} ({s})" if s in SCALINGS else s for s in order if s in scalings and s != "none")
+    )
     if not named:
         return ""
     listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
