@@ -64,24 +64,21 @@ LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.m
 def columns_for(task: str):
     """(header, metric, how, digits) of a task's table; the first is the headline (test) metric.  Text: bits per
     byte first (they compare across tokenizers), then the loss per token (within one tokenizer)."""
+    bpb, speed = ("test/bpb", "test/bpb", "last", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)
     if task == "bytes":
-        return [
-            ("test/bpb", "test/bpb", "last", 3),
-            ("best val/bpb (selection metric)", "val/bpb", "min", 3),
-            ("tokens/s", "train/tokens_per_sec", "mean", 0),
-        ]
+        return [bpb, ("best val/bpb (selection metric)", "val/bpb", "min", 3), speed]
     if task == "text":
         return [
-            ("test/bpb", "test/bpb", "last", 3),
+            bpb,
             ("test/loss (per token)", "test/loss", "last", 3),
             ("best val/bpb (selection metric)", "val/bpb", "min", 3),
-            ("tokens/s", "train/tokens_per_sec", "mean", 0),
+            speed,
         ]
     return [
         ("test/acc", "test/acc", "last", 3),
         ("test/loss", "test/loss", "last", 3),
         ("best val/loss (selection metric)", "val/loss", "min", 3),
-        ("tokens/s", "train/tokens_per_sec", "mean", 0),
+        speed,
     ]
 
 
