@@ -29,7 +29,7 @@ COMMANDS: Dict[str, Command] = {
     "evaluate": Command("linrope.evaluation.evaluate:run", "evaluate", "length extrapolation of a checkpoint"),
     "generate": Command("linrope.evaluation.generate:run", "generate", "sample text from a checkpoint"),
     "passkey": Command("linrope.evaluation.passkey:run", "passkey", "the pass-key probe of a checkpoint, 1-16x"),
-    "report": Command("linrope.analysis.report_command:main", None, "a sweep's or a study's tables and figures"),
+    "report": Command("linrope.analysis.report.command:main", None, "a sweep's or a study's tables and figures"),
     "dashboard": Command("linrope.analysis.dashboard:main", None, "a sweep's wandb workspace and report, as code"),
     "sweeps": Command("linrope.studies.sweeps:main", None, "list and check the jobs of an experiment"),
     "study": Command("linrope.studies.study:main", None, "run a study job by job, across sessions"),

@@ -22,7 +22,7 @@ HYDRA = {"train.py": "train", "linrope-train": "train", "linrope-evaluate": "eva
 # `python -m <program>`: a command of linrope (`linrope evaluate`) or a module with a command line of its own
 HYDRA_MODULES = {"linrope evaluate": "evaluate", "linrope generate": "generate", "linrope passkey": "passkey",
                  "linrope sweeps": "train", "linrope train": "train"}  # fmt: skip
-ARGPARSE = {"linrope tokenize": "linrope.data.tokenize_command", "linrope report": "linrope.analysis.report_command",
+ARGPARSE = {"linrope tokenize": "linrope.data.tokenize_command", "linrope report": "linrope.analysis.report.command",
             "linrope.evaluation.harness": "linrope.evaluation.harness",
             "linrope.evaluation.references": "linrope.evaluation.references"}  # fmt: skip
 

@@ -1,63 +1,20 @@
 """Intervals that vary both sources of a study's noise: the training seed and the test documents (in clusters).
 
-A run's test score is a ratio over the documents of the test split, ``Σ nats / Σ bytes / ln 2`` (bits per byte,
-weighted by bytes), or ``Σ correct / Σ count`` (accuracy, per group of test examples).  A configuration's value
-is the mean of that ratio over its seeds.  Two things would change it if the study were run again: the seeds
-(other initialisations and data orders) and the documents (other text of the same kind).  An interval over seeds
-alone (linrope.analysis.stats) holds the text fixed, so it speaks only of those few documents.
+The method, its reasons and its checks are in docs/methods.md, "Uncertainty".  In short: the input is, per
+configuration, seed and document, a pair ``(numerator, denominator)`` (nats and bytes; correct and count),
+``{config: {seed: {document: (nats, bytes)}}}``, every run scoring the same documents with the same denominators
+(both checked).  A configuration's value is the mean over its seeds of ``Σ numerator / Σ denominator``.  Each
+replicate draws seeds (paired when both configurations ran the same ones) and, independently, document clusters
+(``clusters``: {document: cluster}, linrope.analysis.clusters; else each document its own) with replacement,
+the crossed design's bootstrap (Owen 2007).
 
-The input is, per configuration, per seed and per document, a pair ``(numerator, denominator)``:
-``{config: {seed: {document: (nats, bytes)}}}``.  Every run scores the same documents (the shared test text), and
-a document's denominator is the same in every run (its bytes); both are checked.
-
-**Clusters.**  Documents are not always independent draws: near-copies of one file (generated tables, one template)
-move together, and resampling them one by one counts the same evidence several times.  ``clusters`` ({document:
-cluster}, linrope.analysis.clusters) makes the cluster the unit: a drawn cluster brings all its documents (its
-numerators and denominators summed: the statistic is a ratio of sums, so that is the same thing), and the document
-level's count below is the number of clusters.  Without ``clusters`` every document is its own cluster.
-
-**Resampling.**  Seeds and documents are crossed, not nested (every seed scores every document), so each
-bootstrap replicate draws seeds with replacement and, independently, document clusters with replacement (the "pigeonhole"
-bootstrap of a crossed design, Owen 2007): seeds as multinomial counts applied as weights, documents as the sums
-over the drawn documents (the same thing).  The same documents are drawn for every configuration and every seed of
-one replicate.  Seeds are paired when both configurations ran the same seeds (same initialisation and data order):
-one draw of seeds serves both, so what a seed shares between them cancels; otherwise (``paired=False``, or
-different seed sets) each configuration's seeds are drawn on their own.
-
-**The interval (``method="t"``, the default).**  The standard error comes from the bootstrap, level by level:
-``V_k``, the variance of the statistic when only level ``k`` is resampled (the seeds, or each configuration's
-seeds when unpaired, and the document clusters), times ``n_k / (n_k − 1)`` (the bootstrap's plug-in variance is that much
-too small): ``se² = Σ_k V_k n_k / (n_k − 1)``.  The statistic is linear in the seeds' weights, so their ``V_k`` is
-taken in closed form (the variance of the per-seed values over ``n_k``: the limit of infinitely many draws); the
-documents' is the variance of their replicates (a ratio of sums is not linear in the weights).  The interval is
-``value ± t_{1−α/2, df} · se`` with Welch–Satterthwaite's ``df = se⁴ / Σ_k (V_k n_k / (n_k − 1))² / (n_k − 1)``,
-and ``p`` the two-sided t p-value of "difference = 0".  With seeds alone (one document) this is exactly the
-paired t-interval of linrope.analysis.stats.  Summing the one-level variances counts the seed × document
-interaction twice: a small, conservative excess (the two-way bootstrap's own variance counts it three times).
-
-**Why not the percentile interval (or BCa).**  With 5 seeds the spread of the mean that a bootstrap of seeds sees
-is √(4/5) of the real one, and a percentile reads normal rather than t quantiles.  In 200 studies simulated from a
-model with seed and document effects (tests/analysis/test_bootstrap.py, 5 seeds × 20 documents), the nominal 95%
-percentile interval covered the true difference in 84.5% of them when seeds dominate (91.5% with both effects),
-the t interval in 93.5% (94%).  BCa corrects skew and bias, not this narrowness, and no bootstrap sees beyond the
-values of 5 seeds.  At a family-wise level (α/m, linrope.analysis.multiplicity) a percentile interval would read
-quantiles further out than 10 000 replicates resolve; the t interval extends to any level.
-
-**How precisely a p is printed** (``p_floor``).  No p is printed below ``max(10 / B, 1 / N)``, rounded up to a power
-of ten, and one below it reads "< floor" (linrope.analysis.stats.p_text): B the replicates (a tail probability
-under 10 / B rests on fewer than 10 of them; 0.001 at the default 10 000) and N the distinct resamples of the design,
-``C(2s − 1, s)`` per group of s seeds drawn together times ``C(2c − 1, c)`` for c clusters (a resampling
-distribution of N atoms says nothing finer than about 1 / N).  The t p beyond the floor is the t distribution's
-tail, which no replicate checks; the floor changes what is printed, not the verdicts.
-
-``method="percentile"`` gives the percentile interval of the two-way replicates and the bootstrap's two-sided
-``p = min(1, 2 · (k + 1) / (B + 1))``, k the replicates on the smaller side of 0 (``2 · min(P*(d ≤ 0), P*(d ≥ 0))``,
-the smallest α at which the percentile interval excludes 0, with the usual +1 so that no p is 0 from B draws); it
-is kept to compare with, and is fair only with many seeds.
-
-Every draw comes from ``numpy.random.default_rng(seed)`` (one child stream for the two-way replicates, one for the
-documents alone): the same input and seed give the same numbers, whatever the order of the mappings.  A difference
-from 10 000 replicates of 5 seeds × 40 documents takes about 0.1 s.
+``method="t"`` (the default): ``se² = Σ_k V_k n_k / (n_k − 1)`` over the levels k (seeds in closed form, the
+statistic being linear in their weights; document clusters from their own replicates), the interval
+``value ± t_{1−α/2, df} · se`` with Welch–Satterthwaite's df, ``p`` the two-sided t p; with one document it is
+the paired t of linrope.analysis.stats.  ``method="percentile"``: the percentile interval of the two-way replicates
+and ``p = min(1, 2 · (k + 1) / (B + 1))``, kept to compare with.  ``p_floor``: no p is printed below
+``max(10 / B, 1 / N)`` up to a power of ten, N the design's distinct resamples.  Every draw comes from
+``numpy.random.default_rng(seed)``: the same input and seed give the same numbers, whatever the mappings' order.
 Failed or stalled seeds are no input here: count them first (linrope.analysis.seed_outcomes)."""
 
 from __future__ import annotations

@@ -1,33 +1,28 @@
 """Test documents that are not independent draws: clusters of near-duplicates, the units that
-linrope.analysis.bootstrap resamples (docs/methods.md, "Evidence").
+linrope.analysis.bootstrap resamples (docs/methods.md, "Uncertainty", where the rule's numbers are argued).
 
-**The rule.**  A document's *shingles* are its distinct substrings of ``SHINGLE`` = 8 bytes, each read as one 64-bit
-integer (exact: no hashing, no collisions).  Two documents are *linked* when the Jaccard similarity of their shingle
-sets, ``|A ∩ B| / |A ∪ B|``, is at least ``THRESHOLD`` = 0.2.  The clusters are the connected components of the links
-(single linkage: a chain of links puts its two ends in one cluster, however far apart they are).  A document shorter
-than 8 bytes has one shingle, the document itself: it links to an identical document only.  Cluster ids are 0, 1, …
-in the order of each cluster's first document in the list given; the rule reads the bytes, never the names.
+**The rule.**  A document's *shingles* are its distinct substrings of ``SHINGLE`` = 8 bytes, each one exact 64-bit
+integer.  Two documents are *linked* when their shingle sets' Jaccard similarity is at least ``THRESHOLD`` = 0.2;
+the clusters are the connected components of the links (single linkage).  A document shorter than 8 bytes has one
+shingle, itself.  Cluster ids are 0, 1, … in the order of each cluster's first document; the rule reads the bytes,
+never the names.  O(n² · mean size): about 0.03 s for the 33 test files.
 
-**Why 8 bytes and 0.2** (measured on the stdlib corpus's test split of 33 files and on English prose).  Shorter
-shingles are shared by any two texts of one language: with 5-byte shingles, consecutive 15 kB chunks of one English
-text (the GPL, Rust's release notes, pyenv's README) reach 0.26 and unrelated Python files 0.12, where the generated
-codec tables reach 0.29; with 8 bytes the chunks of one English text stay at or below 0.11 and unrelated Python files
-at or below 0.075, while the codec tables (files written by one generator, ``encodings/cp*.py`` and ``mac_*.py``)
-link at 0.94, 0.74, 0.74, 0.25, 0.22 and 0.22.  0.2 lies in the gap between these and the next pair, two lib2to3
-fixers written from one template (0.13): files of one project, or of one language, stay apart; files generated from
-one template around one shared table join.
-
-**Cost.**  Each document's shingles once (a sort), then per pair a look-up of one set in the other: O(n² · mean
-size) for n documents, about 0.03 s for the 33 test files (427 kB), seconds for a few hundred.  Light: numpy only."""
+**In a report** (linrope.analysis.evidence, a study's table): ``document_clusters`` computes them from the corpus
+the runs name (``runs_corpus``) when it is here with the documents they scored, recorded as ``clusters.csv``; else
+reads a recorded ``clusters.csv`` (the report's folder, or the runs'); else none, and why.  ``cluster_lines``,
+``cluster_text``, ``floor_text`` and ``holm_floor_text`` are what a report says of them and of its p floor.
+Light: numpy only."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from linrope.analysis.runs import Run
+from linrope.analysis.stats import P_FLOOR
 from linrope.base.errors import ResultsError
 
 SHINGLE = 8  # bytes per shingle: one uint64, exact
@@ -83,21 +78,11 @@ def cluster_ids(sim: np.ndarray, threshold: float = THRESHOLD) -> List[int]:
     each component's first document."""
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"a Jaccard threshold is in (0, 1], got {threshold}")
-    n = sim.shape[0]
-    parent = list(range(n))
+    from scipy.sparse.csgraph import connected_components  # here: a report without documents never needs it
 
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, j in zip(*np.nonzero(np.triu(sim >= threshold, 1))):
-        a, b = root(int(i)), root(int(j))
-        if a != b:
-            parent[max(a, b)] = min(a, b)
+    _, labels = connected_components(sim >= threshold, directed=False)
     number: Dict[int, int] = {}
-    return [number.setdefault(root(i), len(number)) for i in range(n)]
+    return [number.setdefault(int(c), len(number)) for c in labels]
 
 
 def clusters(documents: Sequence[Tuple[str, bytes]], threshold: float = THRESHOLD, k: int = SHINGLE) -> Dict[str, int]:
@@ -139,6 +124,9 @@ def write(rows: Sequence[Dict], path: Path) -> None:
         w.writerows(rows)
 
 
+_write = write  # document_clusters' own ``write`` is a flag
+
+
 def read(path: Path) -> Optional[Dict[str, int]]:
     """{document: cluster} of a ``clusters.csv``, or None when there is none (or it is not one)."""
     try:
@@ -147,3 +135,152 @@ def read(path: Path) -> Optional[Dict[str, int]]:
         return {r["document"]: int(r["cluster"]) for r in rows}
     except (OSError, KeyError, TypeError, ValueError):
         return None
+
+
+def runs_corpus(groups: Mapping[str, Sequence[Run]]):
+    """(the corpus the runs name, read here from their data config, or None; why not): None when it cannot be read
+    or its test split has not the bytes the runs scored (another Python's standard library, say)."""
+    run = next(run for runs in groups.values() for run in runs)
+    scored = next((r["scored"] for r in run.extrapolation if r.get("per_document")), None)
+    try:
+        from linrope.data.bytes import load_corpus
+
+        splits = load_corpus(
+            run.get("data.path"),
+            context=int(run.get("context") or 1),
+            val_fraction=float(run.get("data.val_fraction", 0.05)),
+            test_fraction=float(run.get("data.test_fraction", 0.05)),
+            max_bytes=run.get("data.max_bytes"),
+        )
+    except Exception as e:  # noqa: BLE001 - a corpus not on this machine: the report goes on without it
+        return None, f"the runs' corpus cannot be read here ({str(e).splitlines()[0][:120]})"
+    if scored is not None and len(splits["test"]) - 1 != int(scored):
+        return None, (
+            f"the corpus here has a test split of {len(splits['test']) - 1} scored bytes, the "
+            f"runs scored {scored} (another Python's standard library?)"
+        )
+    return splits, ""
+
+
+def scored_documents(groups: Mapping[str, Sequence[Run]]) -> Dict[str, float]:
+    """{document: bytes} of every document a run's extrapolation row scored (the test split's, by name)."""
+    return {
+        d["document"]: float(d["bytes"])
+        for runs in groups.values()
+        for run in runs
+        for r in run.extrapolation
+        for d in r.get("per_document") or ()
+    }
+
+
+def document_clusters(
+    groups: Mapping[str, Sequence[Run]], out: Path, write: bool = True
+) -> Tuple[Optional[Dict[str, int]], str]:
+    """({document: cluster} of the documents the runs scored, or None; why None): computed by
+    linrope.analysis.clusters from the corpus the runs name when it is here and holds those documents (then
+    written to ``out/clusters.csv`` when ``write``), else read from a ``clusters.csv`` that lists them all, in
+    ``out`` or in a folder of the runs; None, each document its own cluster, with neither."""
+    names = scored_documents(groups)
+    if not names:
+        return None, "the runs kept no loss per document"
+    splits, why = runs_corpus(groups)
+    if splits is not None:
+        data = splits["test"]
+        docs = [(n, bytes(data[a:b])) for n, a, b in splits.documents["test"] if n in names]
+        if len(docs) == len(names):
+            rows = records(docs)
+            if write:
+                _write(rows, Path(out) / FILE)
+            return {r["document"]: int(r["cluster"]) for r in rows}, ""
+        lacking = sorted(set(names) - {n for n, _ in docs})
+        why = f"the corpus here lacks {len(lacking)} of the documents the runs scored ({', '.join(lacking[:3])})"
+    folders = dict.fromkeys([Path(out), *(run.path.parent for runs in groups.values() for run in runs)])
+    for folder in folders:
+        found = read(folder / FILE)
+        if found is not None and set(names) <= set(found):
+            return {n: found[n] for n in sorted(names)}, ""
+    return None, f"{why}, and no {FILE} records them"
+
+
+def cluster_lines(groups: Mapping[str, Sequence[Run]], grouping: Optional[Dict[str, int]], why: str) -> List[str]:
+    """The Evidence section's paragraph on what the bootstrap draws: the clusters of more than one document, or
+    that each document is its own."""
+    sizes = scored_documents(groups)
+    if not sizes:
+        return []
+    rule = (
+        f"linrope.analysis.clusters: two documents are linked when their sets of {SHINGLE}-byte "
+        f"substrings have Jaccard similarity ≥ {THRESHOLD:g}; a cluster is a connected component of the "
+        f"links"
+    )
+    if grouping is None:
+        return [
+            f"**Test documents in clusters:** none known ({why}): each of the {len(sizes)} documents is its own "
+            f"cluster, as if every document were an independent draw, which near-copies among them would make "
+            f"optimistic ({rule}).",
+            "",
+        ]
+    members: Dict[int, List[str]] = {}
+    for name in sorted(sizes):
+        members.setdefault(grouping[name], []).append(name)
+    total = sum(sizes.values())
+    several = sorted((m for m in members.values() if len(m) > 1), key=lambda m: (-len(m), m))
+    text = "; ".join(
+        f"{', '.join(m)} ({sum(sizes[n] for n in m):,.0f} bytes, {100 * sum(sizes[n] for n in m) / total:.1f}% of "
+        f"the scored bytes)"
+        for m in several
+    )
+    return [
+        f"**Test documents in clusters** ({rule}; {FILE}).  {len(sizes)} documents in {len(members)} "
+        f"clusters"
+        + (f"; of more than one document: {text}." if several else ", each of one document.")
+        + "  The comparisons' bootstrap draws clusters, not documents: a drawn cluster brings all its documents.",
+        "",
+    ]
+
+
+def cluster_text(groups: Mapping[str, Mapping[str, Sequence[Run]]], grouping: Mapping[str, Tuple], arms) -> str:
+    """A study table's sentence on what the bootstrap of each arm with documents drew (``grouping``: arm name ->
+    what ``document_clusters`` gave)."""
+    parts = []
+    for arm in arms:
+        if arm.name not in grouping:
+            continue
+        mapping, why = grouping[arm.name]
+        n = len(scored_documents(groups[arm.name]))
+        parts.append(
+            f"{arm.name}, {n} documents in {len(set(mapping.values()))} clusters ({arm.name}/{FILE})"
+            if mapping
+            else f"{arm.name}, each of its {n} documents its own cluster ({why})"
+        )
+    if not parts:
+        return ""
+    return (
+        " The bootstrap draws clusters of near-duplicate test documents, not documents (linrope.analysis.clusters: "
+        f"a cluster brings all its documents): {'; '.join(parts)}."
+    )
+
+
+def floor_text(adjusted: Sequence[Any]) -> str:
+    """The Evidence legend's sentence on how precisely its p-values are printed."""
+    floors = sorted({a.p_floor for a in adjusted if a.p is not None})
+    if not floors:
+        return ""
+    return (
+        f"No p is printed below what the bootstrap resolves: max(10/B, 1/N) up to a power of ten, B the replicates "
+        f"and N the distinct resamples of the seeds and clusters ({' or '.join(f'{f:g}' for f in floors)} here); a "
+        f'p below it reads "< floor", and the verdicts rest on the p computed.'
+    )
+
+
+def holm_floor_text(floors: Iterable[float]) -> str:
+    """A study table's sentence on how precisely its Holm p-values are printed."""
+    floors = sorted(set(floors))
+    if not floors:
+        return ""
+    return (
+        f' No Holm p is printed below {" or ".join(f"{f:g}" for f in floors)} ("< floor" instead): a bootstrap\'s '
+        f"max(10/B, 1/N) up to a power of ten, B its replicates and N the distinct resamples of its seeds and "
+        f"clusters, and {P_FLOOR:g} for a t over seeds (linrope.analysis.bootstrap.p_floor); a finer tail is the t "
+        f"model's, not the data's."
+    )

@@ -1,27 +1,18 @@
-"""A study's results in compact form: three files in the study's folder in place of a folder per run.
+"""A study's results in compact form, in place of a folder per run (``python -m linrope study <part> --compact``):
 
-    python -m linrope study <study part folder> --compact
+* ``runs.json`` — per run: its folder's name, its study record (``study_job.json``: the job, command, threads,
+  wall time, when it finished) and what linrope.analysis.runs reads of a run folder (``folder_record``);
+* ``curves.csv`` — every row of every run's ``metrics.csv``, the run's name in front;
+* ``results.csv`` — for a reader: a row per run with its seed, job and steps, every metric's last value, the
+  extrapolation table's values at each length, and its provenance;
+* ``documents.csv``, ``positions.csv`` — each extrapolation row's loss per test document and per position bucket
+  (bytes runs that kept them), the run's name in front.
 
-* ``runs.json`` — per run: its folder's name, its study record (``study_job.json``, linrope study: the job, the
-  command, threads, wall time, test metrics, when it finished) and what linrope.analysis.runs reads of a run
-  folder (``folder_record``: the config Hydra saved, nested and as written; the model name the loggers got; the
-  parameter count and how far position parameters moved; the provenance: commit, code, versions, machine; the
-  extrapolation table's rows);
-* ``curves.csv`` — every row of every run's ``metrics.csv`` (Lightning's CSVLogger: step, epoch and the values
-  logged then, as written), the run's name in front: what the report's curves and every reduction are made of;
-* ``results.csv`` — for a reader: one row per run with its seed, job and steps, every metric's last value, the
-  extrapolation table's bpb / accuracy at each length, and its provenance;
-* ``documents.csv``, ``positions.csv`` (bytes runs that wrote them) — each extrapolation row's loss per test
-  document and per position bucket (linrope.evaluation.tables.write_details), the run's name in front: what
-  intervals over documents and the per-position curves are made of.
-
-``linrope.analysis.runs.find_runs`` reads ``runs.json`` with ``curves.csv`` into the same runs as the folders
-(a folder still there wins), so a report, a figure or a table of a study reads either form.  The raw logs
-(``train.log``, ``study.log``, Hydra's ``hydra.yaml`` and ``hparams.yaml``) are not kept: nothing is computed
-from them.  linrope study writes these files after each job it finishes (``finished_only``: runs with a study
-record), and commits them with ``--commit``.  A study with a tuning stage keeps its tuning runs the same way in
-``<study>/tuning/`` (its own three files; never among the study's runs) beside ``<study>/tuning.json``, the choice
-and its rule (linrope.analysis.tuning).  Light: no torch."""
+``linrope.analysis.runs.find_runs`` reads them into the same runs as the folders (a folder still there wins).  The
+raw logs (``train.log``, Hydra's ``hydra.yaml``, ``hparams.yaml``) are not kept: nothing is computed from them.
+linrope study writes these after each job it finishes (``finished_only``) and commits them with ``--commit``; a
+study's tuning runs are kept the same way in ``<study>/tuning/`` beside ``tuning.json`` (linrope.analysis.tuning).
+Light: no torch."""
 
 from __future__ import annotations
 
@@ -31,7 +22,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 from linrope.analysis.runs import (
     COMPACT,
@@ -41,6 +32,7 @@ from linrope.analysis.runs import (
     flatten,
     folder_record,
     metrics_rows,
+    read_json,
     run_folders,
 )
 from linrope.evaluation.tables import DETAILS, KEY, row_name
@@ -60,7 +52,7 @@ def gather(folder: Path, finished_only: bool = False) -> Dict[str, Entry]:
     a study record when ``finished_only``), then every run of the compact files already there whose folder is gone."""
     found: Dict[str, Entry] = {}
     for run_dir, metrics in run_folders(folder):
-        study = _json(run_dir / STUDY_RECORD)
+        study = read_json(run_dir / STUDY_RECORD)
         if finished_only and study is None:
             continue
         name = run_dir.relative_to(folder).as_posix()
@@ -163,14 +155,6 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
 
 def _rank(metric: str) -> int:
     return next(i for i, p in enumerate(("test/", "val/", "train/", "")) if metric.startswith(p))
-
-
-def _json(path: Path) -> Optional[Dict[str, Any]]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _csv(columns: List[str], rows: List[Mapping[str, Any]]) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from linrope.analysis.cells import SCALINGS
 from linrope.base.naming import wandb_group
 from linrope.config.command_line import program
 
@@ -90,13 +91,6 @@ TASKS = [
     ("line", "val/loss against step", ["val/loss"]),
 ]
 TRAINING = [("line", "train/loss", ["train/loss"]), ("line", "learning rate", ["train/lr"])]
-SCALINGS = {
-    "none": "as trained",
-    "pi": "position interpolation",
-    "ntk": "NTK-aware scaling",
-    "yarn": "YaRN",
-    "dynamic": "dynamic NTK",
-}
 
 
 def sections(target: Target) -> List[Section]:
@@ -113,7 +107,7 @@ def sections(target: Target) -> List[Section]:
         panels = [("table", "extrapolation table", ["extrapolation/table"])]
         panels.append(("media", "extrapolation curves (per run)", ["extrapolation/plot"]))
         for scaling in ["none", *[s for s in target.scalings if s != "none"]]:
-            name = f"{SCALINGS.get(scaling, scaling)}: by evaluation length"
+            name = f"{SCALINGS.get(scaling, scaling) if scaling != 'none' else 'as trained'}: by evaluation length"
             panels.append(("bar", name, extrapolation_keys(target, scaling)))
         lengths = ", ".join(map(str, target.lengths))
         text = f"The model trained at one context, evaluated at longer ones ({lengths}); RoPE models also with their scaling rows."
@@ -152,34 +146,14 @@ def _libs():
 def _panels(secs_panels: Sequence[Panel]) -> list:
     """wandb-workspaces panels; grouping and the seed band come from the run set's grouping."""
     _, wr = _libs()
-    made = []
-    for p in secs_panels:
-        if p.kind == "line":
-            made.append(
-                wr.LinePlot(
-                    title=p.title,
-                    x=STEP,
-                    y=list(p.metrics),
-                    groupby_aggfunc="mean",
-                    groupby_rangefunc="stddev",
-                    smoothing_type="none",
-                )
-            )
-        elif p.kind == "bar":
-            made.append(
-                wr.BarPlot(
-                    title=p.title,
-                    metrics=list(p.metrics),
-                    groupby_aggfunc="mean",
-                    groupby_rangefunc="stddev",
-                    orientation="v",
-                )
-            )
-        elif p.kind == "media":
-            made.append(wr.MediaBrowser(title=p.title, media_keys=list(p.metrics)))
-        elif p.kind == "table":
-            made.append(wr.WeavePanelSummaryTable(table_name=p.metrics[0]))
-    return made
+    band = {"groupby_aggfunc": "mean", "groupby_rangefunc": "stddev"}
+    make = {
+        "line": lambda p: wr.LinePlot(title=p.title, x=STEP, y=list(p.metrics), smoothing_type="none", **band),
+        "bar": lambda p: wr.BarPlot(title=p.title, metrics=list(p.metrics), orientation="v", **band),
+        "media": lambda p: wr.MediaBrowser(title=p.title, media_keys=list(p.metrics)),
+        "table": lambda p: wr.WeavePanelSummaryTable(table_name=p.metrics[0]),
+    }
+    return [make[p.kind](p) for p in secs_panels]
 
 
 def build_workspace(target: Target):

@@ -1,30 +1,19 @@
-"""What a bytes comparison rests on (docs/methods.md, "Evidence"): the text each result scored, reference rows,
-failed seeds as counts, intervals over seeds *and* test documents with a multiplicity correction, and the loss
-per position.  ``section`` gives a report's "Evidence" section for runs that kept their loss per document
-(linrope.evaluation.extrapolation: ``per_document`` / ``per_position`` on each extrapolation row).
+"""What a bytes comparison rests on (docs/methods.md, "Evidence" and "Uncertainty", where each rule is argued):
+``section`` gives a report's "Evidence" section for runs that kept their loss per document
+(linrope.evaluation.extrapolation: ``per_document`` / ``per_position`` on each extrapolation row):
 
-* **Scored text** — per configuration, the bytes and documents its test and its extrapolation rows scored.
-* **Reference rows** — an add-one unigram and a Kneser–Ney 5-gram byte model fitted on the train split and scored
-  on the same test bytes through the windows of each model row (linrope.evaluation.references, ``window_rows``: the
-  test's windows and every extrapolation row's, so a byte never sees more context than the model saw there),
-  written as ``references.csv``, a row per protocol row and length.  A run worse than the unigram of its row has
-  *collapsed*: a difference with a collapsed configuration gets no verdict.  So does a row: the seeds of each
-  configuration above that row's unigram at each extrapolation length are counted (a table), and a comparison at a
-  row where A or B has such a seed gets no verdict (it would measure how badly two models fail, not which is
-  better); its interval is still shown and still counts in the multiplicity family.
-* **Seeds** — a configuration whose seeds fail (diverged, or collapsed) is a count ("1 of 5 seeds stall"), never a
-  mean ± t (linrope.analysis.seed_outcomes); failed seeds are left out of its comparisons, which say so.
-* **Clusters** — the test documents in clusters of near-duplicates (linrope.analysis.clusters), computed from the
-  corpus the runs name when it is here and holds the documents they scored, and recorded as ``clusters.csv``; else
-  read from a ``clusters.csv`` already recorded (in the report's folder or the runs'); with neither, each document
-  is its own cluster, and the section says so (``document_clusters``).
-* **Comparisons** — each A − B on a bytes metric (``test/bpb``: the non-overlapping windows at the training
-  context, the same bytes as the test; ``bpb@2048 windows``: that extrapolation row), from the paired bootstrap
-  over seeds and document clusters (linrope.analysis.bootstrap); over the family of a report's comparisons the raw
-  p, the Holm p (the verdict) and the Benjamini–Hochberg p (linrope.analysis.multiplicity), none printed below
-  what the bootstrap resolves (bootstrap.p_floor); ``evidence.csv``.
-* **Per position** — at the longest length, the mean loss by position in the window (non-overlapping windows),
-  beside the context-limited control (attention to the last L₀ keys): a table and ``positions.png``."""
+* **scored text** — per configuration, the bytes and documents its test and extrapolation rows scored;
+* **reference rows** — a unigram and a Kneser–Ney 5-gram byte model (linrope.evaluation.references) scored
+  through the windows of each model row (``references.csv``); a seed above its row's unigram has collapsed there,
+  counted per configuration and row, and a comparison at that row gets no verdict (it keeps its interval and its
+  place in the family);
+* **seeds** — failed seeds counted, never averaged, and left out of the comparisons (linrope.analysis.seed_outcomes);
+* **clusters** — the test documents' clusters of near-duplicates (linrope.analysis.clusters);
+* **comparisons** — each A − B on a bytes metric (``test/bpb``; ``bpb@2048 windows``: that row) from the paired
+  bootstrap over seeds and document clusters, with raw, Holm (the verdict) and Benjamini–Hochberg p
+  (linrope.analysis.multiplicity); ``evidence.csv``;
+* **per position** — at the longest length, the loss by position in the window beside the context-limited
+  control: a table and ``positions.png``."""
 
 from __future__ import annotations
 
@@ -33,17 +22,18 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from linrope.analysis import clusters as clustering
 from linrope.analysis.bootstrap import bpb_difference
-from linrope.analysis.evidence_clusters import cluster_lines, document_clusters, floor_text, runs_corpus
+from linrope.analysis.cells import markdown_table
+from linrope.analysis.clusters import FILE as CLUSTERS
+from linrope.analysis.clusters import cluster_lines, document_clusters, floor_text, runs_corpus
 from linrope.analysis.multiplicity import adjust, resolved_count
-from linrope.analysis.runs import Run
+from linrope.analysis.runs import Run, extrapolation_row
 from linrope.analysis.seed_outcomes import seed_outcomes
 from linrope.base.plots import Curve, Panel, plot_curves, series_colour
 from linrope.evaluation.tables import row_name
 
 LN2 = math.log(2.0)
-FILES = ("evidence.csv", "references.csv", "positions.png", clustering.FILE)
+FILES = ("evidence.csv", "references.csv", "positions.png", CLUSTERS)
 REFERENCE_ORDERS = (1, 5)
 
 
@@ -67,9 +57,7 @@ def row_for(run: Run, metric: str) -> Optional[Dict[str, Any]]:
         length, name = int(length_text), name or "none"
     else:
         return None
-    return next(
-        (r for r in run.extrapolation if r["length"] == length and row_name(r) == name and r["status"] == "ok"), None
-    )
+    return extrapolation_row(run.extrapolation, length, name)
 
 
 def row_values(runs: Sequence[Run], metric: str) -> Dict[Any, float]:
@@ -130,7 +118,7 @@ def collapse_lines(groups: Mapping[str, Sequence[Run]], refs: Optional["Referenc
         "of L bytes "
         "(stride L/2); *windows*: non-overlapping windows; *window<N>*: attention to the last N keys only.",
         "",
-        *_table(["configuration", *(m for _, m in metrics)], body),
+        markdown_table(["configuration", *(m for _, m in metrics)], body),
         "",
     ]
 
@@ -257,14 +245,6 @@ def _fmt(x: Optional[float], digits: int = 3, sign: bool = False) -> str:
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
-def _table(header: List[str], lines: List[List[str]]) -> List[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(line) + " |" for line in lines),
-    ]
-
-
 def section(
     groups: Mapping[str, Sequence[Run]],
     comparisons: Sequence[Tuple[str, str, str, str]],
@@ -295,7 +275,7 @@ def section(
         "**Scored text.**  What each configuration's test and extrapolation rows scored (every row of a run scores "
         "the same bytes).",
         "",
-        *_table(["configuration", "runs", "test", "extrapolation rows"], body),
+        markdown_table(["configuration", "runs", "test", "extrapolation rows"], body),
         "",
     ]
     # references
@@ -310,7 +290,7 @@ def section(
             "each model row, so each byte sees no more context than the models saw there; references.csv).  A run "
             "above the unigram of its row has collapsed.",
             "",
-            *_table(["row (windows)", *(f"{m} bpb" for m in refs.models)], rows),
+            markdown_table(["row (windows)", *(f"{m} bpb" for m in refs.models)], rows),
             "",
         ]
     elif note:
@@ -326,7 +306,7 @@ def section(
     lines += [
         "**Seeds** (test bpb; a seed that diverged or scored above the unigram is counted, not averaged).",
         "",
-        *_table(["configuration", "test bpb over seeds"], body),
+        markdown_table(["configuration", "test bpb over seeds"], body),
         "",
     ]
     lines += collapse_lines(groups, refs)
@@ -415,7 +395,7 @@ def section(
             f"bootstrap that resamples both the seeds and the clusters of test documents (linrope.analysis.bootstrap: "
             f"a t interval on the bootstrap's per-level variances); {family_text}  {floor_text(adjusted)}",
             "",
-            *_table(
+            markdown_table(
                 ["claim", "A − B", "metric", "A − B [95%]", "simultaneous", "p", "p Holm", "p BH", "verdict", "seeds"],
                 body,
             ),
@@ -512,7 +492,7 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
         "keys starts a window, and in a deeper layer each kept key was computed from keys further back; so read "
         "its rows against the positions below the training context as well as against the full model.",
         "",
-        *_table(header, table),
+        markdown_table(header, table),
         "",
         *([f"![loss by position]({png.name})", ""] if png else []),
     ]

@@ -1,26 +1,10 @@
-"""A report's family of comparisons, corrected for their number: adjusted p-values, intervals and verdicts.
+"""A report's family of comparisons, corrected for their number (docs/methods.md, "A report's family").
 
-A report that tests m comparisons at 5% each finds about 0.05 · m differences where there are none.  Each report's
-family (every claim it makes a verdict on, at every arm and length it tables) is corrected together:
-
-* **Holm** (1979), step-down, controls the family-wise error rate (the chance of any false verdict) at α under any
-  dependence between the comparisons, and rejects everything Bonferroni does and more.  With the p-values sorted,
-  ``p_(1) ≤ … ≤ p_(m)``, the adjusted ``p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j))``; a comparison is
-  resolved when ``p̃ ≤ α``.  **Verdicts use Holm.**
-* **Benjamini–Hochberg** (1995) controls the false discovery rate (the expected share of false verdicts among
-  those made) under independence or positive dependence: ``p̃_(i) = min_{j ≥ i} min(1, m / j · p_(j))``.  Shown
-  beside Holm, for a reader who accepts that some of the verdicts are false.
-* **Intervals** beside a Holm verdict are the simultaneous ones at level ``1 − α / m`` (Bonferroni): all m cover
-  their true values together with probability at least ``1 − α``.  Holm has no simultaneous intervals of its own
-  that say more than the sign; Bonferroni's are the usual choice and agree with the verdict one way: an interval
-  that excludes 0 is a Holm rejection (its p ≤ α / m).  A comparison Holm resolves whose interval still includes 0
-  (possible for all but the smallest p) says so in its verdict.
-
-A comparison without a p-value (too few seeds) is in the family for no one: ``m`` counts the comparisons with a
-p-value, and the others keep None.  The adjusted p-values are statsmodels' (``multipletests``: "holm", "fdr_bh",
-"bonferroni"), imported when a family is first adjusted: statsmodels brings pandas (half a second on 2 quiet cores,
-more under load), which a report's command line should not wait for.  Its Holm also runs gc.collect() on every call,
-a tenth of a second or so in a report's process, once per family."""
+Verdicts use Holm's step-down adjusted p (family-wise error at α under any dependence); Benjamini–Hochberg's
+(false discovery rate) is shown beside it; the interval beside a verdict is the simultaneous one at ``1 − α / m``
+(Bonferroni), and a Holm rejection whose interval still includes 0 says so.  ``m`` counts the comparisons with a
+p-value.  The adjusted p-values are statsmodels' ``multipletests``, imported when a family is first adjusted: it
+brings pandas (half a second), which a report's command line should not wait for."""
 
 from __future__ import annotations
 

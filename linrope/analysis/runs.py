@@ -3,7 +3,7 @@
 flattened to dotted keys), its extrapolation table (``<run>/extrapolation.csv``) and its parameter record
 (``<run>/parameters.json``, linrope.training.movement; else the ``n_params`` the loggers got, ``csv/hparams.yaml``),
 grouped per task into configurations that differ only in their seed.  A value that is NaN or infinite
-counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.caveats).
+counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.report.caveats).
 
 A study's committed results are the same runs in compact form (linrope.analysis.compact): ``runs.json`` holds
 each run's ``folder_record`` (what is read above but the curves) and ``curves.csv`` every row of every
@@ -28,7 +28,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from linrope.base.nested import flatten
-from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details
+from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details, row_name
 from linrope.run.provenance import read as read_provenance
 
 # settings that do not tell configurations apart (the seed is what we average over)
@@ -50,11 +50,7 @@ IGNORED = (
     "test",
     "data.num_workers",
 )
-COMPACT, CURVES, FORMAT = (
-    "runs.json",
-    "curves.csv",
-    "linrope.runs/1",
-)  # a study's compact results (linrope.analysis.compact)
+COMPACT, CURVES, FORMAT = "runs.json", "curves.csv", "linrope.runs/1"  # compact results (linrope.analysis.compact)
 TUNING = "tuning"  # a study's tuning runs (linrope.studies.study_tuning), never among its runs
 
 
@@ -93,6 +89,11 @@ class Run:
         if not values:
             return None
         return {"min": min, "max": max, "last": lambda vs: vs[-1], "mean": statistics.fmean}[how](values)
+
+
+def extrapolation_row(rows: Iterable[Dict[str, Any]], length: int, name: str = "none") -> Optional[Dict[str, Any]]:
+    """The extrapolation row of ``length`` and ``name`` (linrope.evaluation.tables.row_name) that ran, or None."""
+    return next((r for r in rows if r["length"] == length and row_name(r) == name and r["status"] == "ok"), None)
 
 
 def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
@@ -244,14 +245,20 @@ def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, 
     )
 
 
+def read_json(path: Path) -> Optional[Dict[str, Any]]:
+    """The JSON object in ``path``; None when there is none, or it is not JSON, or not an object."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def compact_index(folder: Path) -> List[Dict[str, Any]]:
     """The run records of ``folder``'s compact results (``runs.json`` with ``format`` ``FORMAT``; [] when there
     are none); a record names its run folder relative to ``folder`` (``run``)."""
-    try:
-        data = json.loads((folder / COMPACT).read_text())
-    except (OSError, ValueError):
-        return []
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    data = read_json(folder / COMPACT) or {}
+    if data.get("format") != FORMAT:
         return []
     return [r for r in data.get("runs") or [] if isinstance(r, dict) and isinstance(r.get("run"), str)]
 

@@ -1,15 +1,11 @@
-"""Outcomes per seed that a mean ± t would misstate: failed seeds counted, split outcomes flagged.
+"""Outcomes per seed that a mean ± t would misstate (docs/methods.md, "Failed seeds are counted"):
 
-A mean over seeds with a t-interval assumes the seeds scatter around one value.  Two outcomes break that:
-
-* **failed seeds** — a run with no value (missing: unfinished), a value that is not finite (diverged), or a value
-  on the wrong side of a bar the caller names: a final bits-per-byte above a reference's (``worse_above``: the
-  unigram model's, say — the run stalled) or an accuracy below a bar (``worse_below``: recall not learned).  The
-  outcome is then "k of n seeds fail", with min / median / max of the others, never a mean ± t over a mixture;
-* **a split** — no seed fails a rule, yet the values fall in two groups: sorted, the largest gap between
-  neighbours exceeds ``ratio`` (default 3) times the wider group's range, a range counted as at least ``min_gap``
-  (default 1% of the median's magnitude, so that ties and rounding split nothing).  Flagged ``bimodal`` and shown as the two groups
-  with min / median / max; a mean of two groups describes neither.
+* **failed seeds** — no value (unfinished), not finite (diverged), or on the wrong side of the caller's bar
+  (``worse_above``: a bits per byte above the unigram's, the run stalled; ``worse_below``: recall not learned):
+  "k of n seeds fail", with min / median / max of the others, never a mean ± t over a mixture;
+* **a split** — no seed fails, yet sorted, the largest gap between neighbours exceeds ``ratio`` (3) times the wider
+  group's range, counted as at least ``min_gap`` (1% of the median's magnitude): ``bimodal``, shown as the two
+  groups.
 
 With neither, the outcome is the mean ± the t half-width of linrope.analysis.stats.  Light: standard library only."""
 

@@ -79,6 +79,16 @@ class Paired:
     t: Optional[float]
     p: Optional[float]
 
+    value = property(lambda self: self.diff.mean)  # what linrope.analysis.multiplicity.adjust reads of an estimate
+    lo = property(lambda self: self.diff.lo)
+    hi = property(lambda self: self.diff.hi)
+
+    def interval(self, level: float) -> Tuple[float, float]:
+        """(lo, hi) of the mean difference at another level: the t over the same seeds (n ≥ 2)."""
+        d = self.diff
+        h = t_quantile(0.5 + level / 2.0, d.n - 1) * d.std / math.sqrt(d.n)
+        return d.mean - h, d.mean + h
+
 
 def paired(a: Mapping[Hashable, float], b: Mapping[Hashable, float], level: float = LEVEL) -> Paired:
     """Paired difference A − B over the keys (seeds) both hold a value for."""

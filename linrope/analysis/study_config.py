@@ -22,7 +22,7 @@ have no place.  Keys, each optional (docs/methods.md, "Studies are data"):
 * ``table`` — the arms' table: ``file`` (``<file>.md``, ``.csv``, ``.png``), ``title``, ``intro`` (``{arms}``,
   ``{folders}``, ``{verdicts}`` filled in), ``claims_intro``, ``configurations`` and ``per_run`` (sections shown),
   ``figure`` (``claims`` or ``by_arm``), ``figure_title``, ``caption``, ``by_order`` (a logged metric's name less
-  its order, ``test/acc_q``: the metric by query order per configuration and arm, linrope.analysis.by_order) and
+  its order, ``test/acc_q``: the metric by query order per configuration and arm, linrope.analysis.arms.by_order) and
   ``collapse_below`` (a seed of a configuration other than the control whose metric is below it has collapsed:
   counted in that table, not averaged);
 * ``tuning`` — ``{key, grid, factor, max_extensions, seed, metric, mode}``: the study's tuning stage

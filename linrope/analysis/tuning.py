@@ -15,12 +15,13 @@ Light: json."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from linrope.analysis.cells import markdown_table
 from linrope.analysis.compact import _replace, dumps
+from linrope.analysis.runs import read_json
 
 RECORD = "tuning.json"
 FORMAT = "linrope.tuning/1"
@@ -43,11 +44,8 @@ def write(folder: Path, record: Dict[str, Any]) -> None:
 
 def read(folder: Path) -> Optional[Dict[str, Any]]:
     """The tuning record of a study folder, None when it has none (or not one of this format)."""
-    try:
-        value = json.loads((folder / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) and value.get("format") == FORMAT else None
+    value = read_json(folder / RECORD)
+    return value if value is not None and value.get("format") == FORMAT else None
 
 
 def _num(v: Any) -> str:
@@ -75,9 +73,9 @@ def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> 
         f"times.  The main runs trained at the chosen value (**bold**).  *at edge*: the best stayed at an edge "
         f"after every extension allowed, so the range may not hold the optimum.",
         "",
-        f"| configuration | {key} tried | {best} {metric} | chosen | where | last step logged | wall (min) |",
-        "|---|---|---|---|---|---|---|",
     ]
+    header = ["configuration", f"{key} tried", f"{best} {metric}", "chosen", "where", "last step logged", "wall (min)"]
+    body = []
     for entry in record.get("configurations") or []:
         tried = entry.get("tried") or []
         chosen = entry.get("chosen")
@@ -86,11 +84,18 @@ def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> 
         ]
         wall = sum(t.get("wall_s") or 0 for t in tried)
         ran = sorted({t.get("last_step") for t in tried if isinstance(t.get("last_step"), int)})
-        lines.append(
-            f"| {entry.get('configuration', '?')} | {', '.join(_num(t.get('value')) for t in tried)} | "
-            f"{', '.join(scores)} | {_num(chosen)} | {where(entry)} | "
-            f"{', '.join(map(str, ran)) or '–'} | {wall / 60:.1f} |"
+        body.append(
+            [
+                entry.get("configuration", "?"),
+                ", ".join(_num(t.get("value")) for t in tried),
+                ", ".join(scores),
+                _num(chosen),
+                where(entry),
+                ", ".join(map(str, ran)) or "–",
+                f"{wall / 60:.1f}",
+            ]
         )
+    lines.append(markdown_table(header, body))
     notes = [(e.get("configuration", "?"), e["note"]) for e in record.get("configurations") or [] if e.get("note")]
     if notes:  # a configuration whose choice went beyond the protocol says how, under the table
         lines += ["", *(f"- **{name}**: {note}" for name, note in notes)]

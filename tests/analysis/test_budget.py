@@ -90,7 +90,7 @@ def test_the_verdict_is_the_configs_word_for_the_outcome(results, expected):
 
 
 def test_the_forest_plot_is_not_drawn_without_an_interval(tmp_path):
-    from linrope.analysis.arm_figures import plot_claims
+    from linrope.analysis.arms.figures import plot_claims
 
     assert plot_claims(CLAIMS, [{c: None for c in CLAIMS}], ["800 steps"], tmp_path / "b.png", "t") is None
     assert not (tmp_path / "b.png").exists()
@@ -100,7 +100,8 @@ def test_a_difference_resolved_alone_is_not_resolved_after_holm(tmp_path, monkey
     """linear_rope − linear has raw p ≈ 0.03 at 800 steps (its 95% interval excludes 0) but is one of the table's
     comparisons with a test: Holm's p is above 0.05, so the cell is not bold and the claim stays undecided; the
     forest plot fills its dot exactly where the table is bold (it filled this one: raw interval)."""
-    from linrope.analysis import arm_figures, arms
+    from linrope.analysis import arms
+    from linrope.analysis.arms import figures as arm_figures
 
     drawn = []
     monkeypatch.setattr(arms, "plot_claims", lambda claims, per_arm, *a: drawn.append(per_arm))
@@ -146,7 +147,8 @@ def test_a_claim_at_a_row_where_a_seed_is_above_the_unigram_gets_no_verdict(tmp_
     scored above the unigram byte model: a gap between collapsed models, which the report's Evidence section
     already gave no verdict.  Now the table does too, for that arm and row only; the cell keeps its interval and its
     place in Holm's family, and the figure draws it as a cross, never filled."""
-    from linrope.analysis import arm_figures, arms
+    from linrope.analysis import arms
+    from linrope.analysis.arms import figures as arm_figures
 
     drawn = []
     monkeypatch.setattr(arms, "plot_claims", lambda claims, per_arm, *a: drawn.append(per_arm))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from linrope.analysis import clusters as C
-from linrope.analysis.evidence_clusters import cluster_lines, document_clusters
+from linrope.analysis.clusters import cluster_lines, document_clusters
 from linrope.analysis.runs import Run
 from linrope.base.errors import ResultsError
 

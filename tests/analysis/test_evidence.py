@@ -191,7 +191,7 @@ def refs_of(groups, folder: Path, values):
 def test_the_extrapolation_table_has_a_row_per_protocol_and_the_reference_rows(groups, tmp_path):
     """Each configuration's sliding, non-overlapping and context-limited rows (not only the first row of a length),
     the references at every length, and the paired differences on the sliding rows."""
-    from linrope.analysis.report_lengths import extrapolation_table
+    from linrope.analysis.report.lengths import extrapolation_table
     from linrope.analysis.stats import paired
 
     pair_rows = []
@@ -218,7 +218,7 @@ def test_the_reference_rows_stand_in_the_test_table_and_a_collapsed_mean_is_mark
     """The task table ends with the references' test bpb; at a length where a configuration's mean is above the
     unigram, its cell says so."""
     from linrope.analysis.report import task_section
-    from linrope.analysis.report_lengths import extrapolation_table
+    from linrope.analysis.report.lengths import extrapolation_table
 
     refs = refs_of(
         groups, tmp_path, {"unigram": 4.5, "5-gram": lambda key: 1.7 if key == ("windows", 64, 64, None) else 9}

@@ -1,10 +1,10 @@
-"""The recall study of issue 34 (conf/study/recall2.yaml, linrope.analysis.by_order): found from its runs'
+"""The recall study of issue 34 (conf/study/recall2.yaml, linrope.analysis.arms.by_order): found from its runs'
 task_name, it tables the accuracy of each query order per configuration and width, the seeds that fail counted
 (a control below its bar, another configuration collapsed), never averaged, from small hand-made run folders."""
 
 import statistics
 
-from linrope.analysis.report_command import main
+from linrope.analysis.report.command import main
 from tests.analysis.helpers import table_row, write_width
 
 # (test accuracy, accuracy of query 1 … 4) per seed

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from linrope.analysis.report import build_report
-from linrope.analysis.report_command import main
+from linrope.analysis.report.command import main
 from linrope.analysis.runs import find_runs, group_runs
 from linrope.analysis.stats import mean_ci, paired, t_quantile, t_two_sided
 from tests.analysis.helpers import lm_rows, table_row, write_run
@@ -333,7 +333,7 @@ def test_report_cli_help_and_empty_folder(tmp_path, capsys):
 
 def test_figures_name_only_what_ran_in_the_shared_encoding(sweep, tmp_path, monkeypatch):
     import linrope.analysis.report as report
-    import linrope.analysis.report_lengths as lengths
+    import linrope.analysis.report.lengths as lengths
 
     calls = []
     for module in (report, lengths):  # the validation curves, the extrapolation figure

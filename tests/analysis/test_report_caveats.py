@@ -1,4 +1,4 @@
-"""What a report says beside its numbers (linrope.analysis.caveats), on small hand-made logs: failed runs are named and
+"""What a report says beside its numbers (linrope.analysis.report.caveats), on small hand-made logs: failed runs are named and
 leave ``n``, configurations still improving are marked, parameter counts and how far learned position
 parameters moved are printed; and the training run writes the record the last two are read from
 (linrope.training.movement)."""

@@ -1,4 +1,4 @@
-"""linrope report's provenance (linrope/analysis/report_provenance.py): a section per study naming commits, versions and
+"""linrope report's provenance (linrope/analysis/report/provenance.py): a section per study naming commits, versions and
 machines; runs from more than one commit or torch version are refused unless --allow-mixed, and then named in one
 line at the top; runs that predate the record take their study's file, determined after the fact."""
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from linrope.analysis.report import build_report
-from linrope.analysis.report_command import main
+from linrope.analysis.report.command import main
 from linrope.run import provenance as P
 from tests.analysis.helpers import lm_rows, recorded, write_run
 
@@ -88,7 +88,7 @@ def test_pairs_from_two_machines_are_named_seed_by_seed():
     pairs from one machine, and runs without a record, are not."""
     from types import SimpleNamespace as NS
 
-    from linrope.analysis.report_provenance import mixed_pairs
+    from linrope.analysis.report.provenance import mixed_pairs
 
     def on(gpu=None, torch="2.13.0+cpu"):
         machine = {"gpu": gpu, "gpu_driver": "580"} if gpu else {"cpu": "AMD EPYC", "threads": 1}

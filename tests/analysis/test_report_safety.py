@@ -11,8 +11,8 @@ import pytest
 from linrope.analysis import study_config
 from linrope.analysis.arms import arms_table
 from linrope.analysis.report import build_report
-from linrope.analysis.report_command import main
-from linrope.analysis.report_files import MANIFEST
+from linrope.analysis.report.command import main
+from linrope.analysis.report.files import MANIFEST
 from linrope.run import provenance as P
 from tests.analysis.helpers import lm_rows, recorded, write_budget, write_run, write_width
 
@@ -103,7 +103,7 @@ def test_a_read_only_folder_is_one_line(tmp_path, monkeypatch):
     one_run(tmp_path / "sweep" / "0")
     (tmp_path / "sweep").chmod(0o555)
     if os.geteuid() == 0:
-        monkeypatch.setattr("linrope.analysis.report_files.os.access", lambda path, mode: False)
+        monkeypatch.setattr("linrope.analysis.report.files.os.access", lambda path, mode: False)
     try:
         with pytest.raises(SystemExit) as e:
             main([str(tmp_path / "sweep")])

@@ -167,7 +167,7 @@ def test_a_compact_studys_report_is_recomputed_from_runs_json_and_curves_csv(par
     monkeypatch.setattr("linrope.base.plots.save", lambda fig, path, dpi=130: path)
     monkeypatch.chdir(ROOT)  # the report names its folder as given
     if (folder / "references.csv").is_file():  # the reference rows as committed (another Python: other stdlib text)
-        from linrope.analysis import report_files
+        from linrope.analysis.report import files as report_files
 
         (tmp_path / "references.csv").write_bytes((folder / "references.csv").read_bytes())
         report_files.record(tmp_path, ["references.csv"])  # as a report leaves it: its own file, read, not refitted

@@ -9,13 +9,13 @@ import pytest
 import yaml
 
 from linrope.analysis import study_config
-from linrope.analysis.report_command import main
+from linrope.analysis.report.command import main
 from linrope.base.errors import ConfigError
 from tests.analysis.helpers import lm_rows, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted((ROOT / "conf" / "study").glob("*.yaml"))
-ANALYSIS = sorted((ROOT / "linrope" / "analysis").glob("*.py"))
+ANALYSIS = sorted((ROOT / "linrope" / "analysis").rglob("*.py"))
 
 
 def what_the_studies_say():

@@ -196,7 +196,7 @@ def test_a_finished_run_says_where_its_results_are_and_what_to_run_next(
     """The last lines of a run (stdout): its folder, the checkpoint the test scored, and the report, evaluate and
     generate commands, which name files that exist; the report command runs as printed.  A run too short to
     validate says so at its start (stderr), and its end does not claim a checkpoint chosen on validation."""
-    from linrope.analysis.report_command import main as report
+    from linrope.analysis.report.command import main as report
 
     monkeypatch.chdir(tmp_path.parent)
     interval = 2 if validates else 100

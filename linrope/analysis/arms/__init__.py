@@ -1,19 +1,16 @@
-"""A study run in arms, tabled side by side: ``python -m linrope report <study folder>`` when the study's config
-(``linrope.analysis.study_config``) declares ``arms`` and the folder holds them (``steps800/``, ``steps3200/``).
+"""Layer 8, analysis: a study run in arms, tabled side by side: ``python -m linrope report <study folder>`` when
+the study's config (linrope.analysis.study_config) declares ``arms`` and the folder holds them (``steps800/``).
 
-For each arm it writes the ordinary report (``linrope.analysis.report``: report.md, summary.csv, pairs.csv, runs.csv
-and figures, beside the arm's runs; not with ``--no-reports``), then one table, ``<folder>/<table.file>.md`` with
-its ``.csv`` and ``.png``, in the sections the config asks for: the positive control (``control``), the metric per
-configuration and arm (``table.configurations``), every claim as a paired difference A − B over the seeds both
-configurations finished at each arm, corrected over the table's family of (claim, arm) comparisons (Holm's p: bold
-and the verdicts rest on it; the simultaneous interval at 1 − 0.05/m beside the raw one; linrope.analysis.
-multiplicity), with its verdict (``claims``, ``verdict``; no verdict where the arm's positive control missed its bar,
-or where a seed of A or B scores above the unigram byte model at the claim's row, from the arm's references.csv,
-as the report's Evidence section rules), a figure (``table.figure``) and
-every run's value behind the intervals (``table.per_run``), the metric by query order with failed seeds counted
-(``table.by_order``, linrope.analysis.by_order), and each arm's tuning table when the arm tuned
-(``tuning.json``, linrope.analysis.tuning).  An arm's label is what its runs recorded, and the
-runs of every arm come from one code (one line each, else).  Light: no torch."""
+For each arm it writes the ordinary report (linrope.analysis.report; not with ``--no-reports``), then one table,
+``<folder>/<table.file>.md`` with its ``.csv`` and ``.png``, in the sections the config asks for: the positive
+control (``control``), the metric per configuration and arm (``table.configurations``), every claim
+as a paired difference A − B at each arm, corrected over the table's family of (claim, arm) comparisons
+(linrope.analysis.multiplicity: Holm's p, bold, the verdicts rest on it; the simultaneous interval beside the
+raw one), with its verdict (``claims``, ``verdict``; none where the arm's control missed its bar, or where a seed
+of A or B is above the unigram at the claim's row, as the report's Evidence section rules), a figure
+(``table.figure``, ``figures``), every run's value behind the intervals (``table.per_run``), the metric by query
+order (``table.by_order``, ``by_order``) and each arm's tuning table (linrope.analysis.tuning).  An arm's label is
+what its runs recorded, and the runs of every arm come from one code (one line each, else).  Light: no torch."""
 
 from __future__ import annotations
 
@@ -22,22 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from linrope.analysis import report_files as outputs
-from linrope.analysis import report_provenance as provenance
 from linrope.analysis import tuning
-from linrope.analysis.arm_figures import plot_by_arm, plot_claims
+from linrope.analysis.arms.by_order import order_lines
+from linrope.analysis.arms.control import control_missed, control_text
+from linrope.analysis.arms.figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
-from linrope.analysis.by_order import order_lines
-from linrope.analysis.control import control_missed, control_text
+from linrope.analysis.cells import fmt, higher_is_better, markdown_table, pair_record
+from linrope.analysis.clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
-from linrope.analysis.evidence_clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
-from linrope.analysis.report import build_report, write_csv
-from linrope.analysis.report_cells import higher_is_better, markdown_table, pair_record
-from linrope.analysis.runs import TUNING, Run, by_seed, find_runs, group_runs
+from linrope.analysis.report import build_report, provenance, write_csv
+from linrope.analysis.report import files as outputs
+from linrope.analysis.runs import TUNING, Run, by_seed, extrapolation_row, find_runs, group_runs
 from linrope.analysis.stats import Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
-from linrope.evaluation.tables import row_name
 
 TOOL = "linrope report"
 LEVEL = 0.95
@@ -85,7 +80,7 @@ def check_arms(folders: Sequence[Path], study: Study) -> None:
 
 
 def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> Optional[str]:
-    """The runs of every arm come from one code and torch version (linrope.analysis.report_provenance), whatever the
+    """The runs of every arm come from one code and torch version (linrope.analysis.report.provenance), whatever the
     flags: else one line, refused unless ``allow_mixed``; returns the line for the table's top, or None."""
     runs = []
     for arm in folders:
@@ -108,14 +103,7 @@ def value_of(metric: str):
     if "@" in metric:
         name, rest = metric.split("@")
         length, _, row = rest.partition(" ")
-        return lambda run: next(
-            (
-                r[name]
-                for r in run.extrapolation
-                if row_name(r) == (row or "none") and r["length"] == int(length) and r["status"] == "ok"
-            ),
-            None,
-        )
+        return lambda run: (extrapolation_row(run.extrapolation, int(length), row or "none") or {}).get(name)
     return lambda run: run.value(metric, "last")
 
 
@@ -156,12 +144,6 @@ def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float, cluste
     return Boot(bpb_difference(data, claim.a, claim.b, level=level, clusters=clusters), tuple(shared))
 
 
-def seed_paired(groups: Dict[str, List[Run]], claim: Claim, level: float):
-    """A − B of the claim's metric over the seeds both configurations have (stats.Paired, a t over seeds)."""
-    return paired(by_seed(groups[claim.a], value_of(claim.metric)), by_seed(groups[claim.b], value_of(claim.metric)),
-                  level)  # fmt: skip
-
-
 def claim_results(
     groups: Dict[str, List[Run]], claims: Sequence[Claim], level=LEVEL, clusters=None
 ) -> Dict[Claim, Any]:
@@ -174,27 +156,10 @@ def claim_results(
             out[c] = None
             continue
         boot = boot_result(groups, c, level, clusters) if "bpb" in c.metric else None
-        out[c] = boot or seed_paired(groups, c, level)
+        out[c] = boot or paired(
+            by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), level
+        )
     return out
-
-
-@dataclass(frozen=True)
-class SeedT:
-    """A paired t over seeds (stats.Paired) as linrope.analysis.multiplicity.adjust reads an estimate: value, lo, hi,
-    p, and its interval at another level (the t over the same seeds)."""
-
-    result: Any  # stats.Paired at LEVEL
-    groups: Dict[str, List[Run]]
-    claim: Claim
-
-    value = property(lambda self: self.result.diff.mean)
-    lo = property(lambda self: self.result.diff.lo)
-    hi = property(lambda self: self.result.diff.hi)
-    p = property(lambda self: self.result.p)
-
-    def interval(self, level: float):
-        d = seed_paired(self.groups, self.claim, level).diff
-        return d.lo, d.hi
 
 
 @dataclass(frozen=True)
@@ -230,7 +195,6 @@ NO_VERDICT = {
 
 
 def corrected(
-    groups: Dict[str, Dict[str, List[Run]]],
     results: Dict[str, Dict[Claim, Any]],
     claims: Sequence[Claim],
     withheld: Optional[Dict[tuple, Tuple[str, str]]] = None,
@@ -241,11 +205,12 @@ def corrected(
     withheld = withheld or {}
     keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
 
-    def estimate(arm, c):
-        r = results[arm][c]
-        return r.estimate if isinstance(r, Boot) else SeedT(r, groups[arm], c)
-
-    family = adjust([(f"{arm}: {c.a} − {c.b} ({c.metric})", estimate(arm, c)) for arm, c in keys])
+    family = adjust(
+        [
+            (f"{arm}: {c.a} − {c.b} ({c.metric})", getattr(results[arm][c], "estimate", results[arm][c]))
+            for arm, c in keys
+        ]
+    )
     out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
     for (arm, c), adj in zip(keys, family):
         why, text = withheld.get((arm, c), ("", ""))
@@ -294,8 +259,7 @@ def value_cell(seeds: Dict[Any, float]) -> str:
     if not seeds:
         return "–"
     iv = mean_ci(list(seeds.values()), LEVEL)
-    spread = f" ± {iv.half_width:.3f}" if iv.n > 1 else ""
-    return f"{iv.mean:.3f}{spread} (min {min(seeds.values()):.3f}, n={iv.n})"
+    return f"{fmt(iv)} (min {min(seeds.values()):.3f}, n={iv.n})"
 
 
 def verdict_legend(study: Study, names: Sequence[str]) -> str:
@@ -304,13 +268,10 @@ def verdict_legend(study: Study, names: Sequence[str]) -> str:
         return ""
     if len(names) < 2:
         return v["single"][1]
-    fill = {"{first}": names[0], "{last}": names[-1]}
-    legends = []
-    for k in ("same", "opposite", "first_only", "last_only", "none", "unpaired"):
-        text = v[k][1]
-        for key, value in fill.items():
-            text = text.replace(key, value)
-        legends.append(f"{v[k][0]} ({text})")
+    legends = [
+        f"{v[k][0]} ({v[k][1].replace('{first}', names[0]).replace('{last}', names[-1])})"
+        for k in ("same", "opposite", "first_only", "last_only", "none", "unpaired")
+    ]
     return f"'{v['column']}': {', '.join(legends)}."
 
 
@@ -443,19 +404,16 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     mixed = check_code(arms, folder, allow_mixed)
     written = [f"{table['file']}.{ext}" for ext in ("md", "csv", "png")]
     if write:
-        outputs.claim(folder, written, TOOL, {written[0]: (f"# {table['title']}",)})
+        outputs.claim(folder, written, {written[0]: (f"# {table['title']}",)})
     if reports:
         for arm in arms:  # each arm's own report beside its runs, with the pairs of the study
             build_report([arm], arm, allow_mixed=allow_mixed, study=study)
     groups = {name: g.get(task, {}) for name, g in found.items()}
     names = [label(a, study) for a in arms]
-    intro = table.get("intro", "")
-    for key, value in (
-        ("{arms}", ", ".join(names)),
-        ("{folders}", ", ".join(a.name for a in arms)),
-        ("{verdicts}", verdict_legend(study, names)),
-    ):
-        intro = intro.replace(key, value)
+    intro = (
+        table.get("intro", "").replace("{arms}", ", ".join(names)).replace("{folders}", ", ".join(a.name for a in arms))
+    )
+    intro = intro.replace("{verdicts}", verdict_legend(study, names))
     rows: List[Dict[str, Any]] = []
     parts = [
         f"# {table['title']}",
@@ -509,7 +467,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
                 counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
                 withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))
     if study.claims:
-        results = corrected(groups, results, study.claims, withheld)  # the figure fills what the table bolds
+        results = corrected(results, study.claims, withheld)  # the figure fills what the table bolds
         parts += claim_lines(study, results, arms, names, rows, cluster_text(groups, grouping, arms))
         parts += provenance.mixed_pairs(groups, study.claims, [a.name for a in arms], names)
     png = folder / written[2]

@@ -17,7 +17,11 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from linrope.analysis.compact import _replace
+from linrope.analysis.runs import read_json
+
 MANIFEST = ".linrope-outputs.json"
+TOOL = "linrope report"  # a sweep's report and a study's table over its arms alike
 
 
 def _sha(path: Path) -> str:
@@ -25,11 +29,7 @@ def _sha(path: Path) -> str:
 
 
 def manifest(folder: Path) -> Optional[Dict[str, str]]:
-    try:
-        value = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+    return read_json(folder / MANIFEST)
 
 
 def _legacy(folder: Path, legacy: Dict[str, Sequence[str]]) -> bool:
@@ -45,19 +45,15 @@ def _legacy(folder: Path, legacy: Dict[str, Sequence[str]]) -> bool:
     return False
 
 
-def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Sequence[str]]) -> None:
+def claim(folder: Path, names: Iterable[str], legacy: Dict[str, Sequence[str]]) -> None:
     """Refuse (SystemExit, one line) unless every file of ``names`` in ``folder`` may be written; see the module
-    docstring.  ``legacy``: {main file: the first lines the tool has written in it}."""
+    docstring.  ``legacy``: {main file: the first lines a report has written in it}."""
     folder = Path(folder)
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     if not existing.is_dir():
-        raise SystemExit(f"{tool}: {existing} is a file: cannot write the report into {folder}")
+        raise SystemExit(f"{TOOL}: {existing} is a file: cannot write the report into {folder}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise SystemExit(
-            f"{tool}: {existing} is not writable: nothing written (choose another folder with --out)"
-            if tool == "linrope report"
-            else f"{tool}: {existing} is not writable: nothing written"
-        )
+        raise SystemExit(f"{TOOL}: {existing} is not writable: nothing written (choose another folder with --out)")
     known = manifest(folder)
     adopted = known is None and _legacy(folder, legacy)
     foreign: List[str] = []
@@ -69,14 +65,13 @@ def claim(folder: Path, names: Iterable[str], tool: str, legacy: Dict[str, Seque
             foreign.append(f"{name} (not a regular file)")
         elif known is not None and name in known:
             if known[name] != _sha(path):
-                foreign.append(f"{name} (changed since {tool} wrote it)")
+                foreign.append(f"{name} (changed since {TOOL} wrote it)")
         elif not adopted:
             foreign.append(name)
     if foreign:
-        more = "" if tool != "linrope report" else ", or write the report elsewhere with --out"
         raise SystemExit(
-            f"{tool}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
-            f"written; move {'it' if len(foreign) == 1 else 'them'} away{more}"
+            f"{TOOL}: {folder} holds {', '.join(foreign)}, not written by a linrope report: nothing "
+            f"written; move {'it' if len(foreign) == 1 else 'them'} away, or write the report elsewhere with --out"
         )
 
 
@@ -85,6 +80,4 @@ def record(folder: Path, names: Iterable[str]) -> None:
     folder = Path(folder)
     known = manifest(folder) or {}
     known.update({name: _sha(folder / name) for name in names if (folder / name).is_file()})
-    tmp = folder / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+    _replace(folder / MANIFEST, json.dumps(dict(sorted(known.items())), indent=1) + "\n")

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from linrope.analysis.report_cells import markdown_table
+from linrope.analysis.cells import markdown_table
 from linrope.analysis.runs import Run
 from linrope.analysis.seed_outcomes import SeedOutcome, seed_outcomes
 from linrope.analysis.study_config import Study

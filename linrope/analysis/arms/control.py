@@ -9,31 +9,26 @@ from typing import Any, Dict, List, Tuple
 from linrope.analysis.study_config import Study
 
 
-def _worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Tuple[Dict[Any, float], Dict[Any, bool]]:
-    """The control's worst seed per arm that has run (its lowest value for an ``at_least`` bar), and whether that
-    seed misses the bar."""
-    ctl = study.control
-    low = "at_least" in ctl
-    bar = ctl["at_least"] if low else ctl["at_most"]
+def _worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Tuple[bool, float, Dict[Any, Tuple[float, bool]]]:
+    """(an ``at_least`` bar, the bar, {arm that has run: (its worst seed, whether that seed misses the bar)})."""
+    low = "at_least" in study.control
+    bar = study.control["at_least" if low else "at_most"]
     worst = {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
-    return worst, {a: (v < bar if low else v > bar) for a, v in worst.items()}
+    return low, bar, {a: (v, v < bar if low else v > bar) for a, v in worst.items()}
 
 
 def control_missed(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> List[Any]:
     """The arms where some seed of the control misses its bar."""
-    return [a for a, missed in _worst(study, by_arm)[1].items() if missed]
+    return [a for a, (_, missed) in _worst(study, by_arm)[2].items() if missed]
 
 
 def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
     """Whether the control met its bar in every seed, arm by arm."""
-    ctl = study.control
-    low = "at_least" in ctl
-    bar = ctl["at_least"] if low else ctl["at_most"]
-    what, name = ctl.get("what", study.metric), ctl["configuration"]
+    low, bar, ran = _worst(study, by_arm)
+    what, name = study.control.get("what", study.metric), study.control["configuration"]
     seed_word = "lowest" if low else "highest"
-    ran, misses = _worst(study, by_arm)
-    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if misses[a]]
-    met = [f"{a} ({seed_word} seed {v:.3f})" for a, v in ran.items() if not misses[a]]
+    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, (v, miss) in ran.items() if miss]
+    met = [f"{a} ({seed_word} seed {v:.3f})" for a, (v, miss) in ran.items() if not miss]
     missing = [a for a in by_arm if a not in ran]
     verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
     parts = []

@@ -1,13 +1,7 @@
-"""What a reader of a sweep report must know beside its numbers (``linrope report`` prints these):
-
-* **failed runs** — a run whose headline metric is NaN, infinite or missing (a diverged or unfinished run)
-  is named above its task's table; it is behind no value, and ``n`` counts only the runs that are;
-* **still improving** — a configuration whose validation metric was still falling over its last
-  evaluations by more than the final values spread across seeds: a longer budget may change its number
-  and its rank;
-* **parameter counts** per configuration (``parameters.json`` or the loggers' ``n_params``);
-* **how far learned position parameters moved** from their initialisation (linrope.training.movement writes it):
-  a scheme whose parameters barely moved had no budget to express itself."""
+"""What a reader of a sweep report must know beside its numbers (docs/methods.md, "A report says what its numbers
+cannot"): failed runs (headline NaN, infinite or missing: named above the table, behind no value), configurations
+still improving (validation still falling over the last ``WINDOW`` evaluations by more than the final values'
+spread across seeds), parameter counts, and how far learned position parameters moved (linrope.training.movement)."""
 
 from __future__ import annotations
 
@@ -15,6 +9,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
+from linrope.analysis.cells import markdown_table
 from linrope.analysis.runs import Run
 
 WINDOW = 3  # "its last evaluations": the change from the third-last validation to the last
@@ -196,8 +191,6 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
         ]
         for r in rows
     ]
-    table = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    table += ["| " + " | ".join(line) + " |" for line in lines]
     return [
         f"### Learned position parameters: how far they moved ({task})",
         "",
@@ -206,6 +199,6 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
         "one, and the largest change of one entry; means over the seeds that recorded them (n). A scheme "
         "whose parameters barely moved had no budget to express itself.",
         "",
-        *table,
+        markdown_table(header, lines),
         "",
     ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from linrope.analysis.report_cells import higher_is_better
+from linrope.analysis.cells import higher_is_better
 from linrope.analysis.runs import Run
 from linrope.base.plots import Curve, Panel, by_last_value, config_style, plot_curves
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from linrope.analysis.cells import markdown_table
 from linrope.run.provenance import code_text, commit_text
 from linrope.run.provenance import read as read_provenance
 
@@ -84,9 +85,12 @@ def section(runs: Sequence[Any]) -> List[str]:
         if commit not in commits.setdefault(key, []):
             commits[key].append(commit)
     header = ["code", "commits", "torch", "lightning", "python", "machine", "precision", "runs"]
-    out = ["## Provenance", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join([k[1], _commits(commits[k]), *k[2:], str(n)]) + " |" for k, n in rows.items()]
-    out.append("")
+    out = [
+        "## Provenance",
+        "",
+        markdown_table(header, [[k[1], _commits(commits[k]), *k[2:], str(n)] for k, n in rows.items()]),
+        "",
+    ]
     if notes:
         out += [
             "Not recorded by the runs themselves (they predate linrope's provenance record); determined after "

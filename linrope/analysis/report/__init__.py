@@ -1,35 +1,22 @@
-"""A sweep's results without wandb: ``python -m linrope report <sweep dir> [--out DIR] [--pair A:B]``.
+"""Layer 8, analysis: a sweep's results without wandb, ``python -m linrope report <sweep dir> [--out DIR]
+[--pair A:B]`` (its command line: ``command``).
 
-Reads every run under the sweep folder(s) (``linrope.analysis.runs``), groups per task the runs that differ
-only in their seed, and writes into the sweep folder (or ``--out``):
+Reads every run under the sweep folder(s) (linrope.analysis.runs), groups per task the runs that differ only in
+their seed (a configuration is named by ``model.name`` and the settings that tell its runs apart:
+``linear_rope feature_map=cosine``), and writes into the sweep folder (or ``--out``), never over a file it did
+not write (``files``):
 
-* ``report.md`` — per task, one row per configuration.  The headline column is the **test** score of
-  the checkpoint chosen on validation (train.py tests the best checkpoint): ``test/bpb`` for bytes,
-  ``test/bpb`` and ``test/loss`` (per token) for text, ``test/acc`` (and ``test/loss``) for the tasks.  The best
-  validation value is shown as the selection metric only: it was picked on the data it reports.  Each cell is the
-  mean over seeds ± the half-width of its 95% t-interval (``t_{0.975, n-1} · s / √n``).  Then the paired
-  differences A − B of the pairs the study declares (its config, linrope.analysis.study_config: the
-  experiment's ``conf/study/<experiment>.yaml``, else ``default.yaml``; plus ``--pair``) over the seeds both ran, with
-  their 95% interval and paired-t p-value, and a sentence per pair saying whether the interval
-  excludes 0.  When runs evaluated length extrapolation, a table by length (bits per byte for bytes; bits per
-  byte and loss per token for text; accuracy for the tasks) with the same intervals and the pairs at each length;
-* ``summary.csv`` and ``pairs.csv`` — the same numbers, machine-readable; ``runs.csv`` — every run's
-  own values (configuration, seed, run folder), from which each interval can be recomputed by hand;
-* ``val_curves.png`` and ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
+* ``report.md`` — per task a row per configuration: the **test** score of the checkpoint chosen on validation
+  (the best validation value beside it, as the selection metric only), the mean over seeds ± the half-width of
+  its 95% t-interval; the paired differences A − B over matching seeds of the pairs the study declares
+  (linrope.analysis.study_config) and of ``--pair``, with interval, p and a sentence each; the tables by
+  evaluation length (``lengths``); failed runs, configurations still improving, parameter counts and how far
+  position parameters moved (``caveats``); the runs' code and machines (``provenance``); a study's tuning table
+  (linrope.analysis.tuning); a bytes report's Evidence section (linrope.analysis.evidence);
+* ``summary.csv``, ``pairs.csv`` and ``runs.csv`` (every run's own values); ``val_curves.png`` and
+  ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
 
-A study folder with a tuning stage (``tuning.json``, linrope.analysis.tuning) gets its table in report.md: per
-configuration the values tried on validation, each one's score, the value chosen, interior or at an edge, and the
-budget they all had; the tuning runs (``tuning/``) are not among the report's runs.
-
-Beside the numbers (linrope.analysis.caveats): failed runs (headline NaN, infinite or missing) and configurations
-still improving are named above each table; ``n`` counts only the runs behind each value; every table
-gives parameter counts, and learned position parameters get a table of how far they moved.
-
-A configuration is named by ``model.name``, followed by the settings that tell apart runs of
-the same model (e.g. ``linear_rope feature_map=cosine placement=both``).
-
-A folder of a study run in arms (its config declares ``arms``: ``steps800/``, ``steps3200/``) gets each arm's
-report and the study's table across them (linrope.analysis.arms)."""
+A folder of a study run in arms gets each arm's report and the study's table across them (linrope.analysis.arms)."""
 
 from __future__ import annotations
 
@@ -38,18 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import evidence, study_config, tuning
-from linrope.analysis import report_files as outputs
-from linrope.analysis import report_provenance as provenance
-from linrope.analysis.caveats import (
-    failed_note,
-    failed_runs,
-    improving,
-    improving_cell,
-    improving_note,
-    movement_section,
-    params_cell,
-)
-from linrope.analysis.report_cells import (
+from linrope.analysis.cells import (
     band_note,
     cell_n,
     fmt_p,
@@ -58,7 +34,18 @@ from linrope.analysis.report_cells import (
     pair_record,
     seeds_text,
 )
-from linrope.analysis.report_lengths import extrapolation_section
+from linrope.analysis.report import files as outputs
+from linrope.analysis.report import provenance
+from linrope.analysis.report.caveats import (
+    failed_note,
+    failed_runs,
+    improving,
+    improving_cell,
+    improving_note,
+    movement_section,
+    params_cell,
+)
+from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
 from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
 from linrope.base.errors import first_names
@@ -71,30 +58,27 @@ from linrope.base.plots import (
     plot_curves,
 )
 
-LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report_files)
+LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report.files)
 
 
 def columns_for(task: str):
     """(header, metric, how, digits) of a task's table; the first is the headline (test) metric.  Text: bits per
     byte first (they compare across tokenizers), then the loss per token (within one tokenizer)."""
+    bpb, speed = ("test/bpb", "test/bpb", "last", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)
     if task == "bytes":
-        return [
-            ("test/bpb", "test/bpb", "last", 3),
-            ("best val/bpb (selection metric)", "val/bpb", "min", 3),
-            ("tokens/s", "train/tokens_per_sec", "mean", 0),
-        ]
+        return [bpb, ("best val/bpb (selection metric)", "val/bpb", "min", 3), speed]
     if task == "text":
         return [
-            ("test/bpb", "test/bpb", "last", 3),
+            bpb,
             ("test/loss (per token)", "test/loss", "last", 3),
             ("best val/bpb (selection metric)", "val/bpb", "min", 3),
-            ("tokens/s", "train/tokens_per_sec", "mean", 0),
+            speed,
         ]
     return [
         ("test/acc", "test/acc", "last", 3),
         ("test/loss", "test/loss", "last", 3),
         ("best val/loss (selection metric)", "val/loss", "min", 3),
-        ("tokens/s", "train/tokens_per_sec", "mean", 0),
+        speed,
     ]
 
 
@@ -366,7 +350,7 @@ def build_report(
                     f"(have: {', '.join(sorted(labels))})"
                 )
     pairs = list(dict.fromkeys([*declared, *pairs]))
-    outputs.claim(out, written, "linrope report", LEGACY)  # never over a file a report did not write: one line
+    outputs.claim(out, written, LEGACY)  # never over a file a report did not write: one line
     out.mkdir(parents=True, exist_ok=True)
     n_configs = sum(len(g) for g in tasks.values())
     parts = [mixed, ""] if mixed else []

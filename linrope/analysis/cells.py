@@ -8,6 +8,9 @@ from typing import Any, Dict, List, Optional
 from linrope.analysis.runs import Run
 from linrope.analysis.stats import Interval, Paired, p_text
 
+# RoPE's scalings of the extrapolation table's rows, as the tables and the dashboard name them
+SCALINGS = {"pi": "position interpolation", "ntk": "NTK-aware scaling", "yarn": "YaRN", "dynamic": "dynamic NTK"}
+
 
 def higher_is_better(metric: str) -> bool:
     return metric.endswith("acc")

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from linrope.analysis.cells import SCALINGS, band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.evidence import References, row_key
-from linrope.analysis.report_cells import band_note, cell, fmt, markdown_table, pair_record, seeds_text
-from linrope.analysis.runs import Run, by_seed
+from linrope.analysis.runs import Run, by_seed, extrapolation_row
 from linrope.analysis.stats import LEVEL, mean_ci, paired
 from linrope.base.plots import (
     SCALING_STYLES,
@@ -47,26 +47,19 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional
             continue
         named = dict.fromkeys((row_name(r), r["scaling"]) for run in runs for r in run.extrapolation)
         for name, scaling in named:
-
-            def at(n, name=name):
-                return lambda one: next(
-                    (r[metric] for r in one.extrapolation if row_name(r) == name and r["length"] == n
-                     and r["status"] == "ok"),
-                    None,
-                )  # fmt: skip
-
-            values = {n: by_seed(runs, at(n)) for n in lengths}
+            values = {
+                n: by_seed(
+                    runs, lambda one, n=n, name=name: (extrapolation_row(one.extrapolation, n, name) or {}).get(metric)
+                )
+                for n in lengths
+            }
             rows.append({"label": label, "scaling": scaling, "name": name, "values": values})
     return lengths, metric, rows
 
 
 def reference_at(refs: Optional[References], model: str, runs: List[Run], name: str, length: int) -> Optional[float]:
     """``model``'s bpb through the windows of the runs' row ``name`` at ``length`` (None: no such row)."""
-    row = next(
-        (r for run in runs for r in run.extrapolation
-         if row_name(r) == name and r["length"] == length and r.get("status") == "ok"),
-        None,
-    )  # fmt: skip
+    row = next((r for r in (extrapolation_row(run.extrapolation, length, name) for run in runs) if r), None)
     return refs.at(model, row_key(row)) if refs and row else None
 
 
@@ -157,19 +150,13 @@ def plot_extrapolation(
     )
 
 
-SCALING_NAMES = {
-    "pi": "position interpolation (pi)",
-    "ntk": "NTK-aware scaling (ntk)",
-    "yarn": "YaRN (yarn)",
-    "dynamic": "dynamic NTK (dynamic)",
-}
-
-
 def scaling_caption(scalings) -> str:
     """The caption's clause naming the scaling rows the table has, e.g. "; RoPE models also with position
     interpolation (pi) and NTK-aware scaling (ntk) at the matching factor" (no such rows: "")."""
-    named = [SCALING_NAMES.get(s, s) for s in ("pi", "ntk", "yarn", "dynamic", *sorted(scalings)) if s in scalings]
-    named = list(dict.fromkeys(n for n in named if n != "none"))
+    order = ("pi", "ntk", "yarn", "dynamic", *sorted(scalings))
+    named = list(
+        dict.fromkeys(f"{SCALINGS[s]} ({s})" if s in SCALINGS else s for s in order if s in scalings and s != "none")
+    )
     if not named:
         return ""
     listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
