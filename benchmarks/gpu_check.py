@@ -82,8 +82,20 @@ SIZES = {  # what each mode measures
 }
 GOAL_N = 16384
 # the installed distributions the environment part records (and its table lists, in this order)
-DISTRIBUTIONS = ("torch", "triton", "fla-core", "lightning", "hydra-core", "omegaconf", "antlr4-python3-runtime")
-DISTRIBUTIONS += ("einops", "numpy", "PyYAML", "pytest", "packaging")
+DISTRIBUTIONS = (
+    "torch",
+    "triton",
+    "fla-core",
+    "lightning",
+    "hydra-core",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "einops",
+    "numpy",
+    "PyYAML",
+    "pytest",
+    "packaging",
+)
 
 
 class Log:

@@ -52,8 +52,12 @@ class Rule:
     empty: bool = True
 
     def _bounds(self) -> Iterator[Tuple[str, float, Callable[[float, float], bool]]]:
-        ops = ((">=", self.low, operator.ge), (">", self.above, operator.gt))
-        ops += (("<=", self.high, operator.le), ("<", self.below, operator.lt))
+        ops = (
+            (">=", self.low, operator.ge),
+            (">", self.above, operator.gt),
+            ("<=", self.high, operator.le),
+            ("<", self.below, operator.lt),
+        )
         return ((op, v, test) for op, v, test in ops if v is not None)
 
     def expectation(self) -> str:

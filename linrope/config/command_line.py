@@ -22,8 +22,20 @@ from typing import List, Optional, Sequence
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "conf"  # linrope/conf in an installed wheel
 CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-_FLAGS_WITH_VALUE = {"-c", "--cfg", "-p", "--package", "--info", "-cp", "--config-path", "-cn", "--config-name", "-cd"}
-_FLAGS_WITH_VALUE |= {"--config-dir", "--experimental-rerun"}
+_FLAGS_WITH_VALUE = {
+    "-c",
+    "--cfg",
+    "-p",
+    "--package",
+    "--info",
+    "-cp",
+    "--config-path",
+    "-cn",
+    "--config-name",
+    "-cd",
+    "--config-dir",
+    "--experimental-rerun",
+}
 
 
 class _Unknown(Exception):
@@ -148,6 +160,15 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_n
     return errors
 
 
+def _option_file(group: str, option: str, conf_dir: Path, extra: Sequence[Path]) -> Optional[Path]:
+    """The file Hydra reads for ``group=option``: linrope's first, then the user's folders."""
+    for root in (conf_dir, *extra):
+        path = root / group / f"{option}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
 def yaml_problem(path: Path) -> Optional[str]:
     """Why Hydra cannot read ``path`` as a config (not YAML, or YAML that is not a mapping), or None."""
     import yaml
@@ -190,8 +211,7 @@ def preset_errors(
     """One line for the file of ``group=option`` — or of an option its defaults list chooses — that Hydra would
     stop on with a 70-line YAML traceback (a preset that is not YAML, or not a mapping), naming the file."""
     seen = set() if seen is None else seen
-    # the file Hydra reads for group=option: linrope's first, then the user's folders
-    path = next((p for root in (conf_dir, *extra) if (p := root / group / f"{option}.yaml").is_file()), None)
+    path = _option_file(group, option, conf_dir, extra)
     if path is None or path in seen:
         return []
     seen.add(path)

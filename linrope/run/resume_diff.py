@@ -22,8 +22,21 @@ from linrope.base.nested import flatten, under
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
 # settings that differ between a run and its continuation by construction (folders, what to do now, output)
-NOT_COMPARED = ("paths.", "hydra.", "ckpt_path", "train", "test", "callbacks.", "logger.", "tags", "task_name")
-NOT_COMPARED += ("trainer.default_root_dir", "trainer.enable_progress_bar", "extrapolation.", "data.num_workers")
+NOT_COMPARED = (
+    "paths.",
+    "hydra.",
+    "ckpt_path",
+    "train",
+    "test",
+    "callbacks.",
+    "logger.",
+    "tags",
+    "task_name",
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "extrapolation.",
+    "data.num_workers",
+)
 # settings that decide which examples come in which order: changing them breaks the data order's reproducibility
 DATA_ORDER = ("seed", "context", "data.")
 DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"

@@ -42,8 +42,18 @@ from linrope.run.provenance import read as read_provenance
 
 # settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
 # its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)
-IGNORED = ("paths.", "hydra.", "ckpt_path", "logger.", "tags", "task_name", "trainer.enable_progress_bar")
-IGNORED += ("trainer.default_root_dir", "data.num_workers", "model.name")
+IGNORED = (
+    "paths.",
+    "hydra.",
+    "ckpt_path",
+    "logger.",
+    "tags",
+    "task_name",
+    "trainer.enable_progress_bar",
+    "trainer.default_root_dir",
+    "data.num_workers",
+    "model.name",
+)
 SHOWN = 4  # differing keys named in a refusal; the rest are counted
 
 
