@@ -49,6 +49,7 @@ import torch
 
 from linrope.ops.rope import compute_dtype
 
+from . import native
 from .buffers import alloc
 from .common import feature_width, guard_denominator_, shared_features, unclamped
 from .features import features_backward_, rotors_for, split_features
@@ -137,6 +138,8 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, docume
         den = None
         if shared:
             den, num = num[..., dv], num[..., :dv]
+        elif cfg.causal and native.usable(kd, ch):  # one pass: the running sum and its dot (native.py)
+            den, z = native.denominator(qd, kd, z)
         elif cfg.causal or cfg.normalize:  # (without normalising, z only for the state it carries)
             if cfg.causal:
                 zc = dcumsum(kd, ch, z)
@@ -254,6 +257,8 @@ def chunk_backward(
                 dkd = dcumsum_reverse(y, ch)
                 dz = _carried_back(dkd, ch)
                 del y
+        elif not shared and cfg.causal and native.usable(kd, ch):  # the two scans in one call (native.py)
+            dqd, dkd, dz = native.denominator_backward(qd, kd, dden, z_start, dz)
         elif not shared:  # the denominator den_i = qd_i · zc_i
             y = dden.unsqueeze(-1) * qd
             if cfg.causal:

@@ -1,0 +1,128 @@
+"""The native scans of the unrotated denominator (linrope.ops.linear_attn.native): the forward scan and its backward
+against their formulas in float64, in float32 and float64, on NaN-poisoned outputs, with and without the states
+in and out; the chunk form through them against the naive form and against the chunk form's torch ops, in several
+blocks and as heads' tasks; without a compiler the torch ops run and the reason is one line."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from linrope.ops import chunk_linear_attention, naive_linear_attention
+from linrope.ops.linear_attn import heads, native
+from linrope.ops.linear_attn import tables as tables_mod
+from linrope.ops.linear_attn.buffers import poison_buffers
+from linrope.ops.linear_attn.common import LinearAttentionState
+from tests.helpers import gen, rel
+
+COMPILER = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native scans cannot be built here")
+
+
+def formulas(qd, kd, z0, dden, dz):
+    """The scans written out in float64: den, the final z, dqd, dkd and ∂L/∂z0."""
+    qd, kd, z0, dden, dz = (t.double() for t in (qd, kd, z0, dden, dz))
+    zc = kd.cumsum(2) + z0.unsqueeze(2)  # z after each position
+    den = (qd * zc).sum(-1)
+    dqd = dden.unsqueeze(-1) * zc
+    y = dden.unsqueeze(-1) * qd
+    dkd = y.flip(2).cumsum(2).flip(2) + dz.unsqueeze(2)
+    return den, zc[:, :, -1], dqd, dkd, dkd[:, :, 0]
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_states", [False, True])
+def test_the_scans_match_their_formulas(dtype, with_states):
+    g = gen("native", str(dtype), with_states)
+    B, H, n, d = 2, 3, 301, 17
+    qd, kd = (torch.rand(B, H, n, d, generator=g, dtype=torch.float64).add_(0.1).to(dtype) for _ in range(2))
+    dden = torch.randn(B, H, n, generator=g, dtype=torch.float64).to(dtype)
+    z0 = torch.rand(B, H, d, generator=g, dtype=torch.float64).to(dtype) if with_states else None
+    dz = torch.randn(B, H, d, generator=g, dtype=torch.float64).to(dtype) if with_states else None
+    with poison_buffers():
+        den, z = native.denominator(qd, kd, z0)
+        dqd, dkd, dz0 = native.denominator_backward(qd, kd, dden, z0, dz)
+    assert native.why_not() is None
+    zeros = torch.zeros(B, H, d, dtype=dtype)
+    want = formulas(qd, kd, zeros if z0 is None else z0, dden, zeros if dz is None else dz)
+    tol = 1e-13 if dtype == torch.float64 else 2e-6
+    for name, got, ref in zip(("den", "z", "dqd", "dkd", "dz0"), (den, z, dqd, dkd, dz0), want):
+        assert got.dtype == dtype and got.shape == ref.shape, name
+        assert not torch.isnan(got).any() and rel(got, ref) < tol, f"{name}: {rel(got, ref):.2e}"
+    if z0 is not None:
+        assert not torch.equal(z, z0)  # the caller's state is not the one the scan advanced
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the calls of the native scans."""
+    calls = {"forward": 0, "backward": 0}
+    fwd, bwd = native.denominator, native.denominator_backward
+
+    def forward(*a):
+        calls["forward"] += 1
+        return fwd(*a)
+
+    def backward(*a):
+        calls["backward"] += 1
+        return bwd(*a)
+
+    monkeypatch.setattr(native, "denominator", forward)
+    monkeypatch.setattr(native, "denominator_backward", backward)
+    return calls
+
+
+def _run(xs, state, w, **kw):
+    leaves = [t.clone().requires_grad_() for t in xs]
+    init = None if state is None else LinearAttentionState(*(t.clone().requires_grad_() for t in state))
+    out, fin = kw.pop("fn")(*leaves, initial_state=init, output_final_state=True, causal=True, **kw)
+    loss = (out * w[0]).sum() + (fin.S * w[1]).sum() + (fin.z * w[2]).sum()
+    return [out, fin.S, fin.z, *torch.autograd.grad(loss, leaves + ([] if init is None else list(init)))]
+
+
+@needs_compiler
+@pytest.mark.parametrize("as_tasks", [False, True])
+def test_the_chunk_form_through_the_native_scans(monkeypatch, counted, as_tasks):
+    """RoPE in the numerator, several blocks (and as tasks of the heads), the state in and out, float64: the native
+    scans serve every block and agree with the naive form and with the chunk form's torch ops."""
+    monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 512)
+    if as_tasks:
+        monkeypatch.setattr(heads, "MIN_POSITIONS", 1)
+    B, H, N, D, DV = 2, 3, 37, 8, 6
+    g = gen("native chunk", as_tasks)
+    xs = [torch.randn(B, H, N, w, generator=g, dtype=torch.float64) for w in (D, D, DV)]
+    state = LinearAttentionState(
+        torch.randn(B, H, D, DV, generator=g, dtype=torch.float64),
+        torch.rand(B, H, D, generator=g, dtype=torch.float64) + 0.5,
+    )
+    w = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((B, H, N, DV), (B, H, D, DV), (B, H, D))]
+    kw = dict(feature_map="elu", rope="numerator")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with poison_buffers():
+            got = _run(xs, state, w, fn=lambda *a, **k: chunk_linear_attention(*a, chunk_size=4, **k), **kw)
+            assert counted["forward"] > 1 and counted["backward"] > 1  # every block, forward and backward
+            monkeypatch.setattr(native, "ENABLED", False)
+            calls = dict(counted)
+            torch_ops = _run(xs, state, w, fn=lambda *a, **k: chunk_linear_attention(*a, chunk_size=4, **k), **kw)
+            assert counted == calls  # the torch ops ran
+    finally:
+        torch.set_num_threads(threads)
+    want = _run(xs, state, w, fn=naive_linear_attention, **kw)
+    for i, (a, b, c) in enumerate(zip(got, torch_ops, want)):
+        assert not torch.isnan(a).any() and rel(a, c) < 1e-10 and rel(a, b) < 1e-12, f"result {i}"
+
+
+def test_without_a_compiler_the_torch_ops_run(monkeypatch, counted):
+    """A build that failed leaves its reason in one line, and the chunk form runs its torch ops, correctly."""
+    monkeypatch.setattr(native, "_state", {"why": "linrope: native scans unavailable (no compiler)"})
+    assert native.why_not() == "linrope: native scans unavailable (no compiler)"
+    g = gen("native fallback")
+    q, k, v = (torch.randn(1, 2, 21, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    got = chunk_linear_attention(q, k, v, chunk_size=4, rope="numerator")
+    want = naive_linear_attention(q, k, v, rope="numerator")
+    assert counted == {"forward": 0, "backward": 0} and rel(got, want) < 1e-12
