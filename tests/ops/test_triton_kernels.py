@@ -74,10 +74,10 @@ def interpreted(monkeypatch):
         torch.set_num_threads(threads)
 
 
-def compare(feature_map, rope, decayed, initial, n, dtype=torch.float32, tol=FLOAT32_TOL, normalize=True):
-    key = ("triton", feature_map, rope, decayed, initial, n, str(dtype), normalize)
+def compare(feature_map, rope, decayed, initial, n, dtype=torch.float32, tol=FLOAT32_TOL, normalize=True, **shape):
+    key = ("triton", feature_map, rope, decayed, initial, n, str(dtype), normalize, tuple(shape.items()))
     decay = DECAY if decayed else None
-    q, k, v, S0, z0 = inputs(key, feature_map=feature_map, rope=rope, decay=decay, n=n, initial=initial)
+    q, k, v, S0, z0 = inputs(key, feature_map=feature_map, rope=rope, decay=decay, n=n, initial=initial, **shape)
     if dtype != torch.float32:  # the reference sees exactly the rounded inputs and state
         q, k, v = (x.to(dtype).float() for x in (q, k, v))
         S0, z0 = (None if x is None else x.to(dtype).float() for x in (S0, z0))
@@ -227,3 +227,16 @@ def test_compiles_without_graph_breaks(interpreted):
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     assert rel(compiled(q, k, v), f(q, k, v)) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 3e-2), (torch.float16, FLOAT16_TOL), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("feature_map, rope", [("elu", "numerator"), ("cosine", "both")])
+def test_cuda_matches_naive(dtype, tol, feature_map, rope):
+    """On a GPU (the device check's tests part): compiled kernels, d = d_v = 64, N = 1000, decay and an initial
+    state, against float64 naive on the rounded inputs.  bfloat16: its products' operands are rounded to 8 bits
+    (2^-9 relative each); float32: exact float32 products ("ieee"), float32 sums in another order."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    assert not fla_interpreter.patched(), "the interpreter's patches are in this process: kernels would be interpreted"
+    compare(feature_map, rope, True, True, 1000, dtype, tol, B=1, H=2, d=64, dv=64, device="cuda")

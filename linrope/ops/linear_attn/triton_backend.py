@@ -192,7 +192,7 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
         kern._grad[(NT, B * H)](
             q, k, v, cs, g, h, zs, do, den if normalize else cs, dd, dh, dzs, dq, dk, dv,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
-            N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, num_warps=4, **meta,
+            N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, num_warps=8, **meta,
         )  # fmt: skip
     return dq, dk, dv, dS0 if need_S0 else _none(q), dz0 if need_S0 else _none(q)
 

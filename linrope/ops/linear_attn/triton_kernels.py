@@ -348,39 +348,44 @@ def _grad(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
     HAS_G: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
+    """dv first (then the scores are dead), dq and dk after; q and k are loaded again for φ' (few tiles live)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
     DF = D + ONE
     t0 = i_t * BT
     rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
     g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
-    xq = _tile(q + _base(i_bh, H, sq_b, sq_h), sq_n, sq_d, t0, N, D, BT, BK)
-    xk = _tile(k + _base(i_bh, H, sk_b, sk_h), sk_n, sk_d, t0, N, D, BT, BK)
-    b_v = _tile(v + _base(i_bh, H, sv_b, sv_h), sv_n, sv_d, t0, N, DV, BT, BV)
+    qb, kb = q + _base(i_bh, H, sq_b, sq_h), k + _base(i_bh, H, sk_b, sk_h)
+    _, qn, qd = _features(_tile(qb, sq_n, sq_d, t0, N, D, BT, BK), cs, t0, N, D, COS, ROPE, BT, BK)
+    _, kn, kd = _features(_tile(kb, sk_n, sk_d, t0, N, D, BT, BK), cs, t0, N, D, COS, ROPE, BT, BK)
     dN = _tile(do + _base(i_bh, H, sd_b, sd_h), sd_n, sd_d, t0, N, DV, BT, BV)
-    qf, qn, qd = _features(xq, cs, t0, N, D, COS, ROPE, BT, BK)
-    kf, kn, kd = _features(xk, cs, t0, N, D, COS, ROPE, BT, BK)
+    if NORM:
+        dN = dN / _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)[:, None]
+        dD = _rows(dd + i_bh.to(tl.int64) * N, t0, N, BT, 0.0)
     M, eb, w, _ = _weights(t0, N, g, HAS_G, BT)
     hb = (i_bh.to(tl.int64) * NT + i_t) * DF
     hm = (rk < D)[:, None] & (cv < DV)[None, :]
     hoff = (ONE + rk)[:, None] * DV + cv[None, :]
-    b_h = tl.load(h + hb * DV + hoff, mask=hm, other=0.0)
     b_dh = tl.load(dh + hb * DV + hoff, mask=hm, other=0.0)
-    b_z = tl.load(zs + hb + ONE + rk, mask=rk < D, other=0.0)
-    b_dz = tl.load(dzs + hb + ONE + rk, mask=rk < D, other=0.0)
-    if NORM:
-        dN = dN / _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)[:, None]
-        dD = _rows(dd + i_bh.to(tl.int64) * N, t0, N, BT, 0.0)
+    # dv = Aᵀ dN + w kn dH (+ w dH's constant row)
     A = (_lp(qn, tl.trans(kn), DT, PREC) + ONE) * M
+    dvv = _lp(tl.trans(A), dN, DT, PREC) + w[:, None] * _mm(kn, b_dh, PREC)
+    if COS:
+        dvv += w[:, None] * tl.load(dh + hb * DV + cv, mask=cv < DV, other=0.0)[None, :]
+    mv = (rt < N)[:, None] & (cv < DV)[None, :]
+    pv = dv + _base(i_bh, H, sdv_b, sdv_h) + rt[:, None] * sdv_n + cv[None, :] * sdv_d
+    tl.store(pv, dvv.to(dv.dtype.element_ty), mask=mv)
+    # dq, dk of the numerator's features (and of the denominator's where they are the same)
+    b_v = _tile(v + _base(i_bh, H, sv_b, sv_h), sv_n, sv_d, t0, N, DV, BT, BV)
     dP = _lp(dN, tl.trans(b_v), DT, PREC)
     if NORM and ROPE != 1:  # shared features: the denominator is a value column of ones
         dP += dD[:, None]
     dP = dP * M
+    b_h = tl.load(h + hb * DV + hoff, mask=hm, other=0.0)
     dqn = _lp(dP, kn, DT, PREC) + eb[:, None] * _mm(dN, tl.trans(b_h), PREC)
     dkn = _lp(tl.trans(dP), qn, DT, PREC) + w[:, None] * _mm(b_v, tl.trans(b_dh), PREC)
-    dvv = _lp(tl.trans(A), dN, DT, PREC) + w[:, None] * _mm(kn, b_dh, PREC)
-    if COS:
-        dvv += w[:, None] * tl.load(dh + hb * DV + cv, mask=cv < DV, other=0.0)[None, :]
+    b_z = tl.load(zs + hb + ONE + rk, mask=rk < D, other=0.0)
+    b_dz = tl.load(dzs + hb + ONE + rk, mask=rk < D, other=0.0)
     if ROPE == 1:  # the denominator's own, unrotated features
         dkd = w[:, None] * b_dz[None, :]
         if NORM:
@@ -398,13 +403,13 @@ def _grad(
         dkn += dkd
         if NORM:
             dqn += dqd
-    gq = _phi_bwd(dqn, xq, qf, COS)
-    gk = _phi_bwd(dkn, xk, kf, COS)
+    # back through φ, from q and k loaded again
+    xq = _tile(qb, sq_n, sq_d, t0, N, D, BT, BK)
+    xk = _tile(kb, sk_n, sk_d, t0, N, D, BT, BK)
+    gq = _phi_bwd(dqn, xq, _phi(xq, t0, N, D, COS, BT, BK), COS)
+    gk = _phi_bwd(dkn, xk, _phi(xk, t0, N, D, COS, BT, BK), COS)
     m = (rt < N)[:, None] & (rk < D)[None, :]
-    mv = (rt < N)[:, None] & (cv < DV)[None, :]
     pq = dq + _base(i_bh, H, sdq_b, sdq_h) + rt[:, None] * sdq_n + rk[None, :] * sdq_d
     pk = dk + _base(i_bh, H, sdk_b, sdk_h) + rt[:, None] * sdk_n + rk[None, :] * sdk_d
-    pv = dv + _base(i_bh, H, sdv_b, sdv_h) + rt[:, None] * sdv_n + cv[None, :] * sdv_d
     tl.store(pq, gq.to(dq.dtype.element_ty), mask=m)
     tl.store(pk, gk.to(dk.dtype.element_ty), mask=m)
-    tl.store(pv, dvv.to(dv.dtype.element_ty), mask=mv)
