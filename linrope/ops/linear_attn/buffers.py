@@ -33,11 +33,4 @@ def alloc(shape, *, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def alloc_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
-    """An uninitialised buffer of x's shape and, where x is dense, its strides (NaN-filled inside
-    ``poison_buffers``): a kernel that takes any layout writes its output in its input's."""
-    out = torch.empty_like(x, dtype=dtype)
-    return out.fill_(float("nan")) if _POISON else out
-
-
-__all__ = ["alloc", "alloc_like", "poison_buffers"]
+__all__ = ["alloc", "poison_buffers"]

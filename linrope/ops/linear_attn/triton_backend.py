@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .buffers import alloc, alloc_like
+from .buffers import alloc
 from .common import Args, LinearAttentionState, autocast_off, decay_log, zero_state
 from .features import feature_width, rope_rotors
 
@@ -70,6 +70,16 @@ def _on(x: Tensor):
 def _none(q: Tensor) -> Tensor:
     """An empty placeholder output (a new one each time: outputs must not alias)."""
     return q.new_empty(_NONE, dtype=torch.float32)
+
+
+def like(x: Tensor) -> Tensor:
+    """An uninitialised tensor of x's shape and dtype in x's order of heads and positions: (B, N, H, ·) memory viewed
+    as (B, H, N, ·) when x's heads are inner to its positions (a view of fla's layout, or of the model's fused qkv
+    projection: its output projection then reads o without a copy), else (B, H, N, ·).  Poisoned as ``alloc``."""
+    B, H, N, w = x.shape
+    if x.stride(1) < x.stride(2):
+        return alloc((B, N, H, w), dtype=x.dtype, device=x.device).transpose(1, 2)
+    return alloc((B, H, N, w), dtype=x.dtype, device=x.device)
 
 
 def _pow2(n: int) -> int:
@@ -117,7 +127,7 @@ def triton_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Option
         cs, g = _inputs(q, positions, theta, decay, rope)
         meta_g = dict(meta, HAS_G=decay is not None)
         h, zs, ST, zT = _states(k, v, cs, g, S0, z0, final, meta_g)
-        out = alloc_like(v)
+        out = like(v)
         den = alloc((B, H, N), dtype=torch.float32, device=q.device) if normalize else _none(q)
         _kernels()._out_fwd[(-(-N // CHUNK), B * H)](
             q, k, v, cs, g, h, zs, out, den if normalize else cs, *q.stride(), *k.stride(), *v.stride(),
@@ -150,7 +160,7 @@ def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, eps, normaliz
     DF, dv = feature_width(feature_map, d), v.shape[-1]
     f32 = dict(dtype=torch.float32)
     return (
-        torch.empty_like(v),
+        like(v),
         q.new_empty((B, H, N) if normalize else _NONE, **f32),
         q.new_empty((B, H, DF, dv) if final else _NONE, **f32),
         q.new_empty((B, H, DF) if final else _NONE, **f32),
@@ -188,7 +198,7 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
             N, H, d, dv_, NT, BV=STATE_BV, NORM=normalize, HAS_DST=g_S is not None, HAS_DZT=g_z is not None,
             D0=need_S0, num_warps=4, **meta,
         )  # fmt: skip
-        dq, dk, dv = alloc_like(q), alloc_like(k), alloc_like(v)
+        dq, dk, dv = like(q), like(k), like(v)
         kern._grad[(NT, B * H)](
             q, k, v, cs, g, h, zs, do, den if normalize else cs, dd, dh, dzs, dq, dk, dv,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
@@ -204,7 +214,7 @@ def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, den, featu
     f32 = dict(dtype=torch.float32)
     dS0 = q.new_empty((B, H, DF, dv) if need_S0 else _NONE, **f32)
     dz0 = q.new_empty((B, H, DF) if need_S0 else _NONE, **f32)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dS0, dz0
+    return like(q), like(k), like(v), dS0, dz0
 
 
 def _setup_context(ctx, inputs, output):
