@@ -8,8 +8,8 @@ keeps q, k, v, the output and the denominator (float32, (B, H, N)) and nothing e
 
 What it takes: causal calls in float32, float16 and bfloat16; elu and cosine; placements numerator, both and none;
 decay; initial and final state (and the gradient of the initial state); ``normalize=False``; q, k, v in any strides
-(a (B, N, H, d) tensor handed in as ``x.transpose(1, 2)`` is read in place, and the output and gradients keep the
-input's layout).  What it refuses, in one line: ``causal=False``, a window, packed documents (``documents``), the
+(a (B, N, H, d) tensor handed in as ``x.transpose(1, 2)``, or the model's view of its fused projection, is read in
+place; the output and gradients keep the input's order of heads and positions, ``like``).  What it refuses, in one line: ``causal=False``, a window, packed documents (``documents``), the
 gradients of ``decay`` and ``rope_theta``, head widths above ``MAX_WIDTH``; float64 (the registry).
 
 Precision: tiles are loaded and φ, RoPE, the decays, the states, the denominator and every sum are float32.  The
@@ -119,7 +119,7 @@ def _inputs(q: Tensor, positions, theta, decay, rope: str):
 def triton_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optional[Tensor],
                positions: Optional[Tensor], theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str,
                rope: str, eps: float, normalize: bool, final: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """-> (out in v's dtype and layout, den float32 (B, H, N) (a placeholder without ``normalize``), S, z float32
+    """-> (out in v's dtype and order (``like``), den float32 (B, H, N) (a placeholder without ``normalize``), S, z float32
     (placeholders without ``final``))."""
     B, H, N, d = q.shape
     meta = _meta(q, v, feature_map, rope)
@@ -172,7 +172,7 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
                S0: Optional[Tensor], z0: Optional[Tensor], positions: Optional[Tensor], theta: Optional[Tensor],
                decay: Optional[Tensor], out: Tensor, den: Tensor, feature_map: str, rope: str, normalize: bool,
                need_S0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """-> (dq, dk, dv in the inputs' dtypes and layouts, dS0, dz0 float32 or placeholders without ``need_S0``)."""
+    """-> (dq, dk, dv in the inputs' dtypes and orders, dS0, dz0 float32 or placeholders without ``need_S0``)."""
     B, H, N, d = q.shape
     dv_, DF, NT = v.shape[-1], feature_width(feature_map, d), -(-N // CHUNK)
     meta = dict(_meta(q, v, feature_map, rope), HAS_G=decay is not None)
