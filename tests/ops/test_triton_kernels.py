@@ -183,7 +183,9 @@ def test_empty_sequence_keeps_the_state(interpreted):
 @pytest.mark.parametrize("decayed_initial", [False, True])
 @pytest.mark.parametrize("n", [1, 193])
 def test_grid_matches_naive(interpreted, feature_map, rope, decayed_initial, n):
-    compare(feature_map, rope, decayed_initial, decayed_initial, n)
+    # one position and no state: o = v·s/(s + eps), whose gradient in q is eps-small (8e-8 against dv's 19) and
+    # cancels to float32's rounding in every form (the chunk form's dq is off by 130% too): no relative comparison
+    compare(feature_map, rope, decayed_initial, decayed_initial or n == 1, n)
     compare(feature_map, rope, not decayed_initial, decayed_initial, n, normalize=False)
 
 
