@@ -242,3 +242,10 @@ def test_cuda_matches_naive(dtype, tol, feature_map, rope):
         pytest.skip("needs CUDA")
     assert not fla_interpreter.patched(), "the interpreter's patches are in this process: kernels would be interpreted"
     compare(feature_map, rope, True, True, 1000, dtype, tol, B=1, H=2, d=64, dv=64, device="cuda")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rope", ["numerator", "both"])
+def test_wide_heads_match_naive(interpreted, rope):
+    """d = 66 (128-wide tiles, masked) and d_v = 72: two value blocks in the sequential kernels, one in the others."""
+    compare("cosine", rope, True, True, 70, B=1, H=2, d=66, dv=72)
