@@ -142,7 +142,6 @@ BACKENDS = {
             grads=(),
             unavailable=triton_backend.unavailable,
             windowed=False,
-            documents=False,
         ),
         Backend("auto", "fla where it can run on CUDA and passed the device check, else chunk", choose=_auto),
     )

@@ -7,10 +7,12 @@ backward four (the states again, ∂L/∂den, the state gradients in reverse, th
 keeps q, k, v, the output and the denominator (float32, (B, H, N)) and nothing else.
 
 What it takes: causal calls in float32, float16 and bfloat16; elu and cosine; placements numerator, both and none;
-decay; initial and final state (and the gradient of the initial state); ``normalize=False``; q, k, v in any strides
-(a (B, N, H, d) tensor handed in as ``x.transpose(1, 2)``, or the model's view of its fused projection, is read in
-place; the output and gradients keep the input's order of heads and positions, ``like``).  What it refuses, in one line: ``causal=False``, a window, packed documents (``documents``), the
-gradients of ``decay`` and ``rope_theta``, head widths above ``MAX_WIDTH``; float64 (the registry).
+decay; initial and final state (and the gradient of the initial state); ``normalize=False``; packed documents
+(``documents``: the chunk weights zeroed across a boundary, triton_kernels._weights); q, k, v in any strides (a
+(B, N, H, d) tensor handed in as ``x.transpose(1, 2)``, or the model's view of its fused projection, is read in
+place; the output and gradients keep the input's order of heads and positions, ``like``).  What it refuses, in one
+line: ``causal=False``, a window, the gradients of ``decay`` and ``rope_theta``, head widths above ``MAX_WIDTH``;
+float64 (the registry).
 
 Precision: tiles are loaded and φ, RoPE, the decays, the states, the denominator and every sum are float32.  The
 products over a chunk's positions take bfloat16 operands for bfloat16 inputs (tensor cores), float32 otherwise:
@@ -104,40 +106,43 @@ def _meta(q: Tensor, v: Tensor, feature_map: str, rope: str) -> dict:
     )
 
 
-def _inputs(q: Tensor, positions, theta, decay, rope: str):
-    """(the (N, d/2, 2) float32 cos/sin table, log γ (H,) float32), a one-element stand-in for what is absent."""
+def _inputs(q: Tensor, positions, theta, decay, rope: str, documents=None):
+    """(the (N, d/2, 2) float32 cos/sin table, log γ (H,) float32, the (B, N) document ids), a one-element
+    stand-in for what is absent."""
     dummy = q.new_zeros(1, dtype=torch.float32)
     cs = dummy
     if rope != "none":
         rot = rope_rotors(positions, q.shape[2], q.shape[3], theta, q.device, torch.float32)
         cs = torch.view_as_real(rot).contiguous()
     log_gamma = decay_log(decay)  # its range was checked at the entry (common.check_decay)
-    return cs, dummy if log_gamma is None else log_gamma.to(torch.float32).contiguous()
+    docs = dummy if documents is None else documents.contiguous()
+    return cs, dummy if log_gamma is None else log_gamma.to(torch.float32).contiguous(), docs
 
 
 @torch.library.custom_op("linrope::triton_fwd", mutates_args=())
 def triton_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Optional[Tensor],
                positions: Optional[Tensor], theta: Optional[Tensor], decay: Optional[Tensor], feature_map: str,
-               rope: str, eps: float, normalize: bool, final: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """-> (out in v's dtype and order (``like``), den float32 (B, H, N) (a placeholder without ``normalize``), S, z float32
-    (placeholders without ``final``))."""
+               rope: str, eps: float, normalize: bool, final: bool, documents: Optional[Tensor] = None
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """-> (out in v's dtype and order (``like``), den float32 (B, H, N) (a placeholder without ``normalize``),
+    S, z float32 (placeholders without ``final``)).  ``documents``: (B, N) ids of packed documents, or None."""
     B, H, N, d = q.shape
     meta = _meta(q, v, feature_map, rope)
     with autocast_off(q.device.type), _on(q):
-        cs, g = _inputs(q, positions, theta, decay, rope)
-        meta_g = dict(meta, HAS_G=decay is not None)
-        h, zs, ST, zT = _states(k, v, cs, g, S0, z0, final, meta_g)
+        cs, g, docs = _inputs(q, positions, theta, decay, rope, documents)
+        meta_g = dict(meta, HAS_G=decay is not None, DOCS=documents is not None)
+        h, zs, ST, zT = _states(k, v, cs, g, docs, S0, z0, final, meta_g)
         out = like(v)
         den = alloc((B, H, N), dtype=torch.float32, device=q.device) if normalize else _none(q)
         _kernels()._out_fwd[(-(-N // CHUNK), B * H)](
-            q, k, v, cs, g, h, zs, out, den if normalize else cs, *q.stride(), *k.stride(), *v.stride(),
+            q, k, v, cs, g, docs, h, zs, out, den if normalize else cs, *q.stride(), *k.stride(), *v.stride(),
             *out.stride(), N, H, d, v.shape[-1], h.shape[2], float(eps), BV=max(64, _pow2(v.shape[-1])),
             NORM=normalize, num_warps=4, **meta_g,
         )  # fmt: skip
     return out, den if normalize else _none(q), ST if final else _none(q), zT if final else _none(q)
 
 
-def _states(k, v, cs, g, S0, z0, final: bool, meta: dict):
+def _states(k, v, cs, g, docs, S0, z0, final: bool, meta: dict):
     """H_c, z_c before every chunk (float32 (B, H, NT, D', d_v), (B, H, NT, D')) and the final state or stand-ins."""
     B, H, N, d = k.shape
     dv, DF, NT = v.shape[-1], feature_width("cosine" if meta["COS"] else "elu", d), -(-N // CHUNK)
@@ -148,14 +153,14 @@ def _states(k, v, cs, g, S0, z0, final: bool, meta: dict):
     if has_s0:
         S0, z0 = S0.to(torch.float32).contiguous(), z0.to(torch.float32).contiguous()
     _kernels()._state_fwd[(-(-dv // STATE_BV), B * H)](
-        k, v, cs, g, S0 if has_s0 else cs, z0 if has_s0 else cs, h, zs, ST, zT, *k.stride(), *v.stride(),
+        k, v, cs, g, docs, S0 if has_s0 else cs, z0 if has_s0 else cs, h, zs, ST, zT, *k.stride(), *v.stride(),
         N, H, d, dv, NT, BV=STATE_BV, HAS_S0=has_s0, FINAL=final, num_warps=4, **meta,
     )  # fmt: skip
     return h, zs, ST, zT
 
 
 @triton_fwd.register_fake
-def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, eps, normalize, final):
+def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, eps, normalize, final, documents=None):
     B, H, N, d = q.shape
     DF, dv = feature_width(feature_map, d), v.shape[-1]
     f32 = dict(dtype=torch.float32)
@@ -171,16 +176,17 @@ def _(q, k, v, S0, z0, positions, theta, decay, feature_map, rope, eps, normaliz
 def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
                S0: Optional[Tensor], z0: Optional[Tensor], positions: Optional[Tensor], theta: Optional[Tensor],
                decay: Optional[Tensor], out: Tensor, den: Tensor, feature_map: str, rope: str, normalize: bool,
-               need_S0: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+               need_S0: bool, documents: Optional[Tensor] = None
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     """-> (dq, dk, dv in the inputs' dtypes and orders, dS0, dz0 float32 or placeholders without ``need_S0``)."""
     B, H, N, d = q.shape
     dv_, DF, NT = v.shape[-1], feature_width(feature_map, d), -(-N // CHUNK)
-    meta = dict(_meta(q, v, feature_map, rope), HAS_G=decay is not None)
+    meta = dict(_meta(q, v, feature_map, rope), HAS_G=decay is not None, DOCS=documents is not None)
     f32 = dict(dtype=torch.float32, device=q.device)
     kern = _kernels()
     with autocast_off(q.device.type), _on(q):
-        cs, g = _inputs(q, positions, theta, decay, rope)
-        h, zs, _, _ = _states(k, v, cs, g, S0, z0, False, meta)
+        cs, g, docs = _inputs(q, positions, theta, decay, rope, documents)
+        h, zs, _, _ = _states(k, v, cs, g, docs, S0, z0, False, meta)
         do = torch.zeros_like(v) if g_out is None else g_out
         dd = cs
         if normalize:
@@ -194,13 +200,13 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
         gS = cs if g_S is None else g_S.to(torch.float32).contiguous()
         gz = cs if g_z is None else g_z.to(torch.float32).contiguous()
         kern._state_bwd[(-(-dv_ // STATE_BV), B * H)](
-            q, cs, g, do, den if normalize else cs, dd, gS, gz, dh, dzs, dS0, dz0, *q.stride(), *do.stride(),
+            q, cs, g, docs, do, den if normalize else cs, dd, gS, gz, dh, dzs, dS0, dz0, *q.stride(), *do.stride(),
             N, H, d, dv_, NT, BV=STATE_BV, NORM=normalize, HAS_DST=g_S is not None, HAS_DZT=g_z is not None,
             D0=need_S0, num_warps=4, **meta,
         )  # fmt: skip
         dq, dk, dv = like(q), like(k), like(v)
         kern._grad[(NT, B * H)](
-            q, k, v, cs, g, h, zs, do, den if normalize else cs, dd, dh, dzs, dq, dk, dv,
+            q, k, v, cs, g, docs, h, zs, do, den if normalize else cs, dd, dh, dzs, dq, dk, dv,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
             N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, num_warps=8, **meta,
         )  # fmt: skip
@@ -208,7 +214,8 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
 
 
 @triton_bwd.register_fake
-def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, den, feature_map, rope, normalize, need_S0):
+def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, den, feature_map, rope, normalize, need_S0,
+      documents=None):  # fmt: skip
     B, H, _, d = q.shape
     DF, dv = feature_width(feature_map, d), v.shape[-1]
     f32 = dict(dtype=torch.float32)
@@ -218,25 +225,25 @@ def _(g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, den, featu
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, S0, z0, positions, theta, decay, feature_map, rope, eps, normalize, final = inputs
+    q, k, v, S0, z0, positions, theta, decay, feature_map, rope, eps, normalize, final, documents = inputs
     out, den, _, _ = output
     ctx.cfg = (feature_map, rope, normalize)
-    ctx.save_for_backward(q, k, v, S0, z0, positions, theta, decay, out, den)
+    ctx.save_for_backward(q, k, v, S0, z0, positions, theta, decay, out, den, documents)
     ctx.mark_non_differentiable(den)
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, g_out, _g_den, g_S, g_z):
-    q, k, v, S0, z0, positions, theta, decay, out, den = ctx.saved_tensors
+    q, k, v, S0, z0, positions, theta, decay, out, den, documents = ctx.saved_tensors
     needs = ctx.needs_input_grad
     if g_out is None and g_S is None and g_z is None:
-        return (None,) * 13
+        return (None,) * 14
     need_S0 = S0 is not None and (needs[3] or needs[4])
     dq, dk, dv, dS0, dz0 = triton_bwd(
-        g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, den, *ctx.cfg, need_S0
+        g_out, g_S, g_z, q, k, v, S0, z0, positions, theta, decay, out, den, *ctx.cfg, need_S0, documents
     )
     grads = (dq, dk, dv, dS0.to(S0.dtype) if need_S0 else None, dz0.to(z0.dtype) if need_S0 else None)
-    return (*(gr if need else None for gr, need in zip(grads, needs[:5])), *(None,) * 8)
+    return (*(gr if need else None for gr, need in zip(grads, needs[:5])), *(None,) * 9)
 
 
 triton_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -261,7 +268,7 @@ def triton_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
     S0, z0 = (None, None) if state is None else (state.S, state.z)
     out, _, S, z = triton_fwd(
         q, k, v, S0, z0, a.positions, a.rope_theta, a.decay, a.feature_map, a.rope, a.eps, a.normalize,
-        a.output_final_state,
+        a.output_final_state, a.documents,
     )  # fmt: skip
     if not a.output_final_state:
         return out

@@ -102,8 +102,11 @@ def _features(x, cs, t0, N, D, COS: tl.constexpr, ROPE: tl.constexpr, BT: tl.con
 
 
 @triton.jit
-def _weights(t0, N, g, HAS_G: tl.constexpr, BT: tl.constexpr):
-    """(M (BT, BT), exp(b_i), exp((L-1-j) g) (0 past the end), exp(L g)) of the chunk at t0."""
+def _weights(t0, N, g, docs, i_bh, H, HAS_G: tl.constexpr, DOCS: tl.constexpr, BT: tl.constexpr):
+    """(M (BT, BT), exp(b_i), exp((L-1-j) g) (0 past the end), exp(L g)) of the chunk at t0.  With packed documents
+    (ids non-decreasing along a row) each is 0 across a boundary: M between documents, exp(b_i) for a query after a
+    boundary in the chunk (it does not read the state entering it), the key weight for a key before one (it does not
+    enter the state leaving it), exp(L g) for a chunk that holds one (the state is not carried across it)."""
     i = tl.arange(0, BT)
     ok = (t0 + i) < N
     L = tl.minimum(N - t0, BT)
@@ -119,6 +122,15 @@ def _weights(t0, N, g, HAS_G: tl.constexpr, BT: tl.constexpr):
         eb = tl.where(ok, 1.0, 0.0)
         w = eb
         gL = 1.0
+    if DOCS:
+        db = docs + (i_bh // H).to(tl.int64) * N
+        di = tl.load(db + t0 + i, mask=ok, other=-1)
+        prev = tl.load(db + tl.maximum(t0 - 1, 0))  # the position before the chunk (the row's first: the state)
+        last = tl.load(db + t0 + L - 1)
+        M = tl.where(di[:, None] == di[None, :], M, 0.0)
+        eb = tl.where(di == prev, eb, 0.0)
+        w = tl.where(di == last, w, 0.0)
+        gL = tl.where(last == prev, gL, 0.0)
     return M, eb, w, gL
 
 
@@ -138,11 +150,11 @@ def _lp(a, b, DT: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _state_fwd(
-    k, v, cs, g_ptr, S0, z0, h, zs, ST, zT,
+    k, v, cs, g_ptr, docs, S0, z0, h, zs, ST, zT,
     sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
     N, H, D, DV, NT,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
-    HAS_G: tl.constexpr, HAS_S0: tl.constexpr, FINAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, HAS_S0: tl.constexpr, FINAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
@@ -179,7 +191,7 @@ def _state_fwd(
         x = _tile(kb, sk_n, sk_d, t0, N, D, BT, BK)
         _, kn, kd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
         b_v = _tile(vb, sv_n, sv_d, t0, N, DV - i_v * BV, BT, BV)
-        _, _, w, gL = _weights(t0, N, g, HAS_G, BT)
+        _, _, w, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
         b_h = b_h * gL + _lp(tl.trans(kn * w[:, None]), b_v, DT, PREC)
         b_z = b_z * gL + tl.sum(kd * w[:, None], 0)
         if COS:
@@ -197,11 +209,11 @@ def _state_fwd(
 
 @triton.jit
 def _out_fwd(
-    q, k, v, cs, g_ptr, h, zs, o, den,
+    q, k, v, cs, g_ptr, docs, h, zs, o, den,
     sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, so_b, so_h, so_n, so_d,
     N, H, D, DV, NT, eps,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
-    HAS_G: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
@@ -214,7 +226,7 @@ def _out_fwd(
     b_v = _tile(v + _base(i_bh, H, sv_b, sv_h), sv_n, sv_d, t0, N, DV, BT, BV)
     _, qn, qd = _features(xq, cs, t0, N, D, COS, ROPE, BT, BK)
     _, kn, kd = _features(xk, cs, t0, N, D, COS, ROPE, BT, BK)
-    M, eb, _, _ = _weights(t0, N, g, HAS_G, BT)
+    M, eb, _, _ = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
     hb = (i_bh.to(tl.int64) * NT + i_t) * DF
     hm = (rk < D)[:, None] & (cv < DV)[None, :]
     b_h = tl.load(h + hb * DV + (ONE + rk)[:, None] * DV + cv[None, :], mask=hm, other=0.0)
@@ -260,11 +272,11 @@ def _dden(
 
 @triton.jit
 def _state_bwd(
-    q, cs, g_ptr, do, den, dd, dST, dzT, dh, dzs, dS0, dz0,
+    q, cs, g_ptr, docs, do, den, dd, dST, dzT, dh, dzs, dS0, dz0,
     sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d,
     N, H, D, DV, NT,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
-    HAS_G: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, HAS_DZT: tl.constexpr, D0: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, HAS_DZT: tl.constexpr, D0: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """dh[c], dzs[c]: the gradient of the state after chunk c; dS0, dz0 (D0) that of the state before chunk 0."""
@@ -306,7 +318,7 @@ def _state_bwd(
         x = _tile(qb, sq_n, sq_d, t0, N, D, BT, BK)
         _, qn, qd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
         dN = _tile(dob, sd_n, sd_d, t0, N, DV - i_v * BV, BT, BV)
-        _, eb, _, gL = _weights(t0, N, g, HAS_G, BT)
+        _, eb, _, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
         if NORM:
             dN = dN / _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)[:, None]
         b_dh = b_dh * gL + _lp(tl.trans(qn * eb[:, None]), dN, DT, PREC)
@@ -341,12 +353,12 @@ def _phi_bwd(gf, x, f, COS: tl.constexpr):
 
 @triton.jit
 def _grad(
-    q, k, v, cs, g_ptr, h, zs, do, den, dd, dh, dzs, dq, dk, dv,
+    q, k, v, cs, g_ptr, docs, h, zs, do, den, dd, dh, dzs, dq, dk, dv,
     sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sd_b, sd_h, sd_n, sd_d,
     sdq_b, sdq_h, sdq_n, sdq_d, sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
     N, H, D, DV, NT,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
-    HAS_G: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """dv first (then the scores are dead), dq and dk after; q and k are loaded again for φ' (few tiles live)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
@@ -362,7 +374,7 @@ def _grad(
     if NORM:
         dN = dN / _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)[:, None]
         dD = _rows(dd + i_bh.to(tl.int64) * N, t0, N, BT, 0.0)
-    M, eb, w, _ = _weights(t0, N, g, HAS_G, BT)
+    M, eb, w, _ = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
     hb = (i_bh.to(tl.int64) * NT + i_t) * DF
     hm = (rk < D)[:, None] & (cv < DV)[None, :]
     hoff = (ONE + rk)[:, None] * DV + cv[None, :]
