@@ -151,6 +151,17 @@ def _linrope(impl: str, *plan: tuple, **options):
     return build
 
 
+def _bnhd(impl: str):
+    """linrope's ``impl`` on fla's [B, N, H, d] layout, handed in as transposed views (read in place: no copy)."""
+    inner = _linrope(impl)
+
+    def build(chunk_size, device):
+        call = inner(chunk_size, device)
+        return lambda q, k, v: call(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return build
+
+
 WHOLE = (heads, "ENABLED", False)  # every head in one call, each operation split between torch's threads
 OLD_PLAN = (WHOLE, (scans, "SEQUENTIAL", True))  # before issue 31: a Python loop over chunks in every scan as well
 
@@ -173,6 +184,8 @@ WHAT = {  # what each form that is not a linrope backend computes, and what its 
     "fla-triton": "fla.ops.simple_gla.chunk_simple_gla(q, k, v, scale=1) on fla's [B, N, H, d] layout: fla's own "
     "Triton kernel, unnormalised linear attention with no feature map, RoPE, denominator or decay (CUDA): the speed "
     "bound for linrope on fla",
+    "triton-bnhd": 'linear_attention(impl="triton") on fla\'s [B, N, H, d] layout, handed in as transposed views: '
+    f"{COMPUTES}; linrope's own Triton kernels read any strides, so no transpose copy is timed (CUDA)",
     "fla-naive-torch": "fla.ops.linear_attn.naive.naive_chunk_linear_attn(q, k, v, normalize=True): fla's "
     "pure-PyTorch reference implementation, not its Triton kernel; on the raw q, k, v (no feature map, no RoPE), "
     "normalised; compare with chunk-none",
@@ -202,6 +215,7 @@ def _registry() -> dict[str, Form]:
         ("sdpa", "sdpa softmax", _sdpa, dict(growth=2)),
         ("sdpa-flash", "sdpa flash", _sdpa_flash, dict(growth=2)),
         ("fla-triton", "fla chunk_simple_gla", _fla_triton, dict(layout="BNHD")),
+        ("triton-bnhd", "linrope triton, [B, N, H, d]", _bnhd("triton"), dict(layout="BNHD")),
         (
             "fla-naive-torch",
             "fla naive_chunk_linear_attn (fla's pure-PyTorch reference)",

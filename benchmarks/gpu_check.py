@@ -43,17 +43,26 @@ SHARES = {  # seconds each part may use at least (its timeout when the parts bef
     "cpu": {"env": 30, "kernels": 60, "tests": 60, "train": 60, "fsdp": 60},
 }
 TOTAL_S = {"cuda": 520, "cpu": 290}
-TRAIN_MODELS = ("linear_rope:model.attention.impl=chunk", "linear_rope:model.attention.impl=fla", "softmax_rope")
-LINEAR_CHUNK, LINEAR_FLA, SOFTMAX = TRAIN_MODELS
+TRAIN_MODELS = (
+    "linear_rope:model.attention.impl=chunk",
+    "linear_rope:model.attention.impl=fla",
+    "linear_rope:model.attention.impl=triton",
+    "softmax_rope",
+)
+LINEAR_CHUNK, LINEAR_FLA, LINEAR_TRITON, SOFTMAX = TRAIN_MODELS
 # one process per linear form, each beside the softmax baseline: a CUDA fault in one form's kernels ends its
 # process's CUDA context (2026-11-27: fla's, on an H200), and would otherwise take the other form's rows with it
 TRAIN_PROCESSES = ((LINEAR_CHUNK, SOFTMAX), (LINEAR_FLA, SOFTMAX))
 # the kernel table likewise (registry keys): sdpa flash, the baseline of every ratio, in each process
 KERNEL_PROCESSES = (("sdpa-flash", "chunk"), ("sdpa-flash", "fla-triton", "fla"))
-KERNEL_LABELS = tuple(tuple(REGISTRY[k].label for k in keys) for keys in KERNEL_PROCESSES)  # the rows' forms
-KERNEL_FORMS = ("sdpa-flash", "fla-triton", "fla", "chunk")  # every form of the table, baselines first
-SDPA, FLA_KERNEL, LINROPE_FLA, LINROPE_CHUNK = (REGISTRY[k].label for k in KERNEL_FORMS)
 KERNEL_SHARES = (1, 3)  # how the part's budget divides between them: fla compiles for 75-85 s per kernel set
+# ``--triton`` (issue 50): linrope's own Triton kernels instead, in one process beside sdpa flash and fla's
+# chunk_simple_gla (the ratios its goals set), and impl=triton's training beside softmax_rope
+TRITON_KERNEL_PROCESSES = (("sdpa-flash", "fla-triton", "triton", "triton-bnhd"),)
+TRITON_TRAIN_PROCESSES = ((LINEAR_TRITON, SOFTMAX),)
+KERNEL_FORMS = ("sdpa-flash", "fla-triton", "fla", "chunk", "triton", "triton-bnhd")  # baselines first
+SDPA, FLA_KERNEL, LINROPE_FLA, LINROPE_CHUNK, LINROPE_TRITON, TRITON_BNHD = (REGISTRY[k].label for k in KERNEL_FORMS)
+TRITON_GOAL_NS = (4096, 16384, 65536)  # issue 50: linrope triton within 1.2× of fla chunk_simple_gla at each
 SIZES = {  # what each mode measures
     "cuda": {
         "lengths": [1024, 4096, 16384, 65536],
@@ -264,9 +273,15 @@ def read_rows(path: Path, part: str) -> list[dict]:
     return [r for r in out if r.get("part") == part]
 
 
-def process_of(name: str, processes) -> int:
-    """The process (1-based) that runs ``name``: a form or model of one process only, not a baseline."""
-    return next(i for i, names in enumerate(processes, 1) if name in names)
+def process_of(name: str, processes) -> Optional[int]:
+    """The process (1-based) that runs ``name``: a form or model of one process only, not a baseline (None: no
+    process of this run has it)."""
+    return next((i for i, names in enumerate(processes, 1) if name in names), None)
+
+
+def labels(processes) -> tuple:
+    """The rows' form labels of each kernel process."""
+    return tuple(tuple(REGISTRY[k].label for k in keys) for keys in processes)
 
 
 def part_kernels(ctx) -> dict:
@@ -285,7 +300,8 @@ def part_kernels(ctx) -> dict:
         note = "the table's process " + ("timed out" if res["timed_out"] else f"exited {res['rc']}")
         return [dict(n=n, form=f, note=note) for n in s["lengths"] for f in labels if (n, f) not in done]
 
-    res, rows, _ = processes(ctx, "kernels", KERNEL_PROCESSES, KERNEL_SHARES, command, missing)
+    shares = KERNEL_SHARES[: len(ctx.kernel_processes)]
+    res, rows, _ = processes(ctx, "kernels", ctx.kernel_processes, shares, command, missing)
     failed = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and ctx.device == "cuda")]
     if res["timed_out"]:
         return dict(res, status="timed out", note=f"{sum(r['status'] == 'not run' for r in rows)} rows not run")
@@ -298,7 +314,7 @@ def part_kernels(ctx) -> dict:
 def part_train(ctx) -> dict:
     """benchmarks/train_throughput.py once per entry of TRAIN_PROCESSES, each with an equal share of the budget."""
     s = SIZES[ctx.device]
-    long = ctx.budget("train") / len(TRAIN_PROCESSES) >= s["long_context_s"]
+    long = ctx.budget("train") / len(ctx.train_processes) >= s["long_context_s"]
     ctx.train_context = context = s["context"] if long else s["short_context"]
     fixed = dict(context=context, batch=s["batch"], precision="bf16-mixed")
 
@@ -311,7 +327,7 @@ def part_train(ctx) -> dict:
         note = "timed out" if res["timed_out"] else _last(res, f"exit status {res['rc']}")
         return [dict(fixed, model=m, note=note) for m in models if m not in {r["model"] for r in rows}]
 
-    res, rows, each = processes(ctx, "train", TRAIN_PROCESSES, [1] * len(TRAIN_PROCESSES), command, missing)
+    res, rows, each = processes(ctx, "train", ctx.train_processes, [1] * len(ctx.train_processes), command, missing)
     bad = ("failed", "not run") + (("unavailable",) if ctx.device == "cuda" else ())
     notes = []
     for i, one in enumerate(each, 1):
@@ -367,19 +383,31 @@ def goals(ctx) -> list[list[str]]:
     def quotient(a, b, unit, what):  # "a / b unit = q×", or what was measured of the two
         return f"{a:.2f} / {b:.2f} {unit} = {a / b:.2f}×" if a and b else what
 
-    fla = process_of(LINROPE_FLA, KERNEL_LABELS)
+    kernel_labels = labels(ctx.kernel_processes)
+    fla = process_of(LINROPE_FLA, kernel_labels)
     a, b = kernel_ms(k, GOAL_N, LINROPE_FLA, fla), kernel_ms(k, GOAL_N, FLA_KERNEL, fla)
     measured = quotient(a, b, "ms", f"at N = {GOAL_N}: linrope on fla {_f(a)} ms, fla chunk_simple_gla {_f(b)} ms")
     goal = f"linrope on fla within 1.3× of fla chunk_simple_gla, fwd+bwd, bf16, N = {GOAL_N}"
     out = [[goal, measured, verdict(a / b <= 1.3 if a and b else None)]]
+    tri = process_of(LINROPE_TRITON, kernel_labels)  # issue 50's goals (measured with --triton)
+    for n in TRITON_GOAL_NS:
+        a, b = kernel_ms(k, n, LINROPE_TRITON, tri), kernel_ms(k, n, FLA_KERNEL, tri)
+        measured = quotient(a, b, "ms", f"at N = {n}: linrope triton {_f(a)} ms, fla chunk_simple_gla {_f(b)} ms")
+        goal = f"linrope triton within 1.2× of fla chunk_simple_gla, fwd+bwd, bf16, N = {n}"
+        out.append([goal, measured, verdict(a / b <= 1.2 if a and b else None)])
+    for n, factor in ((GOAL_N, 2.5), (65536, 20)):
+        s, x = kernel_ms(k, n, SDPA, tri), kernel_ms(k, n, LINROPE_TRITON, tri)
+        measured = quotient(s, x, "ms", f"at N = {n}: sdpa flash {_f(s)} ms, linrope triton {_f(x)} ms")
+        goal = f"linrope triton ≥ {factor}× faster than sdpa flash (causal), fwd+bwd, N = {n}"
+        out.append([goal, measured, verdict(s / x >= factor if s and x else None)])
     for form in (LINROPE_FLA, LINROPE_CHUNK):
-        process = process_of(form, KERNEL_LABELS)
+        process = process_of(form, kernel_labels)
         s, x = kernel_ms(k, GOAL_N, SDPA, process), kernel_ms(k, GOAL_N, form, process)  # sdpa of its process
         measured = quotient(s, x, "ms", f"at N = {GOAL_N}: sdpa flash {_f(s)} ms, {form} {_f(x)} ms")
         goal = f"{form} ≥ 5× faster than sdpa flash (causal), fwd+bwd, N = {GOAL_N}"
         out.append([goal, measured, verdict(s / x >= 5 if s and x else None)])
-    for m in (LINEAR_FLA, LINEAR_CHUNK):
-        process = process_of(m, TRAIN_PROCESSES)
+    for m in (LINEAR_FLA, LINEAR_CHUNK, LINEAR_TRITON):
+        process = process_of(m, ctx.train_processes)
         sm = t.get((process, SOFTMAX), {}).get("tokens_per_s")  # the baseline measured in the same process
         lin = t.get((process, m), {}).get("tokens_per_s")
         at = t.get((process, m), {}).get("context", ctx.train_context)
@@ -422,7 +450,8 @@ def report(ctx) -> str:
         f"on {ctx.device}; median of {s['repeats']} after {s['warmup']} warm-up (benchmarks/kernel_time.py). Forms: "
         f"{forms}. Peak MiB: allocated during one fwd+bwd above what was allocated before it (CUDA only). First call s: the first fwd+bwd, Triton's compile and "
         "autotuning included. Process 1 times sdpa flash and linrope chunk, process 2 sdpa flash and the fla forms "
-        "(a CUDA fault ends its process); each ratio is within one process.",
+        "(with `--triton` one process: sdpa flash, fla chunk_simple_gla and linrope's Triton kernels); a CUDA "
+        "fault ends its process; each ratio is within one process.",
         "",
     ]
     k, rows = ctx.rows("kernels"), []
@@ -440,7 +469,8 @@ def report(ctx) -> str:
         f"benchmarks/train_throughput.py --device {ctx.device}: `size={s['size']}`, bf16-mixed (autocast), batch "
         f"{s['batch']}, context {ctx.train_context or '–'}, AdamW + clipping as in training; median of "
         f"{s['train_steps']} timed steps after {s['train_warmup']} warm-up, the models of one process alternating "
-        f"step by step; process 1 runs impl=chunk beside softmax_rope, process 2 impl=fla beside softmax_rope (a "
+        f"step by step; process 1 runs impl=chunk beside softmax_rope, process 2 impl=fla beside softmax_rope (with "
+        f"`--triton`: impl=triton beside softmax_rope, one process) (a "
         f"CUDA fault ends its process). Peak MiB: the model's weights and optimizer state plus the largest rise of allocated memory during one "
         f"of its steps (CUDA only).",
         "",
@@ -475,6 +505,10 @@ class Context:
         self.command += f" --parts {','.join(self.parts)}" if self.parts != list(PARTS) else ""
         self.env, self.tests, self.fsdp, self.results = {}, {}, {}, {}
         self.train_context: Optional[int] = None
+        triton = getattr(args, "triton", False)  # linrope's Triton kernels alone (issue 50)
+        self.kernel_processes = TRITON_KERNEL_PROCESSES if triton else KERNEL_PROCESSES
+        self.train_processes = TRITON_TRAIN_PROCESSES if triton else TRAIN_PROCESSES
+        self.command += " --triton" if triton else ""
         self.finished: Optional[float] = None
 
     def budget(self, part: str) -> float:
@@ -510,6 +544,8 @@ def main(argv=None) -> int:
     parts = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     p.add_argument("--parts", type=parts, default=list(PARTS), help=f"a comma-separated subset of {','.join(PARTS)}")
     budget = f"{TOTAL_S['cuda']} on CUDA, {TOTAL_S['cpu']} with --cpu"
+    triton = "issue 50: the kernel table and training of linrope's Triton kernels (impl=triton) instead"
+    p.add_argument("--triton", action="store_true", help=triton)
     p.add_argument("--total-s", type=float, default=None, help=f"the whole check's budget in s ({budget})")
     p.add_argument("--probe-env", choices=("cuda", "cpu"), help=argparse.SUPPRESS)  # the env part's subprocess
     args = p.parse_args(argv)

@@ -388,7 +388,9 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
         ctx.add_row(
             {"part": "train", "process": process, "model": model, "context": 4096, "status": "ok", "tokens_per_s": tps}
         )
-    within, fla_sdpa, chunk_sdpa, train_fla, train_chunk = gpu_check.goals(ctx)
+    rows = gpu_check.goals(ctx)
+    within, fla_sdpa, chunk_sdpa, train_fla, train_chunk = (rows[i] for i in (0, 6, 7, 8, 9))
+    assert all(r[2] == "not measured" for r in rows[1:6] + rows[10:])  # issue 50's, measured with --triton
     assert within[1].endswith(f"= {fla_ms / 10:.2f}×") and within[2] == met
     assert fla_sdpa[1].endswith(f"= {90 / fla_ms:.2f}×") and fla_sdpa[2] == "yes"
     assert chunk_sdpa[1].endswith("= 4.00×") and chunk_sdpa[2] == "no"
@@ -396,6 +398,25 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
     assert train_chunk[1].endswith("= 0.90×")
     md = gpu_check.report(ctx)
     assert f"| 2 | 16384 | {gpu_check.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
+
+
+def test_device_check_triton_goals_read_their_process(tmp_path):
+    """``--triton``: one kernel process (sdpa flash, fla chunk_simple_gla, linrope triton) and one training process;
+    issue 50's goals read the ratios within it."""
+    args = argparse.Namespace(cpu=False, out=tmp_path, parts=list(gpu_check.PARTS), total_s=None, triton=True)
+    ctx = gpu_check.Context(args)
+    assert ctx.kernel_processes == gpu_check.TRITON_KERNEL_PROCESSES and "--triton" in ctx.command
+    for n, sdpa, fla, ours in ((4096, 5.0, 1.0, 1.1), (16384, 40.0, 2.0, 2.5), (65536, 300.0, 5.0, 14.0)):
+        for form, ms in ((gpu_check.SDPA, sdpa), (gpu_check.FLA_KERNEL, fla), (gpu_check.LINROPE_TRITON, ours)):
+            ctx.add_row({"part": "kernels", "process": 1, "n": n, "form": form, "status": "ok", "fwd_bwd_ms": ms})
+    for model, tps in ((gpu_check.LINEAR_TRITON, 1100.0), (gpu_check.SOFTMAX, 1000.0)):
+        ctx.add_row(
+            {"part": "train", "process": 1, "model": model, "context": 4096, "status": "ok", "tokens_per_s": tps}
+        )
+    rows = gpu_check.goals(ctx)
+    assert [r[2] for r in rows[1:6]] == ["yes", "no", "no", "yes", "yes"]  # ÷ fla 1.10, 1.25, 2.80; sdpa ÷ 16, 21.4
+    assert rows[5][1].endswith(f"= {300 / 14:.2f}×") and rows[10][2] == "yes"
+    assert rows[0][2] == rows[8][2] == "not measured"  # linrope on fla: not in this run
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
@@ -485,7 +506,7 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
         r"^\| `python train.py model=linear_rope size=tiny trainer=fsdp .*\| (missing|unavailable) \|", md, re.M
     )
     goals = md.split("## GPU goals")[1]
-    assert goals.count("\n| ") == 1 + 5  # the header and the five goal rows
+    assert goals.count("\n| ") == 1 + 11  # the header and the eleven goal rows (six of them issue 50's, --triton)
     assert "## summary" in (out / "gpu_check.log").read_text()
 
     # nothing forced to fail: the kernel part alone passes, exit status 0

@@ -1,5 +1,5 @@
 """Layer 1, operators (may import: linrope.base). Attention operators and RoPE's rotation.  ``linear_attention`` checks its arguments once (``Args``), picks a backend from the
-registry (``linear_attn/backends.py``: naive, chunk, recurrent, fla, auto), which says what it supports, and
+registry (``linear_attn/backends.py``: naive, chunk, recurrent, fla, triton, auto), which says what it supports, and
 runs it.  ``recurrent_step`` is the generation step (the registered operator ``linrope::recurrent_step``)."""
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ differentiated tables, device), and runs ``backend.run(q, k, v, args)``.  Every 
     chunk      chunked, hand-written backward: training (the default)
     recurrent  position by position through autograd: a check of the recurrence
     fla        fla's chunked Triton kernels (CUDA and the ``gpu`` extra)
+    triton     linrope's own Triton kernels: φ and RoPE fused, the denominator a running sum (CUDA, triton);
+               ``auto`` takes it once a device check has measured it (not yet)
     auto       chooses: fla where the registry accepts it on a CUDA device and its versions passed the device
                check (``fla_backend.VERIFIED``: fla-core 0.6.0 with triton 3.6.0), else chunk (logged once)
 
@@ -27,7 +29,7 @@ from torch import Tensor
 
 from linrope.base.errors import BackendUnavailable
 
-from . import fla_backend
+from . import fla_backend, triton_backend
 from .chunk import chunk_form
 from .common import Args
 from .naive import naive_form
@@ -129,6 +131,16 @@ BACKENDS = {
             dtypes=(torch.float32, torch.float16, torch.bfloat16),
             grads=("rope_theta",),
             unavailable=fla_backend.unavailable,
+            windowed=False,
+        ),
+        Backend(
+            "triton",
+            "linrope's own Triton kernels: φ and RoPE fused, the denominator a running sum (CUDA)",
+            triton_backend.triton_form,
+            causal_only=True,
+            dtypes=(torch.float32, torch.float16, torch.bfloat16),
+            grads=(),
+            unavailable=triton_backend.unavailable,
             windowed=False,
         ),
         Backend("auto", "fla where it can run on CUDA and passed the device check, else chunk", choose=_auto),

@@ -1,0 +1,427 @@
+"""linrope's own Triton kernels for causal linear attention (``impl="triton"``; the operators are triton_backend.py's).
+
+Imported only when a call runs them (``import linrope.ops`` imports no triton).  Every kernel takes q, k, v, do in
+any strides (linrope's (B, H, N, d) or a transposed view of fla's (B, N, H, d): no copies) and applies φ and RoPE to
+the tiles it loads (``_features``): no float32 copy of the features ever reaches global memory.
+
+Chunks of BT = 64 positions; c the chunk, i, j positions within it, L its length (< 64 for the last one), g = log γ
+of the head (0 without decay), b_i = (i + 1) g.  Every power of γ is exp of a difference that is <= 0, so nothing
+overflows (fla's log-space form):
+
+    M_ij = [j <= i] exp(b_i - b_j)            the intra-chunk weights
+    H_c, z_c                                  state before chunk c (position t0 - 1): S and z of LinearAttentionState
+    num_i = Σ_j M_ij (qn_i·kn_j) v_j + exp(b_i) qn_i H_c
+    den_i = Σ_j M_ij (qd_i·kd_j)     + exp(b_i) qd_i·z_c + eps          (guarded for placement "both")
+    H_c+1 = exp(L g) H_c + Σ_j exp((L-1-j) g) kn_j v_jᵀ,   z_c+1 = exp(L g) z_c + Σ_j exp((L-1-j) g) kd_j
+
+qn, kn the numerator's features (rotated unless the placement is "none"), qd, kd the denominator's (the same for
+"both" and "none", unrotated for "numerator").  The denominator is carried as z beside the state, never a second
+attention.  The cosine map's constant feature 1 is not a column of the tiles: its row of S (``h1``, Σ v) and of z
+(``z1``, a count) are carried apart, and the scores get + 1.
+
+Kernels (grid; what each program does):
+    _state_fwd  (NV, B·H)  sequential over chunks: H_c, z_c for every c (stored for _out_fwd) and the final state
+    _out_fwd    (NT, B·H)  one chunk: the output and the (guarded) denominator, stored for the backward
+    _dden       (NT, B·H)  ∂L/∂den_i = -(do_i·o_i) / den_i (0 where the guard clamped)
+    _state_bwd  (NV, B·H)  reverse over chunks: the gradient of the state after each chunk (and of S0, z0)
+    _grad       (NT, B·H)  one chunk: dq, dk, dv from the recomputed H_c, z_c and the state gradients
+The backward stores nothing from the forward but out and den: _state_fwd runs again (docs/mathematics.md, "Triton
+kernels").  Blocks are 64 wide at least (Hopper miscompiles multi-dot kernels with 16/32-wide blocks, fla_backend.py).
+"""
+
+import triton
+import triton.language as tl
+
+BT = 64  # chunk length
+DEN_FLOOR = 1e-2  # common.DEN_FLOOR (the guard of placement "both")
+TINY = 1.0842021724855044e-19  # torch.finfo(torch.float32).tiny ** 0.5: features.phi's clamp of ‖x‖
+
+
+@triton.jit
+def _base(i_bh, H, s_b, s_h):
+    """The int64 offset of batch row i_bh // H, head i_bh % H."""
+    return (i_bh // H).to(tl.int64) * s_b + (i_bh % H).to(tl.int64) * s_h
+
+
+@triton.jit
+def _tile(ptr, s_n, s_d, t0, N, W, BT: tl.constexpr, BW: tl.constexpr):
+    """Rows t0 … t0+BT-1, columns 0 … BW-1 of a (N, W) matrix in float32, zero outside."""
+    r = t0 + tl.arange(0, BT)
+    c = tl.arange(0, BW)
+    m = (r < N)[:, None] & (c < W)[None, :]
+    return tl.load(ptr + r[:, None] * s_n + c[None, :] * s_d, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rows(ptr, t0, N, BT: tl.constexpr, other):
+    r = t0 + tl.arange(0, BT)
+    return tl.load(ptr + r, mask=r < N, other=other).to(tl.float32)
+
+
+@triton.jit
+def _rotate(x, cos, sin, BT: tl.constexpr, BK: tl.constexpr):
+    """Interleaved RoPE on a (BT, BK) tile: the pair (x[2t], x[2t+1]) turned by the angle of (cos, sin)[:, t]."""
+    a, b = tl.split(tl.reshape(x, (BT, BK // 2, 2)))
+    return tl.reshape(tl.join(a * cos - b * sin, b * cos + a * sin), (BT, BK))
+
+
+@triton.jit
+def _table(cs, t0, N, D, BT: tl.constexpr, BK: tl.constexpr):
+    """cos and sin (BT, BK/2) of positions t0 … from the (N, D/2, 2) float32 table."""
+    r = t0 + tl.arange(0, BT)
+    c = tl.arange(0, BK // 2)
+    m = (r < N)[:, None] & (c < D // 2)[None, :]
+    p = cs + r[:, None].to(tl.int64) * D + 2 * c[None, :]
+    return tl.load(p, mask=m, other=0.0), tl.load(p + 1, mask=m, other=0.0)
+
+
+@triton.jit
+def _phi(x, t0, N, D, COS: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """φ without its constant feature (elu+1, or x/‖x‖ for cosine), zero outside the rows and columns."""
+    r = t0 + tl.arange(0, BT)
+    c = tl.arange(0, BK)
+    m = (r < N)[:, None] & (c < D)[None, :]
+    if COS:
+        f = x / tl.maximum(tl.sqrt(tl.sum(x * x, 1)), TINY)[:, None]
+    else:
+        f = tl.where(x > 0, x + 1.0, tl.exp(x))
+    return tl.where(m, f, 0.0)
+
+
+@triton.jit
+def _features(x, cs, t0, N, D, COS: tl.constexpr, ROPE: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """(φ, the numerator's features, the denominator's) of a loaded tile x.  ROPE: 0 none, 1 numerator, 2 both."""
+    f = _phi(x, t0, N, D, COS, BT, BK)
+    if ROPE == 0:
+        return f, f, f
+    cos, sin = _table(cs, t0, N, D, BT, BK)
+    fn = _rotate(f, cos, sin, BT, BK)
+    if ROPE == 1:
+        return f, fn, f
+    return f, fn, fn
+
+
+@triton.jit
+def _weights(t0, N, g, docs, i_bh, H, HAS_G: tl.constexpr, DOCS: tl.constexpr, BT: tl.constexpr):
+    """(M (BT, BT), exp(b_i), exp((L-1-j) g) (0 past the end), exp(L g)) of the chunk at t0.  With packed documents
+    (ids non-decreasing along a row) each is 0 across a boundary: M between documents, exp(b_i) for a query after a
+    boundary in the chunk (it does not read the state entering it), the key weight for a key before one (it does not
+    enter the state leaving it), exp(L g) for a chunk that holds one (the state is not carried across it)."""
+    i = tl.arange(0, BT)
+    ok = (t0 + i) < N
+    L = tl.minimum(N - t0, BT)
+    causal = i[:, None] >= i[None, :]
+    if HAS_G:
+        b = (i + 1).to(tl.float32) * g
+        M = tl.where(causal, tl.exp(b[:, None] - b[None, :]), 0.0)
+        eb = tl.where(ok, tl.exp(b), 0.0)
+        w = tl.where(ok, tl.exp(L.to(tl.float32) * g - b), 0.0)
+        gL = tl.exp(L.to(tl.float32) * g)
+    else:
+        M = tl.where(causal, 1.0, 0.0)
+        eb = tl.where(ok, 1.0, 0.0)
+        w = eb
+        gL = 1.0
+    if DOCS:
+        db = docs + (i_bh // H).to(tl.int64) * N
+        di = tl.load(db + t0 + i, mask=ok, other=-1)
+        prev = tl.load(db + tl.maximum(t0 - 1, 0))  # the position before the chunk (the row's first: the state)
+        last = tl.load(db + t0 + L - 1)
+        M = tl.where(di[:, None] == di[None, :], M, 0.0)
+        eb = tl.where(di == prev, eb, 0.0)
+        w = tl.where(di == last, w, 0.0)
+        gL = tl.where(last == prev, gL, 0.0)
+    return M, eb, w, gL
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr):
+    """A float32 product (operands float32: tf32 or ieee by PREC)."""
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+
+
+@triton.jit
+def _lp(a, b, DT: tl.constexpr, PREC: tl.constexpr):
+    """A product over chunk positions, operands in DT (bfloat16 for bfloat16 inputs, else float32), float32 sum."""
+    if DT == tl.float32:
+        return tl.dot(a, b, input_precision=PREC)
+    return tl.dot(a.to(DT), b.to(DT))
+
+
+@triton.jit
+def _state_fwd(
+    k, v, cs, g_ptr, docs, S0, z0, h, zs, ST, zT,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+    N, H, D, DV, NT,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, HAS_S0: tl.constexpr, FINAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    ONE: tl.constexpr = 1 if COS else 0
+    DF = D + ONE
+    kb = k + _base(i_bh, H, sk_b, sk_h)
+    vb = v + _base(i_bh, H, sv_b, sv_h) + (i_v * BV).to(tl.int64) * sv_d
+    rk = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    km, vm = rk < D, cv < DV
+    hm = km[:, None] & vm[None, :]
+    hoff = (ONE + rk)[:, None] * DV + cv[None, :]  # S's rows of the rotated features, in (DF, DV)
+    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    b_z = tl.zeros([BK], dtype=tl.float32)
+    b_h1 = tl.zeros([BV], dtype=tl.float32)
+    b_z1 = tl.sum(tl.zeros([BV], dtype=tl.float32), 0)
+    sb = i_bh.to(tl.int64) * DF
+    if HAS_S0:
+        b_h += tl.load(S0 + sb * DV + hoff, mask=hm, other=0.0)
+        b_z += tl.load(z0 + sb + ONE + rk, mask=km, other=0.0)
+        if COS:
+            b_h1 += tl.load(S0 + sb * DV + cv, mask=vm, other=0.0)
+            b_z1 += tl.load(z0 + sb)
+    for i_t in range(NT):
+        t0 = i_t * BT
+        hb = (i_bh.to(tl.int64) * NT + i_t) * DF
+        tl.store(h + hb * DV + hoff, b_h, mask=hm)
+        if i_v == 0:
+            tl.store(zs + hb + ONE + rk, b_z, mask=km)
+        if COS:
+            tl.store(h + hb * DV + cv, b_h1, mask=vm)
+            if i_v == 0:
+                tl.store(zs + hb, b_z1)
+        x = _tile(kb, sk_n, sk_d, t0, N, D, BT, BK)
+        _, kn, kd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
+        b_v = _tile(vb, sv_n, sv_d, t0, N, DV - i_v * BV, BT, BV)
+        _, _, w, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+        b_h = b_h * gL + _lp(tl.trans(kn * w[:, None]), b_v, DT, PREC)
+        b_z = b_z * gL + tl.sum(kd * w[:, None], 0)
+        if COS:
+            b_h1 = b_h1 * gL + tl.sum(b_v * w[:, None], 0)
+            b_z1 = b_z1 * gL + tl.sum(w, 0)
+    if FINAL:
+        tl.store(ST + sb * DV + hoff, b_h, mask=hm)
+        if i_v == 0:
+            tl.store(zT + sb + ONE + rk, b_z, mask=km)
+        if COS:
+            tl.store(ST + sb * DV + cv, b_h1, mask=vm)
+            if i_v == 0:
+                tl.store(zT + sb, b_z1)
+
+
+@triton.jit
+def _out_fwd(
+    q, k, v, cs, g_ptr, docs, h, zs, o, den,
+    sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, so_b, so_h, so_n, so_d,
+    N, H, D, DV, NT, eps,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    ONE: tl.constexpr = 1 if COS else 0
+    DF = D + ONE
+    t0 = i_t * BT
+    rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
+    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
+    xq = _tile(q + _base(i_bh, H, sq_b, sq_h), sq_n, sq_d, t0, N, D, BT, BK)
+    xk = _tile(k + _base(i_bh, H, sk_b, sk_h), sk_n, sk_d, t0, N, D, BT, BK)
+    b_v = _tile(v + _base(i_bh, H, sv_b, sv_h), sv_n, sv_d, t0, N, DV, BT, BV)
+    _, qn, qd = _features(xq, cs, t0, N, D, COS, ROPE, BT, BK)
+    _, kn, kd = _features(xk, cs, t0, N, D, COS, ROPE, BT, BK)
+    M, eb, _, _ = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+    hb = (i_bh.to(tl.int64) * NT + i_t) * DF
+    hm = (rk < D)[:, None] & (cv < DV)[None, :]
+    b_h = tl.load(h + hb * DV + (ONE + rk)[:, None] * DV + cv[None, :], mask=hm, other=0.0)
+    A = (_lp(qn, tl.trans(kn), DT, PREC) + ONE) * M
+    num = _lp(A, b_v, DT, PREC) + eb[:, None] * _mm(qn, b_h, PREC)
+    if COS:
+        num += eb[:, None] * tl.load(h + hb * DV + cv, mask=cv < DV, other=0.0)[None, :]
+    if NORM:
+        b_z = tl.load(zs + hb + ONE + rk, mask=rk < D, other=0.0)
+        if ROPE == 1:
+            Ad = (_lp(qd, tl.trans(kd), DT, PREC) + ONE) * M
+        else:
+            Ad = A
+        inter = tl.sum(qd * b_z[None, :], 1)
+        if COS:
+            inter += tl.load(zs + hb)
+        dn = tl.sum(Ad, 1) + eb * inter + eps
+        if ROPE == 2:
+            dn = tl.where(tl.abs(dn) < DEN_FLOOR, tl.where(dn < 0, -DEN_FLOOR, DEN_FLOOR), dn)
+        num = num / dn[:, None]
+        tl.store(den + i_bh.to(tl.int64) * N + rt, dn, mask=rt < N)
+    ob = o + _base(i_bh, H, so_b, so_h)
+    om = (rt < N)[:, None] & (cv < DV)[None, :]
+    tl.store(ob + rt[:, None] * so_n + cv[None, :] * so_d, num.to(o.dtype.element_ty), mask=om)
+
+
+@triton.jit
+def _dden(
+    do, o, den, dd, sd_b, sd_h, sd_n, sd_d, so_b, so_h, so_n, so_d, N, H, DV,
+    BT: tl.constexpr, BV: tl.constexpr, GUARD: tl.constexpr,
+):  # fmt: skip
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    t0 = i_t * BT
+    b_do = _tile(do + _base(i_bh, H, sd_b, sd_h), sd_n, sd_d, t0, N, DV, BT, BV)
+    b_o = _tile(o + _base(i_bh, H, so_b, so_h), so_n, so_d, t0, N, DV, BT, BV)
+    dn = _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)
+    g = -tl.sum(b_do * b_o, 1) / dn
+    if GUARD:
+        g = tl.where(tl.abs(dn) > DEN_FLOOR, g, 0.0)
+    rt = t0 + tl.arange(0, BT)
+    tl.store(dd + i_bh.to(tl.int64) * N + rt, g, mask=rt < N)
+
+
+@triton.jit
+def _state_bwd(
+    q, cs, g_ptr, docs, do, den, dd, dST, dzT, dh, dzs, dS0, dz0,
+    sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d,
+    N, H, D, DV, NT,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, HAS_DZT: tl.constexpr, D0: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """dh[c], dzs[c]: the gradient of the state after chunk c; dS0, dz0 (D0) that of the state before chunk 0."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    ONE: tl.constexpr = 1 if COS else 0
+    DF = D + ONE
+    qb = q + _base(i_bh, H, sq_b, sq_h)
+    dob = do + _base(i_bh, H, sd_b, sd_h) + (i_v * BV).to(tl.int64) * sd_d
+    rk = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    km, vm = rk < D, cv < DV
+    hm = km[:, None] & vm[None, :]
+    hoff = (ONE + rk)[:, None] * DV + cv[None, :]
+    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
+    sb = i_bh.to(tl.int64) * DF
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    b_dz = tl.zeros([BK], dtype=tl.float32)
+    b_dh1 = tl.zeros([BV], dtype=tl.float32)
+    b_dz1 = tl.sum(tl.zeros([BV], dtype=tl.float32), 0)
+    if HAS_DST:
+        b_dh += tl.load(dST + sb * DV + hoff, mask=hm, other=0.0)
+        if COS:
+            b_dh1 += tl.load(dST + sb * DV + cv, mask=vm, other=0.0)
+    if HAS_DZT:
+        b_dz += tl.load(dzT + sb + ONE + rk, mask=km, other=0.0)
+        if COS:
+            b_dz1 += tl.load(dzT + sb)
+    for j in range(NT):
+        i_t = NT - 1 - j
+        t0 = i_t * BT
+        hb = (i_bh.to(tl.int64) * NT + i_t) * DF
+        tl.store(dh + hb * DV + hoff, b_dh, mask=hm)
+        if i_v == 0:
+            tl.store(dzs + hb + ONE + rk, b_dz, mask=km)
+        if COS:
+            tl.store(dh + hb * DV + cv, b_dh1, mask=vm)
+            if i_v == 0:
+                tl.store(dzs + hb, b_dz1)
+        x = _tile(qb, sq_n, sq_d, t0, N, D, BT, BK)
+        _, qn, qd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
+        dN = _tile(dob, sd_n, sd_d, t0, N, DV - i_v * BV, BT, BV)
+        _, eb, _, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+        if NORM:
+            dN = dN / _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)[:, None]
+        b_dh = b_dh * gL + _lp(tl.trans(qn * eb[:, None]), dN, DT, PREC)
+        b_dz = b_dz * gL
+        b_dz1 = b_dz1 * gL
+        if COS:
+            b_dh1 = b_dh1 * gL + tl.sum(dN * eb[:, None], 0)
+        if NORM:
+            e = eb * _rows(dd + i_bh.to(tl.int64) * N, t0, N, BT, 0.0)
+            b_dz += tl.sum(qd * e[:, None], 0)
+            if COS:
+                b_dz1 += tl.sum(e, 0)
+    if D0:
+        tl.store(dS0 + sb * DV + hoff, b_dh, mask=hm)
+        if i_v == 0:
+            tl.store(dz0 + sb + ONE + rk, b_dz, mask=km)
+        if COS:
+            tl.store(dS0 + sb * DV + cv, b_dh1, mask=vm)
+            if i_v == 0:
+                tl.store(dz0 + sb, b_dz1)
+
+
+@triton.jit
+def _phi_bwd(gf, x, f, COS: tl.constexpr):
+    """∂L/∂x from ∂L/∂f, f = φ(x) (features.phi_backward_)."""
+    if COS:
+        r = tl.sqrt(tl.sum(x * x, 1))
+        fg = tl.where(r >= TINY, tl.sum(f * gf, 1), 0.0)
+        return (gf - f * fg[:, None]) / tl.maximum(r, TINY)[:, None]
+    return gf * tl.minimum(f, 1.0)
+
+
+@triton.jit
+def _grad(
+    q, k, v, cs, g_ptr, docs, h, zs, do, den, dd, dh, dzs, dq, dk, dv,
+    sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sd_b, sd_h, sd_n, sd_d,
+    sdq_b, sdq_h, sdq_n, sdq_d, sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
+    N, H, D, DV, NT,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """dv first (then the scores are dead), dq and dk after; q and k are loaded again for φ' (few tiles live)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    ONE: tl.constexpr = 1 if COS else 0
+    DF = D + ONE
+    t0 = i_t * BT
+    rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
+    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
+    qb, kb = q + _base(i_bh, H, sq_b, sq_h), k + _base(i_bh, H, sk_b, sk_h)
+    _, qn, qd = _features(_tile(qb, sq_n, sq_d, t0, N, D, BT, BK), cs, t0, N, D, COS, ROPE, BT, BK)
+    _, kn, kd = _features(_tile(kb, sk_n, sk_d, t0, N, D, BT, BK), cs, t0, N, D, COS, ROPE, BT, BK)
+    dN = _tile(do + _base(i_bh, H, sd_b, sd_h), sd_n, sd_d, t0, N, DV, BT, BV)
+    if NORM:
+        dN = dN / _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)[:, None]
+        dD = _rows(dd + i_bh.to(tl.int64) * N, t0, N, BT, 0.0)
+    M, eb, w, _ = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+    hb = (i_bh.to(tl.int64) * NT + i_t) * DF
+    hm = (rk < D)[:, None] & (cv < DV)[None, :]
+    hoff = (ONE + rk)[:, None] * DV + cv[None, :]
+    b_dh = tl.load(dh + hb * DV + hoff, mask=hm, other=0.0)
+    # dv = Aᵀ dN + w kn dH (+ w dH's constant row)
+    A = (_lp(qn, tl.trans(kn), DT, PREC) + ONE) * M
+    dvv = _lp(tl.trans(A), dN, DT, PREC) + w[:, None] * _mm(kn, b_dh, PREC)
+    if COS:
+        dvv += w[:, None] * tl.load(dh + hb * DV + cv, mask=cv < DV, other=0.0)[None, :]
+    mv = (rt < N)[:, None] & (cv < DV)[None, :]
+    pv = dv + _base(i_bh, H, sdv_b, sdv_h) + rt[:, None] * sdv_n + cv[None, :] * sdv_d
+    tl.store(pv, dvv.to(dv.dtype.element_ty), mask=mv)
+    # dq, dk of the numerator's features (and of the denominator's where they are the same)
+    b_v = _tile(v + _base(i_bh, H, sv_b, sv_h), sv_n, sv_d, t0, N, DV, BT, BV)
+    dP = _lp(dN, tl.trans(b_v), DT, PREC)
+    if NORM and ROPE != 1:  # shared features: the denominator is a value column of ones
+        dP += dD[:, None]
+    dP = dP * M
+    b_h = tl.load(h + hb * DV + hoff, mask=hm, other=0.0)
+    dqn = _lp(dP, kn, DT, PREC) + eb[:, None] * _mm(dN, tl.trans(b_h), PREC)
+    dkn = _lp(tl.trans(dP), qn, DT, PREC) + w[:, None] * _mm(b_v, tl.trans(b_dh), PREC)
+    b_z = tl.load(zs + hb + ONE + rk, mask=rk < D, other=0.0)
+    b_dz = tl.load(dzs + hb + ONE + rk, mask=rk < D, other=0.0)
+    if ROPE == 1:  # the denominator's own, unrotated features
+        dkd = w[:, None] * b_dz[None, :]
+        if NORM:
+            dqd = dD[:, None] * (_lp(M, kd, DT, PREC) + eb[:, None] * b_z[None, :])
+            dkd += _lp(tl.trans(M), qd * dD[:, None], DT, PREC)
+    else:
+        dkn += w[:, None] * b_dz[None, :]
+        if NORM:
+            dqn += (eb * dD)[:, None] * b_z[None, :]
+    if ROPE != 0:  # back through the rotation: the inverse turn
+        cos, sin = _table(cs, t0, N, D, BT, BK)
+        dqn = _rotate(dqn, cos, -sin, BT, BK)
+        dkn = _rotate(dkn, cos, -sin, BT, BK)
+    if ROPE == 1:
+        dkn += dkd
+        if NORM:
+            dqn += dqd
+    # back through φ, from q and k loaded again
+    xq = _tile(qb, sq_n, sq_d, t0, N, D, BT, BK)
+    xk = _tile(kb, sk_n, sk_d, t0, N, D, BT, BK)
+    gq = _phi_bwd(dqn, xq, _phi(xq, t0, N, D, COS, BT, BK), COS)
+    gk = _phi_bwd(dkn, xk, _phi(xk, t0, N, D, COS, BT, BK), COS)
+    m = (rt < N)[:, None] & (rk < D)[None, :]
+    pq = dq + _base(i_bh, H, sdq_b, sdq_h) + rt[:, None] * sdq_n + rk[None, :] * sdq_d
+    pk = dk + _base(i_bh, H, sdk_b, sdk_h) + rt[:, None] * sdk_n + rk[None, :] * sdk_d
+    tl.store(pq, gq.to(dq.dtype.element_ty), mask=m)
+    tl.store(pk, gk.to(dk.dtype.element_ty), mask=m)

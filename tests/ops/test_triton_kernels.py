@@ -1,0 +1,283 @@
+"""impl="triton" (linrope's own Triton kernels, triton_kernels.py) under Triton's interpreter on the CPU.
+
+Every case draws its own inputs and compares the outputs, final states and the gradients of q, k, v and the
+initial state with the float64 naive form on the same (rounded) inputs, every buffer the kernels fill poisoned with
+NaN first (``poison_buffers``: an element a kernel leaves unwritten shows).  Tolerances, relative (the norm of the
+difference over the reference's): FLOAT32_TOL for float32 (the kernels sum in float32 and multiply exactly under the
+interpreter; seen <= 3e-7), FLOAT16_TOL for float16 inputs (computed in float32, the output and gradients rounded to
+float16, 2^-11 relative each; seen <= 3e-4) and FP16_DOT_TOL for float16 inputs multiplied in float16
+(``FP16_DOTS``: the casts bfloat16 inputs take on a GPU, on a dtype the interpreter multiplies right; seen <= 6e-4).
+bfloat16 is not tested here: the interpreter's bfloat16 ``tl.dot`` is wrong (tests/ops/fla_interpreter.py); the
+device check tests it (benchmarks/gpu_check.py).
+
+The interpreter is patched as for fla (tests/ops/fla_interpreter.py: one autotune configuration, loop counters as
+tensors), process-wide, so these tests skip where CUDA is available, and where triton 3.9.x is not installed.  The
+default suite runs a few small cases (N <= 130, d = 8); ``-m slow`` the grid.
+"""
+
+import importlib
+import importlib.util
+import itertools
+import sys
+
+import pytest
+import torch
+
+import tests.ops.fla_interpreter as fla_interpreter
+from linrope.base.errors import BackendUnavailable
+from linrope.ops import linear_attention
+from linrope.ops.linear_attn import triton_backend
+from linrope.ops.linear_attn.buffers import poison_buffers
+from tests.helpers import gen, rel
+from tests.ops.fla_cases import DECAY, inputs, results
+
+FLOAT32_TOL = 2e-5
+FLOAT16_TOL = 5e-3
+FP16_DOT_TOL = 1e-2
+NAMES = ["out", "S", "z", "dq", "dk", "dv", "dS0", "dz0"]
+MODULE = "linrope.ops.linear_attn.triton_kernels"
+
+
+def refusal():
+    """Why the interpreter cannot or must not run these kernels here, or None."""
+    if torch.cuda.is_available() or torch.cuda.is_initialized():
+        return "CUDA is available: the interpreter's patches are process-wide (run with CUDA_VISIBLE_DEVICES='')"
+    if importlib.util.find_spec("triton") is None:
+        return "triton not installed (the interp extra, CPU torch: pip install -e '.[interp]')"
+    version = fla_interpreter.triton_version()
+    if not version.startswith(fla_interpreter.TRITON_SERIES):
+        return f"triton {version} installed; the interpreter tests need triton {fla_interpreter.TRITON_SERIES}x"
+    return None
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """linrope's kernels interpreted (decorated with TRITON_INTERPRET=1), every buffer NaN-poisoned."""
+    reason = refusal()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fla_interpreter._patch_autotune()
+    fla_interpreter._patch_counters()
+    fla_interpreter._patch_early_helpers()
+    from triton.runtime.interpreter import InterpretedFunction
+
+    module = sys.modules.get(MODULE)
+    if module is not None and not isinstance(module._grad, InterpretedFunction):
+        importlib.reload(module)  # decorated before the interpreter was switched on
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with poison_buffers():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def packed(n: int, B: int = 2) -> torch.Tensor:
+    """(B, n) ids of packed documents: starts inside a chunk, on a chunk's first position (64), at its last (127)."""
+    ids = torch.zeros(B, n, dtype=torch.long)
+    for b, starts in enumerate([(10, 64, 100), (63, 70, 127)][:B]):
+        for s in starts:
+            ids[b, s:] += s < n
+    return ids
+
+
+def compare(
+    feature_map, rope, decayed, initial, n, dtype=torch.float32, tol=FLOAT32_TOL, normalize=True, docs=False, **shape
+):
+    key = ("triton", feature_map, rope, decayed, initial, n, str(dtype), normalize, docs, tuple(shape.items()))
+    decay = DECAY if decayed else None
+    q, k, v, S0, z0 = inputs(key, feature_map=feature_map, rope=rope, decay=decay, n=n, initial=initial, **shape)
+    if dtype != torch.float32:  # the reference sees exactly the rounded inputs and state
+        q, k, v = (x.to(dtype).float() for x in (q, k, v))
+        S0, z0 = (None if x is None else x.to(dtype).float() for x in (S0, z0))
+    kw = dict(feature_map=feature_map, rope=rope, decay=decay, normalize=normalize)
+    if docs:
+        kw["documents"] = packed(n, shape.get("B", 2)).to(q.device)
+    ref = results("naive", torch.float64, q, k, v, S0, z0, **kw)
+    got = results("triton", dtype, q, k, v, S0, z0, **kw)
+    assert got[0].dtype == dtype and got[1].dtype == torch.float32 and got[2].dtype == torch.float32
+    assert all(torch.isfinite(t).all() for t in got)
+    errors = {name: rel(a, b) for name, a, b in zip(NAMES, got, ref)}
+    print(f"triton {key[1:]}: largest relative error {max(errors.values()):.2e} ({max(errors, key=errors.get)})")
+    assert max(errors.values()) < tol, errors
+    return errors
+
+
+# feature map, placement, decay, initial state, N (none a multiple of 64 but one), dtype, normalize
+CASES = [
+    ("elu", "numerator", True, True, 130, torch.float32, True),
+    ("cosine", "both", True, True, 100, torch.float32, True),
+    ("elu", "none", False, False, 70, torch.float32, False),
+    ("cosine", "numerator", False, True, 64, torch.float16, True),
+]
+
+
+@pytest.mark.parametrize("feature_map, rope, decayed, initial, n, dtype, normalize", CASES)
+def test_matches_naive(interpreted, feature_map, rope, decayed, initial, n, dtype, normalize):
+    tol = FLOAT32_TOL if dtype == torch.float32 else FLOAT16_TOL
+    compare(feature_map, rope, decayed, initial, n, dtype, tol, normalize)
+
+
+@pytest.mark.parametrize("feature_map, rope, normalize", [("elu", "numerator", True), ("cosine", "both", False)])
+def test_packed_documents_match_naive(interpreted, feature_map, rope, normalize):
+    """The state resets where a document starts (inside a chunk, at a chunk's first and last position); the initial
+    state reaches the row's first document, the final state is the last document's."""
+    compare(feature_map, rope, True, True, 130, normalize=normalize, docs=True)
+
+
+def test_float16_products_match_naive(interpreted, monkeypatch):
+    """float16 operands in the chunk products: the casts a bfloat16 input takes on a GPU, where the interpreter can
+    check them."""
+    monkeypatch.setattr(triton_backend, "FP16_DOTS", True)
+    compare("elu", "numerator", True, True, 100, torch.float16, FP16_DOT_TOL)
+
+
+def test_fla_layout_is_read_in_place(interpreted):
+    """(B, N, H, d) tensors handed in transposed: the same result as contiguous ones, the output and the gradients in
+    the inputs' layout (no copy on the way in or out)."""
+    g = gen("triton layout")
+    q, k, v = (torch.randn(2, 70, 2, w, generator=g) for w in (8, 8, 6))  # (B, N, H, d)
+    views = [x.transpose(1, 2).requires_grad_() for x in (q.clone(), k.clone(), v.clone())]
+    dense = [x.transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v)]
+    w = torch.randn(2, 2, 70, 6, generator=g)
+    outs = []
+    for leaves in (views, dense):
+        out = linear_attention(*leaves, impl="triton", decay=DECAY)
+        (out * w).sum().backward()
+        outs.append([out] + [x.grad for x in leaves])
+    assert outs[0][0].transpose(1, 2).is_contiguous() and outs[0][1].transpose(1, 2).is_contiguous()
+    for a, b in zip(*outs):
+        assert rel(a, b) < 1e-6
+
+
+def test_autocast_does_not_reach_inside(interpreted):
+    """Under CPU autocast (bfloat16) the inputs' dtype decides: float16 in, float16 out, the same values as without
+    (CPU autocast to float16 inputs of bfloat16 is not testable here: the interpreter's bfloat16 products are wrong)."""
+    g = gen("triton autocast")
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=g).half() for _ in range(3))
+    plain = linear_attention(q, k, v, impl="triton")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = linear_attention(q, k, v, impl="triton")
+    assert auto.dtype == torch.float16 and torch.equal(auto, plain)
+
+
+def test_refusals_are_one_line(monkeypatch):
+    q = torch.randn(1, 2, 8, 4)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    cases = [
+        (dict(causal=False), "impl=triton is causal only"),
+        (dict(window=2), "impl=triton takes no window"),
+        (dict(decay=torch.full((2,), 0.9, requires_grad=True)), "impl=triton does not differentiate decay"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            linear_attention(q, q, q, impl="triton", **kw)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="computes in float32 at most"):
+        linear_attention(q.double(), q.double(), q.double(), impl="triton")
+    with pytest.raises(ValueError, match="head widths up to 256"):
+        big = torch.randn(1, 1, 2, 258)
+        linear_attention(big, big, big, impl="triton")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    if triton_backend.INSTALLED:
+        with pytest.raises(BackendUnavailable, match="need a CUDA device \\(here: cpu\\)"):
+            linear_attention(q, q, q, impl="triton")
+
+
+def test_empty_sequence_keeps_the_state(interpreted):
+    q = torch.randn(1, 2, 0, 4)
+    S0, z0 = torch.randn(1, 2, 4, 4), torch.rand(1, 2, 4)
+    from linrope.ops.linear_attn.common import LinearAttentionState
+
+    out, (S, z) = linear_attention(
+        q, q, q, impl="triton", initial_state=LinearAttentionState(S0, z0), output_final_state=True
+    )
+    assert out.shape == q.shape and torch.equal(S, S0) and torch.equal(z, z0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feature_map, rope", list(itertools.product(("elu", "cosine"), ("numerator", "both", "none"))))
+@pytest.mark.parametrize("decayed_initial", [False, True])
+@pytest.mark.parametrize("n", [1, 193])
+def test_grid_matches_naive(interpreted, feature_map, rope, decayed_initial, n):
+    # one position and no state: o = v·s/(s + eps), whose gradient in q is eps-small (8e-8 against dv's 19) and
+    # cancels to float32's rounding in every form (the chunk form's dq is off by 130% too): no relative comparison
+    compare(feature_map, rope, decayed_initial, decayed_initial or n == 1, n)
+    compare(feature_map, rope, not decayed_initial, decayed_initial, n, normalize=False)
+    if n > 1:
+        compare(feature_map, rope, decayed_initial, decayed_initial, n, docs=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feature_map, rope", list(itertools.product(("elu", "cosine"), ("numerator", "none"))))
+def test_grid_float16_matches_naive(interpreted, feature_map, rope):
+    # (placement "both" with a float16-rounded state: its denominator cancels, and the chunk form is off by 3e-2 too)
+    compare(feature_map, rope, True, True, 150, torch.float16, FLOAT16_TOL)
+
+
+@pytest.mark.slow
+def test_long_float16_does_not_overflow(interpreted):
+    """The denominator grows like 86·t (elu+1, d = 64): past float16's 65504 within a thousand positions.  It is
+    float32 inside the kernels; d = 64, N = 1100 here."""
+    g = gen("triton long float16")
+    q, k, v = (torch.randn(1, 1, 1100, 64, generator=g) for _ in range(3))
+    q, k, v = (x.half().float() for x in (q, k, v))
+    ref = linear_attention(q.double(), k.double(), v.double(), impl="naive")
+    got = linear_attention(q.half(), k.half(), v.half(), impl="triton")
+    assert torch.isfinite(got).all() and rel(got, ref) < FLOAT16_TOL
+
+
+@pytest.mark.slow
+def test_opcheck(interpreted):
+    """The operators' fake implementations and autograd registration agree with the kernels (torch.library)."""
+    g = gen("triton opcheck")
+    q, k, v = (torch.randn(1, 2, 70, 8, generator=g).requires_grad_() for _ in range(3))
+    S0, z0 = torch.randn(1, 2, 8, 8, requires_grad=True), torch.rand(1, 2, 8, requires_grad=True)
+    args = (q, k, v, S0, z0, None, None, DECAY, "elu", "numerator", 1e-6, True, True)
+    torch.library.opcheck(torch.ops.linrope.triton_fwd.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.slow
+def test_compiles_without_graph_breaks(interpreted):
+    g = gen("triton compile")
+    q, k, v = (torch.randn(1, 2, 70, 8, generator=g).requires_grad_() for _ in range(3))
+
+    def f(q, k, v):
+        return linear_attention(q, k, v, impl="triton", decay=DECAY).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    assert rel(compiled(q, k, v), f(q, k, v)) < 1e-6
+
+
+SLOW = pytest.mark.slow  # each dtype and map compiles its own five kernels: the device check's tests part has 60 s
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "dtype, tol, feature_map, rope",
+    [
+        (torch.bfloat16, 3e-2, "elu", "numerator"),  # the training path
+        pytest.param(torch.float16, FLOAT16_TOL, "elu", "numerator", marks=SLOW),
+        pytest.param(torch.float32, 1e-4, "elu", "numerator", marks=SLOW),
+        pytest.param(torch.bfloat16, 3e-2, "cosine", "both", marks=SLOW),
+        pytest.param(torch.float32, 1e-4, "cosine", "both", marks=SLOW),
+    ],
+)
+def test_cuda_matches_naive(dtype, tol, feature_map, rope):
+    """On a GPU (the device check's tests part): compiled kernels, d = d_v = 64, N = 1000, decay and an initial
+    state, against float64 naive on the rounded inputs.  bfloat16: its products' operands are rounded to 8 bits
+    (2^-9 relative each); float32: exact float32 products ("ieee"), float32 sums in another order."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    assert not fla_interpreter.patched(), "the interpreter's patches are in this process: kernels would be interpreted"
+    compare(feature_map, rope, True, True, 1000, dtype, tol, B=1, H=2, d=64, dv=64, device="cuda")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rope", ["numerator", "both"])
+def test_wide_heads_match_naive(interpreted, rope):
+    """d = 66 (128-wide tiles, masked) and d_v = 72: two value blocks in the sequential kernels, one in the others."""
+    compare("cosine", rope, True, True, 70, B=1, H=2, d=66, dv=72)
