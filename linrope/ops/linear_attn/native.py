@@ -117,34 +117,30 @@ static inline float exp_nonpos(float x) {
 }
 static inline double exp_nonpos(double x) { return std::exp(x); }
 
-static inline float as_float(float v) { return v; }
-static inline double as_float(double v) { return v; }
-static inline float as_float(at::BFloat16 v) { return static_cast<float>(v); }
-static inline float as_float(at::Half v) { return static_cast<float>(v); }
 
 // x (B, H, n, d) with strides sb, sh, sn (and 1); cs (n, d) holding (cos, sin) of every pair; f, r (B, H, n, d)
 // contiguous: f = elu(x) + 1, r = f rotated (interleaved pairs)
-template <typename I, typename T>
+template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
-static void elu_rope_rows(const I* x, int64_t sb, int64_t sh, int64_t sn, const T* cs, T* f, T* r,
+static void elu_rope_rows(const T* x, int64_t sb, int64_t sh, int64_t sn, const T* cs, T* f, T* r,
                           int64_t r0, int64_t r1, int64_t H, int64_t n, int64_t d) {
-      for (int64_t row = r0; row < r1; ++row) {  // row = (b * H + h) * n + i
-        const int64_t b = row / (H * n), h = row / n % H, i = row % n;
-        const I* xi = x + b * sb + h * sh + i * sn;
-        const int64_t o = row * d;
-        T* fi = f + o; T* ri = r + o; const T* c = cs + i * d;
-        #pragma omp simd
-        for (int64_t t = 0; t < d; ++t) {
-          const T v = as_float(xi[t]);
-          fi[t] = v > T(0) ? v + T(1) : exp_nonpos(v < T(0) ? v : T(0));
-        }
-        #pragma omp simd
-        for (int64_t t = 0; t < d; t += 2) {
-          const T a = fi[t], e = fi[t + 1], co = c[t], si = c[t + 1];
-          ri[t] = a * co - e * si;
-          ri[t + 1] = a * si + e * co;
-        }
-      }
+  for (int64_t row = r0; row < r1; ++row) {  // row = (b * H + h) * n + i
+    const int64_t b = row / (H * n), h = row / n % H, i = row % n;
+    const T* xi = x + b * sb + h * sh + i * sn;
+    const int64_t o = row * d;
+    T* fi = f + o; T* ri = r + o; const T* c = cs + i * d;
+    #pragma omp simd
+    for (int64_t t = 0; t < d; ++t) {
+      const T v = xi[t];
+      fi[t] = v > T(0) ? v + T(1) : exp_nonpos(v < T(0) ? v : T(0));
+    }
+    #pragma omp simd
+    for (int64_t t = 0; t < d; t += 2) {
+      const T a = fi[t], e = fi[t + 1], co = c[t], si = c[t + 1];
+      ri[t] = a * co - e * si;
+      ri[t + 1] = a * si + e * co;
+    }
+  }
 }
 
 // out = min(f, 1) * (R^-1 gn + gd): the gradient of x from those of its rotated (gn) and plain (gd, or none)
@@ -153,36 +149,31 @@ template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void elu_rope_back_rows(const T* f, const T* gn, const T* gd, const T* cs, T* out, int64_t ob, int64_t oh,
                                int64_t on, int64_t r0, int64_t r1, int64_t H, int64_t n, int64_t d) {
-      for (int64_t row = r0; row < r1; ++row) {  // row = (b * H + h) * n + i
-        const int64_t b = row / (H * n), h = row / n % H, i = row % n;
-        const int64_t o = row * d;
-        const T* fi = f + o; const T* gi = gn + o; const T* di = gd ? gd + o : nullptr; const T* c = cs + i * d;
-        T* oi = out + b * ob + h * oh + i * on;
-        #pragma omp simd
-        for (int64_t t = 0; t < d; t += 2) {
-          const T a = gi[t], e = gi[t + 1], co = c[t], si = c[t + 1];
-          T u = a * co + e * si, w = e * co - a * si;
-          if (di) { u += di[t]; w += di[t + 1]; }
-          const T f0 = fi[t] < T(1) ? fi[t] : T(1), f1 = fi[t + 1] < T(1) ? fi[t + 1] : T(1);
-          oi[t] = f0 * u;
-          oi[t + 1] = f1 * w;
-        }
-      }
+  for (int64_t row = r0; row < r1; ++row) {  // row = (b * H + h) * n + i
+    const int64_t b = row / (H * n), h = row / n % H, i = row % n;
+    const int64_t o = row * d;
+    const T* fi = f + o; const T* gi = gn + o; const T* di = gd ? gd + o : nullptr; const T* c = cs + i * d;
+    T* oi = out + b * ob + h * oh + i * on;
+    #pragma omp simd
+    for (int64_t t = 0; t < d; t += 2) {
+      const T a = gi[t], e = gi[t + 1], co = c[t], si = c[t + 1];
+      T u = a * co + e * si, w = e * co - a * si;
+      if (di) { u += di[t]; w += di[t + 1]; }
+      const T f0 = fi[t] < T(1) ? fi[t] : T(1), f1 = fi[t + 1] < T(1) ? fi[t + 1] : T(1);
+      oi[t] = f0 * u;
+      oi[t + 1] = f1 * w;
+    }
+  }
 }
 
 void elu_rope(torch::Tensor x, torch::Tensor cs, torch::Tensor f, torch::Tensor r) {
   const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
   const int64_t sb = x.stride(0), sh = x.stride(1), sn = x.stride(2);
   pybind11::gil_scoped_release no_gil;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "elu_rope", [&] {
-    using I = scalar_t;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "elu_rope", [&] {
     at::parallel_for(0, B * H * n, std::max<int64_t>(1, GRAIN / d), [&](int64_t r0, int64_t r1) {
-      if (f.scalar_type() == at::kDouble)
-        elu_rope_rows<I, double>(x.data_ptr<I>(), sb, sh, sn, cs.data_ptr<double>(), f.data_ptr<double>(),
-                                 r.data_ptr<double>(), r0, r1, H, n, d);
-      else
-        elu_rope_rows<I, float>(x.data_ptr<I>(), sb, sh, sn, cs.data_ptr<float>(), f.data_ptr<float>(),
-                                r.data_ptr<float>(), r0, r1, H, n, d);
+      elu_rope_rows<scalar_t>(x.data_ptr<scalar_t>(), sb, sh, sn, cs.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
+                              r.data_ptr<scalar_t>(), r0, r1, H, n, d);
     });
   });
 }
@@ -312,6 +303,8 @@ def _cos_sin(rot: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def elu_rope(x: torch.Tensor, rot: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """(f, r): f = elu(x) + 1 and r = f rotated by ``rot`` (complex (n, d/2), interleaved pairs), both (B, H, n, d)
     of ``dtype``, in one pass over x (``split_features`` for elu+1 with RoPE)."""
+    if x.dtype != dtype:
+        x = x.to(dtype)  # 16-bit inputs: converted by torch first (read in the loop, bfloat16 at d = 16 ran 10x slower)
     f = alloc(x.shape, dtype=dtype, device=x.device)
     r = alloc(x.shape, dtype=dtype, device=x.device)
     _load().elu_rope(x, _cos_sin(rot, dtype), f, r)
