@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+from torch.utils.cpp_extension import is_ninja_available
 
 from linrope.ops import chunk_linear_attention, naive_linear_attention
 from linrope.ops.linear_attn import heads, native
@@ -22,7 +23,10 @@ from linrope.ops.linear_attn.features import rope_rotors, rotate_complex
 from tests.helpers import gen, rel
 
 COMPILER = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native scans cannot be built here")
+needs_compiler = pytest.mark.skipif(
+    COMPILER is None or not is_ninja_available(),
+    reason="no C++ compiler or no ninja (`pip install ninja`): the native loops cannot be built here",
+)
 
 
 def formulas(qd, kd, z0, dden, dz):

@@ -1,16 +1,17 @@
-"""Native scans for the chunk kernel's unrotated denominator on a CPU (RoPE in the numerator only).
+"""Native loops for the chunk kernel on a CPU: the unrotated denominator's scans, and elu+1 features with RoPE.
 
 The denominator of ``rope="numerator"`` is a running sum along the positions: den_i = qd_i · (z0 + Σ_{j≤i} kd_j),
 and its backward two more (dqd_i = dden_i (z0 + Σ_{j≤i} kd_j); dkd_j = dz + Σ_{i≥j} dden_i qd_i).  torch's cumsum
 along the positions of one head (4 096 × 64) takes about 280 µs on this machine and the kernel ran three of them
 (and two flips) per block; these loops take about 35 µs for the forward's, each position once, its d numbers in
-one SIMD pass.
+one SIMD pass.  ``elu_rope`` forms φ(x) = elu(x) + 1 and its rotation in one pass (torch's ops took three), and
+``elu_rope_backward`` their gradient in one (four); docs/mathematics.md, "Native scans and features on a CPU".
 
 Compiled from ``SOURCE`` with ``torch.utils.cpp_extension.load_inline`` on first use (about 20 s; then cached by
 torch under ~/.cache/torch_extensions, keyed by the source) and called with the GIL released, so that the heads'
-tasks (``heads.py``) scan side by side.  Where the compiler or ninja is missing the kernel runs its torch ops
-(``scans.dcumsum``) and ``why_not()`` says why (one line, printed once).  ``ENABLED = False`` runs the torch ops
-everywhere (the benchmarks' old plan; the tests of both paths)."""
+tasks (``heads.py``) run side by side; inside, the loops run on ATen's intra-op threads (``at::parallel_for``).
+Where the compiler or ninja is missing the kernel runs its torch ops and ``why_not()`` says why (one line, printed
+once).  ``ENABLED = False`` runs the torch ops everywhere (the benchmarks' old plan; the tests of both paths)."""
 
 from __future__ import annotations
 
