@@ -1,7 +1,10 @@
 """The native scans of the unrotated denominator (linrope.ops.linear_attn.native): the forward scan and its backward
 against their formulas in float64, in float32 and float64, on NaN-poisoned outputs, with and without the states
 in and out; the chunk form through them against the naive form and against the chunk form's torch ops, in several
-blocks and as heads' tasks; without a compiler the torch ops run and the reason is one line."""
+blocks and as heads' tasks; without a compiler the torch ops run and the reason is one line.  The fused elu+1
+features and their rotation, and their backward, against float64 formulas (within 2 ulp in float32, where torch's
+elu + 1 loses up to 1e4 ulp below 0 to the cancellation of expm1(x) + 1), from float32, bfloat16 and strided inputs,
+into strided gradients of another dtype."""
 
 from __future__ import annotations
 
@@ -9,16 +12,21 @@ import shutil
 
 import pytest
 import torch
+from torch.utils.cpp_extension import is_ninja_available
 
 from linrope.ops import chunk_linear_attention, naive_linear_attention
 from linrope.ops.linear_attn import heads, native
 from linrope.ops.linear_attn import tables as tables_mod
 from linrope.ops.linear_attn.buffers import poison_buffers
 from linrope.ops.linear_attn.common import LinearAttentionState
+from linrope.ops.linear_attn.features import rope_rotors, rotate_complex
 from tests.helpers import gen, rel
 
 COMPILER = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-needs_compiler = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler: the native scans cannot be built here")
+needs_compiler = pytest.mark.skipif(
+    COMPILER is None or not is_ninja_available(),
+    reason="no C++ compiler or no ninja (`pip install ninja`): the native loops cannot be built here",
+)
 
 
 def formulas(qd, kd, z0, dden, dz):
@@ -56,11 +64,63 @@ def test_the_scans_match_their_formulas(dtype, with_states):
         assert not torch.equal(z, z0)  # the caller's state is not the one the scan advanced
 
 
+def _elu1(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1 in float64 without the cancellation of expm1(x) + 1."""
+    x = x.double()
+    return torch.where(x > 0, x + 1, torch.exp(x))
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fused_features_match_their_formulas(dtype):
+    """f = elu(x) + 1 and r = f rotated, from a strided view and from bfloat16 inputs, on poisoned outputs; x spans
+    [-95, 6] so the exponential is checked from 1 down past float's normal range."""
+    g = gen("native features", str(dtype))
+    B, H, N, d = 2, 3, 400, 16
+    base = torch.rand(B, H, N + 20, d, generator=g, dtype=torch.float64).mul_(101).sub_(95).to(dtype)
+    rot = rope_rotors(None, N, d, None, "cpu", dtype)
+    for x in (base[:, :, 10 : N + 10], base[:, :, :N].to(torch.bfloat16)):
+        with poison_buffers():
+            f, r = native.elu_rope(x, rot, dtype)
+        want = _elu1(x)
+        ulp = torch.finfo(dtype).eps / 2
+        err = (f.double() - want).abs()
+        assert f.dtype == dtype and not torch.isnan(f).any()
+        assert (err <= 2 * ulp * want + torch.finfo(dtype).tiny).all(), f"{(err / want).max():.2e}"
+        assert rel(r, rotate_complex(want, rot.to(torch.complex128))) < 4 * ulp
+
+
+@needs_compiler
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_fused_features_backward(shared):
+    """∂L/∂x = min(f, 1) ⊙ (R⁻¹ g_num + g_den) against autograd in float64, into a strided view and through a
+    copy into bfloat16."""
+    g = gen("native features backward", shared)
+    B, H, N, d = 2, 2, 90, 8
+    x = torch.randn(B, H, N, d, generator=g, dtype=torch.float64).mul_(3).requires_grad_()
+    rot = rope_rotors(None, N, d, None, "cpu", torch.float64)
+    g_num, g_den = (torch.randn(B, H, N, d, generator=g, dtype=torch.float64) for _ in range(2))
+    f = _elu1(x)
+    loss = (rotate_complex(f, rot) * g_num).sum() + (0 if shared else (f * g_den).sum())
+    (want,) = torch.autograd.grad(loss, x)
+    big = torch.full((B, H, N + 5, d), float("nan"), dtype=torch.float64)
+    native.elu_rope_backward(f.detach(), g_num, None if shared else g_den, rot, big[:, :, 5:])
+    assert rel(big[:, :, 5:], want) < 1e-14 and torch.isnan(big[:, :, :5]).all()  # only its view written
+    low = torch.full((B, H, N, d), float("nan"), dtype=torch.bfloat16)
+    native.elu_rope_backward(f.detach(), g_num, None if shared else g_den, rot, low)
+    assert rel(low, want) < 1e-2
+
+
 @pytest.fixture
 def counted(monkeypatch):
     """Counts the calls of the native scans."""
-    calls = {"forward": 0, "backward": 0}
-    fwd, bwd = native.denominator, native.denominator_backward
+    calls = {"forward": 0, "backward": 0, "features": 0, "features_backward": 0}
+    fwd, bwd, feat, feat_bwd = (
+        native.denominator,
+        native.denominator_backward,
+        native.elu_rope,
+        native.elu_rope_backward,
+    )
 
     def forward(*a):
         calls["forward"] += 1
@@ -70,8 +130,18 @@ def counted(monkeypatch):
         calls["backward"] += 1
         return bwd(*a)
 
+    def features(*a):
+        calls["features"] += 1
+        return feat(*a)
+
+    def features_backward(*a):
+        calls["features_backward"] += 1
+        return feat_bwd(*a)
+
     monkeypatch.setattr(native, "denominator", forward)
     monkeypatch.setattr(native, "denominator_backward", backward)
+    monkeypatch.setattr(native, "elu_rope", features)
+    monkeypatch.setattr(native, "elu_rope_backward", features_backward)
     return calls
 
 
@@ -84,28 +154,31 @@ def _run(xs, state, w, **kw):
 
 
 @needs_compiler
-@pytest.mark.parametrize("as_tasks", [False, True])
-def test_the_chunk_form_through_the_native_scans(monkeypatch, counted, as_tasks):
-    """RoPE in the numerator, several blocks (and as tasks of the heads), the state in and out, float64: the native
-    scans serve every block and agree with the naive form and with the chunk form's torch ops."""
+@pytest.mark.parametrize("as_tasks,rope", [(False, "numerator"), (True, "numerator"), (False, "both")])
+def test_the_chunk_form_through_the_native_scans(monkeypatch, counted, as_tasks, rope):
+    """RoPE in the numerator (or both), several blocks (and as tasks of the heads), the state in and out, float64:
+    the native scans (numerator) and features serve every block and agree with the naive form and with the chunk
+    form's torch ops."""
     monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 512)
     if as_tasks:
         monkeypatch.setattr(heads, "MIN_POSITIONS", 1)
     B, H, N, D, DV = 2, 3, 37, 8, 6
-    g = gen("native chunk", as_tasks)
+    g = gen("native chunk", as_tasks, rope)
     xs = [torch.randn(B, H, N, w, generator=g, dtype=torch.float64) for w in (D, D, DV)]
     state = LinearAttentionState(
         torch.randn(B, H, D, DV, generator=g, dtype=torch.float64),
         torch.rand(B, H, D, generator=g, dtype=torch.float64) + 0.5,
     )
     w = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((B, H, N, DV), (B, H, D, DV), (B, H, D))]
-    kw = dict(feature_map="elu", rope="numerator")
+    kw = dict(feature_map="elu", rope=rope)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         with poison_buffers():
             got = _run(xs, state, w, fn=lambda *a, **k: chunk_linear_attention(*a, chunk_size=4, **k), **kw)
-            assert counted["forward"] > 1 and counted["backward"] > 1  # every block, forward and backward
+            scans = rope == "numerator"  # "both" folds its denominator into the products
+            assert (counted["forward"] > 1 and counted["backward"] > 1) == scans  # every block, forward and backward
+            assert counted["features"] > 2 and counted["features_backward"] > 2
             monkeypatch.setattr(native, "ENABLED", False)
             calls = dict(counted)
             torch_ops = _run(xs, state, w, fn=lambda *a, **k: chunk_linear_attention(*a, chunk_size=4, **k), **kw)
@@ -125,4 +198,4 @@ def test_without_a_compiler_the_torch_ops_run(monkeypatch, counted):
     q, k, v = (torch.randn(1, 2, 21, 4, generator=g, dtype=torch.float64) for _ in range(3))
     got = chunk_linear_attention(q, k, v, chunk_size=4, rope="numerator")
     want = naive_linear_attention(q, k, v, rope="numerator")
-    assert counted == {"forward": 0, "backward": 0} and rel(got, want) < 1e-12
+    assert set(counted.values()) == {0} and rel(got, want) < 1e-12

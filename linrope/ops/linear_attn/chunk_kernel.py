@@ -52,7 +52,7 @@ from linrope.ops.rope import compute_dtype
 from . import native
 from .buffers import alloc
 from .common import feature_width, guard_denominator_, shared_features, unclamped
-from .features import features_backward_, rotors_for, split_features
+from .features import Features, features_backward_, rotors_for, split_features
 from .matrix import matrix_bwd, matrix_fwd
 from .scans import dcumsum, dcumsum_reverse, dsum_symmetric
 from .tables import Chunks, Tables
@@ -97,6 +97,15 @@ def block_documents(documents, s: int, e: int):
     return documents[:, s:e], (documents[:, s - 1] if s > 0 else None)
 
 
+def _features(q, k, cfg: Cfg, rot, dtype) -> Features:
+    """The block's features (``features.split_features``): for elu+1 with RoPE on a CPU in one pass each
+    (``native.elu_rope``)."""
+    if rot is None or not native.features_usable(q, cfg.feature_map, cfg.rope, dtype):
+        return split_features(q, k, feature_map=cfg.feature_map, rope=cfg.rope, rot=rot, dtype=dtype)
+    (qf, qn), (kf, kn) = native.elu_rope(q, rot, dtype), native.elu_rope(k, rot, dtype)
+    return Features(qf, kf, qn, kn, *((qn, kn) if cfg.rope == "both" else (qf, kf)))
+
+
 def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, documents, blocks, out=None,
                   denom=None):  # fmt: skip
     """-> (out, denom, S_final, z_final, states entering blocks 1, 2, … (S, and z unless shared)).
@@ -126,14 +135,7 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, docume
             starts_S.append(S)
             starts_z.append(z)
         ch = tables(e - s, block_documents(documents, s, e))
-        _, _, qn, kn, qd, kd = split_features(
-            q[:, :, s:e],
-            k[:, :, s:e],
-            feature_map=cfg.feature_map,
-            rope=cfg.rope,
-            rot=None if rot is None else rot[s:e],
-            dtype=dtype,
-        )
+        _, _, qn, kn, qd, kd = _features(q[:, :, s:e], k[:, :, s:e], cfg, None if rot is None else rot[s:e], dtype)
         num, S = matrix_fwd(_lowp(qn, mm), _lowp(kn, mm), _values(v[:, :, s:e], shared, ch, mm), ch, cfg.causal, S)
         den = None
         if shared:
@@ -211,6 +213,7 @@ def chunk_backward(
         dq = alloc(q.shape, dtype=q.dtype, device=q.device) if need_q else None
         dk = alloc(k.shape, dtype=k.dtype, device=k.device) if need_k else None
         dvl = alloc(v.shape, dtype=v.dtype, device=v.device) if need_v else None
+    fused = native.features_usable(q, cfg.feature_map, cfg.rope, dtype)
     for b in range(len(blocks) - 1, -1, -1):
         s, e = blocks[b]
         n = e - s
@@ -218,10 +221,8 @@ def chunk_backward(
         S_start = S_first if b == 0 else saved_S[b - 1]
         z_start = z_first if b == 0 else (None if saved_z is None else saved_z[b - 1])
         rot_b = None if rot is None else rot[s:e]
-        unrot_b = None if rot is None else rot_b.conj().resolve_conj()  # the inverse rotation
-        qf, kf, qn, kn, qd, kd = split_features(
-            q[:, :, s:e], k[:, :, s:e], feature_map=cfg.feature_map, rope=cfg.rope, rot=rot_b, dtype=dtype
-        )  # recomputed
+        unrot_b = None if (rot is None or fused) else rot_b.conj().resolve_conj()  # the inverse rotation
+        qf, kf, qn, kn, qd, kd = _features(q[:, :, s:e], k[:, :, s:e], cfg, rot_b, dtype)  # recomputed
         # ∂L/∂num = g / D and ∂L/∂den = -(g·o) / D, written into a zero-padded (B,H,nc·C,E) buffer
         do = alloc((B, H, ch.nc * ch.C, E), dtype=mm, device=q.device)
         do[:, :, n:].zero_()
@@ -275,7 +276,9 @@ def chunk_backward(
             dvl[:, :, s:e].copy_(dvv[..., :dv])
         del dvv, qn, kn, qd, kd
         for x, f, d_num, d_den, grad in ((q, qf, dqn, dqd, dq), (k, kf, dkn, dkd, dk)):
-            if grad is not None:
+            if grad is not None and fused:
+                native.elu_rope_backward(f, d_num, d_den, rot_b, grad[:, :, s:e])
+            elif grad is not None:
                 features_backward_(
                     x[:, :, s:e],
                     f,
