@@ -15,6 +15,7 @@ tensors), process-wide, so these tests skip where CUDA is available, and where t
 default suite runs a few small cases (N <= 130, d = 8); ``-m slow`` the grid.
 """
 
+import dataclasses
 import importlib
 import importlib.util
 import itertools
@@ -27,6 +28,7 @@ import tests.ops.fla_interpreter as fla_interpreter
 from linrope.base.errors import BackendUnavailable
 from linrope.ops import linear_attention
 from linrope.ops.linear_attn import triton_backend
+from linrope.ops.linear_attn.backends import BACKENDS
 from linrope.ops.linear_attn.buffers import poison_buffers
 from tests.helpers import gen, rel
 from tests.ops.fla_cases import DECAY, inputs, results
@@ -164,26 +166,30 @@ def test_autocast_does_not_reach_inside(interpreted):
 
 
 def test_refusals_are_one_line(monkeypatch):
+    """Each refusal in one line, with or without triton installed (README's test command runs before any extra):
+    the arguments' refusals with the availability check set aside, then the availability's own line."""
     q = torch.randn(1, 2, 8, 4)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     cases = [
         (dict(causal=False), "impl=triton is causal only"),
         (dict(window=2), "impl=triton takes no window"),
         (dict(decay=torch.full((2,), 0.9, requires_grad=True)), "impl=triton does not differentiate decay"),
     ]
-    for kw, message in cases:
-        with pytest.raises(ValueError, match=message) as err:
-            linear_attention(q, q, q, impl="triton", **kw)
-        assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="computes in float32 at most"):
-        linear_attention(q.double(), q.double(), q.double(), impl="triton")
-    with pytest.raises(ValueError, match="head widths up to 256"):
-        big = torch.randn(1, 1, 2, 258)
-        linear_attention(big, big, big, impl="triton")
-    monkeypatch.delenv("TRITON_INTERPRET")
-    if triton_backend.INSTALLED:
-        with pytest.raises(BackendUnavailable, match="need a CUDA device \\(here: cpu\\)"):
-            linear_attention(q, q, q, impl="triton")
+    with monkeypatch.context() as m:
+        m.setitem(BACKENDS, "triton", dataclasses.replace(BACKENDS["triton"], unavailable=lambda device: None))
+        for kw, message in cases:
+            with pytest.raises(ValueError, match=message) as err:
+                linear_attention(q, q, q, impl="triton", **kw)
+            assert "\n" not in str(err.value)
+        with pytest.raises(ValueError, match="computes in float32 at most"):
+            linear_attention(q.double(), q.double(), q.double(), impl="triton")
+        with pytest.raises(ValueError, match="head widths up to 256"):
+            big = torch.randn(1, 1, 2, 258)
+            linear_attention(big, big, big, impl="triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    unavailable = "need a CUDA device \\(here: cpu\\)" if triton_backend.INSTALLED else "triton is not installed"
+    with pytest.raises(BackendUnavailable, match=unavailable) as err:
+        linear_attention(q, q, q, impl="triton")
+    assert "\n" not in str(err.value)
 
 
 def test_empty_sequence_keeps_the_state(interpreted):
