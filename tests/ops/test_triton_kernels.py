@@ -29,7 +29,6 @@ from linrope.base.errors import BackendUnavailable
 from linrope.ops import linear_attention
 from linrope.ops.linear_attn import triton_backend
 from linrope.ops.linear_attn.backends import BACKENDS
-from linrope.ops.linear_attn.buffers import poison_buffers
 from tests.helpers import gen, rel
 from tests.ops.fla_cases import DECAY, inputs, results
 
@@ -53,8 +52,8 @@ def refusal():
 
 
 @pytest.fixture
-def interpreted(monkeypatch):
-    """linrope's kernels interpreted (decorated with TRITON_INTERPRET=1), every buffer NaN-poisoned."""
+def interpreted(monkeypatch, kernel_env):
+    """linrope's kernels interpreted (decorated with TRITON_INTERPRET=1), every buffer NaN-poisoned (``kernel_env``)."""
     reason = refusal()
     if reason:
         pytest.skip(reason)
@@ -67,13 +66,7 @@ def interpreted(monkeypatch):
     module = sys.modules.get(MODULE)
     if module is not None and not isinstance(module._grad, InterpretedFunction):
         importlib.reload(module)  # decorated before the interpreter was switched on
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with poison_buffers():
-            yield
-    finally:
-        torch.set_num_threads(threads)
+    yield
 
 
 def packed(n: int, B: int = 2) -> torch.Tensor:
