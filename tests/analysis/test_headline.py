@@ -1,10 +1,11 @@
-"""The committed headline study (docs/results/headline/steps3200, issue 34) against the protocol it claims: a
-validation-only tuning per configuration whose choice is interior, the main runs at the chosen rate on seeds 1-5
-with the same budget, and every run scoring the whole test split (bytes and documents checked against the split
-rebuilt from the run's own data config), under both extrapolation protocols and the context-limited control.
+"""The committed headline study (docs/results/headline/steps3200, issue 34) and its protocol on the second corpus
+(docs/results/prose/steps3200, issue 55: experiment=prose) against the protocol they claim: a validation-only
+tuning per configuration whose choice is interior, the main runs at the chosen rate on seeds 1-5 with the same
+budget, and every run scoring the whole test split (bytes and documents checked against the split rebuilt from the
+run's own data config), under both extrapolation protocols and the context-limited control.
 
-The study was committed as it ran (finished runs in compact form, linrope study --commit); it has finished, so
-every configuration must hold its five seeds."""
+The studies were committed as they ran (finished runs in compact form, linrope study --commit); both have
+finished, so every configuration must hold its five seeds."""
 
 from __future__ import annotations
 
@@ -23,24 +24,26 @@ pytestmark = pytest.mark.results  # committed study data: CI's results stage (py
 
 ROOT = Path(__file__).resolve().parents[2]
 PART = ROOT / "docs" / "results" / "headline" / "steps3200"
+PARTS = {"headline": PART, "prose": ROOT / "docs" / "results" / "prose" / "steps3200"}  # experiment=<name>
+DOCUMENTS = {"headline": 33, "prose": 69}  # the whole test split each study's docs describe
 SEEDS = {1, 2, 3, 4, 5}
 STEPS = 3200
 CONTROLS = ("linear_rope_decay", "linear_rope_norm")  # the two trained controls; the third is an evaluation row
 
 
-def configurations() -> list:
-    """The configurations the experiment sweeps (conf/experiment/headline.yaml)."""
-    sweep = OmegaConf.load(ROOT / "conf" / "experiment" / "headline.yaml").hydra.sweeper.params
+def configurations(study: str = "headline") -> list:
+    """The configurations the experiment sweeps (conf/experiment/<study>.yaml)."""
+    sweep = OmegaConf.load(ROOT / "conf" / "experiment" / f"{study}.yaml").hydra.sweeper.params
     assert [int(s) for s in str(sweep.seed).split(",")] == sorted(SEEDS)
     return [m.strip() for m in str(sweep.model).split(",")]
 
 
-def tuning() -> dict:
-    return json.loads((PART / "tuning.json").read_text())
+def tuning(study: str = "headline") -> dict:
+    return json.loads((PARTS[study] / "tuning.json").read_text())
 
 
-def main_runs() -> list:
-    return compact_index(PART) if (PART / "runs.json").is_file() else []
+def main_runs(study: str = "headline") -> list:
+    return compact_index(PARTS[study]) if (PARTS[study] / "runs.json").is_file() else []
 
 
 COSINE = ["linear_cosine", "linear_cosine_rope"]  # issue 55's arms, the cosine feature map, added last
@@ -52,15 +55,25 @@ def test_the_study_holds_the_nine_configurations_and_the_two_trained_controls():
     assert [c["configuration"] for c in tuning()["configurations"]] == names
 
 
-def test_tuning_is_on_validation_only_with_one_grid_and_budget_and_every_choice_is_interior():
+def test_the_second_corpus_holds_the_seven_configurations_the_issue_names_and_linear_cosine():
+    """experiment=prose (issue 55): at least seven configurations, those named, and linear_cosine, so that the
+    cosine kernel's RoPE gain is measured on prose as on Python sources."""
+    names = configurations("prose")
+    named = ["linear", "linear_rope", "linear_rope_both", "linear_cosine_rope", "linear_rope_decay", "softmax_rope"]
+    assert set(named + ["softmax_alibi", "linear_cosine"]) == set(names) and len(names) == 8
+    assert [c["configuration"] for c in tuning("prose")["configurations"]] == names
+
+
+@pytest.mark.parametrize("study", PARTS)
+def test_tuning_is_on_validation_only_with_one_grid_and_budget_and_every_choice_is_interior(study):
     """The protocol recorded in tuning.json, each tuning run's own saved config, and each choice: the best
     validation score among the values tried, not at an edge of them."""
-    t = tuning()
+    t = tuning(study)
     assert (t["metric"], t["mode"], t["key"]) == ("val/bpb", "min", "optim.lr")
     protocol = t["protocol"]
     assert (protocol["test"], protocol["extrapolation"], protocol["max_steps"]) == (False, False, STEPS)
     scored = {}
-    for record in compact_index(PART / "tuning"):
+    for record in compact_index(PARTS[study] / "tuning"):
         config = record["config"]
         assert config["test"] is False and config["extrapolation"]["enabled"] is False, record["run"]
         assert (config["seed"], config["trainer"]["max_steps"]) == (protocol["seed"], STEPS), record["run"]
@@ -78,7 +91,7 @@ def test_tuning_is_on_validation_only_with_one_grid_and_budget_and_every_choice_
         chosen += 1
         assert c["chosen"] == best_value(c, protocol), c["configuration"]
         assert c["interior"] is True and min(values) < c["chosen"] < max(values), c["configuration"]
-    assert chosen or not (PART / "runs.json").is_file()  # main runs start only after a choice
+    assert chosen or not (PARTS[study] / "runs.json").is_file()  # main runs start only after a choice
 
 
 def best_value(c: dict, protocol: dict) -> float:
@@ -121,15 +134,16 @@ def test_a_configuration_tuned_on_more_seeds_records_each_seeds_runs():
             assert x["score"] == pytest.approx(min(curves[record["run"]])), x["run"]
 
 
-def test_every_main_run_trains_at_its_configurations_chosen_rate_with_the_same_budget():
-    chosen = {c["configuration"]: c["chosen"] for c in tuning()["configurations"]}
+@pytest.mark.parametrize("study", PARTS)
+def test_every_main_run_trains_at_its_configurations_chosen_rate_with_the_same_budget(study):
+    chosen = {c["configuration"]: c["chosen"] for c in tuning(study)["configurations"]}
     seeds = {}
-    for record in main_runs():
+    for record in main_runs(study):
         config, model = record["config"], record["model_name"]
         assert config["optim"]["lr"] == pytest.approx(chosen[model]), record["run"]
         assert config["trainer"]["max_steps"] == STEPS and config["seed"] in SEEDS, record["run"]
         seeds.setdefault(model, set()).add(config["seed"])
-    assert seeds == {name: SEEDS for name in configurations()}  # every configuration has finished: five seeds each
+    assert seeds == {name: SEEDS for name in configurations(study)}  # every configuration has finished: 5 seeds each
 
 
 @functools.cache
@@ -143,24 +157,28 @@ def whole_test_split(data: str) -> tuple:
 
 
 def finished_main_runs() -> list:
-    return [pytest.param(r, id=r["run"]) for r in main_runs()]
+    return [pytest.param(study, r, id=f"{study}/{r['run']}") for study in PARTS for r in main_runs(study)]
 
 
-@pytest.mark.parametrize("record", finished_main_runs())
-def test_every_main_run_scores_the_whole_test_split_under_both_protocols_and_the_control(record):
+@pytest.mark.parametrize("study, record", finished_main_runs())
+def test_every_main_run_scores_the_whole_test_split_under_both_protocols_and_the_control(study, record):
     """test/bytes and test/documents against the test split itself; the extrapolation table scores those same
     bytes at every length (1, 2, 16x) under sliding and non-overlapping windows, and beyond 1x the
     context-limited control (attention to the last `context` keys)."""
     from linrope.analysis.runs import find_runs
+    from linrope.data import corpora
 
-    recorded = record["provenance"]["versions"].get("python")
-    if recorded != platform.python_version():
-        pytest.skip(f"the test split is this Python's stdlib ({platform.python_version()}); the run read {recorded}'s")
     config = OmegaConf.create(record["config"])
+    recorded = record["provenance"]["versions"].get("python")
+    if corpora.named(config.data.path) is None and recorded != platform.python_version():
+        pytest.skip(f"the test split is this Python's stdlib ({platform.python_version()}); the run read {recorded}'s")
+    missing = corpora.check(config.data.path)  # (CI's results stage installs the `prose` extra: it runs there)
+    if missing:
+        pytest.skip(missing)
     data = OmegaConf.to_container(config.data, resolve=True)
     n_bytes, n_docs = whole_test_split(json.dumps(data, sort_keys=True))
-    assert n_docs == 33 and n_bytes > 400_000  # the split the study's docs describe
-    (run,) = [r for r in find_runs(PART) if r.path.name == record["run"]]
+    assert n_docs == DOCUMENTS[study] and n_bytes > 200_000  # the split the study's docs describe
+    (run,) = [r for r in find_runs(PARTS[study]) if r.path.name == record["run"]]
     assert (run.value("test/bytes", "last"), run.value("test/documents", "last")) == (n_bytes, n_docs), record["run"]
     context, rows = config.context, [r for r in record["extrapolation"] if r["status"] == "ok"]
     seen = {(r["factor"], r.get("protocol") or "sliding", r.get("window")) for r in rows}

@@ -113,6 +113,7 @@ ARMED = {
     "recall2/len64": ("width", "recall2.md"),
     "recall2/len64-steps3000": ("width", "recall2.md"),
     "offset2": ("steps", "offset2.md"),
+    "prose": ("steps", "prose.md"),  # issue 55's second corpus
 }
 COMPACT_PARTS = sorted(p.parent.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("runs.json"))
 
