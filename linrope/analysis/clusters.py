@@ -1,17 +1,11 @@
 """Test documents that are not independent draws: clusters of near-duplicates, the units that
-linrope.analysis.bootstrap resamples (docs/methods.md, "Uncertainty", where the rule's numbers are argued).
+linrope.analysis.bootstrap resamples (docs/methods.md, "Uncertainty": the rule and why its numbers).
 
-**The rule.**  A document's *shingles* are its distinct substrings of ``SHINGLE`` = 8 bytes, each one exact 64-bit
-integer.  Two documents are *linked* when their shingle sets' Jaccard similarity is at least ``THRESHOLD`` = 0.2;
-the clusters are the connected components of the links (single linkage).  A document shorter than 8 bytes has one
-shingle, itself.  Cluster ids are 0, 1, … in the order of each cluster's first document; the rule reads the bytes,
-never the names.  O(n² · mean size): about 0.03 s for the 33 test files.
-
-**In a report** (linrope.analysis.evidence, a study's table): ``document_clusters`` computes them from the corpus
-the runs name (``runs_corpus``) when it is here with the documents they scored, recorded as ``clusters.csv``; else
-reads a recorded ``clusters.csv`` (the report's folder, or the runs'); else none, and why.  ``cluster_lines``,
-``cluster_text``, ``floor_text`` and ``holm_floor_text`` are what a report says of them and of its p floor.
-Light: numpy only."""
+Two documents are linked when the Jaccard similarity of their sets of ``SHINGLE``-byte substrings is at least
+``THRESHOLD``; the clusters are the connected components of the links, numbered in the order of their first
+document.  ``document_clusters`` gives a report its clusters (computed from the runs' corpus, else a recorded
+``clusters.csv``); ``cluster_lines``, ``cluster_text``, ``floor_text`` and ``holm_floor_text`` are what a report
+says of them and of its p floor."""
 
 from __future__ import annotations
 

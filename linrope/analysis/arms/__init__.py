@@ -3,14 +3,11 @@ the study's config (linrope.analysis.study_config) declares ``arms`` and the fol
 
 For each arm it writes the ordinary report (linrope.analysis.report; not with ``--no-reports``), then one table,
 ``<folder>/<table.file>.md`` with its ``.csv`` and ``.png``, in the sections the config asks for: the positive
-control (``control``), the metric per configuration and arm (``table.configurations``), every claim
-as a paired difference A − B at each arm, corrected over the table's family of (claim, arm) comparisons
-(linrope.analysis.multiplicity: Holm's p, bold, the verdicts rest on it; the simultaneous interval beside the
-raw one), with its verdict (``claims``, ``verdict``; none where the arm's control missed its bar, or where a seed
-of A or B is above the unigram at the claim's row, as the report's Evidence section rules), a figure
-(``table.figure``, ``figures``), every run's value behind the intervals (``table.per_run``), the metric by query
-order (``table.by_order``, ``by_order``) and each arm's tuning table (linrope.analysis.tuning).  An arm's label is
-what its runs recorded, and the runs of every arm come from one code (one line each, else).  Light: no torch."""
+control, the metric per configuration and arm, every claim as a paired difference A − B at each arm corrected over
+the table's family (linrope.analysis.multiplicity; no verdict where the arm's control missed its bar or a seed is
+above the unigram at the claim's row), a figure, every run's value, the metric by query order and each arm's tuning
+table (linrope.analysis.tuning).  An arm's label is what its runs recorded, and the runs of every arm come from one
+code."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The positive control of a study in arms (``control`` in conf/study/<name>.yaml: a configuration and its bar,
-``at_least`` or ``at_most`` the study's metric in every seed): whether each arm met it, in one line, and the arms
-where it did not, whose claims get no verdict (linrope.analysis.arms).  Light: no torch."""
+"""The positive control of a study in arms (``control``: a configuration and its bar on the study's metric in every
+seed): whether each arm met it, and the arms where it did not, whose claims get no verdict (linrope.analysis.arms)."""
 
 from __future__ import annotations
 

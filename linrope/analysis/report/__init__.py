@@ -1,22 +1,13 @@
 """Layer 8, analysis: a sweep's results without wandb, ``python -m linrope report <sweep dir> [--out DIR]
 [--pair A:B]`` (its command line: ``command``).
 
-Reads every run under the sweep folder(s) (linrope.analysis.runs), groups per task the runs that differ only in
-their seed (a configuration is named by ``model.name`` and the settings that tell its runs apart:
-``linear_rope feature_map=cosine``), and writes into the sweep folder (or ``--out``), never over a file it did
-not write (``files``):
-
-* ``report.md`` — per task a row per configuration: the **test** score of the checkpoint chosen on validation
-  (the best validation value beside it, as the selection metric only), the mean over seeds ± the half-width of
-  its 95% t-interval; the paired differences A − B over matching seeds of the pairs the study declares
-  (linrope.analysis.study_config) and of ``--pair``, with interval, p and a sentence each; the tables by
-  evaluation length (``lengths``); failed runs, configurations still improving, parameter counts and how far
-  position parameters moved (``caveats``); the runs' code and machines (``provenance``); a study's tuning table
-  (linrope.analysis.tuning); a bytes report's Evidence section (linrope.analysis.evidence);
-* ``summary.csv``, ``pairs.csv`` and ``runs.csv`` (every run's own values); ``val_curves.png`` and
-  ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
-
-A folder of a study run in arms gets each arm's report and the study's table across them (linrope.analysis.arms)."""
+Groups per task the runs under the sweep folder(s) that differ only in their seed (linrope.analysis.runs) and writes
+into the sweep folder (or ``--out``), never over a file it did not write (``files``): ``report.md`` (per task the
+test score over seeds with its 95% t-interval, the paired differences of the study's pairs
+(linrope.analysis.study_config) and of ``--pair``, the tables by evaluation length (``lengths``), the ``caveats``,
+the runs' ``provenance``, a study's tuning table (linrope.analysis.tuning), a bytes report's Evidence section
+(linrope.analysis.evidence)); ``summary.csv``, ``pairs.csv``, ``runs.csv``, ``val_curves.png`` and
+``extrapolation.png`` (``_<task>`` appended when there are several tasks).  A study run in arms: linrope.analysis.arms."""
 
 from __future__ import annotations
 
