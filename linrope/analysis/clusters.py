@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from linrope.analysis.cells import write_csv
 from linrope.analysis.runs import Run
 from linrope.analysis.stats import P_FLOOR
 from linrope.base.errors import ResultsError
@@ -22,7 +23,6 @@ from linrope.base.errors import ResultsError
 SHINGLE = 8  # bytes per shingle: one uint64, exact
 THRESHOLD = 0.2  # the Jaccard similarity at which two documents are linked
 FILE = "clusters.csv"  # a study folder's record of its test documents' clusters (linrope.analysis.evidence)
-COLUMNS = ("document", "cluster", "bytes", "nearest", "jaccard")
 
 
 def shingles(data: bytes, k: int = SHINGLE) -> Optional[np.ndarray]:
@@ -111,16 +111,6 @@ def records(documents: Sequence[Tuple[str, bytes]], threshold: float = THRESHOLD
     return out
 
 
-def write(rows: Sequence[Dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-
-
-_write = write  # document_clusters' own ``write`` is a flag
-
-
 def read(path: Path) -> Optional[Dict[str, int]]:
     """{document: cluster} of a ``clusters.csv``, or None when there is none (or it is not one)."""
     try:
@@ -184,7 +174,7 @@ def document_clusters(
         if len(docs) == len(names):
             rows = records(docs)
             if write:
-                _write(rows, Path(out) / FILE)
+                write_csv(rows, Path(out) / FILE)
             return {r["document"]: int(r["cluster"]) for r in rows}, ""
         lacking = sorted(set(names) - {n for n, _ in docs})
         why = f"the corpus here lacks {len(lacking)} of the documents the runs scored ({', '.join(lacking[:3])})"

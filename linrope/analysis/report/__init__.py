@@ -11,7 +11,6 @@ the runs' ``provenance``, a study's tuning table (linrope.analysis.tuning), a by
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -24,6 +23,7 @@ from linrope.analysis.cells import (
     markdown_table,
     pair_record,
     seeds_text,
+    write_csv,
 )
 from linrope.analysis.report import files as outputs
 from linrope.analysis.report import provenance
@@ -251,14 +251,6 @@ def task_section(
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
     return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows, references)
-
-
-def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
 def selection_sentence(runs: Sequence[Run]) -> str:
