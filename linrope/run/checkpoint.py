@@ -1,18 +1,14 @@
-"""Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit.
+"""Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit (docs/reliability.md,
+"Checkpoints and resuming").
 
-- ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.builders.build_trainer adds it).
-  A checkpoint is written atomically (linrope.base.atomic: a temporary file of the writer's own, fsynced,
-  renamed over the old one), so a kill while writing leaves the previous checkpoint whole, and a full
-  disk is one ``DiskFull`` line.  Parameters that are not finite are never written.  Loading defaults
-  to ``weights_only=True``.
+- ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.builders.build_trainer adds it): written
+  atomically (linrope.base.atomic), a full disk one ``DiskFull`` line, parameters that are not finite never written.
 - ``load_checkpoint``: ``torch.load(weights_only=True)`` with one line for a missing or broken file.
-- ``check_state_dict``: one line naming the parameters that do not fit a model (when a run resumes into
-  another model config, or a model is loaded: ``LanguageModel.from_checkpoint``); a checkpoint of another
-  model whose parameters all fit is refused by ``linrope.models.spec.check_identity``.
+- ``check_state_dict``: one line naming the parameters that do not fit a model; a checkpoint of another model whose
+  parameters all fit is refused by ``linrope.models.spec.check_identity``.
 
-This module is about files: it imports nothing of the model (``linrope.training.lit`` imports it).  When ``last.ckpt``
-is written during a run is decided in linrope.run.last_checkpoint.
-"""
+It imports nothing of the model (``linrope.training.lit`` imports it); when ``last.ckpt`` is written is
+linrope.run.last_checkpoint's."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""One run folder, one run.
+"""One run folder, one run (docs/reliability.md, "Concurrent runs" and "Overwriting a finished run").
 
-- ``claim_run_folder(cfg)``: a run holds an exclusive lock on ``<run>/.linrope.lock``
-  (``flock``: the kernel drops it when the process ends, even by SIGKILL, so a lock is never stale).
-  A second run into the same folder is refused in one line.  A run folder that already holds a run
-  (checkpoints or a metrics.csv) is never overwritten: without ``ckpt_path`` it is refused in one line
-  that says how to resume it.
-- ``KeepEarlierRun``: the lock taken, and the same refusals made, as a Hydra callback (conf/hydra/default.yaml),
-  before Hydra writes ``.hydra/`` into the folder, so a refused run cannot replace the saved config of the earlier
-  one, nor of a run that started into the folder seconds before and has not reached train.py's checks yet;
-  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first, and a resume refused before
-  it begins (``resume_begins``) puts it back (``undo_refused_resume``): a refused resume changes nothing.  A sweep
-  is checked the same way, job folder by job folder, before its first job starts.
-
-Light: no torch, no Lightning."""
+``claim_run_folder(cfg)`` takes an exclusive lock on ``<run>/.linrope.lock`` (``flock``: never stale) and refuses, in
+one line, a second run into the folder and a run into a folder that holds one without ``ckpt_path``.
+``KeepEarlierRun`` does the same as a Hydra callback, before Hydra writes ``.hydra/`` into the folder, copying the
+earlier ``.hydra/`` aside on a resume, which ``undo_refused_resume`` puts back when the resume is refused before it
+begins (``resume_begins``).  Light: no torch, no Lightning."""
 
 from __future__ import annotations
 
