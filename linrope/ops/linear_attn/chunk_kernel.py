@@ -49,7 +49,7 @@ import torch
 
 from linrope.ops.rope import compute_dtype
 
-from . import native
+from . import native, native_chunk
 from .buffers import alloc
 from .common import feature_width, guard_denominator_, shared_features, unclamped
 from .features import Features, features_backward_, rotors_for, split_features
@@ -121,6 +121,8 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, docume
     shared = shared_features(cfg.rope)  # fold the denominator in as a column of ones
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
+    if native_chunk.usable(q, k, v, cfg, log_gamma, documents):  # the whole walk in one native loop
+        return native_chunk.forward(q, k, v, S0, z0, rot, cfg, blocks, out, denom)
     S = None if S0 is None else S0.to(dtype)
     z = None if z0 is None else z0.to(dtype)
     if shared and S is not None:  # the denominator rides along as the last value column: S' = [S | z]
