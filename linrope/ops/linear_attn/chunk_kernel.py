@@ -23,6 +23,8 @@ What is carried
   (D' = d, or d+1 for the cosine map φ(x) = [1, x̂].)
 Causal sequences are walked in blocks of whole chunks (``tables.plan_blocks``, through ``chunk.plan``), the state handed from
 block to block exactly as from chunk to chunk.
+For elu+1 with RoPE in the numerator, causal, normalised, without decay or packed documents, in float32/float64 on
+a CPU, the forward is one native loop per head instead (``native_chunk.py``), saving the same block states.
 
 Backward: with g = ∂L/∂o and D = den + eps,
     ∂L/∂num_i = g_i / D_i,   ∂L/∂den_i = -(g_i·o_i) / D_i,

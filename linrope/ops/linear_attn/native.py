@@ -6,6 +6,7 @@ along the positions of one head (4 096 × 64) takes about 280 µs on this machin
 (and two flips) per block; these loops take about 35 µs for the forward's, each position once, its d numbers in
 one SIMD pass.  ``elu_rope`` forms φ(x) = elu(x) + 1 and its rotation in one pass (torch's ops took three), and
 ``elu_rope_backward`` their gradient in one (four); docs/mathematics.md, "Native scans and features on a CPU".
+The vectorised exp (``EXP_SOURCE``) is shared with the native chunk loop (``native_chunk.py``).
 
 Compiled from ``SOURCE`` with ``torch.utils.cpp_extension.load_inline`` on first use (about 20 s; then cached by
 torch under ~/.cache/torch_extensions, keyed by the source) and called with the GIL released, so that the heads'
