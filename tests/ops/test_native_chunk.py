@@ -1,9 +1,9 @@
-"""The native chunk loop (linrope.ops.linear_attn.native_chunk): the chunk form's forward walked in C++ per
-(batch row, head), against the naive form in float64 and against the chunk form's torch ops: float32 and float64,
+"""The native chunk loop (linrope.ops.linear_attn.native_chunk): the chunk form's forward and backward walked in C++
+per (batch row, head), against the naive form in float64 and against the chunk form's torch ops: float32 and float64,
 a length that is no multiple of the chunk and spans several blocks, the initial state given and the final state
-returned, strided inputs, NaN-poisoned outputs, the heads' tasks on and off, under bfloat16 autocast, and the
-backward (unchanged) on the states it saves; the cases it does not serve run the torch path, and without the
-extension the torch path runs and the reason is one line."""
+returned and their gradients, strided inputs, NaN-poisoned outputs, the heads' tasks on and off, under bfloat16
+autocast, each direction on the states the other path saves; the cases it does not serve run the torch path, and
+without the extension the torch path runs and the reason is one line."""
 
 from __future__ import annotations
 
@@ -22,15 +22,21 @@ from tests.ops.test_native import needs_compiler
 
 @pytest.fixture
 def walks(monkeypatch):
-    """Counts the native walks (calls of ``native_chunk.forward``)."""
-    calls = []
-    forward = native_chunk.forward
+    """Counts the native walks: calls of ``native_chunk.forward``, and of its ``backward`` (in ``back_walks``)."""
+    calls, back = [], []
+    forward, backward = native_chunk.forward, native_chunk.backward
 
     def counted(*a, **k):
         calls.append(a[0].shape)
         return forward(*a, **k)
 
+    def counted_back(*a, **k):
+        back.append(a[3].shape)
+        return backward(*a, **k)
+
     monkeypatch.setattr(native_chunk, "forward", counted)
+    monkeypatch.setattr(native_chunk, "backward", counted_back)
+    monkeypatch.setattr(native_chunk, "back_walks", back, raising=False)
     return calls
 
 
@@ -62,8 +68,9 @@ def _run(fn, xs, state, w, **kw):
 @pytest.mark.parametrize("with_state", [False, True])
 def test_the_walk_matches_the_naive_form(monkeypatch, walks, dtype, as_tasks, with_state):
     """N = 300 (four chunks of 64 and one of 44) in blocks of one or two chunks, as one call or as the heads' tasks:
-    the walk runs, writes every output (poisoned), and its output, final state and — through the states it saved
-    for the backward — gradients agree with the naive form in float64 and with the chunk form's torch ops."""
+    the walks forward and backward run, write every output and gradient (poisoned), and the output, final state and
+    gradients (of q, k, v and the initial state) agree with the naive form in float64 and with the chunk form's
+    torch ops."""
     monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 2048)
     monkeypatch.setattr(heads, "ENABLED", as_tasks)
     monkeypatch.setattr(heads, "MIN_POSITIONS", 1)
@@ -75,10 +82,11 @@ def test_the_walk_matches_the_naive_form(monkeypatch, walks, dtype, as_tasks, wi
         with poison_buffers():
             got = _run(chunk_linear_attention, xs, state, w)
             assert walks and native_chunk.why_not() is None
-            assert len(walks) == (B * H if as_tasks else 1)  # one walk per task, or one for the call
+            tasks = B * H if as_tasks else 1
+            assert len(walks) == tasks and len(native_chunk.back_walks) == tasks  # per task, or one for the call
             monkeypatch.setattr(native_chunk, "ENABLED", False)
             torch_ops = _run(chunk_linear_attention, xs, state, w)
-            assert len(walks) == (B * H if as_tasks else 1)  # the torch path ran
+            assert len(walks) == tasks and len(native_chunk.back_walks) == tasks  # the torch path ran
     finally:
         torch.set_num_threads(threads)
     want = _run(
@@ -91,6 +99,28 @@ def test_the_walk_matches_the_naive_form(monkeypatch, walks, dtype, as_tasks, wi
 
 
 @needs_compiler
+@pytest.mark.parametrize("native_forward", [False, True])
+def test_each_direction_on_the_other_paths_states(monkeypatch, walks, native_forward):
+    """The forward of one path, the backward of the other: the saved block states mean the same to both, so the
+    gradients agree with those of the torch path alone."""
+    monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 1024)
+    xs, state, w = _inputs(("mixed", native_forward), 1, 2, 200, 8, 8, torch.float64, True)
+    leaves = [t.clone().requires_grad_() for t in xs + state]
+    with poison_buffers():
+        monkeypatch.setattr(native_chunk, "ENABLED", native_forward)
+        out, fin = chunk_linear_attention(*leaves[:3], initial_state=LinearAttentionState(*leaves[3:]),
+                                          output_final_state=True, rope="numerator")  # fmt: skip
+        monkeypatch.setattr(native_chunk, "ENABLED", not native_forward)
+        loss = (out * w[0]).sum() + (fin.S * w[1]).sum() + (fin.z * w[2]).sum()
+        mixed = torch.autograd.grad(loss, leaves)
+    assert len(walks) == int(native_forward) and len(native_chunk.back_walks) == int(not native_forward)
+    monkeypatch.setattr(native_chunk, "ENABLED", False)
+    want = _run(chunk_linear_attention, xs, state, w)[3:]
+    for i, (a, b) in enumerate(zip(mixed, want)):
+        assert not torch.isnan(a).any() and rel(a, b) < 1e-12, f"gradient {i}: {rel(a, b):.2e}"
+
+
+@needs_compiler
 def test_the_walk_under_bfloat16_autocast(walks):
     """float32 inputs under CPU autocast to bfloat16: the operator turns autocast off, so the walk runs and gives
     exactly the numbers it gives without autocast (and the fallback's within float32 rounding)."""
@@ -98,7 +128,7 @@ def test_the_walk_under_bfloat16_autocast(walks):
     plain = _run(chunk_linear_attention, xs, state, w)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         cast = _run(chunk_linear_attention, xs, state, w)
-    assert len(walks) == 2
+    assert len(walks) == 2 and len(native_chunk.back_walks) == 2
     for i, (a, b) in enumerate(zip(cast, plain)):
         assert a.dtype == b.dtype and torch.equal(a, b), f"result {i}"
 
@@ -121,7 +151,7 @@ def test_what_the_walk_does_not_serve_runs_the_torch_path(walks, change):
     if change.pop("documents", False):
         change["documents"] = torch.tensor([[0] * 30 + [1] * 40])
     out = chunk_linear_attention(q, k, v, **change)
-    assert not walks and not torch.isnan(out).any()
+    assert not walks and not native_chunk.back_walks and not torch.isnan(out).any()
     assert native_chunk.usable(q, k, v, Cfg("elu", "numerator", True, 1e-6, 64), None, None) == (dtype == torch.float32)
 
 
@@ -135,4 +165,4 @@ def test_without_the_extension_the_torch_path_runs(monkeypatch, walks):
     q, k, v = (torch.randn(1, 2, 75, 4, generator=g, dtype=torch.float64) for _ in range(3))
     got = chunk_linear_attention(q, k, v, rope="numerator")
     want = naive_linear_attention(q, k, v, rope="numerator")
-    assert not walks and rel(got, want) < 1e-12
+    assert not walks and not native_chunk.back_walks and rel(got, want) < 1e-12

@@ -24,7 +24,7 @@ What is carried
 Causal sequences are walked in blocks of whole chunks (``tables.plan_blocks``, through ``chunk.plan``), the state handed from
 block to block exactly as from chunk to chunk.
 For elu+1 with RoPE in the numerator, causal, normalised, without decay or packed documents, in float32/float64 on
-a CPU, the forward is one native loop per head instead (``native_chunk.py``), saving the same block states.
+a CPU, forward and backward are native loops per head instead (``native_chunk.py``), on the same block states.
 
 Backward: with g = ∂L/∂o and D = den + eps,
     ∂L/∂num_i = g_i / D_i,   ∂L/∂den_i = -(g_i·o_i) / D_i,
@@ -194,6 +194,9 @@ def chunk_backward(
     need_q, need_k, need_v = needs[:3]
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
+    if g_out is not None and native_chunk.usable(q, k, v, cfg, log_gamma, documents):  # one native loop per head
+        return native_chunk.backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z, cfg, needs,
+                                     blocks, grads)  # fmt: skip
     S_first = None if S0 is None else S0.to(dtype)
     z_first = None if z0 is None else z0.to(dtype)
     if shared and S_first is not None:
