@@ -228,12 +228,12 @@ def _load():
         return _state.get("ext")
 
 
-def _built() -> bool:
-    """torch's cache holds a build of the extension (of some source: a changed one is rebuilt, silently)."""
+def _built(name: str = NAME) -> bool:
+    """torch's cache holds a build of the extension ``name`` (of some source: a changed one is rebuilt, silently)."""
     try:
         from torch.utils.cpp_extension import _get_build_directory  # private: the notice is all that rests on it
 
-        return any(Path(_get_build_directory(NAME, False)).glob("*.so"))
+        return any(Path(_get_build_directory(name, False)).glob("*.so"))
     except Exception:  # noqa: BLE001
         return False
 

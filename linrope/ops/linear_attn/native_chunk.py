@@ -412,6 +412,8 @@ def _load():
             try:
                 from torch.utils.cpp_extension import load_inline
 
+                if not native._built(NAME):
+                    print(f"linrope: building {NAME} for the chunk kernel (once: torch caches it)", file=sys.stderr)
                 ext = load_inline(
                     NAME,
                     cpp_sources=SOURCE,
