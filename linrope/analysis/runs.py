@@ -96,7 +96,7 @@ def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
     earlier = sorted(path.parent.glob("metrics.before-resume-*.csv"), key=lambda p: _resume_index(p.stem))
     columns: List[str] = []
     rows: List[Dict[str, str]] = []
-    for part in [*earlier, path]:
+    for part in [*earlier, *([path] if path.is_file() or not earlier else [])]:  # a resume that logged nothing
         cols, more = _csv_rows(part)
         starts = [s for s in map(_step, more) if s is not None]
         if starts:
@@ -167,11 +167,18 @@ def is_linrope_run(run_dir: Path) -> bool:
         return False
 
 
+def metrics_files(folder: Path) -> List[Path]:
+    """Every CSVLogger's metrics.csv under ``folder``, sorted, also where only its history is there (a resumed run
+    that stopped before it logged again leaves ``metrics.before-resume-<k>.csv`` alone; ``metrics_rows`` reads it)."""
+    kept = {p.parent / "metrics.csv" for p in folder.rglob("metrics.before-resume-*.csv")}
+    return sorted({*folder.rglob("metrics.csv"), *kept})
+
+
 def run_folders(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Tuple[Path, Path]]:
-    """(run folder, its metrics.csv) of every linrope run under ``sweep`` (one per metrics.csv in a folder
-    ``is_linrope_run`` recognises); the metrics.csv files of other folders are listed in ``skipped`` when given."""
+    """(run folder, its metrics.csv) of every linrope run under ``sweep`` (one per ``metrics_files`` entry in a
+    folder ``is_linrope_run`` recognises); the metrics.csv files of other folders are listed in ``skipped``."""
     found = []
-    for metrics in sorted(sweep.rglob("metrics.csv")):
+    for metrics in metrics_files(sweep):
         if _tuning_run(metrics, sweep):
             continue
         run_dir = metrics.parent.parent if metrics.parent.name == "csv" else metrics.parent

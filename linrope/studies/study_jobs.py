@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
-from linrope.analysis.runs import COMPACT, compact_index, read_metrics
+from linrope.analysis.runs import COMPACT, compact_index, metrics_files, read_metrics
 from linrope.base.nested import flatten, under
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
@@ -69,7 +69,7 @@ def logged(folder: Path) -> Dict[str, List[Tuple[int, float]]]:
     """metric -> [(step, value)] of every metrics.csv under a job's folder, in path order (a resumed run's history
     included: ``analysis.runs.metrics_rows``)."""
     series: Dict[str, List[Tuple[int, float]]] = {}
-    for path in sorted(folder.rglob("metrics.csv")):
+    for path in metrics_files(folder):
         for key, values in read_metrics(path).items():
             series.setdefault(key, []).extend(values)
     return series

@@ -152,6 +152,21 @@ def test_runs_of_two_tokenizers_under_one_path_are_two_configurations():
     assert all("sha256=" in label for label in groups), list(groups)
 
 
+def test_a_resume_that_logged_nothing_still_finds_its_run(tmp_path):
+    """A resume that stopped before it logged (its checkpoint already at max_steps) leaves only
+    metrics.before-resume-0.csv: the run is still found, its curves read from that history."""
+    from linrope.analysis.runs import metrics_files, read_metrics, run_folders
+
+    run_dir = tmp_path / "sweep" / "0"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "config.yaml").write_text("model:\n  name: m\n")
+    (run_dir / "csv").mkdir()
+    (run_dir / "csv" / "metrics.before-resume-0.csv").write_text("step,val/bpb\n0,3.0\n10,2.5\n")
+    assert run_folders(tmp_path / "sweep") == [(run_dir, run_dir / "csv" / "metrics.csv")]
+    assert metrics_files(run_dir) == [run_dir / "csv" / "metrics.csv"]
+    assert read_metrics(run_dir / "csv" / "metrics.csv") == {"val/bpb": [(0, 3.0), (10, 2.5)]}
+
+
 def test_a_resumed_runs_history_before_the_resume_is_kept(tmp_path):
     """linrope.run.loggers renames metrics.csv to metrics.before-resume-<k>.csv when a run resumes; the resumed run
     logs again from its checkpoint's step.  The curves (and a compact copy) hold every step once, the earlier file's
