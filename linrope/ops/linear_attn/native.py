@@ -10,7 +10,8 @@ The vectorised exp (``EXP_SOURCE``) is shared with the native chunk loop (``nati
 
 Compiled from ``SOURCE`` with ``torch.utils.cpp_extension.load_inline`` on first use (about 20 s; then cached by
 torch under ~/.cache/torch_extensions, keyed by the source) and called with the GIL released, so that the heads'
-tasks (``heads.py``) run side by side; inside, the loops run on ATen's intra-op threads (``at::parallel_for``).
+tasks (``heads.py``) run side by side; inside, the loops run on the calling thread (compiled without OpenMP,
+``at::parallel_for`` runs its whole range there).
 Where the compiler or ninja is missing the kernel runs its torch ops and ``why_not()`` says why (one line, printed
 once).  ``ENABLED = False`` runs the torch ops everywhere (the benchmarks' old plan; the tests of both paths)."""
 
@@ -58,8 +59,8 @@ SOURCE = (
 #include <pybind11/pybind11.h>
 #include <ATen/Parallel.h>
 
-// Every loop runs on ATen's intra-op threads (at::parallel_for: one thread inside the heads' tasks, torch's
-// thread count in a whole call), over rows of at least GRAIN numbers.
+// Every loop is an at::parallel_for over rows of at least GRAIN numbers; this module is compiled without OpenMP,
+// so each runs its whole range on the calling thread (the heads' tasks of heads.py run side by side).
 static constexpr int64_t GRAIN = 32768;
 
 template <typename T>
