@@ -1,18 +1,7 @@
-"""Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit.
-
-- ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.builders.build_trainer adds it).
-  A checkpoint is written atomically (linrope.base.atomic: a temporary file of the writer's own, fsynced,
-  renamed over the old one), so a kill while writing leaves the previous checkpoint whole, and a full
-  disk is one ``DiskFull`` line.  Parameters that are not finite are never written.  Loading defaults
-  to ``weights_only=True``.
-- ``load_checkpoint``: ``torch.load(weights_only=True)`` with one line for a missing or broken file.
-- ``check_state_dict``: one line naming the parameters that do not fit a model (when a run resumes into
-  another model config, or a model is loaded: ``LanguageModel.from_checkpoint``); a checkpoint of another
-  model whose parameters all fit is refused by ``linrope.models.spec.check_identity``.
-
-This module is about files: it imports nothing of the model (``linrope.training.lit`` imports it).  When ``last.ckpt``
-is written during a run is decided in linrope.run.last_checkpoint.
-"""
+"""Checkpoints that survive a crash (written atomically: linrope.base.atomic), load with ``weights_only=True`` and
+say what does not fit (``check_state_dict``; a checkpoint of another model whose parameters all fit is refused by
+``linrope.models.spec.check_identity``).  About files only: it imports nothing of the model.  When ``last.ckpt`` is
+written is decided in linrope.run.last_checkpoint."""
 
 from __future__ import annotations
 
@@ -42,7 +31,9 @@ def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """TorchCheckpointIO that writes atomically, refuses non-finite parameters and loads weights only."""
+    """The Trainer's CheckpointIO (linrope.training.builders.build_trainer adds it): a kill while writing leaves the
+    previous checkpoint whole, a full disk is one ``DiskFull`` line, non-finite parameters are never written, and
+    loading defaults to ``weights_only=True``."""
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:

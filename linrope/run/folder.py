@@ -1,18 +1,9 @@
-"""One run folder, one run.
-
-- ``claim_run_folder(cfg)``: a run holds an exclusive lock on ``<run>/.linrope.lock``
-  (``flock``: the kernel drops it when the process ends, even by SIGKILL, so a lock is never stale).
-  A second run into the same folder is refused in one line.  A run folder that already holds a run
-  (checkpoints or a metrics.csv) is never overwritten: without ``ckpt_path`` it is refused in one line
-  that says how to resume it.
-- ``KeepEarlierRun``: the lock taken, and the same refusals made, as a Hydra callback (conf/hydra/default.yaml),
-  before Hydra writes ``.hydra/`` into the folder, so a refused run cannot replace the saved config of the earlier
-  one, nor of a run that started into the folder seconds before and has not reached train.py's checks yet;
-  a resume copies the earlier ``.hydra/`` to ``.hydra.before-resume-<k>/`` first, and a resume refused before
-  it begins (``resume_begins``) puts it back (``undo_refused_resume``): a refused resume changes nothing.  A sweep
-  is checked the same way, job folder by job folder, before its first job starts.
-
-Light: no torch, no Lightning."""
+"""One run folder, one run: a run holds an exclusive ``flock`` on ``<run>/.linrope.lock`` (the kernel drops it
+when the process ends, even by SIGKILL: a lock is never stale), so a second run into the folder is refused in one
+line, and so is a run into a folder that holds an earlier run (checkpoints or a metrics.csv) without ``ckpt_path``:
+it is never overwritten.  ``KeepEarlierRun`` does this before Hydra writes ``.hydra/``, ``claim_run_folder`` again
+in train.py; a resume refused before it begins changes nothing (``undo_refused_resume``).  Light: no torch, no
+Lightning."""
 
 from __future__ import annotations
 
@@ -140,12 +131,11 @@ def release_run_folder() -> None:
 
 
 class KeepEarlierRun(Callback):
-    """Hydra callback (conf/hydra/default.yaml), run before Hydra writes ``.hydra/`` into the run folder.
-
-    ``hydra.run.dir=<a folder that holds a run>`` would otherwise have its saved config replaced before
-    ``claim_run_folder`` can refuse: a folder in use by a live run, or one holding an earlier run's outputs
-    without ``ckpt_path``, is refused here in one line; a resume (``ckpt_path`` given) first copies the
-    earlier ``.hydra/`` to ``.hydra.before-resume-<k>/``, as the CSV history is kept beside it."""
+    """Hydra callback (conf/hydra/default.yaml), run before Hydra writes ``.hydra/`` into the run folder, which
+    would otherwise replace the saved config of the run there (or of one started into it seconds before) before
+    ``claim_run_folder`` can refuse; a resume (``ckpt_path`` given) first copies the earlier ``.hydra/`` to
+    ``.hydra.before-resume-<k>/``, as the CSV history is kept beside it.  A sweep is checked job folder by job
+    folder before its first job starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         """Hold the run folder first (a run starting into it seconds before has it: refused here, before Hydra
