@@ -21,7 +21,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 from pydantic import Field
 
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
-from linrope.base.options import declared, option_errors
+from linrope.base.options import Positive, declared, option_errors
 from linrope.models.attention import ATTENTION
 from linrope.positions import REGISTRY, PositionScheme, check_pairing, model_problems, scheme_class
 from linrope.positions import option_errors as position_errors
@@ -33,9 +33,6 @@ def scheme_or_base(name: Any):
     """The class of the scheme ``name``; for a name no scheme has (a config not yet checked), the base class, whose
     hooks say nothing of options it does not know."""
     return REGISTRY.get(name, PositionScheme) if isinstance(name, str) else PositionScheme
-
-
-Positive = Annotated[int, Field(ge=1)]
 
 
 @dataclass

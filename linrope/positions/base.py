@@ -55,12 +55,12 @@ from pydantic import Field
 from torch import nn
 
 from linrope.base.errors import ConfigError
+from linrope.base.options import Positive  # noqa: F401 - the schemes' modules import it from here
 
 from .functional import position_span
 from .randomized import MaxPosition, place_positions
 
 # the types of options several schemes take (their ranges, written once)
-Positive = Annotated[int, Field(ge=1)]
 Base = Annotated[float, Field(gt=0)]  # the wavelength base of sinusoids and RoPE
 InitStd = Annotated[float, Field(ge=0)]  # the std of a parameter's initial values
 # what the model passes every scheme itself: not options of model.position
