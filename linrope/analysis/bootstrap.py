@@ -1,21 +1,12 @@
 """Intervals that vary both sources of a study's noise: the training seed and the test documents (in clusters).
 
-The method, its reasons and its checks are in docs/methods.md, "Uncertainty".  In short: the input is, per
-configuration, seed and document, a pair ``(numerator, denominator)`` (nats and bytes; correct and count),
-``{config: {seed: {document: (nats, bytes)}}}``, every run scoring the same documents with the same denominators
-(both checked).  A configuration's value is the mean over its seeds of ``Σ numerator / Σ denominator``.  Each
-replicate draws seeds (paired when both configurations ran the same ones) and, independently, document clusters
-(``clusters``: {document: cluster}, linrope.analysis.clusters; else each document its own) with replacement,
-the crossed design's bootstrap (Owen 2007).
-
-``method="t"`` (the default): ``se² = Σ_k V_k n_k / (n_k − 1)`` over the levels k (seeds in closed form, the
-statistic being linear in their weights; document clusters from their own replicates), the interval
-``value ± t_{1−α/2, df} · se`` with Welch–Satterthwaite's df, ``p`` the two-sided t p; with one document it is
-the paired t of linrope.analysis.stats.  ``method="percentile"``: the percentile interval of the two-way replicates
-and ``p = min(1, 2 · (k + 1) / (B + 1))``, kept to compare with.  ``p_floor``: no p is printed below
-``max(10 / B, 1 / N)`` up to a power of ten, N the design's distinct resamples.  Every draw comes from
-``numpy.random.default_rng(seed)``: the same input and seed give the same numbers, whatever the mappings' order.
-Failed or stalled seeds are no input here: count them first (linrope.analysis.seed_outcomes)."""
+The method, its reasons and its checks: docs/methods.md, "Uncertainty" and "How precisely a p is printed".  The
+input is ``{config: {seed: {document: (numerator, denominator)}}}`` (nats and bytes; correct and count), every run
+scoring the same documents with the same denominators (both checked); ``clusters``, {document: cluster}
+(linrope.analysis.clusters), makes clusters the units drawn.  ``method="t"`` (the default): ``value ± t · se`` with
+Welch–Satterthwaite's df; ``method="percentile"``: the replicates' percentile interval, kept to compare with.  Every
+draw comes from ``numpy.random.default_rng(seed)``.  Failed or stalled seeds are no input here: count them first
+(linrope.analysis.seed_outcomes)."""
 
 from __future__ import annotations
 

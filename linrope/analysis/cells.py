@@ -3,6 +3,8 @@ record of a pair in pairs.csv (linrope.analysis.report and the tables beside it 
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from linrope.analysis.runs import Run
@@ -40,6 +42,15 @@ def markdown_table(header: List[str], lines: List[List[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(line) + " |" for line in lines]
     return "\n".join(out)
+
+
+def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
+    """The rows as a CSV file, the columns in the order the rows first name them (None: an empty cell)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
 def seeds_text(groups: Dict[str, List[Run]]) -> str:

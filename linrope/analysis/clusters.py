@@ -1,17 +1,11 @@
 """Test documents that are not independent draws: clusters of near-duplicates, the units that
-linrope.analysis.bootstrap resamples (docs/methods.md, "Uncertainty", where the rule's numbers are argued).
+linrope.analysis.bootstrap resamples (docs/methods.md, "Uncertainty": the rule and why its numbers).
 
-**The rule.**  A document's *shingles* are its distinct substrings of ``SHINGLE`` = 8 bytes, each one exact 64-bit
-integer.  Two documents are *linked* when their shingle sets' Jaccard similarity is at least ``THRESHOLD`` = 0.2;
-the clusters are the connected components of the links (single linkage).  A document shorter than 8 bytes has one
-shingle, itself.  Cluster ids are 0, 1, … in the order of each cluster's first document; the rule reads the bytes,
-never the names.  O(n² · mean size): about 0.03 s for the 33 test files.
-
-**In a report** (linrope.analysis.evidence, a study's table): ``document_clusters`` computes them from the corpus
-the runs name (``runs_corpus``) when it is here with the documents they scored, recorded as ``clusters.csv``; else
-reads a recorded ``clusters.csv`` (the report's folder, or the runs'); else none, and why.  ``cluster_lines``,
-``cluster_text``, ``floor_text`` and ``holm_floor_text`` are what a report says of them and of its p floor.
-Light: numpy only."""
+Two documents are linked when the Jaccard similarity of their sets of ``SHINGLE``-byte substrings is at least
+``THRESHOLD``; the clusters are the connected components of the links, numbered in the order of their first
+document.  ``document_clusters`` gives a report its clusters (computed from the runs' corpus, else a recorded
+``clusters.csv``); ``cluster_lines``, ``cluster_text``, ``floor_text`` and ``holm_floor_text`` are what a report
+says of them and of its p floor."""
 
 from __future__ import annotations
 
@@ -21,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from linrope.analysis.cells import write_csv
 from linrope.analysis.runs import Run
 from linrope.analysis.stats import P_FLOOR
 from linrope.base.errors import ResultsError
@@ -28,7 +23,6 @@ from linrope.base.errors import ResultsError
 SHINGLE = 8  # bytes per shingle: one uint64, exact
 THRESHOLD = 0.2  # the Jaccard similarity at which two documents are linked
 FILE = "clusters.csv"  # a study folder's record of its test documents' clusters (linrope.analysis.evidence)
-COLUMNS = ("document", "cluster", "bytes", "nearest", "jaccard")
 
 
 def shingles(data: bytes, k: int = SHINGLE) -> Optional[np.ndarray]:
@@ -117,16 +111,6 @@ def records(documents: Sequence[Tuple[str, bytes]], threshold: float = THRESHOLD
     return out
 
 
-def write(rows: Sequence[Dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-
-
-_write = write  # document_clusters' own ``write`` is a flag
-
-
 def read(path: Path) -> Optional[Dict[str, int]]:
     """{document: cluster} of a ``clusters.csv``, or None when there is none (or it is not one)."""
     try:
@@ -190,7 +174,7 @@ def document_clusters(
         if len(docs) == len(names):
             rows = records(docs)
             if write:
-                _write(rows, Path(out) / FILE)
+                write_csv(rows, Path(out) / FILE)
             return {r["document"]: int(r["cluster"]) for r in rows}, ""
         lacking = sorted(set(names) - {n for n, _ in docs})
         why = f"the corpus here lacks {len(lacking)} of the documents the runs scored ({', '.join(lacking[:3])})"

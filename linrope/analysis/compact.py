@@ -1,18 +1,9 @@
-"""A study's results in compact form, in place of a folder per run (``python -m linrope study <part> --compact``):
-
-* ``runs.json`` — per run: its folder's name, its study record (``study_job.json``: the job, command, threads,
-  wall time, when it finished) and what linrope.analysis.runs reads of a run folder (``folder_record``);
-* ``curves.csv`` — every row of every run's ``metrics.csv``, the run's name in front;
-* ``results.csv`` — for a reader: a row per run with its seed, job and steps, every metric's last value, the
-  extrapolation table's values at each length, and its provenance;
-* ``documents.csv``, ``positions.csv`` — each extrapolation row's loss per test document and per position bucket
-  (bytes runs that kept them), the run's name in front.
-
-``linrope.analysis.runs.find_runs`` reads them into the same runs as the folders (a folder still there wins).  The
-raw logs (``train.log``, Hydra's ``hydra.yaml``, ``hparams.yaml``) are not kept: nothing is computed from them.
-linrope study writes these after each job it finishes (``finished_only``) and commits them with ``--commit``; a
-study's tuning runs are kept the same way in ``<study>/tuning/`` beside ``tuning.json`` (linrope.analysis.tuning).
-Light: no torch."""
+"""A study's results in compact form, in place of a folder per run (``python -m linrope study <part> --compact``;
+docs/methods.md, "Studies that outlive a session"): ``runs.json`` (per run its folder's name, its study record
+``study_job.json`` and ``folder_record``), ``curves.csv`` (every row of every run's ``metrics.csv``), ``results.csv``
+(a row per run for a reader) and, for bytes runs with details, ``documents.csv`` and ``positions.csv``, the run's
+name in front.  ``linrope.analysis.runs.find_runs`` reads them into the same runs as the folders (a folder still
+there wins); the raw logs are not kept: nothing is computed from them."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """What a bytes comparison rests on (docs/methods.md, "Evidence" and "Uncertainty", where each rule is argued):
-``section`` gives a report's "Evidence" section for runs that kept their loss per document
-(linrope.evaluation.extrapolation: ``per_document`` / ``per_position`` on each extrapolation row):
-
-* **scored text** — per configuration, the bytes and documents its test and extrapolation rows scored;
-* **reference rows** — a unigram and a Kneser–Ney 5-gram byte model (linrope.evaluation.references) scored
-  through the windows of each model row (``references.csv``); a seed above its row's unigram has collapsed there,
-  counted per configuration and row, and a comparison at that row gets no verdict (it keeps its interval and its
-  place in the family);
-* **seeds** — failed seeds counted, never averaged, and left out of the comparisons (linrope.analysis.seed_outcomes);
-* **clusters** — the test documents' clusters of near-duplicates (linrope.analysis.clusters);
-* **comparisons** — each A − B on a bytes metric (``test/bpb``; ``bpb@2048 windows``: that row) from the paired
-  bootstrap over seeds and document clusters, with raw, Holm (the verdict) and Benjamini–Hochberg p
-  (linrope.analysis.multiplicity); ``evidence.csv``;
-* **per position** — at the longest length, the loss by position in the window beside the context-limited
-  control: a table and ``positions.png``."""
+``section`` gives a report's "Evidence" section for runs that kept their loss per document: the text scored, the
+reference rows (a unigram and a Kneser–Ney 5-gram scored through each model row's windows, ``references.csv``; a
+seed above its row's unigram has collapsed there), failed seeds (linrope.analysis.seed_outcomes), the test
+documents' clusters (linrope.analysis.clusters), each comparison A − B from the paired bootstrap with raw, Holm and
+Benjamini–Hochberg p (linrope.analysis.multiplicity; ``evidence.csv``), and the loss by position beside the
+context-limited control (``positions.png``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""A report's family of comparisons, corrected for their number (docs/methods.md, "A report's family").
-
-Verdicts use Holm's step-down adjusted p (family-wise error at α under any dependence); Benjamini–Hochberg's
-(false discovery rate) is shown beside it; the interval beside a verdict is the simultaneous one at ``1 − α / m``
-(Bonferroni), and a Holm rejection whose interval still includes 0 says so.  ``m`` counts the comparisons with a
-p-value.  The adjusted p-values are statsmodels' ``multipletests``, imported when a family is first adjusted: it
+"""A report's family of comparisons, corrected for their number (docs/methods.md, "A report's family"): verdicts on
+Holm's adjusted p, Benjamini–Hochberg's beside it, the simultaneous (Bonferroni) interval at ``1 − α / m``, ``m``
+the comparisons with a p-value.  statsmodels' ``multipletests`` is imported when a family is first adjusted: it
 brings pandas (half a second), which a report's command line should not wait for."""
 
 from __future__ import annotations

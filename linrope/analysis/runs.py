@@ -1,16 +1,8 @@
-"""The runs of a sweep folder, read back for ``linrope report``: each run's metrics
-(``<run>/csv/metrics.csv``, Lightning's CSVLogger), its composed config (``<run>/.hydra/config.yaml``,
-flattened to dotted keys), its extrapolation table (``<run>/extrapolation.csv``) and its parameter record
-(``<run>/parameters.json``, linrope.training.movement; else the ``n_params`` the loggers got, ``csv/hparams.yaml``),
-grouped per task into configurations that differ only in their seed.  A value that is NaN or infinite
-counts as no value: ``by_seed`` leaves it out, and the report names the run (linrope.analysis.report.caveats).
-
-A study's committed results are the same runs in compact form (linrope.analysis.compact): ``runs.json`` holds
-each run's ``folder_record`` (what is read above but the curves) and ``curves.csv`` every row of every
-run's metrics.csv.  ``find_runs`` reads both: a run folder, else its record, into the same ``Run``.
-
-A study's tuning runs (``<study>/tuning/``, linrope.studies.study_tuning) are not among its runs: ``run_folders``
-and ``find_runs`` of a folder leave out every ``tuning/`` below it (read that folder itself to see them)."""
+"""The runs of a sweep folder, read back for ``linrope report``: each run's metrics (``<run>/csv/metrics.csv``), its
+composed config (``.hydra/config.yaml``, flattened to dotted keys), its extrapolation table and its parameter record,
+grouped per task into configurations that differ only in their seed; a run in compact form
+(linrope.analysis.compact) is read into the same ``Run``.  A value that is NaN or infinite counts as no value.  A
+study's tuning runs (``<study>/tuning/``) are never among its runs: read that folder itself to see them."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Outcomes per seed that a mean ± t would misstate (docs/methods.md, "Failed seeds are counted"):
-
-* **failed seeds** — no value (unfinished), not finite (diverged), or on the wrong side of the caller's bar
-  (``worse_above``: a bits per byte above the unigram's, the run stalled; ``worse_below``: recall not learned):
-  "k of n seeds fail", with min / median / max of the others, never a mean ± t over a mixture;
-* **a split** — no seed fails, yet sorted, the largest gap between neighbours exceeds ``ratio`` (3) times the wider
-  group's range, counted as at least ``min_gap`` (1% of the median's magnitude): ``bimodal``, shown as the two
-  groups.
-
-With neither, the outcome is the mean ± the t half-width of linrope.analysis.stats.  Light: standard library only."""
+"""Outcomes per seed that a mean ± t would misstate (docs/methods.md, "Failed seeds are counted"): failed seeds
+(no value, not finite, or on the wrong side of the caller's bar) counted with min / median / max of the others, and
+a split into two groups (``bimodal``); else the mean ± t of linrope.analysis.stats."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Small-sample statistics for sweep reports, Student's t distribution from scipy.
-
-* ``t_quantile`` / ``t_two_sided`` — Student's t quantile and two-sided p-value: scipy.special's ``stdtrit`` and
-  ``stdtr``, the functions ``scipy.stats.t.ppf`` and ``t.sf`` call (without scipy.stats' argument handling, which
-  costs 50 µs a call and a second to import);
-* ``mean_ci`` — mean of the values and the two-sided t-interval ``mean ± t_{1-α/2, n-1} · s / √n``;
-* ``paired`` — the paired difference A − B over the seeds both have: mean difference, its t-interval
-  and the two-sided p-value of the paired t-test (H0: mean difference 0).
-* ``p_text`` — how every report prints a p-value: never below a floor (``P_FLOOR``, or an estimate's own,
-  linrope.analysis.bootstrap.p_floor), "< floor" below it.
-
-Runs that share a seed share their data order and initialisation, so the paired test removes
-that shared part of the noise; an unpaired comparison would count it twice."""
+"""Small-sample statistics for sweep reports (docs/methods.md, "Runs are paired by seed"): Student's t from scipy.special
+(``stdtrit``, ``stdtr``: what ``scipy.stats.t.ppf`` and ``t.sf`` call, without scipy.stats' argument handling, which
+costs 50 µs a call and a second to import), a mean's t-interval (``mean_ci``), the paired t over the seeds two
+configurations share (``paired``), and how every report prints a p-value (``p_text``)."""
 
 from __future__ import annotations
 

@@ -1,39 +1,11 @@
 """What a study claims, read from its config: ``conf/study/<experiment>.yaml``, beside its experiment.
 
-A study is data: the pairs its reports compare, the claims it tables across its arms (text, metric, A, B), the
-verdict each claim gets and the positive control its runs must pass all live in the YAML file; ``linrope report``
-(``linrope.analysis.report``, ``linrope.analysis.arms``) is one code path for every study.  The file is found from
-the runs: every experiment sets ``task_name`` to its own name, so runs of ``task_name: <experiment>`` are read with
-``conf/study/<experiment>.yaml``; runs of an experiment without a study file (a sweep of your own) with
-``conf/study/default.yaml``; ``--study NAME|FILE`` chooses another.  The file lives beside the experiment, not in
-it: an experiment file is merged into every run's config (``# @package _global_``), where a report's claims
-have no place.  Keys, each optional (docs/methods.md, "Studies are data"):
-
-* ``pairs`` — ``[[A, B], …]``: compared (A − B over matching seeds) in every report of the study's runs where both
-  configurations ran; ``--pair A:B`` adds more.  A claim's pair is compared too;
-* ``metric`` — the study's metric (the ``configurations`` table, the control, a claim that names none);
-* ``arms`` — the study runs in arms, one folder each (``folder`` + N: ``steps800/``), every run of which recorded
-  ``key`` = N; ``label`` names an arm's column (``"{n} steps"``), ``task`` the runs' task, ``axis`` a figure's x;
-* ``claims`` — ``[{text, metric, a, b}, …]``: tabled per arm; metric ``test/<name>`` (``val/``, ``train/``: the
-  logged value) or ``bpb@<length>`` / ``acc@<length>`` (the extrapolation table at that length, as trained);
-* ``verdict`` — what became of each claim from the first arm to the last: ``column``, and for each outcome
-  (``OUTCOMES``) ``[verdict, legend]``;
-* ``control`` — ``{configuration, at_least | at_most, what}``: the bar the control meets in every seed at every arm;
-* ``table`` — the arms' table: ``file`` (``<file>.md``, ``.csv``, ``.png``), ``title``, ``intro`` (``{arms}``,
-  ``{folders}``, ``{verdicts}`` filled in), ``claims_intro``, ``configurations`` and ``per_run`` (sections shown),
-  ``figure`` (``claims`` or ``by_arm``), ``figure_title``, ``caption``, ``by_order`` (a logged metric's name less
-  its order, ``test/acc_q``: the metric by query order per configuration and arm, linrope.analysis.arms.by_order) and
-  ``collapse_below`` (a seed of a configuration other than the control whose metric is below it has collapsed:
-  counted in that table, not averaged);
-* ``tuning`` — ``{key, grid, factor, max_extensions, seed, metric, mode}``: the study's tuning stage
-  (linrope.studies.study_tuning): each configuration trains at every ``grid`` value of ``key`` at seed ``seed`` with
-  the main runs' budget, scored on ``metric`` (``val/<name>``: validation only) by its best logged value (``mode``
-  min or max); a best at an edge of the values tried adds the next value beyond it (× or ÷ ``factor``), at most
-  ``max_extensions`` times; the main runs train at the chosen value.  ``key``, ``grid`` and ``metric`` are needed;
-  ``factor`` 2, ``max_extensions`` 3, ``seed`` 0 and ``mode`` min unless given.
-
-Read with ``yaml.safe_load``: nothing in it is built or imported.  A bad key, metric or pair is one line
-(``linrope.base.errors.ConfigError``) naming the file and the key.  Light: no torch."""
+A study is data: its pairs, the claims it tables across its arms, their verdicts and its positive control live in
+the YAML file, and ``linrope report`` (``linrope.analysis.report``, ``linrope.analysis.arms``) is one code path for
+every study.  Runs of ``task_name: <experiment>`` are read with ``conf/study/<experiment>.yaml``, others with
+``conf/study/default.yaml``; ``--study NAME|FILE`` chooses another.  The keys and why the file sits beside its
+experiment: docs/methods.md, "Studies are data".  Read with ``yaml.safe_load``: nothing in it is built or imported;
+a bad key, metric or pair is one line (``linrope.base.errors.ConfigError``) naming the file and the key."""
 
 from __future__ import annotations
 

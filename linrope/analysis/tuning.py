@@ -1,17 +1,7 @@
-"""A study's tuning record, ``<study>/tuning.json`` (written by linrope.studies.study_tuning), and its table in
-the report (``linrope report``: report.md's "Tuning" section).
-
-The record holds what the tuning stage did and the rule it followed: the setting tuned (``key``), the metric
-(validation only) and which way is best (``mode``); the ``protocol`` every configuration got alike (grid, factor,
-extensions allowed, seed, steps; test and extrapolation off); per configuration the values tried in ascending order,
-each with its tuning run's folder (``tuning/<run>``), score (the best value of the metric logged over the run, None
-when it logged none that is finite), the step of that value (``best_step``), the last step it logged (``last_step``:
-the table's column, where a run stopped early shows) and its wall time; the value
-chosen, and whether it is interior (False: at an edge of the values tried after the extensions allowed; None: the
-tuning of the configuration has not finished); optionally a ``note`` where the choice went beyond the protocol
-(printed under the table).  The tuning runs themselves are in compact form in
-``<study>/tuning/`` (runs.json, curves.csv, results.csv: linrope.analysis.compact), committed with the record.
-Light: json."""
+"""A study's tuning record, ``<study>/tuning.json`` (written by linrope.studies.study_tuning; docs/methods.md,
+"Tuning"), and its table in the report: the setting tuned, its metric and rule, per configuration the values tried
+(each with its run's folder, score, ``best_step``, ``last_step`` and wall time), the value chosen and whether it is
+interior (False: at an edge after the extensions allowed; None: unfinished), and an optional ``note``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,14 @@
-"""Checkpoints that survive a crash (written atomically: linrope.base.atomic), load with ``weights_only=True`` and
-say what does not fit (``check_state_dict``; a checkpoint of another model whose parameters all fit is refused by
-``linrope.models.spec.check_identity``).  About files only: it imports nothing of the model.  When ``last.ckpt`` is
-written is decided in linrope.run.last_checkpoint."""
+"""Checkpoints that survive a crash, load with ``weights_only=True`` and say what does not fit (docs/reliability.md,
+"Checkpoints and resuming").
+
+- ``AtomicCheckpointIO``: the Trainer's CheckpointIO plugin (linrope.training.builders.build_trainer adds it): written
+  atomically (linrope.base.atomic), a full disk one ``DiskFull`` line, parameters that are not finite never written.
+- ``load_checkpoint``: ``torch.load(weights_only=True)`` with one line for a missing or broken file.
+- ``check_state_dict``: one line naming the parameters that do not fit a model; a checkpoint of another model whose
+  parameters all fit is refused by ``linrope.models.spec.check_identity``.
+
+It imports nothing of the model (``linrope.training.lit`` imports it); when ``last.ckpt`` is written is
+linrope.run.last_checkpoint's."""
 
 from __future__ import annotations
 
@@ -31,9 +38,7 @@ def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """The Trainer's CheckpointIO (linrope.training.builders.build_trainer adds it): a kill while writing leaves the
-    previous checkpoint whole, a full disk is one ``DiskFull`` line, non-finite parameters are never written, and
-    loading defaults to ``weights_only=True``."""
+    """TorchCheckpointIO that writes atomically, refuses non-finite parameters and loads weights only."""
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:

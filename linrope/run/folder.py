@@ -1,9 +1,10 @@
-"""One run folder, one run: a run holds an exclusive ``flock`` on ``<run>/.linrope.lock`` (the kernel drops it
-when the process ends, even by SIGKILL: a lock is never stale), so a second run into the folder is refused in one
-line, and so is a run into a folder that holds an earlier run (checkpoints or a metrics.csv) without ``ckpt_path``:
-it is never overwritten.  ``KeepEarlierRun`` does this before Hydra writes ``.hydra/``, ``claim_run_folder`` again
-in train.py; a resume refused before it begins changes nothing (``undo_refused_resume``).  Light: no torch, no
-Lightning."""
+"""One run folder, one run (docs/reliability.md, "Concurrent runs" and "Overwriting a finished run").
+
+``claim_run_folder(cfg)`` takes an exclusive lock on ``<run>/.linrope.lock`` (``flock``: never stale) and refuses, in
+one line, a second run into the folder and a run into a folder that holds one without ``ckpt_path``.
+``KeepEarlierRun`` does the same as a Hydra callback, before Hydra writes ``.hydra/`` into the folder, copying the
+earlier ``.hydra/`` aside on a resume, which ``undo_refused_resume`` puts back when the resume is refused before it
+begins (``resume_begins``).  Light: no torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -131,11 +132,12 @@ def release_run_folder() -> None:
 
 
 class KeepEarlierRun(Callback):
-    """Hydra callback (conf/hydra/default.yaml), run before Hydra writes ``.hydra/`` into the run folder, which
-    would otherwise replace the saved config of the run there (or of one started into it seconds before) before
-    ``claim_run_folder`` can refuse; a resume (``ckpt_path`` given) first copies the earlier ``.hydra/`` to
-    ``.hydra.before-resume-<k>/``, as the CSV history is kept beside it.  A sweep is checked job folder by job
-    folder before its first job starts."""
+    """Hydra callback (conf/hydra/default.yaml), run before Hydra writes ``.hydra/`` into the run folder.
+
+    ``hydra.run.dir=<a folder that holds a run>`` would otherwise have its saved config replaced before
+    ``claim_run_folder`` can refuse: a folder in use by a live run, or one holding an earlier run's outputs
+    without ``ckpt_path``, is refused here in one line; a resume (``ckpt_path`` given) first copies the
+    earlier ``.hydra/`` to ``.hydra.before-resume-<k>/``, as the CSV history is kept beside it."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         """Hold the run folder first (a run starting into it seconds before has it: refused here, before Hydra

@@ -1,21 +1,11 @@
-"""What produced a number: the code, the libraries, the machine and the run's own settings.
+"""What produced a number: the code, the libraries, the machine and the run's own settings (docs/usage.md,
+"Provenance").
 
-``collect(...)`` gathers, once per run:
-
-* ``linrope``: the package version; ``commit`` (``git rev-parse HEAD`` of the package's source folder, or
-  ``"not a git checkout"`` when installed from a wheel), ``dirty`` (local changes to tracked files),
-  ``diff_hash`` (the first 12 hex digits of the SHA-256 of ``git diff HEAD``; null when clean) and ``code``
-  (12 hex digits naming what a run executes: the committed trees of ``linrope/`` and ``conf/`` with their
-  uncommitted changes; commits that change only results, docs or tests share it, so a study that commits
-  each run as it finishes is still one code);
-* ``versions``: python, torch, lightning, hydra-core, wandb, einops and fla (null when not installed);
-* ``machine``: CPU model, ``torch.get_num_threads()``, GPU model and driver (null without CUDA), host;
-* ``precision``, ``seed``, ``command`` (the command line), ``overrides`` (Hydra's, in a sweep the job's own),
-  ``started`` (UTC, ISO 8601).
-
-It is written to ``<run folder>/provenance.json`` (``write``), put in every checkpoint under
-``PROVENANCE_KEY`` (plain strings, numbers and lists: it loads with ``weights_only=True``), into the wandb
-config and the CSV logger's hparams.yaml (``provenance``), and read back by ``linrope report``.
+``collect(...)`` gathers, once per run: ``linrope`` (version, ``commit``, ``dirty``, ``diff_hash`` and ``code``, 12
+hex digits naming the committed trees of ``linrope/`` and ``conf/`` with their uncommitted changes, so commits that
+change only results, docs or tests share it), ``versions``, ``machine``, ``precision``, ``seed``, ``command``,
+``overrides`` and ``started``.  ``write`` puts it in ``<run folder>/provenance.json``; it is also in every checkpoint
+under ``PROVENANCE_KEY`` (plain values: it loads with ``weights_only=True``), the wandb config and hparams.yaml.
 
 Foundation layer: no Lightning, no linrope import; torch only inside ``collect`` (it is loaded by then)."""
 

@@ -1,15 +1,12 @@
 """A run stopped by SIGTERM (a scheduler's preemption) or SIGINT (Ctrl+C): every process ends the same step,
-``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number.
+``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number
+(docs/reliability.md, "Several processes (DDP)": why a flag every step, and through gloo).
 
 ``SignalStop`` (a callback linrope.training.builders.build_callbacks always adds) replaces the two handlers while
-training runs.  A handler only notes the signal; after each training step every process learns whether any
-of them was signalled (one all-reduce under DDP), and all of them then ask Lightning to stop after that step
-(linrope.run.lightning_internals.stop_after_this_step), which raises Lightning's ``SIGTERMException``.
-The flag travels between the hosts only: a CPU tensor through gloo (the run's own group when it is gloo, else
-a gloo group made once beside NCCL's), so the exchange never waits for the accelerator (no host sync; see
-docs/reliability.md#several-processes-ddp for why it is still every step).
-Lightning's own SIGTERM handler broadcasts from inside the handler, which hangs every rank when the signal
-reaches a process other than rank 0 first.  A second Ctrl+C interrupts at once."""
+training runs; a handler only notes the signal, and after each step every process learns whether any was signalled
+and asks Lightning to stop (linrope.run.lightning_internals.stop_after_this_step).  Lightning's own SIGTERM handler
+broadcasts from inside the handler, which hangs every rank when the signal reaches a process other than rank 0
+first.  A second Ctrl+C interrupts at once."""
 
 from __future__ import annotations
 

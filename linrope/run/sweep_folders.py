@@ -1,23 +1,12 @@
-"""The folder of each job of a sweep (``python train.py -m …``), named by what distinguishes the job:
-``logs/<task_name>/multiruns/<time>/<name>/``, the name made of the override values that differ between the
-sweep's jobs (``softmax_rope-seed1``, ``linear_rope-seed2``; ``linrope.base.naming.job_names``), as
-``python -m linrope study <folder> <the same overrides>`` names its job folders.
+"""The folder of each job of a sweep (``python train.py -m …``), named by what distinguishes the job (docs/usage.md,
+"Sweeps on a machine or a cluster"): ``logs/<task_name>/multiruns/<time>/<name>/``, as ``linrope study`` names its
+job folders (``linrope.base.naming.job_names``).
 
 ``conf/hydra/default.yaml`` sets ``hydra.sweep.subdir: ${linrope.job_folder:}``; Hydra resolves it in the process
-that runs the job (the launcher's, or the one submitit started), from the job's own config.  That config holds
-only the job's overrides; which values differ between jobs comes from the sweep's: ``multirun.yaml``, which
-Hydra's basic sweeper writes into the sweep folder before its first job starts (its command line and
-``hydra.sweeper.params``).  The jobs are expanded as ``linrope sweeps`` and ``linrope study`` expand them
-(``expand``: the command line's sweep of a key replaces the config's), named, and the job found among them
-by its overrides.
-
-A job that cannot be found so (a sweeper that chooses its jobs as it goes, such as optuna's; a
-``multirun.yaml`` of another sweep) is named ``<job number>-<its values of the sweeper's params>``
-(``3-lr0.0012-warmup_steps30``): the number keeps two trials of the same values apart.  Either way the name is
-one folder (``linrope.base.naming.safe_name``: a ``/`` of ``data.path=/some/dir`` never nests a folder or leaves
-the sweep's) and no two jobs of a sweep share one.
-
-Light: Hydra and omegaconf only."""
+that runs the job, from the job's own config, which holds only the job's overrides: the values that differ between
+jobs come from the sweep's ``multirun.yaml`` (written before its first job starts), expanded as ``linrope sweeps``
+expands them (``expand``).  A job not found so (a sweeper that chooses its jobs as it goes, such as optuna's) is
+named ``<job number>-<its values of the sweeper's params>``.  Light: Hydra and omegaconf only."""
 
 from __future__ import annotations
 

@@ -4,31 +4,21 @@
     python -m linrope study docs/results/budget/steps3200 experiment=budget --list
     python -m linrope study /tmp/s experiment=budget optim.lr=3e-3    (no tuning: the learning rate is given)
 
-The jobs are those ``python train.py -m <overrides>`` would launch (``linrope sweeps``: the sweep of the
-experiment and of the command line).  Each job trains in ``<dir>/<name>``, its name made of the values
-that differ between jobs (``linear_rope-seed1``), as ``python -m linrope train <job> hydra.run.dir=...
-ckpt_path=auto`` (``logger=csv`` and no progress bar unless given), with cores / jobs threads each unless ``--threads``.
+The jobs are those ``python train.py -m <overrides>`` would launch (``linrope sweeps``), each checked
+(linrope.config.checks) before the first starts.  Each trains in ``<dir>/<name>`` (``linear_rope-seed1``) as
+``python -m linrope train <job> hydra.run.dir=... ckpt_path=auto`` (``logger=csv`` and no progress bar unless given),
+with cores / jobs threads each unless ``--threads``; paths are read from where the driver was started.  What the
+driver keeps (docs/methods.md, "Studies that outlive a session"):
 
-* A job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name: a folder holding
-  another is refused, naming the keys that differ, unless ``--new-folder`` gives the job one of its own.
-* Every job's configuration is checked (values, pairings: linrope.config.checks) before the first one starts.
-* A job whose folder holds ``study_job.json`` and its configuration has finished: it is skipped.
-* A job stopped part-way (a session ending, Ctrl+C) resumes from its ``last.ckpt`` on the next call.
-* SIGTERM or SIGINT (Ctrl+C) to the driver: each running job saves ``last.ckpt`` and stops (resumable, not
-  failed), no job starts, one line gives the command that resumes, and the driver exits 143 / 130.
-* Each finished job is added to the study's compact results (``<dir>/runs.json``, ``curves.csv``,
-  ``results.csv``: linrope.analysis.compact), the form a study is committed in; the run folders stay out of git
-  (``<dir>/.gitignore``).  ``--compact`` writes them from the folders alone, training nothing.
-* ``--commit`` commits the compact results as each job finishes, one commit per study part
-  (linrope.studies.study_git).
-* A job that fails is reported (with its log) and left unfinished; the others go on; exit status 1.
-* Two drivers may share a study (one started later to add cores): a job whose folder another run holds
-  (its lock, linrope.run.folder) is left to it.
-* Paths mean what they say from any folder: the study folder, ``data.path`` and ``--config-dir`` are read
-  from where the driver was started (each job runs there, its run folder given absolute).
-* Tuning first, when the study's config declares it (``tuning`` in ``conf/study/<task_name>.yaml``): each
-  configuration's learning rate chosen on validation in ``<dir>/tuning/``, recorded in ``<dir>/tuning.json``, before
-  its main jobs train with it (linrope.studies.study_tuning); ``optim.lr=...`` on the command line skips it.
+* a job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name;
+* a finished job (``study_job.json``) is skipped, a stopped one resumes from its ``last.ckpt``;
+* SIGTERM or SIGINT: each running job saves ``last.ckpt`` and stops, one line gives the command that resumes, exit
+  143 / 130;
+* each finished job joins the compact results (linrope.analysis.compact; ``--compact`` writes them from the folders
+  alone), committed with ``--commit`` (linrope.studies.study_git); the run folders stay out of git;
+* a failed job is reported with its log, the others go on, exit status 1;
+* two drivers may share a study: a job another holds (its lock, linrope.run.folder) is left to it;
+* tuning first when the study's config declares it (linrope.studies.study_tuning).
 
 ``python -m linrope report <dir>`` reads whatever has finished."""
 

@@ -1,15 +1,8 @@
-"""A study part's one commit (``linrope study --commit``): the part's compact results (linrope.analysis.compact)
-committed as each job finishes, amending the commit the part made before while it is still the branch's own.
-
-Why amend rather than commit once at the end: a session can be killed at any moment (SIGKILL, a machine taken
-back), and a finished run must never wait in the working tree for the part to end.  Each finished job is in a
-commit at once; the part still ends as one commit (subject ``<part>: N of M jobs finished``, one body line per
-finished job with its test metrics and wall time, and the trailer ``Study-part: <part>``).  The commit is
-amended only while it is HEAD, has one parent, changes nothing outside the part's folder, and no other ref
-(a merge into another branch, a push, a branch made from it) holds it; else a new commit starts.  A study of
-several parts (``budget/steps800``, ``budget/steps3200``) gets one commit per part.  A part with a tuning stage
-(linrope.studies.study_tuning) commits its ``tuning.json`` and the tuning runs' compact results (``tuning/``) in the
-same commit, one body line per configuration's choice.  Light: git and json."""
+"""A study part's one commit (``linrope study --commit``; docs/methods.md, "Studies that outlive a session"): the part's
+compact results (linrope.analysis.compact), its ``tuning.json`` and ``tuning/`` included, committed as each job
+finishes, so a killed session loses no finished run; the commit is amended only while it is HEAD, has one parent,
+changes nothing outside the part's folder and no other ref holds it, else a new one starts.  Subject ``<part>: N of M
+jobs finished``, a body line per finished job and per tuning choice, trailer ``Study-part: <part>``."""
 
 from __future__ import annotations
 

@@ -1,27 +1,15 @@
 """Which folder holds which job of a study (``linrope study``): a job is its whole composed configuration and the
-code that trains it, never its folder's name.
+code that trains it, never its folder's name (``linrope.base.naming.job_names`` names it after the override values
+that differ between the jobs, so two different requests can name the same folder).
 
-A job's folder is named after the override values that differ between the study's jobs (``linear_rope-seed1``;
-``job`` when there is one job: ``linrope.base.naming.job_names``, the rule a sweep's job folders follow too), so two
-different requests can name the same folder.  Before anything is counted
-as done or resumed, the configuration saved in the folder (``<folder>/.hydra/config.yaml``, what Hydra composed
-for the run) is compared key by key with the one requested now (composed the same way), and the code the run
-recorded (``<folder>/provenance.json``, linrope.run.provenance's ``code``) with the checkout's.  Only settings that
-cannot change a result are left out (``IGNORED``: folders, loggers, the progress bar, the resume option).
-
-``place`` finds a job's folder: its own name, or ``<name>-run<k>`` that an earlier ``--new-folder`` made, when
-the configuration and code there are the requested ones; a folder holding no run yet; else the job conflicts
-with what its folder holds (the differing keys, old → new) and is refused, unless ``new_folder`` asks for a
-folder of its own (the first free ``<name>-run<k>``).  ``keep_finished`` counts a finished run of the same
-configuration but other code as done (an arm added to a finished study on newer code: the runs keep the code they
-recorded, and the report gives a provenance row per code); a stopped run of other code still differs, so no run
-mixes two codes.
-
-A job whose folder is gone but whose run the study's compact results hold (``<dir>/runs.json``,
-linrope.analysis.compact: its saved configuration, provenance and study record) is that run: a study committed in
-compact form goes on in a fresh checkout without its run folders.
-
-Light: Hydra's compose and omegaconf; no torch."""
+Before a job is counted as done or resumed, the configuration saved in its folder (``.hydra/config.yaml``) is
+compared key by key with the one requested now, and the code the run recorded (linrope.run.provenance) with the
+checkout's; only settings that cannot change a result are left out (``IGNORED``).  ``place`` finds a job's folder:
+its own name or a ``<name>-run<k>`` an earlier ``--new-folder`` made, when configuration and code match; a folder
+holding no run yet; else the job is refused with the keys that differ, unless ``new_folder``.  ``keep_finished``
+counts a finished run of the same configuration but other code as done (an arm added to a finished study on newer
+code); a stopped run of other code still differs.  A job whose folder is gone but whose run the study's compact
+results hold (linrope.analysis.compact) is that run."""
 
 from __future__ import annotations
 

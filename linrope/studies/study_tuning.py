@@ -1,27 +1,13 @@
 """A study's tuning stage: each configuration's value of one setting (the learning rate) chosen on validation
-before its main runs, by one rule for every configuration.
+before its main runs, by one rule for every configuration (docs/methods.md, "Tuning"; declared as ``tuning`` in the
+study's config, linrope.analysis.study_config).
 
-Declared in the study's config, ``conf/study/<task_name>.yaml`` (``tuning``: linrope.analysis.study_config)::
-
-    tuning: {key: optim.lr, grid: [1.0e-3, 2.0e-3, 4.0e-3], factor: 2.0, max_extensions: 3, seed: 0,
-             metric: val/bpb, mode: min}
-
-* A configuration is a job's overrides less its seed (``model=linear_rope``).  Each configuration trains at every
-  grid value at the tuning seed, in ``<study>/tuning/<configuration>-<leaf><value>/`` (``tuning/linear_rope-lr0.002``),
-  with the main runs' budget (the same overrides: steps, schedule, data) but ``test=false`` and
-  ``extrapolation.enabled=false``: the tuning never scores test.
-* A run's score is the best value of ``metric`` it logged (``mode`` min or max; a run that logged none that is finite
-  scores worst).  When the best of the values tried is the smallest or the largest, the next value beyond it
-  (÷ or × ``factor``) is tried, until the best is interior or ``max_extensions`` values were added (then it is
-  recorded as at an edge).  Ties go to the smaller value.  The same grid, rule, seed and steps for every
-  configuration.
-* The choice is recorded in ``<study>/tuning.json`` (linrope.analysis.tuning); the tuning runs are kept in compact
-  form in ``<study>/tuning/`` (runs.json, curves.csv, results.csv) and committed with the part (``--commit``).
-* The main jobs of a configuration train with ``<key>=<chosen>`` appended (part of the job: a folder of another
-  value is another job); they wait until their configuration's tuning has finished.
-* Tuning runs are jobs like the main ones (linrope.studies.study): skipped when finished, resumed when stopped,
-  claimed and locked, checked against the folder's saved configuration and code, ``--jobs N`` at a time.
-* The key given on the command line (``optim.lr=3e-3``, or a sweep of it) skips the tuning: one line says so."""
+A configuration is a job's overrides less its seed; it trains at every value tried in
+``<study>/tuning/<configuration>-<leaf><value>/`` with ``test=false`` and ``extrapolation.enabled=false``, scored by
+the best value of ``metric`` it logged (none finite: worst; ties go to the smaller value).  The choice is recorded in
+``<study>/tuning.json`` (linrope.analysis.tuning); the main jobs of a configuration wait for it and train with
+``<key>=<chosen>`` appended.  Tuning runs are jobs like the main ones (linrope.studies.study); the key given on the
+command line skips the tuning, in one line."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from linrope.analysis import clusters as C
+from linrope.analysis.cells import write_csv
 from linrope.analysis.clusters import cluster_lines, document_clusters
 from linrope.analysis.runs import Run
 from linrope.base.errors import ResultsError
@@ -92,7 +93,7 @@ def test_records_name_each_documents_nearest_and_round_trip_through_clusters_csv
     assert [(r["document"], r["cluster"], r["bytes"], r["nearest"]) for r in rows] == [
         ("a", 0, 3000, "c"), ("b", 1, 900, "a"), ("c", 0, 3000, "a")]  # fmt: skip
     assert float(rows[0]["jaccard"]) == pytest.approx(reference(table, docs[2][1]), abs=1e-4)
-    C.write(rows, tmp_path / C.FILE)
+    write_csv(rows, tmp_path / C.FILE)
     assert C.read(tmp_path / C.FILE) == C.clusters(docs)
     assert C.read(tmp_path / "missing.csv") is None
     with pytest.raises(ResultsError, match="documents named twice: a"):

@@ -109,10 +109,11 @@ def test_the_section_draws_the_clusters_recorded_beside_it(groups, tmp_path):
     resample those clusters: the Evidence section's estimate is the bootstrap with them."""
     from linrope.analysis import clusters
     from linrope.analysis.bootstrap import bpb_difference
+    from linrope.analysis.cells import write_csv
 
     grouping = {d: int(d[3]) // 2 for d in DOCS}  # three clusters of two documents
     rows = [{"document": d, "cluster": k, "bytes": 1, "nearest": "", "jaccard": ""} for d, k in grouping.items()]
-    clusters.write(rows, tmp_path / clusters.FILE)
+    write_csv(rows, tmp_path / clusters.FILE)
     lines, records = section(groups, [("A beats B", "test/bpb", "a", "b")], tmp_path)
     text = "\n".join(lines)
     cells = {c: documents_of(groups[c], "test/bpb") for c in ("a", "b")}

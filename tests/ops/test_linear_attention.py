@@ -19,6 +19,7 @@ from linrope.ops import (
     recurrent_step,
 )
 from linrope.ops.linear_attn import matrix as matrix_mod
+from linrope.ops.linear_attn import native_chunk
 from linrope.ops.linear_attn import scans as scans_mod
 from linrope.ops.linear_attn import tables as tables_mod
 from linrope.ops.linear_attn.buffers import alloc, poison_buffers
@@ -390,6 +391,7 @@ def test_poisoning_is_active_and_catches_an_unwritten_element(monkeypatch):
         return S_in, S_fin
 
     monkeypatch.setattr(matrix_mod, "scan_states", forgetful_scan)
+    monkeypatch.setattr(native_chunk, "ENABLED", False)  # the torch path's matrix kernel (the walk has its own tests)
     out = chunk_linear_attention(q, k, v, chunk_size=16)
     assert torch.isnan(out[:, :, 96:]).all() and torch.isfinite(out[:, :, :96]).all()
 

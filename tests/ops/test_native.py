@@ -15,7 +15,7 @@ import torch
 from torch.utils.cpp_extension import is_ninja_available
 
 from linrope.ops import chunk_linear_attention, naive_linear_attention
-from linrope.ops.linear_attn import heads, native
+from linrope.ops.linear_attn import heads, native, native_chunk
 from linrope.ops.linear_attn import tables as tables_mod
 from linrope.ops.linear_attn.buffers import poison_buffers
 from linrope.ops.linear_attn.common import LinearAttentionState
@@ -160,6 +160,7 @@ def test_the_chunk_form_through_the_native_scans(monkeypatch, counted, as_tasks,
     the native scans (numerator) and features serve every block and agree with the naive form and with the chunk
     form's torch ops."""
     monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 512)
+    monkeypatch.setattr(native_chunk, "ENABLED", False)  # the torch path's scans (test_native_chunk.py: the walk)
     if as_tasks:
         monkeypatch.setattr(heads, "MIN_POSITIONS", 1)
     B, H, N, D, DV = 2, 3, 37, 8, 6

@@ -3,14 +3,11 @@ the study's config (linrope.analysis.study_config) declares ``arms`` and the fol
 
 For each arm it writes the ordinary report (linrope.analysis.report; not with ``--no-reports``), then one table,
 ``<folder>/<table.file>.md`` with its ``.csv`` and ``.png``, in the sections the config asks for: the positive
-control (``control``), the metric per configuration and arm (``table.configurations``), every claim
-as a paired difference A − B at each arm, corrected over the table's family of (claim, arm) comparisons
-(linrope.analysis.multiplicity: Holm's p, bold, the verdicts rest on it; the simultaneous interval beside the
-raw one), with its verdict (``claims``, ``verdict``; none where the arm's control missed its bar, or where a seed
-of A or B is above the unigram at the claim's row, as the report's Evidence section rules), a figure
-(``table.figure``, ``figures``), every run's value behind the intervals (``table.per_run``), the metric by query
-order (``table.by_order``, ``by_order``) and each arm's tuning table (linrope.analysis.tuning).  An arm's label is
-what its runs recorded, and the runs of every arm come from one code (one line each, else).  Light: no torch."""
+control, the metric per configuration and arm, every claim as a paired difference A − B at each arm corrected over
+the table's family (linrope.analysis.multiplicity; no verdict where the arm's control missed its bar or a seed is
+above the unigram at the claim's row), a figure, every run's value, the metric by query order and each arm's tuning
+table (linrope.analysis.tuning).  An arm's label is what its runs recorded, and the runs of every arm come from one
+code."""
 
 from __future__ import annotations
 
@@ -21,21 +18,18 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import tuning
 from linrope.analysis.arms.by_order import order_lines
-from linrope.analysis.arms.control import control_missed, control_text
 from linrope.analysis.arms.figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
-from linrope.analysis.cells import fmt, higher_is_better, markdown_table, pair_record
+from linrope.analysis.cells import fmt, higher_is_better, markdown_table, pair_record, write_csv
 from linrope.analysis.clusters import cluster_text, document_clusters, holm_floor_text
 from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
-from linrope.analysis.report import build_report, provenance, write_csv
+from linrope.analysis.report import build_report, provenance
 from linrope.analysis.report import files as outputs
+from linrope.analysis.report.files import TOOL
 from linrope.analysis.runs import TUNING, Run, by_seed, extrapolation_row, find_runs, group_runs
-from linrope.analysis.stats import Interval, mean_ci, paired
+from linrope.analysis.stats import LEVEL, Interval, mean_ci, paired
 from linrope.analysis.study_config import Claim, Study
-
-TOOL = "linrope report"
-LEVEL = 0.95
 
 
 def shown(folder: Path) -> str:
@@ -94,6 +88,42 @@ def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> O
             f"table them together, or run the older arms again"
         )
     return f"**Mixed provenance: {line}.**" if line else None
+
+
+# ---- the positive control (``control``: a configuration and its bar on the study's metric in every seed) ----
+def _worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Tuple[bool, float, Dict[Any, Tuple[float, bool]]]:
+    """(an ``at_least`` bar, the bar, {arm that has run: (its worst seed, whether that seed misses the bar)})."""
+    low = "at_least" in study.control
+    bar = study.control["at_least" if low else "at_most"]
+    worst = {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
+    return low, bar, {a: (v, v < bar if low else v > bar) for a, v in worst.items()}
+
+
+def control_missed(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> List[Any]:
+    """The arms where some seed of the control misses its bar."""
+    return [a for a, (_, missed) in _worst(study, by_arm)[2].items() if missed]
+
+
+def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
+    """Whether the control met its bar in every seed, arm by arm."""
+    low, bar, ran = _worst(study, by_arm)
+    what, name = study.control.get("what", study.metric), study.control["configuration"]
+    seed_word = "lowest" if low else "highest"
+    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, (v, miss) in ran.items() if miss]
+    met = [f"{a} ({seed_word} seed {v:.3f})" for a, (v, miss) in ran.items() if not miss]
+    missing = [a for a in by_arm if a not in ran]
+    verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
+    parts = []
+    if missed:
+        parts.append(
+            f"Positive control NOT met: {name} must {verb[0]} {bar} {what} in every seed; it does not at "
+            f"{', '.join(missed)}."
+        )
+    if met:
+        parts.append(f"Positive control: {name} {verb[1]} {bar} {what} in every seed at {', '.join(met)}.")
+    if missing:
+        parts.append(f"{name} has not run yet at {', '.join(missing)}.")
+    return " ".join(parts)
 
 
 def value_of(metric: str):

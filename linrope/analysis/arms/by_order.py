@@ -1,12 +1,6 @@
-"""A metric by the order of its item within each example, per configuration and arm: the section ``table.by_order``
-of a study in arms (linrope.analysis.arms) asks for.
-
-``by_order: test/acc_q`` tables ``test/acc_q1``, ``test/acc_q2``, … (what the runs logged: the accuracy of each
-example's k-th query, linrope.training.lit) beside the study's metric.  The seeds are first sorted by
-linrope.analysis.seed_outcomes on the study's metric: a seed of the control below the control's bar, a seed of
-another configuration below ``table.collapse_below``, a diverged or an unfinished seed fails and is counted
-("1 of 3 seeds collapses"), never averaged; the order columns are the mean over the other seeds.  Light: no
-torch."""
+"""A metric by the order of its item within each example, per configuration and arm (``table.by_order`` of a study
+in arms, linrope.analysis.arms): ``test/acc_q`` tables ``test/acc_q1``, ``test/acc_q2``, … beside the study's
+metric, averaged over the seeds that did not fail on it (linrope.analysis.seed_outcomes; failed ones counted)."""
 
 from __future__ import annotations
 

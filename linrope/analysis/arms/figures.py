@@ -1,13 +1,7 @@
 """The figures of a study's table over its arms (linrope.analysis.arms), as its config asks (``table.figure``):
-
-* ``claims`` — a forest plot: each claim's paired interval A − B at every arm, one row per claim, the arms from
-  light (smallest) to dark; a panel per scale (the test score at the training length; ``<metric>@L`` at an evaluation
-  length L, beyond the training one in the bytes studies, where differences are often ten times larger);
-* ``by_arm`` — the study's metric against the arm's number (model width, say), one line per configuration in the
-  report's styles (hue the position scheme, line style the attention kind), mean over seeds with a
-  lowest-to-highest band, as Zoology draws recall against width.
-
-Each returns None (and writes no file) when there is nothing to draw.  Light: matplotlib only when drawing."""
+``claims``, each claim's paired interval A − B at every arm (a panel per scale of metric), or ``by_arm``, the study's
+metric against the arm's number, a line per configuration with a lowest-to-highest seed band.  Each returns None (and
+writes no file) when there is nothing to draw."""
 
 from __future__ import annotations
 

@@ -1,26 +1,16 @@
 """Layer 8, analysis: a sweep's results without wandb, ``python -m linrope report <sweep dir> [--out DIR]
 [--pair A:B]`` (its command line: ``command``).
 
-Reads every run under the sweep folder(s) (linrope.analysis.runs), groups per task the runs that differ only in
-their seed (a configuration is named by ``model.name`` and the settings that tell its runs apart:
-``linear_rope feature_map=cosine``), and writes into the sweep folder (or ``--out``), never over a file it did
-not write (``files``):
-
-* ``report.md`` — per task a row per configuration: the **test** score of the checkpoint chosen on validation
-  (the best validation value beside it, as the selection metric only), the mean over seeds ± the half-width of
-  its 95% t-interval; the paired differences A − B over matching seeds of the pairs the study declares
-  (linrope.analysis.study_config) and of ``--pair``, with interval, p and a sentence each; the tables by
-  evaluation length (``lengths``); failed runs, configurations still improving, parameter counts and how far
-  position parameters moved (``caveats``); the runs' code and machines (``provenance``); a study's tuning table
-  (linrope.analysis.tuning); a bytes report's Evidence section (linrope.analysis.evidence);
-* ``summary.csv``, ``pairs.csv`` and ``runs.csv`` (every run's own values); ``val_curves.png`` and
-  ``extrapolation.png`` (``_<task>`` appended when there are several tasks).
-
-A folder of a study run in arms gets each arm's report and the study's table across them (linrope.analysis.arms)."""
+Groups per task the runs under the sweep folder(s) that differ only in their seed (linrope.analysis.runs) and writes
+into the sweep folder (or ``--out``), never over a file it did not write (``files``): ``report.md`` (per task the
+test score over seeds with its 95% t-interval, the paired differences of the study's pairs
+(linrope.analysis.study_config) and of ``--pair``, the tables by evaluation length (``lengths``), the ``caveats``,
+the runs' ``provenance``, a study's tuning table (linrope.analysis.tuning), a bytes report's Evidence section
+(linrope.analysis.evidence)); ``summary.csv``, ``pairs.csv``, ``runs.csv``, ``val_curves.png`` and
+``extrapolation.png`` (``_<task>`` appended when there are several tasks).  A study run in arms: linrope.analysis.arms."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -33,6 +23,7 @@ from linrope.analysis.cells import (
     markdown_table,
     pair_record,
     seeds_text,
+    write_csv,
 )
 from linrope.analysis.report import files as outputs
 from linrope.analysis.report import provenance
@@ -260,14 +251,6 @@ def task_section(
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
     return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows, references)
-
-
-def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
 
 
 def selection_sentence(runs: Sequence[Run]) -> str:

@@ -1,13 +1,8 @@
-"""The files a report writes (linrope report: a sweep's report, a study's table over its arms), and only those: a
-report never replaces a file it did not write.
+"""The files a report writes, and only those: a report never replaces a file it did not write.
 
-Each tool names every file it will write before writing any (``claim``).  A file may be replaced when it does not
-exist, or when ``.linrope-outputs.json`` in its folder (``MANIFEST``, written by ``record`` after each report)
-lists it with the SHA-256 of its current content: it is what a linrope report wrote, unchanged since.  A report
-of a folder from before the manifest is recognised by its own first line (``legacy``: ``# Sweep report: …``);
-its siblings of the names the tool writes are then taken as its own.  Anything else (a user's ``report.md`` or
-``summary.csv``, a report edited by hand, a folder that cannot be written) is refused in one line before any
-file is touched.  Light: no torch."""
+``claim`` refuses, in one line and before any file is touched, a file that exists unless ``.linrope-outputs.json``
+in its folder (``MANIFEST``, written by ``record``) lists it with the SHA-256 of its content, or the folder predates
+the manifest and its main file begins with the tool's own first line (``legacy``)."""
 
 from __future__ import annotations
 

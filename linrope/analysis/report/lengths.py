@@ -1,9 +1,6 @@
-"""A report's length-extrapolation tables and figure (linrope.analysis.report): per task, a table by evaluation length
-for each of its metrics (bits per byte for bytes; bits per byte and loss per token for text; accuracy for the
-tasks), the RoPE scaling rows beside the model as trained, the non-overlapping-window rows and the context-limited
-control where the runs scored them, the reference rows (unigram, n-gram, each scored through the windows of the model
-rows beside it) where the report has them, the declared
-pairs at each length, and the figure."""
+"""A report's length-extrapolation tables and figure (linrope.analysis.report): per task and metric a table by
+evaluation length (the rows as trained, RoPE's scalings, non-overlapping windows, the context-limited control and
+the reference rows, where the runs and the report have them), the declared pairs at each length, and the figure."""
 
 from __future__ import annotations
 

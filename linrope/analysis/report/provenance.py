@@ -1,11 +1,9 @@
 """The provenance section of ``linrope report``: which code, libraries and machines produced a study's runs.
 
-Each run's own ``<run>/provenance.json`` (linrope.run.provenance); a run without one (written before linrope
-recorded it) takes the study's ``provenance.json`` — in a sweep folder or the report's output folder — which
-states what could be determined after the fact and how.  Runs of more than one code (``linrope.run.provenance``'s
-``code``: the committed ``linrope/`` and ``conf/`` with local changes; the commit for runs that predate it) or
-torch version are named in one line at the top of the report, and refused unless ``--allow-mixed``; runs of
-one code from several commits (a study that commits each run as it finishes) are one.  Light: no torch."""
+A run without its own ``provenance.json`` (linrope.run.provenance) takes the study's, in a sweep folder or the
+report's output folder.  Runs of more than one code (the committed ``linrope/`` and ``conf/`` with local changes; the
+commit for runs that predate it) or torch version are named in one line at the top of the report, and refused unless
+``--allow-mixed``."""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ What is carried
   (D' = d, or d+1 for the cosine map φ(x) = [1, x̂].)
 Causal sequences are walked in blocks of whole chunks (``tables.plan_blocks``, through ``chunk.plan``), the state handed from
 block to block exactly as from chunk to chunk.
+For elu+1 with RoPE in the numerator, causal, normalised, without decay or packed documents, in float32/float64 on
+a CPU, forward and backward are native loops per head instead (``native_chunk.py``), on the same block states.
 
 Backward: with g = ∂L/∂o and D = den + eps,
     ∂L/∂num_i = g_i / D_i,   ∂L/∂den_i = -(g_i·o_i) / D_i,
@@ -49,7 +51,7 @@ import torch
 
 from linrope.ops.rope import compute_dtype
 
-from . import native
+from . import native, native_chunk
 from .buffers import alloc
 from .common import feature_width, guard_denominator_, shared_features, unclamped
 from .features import Features, features_backward_, rotors_for, split_features
@@ -121,6 +123,8 @@ def chunk_forward(q, k, v, S0, z0, positions, theta, log_gamma, cfg: Cfg, docume
     shared = shared_features(cfg.rope)  # fold the denominator in as a column of ones
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
+    if native_chunk.usable(q, k, v, cfg, log_gamma, documents):  # the whole walk in one native loop
+        return native_chunk.forward(q, k, v, S0, z0, rot, cfg, blocks, out, denom)
     S = None if S0 is None else S0.to(dtype)
     z = None if z0 is None else z0.to(dtype)
     if shared and S is not None:  # the denominator rides along as the last value column: S' = [S | z]
@@ -190,6 +194,10 @@ def chunk_backward(
     need_q, need_k, need_v = needs[:3]
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
+    saved = 0 if saved_S is None else saved_S.shape[0]  # (a forward planned otherwise: the torch path, from S0)
+    if g_out is not None and saved == len(blocks) - 1 and native_chunk.usable(q, k, v, cfg, log_gamma, documents):
+        return native_chunk.backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z, cfg, needs,
+                                     blocks, grads)  # fmt: skip
     S_first = None if S0 is None else S0.to(dtype)
     z_first = None if z0 is None else z0.to(dtype)
     if shared and S_first is not None:

@@ -6,6 +6,7 @@ along the positions of one head (4 096 × 64) takes about 280 µs on this machin
 (and two flips) per block; these loops take about 35 µs for the forward's, each position once, its d numbers in
 one SIMD pass.  ``elu_rope`` forms φ(x) = elu(x) + 1 and its rotation in one pass (torch's ops took three), and
 ``elu_rope_backward`` their gradient in one (four); docs/mathematics.md, "Native scans and features on a CPU".
+The vectorised exp (``EXP_SOURCE``) is shared with the native chunk loop (``native_chunk.py``).
 
 Compiled from ``SOURCE`` with ``torch.utils.cpp_extension.load_inline`` on first use (about 20 s; then cached by
 torch under ~/.cache/torch_extensions, keyed by the source) and called with the GIL released, so that the heads'
@@ -26,7 +27,33 @@ from .buffers import alloc
 
 ENABLED = True
 
-SOURCE = r"""
+# exp(x) for x <= 0, vectorisable: shared with the native chunk loop (native_chunk.py)
+EXP_SOURCE = r"""// exp for x <= 0 in float: Cody-Waite reduction by ln 2 and a degree-6 polynomial on [-ln2/2, ln2/2] (the
+// minimax coefficients of e^r), about 1 ulp; written branch-free so that the loop vectorises.
+static inline float exp_nonpos(float x) {
+  const float low = -87.3365447f;  // ln 2^-126: below it e^x leaves float's normal range, and the feature is 0
+  const float zero = x < low ? 0.0f : 1.0f;
+  x = x < low ? low : x;
+  const float big = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer
+  const float n = (x * 1.44269504088896341f + big) - big;
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = ((int32_t)n + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &e, sizeof(scale));
+  return p * scale * zero;
+}
+static inline double exp_nonpos(double x) { return std::exp(x); }
+"""
+
+SOURCE = (
+    r"""
 #include <torch/extension.h>
 #include <pybind11/pybind11.h>
 #include <ATen/Parallel.h>
@@ -95,29 +122,9 @@ void denominator_backward(torch::Tensor qd, torch::Tensor kd, torch::Tensor dden
   });
 }
 // ---- elu+1 features and their rotation (RoPE), one pass; their backward, one pass ----------------------------
-// exp for x <= 0 in float: Cody-Waite reduction by ln 2 and a degree-6 polynomial on [-ln2/2, ln2/2] (the
-// minimax coefficients of e^r), about 1 ulp; written branch-free so that the loop vectorises.
-static inline float exp_nonpos(float x) {
-  const float low = -87.3365447f;  // ln 2^-126: below it e^x leaves float's normal range, and the feature is 0
-  const float zero = x < low ? 0.0f : 1.0f;
-  x = x < low ? low : x;
-  const float big = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer
-  const float n = (x * 1.44269504088896341f + big) - big;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t e = ((int32_t)n + 127) << 23;
-  float scale;
-  __builtin_memcpy(&scale, &e, sizeof(scale));
-  return p * scale * zero;
-}
-static inline double exp_nonpos(double x) { return std::exp(x); }
-
+"""
+    + EXP_SOURCE
+    + r"""
 
 // x (B, H, n, d) with strides sb, sh, sn (and 1); cs (n, d) holding (cos, sin) of every pair; f, r (B, H, n, d)
 // contiguous: f = elu(x) + 1, r = f rotated (interleaved pairs)
@@ -193,6 +200,7 @@ void elu_rope_backward(torch::Tensor f, torch::Tensor gn, c10::optional<torch::T
   });
 }
 """
+)
 
 NAME = "linrope_native_scans"
 _lock = threading.Lock()
@@ -220,12 +228,12 @@ def _load():
         return _state.get("ext")
 
 
-def _built() -> bool:
-    """torch's cache holds a build of the extension (of some source: a changed one is rebuilt, silently)."""
+def _built(name: str = NAME) -> bool:
+    """torch's cache holds a build of the extension ``name`` (of some source: a changed one is rebuilt, silently)."""
     try:
         from torch.utils.cpp_extension import _get_build_directory  # private: the notice is all that rests on it
 
-        return any(Path(_get_build_directory(NAME, False)).glob("*.so"))
+        return any(Path(_get_build_directory(name, False)).glob("*.so"))
     except Exception:  # noqa: BLE001
         return False
 

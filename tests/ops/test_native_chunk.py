@@ -1,0 +1,176 @@
+"""The native chunk loop (linrope.ops.linear_attn.native_chunk): the chunk form's forward and backward walked in C++
+per (batch row, head), against the naive form in float64 and against the chunk form's torch ops: float32 and float64,
+a length that is no multiple of the chunk and spans several blocks, the initial state given and the final state
+returned and their gradients, strided inputs, NaN-poisoned outputs, the heads' tasks on and off, under bfloat16
+autocast, each direction on the states the other path saves; the cases it does not serve run the torch path, and
+without the extension the torch path runs and the reason is one line."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch.utils.cpp_extension import is_ninja_available
+
+from linrope.ops import chunk_linear_attention, naive_linear_attention
+from linrope.ops.linear_attn import heads, native_chunk
+from linrope.ops.linear_attn import tables as tables_mod
+from linrope.ops.linear_attn.buffers import poison_buffers
+from linrope.ops.linear_attn.chunk_kernel import Cfg
+from linrope.ops.linear_attn.common import LinearAttentionState
+from tests.helpers import gen, rel
+
+COMPILER = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+needs_compiler = pytest.mark.skipif(
+    COMPILER is None or not is_ninja_available(),
+    reason="no C++ compiler or no ninja (`pip install ninja`): the native loops cannot be built here",
+)
+
+
+@pytest.fixture
+def walks(monkeypatch):
+    """Counts the native walks: calls of ``native_chunk.forward``, and of its ``backward`` (in ``back_walks``)."""
+    calls, back = [], []
+    forward, backward = native_chunk.forward, native_chunk.backward
+
+    def counted(*a, **k):
+        calls.append(a[0].shape)
+        return forward(*a, **k)
+
+    def counted_back(*a, **k):
+        back.append(a[3].shape)
+        return backward(*a, **k)
+
+    monkeypatch.setattr(native_chunk, "forward", counted)
+    monkeypatch.setattr(native_chunk, "backward", counted_back)
+    monkeypatch.setattr(native_chunk, "back_walks", back, raising=False)
+    return calls
+
+
+def _inputs(key, B, H, N, D, DV, dtype, with_state):
+    g = gen("native walk", *key)
+    # q and k strided (a (B, N, H, d) layout seen as (B, H, N, d)), v contiguous
+    q, k = (torch.randn(B, N, H, D, generator=g, dtype=torch.float64).transpose(1, 2) for _ in range(2))
+    v = torch.randn(B, H, N, DV, generator=g, dtype=torch.float64)
+    state = None
+    if with_state:
+        state = (torch.randn(B, H, D, DV, generator=g, dtype=torch.float64),
+                 torch.rand(B, H, D, generator=g, dtype=torch.float64) + 0.5)  # fmt: skip
+    w = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((B, H, N, DV), (B, H, D, DV), (B, H, D))]
+    return [q.to(dtype), k.to(dtype), v.to(dtype)], None if state is None else [t.to(dtype) for t in state], w
+
+
+def _run(fn, xs, state, w, **kw):
+    """(out, S, z, ∂L/∂q, ∂L/∂k, ∂L/∂v[, ∂L/∂S0, ∂L/∂z0]) for a loss reaching the output and the final state."""
+    leaves = [t.detach().clone().requires_grad_() for t in xs]
+    init = None if state is None else LinearAttentionState(*(t.clone().requires_grad_() for t in state))
+    out, fin = fn(*leaves, initial_state=init, output_final_state=True, rope="numerator", **kw)
+    loss = (out.double() * w[0]).sum() + (fin.S.double() * w[1]).sum() + (fin.z.double() * w[2]).sum()
+    return [out, fin.S, fin.z, *torch.autograd.grad(loss, leaves + ([] if init is None else list(init)))]
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("as_tasks", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_the_walk_matches_the_naive_form(monkeypatch, walks, dtype, as_tasks, with_state):
+    """N = 300 (four chunks of 64 and one of 44) in blocks of one or two chunks, as one call or as the heads' tasks:
+    the walks forward and backward run, write every output and gradient (poisoned), and the output, final state and
+    gradients (of q, k, v and the initial state) agree with the naive form in float64 and with the chunk form's
+    torch ops."""
+    monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 2048)
+    monkeypatch.setattr(heads, "ENABLED", as_tasks)
+    monkeypatch.setattr(heads, "MIN_POSITIONS", 1)
+    B, H, N, D, DV = 2, 3, 300, 16, 12
+    xs, state, w = _inputs((str(dtype), as_tasks, with_state), B, H, N, D, DV, dtype, with_state)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with poison_buffers():
+            got = _run(chunk_linear_attention, xs, state, w)
+            assert walks and native_chunk.why_not() is None
+            tasks = B * H if as_tasks else 1
+            assert len(walks) == tasks and len(native_chunk.back_walks) == tasks  # per task, or one for the call
+            monkeypatch.setattr(native_chunk, "ENABLED", False)
+            torch_ops = _run(chunk_linear_attention, xs, state, w)
+            assert len(walks) == tasks and len(native_chunk.back_walks) == tasks  # the torch path ran
+    finally:
+        torch.set_num_threads(threads)
+    want = _run(
+        naive_linear_attention, [x.double() for x in xs], None if state is None else [t.double() for t in state], w
+    )
+    tol, same = (1e-12, 1e-12) if dtype == torch.float64 else (2e-6, 2e-6)
+    for i, (a, b, c) in enumerate(zip(got, torch_ops, want)):
+        assert a.dtype == b.dtype and a.shape == c.shape, f"result {i}"
+        assert not torch.isnan(a).any() and rel(a, c) < tol and rel(a, b) < same, f"result {i}: {rel(a, c):.2e}"
+
+
+@needs_compiler
+@pytest.mark.parametrize("native_forward", [False, True])
+def test_each_direction_on_the_other_paths_states(monkeypatch, walks, native_forward):
+    """The forward of one path, the backward of the other: the saved block states mean the same to both, so the
+    gradients agree with those of the torch path alone."""
+    monkeypatch.setitem(tables_mod.BLOCK_ELEMENTS, "cpu", 1024)
+    xs, state, w = _inputs(("mixed", native_forward), 1, 2, 200, 8, 8, torch.float64, True)
+    leaves = [t.clone().requires_grad_() for t in xs + state]
+    with poison_buffers():
+        monkeypatch.setattr(native_chunk, "ENABLED", native_forward)
+        out, fin = chunk_linear_attention(*leaves[:3], initial_state=LinearAttentionState(*leaves[3:]),
+                                          output_final_state=True, rope="numerator")  # fmt: skip
+        monkeypatch.setattr(native_chunk, "ENABLED", not native_forward)
+        loss = (out * w[0]).sum() + (fin.S * w[1]).sum() + (fin.z * w[2]).sum()
+        mixed = torch.autograd.grad(loss, leaves)
+    assert len(walks) == int(native_forward) and len(native_chunk.back_walks) == int(not native_forward)
+    monkeypatch.setattr(native_chunk, "ENABLED", False)
+    want = _run(chunk_linear_attention, xs, state, w)[3:]
+    for i, (a, b) in enumerate(zip(mixed, want)):
+        assert not torch.isnan(a).any() and rel(a, b) < 1e-12, f"gradient {i}: {rel(a, b):.2e}"
+
+
+@needs_compiler
+def test_the_walk_under_bfloat16_autocast(walks):
+    """float32 inputs under CPU autocast to bfloat16: the operator turns autocast off, so the walk runs and gives
+    exactly the numbers it gives without autocast (and the fallback's within float32 rounding)."""
+    xs, state, w = _inputs(("autocast",), 2, 2, 130, 8, 8, torch.float32, True)
+    plain = _run(chunk_linear_attention, xs, state, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = _run(chunk_linear_attention, xs, state, w)
+    assert len(walks) == 2 and len(native_chunk.back_walks) == 2
+    for i, (a, b) in enumerate(zip(cast, plain)):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"result {i}"
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    "change",
+    [dict(rope="both"), dict(rope="none"), dict(feature_map="cosine"), dict(causal=False), dict(normalize=False),
+     dict(decay=True), dict(documents=True), dict(dtype=torch.bfloat16)],
+)  # fmt: skip
+def test_what_the_walk_does_not_serve_runs_the_torch_path(walks, change):
+    """One predicate: any other placement, feature map, a non-causal call, no normalising, a decay, packed
+    documents or 16-bit inputs run the torch path (the walk is never called)."""
+    change = dict(change)
+    dtype = change.pop("dtype", torch.float32)
+    g = gen("not served", repr(change))
+    q, k, v = (torch.randn(1, 2, 70, 8, generator=g).to(dtype) for _ in range(3))
+    if change.pop("decay", False):
+        change["decay"] = torch.tensor([0.9, 0.99])
+    if change.pop("documents", False):
+        change["documents"] = torch.tensor([[0] * 30 + [1] * 40])
+    out = chunk_linear_attention(q, k, v, **change)
+    assert not walks and not native_chunk.back_walks and not torch.isnan(out).any()
+    assert native_chunk.usable(q, k, v, Cfg("elu", "numerator", True, 1e-6, 64), None, None) == (dtype == torch.float32)
+
+
+def test_without_the_extension_the_torch_path_runs(monkeypatch, walks):
+    """A build that failed (or a torch without the BLAS symbols) leaves its reason in one line; the chunk form
+    runs its torch ops, correctly."""
+    why = "linrope: native chunk loop unavailable (no sgemm_); the chunk kernel uses torch ops"
+    monkeypatch.setattr(native_chunk, "_state", {"why": why})
+    assert native_chunk.why_not() == why
+    g = gen("native walk fallback")
+    q, k, v = (torch.randn(1, 2, 75, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    got = chunk_linear_attention(q, k, v, rope="numerator")
+    want = naive_linear_attention(q, k, v, rope="numerator")
+    assert not walks and not native_chunk.back_walks and rel(got, want) < 1e-12
