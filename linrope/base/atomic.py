@@ -1,9 +1,6 @@
-"""Writing a file so that it holds either the old contents or the whole new ones (``atomic_torch_save``).
-
-The bytes go to a temporary file of the writer's own (``.<name>.<host>-<pid>-<random>.partial``, beside
-the target), are flushed and fsynced, and the file is renamed over the target (and the folder fsynced).
-A writer killed half-way leaves its temporary file, which the next save on the host removes; two
-writers of one file never touch each other's temporary file.  A full disk is one ``DiskFull`` line."""
+"""Writing a file so that it holds either the old contents or the whole new ones: the bytes go to a temporary file
+of the writer's own beside the target (``_temporary_name``), are fsynced, and the file is renamed over the target.
+A writer killed half-way leaves its temporary file, which the next save on the host removes."""
 
 from __future__ import annotations
 

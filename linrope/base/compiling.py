@@ -28,6 +28,3 @@ def compile_unsupported(device_type: Optional[str] = None) -> Optional[str]:
     if not any(shutil.which(c) for c in (cxx, "g++", "c++", "clang++") if c):
         return "torch.compile on the CPU needs a C++ compiler (g++, clang++ or $CXX) on PATH; none was found"
     return None
-
-
-__all__ = ["compile_unsupported"]

@@ -43,6 +43,3 @@ def _mallopt() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, _INT_MAX) == 1
-
-
-__all__ = ["retain_freed_memory"]

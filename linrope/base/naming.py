@@ -1,10 +1,6 @@
-"""What runs and their folders are called.
-
-The wandb group of a run: one group per sweep, ``<task_name>-<sweep folder name>`` (the sweep folder is
-named by its start time, ``logs/<task_name>/multiruns/<time>``); a single run is grouped by ``task_name``.
-
-Light on purpose (no Lightning, no wandb): train.py and ``python -m linrope dashboard`` use it.  What a
-model is called (``model.name``, the run name, the tags) is ``linrope.models.spec.ModelConfig``'s."""
+"""What runs and their folders are called: a run's wandb group, a command's name, a job's folder.  Light on
+purpose (no Lightning, no wandb): train.py and ``python -m linrope dashboard`` use it.  What a model is called
+(``model.name``, the run name, the tags) is ``linrope.models.spec.ModelConfig``'s."""
 
 from __future__ import annotations
 
@@ -16,8 +12,9 @@ from typing import Dict, List, Optional, Sequence
 
 
 def wandb_group(task_name: str, sweep_dir: Optional[str] = None) -> str:
-    """``<task_name>-<sweep folder name>`` for a job of a sweep, ``task_name`` for a single run.  A sweep
-    folder already named after the task (``hydra.sweep.dir=results/pe_compare``) is not named twice."""
+    """``<task_name>-<sweep folder name>`` for a job of a sweep (one group per sweep: the folder is named by its
+    start time, ``logs/<task_name>/multiruns/<time>``), ``task_name`` for a single run.  A sweep folder already
+    named after the task (``hydra.sweep.dir=results/pe_compare``) is not named twice."""
     if not sweep_dir:
         return str(task_name)
     folder = Path(str(sweep_dir)).name

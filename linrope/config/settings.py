@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, List, Literal, Optional
 
-from linrope.base.options import Positive, Rule
+from pydantic import Field
+
+from linrope.base.options import OneOf, Positive
 
 
 @dataclass
@@ -43,17 +45,17 @@ class ExtrapolationSettings:
     (the defaults) and what each means: ``conf/extrapolation/default.yaml``."""
 
     split: Literal["val", "test"]
-    scored_bytes: Annotated[Optional[int], Rule(low=1, note="null: the whole split")]
-    stride: Annotated[Optional[int], Rule(low=1, note="null: half the length")]
-    protocols: Annotated[List[Literal["sliding", "windows"]], Rule(empty=False)]
+    scored_bytes: Annotated[Optional[int], Field(ge=1, description="null: the whole split")]
+    stride: Annotated[Optional[int], Field(ge=1, description="null: half the length")]
+    protocols: Annotated[List[Literal["sliding", "windows"]], Field(min_length=1)]
     window_control: bool
-    position_bucket: Annotated[Optional[int], Rule(low=1, note="null: a quarter of the training context")]
+    position_bucket: Annotated[Optional[int], Field(ge=1, description="null: a quarter of the training context")]
     task_examples: Positive
     batch_size: Positive
-    max_score_mb: Annotated[float, Rule(above=0)]
-    factors: Annotated[List[float], Rule(above=0, empty=False)]
+    max_score_mb: Annotated[float, Field(gt=0)]
+    factors: Annotated[List[Annotated[float, Field(gt=0)]], Field(min_length=1)]
     scalings: Annotated[
-        List[Literal["pi", "ntk", "yarn", "dynamic", "none"]], Rule(note="[] for the model as trained only")
+        List[Literal["pi", "ntk", "yarn", "dynamic", "none"]], Field(description="[] for the model as trained only")
     ]
 
 
@@ -71,8 +73,8 @@ class TrainExtrapolation(ExtrapolationSettings):
 class PlanSettings:
     """train.py's ``plan.`` section (linrope.training.plan; values and meaning: conf/train.yaml)."""
 
-    tokens_per_parameter: Annotated[Optional[float], Rule(above=0, note="null: trainer.max_steps as given")]
-    measure_steps: Annotated[int, Rule(low=0)]
+    tokens_per_parameter: Annotated[Optional[float], Field(gt=0, description="null: trainer.max_steps as given")]
+    measure_steps: Annotated[int, Field(ge=0)]
 
 
 # torch.set_float32_matmul_precision's settings: highest (PyTorch's default: float32 products in float32), high
@@ -86,15 +88,17 @@ class TrainerSettings:
     ``LINROPE_TRAINER_KEYS``) or bounds; the Trainer's other keys are its constructor's
     (``linrope.config.checks.trainer_option_errors``)."""
 
-    max_steps: Annotated[int, Rule(low=-1, note="-1: no limit")]
-    max_epochs: Annotated[Optional[int], Rule(low=-1, note="-1: no limit")]
+    max_steps: Annotated[int, Field(ge=-1, description="-1: no limit")]
+    max_epochs: Annotated[Optional[int], Field(ge=-1, description="-1: no limit")]
     num_nodes: Positive
     matmul_precision: Annotated[
-        Optional[str], Rule(choices=lambda: (*MATMUL_PRECISIONS, None), note="float32 matmuls; high: TF32 on GPUs")
+        Optional[str],
+        OneOf(lambda: (*MATMUL_PRECISIONS, None)),
+        Field(description="float32 matmuls; high: TF32 on GPUs"),
     ]
     log_every_n_steps: Positive
     accumulate_grad_batches: Positive
-    gradient_clip_val: Annotated[Optional[float], Rule(low=0)]
+    gradient_clip_val: Annotated[Optional[float], Field(ge=0)]
 
 
 LINROPE_TRAINER_KEYS = ("matmul_precision",)  # linrope's, not Lightning's: build_trainer removes them
@@ -104,4 +108,4 @@ LINROPE_TRAINER_KEYS = ("matmul_precision",)  # linrope's, not Lightning's: buil
 class LastCheckpointSettings:
     """``callbacks.last_checkpoint.``: how often ``linrope.run.last_checkpoint.LastCheckpoint`` writes."""
 
-    every_n_train_steps: Annotated[Optional[int], Rule(low=1, note="null: only after validation and at the end")]
+    every_n_train_steps: Annotated[Optional[int], Field(ge=1, description="null: only after validation and at the end")]

@@ -6,14 +6,15 @@ from typing import Annotated, Dict, Optional
 
 import lightning as L
 import numpy as np
+from pydantic import Field
 from torch.utils.data import DataLoader
 
-from linrope.base.options import Count, Positive, Rule
+from linrope.base.options import Count, Positive
 
 from .bytes import ContiguousWindows, RandomWindows, SlidingWindows, document_index, load_corpus
 from .resume import train_loader, train_span
 
-Fraction = Annotated[float, Rule(above=0, below=1)]  # of the corpus
+Fraction = Annotated[float, Field(gt=0, lt=1)]  # of the corpus
 
 
 class ResumableDataModule(L.LightningDataModule):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping, Optional
 
 from linrope.base.errors import SavedDataError
-from linrope.base.options import Rule, declared, option_errors
+from linrope.base.options import Option, declared, option_errors
 
 from .modules import ByteDataModule
 from .task_modules import ListOpsDataModule, MQARDataModule, OffsetCopyDataModule
@@ -28,8 +28,8 @@ DATA_MODULES: Dict[str, type] = {
 }
 
 
-def data_options(cls: type) -> Dict[str, Rule]:
-    """{option: Rule} of a data module: its constructor's annotated keyword arguments and, where that passes
+def data_options(cls: type) -> Dict[str, Option]:
+    """{option: Option} of a data module: its constructor's annotated keyword arguments and, where that passes
     ``**common`` on, its parents' (the declaration is the constructor itself, written once), less ``task``
     (a task module builds its task object itself)."""
     return declared(cls, skip=("task",))

@@ -19,10 +19,11 @@ from typing import Annotated, Any, Dict, List, Optional
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch.utils.data import Dataset
 
 from linrope.base.errors import CorpusError
-from linrope.base.options import Count, Positive, Rule
+from linrope.base.options import Count, Positive
 
 from .bytes import splitmix64
 from .modules import ResumableDataModule
@@ -32,7 +33,7 @@ from .sources import resolve_source
 from .tasks import IGNORE
 from .tokenizer import load_tokenizer
 
-Fraction = Annotated[float, Rule(above=0, below=1)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
 
 
 def packed(shards: Shards, split: str, start: int, length: int, first: int = 0):

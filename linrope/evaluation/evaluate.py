@@ -31,9 +31,10 @@ from typing import Annotated, Any, Dict, List, Optional
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
+from pydantic import Field
 
 from linrope.base.errors import ConfigError, LinropeError
-from linrope.base.options import Rule, declared, option_errors
+from linrope.base.options import declared, option_errors
 from linrope.base.plots import plot_length_table
 from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.config.settings import ExtrapolationSettings
@@ -61,7 +62,7 @@ class EvaluateSettings(ExtrapolationSettings):
     device: Optional[str]
     out: str
     config: Optional[str]
-    train_context: Annotated[Optional[int], Rule(low=1)]
+    train_context: Annotated[Optional[int], Field(ge=1)]
     data: Any  # changes to the saved data config: checked with it (linrope.data.rebuild)
 
 

@@ -27,9 +27,10 @@ from typing import Annotated, Any, Callable, Optional
 import hydra
 import torch
 from omegaconf import DictConfig
+from pydantic import Field
 
 from linrope.base.errors import ConfigError, LinropeError
-from linrope.base.options import Count, Rule, declared, option_errors
+from linrope.base.options import Count, declared, option_errors
 from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.run.checkpoint import load_checkpoint
 from linrope.run.provenance import collect as current_provenance
@@ -133,8 +134,8 @@ class GenerateSettings:
     prompt: Any  # text; Hydra reads prompt=42 as a number, used as its text
     max_new_tokens: Count
     allow_long: bool
-    temperature: Annotated[float, Rule(low=0, note="0: greedy")]
-    top_k: Annotated[Optional[int], Rule(low=1, note="null: every byte")]
+    temperature: Annotated[float, Field(ge=0, description="0: greedy")]
+    top_k: Annotated[Optional[int], Field(ge=1, description="null: every byte")]
     seed: int
     device: Optional[str]
     tokenizer: Optional[str] = None

@@ -26,8 +26,7 @@ from typing import Annotated, Any, Callable, Dict, List, Optional, Protocol, Seq
 
 import torch
 import torch.nn.functional as F
-
-from linrope.base.options import Rule
+from pydantic import Field
 
 INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. Find it and remember "
@@ -253,8 +252,8 @@ class PasskeySettings:
     ckpt: Optional[str]
     factors: List[float]
     depths: List[float]
-    trials: Annotated[int, Rule(low=1)]
-    digits: Annotated[int, Rule(low=1)]
+    trials: Annotated[int, Field(ge=1)]
+    digits: Annotated[int, Field(ge=1)]
     seed: int
     control: bool
     out: Optional[str]

@@ -9,9 +9,10 @@ from typing import Annotated, Any, ClassVar, Dict, List, Mapping, NamedTuple, Op
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from pydantic import Field
 from torch import nn
 
-from linrope.base.options import Rule, declared, defaults, option_errors
+from linrope.base.options import OneOf, Option, declared, defaults, option_errors
 from linrope.ops import FEATURE_MAPS, IMPLS, PLACEMENTS, LinearAttentionState, linear_attention, recurrent_step
 from linrope.ops.linear_attn.window import band
 from linrope.positions import PositionScheme
@@ -56,7 +57,7 @@ def document_mask(ids: torch.Tensor, dtype) -> torch.Tensor:
 
 
 # the attention option of the context-limited control (both kinds): each query sees only its last `window` keys
-Window = Annotated[Optional[int], Rule(low=1, note="null: every earlier key; else keys i - window < j <= i")]
+Window = Annotated[Optional[int], Field(ge=1, description="null: every earlier key; else keys i - window < j <= i")]
 
 
 def check_window(window: Optional[int], causal: bool) -> None:
@@ -68,8 +69,8 @@ class _Projections(nn.Module):
     kind: ClassVar[str] = "?"
 
     @classmethod
-    def rules(cls) -> Dict[str, Rule]:
-        """{option: Rule} of ``model.attention`` this kind takes: its constructor's keyword arguments (each
+    def rules(cls) -> Dict[str, Option]:
+        """{option: Option} of ``model.attention`` this kind takes: its constructor's keyword arguments (each
         annotated with its type and range: the one declaration of them), less what the model passes itself."""
         return declared(cls, skip=MODEL_ARGUMENTS)
 
@@ -223,11 +224,11 @@ class LinearAttention(_Projections):
         position: PositionScheme,
         *,
         causal: bool = True,
-        feature_map: Annotated[str, Rule(choices=lambda: tuple(FEATURE_MAPS))] = "elu",
-        placement: Annotated[str, Rule(choices=lambda: tuple(PLACEMENTS))] = "numerator",
-        impl: Annotated[str, Rule(choices=lambda: tuple(sorted(IMPLS)))] = "chunk",
-        chunk_size: Annotated[int, Rule(low=1)] = 64,
-        eps: Annotated[float, Rule(above=0)] = 1e-6,
+        feature_map: Annotated[str, OneOf(lambda: tuple(FEATURE_MAPS))] = "elu",
+        placement: Annotated[str, OneOf(lambda: tuple(PLACEMENTS))] = "numerator",
+        impl: Annotated[str, OneOf(lambda: tuple(sorted(IMPLS)))] = "chunk",
+        chunk_size: Annotated[int, Field(ge=1)] = 64,
+        eps: Annotated[float, Field(gt=0)] = 1e-6,
         normalize: bool = True,
         dropout: float = 0.0,
         window: Window = None,

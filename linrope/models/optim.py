@@ -9,18 +9,22 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, Any, List, Mapping, Optional, Tuple
 
-from linrope.base.options import Rule, declared
+from pydantic import Field
+
+from linrope.base.options import declared
 from linrope.base.options import option_errors as declared_errors
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 @dataclass
 class AdamW:
-    lr: Annotated[float, Rule(above=0)]
-    betas: Annotated[Tuple[float, float], Rule(low=0, below=1)]
-    weight_decay: Annotated[float, Rule(low=0)]
-    warmup_steps: Annotated[int, Rule(low=0)]
-    min_lr_ratio: Annotated[float, Rule(low=0, high=1)]
-    schedule_steps: Annotated[Optional[int], Rule(low=1, note="null: trainer.max_steps")] = None
+    lr: Annotated[float, Field(gt=0)]
+    betas: Tuple[Beta, Beta]
+    weight_decay: Annotated[float, Field(ge=0)]
+    warmup_steps: Annotated[int, Field(ge=0)]
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)]
+    schedule_steps: Annotated[Optional[int], Field(ge=1, description="null: trainer.max_steps")] = None
 
 
 REQUIRED = tuple(f.name for f in fields(AdamW) if f.default is MISSING)  # what conf/optim/adamw.yaml must give

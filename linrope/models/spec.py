@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 
+from pydantic import Field
+
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
-from linrope.base.options import Rule, declared, option_errors
+from linrope.base.options import Positive, declared, option_errors
 from linrope.models.attention import ATTENTION
 from linrope.positions import REGISTRY, PositionScheme, check_pairing, model_problems, scheme_class
 from linrope.positions import option_errors as position_errors
@@ -33,9 +35,6 @@ def scheme_or_base(name: Any):
     return REGISTRY.get(name, PositionScheme) if isinstance(name, str) else PositionScheme
 
 
-Positive = Annotated[int, Rule(low=1)]
-
-
 @dataclass
 class ModelConfig:
     """The model's own options, each with its type and range (its attention and position scheme declare
@@ -46,14 +45,14 @@ class ModelConfig:
     n_layers: Positive = 4
     n_heads: Positive = 4
     d_ff: Positive = 1024
-    dropout: Annotated[float, Rule(low=0, below=1)] = 0.0
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     max_len: Positive = 256  # positions a learned table holds; the training context by default
     causal: bool = True
-    n_classes: Annotated[Optional[int], Rule(low=2)] = None  # set: an encoder with mean pooling and a classifier head
+    n_classes: Annotated[Optional[int], Field(ge=2)] = None  # set: an encoder with mean pooling and a classifier head
     tie_weights: bool = True
     # kernel of a depthwise convolution over time before each attention (causal for a decoder; Zoology's
     # BaseConv-style short mixing, which hands every position its neighbours' tokens); 0: none
-    short_conv: Annotated[int, Rule(low=0)] = 0
+    short_conv: Annotated[int, Field(ge=0)] = 0
     attention: Dict[str, Any] = field(default_factory=lambda: {"kind": "softmax"})
     position: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     name: Optional[str] = None  # the label (a preset's name; ``label``)

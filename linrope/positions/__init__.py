@@ -17,7 +17,7 @@ from importlib import import_module
 from typing import Any, Dict, List, Mapping, Optional
 
 from linrope.base.errors import IncompatiblePairing
-from linrope.base.options import Rule, declared, defaults
+from linrope.base.options import Option, declared, defaults
 from linrope.base.options import option_errors as declared_errors
 
 from .base import DIMS, REGISTRY, PositionScheme, register
@@ -38,8 +38,8 @@ def scheme_class(name: str):
     return REGISTRY[name]
 
 
-def scheme_options(cls) -> Dict[str, Rule]:
-    """{option: Rule} of a scheme: its constructor's keyword arguments and its base's, less the model's
+def scheme_options(cls) -> Dict[str, Option]:
+    """{option: Option} of a scheme: its constructor's keyword arguments and its base's, less the model's
     dimensions (``share`` only where the paper shares something)."""
     return {k: r for k, r in declared(cls, skip=DIMS).items() if k != "share" or cls.shares}
 

@@ -51,18 +51,18 @@ import math
 from typing import Annotated, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, Type
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from linrope.base.errors import ConfigError
-from linrope.base.options import Rule
+from linrope.base.options import Positive  # noqa: F401 - the schemes' modules import it from here
 
 from .functional import position_span
 from .randomized import MaxPosition, place_positions
 
 # the types of options several schemes take (their ranges, written once)
-Positive = Annotated[int, Rule(low=1)]
-Base = Annotated[float, Rule(above=0)]  # the wavelength base of sinusoids and RoPE
-InitStd = Annotated[float, Rule(low=0)]  # the std of a parameter's initial values
+Base = Annotated[float, Field(gt=0)]  # the wavelength base of sinusoids and RoPE
+InitStd = Annotated[float, Field(ge=0)]  # the std of a parameter's initial values
 # what the model passes every scheme itself: not options of model.position
 DIMS = ("where", "d_model", "n_heads", "head_dim", "max_len", "causal", "shared")
 

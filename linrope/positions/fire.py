@@ -22,9 +22,9 @@ activations stay under ``HIDDEN_BUDGET`` elements at long evaluation lengths.
 from typing import Annotated
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from linrope.base.options import Rule
 from linrope.ops.linear_attn.common import autocast_off
 from linrope.ops.rope import compute_dtype
 
@@ -57,9 +57,9 @@ class FIRE(PositionScheme):
         *,
         share: bool = False,
         mlp_width: Positive = 32,
-        init_c: Annotated[float, Rule(above=0)] = 0.1,
-        init_threshold: Annotated[float, Rule(above=0)] = 512.0,
-        eps: Annotated[float, Rule(low=0, note="0: the paper's formula; the appendix code adds 1e-6")] = 1e-6,
+        init_c: Annotated[float, Field(gt=0)] = 0.1,
+        init_threshold: Annotated[float, Field(gt=0)] = 512.0,
+        eps: Annotated[float, Field(ge=0, description="0: the paper's formula; the appendix code adds 1e-6")] = 1e-6,
         **dims,
     ):
         super().__init__(share=share, **dims)

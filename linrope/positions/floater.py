@@ -32,11 +32,12 @@ import struct
 from typing import Annotated, List, Literal, Mapping
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from linrope.ops.rope import compute_dtype
 
-from .base import PositionScheme, Rule, register
+from .base import PositionScheme, register
 
 INJECT = ("input", "blocks")
 FIXED_GRID = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
@@ -104,12 +105,12 @@ class Floater(PositionScheme):
     def __init__(
         self,
         *,
-        hidden: Annotated[int, Rule(low=2, note="even")] = 64,
-        delta: Annotated[float, Rule(above=0)] = 0.1,
+        hidden: Annotated[int, Field(ge=2, description="even")] = 64,
+        delta: Annotated[float, Field(gt=0)] = 0.1,
         method: str = "rk4",
-        step: Annotated[float, Rule(above=0)] = 1.0,
-        rtol: Annotated[float, Rule(above=0)] = 1e-3,
-        atol: Annotated[float, Rule(above=0)] = 1e-4,
+        step: Annotated[float, Field(gt=0)] = 1.0,
+        rtol: Annotated[float, Field(gt=0)] = 1e-3,
+        atol: Annotated[float, Field(gt=0)] = 1e-4,
         inject: Literal[INJECT] = "input",
         **dims,
     ):

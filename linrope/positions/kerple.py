@@ -21,9 +21,10 @@ from typing import Annotated, List, Mapping, Optional
 import torch
 from torch import nn
 
+from linrope.base.options import OneOf
 from linrope.ops.rope import compute_dtype
 
-from .base import PositionScheme, Rule, register
+from .base import PositionScheme, register
 from .functional import relative_distance
 
 VARIANTS = ("log", "power")
@@ -64,7 +65,7 @@ class Kerple(PositionScheme):
     def tags(cls, options: Mapping) -> List[str]:
         return super().tags(options) + (["kerple_variant:power"] if options.get("variant") == "power" else [])
 
-    def __init__(self, *, variant: Annotated[str, Rule(choices=lambda: VARIANTS)] = "log", **dims):
+    def __init__(self, *, variant: Annotated[str, OneOf(lambda: VARIANTS)] = "log", **dims):
         super().__init__(**dims)
         self.variant = variant
         if self.owns_shared():

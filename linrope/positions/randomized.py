@@ -29,13 +29,13 @@ from __future__ import annotations
 from typing import Annotated, List, Optional, Tuple
 
 import torch
+from pydantic import Field
 
 from linrope.base.errors import SequenceTooLong
-from linrope.base.options import Rule
 
 MaxPosition = Annotated[
     Optional[int],
-    Rule(low=1, note="null: positions 0…N-1; else an ordered random subset of 0…max_position-1 every forward"),
+    Field(ge=1, description="null: positions 0…N-1; else an ordered random subset of 0…max_position-1 every forward"),
 ]
 RELEASE_MAX_POSITION = 2048  # the release's noise_max_length (experiments/example.py): conf/position/randomized.yaml
 PAPER = (

@@ -19,7 +19,9 @@ dimensions' pairs, with an r-dimensional RoPE's frequencies (scaled as ``scaling
 from typing import Annotated, List, Mapping, Optional
 
 import torch
+from pydantic import Field
 
+from linrope.base.options import OneOf
 from linrope.ops.rope import (
     RAMPS,
     SCALINGS,
@@ -37,7 +39,7 @@ from linrope.ops.rope import (
     yarn_mscale,
 )
 
-from .base import Base, PositionScheme, Rule, register
+from .base import Base, PositionScheme, register
 from .functional import DECAYS, decay_gamma_rate, distance_bias
 
 
@@ -63,17 +65,17 @@ class RoPE(PositionScheme):
         self,
         *,
         base: Base = 10000.0,
-        scaling: Annotated[Optional[str], Rule(choices=lambda: SCALINGS)] = None,
-        factor: Annotated[float, Rule(above=0)] = 1.0,
+        scaling: Annotated[Optional[str], OneOf(lambda: SCALINGS)] = None,
+        factor: Annotated[float, Field(gt=0)] = 1.0,
         original_context: Annotated[
-            Optional[int], Rule(low=1, note="null: model.max_len, the training context")
+            Optional[int], Field(ge=1, description="null: model.max_len, the training context")
         ] = None,
-        beta_fast: Annotated[float, Rule(above=0)] = YARN_BETA_FAST,
-        beta_slow: Annotated[float, Rule(above=0)] = YARN_BETA_SLOW,
-        mscale: Annotated[Optional[float], Rule(above=0, note="null: 0.1·ln(factor) + 1")] = None,
-        ramp: Annotated[str, Rule(choices=lambda: RAMPS)] = "release",
-        decay: Annotated[Optional[str], Rule(choices=lambda: DECAYS, note="null: no decay")] = None,
-        rotary_fraction: Annotated[float, Rule(above=0, high=1, note="GPT-NeoX's rotary_pct")] = 1.0,
+        beta_fast: Annotated[float, Field(gt=0)] = YARN_BETA_FAST,
+        beta_slow: Annotated[float, Field(gt=0)] = YARN_BETA_SLOW,
+        mscale: Annotated[Optional[float], Field(gt=0, description="null: 0.1·ln(factor) + 1")] = None,
+        ramp: Annotated[str, OneOf(lambda: RAMPS)] = "release",
+        decay: Annotated[Optional[str], OneOf(lambda: DECAYS), Field(description="null: no decay")] = None,
+        rotary_fraction: Annotated[float, Field(gt=0, le=1, description="GPT-NeoX's rotary_pct")] = 1.0,
         **dims,
     ):
         super().__init__(**dims)

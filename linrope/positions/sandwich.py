@@ -16,10 +16,11 @@ of the distances the forward's positions span, in float64, rounded once to the s
 from typing import Annotated, List, Mapping
 
 import torch
+from pydantic import Field
 
 from linrope.ops.rope import compute_dtype
 
-from .base import PositionScheme, Rule, register
+from .base import PositionScheme, register
 from .functional import relative_distance
 
 BASE = 10000.0  # the sinusoids' wavelength base (Vaswani et al.; the paper keeps it)
@@ -48,7 +49,7 @@ class Sandwich(PositionScheme):
     def shift_invariant(cls, options: Mapping) -> bool:
         return True
 
-    def __init__(self, *, dim: Annotated[int, Rule(low=2, note="even: the sinusoids' width d̄")] = 128, **dims):
+    def __init__(self, *, dim: Annotated[int, Field(ge=2, description="even: the sinusoids' width d̄")] = 128, **dims):
         super().__init__(**dims)
         self.dim = dim
         ratio = torch.arange(1, self.n_heads + 1, dtype=torch.float64) * 8.0 / self.n_heads  # ρ_h = 8h/H

@@ -18,11 +18,12 @@ import math
 from typing import Annotated, Mapping, Optional
 
 import torch
+from pydantic import Field
 
 from linrope.base.errors import SequenceTooLong
 from linrope.ops.rope import check_rope_dim, compute_dtype, rope_cos_sin, rope_frequencies, rotate
 
-from .base import Base, PositionScheme, Rule, register
+from .base import Base, PositionScheme, register
 
 # the largest score factor ζ_0^((j-i)/scale_base) a window may form (a key ahead of its query: hidden by the causal
 # mask, but formed before the mask hides it, and inf - inf would be NaN; or seen, without one): at most the square
@@ -67,9 +68,11 @@ class XPos(PositionScheme):
         self,
         *,
         base: Base = 10000.0,
-        scale_base: Annotated[float, Rule(above=0, note="torchscale's xpos_scale_base")] = 512.0,
-        gamma: Annotated[float, Rule(above=0, note="ζ_t = (2t + γ·d) / ((1 + γ)·d)")] = 0.4,
-        blockwise: Annotated[bool, Rule(note="the paper's blockwise causal attention, blocks of max_len/2")] = False,
+        scale_base: Annotated[float, Field(gt=0, description="torchscale's xpos_scale_base")] = 512.0,
+        gamma: Annotated[float, Field(gt=0, description="ζ_t = (2t + γ·d) / ((1 + γ)·d)")] = 0.4,
+        blockwise: Annotated[
+            bool, Field(description="the paper's blockwise causal attention, blocks of max_len/2")
+        ] = False,
         **dims,
     ):
         super().__init__(**dims)

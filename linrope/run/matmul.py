@@ -1,12 +1,8 @@
-"""``trainer.matmul_precision``: how float32 matrix products run (``torch.set_float32_matmul_precision``).
-
-``highest`` (the default trainer; PyTorch's own default) keeps them float32; ``high`` (``trainer=gpu``,
-``ddp_gpu``, ``fsdp``) lets NVIDIA GPUs since Ampere use TF32 for them; ``medium`` allows bfloat16 products;
-null leaves the process's setting as it is.  The setting is process-wide and Lightning has no flag for it:
+"""``trainer.matmul_precision``: how float32 matrix products run (``torch.set_float32_matmul_precision``; the
+values: linrope.config.settings.MATMUL_PRECISIONS).  The setting is process-wide and Lightning has no flag for it:
 linrope.training.builders.build_trainer applies it in the process that builds the Trainer, before fit, and
 ``MatmulPrecision`` (a callback build_callbacks adds) again in every process the Trainer runs in — processes
-started by ``ddp_spawn`` are new interpreters that would otherwise keep PyTorch's default.
-The values are checked with the rest of the config (linrope.config.settings.MATMUL_PRECISIONS)."""
+started by ``ddp_spawn`` are new interpreters that would otherwise keep PyTorch's default."""
 
 from __future__ import annotations
 

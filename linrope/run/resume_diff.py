@@ -93,22 +93,13 @@ def changes(
         if k in follows:
             continue
         also = sorted(f for f, src in follows.items() if src == k)
-        out.append(
-            {
-                "key": k,
-                "old": None if a is _ABSENT else a,
-                "new": None if b is _ABSENT else b,
-                "line": f"resume: {k} {_show(a)} → {_show(b)}" + (f" (also {', '.join(also)})" if also else ""),
-                "also": also,
-                "data_order": under(k, DATA_ORDER) or any(under(f, DATA_ORDER) for f in also),
-            }
-        )
-    for c in out:
-        if c["data_order"]:
-            c["line"] += f" — {DATA_ORDER_NOTE}"
-        c["no_effect"] = c["key"] in RESTORED
-        if c["no_effect"]:
-            c["line"] += f" — no effect: the optimizer state restored from the checkpoint keeps {_show(c['old'])}"
+        old, new = (None if v is _ABSENT else v for v in (a, b))
+        data_order = under(k, DATA_ORDER) or any(under(f, DATA_ORDER) for f in also)
+        line = f"resume: {k} {_show(a)} → {_show(b)}" + (f" (also {', '.join(also)})" if also else "")
+        line += f" — {DATA_ORDER_NOTE}" if data_order else ""
+        if k in RESTORED:
+            line += f" — no effect: the optimizer state restored from the checkpoint keeps {_show(old)}"
+        out.append(dict(key=k, old=old, new=new, line=line, also=also, data_order=data_order, no_effect=k in RESTORED))
     return out
 
 

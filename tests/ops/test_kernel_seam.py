@@ -83,7 +83,7 @@ def test_softmax_alibi_bias_is_built_without_reading_the_device():
 
 def test_registry_is_the_config_vocabulary_and_words_the_refusals():
     assert set(IMPLS) == set(BACKENDS) == {"naive", "chunk", "recurrent", "fla", "triton", "auto"}
-    assert LinearAttention.rules()["impl"].choices() == tuple(sorted(BACKENDS))
+    assert LinearAttention.rules()["impl"].expectation() == "one of " + ", ".join(sorted(BACKENDS))
     q = torch.randn(1, 2, 8, 4)
     for impl in ("recurrent", "fla", "triton"):
         assert BACKENDS[impl].causal_only
