@@ -1,7 +1,8 @@
 """The committed recall study (docs/results/recall2, issue 34) against what the issue asks of it: three widths in two
 (sequence length, pairs) settings, each cell with a positive control at 0.95 test accuracy or more in every seed, at
 least three seeds per configuration (five in a cell whose differences README quotes), accuracy at every query order for
-every configuration, and a validation-only tuning record that every main run follows.
+every configuration, and a validation-only tuning record that every main run follows; issue 55 adds the cosine
+kernel with numerator RoPE (``linear_cosine_rope``) to every cell whose control passed.
 
 A setting's folder is ``len<L>`` (1 500 steps) or ``len<L>-steps<N>`` (a cell re-run at another budget, its own
 folder so the first stays as measured); a cell counts when one of its folders has a passing control."""
@@ -23,6 +24,7 @@ RECALL2 = ROOT / "docs" / "results" / "recall2"
 SETTINGS = {32: 2, 64: 4}  # sequence length -> key-value pairs
 WIDTHS = (64, 128, 256)
 CONFIGURATIONS = {"linear", "linear_rope", "linear_rope_both", "softmax_rope"}
+COSINE = "linear_cosine_rope"  # issue 55: in every cell whose control passed
 CONTROL, BAR = "softmax_rope", 0.95
 PAIR = re.compile(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]")  # "-0.456 [-0.614, -0.297]"
 
@@ -45,15 +47,16 @@ def arms() -> list:
     return [pytest.param(a, id=a.relative_to(RECALL2).as_posix()) for folders in cells().values() for a in folders]
 
 
+def control_passed(arm: Path) -> bool:
+    acc = [r["study"]["test"]["test/acc"] for r in compact_index(arm) if r["model_name"] == CONTROL]
+    return len(acc) >= 3 and min(acc) >= BAR
+
+
 def test_every_width_of_both_settings_has_a_control_at_its_bar_in_every_seed():
     found = cells()
     assert set(found) == {(length, w) for length in SETTINGS for w in WIDTHS}
     for (length, width), folders in found.items():
-        passing = []
-        for arm in folders:
-            acc = [r["study"]["test"]["test/acc"] for r in compact_index(arm) if r["model_name"] == CONTROL]
-            if len(acc) >= 3 and min(acc) >= BAR:
-                passing.append(arm.relative_to(RECALL2).as_posix())
+        passing = [arm for arm in folders if control_passed(arm)]
         assert passing, f"{length}/{SETTINGS[length]} at width {width}: no folder whose control passes in every seed"
 
 
@@ -75,7 +78,7 @@ def test_every_main_run_has_its_query_orders_and_follows_the_validation_tuning(a
         orders = [test[f"test/acc_q{k}"] for k in range(1, pairs + 1)]
         assert all(0.0 <= a <= 1.0 for a in orders) and f"test/acc_q{pairs + 1}" not in test, record["run"]
         seeds.setdefault(name, set()).add(config["seed"])
-    assert set(seeds) == CONFIGURATIONS
+    assert set(seeds) == CONFIGURATIONS | ({COSINE} if control_passed(arm) else set())
     least = 5 if arm in quoted_cells() else 3
     assert all(len(s) >= least for s in seeds.values()), seeds
 
