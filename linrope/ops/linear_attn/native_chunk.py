@@ -38,7 +38,9 @@ from typing import Optional
 
 import torch
 
-from . import native
+from linrope.ops.rope import compute_dtype
+
+from . import native, native_bf16
 from .buffers import alloc
 
 ENABLED = True
@@ -399,6 +401,7 @@ void backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor c
   });
 }
 """
+    + native_bf16.SOURCE
 )
 
 NAME = "linrope_native_chunk"
@@ -417,7 +420,7 @@ def _load():
                 ext = load_inline(
                     NAME,
                     cpp_sources=SOURCE,
-                    functions=["have_blas", "forward", "backward"],
+                    functions=["have_blas", "forward", "backward", "has_bf16", "forward_bf16"],
                     extra_cflags=["-O3", "-fopenmp"],  # the rows' parallel region (forward)
                     extra_ldflags=["-fopenmp"],  # libgomp.so.1: the runtime torch has already loaded
                 )
@@ -440,7 +443,8 @@ def why_not() -> Optional[str]:
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg, log_gamma, documents) -> bool:
     """The one predicate for the native walk: elu+1 features, RoPE in the numerator, causal, normalised, no decay,
-    no packed documents, q, k, v of one dtype, float32 or float64, on a CPU, and the extension built."""
+    no packed documents, q, k, v of one dtype, float32 or float64 (or bfloat16 where ``native_bf16.serves``), on a
+    CPU, and the extension built."""
     return (
         ENABLED
         and native.ENABLED
@@ -451,11 +455,12 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg, log_gamma, do
         and log_gamma is None
         and documents is None
         and q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
+        and q.dtype in (torch.float32, torch.float64, torch.bfloat16)
         and k.dtype == q.dtype
         and v.dtype == q.dtype
         and q.shape[-1] % 2 == 0
         and _load() is not None
+        and (q.dtype != torch.bfloat16 or native_bf16.serves(_load(), q, v, min(cfg.chunk_size, q.shape[2])))
     )
 
 
@@ -481,7 +486,7 @@ def forward(q, k, v, S0, z0, rot, cfg, blocks, out=None, denom=None):
     """``chunk_kernel.chunk_forward``'s results for a call ``usable`` accepts: (out, denom, S_final, z_final,
     saved_S, saved_z), the saved states those entering ``blocks[1:]``; ``out``/``denom`` as there."""
     B, H, N, d = q.shape
-    dv, dtype = v.shape[-1], q.dtype
+    dv, dtype = v.shape[-1], compute_dtype(q.dtype)  # float32 for bfloat16 (native_bf16.py)
     C, per = _geometry(N, cfg, blocks)
     q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
     cs = _cos_sin(rot, N, d, dtype)
@@ -496,7 +501,8 @@ def forward(q, k, v, S0, z0, rot, cfg, blocks, out=None, denom=None):
     nb = len(blocks) - 1
     saved_S = alloc((nb, B, H, d, dv), dtype=dtype, device=q.device)
     saved_z = alloc((nb, B, H, d), dtype=dtype, device=q.device)
-    _load().forward(q, k, v, cs, S0, z0, out, denom, S, z, saved_S, saved_z, C, per, float(cfg.eps))
+    walk = _load().forward_bf16 if q.dtype == torch.bfloat16 else _load().forward
+    walk(q, k, v, cs, S0, z0, out, denom, S, z, saved_S, saved_z, C, per, float(cfg.eps))
     return out, denom, S, z, (saved_S if nb else None), (saved_z if nb else None)
 
 
