@@ -195,12 +195,7 @@ def chunk_backward(
     tables = Tables(cfg.chunk_size, log_gamma, dtype, q.device)
     rot = rotors_for(q, cfg.rope, positions, theta, dtype)
     saved = 0 if saved_S is None else saved_S.shape[0]  # (a forward planned otherwise: the torch path, from S0)
-    if (
-        g_out is not None
-        and saved == len(blocks) - 1
-        and q.dtype != torch.bfloat16
-        and native_chunk.usable(q, k, v, cfg, log_gamma, documents)
-    ):
+    if g_out is not None and saved == len(blocks) - 1 and native_chunk.usable(q, k, v, cfg, log_gamma, documents):
         return native_chunk.backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z, cfg, needs,
                                      blocks, grads)  # fmt: skip
     S_first = None if S0 is None else S0.to(dtype)

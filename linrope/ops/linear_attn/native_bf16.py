@@ -242,6 +242,140 @@ void forward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tens
   rows_bf16(q, k, v, cs.data_ptr<float>(), S0, z0, out, denom, S, z, savedS, savedZ, C, block,
             static_cast<float>(eps), threads);
 }
+// One row's backward (native_chunk's `walk_back`, bfloat16 q, k, v, g, o in and dq, dk, dv out).  Float buffers:
+// x (C x max(d, dv): widened input), Sc (per x d x dv), zs (per x d), qf, qn, kf, kn, dqn, dkn, dqf, dkf (C x d),
+// P, dP (C x C), gw, ow, dnum, dV (C x dv), R (d x dv), rz, zc (d), dden (C).  Words: Q16, K16 (C x d/2), QP, KP
+// (C/2 x d), KT (d/2 x C), V16 (C x dv/2), VT (dv/2 x C), VP, DP (C/2 x dv), D16 (C x dv/2), PP, dPP (C/2 x C),
+// dP16 (C x C/2), S16, R16 (d x dv/2), ST, RT (dv/2 x d), RP (d/2 x dv).
+BF16 static void walk_back_bf16(const RowBack& w, const float* cs, int64_t N, int64_t d, int64_t dv, int64_t C,
+                                int64_t block, int64_t ssS, int64_t ssZ, std::vector<float>& buf,
+                                std::vector<word_t>& words) {
+  const int64_t nch = (N + C - 1) / C, nblocks = (nch + block - 1) / block;
+  const int64_t per = std::min(block, nch), h = d / 2, hv = dv / 2, hc = C / 2, wx = std::max(d, dv);
+  buf.assign(C * wx + per * (d * dv + d) + 8 * C * d + 2 * C * C + 4 * C * dv + d * dv + 2 * d + C, 0.0f);
+  float* x = buf.data(); float* Sc = x + C * wx; float* zs = Sc + per * d * dv; float* qf = zs + per * d;
+  float* qn = qf + C * d; float* kf = qn + C * d; float* kn = kf + C * d; float* dqn = kn + C * d;
+  float* dkn = dqn + C * d; float* dqf = dkn + C * d; float* dkf = dqf + C * d; float* P = dkf + C * d;
+  float* dP = P + C * C; float* gw = dP + C * C; float* ow = gw + C * dv; float* dnum = ow + C * dv;
+  float* dV = dnum + C * dv; float* R = dV + C * dv; float* rz = R + d * dv; float* zc = rz + d;
+  float* dden = zc + d;
+  words.assign(2 * C * h + 2 * hc * d + h * C + 2 * C * hv + hv * C + 2 * hc * dv + 2 * hc * C + C * hc +
+               2 * d * hv + 2 * hv * d + h * dv, 0);
+  word_t* Q16 = words.data(); word_t* K16 = Q16 + C * h; word_t* QP = K16 + C * h; word_t* KP = QP + hc * d;
+  word_t* KT = KP + hc * d; word_t* V16 = KT + h * C; word_t* D16 = V16 + C * hv; word_t* VT = D16 + C * hv;
+  word_t* VP = VT + hv * C; word_t* DP = VP + hc * dv; word_t* PP = DP + hc * dv; word_t* dPP = PP + hc * C;
+  word_t* dP16 = dPP + hc * C; word_t* S16 = dP16 + C * hc; word_t* R16 = S16 + d * hv; word_t* ST = R16 + d * hv;
+  word_t* RT = ST + hv * d; word_t* RP = RT + hv * d;
+  auto u16 = [](word_t* p) { return reinterpret_cast<uint16_t*>(p); };
+  const uint16_t* q = static_cast<const uint16_t*>(w.q); const uint16_t* k = static_cast<const uint16_t*>(w.k);
+  const uint16_t* v = static_cast<const uint16_t*>(w.v); const uint16_t* g = static_cast<const uint16_t*>(w.g);
+  const uint16_t* o = static_cast<const uint16_t*>(w.o); const float* D = static_cast<const float*>(w.D);
+  uint16_t* dq = static_cast<uint16_t*>(w.dq); uint16_t* dk = static_cast<uint16_t*>(w.dk);
+  uint16_t* dvo = static_cast<uint16_t*>(w.dv);
+  if (w.gS) std::memcpy(R, w.gS, sizeof(float) * d * dv);
+  if (w.gz) std::memcpy(rz, w.gz, sizeof(float) * d);
+  for (int64_t b = nblocks - 1; b >= 0; --b) {
+    const int64_t c0 = b * block, c1 = std::min(nch, c0 + block);
+    // the states entering chunks c0 .. c1-1
+    const float* S_in = b == 0 ? static_cast<const float*>(w.S0) : static_cast<const float*>(w.savedS) + (b - 1) * ssS;
+    const float* z_in = b == 0 ? static_cast<const float*>(w.z0) : static_cast<const float*>(w.savedZ) + (b - 1) * ssZ;
+    if (S_in) std::memcpy(Sc, S_in, sizeof(float) * d * dv); else std::fill(Sc, Sc + d * dv, 0.0f);
+    if (z_in) std::memcpy(zs, z_in, sizeof(float) * d); else std::fill(zs, zs + d, 0.0f);
+    for (int64_t c = c0; c + 1 < c1; ++c) {
+      const int64_t s = c * C, n = std::min(C, N - s), l = c - c0;
+      float* Snext = Sc + (l + 1) * d * dv; float* znext = zs + (l + 1) * d;
+      features_bf16(k + s * w.sk, w.sk, cs + s * d, n, C, d, x, kf, kn);
+      values_bf16(v + s * w.sv, w.sv, n, C, dv, u16(V16));
+      pack_rows(kn, d, C, d, KP);
+      pack_rows(u16(V16), dv, C, dv, VP);
+      std::memcpy(Snext, Sc + l * d * dv, sizeof(float) * d * dv);
+      mm(d, dv, hc, KP, 1, d, VP, dv, Snext, dv, true);
+      std::memcpy(znext, zs + l * d, sizeof(float) * d);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t t = 0; t < d; ++t) znext[t] += kf[i * d + t];
+    }
+    for (int64_t c = c1 - 1; c >= c0; --c) {
+      const int64_t s = c * C, n = std::min(C, N - s), l = c - c0;
+      const float* S = Sc + l * d * dv;
+      features_bf16(q + s * w.sq, w.sq, cs + s * d, n, C, d, x, qf, qn);
+      features_bf16(k + s * w.sk, w.sk, cs + s * d, n, C, d, x, kf, kn);
+      values_bf16(v + s * w.sv, w.sv, n, C, dv, u16(V16));
+      widen(g + s * w.sg, w.sg, n, dv, gw, dv);
+      widen(o + s * w.so, w.so, n, dv, ow, dv);
+      den_back<float>(gw, dv, ow, dv, D + s * w.sD, w.sD, n, C, d, dv, qf, kf, zs + l * d, zc, rz, dnum, dden, dqf,
+                      dkf);
+      narrow(qn, d, C, d, u16(Q16), d); pack_rows(qn, d, C, d, QP);
+      narrow(kn, d, C, d, u16(K16), d); pack_rows(kn, d, C, d, KP); transpose_words(K16, C, h, KT);
+      transpose_words(V16, C, hv, VT); pack_rows(u16(V16), dv, C, dv, VP);
+      narrow(dnum, dv, C, dv, u16(D16), dv); pack_rows(dnum, dv, C, dv, DP);
+      narrow(S, dv, d, dv, u16(S16), dv); transpose_words(S16, d, hv, ST);
+      narrow(R, dv, d, dv, u16(R16), dv); transpose_words(R16, d, hv, RT); pack_rows(R, dv, d, dv, RP);
+      mm(C, C, h, Q16, h, 1, KT, C, P, C, false);  // P = tril(qn kn^T)
+      mm(C, C, hv, D16, hv, 1, VT, C, dP, C, false);  // dP = tril(dnum V^T)
+      causal_mask(P, C, C);
+      causal_mask(dP, C, C);
+      pack_rows(P, C, C, C, PP);
+      narrow(dP, C, C, C, u16(dP16), C); pack_rows(dP, C, C, C, dPP);
+      mm(C, d, hc, dP16, hc, 1, KP, d, dqn, d, false);  // dqn = dP kn + dnum S^T
+      mm(C, d, hv, D16, hv, 1, ST, d, dqn, d, true);
+      mm(C, d, hc, dPP, 1, C, QP, d, dkn, d, false);  // dkn = dP^T qn + V R^T
+      mm(C, d, hv, V16, hv, 1, RT, d, dkn, d, true);
+      mm(C, dv, hc, PP, 1, C, DP, dv, dV, dv, false);  // dV = P^T dnum + kn R
+      mm(C, dv, h, K16, h, 1, RP, dv, dV, dv, true);
+      mm(d, dv, hc, QP, 1, d, DP, dv, R, dv, true);  // R: dL/dS entering the chunk
+      features_back<float>(qf, dqn, dqf, cs + s * d, n, d, x, d);
+      narrow(x, d, n, d, dq + s * w.sdq, w.sdq);
+      features_back<float>(kf, dkn, dkf, cs + s * d, n, d, x, d);
+      narrow(x, d, n, d, dk + s * w.sdk, w.sdk);
+      narrow(dV, dv, n, dv, dvo + s * w.sdv, w.sdv);
+    }
+  }
+  std::memcpy(w.dS0, R, sizeof(float) * d * dv);
+  std::memcpy(w.dz0, rz, sizeof(float) * d);
+}
+
+static void rows_back_bf16(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, torch::Tensor& g, torch::Tensor& o,
+                           torch::Tensor& D, const float* cs, const c10::optional<torch::Tensor>& S0,
+                           const c10::optional<torch::Tensor>& z0, const c10::optional<torch::Tensor>& gS,
+                           const c10::optional<torch::Tensor>& gz, torch::Tensor& savedS, torch::Tensor& savedZ,
+                           torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, torch::Tensor& dS0,
+                           torch::Tensor& dz0, int64_t C, int64_t block, int threads) {
+  const int64_t H = q.size(1), N = q.size(2), d = q.size(3), V = v.size(3), R = q.size(0) * H;
+  const int64_t nb = savedS.size(0);
+  #pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> buf;
+    std::vector<word_t> words;
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t b = r / H, h = r % H;
+      RowBack w;
+      w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h); w.g = row_of(g, b, h);
+      w.o = row_of(o, b, h); w.D = row_of(D, b, h); w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
+      w.gS = row_of(gS, b, h); w.gz = row_of(gz, b, h);
+      w.savedS = nb ? row_of(savedS, b, h, 1) : nullptr;
+      w.savedZ = nb ? row_of(savedZ, b, h, 1) : nullptr;
+      w.dq = row_of(dq, b, h); w.dk = row_of(dk, b, h); w.dv = row_of(dv, b, h);
+      w.dS0 = row_of(dS0, b, h); w.dz0 = row_of(dz0, b, h);
+      w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.sg = g.stride(2); w.so = o.stride(2);
+      w.sD = D.stride(2); w.sdq = dq.stride(2); w.sdk = dk.stride(2); w.sdv = dv.stride(2);
+      walk_back_bf16(w, cs, N, d, V, C, block, nb ? savedS.stride(0) : 0, nb ? savedZ.stride(0) : 0, buf, words);
+    }
+  }
+}
+
+// `backward` for bfloat16 q, k, v, g, out and the gradients dq, dk, dv; the rest float32
+void backward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs, torch::Tensor g,
+                   torch::Tensor out, torch::Tensor denom, c10::optional<torch::Tensor> S0,
+                   c10::optional<torch::Tensor> z0, c10::optional<torch::Tensor> gS, c10::optional<torch::Tensor> gz,
+                   torch::Tensor savedS, torch::Tensor savedZ, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv,
+                   torch::Tensor dS0, torch::Tensor dz0, int64_t C, int64_t block) {
+  const int64_t R = q.size(0) * q.size(1);
+  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
+  pybind11::gil_scoped_release no_gil;
+  rows_back_bf16(q, k, v, g, out, denom, cs.data_ptr<float>(), S0, z0, gS, gz, savedS, savedZ, dq, dk, dv, dS0, dz0,
+                 C, block, threads);
+}
 """
 
 

@@ -420,7 +420,7 @@ def _load():
                 ext = load_inline(
                     NAME,
                     cpp_sources=SOURCE,
-                    functions=["have_blas", "forward", "backward", "has_bf16", "forward_bf16"],
+                    functions=["have_blas", "forward", "backward", "has_bf16", "forward_bf16", "backward_bf16"],
                     extra_cflags=["-O3", "-fopenmp"],  # the rows' parallel region (forward)
                     extra_ldflags=["-fopenmp"],  # libgomp.so.1: the runtime torch has already loaded
                 )
@@ -510,7 +510,7 @@ def backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z
     """``chunk_kernel.chunk_backward``'s (dq, dk, dv, dS0, dz0) for a call ``usable`` accepts whose forward
     ``forward`` (or the torch path: the same saved states) ran; ``needs`` and ``grads`` as there."""
     B, H, N, d = q.shape
-    dv, dtype = v.shape[-1], q.dtype
+    dv, dtype = v.shape[-1], compute_dtype(q.dtype)
     C, per = _geometry(N, cfg, blocks)
     q, k, v, g_out, out = (_dense_last(t) for t in (q, k, v, g_out, out))
 
@@ -520,16 +520,16 @@ def backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z
     S0c, z0c, g_S, g_z = small(S0), small(z0), small(g_S), small(g_z)
     nb = len(blocks) - 1
     if saved_S is None:
-        saved_S = q.new_empty((0, B, H, d, dv))
-        saved_z = q.new_empty((0, B, H, d))
+        saved_S = q.new_empty((0, B, H, d, dv), dtype=dtype)
+        saved_z = q.new_empty((0, B, H, d), dtype=dtype)
     given = [None, None, None] if grads is None else list(grads)
-    bufs = [t if (t is not None and t.stride(-1) == 1 and t.dtype == dtype) else alloc(x.shape, dtype=dtype,
+    bufs = [t if (t is not None and t.stride(-1) == 1 and t.dtype == x.dtype) else alloc(x.shape, dtype=x.dtype,
             device=x.device) for t, x in zip(given, (q, k, v))]  # fmt: skip
     dS0 = alloc((B, H, d, dv), dtype=dtype, device=q.device)
     dz0 = alloc((B, H, d), dtype=dtype, device=q.device)
     if saved_S.shape[0] != nb:
         raise ValueError(f"{saved_S.shape[0]} saved states for {nb + 1} blocks")
-    _load().backward(q, k, v, _cos_sin(rot, N, d, dtype), g_out, out, denom, S0c, z0c, g_S, g_z, saved_S, saved_z,
+    (_load().backward_bf16 if q.dtype == torch.bfloat16 else _load().backward)(q, k, v, _cos_sin(rot, N, d, dtype), g_out, out, denom, S0c, z0c, g_S, g_z, saved_S, saved_z,
                      *bufs, dS0, dz0, C, per)  # fmt: skip
     for t, b in zip(given, bufs):
         if t is not None and t is not b:
