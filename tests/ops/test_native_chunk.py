@@ -145,11 +145,12 @@ def test_the_walk_under_bfloat16_autocast(walks):
 @pytest.mark.parametrize(
     "change",
     [dict(rope="both"), dict(rope="none"), dict(feature_map="cosine"), dict(causal=False), dict(normalize=False),
-     dict(decay=True), dict(documents=True), dict(dtype=torch.bfloat16)],
+     dict(decay=True), dict(documents=True), dict(dtype=torch.float16), dict(dtype=torch.bfloat16)],
 )  # fmt: skip
 def test_what_the_walk_does_not_serve_runs_the_torch_path(walks, change):
     """One predicate: any other placement, feature map, a non-causal call, no normalising, a decay, packed
-    documents or 16-bit inputs run the torch path (the walk is never called)."""
+    documents, float16 inputs, or bfloat16 at a width the bfloat16 walk does not serve (d = 8; native_bf16.py) run
+    the torch path (the walk is never called)."""
     change = dict(change)
     dtype = change.pop("dtype", torch.float32)
     g = gen("not served", repr(change))

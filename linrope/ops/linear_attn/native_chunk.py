@@ -32,6 +32,7 @@ line, printed once).  ``ENABLED = False`` (or ``native.ENABLED = False``) runs t
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 from typing import Optional
@@ -404,7 +405,9 @@ void backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor c
     + native_bf16.SOURCE
 )
 
-NAME = "linrope_native_chunk"
+# one build folder per source: checkouts of other sources (a benchmark's --compare, another worktree's runs) that
+# shared one would rebuild it in turn, and a process could load the other's build
+NAME = "linrope_native_chunk_" + hashlib.sha1(SOURCE.encode()).hexdigest()[:10]
 _lock = threading.Lock()
 _state: dict = {}  # "ext": the compiled module, or "why": why there is none
 
