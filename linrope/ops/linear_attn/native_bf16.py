@@ -32,6 +32,7 @@ not served) bfloat16 inputs take the torch path, and ``why_not()`` says why (one
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Optional
 
 import torch
@@ -79,7 +80,7 @@ BF16 static void pack_rows(const X* x, int64_t lx, int64_t rows, int64_t cols, w
     }
 }
 
-// y = x^T for words: x rows x cols, y cols x rows (both dense); 16 x 16 tiles through registers where they fit
+// y = x^T for words: x rows x cols, y cols x rows (both dense); a plain loop (at most 64 x 64 words a call)
 BF16 static void transpose_words(const word_t* x, int64_t rows, int64_t cols, word_t* y) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
@@ -386,15 +387,19 @@ def serves(ext, q: torch.Tensor, v: torch.Tensor, C: int) -> bool:
 
 
 _state: dict = {}  # "ok": whether the CPU has the instructions; "why": the line said when it has not
+_lock = threading.Lock()  # the heads' tasks (heads.py) ask at once
 
 
 def _cpu(ext) -> bool:
-    if "ok" not in _state:
-        _state["ok"] = bool(ext.has_bf16())
-        if not _state["ok"]:
-            _state["why"] = "linrope: this CPU has no AVX-512 BF16; bfloat16 inputs take the chunk kernel's torch ops"
-            print(_state["why"], file=sys.stderr)
-    return _state["ok"]
+    with _lock:
+        if "ok" not in _state:
+            _state["ok"] = bool(ext.has_bf16())
+            if not _state["ok"]:
+                _state["why"] = (
+                    "linrope: this CPU has no AVX-512 BF16; bfloat16 inputs take the chunk kernel's torch ops"
+                )
+                print(_state["why"], file=sys.stderr)
+        return _state["ok"]
 
 
 def why_not() -> Optional[str]:

@@ -1,8 +1,8 @@
 """The chunk form's forward and backward as native loops on a CPU: each (batch row, head) walked chunk by chunk in C++.
 
 For the case studies train — elu+1 features, RoPE in the numerator only, causal, no decay, no packed documents,
-normalised, float32 or float64 on a CPU — ``chunk_kernel.chunk_forward`` hands the whole walk to ``forward`` and
-``chunk_kernel.chunk_backward`` to ``backward``.  Forward, per chunk of C positions, with every temporary in a few
+normalised, float32 or float64 (bfloat16: ``native_bf16.py``'s walks) on a CPU — ``chunk_kernel.chunk_forward``
+hands the whole walk to ``forward`` and ``chunk_kernel.chunk_backward`` to ``backward``.  Forward, per chunk of C positions, with every temporary in a few
 small buffers of the thread's own (about 100 KiB at C = d = 64, so they stay in L1/L2):
 
     qf, kf = elu(q) + 1, elu(k) + 1;  qn, kn = qf, kf rotated       (one pass, exp_nonpos of ``native.py``)
