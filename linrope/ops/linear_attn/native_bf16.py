@@ -80,7 +80,7 @@ BF16 static void pack_rows(const X* x, int64_t lx, int64_t rows, int64_t cols, w
     }
 }
 
-// y = x^T for words: x rows x cols, y cols x rows (both dense); a plain loop (at most 64 x 64 words a call)
+// y = x^T for words: x rows x cols, y cols x rows (both dense); a plain loop (a few thousand words a call)
 BF16 static void transpose_words(const word_t* x, int64_t rows, int64_t cols, word_t* y) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
