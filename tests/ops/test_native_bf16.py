@@ -21,18 +21,11 @@ from tests.ops.test_native_chunk import _inputs, _run, needs_compiler, walks  # 
 OUT, GRAD = 2e-2, 1e-2  # the torch path's bfloat16 bounds against float64 (output; state and gradients)
 
 
-def _has_bf16() -> bool:
-    ext = native_chunk._load()
-    return ext is not None and bool(ext.has_bf16())
-
-
 @pytest.fixture
 def bf16_cpu():
     """The extension built and the CPU able to run ``vdpbf16ps``; the test skips, saying which is missing."""
-    if native_chunk._load() is None:
-        pytest.skip(f"the native chunk loop is not built here: {native_chunk.why_not()}")
-    if not _has_bf16():
-        pytest.skip("this CPU has no AVX-512 BF16: the bfloat16 walk cannot run here")
+    if native_chunk._load() is None or native_bf16.extension(native_chunk.SOURCE) is None:
+        pytest.skip(f"the bfloat16 walk cannot run here: {native_chunk.why_not() or native_bf16.why_not()}")
 
 
 def _check(got, want, what):
@@ -116,13 +109,10 @@ def test_without_avx512_bf16_bfloat16_takes_the_torch_path(monkeypatch, walks, c
     native = _run(chunk_linear_attention, xs, state, w)
     assert len(walks) == 1
 
-    class NoBf16:
-        @staticmethod
-        def has_bf16():
-            return False
-
     monkeypatch.setattr(native_bf16, "_state", {})
-    assert not native_bf16.serves(NoBf16, xs[0], xs[2], 64) and not native_bf16.serves(NoBf16, xs[0], xs[2], 64)
+    monkeypatch.setattr(native_bf16, "_supported", lambda ext: False)
+    base = native_chunk.SOURCE
+    assert not native_bf16.serves(base, xs[0], xs[2], 64) and not native_bf16.serves(base, xs[0], xs[2], 64)
     line = native_bf16.why_not()
     assert capsys.readouterr().err == line + "\n" and "AVX-512 BF16" in line
     fallback = _run(chunk_linear_attention, xs, state, w)

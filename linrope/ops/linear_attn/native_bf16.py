@@ -2,8 +2,8 @@
 products, everything else float32.
 
 ``native_chunk.py`` walks each (batch row, head) chunk by chunk; for bfloat16 inputs its ``forward``/``backward``
-call this module's walks (compiled into the same extension: ``SOURCE`` is appended to ``native_chunk.SOURCE``),
-which do every step of the float32 walk (``native_chunk``'s docstring) with three changes:
+call this module's walks, which do every step of the float32 walk (``native_chunk``'s docstring) with three
+changes:
 
   * the inputs (q, k, v, and in the backward g and o) are read as bfloat16 and widened to float32 per chunk; the
     features (elu+1, the rotation), the denominator, the division and the features' backward run in float32 (the
@@ -25,17 +25,23 @@ MKL's own bfloat16 GEMM (``cblas_gemm_bf16bf16f32``) runs no faster than its ``s
 path: docs/benchmarks.md, "seventh run"), and oneDNN, whose products use ``vdpbf16ps``, has no C API exported by
 torch: hence these few kernels of our own, for the walk's fixed shapes (d, dv and C multiples of 16).
 
-The functions using the instructions are compiled for them alone (``target("avx512f,avx512bw,avx512bf16")``), so
-the extension loads on any x86-64 CPU; ``has_bf16()`` asks the CPU at run time.  Where it lacks them (or the shape is
-not served) bfloat16 inputs take the torch path, and ``why_not()`` says why (one line, printed once)."""
+An extension of its own (``extension``: ``native_chunk.SOURCE``, whose loops and structs it uses, then ``SOURCE``),
+built on the first bfloat16 call: float32 never builds nor loads it, its own extension stays as it was, and a
+compiler without these intrinsics loses the bfloat16 walk alone.  The functions using the instructions are compiled
+for them alone (``target("avx512f,avx512bw,avx512bf16")``), so it loads on any x86-64 CPU; ``has_bf16()`` asks the
+CPU at run time.  Where it lacks them, or the build fails (or the shape is not served), bfloat16 inputs take the
+torch path, and ``why_not()`` says why (one line, printed once)."""
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 from typing import Optional
 
 import torch
+
+from . import native
 
 SOURCE = r"""
 // ---- bfloat16: the walk with AVX-512 BF16 products (native_bf16.py) ------------------------------------------
@@ -380,31 +386,56 @@ void backward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Ten
 """
 
 
-def serves(ext, q: torch.Tensor, v: torch.Tensor, C: int) -> bool:
-    """The bfloat16 walk serves these inputs: d, dv and the chunk C multiples of 16, and the CPU has AVX-512 BF16
-    (asked once; where it has not, one line says so and bfloat16 keeps the torch path)."""
-    return q.shape[-1] % 16 == 0 and v.shape[-1] % 16 == 0 and C % 16 == 0 and _cpu(ext)
+def serves(base: str, q: torch.Tensor, v: torch.Tensor, C: int) -> bool:
+    """The bfloat16 walk serves these inputs: d, dv and the chunk C multiples of 16, its extension built (from
+    ``base``: ``native_chunk.SOURCE``) and the CPU able to run it."""
+    return q.shape[-1] % 16 == 0 and v.shape[-1] % 16 == 0 and C % 16 == 0 and extension(base) is not None
 
 
-_state: dict = {}  # "ok": whether the CPU has the instructions; "why": the line said when it has not
 _lock = threading.Lock()  # the heads' tasks (heads.py) ask at once
+_state: dict = {}  # "ext": the compiled module, or "why": the line said when there is none
 
 
-def _cpu(ext) -> bool:
+def _supported(ext) -> bool:
+    return bool(ext.has_bf16())
+
+
+def extension(base: str):
+    """The bfloat16 walks' extension, compiled on first use from ``base`` (``native_chunk.SOURCE``: the float32
+    walk's loops, which it shares) followed by ``SOURCE``, then cached by torch; None where the build fails or the
+    CPU lacks AVX-512 BF16 (one line says why, once)."""
     with _lock:
-        if "ok" not in _state:
-            _state["ok"] = bool(ext.has_bf16())
-            if not _state["ok"]:
-                _state["why"] = (
-                    "linrope: this CPU has no AVX-512 BF16; bfloat16 inputs take the chunk kernel's torch ops"
+        if not _state:
+            name = "linrope_native_bf16_" + hashlib.sha1((base + SOURCE).encode()).hexdigest()[:10]
+            try:
+                from torch.utils.cpp_extension import load_inline
+
+                if not native._built(name):
+                    print(f"linrope: building {name} for bfloat16 inputs (once: torch caches it)", file=sys.stderr)
+                ext = load_inline(
+                    name,
+                    cpp_sources=base + SOURCE,
+                    functions=["has_bf16", "forward_bf16", "backward_bf16"],
+                    extra_cflags=["-O3", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"],
                 )
+                if _supported(ext):
+                    _state["ext"] = ext
+                else:
+                    _state["why"] = (
+                        "linrope: this CPU has no AVX-512 BF16; bfloat16 inputs take the chunk kernel's torch ops"
+                    )
+            except Exception as e:  # noqa: BLE001 - no compiler, no intrinsics for the instructions: the torch path runs
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                _state["why"] = f"linrope: native bfloat16 walk unavailable ({first}); bfloat16 takes the torch ops"
+            if "why" in _state:
                 print(_state["why"], file=sys.stderr)
-        return _state["ok"]
+        return _state.get("ext")
 
 
 def why_not() -> Optional[str]:
-    """Why the bfloat16 walk does not run on this CPU (None when it does, or has not been asked)."""
+    """Why the bfloat16 walk does not run (None when it does, or has not been tried)."""
     return _state.get("why")
 
 
-__all__ = ["SOURCE", "serves", "why_not"]
+__all__ = ["SOURCE", "serves", "extension", "why_not"]

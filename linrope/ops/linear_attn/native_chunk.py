@@ -402,7 +402,6 @@ void backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor c
   });
 }
 """
-    + native_bf16.SOURCE
 )
 
 # one build folder per source: checkouts of other sources (a benchmark's --compare, another worktree's runs) that
@@ -423,7 +422,7 @@ def _load():
                 ext = load_inline(
                     NAME,
                     cpp_sources=SOURCE,
-                    functions=["have_blas", "forward", "backward", "has_bf16", "forward_bf16", "backward_bf16"],
+                    functions=["have_blas", "forward", "backward"],
                     extra_cflags=["-O3", "-fopenmp"],  # the rows' parallel region (forward)
                     extra_ldflags=["-fopenmp"],  # libgomp.so.1: the runtime torch has already loaded
                 )
@@ -463,7 +462,7 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg, log_gamma, do
         and v.dtype == q.dtype
         and q.shape[-1] % 2 == 0
         and _load() is not None
-        and (q.dtype != torch.bfloat16 or native_bf16.serves(_load(), q, v, min(cfg.chunk_size, q.shape[2])))
+        and (q.dtype != torch.bfloat16 or native_bf16.serves(SOURCE, q, v, min(cfg.chunk_size, q.shape[2])))
     )
 
 
@@ -504,7 +503,7 @@ def forward(q, k, v, S0, z0, rot, cfg, blocks, out=None, denom=None):
     nb = len(blocks) - 1
     saved_S = alloc((nb, B, H, d, dv), dtype=dtype, device=q.device)
     saved_z = alloc((nb, B, H, d), dtype=dtype, device=q.device)
-    walk = _load().forward_bf16 if q.dtype == torch.bfloat16 else _load().forward
+    walk = native_bf16.extension(SOURCE).forward_bf16 if q.dtype == torch.bfloat16 else _load().forward
     walk(q, k, v, cs, S0, z0, out, denom, S, z, saved_S, saved_z, C, per, float(cfg.eps))
     return out, denom, S, z, (saved_S if nb else None), (saved_z if nb else None)
 
@@ -532,8 +531,9 @@ def backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z
     dz0 = alloc((B, H, d), dtype=dtype, device=q.device)
     if saved_S.shape[0] != nb:
         raise ValueError(f"{saved_S.shape[0]} saved states for {nb + 1} blocks")
-    (_load().backward_bf16 if q.dtype == torch.bfloat16 else _load().backward)(q, k, v, _cos_sin(rot, N, d, dtype), g_out, out, denom, S0c, z0c, g_S, g_z, saved_S, saved_z,
-                     *bufs, dS0, dz0, C, per)  # fmt: skip
+    walk = native_bf16.extension(SOURCE).backward_bf16 if q.dtype == torch.bfloat16 else _load().backward
+    walk(q, k, v, _cos_sin(rot, N, d, dtype), g_out, out, denom, S0c, z0c, g_S, g_z, saved_S, saved_z, *bufs, dS0,
+         dz0, C, per)  # fmt: skip
     for t, b in zip(given, bufs):
         if t is not None and t is not b:
             t.copy_(b)
