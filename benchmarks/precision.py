@@ -9,7 +9,8 @@ a 2048³ ``torch.mm``.  B=1, H=8, d=64, causal, elu+1, RoPE in the numerator, C=
 Accuracy: the relative error (in norm) of linrope chunk's output, final state and gradients on bfloat16 inputs
 against the float64 naive form on the same inputs (N = ``--error-length`` 2048, H = 2), once with the bfloat16
 products the kernel uses and once with float32 products (``chunk_kernel.matmul_dtype`` swapped for the run,
-then restored), beside the floor: the float64 output rounded to bfloat16.  docs/mathematics.md, "Precision", gives
+then restored, and the native walk off: elu+1 with RoPE in the numerator and no decay walks natively, its products
+bfloat16, ``native_bf16.py``), beside the floor: the float64 output rounded to bfloat16.  docs/mathematics.md, "Precision", gives
 the rule.
 
 Usage:  python benchmarks/precision.py --rounds 9
@@ -62,6 +63,7 @@ def speed(key: str, lengths, rounds: int, warmup: int, mm_size: int) -> list[str
 def errors(n: int, heads: int = 2) -> list[str]:
     """Relative errors of linrope chunk on bfloat16 inputs against float64 naive, bfloat16 and float32 products."""
     import linrope.ops.linear_attn.chunk_kernel as CK
+    from linrope.ops.linear_attn import native_chunk
     from linrope.ops.rope import compute_dtype
 
     def rel(a, b):
@@ -87,7 +89,8 @@ def errors(n: int, heads: int = 2) -> list[str]:
         floor = rel(ref.detach().bfloat16(), ref.detach())
         for label, rule in rules.items():
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            with mock.patch.object(CK, "matmul_dtype", rule):  # the products' precision, for this call only
+            walk = native_chunk.ENABLED and label == "bfloat16 products"  # the bfloat16 walk's products are bfloat16
+            with mock.patch.object(CK, "matmul_dtype", rule), mock.patch.object(native_chunk, "ENABLED", walk):
                 out, state = linear_attention(*leaves, impl="chunk", output_final_state=True, **kw)
                 (out.double() * w).sum().backward()
             errs = [rel(out.detach(), ref.detach()), rel(state.S, ref_state.S.detach())]

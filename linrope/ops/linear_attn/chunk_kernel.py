@@ -24,7 +24,8 @@ What is carried
 Causal sequences are walked in blocks of whole chunks (``tables.plan_blocks``, through ``chunk.plan``), the state handed from
 block to block exactly as from chunk to chunk.
 For elu+1 with RoPE in the numerator, causal, normalised, without decay or packed documents, in float32/float64 on
-a CPU, forward and backward are native loops per head instead (``native_chunk.py``), on the same block states.
+a CPU, forward and backward are native loops per head instead (``native_chunk.py``), on the same block states; in
+bfloat16 too, with the precision below, on a CPU with AVX-512 BF16 (``native_bf16.py``).
 
 Backward: with g = ∂L/∂o and D = den + eps,
     ∂L/∂num_i = g_i / D_i,   ∂L/∂den_i = -(g_i·o_i) / D_i,

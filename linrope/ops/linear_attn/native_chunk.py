@@ -1,8 +1,8 @@
 """The chunk form's forward and backward as native loops on a CPU: each (batch row, head) walked chunk by chunk in C++.
 
 For the case studies train — elu+1 features, RoPE in the numerator only, causal, no decay, no packed documents,
-normalised, float32 or float64 on a CPU — ``chunk_kernel.chunk_forward`` hands the whole walk to ``forward`` and
-``chunk_kernel.chunk_backward`` to ``backward``.  Forward, per chunk of C positions, with every temporary in a few
+normalised, float32 or float64 (bfloat16: ``native_bf16.py``'s walks) on a CPU — ``chunk_kernel.chunk_forward``
+hands the whole walk to ``forward`` and ``chunk_kernel.chunk_backward`` to ``backward``.  Forward, per chunk of C positions, with every temporary in a few
 small buffers of the thread's own (about 100 KiB at C = d = 64, so they stay in L1/L2):
 
     qf, kf = elu(q) + 1, elu(k) + 1;  qn, kn = qf, kf rotated       (one pass, exp_nonpos of ``native.py``)
@@ -32,13 +32,16 @@ line, printed once).  ``ENABLED = False`` (or ``native.ENABLED = False``) runs t
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 from typing import Optional
 
 import torch
 
-from . import native
+from linrope.ops.rope import compute_dtype
+
+from . import native, native_bf16
 from .buffers import alloc
 
 ENABLED = True
@@ -401,7 +404,9 @@ void backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor c
 """
 )
 
-NAME = "linrope_native_chunk"
+# one build folder per source: checkouts of other sources (a benchmark's --compare, another worktree's runs) that
+# shared one would rebuild it in turn, and a process could load the other's build
+NAME = "linrope_native_chunk_" + hashlib.sha1(SOURCE.encode()).hexdigest()[:10]
 _lock = threading.Lock()
 _state: dict = {}  # "ext": the compiled module, or "why": why there is none
 
@@ -440,7 +445,8 @@ def why_not() -> Optional[str]:
 
 def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg, log_gamma, documents) -> bool:
     """The one predicate for the native walk: elu+1 features, RoPE in the numerator, causal, normalised, no decay,
-    no packed documents, q, k, v of one dtype, float32 or float64, on a CPU, and the extension built."""
+    no packed documents, q, k, v of one dtype, float32 or float64 (or bfloat16 where ``native_bf16.serves``), on a
+    CPU, and the extension built."""
     return (
         ENABLED
         and native.ENABLED
@@ -451,11 +457,12 @@ def usable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg, log_gamma, do
         and log_gamma is None
         and documents is None
         and q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
+        and q.dtype in (torch.float32, torch.float64, torch.bfloat16)
         and k.dtype == q.dtype
         and v.dtype == q.dtype
         and q.shape[-1] % 2 == 0
         and _load() is not None
+        and (q.dtype != torch.bfloat16 or native_bf16.serves(SOURCE, q, v, min(cfg.chunk_size, q.shape[2])))
     )
 
 
@@ -481,7 +488,7 @@ def forward(q, k, v, S0, z0, rot, cfg, blocks, out=None, denom=None):
     """``chunk_kernel.chunk_forward``'s results for a call ``usable`` accepts: (out, denom, S_final, z_final,
     saved_S, saved_z), the saved states those entering ``blocks[1:]``; ``out``/``denom`` as there."""
     B, H, N, d = q.shape
-    dv, dtype = v.shape[-1], q.dtype
+    dv, dtype = v.shape[-1], compute_dtype(q.dtype)  # float32 for bfloat16 (native_bf16.py)
     C, per = _geometry(N, cfg, blocks)
     q, k, v = _dense_last(q), _dense_last(k), _dense_last(v)
     cs = _cos_sin(rot, N, d, dtype)
@@ -496,7 +503,8 @@ def forward(q, k, v, S0, z0, rot, cfg, blocks, out=None, denom=None):
     nb = len(blocks) - 1
     saved_S = alloc((nb, B, H, d, dv), dtype=dtype, device=q.device)
     saved_z = alloc((nb, B, H, d), dtype=dtype, device=q.device)
-    _load().forward(q, k, v, cs, S0, z0, out, denom, S, z, saved_S, saved_z, C, per, float(cfg.eps))
+    walk = native_bf16.extension(SOURCE).forward_bf16 if q.dtype == torch.bfloat16 else _load().forward
+    walk(q, k, v, cs, S0, z0, out, denom, S, z, saved_S, saved_z, C, per, float(cfg.eps))
     return out, denom, S, z, (saved_S if nb else None), (saved_z if nb else None)
 
 
@@ -504,7 +512,7 @@ def backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z
     """``chunk_kernel.chunk_backward``'s (dq, dk, dv, dS0, dz0) for a call ``usable`` accepts whose forward
     ``forward`` (or the torch path: the same saved states) ran; ``needs`` and ``grads`` as there."""
     B, H, N, d = q.shape
-    dv, dtype = v.shape[-1], q.dtype
+    dv, dtype = v.shape[-1], compute_dtype(q.dtype)
     C, per = _geometry(N, cfg, blocks)
     q, k, v, g_out, out = (_dense_last(t) for t in (q, k, v, g_out, out))
 
@@ -514,17 +522,18 @@ def backward(g_out, g_S, g_z, q, k, v, S0, z0, rot, out, denom, saved_S, saved_z
     S0c, z0c, g_S, g_z = small(S0), small(z0), small(g_S), small(g_z)
     nb = len(blocks) - 1
     if saved_S is None:
-        saved_S = q.new_empty((0, B, H, d, dv))
-        saved_z = q.new_empty((0, B, H, d))
+        saved_S = q.new_empty((0, B, H, d, dv), dtype=dtype)
+        saved_z = q.new_empty((0, B, H, d), dtype=dtype)
     given = [None, None, None] if grads is None else list(grads)
-    bufs = [t if (t is not None and t.stride(-1) == 1 and t.dtype == dtype) else alloc(x.shape, dtype=dtype,
+    bufs = [t if (t is not None and t.stride(-1) == 1 and t.dtype == x.dtype) else alloc(x.shape, dtype=x.dtype,
             device=x.device) for t, x in zip(given, (q, k, v))]  # fmt: skip
     dS0 = alloc((B, H, d, dv), dtype=dtype, device=q.device)
     dz0 = alloc((B, H, d), dtype=dtype, device=q.device)
     if saved_S.shape[0] != nb:
         raise ValueError(f"{saved_S.shape[0]} saved states for {nb + 1} blocks")
-    _load().backward(q, k, v, _cos_sin(rot, N, d, dtype), g_out, out, denom, S0c, z0c, g_S, g_z, saved_S, saved_z,
-                     *bufs, dS0, dz0, C, per)  # fmt: skip
+    walk = native_bf16.extension(SOURCE).backward_bf16 if q.dtype == torch.bfloat16 else _load().backward
+    walk(q, k, v, _cos_sin(rot, N, d, dtype), g_out, out, denom, S0c, z0c, g_S, g_z, saved_S, saved_z, *bufs, dS0,
+         dz0, C, per)  # fmt: skip
     for t, b in zip(given, bufs):
         if t is not None and t is not b:
             t.copy_(b)
