@@ -9,6 +9,7 @@ into strided gradients of another dtype."""
 from __future__ import annotations
 
 import shutil
+import sys
 
 import pytest
 import torch
@@ -200,3 +201,30 @@ def test_without_a_compiler_the_torch_ops_run(monkeypatch, counted):
     got = chunk_linear_attention(q, k, v, chunk_size=4, rope="numerator")
     want = naive_linear_attention(q, k, v, rope="numerator")
     assert set(counted.values()) == {0} and rel(got, want) < 1e-12
+
+
+def _vm_flags(address: int) -> list:
+    """VmFlags of the mapping holding ``address`` in /proc/self/smaps."""
+    flags, inside = [], False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0] if line.strip() else ""
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            flags = line.split()[1:]
+    return flags
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/smaps are Linux's")
+def test_a_large_cpu_buffer_is_advised_huge_pages_and_a_small_one_is_not():
+    """buffers.alloc advises huge pages (MADV_HUGEPAGE: VmFlags "hg") on the whole 2 MiB pages of a buffer of
+    HUGE_FROM bytes or more, before anything writes it; small buffers are left alone."""
+    from linrope.ops.linear_attn import buffers
+
+    assert buffers._MADVISE is not None, "libc's madvise not found on Linux"
+    big = buffers.alloc((buffers.HUGE_FROM // 4 + 1,), dtype=torch.float32, device="cpu")
+    middle = -(-big.data_ptr() // buffers.HUGE) * buffers.HUGE + 4096
+    assert "hg" in _vm_flags(middle), _vm_flags(middle)
+    small = buffers.alloc((1024,), dtype=torch.float32, device="cpu")
+    assert "hg" not in _vm_flags(small.data_ptr())
