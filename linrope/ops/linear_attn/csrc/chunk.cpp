@@ -34,7 +34,7 @@ static inline void gemm(bool ta, bool tb, int m, int n, int k, const double* A, 
   const double one = 1.0;
   dgemm_(tb ? "T" : "N", ta ? "T" : "N", &n, &m, &k, &one, B, &ldb, A, &lda, &beta, C, &ldc);
 }
-#include "exp_nonpos.h"
+#include "features.h"
 
 // rows positions of x (position stride sx, last dimension dense): f = elu(x) + 1 (row stride ldf), r = f rotated
 // by the pairs (cos, sin) of cs (row stride d) (row stride ldr)
@@ -42,20 +42,7 @@ template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void features(const T* x, int64_t sx, const T* cs, int64_t rows, int64_t d, T* f, int64_t ldf, T* r,
                      int64_t ldr) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* xi = x + i * sx; const T* c = cs + i * d; T* fi = f + i * ldf; T* ri = r + i * ldr;
-    #pragma omp simd
-    for (int64_t t = 0; t < d; ++t) {
-      const T v = xi[t];
-      fi[t] = v > T(0) ? v + T(1) : exp_nonpos(v < T(0) ? v : T(0));
-    }
-    #pragma omp simd
-    for (int64_t t = 0; t < d; t += 2) {
-      const T a = fi[t], e = fi[t + 1], co = c[t], si = c[t + 1];
-      ri[t] = a * co - e * si;
-      ri[t + 1] = a * si + e * co;
-    }
-  }
+  for (int64_t i = 0; i < rows; ++i) elu_rope_row(x + i * sx, cs + i * d, d, f + i * ldf, r + i * ldr);
 }
 
 // den_i = qf_i . (z + sum_{j<=i} kf_j) for the chunk's n positions (z advanced), D = den + eps written to denom
@@ -129,35 +116,39 @@ static void* row_of(torch::Tensor& t, int64_t b, int64_t h, int dim = 0) {
   return static_cast<char*>(t.data_ptr()) + (b * t.stride(dim) + h * t.stride(dim + 1)) * t.element_size();
 }
 
-// The rows (b, h) on OpenMP threads, one row at a time each.  at::parallel_for is not used: compiled here with
-// OpenMP, its first call on a thread runs at::init_num_threads, which would set the heads' single-threaded workers
-// (heads.py) back to torch's global thread count.
-template <typename T>
-static void rows(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, const T* cs,
-                 const c10::optional<torch::Tensor>& S0, const c10::optional<torch::Tensor>& z0, torch::Tensor& out,
-                 torch::Tensor& denom, torch::Tensor& S, torch::Tensor& z, torch::Tensor& savedS,
-                 torch::Tensor& savedZ, int64_t C, int64_t block, T eps, int threads) {
-  const int64_t H = q.size(1), N = q.size(2), d = q.size(3), dv = v.size(3), R = q.size(0) * H;
-  const int64_t nb = savedS.size(0);
+// Runs each(r, scratch) for the rows r = b * H + h on OpenMP threads (torch's thread count, one inside a parallel
+// region), one row at a time each, every thread with a Scratch of its own and MKL held to one thread.
+// at::parallel_for is not used: compiled here with OpenMP, its first call on a thread runs at::init_num_threads, which
+// would set the heads' single-threaded workers (heads.py) back to torch's global thread count.
+template <typename Scratch, typename F>
+static void each_row(int64_t R, F&& each) {
+  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
   #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    std::vector<T> buf;
+    Scratch scratch;
     const int one = 1;
     const int mkl = mkl_set_num_threads_local_ ? mkl_set_num_threads_local_(&one) : 0;
     #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t b = r / H, h = r % H;
-      Row w;
-      w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h);
-      w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
-      w.out = row_of(out, b, h); w.denom = row_of(denom, b, h); w.S = row_of(S, b, h); w.z = row_of(z, b, h);
-      w.savedS = nb ? row_of(savedS, b, h, 1) : nullptr;
-      w.savedZ = nb ? row_of(savedZ, b, h, 1) : nullptr;
-      w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.so = out.stride(2); w.sd = denom.stride(2);
-      walk<T>(w, cs, N, d, dv, C, block, nb ? savedS.stride(0) : 0, nb ? savedZ.stride(0) : 0, eps, buf);
-    }
+    for (int64_t r = 0; r < R; ++r) each(r, scratch);
     if (mkl_set_num_threads_local_) mkl_set_num_threads_local_(&mkl);
   }
+}
+
+// row r = b * H + h of forward's tensors
+static Row row_at(int64_t r, torch::Tensor& q, torch::Tensor& k, torch::Tensor& v,
+                  const c10::optional<torch::Tensor>& S0, const c10::optional<torch::Tensor>& z0, torch::Tensor& out,
+                  torch::Tensor& denom, torch::Tensor& S, torch::Tensor& z, torch::Tensor& savedS,
+                  torch::Tensor& savedZ) {
+  const int64_t H = q.size(1), b = r / H, h = r % H;
+  const bool saved = savedS.size(0) > 0;
+  Row w;
+  w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h);
+  w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
+  w.out = row_of(out, b, h); w.denom = row_of(denom, b, h); w.S = row_of(S, b, h); w.z = row_of(z, b, h);
+  w.savedS = saved ? row_of(savedS, b, h, 1) : nullptr;
+  w.savedZ = saved ? row_of(savedZ, b, h, 1) : nullptr;
+  w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.so = out.stride(2); w.sd = denom.stride(2);
+  return w;
 }
 
 // q, k (B, H, N, d), v (B, H, N, dv): any strides, the last dimension dense; cs (N, d) contiguous; S0 (B, H, d, dv)
@@ -167,33 +158,25 @@ static void rows(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, const T* 
 void forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs, c10::optional<torch::Tensor> S0,
              c10::optional<torch::Tensor> z0, torch::Tensor out, torch::Tensor denom, torch::Tensor S,
              torch::Tensor z, torch::Tensor savedS, torch::Tensor savedZ, int64_t C, int64_t block, double eps) {
-  const int64_t R = q.size(0) * q.size(1);
-  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
   pybind11::gil_scoped_release no_gil;
+  const int64_t N = q.size(2), d = q.size(3), dv = v.size(3), nb = savedS.size(0);
+  const int64_t ssS = nb ? savedS.stride(0) : 0, ssZ = nb ? savedZ.stride(0) : 0;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "native_chunk_forward", [&] {
-    rows<scalar_t>(q, k, v, cs.data_ptr<scalar_t>(), S0, z0, out, denom, S, z, savedS, savedZ, C, block,
-                   static_cast<scalar_t>(eps), threads);
+    const scalar_t* c = cs.data_ptr<scalar_t>();
+    each_row<std::vector<scalar_t>>(q.size(0) * q.size(1), [&](int64_t r, std::vector<scalar_t>& buf) {
+      walk<scalar_t>(row_at(r, q, k, v, S0, z0, out, denom, S, z, savedS, savedZ), c, N, d, dv, C, block, ssS, ssZ,
+                     static_cast<scalar_t>(eps), buf);
+    });
   });
 }
 // ---- the backward -------------------------------------------------------------------------------------------
-// f = elu(x) + 1 for the chunk's rows (as `features`) from x, and out = min(f, 1) * (R^-1 gn + gd): the gradient of
-// x from those of its rotated (gn) and plain (gd) features, written for rows positions (out's position stride so)
+// out = min(f, 1) * (R^-1 gn + gd) for rows positions (out's position stride so): the gradient of x from those of
+// its rotated (gn) and plain (gd) features, f = elu(x) + 1 as `features` formed it
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void features_back(const T* f, const T* gn, const T* gd, const T* cs, int64_t rows, int64_t d, T* out,
                           int64_t so) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const T* fi = f + i * d; const T* gi = gn + i * d; const T* di = gd + i * d; const T* c = cs + i * d;
-    T* oi = out + i * so;
-    #pragma omp simd
-    for (int64_t t = 0; t < d; t += 2) {
-      const T a = gi[t], e = gi[t + 1], co = c[t], si = c[t + 1];
-      const T u = a * co + e * si + di[t], w = e * co - a * si + di[t + 1];
-      const T f0 = fi[t] < T(1) ? fi[t] : T(1), f1 = fi[t + 1] < T(1) ? fi[t + 1] : T(1);
-      oi[t] = f0 * u;
-      oi[t + 1] = f1 * w;
-    }
-  }
+  for (int64_t i = 0; i < rows; ++i) elu_rope_back_row(f + i * d, gn + i * d, gd + i * d, cs + i * d, d, out + i * so);
 }
 
 // dnum_i = g_i / D_i, dden_i = -(dnum_i . o_i) for n rows (zeros to C); and the denominator's scans:
@@ -302,37 +285,26 @@ static void walk_back(const RowBack& w, const T* cs, int64_t N, int64_t d, int64
   std::memcpy(w.dz0, rz, sizeof(T) * d);
 }
 
-template <typename T>
-static void rows_back(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, torch::Tensor& g, torch::Tensor& o,
-                      torch::Tensor& D, const T* cs, const c10::optional<torch::Tensor>& S0,
-                      const c10::optional<torch::Tensor>& z0, const c10::optional<torch::Tensor>& gS,
-                      const c10::optional<torch::Tensor>& gz, torch::Tensor& savedS, torch::Tensor& savedZ,
-                      torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, torch::Tensor& dS0, torch::Tensor& dz0,
-                      int64_t C, int64_t block, int threads) {
-  const int64_t H = q.size(1), N = q.size(2), d = q.size(3), V = v.size(3), R = q.size(0) * H;
-  const int64_t nb = savedS.size(0);
-  #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<T> buf;
-    const int one = 1;
-    const int mkl = mkl_set_num_threads_local_ ? mkl_set_num_threads_local_(&one) : 0;
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t b = r / H, h = r % H;
-      RowBack w;
-      w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h); w.g = row_of(g, b, h);
-      w.o = row_of(o, b, h); w.D = row_of(D, b, h); w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
-      w.gS = row_of(gS, b, h); w.gz = row_of(gz, b, h);
-      w.savedS = nb ? row_of(savedS, b, h, 1) : nullptr;
-      w.savedZ = nb ? row_of(savedZ, b, h, 1) : nullptr;
-      w.dq = row_of(dq, b, h); w.dk = row_of(dk, b, h); w.dv = row_of(dv, b, h);
-      w.dS0 = row_of(dS0, b, h); w.dz0 = row_of(dz0, b, h);
-      w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.sg = g.stride(2); w.so = o.stride(2);
-      w.sD = D.stride(2); w.sdq = dq.stride(2); w.sdk = dk.stride(2); w.sdv = dv.stride(2);
-      walk_back<T>(w, cs, N, d, V, C, block, nb ? savedS.stride(0) : 0, nb ? savedZ.stride(0) : 0, buf);
-    }
-    if (mkl_set_num_threads_local_) mkl_set_num_threads_local_(&mkl);
-  }
+// row r = b * H + h of backward's tensors
+static RowBack row_back_at(int64_t r, torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, torch::Tensor& g,
+                           torch::Tensor& o, torch::Tensor& D, const c10::optional<torch::Tensor>& S0,
+                           const c10::optional<torch::Tensor>& z0, const c10::optional<torch::Tensor>& gS,
+                           const c10::optional<torch::Tensor>& gz, torch::Tensor& savedS, torch::Tensor& savedZ,
+                           torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, torch::Tensor& dS0,
+                           torch::Tensor& dz0) {
+  const int64_t H = q.size(1), b = r / H, h = r % H;
+  const bool saved = savedS.size(0) > 0;
+  RowBack w;
+  w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h); w.g = row_of(g, b, h);
+  w.o = row_of(o, b, h); w.D = row_of(D, b, h); w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
+  w.gS = row_of(gS, b, h); w.gz = row_of(gz, b, h);
+  w.savedS = saved ? row_of(savedS, b, h, 1) : nullptr;
+  w.savedZ = saved ? row_of(savedZ, b, h, 1) : nullptr;
+  w.dq = row_of(dq, b, h); w.dk = row_of(dk, b, h); w.dv = row_of(dv, b, h);
+  w.dS0 = row_of(dS0, b, h); w.dz0 = row_of(dz0, b, h);
+  w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.sg = g.stride(2); w.so = o.stride(2);
+  w.sD = D.stride(2); w.sdq = dq.stride(2); w.sdk = dk.stride(2); w.sdv = dv.stride(2);
+  return w;
 }
 
 // the backward of `forward`: g (B, H, N, dv) dL/dout; out, denom as forward wrote them; gS, gz dL/d(final state)
@@ -343,11 +315,14 @@ void backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor c
               c10::optional<torch::Tensor> gS, c10::optional<torch::Tensor> gz, torch::Tensor savedS,
               torch::Tensor savedZ, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, torch::Tensor dS0,
               torch::Tensor dz0, int64_t C, int64_t block) {
-  const int64_t R = q.size(0) * q.size(1);
-  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
   pybind11::gil_scoped_release no_gil;
+  const int64_t N = q.size(2), d = q.size(3), V = v.size(3), nb = savedS.size(0);
+  const int64_t ssS = nb ? savedS.stride(0) : 0, ssZ = nb ? savedZ.stride(0) : 0;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "native_chunk_backward", [&] {
-    rows_back<scalar_t>(q, k, v, g, out, denom, cs.data_ptr<scalar_t>(), S0, z0, gS, gz, savedS, savedZ, dq, dk, dv,
-                        dS0, dz0, C, block, threads);
+    const scalar_t* c = cs.data_ptr<scalar_t>();
+    each_row<std::vector<scalar_t>>(q.size(0) * q.size(1), [&](int64_t r, std::vector<scalar_t>& buf) {
+      walk_back<scalar_t>(row_back_at(r, q, k, v, g, out, denom, S0, z0, gS, gz, savedS, savedZ, dq, dk, dv, dS0, dz0),
+                          c, N, d, V, C, block, ssS, ssZ, buf);
+    });
   });
 }

@@ -167,42 +167,24 @@ BF16 static void walk_bf16(const Row& w, const float* cs, int64_t N, int64_t d, 
   std::memcpy(w.z, z, sizeof(float) * d);
 }
 
-// forward's rows on OpenMP threads (as native_chunk's `rows`), one walk_bf16 each
-static void rows_bf16(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, const float* cs,
-                      const c10::optional<torch::Tensor>& S0, const c10::optional<torch::Tensor>& z0,
-                      torch::Tensor& out, torch::Tensor& denom, torch::Tensor& S, torch::Tensor& z,
-                      torch::Tensor& savedS, torch::Tensor& savedZ, int64_t C, int64_t block, float eps, int threads) {
-  const int64_t H = q.size(1), N = q.size(2), d = q.size(3), dv = v.size(3), R = q.size(0) * H;
-  const int64_t nb = savedS.size(0);
-  #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> buf;
-    std::vector<word_t> words;
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t b = r / H, h = r % H;
-      Row w;
-      w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h);
-      w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
-      w.out = row_of(out, b, h); w.denom = row_of(denom, b, h); w.S = row_of(S, b, h); w.z = row_of(z, b, h);
-      w.savedS = nb ? row_of(savedS, b, h, 1) : nullptr;
-      w.savedZ = nb ? row_of(savedZ, b, h, 1) : nullptr;
-      w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.so = out.stride(2); w.sd = denom.stride(2);
-      walk_bf16(w, cs, N, d, dv, C, block, nb ? savedS.stride(0) : 0, nb ? savedZ.stride(0) : 0, eps, buf, words);
-    }
-  }
-}
+struct Scratch16 {  // a thread's buffers for the bfloat16 walks
+  std::vector<float> buf;
+  std::vector<word_t> words;
+};
 
 // `forward` for bfloat16 q, k, v and out; cs, S0, z0, denom, S, z and the saved states float32
 void forward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs,
                   c10::optional<torch::Tensor> S0, c10::optional<torch::Tensor> z0, torch::Tensor out,
                   torch::Tensor denom, torch::Tensor S, torch::Tensor z, torch::Tensor savedS, torch::Tensor savedZ,
                   int64_t C, int64_t block, double eps) {
-  const int64_t R = q.size(0) * q.size(1);
-  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
   pybind11::gil_scoped_release no_gil;
-  rows_bf16(q, k, v, cs.data_ptr<float>(), S0, z0, out, denom, S, z, savedS, savedZ, C, block,
-            static_cast<float>(eps), threads);
+  const int64_t N = q.size(2), d = q.size(3), dv = v.size(3), nb = savedS.size(0);
+  const int64_t ssS = nb ? savedS.stride(0) : 0, ssZ = nb ? savedZ.stride(0) : 0;
+  const float* c = cs.data_ptr<float>();
+  each_row<Scratch16>(q.size(0) * q.size(1), [&](int64_t r, Scratch16& s) {
+    walk_bf16(row_at(r, q, k, v, S0, z0, out, denom, S, z, savedS, savedZ), c, N, d, dv, C, block, ssS, ssZ,
+              static_cast<float>(eps), s.buf, s.words);
+  });
 }
 // One row's backward (native_chunk's `walk_back`, bfloat16 q, k, v, g, o in and dq, dk, dv out).  Float buffers:
 // x (C x max(d, dv): widened input), Sc (per x d x dv), zs (per x d), qf, qn, kf, kn, dqn, dkn, dqf, dkf (C x d),
@@ -296,45 +278,18 @@ BF16 static void walk_back_bf16(const RowBack& w, const float* cs, int64_t N, in
   std::memcpy(w.dz0, rz, sizeof(float) * d);
 }
 
-static void rows_back_bf16(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, torch::Tensor& g, torch::Tensor& o,
-                           torch::Tensor& D, const float* cs, const c10::optional<torch::Tensor>& S0,
-                           const c10::optional<torch::Tensor>& z0, const c10::optional<torch::Tensor>& gS,
-                           const c10::optional<torch::Tensor>& gz, torch::Tensor& savedS, torch::Tensor& savedZ,
-                           torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, torch::Tensor& dS0,
-                           torch::Tensor& dz0, int64_t C, int64_t block, int threads) {
-  const int64_t H = q.size(1), N = q.size(2), d = q.size(3), V = v.size(3), R = q.size(0) * H;
-  const int64_t nb = savedS.size(0);
-  #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> buf;
-    std::vector<word_t> words;
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t b = r / H, h = r % H;
-      RowBack w;
-      w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h); w.g = row_of(g, b, h);
-      w.o = row_of(o, b, h); w.D = row_of(D, b, h); w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
-      w.gS = row_of(gS, b, h); w.gz = row_of(gz, b, h);
-      w.savedS = nb ? row_of(savedS, b, h, 1) : nullptr;
-      w.savedZ = nb ? row_of(savedZ, b, h, 1) : nullptr;
-      w.dq = row_of(dq, b, h); w.dk = row_of(dk, b, h); w.dv = row_of(dv, b, h);
-      w.dS0 = row_of(dS0, b, h); w.dz0 = row_of(dz0, b, h);
-      w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.sg = g.stride(2); w.so = o.stride(2);
-      w.sD = D.stride(2); w.sdq = dq.stride(2); w.sdk = dk.stride(2); w.sdv = dv.stride(2);
-      walk_back_bf16(w, cs, N, d, V, C, block, nb ? savedS.stride(0) : 0, nb ? savedZ.stride(0) : 0, buf, words);
-    }
-  }
-}
-
 // `backward` for bfloat16 q, k, v, g, out and the gradients dq, dk, dv; the rest float32
 void backward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs, torch::Tensor g,
                    torch::Tensor out, torch::Tensor denom, c10::optional<torch::Tensor> S0,
                    c10::optional<torch::Tensor> z0, c10::optional<torch::Tensor> gS, c10::optional<torch::Tensor> gz,
                    torch::Tensor savedS, torch::Tensor savedZ, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv,
                    torch::Tensor dS0, torch::Tensor dz0, int64_t C, int64_t block) {
-  const int64_t R = q.size(0) * q.size(1);
-  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
   pybind11::gil_scoped_release no_gil;
-  rows_back_bf16(q, k, v, g, out, denom, cs.data_ptr<float>(), S0, z0, gS, gz, savedS, savedZ, dq, dk, dv, dS0, dz0,
-                 C, block, threads);
+  const int64_t N = q.size(2), d = q.size(3), V = v.size(3), nb = savedS.size(0);
+  const int64_t ssS = nb ? savedS.stride(0) : 0, ssZ = nb ? savedZ.stride(0) : 0;
+  const float* c = cs.data_ptr<float>();
+  each_row<Scratch16>(q.size(0) * q.size(1), [&](int64_t r, Scratch16& s) {
+    walk_back_bf16(row_back_at(r, q, k, v, g, out, denom, S0, z0, gS, gz, savedS, savedZ, dq, dk, dv, dS0, dz0), c, N,
+                   d, V, C, block, ssS, ssZ, s.buf, s.words);
+  });
 }

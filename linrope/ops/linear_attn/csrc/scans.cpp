@@ -67,7 +67,7 @@ void denominator_backward(torch::Tensor qd, torch::Tensor kd, torch::Tensor dden
   });
 }
 // ---- elu+1 features and their rotation (RoPE), one pass; their backward, one pass ----------------------------
-#include "exp_nonpos.h"
+#include "features.h"
 
 
 // x (B, H, n, d) with strides sb, sh, sn (and 1); cs (n, d) holding (cos, sin) of every pair; f, r (B, H, n, d)
@@ -80,18 +80,7 @@ static void elu_rope_rows(const T* x, int64_t sb, int64_t sh, int64_t sn, const 
     const int64_t b = row / (H * n), h = row / n % H, i = row % n;
     const T* xi = x + b * sb + h * sh + i * sn;
     const int64_t o = row * d;
-    T* fi = f + o; T* ri = r + o; const T* c = cs + i * d;
-    #pragma omp simd
-    for (int64_t t = 0; t < d; ++t) {
-      const T v = xi[t];
-      fi[t] = v > T(0) ? v + T(1) : exp_nonpos(v < T(0) ? v : T(0));
-    }
-    #pragma omp simd
-    for (int64_t t = 0; t < d; t += 2) {
-      const T a = fi[t], e = fi[t + 1], co = c[t], si = c[t + 1];
-      ri[t] = a * co - e * si;
-      ri[t + 1] = a * si + e * co;
-    }
+    elu_rope_row(xi, cs + i * d, d, f + o, r + o);
   }
 }
 
@@ -104,17 +93,7 @@ static void elu_rope_back_rows(const T* f, const T* gn, const T* gd, const T* cs
   for (int64_t row = r0; row < r1; ++row) {  // row = (b * H + h) * n + i
     const int64_t b = row / (H * n), h = row / n % H, i = row % n;
     const int64_t o = row * d;
-    const T* fi = f + o; const T* gi = gn + o; const T* di = gd ? gd + o : nullptr; const T* c = cs + i * d;
-    T* oi = out + b * ob + h * oh + i * on;
-    #pragma omp simd
-    for (int64_t t = 0; t < d; t += 2) {
-      const T a = gi[t], e = gi[t + 1], co = c[t], si = c[t + 1];
-      T u = a * co + e * si, w = e * co - a * si;
-      if (di) { u += di[t]; w += di[t + 1]; }
-      const T f0 = fi[t] < T(1) ? fi[t] : T(1), f1 = fi[t + 1] < T(1) ? fi[t + 1] : T(1);
-      oi[t] = f0 * u;
-      oi[t + 1] = f1 * w;
-    }
+    elu_rope_back_row(f + o, gn + o, gd ? gd + o : nullptr, cs + i * d, d, out + b * ob + h * oh + i * on);
   }
 }
 
