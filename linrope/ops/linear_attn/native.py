@@ -6,13 +6,14 @@ along the positions of one head (4 096 × 64) takes about 280 µs on this machin
 (and two flips) per block; these loops take about 35 µs for the forward's, each position once, its d numbers in
 one SIMD pass.  ``elu_rope`` forms φ(x) = elu(x) + 1 and its rotation in one pass (torch's ops took three), and
 ``elu_rope_backward`` their gradient in one (four); docs/mathematics.md, "Native scans and features on a CPU".
-The C++ is csrc/scans.cpp; its vectorised exp (csrc/exp_nonpos.h) is shared with the native chunk loop
-(``native_chunk.py``).
+The C++ is csrc/scans.cpp; its features' loops and vectorised exp (csrc/features.h) are shared with the native
+chunk loop (``native_chunk.py``).
 
 Built on first use (``extensions.Extension``) and called with the GIL released, so that the heads' tasks
 (``heads.py``) run side by side; inside, the loops run on the calling thread (compiled without OpenMP,
 ``at::parallel_for`` runs its whole range there).  Where the compiler or ninja is missing the kernel runs its torch
-ops and ``why_not()`` says why (one line, printed once).  ``ENABLED = False`` runs the torch ops everywhere (the benchmarks' old plan; the tests of both paths)."""
+ops and ``why_not()`` says why (one line, printed once).  ``ENABLED = False`` runs the torch ops everywhere (the
+benchmarks' old plan; the tests of both paths)."""
 
 from __future__ import annotations
 

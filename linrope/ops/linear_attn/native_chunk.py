@@ -5,7 +5,7 @@ normalised, float32 or float64 (bfloat16: ``native_bf16.py``'s walks) on a CPU �
 hands the whole walk to ``forward`` and ``chunk_kernel.chunk_backward`` to ``backward``.  Forward, per chunk of C positions, with every temporary in a few
 small buffers of the thread's own (about 100 KiB at C = d = 64, so they stay in L1/L2):
 
-    qf, kf = elu(q) + 1, elu(k) + 1;  qn, kn = qf, kf rotated       (one pass, exp_nonpos of ``native.py``)
+    qf, kf = elu(q) + 1, elu(k) + 1;  qn, kn = qf, kf rotated       (one pass, csrc/features.h)
     P   = tril(qn knᵀ)                                                (C×C)
     num = [P | qn] · [v ; S]                                          (one product, inner size C + d)
     den_i = qf_i · (z + Σ_{j≤i} kf_j);   o_i = num_i / (den_i + eps)

@@ -176,7 +176,8 @@ template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void features_back(const T* f, const T* gn, const T* gd, const T* cs, int64_t rows, int64_t d, T* out,
                           int64_t so) {
-  for (int64_t i = 0; i < rows; ++i) elu_rope_back_row(f + i * d, gn + i * d, gd + i * d, cs + i * d, d, out + i * so);
+  for (int64_t i = 0; i < rows; ++i)
+    elu_rope_back_row<true>(f + i * d, gn + i * d, gd + i * d, cs + i * d, d, out + i * so);
 }
 
 // dnum_i = g_i / D_i, dden_i = -(dnum_i . o_i) for n rows (zeros to C); and the denominator's scans:

@@ -39,16 +39,16 @@ static inline __attribute__((always_inline)) void elu_rope_row(const T* x, const
   }
 }
 
-// One position's gradient of x: out = min(f, 1) * (R^-1 gn + gd) from those of its rotated (gn) and plain (gd, or
-// none) features
-template <typename T>
+// One position's gradient of x: out = min(f, 1) * (R^-1 gn + gd) from those of its rotated (gn) and plain (gd, read
+// only with_gd) features
+template <bool with_gd, typename T>
 static inline __attribute__((always_inline)) void elu_rope_back_row(const T* f, const T* gn, const T* gd, const T* c,
                                                                     int64_t d, T* out) {
   #pragma omp simd
   for (int64_t t = 0; t < d; t += 2) {
     const T a = gn[t], e = gn[t + 1], co = c[t], si = c[t + 1];
     T u = a * co + e * si, w = e * co - a * si;
-    if (gd) { u += gd[t]; w += gd[t + 1]; }
+    if (with_gd) { u += gd[t]; w += gd[t + 1]; }
     const T f0 = f[t] < T(1) ? f[t] : T(1), f1 = f[t + 1] < T(1) ? f[t + 1] : T(1);
     out[t] = f0 * u;
     out[t + 1] = f1 * w;

@@ -93,7 +93,9 @@ static void elu_rope_back_rows(const T* f, const T* gn, const T* gd, const T* cs
   for (int64_t row = r0; row < r1; ++row) {  // row = (b * H + h) * n + i
     const int64_t b = row / (H * n), h = row / n % H, i = row % n;
     const int64_t o = row * d;
-    elu_rope_back_row(f + o, gn + o, gd ? gd + o : nullptr, cs + i * d, d, out + b * ob + h * oh + i * on);
+    T* oi = out + b * ob + h * oh + i * on;
+    if (gd) elu_rope_back_row<true>(f + o, gn + o, gd + o, cs + i * d, d, oi);
+    else elu_rope_back_row<false>(f + o, gn + o, gd, cs + i * d, d, oi);
   }
 }
 
