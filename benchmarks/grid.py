@@ -3,9 +3,9 @@ naive chunk, quiet and beside one busy process, and optionally against another c
 
 Rows (``ROWS``: B, H, d, N): forward+backward of causal linear attention, elu+1, RoPE in the numerator, C = 64.
 Each row is timed in a worker process: the median of ``--repeats`` (at least 5) calls after three untimed ones (for
-a call under 0.5 s, of 5 × ``--repeats`` after five) of the chunk form (fp32 and bf16), and in fp32 of its forward alone, SDPA
-(up to ``--sdpa-max``) and fla's pure-PyTorch ``naive_chunk_linear_attn`` (fla installed, B 1 rows), each ratio
-taken inside the worker that measured both.  In each of ``--rounds`` rounds the workers run quiet, then beside a
+a call under 0.5 s, of 5 × ``--repeats`` after five) of the chunk form (fp32 and bf16), and in fp32 of its forward
+alone, SDPA (up to ``--sdpa-max``) and fla's pure-PyTorch ``naive_chunk_linear_attn`` (fla installed, B 1 rows), each
+ratio taken inside the worker that measured both.  In each of ``--rounds`` rounds the workers run quiet, then beside a
 process spinning one thread; with ``--compare REV [REV …]`` each state runs this checkout's worker and each REV's
 (its ``linrope/`` from ``git archive``), alternating, the order reversed every other round.  Reported: medians
 over the rounds.
@@ -18,7 +18,7 @@ Columns of the table (one line per row × dtype):
 Below it: t(64k) ÷ t(8k), the forward's share of a float32 matmul's rate at 64k (4·C·d + 4·d² FLOPs per token and
 head: the numerator's four matmuls) and bf16 ÷ fp32 at 16k.
 
-Usage:  python benchmarks/grid.py                          # every row, 3 rounds (about 15 min on 2 cores)
+Usage:  python benchmarks/grid.py                          # every row, 3 rounds (about 20 min on 2 cores)
         python benchmarks/grid.py --compare 536e44e HEAD --out /tmp/grid.md
         python benchmarks/grid.py --rows headline default --rounds 2 --no-loaded
 """
