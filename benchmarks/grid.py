@@ -2,10 +2,10 @@
 naive chunk, quiet and beside one busy process, and optionally against another commit's kernel.
 
 Rows (``ROWS``: B, H, d, N): forward+backward of causal linear attention, elu+1, RoPE in the numerator, C = 64.
-Each row is timed in a worker process: the median of ``--repeats`` calls after one untimed call (for a call under
-0.5 s, of 5 × ``--repeats`` after five) of the chunk form (fp32 and bf16), and in fp32 of its forward alone, SDPA
-(up to ``--sdpa-max``) and fla's pure-PyTorch ``naive_chunk_linear_attn`` (fla installed, B 1 rows), each ratio
-taken inside the worker that measured both.  In each of ``--rounds`` rounds the workers run quiet, then beside a
+Each row is timed in a worker process: the median of ``--repeats`` (at least 5) calls after three untimed ones (for
+a call under 0.5 s, of 5 × ``--repeats`` after five) of the chunk form (fp32 and bf16), and in fp32 of its forward
+alone, SDPA (up to ``--sdpa-max``) and fla's pure-PyTorch ``naive_chunk_linear_attn`` (fla installed, B 1 rows), each
+ratio taken inside the worker that measured both.  In each of ``--rounds`` rounds the workers run quiet, then beside a
 process spinning one thread; with ``--compare REV [REV …]`` each state runs this checkout's worker and each REV's
 (its ``linrope/`` from ``git archive``), alternating, the order reversed every other round.  Reported: medians
 over the rounds.
@@ -18,7 +18,7 @@ Columns of the table (one line per row × dtype):
 Below it: t(64k) ÷ t(8k), the forward's share of a float32 matmul's rate at 64k (4·C·d + 4·d² FLOPs per token and
 head: the numerator's four matmuls) and bf16 ÷ fp32 at 16k.
 
-Usage:  python benchmarks/grid.py                          # every row, 3 rounds (about 15 min on 2 cores)
+Usage:  python benchmarks/grid.py                          # every row, 3 rounds (about 20 min on 2 cores)
         python benchmarks/grid.py --compare 536e44e HEAD --out /tmp/grid.md
         python benchmarks/grid.py --rows headline default --rounds 2 --no-loaded
 """
@@ -56,9 +56,11 @@ DTYPES = ("fp32", "bf16")
 
 def worker(src: str, rows: List[str], repeats: int, sdpa_max: int, fla: bool, threads: int) -> Dict[str, float]:
     """{"<row>/<form>": seconds}: the chunk form of the linrope found in ``src`` (and, for this checkout, SDPA,
-    fla's naive chunk and the forward alone), each the median of ``repeats`` calls after one untimed call (for a
-    call under 0.5 s, of 5 × ``repeats`` calls after five untimed ones: the first calls are slow while torch warms
-    its caches)."""
+    fla's naive chunk and the forward alone), each the median of ``repeats`` (at least 5) calls after three untimed
+    ones (for a call under 0.5 s, of 5 × ``repeats`` calls after five untimed ones).  The first calls are slow while
+    torch warms its caches and the allocator its heap, and a call of half a second or more has a heavy tail here (at
+    64k one in five took 0.6–1.0 s against a median of 0.5): one untimed call and a median of three, the rule before
+    2026-11-30, read t(64k) ÷ t(8k) 8.76 where the median of many calls gives 7.3–8.4."""
     sys.path.insert(0, src)
     import torch
 
@@ -84,7 +86,7 @@ def worker(src: str, rows: List[str], repeats: int, sdpa_max: int, fla: bool, th
 
     def median(call) -> float:
         short = timing.once(call) < 0.5
-        return timing.median_time(call, warmup=4 if short else 0, repeats=repeats * (5 if short else 1))
+        return timing.median_time(call, warmup=4 if short else 2, repeats=repeats * 5 if short else max(repeats, 5))
 
     out: Dict[str, float] = {}
     for name in rows:

@@ -71,7 +71,10 @@ def test_the_wheel_holds_every_package_and_the_configs():
     packages = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "linrope").rglob("__init__.py")}
     assert set(tool["packages"]) == packages | {"linrope.conf"}
     assert tool["package-dir"] == {"linrope.conf": "conf"}
-    assert tool["package-data"] == {"linrope.conf": ["**/*.yaml"]}
+    assert tool["package-data"] == {
+        "linrope.conf": ["**/*.yaml"],
+        "linrope.ops.linear_attn": ["csrc/*.cpp", "csrc/*.h"],
+    }
 
 
 def test_git_holds_one_copy_of_the_configs():
@@ -276,6 +279,8 @@ def test_the_installed_wheel_trains_and_evaluates_from_an_empty_folder(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     packaged = sorted(n.removeprefix("linrope/conf/") for n in names if n.startswith("linrope/conf/"))
     assert packaged == sorted(p.relative_to(CONF).as_posix() for p in CONF.rglob("*.yaml"))
+    csrc = ROOT / "linrope/ops/linear_attn/csrc"  # the native kernels' C++
+    assert {p.relative_to(ROOT).as_posix() for p in csrc.iterdir()} <= set(names)
     venv = tmp_path / "venv"
     install(wheel, venv)
     work = tmp_path / "empty"

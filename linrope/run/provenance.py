@@ -103,15 +103,26 @@ def version_of(package: str) -> Optional[str]:
     return None
 
 
-def cpu_model() -> str:
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's name, with its family and model numbers where the name (a virtual machine's, often) carries none:
+    "AMD EPYC" is Zen 4 at family 25, Zen 5 at 26, and the two run AVX-512 products at different rates."""
+    fields: Dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if not key:
+                    break  # the first processor's block is enough
+                fields.setdefault(key, value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    name = next((fields[k] for k in ("model name", "hardware", "cpu model") if fields.get(k)), None)
+    if name is None:
+        return platform.processor() or platform.machine() or "unknown"
+    if not any(c.isdigit() for c in name) and "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def gpu() -> Dict[str, Any]:

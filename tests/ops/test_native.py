@@ -194,7 +194,7 @@ def test_the_chunk_form_through_the_native_scans(monkeypatch, counted, as_tasks,
 
 def test_without_a_compiler_the_torch_ops_run(monkeypatch, counted):
     """A build that failed leaves its reason in one line, and the chunk form runs its torch ops, correctly."""
-    monkeypatch.setattr(native, "_state", {"why": "linrope: native scans unavailable (no compiler)"})
+    monkeypatch.setattr(native.SCANS, "state", {"why": "linrope: native scans unavailable (no compiler)"})
     assert native.why_not() == "linrope: native scans unavailable (no compiler)"
     g = gen("native fallback")
     q, k, v = (torch.randn(1, 2, 21, 4, generator=g, dtype=torch.float64) for _ in range(3))

@@ -175,7 +175,7 @@ def test_without_the_extension_the_torch_path_runs(monkeypatch, walks):
     """A build that failed (or a torch without the BLAS symbols) leaves its reason in one line; the chunk form
     runs its torch ops, correctly."""
     why = "linrope: native chunk loop unavailable (no sgemm_); the chunk kernel uses torch ops"
-    monkeypatch.setattr(native_chunk, "_state", {"why": why})
+    monkeypatch.setattr(native_chunk.WALK, "state", {"why": why})
     assert native_chunk.why_not() == why
     g = gen("native walk fallback")
     q, k, v = (torch.randn(1, 2, 75, 4, generator=g, dtype=torch.float64) for _ in range(3))
@@ -191,7 +191,7 @@ OUT, GRAD = 2e-2, 1e-2  # the torch path's bfloat16 bounds against float64 (outp
 @pytest.fixture
 def bf16_cpu():
     """The extension built and the CPU able to run ``vdpbf16ps``; the test skips, saying which is missing."""
-    if native_chunk._load() is None or native_bf16.extension(native_chunk.SOURCE) is None:
+    if native_chunk.WALK.get() is None or native_bf16.WALK.get() is None:
         pytest.skip(f"the bfloat16 walk cannot run here: {native_chunk.why_not() or native_bf16.why_not()}")
 
 
@@ -276,10 +276,9 @@ def test_without_avx512_bf16_bfloat16_takes_the_torch_path(monkeypatch, walks, c
     native = _run(chunk_linear_attention, xs, state, w)
     assert len(walks) == 1
 
-    monkeypatch.setattr(native_bf16, "_state", {})
-    monkeypatch.setattr(native_bf16, "_supported", lambda ext: False)
-    base = native_chunk.SOURCE
-    assert not native_bf16.serves(base, xs[0], xs[2], 64) and not native_bf16.serves(base, xs[0], xs[2], 64)
+    monkeypatch.setattr(native_bf16.WALK, "state", {})
+    monkeypatch.setattr(native_bf16.WALK, "check", lambda module: "this CPU has no AVX-512 BF16")
+    assert not native_bf16.serves(xs[0], xs[2], 64) and not native_bf16.serves(xs[0], xs[2], 64)
     line = native_bf16.why_not()
     assert capsys.readouterr().err == line + "\n" and "AVX-512 BF16" in line
     fallback = _run(chunk_linear_attention, xs, state, w)

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -302,3 +303,14 @@ def test_a_benchmarks_header_names_the_commit_torch_cpu_and_threads():
     line = P.machine_line()
     assert line.startswith("commit ") and f"torch {torch.__version__}, {P.cpu_model()}, " in line
     assert line.endswith(f", {torch.get_num_threads()} threads")
+
+
+def test_a_cpu_named_without_a_model_number_gets_its_family_and_model(tmp_path):
+    """A virtual machine's "AMD EPYC" says neither Zen 4 (family 25) nor Zen 5 (26), whose AVX-512 products run at
+    different rates: the benchmarks' header and a run's provenance add the numbers; a full name stays as it is."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 17\n\nprocessor\t: 1\n")
+    assert P.cpu_model(str(info)) == "AMD EPYC (family 25, model 17)"
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\ncpu family\t: 6\nmodel\t\t: 143\n")
+    assert P.cpu_model(str(info)) == "Intel(R) Xeon(R) Platinum 8480C"
+    assert P.cpu_model(str(tmp_path / "none")) == (platform.processor() or platform.machine() or "unknown")

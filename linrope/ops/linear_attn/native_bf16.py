@@ -25,7 +25,7 @@ MKL's own bfloat16 GEMM (``cblas_gemm_bf16bf16f32``) runs no faster than its ``s
 path: docs/benchmarks.md, "seventh run"), and oneDNN, whose products use ``vdpbf16ps``, has no C API exported by
 torch: hence these few kernels of our own, for the walk's fixed shapes (d, dv and C multiples of 16).
 
-An extension of its own (``extension``: ``native_chunk.SOURCE``, whose loops and structs it uses, then ``SOURCE``),
+An extension of its own (``WALK``: csrc/chunk.cpp, whose loops and structs it uses, then csrc/chunk_bf16.cpp),
 built on the first bfloat16 call: float32 never builds nor loads it, its own extension stays as it was, and a
 compiler without these intrinsics loses the bfloat16 walk alone.  The functions using the instructions are compiled
 for them alone (``target("avx512f,avx512bw,avx512bf16")``), so it loads on any x86-64 CPU; ``has_bf16()`` asks the
@@ -34,408 +34,39 @@ torch path, and ``why_not()`` says why (one line, printed once)."""
 
 from __future__ import annotations
 
-import hashlib
-import sys
-import threading
 from typing import Optional
 
 import torch
 
-from . import native
-
-SOURCE = r"""
-// ---- bfloat16: the walk with AVX-512 BF16 products (native_bf16.py) ------------------------------------------
-#include <immintrin.h>
-#define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-
-bool has_bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512bf16");
-}
-
-typedef uint32_t word_t;  // two bfloat16: the first in the low half
-
-BF16 static inline __m256i narrow16(const float* x) {  // 16 floats to bfloat16, rounded to nearest even
-  return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x));
-}
-BF16 static inline __m256i load16(const uint16_t* x) { return _mm256_loadu_si256((const __m256i*)x); }
-BF16 static inline __m256i load16(const float* x) { return narrow16(x); }
-
-// rows x cols (cols % 16 == 0): bfloat16 to float, float to bfloat16 (row strides lx, ly)
-BF16 static void widen(const uint16_t* x, int64_t lx, int64_t rows, int64_t cols, float* y, int64_t ly) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; c += 16)
-      _mm512_storeu_ps(y + r * ly + c,
-                       _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(load16(x + r * lx + c)), 16)));
-}
-BF16 static void narrow(const float* x, int64_t lx, int64_t rows, int64_t cols, uint16_t* y, int64_t ly) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; c += 16) _mm256_storeu_si256((__m256i*)(y + r * ly + c), narrow16(x + r * lx + c));
-}
-
-// out[p][c] = (x[2p][c], x[2p+1][c]) for p < rows / 2: two rows interleaved (x rows x cols, row stride lx, float or
-// bfloat16; rows even, cols % 16 == 0); out's row stride cols
-template <typename X>
-BF16 static void pack_rows(const X* x, int64_t lx, int64_t rows, int64_t cols, word_t* out) {
-  for (int64_t p = 0; p < rows / 2; ++p)
-    for (int64_t c = 0; c < cols; c += 16) {
-      const __m512i lo = _mm512_cvtepu16_epi32(load16(x + 2 * p * lx + c));
-      const __m512i hi = _mm512_cvtepu16_epi32(load16(x + (2 * p + 1) * lx + c));
-      _mm512_storeu_si512(out + p * cols + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-    }
-}
-
-// y = x^T for words: x rows x cols, y cols x rows (both dense); a plain loop (a few thousand words a call)
-BF16 static void transpose_words(const word_t* x, int64_t rows, int64_t cols, word_t* y) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
-}
-
-// C (MR x 16 NV, row stride ldc) = [C +] A B over k2 pairs: A's word p of row r at A[r * ar + p * ap], B's pair
-// row p at B + p * ldb
-template <int NV, int MR>
-BF16 static inline void tile(int64_t k2, const word_t* A, int64_t ar, int64_t ap, const word_t* B, int64_t ldb,
-                             float* C, int64_t ldc, bool acc) {
-  __m512 c[MR][NV];
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) c[r][v] = acc ? _mm512_loadu_ps(C + r * ldc + 16 * v) : _mm512_setzero_ps();
-  for (int64_t p = 0; p < k2; ++p) {
-    __m512bh b[NV];
-    #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(B + p * ldb + 16 * v);
-    #pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(A[r * ar + p * ap]));
-      #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
-    }
-  }
-  #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
-}
-
-template <int NV>
-BF16 static void panel(int64_t m, int64_t k2, const word_t* A, int64_t ar, int64_t ap, const word_t* B,
-                       int64_t ldb, float* C, int64_t ldc, bool acc) {
-  int64_t r = 0;
-  for (; r + 4 <= m; r += 4) tile<NV, 4>(k2, A + r * ar, ar, ap, B, ldb, C + r * ldc, ldc, acc);
-  const word_t* Ar = A + r * ar; float* Cr = C + r * ldc;
-  switch (m - r) {
-    case 3: tile<NV, 3>(k2, Ar, ar, ap, B, ldb, Cr, ldc, acc); break;
-    case 2: tile<NV, 2>(k2, Ar, ar, ap, B, ldb, Cr, ldc, acc); break;
-    case 1: tile<NV, 1>(k2, Ar, ar, ap, B, ldb, Cr, ldc, acc); break;
-  }
-}
-
-// C (m x n, row stride ldc) = [C +] A B, the inner dimension k2 pairs (A, B as `tile`'s; n % 16 == 0)
-BF16 static void mm(int64_t m, int64_t n, int64_t k2, const word_t* A, int64_t ar, int64_t ap, const word_t* B,
-                    int64_t ldb, float* C, int64_t ldc, bool acc) {
-  for (int64_t c = 0; c < n; c += 64) {
-    switch (std::min<int64_t>(4, (n - c) / 16)) {
-      case 4: panel<4>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
-      case 3: panel<3>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
-      case 2: panel<2>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
-      case 1: panel<1>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
-    }
-  }
-}
-
-static void causal_mask(float* P, int64_t rows, int64_t C) {  // P's first rows (row stride C): j > i set to 0
-  for (int64_t i = 0; i < rows; ++i) std::fill(P + i * C + i + 1, P + (i + 1) * C, 0.0f);
-}
-
-// n rows of bfloat16 (position stride sx) widened into f32 (C x d, rows n .. C zero), then elu+1 and rotated
-BF16 static void features_bf16(const uint16_t* x, int64_t sx, const float* cs, int64_t n, int64_t C, int64_t d,
-                               float* tmp, float* f, float* r) {
-  widen(x, sx, n, d, tmp, d);
-  features<float>(tmp, d, cs, n, d, f, d, r, d);
-  std::fill(f + n * d, f + C * d, 0.0f);
-  std::fill(r + n * d, r + C * d, 0.0f);
-}
-
-// n rows of v (bfloat16, stride sv) into V16 (C x dv, rows n .. C zero)
-static void values_bf16(const uint16_t* v, int64_t sv, int64_t n, int64_t C, int64_t dv, uint16_t* V16) {
-  for (int64_t i = 0; i < n; ++i) std::memcpy(V16 + i * dv, v + i * sv, sizeof(uint16_t) * dv);
-  std::fill(V16 + n * dv, V16 + C * dv, uint16_t(0));
-}
-
-// One row's forward (native_chunk's `walk`, bfloat16 in and out).  Float buffers: x (C x d, the widened input),
-// qf, qn, kf, kn (C x d), P (C x C), num, o (C x dv), S (d x dv), z (d).  Words: Q16, K16 (C x d/2: qn, kn),
-// KT (d/2 x C: K16^T), KP (C/2 x d: kn's rows paired), V16 (C x dv/2), VP (C/2 x dv), SP (d/2 x dv), P16 (C x C/2).
-BF16 static void walk_bf16(const Row& w, const float* cs, int64_t N, int64_t d, int64_t dv, int64_t C,
-                           int64_t block, int64_t ssS, int64_t ssZ, float eps, std::vector<float>& buf,
-                           std::vector<word_t>& words) {
-  const int64_t h = d / 2, hv = dv / 2, hc = C / 2;
-  buf.assign(5 * C * d + C * C + 2 * C * dv + d * dv + d, 0.0f);
-  words.assign(2 * C * h + h * C + hc * d + C * hv + hc * dv + h * dv + C * hc, 0);
-  float* x = buf.data(); float* qf = x + C * d; float* qn = qf + C * d; float* kf = qn + C * d;
-  float* kn = kf + C * d; float* P = kn + C * d; float* num = P + C * C; float* o = num + C * dv;
-  float* S = o + C * dv; float* z = S + d * dv;
-  word_t* Q16 = words.data(); word_t* K16 = Q16 + C * h; word_t* KT = K16 + C * h; word_t* KP = KT + h * C;
-  word_t* V16 = KP + hc * d; word_t* VP = V16 + C * hv; word_t* SP = VP + hc * dv; word_t* P16 = SP + h * dv;
-  if (w.S0) std::memcpy(S, w.S0, sizeof(float) * d * dv);
-  if (w.z0) std::memcpy(z, w.z0, sizeof(float) * d);
-  const uint16_t* q = static_cast<const uint16_t*>(w.q); const uint16_t* k = static_cast<const uint16_t*>(w.k);
-  const uint16_t* v = static_cast<const uint16_t*>(w.v);
-  uint16_t* out = static_cast<uint16_t*>(w.out); float* denom = static_cast<float*>(w.denom);
-  for (int64_t c = 0, s = 0; s < N; ++c, s += C) {
-    if (c > 0 && c % block == 0) {  // the state entering block c / block
-      const int64_t b = c / block - 1;
-      std::memcpy(static_cast<float*>(w.savedS) + b * ssS, S, sizeof(float) * d * dv);
-      std::memcpy(static_cast<float*>(w.savedZ) + b * ssZ, z, sizeof(float) * d);
-    }
-    const int64_t n = std::min(C, N - s);
-    features_bf16(q + s * w.sq, w.sq, cs + s * d, n, C, d, x, qf, qn);
-    features_bf16(k + s * w.sk, w.sk, cs + s * d, n, C, d, x, kf, kn);
-    values_bf16(v + s * w.sv, w.sv, n, C, dv, reinterpret_cast<uint16_t*>(V16));
-    narrow(qn, d, C, d, reinterpret_cast<uint16_t*>(Q16), d);
-    narrow(kn, d, C, d, reinterpret_cast<uint16_t*>(K16), d);
-    transpose_words(K16, C, h, KT);
-    pack_rows(kn, d, C, d, KP);
-    pack_rows(reinterpret_cast<const uint16_t*>(V16), dv, C, dv, VP);
-    pack_rows(S, dv, d, dv, SP);
-    mm(n, C, h, Q16, h, 1, KT, C, P, C, false);  // P = qn kn^T
-    causal_mask(P, n, C);
-    narrow(P, C, n, C, reinterpret_cast<uint16_t*>(P16), C);
-    mm(n, dv, hc, P16, hc, 1, VP, dv, num, dv, false);  // num = P v + qn S
-    mm(n, dv, h, Q16, h, 1, SP, dv, num, dv, true);
-    normalise<float>(qf, kf, z, num, n, d, dv, eps, denom + s * w.sd, w.sd, o, dv);
-    narrow(o, dv, n, dv, out + s * w.so, w.so);
-    mm(d, dv, hc, KP, 1, d, VP, dv, S, dv, true);  // S += kn^T v
-  }
-  std::memcpy(w.S, S, sizeof(float) * d * dv);
-  std::memcpy(w.z, z, sizeof(float) * d);
-}
-
-// forward's rows on OpenMP threads (as native_chunk's `rows`), one walk_bf16 each
-static void rows_bf16(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, const float* cs,
-                      const c10::optional<torch::Tensor>& S0, const c10::optional<torch::Tensor>& z0,
-                      torch::Tensor& out, torch::Tensor& denom, torch::Tensor& S, torch::Tensor& z,
-                      torch::Tensor& savedS, torch::Tensor& savedZ, int64_t C, int64_t block, float eps, int threads) {
-  const int64_t H = q.size(1), N = q.size(2), d = q.size(3), dv = v.size(3), R = q.size(0) * H;
-  const int64_t nb = savedS.size(0);
-  #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> buf;
-    std::vector<word_t> words;
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t b = r / H, h = r % H;
-      Row w;
-      w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h);
-      w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
-      w.out = row_of(out, b, h); w.denom = row_of(denom, b, h); w.S = row_of(S, b, h); w.z = row_of(z, b, h);
-      w.savedS = nb ? row_of(savedS, b, h, 1) : nullptr;
-      w.savedZ = nb ? row_of(savedZ, b, h, 1) : nullptr;
-      w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.so = out.stride(2); w.sd = denom.stride(2);
-      walk_bf16(w, cs, N, d, dv, C, block, nb ? savedS.stride(0) : 0, nb ? savedZ.stride(0) : 0, eps, buf, words);
-    }
-  }
-}
-
-// `forward` for bfloat16 q, k, v and out; cs, S0, z0, denom, S, z and the saved states float32
-void forward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs,
-                  c10::optional<torch::Tensor> S0, c10::optional<torch::Tensor> z0, torch::Tensor out,
-                  torch::Tensor denom, torch::Tensor S, torch::Tensor z, torch::Tensor savedS, torch::Tensor savedZ,
-                  int64_t C, int64_t block, double eps) {
-  const int64_t R = q.size(0) * q.size(1);
-  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
-  pybind11::gil_scoped_release no_gil;
-  rows_bf16(q, k, v, cs.data_ptr<float>(), S0, z0, out, denom, S, z, savedS, savedZ, C, block,
-            static_cast<float>(eps), threads);
-}
-// One row's backward (native_chunk's `walk_back`, bfloat16 q, k, v, g, o in and dq, dk, dv out).  Float buffers:
-// x (C x max(d, dv): widened input), Sc (per x d x dv), zs (per x d), qf, qn, kf, kn, dqn, dkn, dqf, dkf (C x d),
-// P, dP (C x C), gw, ow, dnum, dV (C x dv), R (d x dv), rz, zc (d), dden (C).  Words: Q16, K16 (C x d/2), QP, KP
-// (C/2 x d), KT (d/2 x C), V16 (C x dv/2), VT (dv/2 x C), VP, DP (C/2 x dv), D16 (C x dv/2), PP, dPP (C/2 x C),
-// dP16 (C x C/2), S16, R16 (d x dv/2), ST, RT (dv/2 x d), RP (d/2 x dv).
-BF16 static void walk_back_bf16(const RowBack& w, const float* cs, int64_t N, int64_t d, int64_t dv, int64_t C,
-                                int64_t block, int64_t ssS, int64_t ssZ, std::vector<float>& buf,
-                                std::vector<word_t>& words) {
-  const int64_t nch = (N + C - 1) / C, nblocks = (nch + block - 1) / block;
-  const int64_t per = std::min(block, nch), h = d / 2, hv = dv / 2, hc = C / 2, wx = std::max(d, dv);
-  buf.assign(C * wx + per * (d * dv + d) + 8 * C * d + 2 * C * C + 4 * C * dv + d * dv + 2 * d + C, 0.0f);
-  float* x = buf.data(); float* Sc = x + C * wx; float* zs = Sc + per * d * dv; float* qf = zs + per * d;
-  float* qn = qf + C * d; float* kf = qn + C * d; float* kn = kf + C * d; float* dqn = kn + C * d;
-  float* dkn = dqn + C * d; float* dqf = dkn + C * d; float* dkf = dqf + C * d; float* P = dkf + C * d;
-  float* dP = P + C * C; float* gw = dP + C * C; float* ow = gw + C * dv; float* dnum = ow + C * dv;
-  float* dV = dnum + C * dv; float* R = dV + C * dv; float* rz = R + d * dv; float* zc = rz + d;
-  float* dden = zc + d;
-  words.assign(2 * C * h + 2 * hc * d + h * C + 2 * C * hv + hv * C + 2 * hc * dv + 2 * hc * C + C * hc +
-               2 * d * hv + 2 * hv * d + h * dv, 0);
-  word_t* Q16 = words.data(); word_t* K16 = Q16 + C * h; word_t* QP = K16 + C * h; word_t* KP = QP + hc * d;
-  word_t* KT = KP + hc * d; word_t* V16 = KT + h * C; word_t* D16 = V16 + C * hv; word_t* VT = D16 + C * hv;
-  word_t* VP = VT + hv * C; word_t* DP = VP + hc * dv; word_t* PP = DP + hc * dv; word_t* dPP = PP + hc * C;
-  word_t* dP16 = dPP + hc * C; word_t* S16 = dP16 + C * hc; word_t* R16 = S16 + d * hv; word_t* ST = R16 + d * hv;
-  word_t* RT = ST + hv * d; word_t* RP = RT + hv * d;
-  auto u16 = [](word_t* p) { return reinterpret_cast<uint16_t*>(p); };
-  const uint16_t* q = static_cast<const uint16_t*>(w.q); const uint16_t* k = static_cast<const uint16_t*>(w.k);
-  const uint16_t* v = static_cast<const uint16_t*>(w.v); const uint16_t* g = static_cast<const uint16_t*>(w.g);
-  const uint16_t* o = static_cast<const uint16_t*>(w.o); const float* D = static_cast<const float*>(w.D);
-  uint16_t* dq = static_cast<uint16_t*>(w.dq); uint16_t* dk = static_cast<uint16_t*>(w.dk);
-  uint16_t* dvo = static_cast<uint16_t*>(w.dv);
-  if (w.gS) std::memcpy(R, w.gS, sizeof(float) * d * dv);
-  if (w.gz) std::memcpy(rz, w.gz, sizeof(float) * d);
-  for (int64_t b = nblocks - 1; b >= 0; --b) {
-    const int64_t c0 = b * block, c1 = std::min(nch, c0 + block);
-    // the states entering chunks c0 .. c1-1
-    const float* S_in = b == 0 ? static_cast<const float*>(w.S0) : static_cast<const float*>(w.savedS) + (b - 1) * ssS;
-    const float* z_in = b == 0 ? static_cast<const float*>(w.z0) : static_cast<const float*>(w.savedZ) + (b - 1) * ssZ;
-    if (S_in) std::memcpy(Sc, S_in, sizeof(float) * d * dv); else std::fill(Sc, Sc + d * dv, 0.0f);
-    if (z_in) std::memcpy(zs, z_in, sizeof(float) * d); else std::fill(zs, zs + d, 0.0f);
-    for (int64_t c = c0; c + 1 < c1; ++c) {
-      const int64_t s = c * C, n = std::min(C, N - s), l = c - c0;
-      float* Snext = Sc + (l + 1) * d * dv; float* znext = zs + (l + 1) * d;
-      features_bf16(k + s * w.sk, w.sk, cs + s * d, n, C, d, x, kf, kn);
-      values_bf16(v + s * w.sv, w.sv, n, C, dv, u16(V16));
-      pack_rows(kn, d, C, d, KP);
-      pack_rows(u16(V16), dv, C, dv, VP);
-      std::memcpy(Snext, Sc + l * d * dv, sizeof(float) * d * dv);
-      mm(d, dv, hc, KP, 1, d, VP, dv, Snext, dv, true);
-      std::memcpy(znext, zs + l * d, sizeof(float) * d);
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t t = 0; t < d; ++t) znext[t] += kf[i * d + t];
-    }
-    for (int64_t c = c1 - 1; c >= c0; --c) {
-      const int64_t s = c * C, n = std::min(C, N - s), l = c - c0;
-      const float* S = Sc + l * d * dv;
-      features_bf16(q + s * w.sq, w.sq, cs + s * d, n, C, d, x, qf, qn);
-      features_bf16(k + s * w.sk, w.sk, cs + s * d, n, C, d, x, kf, kn);
-      values_bf16(v + s * w.sv, w.sv, n, C, dv, u16(V16));
-      widen(g + s * w.sg, w.sg, n, dv, gw, dv);
-      widen(o + s * w.so, w.so, n, dv, ow, dv);
-      den_back<float>(gw, dv, ow, dv, D + s * w.sD, w.sD, n, C, d, dv, qf, kf, zs + l * d, zc, rz, dnum, dden, dqf,
-                      dkf);
-      narrow(qn, d, C, d, u16(Q16), d); pack_rows(qn, d, C, d, QP);
-      narrow(kn, d, C, d, u16(K16), d); pack_rows(kn, d, C, d, KP); transpose_words(K16, C, h, KT);
-      transpose_words(V16, C, hv, VT); pack_rows(u16(V16), dv, C, dv, VP);
-      narrow(dnum, dv, C, dv, u16(D16), dv); pack_rows(dnum, dv, C, dv, DP);
-      narrow(S, dv, d, dv, u16(S16), dv); transpose_words(S16, d, hv, ST);
-      narrow(R, dv, d, dv, u16(R16), dv); transpose_words(R16, d, hv, RT); pack_rows(R, dv, d, dv, RP);
-      mm(C, C, h, Q16, h, 1, KT, C, P, C, false);  // P = tril(qn kn^T)
-      mm(C, C, hv, D16, hv, 1, VT, C, dP, C, false);  // dP = tril(dnum V^T)
-      causal_mask(P, C, C);
-      causal_mask(dP, C, C);
-      pack_rows(P, C, C, C, PP);
-      narrow(dP, C, C, C, u16(dP16), C); pack_rows(dP, C, C, C, dPP);
-      mm(C, d, hc, dP16, hc, 1, KP, d, dqn, d, false);  // dqn = dP kn + dnum S^T
-      mm(C, d, hv, D16, hv, 1, ST, d, dqn, d, true);
-      mm(C, d, hc, dPP, 1, C, QP, d, dkn, d, false);  // dkn = dP^T qn + V R^T
-      mm(C, d, hv, V16, hv, 1, RT, d, dkn, d, true);
-      mm(C, dv, hc, PP, 1, C, DP, dv, dV, dv, false);  // dV = P^T dnum + kn R
-      mm(C, dv, h, K16, h, 1, RP, dv, dV, dv, true);
-      mm(d, dv, hc, QP, 1, d, DP, dv, R, dv, true);  // R: dL/dS entering the chunk
-      features_back<float>(qf, dqn, dqf, cs + s * d, n, d, x, d);
-      narrow(x, d, n, d, dq + s * w.sdq, w.sdq);
-      features_back<float>(kf, dkn, dkf, cs + s * d, n, d, x, d);
-      narrow(x, d, n, d, dk + s * w.sdk, w.sdk);
-      narrow(dV, dv, n, dv, dvo + s * w.sdv, w.sdv);
-    }
-  }
-  std::memcpy(w.dS0, R, sizeof(float) * d * dv);
-  std::memcpy(w.dz0, rz, sizeof(float) * d);
-}
-
-static void rows_back_bf16(torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, torch::Tensor& g, torch::Tensor& o,
-                           torch::Tensor& D, const float* cs, const c10::optional<torch::Tensor>& S0,
-                           const c10::optional<torch::Tensor>& z0, const c10::optional<torch::Tensor>& gS,
-                           const c10::optional<torch::Tensor>& gz, torch::Tensor& savedS, torch::Tensor& savedZ,
-                           torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, torch::Tensor& dS0,
-                           torch::Tensor& dz0, int64_t C, int64_t block, int threads) {
-  const int64_t H = q.size(1), N = q.size(2), d = q.size(3), V = v.size(3), R = q.size(0) * H;
-  const int64_t nb = savedS.size(0);
-  #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> buf;
-    std::vector<word_t> words;
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t b = r / H, h = r % H;
-      RowBack w;
-      w.q = row_of(q, b, h); w.k = row_of(k, b, h); w.v = row_of(v, b, h); w.g = row_of(g, b, h);
-      w.o = row_of(o, b, h); w.D = row_of(D, b, h); w.S0 = row_of(S0, b, h); w.z0 = row_of(z0, b, h);
-      w.gS = row_of(gS, b, h); w.gz = row_of(gz, b, h);
-      w.savedS = nb ? row_of(savedS, b, h, 1) : nullptr;
-      w.savedZ = nb ? row_of(savedZ, b, h, 1) : nullptr;
-      w.dq = row_of(dq, b, h); w.dk = row_of(dk, b, h); w.dv = row_of(dv, b, h);
-      w.dS0 = row_of(dS0, b, h); w.dz0 = row_of(dz0, b, h);
-      w.sq = q.stride(2); w.sk = k.stride(2); w.sv = v.stride(2); w.sg = g.stride(2); w.so = o.stride(2);
-      w.sD = D.stride(2); w.sdq = dq.stride(2); w.sdk = dk.stride(2); w.sdv = dv.stride(2);
-      walk_back_bf16(w, cs, N, d, V, C, block, nb ? savedS.stride(0) : 0, nb ? savedZ.stride(0) : 0, buf, words);
-    }
-  }
-}
-
-// `backward` for bfloat16 q, k, v, g, out and the gradients dq, dk, dv; the rest float32
-void backward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs, torch::Tensor g,
-                   torch::Tensor out, torch::Tensor denom, c10::optional<torch::Tensor> S0,
-                   c10::optional<torch::Tensor> z0, c10::optional<torch::Tensor> gS, c10::optional<torch::Tensor> gz,
-                   torch::Tensor savedS, torch::Tensor savedZ, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv,
-                   torch::Tensor dS0, torch::Tensor dz0, int64_t C, int64_t block) {
-  const int64_t R = q.size(0) * q.size(1);
-  const int threads = static_cast<int>(std::min<int64_t>(at::in_parallel_region() ? 1 : at::get_num_threads(), R));
-  pybind11::gil_scoped_release no_gil;
-  rows_back_bf16(q, k, v, g, out, denom, cs.data_ptr<float>(), S0, z0, gS, gz, savedS, savedZ, dq, dk, dv, dS0, dz0,
-                 C, block, threads);
-}
-"""
+from .extensions import Extension
 
 
-def serves(base: str, q: torch.Tensor, v: torch.Tensor, C: int) -> bool:
-    """The bfloat16 walk serves these inputs: d, dv and the chunk C multiples of 16, its extension built (from
-    ``base``: ``native_chunk.SOURCE``) and the CPU able to run it."""
-    return q.shape[-1] % 16 == 0 and v.shape[-1] % 16 == 0 and C % 16 == 0 and extension(base) is not None
+def _cpu(module) -> Optional[str]:
+    return None if module.has_bf16() else "this CPU has no AVX-512 BF16"
 
 
-_lock = threading.Lock()  # the heads' tasks (heads.py) ask at once
-_state: dict = {}  # "ext": the compiled module, or "why": the line said when there is none
+# the float32 walk's loops and structs (chunk.cpp), then the bfloat16 walks
+WALK = Extension(
+    "linrope_native_bf16",
+    ["chunk.cpp", "chunk_bf16.cpp"],
+    ["has_bf16", "forward_bf16", "backward_bf16"],
+    what="native bfloat16 walk",
+    fallback="bfloat16 inputs take the chunk kernel's torch ops",
+    cflags=["-O3", "-fopenmp"],
+    ldflags=["-fopenmp"],
+    check=_cpu,
+)
 
 
-def _supported(ext) -> bool:
-    return bool(ext.has_bf16())
-
-
-def extension(base: str):
-    """The bfloat16 walks' extension, compiled on first use from ``base`` (``native_chunk.SOURCE``: the float32
-    walk's loops, which it shares) followed by ``SOURCE``, then cached by torch; None where the build fails or the
-    CPU lacks AVX-512 BF16 (one line says why, once)."""
-    with _lock:
-        if not _state:
-            name = "linrope_native_bf16_" + hashlib.sha1((base + SOURCE).encode()).hexdigest()[:10]
-            try:
-                from torch.utils.cpp_extension import load_inline
-
-                if not native._built(name):
-                    print(f"linrope: building {name} for bfloat16 inputs (once: torch caches it)", file=sys.stderr)
-                ext = load_inline(
-                    name,
-                    cpp_sources=base + SOURCE,
-                    functions=["has_bf16", "forward_bf16", "backward_bf16"],
-                    extra_cflags=["-O3", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"],
-                )
-                if _supported(ext):
-                    _state["ext"] = ext
-                else:
-                    _state["why"] = (
-                        "linrope: this CPU has no AVX-512 BF16; bfloat16 inputs take the chunk kernel's torch ops"
-                    )
-            except Exception as e:  # noqa: BLE001 - no compiler, no intrinsics for the instructions: the torch path runs
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-                _state["why"] = f"linrope: native bfloat16 walk unavailable ({first}); bfloat16 takes the torch ops"
-            if "why" in _state:
-                print(_state["why"], file=sys.stderr)
-        return _state.get("ext")
+def serves(q: torch.Tensor, v: torch.Tensor, C: int) -> bool:
+    """The bfloat16 walk serves these inputs: d, dv and the chunk C multiples of 16, its extension built and the CPU
+    able to run it."""
+    return q.shape[-1] % 16 == 0 and v.shape[-1] % 16 == 0 and C % 16 == 0 and WALK.get() is not None
 
 
 def why_not() -> Optional[str]:
     """Why the bfloat16 walk does not run (None when it does, or has not been tried)."""
-    return _state.get("why")
+    return WALK.why
 
 
-__all__ = ["SOURCE", "serves", "extension", "why_not"]
+__all__ = ["WALK", "serves", "why_not"]

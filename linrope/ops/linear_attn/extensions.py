@@ -1,0 +1,97 @@
+"""The native kernels' C++ (the files in ``csrc/``) and their build: one mechanism for the three extensions.
+
+``source(*files)`` joins csrc's files into the one string ``torch.utils.cpp_extension.load_inline`` compiles, a
+local ``#include "x.h"`` replaced by x.h's text (so each file also compiles on its own with ``-I csrc``).
+``Extension`` builds such a source on first use (about 20 s; then cached by torch under ~/.cache/torch_extensions) in
+a folder named by a hash of the source, so that checkouts of other sources (a benchmark's ``--compare``, another
+worktree) never load or rebuild each other's.  Where the compiler, ninja or a symbol is missing, or ``check`` finds
+the module unfit, ``get()`` is None and ``why`` says so in one line, printed once: the caller runs its torch ops."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+CSRC = Path(__file__).with_name("csrc")
+_LOCAL_INCLUDE = re.compile(r'^#include "(\w+\.h)"\n', re.M)
+
+
+def source(*files: str) -> str:
+    """csrc's ``files``, in order, as one string, each local ``#include "x.h"`` replaced by x.h's text."""
+    return "".join(_LOCAL_INCLUDE.sub(lambda m: (CSRC / m[1]).read_text(), (CSRC / f).read_text()) for f in files)
+
+
+def built(name: str) -> bool:
+    """torch's cache holds a build of the extension ``name``."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory  # private: the notice is all that rests on it
+
+        return any(Path(_get_build_directory(name, False)).glob("*.so"))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class Extension:
+    """One native module, compiled from ``files`` on the first ``get()``.
+
+    ``what`` names it in the lines said ("native scans"), ``fallback`` says what runs instead, ``check(module)``
+    returns a reason the module cannot serve (None when it can).  ``state`` holds "module" once built, or "why"."""
+
+    def __init__(
+        self,
+        stem: str,
+        files: Sequence[str],
+        functions: Sequence[str],
+        *,
+        what: str,
+        fallback: str,
+        cflags: Sequence[str],
+        ldflags: Sequence[str] = (),
+        check: Optional[Callable[[object], Optional[str]]] = None,
+    ):
+        self.source = source(*files)
+        self.name = f"{stem}_{hashlib.sha1(self.source.encode()).hexdigest()[:10]}"
+        self.functions, self.cflags, self.ldflags = list(functions), list(cflags), list(ldflags)
+        self.what, self.fallback, self.check = what, fallback, check
+        self.state: dict = {}
+        self._lock = threading.Lock()  # the heads' tasks (heads.py) ask at once
+
+    def get(self):
+        """The compiled module, or None (``why`` says why)."""
+        with self._lock:
+            if not self.state:
+                try:
+                    from torch.utils.cpp_extension import load_inline
+
+                    if not built(self.name):
+                        print(
+                            f"linrope: building {self.name}, the {self.what} (once: torch caches it)", file=sys.stderr
+                        )
+                    module = load_inline(
+                        self.name,
+                        cpp_sources=self.source,
+                        functions=self.functions,
+                        extra_cflags=self.cflags,
+                        extra_ldflags=self.ldflags,
+                    )
+                    reason = self.check(module) if self.check else None
+                except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: the torch ops run
+                    module, reason = None, (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                if reason is None:
+                    self.state["module"] = module
+                else:
+                    self.state["why"] = f"linrope: {self.what} unavailable ({reason}); {self.fallback}"
+                    print(self.state["why"], file=sys.stderr)
+            return self.state.get("module")
+
+    @property
+    def why(self) -> Optional[str]:
+        """Why the module does not run (None when it does, or has not been tried)."""
+        return self.state.get("why")
+
+
+__all__ = ["CSRC", "Extension", "built", "source"]
