@@ -49,7 +49,7 @@ def _cpu(module) -> Optional[str]:
 WALK = Extension(
     "linrope_native_bf16",
     ["chunk.cpp", "chunk_bf16.cpp"],
-    ["has_bf16", "forward_bf16", "backward_bf16"],
+    ["has_bf16", "forward_bf16", "backward_bf16", "product_bf16"],
     what="native bfloat16 walk",
     fallback="bfloat16 inputs take the chunk kernel's torch ops",
     cflags=["-O3", "-fopenmp"],
