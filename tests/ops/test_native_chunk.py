@@ -205,6 +205,36 @@ def _check(got, want, what):
 
 @needs_compiler
 @pytest.mark.usefixtures("bf16_cpu")
+@pytest.mark.parametrize("m", [64, 44, 30, 1])
+@pytest.mark.parametrize("n", [64, 48, 128])
+def test_the_bfloat16_products_skip_only_zeros(m, n):
+    """The bfloat16 micro-kernel's triangular shapes (csrc/chunk_bf16.cpp, ``Shape``) against float64 products of the
+    same bfloat16 values, for row counts that leave 4-row tiles short: a lower-triangular A (pairs past a row tile's
+    diagonal skipped), an upper-triangular one read transposed (pairs before it skipped), a product whose lower
+    triangle alone is kept, and the full product (both layouts of A).  Float32 accumulation of the exact bfloat16
+    products leaves ~1e-6; one skipped nonzero pair leaves far more."""
+    product = native_bf16.WALK.get().product_bf16
+    g = gen(f"bf16 products {m} {n}")
+    K = 64
+    a, b = torch.randn(m, K, generator=g).bfloat16().float(), torch.randn(K, n, generator=g).bfloat16().float()
+    lower = torch.ones(m, K).tril().bool()
+    full, tol = (a.double() @ b.double()), 1e-5
+    for shape, x, transposed, want, keep in [
+        (0, a, False, full, None),
+        (0, a.t().contiguous(), True, full, None),
+        (1, a * lower, False, (a * lower).double() @ b.double(), None),  # A_LOWER
+        (2, (a * ~lower.tril(-1)).t().contiguous(), True, (a * ~lower.tril(-1)).double() @ b.double(), None),
+        (3, a, False, full, torch.ones(m, n).tril().bool()),  # C_LOWER: j <= i kept
+    ]:
+        got = product(x, b, shape, transposed).double()
+        if keep is not None:
+            assert not torch.isnan(got[keep]).any(), f"shape {shape}: a kept entry unwritten"
+            got, want = got[keep], want[keep]
+        assert not torch.isnan(got).any() and rel(got, want) < tol, f"shape {shape}: {rel(got, want):.2e}"
+
+
+@needs_compiler
+@pytest.mark.usefixtures("bf16_cpu")
 @pytest.mark.parametrize("d, dv", [(16, 16), (32, 64), (64, 64), (128, 128)])
 @pytest.mark.parametrize("as_tasks", [False, True])
 def test_the_bfloat16_walk_matches_the_naive_form(monkeypatch, walks, d, dv, as_tasks):

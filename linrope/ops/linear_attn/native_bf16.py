@@ -17,7 +17,8 @@ changes:
     rows) and a transposed one (``pack_rows`` of the matrix itself) cost the same; B needs the pair layout: a
     matrix whose inner dimension runs down its columns is packed by ``pack_rows`` (two rows interleaved), one
     whose inner dimension runs along its rows (kn in P = qn knᵀ, v, S, R in the backward) by a transpose of its
-    words (``transpose_words``);
+    words (``transpose_words``).  A product with a triangular operand (P v, dP kn, Pᵀ dnum, dPᵀ qn) or a masked
+    result (qn knᵀ, dnum Vᵀ) skips, tile by tile, what the triangle makes zero (``Shape``): the same sums;
   * the states S, z, the state gradients R, r and the saved block states stay float32 (S and R are rounded to
     bfloat16 only as operands, as the torch path rounds them for Q·S_in).
 
@@ -49,7 +50,7 @@ def _cpu(module) -> Optional[str]:
 WALK = Extension(
     "linrope_native_bf16",
     ["chunk.cpp", "chunk_bf16.cpp"],
-    ["has_bf16", "forward_bf16", "backward_bf16"],
+    ["has_bf16", "forward_bf16", "backward_bf16", "product_bf16"],
     what="native bfloat16 walk",
     fallback="bfloat16 inputs take the chunk kernel's torch ops",
     cflags=["-O3", "-fopenmp"],

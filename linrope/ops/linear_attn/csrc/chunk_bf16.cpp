@@ -14,6 +14,11 @@ typedef uint32_t word_t;  // two bfloat16: the first in the low half
 BF16 static inline __m256i narrow16(const float* x) {  // 16 floats to bfloat16, rounded to nearest even
   return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x));
 }
+static inline uint32_t bf16_bits(float x) {  // x rounded to bfloat16, nearest even (finite x)
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+}
 BF16 static inline __m256i load16(const uint16_t* x) { return _mm256_loadu_si256((const __m256i*)x); }
 BF16 static inline __m256i load16(const float* x) { return narrow16(x); }
 
@@ -41,10 +46,31 @@ BF16 static void pack_rows(const X* x, int64_t lx, int64_t rows, int64_t cols, w
     }
 }
 
-// y = x^T for words: x rows x cols, y cols x rows (both dense); a plain loop (a few thousand words a call)
+// y = x^T for words: x rows x cols, y cols x rows (both dense; rows and cols multiples of 8)
 BF16 static void transpose_words(const word_t* x, int64_t rows, int64_t cols, word_t* y) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
+  for (int64_t r = 0; r < rows; r += 8)  // 8 x 8 blocks in registers (rows and cols are multiples of 8)
+    for (int64_t c = 0; c < cols; c += 8) {
+      __m256 t[8], u[8];
+      #pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) t[i] = _mm256_loadu_ps((const float*)(x + (r + i) * cols + c));
+      #pragma GCC unroll 4
+      for (int i = 0; i < 8; i += 2) {
+        u[i] = _mm256_unpacklo_ps(t[i], t[i + 1]);
+        u[i + 1] = _mm256_unpackhi_ps(t[i], t[i + 1]);
+      }
+      #pragma GCC unroll 2
+      for (int i = 0; i < 8; i += 4) {
+        t[i] = _mm256_shuffle_ps(u[i], u[i + 2], 0x44);
+        t[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], 0xEE);
+        t[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0x44);
+        t[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], 0xEE);
+      }
+      #pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        _mm256_storeu_ps((float*)(y + (c + i) * rows + r), _mm256_permute2f128_ps(t[i], t[i + 4], 0x20));
+        _mm256_storeu_ps((float*)(y + (c + i + 4) * rows + r), _mm256_permute2f128_ps(t[i], t[i + 4], 0x31));
+      }
+    }
 }
 
 // C (MR x 16 NV, row stride ldc) = [C +] A B over k2 pairs: A's word p of row r at A[r * ar + p * ap], B's pair
@@ -74,30 +100,80 @@ BF16 static inline void tile(int64_t k2, const word_t* A, int64_t ar, int64_t ap
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
 }
 
-template <int NV>
-BF16 static void panel(int64_t m, int64_t k2, const word_t* A, int64_t ar, int64_t ap, const word_t* B,
-                       int64_t ldb, float* C, int64_t ldc, bool acc) {
-  int64_t r = 0;
-  for (; r + 4 <= m; r += 4) tile<NV, 4>(k2, A + r * ar, ar, ap, B, ldb, C + r * ldc, ldc, acc);
-  const word_t* Ar = A + r * ar; float* Cr = C + r * ldc;
-  switch (m - r) {
-    case 3: tile<NV, 3>(k2, Ar, ar, ap, B, ldb, Cr, ldc, acc); break;
-    case 2: tile<NV, 2>(k2, Ar, ar, ap, B, ldb, Cr, ldc, acc); break;
-    case 1: tile<NV, 1>(k2, Ar, ar, ap, B, ldb, Cr, ldc, acc); break;
+// Which part of a product is needed.  A chunk's causal products have triangular inputs or outputs, and a row tile
+// [r, r + mr) skips what the triangle makes zero or the mask throws away (the sums are unchanged: the skipped
+// terms are exact zeros):
+//   FULL     all of it;
+//   A_LOWER  A[i][k] = 0 for k > i (P v, dP kn): pairs p <= (r + mr - 1) / 2 only;
+//   A_UPPER  A[i][k] = 0 for k < i (P^T dnum, dP^T qn): pairs p >= r / 2 only;
+//   C_LOWER  only C[i][j], j <= i, is kept (qn kn^T, dnum V^T before the mask): columns < r + mr, in whole
+//            16-column vectors (the columns left unwritten are all above the diagonal, for the mask to clear).
+enum Shape { FULL, A_LOWER, A_UPPER, C_LOWER };
+
+template <int MR>
+BF16 static void columns(int64_t n, int64_t k2, const word_t* A, int64_t ar, int64_t ap, const word_t* B,
+                         int64_t ldb, float* C, int64_t ldc, bool acc) {
+  for (int64_t c = 0; c < n; c += 64) {
+    switch (std::min<int64_t>(4, (n - c) / 16)) {
+      case 4: tile<4, MR>(k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
+      case 3: tile<3, MR>(k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
+      case 2: tile<2, MR>(k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
+      case 1: tile<1, MR>(k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
+    }
   }
 }
 
-// C (m x n, row stride ldc) = [C +] A B, the inner dimension k2 pairs (A, B as `tile`'s; n % 16 == 0)
+// C (m x n, row stride ldc) = [C +] A B, the inner dimension k2 pairs (A, B as `tile`'s; n % 16 == 0), the part
+// `shape` says
 BF16 static void mm(int64_t m, int64_t n, int64_t k2, const word_t* A, int64_t ar, int64_t ap, const word_t* B,
-                    int64_t ldb, float* C, int64_t ldc, bool acc) {
-  for (int64_t c = 0; c < n; c += 64) {
-    switch (std::min<int64_t>(4, (n - c) / 16)) {
-      case 4: panel<4>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
-      case 3: panel<3>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
-      case 2: panel<2>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
-      case 1: panel<1>(m, k2, A, ar, ap, B + c, ldb, C + c, ldc, acc); break;
+                    int64_t ldb, float* C, int64_t ldc, bool acc, Shape shape = FULL) {
+  for (int64_t r = 0; r < m; r += 4) {
+    const int64_t mr = std::min<int64_t>(4, m - r);
+    int64_t p0 = 0, p1 = k2, cols = n;
+    if (shape == A_LOWER) p1 = std::min(k2, (r + mr - 1) / 2 + 1);
+    if (shape == A_UPPER) p0 = std::min(k2, r / 2);
+    if (shape == C_LOWER) cols = std::min(n, (r + mr + 15) / 16 * 16);
+    const word_t* Ar = A + r * ar + p0 * ap; const word_t* Br = B + p0 * ldb; float* Cr = C + r * ldc;
+    switch (mr) {
+      case 4: columns<4>(cols, p1 - p0, Ar, ar, ap, Br, ldb, Cr, ldc, acc); break;
+      case 3: columns<3>(cols, p1 - p0, Ar, ar, ap, Br, ldb, Cr, ldc, acc); break;
+      case 2: columns<2>(cols, p1 - p0, Ar, ar, ap, Br, ldb, Cr, ldc, acc); break;
+      case 1: columns<1>(cols, p1 - p0, Ar, ar, ap, Br, ldb, Cr, ldc, acc); break;
     }
   }
+}
+
+// For tests: `mm` on float32 matrices rounded to bfloat16: C (m x n) = op(a) b in the part `shape` says, where op(a)
+// = a (m x K, words along its rows) or, with transposed, a^T (a: K x m, read as pack_rows gives it); b: K x n.
+// K even, n % 16 == 0; entries `shape` leaves unwritten are NaN.
+torch::Tensor product_bf16(torch::Tensor a, torch::Tensor b, int64_t shape, bool transposed) {
+  a = a.contiguous(); b = b.contiguous();
+  const int64_t K = b.size(0), n = b.size(1), m = transposed ? a.size(1) : a.size(0), k2 = K / 2;
+  TORCH_CHECK(K % 2 == 0 && n % 16 == 0 && a.numel() == m * K && shape >= FULL && shape <= C_LOWER,
+              "product_bf16: K even, n a multiple of 16, a m x K (K x m transposed), shape 0-3");
+  std::vector<word_t> A(m * k2 + 16), B(k2 * n);
+  const int64_t m16 = (m + 15) / 16 * 16;
+  std::vector<float> ap(K * m16, 0.0f);
+  if (transposed) {  // a's rows paired, as the walk pairs dP's and P's rows: A's word p of row r at A[p * m16 + r]
+    for (int64_t i = 0; i < K; ++i) std::memcpy(ap.data() + i * m16, a.data_ptr<float>() + i * m, sizeof(float) * m);
+    A.resize(k2 * m16);
+    pack_rows(ap.data(), m16, K, m16, A.data());
+  } else {
+    ap.resize(m * K);
+    std::memcpy(ap.data(), a.data_ptr<float>(), sizeof(float) * m * K);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t p = 0; p < k2; ++p) {
+        const uint32_t lo = bf16_bits(ap[r * K + 2 * p]), hi = bf16_bits(ap[r * K + 2 * p + 1]);
+        A[r * k2 + p] = lo | (hi << 16);
+      }
+  }
+  pack_rows(b.data_ptr<float>(), n, K, n, B.data());
+  torch::Tensor c = torch::full({m, n}, NAN, b.options());
+  if (transposed)
+    mm(m, n, k2, A.data(), 1, m16, B.data(), n, c.data_ptr<float>(), n, false, static_cast<Shape>(shape));
+  else
+    mm(m, n, k2, A.data(), k2, 1, B.data(), n, c.data_ptr<float>(), n, false, static_cast<Shape>(shape));
+  return c;
 }
 
 static void causal_mask(float* P, int64_t rows, int64_t C) {  // P's first rows (row stride C): j > i set to 0
@@ -154,10 +230,10 @@ BF16 static void walk_bf16(const Row& w, const float* cs, int64_t N, int64_t d, 
     pack_rows(kn, d, C, d, KP);
     pack_rows(reinterpret_cast<const uint16_t*>(V16), dv, C, dv, VP);
     pack_rows(S, dv, d, dv, SP);
-    mm(n, C, h, Q16, h, 1, KT, C, P, C, false);  // P = qn kn^T
+    mm(n, C, h, Q16, h, 1, KT, C, P, C, false, C_LOWER);  // P = qn kn^T
     causal_mask(P, n, C);
     narrow(P, C, n, C, reinterpret_cast<uint16_t*>(P16), C);
-    mm(n, dv, hc, P16, hc, 1, VP, dv, num, dv, false);  // num = P v + qn S
+    mm(n, dv, hc, P16, hc, 1, VP, dv, num, dv, false, A_LOWER);  // num = P v + qn S
     mm(n, dv, h, Q16, h, 1, SP, dv, num, dv, true);
     normalise<float>(qf, kf, z, num, n, d, dv, eps, denom + s * w.sd, w.sd, o, dv);
     narrow(o, dv, n, dv, out + s * w.so, w.so);
@@ -254,17 +330,17 @@ BF16 static void walk_back_bf16(const RowBack& w, const float* cs, int64_t N, in
       narrow(dnum, dv, C, dv, u16(D16), dv); pack_rows(dnum, dv, C, dv, DP);
       narrow(S, dv, d, dv, u16(S16), dv); transpose_words(S16, d, hv, ST);
       narrow(R, dv, d, dv, u16(R16), dv); transpose_words(R16, d, hv, RT); pack_rows(R, dv, d, dv, RP);
-      mm(C, C, h, Q16, h, 1, KT, C, P, C, false);  // P = tril(qn kn^T)
-      mm(C, C, hv, D16, hv, 1, VT, C, dP, C, false);  // dP = tril(dnum V^T)
+      mm(C, C, h, Q16, h, 1, KT, C, P, C, false, C_LOWER);  // P = tril(qn kn^T)
+      mm(C, C, hv, D16, hv, 1, VT, C, dP, C, false, C_LOWER);  // dP = tril(dnum V^T)
       causal_mask(P, C, C);
       causal_mask(dP, C, C);
       pack_rows(P, C, C, C, PP);
       narrow(dP, C, C, C, u16(dP16), C); pack_rows(dP, C, C, C, dPP);
-      mm(C, d, hc, dP16, hc, 1, KP, d, dqn, d, false);  // dqn = dP kn + dnum S^T
+      mm(C, d, hc, dP16, hc, 1, KP, d, dqn, d, false, A_LOWER);  // dqn = dP kn + dnum S^T
       mm(C, d, hv, D16, hv, 1, ST, d, dqn, d, true);
-      mm(C, d, hc, dPP, 1, C, QP, d, dkn, d, false);  // dkn = dP^T qn + V R^T
+      mm(C, d, hc, dPP, 1, C, QP, d, dkn, d, false, A_UPPER);  // dkn = dP^T qn + V R^T
       mm(C, d, hv, V16, hv, 1, RT, d, dkn, d, true);
-      mm(C, dv, hc, PP, 1, C, DP, dv, dV, dv, false);  // dV = P^T dnum + kn R
+      mm(C, dv, hc, PP, 1, C, DP, dv, dV, dv, false, A_UPPER);  // dV = P^T dnum + kn R
       mm(C, dv, h, K16, h, 1, RP, dv, dV, dv, true);
       mm(d, dv, hc, QP, 1, d, DP, dv, R, dv, true);  // R: dL/dS entering the chunk
       features_back<float>(qf, dqn, dqf, cs + s * d, n, d, x, d);
