@@ -203,6 +203,23 @@ def test_without_a_compiler_the_torch_ops_run(monkeypatch, counted):
     assert set(counted.values()) == {0} and rel(got, want) < 1e-12
 
 
+def test_a_build_folder_is_named_by_its_source_flags_and_torch(monkeypatch):
+    """Two virtualenvs sharing ~/.cache/torch_extensions, or two flag sets, get build folders of their own (torch
+    rebuilds a folder whose include paths changed, so a shared one was rebuilt by each in turn); one source, flags
+    and torch always get the same folder, and the native extensions are named so."""
+    from linrope.ops.linear_attn import extensions
+
+    name = extensions.build_name("x", "int f();", ["-O3"])
+    assert name == extensions.build_name("x", "int f();", ["-O3"]) and name.startswith("x_")
+    assert name != extensions.build_name("x", "int g();", ["-O3"])
+    assert name != extensions.build_name("x", "int f();", ["-O2"])
+    assert native.SCANS.name == extensions.build_name(
+        "linrope_native_scans", native.SCANS.source, [*native.SCANS.cflags, "|", *native.SCANS.ldflags]
+    )
+    monkeypatch.setattr(extensions, "installation", lambda: "/elsewhere/torch|2.13.0|3.11")
+    assert name != extensions.build_name("x", "int f();", ["-O3"])
+
+
 def _vm_flags(address: int) -> list:
     """VmFlags of the mapping holding ``address`` in /proc/self/smaps."""
     flags, inside = [], False

@@ -3,8 +3,9 @@
 ``source(*files)`` joins csrc's files into the one string ``torch.utils.cpp_extension.load_inline`` compiles, a
 local ``#include "x.h"`` replaced by x.h's text (so each file also compiles on its own with ``-I csrc``).
 ``Extension`` builds such a source on first use (about 20 s; then cached by torch under ~/.cache/torch_extensions) in
-a folder named by a hash of the source, so that checkouts of other sources (a benchmark's ``--compare``, another
-worktree) never load or rebuild each other's.  Where the compiler, ninja or a symbol is missing, or ``check`` finds
+a folder named by a hash of the source, the flags and the torch installation, so that checkouts of other sources (a
+benchmark's ``--compare``, another worktree) never load each other's, and environments sharing the cache (two
+virtualenvs) never rebuild each other's: torch rebuilds a folder whose include paths changed.  Where the compiler, ninja or a symbol is missing, or ``check`` finds
 the module unfit, ``get()`` is None and ``why`` says so in one line, printed once: the caller runs its torch ops."""
 
 from __future__ import annotations
@@ -23,6 +24,19 @@ _LOCAL_INCLUDE = re.compile(r'^#include "(\w+\.h)"\n', re.M)
 def source(*files: str) -> str:
     """csrc's ``files``, in order, as one string, each local ``#include "x.h"`` replaced by x.h's text."""
     return "".join(_LOCAL_INCLUDE.sub(lambda m: (CSRC / m[1]).read_text(), (CSRC / f).read_text()) for f in files)
+
+
+def installation() -> str:
+    """The torch a build compiles against and links to: its folder and version, and Python's version."""
+    import torch
+
+    return f"{Path(torch.__file__).parent}|{torch.__version__}|{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def build_name(stem: str, source: str, flags: Sequence[str]) -> str:
+    """The build folder's name: ``stem`` and a hash of the source, the flags and ``installation()``."""
+    key = "\0".join([source, *flags, installation()])
+    return f"{stem}_{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
 def built(name: str) -> bool:
@@ -54,8 +68,8 @@ class Extension:
         check: Optional[Callable[[object], Optional[str]]] = None,
     ):
         self.source = source(*files)
-        self.name = f"{stem}_{hashlib.sha1(self.source.encode()).hexdigest()[:10]}"
         self.functions, self.cflags, self.ldflags = list(functions), list(cflags), list(ldflags)
+        self.name = build_name(stem, self.source, [*self.cflags, "|", *self.ldflags])
         self.what, self.fallback, self.check = what, fallback, check
         self.state: dict = {}
         self._lock = threading.Lock()  # the heads' tasks (heads.py) ask at once
@@ -94,4 +108,4 @@ class Extension:
         return self.state.get("why")
 
 
-__all__ = ["CSRC", "Extension", "built", "source"]
+__all__ = ["CSRC", "Extension", "build_name", "built", "installation", "source"]
