@@ -5,8 +5,9 @@ local ``#include "x.h"`` replaced by x.h's text (so each file also compiles on i
 ``Extension`` builds such a source on first use (about 20 s; then cached by torch under ~/.cache/torch_extensions) in
 a folder named by a hash of the source, the flags and the torch installation, so that checkouts of other sources (a
 benchmark's ``--compare``, another worktree) never load each other's, and environments sharing the cache (two
-virtualenvs) never rebuild each other's: torch rebuilds a folder whose include paths changed.  Where the compiler, ninja or a symbol is missing, or ``check`` finds
-the module unfit, ``get()`` is None and ``why`` says so in one line, printed once: the caller runs its torch ops."""
+virtualenvs) never rebuild each other's: torch rebuilds a folder whose include paths changed.  Where the compiler,
+ninja or a symbol is missing, or ``check`` finds the module unfit, ``get()`` is None and ``why`` says so in one line,
+printed once: the caller runs its torch ops."""
 
 from __future__ import annotations
 

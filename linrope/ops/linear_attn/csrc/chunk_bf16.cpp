@@ -14,11 +14,6 @@ typedef uint32_t word_t;  // two bfloat16: the first in the low half
 BF16 static inline __m256i narrow16(const float* x) {  // 16 floats to bfloat16, rounded to nearest even
   return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x));
 }
-static inline uint32_t bf16_bits(float x) {  // x rounded to bfloat16, nearest even (finite x)
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return (u + 0x7fff + ((u >> 16) & 1)) >> 16;
-}
 BF16 static inline __m256i load16(const uint16_t* x) { return _mm256_loadu_si256((const __m256i*)x); }
 BF16 static inline __m256i load16(const float* x) { return narrow16(x); }
 
@@ -144,28 +139,22 @@ BF16 static void mm(int64_t m, int64_t n, int64_t k2, const word_t* A, int64_t a
 }
 
 // For tests: `mm` on float32 matrices rounded to bfloat16: C (m x n) = op(a) b in the part `shape` says, where op(a)
-// = a (m x K, words along its rows) or, with transposed, a^T (a: K x m, read as pack_rows gives it); b: K x n.
-// K even, n % 16 == 0; entries `shape` leaves unwritten are NaN.
+// = a (m x K, words along its rows, as `narrow` gives them) or, with transposed, a^T (a: K x m, read as `pack_rows`
+// gives it); b: K x n.  K and n multiples of 16; entries `shape` leaves unwritten are NaN.
 torch::Tensor product_bf16(torch::Tensor a, torch::Tensor b, int64_t shape, bool transposed) {
   a = a.contiguous(); b = b.contiguous();
   const int64_t K = b.size(0), n = b.size(1), m = transposed ? a.size(1) : a.size(0), k2 = K / 2;
-  TORCH_CHECK(K % 2 == 0 && n % 16 == 0 && a.numel() == m * K && shape >= FULL && shape <= C_LOWER,
-              "product_bf16: K even, n a multiple of 16, a m x K (K x m transposed), shape 0-3");
-  std::vector<word_t> A(m * k2 + 16), B(k2 * n);
-  const int64_t m16 = (m + 15) / 16 * 16;
-  std::vector<float> ap(K * m16, 0.0f);
+  TORCH_CHECK(K % 16 == 0 && n % 16 == 0 && a.numel() == m * K && shape >= FULL && shape <= C_LOWER,
+              "product_bf16: K and n multiples of 16, a m x K (K x m transposed), shape 0-3");
+  const int64_t m16 = (m + 15) / 16 * 16;  // pack_rows's width: a's rows padded to whole vectors
+  std::vector<word_t> A(transposed ? k2 * m16 : m * k2), B(k2 * n);
   if (transposed) {  // a's rows paired, as the walk pairs dP's and P's rows: A's word p of row r at A[p * m16 + r]
-    for (int64_t i = 0; i < K; ++i) std::memcpy(ap.data() + i * m16, a.data_ptr<float>() + i * m, sizeof(float) * m);
-    A.resize(k2 * m16);
-    pack_rows(ap.data(), m16, K, m16, A.data());
+    std::vector<float> padded(K * m16, 0.0f);
+    for (int64_t i = 0; i < K; ++i)
+      std::memcpy(padded.data() + i * m16, a.data_ptr<float>() + i * m, sizeof(float) * m);
+    pack_rows(padded.data(), m16, K, m16, A.data());
   } else {
-    ap.resize(m * K);
-    std::memcpy(ap.data(), a.data_ptr<float>(), sizeof(float) * m * K);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t p = 0; p < k2; ++p) {
-        const uint32_t lo = bf16_bits(ap[r * K + 2 * p]), hi = bf16_bits(ap[r * K + 2 * p + 1]);
-        A[r * k2 + p] = lo | (hi << 16);
-      }
+    narrow(a.data_ptr<float>(), K, m, K, reinterpret_cast<uint16_t*>(A.data()), K);
   }
   pack_rows(b.data_ptr<float>(), n, K, n, B.data());
   torch::Tensor c = torch::full({m, n}, NAN, b.options());
