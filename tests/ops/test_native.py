@@ -220,6 +220,27 @@ def test_a_build_folder_is_named_by_its_source_flags_and_torch(monkeypatch):
     assert name != extensions.build_name("x", "int f();", ["-O3"])
 
 
+def test_an_extension_asked_again_in_one_process_is_loaded_once(monkeypatch):
+    """torch's ``load_inline`` called twice with one name compiles it again under ``<name>_v1`` (25 s, and the next
+    process recompiles the first): an emptied ``state`` checks again the module already loaded, and a second
+    ``Extension`` of the same source shares it."""
+    from torch.utils import cpp_extension
+
+    from linrope.ops.linear_attn import extensions
+
+    loads = []
+    monkeypatch.setattr(extensions, "_LOADED", {})
+    monkeypatch.setattr(cpp_extension, "load_inline", lambda name, **kw: loads.append(name) or object())
+    monkeypatch.setattr(extensions, "built", lambda name: True)
+    checked = []
+    ext = extensions.Extension("x", [], ["f"], what="x", fallback="y", cflags=["-O3"], check=checked.append)
+    first = ext.get()
+    ext.state.clear()
+    assert ext.get() is first and len(checked) == 2
+    twin = extensions.Extension("x", [], ["f"], what="x", fallback="y", cflags=["-O3"])
+    assert twin.get() is first and loads == [ext.name]
+
+
 def _vm_flags(address: int) -> list:
     """VmFlags of the mapping holding ``address`` in /proc/self/smaps."""
     flags, inside = [], False

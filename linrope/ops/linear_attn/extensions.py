@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 CSRC = Path(__file__).with_name("csrc")
+# build name -> the module loaded in this process: torch's ``load_inline`` called again with a name it has loaded
+# compiles the same source anew under a bumped name (``<name>_v1``, 25 s), and the next process, finding that build's
+# object in the folder, compiles the unbumped one again
+_LOADED: dict = {}
 _LOCAL_INCLUDE = re.compile(r'^#include "(\w+\.h)"\n', re.M)
 
 
@@ -54,7 +58,8 @@ class Extension:
     """One native module, compiled from ``files`` on the first ``get()``.
 
     ``what`` names it in the lines said ("native scans"), ``fallback`` says what runs instead, ``check(module)``
-    returns a reason the module cannot serve (None when it can).  ``state`` holds "module" once built, or "why"."""
+    returns a reason the module cannot serve (None when it can).  ``state`` holds "module" once built, or "why";
+    emptied, the next ``get()`` checks again the module this process has loaded."""
 
     def __init__(
         self,
@@ -82,17 +87,20 @@ class Extension:
                 try:
                     from torch.utils.cpp_extension import load_inline
 
-                    if not built(self.name):
-                        print(
-                            f"linrope: building {self.name}, the {self.what} (once: torch caches it)", file=sys.stderr
+                    module = _LOADED.get(self.name)
+                    if module is None:
+                        if not built(self.name):
+                            print(
+                                f"linrope: building {self.name}, the {self.what} (once: torch caches it)",
+                                file=sys.stderr,
+                            )
+                        module = _LOADED[self.name] = load_inline(
+                            self.name,
+                            cpp_sources=self.source,
+                            functions=self.functions,
+                            extra_cflags=self.cflags,
+                            extra_ldflags=self.ldflags,
                         )
-                    module = load_inline(
-                        self.name,
-                        cpp_sources=self.source,
-                        functions=self.functions,
-                        extra_cflags=self.cflags,
-                        extra_ldflags=self.ldflags,
-                    )
                     reason = self.check(module) if self.check else None
                 except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: the torch ops run
                     module, reason = None, (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
