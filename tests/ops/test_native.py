@@ -204,9 +204,9 @@ def test_without_a_compiler_the_torch_ops_run(monkeypatch, counted):
 
 
 def test_a_build_folder_is_named_by_its_source_flags_and_torch(monkeypatch):
-    """Two virtualenvs sharing ~/.cache/torch_extensions, or two flag sets, get build folders of their own (torch
-    rebuilds a folder whose include paths changed, so a shared one was rebuilt by each in turn); one source, flags
-    and torch always get the same folder, and the native extensions are named so."""
+    """Two virtualenvs sharing ~/.cache/torch_extensions, two ninjas (a venv's pip ninja and the system's hash their
+    logs differently) or two flag sets get build folders of their own (a shared one was rebuilt by each in turn);
+    one source, flags, torch and ninja always get the same folder, and the native extensions are named so."""
     from linrope.ops.linear_attn import extensions
 
     name = extensions.build_name("x", "int f();", ["-O3"])
@@ -216,7 +216,10 @@ def test_a_build_folder_is_named_by_its_source_flags_and_torch(monkeypatch):
     assert native.SCANS.name == extensions.build_name(
         "linrope_native_scans", native.SCANS.source, [*native.SCANS.cflags, "|", *native.SCANS.ldflags]
     )
-    monkeypatch.setattr(extensions, "installation", lambda: "/elsewhere/torch|2.13.0|3.11")
+    monkeypatch.setattr(extensions.shutil, "which", lambda program: f"/elsewhere/bin/{program}")
+    assert name != extensions.build_name("x", "int f();", ["-O3"])  # another ninja
+    monkeypatch.undo()
+    monkeypatch.setattr(extensions, "installation", lambda: "/elsewhere/torch|2.13.0|3.11|/usr/bin/ninja")
     assert name != extensions.build_name("x", "int f();", ["-O3"])
 
 

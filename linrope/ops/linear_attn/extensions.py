@@ -5,7 +5,8 @@ local ``#include "x.h"`` replaced by x.h's text (so each file also compiles on i
 ``Extension`` builds such a source on first use (about 20 s; then cached by torch under ~/.cache/torch_extensions) in
 a folder named by a hash of the source, the flags and the torch installation, so that checkouts of other sources (a
 benchmark's ``--compare``, another worktree) never load each other's, and environments sharing the cache (two
-virtualenvs) never rebuild each other's: torch rebuilds a folder whose include paths changed.  Where the compiler,
+virtualenvs, or PATH with a venv's ninja and without) never rebuild each other's: torch rebuilds a folder whose
+include paths changed, and one ninja a folder another ninja built.  Where the compiler,
 ninja or a symbol is missing, or ``check`` finds the module unfit, ``get()`` is None and ``why`` says so in one line,
 printed once: the caller runs its torch ops."""
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -32,10 +34,13 @@ def source(*files: str) -> str:
 
 
 def installation() -> str:
-    """The torch a build compiles against and links to: its folder and version, and Python's version."""
+    """The torch a build compiles against and links to (its folder and version), Python's version, and the ninja
+    torch runs (the first on PATH: ninja 1.11 and 1.12+ hash their logs' commands differently, so each rebuilds what
+    the other built, as a virtualenv's pip ninja and the system's do when PATH has the venv or not)."""
     import torch
 
-    return f"{Path(torch.__file__).parent}|{torch.__version__}|{sys.version_info[0]}.{sys.version_info[1]}"
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return f"{Path(torch.__file__).parent}|{torch.__version__}|{python}|{shutil.which('ninja')}"
 
 
 def build_name(stem: str, source: str, flags: Sequence[str]) -> str:
