@@ -204,9 +204,9 @@ def test_without_a_compiler_the_torch_ops_run(monkeypatch, counted):
 
 
 def test_a_build_folder_is_named_by_its_source_flags_and_torch(monkeypatch):
-    """Two virtualenvs sharing ~/.cache/torch_extensions, or two flag sets, get build folders of their own (torch
-    rebuilds a folder whose include paths changed, so a shared one was rebuilt by each in turn); one source, flags
-    and torch always get the same folder, and the native extensions are named so."""
+    """Two virtualenvs sharing ~/.cache/torch_extensions, two ninjas (a venv's pip ninja and the system's hash their
+    logs differently) or two flag sets get build folders of their own (a shared one was rebuilt by each in turn);
+    one source, flags, torch and ninja always get the same folder, and the native extensions are named so."""
     from linrope.ops.linear_attn import extensions
 
     name = extensions.build_name("x", "int f();", ["-O3"])
@@ -216,8 +216,32 @@ def test_a_build_folder_is_named_by_its_source_flags_and_torch(monkeypatch):
     assert native.SCANS.name == extensions.build_name(
         "linrope_native_scans", native.SCANS.source, [*native.SCANS.cflags, "|", *native.SCANS.ldflags]
     )
-    monkeypatch.setattr(extensions, "installation", lambda: "/elsewhere/torch|2.13.0|3.11")
+    monkeypatch.setattr(extensions.shutil, "which", lambda program: f"/elsewhere/bin/{program}")
+    assert name != extensions.build_name("x", "int f();", ["-O3"])  # another ninja
+    monkeypatch.undo()
+    monkeypatch.setattr(extensions, "installation", lambda: "/elsewhere/torch|2.13.0|3.11|/usr/bin/ninja")
     assert name != extensions.build_name("x", "int f();", ["-O3"])
+
+
+def test_an_extension_asked_again_in_one_process_is_loaded_once(monkeypatch):
+    """torch's ``load_inline`` called twice with one name compiles it again under ``<name>_v1`` (25 s, and the next
+    process recompiles the first): an emptied ``state`` checks again the module already loaded, and a second
+    ``Extension`` of the same source shares it."""
+    from torch.utils import cpp_extension
+
+    from linrope.ops.linear_attn import extensions
+
+    loads = []
+    monkeypatch.setattr(extensions, "_LOADED", {})
+    monkeypatch.setattr(cpp_extension, "load_inline", lambda name, **kw: loads.append(name) or object())
+    monkeypatch.setattr(extensions, "built", lambda name: True)
+    checked = []
+    ext = extensions.Extension("x", [], ["f"], what="x", fallback="y", cflags=["-O3"], check=checked.append)
+    first = ext.get()
+    ext.state.clear()
+    assert ext.get() is first and len(checked) == 2
+    twin = extensions.Extension("x", [], ["f"], what="x", fallback="y", cflags=["-O3"])
+    assert twin.get() is first and loads == [ext.name]
 
 
 def _vm_flags(address: int) -> list:

@@ -5,7 +5,8 @@ local ``#include "x.h"`` replaced by x.h's text (so each file also compiles on i
 ``Extension`` builds such a source on first use (about 20 s; then cached by torch under ~/.cache/torch_extensions) in
 a folder named by a hash of the source, the flags and the torch installation, so that checkouts of other sources (a
 benchmark's ``--compare``, another worktree) never load each other's, and environments sharing the cache (two
-virtualenvs) never rebuild each other's: torch rebuilds a folder whose include paths changed.  Where the compiler,
+virtualenvs, or PATH with a venv's ninja and without) never rebuild each other's: torch rebuilds a folder whose
+include paths changed, and one ninja a folder another ninja built.  Where the compiler,
 ninja or a symbol is missing, or ``check`` finds the module unfit, ``get()`` is None and ``why`` says so in one line,
 printed once: the caller runs its torch ops."""
 
@@ -13,12 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import sys
 import threading
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 CSRC = Path(__file__).with_name("csrc")
+# build name -> the module loaded in this process: torch's ``load_inline`` called again with a name it has loaded
+# compiles the same source anew under a bumped name (``<name>_v1``, 25 s), and the next process, finding that build's
+# object in the folder, compiles the unbumped one again
+_LOADED: dict = {}
 _LOCAL_INCLUDE = re.compile(r'^#include "(\w+\.h)"\n', re.M)
 
 
@@ -28,10 +34,13 @@ def source(*files: str) -> str:
 
 
 def installation() -> str:
-    """The torch a build compiles against and links to: its folder and version, and Python's version."""
+    """The torch a build compiles against and links to (its folder and version), Python's version, and the ninja
+    torch runs (the first on PATH: ninja 1.11 and 1.12+ hash their logs' commands differently, so each rebuilds what
+    the other built, as a virtualenv's pip ninja and the system's do when PATH has the venv or not)."""
     import torch
 
-    return f"{Path(torch.__file__).parent}|{torch.__version__}|{sys.version_info[0]}.{sys.version_info[1]}"
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return f"{Path(torch.__file__).parent}|{torch.__version__}|{python}|{shutil.which('ninja')}"
 
 
 def build_name(stem: str, source: str, flags: Sequence[str]) -> str:
@@ -54,7 +63,8 @@ class Extension:
     """One native module, compiled from ``files`` on the first ``get()``.
 
     ``what`` names it in the lines said ("native scans"), ``fallback`` says what runs instead, ``check(module)``
-    returns a reason the module cannot serve (None when it can).  ``state`` holds "module" once built, or "why"."""
+    returns a reason the module cannot serve (None when it can).  ``state`` holds "module" once built, or "why";
+    emptied, the next ``get()`` checks again the module this process has loaded."""
 
     def __init__(
         self,
@@ -82,17 +92,20 @@ class Extension:
                 try:
                     from torch.utils.cpp_extension import load_inline
 
-                    if not built(self.name):
-                        print(
-                            f"linrope: building {self.name}, the {self.what} (once: torch caches it)", file=sys.stderr
+                    module = _LOADED.get(self.name)
+                    if module is None:
+                        if not built(self.name):
+                            print(
+                                f"linrope: building {self.name}, the {self.what} (once: torch caches it)",
+                                file=sys.stderr,
+                            )
+                        module = _LOADED[self.name] = load_inline(
+                            self.name,
+                            cpp_sources=self.source,
+                            functions=self.functions,
+                            extra_cflags=self.cflags,
+                            extra_ldflags=self.ldflags,
                         )
-                    module = load_inline(
-                        self.name,
-                        cpp_sources=self.source,
-                        functions=self.functions,
-                        extra_cflags=self.cflags,
-                        extra_ldflags=self.ldflags,
-                    )
                     reason = self.check(module) if self.check else None
                 except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: the torch ops run
                     module, reason = None, (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
