@@ -82,6 +82,19 @@ def model_config(*overrides: str) -> dict:
     return OmegaConf.to_container(cfg.model, resolve=True)
 
 
+def tiny_lm(position: dict, kind: str = "softmax", *, n_layers=2, max_len=64, causal=True, **attention):
+    """A small TransformerLM (vocabulary 32, width 32, 4 heads) with the position scheme ``position`` (its name and
+    options) and ``kind`` attention: linear attention in the chunk form, chunks of 8, unless ``attention`` says
+    otherwise."""
+    from linrope.models.model import TransformerLM
+
+    attention = {"kind": kind, **({"impl": "chunk", "chunk_size": 8} if kind == "linear" else {}), **attention}
+    return TransformerLM(
+        dict(vocab_size=32, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, max_len=max_len, causal=causal,
+             attention=attention, position=position)
+    )  # fmt: skip
+
+
 def scalar_softmax(att, x, causal: bool, bias):
     """softmax_j(q_i·k_j / √d + bias(h, i, j)) v_j of the softmax layer ``att`` on ``x`` (its own projections), one
     scalar at a time in Python floats: the reference of a score-bias scheme's formula."""

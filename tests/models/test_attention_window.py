@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from linrope.models.attention import LinearAttention, SoftmaxAttention, attention_window
-from linrope.models.model import TransformerLM
 from linrope.models.spec import ModelConfig
 from linrope.positions import REGISTRY, build_position
+from tests import helpers
 from tests.helpers import case_id, gen, rel, scheme_cases
 
 D, H, HD = 16, 2, 8
@@ -100,10 +100,7 @@ def test_linear_window_layer_every_impl(placement, decay):
 
 
 def tiny_lm(kind, position, **attention):
-    attn = {"kind": kind, **({"impl": "chunk", "chunk_size": 8} if kind == "linear" else {}), **attention}
-    return TransformerLM(
-        dict(vocab_size=32, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=32, attention=attn, position=position)
-    ).double()
+    return helpers.tiny_lm(position, kind, max_len=32, **attention).double()
 
 
 @pytest.mark.parametrize("kind", ["softmax", "linear"])

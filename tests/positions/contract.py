@@ -37,6 +37,7 @@ from linrope.models.model import TransformerLM
 from linrope.models.spec import ModelConfig
 from linrope.positions import REGISTRY, PositionScheme, build_position, check_pairing
 from linrope.positions import scheme_settings as settings
+from tests import helpers
 from tests.helpers import case_id as scheme_case_id
 from tests.helpers import scheme_cases
 
@@ -81,13 +82,14 @@ def claims(found: list, claim) -> list:
 # ---------------------------------------------------------------------------------------------------
 # small layers and models
 # ---------------------------------------------------------------------------------------------------
-def attention(name, *, causal=True, max_len=128, randomize=True, **opts) -> SoftmaxAttention:
-    """A float64 SoftmaxAttention layer with scheme ``name``; its position parameters drawn large (std 0.5) so that
-    every position term visibly moves the output."""
+def attention(name, *, causal=True, max_len=128, n_heads=H, randomize=True, **opts) -> SoftmaxAttention:
+    """A float64 SoftmaxAttention layer of width D with scheme ``name``; its position parameters drawn large (std
+    0.5, unless ``randomize`` is False) so that every position term visibly moves the output."""
     pos = build_position(
-        name, where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=max_len, causal=causal, **opts
-    )
-    att = SoftmaxAttention(D, H, pos, causal=causal).double()
+        name, where="attention", d_model=D, n_heads=n_heads, head_dim=D // n_heads, max_len=max_len, causal=causal,
+        **opts,
+    )  # fmt: skip
+    att = SoftmaxAttention(D, n_heads, pos, causal=causal).double()
     if randomize:
         with torch.no_grad():
             for p in pos.parameters():
@@ -101,11 +103,9 @@ def random_positions(n, high=60):
 
 
 def tiny_lm(name, *, causal=True, attention_kind="softmax", n_layers=2, **opts) -> TransformerLM:
-    attn = {"kind": "softmax"} if attention_kind == "softmax" else {"kind": "linear", "impl": "naive"}
-    return TransformerLM(
-        dict(vocab_size=32, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, max_len=64, causal=causal,
-             attention=attn, position={"name": name, **opts})
-    )  # fmt: skip
+    """tests.helpers' tiny model with scheme ``name`` (options ``opts``); linear attention in the naive form."""
+    naive = {"impl": "naive"} if attention_kind == "linear" else {}
+    return helpers.tiny_lm({"name": name, **opts}, attention_kind, n_layers=n_layers, causal=causal, **naive)
 
 
 def lm_step(m, causal):
@@ -257,21 +257,14 @@ def check_softmax_lm_trains(name, opts, causal):
 # ---------------------------------------------------------------------------------------------------
 # parameters shared across layers
 # ---------------------------------------------------------------------------------------------------
-def lm(name, n_layers, **opts) -> TransformerLM:
-    return TransformerLM(
-        dict(vocab_size=32, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, max_len=64,
-             position={"name": name, **opts})
-    )  # fmt: skip
-
-
 def check_share_option(name, opts):
     """``share`` is an option only where the paper shares something."""
     if REGISTRY[name].shares:
-        lm(name, 1, **{**opts, "share": True})
-        lm(name, 1, **{**opts, "share": False})
+        tiny_lm(name, n_layers=1, **{**opts, "share": True})
+        tiny_lm(name, n_layers=1, **{**opts, "share": False})
         return
     with pytest.raises(ValueError, match=f"{name} has no parameters to share across layers"):
-        lm(name, 1, **opts, share=True)
+        tiny_lm(name, n_layers=1, **opts, share=True)
 
 
 def size(module) -> int:
@@ -282,19 +275,21 @@ def check_shared_counted_once(name, opts):
     """With sharing, a model grows with depth as without positions, plus what stays per layer; without, every layer
     carries its own copy of what the paper shares."""
     on, off = {**opts, "share": True}, {**opts, "share": False}
-    step_none = lm("none", 3).num_params() - lm("none", 2).num_params()  # one block
-    one = lm(name, 1, **on)
-    assert one.pos_shared is not None and lm(name, 1, **off).pos_shared is None
+    step_none = tiny_lm("none", n_layers=3).num_params() - tiny_lm("none", n_layers=2).num_params()  # one block
+    one = tiny_lm(name, n_layers=1, **on)
+    assert one.pos_shared is not None and tiny_lm(name, n_layers=1, **off).pos_shared is None
     per_layer, shared = size(one.blocks[0].attn.pos), size(one.pos_shared)
-    assert shared > 0 or size(lm(name, 1, **off).blocks[0].attn.pos) == 0  # something to share, or no parameters
-    step = lm(name, 3, **on).num_params() - lm(name, 2, **on).num_params()
+    assert (
+        shared > 0 or size(tiny_lm(name, n_layers=1, **off).blocks[0].attn.pos) == 0
+    )  # something to share, or no parameters
+    step = tiny_lm(name, n_layers=3, **on).num_params() - tiny_lm(name, n_layers=2, **on).num_params()
     assert step == step_none + per_layer
-    step_own = lm(name, 3, **off).num_params() - lm(name, 2, **off).num_params()
+    step_own = tiny_lm(name, n_layers=3, **off).num_params() - tiny_lm(name, n_layers=2, **off).num_params()
     assert step_own == step + shared
 
 
 def check_every_layer_uses_the_shared_module(name, opts):
-    m = lm(name, 3, **opts, share=True)
+    m = tiny_lm(name, n_layers=3, **opts, share=True)
     assert all(b.attn.pos.src is m.pos_shared for b in m.blocks)
     shared = dict(m.pos_shared.named_parameters())
     keys = list(m.state_dict())
@@ -307,8 +302,8 @@ def check_every_layer_uses_the_shared_module(name, opts):
 def check_sharing_is_tied_copies(name, opts):
     """The shared model is the per-layer model with every layer's copy set to the same values."""
     torch.manual_seed(0)
-    shared = lm(name, 2, **opts, share=True).double()
-    own = lm(name, 2, **opts, share=False).double()
+    shared = tiny_lm(name, n_layers=2, **opts, share=True).double()
+    own = tiny_lm(name, n_layers=2, **opts, share=False).double()
     state = own.state_dict()
     for key, value in shared.state_dict().items():
         if key.startswith("pos_shared."):
@@ -349,7 +344,7 @@ def check_position_terms_once_per_forward(name, opts):
     """With nothing left per layer, the shared part computes its position-only terms once per forward for every
     layer (and afresh in the next forward); each layer of the per-layer model computes its own."""
     x = torch.randint(0, 32, (2, 9))
-    shared, own = lm(name, 4, **opts, share=True), lm(name, 4, **opts, share=False)
+    shared, own = tiny_lm(name, n_layers=4, **opts, share=True), tiny_lm(name, n_layers=4, **opts, share=False)
     once = memo_misses(shared, x)
     assert once == (0 if size(shared.blocks[0].attn.pos) else 1), once
     assert memo_misses(shared, x) == once  # a fresh forward computes it afresh

@@ -13,18 +13,14 @@ import torch
 import linrope.positions.fire as fire_module
 from linrope.models.attention import SoftmaxAttention
 from linrope.models.model import TransformerLM, weight_decay_split
-from linrope.positions import build_position
-
-D, H, HD = 16, 2, 8  # d_model, heads, head dim
+from tests.positions.contract import HD, D, H, attention
 
 
 def layer(threshold: float, *, width: int = 6, **opts) -> SoftmaxAttention:
     """A float64 FIRE attention layer, its parameters drawn large (every term moves the output), c negative and
     L = ``threshold`` reached through a negative multiplier (the scheme uses |c| and |m·L₀|)."""
-    pos = build_position(
-        "fire", where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=64, mlp_width=width, **opts
-    )
-    att = SoftmaxAttention(D, H, pos, causal=True).double()
+    att = attention("fire", max_len=64, randomize=False, mlp_width=width, **opts)
+    pos = att.pos
     with torch.no_grad():
         for p in (pos.w1, pos.b1, pos.w2, pos.b2):
             p.normal_(0.0, 1.0)

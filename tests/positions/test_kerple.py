@@ -9,21 +9,16 @@ import math
 import pytest
 import torch
 
-from linrope.models.attention import SoftmaxAttention
-from linrope.models.model import TransformerLM, weight_decay_split
+from linrope.models.model import weight_decay_split
 from linrope.positions import REGISTRY, build_position
 from tests.helpers import scalar_softmax
-
-D, H, HD = 16, 2, 8  # d_model, heads, head dim
+from tests.positions.contract import D, H, attention, tiny_lm
 
 
 def layer(variant, *, causal=True, n_heads=H, r1=None, r2=None):
     """A float64 softmax layer owning its KERPLE parameters, drawn large (every term moves the output)."""
-    pos = build_position(
-        "kerple", where="attention", d_model=D, n_heads=n_heads, head_dim=D // n_heads, max_len=64, causal=causal,
-        variant=variant,
-    )  # fmt: skip
-    att = SoftmaxAttention(D, n_heads, pos, causal=causal).double()
+    att = attention("kerple", causal=causal, max_len=64, n_heads=n_heads, randomize=False, variant=variant)
+    pos = att.pos
     with torch.no_grad():
         pos.r1.copy_(torch.empty(n_heads).uniform_(0.5, 2.5) if r1 is None else torch.tensor(r1, dtype=torch.float64))
         pos.r2.copy_(torch.empty(n_heads).uniform_(0.3, 1.8) if r2 is None else torch.tensor(r2, dtype=torch.float64))
@@ -95,19 +90,12 @@ def test_release_initialisation(variant, scale1, scale2):
         assert abs(p.mean().item() - scale / 2) < 0.03 * scale and abs(p.std().item() - scale / 12**0.5) < 0.03 * scale
 
 
-def tiny_lm(n_layers=3, *, attention="softmax", causal=True, **opts):
-    return TransformerLM(
-        dict(vocab_size=32, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, max_len=64, causal=causal,
-             attention={"kind": attention}, position={"name": "kerple", **opts})
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("variant", ["log", "power"])
 def test_one_pair_per_head_for_all_layers(variant):
-    m = tiny_lm(variant=variant)
+    m = tiny_lm("kerple", n_layers=3, variant=variant)
     assert {n for n, _ in m.named_parameters() if "pos" in n} == {"pos_shared.r1", "pos_shared.r2"}
     assert m.pos_shared.r1.shape == (4,) and all(b.attn.pos.src is m.pos_shared for b in m.blocks)
-    own = tiny_lm(variant=variant, share=False)
+    own = tiny_lm("kerple", n_layers=3, variant=variant, share=False)
     assert own.pos_shared is None and own.num_params() == m.num_params() + 2 * 4 * 2  # two more layers' pairs
 
 
@@ -117,7 +105,7 @@ def test_linear_note_names_the_kernel():
 
 
 def test_parameters_are_score_biases_not_decayed():
-    m = tiny_lm(share=False)
+    m = tiny_lm("kerple", n_layers=3, share=False)
     decayed, spared = weight_decay_split(m)
     assert {f"blocks.{i}.attn.pos.r{j}" for i in range(3) for j in (1, 2)} <= set(spared)
     assert not any(".pos." in n for n in decayed) and REGISTRY["kerple"].score_biases == ("r1", "r2")
@@ -139,4 +127,4 @@ def test_bias_under_bf16_autocast_is_float32_and_finite():
 
 def test_variant_is_checked_in_one_line():
     with pytest.raises(ValueError, match="variant=exp: expected one of log, power"):
-        tiny_lm(variant="exp")
+        tiny_lm("kerple", n_layers=3, variant="exp")

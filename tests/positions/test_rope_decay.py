@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from linrope.evaluation.extrapolation import rope_row
 from linrope.models.attention import LinearAttention, SoftmaxAttention
-from linrope.models.model import TransformerLM
 from linrope.ops.rope import apply_rope
 from linrope.positions import alibi_slopes, build_position
+from tests import helpers
 from tests.helpers import gen, rel
 
 D, H, HD = 32, 4, 8
@@ -133,9 +133,7 @@ def test_linear_rope_decay_under_bf16_autocast_over_many_chunks():
 
 
 def tiny_lm(kind, **position):
-    attn = {"kind": kind, **({"impl": "chunk", "chunk_size": 8} if kind == "linear" else {})}
-    cfg = dict(vocab_size=32, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=16, attention=attn)
-    return TransformerLM(dict(cfg, position={"name": "rope", **position})).double()
+    return helpers.tiny_lm({"name": "rope", **position}, kind, max_len=16).double()
 
 
 @pytest.mark.parametrize("kind", ["linear", "softmax"])

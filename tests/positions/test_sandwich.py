@@ -10,20 +10,9 @@ import math
 import pytest
 import torch
 
-from linrope.models.attention import SoftmaxAttention
-from linrope.models.model import TransformerLM
 from linrope.positions import REGISTRY, build_position
 from tests.helpers import scalar_softmax
-
-D, H, HD = 16, 2, 8  # d_model, heads, head dim
-
-
-def layer(*, causal=True, n_heads=H, **opts):
-    pos = build_position(
-        "sandwich", where="attention", d_model=D, n_heads=n_heads, head_dim=D // n_heads, max_len=64, causal=causal,
-        **opts,
-    )  # fmt: skip
-    return SoftmaxAttention(D, n_heads, pos, causal=causal).double()
+from tests.positions.contract import D, attention, tiny_lm
 
 
 def embedding(m, dim):
@@ -48,7 +37,7 @@ def loop_output(att, x, positions, causal, dim):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("dim,n_heads", [(8, 2), (128, 4)])
 def test_against_the_paper_formula(dim, n_heads, causal):
-    att = layer(causal=causal, n_heads=n_heads, dim=dim)
+    att = attention("sandwich", causal=causal, max_len=64, n_heads=n_heads, dim=dim)
     x = torch.randn(2, 9, D, dtype=torch.float64)
     positions = torch.randperm(300)[:9].sort().values  # distinct, not contiguous, far apart
     got = att(x, positions)[0]
@@ -75,17 +64,10 @@ def test_bias_is_the_papers_less_a_constant_per_head():
     assert (bias[0].diagonal(dim1=-2, dim2=-1) == 0).all() and (bias <= 0).all()
 
 
-def tiny_lm(n_layers=3, *, attention="softmax", causal=True, **opts):
-    return TransformerLM(
-        dict(vocab_size=32, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, max_len=64, causal=causal,
-             attention={"kind": attention}, position={"name": "sandwich", **opts})
-    )  # fmt: skip
-
-
 def test_no_parameters_and_every_layer_the_same_bias():
-    m, none = tiny_lm(), TransformerLM(dict(vocab_size=32, d_model=32, n_layers=3, n_heads=4, d_ff=64, max_len=64))
+    m, none = tiny_lm("sandwich", n_layers=3), tiny_lm("none", n_layers=3)
     assert m.num_params() == none.num_params() and m.state_dict().keys() == none.state_dict().keys()
-    own = tiny_lm(share=False)
+    own = tiny_lm("sandwich", n_layers=3, share=False)
     own.load_state_dict(m.state_dict())
     x = torch.randint(0, 32, (2, 11))
     assert torch.equal(own(x), m(x))  # share: false: each layer builds the same bias, bit for bit
@@ -93,7 +75,7 @@ def test_no_parameters_and_every_layer_the_same_bias():
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_a_shift_changes_no_bit(causal):
-    att = layer(causal=causal)
+    att = attention("sandwich", causal=causal, max_len=64)
     x = torch.randn(2, 10, D, dtype=torch.float64)
     positions = torch.randperm(50)[:10].sort().values
     assert torch.equal(att(x, positions + 1234)[0], att(x, positions)[0])  # the bias is a table of distances
@@ -125,4 +107,4 @@ def test_linear_note_names_the_inner_product():
 @pytest.mark.parametrize("dim,message", [(7, "dim=7: expected an even number"), (0, "dim=0: expected an integer >= 2")])
 def test_dim_is_checked_in_one_line(dim, message):
     with pytest.raises(ValueError, match=message):
-        tiny_lm(dim=dim)
+        tiny_lm("sandwich", n_layers=3, dim=dim)
