@@ -223,6 +223,14 @@ def test_a_build_folder_is_named_by_its_source_flags_and_torch(monkeypatch):
     assert name != extensions.build_name("x", "int f();", ["-O3"])
 
 
+def test_the_native_sources_include_torch_api_not_torch_extension():
+    """torch/extension.h (the whole C++ frontend) was 21 s of a 23 s build: the sources include csrc/torch_api.h."""
+    from linrope.ops.linear_attn import native_bf16, native_chunk
+
+    for ext in (native.SCANS, native_chunk.WALK, native_bf16.WALK):
+        assert "#include <torch/extension.h>" not in ext.source and "#include <torch/csrc/utils/pybind.h>" in ext.source
+
+
 def test_an_extension_asked_again_in_one_process_is_loaded_once(monkeypatch):
     """torch's ``load_inline`` called twice with one name compiles it again under ``<name>_v1`` (25 s, and the next
     process recompiles the first): an emptied ``state`` checks again the module already loaded, and a second

@@ -1,7 +1,5 @@
 
-#include <torch/extension.h>
-#include <pybind11/pybind11.h>
-#include <ATen/Parallel.h>
+#include "torch_api.h"
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -108,11 +106,11 @@ static void walk(const Row& w, const T* cs, int64_t N, int64_t d, int64_t dv, in
   std::memcpy(w.z, z, sizeof(T) * d);
 }
 
-static const void* row_of(const c10::optional<torch::Tensor>& t, int64_t b, int64_t h) {
+static const void* row_of(const c10::optional<at::Tensor>& t, int64_t b, int64_t h) {
   if (!t.has_value()) return nullptr;
   return static_cast<const char*>(t->data_ptr()) + (b * t->stride(0) + h * t->stride(1)) * t->element_size();
 }
-static void* row_of(torch::Tensor& t, int64_t b, int64_t h, int dim = 0) {
+static void* row_of(at::Tensor& t, int64_t b, int64_t h, int dim = 0) {
   return static_cast<char*>(t.data_ptr()) + (b * t.stride(dim) + h * t.stride(dim + 1)) * t.element_size();
 }
 
@@ -135,10 +133,10 @@ static void each_row(int64_t R, F&& each) {
 }
 
 // row r = b * H + h of forward's tensors
-static Row row_at(int64_t r, torch::Tensor& q, torch::Tensor& k, torch::Tensor& v,
-                  const c10::optional<torch::Tensor>& S0, const c10::optional<torch::Tensor>& z0, torch::Tensor& out,
-                  torch::Tensor& denom, torch::Tensor& S, torch::Tensor& z, torch::Tensor& savedS,
-                  torch::Tensor& savedZ) {
+static Row row_at(int64_t r, at::Tensor& q, at::Tensor& k, at::Tensor& v,
+                  const c10::optional<at::Tensor>& S0, const c10::optional<at::Tensor>& z0, at::Tensor& out,
+                  at::Tensor& denom, at::Tensor& S, at::Tensor& z, at::Tensor& savedS,
+                  at::Tensor& savedZ) {
   const int64_t H = q.size(1), b = r / H, h = r % H;
   const bool saved = savedS.size(0) > 0;
   Row w;
@@ -155,9 +153,9 @@ static Row row_at(int64_t r, torch::Tensor& q, torch::Tensor& k, torch::Tensor& 
 // and z0 (B, H, d) contiguous per row, or none; out (B, H, N, dv) and denom (B, H, N) written (any strides, out's
 // last dimension dense); S, z (B, H, d, dv), (B, H, d) the final state; savedS, savedZ (nb, B, H, d, dv),
 // (nb, B, H, d) contiguous: the states entering blocks 1 .. nb of `block` chunks each.
-void forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs, c10::optional<torch::Tensor> S0,
-             c10::optional<torch::Tensor> z0, torch::Tensor out, torch::Tensor denom, torch::Tensor S,
-             torch::Tensor z, torch::Tensor savedS, torch::Tensor savedZ, int64_t C, int64_t block, double eps) {
+void forward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor cs, c10::optional<at::Tensor> S0,
+             c10::optional<at::Tensor> z0, at::Tensor out, at::Tensor denom, at::Tensor S,
+             at::Tensor z, at::Tensor savedS, at::Tensor savedZ, int64_t C, int64_t block, double eps) {
   pybind11::gil_scoped_release no_gil;
   const int64_t N = q.size(2), d = q.size(3), dv = v.size(3), nb = savedS.size(0);
   const int64_t ssS = nb ? savedS.stride(0) : 0, ssZ = nb ? savedZ.stride(0) : 0;
@@ -287,12 +285,12 @@ static void walk_back(const RowBack& w, const T* cs, int64_t N, int64_t d, int64
 }
 
 // row r = b * H + h of backward's tensors
-static RowBack row_back_at(int64_t r, torch::Tensor& q, torch::Tensor& k, torch::Tensor& v, torch::Tensor& g,
-                           torch::Tensor& o, torch::Tensor& D, const c10::optional<torch::Tensor>& S0,
-                           const c10::optional<torch::Tensor>& z0, const c10::optional<torch::Tensor>& gS,
-                           const c10::optional<torch::Tensor>& gz, torch::Tensor& savedS, torch::Tensor& savedZ,
-                           torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv, torch::Tensor& dS0,
-                           torch::Tensor& dz0) {
+static RowBack row_back_at(int64_t r, at::Tensor& q, at::Tensor& k, at::Tensor& v, at::Tensor& g,
+                           at::Tensor& o, at::Tensor& D, const c10::optional<at::Tensor>& S0,
+                           const c10::optional<at::Tensor>& z0, const c10::optional<at::Tensor>& gS,
+                           const c10::optional<at::Tensor>& gz, at::Tensor& savedS, at::Tensor& savedZ,
+                           at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& dS0,
+                           at::Tensor& dz0) {
   const int64_t H = q.size(1), b = r / H, h = r % H;
   const bool saved = savedS.size(0) > 0;
   RowBack w;
@@ -311,11 +309,11 @@ static RowBack row_back_at(int64_t r, torch::Tensor& q, torch::Tensor& k, torch:
 // the backward of `forward`: g (B, H, N, dv) dL/dout; out, denom as forward wrote them; gS, gz dL/d(final state)
 // or none; savedS, savedZ as forward wrote them; dq, dk (B, H, N, d), dv (B, H, N, dv) written (any strides, the
 // last dimension dense); dS0, dz0 (B, H, d, dv), (B, H, d) contiguous: dL/d(initial state)
-void backward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs, torch::Tensor g, torch::Tensor out,
-              torch::Tensor denom, c10::optional<torch::Tensor> S0, c10::optional<torch::Tensor> z0,
-              c10::optional<torch::Tensor> gS, c10::optional<torch::Tensor> gz, torch::Tensor savedS,
-              torch::Tensor savedZ, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, torch::Tensor dS0,
-              torch::Tensor dz0, int64_t C, int64_t block) {
+void backward(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor cs, at::Tensor g, at::Tensor out,
+              at::Tensor denom, c10::optional<at::Tensor> S0, c10::optional<at::Tensor> z0,
+              c10::optional<at::Tensor> gS, c10::optional<at::Tensor> gz, at::Tensor savedS,
+              at::Tensor savedZ, at::Tensor dq, at::Tensor dk, at::Tensor dv, at::Tensor dS0,
+              at::Tensor dz0, int64_t C, int64_t block) {
   pybind11::gil_scoped_release no_gil;
   const int64_t N = q.size(2), d = q.size(3), V = v.size(3), nb = savedS.size(0);
   const int64_t ssS = nb ? savedS.stride(0) : 0, ssZ = nb ? savedZ.stride(0) : 0;

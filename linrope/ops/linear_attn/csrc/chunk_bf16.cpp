@@ -141,7 +141,7 @@ BF16 static void mm(int64_t m, int64_t n, int64_t k2, const word_t* A, int64_t a
 // For tests: `mm` on float32 matrices rounded to bfloat16: C (m x n) = op(a) b in the part `shape` says, where op(a)
 // = a (m x K, words along its rows, as `narrow` gives them) or, with transposed, a^T (a: K x m, read as `pack_rows`
 // gives it); b: K x n.  K and n multiples of 16; entries `shape` leaves unwritten are NaN.
-torch::Tensor product_bf16(torch::Tensor a, torch::Tensor b, int64_t shape, bool transposed) {
+at::Tensor product_bf16(at::Tensor a, at::Tensor b, int64_t shape, bool transposed) {
   a = a.contiguous(); b = b.contiguous();
   const int64_t K = b.size(0), n = b.size(1), m = transposed ? a.size(1) : a.size(0), k2 = K / 2;
   TORCH_CHECK(K % 16 == 0 && n % 16 == 0 && a.numel() == m * K && shape >= FULL && shape <= C_LOWER,
@@ -157,7 +157,7 @@ torch::Tensor product_bf16(torch::Tensor a, torch::Tensor b, int64_t shape, bool
     narrow(a.data_ptr<float>(), K, m, K, reinterpret_cast<uint16_t*>(A.data()), K);
   }
   pack_rows(b.data_ptr<float>(), n, K, n, B.data());
-  torch::Tensor c = torch::full({m, n}, NAN, b.options());
+  at::Tensor c = at::full({m, n}, NAN, b.options());
   if (transposed)
     mm(m, n, k2, A.data(), 1, m16, B.data(), n, c.data_ptr<float>(), n, false, static_cast<Shape>(shape));
   else
@@ -238,9 +238,9 @@ struct Scratch16 {  // a thread's buffers for the bfloat16 walks
 };
 
 // `forward` for bfloat16 q, k, v and out; cs, S0, z0, denom, S, z and the saved states float32
-void forward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs,
-                  c10::optional<torch::Tensor> S0, c10::optional<torch::Tensor> z0, torch::Tensor out,
-                  torch::Tensor denom, torch::Tensor S, torch::Tensor z, torch::Tensor savedS, torch::Tensor savedZ,
+void forward_bf16(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor cs,
+                  c10::optional<at::Tensor> S0, c10::optional<at::Tensor> z0, at::Tensor out,
+                  at::Tensor denom, at::Tensor S, at::Tensor z, at::Tensor savedS, at::Tensor savedZ,
                   int64_t C, int64_t block, double eps) {
   pybind11::gil_scoped_release no_gil;
   const int64_t N = q.size(2), d = q.size(3), dv = v.size(3), nb = savedS.size(0);
@@ -344,11 +344,11 @@ BF16 static void walk_back_bf16(const RowBack& w, const float* cs, int64_t N, in
 }
 
 // `backward` for bfloat16 q, k, v, g, out and the gradients dq, dk, dv; the rest float32
-void backward_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cs, torch::Tensor g,
-                   torch::Tensor out, torch::Tensor denom, c10::optional<torch::Tensor> S0,
-                   c10::optional<torch::Tensor> z0, c10::optional<torch::Tensor> gS, c10::optional<torch::Tensor> gz,
-                   torch::Tensor savedS, torch::Tensor savedZ, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv,
-                   torch::Tensor dS0, torch::Tensor dz0, int64_t C, int64_t block) {
+void backward_bf16(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor cs, at::Tensor g,
+                   at::Tensor out, at::Tensor denom, c10::optional<at::Tensor> S0,
+                   c10::optional<at::Tensor> z0, c10::optional<at::Tensor> gS, c10::optional<at::Tensor> gz,
+                   at::Tensor savedS, at::Tensor savedZ, at::Tensor dq, at::Tensor dk, at::Tensor dv,
+                   at::Tensor dS0, at::Tensor dz0, int64_t C, int64_t block) {
   pybind11::gil_scoped_release no_gil;
   const int64_t N = q.size(2), d = q.size(3), V = v.size(3), nb = savedS.size(0);
   const int64_t ssS = nb ? savedS.stride(0) : 0, ssZ = nb ? savedZ.stride(0) : 0;

@@ -1,7 +1,5 @@
 
-#include <torch/extension.h>
-#include <pybind11/pybind11.h>
-#include <ATen/Parallel.h>
+#include "torch_api.h"
 
 // Every loop is an at::parallel_for over rows of at least GRAIN numbers; this module is compiled without OpenMP,
 // so each runs its whole range on the calling thread (the heads' tasks of heads.py run side by side).
@@ -41,7 +39,7 @@ static void den_back_rows(const T* q, const T* k, const T* g, T* z, T* dq, T* dk
 
 // qd, kd (B, H, n, d) contiguous; z (B, H, d) the state entering, updated to the state after the block;
 // den (B, H, n) written: den_i = qd_i . (z + sum_{j<=i} kd_j)
-void denominator(torch::Tensor qd, torch::Tensor kd, torch::Tensor z, torch::Tensor den) {
+void denominator(at::Tensor qd, at::Tensor kd, at::Tensor z, at::Tensor den) {
   const int64_t rows = qd.size(0) * qd.size(1), n = qd.size(2), d = qd.size(3);
   pybind11::gil_scoped_release no_gil;
   AT_DISPATCH_FLOATING_TYPES(qd.scalar_type(), "denominator", [&] {
@@ -54,8 +52,8 @@ void denominator(torch::Tensor qd, torch::Tensor kd, torch::Tensor z, torch::Ten
 
 // its backward: dden (B, H, n); z (B, H, d) the state entering (overwritten); acc (B, H, d) holds dL/dz of the
 // state after the block and ends as dL/dz of the state entering; dq, dk (B, H, n, d) written
-void denominator_backward(torch::Tensor qd, torch::Tensor kd, torch::Tensor dden, torch::Tensor z,
-                          torch::Tensor acc, torch::Tensor dq, torch::Tensor dk) {
+void denominator_backward(at::Tensor qd, at::Tensor kd, at::Tensor dden, at::Tensor z,
+                          at::Tensor acc, at::Tensor dq, at::Tensor dk) {
   const int64_t rows = qd.size(0) * qd.size(1), n = qd.size(2), d = qd.size(3);
   pybind11::gil_scoped_release no_gil;
   AT_DISPATCH_FLOATING_TYPES(qd.scalar_type(), "denominator_backward", [&] {
@@ -99,7 +97,7 @@ static void elu_rope_back_rows(const T* f, const T* gn, const T* gd, const T* cs
   }
 }
 
-void elu_rope(torch::Tensor x, torch::Tensor cs, torch::Tensor f, torch::Tensor r) {
+void elu_rope(at::Tensor x, at::Tensor cs, at::Tensor f, at::Tensor r) {
   const int64_t B = x.size(0), H = x.size(1), n = x.size(2), d = x.size(3);
   const int64_t sb = x.stride(0), sh = x.stride(1), sn = x.stride(2);
   pybind11::gil_scoped_release no_gil;
@@ -111,8 +109,8 @@ void elu_rope(torch::Tensor x, torch::Tensor cs, torch::Tensor f, torch::Tensor 
   });
 }
 
-void elu_rope_backward(torch::Tensor f, torch::Tensor gn, c10::optional<torch::Tensor> gd, torch::Tensor cs,
-                       torch::Tensor out) {
+void elu_rope_backward(at::Tensor f, at::Tensor gn, c10::optional<at::Tensor> gd, at::Tensor cs,
+                       at::Tensor out) {
   const int64_t B = f.size(0), H = f.size(1), n = f.size(2), d = f.size(3);
   const int64_t ob = out.stride(0), oh = out.stride(1), on = out.stride(2);
   pybind11::gil_scoped_release no_gil;
