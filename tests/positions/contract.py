@@ -279,9 +279,8 @@ def check_shared_counted_once(name, opts):
     one = tiny_lm(name, n_layers=1, **on)
     assert one.pos_shared is not None and tiny_lm(name, n_layers=1, **off).pos_shared is None
     per_layer, shared = size(one.blocks[0].attn.pos), size(one.pos_shared)
-    assert (
-        shared > 0 or size(tiny_lm(name, n_layers=1, **off).blocks[0].attn.pos) == 0
-    )  # something to share, or no parameters
+    # something to share, or no parameters
+    assert shared > 0 or size(tiny_lm(name, n_layers=1, **off).blocks[0].attn.pos) == 0
     step = tiny_lm(name, n_layers=3, **on).num_params() - tiny_lm(name, n_layers=2, **on).num_params()
     assert step == step_none + per_layer
     step_own = tiny_lm(name, n_layers=3, **off).num_params() - tiny_lm(name, n_layers=2, **off).num_params()

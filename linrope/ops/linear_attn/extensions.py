@@ -6,9 +6,9 @@ local ``#include "x.h"`` replaced by x.h's text (so each file also compiles on i
 a folder named by a hash of the source, the flags and the torch installation, so that checkouts of other sources (a
 benchmark's ``--compare``, another worktree) never load each other's, and environments sharing the cache (two
 virtualenvs, or PATH with a venv's ninja and without) never rebuild each other's: torch rebuilds a folder whose
-include paths changed, and one ninja a folder another ninja built.  Where the compiler,
-ninja or a symbol is missing, or ``check`` finds the module unfit, ``get()`` is None and ``why`` says so in one line,
-printed once: the caller runs its torch ops."""
+include paths changed, and one ninja a folder another ninja built.  Where the compiler, ninja or a symbol is
+missing, or ``check`` finds the module unfit, ``get()`` is None and ``why`` says so in one line, printed once: the
+caller runs its torch ops."""
 
 from __future__ import annotations
 
