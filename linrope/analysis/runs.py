@@ -24,24 +24,10 @@ from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details, row_
 from linrope.run.provenance import read as read_provenance
 
 # settings that do not tell configurations apart (the seed is what we average over)
-IGNORED = (
-    "seed",
-    "data.seed",
-    "data.eval_seed",
-    "paths.",
-    "hydra.",
-    "tags",
-    "task_name",
-    "logger.",
-    "callbacks.",
-    "ckpt_path",
-    "extrapolation.",
-    "trainer.enable_progress_bar",
-    "trainer.default_root_dir",
-    "train",
-    "test",
-    "data.num_workers",
-)
+IGNORED = tuple(
+    "seed data.seed data.eval_seed paths. hydra. tags task_name logger. callbacks. ckpt_path extrapolation. "
+    "trainer.enable_progress_bar trainer.default_root_dir train test data.num_workers".split()
+)  # a key ending in "." ignores every key below it
 COMPACT, CURVES, FORMAT = "runs.json", "curves.csv", "linrope.runs/1"  # compact results (linrope.analysis.compact)
 TUNING = "tuning"  # a study's tuning runs (linrope.studies.study_tuning), never among its runs
 
@@ -202,14 +188,10 @@ def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
         if path.is_file():
             attach(rows, read_details(path), which)
     n_params, position = read_parameters(run_dir, metrics.parent)
-    return {
-        "metrics": metrics.relative_to(run_dir).as_posix(),
-        "model_name": _logged_label(metrics.parent / "hparams.yaml").get("model.name"),
-        "config": config,
-        "parameters": {"n_params": n_params, "position": position},
-        "provenance": read_provenance(run_dir),
-        "extrapolation": rows,
-    }
+    name = _logged_label(metrics.parent / "hparams.yaml").get("model.name")
+    record = {"metrics": metrics.relative_to(run_dir).as_posix(), "model_name": name, "config": config}
+    parameters = {"n_params": n_params, "position": position}
+    return record | {"parameters": parameters, "provenance": read_provenance(run_dir), "extrapolation": rows}
 
 
 def row_key(r: Mapping[str, Any]) -> Tuple:
@@ -232,16 +214,9 @@ def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, 
     config = flatten(record.get("config", {}))
     if record.get("model_name") is not None:
         config["model.name"] = record["model_name"]
-    parameters = record.get("parameters") or {}
-    return Run(
-        run_dir,
-        config,
-        series,
-        list(record.get("extrapolation") or []),
-        parameters.get("n_params"),
-        dict(parameters.get("position") or {}),
-        record.get("provenance"),
-    )
+    parameters, rows = record.get("parameters") or {}, list(record.get("extrapolation") or [])
+    position = dict(parameters.get("position") or {})
+    return Run(run_dir, config, series, rows, parameters.get("n_params"), position, record.get("provenance"))
 
 
 def read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -379,9 +354,7 @@ def group_runs(runs: List[Run]) -> Dict[str, Dict[str, List[Run]]]:
 
 
 def _plain(v: Optional[str]) -> str:
-    if v is None:
-        return "-"
-    return v.strip("'\"")
+    return "-" if v is None else v.strip("'\"")
 
 
 def _unique(existing: Dict[str, Any], label: str) -> str:

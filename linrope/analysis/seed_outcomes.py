@@ -116,20 +116,6 @@ def seed_outcomes(
         else:
             kept[seed] = float(v)
     groups = split(list(kept.values()), ratio, min_gap)
-    return SeedOutcome(
-        n=len(values),
-        failed=failed,
-        kept=kept,
-        bimodal=len(groups) == 2,
-        groups=groups,
-        interval=mean_ci(list(kept.values()), level),
-        fails=fails,
-        rule=" or ".join(
-            r
-            for r in (
-                worse_below is not None and f"< {worse_below:.4g}",
-                worse_above is not None and f"> {worse_above:.4g}",
-            )
-            if r
-        ),
-    )
+    bars = [f"{op} {bar:.4g}" for op, bar in (("<", worse_below), (">", worse_above)) if bar is not None]
+    interval = mean_ci(list(kept.values()), level)
+    return SeedOutcome(len(values), failed, kept, len(groups) == 2, groups, interval, fails, " or ".join(bars))

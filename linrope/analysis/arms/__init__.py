@@ -145,17 +145,9 @@ class Boot:
 
     estimate: Any  # bootstrap.Estimate
     seeds: tuple
-
-    @property
-    def diff(self) -> Interval:
-        e = self.estimate
-        return Interval(len(self.seeds), e.value, e.lo, e.hi)
-
     t = None
-
-    @property
-    def p(self) -> Optional[float]:
-        return self.estimate.p
+    diff = property(lambda self: Interval(len(self.seeds), self.estimate.value, self.estimate.lo, self.estimate.hi))
+    p = property(lambda self: self.estimate.p)
 
 
 def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float, clusters=None) -> Optional[Boot]:
@@ -202,10 +194,7 @@ class Corrected:
     withheld: str = ""  # why it gets no verdict (a control missed, a seed collapsed at its row); still in the family
     why: str = ""  # its kind, a key of NO_VERDICT
 
-    @property
-    def diff(self):
-        return self.raw.diff
-
+    diff = property(lambda self: self.raw.diff)
     p_holm = property(lambda self: self.adjusted.p_holm)
     m = property(lambda self: self.adjusted.m)
     resolved = property(lambda self: self.adjusted.resolved and not self.withheld)
@@ -310,10 +299,7 @@ def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: S
     metrics = list(dict.fromkeys(c.metric for c in study.claims))
     configs = list(dict.fromkeys(x for c in study.claims for x in (c.a, c.b)))
     values = {
-        (arm.name, m, c): by_seed(groups[arm.name].get(c, []), value_of(m))
-        for arm in arms
-        for m in metrics
-        for c in configs
+        (a.name, m, c): by_seed(groups[a.name].get(c, []), value_of(m)) for a in arms for m in metrics for c in configs
     }
     header = ["configuration", "seed", *(f"{m} at {number(a, study)}" for m in metrics for a in arms)]
     lines = []
@@ -338,12 +324,9 @@ def configuration_lines(
         key=lambda c: min(sign * mean_ci(list(values[a.name][c].values())).mean for a in arms if values[a.name].get(c))
     )
     lines = [[c, *(value_cell(values[a.name].get(c, {})) for a in arms)] for c in configs]
-    rows += [
-        {"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v}
-        for c in configs
-        for a in arms
-        for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))
-    ]
+    for c, a in ((c, a) for c in configs for a in arms):
+        for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0])):
+            rows.append({"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v})
     return [markdown_table(["configuration", *names], lines), ""]
 
 
@@ -368,26 +351,17 @@ def claim_lines(
         lines.append(
             [*([c.text] * texts), f"{c.a} − {c.b}", *([c.metric] * metrics), *map(cell, per), *([said] if v else [])]
         )
-        rows += [
-            {
-                "kind": "claim",
-                "claim": c.text,
-                "arm": a.name,
-                **({"verdict": said} if v else {}),
-                **pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw),
-                "p holm": r.p_holm,
-                "resolved after holm": r.adjusted.resolved,
-                "no verdict": r.withheld or None,
-                "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
-                "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
-                "family size": r.m,
-                "interval": "bootstrap over seeds and document clusters" if isinstance(r.raw, Boot) else "t over seeds",
-                "p floor": r.adjusted.p_floor,  # the smallest p printed as a number (bootstrap.p_floor)
-                **({"clusters": r.raw.estimate.clusters} if isinstance(r.raw, Boot) else {}),  # blank: none known
-            }
-            for a, r in zip(arms, per)
-            if r is not None
-        ]
+        for a, r in zip(arms, per):
+            if r is None:
+                continue
+            boot, s = isinstance(r.raw, Boot), r.simultaneous
+            row = {"kind": "claim", "claim": c.text, "arm": a.name, **({"verdict": said} if v else {})}
+            row |= pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw)
+            row |= {"p holm": r.p_holm, "resolved after holm": r.adjusted.resolved, "no verdict": r.withheld or None}
+            row |= {"simultaneous low": s and s.lo, "simultaneous high": s and s.hi, "family size": r.m}
+            row["interval"] = "bootstrap over seeds and document clusters" if boot else "t over seeds"
+            row["p floor"] = r.adjusted.p_floor  # the smallest p printed as a number (bootstrap.p_floor)
+            rows.append(row | ({"clusters": r.raw.estimate.clusters} if boot else {}))  # blank: none known
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
     m = next((r.m for arm in results.values() for r in arm.values() if r is not None), 0)
     family = (
@@ -453,27 +427,16 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         "",
     ]
     if tuning_only:
-        parts += [
-            "Not in the tables yet: "
-            + "; ".join(
-                f"{label(a, study)} (only its tuning stage has run: {len(find_runs(a / TUNING))} tuning runs, below)"
-                for a in tuning_only
-            )
-            + ".",
-            "",
+        waiting = [
+            f"{label(a, study)} (only its tuning stage has run: {len(find_runs(a / TUNING))} tuning runs, below)"
+            for a in tuning_only
         ]
-    values = (
-        {a.name: {c: by_seed(runs, value_of(study.metric)) for c, runs in groups[a.name].items()} for a in arms}
-        if study.metric
-        else {}
-    )
+        parts += [f"Not in the tables yet: {'; '.join(waiting)}.", ""]
+    value = value_of(study.metric) if study.metric else None
+    values = {a.name: {c: by_seed(rs, value) for c, rs in groups[a.name].items()} for a in arms} if value else {}
     if study.control:
-        parts += [
-            control_text(
-                study, {n: values[a.name].get(study.control["configuration"], {}) for n, a in zip(names, arms)}
-            ),
-            "",
-        ]
+        ctl = study.control["configuration"]
+        parts += [control_text(study, {n: values[a.name].get(ctl, {}) for n, a in zip(names, arms)}), ""]
     if table.get("configurations"):
         parts += configuration_lines(study, values, arms, names, rows)
     if table.get("by_order"):

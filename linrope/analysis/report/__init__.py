@@ -40,14 +40,7 @@ from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
 from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
 from linrope.base.errors import first_names
-from linrope.base.plots import (
-    Curve,
-    Panel,
-    by_last_value,
-    config_style,
-    distinct_styles,
-    plot_curves,
-)
+from linrope.base.plots import Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves
 
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report.files)
 
@@ -56,21 +49,12 @@ def columns_for(task: str):
     """(header, metric, how, digits) of a task's table; the first is the headline (test) metric.  Text: bits per
     byte first (they compare across tokenizers), then the loss per token (within one tokenizer)."""
     bpb, speed = ("test/bpb", "test/bpb", "last", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)
+    bpb_val, loss_val = ("best val/bpb (selection metric)", "val/bpb"), ("best val/loss (selection metric)", "val/loss")
     if task == "bytes":
-        return [bpb, ("best val/bpb (selection metric)", "val/bpb", "min", 3), speed]
+        return [bpb, (*bpb_val, "min", 3), speed]
     if task == "text":
-        return [
-            bpb,
-            ("test/loss (per token)", "test/loss", "last", 3),
-            ("best val/bpb (selection metric)", "val/bpb", "min", 3),
-            speed,
-        ]
-    return [
-        ("test/acc", "test/acc", "last", 3),
-        ("test/loss", "test/loss", "last", 3),
-        ("best val/loss (selection metric)", "val/loss", "min", 3),
-        speed,
-    ]
+        return [bpb, ("test/loss (per token)", "test/loss", "last", 3), (*bpb_val, "min", 3), speed]
+    return [("test/acc", "test/acc", "last", 3), ("test/loss", "test/loss", "last", 3), (*loss_val, "min", 3), speed]
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------
@@ -162,37 +146,19 @@ def task_section(
     rows = summarize(groups, task)
     groups = {r["label"]: groups[r["label"]] for r in rows}  # every table of the task in this order
     run_rows += [
-        {
-            "task": task,
-            "configuration": label,
-            "seed": run.seed,
-            "run": str(run.path),
-            **{c[0]: run.value(c[1], c[2]) for c in cols},
-        }
+        {"task": task, "configuration": label, "seed": run.seed, "run": str(run.path)}
+        | {c[0]: run.value(c[1], c[2]) for c in cols}
         for label, runs in groups.items()
         for run in sorted(runs, key=lambda r: str(r.seed))
     ]
     failed = failed_runs(groups, cols[0][1], cols[0][2])
     val_metric = next(c[1] for c in cols if c[1].startswith("val/"))
     still = improving(groups, val_metric)
-    header = [
-        "configuration",
-        "attention",
-        "position",
-        "n (seeds)",
-        "parameters",
-        f"still improving ({val_metric})",
-    ] + [c[0] for c in cols]
+    header = ["configuration", "attention", "position", "n (seeds)", "parameters", f"still improving ({val_metric})"]
+    header += [c[0] for c in cols]
     lines = [
-        [
-            r["label"],
-            str(r["attention"]),
-            str(r["position"]),
-            f"{r['n']} ({','.join(r['seeds'])})",
-            r["params"],
-            improving_cell(still.get(r["label"])),
-        ]
-        + [cell_n(r[c[0]], r["n"], c[3]) for c in cols]
+        [r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})", r["params"]]
+        + [improving_cell(still.get(r["label"])), *(cell_n(r[c[0]], r["n"], c[3]) for c in cols)]
         for r in rows
     ]
     first = next(run for runs in groups.values() for run in runs)
@@ -201,21 +167,14 @@ def task_section(
         lines.append(
             [f"*{model} (train split)*", "reference", "–", "–", "–", "–", f"{value:.3f}"] + ["–"] * (len(cols) - 1)
         )
-    for r in rows:
-        summary.append(
-            {
-                "task": task,
-                "configuration": r["label"],
-                "attention": r["attention"],
-                "position": r["position"],
-                "n": r["n"],
-                "seeds": " ".join(r["seeds"]),
-                "parameters": r["params"],
-                "failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], [])),
-                "still improving": (still[r["label"]]["improving"] if r["label"] in still else None),
-                **{f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")},
-            }
-        )
+    summary += [
+        {"task": task, "configuration": r["label"], "attention": r["attention"], "position": r["position"], "n": r["n"]}
+        | {"seeds": " ".join(r["seeds"]), "parameters": r["params"]}
+        | {"failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], []))}
+        | {"still improving": still[r["label"]]["improving"] if r["label"] in still else None}
+        | {f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")}
+        for r in rows
+    ]
     parts = [
         f"## Task: {task}",
         "",
@@ -313,13 +272,8 @@ def build_report(
     declared = (study or study_config.for_runs(runs)).compared
     tasks = group_runs(runs)
     suffixes = [f"_{task}" if len(tasks) > 1 else "" for task in tasks]
-    written = [
-        "report.md",
-        "summary.csv",
-        "runs.csv",
-        "pairs.csv",
-        *(f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation")),
-    ]
+    written = ["report.md", "summary.csv", "runs.csv", "pairs.csv"]
+    written += [f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation")]
     evidence_groups = tasks.get("bytes") if "bytes" in tasks and evidence.has_documents(tasks["bytes"]) else None
     if evidence_groups:  # runs that kept their loss per document: the evidence section and its files
         written += [*evidence.FILES]
