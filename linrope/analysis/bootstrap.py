@@ -228,14 +228,19 @@ def _grouped(configs: Sequence[_Config], docs: Sequence[Hashable], clusters: Map
 def _estimate(
     data: Cells,
     names: Sequence[Hashable],
-    scale: float,
-    level: float,
-    resamples: int,
-    seed: int,
-    paired: Optional[bool],
-    method: str,
+    *,
+    scale: float = 1.0,
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    paired: Optional[bool] = None,
+    method: str = "t",
     clusters: Optional[Mapping[Hashable, Hashable]] = None,
 ) -> Estimate:
+    """``scale`` · (mean over seeds of Σ numerator / Σ denominator over documents) of one configuration, or of A − B,
+    resampling seeds and document clusters.  ``paired``: None pairs the seeds when both configurations ran the same
+    ones; True insists (one line otherwise); False draws each configuration's seeds on their own.  ``clusters``:
+    {document: cluster} (every scored document; None: each document its own).  Accuracy: ``(correct, count)``."""
     if method not in METHODS:
         raise ResultsError(f"method {method!r}: it takes {', '.join(METHODS)}")
     if not 0.0 < level < 1.0:
@@ -290,39 +295,16 @@ def _estimate(
 
 
 # ---- the public functions ----------------------------------------------------------------------------------------
-def ratio_difference(
-    data: Cells,
-    a: Hashable,
-    b: Hashable,
-    *,
-    scale: float = 1.0,
-    level: float = LEVEL,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
-    paired: Optional[bool] = None,
-    method: str = "t",
-    clusters: Optional[Mapping[Hashable, Hashable]] = None,
-) -> Estimate:
-    """A − B of ``scale`` · (mean over seeds of Σ numerator / Σ denominator over documents), resampling seeds and
-    document clusters.  ``paired``: None pairs the seeds when both configurations ran the same ones; True insists
-    (one line otherwise); False draws each configuration's seeds on their own.  ``clusters``: {document: cluster}
-    (every scored document; None: each document its own).  Accuracy: ``(correct, count)`` per group."""
-    return _estimate(data, (a, b), scale, level, resamples, seed, paired, method, clusters)
+def ratio_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:
+    """A − B; keywords (scale, level, resamples, seed, paired, method, clusters): ``_estimate``."""
+    return _estimate(data, (a, b), **kw)
 
 
-def ratio_mean(
-    data: Cells,
-    config: Hashable,
-    *,
-    scale: float = 1.0,
-    level: float = LEVEL,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
-    method: str = "t",
-    clusters: Optional[Mapping[Hashable, Hashable]] = None,
-) -> Estimate:
-    """One configuration's ``scale`` · mean over seeds of Σ numerator / Σ denominator, with its interval."""
-    return _estimate(data, (config,), scale, level, resamples, seed, None, method, clusters)
+def ratio_mean(data: Cells, config: Hashable, **kw) -> Estimate:
+    """One configuration's mean with its interval; keywords as ``ratio_difference`` but ``paired``."""
+    if "paired" in kw:
+        raise TypeError("ratio_mean() got an unexpected keyword argument 'paired'")
+    return _estimate(data, (config,), **kw)
 
 
 def bpb_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:
