@@ -165,8 +165,11 @@ def _replicates(
     """The statistic Σ coef · mean over seeds of Σ w·num / Σ w·den, ``resamples`` times: seed groups in
     ``resample`` (indices into ``sizes``) and, if ``docs``, the documents drawn with replacement as counts."""
     out = np.empty(resamples)
-    rows = np.concatenate([m for _, _, num, den in arms for m in (num, den)])  # every arm's num and den: one matmul
-    cut = np.cumsum([0] + [m.shape[0] for _, _, num, den in arms for m in (num, den)])
+    parts = [m for _, _, num, den in arms for m in (num, den)]
+    rows, cut = (
+        np.concatenate(parts),
+        np.cumsum([0] + [m.shape[0] for m in parts]),
+    )  # every arm's num and den: one matmul
     fixed = rows.sum(1)
     rows_t = np.ascontiguousarray(rows.T)  # documents × rows
     block = max(1, _BLOCK // (max(n_docs, max(sizes)) * rows.shape[0]))
@@ -269,14 +272,8 @@ def _estimate(
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
     replicates = _replicates(arms, sizes, n_docs, range(len(sizes)), True, resamples, streams[0])
     seeds = tuple(len(c.seeds) for c in configs)
-    common = dict(
-        seeds=seeds,
-        documents=len(docs),
-        paired=is_paired,
-        resamples=int(resamples),
-        replicates=replicates,
-        clusters=None if clusters is None else n_docs,
-    )
+    common = dict(seeds=seeds, documents=len(docs), paired=is_paired, resamples=int(resamples), replicates=replicates)
+    common["clusters"] = None if clusters is None else n_docs
     if min(seeds) < 2:  # one seed says nothing of training noise: no interval, as linrope.analysis.stats
         return Estimate(what, value, level, None, None, None, method, None, None, **common)
     levels: List[Tuple[float, int]] = []  # (bootstrap variance resampling one level only, its count)

@@ -68,6 +68,18 @@ def above(values: Mapping[Any, float], bar: Optional[float]) -> List[Any]:
     return sorted((s for s, v in values.items() if not math.isfinite(v) or v > bar), key=str)
 
 
+def above_unigram(groups, refs: Optional["References"], metric: str, configs, kept=None) -> str:
+    """``A 1 of 3, B 2 of 3``: each configuration's seeds above the unigram of ``metric``'s row, out of the seeds with
+    that row (``kept``: {configuration: the seeds to count}); "" when none is, or without references."""
+    out = []
+    for c in configs if refs else ():
+        values, bar = row_values(groups.get(c, []), metric), refs.unigram(groups.get(c, []), metric)
+        seeds = values if kept is None else kept[c]
+        bad = above({k: v for k, v in values.items() if k in seeds}, bar)
+        out += [f"{c} {len(bad)} of {len(seeds)}"] if bad else []
+    return ", ".join(out)
+
+
 def row_metric(row: Mapping[str, Any]) -> str:
     """The metric that names an extrapolation row: ``bpb@2048`` (sliding, as trained), ``bpb@2048 windows``."""
     name = row_name(row)
@@ -309,12 +321,7 @@ def section(
             estimate = bpb_difference(data, a, b, clusters=grouping)
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
-        bar = {c: refs.unigram(groups[c], metric) if refs else None for c in (a, b)}  # the unigram of this row
-        at_row = {c: (above({k: v for k, v in row_values(groups[c], metric).items() if k in cells[c]}, bar[c]),
-                      len(cells[c])) for c in (a, b)}  # fmt: skip
-        collapses.append(
-            ", ".join(f"{c} {len(bad)} of {n}" for c, (bad, n) in at_row.items() if bad) if metric != "test/bpb" else ""
-        )
+        collapses.append(above_unigram(groups, refs, metric, (a, b), cells) if metric != "test/bpb" else "")
         drawn = (None, None) if estimate is None else (estimate.clusters or estimate.documents, estimate.p_floor)
         records.append({"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared)})
         records[-1] |= dict(zip(("clusters", "p_floor"), drawn))

@@ -100,7 +100,7 @@ def _resume_index(stem: str) -> int:
 def _step(row: Mapping[str, Optional[str]]) -> Optional[int]:
     try:
         return int(float(row.get("step") or ""))
-    except ValueError:
+    except (TypeError, ValueError):
         return None
 
 
@@ -121,10 +121,7 @@ def series_of(rows: Iterable[Mapping[str, Optional[str]]]) -> Dict[str, List[Tup
     """metric -> [(step, value)] of metrics.csv rows (an empty cell is no value)."""
     series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
     for row in rows:
-        try:
-            step = int(float(row.get("step") or 0))
-        except (TypeError, ValueError):
-            step = 0
+        step = _step(row) or 0
         for k, v in row.items():
             if k in ("step", "epoch") or not isinstance(v, str) or v == "":
                 continue

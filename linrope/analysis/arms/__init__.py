@@ -22,7 +22,7 @@ from linrope.analysis.arms.figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.cells import fmt, higher_is_better, markdown_table, pair_record, write_csv
 from linrope.analysis.clusters import cluster_text, document_clusters, holm_floor_text
-from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
+from linrope.analysis.evidence import above_unigram, documents_of, has_documents, read_references
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, provenance
 from linrope.analysis.report import files as outputs
@@ -452,12 +452,8 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         withheld = {(a, c): ("control", f"{ctl} (the control) missed its bar") for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
         refs = read_references(arm)
-        for c in study.claims if refs else ():
-            seeds = {x: row_values(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}
-            bar = {x: refs.unigram(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}  # this row's unigram
-            bad = {x: above(v, bar[x]) for x, v in seeds.items()}
-            if any(bad.values()) and "bpb" in c.metric:
-                counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
+        for c in [c for c in study.claims if "bpb" in c.metric]:
+            if counts := above_unigram(groups[arm.name], refs, c.metric, (c.a, c.b)):
                 withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))
     if study.claims:
         results = corrected(results, study.claims, withheld)  # the figure fills what the table bolds

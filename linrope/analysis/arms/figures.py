@@ -13,6 +13,12 @@ from linrope.analysis.runs import Run
 from linrope.base.plots import Curve, Panel, by_last_value, config_style, plot_curves
 
 
+def resolved(r) -> bool:
+    """A claim's verdict at one arm (arms.Corrected): Holm's, none where the control missed its bar: the table's
+    bold."""
+    return bool(r.resolved)
+
+
 def plot_claims(
     claims: Sequence[Any], per_arm: Sequence[Dict[Any, Any]], names: Sequence[str], path: Path, title: str
 ) -> Optional[Path]:
@@ -47,7 +53,7 @@ def plot_claims(
                 none = bool(getattr(r, "withheld", ""))  # no verdict there: a cross on a dashed line
                 if d.n > 1:
                     ax.plot([d.lo, d.hi], [y, y], color=colour, linewidth=2.2, linestyle="--" if none else "-")
-                face = colour if d.n > 1 and r.resolved else "white"  # Corrected.resolved: the table's bold
+                face = colour if d.n > 1 and resolved(r) else "white"
                 ax.plot([d.mean], [y], marker="X" if none else "o", markersize=6, color=colour, markerfacecolor=face)
         ax.axvline(0, color="grey", linewidth=1)
         ax.set_yticks(range(len(cs)))

@@ -11,8 +11,16 @@ from linrope.analysis.cells import SCALINGS, band_note, cell, fmt, markdown_tabl
 from linrope.analysis.evidence import References, row_key
 from linrope.analysis.runs import Run, by_seed, extrapolation_row
 from linrope.analysis.stats import LEVEL, mean_ci, paired
-from linrope.base import plots
-from linrope.base.plots import Curve, Panel
+from linrope.base.plots import (
+    SCALING_STYLES,
+    Curve,
+    Panel,
+    by_last_value,
+    config_style,
+    distinct_styles,
+    plot_curves,
+    series_colour,
+)
 from linrope.evaluation.tables import row_name
 
 # the extrapolation figure's panel of RoPE models with their scaling rows (their line styles: SCALING_STYLES)
@@ -96,25 +104,23 @@ def plot_extrapolation(
 
     rows = [r for r in rows if r["name"] == r["scaling"]]  # sliding windows: the protocols' rows are in the table
     plain = [
-        Curve(r["label"], points(r), plots.config_style(groups[r["label"]][0].config))
-        for r in rows
-        if r["scaling"] == "none"
+        Curve(r["label"], points(r), config_style(groups[r["label"]][0].config)) for r in rows if r["scaling"] == "none"
     ]
-    styled = plots.distinct_styles(plots.by_last_value(plain, descending=metric == "acc"))
+    styled = distinct_styles(by_last_value(plain, descending=metric == "acc"))
     panels = [Panel("as trained", styled + ref_curves)]
     scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
     if scaled_labels:
         scaled = []
         for r in (r for r in rows if r["label"] in scaled_labels):
-            style = {"color": plots.series_colour(scaled_labels.index(r["label"]))}
-            style["linestyle"] = plots.SCALING_STYLES.get(r["scaling"], "-.")
+            style = {"color": series_colour(scaled_labels.index(r["label"]))}
+            style["linestyle"] = SCALING_STYLES.get(r["scaling"], "-.")
             name = f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}"
             scaled.append(Curve(name, points(r), style))
         panels.append(Panel(SCALED_PANEL, scaled))
     runs = [run for runs in groups.values() for run in runs if run.extrapolation]
     contexts = sorted({run.get("context") for run in runs if isinstance(run.get("context"), int)})
     ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
-    return plots.plot_curves(
+    return plot_curves(
         panels,
         path,
         xlabel="evaluation length (tokens)",
