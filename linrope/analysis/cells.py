@@ -71,7 +71,17 @@ def cell(r: Paired) -> str:
 
 
 def pair_record(task: str, metric: str, a: str, b: str, r: Paired) -> Dict[str, Any]:
-    d = r.diff
-    record = {"task": task, "metric": metric, "a": a, "b": b, "n": d.n, "seeds": " ".join(map(str, r.seeds))}
-    record |= {"mean difference": d.mean, "ci low": d.lo, "ci high": d.hi, "t": r.t, "p": r.p}
-    return record | {"resolved": d.excludes_zero()}
+    return {
+        "task": task,
+        "metric": metric,
+        "a": a,
+        "b": b,
+        "n": r.diff.n,
+        "seeds": " ".join(map(str, r.seeds)),
+        "mean difference": r.diff.mean,
+        "ci low": r.diff.lo,
+        "ci high": r.diff.hi,
+        "t": r.t,
+        "p": r.p,
+        "resolved": r.diff.excludes_zero(),
+    }

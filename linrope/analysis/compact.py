@@ -100,10 +100,15 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
     study = record.get("study") or {}
     prov = record.get("provenance") or {}
     code, versions, machine = prov.get("linrope") or {}, prov.get("versions") or {}, prov.get("machine") or {}
-    who = {"run": record["run"], "model": record.get("model_name") or config.get("model.name")}
-    who |= {"task": config.get("data.task", "bytes"), "seed": config.get("seed")}
-    who |= {"job": " ".join(study.get("job") or prov.get("overrides") or []), "steps": config.get("trainer.max_steps")}
-    who["n_params"] = (record.get("parameters") or {}).get("n_params")
+    who = {
+        "run": record["run"],
+        "model": record.get("model_name") or config.get("model.name"),
+        "task": config.get("data.task", "bytes"),
+        "seed": config.get("seed"),
+        "job": " ".join(study.get("job") or prov.get("overrides") or []),
+        "steps": config.get("trainer.max_steps"),
+        "n_params": (record.get("parameters") or {}).get("n_params"),
+    }
     last: Dict[str, str] = {}
     for r in rows:
         last.update({k: v for k, v in r.items() if k not in ("step", "epoch") and v not in ("", None)})

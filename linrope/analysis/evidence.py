@@ -238,7 +238,9 @@ def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional
 
 # ---- the section ---------------------------------------------------------------------------------------------
 def _fmt(x: Optional[float], digits: int = 3, sign: bool = False) -> str:
-    return "–" if x is None else f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+    if x is None:
+        return "–"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
 def _span(lo: Optional[float], hi: Optional[float]) -> str:
@@ -335,11 +337,15 @@ def section(
         record["diff"] = adj.value
         record |= {k: getattr(adj, k) for k in ("lo", "hi", "p", "p_holm", "p_bh", "family_lo", "family_hi")}
         record |= {"verdict": verdict, "above_unigram": at_row, "note": why or ""}
-        a_b, raw = f"{record['a']} − {record['b']}", _span(adj.lo, adj.hi)
+        a_b = f"{record['a']} − {record['b']}"
         body.append(
-            [record["claim"] or a_b, a_b, record["metric"], f"{_fmt(adj.value, sign=True)} {raw}"]
-            + [_span(adj.family_lo, adj.family_hi), adj.p_text(adj.p), adj.p_text(adj.p_holm), adj.p_text(adj.p_bh)]
-            + [
+            [
+                record["claim"] or a_b,
+                a_b,
+                record["metric"],
+                f"{_fmt(adj.value, sign=True)} {_span(adj.lo, adj.hi)}",
+                _span(adj.family_lo, adj.family_hi),
+                *(adj.p_text(p) for p in (adj.p, adj.p_holm, adj.p_bh)),
                 f"**{verdict}**" if verdict == "resolved" else verdict,
                 str(record["seeds"]) + (f" ({why})" if why else ""),
             ]

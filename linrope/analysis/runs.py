@@ -173,9 +173,8 @@ def run_folders(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Tuple
 
 
 def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
-    """What ``find_runs`` reads of a run folder but its curves, as plain JSON values: the metrics file's place,
-    the model name the loggers got, the saved config (nested, interpolations as written), the parameter
-    record, the provenance and the extrapolation rows."""
+    """What ``find_runs`` reads of a run folder but its curves, as plain JSON values (the saved config nested, its
+    interpolations as written)."""
     config_path = run_dir / ".hydra" / "config.yaml"
     config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False) if config_path.exists() else {}
     extrap = run_dir / "extrapolation.csv"

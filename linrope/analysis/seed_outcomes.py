@@ -117,5 +117,13 @@ def seed_outcomes(
             kept[seed] = float(v)
     groups = split(list(kept.values()), ratio, min_gap)
     bars = [f"{op} {bar:.4g}" for op, bar in (("<", worse_below), (">", worse_above)) if bar is not None]
-    interval = mean_ci(list(kept.values()), level)
-    return SeedOutcome(len(values), failed, kept, len(groups) == 2, groups, interval, fails, " or ".join(bars))
+    return SeedOutcome(
+        n=len(values),
+        failed=failed,
+        kept=kept,
+        bimodal=len(groups) == 2,
+        groups=groups,
+        interval=mean_ci(list(kept.values()), level),
+        fails=fails,
+        rule=" or ".join(bars),
+    )

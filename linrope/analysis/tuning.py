@@ -75,9 +75,16 @@ def section(record: Dict[str, Any], title: str = "Tuning (validation only)") -> 
         wall = sum(t.get("wall_s") or 0 for t in tried)
         ran = sorted({t.get("last_step") for t in tried if isinstance(t.get("last_step"), int)})
         body.append(
-            [entry.get("configuration", "?"), ", ".join(_num(t.get("value")) for t in tried), ", ".join(scores)]
+            [
+                entry.get("configuration", "?"),
+                ", ".join(_num(t.get("value")) for t in tried),
+                ", ".join(scores),
+                _num(chosen),
+                where(entry),
+                ", ".join(map(str, ran)) or "–",
+                f"{wall / 60:.1f}",
+            ]
         )
-        body[-1] += [_num(chosen), where(entry), ", ".join(map(str, ran)) or "–", f"{wall / 60:.1f}"]
     lines.append(markdown_table(header, body))
     notes = [(e.get("configuration", "?"), e["note"]) for e in record.get("configurations") or [] if e.get("note")]
     if notes:  # a configuration whose choice went beyond the protocol says how, under the table

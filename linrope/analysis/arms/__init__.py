@@ -146,8 +146,15 @@ class Boot:
     estimate: Any  # bootstrap.Estimate
     seeds: tuple
     t = None
-    diff = property(lambda self: Interval(len(self.seeds), self.estimate.value, self.estimate.lo, self.estimate.hi))
-    p = property(lambda self: self.estimate.p)
+
+    @property
+    def diff(self) -> Interval:
+        e = self.estimate
+        return Interval(len(self.seeds), e.value, e.lo, e.hi)
+
+    @property
+    def p(self) -> Optional[float]:
+        return self.estimate.p
 
 
 def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float, clusters=None) -> Optional[Boot]:
@@ -194,7 +201,10 @@ class Corrected:
     withheld: str = ""  # why it gets no verdict (a control missed, a seed collapsed at its row); still in the family
     why: str = ""  # its kind, a key of NO_VERDICT
 
-    diff = property(lambda self: self.raw.diff)
+    @property
+    def diff(self):
+        return self.raw.diff
+
     p_holm = property(lambda self: self.adjusted.p_holm)
     m = property(lambda self: self.adjusted.m)
     resolved = property(lambda self: self.adjusted.resolved and not self.withheld)
@@ -358,7 +368,9 @@ def claim_lines(
             row = {"kind": "claim", "claim": c.text, "arm": a.name, **({"verdict": said} if v else {})}
             row |= pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw)
             row |= {"p holm": r.p_holm, "resolved after holm": r.adjusted.resolved, "no verdict": r.withheld or None}
-            row |= {"simultaneous low": s and s.lo, "simultaneous high": s and s.hi, "family size": r.m}
+            row["simultaneous low"] = s.lo if s is not None else None
+            row["simultaneous high"] = s.hi if s is not None else None
+            row["family size"] = r.m
             row["interval"] = "bootstrap over seeds and document clusters" if boot else "t over seeds"
             row["p floor"] = r.adjusted.p_floor  # the smallest p printed as a number (bootstrap.p_floor)
             rows.append(row | ({"clusters": r.raw.estimate.clusters} if boot else {}))  # blank: none known
@@ -434,20 +446,18 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         parts += [f"Not in the tables yet: {'; '.join(waiting)}.", ""]
     value = value_of(study.metric) if study.metric else None
     values = {a.name: {c: by_seed(rs, value) for c, rs in groups[a.name].items()} for a in arms} if value else {}
+    ctl = (study.control or {}).get("configuration")
     if study.control:
-        ctl = study.control["configuration"]
         parts += [control_text(study, {n: values[a.name].get(ctl, {}) for n, a in zip(names, arms)}), ""]
     if table.get("configurations"):
         parts += configuration_lines(study, values, arms, names, rows)
     if table.get("by_order"):
         parts += order_lines(study, groups, arms, names, rows)
     grouping = {a.name: document_clusters(groups[a.name], a, False) for a in arms if has_documents(groups[a.name])}
-    results = {
-        a.name: claim_results(groups[a.name], study.claims, LEVEL, grouping.get(a.name, [None])[0]) for a in arms
-    }
+    clusters_of = {name: g[0] for name, g in grouping.items()}
+    results = {a.name: claim_results(groups[a.name], study.claims, LEVEL, clusters_of.get(a.name)) for a in arms}
     missed, withheld = [], {}  # the arms whose control missed its bar: the probe could not tell there (no verdict)
     if study.control:
-        ctl = study.control["configuration"]
         missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
         withheld = {(a, c): ("control", f"{ctl} (the control) missed its bar") for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)

@@ -25,17 +25,8 @@ from linrope.analysis.cells import (
     seeds_text,
     write_csv,
 )
+from linrope.analysis.report import caveats, provenance
 from linrope.analysis.report import files as outputs
-from linrope.analysis.report import provenance
-from linrope.analysis.report.caveats import (
-    failed_note,
-    failed_runs,
-    improving,
-    improving_cell,
-    improving_note,
-    movement_section,
-    params_cell,
-)
 from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
 from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
@@ -67,7 +58,7 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
             "label": label,
             "attention": runs[0].get("model.attention.kind", "?"),
             "position": runs[0].get("model.position.name", "?"),
-            "params": params_cell(runs),
+            "params": caveats.params_cell(runs),
         }
         for header, metric, how, _ in cols:
             values = by_seed(runs, lambda r, metric=metric, how=how: r.value(metric, how))
@@ -151,14 +142,14 @@ def task_section(
         for label, runs in groups.items()
         for run in sorted(runs, key=lambda r: str(r.seed))
     ]
-    failed = failed_runs(groups, cols[0][1], cols[0][2])
+    failed = caveats.failed_runs(groups, cols[0][1], cols[0][2])
     val_metric = next(c[1] for c in cols if c[1].startswith("val/"))
-    still = improving(groups, val_metric)
+    still = caveats.improving(groups, val_metric)
     header = ["configuration", "attention", "position", "n (seeds)", "parameters", f"still improving ({val_metric})"]
     header += [c[0] for c in cols]
     lines = [
         [r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})", r["params"]]
-        + [improving_cell(still.get(r["label"])), *(cell_n(r[c[0]], r["n"], c[3]) for c in cols)]
+        + [caveats.improving_cell(still.get(r["label"])), *(cell_n(r[c[0]], r["n"], c[3]) for c in cols)]
         for r in rows
     ]
     first = next(run for runs in groups.values() for run in runs)
@@ -167,19 +158,26 @@ def task_section(
         lines.append(
             [f"*{model} (train split)*", "reference", "–", "–", "–", "–", f"{value:.3f}"] + ["–"] * (len(cols) - 1)
         )
-    summary += [
-        {"task": task, "configuration": r["label"], "attention": r["attention"], "position": r["position"], "n": r["n"]}
-        | {"seeds": " ".join(r["seeds"]), "parameters": r["params"]}
-        | {"failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], []))}
-        | {"still improving": still[r["label"]]["improving"] if r["label"] in still else None}
-        | {f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")}
-        for r in rows
-    ]
+    for r in rows:
+        summary.append(
+            {
+                "task": task,
+                "configuration": r["label"],
+                "attention": r["attention"],
+                "position": r["position"],
+                "n": r["n"],
+                "seeds": " ".join(r["seeds"]),
+                "parameters": r["params"],
+                "failed seeds": " ".join(str(run.seed) for run, _ in failed.get(r["label"], [])),
+                "still improving": (still[r["label"]]["improving"] if r["label"] in still else None),
+                **{f"{c[0]} {k}": getattr(r[c[0]], k) for c in cols for k in ("mean", "lo", "hi", "std")},
+            }
+        )
     parts = [
         f"## Task: {task}",
         "",
-        *failed_note(failed, cols[0][1]),
-        *improving_note(still, val_metric),
+        *caveats.failed_note(failed, cols[0][1]),
+        *caveats.improving_note(still, val_metric),
         markdown_table(header, lines),
         "",
     ]
@@ -206,7 +204,7 @@ def task_section(
             "",
         ]
         pair_rows += [pair_record(task, metric, a, b, res) for a, b, res in results]
-    parts += movement_section(task, groups)
+    parts += caveats.movement_section(task, groups)
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
     return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows, references)
