@@ -165,11 +165,8 @@ def _replicates(
     """The statistic Σ coef · mean over seeds of Σ w·num / Σ w·den, ``resamples`` times: seed groups in
     ``resample`` (indices into ``sizes``) and, if ``docs``, the documents drawn with replacement as counts."""
     out = np.empty(resamples)
-    parts = [m for _, _, num, den in arms for m in (num, den)]
-    rows, cut = (
-        np.concatenate(parts),
-        np.cumsum([0] + [m.shape[0] for m in parts]),
-    )  # every arm's num and den: one matmul
+    parts = [m for _, _, num, den in arms for m in (num, den)]  # every arm's num and den: one matmul
+    rows, cut = np.concatenate(parts), np.cumsum([0] + [m.shape[0] for m in parts])
     fixed = rows.sum(1)
     rows_t = np.ascontiguousarray(rows.T)  # documents × rows
     block = max(1, _BLOCK // (max(n_docs, max(sizes)) * rows.shape[0]))
@@ -299,9 +296,7 @@ def ratio_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:
 
 def ratio_mean(data: Cells, config: Hashable, **kw) -> Estimate:
     """One configuration's mean with its interval; keywords as ``ratio_difference`` but ``paired``."""
-    if "paired" in kw:
-        raise TypeError("ratio_mean() got an unexpected keyword argument 'paired'")
-    return _estimate(data, (config,), **kw)
+    return _estimate(data, (config,), paired=None, **kw)
 
 
 def bpb_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:

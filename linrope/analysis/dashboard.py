@@ -267,8 +267,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
         target = target_from_sweep(args.sweep, args.project, args.entity)
     else:
         scalings = ["pi", "ntk", "yarn", "dynamic"] if args.lengths else []
-        target = Target(args.project or "linrope", args.group, args.entity, list(args.tasks or [BYTES]))
-        target.lengths, target.scalings = sorted(args.lengths or []), scalings
+        tasks, lengths = list(args.tasks or [BYTES]), sorted(args.lengths or [])
+        target = Target(args.project or "linrope", args.group, args.entity, tasks, lengths, scalings)
     target.group_by = list(args.group_by)
     return target
 

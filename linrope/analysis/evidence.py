@@ -324,9 +324,10 @@ def section(
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
         collapses.append(above_unigram(groups, refs, metric, (a, b), cells) if metric != "test/bpb" else "")
-        drawn = (None, None) if estimate is None else (estimate.clusters or estimate.documents, estimate.p_floor)
-        records.append({"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared)})
-        records[-1] |= dict(zip(("clusters", "p_floor"), drawn))
+        record = {"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared), "clusters": None}
+        if estimate is not None:
+            record["clusters"] = estimate.clusters or estimate.documents
+        records.append({**record, "p_floor": None if estimate is None else estimate.p_floor})
     adjusted = adjust(family)
     body = []
     for record, adj, why, at_row in zip(records, adjusted, notes, collapses):
