@@ -47,18 +47,15 @@ def similarities(documents: Sequence[Tuple[str, bytes]], k: int = SHINGLE) -> np
     n = len(data)
     sim = np.eye(n)
     long = [i for i, s in enumerate(sets) if s is not None]
-    if long:  # one id per distinct shingle of all documents, then a mask per document
+    if long:  # one id per distinct shingle of all documents: the shingles two documents share, by a sparse product
+        from scipy.sparse import csr_matrix
+
         ids = np.unique(np.concatenate([sets[i] for i in long]), return_inverse=True)[1]
         cut = np.cumsum([0] + [sets[i].size for i in long])
-        parts = [ids[cut[j] : cut[j + 1]] for j in range(len(long))]
-        mark = np.zeros(int(ids.max()) + 1, dtype=bool)
-        for a, i in enumerate(long):
-            mark[parts[a]] = True
-            for b in range(a + 1, len(long)):
-                j = long[b]
-                common = int(np.count_nonzero(mark[parts[b]]))
-                sim[i, j] = sim[j, i] = common / (parts[a].size + parts[b].size - common)
-            mark[parts[a]] = False
+        has = csr_matrix((np.ones(ids.size), ids, cut), shape=(len(long), int(ids.max()) + 1))
+        common = (has @ has.T).toarray()
+        size = np.diag(common)
+        sim[np.ix_(long, long)] = common / (size[:, None] + size[None, :] - common)
     for i, s in enumerate(sets):  # a short document: 1 with an identical one, else 0
         if s is None:
             for j in range(n):

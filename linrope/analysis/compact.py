@@ -15,17 +15,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
-from linrope.analysis.runs import (
-    COMPACT,
-    CURVES,
-    FORMAT,
-    compact_records,
-    flatten,
-    folder_record,
-    metrics_rows,
-    read_json,
-    run_folders,
-)
+from linrope.analysis import runs
+from linrope.analysis.runs import COMPACT, CURVES, FORMAT, flatten, read_json
 from linrope.evaluation.tables import DETAILS, KEY, row_name
 
 STUDY_RECORD = "study_job.json"  # what linrope study writes into a job's folder when the job has finished
@@ -42,18 +33,18 @@ def gather(folder: Path, finished_only: bool = False) -> Dict[str, Entry]:
     """run name (its folder relative to ``folder``) -> entry: every run folder under ``folder`` (only those with
     a study record when ``finished_only``), then every run of the compact files already there whose folder is gone."""
     found: Dict[str, Entry] = {}
-    for run_dir, metrics in run_folders(folder):
+    for run_dir, metrics in runs.run_folders(folder):
         study = read_json(run_dir / STUDY_RECORD)
         if finished_only and study is None:
             continue
         name = run_dir.relative_to(folder).as_posix()
-        columns, rows = metrics_rows(metrics)
+        columns, rows = runs.metrics_rows(metrics)
         found[name] = (
-            {"run": name, **({"study": study} if study is not None else {}), **folder_record(run_dir, metrics)},
+            {"run": name, **({"study": study} if study is not None else {}), **runs.folder_record(run_dir, metrics)},
             columns,
             rows,
         )
-    for record, rows in compact_records(folder):
+    for record, rows in runs.compact_records(folder):
         found.setdefault(record["run"], (record, list(dict.fromkeys(k for r in rows for k in r)), rows))
     return dict(sorted(found.items(), key=lambda kv: (folder / kv[0] / kv[1][0]["metrics"]).parts))
 
@@ -126,22 +117,14 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
         if r.get("status") == "ok":
             where = f"@{r['length']}" + ("" if row_name(r) == "none" else f" {row_name(r)}")
             values.update({f"{m}{where}": r[m] for m in ("bpb", "acc") if r.get(m) is not None})
-    ran = {
-        "commit": code.get("commit"),
-        "dirty": code.get("dirty"),
-        "code": code.get("code"),
-        "python": versions.get("python"),
-        "torch": versions.get("torch"),
-        "lightning": versions.get("lightning"),
-        "fla": versions.get("fla"),
+    ran = {k: code.get(k) for k in ("commit", "dirty", "code")}
+    ran |= {k: versions.get(k) for k in ("python", "torch", "lightning", "fla")}
+    ran |= {
         "machine": machine.get("gpu") or machine.get("cpu"),
         "threads": study.get("threads", machine.get("threads")),
-        "precision": prov.get("precision"),
-        "started": prov.get("started"),
-        "finished": study.get("finished"),
-        "wall_s": study.get("wall_s"),
     }
-    return who, values, ran
+    ran |= {"precision": prov.get("precision"), "started": prov.get("started")}
+    return who, values, ran | {"finished": study.get("finished"), "wall_s": study.get("wall_s")}
 
 
 def _rank(metric: str) -> int:

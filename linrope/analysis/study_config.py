@@ -23,19 +23,8 @@ KEYS = ("pairs", "metric", "arms", "claims", "verdict", "control", "table", "tun
 ARMS = {"folder": str, "key": str, "label": str, "task": str, "axis": str}
 CLAIM = {"text": str, "metric": str, "a": str, "b": str}
 CONTROL = {"configuration": str, "at_least": float, "at_most": float, "what": str}
-TABLE = {
-    "file": str,
-    "title": str,
-    "intro": str,
-    "claims_intro": str,
-    "configurations": bool,
-    "per_run": bool,
-    "figure": str,
-    "figure_title": str,
-    "caption": str,
-    "by_order": str,
-    "collapse_below": float,
-}
+TABLE = {"file": str, "title": str, "intro": str, "claims_intro": str, "configurations": bool, "per_run": bool}
+TABLE |= {"figure": str, "figure_title": str, "caption": str, "by_order": str, "collapse_below": float}
 # a claim's signs (resolved or not) from the first arm to the last -> the verdict the study names for it
 OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "unpaired", "single")
 FIGURES = ("claims", "by_arm")
@@ -132,12 +121,8 @@ class _Reader:
         return value
 
     def pair(self, node: Any, where: str) -> Tuple[str, str]:
-        if (
-            not isinstance(node, list)
-            or len(node) != 2
-            or not all(isinstance(x, str) and x for x in node)
-            or node[0] == node[1]
-        ):
+        ok = isinstance(node, list) and len(node) == 2 and all(isinstance(x, str) and x for x in node)
+        if not ok or node[0] == node[1]:
             raise self.fail(f"{where}: {node!r}: a pair is two different configuration names, [A, B]")
         return node[0], node[1]
 
@@ -228,12 +213,8 @@ def _tuning(read: _Reader, node: Any) -> Tuning:
     if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
         raise read.fail(f"tuning.key: {key!r}: a setting as on the command line (optim.lr)")
     grid = t["grid"]
-    if (
-        not isinstance(grid, list)
-        or not grid
-        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in grid)
-        or len(set(grid)) != len(grid)
-    ):
+    numbers = isinstance(grid, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in grid)
+    if not numbers or not grid or not all(v > 0 for v in grid) or len(set(grid)) != len(grid):
         text = next((v for v in grid if isinstance(v, str)), None) if isinstance(grid, list) else None
         hint = f" (YAML reads {text} as text: write it with a point, 1.0e-3)" if text and _number(text) else ""
         raise read.fail(f"tuning.grid: {grid!r}: a list of distinct positive numbers{hint}")

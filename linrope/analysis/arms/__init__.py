@@ -22,7 +22,7 @@ from linrope.analysis.arms.figures import plot_by_arm, plot_claims
 from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.cells import fmt, higher_is_better, markdown_table, pair_record, write_csv
 from linrope.analysis.clusters import cluster_text, document_clusters, holm_floor_text
-from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
+from linrope.analysis.evidence import above_unigram, documents_of, has_documents, read_references
 from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
 from linrope.analysis.report import build_report, provenance
 from linrope.analysis.report import files as outputs
@@ -145,13 +145,12 @@ class Boot:
 
     estimate: Any  # bootstrap.Estimate
     seeds: tuple
+    t = None
 
     @property
     def diff(self) -> Interval:
         e = self.estimate
         return Interval(len(self.seeds), e.value, e.lo, e.hi)
-
-    t = None
 
     @property
     def p(self) -> Optional[float]:
@@ -310,10 +309,7 @@ def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: S
     metrics = list(dict.fromkeys(c.metric for c in study.claims))
     configs = list(dict.fromkeys(x for c in study.claims for x in (c.a, c.b)))
     values = {
-        (arm.name, m, c): by_seed(groups[arm.name].get(c, []), value_of(m))
-        for arm in arms
-        for m in metrics
-        for c in configs
+        (a.name, m, c): by_seed(groups[a.name].get(c, []), value_of(m)) for a in arms for m in metrics for c in configs
     }
     header = ["configuration", "seed", *(f"{m} at {number(a, study)}" for m in metrics for a in arms)]
     lines = []
@@ -338,12 +334,9 @@ def configuration_lines(
         key=lambda c: min(sign * mean_ci(list(values[a.name][c].values())).mean for a in arms if values[a.name].get(c))
     )
     lines = [[c, *(value_cell(values[a.name].get(c, {})) for a in arms)] for c in configs]
-    rows += [
-        {"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v}
-        for c in configs
-        for a in arms
-        for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))
-    ]
+    for c, a in ((c, a) for c in configs for a in arms):
+        for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0])):
+            rows.append({"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v})
     return [markdown_table(["configuration", *names], lines), ""]
 
 
@@ -368,26 +361,19 @@ def claim_lines(
         lines.append(
             [*([c.text] * texts), f"{c.a} − {c.b}", *([c.metric] * metrics), *map(cell, per), *([said] if v else [])]
         )
-        rows += [
-            {
-                "kind": "claim",
-                "claim": c.text,
-                "arm": a.name,
-                **({"verdict": said} if v else {}),
-                **pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw),
-                "p holm": r.p_holm,
-                "resolved after holm": r.adjusted.resolved,
-                "no verdict": r.withheld or None,
-                "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
-                "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
-                "family size": r.m,
-                "interval": "bootstrap over seeds and document clusters" if isinstance(r.raw, Boot) else "t over seeds",
-                "p floor": r.adjusted.p_floor,  # the smallest p printed as a number (bootstrap.p_floor)
-                **({"clusters": r.raw.estimate.clusters} if isinstance(r.raw, Boot) else {}),  # blank: none known
-            }
-            for a, r in zip(arms, per)
-            if r is not None
-        ]
+        for a, r in zip(arms, per):
+            if r is None:
+                continue
+            boot, s = isinstance(r.raw, Boot), r.simultaneous
+            row = {"kind": "claim", "claim": c.text, "arm": a.name, **({"verdict": said} if v else {})}
+            row |= pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw)
+            row |= {"p holm": r.p_holm, "resolved after holm": r.adjusted.resolved, "no verdict": r.withheld or None}
+            row["simultaneous low"] = s.lo if s is not None else None
+            row["simultaneous high"] = s.hi if s is not None else None
+            row["family size"] = r.m
+            row["interval"] = "bootstrap over seeds and document clusters" if boot else "t over seeds"
+            row["p floor"] = r.adjusted.p_floor  # the smallest p printed as a number (bootstrap.p_floor)
+            rows.append(row | ({"clusters": r.raw.estimate.clusters} if boot else {}))  # blank: none known
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
     m = next((r.m for arm in results.values() for r in arm.values() if r is not None), 0)
     family = (
@@ -453,48 +439,31 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         "",
     ]
     if tuning_only:
-        parts += [
-            "Not in the tables yet: "
-            + "; ".join(
-                f"{label(a, study)} (only its tuning stage has run: {len(find_runs(a / TUNING))} tuning runs, below)"
-                for a in tuning_only
-            )
-            + ".",
-            "",
+        waiting = [
+            f"{label(a, study)} (only its tuning stage has run: {len(find_runs(a / TUNING))} tuning runs, below)"
+            for a in tuning_only
         ]
-    values = (
-        {a.name: {c: by_seed(runs, value_of(study.metric)) for c, runs in groups[a.name].items()} for a in arms}
-        if study.metric
-        else {}
-    )
+        parts += [f"Not in the tables yet: {'; '.join(waiting)}.", ""]
+    value = value_of(study.metric) if study.metric else None
+    values = {a.name: {c: by_seed(rs, value) for c, rs in groups[a.name].items()} for a in arms} if value else {}
+    ctl = (study.control or {}).get("configuration")
     if study.control:
-        parts += [
-            control_text(
-                study, {n: values[a.name].get(study.control["configuration"], {}) for n, a in zip(names, arms)}
-            ),
-            "",
-        ]
+        parts += [control_text(study, {n: values[a.name].get(ctl, {}) for n, a in zip(names, arms)}), ""]
     if table.get("configurations"):
         parts += configuration_lines(study, values, arms, names, rows)
     if table.get("by_order"):
         parts += order_lines(study, groups, arms, names, rows)
     grouping = {a.name: document_clusters(groups[a.name], a, False) for a in arms if has_documents(groups[a.name])}
-    results = {
-        a.name: claim_results(groups[a.name], study.claims, LEVEL, grouping.get(a.name, [None])[0]) for a in arms
-    }
+    clusters_of = {name: g[0] for name, g in grouping.items()}
+    results = {a.name: claim_results(groups[a.name], study.claims, LEVEL, clusters_of.get(a.name)) for a in arms}
     missed, withheld = [], {}  # the arms whose control missed its bar: the probe could not tell there (no verdict)
     if study.control:
-        ctl = study.control["configuration"]
         missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
         withheld = {(a, c): ("control", f"{ctl} (the control) missed its bar") for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
         refs = read_references(arm)
-        for c in study.claims if refs else ():
-            seeds = {x: row_values(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}
-            bar = {x: refs.unigram(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}  # this row's unigram
-            bad = {x: above(v, bar[x]) for x, v in seeds.items()}
-            if any(bad.values()) and "bpb" in c.metric:
-                counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
+        for c in [c for c in study.claims if "bpb" in c.metric]:
+            if counts := above_unigram(groups[arm.name], refs, c.metric, (c.a, c.b)):
                 withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))
     if study.claims:
         results = corrected(results, study.claims, withheld)  # the figure fills what the table bolds

@@ -53,14 +53,8 @@ def plot_claims(
                 none = bool(getattr(r, "withheld", ""))  # no verdict there: a cross on a dashed line
                 if d.n > 1:
                     ax.plot([d.lo, d.hi], [y, y], color=colour, linewidth=2.2, linestyle="--" if none else "-")
-                ax.plot(
-                    [d.mean],
-                    [y],
-                    marker="X" if none else "o",
-                    markersize=6,
-                    color=colour,
-                    markerfacecolor=colour if d.n > 1 and resolved(r) else "white",
-                )
+                face = colour if d.n > 1 and resolved(r) else "white"
+                ax.plot([d.mean], [y], marker="X" if none else "o", markersize=6, color=colour, markerfacecolor=face)
         ax.axvline(0, color="grey", linewidth=1)
         ax.set_yticks(range(len(cs)))
         ax.set_yticklabels(
