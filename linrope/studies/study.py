@@ -149,7 +149,6 @@ class Study:
         self._children: List[subprocess.Popen] = []
         self.failed: List[str] = []
         self.elsewhere: List[str] = []
-        self.stopped: List[str] = []
         self.signal: Optional[int] = None  # the signal that stops the driver
         self.tuning = None
         if tune is not False:
@@ -192,15 +191,8 @@ class Study:
         return [o for o in self.fixed if o.split("=", 1)[0] not in fixed_keys] + list(job)  # the sweep value wins
 
     def command(self, job: Sequence[str], folder: Path) -> List[str]:
-        return [
-            sys.executable,
-            "-m",
-            "linrope",
-            "train",
-            *self.job_overrides(job),
-            f"hydra.run.dir={folder}",
-            "ckpt_path=auto",
-        ]
+        tail = [f"hydra.run.dir={folder}", "ckpt_path=auto"]
+        return [sys.executable, "-m", "linrope", "train", *self.job_overrides(job), *tail]
 
     def status(self, i: int) -> str:
         """done / partial / todo, ``differs`` when the job's folder holds another job, ``waits`` while its
@@ -278,8 +270,6 @@ class Study:
         wall = time.time() - start
         result = self.outcome(folder, job)
         if self.signal is not None and (rc != 0 or result is None):
-            with self._lock:
-                self.stopped.append(name)
             ckpt = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
             print(
                 f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({ckpt}): "
@@ -293,15 +283,8 @@ class Study:
             why = f"exit status {rc}" if rc else f"no {self.expects} was logged"
             print(f"[{name}] FAILED ({why}) after {wall / 60:.1f} min: see {log}", flush=True)
             return
-        record = dict(
-            job=list(job),
-            overrides=self.fixed,
-            command=cmd,
-            wall_s=round(wall, 1),
-            threads=self.threads,
-            **result[0],
-            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        )
+        record = dict(job=list(job), overrides=self.fixed, command=cmd, wall_s=round(wall, 1), threads=self.threads)
+        record.update(**result[0], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         (folder / DONE).write_text(json.dumps(record, indent=1) + "\n")
         log.replace(folder / "study.log")
         print(f"[{name}] done in {wall / 60:.1f} min: {result[1]}", flush=True)
@@ -430,42 +413,19 @@ def _main(argv: List[str]) -> int:
     ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
     ap.add_argument("--jobs", type=int, default=1, help="jobs at a time (default 1)")
     ap.add_argument("--threads", type=int, default=None, help="threads per job (default: cores / jobs)")
-    ap.add_argument(
-        "--commit",
-        action="store_true",
-        help="git-commit the compact results as each job finishes, one commit per study part",
-    )
-    ap.add_argument(
-        "--list",
-        action="store_true",
-        help="list the jobs and their state (the tuning runs and choices first), train nothing",
-    )
-    ap.add_argument(
-        "--compact",
-        action="store_true",
-        help="write the folder's compact results (runs.json, curves.csv, results.csv) from its run "
-        "folders, train nothing",
-    )
-    ap.add_argument(
-        "--new-folder",
-        action="store_true",
-        help="a job whose folder holds another configuration or code trains in a folder of its own "
-        "(<name>-run2) instead of being refused",
-    )
-    ap.add_argument(
-        "--keep-finished",
-        action="store_true",
-        help="a finished job trained on other code counts as done (to add an arm to a finished study: each run "
-        "keeps the code it recorded; a stopped one still differs)",
-    )
-    ap.add_argument(
-        "--config-dir",
-        "-cd",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a folder of your own configs (presets, experiments), as for train.py",
-    )
+    for flag, text in (
+        ("--commit", "git-commit the compact results as each job finishes, one commit per study part"),
+        ("--list", "list the jobs and their state (the tuning runs and choices first), train nothing"),
+        ("--compact", "write the folder's compact results (runs.json, curves.csv, results.csv) from its run folders, "
+         "train nothing"),
+        ("--new-folder", "a job whose folder holds another configuration or code trains in a folder of its own "
+         "(<name>-run2) instead of being refused"),
+        ("--keep-finished", "a finished job trained on other code counts as done (to add an arm to a finished study: "
+         "each run keeps the code it recorded; a stopped one still differs)"),
+    ):  # fmt: skip
+        ap.add_argument(flag, action="store_true", help=text)
+    ap.add_argument("--config-dir", "-cd", action="append", default=[], metavar="DIR",
+                    help="a folder of your own configs (presets, experiments), as for train.py")  # fmt: skip
     # intermixed: options may sit between the folder and the overrides (`<dir> experiment=x --jobs 2 model=a`)
     args = ap.parse_intermixed_args(argv)
     if args.jobs < 1:
