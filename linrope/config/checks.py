@@ -206,8 +206,20 @@ def data_errors(cfg) -> List[str]:
     return []
 
 
-PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "transformer-engine")
-PRECISIONS += ("transformer-engine-float16", "64", "32", "16", "bf16")
+PRECISIONS = (
+    "64-true",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "64",
+    "32",
+    "16",
+    "bf16",
+)
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
 
