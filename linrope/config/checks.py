@@ -310,15 +310,13 @@ def fsdp_errors(name: str, node, kind: Optional[str]) -> List[str]:
 
 
 def _device_count(devices) -> Optional[int]:
-    if devices is None:
-        return None
     if isinstance(devices, (list, tuple, ListConfig)):
         return len(devices)
     text = str(devices).strip()
     if "," in text:  # "0,1": device ids
         return len([d for d in text.split(",") if d.strip()])
     try:
-        return int(text)
+        return int(text)  # None: "None", no count
     except ValueError:
         return None
 
@@ -422,9 +420,6 @@ def _available_devices(accelerator: str):
         import torch
 
         return torch.cuda.device_count()
-    if accelerator == "cpu":
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            return os.cpu_count() or 1
+    if accelerator == "cpu":  # sched_getaffinity: Linux only
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -22,20 +23,9 @@ from linrope.base.nested import flatten, under
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
 # settings that differ between a run and its continuation by construction (folders, what to do now, output)
-NOT_COMPARED = (
-    "paths.",
-    "hydra.",
-    "ckpt_path",
-    "train",
-    "test",
-    "callbacks.",
-    "logger.",
-    "tags",
-    "task_name",
-    "trainer.default_root_dir",
-    "trainer.enable_progress_bar",
-    "extrapolation.",
-    "data.num_workers",
+NOT_COMPARED = tuple(
+    "paths. hydra. ckpt_path train test callbacks. logger. tags task_name trainer.default_root_dir "
+    "trainer.enable_progress_bar extrapolation. data.num_workers".split()
 )
 # settings that decide which examples come in which order: changing them breaks the data order's reproducibility
 DATA_ORDER = ("seed", "context", "data.")
@@ -103,26 +93,14 @@ def changes(
     return out
 
 
-def run_folder_of(ckpt_path: Path) -> str:
-    folder = Path(ckpt_path).resolve().parent
-    return str(folder.parent if folder.name == "checkpoints" else folder)
-
-
 def chain(checkpoint: Mapping[str, Any], ckpt_path: Path) -> List[Dict[str, Any]]:
     """The runs the new run continues, oldest first: the checkpoint's own chain, then the checkpoint's run."""
     prov = checkpoint.get(PROVENANCE_KEY) or {}
     earlier = [dict(e) for e in (prov.get("resumed_from") or []) if isinstance(e, Mapping)]
-    lr = prov.get("linrope") or {}
-    return earlier + [
-        {
-            "run": run_folder_of(ckpt_path),
-            "checkpoint": str(ckpt_path),
-            "step": checkpoint.get("global_step"),
-            "commit": lr.get("commit"),
-            "dirty": lr.get("dirty"),
-            "started": prov.get("started"),
-        }
-    ]
+    lr, folder = prov.get("linrope") or {}, Path(ckpt_path).resolve().parent
+    run = {"run": str(folder.parent if folder.name == "checkpoints" else folder), "checkpoint": str(ckpt_path)}
+    run.update(step=checkpoint.get("global_step"), commit=lr.get("commit"), dirty=lr.get("dirty"))
+    return earlier + [{**run, "started": prov.get("started")}]
 
 
 def code_change(saved: Optional[Mapping[str, Any]], current: Optional[Mapping[str, Any]]) -> Optional[str]:
@@ -210,16 +188,6 @@ def default_differences(model_cfg: Mapping[str, Any], conf_dir: Path) -> List[st
     return out
 
 
-def _written(path) -> Optional[str]:
-    """When the file at ``path`` was written (its modification time, UTC), or None when there is no such file."""
-    from datetime import datetime, timezone
-
-    try:
-        return datetime.fromtimestamp(Path(str(path)).stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
-    except OSError:
-        return None
-
-
 def describe_checkpoint(
     checkpoint: Mapping[str, Any], ckpt_path, conf_dir: Path, current: Optional[Mapping[str, Any]] = None
 ) -> str:
@@ -231,8 +199,11 @@ def describe_checkpoint(
     if prov:
         versions = prov.get("versions") or {}
         head += f", commit {commit_text(prov)}, torch {versions.get('torch')}, run started {prov.get('started')}"
-        written = _written(ckpt_path)
-        head += f", written {written}" if written else ""
+        try:  # when the file was written (its modification time, UTC)
+            mtime = datetime.fromtimestamp(Path(str(ckpt_path)).stat().st_mtime, timezone.utc)
+            head += f", written {mtime.isoformat(timespec='seconds')}"
+        except OSError:
+            pass
         if current and commit_text(current) != commit_text(prov):
             head += f" (this code: {commit_text(current)})"
     else:

@@ -149,7 +149,6 @@ class Study:
         self._children: List[subprocess.Popen] = []
         self.failed: List[str] = []
         self.elsewhere: List[str] = []
-        self.stopped: List[str] = []
         self.signal: Optional[int] = None  # the signal that stops the driver
         self.tuning = None
         if tune is not False:
@@ -192,15 +191,8 @@ class Study:
         return [o for o in self.fixed if o.split("=", 1)[0] not in fixed_keys] + list(job)  # the sweep value wins
 
     def command(self, job: Sequence[str], folder: Path) -> List[str]:
-        return [
-            sys.executable,
-            "-m",
-            "linrope",
-            "train",
-            *self.job_overrides(job),
-            f"hydra.run.dir={folder}",
-            "ckpt_path=auto",
-        ]
+        tail = [f"hydra.run.dir={folder}", "ckpt_path=auto"]
+        return [sys.executable, "-m", "linrope", "train", *self.job_overrides(job), *tail]
 
     def status(self, i: int) -> str:
         """done / partial / todo, ``differs`` when the job's folder holds another job, ``waits`` while its
@@ -278,14 +270,9 @@ class Study:
         wall = time.time() - start
         result = self.outcome(folder, job)
         if self.signal is not None and (rc != 0 or result is None):
-            with self._lock:
-                self.stopped.append(name)
             ckpt = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
-            print(
-                f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({ckpt}): "
-                f"resumable, see {log}",
-                flush=True,
-            )
+            stopped = f"stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({ckpt})"
+            print(f"[{name}] {stopped}: resumable, see {log}", flush=True)
             return
         if rc != 0 or result is None:
             with self._lock:
@@ -293,15 +280,8 @@ class Study:
             why = f"exit status {rc}" if rc else f"no {self.expects} was logged"
             print(f"[{name}] FAILED ({why}) after {wall / 60:.1f} min: see {log}", flush=True)
             return
-        record = dict(
-            job=list(job),
-            overrides=self.fixed,
-            command=cmd,
-            wall_s=round(wall, 1),
-            threads=self.threads,
-            **result[0],
-            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        )
+        record = dict(job=list(job), overrides=self.fixed, command=cmd, wall_s=round(wall, 1), threads=self.threads)
+        record.update(**result[0], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         (folder / DONE).write_text(json.dumps(record, indent=1) + "\n")
         log.replace(folder / "study.log")
         print(f"[{name}] done in {wall / 60:.1f} min: {result[1]}", flush=True)
@@ -322,10 +302,8 @@ class Study:
         """SIGTERM / SIGINT: start nothing more; each running job gets the signal, saves and stops."""
         if self.signal is None:
             self.signal = signum
-            print(
-                f"linrope study: {signal.Signals(signum).name}: stopping after the running jobs save (no job starts)",
-                flush=True,
-            )
+            name = signal.Signals(signum).name
+            print(f"linrope study: {name}: stopping after the running jobs save (no job starts)", flush=True)
         with self._lock:
             for p in self._children:
                 if p.poll() is None:
@@ -372,16 +350,12 @@ class Study:
                 errors = self.conflicts() or self.check()
                 if errors:
                     raise SystemExit("\n".join(errors))
-            todo = [
-                i
-                for i in range(len(self.jobs))
-                if self.ready[i] and state(self.folder(i)) != "done" and self.names[i] not in skip
-            ]
-            waiting = [self.names[i] for i in range(len(self.jobs)) if not self.ready[i]]
             n = len(self.jobs)
+            done = [self.ready[i] and state(self.folder(i)) == "done" for i in range(n)]
+            todo = [i for i in range(n) if self.ready[i] and not done[i] and self.names[i] not in skip]
+            waiting = [self.names[i] for i in range(n) if not self.ready[i]]
             print(
-                f"linrope study: {n} {self.what} in {self.dir}: "
-                f"{sum(state(self.folder(i)) == 'done' for i in range(n) if self.ready[i])} done, {len(todo)} to run"
+                f"linrope study: {n} {self.what} in {self.dir}: {sum(done)} done, {len(todo)} to run"
                 + (f", {len(waiting)} waiting for their configuration's tuning" if waiting else "")
                 + f", {jobs} at a time with {self.threads} thread(s) each",
                 flush=True,
@@ -400,10 +374,8 @@ class Study:
             flush=True,
         )
         if self.signal is not None:
-            print(
-                f"linrope study: stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}",
-                flush=True,
-            )
+            stopped = f"stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}"
+            print(f"linrope study: {stopped}", flush=True)
             return 128 + int(self.signal)
         return 1 if self.failed or set(left) - set(self.elsewhere) - set(waiting) - set(skip) else 0
 
@@ -430,34 +402,18 @@ def _main(argv: List[str]) -> int:
     ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
     ap.add_argument("--jobs", type=int, default=1, help="jobs at a time (default 1)")
     ap.add_argument("--threads", type=int, default=None, help="threads per job (default: cores / jobs)")
-    ap.add_argument(
-        "--commit",
-        action="store_true",
-        help="git-commit the compact results as each job finishes, one commit per study part",
-    )
-    ap.add_argument(
-        "--list",
-        action="store_true",
-        help="list the jobs and their state (the tuning runs and choices first), train nothing",
-    )
-    ap.add_argument(
-        "--compact",
-        action="store_true",
-        help="write the folder's compact results (runs.json, curves.csv, results.csv) from its run "
-        "folders, train nothing",
-    )
-    ap.add_argument(
-        "--new-folder",
-        action="store_true",
-        help="a job whose folder holds another configuration or code trains in a folder of its own "
+    switches = {
+        "--commit": "git-commit the compact results as each job finishes, one commit per study part",
+        "--list": "list the jobs and their state (the tuning runs and choices first), train nothing",
+        "--compact": "write the folder's compact results (runs.json, curves.csv, results.csv) from its run folders, "
+        "train nothing",
+        "--new-folder": "a job whose folder holds another configuration or code trains in a folder of its own "
         "(<name>-run2) instead of being refused",
-    )
-    ap.add_argument(
-        "--keep-finished",
-        action="store_true",
-        help="a finished job trained on other code counts as done (to add an arm to a finished study: each run "
-        "keeps the code it recorded; a stopped one still differs)",
-    )
+        "--keep-finished": "a finished job trained on other code counts as done (to add an arm to a finished study: "
+        "each run keeps the code it recorded; a stopped one still differs)",
+    }
+    for flag, text in switches.items():
+        ap.add_argument(flag, action="store_true", help=text)
     ap.add_argument(
         "--config-dir",
         "-cd",

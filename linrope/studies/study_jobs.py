@@ -30,17 +30,9 @@ from linrope.run.provenance import read as read_provenance
 
 # settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
 # its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)
-IGNORED = (
-    "paths.",
-    "hydra.",
-    "ckpt_path",
-    "logger.",
-    "tags",
-    "task_name",
-    "trainer.enable_progress_bar",
-    "trainer.default_root_dir",
-    "data.num_workers",
-    "model.name",
+IGNORED = tuple(
+    "paths. hydra. ckpt_path logger. tags task_name trainer.enable_progress_bar trainer.default_root_dir "
+    "data.num_workers model.name".split()
 )
 SHOWN = 4  # differing keys named in a refusal; the rest are counted
 
@@ -147,21 +139,14 @@ def mismatch(
     if old is None:
         return "it holds a run without a saved configuration (.hydra/config.yaml) to compare"
     diff = differences(old, requested)
-    parts = []
-    if diff:
-        parts.append(", ".join(diff[:SHOWN]) + (f" and {len(diff) - SHOWN} more" if len(diff) > SHOWN else ""))
-    prov = (
-        read_provenance(folder)
-        if (folder / ".hydra" / "config.yaml").is_file()
-        else (record(folder) or {}).get("provenance")
-    )
+    parts = [", ".join(diff[:SHOWN]) + (f" and {len(diff) - SHOWN} more" if len(diff) > SHOWN else "")] if diff else []
+    on_disk = (folder / ".hydra" / "config.yaml").is_file()
+    prov = read_provenance(folder) if on_disk else (record(folder) or {}).get("provenance")
     theirs = code_text(prov) if prov else None
     if theirs and code and theirs != code and not (keep_finished and finished(folder)):
         parts.append(f"trained on {theirs}, the checkout is {code}")
-    changed = tokenizer_changed((prov or {}).get("data"), requested.get("data.tokenizer"))
-    if changed:
-        parts.append(changed)
-    return "; ".join(parts) or None
+    parts.append(tokenizer_changed((prov or {}).get("data"), requested.get("data.tokenizer")) or "")
+    return "; ".join(filter(None, parts)) or None
 
 
 def tokenizer_changed(data: Optional[Dict[str, Any]], spec: Any) -> Optional[str]:
