@@ -170,12 +170,13 @@ def defaults(component: Any) -> Dict[str, Any]:
 
 
 def option_errors(
-    options: Mapping[str, Option], given: Mapping[str, Any], where: str = "", also: Iterable[str] = ()
+    options: Mapping[str, Option], given: Mapping[str, Any], where: str = "", also: Iterable[str] = (), what="option"
 ) -> List[str]:
     """One line per key of ``given`` that the component does not take (``also``: keys taken but not checked
-    here), naming the nearest it does; else one line per value it refuses (``value_errors``)."""
+    here), naming the nearest it does (``what``: an option, a file's key); else one line per value it refuses
+    (``value_errors``)."""
     known = [*options, *also]
-    unknown = [str(UnknownOption(f"{where}.{k}" if where else str(k), known)) for k in given if k not in known]
+    unknown = [str(UnknownOption(f"{where}.{k}" if where else str(k), known, what)) for k in given if k not in known]
     return unknown or value_errors(options, given, where)
 
 
