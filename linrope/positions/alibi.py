@@ -6,8 +6,6 @@ per-head decay γ_h^(i-j) with γ_h = exp(-m_h), the same weight
 factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
 """
 
-from typing import Mapping
-
 import torch
 
 from linrope.ops.rope import compute_dtype
@@ -26,10 +24,8 @@ class ALiBi(PositionScheme):
         "Press, Smith, Lewis 2022, Train short, test long: attention with linear biases enables input length "
         "extrapolation"
     )
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
+    decays = True
 
     def __init__(self, **dims):
         super().__init__(**dims)
@@ -39,10 +35,6 @@ class ALiBi(PositionScheme):
         # linear attention's decay γ_h = exp(-m_h), formed once here (not on every forward) and moved with the
         # module; in (0, 1) since every slope is positive
         self.register_buffer("gamma", torch.exp(-self.slopes), persistent=False)
-
-    @classmethod
-    def linear_decays(cls, options) -> bool:
-        return True
 
     def _apply(self, fn, recurse=True):
         slopes, gamma = self.slopes, self.gamma

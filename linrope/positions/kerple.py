@@ -43,7 +43,6 @@ def clamped(p: torch.Tensor, low: float, high: Optional[float] = None) -> torch.
 class Kerple(PositionScheme):
     name = "kerple"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds a learned kernel bias -r₁·log(1 + r₂|i-j|) (or -r₁|i-j|^r₂) to every score"
     paper = (
         "Chi, Fan, Ramadge, Rudnicky 2022, KERPLE: Kernelized relative positional embedding for length extrapolation"
@@ -51,10 +50,7 @@ class Kerple(PositionScheme):
     shares = "the kernel's parameters r₁, r₂ (one pair per head)"
     score_biases = ("r1", "r2")  # additive score biases: not weight-decayed
     variants = ({"variant": "power"},)
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     @classmethod
     def name_parts(cls, options: Mapping) -> List[str]:

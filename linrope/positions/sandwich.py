@@ -37,17 +37,13 @@ def sandwich_distances(far: int, dim: int, device=None) -> torch.Tensor:
 class Sandwich(PositionScheme):
     name = "sandwich"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds the inner product of sinusoidal embeddings p_i·p_j, per head compressed, to every score"
     paper = (
         "Chi, Fan, Rudnicky, Ramadge 2023, Dissecting transformer length extrapolation via the lens of receptive "
         "field analysis"
     )
     shares = "no parameters: its bias, a function of the positions only, computed once per forward for every layer"
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(self, *, dim: Annotated[int, Field(ge=2, description="even: the sinusoids' width d̄")] = 128, **dims):
         super().__init__(**dims)

@@ -15,7 +15,7 @@ docs/schemes.md#xpos says what differs from the release, and why; docs/mathemati
 from __future__ import annotations
 
 import math
-from typing import Annotated, Mapping, Optional
+from typing import Annotated, Optional
 
 import torch
 from pydantic import Field
@@ -53,16 +53,12 @@ def safe_length(zeta0: float, scale_base: float, dtype: torch.dtype) -> int:
 class XPos(PositionScheme):
     name = "xpos"
     kind = "relative"
-    linear_ok = False
     linear_note = (
         "its scale weights pair t of every kernel weight by ζ_t^((i-j)/scale_base), a per-dimension decay; "
         "linear attention's forms carry a per-head decay γ_h^(i-j) only, and xPos is not approximated by one"
     )
     paper = "Sun et al. 2023, A Length-Extrapolatable Transformer"
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True  # ζ's exponents and the rotation's angles are i - j once the centre cancels
+    differences_only = True  # ζ's exponents and the rotation's angles are i - j once the centre cancels
 
     def __init__(
         self,
