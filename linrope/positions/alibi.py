@@ -29,19 +29,11 @@ class ALiBi(PositionScheme):
 
     def __init__(self, **dims):
         super().__init__(**dims)
-        # float64, never rounded to the model's dtype (a float32 buffer is 4e-7 off at 12 heads; .to() and
-        # .half() leave it alone): each use rounds the finished bias once, to the precision of the scores
-        self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
+        # float64, never rounded to the model's dtype: each use rounds the finished bias once
+        self.float64_buffer("slopes", alibi_slopes(self.n_heads))
         # linear attention's decay γ_h = exp(-m_h), formed once here (not on every forward) and moved with the
         # module; in (0, 1) since every slope is positive
-        self.register_buffer("gamma", torch.exp(-self.slopes), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        slopes, gamma = self.slopes, self.gamma
-        super()._apply(fn, recurse)
-        self.slopes = slopes.to(self.slopes.device)  # follow the device, stay float64
-        self.gamma = gamma.to(self.gamma.device)
-        return self
+        self.float64_buffer("gamma", torch.exp(-self.slopes))
 
     def score_bias(self, q, k, positions):
         """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32.

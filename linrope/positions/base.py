@@ -180,6 +180,21 @@ class PositionScheme(nn.Module):
         self.__dict__["_borrowed"] = shared  # not a submodule: its parameters belong to the model, counted once
         self._memo: Optional[dict] = None
         self._span: Optional[Tuple[int, int]] = None
+        self._float64: List[str] = []  # ``float64_buffer``
+
+    def float64_buffer(self, name: str, value: torch.Tensor) -> None:
+        """A float64 buffer, not saved (a function of the options), that follows the module's device but never its
+        dtype: ``.float()``, ``.half()``, ``.bfloat16()`` leave it alone, and each use rounds what it forms once, to
+        the precision of the scores (ALiBi's slopes: a float32 copy would be 4e-7 off at 12 heads)."""
+        self.register_buffer(name, value, persistent=False)
+        self._float64.append(name)
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: getattr(self, name) for name in self._float64}
+        super()._apply(fn, recurse)
+        for name, t in kept.items():  # follow the device, stay float64
+            setattr(self, name, t.to(getattr(self, name).device))
+        return self
 
     # ---- parameters shared across layers -------------------------------------------------------
     def owns_shared(self) -> bool:

@@ -49,8 +49,7 @@ class Sandwich(PositionScheme):
         super().__init__(**dims)
         self.dim = dim
         ratio = torch.arange(1, self.n_heads + 1, dtype=torch.float64) * 8.0 / self.n_heads  # ρ_h = 8h/H
-        # float64, never rounded to the model's dtype (as ALiBi's slopes); not saved: a function of n_heads
-        self.register_buffer("ratio", ratio, persistent=False)
+        self.float64_buffer("ratio", ratio)  # never rounded to the model's dtype, as ALiBi's slopes
 
     @classmethod
     def option_problems(cls, options: Mapping) -> List[str]:
@@ -58,12 +57,6 @@ class Sandwich(PositionScheme):
         if isinstance(options.get("dim"), int) and options["dim"] % 2:
             problems.append(f"dim={options['dim']}: expected an even number (sin and cos pairs of width d̄)")
         return problems
-
-    def _apply(self, fn, recurse=True):
-        ratio = self.ratio
-        super()._apply(fn, recurse)
-        self.ratio = ratio.to(self.ratio.device)  # follow the device, stay float64
-        return self
 
     def bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
         """(1, H, N, N) in ``dtype``: the table of the distances the positions span (float64), gathered at

@@ -78,15 +78,8 @@ class XPos(PositionScheme):
         if blockwise and self.max_len < 2:
             raise ValueError(f"xpos: blockwise needs max_len >= 2 (blocks of max_len/2); got max_len={self.max_len}")
         self.base, self.scale_base, self.gamma, self.blockwise = base, scale_base, gamma, blockwise
-        self.register_buffer("theta", rope_frequencies(self.head_dim, base), persistent=False)
-        self.register_buffer("zeta", xpos_zeta(self.head_dim, gamma), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        kept = {name: getattr(self, name) for name in ("theta", "zeta")}
-        super()._apply(fn, recurse)
-        for name, t in kept.items():  # follow the device, stay float64: .bfloat16() must not round ζ or θ
-            setattr(self, name, t.to(getattr(self, name).device))
-        return self
+        self.float64_buffer("theta", rope_frequencies(self.head_dim, base))  # .bfloat16() must not round θ or ζ
+        self.float64_buffer("zeta", xpos_zeta(self.head_dim, gamma))
 
     def scaled_tables(self, positions: torch.Tensor, dtype: torch.dtype):
         """(cos·s, sin·s, cos/s, sin/s), (N, d/2) in ``dtype``: the query's and the key's rotation times their scale
