@@ -226,6 +226,13 @@ class PositionScheme(nn.Module):
             self._memo[key] = make()
         return self._memo[key]
 
+    def shared_bias(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The score bias of a scheme whose bias depends on the positions alone (T5, TUPE, FIRE, KERPLE, Sandwich):
+        its ``position_bias(positions, dtype)``, formed by the instance that holds the cross-layer parameters
+        (``src``) once per forward and reused by every layer that shares them (``memo``)."""
+        src = self.src
+        return src.memo(("position_bias", id(positions), dtype), lambda: src.position_bias(positions, dtype))
+
     def span(self, positions: torch.Tensor) -> Tuple[int, int]:
         """(smallest, largest) of ``positions``, Python ints: what sizes a table slice or an ODE grid and checks
         a table's range without reading the device (docs/mathematics.md#gpu-readiness).  Inside a model's forward the

@@ -58,7 +58,7 @@ class Sandwich(PositionScheme):
             problems.append(f"dim={options['dim']}: expected an even number (sin and cos pairs of width d̄)")
         return problems
 
-    def bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+    def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
         """(1, H, N, N) in ``dtype``: the table of the distances the positions span (float64), gathered at
         |i - j| and divided by ρ_h, rounded once; head by head, so the float64 temporary is one (N, N)."""
         first, last = self.span(positions)
@@ -71,8 +71,7 @@ class Sandwich(PositionScheme):
         return out
 
     def score_bias(self, q, k, positions):
-        src, dtype = self.src, compute_dtype(q.dtype)
-        return src.memo(("sandwich", id(positions), dtype), lambda: src.bias(positions, dtype))
+        return self.shared_bias(positions, compute_dtype(q.dtype))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, dim={self.dim}"

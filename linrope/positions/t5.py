@@ -20,7 +20,8 @@ from .functional import relative_distance, t5_bucket
 
 class BucketBias(PositionScheme):
     """A per-head bias over T5's buckets of j - i (T5's β, TUPE's b): the bucket options, the buckets of the
-    positions and the score bias, computed once per forward by ``position_bias``.  Not a scheme of its own."""
+    positions and the score bias, ``position_bias``, computed once per forward (``shared_bias``).  Not a scheme of
+    its own."""
 
     kind = "relative"
     score_biases = ("bias",)  # β, b: not weight-decayed
@@ -50,8 +51,7 @@ class BucketBias(PositionScheme):
         return (bias.unsqueeze(0) if positions.dim() == 1 else bias.movedim(1, 0)).to(dtype)
 
     def score_bias(self, q, k, positions):
-        src = self.src
-        return src.memo((id(positions), q.dtype), lambda: src.position_bias(positions, q.dtype))
+        return self.shared_bias(positions, q.dtype)
 
     def extra_repr(self):
         return (
