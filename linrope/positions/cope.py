@@ -19,7 +19,7 @@ inputs) with autocast off.  Softmax only: it acts on every score and needs the N
 counts from the key up to the query, defined for keys at or behind it (the release builds a decoder only).
 """
 
-from typing import Literal, Mapping, Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -57,7 +57,6 @@ def interpolated_logits(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 class CoPE(PositionScheme):
     name = "cope"
     kind = "contextual"
-    linear_ok = False
     linear_note = "adds q_i·e[p_ij] to every score, p_ij counted by the gates σ(q_i·k_t) of every query-key pair"
     paper = "Golovneva, Wang, Weston, Sukhbaatar 2024, Contextual position encoding: learning to count what's important"
     tables = ("table",)  # e: rows indexed by (contextual) position, not weight-decayed
@@ -65,10 +64,7 @@ class CoPE(PositionScheme):
         "its positions p_ij = Σ_{t=j..i} σ(q_i·k_t) count from the key up to the query, defined for keys at or "
         "behind it (the paper and its release train decoders); use a causal model"
     )
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True  # it never reads the positions: p_ij is counted by the gates
+    differences_only = True  # it never reads the positions: p_ij is counted by the gates
 
     def __init__(
         self,

@@ -50,16 +50,12 @@ def log_bucket_distance(rel: torch.Tensor, k: int, max_distance: int) -> torch.T
 class DeBERTa(PositionScheme):
     name = "deberta"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds content→position and position→content terms q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ(i,j)} to every score"
     paper = "He, Liu, Gao, Chen 2021, DeBERTa: decoding-enhanced BERT with disentangled attention"
     tables = ("table",)  # P
     shares = "the relative-embedding table P (2k × d_model); the projections W_{K,r}, W_{Q,r} stay per layer"
     variants = ({"k": 4}, {"k": 8, "log_buckets": True, "max_distance": 32})  # clipped, log buckets
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(
         self,

@@ -102,8 +102,7 @@ class FIRE(PositionScheme):
         return out if out.dim() == 4 else out.unsqueeze(0)
 
     def score_bias(self, q, k, positions):
-        src, dtype = self.src, compute_dtype(q.dtype)
-        return src.memo((id(positions), dtype), lambda: src.position_bias(positions, dtype))
+        return self.shared_bias(positions, compute_dtype(q.dtype))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, mlp_width={self.mlp_width}, eps={self.eps}"

@@ -43,7 +43,6 @@ def clamped(p: torch.Tensor, low: float, high: Optional[float] = None) -> torch.
 class Kerple(PositionScheme):
     name = "kerple"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds a learned kernel bias -r₁·log(1 + r₂|i-j|) (or -r₁|i-j|^r₂) to every score"
     paper = (
         "Chi, Fan, Ramadge, Rudnicky 2022, KERPLE: Kernelized relative positional embedding for length extrapolation"
@@ -51,10 +50,7 @@ class Kerple(PositionScheme):
     shares = "the kernel's parameters r₁, r₂ (one pair per head)"
     score_biases = ("r1", "r2")  # additive score biases: not weight-decayed
     variants = ({"variant": "power"},)
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     @classmethod
     def name_parts(cls, options: Mapping) -> List[str]:
@@ -75,8 +71,8 @@ class Kerple(PositionScheme):
             self.r1 = nn.Parameter(torch.rand(self.n_heads) * scale1)
             self.r2 = nn.Parameter(torch.rand(self.n_heads) * scale2)
 
-    def kernel(self, positions: torch.Tensor, dtype) -> torch.Tensor:
-        """(1, H, N, N): the bias, in ``dtype`` (float32, or float64 for float64 scores)."""
+    def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+        """(1, H, N, N): the kernel's bias, in ``dtype`` (float32, or float64 for float64 scores)."""
         dist = relative_distance(positions).abs().to(dtype)  # |i - j|, exact below 2^24 in float32
         r1 = clamped(self.r1, EPS).to(dtype)[:, None, None]
         if self.variant == "log":
@@ -86,8 +82,7 @@ class Kerple(PositionScheme):
         return -(r1 * dist.pow(r2)).unsqueeze(0)  # 0 ** r2 = 0 on the diagonal, with a zero gradient for r2
 
     def score_bias(self, q, k, positions):
-        src, dtype = self.src, compute_dtype(q.dtype)
-        return src.memo(("kerple", id(positions), dtype), lambda: src.kernel(positions, dtype))
+        return self.shared_bias(positions, compute_dtype(q.dtype))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, variant={self.variant}"

@@ -7,7 +7,7 @@ starts at std 0.02·sqrt(d_model).
 """
 
 import math
-from typing import Mapping, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ class Learned(PositionScheme):
     linear_ok = True
     tables = ("table",)
     paper = "Gehring et al. 2017 (ConvS2S); Devlin et al. 2019 (BERT); Radford et al. 2019 (GPT-2)"
+    max_len_table = True
 
     def __init__(self, *, init_std: Optional[InitStd] = None, **dims):
         super().__init__(**dims)
@@ -30,10 +31,6 @@ class Learned(PositionScheme):
         self.init_std = 0.02 * math.sqrt(self.d_model) if init_std is None else init_std
         if self.where == "input":
             self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * self.init_std)
-
-    @classmethod
-    def bounded_by_max_len(cls, options: Mapping) -> bool:
-        return True
 
     def embed(self, x, positions):
         check_table_positions(self.span(positions), self.max_len, "learned")

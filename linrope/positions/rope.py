@@ -93,8 +93,8 @@ class RoPE(PositionScheme):
         self.dynamic = (factor, self.original_context) if scaling == "dynamic" else None
         if decay is not None:  # γ_h and its rate -log γ_h, float64 (as ALiBi's slopes: rounded once, at each use)
             gamma, rate = decay_gamma_rate(decay, self.n_heads)
-            self.register_buffer("gamma", gamma, persistent=False)
-            self.register_buffer("rate", rate, persistent=False)
+            self.float64_buffer("gamma", gamma)
+            self.float64_buffer("rate", rate)
 
     @classmethod
     def linear_decays(cls, options: Mapping) -> bool:
@@ -152,13 +152,6 @@ class RoPE(PositionScheme):
                 "beta_fast > beta_slow (the pairs turning beta_fast times within the original context are kept)"
             )
         return problems
-
-    def _apply(self, fn, recurse=True):
-        kept = {name: getattr(self, name) for name in ("gamma", "rate") if name in self._buffers}
-        super()._apply(fn, recurse)
-        for name, t in kept.items():  # follow the device, stay float64
-            setattr(self, name, t.to(getattr(self, name).device))
-        return self
 
     def frequencies(self, n: Optional[int]) -> torch.Tensor:
         """θ of a forward whose largest position + 1 is ``n`` (None: unknown, as trained): ``theta``, or with

@@ -37,24 +37,19 @@ def sandwich_distances(far: int, dim: int, device=None) -> torch.Tensor:
 class Sandwich(PositionScheme):
     name = "sandwich"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds the inner product of sinusoidal embeddings p_i·p_j, per head compressed, to every score"
     paper = (
         "Chi, Fan, Rudnicky, Ramadge 2023, Dissecting transformer length extrapolation via the lens of receptive "
         "field analysis"
     )
     shares = "no parameters: its bias, a function of the positions only, computed once per forward for every layer"
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(self, *, dim: Annotated[int, Field(ge=2, description="even: the sinusoids' width d̄")] = 128, **dims):
         super().__init__(**dims)
         self.dim = dim
         ratio = torch.arange(1, self.n_heads + 1, dtype=torch.float64) * 8.0 / self.n_heads  # ρ_h = 8h/H
-        # float64, never rounded to the model's dtype (as ALiBi's slopes); not saved: a function of n_heads
-        self.register_buffer("ratio", ratio, persistent=False)
+        self.float64_buffer("ratio", ratio)  # never rounded to the model's dtype, as ALiBi's slopes
 
     @classmethod
     def option_problems(cls, options: Mapping) -> List[str]:
@@ -63,13 +58,7 @@ class Sandwich(PositionScheme):
             problems.append(f"dim={options['dim']}: expected an even number (sin and cos pairs of width d̄)")
         return problems
 
-    def _apply(self, fn, recurse=True):
-        ratio = self.ratio
-        super()._apply(fn, recurse)
-        self.ratio = ratio.to(self.ratio.device)  # follow the device, stay float64
-        return self
-
-    def bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+    def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
         """(1, H, N, N) in ``dtype``: the table of the distances the positions span (float64), gathered at
         |i - j| and divided by ρ_h, rounded once; head by head, so the float64 temporary is one (N, N)."""
         first, last = self.span(positions)
@@ -82,8 +71,7 @@ class Sandwich(PositionScheme):
         return out
 
     def score_bias(self, q, k, positions):
-        src, dtype = self.src, compute_dtype(q.dtype)
-        return src.memo(("sandwich", id(positions), dtype), lambda: src.bias(positions, dtype))
+        return self.shared_bias(positions, compute_dtype(q.dtype))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, dim={self.dim}"

@@ -13,7 +13,7 @@ probabilities (explicit attention); the variants go through SDPA.
 """
 
 import math
-from typing import Literal, Mapping, Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -28,7 +28,6 @@ VARIANTS = ("shaw", "relative_key", "relative_key_query")
 class Shaw(PositionScheme):
     name = "shaw"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds q_i·a^K_{i-j} to every score and a^V_{i-j} to every value"
     tables = ("key_table", "value_table")
     has_value_term = True  # the variant "shaw"; the instance says False for the other variants
@@ -37,10 +36,7 @@ class Shaw(PositionScheme):
         "Huang, Liang, Xu, Xiang 2020, Improve transformer models with better relative position embeddings"
     )
     variants = ({"k": 3}, {"variant": "relative_key"}, {"variant": "relative_key_query"})
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(
         self, *, variant: Literal[VARIANTS] = "shaw", k: Positive = 16, init_std: Optional[InitStd] = None, **dims

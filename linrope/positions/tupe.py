@@ -15,7 +15,6 @@ TUPE's [CLS] untying is not modelled (no [CLS] token here).
 """
 
 import math
-from typing import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +35,7 @@ class TUPE(BucketBias):
     tables = ("table",)
     absolute_terms = True  # p_i, p_j: packed documents give each document's own positions
     variants = ({"share": False},)
+    max_len_table = True
 
     def __init__(self, *, init_std: InitStd = 0.02, **options):
         super().__init__(**options)
@@ -48,10 +48,6 @@ class TUPE(BucketBias):
                 nn.init.normal_(u.weight, std=init_std)
                 nn.init.zeros_(u.bias)
             self.bias = self.bucket_table(init_std)
-
-    @classmethod
-    def bounded_by_max_len(cls, options: Mapping) -> bool:
-        return True
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.head_dim)
