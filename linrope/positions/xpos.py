@@ -59,6 +59,7 @@ class XPos(PositionScheme):
     )
     paper = "Sun et al. 2023, A Length-Extrapolatable Transformer"
     differences_only = True  # ζ's exponents and the rotation's angles are i - j once the centre cancels
+    even_head_dim = True  # it rotates pairs of a head's dimensions, as RoPE does
 
     def __init__(
         self,
