@@ -40,8 +40,7 @@ significant), sorted once; each lower level from the suffixes of the level above
 from __future__ import annotations
 
 import argparse
-import csv
-import io
+import functools
 import math
 import sys
 import time
@@ -102,14 +101,10 @@ def discounts(counts: np.ndarray) -> np.ndarray:
     """[0, D_1, D_2, D_3+] of one level from its counts of counts (Chen & Goodman 1999; see the module)."""
     n1, n2, n3, n4 = (float(v) for v in np.bincount(np.minimum(counts, 5), minlength=6)[1:5])
     y = n1 / (n1 + 2 * n2) if n1 + 2 * n2 > 0 else math.nan
-    est = [
-        1 - 2 * y * n2 / n1 if n1 > 0 else math.nan,
-        2 - 3 * y * n3 / n2 if n2 > 0 else math.nan,
-        3 - 4 * y * n4 / n3 if n3 > 0 else math.nan,
-    ]
     out = [0.0]
-    for j, d in enumerate(est, start=1):
-        out.append(min(max(UNCOUNTED_DISCOUNT if not math.isfinite(d) else d, MIN_DISCOUNT), float(j)))
+    for j, (a, b) in enumerate(((n1, n2), (n2, n3), (n3, n4)), start=1):  # D_j = j − (j + 1)·Y·n_{j+1}/n_j
+        d = j - (j + 1) * y * b / a if a > 0 else math.nan
+        out.append(min(max(d if math.isfinite(d) else UNCOUNTED_DISCOUNT, MIN_DISCOUNT), float(j)))
     return np.array(out)
 
 
@@ -363,15 +358,10 @@ def summary_rows(
 
 
 def write_csv(rows: Sequence[Dict], path: Path) -> Path:
-    from linrope.base.atomic import atomic_write_bytes  # imports torch: only when a file is written
+    from linrope.evaluation.tables import write_lines
 
-    f = io.StringIO(newline="")
-    w = csv.DictWriter(f, fieldnames=COLUMNS)
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else "" if r[k] is None else r[k]) for k in COLUMNS})
-    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
-    return path
+    lines = ([repr(v) if isinstance(v, float) else "" if v is None else v for v in map(r.get, COLUMNS)] for r in rows)
+    return write_lines(COLUMNS, lines, path)
 
 
 def parse_orders(text: str) -> Tuple[int, ...]:
@@ -404,18 +394,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--path", help="the corpus, as data.path (default: the Python standard library's .py sources)")
     p.add_argument("--split", default="test", choices=["train", "val", "test"], help="split scored (default test)")
-    p.add_argument(
-        "--orders",
-        type=parse_orders,
-        default=(1, 5),
-        help="models, comma-separated: 1 = unigram, n = n-gram (default 1,5)",
-    )
-    p.add_argument(
-        "--length",
-        type=int,
-        help="score through windows of this many bytes, as a model row does (default: no windows: each byte with "
-        "the n - 1 bytes before it in the split)",
-    )
+    p.add_argument("--orders", type=parse_orders, default=(1, 5),
+                   help="models, comma-separated: 1 = unigram, n = n-gram (default 1,5)")  # fmt: skip
+    p.add_argument("--length", type=int, help="score through windows of this many bytes, as a model row does "
+                   "(default: no windows: each byte with the n - 1 bytes before it in the split)")  # fmt: skip
     p.add_argument("--stride", type=int, help="with --length: the windows move by this much (default: the length)")
     p.add_argument("--out", type=Path, help="CSV to write (default: print only)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="as data.val_fraction (default 0.05)")
@@ -428,10 +410,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from linrope.base.errors import LinropeError
 
     args = parser().parse_args(argv)
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-
+    say = functools.partial(print, flush=True)
     try:
         from linrope.data.bytes import load_corpus  # imports torch: not for the models themselves
 
