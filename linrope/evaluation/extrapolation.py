@@ -199,55 +199,46 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
     scored target's offset, loss (nats, float64) and position in its window (``per_target``).  With
     ``token_bytes`` (text: bytes per token id) also the bytes the scored targets stand for (``bytes``) and, per
     target, its bytes, its document (the batch's third tensor) and its position in that document."""
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    loss_sum, correct, count, examples, seen, values, losses, places = 0.0, 0, 0, 0, [], [], [], []
-    nbytes, sizes, docs = 0, [], []
+    out = {"loss_sum": 0.0, "correct": 0, "scored": 0, "examples": 0}
     if token_bytes is not None:
-        token_bytes = token_bytes.to(device)
-    for batch in loader:
+        token_bytes, out["bytes"] = token_bytes.to(device), 0
+    kept = {k: [] for k in ("offsets", "values", "losses", "places", "bytes", "documents")}  # per target
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         if offsets:
             *batch, where = batch
         batch = [t.to(device) for t in batch]
-        ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-        with ctx:
+        with torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
             logits, y = module.outputs(batch)
         logits = logits.float()
         scored = y != IGNORE
         each = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="none")
-        loss_sum += float(each.sum())
-        correct += int((logits.argmax(-1)[scored] == y[scored]).sum())
-        count += int(scored.sum())
-        examples += batch[0].shape[0]
+        out["loss_sum"] += float(each.sum())
+        out["correct"] += int((logits.argmax(-1)[scored] == y[scored]).sum())
+        out["scored"] += int(scored.sum())
+        out["examples"] += batch[0].shape[0]
         if token_bytes is not None:
             size = token_bytes[y[scored]]
-            nbytes += int(size.sum())
+            out["bytes"] += int(size.sum())
         if offsets:
-            kept = scored.cpu()
-            seen.append(where.flatten()[kept])
-            values.append(y[scored].cpu())
-            losses.append(each[scored].double().cpu())
-            length = batch[0].shape[1]
+            mask = scored.cpu()
+            kept["offsets"].append(where.flatten()[mask])
+            kept["values"].append(y[scored].cpu())
+            kept["losses"].append(each[scored].double().cpu())
             if token_bytes is not None and len(batch) > 2:  # packed documents: positions count from each start
-                places.append(document_positions(batch[2]).flatten().cpu()[kept])
-                docs.append(batch[2].flatten().cpu()[kept])
+                kept["places"].append(document_positions(batch[2]).flatten().cpu()[mask])
+                kept["documents"].append(batch[2].flatten().cpu()[mask])
             else:
-                places.append(torch.arange(length).repeat(batch[0].shape[0])[kept])
+                kept["places"].append(torch.arange(batch[0].shape[1]).repeat(batch[0].shape[0])[mask])
             if token_bytes is not None:
-                sizes.append(size.cpu())
-    out = {"loss_sum": loss_sum, "correct": correct, "scored": count, "examples": examples}
-    if token_bytes is not None:
-        out["bytes"] = nbytes
+                kept["bytes"].append(size.cpu())
     if offsets:
-        seen_t, values_t = torch.cat(seen), torch.cat(values)
-        if len(torch.unique(seen_t)) != len(seen_t):
+        seen, values = torch.cat(kept.pop("offsets")), torch.cat(kept.pop("values"))
+        if len(torch.unique(seen)) != len(seen):
             raise RuntimeError("the windows scored a target twice")
-        out["scored_hash"] = scored_hash(seen_t, values_t, wide=token_bytes is not None)
+        out["scored_hash"] = scored_hash(seen, values, wide=token_bytes is not None)
         out["per_target"] = {
-            "offsets": seen_t.numpy(),
-            "losses": torch.cat(losses).numpy(),
-            "places": torch.cat(places).numpy(),
-            "bytes": torch.cat(sizes).numpy() if sizes else None,
-            "documents": torch.cat(docs).numpy() if docs else None,
+            "offsets": seen.numpy(),
+            **{k: torch.cat(v).numpy() if v else None for k, v in kept.items()},
         }
     return out
 
@@ -301,19 +292,9 @@ def per_text_document(documents: np.ndarray, losses: np.ndarray, sizes: np.ndarr
     ]
 
 
-def length_table(
-    module,
-    datamodule,
-    settings: Mapping[str, Any],
-    *,
-    train_context: int,
-    lengths: Optional[Sequence[int]] = None,
-    device=None,
-    autocast_dtype=None,
-    log=None,
-    on_row=None,
-    note=None,
-) -> List[Dict[str, Any]]:
+def length_table(module, datamodule, settings: Mapping[str, Any], *, train_context: int,
+                 lengths: Optional[Sequence[int]] = None, device=None, autocast_dtype=None, log=None, on_row=None,
+                 note=None) -> List[Dict[str, Any]]:  # fmt: skip
     """One row per (length, protocol, scaling, window): the columns of ``COLUMNS``; ``status`` is ``ok`` or
     ``n/a (why)``.  Bytes rows also carry ``per_document`` and (protocol ``windows``) ``per_position`` lists.
     ``settings``: every key of ``SETTINGS`` (conf/extrapolation/default.yaml); ``lengths``: default
@@ -333,8 +314,7 @@ def length_table(
     device = torch.device(device or next(module.parameters()).device)
     module.eval()
     model = module.model
-    schemes = rope_schemes(model)
-    scalings = [s for s in scalings or [] if s not in (None, "none")] if schemes else []
+    scalings = [s for s in scalings or [] if s not in (None, "none")] if rope_schemes(model) else []
     for s in scalings:
         if s not in ROWS:
             raise ValueError(f"scalings: unknown RoPE row {s!r}; expected one of {', '.join(ROWS)}")
@@ -346,9 +326,8 @@ def length_table(
         parts = segments(len(text), scored_bytes, max(lengths))
         scored = dict(segments=parts, documents=_documents_of(datamodule, split, len(text)))
         if log and parts[0][1] < len(text) - 1:
-            log(
-                f"(scoring {sum(n for _, n in parts)} of the {split} split's {len(text) - 1} bytes: {len(parts)} segments)"
-            )
+            log(f"(scoring {sum(n for _, n in parts)} of the {split} split's {len(text) - 1} bytes: "
+                f"{len(parts)} segments)")  # fmt: skip
     bucket = int(settings.get("position_bucket") or max(1, train_context // 4))
     windowed = bool(settings["window_control"] and (text is not None or tokens is not None))
     planned = {n: len(protocols) * (1 + len(scalings)) + (windowed and n > train_context) for n in lengths}
@@ -358,73 +337,35 @@ def length_table(
         what = (
             f"{sum(n for _, n in scored['segments'])} bytes of the {split} split" if scored else "the task's examples"
         )
-        note(
-            f"plan: {sum(planned.values())} rows ({todo} computed) at lengths {', '.join(map(str, lengths))}, "
-            f"each scoring {what}; the time left follows each row"
-        )
+        note(f"plan: {sum(planned.values())} rows ({todo} computed) at lengths {', '.join(map(str, lengths))}, "
+             f"each scoring {what}; the time left follows each row")  # fmt: skip
     spent, done = 0.0, 0
     rows: List[Dict[str, Any]] = []
     for length in lengths:
         rho = length / train_context
-        controls = (
-            [train_context]
-            if settings["window_control"] and (text is not None or tokens is not None) and length > train_context
-            else []
-        )
         variants = [(p, label, None) for p in protocols for label in ["none", *scalings]]
-        variants += [("windows", "none", w) for w in controls]
+        variants += [("windows", "none", train_context)] if windowed and length > train_context else []
         plain = {}
         for protocol, label, window in variants:
-            step = None
-            if text is not None:
-                step = length if protocol == "windows" else int(stride or default_stride(length))
-            row = {
-                "length": length,
-                "factor": round(rho, 4),
-                "protocol": protocol if text is not None or tokens is not None else None,
-                "scaling": label,
-                "window": window,
-                "loss": None,
-                "bpb": None,
-                "acc": None,
-                "examples": 0,
-                "scored": 0,
-                "bytes": None,
-                "documents": None,
-                "stride": step,
-                "scored_hash": None,
-                "seconds": 0.0,
-                "status": "ok",
-            }
+            step = None if text is None else length if protocol == "windows" else int(stride or default_stride(length))
+            row = {**dict.fromkeys(COLUMNS), "length": length, "factor": round(rho, 4), "scaling": label,
+                   "protocol": protocol if text is not None or tokens is not None else None, "window": window,
+                   "examples": 0, "scored": 0, "stride": step, "seconds": 0.0, "status": "ok"}  # fmt: skip
             same = plain.get(protocol)
             if label != "none" and rho <= 1 and same is not None:  # at or below the training length: as trained
                 row.update({k: same[k] for k in SAME if k in same})
             else:
                 t0 = time.perf_counter()
-                limited = _window(model, window)
-                _fill(
-                    row,
-                    module,
-                    datamodule,
-                    text,
-                    scored,
-                    split,
-                    task_examples,
-                    bucket,
-                    dict(
-                        batch_size=batch_for(length, model.cfg, batch_size, max_score_mb),
-                        device=device,
-                        autocast_dtype=autocast_dtype,
-                        token_bytes=tokens,
-                    ),
-                    _both(rope_row(model, label, rho, train_context), limited),
-                )
+                kw = dict(batch_size=batch_for(length, model.cfg, batch_size, max_score_mb), device=device,
+                          autocast_dtype=autocast_dtype, token_bytes=tokens)  # fmt: skip
+                limited = attention_window(model, window) if window else contextlib.nullcontext()
+                scaled = (rope_row(model, label, rho, train_context), limited)
+                _fill(row, module, datamodule, text, scored, split, task_examples, bucket, kw, scaled)
                 row["seconds"] = round(time.perf_counter() - t0, 2)
                 spent, done = spent + row["seconds"], done + 1
                 if note:  # at the pace so far; rows at longer lengths may take longer
-                    note(
-                        f"row {done} of {todo} computed in {row['seconds']:.0f} s; about {_left(spent / done * (todo - done))} left"
-                    )
+                    left = _left(spent / done * (todo - done))
+                    note(f"row {done} of {todo} computed in {row['seconds']:.0f} s; about {left} left")
             if label == "none" and not window:
                 plain[protocol] = row
             rows.append(row)
@@ -436,28 +377,13 @@ def length_table(
 
 
 def _left(seconds: float) -> str:
-    return (
-        f"{seconds:.0f} s"
-        if seconds < 120
-        else f"{seconds / 60:.0f} min"
-        if seconds < 7200
-        else f"{seconds / 3600:.1f} h"
-    )
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 # what a scaled row at or below the training length repeats of the row as trained: its results, not its name
 SAME = (*(c for c in COLUMNS if c not in KEY + ["factor", "stride", "seconds"]), "per_document", "per_position")
-
-
-def _window(model, window: Optional[int]):
-    """Every attention layer of ``model`` limited to the last ``window`` keys inside the block (None: as is)."""
-    return attention_window(model, window) if window else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _both(first, second):
-    with first, second:
-        yield
 
 
 def _documents_of(datamodule, split: str, n: int) -> list:
@@ -468,7 +394,8 @@ def _documents_of(datamodule, split: str, n: int) -> list:
 
 
 def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, kw, scaled) -> None:
-    """Score one row in place; data that cannot be that long, or a position table that ends before it: n/a."""
+    """Score one row in place, inside the context managers ``scaled`` (its RoPE row and attention window); data
+    that cannot be that long, or a position table that ends before it: n/a."""
     length = row["length"]
     tokens = kw.get("token_bytes")
     try:
@@ -484,7 +411,7 @@ def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, k
         row["status"] = f"n/a ({str(e).splitlines()[0][:120]})"
         return
     try:
-        with scaled:
+        with scaled[0], scaled[1]:
             s = score(module, dataset, offsets=text is not None or tokens is not None, **kw)
     except SequenceTooLong:
         drawn_below = module.model.cfg.position.get("max_position")  # randomized positions: N distinct below it
@@ -508,10 +435,10 @@ def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, k
     if tokens is not None:
         if t["documents"] is not None:
             row["per_document"] = per_text_document(t["documents"], t["losses"], t["bytes"])
-            row["documents"] = len(row["per_document"])
         row["per_position"] = per_position(t["places"], t["losses"], bucket, length, t["bytes"])
-        return
-    row["per_document"] = per_document(scored["documents"], t["offsets"], t["losses"])
-    row["documents"] = len(row["per_document"])
-    if row["protocol"] == "windows":
-        row["per_position"] = per_position(t["places"], t["losses"], bucket, length)
+    else:
+        row["per_document"] = per_document(scored["documents"], t["offsets"], t["losses"])
+        if row["protocol"] == "windows":
+            row["per_position"] = per_position(t["places"], t["losses"], bucket, length)
+    if "per_document" in row:
+        row["documents"] = len(row["per_document"])
