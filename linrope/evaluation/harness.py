@@ -33,7 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from linrope.evaluation.passkey import ByteTokenizer, Tokenizer, checkpoint_tokenizer
+from linrope.evaluation.passkey import ByteTokenizer, Tokenizer, load_model
 
 try:  # the harness is the `eval` extra (in `dev`); without it, this module says how to install it when used
     from lm_eval.api.model import LM as _HarnessBase
@@ -166,13 +166,7 @@ def evaluate_checkpoint(ckpt: str, tasks: Sequence[str], *, include_path: Option
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from linrope.run.checkpoint import load_checkpoint
-    from linrope.training.lit import LanguageModel
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checkpoint = load_checkpoint(str(ckpt))  # weights_only=True; one line if missing or broken
-    model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
-    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "harness", tokenizer)
+    device, _, model, tok = load_model(ckpt, device, "harness", tokenizer)
     lm = HarnessLM(model, tok, device=device, max_length=max_length)
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,

@@ -234,6 +234,27 @@ def checkpoint_tokenizer(checkpoint: Dict[str, Any], vocab_size: int, who: str, 
     return tok
 
 
+def load_model(ckpt, device: Optional[str], who: str, tokenizer: Optional[str] = None, shown=None) -> tuple:
+    """(device, checkpoint, model, tokenizer) of the checkpoint file ``ckpt`` for the command ``who``: loaded with
+    ``weights_only=True`` (one line if missing or broken) on ``device`` (default: cuda when available, else cpu),
+    the tokenizer ``checkpoint_tokenizer``'s; ``shown`` is given the checkpoint before the model is built."""
+    from linrope.run.checkpoint import load_checkpoint
+    from linrope.training.lit import LanguageModel
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint = load_checkpoint(str(ckpt))
+    if shown:
+        shown(checkpoint)
+    model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
+    return device, checkpoint, model, checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), who, tokenizer)
+
+
+def run_folder(ckpt) -> Path:
+    """The run folder of a checkpoint file: ``<run>`` for ``<run>/checkpoints/x.ckpt``, else the file's folder."""
+    folder = Path(str(ckpt)).expanduser().resolve().parent
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
 def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
     out = [int(round(train_context * f)) for f in factors]
     bad = [f for f in factors if not f > 0]
@@ -275,23 +296,17 @@ def check(cfg) -> None:
 
 
 def out_dir(cfg) -> Path:
-    if cfg.out:
-        return Path(str(cfg.out)).expanduser()
-    folder = Path(str(cfg.ckpt)).expanduser().resolve().parent
-    return (folder.parent if folder.name == "checkpoints" else folder) / "passkey"
+    return Path(str(cfg.out)).expanduser() if cfg.out else run_folder(cfg.ckpt) / "passkey"
 
 
 def probe(cfg) -> List[Dict[str, Any]]:
     """Score the checkpoint (and the positive control, ``control=true``) at factors × its training context; write
     passkey.csv and passkey.png into ``out`` (default ``<run>/passkey``), refusing to overwrite an earlier probe's."""
-    import csv
-
     from tqdm import tqdm
 
     from linrope.base.errors import ConfigError, SequenceTooLong
     from linrope.base.writable import writable_folder
-    from linrope.run.checkpoint import load_checkpoint
-    from linrope.training.lit import LanguageModel
+    from linrope.evaluation.tables import write_lines
 
     check(cfg)
     out = out_dir(cfg)
@@ -299,11 +314,8 @@ def probe(cfg) -> List[Dict[str, Any]]:
         if (out / name).exists():
             raise ConfigError(f"{out / name} exists (an earlier probe): pass out=<another folder> to keep both")
     writable_folder(out, "out")  # before the probe: a folder it cannot write is one line, not a traceback after it
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
-    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model.eval()
-    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "passkey", cfg.tokenizer)
-    context = int(model.cfg.max_len)
+    device, _, model, tok = load_model(cfg.ckpt, cfg.device, "passkey", cfg.tokenizer)
+    model, context = model.eval(), int(model.cfg.max_len)
     lengths = lengths_for(context, [float(f) for f in cfg.factors])
     depths = [float(d) for d in cfg.depths]
     arms: List[Tuple[str, Callable]] = [(model.cfg.name or "model", model)]
@@ -311,30 +323,28 @@ def probe(cfg) -> List[Dict[str, Any]]:
         arms.append(("control: induction oracle", InductionOracle(int(model.cfg.vocab_size))))
     rows: List[Dict[str, Any]] = []
     bar = tqdm(total=len(arms) * len(lengths) * len(depths) * int(cfg.trials), desc="passkey", unit="prompt")
+
+    def skipped(length: int, note: str) -> List[Dict[str, Any]]:  # a length not probed: a row per depth says why
+        bar.update(len(depths) * int(cfg.trials))
+        nan = {k: float("nan") for k in ("exact", "token_acc", "nll")}
+        return [{"length": length, "depth": d, "trials": 0, **nan, "note": note} for d in depths]
+
     for arm, logits_of in arms:
         for length in lengths:
-            if length < shortest(tok, int(cfg.digits)):
-                note = f"{length} tokens cannot hold the prompt's fixed text ({shortest(tok, int(cfg.digits))} tokens)"
-                got = [{"length": length, "depth": d, "trials": 0, "exact": float("nan"), "token_acc": float("nan"),
-                        "nll": float("nan"), "note": note} for d in depths]  # fmt: skip
-                rows += [{"arm": arm, "factor": length / context, **r} for r in got]
-                bar.update(len(depths) * int(cfg.trials))
-                continue
-            try:
-                got = passkey_table(logits_of, tok, [length], depths, trials=int(cfg.trials), digits=int(cfg.digits),
-                                    seed=int(cfg.seed), device=device, progress=bar.update)  # fmt: skip
-            except SequenceTooLong as e:  # a learned table of max_len positions: no longer prompt
-                got = [{"length": length, "depth": d, "trials": 0, "exact": float("nan"), "token_acc": float("nan"),
-                        "nll": float("nan"), "note": str(e).splitlines()[0]} for d in depths]  # fmt: skip
-                bar.update(len(depths) * int(cfg.trials))
+            fewest = shortest(tok, int(cfg.digits))
+            if length < fewest:
+                got = skipped(length, f"{length} tokens cannot hold the prompt's fixed text ({fewest} tokens)")
+            else:
+                try:
+                    got = passkey_table(logits_of, tok, [length], depths, trials=int(cfg.trials),
+                                        digits=int(cfg.digits), seed=int(cfg.seed), device=device,
+                                        progress=bar.update)  # fmt: skip
+                except SequenceTooLong as e:  # a learned table of max_len positions: no longer prompt
+                    got = skipped(length, str(e).splitlines()[0])
             rows += [{"arm": arm, "factor": length / context, **r} for r in got]
     bar.close()
-    out.mkdir(parents=True, exist_ok=True)
     keys = ["arm", "length", "factor", "depth", "trials", "exact", "token_acc", "nll", "note"]
-    with open(out / "passkey.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys, restval="")
-        w.writeheader()
-        w.writerows(rows)
+    write_lines(keys, ([r.get(k, "") for k in keys] for r in rows), out / "passkey.csv")
     mine = [r for r in rows if r["arm"] == arms[0][0] and r["trials"]]
     if mine:
         heatmap(mine, out / "passkey.png", f"{arms[0][0]}: pass key, {cfg.digits} digits, {cfg.trials} keys per cell "
