@@ -1,18 +1,12 @@
 """Length extrapolation of a trained checkpoint: ``python -m linrope evaluate ckpt=PATH lengths=[256,512,1024]``.
 
-A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key): overrides, multirun
-(``-m ckpt=a.ckpt,b.ckpt``) and ``--cfg job`` work as for ``train.py``.  What is measured and how
-(the same scored bytes at every length, the like-for-like RoPE rows) is in ``linrope.evaluation.extrapolation``.
-Writes ``evaluate.csv`` and ``evaluate.png`` to ``out`` (default: ``<run folder>/evaluate``, which is
-also Hydra's output folder, so nothing lands in the current directory), and ends with one line naming the
-command to run next on the checkpoint (``next_command``).
-
-Nothing read from disk runs code: the checkpoint is loaded with ``weights_only=True`` and the model
-rebuilt from its ``hyper_parameters`` through linrope's own model builder; the data module is rebuilt
-from the checkpoint's saved data hyper-parameters (or ``config=PATH``, a run's ``.hydra/config.yaml``)
-through ``linrope.data.rebuild`` — a fixed table of linrope's data modules, never a ``_target_``.
-
-train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.enabled=true``.
+A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key).  What is measured and how is in
+``linrope.evaluation.extrapolation``.  Writes ``evaluate.csv`` and ``evaluate.png`` to ``out`` (default
+``<run folder>/evaluate``, also Hydra's output folder: nothing lands in the current directory), and ends with
+the command to run next (``next_command``).  Nothing read from disk runs code: the checkpoint is loaded with
+``weights_only=True``, and the data module rebuilt from its saved data hyper-parameters (or ``config=PATH``)
+through ``linrope.data.rebuild``, a fixed table, never a ``_target_``.  train.py calls
+``extrapolate_after_test`` after testing when ``extrapolation.enabled=true``.
 """
 
 from __future__ import annotations
@@ -72,8 +66,19 @@ def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
     return f"length extrapolation: {name}{suffix}, trained at {train_context}"
 
 
-def write_table(module, datamodule, settings, out: Path, stem: str, *, train_context: int, lengths=None,
-                title_suffix: str = "", kept: Optional[list] = None, **score) -> tuple:  # fmt: skip
+def write_table(
+    module,
+    datamodule,
+    settings,
+    out: Path,
+    stem: str,
+    *,
+    train_context: int,
+    lengths=None,
+    title_suffix: str = "",
+    kept: Optional[list] = None,
+    **score,
+) -> tuple:
     """The table of one model (``length_table``) written as ``<out>/<stem>.csv`` (bytes: with each row's loss per
     document and per position in ``<stem>_documents.csv`` and ``<stem>_positions.csv``) and plotted as
     ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here.  The CSV is
@@ -94,8 +99,9 @@ def write_table(module, datamodule, settings, out: Path, stem: str, *, train_con
             write_details(done, out / f"{stem}_positions.csv", "positions")
 
     settings = {k: settings[k] for k in SETTINGS}
-    rows = length_table(module, datamodule, settings, train_context=train_context, lengths=lengths, on_row=written,
-                        **score)  # fmt: skip
+    rows = length_table(
+        module, datamodule, settings, train_context=train_context, lengths=lengths, on_row=written, **score
+    )
     write_all(rows)  # also a table of no row
     title = plot_title(module.hparams["model"], train_context, title_suffix)
     png = plot_length_table(rows, out / f"{stem}.png", train_context=train_context, title=title, name=row_name)
@@ -117,9 +123,16 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
     was = next(module.parameters()).device
     module.to(device)
     try:
-        rows, csv_path, png = write_table(module, datamodule, cfg.extrapolation, Path(cfg.paths.output_dir),
-                                          "extrapolation", train_context=int(datamodule.context), device=device,
-                                          autocast_dtype=autocast)  # fmt: skip
+        rows, csv_path, png = write_table(
+            module,
+            datamodule,
+            cfg.extrapolation,
+            Path(cfg.paths.output_dir),
+            "extrapolation",
+            train_context=int(datamodule.context),
+            device=device,
+            autocast_dtype=autocast,
+        )
     finally:
         module.to(was)
     print(f"length extrapolation ({csv_path}):\n{format_table(rows)}")
@@ -255,10 +268,19 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     kept: List[Dict[str, Any]] = []
     with _stop_says_what_is_kept(Path(str(cfg.out)) / "evaluate.csv", kept):
         rows, csv_path, png = write_table(
-            module, datamodule, cfg, Path(str(cfg.out)), "evaluate", train_context=train_context, lengths=lengths,
-            kept=kept, title_suffix=f" ({ckpt.name})", device=device, log=lambda line: print(line, flush=True),
+            module,
+            datamodule,
+            cfg,
+            Path(str(cfg.out)),
+            "evaluate",
+            train_context=train_context,
+            lengths=lengths,
+            kept=kept,
+            title_suffix=f" ({ckpt.name})",
+            device=device,
+            log=lambda line: print(line, flush=True),
             note=lambda line: print(line, file=sys.stderr, flush=True),  # the plan and the time left: stderr
-        )  # fmt: skip
+        )
     print(f"wrote {csv_path} and {png}")
     print(next_command(ckpt, module.task), flush=True)
     return rows
@@ -270,11 +292,10 @@ def next_command(ckpt: Path, task: str) -> str:
     from linrope.training.after_training import ckpt_arg, shown_path
 
     if task in ("bytes", "text"):
-        return (
-            f"next: python -m linrope passkey {ckpt_arg(shown_path(ckpt))}    "
-            f"# retrieval of a key hidden at 1-16x the training context"
-        )
-    return f"next: python -m linrope report {shlex.quote(shown_path(run_folder(ckpt)))}    # the run's tables and figures: report.md"
+        what = f"passkey {ckpt_arg(shown_path(ckpt))}    # retrieval of a key hidden at 1-16x the training context"
+    else:
+        what = f"report {shlex.quote(shown_path(run_folder(ckpt)))}    # the run's tables and figures: report.md"
+    return f"next: python -m linrope {what}"
 
 
 @contextlib.contextmanager

@@ -2,17 +2,12 @@
 
     python -m linrope generate ckpt=PATH prompt='"def main("' max_new_tokens=300 temperature=0.8 top_k=40
 
-Linear-attention models generate with the recurrent form: each new byte updates the carried
-state (S, z) of every layer, so memory per token is constant whatever the length.  Softmax
-models re-read the last ``model.max_len`` bytes at every step.  The checkpoint is loaded with
-``weights_only=True``; a missing or broken one is one line.  Writes nothing to disk.
-
-The text is streamed: each byte is printed (and flushed) as it is sampled.  Ctrl+C or SIGTERM stops
-it with every byte sampled so far printed, one line on stderr and exit status 130 / 143.  More than
-``MAX_NEW_TOKENS`` bytes are refused unless ``allow_long=true`` says the request is meant.  A prompt that is
-not UTF-8 (the bytes of another encoding in the shell's argument) is one line, before Hydra reads it
-(``linrope.config.command_line.encoding_errors``).  In a prompt ``\\n`` is a newline, ``\\t`` a tab and ``\\\\`` a
-backslash (``prompt_text``).  Log lines go to stderr (``conf/hydra/job_logging/stderr.yaml``): stdout is the text.
+Linear-attention models generate with the recurrent form (constant memory per token); softmax models re-read the
+last ``model.max_len`` tokens at every step.  The text streams to stdout as it is sampled (log lines go to
+stderr); Ctrl+C or SIGTERM stops it with everything sampled printed, one line on stderr, exit status 130 / 143.
+More than ``MAX_NEW_TOKENS`` are refused unless ``allow_long=true``.  A prompt that is not UTF-8 is one line
+before Hydra reads it (``linrope.config.command_line.encoding_errors``); in a prompt ``\\n`` is a newline, ``\\t``
+a tab and ``\\\\`` a backslash (``prompt_text``).  Writes nothing to disk.
 """
 
 from __future__ import annotations
@@ -176,6 +171,7 @@ def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> 
         print(describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr)
 
     device, _, model, tok = load_model(cfg.ckpt, cfg.device, "generate", cfg.get("tokenizer"), shown)
+    tok = None if isinstance(tok, ByteTokenizer) else tok  # a data=text run's: not the bytes of data=bytes
     return generate_text(
         model,
         prompt_text(cfg.prompt),
@@ -185,7 +181,7 @@ def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> 
         seed=int(cfg.seed),
         device=device,
         write=write,
-        tokenizer=None if isinstance(tok, ByteTokenizer) else tok,  # a data=text run's: not the bytes of data=bytes
+        tokenizer=tok,
     )
 
 

@@ -1,21 +1,16 @@
 """The pass-key probe (Mohtashami & Jaggi 2023, "Landmark Attention"; the "needle in a haystack" of later work): a
 random key of ``digits`` digits hidden at a controlled depth in filler text, the model asked for it at the end,
-at lengths of 1–16× its training context.  Nothing is downloaded: the filler is the classic repeated lines (or
-any text given), and any tokenizer with ``encode``/``decode`` serves: the command reads the checkpoint's own
-(``checkpoint_tokenizer``: bytes for data=bytes, ``data.tokenizer`` for data=text), or ``tokenizer=`` names one.
-Each piece of the prompt (intro, filler, needle, question, answer) is encoded alone and the pieces joined, so a
-subword tokenizer splits the key the same way wherever it is hidden.
+at 1–16× its training context (docs/usage.md, "The pass-key probe").  Nothing is downloaded; any tokenizer with
+``encode``/``decode`` serves (the command reads the checkpoint's own: ``checkpoint_tokenizer``).  Each piece of
+the prompt is encoded alone and the pieces joined, so a subword tokenizer splits the key the same way wherever it
+is hidden.
 
-Scoring is one forward pass per prompt: the prompt and the answer, teacher-forced.  The key is retrieved
-(``exact``) when the most likely next token at every answer position is the answer's token: exactly when greedy
-decoding would write the key, without running the decoder.  ``token_acc`` is the fraction of the answer's tokens
-so predicted, ``nll`` the answer's mean negative log-likelihood per token (nats).
-
-The positive control (``control=true``, ``InductionOracle``): a model that predicts each token by copying what
-followed the longest earlier occurrence of its context's last tokens (an induction head, written out).  It
-retrieves the key at every length and depth if the prompts are answerable by copying and the scoring is right;
-a model that fails where the oracle succeeds fails to retrieve, not to parse the prompt.  The negative
-control is chance: a key of k digits guessed at random is exact with probability 10⁻ᵏ."""
+Scoring is one teacher-forced forward pass per prompt: the key is retrieved (``exact``) when the most likely
+token at every answer position is the answer's, exactly when greedy decoding would write it; ``token_acc`` is the
+fraction so predicted, ``nll`` the answer's mean negative log-likelihood per token (nats).  The positive control
+(``control=true``, ``InductionOracle``) copies what followed the longest earlier occurrence of its context: it
+retrieves the key everywhere if the prompts are answerable by copying and the scoring is right, so a model that
+fails where it succeeds fails to retrieve.  The negative control is chance: 10⁻ᵏ for k digits."""
 
 from __future__ import annotations
 
@@ -158,14 +153,8 @@ def passkey_table(
                 cells.append(score_prompt(logits_of, prompt, device))
                 if progress:
                     progress(1)
-            rows.append(
-                {
-                    "length": int(length),
-                    "depth": float(depth),
-                    "trials": trials,
-                    **{k: sum(c[k] for c in cells) / trials for k in ("exact", "token_acc", "nll")},
-                }
-            )
+            mean = {k: sum(c[k] for c in cells) / trials for k in ("exact", "token_acc", "nll")}
+            rows.append({"length": int(length), "depth": float(depth), "trials": trials, **mean})
     return rows
 
 
@@ -256,16 +245,13 @@ def run_folder(ckpt) -> Path:
 
 
 def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
-    out = [int(round(train_context * f)) for f in factors]
     bad = [f for f in factors if not f > 0]
     if bad:
         raise ValueError(f"passkey: factors must be positive, got {bad}")
-    return out
+    return [int(round(train_context * f)) for f in factors]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# the command: python -m linrope passkey ckpt=PATH (conf/passkey.yaml)
-# ---------------------------------------------------------------------------------------------------------------
+# ---- the command: python -m linrope passkey ckpt=PATH (conf/passkey.yaml) -------------------------------------
 @dataclass
 class PasskeySettings:
     """The keys of ``conf/passkey.yaml`` (their values and meaning there), with their types and ranges."""
@@ -315,7 +301,8 @@ def probe(cfg) -> List[Dict[str, Any]]:
             raise ConfigError(f"{out / name} exists (an earlier probe): pass out=<another folder> to keep both")
     writable_folder(out, "out")  # before the probe: a folder it cannot write is one line, not a traceback after it
     device, _, model, tok = load_model(cfg.ckpt, cfg.device, "passkey", cfg.tokenizer)
-    model, context = model.eval(), int(model.cfg.max_len)
+    model.eval()
+    context = int(model.cfg.max_len)
     lengths = lengths_for(context, [float(f) for f in cfg.factors])
     depths = [float(d) for d in cfg.depths]
     arms: List[Tuple[str, Callable]] = [(model.cfg.name or "model", model)]

@@ -43,7 +43,8 @@ def row_name(row: Dict[str, Any]) -> str:
     every plain row), else its protocol, RoPE scaling and attention window (``windows``, ``pi``, ``windows
     window128``) — the suffix of its metric in a study's results (``bpb@2048 windows``)."""
     protocol, scaling, window = row.get("protocol") or "sliding", row.get("scaling") or "none", row.get("window")
-    named = [protocol != "sliding" and protocol, scaling != "none" and scaling, bool(window) and f"window{window}"]
+    named = [protocol if protocol != "sliding" else "", scaling if scaling != "none" else ""]
+    named.append(f"window{window}" if window else "")
     return " ".join(p for p in named if p) or "none"
 
 
