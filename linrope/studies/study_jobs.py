@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index, metrics_files, read_metrics
-from linrope.base.nested import flatten, under
+from linrope.base.nested import differing, flatten
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
@@ -92,20 +92,11 @@ def _saved(path: str, _stamp: int, _size: int) -> Dict[str, Any]:
     return flat(node) if OmegaConf.is_dict(node) else {"(.hydra/config.yaml)": "not a mapping"}
 
 
-_ABSENT = "(absent)"
-
-
 def differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
     """``key: old → new`` for every compared key whose value differs: first the keys both hold, then the keys
     only one holds (a component swapped for another brings its own options)."""
-    keys = sorted(
-        (k for k in set(old) | set(new) if not under(k, IGNORED)), key=lambda k: (not (k in old and k in new), k)
-    )
-    return [
-        f"{k}: {old.get(k, _ABSENT)} → {new.get(k, _ABSENT)}"
-        for k in keys
-        if old.get(k, _ABSENT) != new.get(k, _ABSENT)
-    ]
+    shared_first = sorted(set(old) | set(new), key=lambda k: (k not in old or k not in new, k))
+    return [f"{k}: {a} → {b}" for k, a, b in differing(old, new, IGNORED, keys=shared_first)]
 
 
 def current_code() -> str:
