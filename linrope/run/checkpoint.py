@@ -52,7 +52,7 @@ def config_differences(found: Optional[Mapping], expected: Optional[Mapping], li
         return ""
     a, b = flatten(found, "model."), flatten(expected, "model.")
     diffs = [f"{k}: {x} in the checkpoint, {y} now" for k, x, y in differing(a, b, null_is_absent=True)]
-    return "; ".join(diffs[:limit]) + (f"; … {len(diffs) - limit} more" if len(diffs) > limit else "")
+    return first_names(diffs, limit, "; ", "; …")
 
 
 def check_state_dict(

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index, metrics_files, read_metrics
+from linrope.base.errors import first_names
 from linrope.base.nested import differing, flatten
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
@@ -130,7 +131,7 @@ def mismatch(
     if old is None:
         return "it holds a run without a saved configuration (.hydra/config.yaml) to compare"
     diff = differences(old, requested)
-    parts = [", ".join(diff[:SHOWN]) + (f" and {len(diff) - SHOWN} more" if len(diff) > SHOWN else "")] if diff else []
+    parts = [first_names(diff, SHOWN, more=" and")]
     on_disk = (folder / ".hydra" / "config.yaml").is_file()
     prov = read_provenance(folder) if on_disk else (record(folder) or {}).get("provenance")
     theirs = code_text(prov) if prov else None
