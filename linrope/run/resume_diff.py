@@ -22,11 +22,13 @@ from typing import Any, Dict, List, Mapping, Optional
 from linrope.base.nested import ABSENT, differing, flatten, under
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
-# settings that differ between a run and its continuation by construction (folders, what to do now, output)
-NOT_COMPARED = tuple(
-    "paths. hydra. ckpt_path train test callbacks. logger. tags task_name trainer.default_root_dir "
-    "trainer.enable_progress_bar extrapolation. data.num_workers".split()
+# settings that cannot change what a run computes: where it writes, how it logs and shows progress, how it resumes
+HOUSEKEEPING = tuple(
+    "paths. hydra. ckpt_path logger. tags task_name trainer.default_root_dir trainer.enable_progress_bar "
+    "data.num_workers".split()
 )
+# settings that differ between a run and its continuation by construction (besides those: what to do now, output)
+NOT_COMPARED = HOUSEKEEPING + ("train", "test", "callbacks.", "extrapolation.")
 # settings that decide which examples come in which order: changing them breaks the data order's reproducibility
 DATA_ORDER = ("seed", "context", "data.")
 DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"

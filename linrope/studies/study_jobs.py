@@ -28,13 +28,11 @@ from linrope.base.nested import differing, flatten
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
+from linrope.run.resume_diff import HOUSEKEEPING
 
-# settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
-# its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)
-IGNORED = tuple(
-    "paths. hydra. ckpt_path logger. tags task_name trainer.enable_progress_bar trainer.default_root_dir "
-    "data.num_workers model.name".split()
-)
+# settings that cannot change what a job computes: a run's housekeeping and its label (model.name: train.py writes the
+# chosen pair's label into the saved config; a composed job has the preset's)
+IGNORED = HOUSEKEEPING + ("model.name",)
 SHOWN = 4  # differing keys named in a refusal; the rest are counted
 
 
