@@ -20,7 +20,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from linrope.base.atomic import atomic_torch_save, file_problem
 from linrope.base.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint, first_names
-from linrope.base.nested import flatten
+from linrope.base.nested import differing, flatten
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -51,12 +51,8 @@ def config_differences(found: Optional[Mapping], expected: Optional[Mapping], li
     if not found or not expected:
         return ""
     a, b = flatten(found, "model."), flatten(expected, "model.")
-    diffs = [
-        f"{k}: {a.get(k, '(absent)')} in the checkpoint, {b.get(k, '(absent)')} now"
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k)
-    ]
-    return "; ".join(diffs[:limit]) + (f"; … {len(diffs) - limit} more" if len(diffs) > limit else "")
+    diffs = [f"{k}: {x} in the checkpoint, {y} now" for k, x, y in differing(a, b, null_is_absent=True)]
+    return first_names(diffs, limit, "; ", "; …")
 
 
 def check_state_dict(

@@ -19,14 +19,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from linrope.base.nested import flatten, under
+from linrope.base.nested import ABSENT, differing, flatten, under
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
-# settings that differ between a run and its continuation by construction (folders, what to do now, output)
-NOT_COMPARED = tuple(
-    "paths. hydra. ckpt_path train test callbacks. logger. tags task_name trainer.default_root_dir "
-    "trainer.enable_progress_bar extrapolation. data.num_workers".split()
+# settings that cannot change what a run computes: where it writes, how it logs and shows progress, how it resumes
+HOUSEKEEPING = tuple(
+    "paths. hydra. ckpt_path logger. tags task_name trainer.default_root_dir trainer.enable_progress_bar "
+    "data.num_workers".split()
 )
+# settings that differ between a run and its continuation by construction (besides those: what to do now, output)
+NOT_COMPARED = HOUSEKEEPING + ("train", "test", "callbacks.", "extrapolation.")
 # settings that decide which examples come in which order: changing them breaks the data order's reproducibility
 DATA_ORDER = ("seed", "context", "data.")
 DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"
@@ -51,10 +53,7 @@ def saved_config(checkpoint: Mapping[str, Any]) -> tuple:
 def _show(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(map(_show, v)) + "]"
-    return "(absent)" if v is _ABSENT else str(v)
-
-
-_ABSENT = object()
+    return str(v)
 
 
 def changes(
@@ -66,12 +65,7 @@ def changes(
 ) -> List[Dict[str, Any]]:
     """``[{"key", "old", "new", "also": [folded keys], "data_order": bool}]`` for the compared keys that differ.
     ``whole``: ``old`` is a run's whole config (else only keys ``old`` holds are compared)."""
-    keys = sorted(set(old) | set(new)) if whole else sorted(old)
-    differ = {
-        k: (old.get(k, _ABSENT), new.get(k, _ABSENT))
-        for k in keys
-        if not under(k, NOT_COMPARED) and old.get(k, _ABSENT) != new.get(k, _ABSENT)
-    }
+    differ = {k: (a, b) for k, a, b in differing(old, new, NOT_COMPARED, keys=None if whole else sorted(old))}
     raw = new_unresolved or {}
     follows = {}
     for k in differ:
@@ -83,7 +77,7 @@ def changes(
         if k in follows:
             continue
         also = sorted(f for f, src in follows.items() if src == k)
-        old, new = (None if v is _ABSENT else v for v in (a, b))
+        old, new = (None if v is ABSENT else v for v in (a, b))
         data_order = under(k, DATA_ORDER) or any(under(f, DATA_ORDER) for f in also)
         line = f"resume: {k} {_show(a)} → {_show(b)}" + (f" (also {', '.join(also)})" if also else "")
         line += f" — {DATA_ORDER_NOTE}" if data_order else ""
