@@ -14,7 +14,7 @@ from linrope.base.plots import Curve, Panel, by_last_value, config_style, plot_c
 
 
 def resolved(r) -> bool:
-    """A claim's verdict at one arm (arms.Corrected): Holm's, none where the control missed its bar: the table's
+    """A claim's verdict at one arm (report.claims.Corrected): Holm's, none where the control missed its bar: the table's
     bold."""
     return bool(r.resolved)
 
@@ -22,7 +22,7 @@ def resolved(r) -> bool:
 def plot_claims(
     claims: Sequence[Any], per_arm: Sequence[Dict[Any, Any]], names: Sequence[str], path: Path, title: str
 ) -> Optional[Path]:
-    """The forest plot of ``claims`` (study_config.Claim) with each arm's arms.Corrected (or None) in ``per_arm``."""
+    """The forest plot of ``claims`` (study_config.Claim) with each arm's report.claims.Corrected (or None) in ``per_arm``."""
     from matplotlib.lines import Line2D
 
     from linrope.base.plots import pyplot, save

@@ -27,9 +27,10 @@ from linrope.analysis.cells import (
 )
 from linrope.analysis.report import caveats, provenance
 from linrope.analysis.report import files as outputs
+from linrope.analysis.report.claims import claim_results
 from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
-from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
+from linrope.analysis.stats import LEVEL, Paired, mean_ci
 from linrope.base.errors import first_names
 from linrope.base.plots import Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves
 
@@ -70,17 +71,6 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
     sign = -1 if higher_is_better(metric) else 1
     rows.sort(key=lambda r: (r[first].mean is None, sign * (r[first].mean or 0.0), r["label"]))
     return rows
-
-
-def pair_results(
-    groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]], value
-) -> List[Tuple[str, str, Paired]]:
-    """(A, B, A − B over matching seeds) for each pair whose two configurations are both in ``groups``."""
-    return [
-        (a, b, paired(by_seed(groups[a], value), by_seed(groups[b], value), LEVEL))
-        for a, b in pairs
-        if a in groups and b in groups
-    ]
 
 
 def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
@@ -194,16 +184,17 @@ def task_section(
             f"Test sequences are {' / '.join(map(str, sorted(factors)))} × the training context (data.test_factor).",
             "",
         ]
-    metric, how = cols[0][1], cols[0][2]
-    results = pair_results(groups, pairs, lambda r: r.value(metric, how))
+    metric = cols[0][1]  # a test metric: its last value (claims.value_of)
+    claims = [study_config.Claim(f"{a} − {b}", metric, a, b) for a, b in pairs]
+    results = [(c, r) for c, r in claim_results(groups, claims, documents=False).items() if r is not None]
     if results:
         parts += [
             f"### Paired differences, {task} ({metric}, A − B over matching seeds)",
             "",
-            *[verdict(a, b, metric, res, cols[0][3]) for a, b, res in results],
+            *[verdict(c.a, c.b, metric, r, cols[0][3]) for c, r in results],
             "",
         ]
-        pair_rows += [pair_record(task, metric, a, b, res) for a, b, res in results]
+        pair_rows += [pair_record(task, metric, c.a, c.b, r) for c, r in results]
     parts += caveats.movement_section(task, groups)
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
