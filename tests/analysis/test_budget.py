@@ -65,7 +65,7 @@ def test_extrapolation_claims_read_the_table_as_trained():
     assert value_of("bpb@256")(run) == 2.0 and value_of("bpb@512")(run) is None
 
 
-class R:  # an arms.Corrected stand-in: resolved (after Holm) iff lo and hi share a sign
+class R:  # a report.claims.Corrected stand-in: resolved (after Holm) iff lo and hi share a sign
     def __init__(self, mean, lo, hi, n=3):
         self.diff = type(
             "D", (), {"mean": mean, "lo": lo, "hi": hi, "n": n, "excludes_zero": lambda s: lo > 0 or hi < 0}
