@@ -290,9 +290,9 @@ def probe(cfg) -> List[Dict[str, Any]]:
     passkey.csv and passkey.png into ``out`` (default ``<run>/passkey``), refusing to overwrite an earlier probe's."""
     from tqdm import tqdm
 
+    from linrope.base.csv_files import write_rows
     from linrope.base.errors import ConfigError, SequenceTooLong
     from linrope.base.writable import writable_folder
-    from linrope.evaluation.tables import write_lines
 
     check(cfg)
     out = out_dir(cfg)
@@ -331,7 +331,7 @@ def probe(cfg) -> List[Dict[str, Any]]:
             rows += [{"arm": arm, "factor": length / context, **r} for r in got]
     bar.close()
     keys = ["arm", "length", "factor", "depth", "trials", "exact", "token_acc", "nll", "note"]
-    write_lines(keys, ([r.get(k, "") for k in keys] for r in rows), out / "passkey.csv")
+    write_rows(rows, keys, out / "passkey.csv")
     mine = [r for r in rows if r["arm"] == arms[0][0] and r["trials"]]
     if mine:
         heatmap(mine, out / "passkey.png", f"{arms[0][0]}: pass key, {cfg.digits} digits, {cfg.trials} keys per cell "
