@@ -39,7 +39,8 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes, the tokenizer of data=bytes."""
+    """UTF-8 bytes, the tokenizer of data=bytes: 256 ids, no end-of-document one (linrope.data.tokenizer's
+    ``bytes``, of data=text, adds EOD = 256; generate tells the two apart by their class)."""
 
     vocab_size = 256
 
