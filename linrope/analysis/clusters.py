@@ -9,7 +9,6 @@ says of them and of its p floor."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -18,6 +17,7 @@ import numpy as np
 from linrope.analysis.cells import write_csv
 from linrope.analysis.runs import Run
 from linrope.analysis.stats import P_FLOOR
+from linrope.base.csv_files import read_rows
 from linrope.base.errors import ResultsError
 
 SHINGLE = 8  # bytes per shingle: one uint64, exact
@@ -111,9 +111,7 @@ def records(documents: Sequence[Tuple[str, bytes]], threshold: float = THRESHOLD
 def read(path: Path) -> Optional[Dict[str, int]]:
     """{document: cluster} of a ``clusters.csv``, or None when there is none (or it is not one)."""
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        return {r["document"]: int(r["cluster"]) for r in rows}
+        return {r["document"]: int(r["cluster"]) for r in read_rows(path)[1]}
     except (OSError, KeyError, TypeError, ValueError):
         return None
 

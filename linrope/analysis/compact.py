@@ -7,8 +7,6 @@ there wins); the raw logs are not kept: nothing is computed from them."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import re
@@ -17,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from linrope.analysis import runs
 from linrope.analysis.runs import COMPACT, CURVES, FORMAT, flatten, read_json
+from linrope.base.csv_files import csv_text
 from linrope.evaluation.tables import DETAILS, KEY, row_name
 
 STUDY_RECORD = "study_job.json"  # what linrope study writes into a job's folder when the job has finished
@@ -70,11 +69,10 @@ def write(folder: Path, finished_only: bool = False) -> int:
     _replace(folder / COMPACT, dumps({"format": FORMAT, "about": ABOUT, "runs": kept}))
     for which, lines in details.items():
         if lines:
-            _replace(folder / f"{which}.csv", _csv(["run", *KEY, *DETAILS[which][1]], lines))
+            _replace(folder / f"{which}.csv", csv_text(lines, ["run", *KEY, *DETAILS[which][1]], "\n"))
     columns = ["run", *dict.fromkeys(c for _, cols, _ in entries.values() for c in cols if c != "run")]
-    _replace(
-        folder / CURVES, _csv(columns, [{"run": name, **row} for name, (_, _, rows) in entries.items() for row in rows])
-    )
+    curves = [{"run": name, **row} for name, (_, _, rows) in entries.items() for row in rows]
+    _replace(folder / CURVES, csv_text(curves, columns, "\n"))
     _replace(folder / RESULTS, results_csv([(record, rows) for record, _, rows in entries.values()]))
     return len(entries)
 
@@ -83,7 +81,7 @@ def results_csv(runs: List[Tuple[Mapping[str, Any], List[Dict[str, str]]]]) -> s
     """``results.csv`` of (record, curve rows) pairs: a ``results_row`` each, the columns in its three parts."""
     table = [results_row(record, rows) for record, rows in runs]
     columns = [k for part in range(3) for k in dict.fromkeys(k for r in table for k in r[part])]
-    return _csv(columns, [{**who, **values, **where} for who, values, where in table])
+    return csv_text([{**who, **values, **where} for who, values, where in table], columns, "\n")
 
 
 def dumps(value: Any) -> str:
@@ -129,14 +127,6 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
 
 def _rank(metric: str) -> int:
     return next(i for i, p in enumerate(("test/", "val/", "train/", "")) if metric.startswith(p))
-
-
-def _csv(columns: List[str], rows: List[Mapping[str, Any]]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    w.writeheader()
-    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in columns} for r in rows)
-    return out.getvalue()
 
 
 def _replace(path: Path, text: str) -> None:

@@ -8,7 +8,6 @@ context-limited control (``positions.png``)."""
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -20,6 +19,7 @@ from linrope.analysis.clusters import cluster_lines, document_clusters, floor_te
 from linrope.analysis.multiplicity import adjust, resolved_count
 from linrope.analysis.runs import Run, extrapolation_row
 from linrope.analysis.seed_outcomes import seed_outcomes
+from linrope.base.csv_files import read_rows
 from linrope.base.plots import Curve, Panel, plot_curves, series_colour
 from linrope.evaluation.tables import row_name
 
@@ -210,8 +210,7 @@ def read_references(folder: Path) -> Optional[References]:
     path = folder / "references.csv"
     if not path.is_file():
         return None
-    with open(path, newline="") as f:
-        return References(list(csv.DictReader(f)))
+    return References(read_rows(path)[1])
 
 
 def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional[References], str]:

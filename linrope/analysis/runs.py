@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import yaml
 from omegaconf import OmegaConf
 
+from linrope.base.csv_files import read_rows
 from linrope.base.nested import flatten
 from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details, row_name
 from linrope.run.provenance import read as read_provenance
@@ -106,10 +107,7 @@ def _step(row: Mapping[str, Optional[str]]) -> Optional[int]:
 
 def _csv_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
     try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            rows = [{k: v for k, v in row.items() if k is not None} for row in reader]
-            return list(reader.fieldnames or []), rows
+        return read_rows(path)
     except (UnicodeDecodeError, csv.Error) as e:
         raise SystemExit(
             f"linrope: {path}: not a metrics CSV file ({type(e).__name__}: {str(e)[:80]}); "

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from linrope.base.atomic import file_problem
 from linrope.base.errors import ConfigError, UnknownOption
 from linrope.base.nested import get
 from linrope.base.options import declared, option_errors, value_errors
@@ -383,8 +384,6 @@ def checkpoint_path(cfg) -> Optional[str]:
         path = last
     else:
         path = Path(os.path.expanduser(ckpt))
-    from linrope.base.atomic import file_problem  # torch, imported only when a checkpoint is given
-
     problem = file_problem(path) or _checkpoint_content_problem(path, get(cfg, "model"))
     if problem:
         raise ConfigError(

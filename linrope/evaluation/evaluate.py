@@ -29,11 +29,11 @@ from pydantic import Field
 from linrope.base.errors import ConfigError, LinropeError
 from linrope.base.options import declared, option_errors
 from linrope.base.plots import plot_length_table
+from linrope.base.stopping import Stopped, signals_to, stopped
 from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.config.settings import ExtrapolationSettings
 from linrope.data.rebuild import build_data_module
 from linrope.evaluation.extrapolation import SETTINGS, length_table
-from linrope.evaluation.generate import Stopped, signals_to, stopped
 from linrope.evaluation.passkey import run_folder
 from linrope.evaluation.tables import COLUMNS, HEADER, format_table, row_name, write_csv, write_details
 from linrope.run.checkpoint import load_checkpoint

@@ -13,11 +13,9 @@ a tab and ``\\\\`` a backslash (``prompt_text``).  Writes nothing to disk.
 from __future__ import annotations
 
 import codecs
-import contextlib
 import re
 import signal
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Optional
 
@@ -28,42 +26,13 @@ from pydantic import Field
 
 from linrope.base.errors import ConfigError, LinropeError
 from linrope.base.options import Count, declared, option_errors
+from linrope.base.stopping import Stopped, signals_to, stopped
 from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.evaluation.passkey import ByteTokenizer, load_model
 from linrope.run.provenance import collect as current_provenance
 from linrope.run.resume_diff import describe_checkpoint
 
 MAX_NEW_TOKENS = 1_000_000  # above this, allow_long=true is needed (about an hour of CPU for a small model)
-
-
-class Stopped(BaseException):
-    """SIGINT or SIGTERM during generation (BaseException: nothing on the way swallows it)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-        self.text: Optional[str] = None  # prompt + the text sampled so far (None: stopped before sampling)
-        self.sampled = 0  # bytes sampled
-
-
-def stopped(signum, frame):
-    """The handler of ``signals_to`` that stops a command: raises ``Stopped``."""
-    raise Stopped(signum)
-
-
-@contextlib.contextmanager
-def signals_to(handler):
-    """SIGINT and SIGTERM go to ``handler`` inside the block, their own handlers restored after; in the main thread
-    only (another thread cannot set them: there the block runs as it is)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

@@ -39,7 +39,8 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes, the tokenizer of data=bytes."""
+    """UTF-8 bytes, the tokenizer of data=bytes: 256 ids, no end-of-document one (linrope.data.tokenizer's
+    ``bytes``, of data=text, adds EOD = 256; generate tells the two apart by their class)."""
 
     vocab_size = 256
 
@@ -290,9 +291,9 @@ def probe(cfg) -> List[Dict[str, Any]]:
     passkey.csv and passkey.png into ``out`` (default ``<run>/passkey``), refusing to overwrite an earlier probe's."""
     from tqdm import tqdm
 
+    from linrope.base.csv_files import write_rows
     from linrope.base.errors import ConfigError, SequenceTooLong
     from linrope.base.writable import writable_folder
-    from linrope.evaluation.tables import write_lines
 
     check(cfg)
     out = out_dir(cfg)
@@ -331,7 +332,7 @@ def probe(cfg) -> List[Dict[str, Any]]:
             rows += [{"arm": arm, "factor": length / context, **r} for r in got]
     bar.close()
     keys = ["arm", "length", "factor", "depth", "trials", "exact", "token_acc", "nll", "note"]
-    write_lines(keys, ([r.get(k, "") for k in keys] for r in rows), out / "passkey.csv")
+    write_rows(rows, keys, out / "passkey.csv")
     mine = [r for r in rows if r["arm"] == arms[0][0] and r["trials"]]
     if mine:
         heatmap(mine, out / "passkey.png", f"{arms[0][0]}: pass key, {cfg.digits} digits, {cfg.trials} keys per cell "

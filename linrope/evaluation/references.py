@@ -47,6 +47,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from linrope.base.csv_files import write_rows
 from linrope.base.errors import ConfigError
 
 LN2 = math.log(2.0)  # bits per byte = nats per byte / LN2 (as linrope.data.bytes, which imports torch)
@@ -339,12 +340,8 @@ def summary_rows(
 
 
 def write_csv(rows: Sequence[Dict], path: Path) -> Path:
-    from linrope.evaluation.tables import write_lines
-
-    def cell(v):  # a float in full (repr), None blank
-        return repr(v) if isinstance(v, float) else "" if v is None else v
-
-    return write_lines(COLUMNS, ([cell(r[k]) for k in COLUMNS] for r in rows), path)
+    """The rows as ``path``, atomically (a float in full, None blank)."""
+    return write_rows(rows, COLUMNS, path)
 
 
 def parse_orders(text: str) -> Tuple[int, ...]:

@@ -4,10 +4,10 @@ reads these files without loading a model."""
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List
+
+from linrope.base.csv_files import read_rows, write_rows
 
 COLUMNS = (
     "length factor protocol scaling window loss bpb acc examples scored bytes documents stride scored_hash seconds "
@@ -52,34 +52,18 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     return "\n".join([HEADER, *map(format_row, rows)])
 
 
-def write_lines(header: Sequence[str], lines, path: Path) -> Path:
-    """A CSV of ``header`` and ``lines`` written atomically (``linrope.base.atomic``, which imports torch: only when a
-    file is written): a table rewritten after each row leaves, stopped at any moment, the rows done so far, whole."""
-    from linrope.base.atomic import atomic_write_bytes
-
-    f = io.StringIO(newline="")
-    w = csv.writer(f)
-    w.writerow(header)
-    w.writerows(lines)
-    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
-    return path
-
-
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> Path:
-    """The rows as ``path``, written atomically (``write_lines``)."""
-    return write_lines(COLUMNS, ([_blank(r.get(k)) for k in COLUMNS] for r in rows), path)
+    """The rows as ``path``, written atomically (``linrope.base.csv_files``)."""
+    return write_rows(rows, COLUMNS, path)
 
 
 def read_csv(path: Path) -> List[Dict[str, Any]]:
-    rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            row: Dict[str, Any] = dict(r)
-            for k in ("length", "examples", "scored", "stride", "window", "documents", "bytes"):
-                row[k] = int(r[k]) if r.get(k) else (0 if k in ("examples", "scored") else None)
-            row["protocol"] = r.get("protocol") or "sliding"  # a table from before the protocols were named
-            row.update({k: float(r[k]) if r.get(k) else None for k in ("factor", "loss", "bpb", "acc", "seconds")})
-            rows.append(row)
+    rows = read_rows(path)[1]
+    for r in rows:
+        for k in ("length", "examples", "scored", "stride", "window", "documents", "bytes"):
+            r[k] = int(r[k]) if r.get(k) else (0 if k in ("examples", "scored") else None)
+        r["protocol"] = r.get("protocol") or "sliding"  # a table from before the protocols were named
+        r.update({k: float(r[k]) if r.get(k) else None for k in ("factor", "loss", "bpb", "acc", "seconds")})
     return rows
 
 
@@ -94,21 +78,16 @@ def write_details(rows: List[Dict[str, Any]], path: Path, which: str) -> Path:
     """Each row's loss per document (``which="documents"``) or per position bucket (``"positions"``), one line
     per (row, document or bucket), keyed by the row's length, protocol, scaling and window; atomically."""
     field, columns = DETAILS[which]
-    lines = (
-        [_blank(r.get(k)) for k in KEY] + [d.get(c, "") for c in columns] for r in rows for d in r.get(field) or []
-    )
-    return write_lines(KEY + columns, lines, path)
+    lines = ({**{k: r.get(k) for k in KEY}, **d} for r in rows for d in r.get(field) or [])
+    return write_rows(lines, KEY + columns, path)
 
 
 def read_details(path: Path) -> List[Dict[str, Any]]:
     """The lines ``write_details`` wrote, with numbers as numbers."""
-    out = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            d: Dict[str, Any] = dict(r)
-            ints = [k for k in ("length", "bytes", "start", "end", "window", "tokens") if k in d]
-            d.update({k: int(d[k]) if d[k] else None for k in ints})
-            d["nats"] = float(d["nats"])
-            d.setdefault("tokens", None)  # files written before text runs had the column: bytes rows, blank there
-            out.append(d)
-    return out
+    lines = read_rows(path)[1]
+    for d in lines:
+        ints = [k for k in ("length", "bytes", "start", "end", "window", "tokens") if k in d]
+        d.update({k: int(d[k]) if d[k] else None for k in ints})
+        d["nats"] = float(d["nats"])
+        d.setdefault("tokens", None)  # files written before text runs had the column: bytes rows, blank there
+    return lines
