@@ -305,6 +305,16 @@ def bpb_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:
     return ratio_difference(data, a, b, scale=1.0 / LN2, **kw)
 
 
+def shared_bpb_difference(cells: Cells, a: Hashable, b: Hashable, **kw) -> Tuple[List[Hashable], Optional[Estimate]]:
+    """(the seeds A and B both ran in ``cells``, ``bpb_difference`` paired over those seeds; None below two): the
+    comparison a report makes of a claim (linrope.analysis.report.claims, linrope.analysis.evidence)."""
+    shared = sorted(set(cells[a]) & set(cells[b]), key=str)
+    if len(shared) < 2:
+        return shared, None
+    data = {c: {s: cells[c][s] for s in shared} for c in (a, b)}
+    return shared, bpb_difference(data, a, b, **kw)
+
+
 def bpb_mean(data: Cells, config: Hashable, **kw) -> Estimate:
     """A configuration's bits per byte (mean over seeds of Σ nats / Σ bytes / ln 2), resampling seeds and document
     clusters."""

@@ -8,14 +8,14 @@ there wins); the raw logs are not kept: nothing is computed from them."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
 from linrope.analysis import runs
 from linrope.analysis.runs import COMPACT, CURVES, FORMAT, flatten, read_json
-from linrope.base.csv_files import csv_text
+from linrope.base.atomic import atomic_write_bytes
+from linrope.base.csv_files import csv_text, write_rows
 from linrope.evaluation.tables import DETAILS, KEY, row_name
 
 STUDY_RECORD = "study_job.json"  # what linrope study writes into a job's folder when the job has finished
@@ -66,14 +66,14 @@ def write(folder: Path, finished_only: bool = False) -> int:
                 ]
             rows.append({k: v for k, v in r.items() if k not in ("per_document", "per_position")})
         kept.append({**record, "extrapolation": rows} if "extrapolation" in record else record)
-    _replace(folder / COMPACT, dumps({"format": FORMAT, "about": ABOUT, "runs": kept}))
+    atomic_write_bytes(dumps({"format": FORMAT, "about": ABOUT, "runs": kept}).encode(), folder / COMPACT)
     for which, lines in details.items():
         if lines:
-            _replace(folder / f"{which}.csv", csv_text(lines, ["run", *KEY, *DETAILS[which][1]], "\n"))
+            write_rows(lines, ["run", *KEY, *DETAILS[which][1]], folder / f"{which}.csv", "\n")
     columns = ["run", *dict.fromkeys(c for _, cols, _ in entries.values() for c in cols if c != "run")]
     curves = [{"run": name, **row} for name, (_, _, rows) in entries.items() for row in rows]
-    _replace(folder / CURVES, csv_text(curves, columns, "\n"))
-    _replace(folder / RESULTS, results_csv([(record, rows) for record, _, rows in entries.values()]))
+    write_rows(curves, columns, folder / CURVES, "\n")
+    atomic_write_bytes(results_csv([(record, rows) for record, _, rows in entries.values()]).encode(), folder / RESULTS)
     return len(entries)
 
 
@@ -127,10 +127,3 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
 
 def _rank(metric: str) -> int:
     return next(i for i, p in enumerate(("test/", "val/", "train/", "")) if metric.startswith(p))
-
-
-def _replace(path: Path, text: str) -> None:
-    """``path`` holds the old text or the whole new one: written beside it, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    tmp.write_text(text)
-    os.replace(tmp, path)

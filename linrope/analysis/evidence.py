@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from linrope.analysis.bootstrap import bpb_difference
+from linrope.analysis.bootstrap import shared_bpb_difference
 from linrope.analysis.cells import markdown_table
 from linrope.analysis.clusters import FILE as CLUSTERS
 from linrope.analysis.clusters import cluster_lines, document_clusters, floor_text, runs_corpus
@@ -311,15 +311,11 @@ def section(
         if a not in groups or b not in groups or not all(documents_of(groups[c], metric) for c in (a, b)):
             continue  # a configuration, or the row the metric names, is not in these runs
         cells = {c: documents_of([r for r in groups[c] if r.seed not in outcome[c].failed], metric) for c in (a, b)}
-        shared = sorted(set(cells[a]) & set(cells[b]), key=str)
+        shared, estimate = shared_bpb_difference(cells, a, b, clusters=grouping)
         why = None
         if outcome[a].failed or outcome[b].failed:
             dropped = {c: sorted(map(str, outcome[c].failed)) for c in (a, b) if outcome[c].failed}
             why = "failed seeds left out: " + "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items())
-        estimate = None
-        if len(shared) >= 2:
-            data = {c: {s: cells[c][s] for s in shared} for c in (a, b)}
-            estimate = bpb_difference(data, a, b, clusters=grouping)
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
         collapses.append(above_unigram(groups, refs, metric, (a, b), cells) if metric != "test/bpb" else "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from linrope.analysis.bootstrap import bpb_difference
+from linrope.analysis.bootstrap import shared_bpb_difference
 from linrope.analysis.evidence import documents_of
 from linrope.analysis.multiplicity import Adjusted, adjust
 from linrope.analysis.runs import Run, by_seed, extrapolation_row
@@ -57,11 +57,8 @@ def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float, cluste
         cells[c] = documents_of(groups[c], metric)
         if not cells[c] or len(cells[c]) < len(by_seed(groups[c], value_of(metric))):
             return None  # a run without its documents: the seeds alone (stats.paired)
-    shared = sorted(set(cells[claim.a]) & set(cells[claim.b]), key=str)
-    if len(shared) < 2:
-        return None
-    data = {c: {s: cells[c][s] for s in shared} for c in (claim.a, claim.b)}
-    return Boot(bpb_difference(data, claim.a, claim.b, level=level, clusters=clusters), tuple(shared))
+    shared, estimate = shared_bpb_difference(cells, claim.a, claim.b, level=level, clusters=clusters)
+    return None if estimate is None else Boot(estimate, tuple(shared))
 
 
 def claim_results(
