@@ -5,15 +5,8 @@
     python -m linrope dashboard --group pe_compare-<time> --project linrope  # without the sweep folder
 
 The sweep folder tells the wandb project and group of its runs (``linrope.base.naming.wandb_group``), their
-tasks and the lengths of their extrapolation table.  Sections (the same panels in the workspace and
-the report; runs grouped by attention × position × model, mean over seeds with a ±1 std band):
-
-* comparison — ``val/bpb`` against step, final ``test/bpb`` per model (bar, seed spread);
-* speed and memory — ``train/tokens_per_sec`` and ``train/peak_mem_mb``;
-* length extrapolation — the ``extrapolation/table`` and the per-run plots, and bars of
-  ``extrapolation/<scaling>/<bpb|loss>@<length>`` by length (when the runs evaluated it);
-* synthetic tasks — ``val/acc`` against step and final ``test/acc`` (for mqar, offset_copy, listops);
-* training — ``train/loss`` and ``train/lr``.
+tasks and the lengths of their extrapolation table.  The sections and their panels (the same in the workspace and
+the report): docs/usage.md, "Dashboards".
 
 Needs the ``wandb-workspaces`` library (``pip install -e '.[dashboards]'``); without it ``--dry-run``
 still writes the plain specification (``dashboard.json``)."""

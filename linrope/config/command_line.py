@@ -2,10 +2,9 @@
 is one line that lists the options there are, and an unknown key (``trainer.max_step=10``) one line that names
 the nearest key (Hydra's own messages are several lines).
 
-``CONF_DIR`` is where linrope's configs are: ``linrope/conf`` inside an installed wheel (the build maps the
-repository's top-level ``conf/`` there: pyproject.toml), else the checkout's ``conf/`` (a checkout, or an
-editable install). A user's own config folders (``--config-dir DIR`` / ``-cd DIR``, ``hydra.searchpath=[file://DIR]``)
-add their options to those of ``CONF_DIR``.
+``CONF_DIR`` is where linrope's configs are, and a user's own config folders (``--config-dir DIR`` / ``-cd DIR``,
+``hydra.searchpath``) add their options to its: docs/package.md, "Where the configs are" and "Your own presets and
+experiments".
 
 ``answer_help`` answers ``--help`` of the Hydra commands before Hydra, torch or Lightning is imported: the
 ``hydra.help.template`` of the command's config (``conf/train.yaml``'s is in ``conf/hydra/default.yaml``), with

@@ -1,17 +1,12 @@
 """A run stopped by SIGTERM (a scheduler's preemption) or SIGINT (Ctrl+C): every process ends the same step,
-``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number
-(docs/reliability.md, "Several processes (DDP)": why a flag every step, and through gloo).
+``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number.
 
-``SignalStop`` (a callback linrope.training.builders.build_callbacks always adds) replaces the two handlers while
-training runs; a handler only notes the signal, and after each step every process learns whether any was signalled
-and asks Lightning to stop (linrope.run.lightning_internals.stop_after_this_step).  Lightning's own SIGTERM handler
-broadcasts from inside the handler, which hangs every rank when the signal reaches a process other than rank 0
-first.  A second Ctrl+C interrupts at once.
-
-The other process-wide state of a run lives here too: ``destroy_process_group_at_exit`` (a gloo group left alive
-aborts a finished rank now and then: Lightning destroys only nccl's; benchmarks/gloo_exit.py measures it) and
-``MatmulPrecision`` (``trainer.matmul_precision``, which Lightning has no flag for, applied in every process:
-``ddp_spawn``'s processes are new interpreters that would keep PyTorch's default)."""
+``SignalStop`` (a callback linrope.training.builders.build_callbacks always adds) replaces Lightning's handlers while
+training runs and stops through linrope.run.lightning_internals.stop_after_this_step; why, and why a flag every step
+through gloo: docs/reliability.md, "Threat model: what linrope protects against, and what it does not" (its
+"Preemption") and "Several processes (DDP)".  The other process-wide state of a run lives here too:
+``destroy_process_group_at_exit`` (same section) and ``MatmulPrecision`` (``trainer.matmul_precision``: docs/usage.md,
+"Trainers: CPU, GPUs, nodes")."""
 
 from __future__ import annotations
 

@@ -8,17 +8,11 @@ The jobs are those ``python train.py -m <overrides>`` would launch (``linrope sw
 (linrope.config.checks) before the first starts.  Each trains in ``<dir>/<name>`` (``linear_rope-seed1``) as
 ``python -m linrope train <job> hydra.run.dir=... ckpt_path=auto`` (``logger=csv`` and no progress bar unless given),
 with cores / jobs threads each unless ``--threads``; paths are read from where the driver was started.  What the
-driver keeps (docs/methods.md, "Studies that outlive a session"):
-
-* a job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name;
-* a finished job (``study_job.json``) is skipped, a stopped one resumes from its ``last.ckpt``;
-* SIGTERM or SIGINT: each running job saves ``last.ckpt`` and stops, one line gives the command that resumes, exit
-  143 / 130;
-* each finished job joins the compact results (linrope.analysis.compact; ``--compact`` writes them from the folders
-  alone), committed with ``--commit`` (linrope.studies.study_git); the run folders stay out of git;
-* a failed job is reported with its log, the others go on, exit status 1;
-* two drivers may share a study: a job another holds (its lock, linrope.run.folder) is left to it;
-* tuning first when the study's config declares it (linrope.studies.study_tuning).
+driver keeps (skips, resumes, locks, stops, commits, tuning): docs/methods.md, "Studies that outlive a session", and
+docs/reliability.md, "Studies and reports: what they guarantee, and the tests that check them"; the parts live in
+linrope.studies.study_jobs (which folder is which job), study_tuning, study_git (``--commit``),
+linrope.analysis.compact and linrope.run.folder (a job another driver holds, by its lock, is left to it).  A failed
+job is reported with its log, the others go on, exit status 1.
 
 ``python -m linrope report <dir>`` reads whatever has finished."""
 

@@ -2,12 +2,9 @@
 before its main runs, by one rule for every configuration (docs/methods.md, "Tuning"; declared as ``tuning`` in the
 study's config, linrope.analysis.study_config).
 
-A configuration is a job's overrides less its seed; it trains at every value tried in
-``<study>/tuning/<configuration>-<leaf><value>/`` with ``test=false`` and ``extrapolation.enabled=false``, scored by
-the best value of ``metric`` it logged (none finite: worst; ties go to the smaller value).  The choice is recorded in
-``<study>/tuning.json`` (linrope.analysis.tuning); the main jobs of a configuration wait for it and train with
-``<key>=<chosen>`` appended.  Tuning runs are jobs like the main ones (linrope.studies.study); the key given on the
-command line skips the tuning, in one line."""
+A configuration's runs are in ``<study>/tuning/<configuration>-<leaf><value>/``; a run that logged no finite value of
+``metric`` scores worst, and ties go to the smaller value.  The choice is recorded in ``<study>/tuning.json``
+(linrope.analysis.tuning); the main jobs of a configuration wait for it."""
 
 from __future__ import annotations
 
