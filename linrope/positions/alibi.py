@@ -1,9 +1,8 @@
-"""ALiBi (Press, Smith, Lewis 2022): s_ij -= m_h·(i - j).
+"""ALiBi (Press, Smith, Lewis 2022): s_ij -= m_h·|i - j|, the paper's slopes m_h, no parameters.
 
-Bidirectional (causal=False) uses -m_h·|i - j|; causal attention masks j > i, so
-one formula serves both.  No parameters.  Linear attention takes it as the
-per-head decay γ_h^(i-j) with γ_h = exp(-m_h), the same weight
-factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
+Under a causal mask |i - j| = i - j, so one formula serves encoders and decoders.  Linear attention takes it as
+the per-head decay γ_h^(i-j), γ_h = exp(-m_h): the same weight exp(-m_h (i-j)) moved from the scores onto the
+kernel weights.  Slopes and bias in float64, rounded once (docs/schemes.md, "`alibi`").
 """
 
 import torch

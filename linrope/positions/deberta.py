@@ -1,22 +1,13 @@
-"""DeBERTa disentangled attention (He et al. 2021):
+"""DeBERTa disentangled attention (He et al. 2021)::
 
     s_ij = (q_i·k_j + q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ'}) / sqrt(3d)
 
 with K^r = P W_{K,r}, Q^r = P W_{Q,r}, P a table of 2k relative-position rows and
-δ(i, j) = clip(i - j, -k, k - 1) + k.  The position→content row δ' is ``p2c``:
-
-* ``release`` (default): δ' = δ(i, j), what the released DeBERTa and DeBERTa-v2 code
-  computes (its p2c gathers with the negated relative positions and transposes back),
-  so every pretrained checkpoint;
-* ``paper``: δ' = δ(j, i), the paper's formula.  In a causal model it reads the rows
-  of keys *ahead* of their query (i - j <= 0 seen from the key), nearly disjoint from
-  the rows c2p reads.
-
-``log_buckets`` maps distances first exactly as the DeBERTa-v2 release does
-(``log_bucket_distance``).  P is shared by all layers (as DeBERTa's encoder holds one
-relative-embedding table); the projections are per layer; ``share: false`` gives each
-layer its own P.  P starts unit-scale (like the layer-normed x that feeds W_Q), the
-projections at std 0.02, so the position terms start at the size of the content term.
+δ(i, j) = clip(i - j, -k, k - 1) + k.  The position→content row δ' is ``p2c``: ``release`` (default)
+δ' = δ(i, j), what the released code computes (its p2c gathers with the negated relative positions and
+transposes back); ``paper`` δ' = δ(j, i), the paper's formula.  ``log_buckets`` maps distances first exactly
+as DeBERTa-v2 does (``log_bucket_distance``, float32).  P starts unit-scale, the projections at std 0.02
+(docs/schemes.md, "`deberta`").
 """
 
 import math

@@ -1,20 +1,13 @@
-"""KERPLE (Chi, Fan, Ramadge, Rudnicky 2022): a learned conditionally positive definite kernel of the distance
-added to every score, one pair of parameters per head:
+"""KERPLE (Chi, Fan, Ramadge, Rudnicky 2022): a learned kernel of the distance added to every score::
 
     variant: log     s_ij += -r1_h · log(1 + r2_h · |i - j|)        r1, r2 > 0
     variant: power   s_ij += -r1_h · |i - j| ** r2_h                 r1 > 0, 0 < r2 <= 2
 
-As the authors' release (github chijames/KERPLE, ``ParallelKerpleLog`` / ``ParallelKerplePower`` in
-megatron/mpu/layers.py): one module for the whole model (gpt2_model.py hands the same instance to every
-layer; the paper's Figure 1: "shared across layers"), so ``share: true`` by default and the (H, N, N) bias is
-computed once per forward; the log-variant's r1 starts at 2·U(0, 1) and its r2 at U(0, 1), the power variant's
-r1 at U(0, 1) and its exponent r2 at 2·U(0, 1) (``torch.rand`` scaled, as released); both are kept at or above
-0.01, and the exponent at or below 2, before each use.  The release writes the clamped value into the stored
-parameter inside its forward (``param.data = param.data.clamp(...)``); here the forward uses the clamped value
-with the release's gradient (that of the bias at the clamped value, passed to the parameter unchanged) and
-leaves the stored value alone: identical while the stored value is inside the range, which is all the release
-ever stores (docs/schemes.md).  The parameters are score biases: never weight-decayed (the release trains
-with weight decay 0)."""
+r1, r2 are clamped to ≥ 0.01 (the exponent to ≤ 2) before each use, as the release does, but with ``clamped``
+(value clamped, gradient passed to the stored parameter unchanged) instead of the release's write into the
+parameter inside its forward, which breaks torch.compile's graph and autograd's version check for the shared
+pair (docs/schemes.md, "`kerple`").
+"""
 
 from typing import Annotated, List, Mapping, Optional
 

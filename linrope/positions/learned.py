@@ -1,9 +1,7 @@
-"""Trainable absolute position table added at the input (GPT-2, BERT).
+"""Trainable absolute position table added at the input (Gehring et al. 2017; BERT; GPT-2): x_i + P[i].
 
-Initialised so that the position term starts at the size of the token term, as in BERT's
-release (token and position tables both at std 0.02, added unscaled: ratio 1).  The model
-multiplies its token embeddings (std 0.02) by sqrt(d_model), so by default the table
-starts at std 0.02·sqrt(d_model).
+The table starts at std 0.02·sqrt(d_model) (``init_std: null``), the size of the token term, which the model
+scales by sqrt(d_model): BERT's position/token ratio of 1 (docs/schemes.md, "`learned`").
 """
 
 import math

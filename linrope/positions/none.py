@@ -1,4 +1,4 @@
-"""No position information (NoPE): causal masking alone carries order."""
+"""No position information (NoPE, Haviv et al. 2022): causal masking alone carries order (docs/schemes.md, "`none`")."""
 
 from .base import PositionScheme, register
 

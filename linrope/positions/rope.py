@@ -1,20 +1,12 @@
-"""Rotary Position Embedding on q and k (Su et al. 2021), with length scaling (``scaling``: position interpolation,
-NTK-aware, YaRN with its attention temperature, dynamic NTK from the forward's length), and
-optionally a per-head decay γ_h^(i-j) (``decay``: RetNet's retention, Sun et al. 2023, or ALiBi's slopes as a
-decay): linear attention takes it as its kernel's decay, softmax attention as the score bias
-log γ_h·|i - j| (the same weight γ_h^(i-j) on exp(q·k)).  A decay is a fixed float64 buffer, not a parameter
-(nothing to weight-decay, nothing saved in a checkpoint), and is untouched by a change of RoPE's frequencies
-(the extrapolation's scaling rows swap ``theta``, ``attention_scale`` and ``dynamic`` only).
+"""Rotary Position Embedding on q and k (Su et al. 2021): pair (2t, 2t+1) of q_n, k_n turned by n·θ_t.
 
-The scaling as the forward uses it, three attributes a scaling row of the extrapolation may swap:
-``theta`` (float64 buffer, the frequencies), ``attention_scale`` (YaRN's sqrt(1/t) on cos and sin, so on q and k:
-softmax attention only; linear attention normalises φ(q)·φ(k), where a common factor cancels) and ``dynamic``
-((factor, L0) of dynamic NTK, or None): with it, a forward whose largest position + 1 is N > L0 turns at
-``ntk_rescale(theta, factor·N/L0 - (factor - 1))``.
-
-``rotary_fraction`` < 1 (GPT-NeoX's ``rotary_pct``, Black et al. 2022) turns only the first r = int(d·fraction)
-dimensions' pairs, with an r-dimensional RoPE's frequencies (scaled as ``scaling`` says), and leaves the others
-(θ = 0): softmax and linear attention take it unchanged (docs/mathematics.md#partial-rotary)."""
+``scaling`` (PI, NTK-aware, YaRN, dynamic NTK) reaches the forward through three attributes that an
+extrapolation row may swap: ``theta`` (float64 buffer, the frequencies), ``attention_scale`` (YaRN's sqrt(1/t) on
+cos and sin, softmax attention only) and ``dynamic`` ((factor, L0) or None: a forward whose largest position + 1
+is N > L0 turns at ``ntk_rescale(theta, factor·N/L0 - (factor - 1))``).  ``decay`` adds γ_h^(i-j): the kernel's
+decay for linear attention, the score bias log γ_h·|i - j| for softmax, from a float64 buffer.
+``rotary_fraction`` < 1 turns only the first r = int(d·fraction) dimensions' pairs (docs/schemes.md, "`rope`").
+"""
 
 from typing import Annotated, List, Mapping, Optional
 

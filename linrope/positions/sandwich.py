@@ -1,17 +1,11 @@
-"""Sandwich (Chi, Fan, Rudnicky, Ramadge 2023, Dissecting transformer length extrapolation via the lens of
-receptive field analysis): the inner product of two sinusoidal position embeddings of width d̄ (``dim``), which
-depends on i - j only, added to every score, compressed per head as ALiBi's slopes are spaced:
+"""Sandwich (Chi, Fan, Rudnicky, Ramadge 2023): sinusoidal p_i·p_j of width d̄ (``dim``) added to every score::
 
     s_ij += (p_i·p_j - d̄/2) / ρ_h,   p_i·p_j = Σ_{t=0}^{d̄/2-1} cos((i - j) / 10000^(2t/d̄)),   ρ_h = 8h/H, h = 1 … H
 
-No parameters, and no embedding added to the tokens.  d̄ = 128 and ρ_h as in the paper's reference code (its
-appendix, as reproduced by attention-gym's test of its Sandwich score_mod; NeMo's implementation divides by the
-same ρ_h).  The offset -d̄/2 (NeMo subtracts it; the paper's code does not) adds the same number to every score
-of a head, which the softmax ignores: it makes the bias 0 on the diagonal and ≤ 0 elsewhere, so that the bias
-keeps its resolution near the diagonal when softmax attention rounds it to bf16 (docs/schemes.md).  The bias
-is a function of the positions only: built once per forward by the model's one shared instance
-(``share: true``; ``share: false`` lets every layer build its own: the same numbers, more work), from a table
-of the distances the forward's positions span, in float64, rounded once to the scores' precision."""
+The offset -d̄/2, invisible to the softmax, keeps the bias 0 on the diagonal so that it keeps its resolution
+where SDPA rounds it to bf16.  A table of the distances the forward spans, in float64, rounded once to the
+scores' precision (docs/schemes.md, "`sandwich`").
+"""
 
 from typing import Annotated, List, Mapping
 

@@ -1,15 +1,11 @@
-"""Relative position representations (Shaw et al. 2018) and the unclipped key / key-query
-variants (Huang et al. 2020):
+"""Relative position representations (Shaw et al. 2018) and the unclipped variants of Huang et al. 2020:
 
 * ``shaw``:  s_ij += q_i·a^K_{clip(i-j,-k,k)} / sqrt(d);  o_i += Σ_j a_ij a^V_{clip(i-j,-k,k)}
 * ``relative_key``:        s_ij += q_i·D_{i-j} / sqrt(d)
 * ``relative_key_query``:  s_ij += (q_i·D_{i-j} + k_j·D_{i-j}) / sqrt(d)
 
-The tables are shared by the heads of a layer (as in the paper) and indexed by
-distance only, so any window offset works.  The variants have no value term and
-a table of 2·max_len-1 distances; a window longer than max_len reuses the edge
-rows (distances beyond ±(max_len-1) are clipped there).  Only ``shaw`` needs the
-probabilities (explicit attention); the variants go through SDPA.
+Only ``shaw`` needs the probabilities (explicit attention); the variants go through SDPA
+(docs/schemes.md, "`shaw`").
 """
 
 import math

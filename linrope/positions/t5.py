@@ -1,12 +1,9 @@
 """T5 relative position bias (Raffel et al. 2020): s_ij += β_h[bucket(j - i)].
 
-Buckets: exact below half the buckets, log-spaced up to ``max_distance``, clipped
-at the last bucket.  Bidirectional (encoders: causal=False) gives keys behind and
-ahead of the query one half of the buckets each; one-sided (causal) puts every
-key ahead into bucket 0.  As in T5 (the first layer's table serves every layer),
-one table β for all layers by default, and the (H, N, N) bias is gathered once per
-forward; ``share: false`` gives each layer its own table.  ``BucketBias`` is this bias without its
-initialisation: TUPE (``linrope.positions.tupe``) adds the same bias b beside its positional correlation.
+Buckets: exact below half the buckets, log-spaced up to ``max_distance``, clipped at the last bucket.
+Bidirectional (causal=False) gives keys behind and ahead of the query one half of the buckets each; one-sided
+(causal) puts every key ahead into bucket 0.  ``BucketBias`` is this bias without its initialisation: TUPE
+(``linrope.positions.tupe``) adds the same bias b beside its positional correlation (docs/schemes.md, "`t5`").
 """
 
 from typing import Optional

@@ -1,11 +1,10 @@
-"""Transformer-XL relative attention (Dai et al. 2019):
+"""Transformer-XL relative attention (Dai et al. 2019)::
 
     s_ij = (q_i·k_j + q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j}) / sqrt(d)
 
-R_{i-j} is the fixed sinusoidal encoding (width d_model) of the distance i - j
-(negative distances too, for encoders); W_R (d_model → heads·d), u and v (one
-vector per head) are trainable.  The three position terms form the additive bias;
-they are computed per distance (at most 2N-1 rows) and gathered into N×N.
+R_{i-j} the fixed sinusoidal encoding (width d_model) of i - j, negative too for encoders; W_R, u, v trainable.
+The three position terms form the additive bias, computed per distance (at most 2N-1 rows) and gathered into
+N×N (docs/schemes.md, "`xl`").
 """
 
 import torch

@@ -1,16 +1,12 @@
-"""xPos (Sun et al. 2023, *A Length-Extrapolatable Transformer*): RoPE with a per-dimension exponential scale,
-ζ_t^(n/scale_base) on the query at n and ζ_t^(-n/scale_base) on the key, so that pair t of the score q·k between a
-query at i and a key at j is weighted by ζ_t^((i-j)/scale_base) (< 1 behind the query: a decay, strongest on the fast
-pairs).  As released in torchscale (``torchscale/component/xpos_relative_position.py``):
+"""xPos (Sun et al. 2023, *A Length-Extrapolatable Transformer*): RoPE with ζ_t^(n/scale_base) on the query at n
+and ζ_t^(-n/scale_base) on the key, so pair t of a score decays as ζ_t^((i-j)/scale_base)::
 
-    ζ_t = (2t + γ·d) / ((1 + γ)·d),  t = 0 … d/2-1,  γ = 0.4,  scale_base = 512,
+    ζ_t = (2t + γ·d) / ((1 + γ)·d),  t = 0 … d/2-1,  γ = 0.4,  scale_base = 512
 
-interleaved pairs (``rotate_every_two``), the rotation at the positions and the scale at the positions *centred* on
-the window (n - c, c = first + ceil(N/2), as the release's ``min_pos = -(length + offset) // 2``), which halves the
-exponents' size without changing a score.  Full causal attention at every length, as the release's decoder; the
-paper's blockwise causal attention (blocks of max_len/2, each query sees its own and the previous block) is the
-option ``blockwise: true``.  The scale is formed in float64 and rounded once to ``compute_dtype`` with cos and sin.
-docs/schemes.md#xpos says what differs from the release, and why; docs/mathematics.md#xpos the numerics."""
+as torchscale releases it: interleaved pairs, the scale at positions centred on the window (n - c,
+c = first + ceil(N/2)), which halves the exponents without changing a score.  Scale formed in float64 and rounded
+once to ``compute_dtype`` with cos and sin (docs/schemes.md, "`xpos`").
+"""
 
 from __future__ import annotations
 
