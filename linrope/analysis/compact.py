@@ -116,13 +116,16 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
             where = f"@{r['length']}" + ("" if row_name(r) == "none" else f" {row_name(r)}")
             values.update({f"{m}{where}": r[m] for m in ("bpb", "acc") if r.get(m) is not None})
     ran = {k: code.get(k) for k in ("commit", "dirty", "code")}
-    ran |= {k: versions.get(k) for k in ("python", "torch", "lightning", "fla")}
-    ran |= {
-        "machine": machine.get("gpu") or machine.get("cpu"),
-        "threads": study.get("threads", machine.get("threads")),
-    }
-    ran |= {"precision": prov.get("precision"), "started": prov.get("started")}
-    return who, values, ran | {"finished": study.get("finished"), "wall_s": study.get("wall_s")}
+    ran.update({k: versions.get(k) for k in ("python", "torch", "lightning", "fla")})
+    ran.update(
+        machine=machine.get("gpu") or machine.get("cpu"),
+        threads=study.get("threads", machine.get("threads")),
+        precision=prov.get("precision"),
+        started=prov.get("started"),
+        finished=study.get("finished"),
+        wall_s=study.get("wall_s"),
+    )
+    return who, values, ran
 
 
 def _rank(metric: str) -> int:

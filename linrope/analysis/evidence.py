@@ -426,8 +426,12 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
             edges = sorted({e for e in (0, context // 2, context, 2 * context, longest // 2, longest) if e <= longest})
             bands = []
             for lo, hi in zip(edges, edges[1:]):
-                sums = [[(d["nats"], d["bytes"]) for d in r["per_position"] if lo <= d["start"] < hi] for r in picked]
-                per_run = [sum(x for x, _ in s) / n / LN2 for s in sums if (n := sum(b for _, b in s))]
+                per_run = []
+                for r in picked:
+                    band = [d for d in r["per_position"] if lo <= d["start"] < hi]
+                    n = sum(d["bytes"] for d in band)
+                    if n:
+                        per_run.append(sum(d["nats"] for d in band) / n / LN2)
                 bands.append(_fmt(sum(per_run) / len(per_run)) if per_run else "–")
             table.append([name, str(longest), *bands])
     if not table:

@@ -164,6 +164,15 @@ def yaml_problem(path: Path) -> Optional[str]:
     return None
 
 
+def _option_file(group: str, option: str, conf_dir: Path, extra: Sequence[Path]) -> Optional[Path]:
+    """The file Hydra reads for ``group=option``: linrope's first, then the user's folders."""
+    for root in (conf_dir, *extra):
+        path = root / group / f"{option}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
 def preset_errors(
     group: str,
     option: str,
@@ -175,8 +184,7 @@ def preset_errors(
     """One line for the file of ``group=option`` — or of an option its defaults list chooses — that Hydra would
     stop on with a 70-line YAML traceback (a preset that is not YAML, or not a mapping), naming the file."""
     seen = set() if seen is None else seen
-    # the file Hydra reads for group=option: linrope's first, then the user's folders
-    path = next((p for root in (conf_dir, *extra) if (p := root / group / f"{option}.yaml").is_file()), None)
+    path = _option_file(group, option, conf_dir, extra)
     if path is None or path in seen:
         return []
     seen.add(path)

@@ -91,10 +91,17 @@ def chain(checkpoint: Mapping[str, Any], ckpt_path: Path) -> List[Dict[str, Any]
     """The runs the new run continues, oldest first: the checkpoint's own chain, then the checkpoint's run."""
     prov = checkpoint.get(PROVENANCE_KEY) or {}
     earlier = [dict(e) for e in (prov.get("resumed_from") or []) if isinstance(e, Mapping)]
-    lr, folder = prov.get("linrope") or {}, Path(ckpt_path).resolve().parent
-    run = {"run": str(folder.parent if folder.name == "checkpoints" else folder), "checkpoint": str(ckpt_path)}
-    run.update(step=checkpoint.get("global_step"), commit=lr.get("commit"), dirty=lr.get("dirty"))
-    return earlier + [{**run, "started": prov.get("started")}]
+    code = prov.get("linrope") or {}
+    folder = Path(ckpt_path).resolve().parent  # the run's folder holds checkpoints/
+    run = {
+        "run": str(folder.parent if folder.name == "checkpoints" else folder),
+        "checkpoint": str(ckpt_path),
+        "step": checkpoint.get("global_step"),
+        "commit": code.get("commit"),
+        "dirty": code.get("dirty"),
+        "started": prov.get("started"),
+    }
+    return earlier + [run]
 
 
 def code_change(saved: Optional[Mapping[str, Any]], current: Optional[Mapping[str, Any]]) -> Optional[str]:

@@ -129,14 +129,16 @@ def mismatch(
     if old is None:
         return "it holds a run without a saved configuration (.hydra/config.yaml) to compare"
     diff = differences(old, requested)
-    parts = [first_names(diff, SHOWN, more=" and")]
+    parts = [first_names(diff, SHOWN, more=" and")] if diff else []
     on_disk = (folder / ".hydra" / "config.yaml").is_file()
     prov = read_provenance(folder) if on_disk else (record(folder) or {}).get("provenance")
     theirs = code_text(prov) if prov else None
     if theirs and code and theirs != code and not (keep_finished and finished(folder)):
         parts.append(f"trained on {theirs}, the checkout is {code}")
-    parts.append(tokenizer_changed((prov or {}).get("data"), requested.get("data.tokenizer")) or "")
-    return "; ".join(filter(None, parts)) or None
+    changed = tokenizer_changed((prov or {}).get("data"), requested.get("data.tokenizer"))
+    if changed:
+        parts.append(changed)
+    return "; ".join(parts) or None
 
 
 def tokenizer_changed(data: Optional[Dict[str, Any]], spec: Any) -> Optional[str]:

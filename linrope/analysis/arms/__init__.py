@@ -220,9 +220,12 @@ def configuration_lines(
         key=lambda c: min(sign * mean_ci(list(values[a.name][c].values())).mean for a in arms if values[a.name].get(c))
     )
     lines = [[c, *(value_cell(values[a.name].get(c, {})) for a in arms)] for c in configs]
-    for c, a in ((c, a) for c in configs for a in arms):
-        for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0])):
-            rows.append({"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v})
+    rows += [
+        {"kind": "run", "configuration": c, "arm": a.name, "seed": seed, study.metric: v}
+        for c in configs
+        for a in arms
+        for seed, v in sorted(values[a.name].get(c, {}).items(), key=lambda kv: str(kv[0]))
+    ]
     return [markdown_table(["configuration", *names], lines), ""]
 
 
