@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 def rank(index: int, store: str, cleanup: bool) -> None:
     """One of two spawned ranks: a group as LanguageModel.setup leaves it (or not), collectives, a plain exit."""
-    from linrope.run.process_group import destroy_process_group_at_exit
+    from linrope.run.signals import destroy_process_group_at_exit
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=index, world_size=2)
     if cleanup:

@@ -165,8 +165,8 @@ def _replicates(
     """The statistic Σ coef · mean over seeds of Σ w·num / Σ w·den, ``resamples`` times: seed groups in
     ``resample`` (indices into ``sizes``) and, if ``docs``, the documents drawn with replacement as counts."""
     out = np.empty(resamples)
-    rows = np.concatenate([m for _, _, num, den in arms for m in (num, den)])  # every arm's num and den: one matmul
-    cut = np.cumsum([0] + [m.shape[0] for _, _, num, den in arms for m in (num, den)])
+    parts = [m for _, _, num, den in arms for m in (num, den)]  # every arm's num and den: one matmul
+    rows, cut = np.concatenate(parts), np.cumsum([0] + [m.shape[0] for m in parts])
     fixed = rows.sum(1)
     rows_t = np.ascontiguousarray(rows.T)  # documents × rows
     block = max(1, _BLOCK // (max(n_docs, max(sizes)) * rows.shape[0]))
@@ -228,14 +228,19 @@ def _grouped(configs: Sequence[_Config], docs: Sequence[Hashable], clusters: Map
 def _estimate(
     data: Cells,
     names: Sequence[Hashable],
-    scale: float,
-    level: float,
-    resamples: int,
-    seed: int,
-    paired: Optional[bool],
-    method: str,
+    *,
+    scale: float = 1.0,
+    level: float = LEVEL,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    paired: Optional[bool] = None,
+    method: str = "t",
     clusters: Optional[Mapping[Hashable, Hashable]] = None,
 ) -> Estimate:
+    """``scale`` · (mean over seeds of Σ numerator / Σ denominator over documents) of one configuration, or of A − B,
+    resampling seeds and document clusters.  ``paired``: None pairs the seeds when both configurations ran the same
+    ones; True insists (one line otherwise); False draws each configuration's seeds on their own.  ``clusters``:
+    {document: cluster} (every scored document; None: each document its own).  Accuracy: ``(correct, count)``."""
     if method not in METHODS:
         raise ResultsError(f"method {method!r}: it takes {', '.join(METHODS)}")
     if not 0.0 < level < 1.0:
@@ -264,14 +269,8 @@ def _estimate(
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
     replicates = _replicates(arms, sizes, n_docs, range(len(sizes)), True, resamples, streams[0])
     seeds = tuple(len(c.seeds) for c in configs)
-    common = dict(
-        seeds=seeds,
-        documents=len(docs),
-        paired=is_paired,
-        resamples=int(resamples),
-        replicates=replicates,
-        clusters=None if clusters is None else n_docs,
-    )
+    common = dict(seeds=seeds, documents=len(docs), paired=is_paired, resamples=int(resamples), replicates=replicates)
+    common["clusters"] = None if clusters is None else n_docs
     if min(seeds) < 2:  # one seed says nothing of training noise: no interval, as linrope.analysis.stats
         return Estimate(what, value, level, None, None, None, method, None, None, **common)
     levels: List[Tuple[float, int]] = []  # (bootstrap variance resampling one level only, its count)
@@ -290,45 +289,30 @@ def _estimate(
 
 
 # ---- the public functions ----------------------------------------------------------------------------------------
-def ratio_difference(
-    data: Cells,
-    a: Hashable,
-    b: Hashable,
-    *,
-    scale: float = 1.0,
-    level: float = LEVEL,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
-    paired: Optional[bool] = None,
-    method: str = "t",
-    clusters: Optional[Mapping[Hashable, Hashable]] = None,
-) -> Estimate:
-    """A − B of ``scale`` · (mean over seeds of Σ numerator / Σ denominator over documents), resampling seeds and
-    document clusters.  ``paired``: None pairs the seeds when both configurations ran the same ones; True insists
-    (one line otherwise); False draws each configuration's seeds on their own.  ``clusters``: {document: cluster}
-    (every scored document; None: each document its own).  Accuracy: ``(correct, count)`` per group."""
-    return _estimate(data, (a, b), scale, level, resamples, seed, paired, method, clusters)
+def ratio_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:
+    """A − B; keywords (scale, level, resamples, seed, paired, method, clusters): ``_estimate``."""
+    return _estimate(data, (a, b), **kw)
 
 
-def ratio_mean(
-    data: Cells,
-    config: Hashable,
-    *,
-    scale: float = 1.0,
-    level: float = LEVEL,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
-    method: str = "t",
-    clusters: Optional[Mapping[Hashable, Hashable]] = None,
-) -> Estimate:
-    """One configuration's ``scale`` · mean over seeds of Σ numerator / Σ denominator, with its interval."""
-    return _estimate(data, (config,), scale, level, resamples, seed, None, method, clusters)
+def ratio_mean(data: Cells, config: Hashable, **kw) -> Estimate:
+    """One configuration's mean with its interval; keywords as ``ratio_difference`` but ``paired``."""
+    return _estimate(data, (config,), paired=None, **kw)
 
 
 def bpb_difference(data: Cells, a: Hashable, b: Hashable, **kw) -> Estimate:
     """A − B in bits per byte from ``{config: {seed: {document: (nats, bytes)}}}`` (see ``ratio_difference``;
     ``clusters=`` {document: cluster} resamples clusters of documents)."""
     return ratio_difference(data, a, b, scale=1.0 / LN2, **kw)
+
+
+def shared_bpb_difference(cells: Cells, a: Hashable, b: Hashable, **kw) -> Tuple[List[Hashable], Optional[Estimate]]:
+    """(the seeds A and B both ran in ``cells``, ``bpb_difference`` paired over those seeds; None below two): the
+    comparison a report makes of a claim (linrope.analysis.report.claims, linrope.analysis.evidence)."""
+    shared = sorted(set(cells[a]) & set(cells[b]), key=str)
+    if len(shared) < 2:
+        return shared, None
+    data = {c: {s: cells[c][s] for s in shared} for c in (a, b)}
+    return shared, bpb_difference(data, a, b, **kw)
 
 
 def bpb_mean(data: Cells, config: Hashable, **kw) -> Estimate:

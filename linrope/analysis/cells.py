@@ -3,12 +3,12 @@ record of a pair in pairs.csv (linrope.analysis.report and the tables beside it 
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from linrope.analysis.runs import Run
 from linrope.analysis.stats import Interval, Paired, p_text
+from linrope.base.csv_files import write_rows
 
 # RoPE's scalings of the extrapolation table's rows, as the tables and the dashboard name them
 SCALINGS = {"pi": "position interpolation", "ntk": "NTK-aware scaling", "yarn": "YaRN", "dynamic": "dynamic NTK"}
@@ -45,12 +45,8 @@ def markdown_table(header: List[str], lines: List[List[str]]) -> str:
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
-    """The rows as a CSV file, the columns in the order the rows first name them (None: an empty cell)."""
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in keys} for r in rows)
+    """The rows as a CSV file, atomically, the columns in the order the rows first name them (None: an empty cell)."""
+    write_rows(rows, list(dict.fromkeys(k for r in rows for k in r)), path)
 
 
 def seeds_text(groups: Dict[str, List[Run]]) -> str:

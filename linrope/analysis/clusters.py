@@ -9,7 +9,6 @@ says of them and of its p floor."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -18,6 +17,7 @@ import numpy as np
 from linrope.analysis.cells import write_csv
 from linrope.analysis.runs import Run
 from linrope.analysis.stats import P_FLOOR
+from linrope.base.csv_files import read_rows
 from linrope.base.errors import ResultsError
 
 SHINGLE = 8  # bytes per shingle: one uint64, exact
@@ -47,18 +47,15 @@ def similarities(documents: Sequence[Tuple[str, bytes]], k: int = SHINGLE) -> np
     n = len(data)
     sim = np.eye(n)
     long = [i for i, s in enumerate(sets) if s is not None]
-    if long:  # one id per distinct shingle of all documents, then a mask per document
+    if long:  # one id per distinct shingle of all documents: the shingles two documents share, by a sparse product
+        from scipy.sparse import csr_matrix
+
         ids = np.unique(np.concatenate([sets[i] for i in long]), return_inverse=True)[1]
         cut = np.cumsum([0] + [sets[i].size for i in long])
-        parts = [ids[cut[j] : cut[j + 1]] for j in range(len(long))]
-        mark = np.zeros(int(ids.max()) + 1, dtype=bool)
-        for a, i in enumerate(long):
-            mark[parts[a]] = True
-            for b in range(a + 1, len(long)):
-                j = long[b]
-                common = int(np.count_nonzero(mark[parts[b]]))
-                sim[i, j] = sim[j, i] = common / (parts[a].size + parts[b].size - common)
-            mark[parts[a]] = False
+        has = csr_matrix((np.ones(ids.size), ids, cut), shape=(len(long), int(ids.max()) + 1))
+        common = (has @ has.T).toarray()
+        size = np.diag(common)
+        sim[np.ix_(long, long)] = common / (size[:, None] + size[None, :] - common)
     for i, s in enumerate(sets):  # a short document: 1 with an identical one, else 0
         if s is None:
             for j in range(n):
@@ -114,9 +111,7 @@ def records(documents: Sequence[Tuple[str, bytes]], threshold: float = THRESHOLD
 def read(path: Path) -> Optional[Dict[str, int]]:
     """{document: cluster} of a ``clusters.csv``, or None when there is none (or it is not one)."""
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        return {r["document"]: int(r["cluster"]) for r in rows}
+        return {r["document"]: int(r["cluster"]) for r in read_rows(path)[1]}
     except (OSError, KeyError, TypeError, ValueError):
         return None
 

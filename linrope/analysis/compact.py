@@ -7,25 +7,15 @@ there wins); the raw logs are not kept: nothing is computed from them."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
 
-from linrope.analysis.runs import (
-    COMPACT,
-    CURVES,
-    FORMAT,
-    compact_records,
-    flatten,
-    folder_record,
-    metrics_rows,
-    read_json,
-    run_folders,
-)
+from linrope.analysis import runs
+from linrope.analysis.runs import COMPACT, CURVES, FORMAT, flatten, read_json
+from linrope.base.atomic import atomic_write_bytes
+from linrope.base.csv_files import csv_text, write_rows
 from linrope.evaluation.tables import DETAILS, KEY, row_name
 
 STUDY_RECORD = "study_job.json"  # what linrope study writes into a job's folder when the job has finished
@@ -42,18 +32,18 @@ def gather(folder: Path, finished_only: bool = False) -> Dict[str, Entry]:
     """run name (its folder relative to ``folder``) -> entry: every run folder under ``folder`` (only those with
     a study record when ``finished_only``), then every run of the compact files already there whose folder is gone."""
     found: Dict[str, Entry] = {}
-    for run_dir, metrics in run_folders(folder):
+    for run_dir, metrics in runs.run_folders(folder):
         study = read_json(run_dir / STUDY_RECORD)
         if finished_only and study is None:
             continue
         name = run_dir.relative_to(folder).as_posix()
-        columns, rows = metrics_rows(metrics)
+        columns, rows = runs.metrics_rows(metrics)
         found[name] = (
-            {"run": name, **({"study": study} if study is not None else {}), **folder_record(run_dir, metrics)},
+            {"run": name, **({"study": study} if study is not None else {}), **runs.folder_record(run_dir, metrics)},
             columns,
             rows,
         )
-    for record, rows in compact_records(folder):
+    for record, rows in runs.compact_records(folder):
         found.setdefault(record["run"], (record, list(dict.fromkeys(k for r in rows for k in r)), rows))
     return dict(sorted(found.items(), key=lambda kv: (folder / kv[0] / kv[1][0]["metrics"]).parts))
 
@@ -76,15 +66,14 @@ def write(folder: Path, finished_only: bool = False) -> int:
                 ]
             rows.append({k: v for k, v in r.items() if k not in ("per_document", "per_position")})
         kept.append({**record, "extrapolation": rows} if "extrapolation" in record else record)
-    _replace(folder / COMPACT, dumps({"format": FORMAT, "about": ABOUT, "runs": kept}))
+    atomic_write_bytes(dumps({"format": FORMAT, "about": ABOUT, "runs": kept}).encode(), folder / COMPACT)
     for which, lines in details.items():
         if lines:
-            _replace(folder / f"{which}.csv", _csv(["run", *KEY, *DETAILS[which][1]], lines))
+            write_rows(lines, ["run", *KEY, *DETAILS[which][1]], folder / f"{which}.csv", "\n")
     columns = ["run", *dict.fromkeys(c for _, cols, _ in entries.values() for c in cols if c != "run")]
-    _replace(
-        folder / CURVES, _csv(columns, [{"run": name, **row} for name, (_, _, rows) in entries.items() for row in rows])
-    )
-    _replace(folder / RESULTS, results_csv([(record, rows) for record, _, rows in entries.values()]))
+    curves = [{"run": name, **row} for name, (_, _, rows) in entries.items() for row in rows]
+    write_rows(curves, columns, folder / CURVES, "\n")
+    atomic_write_bytes(results_csv([(record, rows) for record, _, rows in entries.values()]).encode(), folder / RESULTS)
     return len(entries)
 
 
@@ -92,7 +81,7 @@ def results_csv(runs: List[Tuple[Mapping[str, Any], List[Dict[str, str]]]]) -> s
     """``results.csv`` of (record, curve rows) pairs: a ``results_row`` each, the columns in its three parts."""
     table = [results_row(record, rows) for record, rows in runs]
     columns = [k for part in range(3) for k in dict.fromkeys(k for r in table for k in r[part])]
-    return _csv(columns, [{**who, **values, **where} for who, values, where in table])
+    return csv_text([{**who, **values, **where} for who, values, where in table], columns, "\n")
 
 
 def dumps(value: Any) -> str:
@@ -126,38 +115,18 @@ def results_row(record: Mapping[str, Any], rows: List[Dict[str, str]]) -> Tuple[
         if r.get("status") == "ok":
             where = f"@{r['length']}" + ("" if row_name(r) == "none" else f" {row_name(r)}")
             values.update({f"{m}{where}": r[m] for m in ("bpb", "acc") if r.get(m) is not None})
-    ran = {
-        "commit": code.get("commit"),
-        "dirty": code.get("dirty"),
-        "code": code.get("code"),
-        "python": versions.get("python"),
-        "torch": versions.get("torch"),
-        "lightning": versions.get("lightning"),
-        "fla": versions.get("fla"),
-        "machine": machine.get("gpu") or machine.get("cpu"),
-        "threads": study.get("threads", machine.get("threads")),
-        "precision": prov.get("precision"),
-        "started": prov.get("started"),
-        "finished": study.get("finished"),
-        "wall_s": study.get("wall_s"),
-    }
+    ran = {k: code.get(k) for k in ("commit", "dirty", "code")}
+    ran.update({k: versions.get(k) for k in ("python", "torch", "lightning", "fla")})
+    ran.update(
+        machine=machine.get("gpu") or machine.get("cpu"),
+        threads=study.get("threads", machine.get("threads")),
+        precision=prov.get("precision"),
+        started=prov.get("started"),
+        finished=study.get("finished"),
+        wall_s=study.get("wall_s"),
+    )
     return who, values, ran
 
 
 def _rank(metric: str) -> int:
     return next(i for i, p in enumerate(("test/", "val/", "train/", "")) if metric.startswith(p))
-
-
-def _csv(columns: List[str], rows: List[Mapping[str, Any]]) -> str:
-    out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    w.writeheader()
-    w.writerows({k: ("" if r.get(k) is None else r.get(k)) for k in columns} for r in rows)
-    return out.getvalue()
-
-
-def _replace(path: Path, text: str) -> None:
-    """``path`` holds the old text or the whole new one: written beside it, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    tmp.write_text(text)
-    os.replace(tmp, path)

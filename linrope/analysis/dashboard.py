@@ -5,15 +5,8 @@
     python -m linrope dashboard --group pe_compare-<time> --project linrope  # without the sweep folder
 
 The sweep folder tells the wandb project and group of its runs (``linrope.base.naming.wandb_group``), their
-tasks and the lengths of their extrapolation table.  Sections (the same panels in the workspace and
-the report; runs grouped by attention × position × model, mean over seeds with a ±1 std band):
-
-* comparison — ``val/bpb`` against step, final ``test/bpb`` per model (bar, seed spread);
-* speed and memory — ``train/tokens_per_sec`` and ``train/peak_mem_mb``;
-* length extrapolation — the ``extrapolation/table`` and the per-run plots, and bars of
-  ``extrapolation/<scaling>/<bpb|loss>@<length>`` by length (when the runs evaluated it);
-* synthetic tasks — ``val/acc`` against step and final ``test/acc`` (for mqar, offset_copy, listops);
-* training — ``train/loss`` and ``train/lr``.
+tasks and the lengths of their extrapolation table.  The sections and their panels (the same in the workspace and
+the report): docs/usage.md, "Dashboards".
 
 Needs the ``wandb-workspaces`` library (``pip install -e '.[dashboards]'``); without it ``--dry-run``
 still writes the plain specification (``dashboard.json``)."""
@@ -176,7 +169,7 @@ def build_report(target: Target, *, offline: bool = True):
     ``offline``: run sets without entity/project (wandb-workspaces looks a project up online; a saved report's
     run sets name the report's project)."""
     _, wr = _libs()
-    where = ("", "") if offline else (target.entity or "", target.project)
+    where = dict(entity="", project="") if offline else dict(entity=target.entity or "", project=target.project)
     blocks: list = [
         wr.P(
             f"Runs of the wandb group {target.group} (project {target.project}): tasks "
@@ -184,14 +177,9 @@ def build_report(target: Target, *, offline: bool = True):
             "the mean over seeds with ±1 standard deviation. Made by python -m linrope dashboard."
         )
     ]
+    by = [f"config.{k}" for k in target.group_by]
     for s in sections(target):
-        runset = wr.Runset(
-            entity=where[0],
-            project=where[1],
-            name=target.group,
-            filters=f"Group = '{target.group}'",
-            groupby=[f"config.{k}" for k in target.group_by],
-        )
+        runset = wr.Runset(**where, name=target.group, filters=f"Group = '{target.group}'", groupby=by)
         blocks += [wr.H2(s.name), wr.P(s.about), wr.PanelGrid(runsets=[runset], panels=_panels(s.panels))]
     return wr.Report(
         project=target.project,
@@ -231,14 +219,8 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
             lengths |= {int(round(f * context)) for f in ex.get("factors") or DEFAULT_FACTORS}
             if OmegaConf.select(c, "model.position.name") == "rope":
                 scalings |= set(ex.get("scalings") or [])
-    return Target(
-        project=project or str(wandb_cfg.get("project") or "linrope"),
-        group=str(group),
-        entity=entity,
-        tasks=tasks,
-        lengths=sorted(lengths),
-        scalings=sorted(scalings),
-    )
+    project = project or str(wandb_cfg.get("project") or "linrope")
+    return Target(project, str(group), entity, tasks, sorted(lengths), sorted(scalings))
 
 
 # ---- command line ----------------------------------------------------------------------------------------------
@@ -256,13 +238,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--project", help="wandb project (default: logger.wandb.project of the runs, else linrope)")
     p.add_argument("--entity", help="wandb entity (default: your default entity when saving)")
     p.add_argument("--tasks", nargs="+", help="with --group: the tasks the runs trained on (default: bytes)")
-    p.add_argument(
-        "--lengths",
-        nargs="*",
-        type=int,
-        default=None,
-        help="with --group: extrapolation lengths the runs evaluated (default: none)",
-    )
+    lengths = "with --group: extrapolation lengths the runs evaluated (default: none)"
+    p.add_argument("--lengths", nargs="*", type=int, default=None, help=lengths)
     p.add_argument(
         "--group-by",
         nargs="+",
@@ -282,14 +259,9 @@ def target_from_args(args: argparse.Namespace) -> Target:
     if args.sweep is not None:
         target = target_from_sweep(args.sweep, args.project, args.entity)
     else:
-        target = Target(
-            project=args.project or "linrope",
-            group=args.group,
-            entity=args.entity,
-            tasks=list(args.tasks or [BYTES]),
-            lengths=sorted(args.lengths or []),
-            scalings=["pi", "ntk", "yarn", "dynamic"] if args.lengths else [],
-        )
+        scalings = ["pi", "ntk", "yarn", "dynamic"] if args.lengths else []
+        tasks, lengths = list(args.tasks or [BYTES]), sorted(args.lengths or [])
+        target = Target(args.project or "linrope", args.group, args.entity, tasks, lengths, scalings)
     target.group_by = list(args.group_by)
     return target
 

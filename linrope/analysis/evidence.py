@@ -8,18 +8,18 @@ context-limited control (``positions.png``)."""
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from linrope.analysis.bootstrap import bpb_difference
+from linrope.analysis.bootstrap import shared_bpb_difference
 from linrope.analysis.cells import markdown_table
 from linrope.analysis.clusters import FILE as CLUSTERS
 from linrope.analysis.clusters import cluster_lines, document_clusters, floor_text, runs_corpus
 from linrope.analysis.multiplicity import adjust, resolved_count
 from linrope.analysis.runs import Run, extrapolation_row
 from linrope.analysis.seed_outcomes import seed_outcomes
+from linrope.base.csv_files import read_rows
 from linrope.base.plots import Curve, Panel, plot_curves, series_colour
 from linrope.evaluation.tables import row_name
 
@@ -68,6 +68,18 @@ def above(values: Mapping[Any, float], bar: Optional[float]) -> List[Any]:
     return sorted((s for s, v in values.items() if not math.isfinite(v) or v > bar), key=str)
 
 
+def above_unigram(groups, refs: Optional["References"], metric: str, configs, kept=None) -> str:
+    """``A 1 of 3, B 2 of 3``: each configuration's seeds above the unigram of ``metric``'s row, out of the seeds with
+    that row (``kept``: {configuration: the seeds to count}); "" when none is, or without references."""
+    out = []
+    for c in configs if refs else ():
+        values, bar = row_values(groups.get(c, []), metric), refs.unigram(groups.get(c, []), metric)
+        seeds = values if kept is None else kept[c]
+        bad = above({k: v for k, v in values.items() if k in seeds}, bar)
+        out += [f"{c} {len(bad)} of {len(seeds)}"] if bad else []
+    return ", ".join(out)
+
+
 def row_metric(row: Mapping[str, Any]) -> str:
     """The metric that names an extrapolation row: ``bpb@2048`` (sliding, as trained), ``bpb@2048 windows``."""
     name = row_name(row)
@@ -79,14 +91,9 @@ def collapse_lines(groups: Mapping[str, Sequence[Run]], refs: Optional["Referenc
     unigram scored through the row's windows)."""
     if not refs:
         return []
+    rows = [r for runs in groups.values() for run in runs for r in run.extrapolation]
     metrics = sorted(
-        {
-            (r["length"], row_metric(r))
-            for runs in groups.values()
-            for run in runs
-            for r in run.extrapolation
-            if r.get("status") == "ok" and r.get("bpb") is not None
-        }  # fmt: skip
+        {(r["length"], row_metric(r)) for r in rows if r.get("status") == "ok" and r.get("bpb") is not None}
     )
     if not metrics:
         return []
@@ -203,8 +210,7 @@ def read_references(folder: Path) -> Optional[References]:
     path = folder / "references.csv"
     if not path.is_file():
         return None
-    with open(path, newline="") as f:
-        return References(list(csv.DictReader(f)))
+    return References(read_rows(path)[1])
 
 
 def references(groups: Mapping[str, Sequence[Run]], out: Path) -> Tuple[Optional[References], str]:
@@ -236,6 +242,10 @@ def _fmt(x: Optional[float], digits: int = 3, sign: bool = False) -> str:
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
+def _span(lo: Optional[float], hi: Optional[float]) -> str:
+    return f"[{_fmt(lo, sign=True)}, {_fmt(hi, sign=True)}]"
+
+
 def section(
     groups: Mapping[str, Sequence[Run]],
     comparisons: Sequence[Tuple[str, str, str, str]],
@@ -252,16 +262,9 @@ def section(
     for label, runs in groups.items():
         tests = {(run.value("test/bytes", "last"), run.value("test/documents", "last")) for run in runs}
         tests = {t for t in tests if t[0] is not None}  # a run still training has no test yet
-        rows = {(r["length"], row_name(r), r["scored"], r.get("documents")) for run in runs for r in run.extrapolation}
-        scored = sorted({(s, d) for _, _, s, d in rows})
-        body.append(
-            [
-                label,
-                str(len(runs)),
-                "; ".join(f"{int(b):,} bytes, {int(d)} documents" for b, d in sorted(tests)) or "–",
-                "; ".join(f"{s:,} bytes, {d} documents" for s, d in scored) or "–",
-            ]
-        )
+        tested = "; ".join(f"{int(b):,} bytes, {int(d)} documents" for b, d in sorted(tests)) or "–"
+        rows = sorted({(r["scored"], r.get("documents")) for run in runs for r in run.extrapolation})
+        body.append([label, str(len(runs)), tested, "; ".join(f"{s:,} bytes, {d} documents" for s, d in rows) or "–"])
     lines += [
         "**Scored text.**  What each configuration's test and extrapolation rows scored (every row of a run scores "
         "the same bytes).",
@@ -308,34 +311,18 @@ def section(
         if a not in groups or b not in groups or not all(documents_of(groups[c], metric) for c in (a, b)):
             continue  # a configuration, or the row the metric names, is not in these runs
         cells = {c: documents_of([r for r in groups[c] if r.seed not in outcome[c].failed], metric) for c in (a, b)}
-        shared = sorted(set(cells[a]) & set(cells[b]), key=str)
+        shared, estimate = shared_bpb_difference(cells, a, b, clusters=grouping)
         why = None
         if outcome[a].failed or outcome[b].failed:
             dropped = {c: sorted(map(str, outcome[c].failed)) for c in (a, b) if outcome[c].failed}
             why = "failed seeds left out: " + "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items())
-        estimate = None
-        if len(shared) >= 2:
-            data = {c: {s: cells[c][s] for s in shared} for c in (a, b)}
-            estimate = bpb_difference(data, a, b, clusters=grouping)
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
-        bar = {c: refs.unigram(groups[c], metric) if refs else None for c in (a, b)}  # the unigram of this row
-        at_row = {c: (above({k: v for k, v in row_values(groups[c], metric).items() if k in cells[c]}, bar[c]),
-                      len(cells[c])) for c in (a, b)}  # fmt: skip
-        collapses.append(
-            ", ".join(f"{c} {len(bad)} of {n}" for c, (bad, n) in at_row.items() if bad) if metric != "test/bpb" else ""
-        )
-        records.append(
-            {
-                "claim": text,
-                "metric": metric,
-                "a": a,
-                "b": b,
-                "seeds": len(shared),
-                "clusters": None if estimate is None else estimate.clusters or estimate.documents,
-                "p_floor": None if estimate is None else estimate.p_floor,
-            }
-        )
+        collapses.append(above_unigram(groups, refs, metric, (a, b), cells) if metric != "test/bpb" else "")
+        record = {"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared), "clusters": None}
+        if estimate is not None:
+            record["clusters"] = estimate.clusters or estimate.documents
+        records.append({**record, "p_floor": None if estimate is None else estimate.p_floor})
     adjusted = adjust(family)
     body = []
     for record, adj, why, at_row in zip(records, adjusted, notes, collapses):
@@ -343,29 +330,18 @@ def section(
         verdict = "no verdict (every seed failed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
         if at_row and not collapsed:
             verdict = f"no verdict (above the unigram at this row: {at_row})"
-        record.update(
-            diff=adj.value,
-            lo=adj.lo,
-            hi=adj.hi,
-            p=adj.p,
-            p_holm=adj.p_holm,
-            p_bh=adj.p_bh,
-            family_lo=adj.family_lo,
-            family_hi=adj.family_hi,
-            verdict=verdict,
-            above_unigram=at_row,
-            note=why or "",
-        )
+        record["diff"] = adj.value
+        record |= {k: getattr(adj, k) for k in ("lo", "hi", "p", "p_holm", "p_bh", "family_lo", "family_hi")}
+        record |= {"verdict": verdict, "above_unigram": at_row, "note": why or ""}
+        a_b = f"{record['a']} − {record['b']}"
         body.append(
             [
-                record["claim"] or f"{record['a']} − {record['b']}",
-                f"{record['a']} − {record['b']}",
+                record["claim"] or a_b,
+                a_b,
                 record["metric"],
-                f"{_fmt(adj.value, sign=True)} [{_fmt(adj.lo, sign=True)}, {_fmt(adj.hi, sign=True)}]",
-                f"[{_fmt(adj.family_lo, sign=True)}, {_fmt(adj.family_hi, sign=True)}]",
-                adj.p_text(adj.p),
-                adj.p_text(adj.p_holm),
-                adj.p_text(adj.p_bh),
+                f"{_fmt(adj.value, sign=True)} {_span(adj.lo, adj.hi)}",
+                _span(adj.family_lo, adj.family_hi),
+                *(adj.p_text(p) for p in (adj.p, adj.p_holm, adj.p_bh)),
                 f"**{verdict}**" if verdict == "resolved" else verdict,
                 str(record["seeds"]) + (f" ({why})" if why else ""),
             ]
@@ -452,10 +428,10 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
             for lo, hi in zip(edges, edges[1:]):
                 per_run = []
                 for r in picked:
-                    n = sum(d["bytes"] for d in r["per_position"] if lo <= d["start"] < hi)
-                    nats = sum(d["nats"] for d in r["per_position"] if lo <= d["start"] < hi)
+                    band = [d for d in r["per_position"] if lo <= d["start"] < hi]
+                    n = sum(d["bytes"] for d in band)
                     if n:
-                        per_run.append(nats / n / LN2)
+                        per_run.append(sum(d["nats"] for d in band) / n / LN2)
                 bands.append(_fmt(sum(per_run) / len(per_run)) if per_run else "–")
             table.append([name, str(longest), *bands])
     if not table:

@@ -50,32 +50,35 @@ def sinusoidal_dot(offsets, dim: int = 512, t: int = 0, base: float = 10000.0) -
     return b @ a
 
 
-def plot_rope_decay(path: Path, d: int = 128, max_distance: int = 250) -> Path:
-    plt = pyplot()
-    r = np.arange(0, max_distance + 1)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(r, rope_decay_bound(r, d))
-    ax.set_xlabel("relative distance m − n")
-    ax.set_ylabel(r"relative upper bound $\frac{1}{d/2}\sum_j |S_j|$")
-    ax.set_title(f"RoPE long-term decay (d = {d}, θ_t = 10000^(−2t/d))")
+def _figure(path: Path, xlabel: str, ylabel: str, title: str, curves, legend: bool = False) -> Path:
+    """One 6 × 4 panel of ``curves`` ((x, y, plot keywords) each), saved at 120 dpi."""
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for x, y, kw in curves:
+        ax.plot(x, y, **kw)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
+    if legend:
+        ax.legend()
     fig.tight_layout()
     return save(fig, path, dpi=120)
+
+
+def plot_rope_decay(path: Path, d: int = 128, max_distance: int = 250) -> Path:
+    r = np.arange(0, max_distance + 1)
+    bound = r"relative upper bound $\frac{1}{d/2}\sum_j |S_j|$"
+    title = f"RoPE long-term decay (d = {d}, θ_t = 10000^(−2t/d))"
+    return _figure(path, "relative distance m − n", bound, title, [(r, rope_decay_bound(r, d), {})])
 
 
 def plot_sinusoidal_dot(path: Path, dim: int = 512, max_offset: int = 500) -> Path:
-    plt = pyplot()
     k = np.arange(-max_offset, max_offset + 1)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for t in (0, 100):
-        ax.plot(k, sinusoidal_dot(k, dim, t=t), linestyle="-" if t == 0 else "--", label=f"t = {t}")
-    ax.set_xlabel("offset k")
-    ax.set_ylabel(r"$PE_t \cdot PE_{t+k}$")
-    ax.set_title(f"sinusoidal positions: dot product against offset (D = {dim})")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return save(fig, path, dpi=120)
+    curves = [
+        (k, sinusoidal_dot(k, dim, t=t), {"linestyle": "-" if t == 0 else "--", "label": f"t = {t}"}) for t in (0, 100)
+    ]
+    title = f"sinusoidal positions: dot product against offset (D = {dim})"
+    return _figure(path, "offset k", r"$PE_t \cdot PE_{t+k}$", title, curves, legend=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -15,20 +15,14 @@ from linrope.base.errors import ResultsError
 ALPHA = 0.05
 
 
-def _checked(p_values: Sequence[Optional[float]]) -> list:
-    out = []
-    for i, p in enumerate(p_values):
-        if p is not None and not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
-            raise ResultsError(f"p-value {i} of the family is {p!r}: a p-value is a number in [0, 1] (or None)")
-        out.append(None if p is None else float(p))
-    return out
-
-
 def _adjusted(p_values: Sequence[Optional[float]], method: str) -> list:
     """statsmodels' adjusted p-values over the p-values present, in the order given (None stays None)."""
     from statsmodels.stats.multitest import multipletests
 
-    ps = _checked(p_values)
+    for i, p in enumerate(p_values):
+        if p is not None and not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+            raise ResultsError(f"p-value {i} of the family is {p!r}: a p-value is a number in [0, 1] (or None)")
+    ps = [None if p is None else float(p) for p in p_values]
     present = [i for i, p in enumerate(ps) if p is not None]
     out = list(ps)
     if present:  # an empty family: statsmodels before 0.15 divides by its size, 0
@@ -110,23 +104,9 @@ def adjust(family: Sequence[Tuple[str, object]], alpha: float = ALPHA) -> list:
     level = family_level(m, alpha)
     out = []
     for (name, e), ph, pb in zip(family, holm(ps), benjamini_hochberg(ps)):
-        lo, hi = (None, None) if e is None or e.p is None else e.interval(level)
-        out.append(
-            Adjusted(
-                name,
-                None if e is None else e.value,
-                None if e is None else e.lo,
-                None if e is None else e.hi,
-                None if e is None else e.p,
-                ph,
-                pb,
-                lo,
-                hi,
-                m,
-                alpha,
-                getattr(e, "p_floor", P_FLOOR),
-            )
-        )
+        raw = (None,) * 4 if e is None else (e.value, e.lo, e.hi, e.p)
+        simultaneous = (None, None) if e is None or e.p is None else e.interval(level)
+        out.append(Adjusted(name, *raw, ph, pb, *simultaneous, m, alpha, getattr(e, "p_floor", P_FLOOR)))
     return out
 
 

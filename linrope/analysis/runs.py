@@ -19,29 +19,16 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import yaml
 from omegaconf import OmegaConf
 
+from linrope.base.csv_files import read_rows
 from linrope.base.nested import flatten
 from linrope.evaluation.tables import DETAILS, KEY, read_csv, read_details, row_name
 from linrope.run.provenance import read as read_provenance
 
 # settings that do not tell configurations apart (the seed is what we average over)
-IGNORED = (
-    "seed",
-    "data.seed",
-    "data.eval_seed",
-    "paths.",
-    "hydra.",
-    "tags",
-    "task_name",
-    "logger.",
-    "callbacks.",
-    "ckpt_path",
-    "extrapolation.",
-    "trainer.enable_progress_bar",
-    "trainer.default_root_dir",
-    "train",
-    "test",
-    "data.num_workers",
-)
+IGNORED = tuple(
+    "seed data.seed data.eval_seed paths. hydra. tags task_name logger. callbacks. ckpt_path extrapolation. "
+    "trainer.enable_progress_bar trainer.default_root_dir train test data.num_workers".split()
+)  # a key ending in "." ignores every key below it
 COMPACT, CURVES, FORMAT = "runs.json", "curves.csv", "linrope.runs/1"  # compact results (linrope.analysis.compact)
 TUNING = "tuning"  # a study's tuning runs (linrope.studies.study_tuning), never among its runs
 
@@ -114,16 +101,13 @@ def _resume_index(stem: str) -> int:
 def _step(row: Mapping[str, Optional[str]]) -> Optional[int]:
     try:
         return int(float(row.get("step") or ""))
-    except ValueError:
+    except (TypeError, ValueError):
         return None
 
 
 def _csv_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
     try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            rows = [{k: v for k, v in row.items() if k is not None} for row in reader]
-            return list(reader.fieldnames or []), rows
+        return read_rows(path)
     except (UnicodeDecodeError, csv.Error) as e:
         raise SystemExit(
             f"linrope: {path}: not a metrics CSV file ({type(e).__name__}: {str(e)[:80]}); "
@@ -135,10 +119,7 @@ def series_of(rows: Iterable[Mapping[str, Optional[str]]]) -> Dict[str, List[Tup
     """metric -> [(step, value)] of metrics.csv rows (an empty cell is no value)."""
     series: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
     for row in rows:
-        try:
-            step = int(float(row.get("step") or 0))
-        except (TypeError, ValueError):
-            step = 0
+        step = _step(row) or 0
         for k, v in row.items():
             if k in ("step", "epoch") or not isinstance(v, str) or v == "":
                 continue
@@ -190,9 +171,8 @@ def run_folders(sweep: Path, skipped: Optional[List[Path]] = None) -> List[Tuple
 
 
 def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
-    """What ``find_runs`` reads of a run folder but its curves, as plain JSON values: the metrics file's place,
-    the model name the loggers got, the saved config (nested, interpolations as written), the parameter
-    record, the provenance and the extrapolation rows."""
+    """What ``find_runs`` reads of a run folder but its curves, as plain JSON values (the saved config nested, its
+    interpolations as written)."""
     config_path = run_dir / ".hydra" / "config.yaml"
     config = OmegaConf.to_container(OmegaConf.load(config_path), resolve=False) if config_path.exists() else {}
     extrap = run_dir / "extrapolation.csv"
@@ -202,14 +182,10 @@ def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
         if path.is_file():
             attach(rows, read_details(path), which)
     n_params, position = read_parameters(run_dir, metrics.parent)
-    return {
-        "metrics": metrics.relative_to(run_dir).as_posix(),
-        "model_name": _logged_label(metrics.parent / "hparams.yaml").get("model.name"),
-        "config": config,
-        "parameters": {"n_params": n_params, "position": position},
-        "provenance": read_provenance(run_dir),
-        "extrapolation": rows,
-    }
+    name = _logged_label(metrics.parent / "hparams.yaml").get("model.name")
+    record = {"metrics": metrics.relative_to(run_dir).as_posix(), "model_name": name, "config": config}
+    parameters = {"n_params": n_params, "position": position}
+    return record | {"parameters": parameters, "provenance": read_provenance(run_dir), "extrapolation": rows}
 
 
 def row_key(r: Mapping[str, Any]) -> Tuple:
@@ -232,16 +208,9 @@ def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, 
     config = flatten(record.get("config", {}))
     if record.get("model_name") is not None:
         config["model.name"] = record["model_name"]
-    parameters = record.get("parameters") or {}
-    return Run(
-        run_dir,
-        config,
-        series,
-        list(record.get("extrapolation") or []),
-        parameters.get("n_params"),
-        dict(parameters.get("position") or {}),
-        record.get("provenance"),
-    )
+    parameters, rows = record.get("parameters") or {}, list(record.get("extrapolation") or [])
+    position = dict(parameters.get("position") or {})
+    return Run(run_dir, config, series, rows, parameters.get("n_params"), position, record.get("provenance"))
 
 
 def read_json(path: Path) -> Optional[Dict[str, Any]]:
@@ -379,9 +348,7 @@ def group_runs(runs: List[Run]) -> Dict[str, Dict[str, List[Run]]]:
 
 
 def _plain(v: Optional[str]) -> str:
-    if v is None:
-        return "-"
-    return v.strip("'\"")
+    return "-" if v is None else v.strip("'\"")
 
 
 def _unique(existing: Dict[str, Any], label: str) -> str:

@@ -116,6 +116,7 @@ def seed_outcomes(
         else:
             kept[seed] = float(v)
     groups = split(list(kept.values()), ratio, min_gap)
+    bars = [f"{op} {bar:.4g}" for op, bar in (("<", worse_below), (">", worse_above)) if bar is not None]
     return SeedOutcome(
         n=len(values),
         failed=failed,
@@ -124,12 +125,5 @@ def seed_outcomes(
         groups=groups,
         interval=mean_ci(list(kept.values()), level),
         fails=fails,
-        rule=" or ".join(
-            r
-            for r in (
-                worse_below is not None and f"< {worse_below:.4g}",
-                worse_above is not None and f"> {worse_above:.4g}",
-            )
-            if r
-        ),
+        rule=" or ".join(bars),
     )

@@ -5,43 +5,51 @@ the YAML file, and ``linrope report`` (``linrope.analysis.report``, ``linrope.an
 every study.  Runs of ``task_name: <experiment>`` are read with ``conf/study/<experiment>.yaml``, others with
 ``conf/study/default.yaml``; ``--study NAME|FILE`` chooses another.  The keys and why the file sits beside its
 experiment: docs/methods.md, "Studies are data".  Read with ``yaml.safe_load``: nothing in it is built or imported;
-a bad key, metric or pair is one line (``linrope.base.errors.ConfigError``) naming the file and the key."""
+each section's keys are declared below and checked by ``linrope.base.options``, and a bad key, value, metric or pair
+is one line (``linrope.base.errors.ConfigError``) naming the file and the key."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Annotated, Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple
 
 import yaml
+from pydantic import Field
 
-from linrope.base.errors import ConfigError, UnknownOption, nearest_hint
+from linrope.base.errors import ConfigError, nearest_hint
+from linrope.base.options import Count, Option, declared, option_errors
 from linrope.config.command_line import CONF_DIR
 
-KEYS = ("pairs", "metric", "arms", "claims", "verdict", "control", "table", "tuning")
-ARMS = {"folder": str, "key": str, "label": str, "task": str, "axis": str}
-CLAIM = {"text": str, "metric": str, "a": str, "b": str}
-CONTROL = {"configuration": str, "at_least": float, "at_most": float, "what": str}
-TABLE = {
-    "file": str,
-    "title": str,
-    "intro": str,
-    "claims_intro": str,
-    "configurations": bool,
-    "per_run": bool,
-    "figure": str,
-    "figure_title": str,
-    "caption": str,
-    "by_order": str,
-    "collapse_below": float,
-}
+Text = Annotated[str, Field(pattern=r"\S", description="not empty")]
+Legend = Annotated[Tuple[Text, Text], Field(description="the verdict, its legend")]
+ByOrder = Annotated[
+    str, Field(pattern=r"^(train|val|test)/\w*[A-Za-z_]$", description="a logged metric less its order, test/acc_q")
+]
+Setting = Annotated[
+    str, Field(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", description="a setting as on the command line, optim.lr")
+]
+Grid = Annotated[
+    Tuple[Annotated[float, Field(gt=0)], ...],
+    Field(min_length=1, description="YAML reads 1e-3 as text: write it with a point, 1.0e-3"),
+]
+
+
+def _declare(**hints: Any) -> Dict[str, Option]:
+    """A section the study keeps as a mapping: what each key takes, checked by ``linrope.base.options``."""
+    return {key: Option(hint) for key, hint in hints.items()}
+
+
+KEYS = _declare(pairs=Any, metric=Any, arms=Any, claims=Any, verdict=Any, control=Any, table=Any, tuning=Any)
+ARMS = _declare(folder=Text, key=Text, label=Text, task=Text, axis=Text)
+CONTROL = _declare(configuration=Text, at_least=float, at_most=float, what=Text)
+TABLE = _declare(file=Text, title=Text, intro=Text, claims_intro=Text, caption=Text, configurations=bool, per_run=bool)
+TABLE |= _declare(figure=Literal["claims", "by_arm"], figure_title=Text, by_order=ByOrder, collapse_below=float)
 # a claim's signs (resolved or not) from the first arm to the last -> the verdict the study names for it
 OUTCOMES = ("same", "opposite", "first_only", "last_only", "none", "unpaired", "single")
-FIGURES = ("claims", "by_arm")
-TUNING = ("key", "grid", "factor", "max_extensions", "seed", "metric", "mode")
+VERDICT = _declare(column=Text, **dict.fromkeys(OUTCOMES, Legend))
 TUNING_DEFAULTS = {"factor": 2.0, "max_extensions": 3, "seed": 0, "mode": "min"}
-MODES = ("min", "max")
 # bpb@2048 (sliding windows, as trained), bpb@2048 windows, bpb@2048 windows window128: the extrapolation table's rows
 METRIC = re.compile(r"(train|val|test)/\w+|(bpb|acc)@\d+( (windows|pi|ntk|yarn|dynamic|window\d+))*")
 DEFAULT = "default"
@@ -49,23 +57,23 @@ DEFAULT = "default"
 
 @dataclass(frozen=True)
 class Claim:
-    text: str  # the claim, as the study words it
+    text: Text  # the claim, as the study words it
     metric: str
-    a: str
-    b: str
+    a: Text
+    b: Text
 
 
 @dataclass(frozen=True)
 class Tuning:
     """A study's tuning stage (``tuning``): see the module docstring."""
 
-    key: str  # the setting tuned, as on the command line (optim.lr)
-    grid: Tuple[float, ...]  # the values every configuration tries first, ascending
-    factor: float  # the step beyond an edge: × factor above the largest, ÷ factor below the smallest
-    max_extensions: int  # values added beyond an edge at most, per configuration
-    seed: int  # the tuning runs' seed
+    key: Setting  # the setting tuned, as on the command line (optim.lr)
+    grid: Grid  # the values every configuration tries first, ascending (and distinct: see _tuning)
+    factor: Annotated[float, Field(gt=1, description="the step beyond an edge of the grid")]  # × above, ÷ below
+    max_extensions: Count  # values added beyond an edge at most, per configuration
+    seed: Count  # the tuning runs' seed
     metric: str  # val/<name>: the best value logged over a run is its score
-    mode: str  # min or max: which is best
+    mode: Literal["min", "max"]  # which is best
 
     @property
     def leaf(self) -> str:
@@ -101,26 +109,16 @@ class _Reader:
     def fail(self, text: str) -> ConfigError:
         return ConfigError(f"{self.path}: {text}")
 
-    def mapping(self, node: Any, keys: Iterable[str], where: str) -> Dict[str, Any]:
-        keys = tuple(keys)
+    def section(self, node: Any, keys: Mapping[str, Option], where: str, needs: Iterable[str] = ()) -> Dict[str, Any]:
+        """``node``: a mapping of the ``keys`` declared, each value of its type (``linrope.base.options``), and
+        the keys it ``needs``."""
         if not isinstance(node, dict):
             raise self.fail(f"{where or 'the file'}: a mapping of {', '.join(keys)}, not {type(node).__name__}")
-        for k in node:
-            if k not in keys:
-                raise self.fail(str(UnknownOption(f"{where}.{k}" if where else str(k), keys, "key")))
-        return node
-
-    def typed(self, node: Dict[str, Any], types: Dict[str, type], where: str) -> Dict[str, Any]:
-        out = dict(self.mapping(node, types, where))
-        for k, v in out.items():
-            want = types[k]
-            ok = (isinstance(v, (int, float)) and not isinstance(v, bool)) if want is float else isinstance(v, want)
-            if not ok or (want is str and not v.strip()):
-                raise self.fail(
-                    f"{where}.{k}: {v!r}: a {'number' if want is float else want.__name__}"
-                    f"{' (not empty)' if want is str else ''}"
-                )
-        return out
+        errors = option_errors(keys, node, where, what="key")
+        missing = [k for k in needs if k not in node]
+        if errors or missing:
+            raise self.fail("; ".join(errors) or f"{where}: needs {', '.join(missing)}")
+        return dict(node)
 
     def metric(self, value: Any, where: str) -> str:
         if not isinstance(value, str) or not METRIC.fullmatch(value):
@@ -132,19 +130,10 @@ class _Reader:
         return value
 
     def pair(self, node: Any, where: str) -> Tuple[str, str]:
-        if (
-            not isinstance(node, list)
-            or len(node) != 2
-            or not all(isinstance(x, str) and x for x in node)
-            or node[0] == node[1]
-        ):
+        ok = isinstance(node, list) and len(node) == 2 and all(isinstance(x, str) and x for x in node)
+        if not ok or node[0] == node[1]:
             raise self.fail(f"{where}: {node!r}: a pair is two different configuration names, [A, B]")
         return node[0], node[1]
-
-    def required(self, node: Dict[str, Any], keys: Sequence[str], where: str) -> None:
-        missing = [k for k in keys if k not in node]
-        if missing:
-            raise self.fail(f"{where}: needs {', '.join(missing)}")
 
 
 def load(path: Path, name: Optional[str] = None) -> Study:
@@ -157,7 +146,7 @@ def load(path: Path, name: Optional[str] = None) -> Study:
         raise read.fail(f"cannot read it ({e.strerror or e})") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise read.fail(f"not YAML text ({str(e).splitlines()[0]})") from None
-    data = read.mapping({} if data is None else data, KEYS, "")
+    data = read.section({} if data is None else data, KEYS, "")  # each section checked below
     metric = read.metric(data["metric"], "metric") if "metric" in data else None
     pairs = data.get("pairs") or []
     if not isinstance(pairs, list):
@@ -167,8 +156,7 @@ def load(path: Path, name: Optional[str] = None) -> Study:
     if not isinstance(claims, list):
         raise read.fail(f"claims: {claims!r}: a list of claims {{text, metric, a, b}}")
     for i, node in enumerate(claims):
-        c = read.typed(node, CLAIM, f"claims[{i}]")
-        read.required(c, ("a", "b"), f"claims[{i}]")
+        c = read.section(node, declared(Claim), f"claims[{i}]", needs=("a", "b"))
         a, b = read.pair([c["a"], c["b"]], f"claims[{i}]")
         if "metric" not in c and metric is None:
             raise read.fail(f"claims[{i}]: needs a metric (or the study's metric)")
@@ -176,89 +164,40 @@ def load(path: Path, name: Optional[str] = None) -> Study:
             Claim(c.get("text", f"{a} − {b}"), read.metric(c.get("metric", metric), f"claims[{i}].metric"), a, b),
         )
     if "arms" in data:
-        study.arms = read.typed(data["arms"], ARMS, "arms")
-        read.required(study.arms, ("folder", "key", "task"), "arms")
+        study.arms = read.section(data["arms"], ARMS, "arms", needs=("folder", "key", "task"))
         study.arms.setdefault("label", "{n}")
     if "verdict" in data:
-        study.verdict = _verdict(read, data["verdict"])
+        study.verdict = read.section(data["verdict"], VERDICT, "verdict", needs=VERDICT)
     if "control" in data:
-        study.control = read.typed(data["control"], CONTROL, "control")
-        read.required(study.control, ("configuration",), "control")
+        study.control = read.section(data["control"], CONTROL, "control", needs=("configuration",))
         if ("at_least" in study.control) == ("at_most" in study.control):
             raise read.fail("control: needs one bar, at_least or at_most")
         if metric is None:
             raise read.fail("control: needs the study's metric")
-    if "table" in data:
-        study.table = read.typed(data["table"], TABLE, "table")
-        if study.table.get("figure", FIGURES[0]) not in FIGURES:
-            raise read.fail(f"table.figure: {study.table['figure']!r}: one of {', '.join(FIGURES)}")
+    if "table" in data or study.arms is not None:
+        needs = ("file", "title") if study.arms is not None else ()  # the table of a study in arms
+        study.table = read.section(data.get("table", {}), TABLE, "table", needs)
         if metric is None and (
             study.table.get("configurations") or study.table.get("figure") == "by_arm" or "by_order" in study.table
         ):
             raise read.fail("table: its configurations, by_order and the by_arm figure need the study's metric")
-        if "by_order" in study.table and not re.fullmatch(r"(train|val|test)/\w*[A-Za-z_]", study.table["by_order"]):
-            raise read.fail(
-                f"table.by_order: {study.table['by_order']!r}: a logged metric's name less its order, "
-                f"test/acc_q for test/acc_q1, test/acc_q2, …"
-            )
-    if study.arms is not None:
-        read.required(study.table, ("file", "title"), "table")
     if "tuning" in data:
         study.tuning = _tuning(read, data["tuning"])
     _check_configurations(read, study)
     return study
 
 
-def _verdict(read: _Reader, node: Any) -> Dict[str, Any]:
-    out = dict(read.mapping(node, ("column", *OUTCOMES), "verdict"))
-    read.required(out, ("column", *OUTCOMES), "verdict")
-    for k in OUTCOMES:
-        v = out[k]
-        if not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, str) and x for x in v):
-            raise read.fail(f"verdict.{k}: {v!r}: [the verdict, its legend]")
-    return out
-
-
 def _tuning(read: _Reader, node: Any) -> Tuning:
-    """``tuning``, every value checked: validation only (a test score never chooses), a grid of distinct positive
-    numbers, a factor above 1."""
-    t = {**TUNING_DEFAULTS, **read.mapping(node, TUNING, "tuning")}
-    read.required(t, ("key", "grid", "metric"), "tuning")
-    key = t["key"]
-    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
-        raise read.fail(f"tuning.key: {key!r}: a setting as on the command line (optim.lr)")
-    grid = t["grid"]
-    if (
-        not isinstance(grid, list)
-        or not grid
-        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in grid)
-        or len(set(grid)) != len(grid)
-    ):
-        text = next((v for v in grid if isinstance(v, str)), None) if isinstance(grid, list) else None
-        hint = f" (YAML reads {text} as text: write it with a point, 1.0e-3)" if text and _number(text) else ""
-        raise read.fail(f"tuning.grid: {grid!r}: a list of distinct positive numbers{hint}")
-    factor = t["factor"]
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 1:
-        raise read.fail(f"tuning.factor: {factor!r}: a number above 1 (the step beyond an edge of the grid)")
-    for k in ("max_extensions", "seed"):
-        if not isinstance(t[k], int) or isinstance(t[k], bool) or t[k] < 0:
-            raise read.fail(f"tuning.{k}: {t[k]!r}: a whole number, 0 or more")
+    """``tuning``, every value checked (its declaration: ``Tuning``), its metric validation only (a test score never
+    chooses), its grid ascending."""
+    t = {**TUNING_DEFAULTS, **read.section(node, declared(Tuning), "tuning", needs=("key", "grid", "metric"))}
+    if len(set(t["grid"])) != len(t["grid"]):
+        raise read.fail(f"tuning.grid: {t['grid']!r}: a list of distinct positive numbers")
     metric = read.metric(t["metric"], "tuning.metric")
     if not metric.startswith("val/"):
         raise read.fail(f"tuning.metric: {metric!r}: validation only (val/<name>): the tuning never scores test")
-    if t["mode"] not in MODES:
-        raise read.fail(f"tuning.mode: {t['mode']!r}: one of {', '.join(MODES)}")
-    return Tuning(
-        key, tuple(sorted(float(v) for v in grid)), float(factor), t["max_extensions"], t["seed"], metric, t["mode"]
-    )
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    grid = tuple(sorted(float(v) for v in t["grid"]))
+    return Tuning(t["key"], grid, float(t["factor"]), t["max_extensions"], t["seed"], metric, t["mode"])
 
 
 def experiment_models(name: str, conf_dir: Path) -> Optional[List[str]]:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from linrope.analysis.cells import markdown_table
-from linrope.analysis.compact import _replace, dumps
+from linrope.analysis.compact import dumps
 from linrope.analysis.runs import read_json
+from linrope.base.atomic import atomic_write_bytes
 
 RECORD = "tuning.json"
 FORMAT = "linrope.tuning/1"
@@ -29,7 +30,7 @@ def where(entry: Dict[str, Any]) -> str:
 
 def write(folder: Path, record: Dict[str, Any]) -> None:
     """``<folder>/tuning.json``, whole or not at all."""
-    _replace(folder / RECORD, dumps({"format": FORMAT, "about": ABOUT, **record}))
+    atomic_write_bytes(dumps({"format": FORMAT, "about": ABOUT, **record}).encode(), folder / RECORD)
 
 
 def read(folder: Path) -> Optional[Dict[str, Any]]:

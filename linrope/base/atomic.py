@@ -13,8 +13,6 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-
 from linrope.base.errors import DiskFull
 
 TMP_SUFFIX = ".partial"
@@ -85,6 +83,8 @@ def _no_space(e: BaseException) -> bool:
 def atomic_torch_save(obj: Any, path) -> None:
     """``torch.save`` to ``path`` so that it holds either the old file or the whole new one.  A full disk
     is one ``DiskFull`` line; the previous file is kept."""
+    import torch  # here, not above: a table or a record written atomically loads no torch
+
     _atomic_write(Path(str(path).removeprefix("file://")), lambda f: torch.save(obj, f), "checkpoint ")
 
 

@@ -99,7 +99,8 @@ class ResultsError(LinropeError, ValueError):
     between runs, a value that is not a finite number (linrope.analysis.bootstrap, .multiplicity, .seed_outcomes)."""
 
 
-def first_names(names, limit: int = 4) -> str:
-    """``a, b, c, … 7 more``: the first ``limit`` of ``names`` for a one-line message."""
+def first_names(names, limit: int = 4, sep: str = ", ", more: str = ", …") -> str:
+    """``a, b, c, … 7 more``: the first ``limit`` of ``names`` for a one-line message, ``sep`` between them and
+    ``more`` before the count of the rest (``a; b; … 7 more``, ``a, b and 7 more``)."""
     names = list(names)
-    return ", ".join(names[:limit]) + (f", … {len(names) - limit} more" if len(names) > limit else "")
+    return sep.join(names[:limit]) + (f"{more} {len(names) - limit} more" if len(names) > limit else "")

@@ -1,4 +1,5 @@
-"""Nested configs as plain data: ``get`` reads one dotted key, ``flatten`` makes every leaf a dotted key.
+"""Nested configs as plain data: ``get`` reads one dotted key, ``flatten`` makes every leaf a dotted key,
+``differing`` lists the keys where two configs differ.
 
 A config is a nested mapping: a ``dict`` (a checkpoint's saved config, ``OmegaConf.to_container``) or an
 OmegaConf ``DictConfig`` (a ``Mapping`` too).  Every layer that reads or compares configs uses these two,
@@ -7,7 +8,7 @@ checkpoint's identity, a resume's changes, a study's job identity and a report's
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 
 def get(cfg: Any, dotted: str, default: Any = None) -> Any:
@@ -35,3 +36,32 @@ def flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
 def under(key: str, prefixes: Iterable[str]) -> bool:
     """Whether a dotted key is one of ``prefixes`` or lies below one that ends in a dot (``paths.``)."""
     return any(key == p or (p.endswith(".") and key.startswith(p)) for p in prefixes)
+
+
+class _Absent:
+    """What ``differing`` gives for a key one mapping lacks: shown ``(absent)``, equal to nothing but itself."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+ABSENT = _Absent()
+
+
+def differing(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    skip: Iterable[str] = (),
+    *,
+    keys: Optional[Iterable[str]] = None,
+    null_is_absent: bool = False,
+) -> List[Tuple[str, Any, Any]]:
+    """``(key, old value, new value)`` for each key of ``old`` or ``new`` in sorted order (or each of ``keys``, in their
+    order) whose values differ, less the keys ``under`` one of ``skip``.  A key one mapping lacks has the value
+    ``ABSENT``; ``null_is_absent``: a lacking key and one set to null do not differ."""
+    lacking = None if null_is_absent else ABSENT
+    found = []
+    for k in sorted(set(old) | set(new)) if keys is None else keys:
+        if not under(k, skip) and old.get(k, lacking) != new.get(k, lacking):
+            found.append((k, old.get(k, ABSENT), new.get(k, ABSENT)))
+    return found

@@ -1,19 +1,13 @@
-"""How a component declares its options, once, and how they are checked, in one line each.
-
-A component's options are the keyword arguments of its constructor (a position scheme, an attention layer, a
-data module) or the fields of a dataclass (the model, the optimiser, linrope's own settings), each annotated
-with its type and, where it has one, pydantic's constraints and a note (``description``)::
+"""How a component declares its options, once, and how they are checked, in one line each (docs/architecture.md,
+"Options: one declaration per component")::
 
     chunk_size: Annotated[int, Field(ge=1)] = 64
     feature_map: Annotated[str, OneOf(lambda: tuple(FEATURE_MAPS))] = "elu"
     stride: Annotated[Optional[int], Field(ge=1, description="null: half the length")]
 
-``declared(component)`` reads that declaration; ``option_errors(declared, given, where)`` checks the options
-given anywhere (a command line and its presets, a saved config, a checkpoint's hyper-parameters): one line per
-key the component does not take, naming the nearest it does (``UnknownOption``), else one line per value
-pydantic refuses, in its strict mode on JSON's types (no ``"1"`` for 1, no ``True`` for 1, finite numbers),
-with what is expected read from the type's JSON schema (``model.attention.chunk_size=0: expected an integer
->= 1``): pydantic's own messages name one failed constraint in several lines."""
+``declared(component)`` reads a declaration, ``option_errors(declared, given, where)`` checks what is given:
+pydantic's strict mode on JSON's types (no ``"1"`` for 1, no ``True`` for 1, finite numbers), what is expected read
+from the type's JSON schema (``model.attention.chunk_size=0: expected an integer >= 1``)."""
 
 from __future__ import annotations
 
@@ -170,12 +164,13 @@ def defaults(component: Any) -> Dict[str, Any]:
 
 
 def option_errors(
-    options: Mapping[str, Option], given: Mapping[str, Any], where: str = "", also: Iterable[str] = ()
+    options: Mapping[str, Option], given: Mapping[str, Any], where: str = "", also: Iterable[str] = (), what="option"
 ) -> List[str]:
     """One line per key of ``given`` that the component does not take (``also``: keys taken but not checked
-    here), naming the nearest it does; else one line per value it refuses (``value_errors``)."""
+    here), naming the nearest it does (``what``: an option, a file's key); else one line per value it refuses
+    (``value_errors``)."""
     known = [*options, *also]
-    unknown = [str(UnknownOption(f"{where}.{k}" if where else str(k), known)) for k in given if k not in known]
+    unknown = [str(UnknownOption(f"{where}.{k}" if where else str(k), known, what)) for k in given if k not in known]
     return unknown or value_errors(options, given, where)
 
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from linrope.base.atomic import file_problem
 from linrope.base.errors import ConfigError, UnknownOption
 from linrope.base.nested import get
 from linrope.base.options import declared, option_errors, value_errors
@@ -310,15 +311,13 @@ def fsdp_errors(name: str, node, kind: Optional[str]) -> List[str]:
 
 
 def _device_count(devices) -> Optional[int]:
-    if devices is None:
-        return None
     if isinstance(devices, (list, tuple, ListConfig)):
         return len(devices)
     text = str(devices).strip()
     if "," in text:  # "0,1": device ids
         return len([d for d in text.split(",") if d.strip()])
     try:
-        return int(text)
+        return int(text)  # None: "None", no count
     except ValueError:
         return None
 
@@ -385,8 +384,6 @@ def checkpoint_path(cfg) -> Optional[str]:
         path = last
     else:
         path = Path(os.path.expanduser(ckpt))
-    from linrope.base.atomic import file_problem  # torch, imported only when a checkpoint is given
-
     problem = file_problem(path) or _checkpoint_content_problem(path, get(cfg, "model"))
     if problem:
         raise ConfigError(
@@ -422,9 +419,6 @@ def _available_devices(accelerator: str):
         import torch
 
         return torch.cuda.device_count()
-    if accelerator == "cpu":
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            return os.cpu_count() or 1
+    if accelerator == "cpu":  # sched_getaffinity: Linux only
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return None

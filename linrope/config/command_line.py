@@ -2,10 +2,9 @@
 is one line that lists the options there are, and an unknown key (``trainer.max_step=10``) one line that names
 the nearest key (Hydra's own messages are several lines).
 
-``CONF_DIR`` is where linrope's configs are: ``linrope/conf`` inside an installed wheel (the build maps the
-repository's top-level ``conf/`` there: pyproject.toml), else the checkout's ``conf/`` (a checkout, or an
-editable install). A user's own config folders (``--config-dir DIR`` / ``-cd DIR``, ``hydra.searchpath=[file://DIR]``)
-add their options to those of ``CONF_DIR``.
+``CONF_DIR`` is where linrope's configs are, and a user's own config folders (``--config-dir DIR`` / ``-cd DIR``,
+``hydra.searchpath``) add their options to its: docs/package.md, "Where the configs are" and "Your own presets and
+experiments".
 
 ``answer_help`` answers ``--help`` of the Hydra commands before Hydra, torch or Lightning is imported: the
 ``hydra.help.template`` of the command's config (``conf/train.yaml``'s is in ``conf/hydra/default.yaml``), with
@@ -22,20 +21,9 @@ from typing import List, Optional, Sequence
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "conf"  # linrope/conf in an installed wheel
 CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "conf"
-_FLAGS_WITH_VALUE = {
-    "-c",
-    "--cfg",
-    "-p",
-    "--package",
-    "--info",
-    "-cp",
-    "--config-path",
-    "-cn",
-    "--config-name",
-    "-cd",
-    "--config-dir",
-    "--experimental-rerun",
-}
+_FLAGS_WITH_VALUE = set(
+    "-c --cfg -p --package --info -cp --config-path -cn --config-name -cd --config-dir --experimental-rerun".split()
+)
 
 
 class _Unknown(Exception):
@@ -52,20 +40,6 @@ def group_options(group: str, conf_dir: Path = CONF_DIR, extra: Sequence[Path] =
     return sorted(found)
 
 
-def _search_path_entries(value: str) -> List[Path]:
-    entries = []
-    for item in value.strip().strip("[]").split(","):
-        item = item.strip().strip("'\"")
-        if not item:
-            continue
-        if item.startswith("file://"):
-            item = item[len("file://") :]
-        elif "://" in item:
-            raise _Unknown(item)
-        entries.append(Path(item).expanduser())
-    return entries
-
-
 def user_config_dirs(argv: Sequence[str]) -> List[Path]:
     """The folders of the user's own configs named on the command line, as Hydra reads them:
     ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) and ``hydra.searchpath=[file://DIR,...]``
@@ -76,8 +50,12 @@ def user_config_dirs(argv: Sequence[str]) -> List[Path]:
         flag, eq, inline = arg.partition("=")
         if flag in ("-cp", "--config-path"):
             raise _Unknown(arg)
-        if flag.lstrip("+") == "hydra.searchpath" and eq:
-            dirs.extend(_search_path_entries(inline))
+        if flag.lstrip("+") != "hydra.searchpath" or not eq:
+            continue
+        for item in (i.strip().strip("'\"") for i in inline.strip().strip("[]").split(",")):
+            if "://" in item and not item.startswith("file://"):
+                raise _Unknown(item)
+            dirs += [Path(item.removeprefix("file://")).expanduser()] if item else []
     return [d if d.is_absolute() else Path(os.getcwd()) / d for d in dirs]
 
 
@@ -160,15 +138,6 @@ def command_line_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_n
     return errors
 
 
-def _option_file(group: str, option: str, conf_dir: Path, extra: Sequence[Path]) -> Optional[Path]:
-    """The file Hydra reads for ``group=option``: linrope's first, then the user's folders."""
-    for root in (conf_dir, *extra):
-        path = root / group / f"{option}.yaml"
-        if path.is_file():
-            return path
-    return None
-
-
 def yaml_problem(path: Path) -> Optional[str]:
     """Why Hydra cannot read ``path`` as a config (not YAML, or YAML that is not a mapping), or None."""
     import yaml
@@ -187,16 +156,20 @@ def yaml_problem(path: Path) -> Optional[str]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         what = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
-        where = (
-            f" at line {mark.line + 1}, column {mark.column + 1}"
-            if mark is not None
-            else f" at byte {e.position}"
-            if isinstance(getattr(e, "position", None), int)
-            else ""
-        )
+        where = f" at byte {e.position}" if isinstance(getattr(e, "position", None), int) else ""
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else where
         return f"is not YAML: {what}{where}"
     if content is not None and not isinstance(content, dict):
         return f"is not a config: YAML of keys and values is expected, this file holds a {type(content).__name__}"
+    return None
+
+
+def _option_file(group: str, option: str, conf_dir: Path, extra: Sequence[Path]) -> Optional[Path]:
+    """The file Hydra reads for ``group=option``: linrope's first, then the user's folders."""
+    for root in (conf_dir, *extra):
+        path = root / group / f"{option}.yaml"
+        if path.is_file():
+            return path
     return None
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from linrope.base.errors import CorpusError
+from linrope.base.errors import CorpusError, first_names
 
 from .tasks import IGNORE
 from .windows import window_ends
@@ -105,9 +105,9 @@ def head_reason(handle) -> Optional[str]:
     return binary_reason(handle.read(HEAD))
 
 
-def _named(paths: Sequence[Path], limit: int = 3) -> str:
-    shown = ", ".join(str(p) for p in paths[:limit])
-    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+def _named(paths: Sequence[Path]) -> str:
+    """``a, b, c and 7 more``: the first three paths of a message."""
+    return first_names(map(str, paths), 3, more=" and")
 
 
 def split_of(relpath: str, val_fraction: float, test_fraction: float) -> str:

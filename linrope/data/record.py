@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from linrope.base.errors import DataMismatch
+from linrope.base.errors import DataMismatch, first_names
 
 from .shards import MANIFEST, cache_key
 
@@ -86,5 +86,4 @@ def _differences(old: Path, new: Path, limit: int = 3) -> str:
     if not said:
         sa, sb = a.get("settings") or {}, b.get("settings") or {}
         said = [f"{k} {sa.get(k)} → {sb.get(k)}" for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
-    more = f" and {len(said) - limit} more" if len(said) > limit else ""
-    return f": {', '.join(said[:limit])}{more}" if said else ""
+    return f": {first_names(said, limit, more=' and')}" if said else ""

@@ -31,7 +31,7 @@ from dataclasses import field as attribute
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from linrope.base.errors import CorpusError
+from linrope.base.errors import CorpusError, first_names
 
 from .bytes import _named, head_reason, list_files, stdlib_dir
 
@@ -193,9 +193,9 @@ TEXT_ONLY = (
 )
 
 
-def _whys(bad: List[Tuple[Path, str]], limit: int = 3) -> str:
-    shown = ", ".join(f"{f.name} ({why})" for f, why in bad[:limit])
-    return shown + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
+def _whys(bad: List[Tuple[Path, str]]) -> str:
+    """``a.bin (why), b.bin (why), c.bin (why) and 7 more``: the first three files of a message, each with why."""
+    return first_names((f"{f.name} ({why})" for f, why in bad), 3, more=" and")
 
 
 def resolve_source(

@@ -1,18 +1,12 @@
 """Length extrapolation of a trained checkpoint: ``python -m linrope evaluate ckpt=PATH lengths=[256,512,1024]``.
 
-A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key): overrides, multirun
-(``-m ckpt=a.ckpt,b.ckpt``) and ``--cfg job`` work as for ``train.py``.  What is measured and how
-(the same scored bytes at every length, the like-for-like RoPE rows) is in ``linrope.evaluation.extrapolation``.
-Writes ``evaluate.csv`` and ``evaluate.png`` to ``out`` (default: ``<run folder>/evaluate``, which is
-also Hydra's output folder, so nothing lands in the current directory), and ends with one line naming the
-command to run next on the checkpoint (``next_command``).
-
-Nothing read from disk runs code: the checkpoint is loaded with ``weights_only=True`` and the model
-rebuilt from its ``hyper_parameters`` through linrope's own model builder; the data module is rebuilt
-from the checkpoint's saved data hyper-parameters (or ``config=PATH``, a run's ``.hydra/config.yaml``)
-through ``linrope.data.rebuild`` — a fixed table of linrope's data modules, never a ``_target_``.
-
-train.py calls ``extrapolate_after_test`` after testing when ``extrapolation.enabled=true``.
+A Hydra entry point (``conf/evaluate.yaml``; ``--help`` lists every key).  What is measured and how is in
+``linrope.evaluation.extrapolation``.  Writes ``evaluate.csv`` and ``evaluate.png`` to ``out`` (default
+``<run folder>/evaluate``, also Hydra's output folder: nothing lands in the current directory), and ends with
+the command to run next (``next_command``).  Nothing read from disk runs code: the checkpoint is loaded with
+``weights_only=True``, and the data module rebuilt from its saved data hyper-parameters (or ``config=PATH``)
+through ``linrope.data.rebuild``, a fixed table, never a ``_target_``.  train.py calls
+``extrapolate_after_test`` after testing when ``extrapolation.enabled=true``.
 """
 
 from __future__ import annotations
@@ -22,7 +16,6 @@ import shlex
 import signal
 import sys
 import tempfile
-import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +29,12 @@ from pydantic import Field
 from linrope.base.errors import ConfigError, LinropeError
 from linrope.base.options import declared, option_errors
 from linrope.base.plots import plot_length_table
+from linrope.base.stopping import Stopped, signals_to, stopped
 from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.config.settings import ExtrapolationSettings
 from linrope.data.rebuild import build_data_module
 from linrope.evaluation.extrapolation import SETTINGS, length_table
+from linrope.evaluation.passkey import run_folder
 from linrope.evaluation.tables import COLUMNS, HEADER, format_table, row_name, write_csv, write_details
 from linrope.run.checkpoint import load_checkpoint
 from linrope.run.provenance import PROVENANCE_KEY
@@ -103,23 +98,13 @@ def write_table(
             write_details(done, out / f"{stem}_documents.csv", "documents")
             write_details(done, out / f"{stem}_positions.csv", "positions")
 
+    settings = {k: settings[k] for k in SETTINGS}
     rows = length_table(
-        module,
-        datamodule,
-        {k: settings[k] for k in SETTINGS},
-        train_context=train_context,
-        lengths=lengths,
-        on_row=written,
-        **score,
+        module, datamodule, settings, train_context=train_context, lengths=lengths, on_row=written, **score
     )
     write_all(rows)  # also a table of no row
-    png = plot_length_table(
-        rows,
-        out / f"{stem}.png",
-        train_context=train_context,
-        title=plot_title(module.hparams["model"], train_context, title_suffix),
-        name=row_name,
-    )
+    title = plot_title(module.hparams["model"], train_context, title_suffix)
+    png = plot_length_table(rows, out / f"{stem}.png", train_context=train_context, title=title, name=row_name)
     return rows, csv_path, png
 
 
@@ -133,11 +118,8 @@ def extrapolate_after_test(cfg, trainer, module, datamodule, loggers: list) -> L
         return []
     device = trainer.strategy.root_device
     precision = str(trainer.precision)
-    autocast = (
-        (torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else None)
-        if device.type == "cuda"
-        else None
-    )
+    autocast = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else None
+    autocast = autocast if device.type == "cuda" else None
     was = next(module.parameters()).device
     module.to(device)
     try:
@@ -168,13 +150,8 @@ def _log_to_wandb(rows, png: Path, loggers: list, metric: str) -> None:
             try:
                 lg.log_table(key="extrapolation/table", columns=COLUMNS, data=[[r[k] for k in COLUMNS] for r in rows])
                 lg.log_image(key="extrapolation/plot", images=[str(png)])
-                lg.log_metrics(
-                    {
-                        f"extrapolation/{r['scaling']}/{metric}@{r['length']}": r[metric]
-                        for r in rows
-                        if r[metric] is not None
-                    }
-                )
+                done = [r for r in rows if r[metric] is not None]
+                lg.log_metrics({f"extrapolation/{r['scaling']}/{metric}@{r['length']}": r[metric] for r in done})
             except Exception as e:  # noqa: BLE001 - the CSV and PNG are written; do not fail a finished run
                 warnings.warn(f"could not log the extrapolation table to wandb: {e}")
 
@@ -184,11 +161,9 @@ def output_dir(ckpt: Optional[str]) -> str:
     """``<run>/evaluate`` for ``<run>/checkpoints/x.ckpt`` (or ``<folder>/evaluate`` for ``<folder>/x.ckpt``).
     Without a checkpoint file (missing: the run stops with one line) a folder under the system's temporary
     directory, so that Hydra creates nothing where the command was typed."""
-    path = Path(str(ckpt)).expanduser() if ckpt else None
-    if path is None or not path.is_file():
+    if not ckpt or not Path(str(ckpt)).expanduser().is_file():
         return str(Path(tempfile.gettempdir()) / "linrope-evaluate")
-    folder = path.resolve().parent
-    return str((folder.parent if folder.name == "checkpoints" else folder) / "evaluate")
+    return str(run_folder(ckpt) / "evaluate")
 
 
 OmegaConf.register_new_resolver("linrope.evaluate_dir", output_dir, replace=True)
@@ -317,13 +292,10 @@ def next_command(ckpt: Path, task: str) -> str:
     from linrope.training.after_training import ckpt_arg, shown_path
 
     if task in ("bytes", "text"):
-        return (
-            f"next: python -m linrope passkey {ckpt_arg(shown_path(ckpt))}    "
-            f"# retrieval of a key hidden at 1-16x the training context"
-        )
-    folder = ckpt.expanduser().resolve().parent
-    run = folder.parent if folder.name == "checkpoints" else folder
-    return f"next: python -m linrope report {shlex.quote(shown_path(run))}    # the run's tables and figures: report.md"
+        what = f"passkey {ckpt_arg(shown_path(ckpt))}    # retrieval of a key hidden at 1-16x the training context"
+    else:
+        what = f"report {shlex.quote(shown_path(run_folder(ckpt)))}    # the run's tables and figures: report.md"
+    return f"next: python -m linrope {what}"
 
 
 @contextlib.contextmanager
@@ -331,49 +303,26 @@ def _signals_held():
     """SIGTERM and SIGINT wait: caught during the block, raised again at its end.  (Blocking them with
     pthread_sigmask is not enough: the kernel may hand a process signal to another thread — torch's workers —
     and Python then runs the handler in the main thread at once.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     caught: list = []
-    previous = {
-        s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)
-    }
     try:
-        yield
+        with signals_to(lambda signum, _frame: caught.append(signum)):
+            yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         for s in dict.fromkeys(caught):
             signal.raise_signal(s)
-
-
-class _Stopped(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 @contextlib.contextmanager
 def _stop_says_what_is_kept(csv_path: Path, kept: list):
     """SIGTERM / SIGINT while the rows are scored: one line naming the rows kept in ``csv_path`` (each row is
     written as it finishes), exit status 128 + the signal."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise _Stopped(signum)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
-    except _Stopped as e:
+        with signals_to(stopped):
+            yield
+    except Stopped as e:
         where = f"the {len(kept)} rows done are in {csv_path}" if kept else "no row was done"
         print(f"linrope evaluate: stopped by {signal.Signals(e.signum).name}: {where}", file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")

@@ -1,62 +1,32 @@
-"""Length extrapolation: a model trained at context L₀, scored at other lengths L.
+"""Length extrapolation: a model trained at context L₀, scored at other lengths L.  The protocols, their
+costs and why each exists are in docs/methods.md ("Every length scores the same bytes, under two protocols",
+"Length extrapolation on text"); the RoPE rows in docs/usage.md ("Tasks, extrapolation, sweeps and reports").
 
-**Bytes: the same text at every length.**  The scored set is fixed before any length is chosen: every
-target of the split (offsets 1 … n, n = the split's size − 1: only its first byte has nothing to be
-predicted from) when ``scored_bytes`` is null (the default), else ``scored_bytes`` targets in segments
-spread evenly over the split (never its first N bytes).  Each row says how many bytes (``scored``) and
-documents (``documents``) it scored, and ``scored_hash`` (sha1 of the scored offsets and their bytes) shows
-the sets match across rows.  Two protocols separate what a longer window changes:
+**Bytes: the same text at every length.**  The scored set is fixed before any length is chosen: every target of
+the split (offsets 1 … n) when ``scored_bytes`` is null, else ``scored_bytes`` targets in segments spread evenly
+over it (``linrope.data.windows.segments``).  ``scored``, ``documents`` and ``scored_hash`` (sha1 of the scored
+offsets and their bytes) show the sets match across rows.  Protocol ``sliding``: windows of exactly L bytes
+moved by a stride S (default L/2), each scoring its last S targets (the first: all), so each scored byte sees
+at least L − S bytes before it (Press et al. 2022).  Protocol ``windows``: non-overlapping windows, the byte at
+position p seeing the p before it; its loss per position (``per_position``) separates more context from unseen
+distances.  The context-limited control (``window_control``): at L > L₀, ``windows`` again with every attention
+layer limited to its last L₀ keys (``linrope.models.attention.attention_window``).  Every bytes row also keeps
+its loss per document (``per_document``; linrope.evaluation.evaluate writes them beside the table).
 
-* ``sliding`` — windows of exactly L bytes move by a stride S (default L/2): the first window scores all its
-  targets, each later one only its last S, and the last window ends at the segment's end.  After the first
-  window each scored byte sees at least L − S (and at most L − 1) bytes before it — the sliding-window
-  evaluation of Press et al. 2022 (ALiBi).  A longer L brings both unseen distances and *more context*.
-  About n · L / S tokens of forward passes (2n with the default stride, whatever L).
-* ``windows`` — non-overlapping windows of L bytes: the byte at position p of its window sees the p bytes
-  before it.  Its loss per position (``per_position``, buckets of ``position_bucket`` positions) separates
-  the two effects: positions below L₀ are the training distribution; beyond it, a model that uses the extra
-  context gets better and one hurt by unseen distances gets worse.  n tokens of forward passes.
+**Text** (data=text, any tokenizer): ``windows`` and its control over the whole split, every token once
+(``TextDataModule.length_dataset``); ``bpb`` is the scored tokens' nats over ln 2 · the bytes they stand for, so
+models with different tokenizers compare; ``per_position`` buckets a target by its position in its document.
+**Tasks** (mqar, offset_copy, listops) are generated at each length: ``task_examples`` examples, accuracy.
 
-**The context-limited control** (``window_control``): at each L > L₀, the ``windows`` protocol again with
-every attention layer limited to the last L₀ keys (``linrope.models.attention.attention_window``): the same
-model, seeing no more than it was trained on.  A model that beats its control beyond L₀ uses the longer
-context; one that loses to it is hurt by the length itself.
-
-Every bytes row also keeps its loss per document (``per_document``: the split's files, for intervals that
-resample documents; linrope.evaluation.evaluate writes them beside the table).
-
-**Text** (data=text, any tokenizer): the ``windows`` protocol and its control over the whole split, every target
-token once at every length (``TextDataModule.length_dataset``; ``scored_hash`` over the token offsets and ids).
-A row gives ``loss`` per token and ``bpb``: the scored tokens' nats over ln 2 · the bytes of text they stand for
-(``bytes``; linrope.data.tokenizer), so rows of models with different tokenizers compare.  Packed documents count
-their positions from each document's start, so a length beyond L₀ reaches unseen positions only inside documents
-longer than L₀; ``per_position`` buckets each target by its position in its document (the position the model
-sees), ``per_document`` by the split's document index.
-
-**Tasks** (mqar, offset_copy, listops) are generated at each length: ``task_examples`` fixed
-examples per length, loss and accuracy over their scored positions.
-
-**RoPE rows**, each compared with the model as trained (ρ = L / L₀):
-
-* ``none`` — as trained: the frequencies θ the model was trained with, positions 0 … L−1;
-* ``pi`` — position interpolation by ρ *on top of* the trained frequencies: θ → θ / ρ.  For a
-  PI-trained model (factor f) that is its own interpolation extended to f·ρ;
-* ``ntk`` — NTK-aware base change by ρ on top of the trained base: base → base · ρ^(d/(d−2)),
-  any trained PI division kept.  For an NTK-trained model that is its own factor extended to f·ρ;
-* ``yarn`` — YaRN by ρ: NTK-by-parts (θ_t → (1 − γ_t) θ_t / ρ + γ_t θ_t, the ramp γ measured against L₀) and the
-  temperature 0.1·ln ρ + 1 on q and k (softmax only).  For a YaRN-trained model its own factor extended to f·ρ,
-  against its own original context and ramp;
-* ``dynamic`` — dynamic NTK: each forward's base changed by N/L₀ (N its largest position + 1) when N > L₀.  Every
-  window here is one forward at positions 0 … L−1, so N = L and the row turns at the ``ntk`` row's frequencies (a
-  check of the per-forward path: the two differ only where a forward's length is not the row's, as in generation).
-  For a model trained with ``scaling: dynamic`` the row is the model as trained.
-
-In general, with the trained PI factor p, NTK factor k and YaRN factor y (1 when unused), a row multiplies one of
-them by ρ and θ_t = yarn_y(base · k^(d/(d−2)))_t / p, the temperature 0.1·ln y + 1 (or the model's ``mscale``); a
-dynamic model, or the ``dynamic`` row, further rescales θ per forward.  At or below L₀ the scaled rows repeat the
-model as trained.  A scheme whose table ends at ``max_len`` (learned, tupe, multiplicative with a
-table) reports ``n/a`` beyond it.  Softmax attention is quadratic: the batch shrinks so that one
-batch's N×N scores stay under ``max_score_mb``.
+**RoPE rows** (ρ = L / L₀), each composed with the scaling the model was trained with: ``none`` as trained;
+``pi`` θ → θ / ρ; ``ntk`` base → base · ρ^(d/(d−2)); ``yarn`` NTK-by-parts against L₀ (or the model's own
+original context) and the temperature 0.1·ln ρ + 1 on q and k (softmax only); ``dynamic`` each forward's base
+changed by N/L₀ when N > L₀ (one forward per window here: N = L, so it turns at the ``ntk`` row's frequencies).
+In general, with the trained PI factor p, NTK factor k and YaRN factor y (1 when unused), a row multiplies one
+of them by ρ and θ_t = yarn_y(base · k^(d/(d−2)))_t / p, the temperature 0.1·ln y + 1 (or the model's
+``mscale``).  At or below L₀ the scaled rows repeat the model as trained.  A scheme whose table ends at
+``max_len`` (learned, tupe, multiplicative with a table) reports ``n/a`` beyond it.  Softmax attention is
+quadratic: the batch shrinks so that one batch's N×N scores stay under ``max_score_mb``.
 """
 
 from __future__ import annotations
@@ -199,70 +169,70 @@ def score(module, dataset, *, batch_size: int, device, autocast_dtype=None, offs
     scored target's offset, loss (nats, float64) and position in its window (``per_target``).  With
     ``token_bytes`` (text: bytes per token id) also the bytes the scored targets stand for (``bytes``) and, per
     target, its bytes, its document (the batch's third tensor) and its position in that document."""
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    loss_sum, correct, count, examples, seen, values, losses, places = 0.0, 0, 0, 0, [], [], [], []
-    nbytes, sizes, docs = 0, [], []
+    out = {"loss_sum": 0.0, "correct": 0, "scored": 0, "examples": 0}
     if token_bytes is not None:
         token_bytes = token_bytes.to(device)
-    for batch in loader:
+        out["bytes"] = 0
+    kept = {k: [] for k in ("offsets", "values", "losses", "places", "bytes", "documents")}  # per target
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
         if offsets:
             *batch, where = batch
         batch = [t.to(device) for t in batch]
-        ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-        with ctx:
+        with torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
             logits, y = module.outputs(batch)
         logits = logits.float()
         scored = y != IGNORE
         each = F.cross_entropy(logits, y, ignore_index=IGNORE, reduction="none")
-        loss_sum += float(each.sum())
-        correct += int((logits.argmax(-1)[scored] == y[scored]).sum())
-        count += int(scored.sum())
-        examples += batch[0].shape[0]
+        out["loss_sum"] += float(each.sum())
+        out["correct"] += int((logits.argmax(-1)[scored] == y[scored]).sum())
+        out["scored"] += int(scored.sum())
+        out["examples"] += batch[0].shape[0]
         if token_bytes is not None:
             size = token_bytes[y[scored]]
-            nbytes += int(size.sum())
+            out["bytes"] += int(size.sum())
         if offsets:
-            kept = scored.cpu()
-            seen.append(where.flatten()[kept])
-            values.append(y[scored].cpu())
-            losses.append(each[scored].double().cpu())
-            length = batch[0].shape[1]
+            mask = scored.cpu()
+            kept["offsets"].append(where.flatten()[mask])
+            kept["values"].append(y[scored].cpu())
+            kept["losses"].append(each[scored].double().cpu())
             if token_bytes is not None and len(batch) > 2:  # packed documents: positions count from each start
-                places.append(document_positions(batch[2]).flatten().cpu()[kept])
-                docs.append(batch[2].flatten().cpu()[kept])
+                kept["places"].append(document_positions(batch[2]).flatten().cpu()[mask])
+                kept["documents"].append(batch[2].flatten().cpu()[mask])
             else:
-                places.append(torch.arange(length).repeat(batch[0].shape[0])[kept])
+                kept["places"].append(torch.arange(batch[0].shape[1]).repeat(batch[0].shape[0])[mask])
             if token_bytes is not None:
-                sizes.append(size.cpu())
-    out = {"loss_sum": loss_sum, "correct": correct, "scored": count, "examples": examples}
-    if token_bytes is not None:
-        out["bytes"] = nbytes
+                kept["bytes"].append(size.cpu())
     if offsets:
-        seen_t, values_t = torch.cat(seen), torch.cat(values)
-        if len(torch.unique(seen_t)) != len(seen_t):
+        seen, values = torch.cat(kept.pop("offsets")), torch.cat(kept.pop("values"))
+        if len(torch.unique(seen)) != len(seen):
             raise RuntimeError("the windows scored a target twice")
-        out["scored_hash"] = scored_hash(seen_t, values_t, wide=token_bytes is not None)
+        out["scored_hash"] = scored_hash(seen, values, wide=token_bytes is not None)
         out["per_target"] = {
-            "offsets": seen_t.numpy(),
-            "losses": torch.cat(losses).numpy(),
-            "places": torch.cat(places).numpy(),
-            "bytes": torch.cat(sizes).numpy() if sizes else None,
-            "documents": torch.cat(docs).numpy() if docs else None,
+            "offsets": seen.numpy(),
+            **{k: torch.cat(v).numpy() if v else None for k, v in kept.items()},
         }
+    return out
+
+
+def _binned(which: np.ndarray, losses: np.ndarray, sizes: Optional[np.ndarray] = None, k: int = 0) -> dict:
+    """{bin: {bytes, nats}} of each bin of ``which`` that holds a target; with ``sizes`` (text: the bytes each target
+    stands for) ``bytes`` sums them, and ``tokens`` counts the targets."""
+    count = np.bincount(which, minlength=k)
+    nbytes = count if sizes is None else np.bincount(which, weights=sizes, minlength=k)
+    nats = np.bincount(which, weights=losses, minlength=k)
+    out = {}
+    for i in np.flatnonzero(count):
+        out[int(i)] = {"bytes": int(nbytes[i]), "nats": float(nats[i])}
+        if sizes is not None:
+            out[int(i)]["tokens"] = int(count[i])
     return out
 
 
 def per_document(documents, offsets: np.ndarray, losses: np.ndarray) -> List[Dict[str, Any]]:
     """{document, bytes, nats} of each document with a scored target (``documents``: the split's
     (name, start, end) spans; a target belongs to the document holding its byte)."""
-    which = document_index(documents, offsets)
-    nbytes = np.bincount(which, minlength=len(documents))
-    nats = np.bincount(which, weights=losses, minlength=len(documents))
-    return [
-        {"document": documents[i][0], "bytes": int(nbytes[i]), "nats": float(nats[i])}
-        for i in range(len(documents))
-        if nbytes[i]
-    ]
+    binned = _binned(document_index(documents, offsets), losses, k=len(documents))
+    return [{"document": documents[i][0], **d} for i, d in binned.items()]
 
 
 def per_position(places: np.ndarray, losses: np.ndarray, bucket: int, length: int,
@@ -270,35 +240,15 @@ def per_position(places: np.ndarray, losses: np.ndarray, bucket: int, length: in
     """{start, end, bytes, nats} per bucket of ``bucket`` positions within the windows (position p: the
     target predicted from the p bytes before it in its window); with ``sizes`` (text: the bytes each target
     stands for) also ``tokens``, and ``bytes`` sums the sizes."""
-    which = places // bucket
-    k = -(-length // bucket)
-    count = np.bincount(which, minlength=k)
-    nbytes = count if sizes is None else np.bincount(which, weights=sizes, minlength=k)
-    nats = np.bincount(which, weights=losses, minlength=k)
-    return [
-        {
-            "start": i * bucket,
-            "end": min((i + 1) * bucket, length),
-            "bytes": int(nbytes[i]),
-            "nats": float(nats[i]),
-            **({} if sizes is None else {"tokens": int(count[i])}),
-        }  # fmt: skip
-        for i in range(k)
-        if count[i]
-    ]
+    binned = _binned(places // bucket, losses, sizes, -(-length // bucket))
+    return [{"start": i * bucket, "end": min((i + 1) * bucket, length), **d} for i, d in binned.items()]
 
 
 def per_text_document(documents: np.ndarray, losses: np.ndarray, sizes: np.ndarray) -> List[Dict[str, Any]]:
     """{document, bytes, nats, tokens} of each document of a text split with a scored target (``documents``: each
     target's document index in the split)."""
     index, which = np.unique(documents, return_inverse=True)
-    tokens = np.bincount(which)
-    nbytes = np.bincount(which, weights=sizes)
-    nats = np.bincount(which, weights=losses)
-    return [
-        {"document": int(d), "bytes": int(nbytes[i]), "nats": float(nats[i]), "tokens": int(tokens[i])}
-        for i, d in enumerate(index)
-    ]
+    return [{"document": int(index[i]), **d} for i, d in _binned(which, losses, sizes).items()]
 
 
 def length_table(
@@ -333,8 +283,7 @@ def length_table(
     device = torch.device(device or next(module.parameters()).device)
     module.eval()
     model = module.model
-    schemes = rope_schemes(model)
-    scalings = [s for s in scalings or [] if s not in (None, "none")] if schemes else []
+    scalings = [s for s in scalings or [] if s not in (None, "none")] if rope_schemes(model) else []
     for s in scalings:
         if s not in ROWS:
             raise ValueError(f"scalings: unknown RoPE row {s!r}; expected one of {', '.join(ROWS)}")
@@ -347,7 +296,8 @@ def length_table(
         scored = dict(segments=parts, documents=_documents_of(datamodule, split, len(text)))
         if log and parts[0][1] < len(text) - 1:
             log(
-                f"(scoring {sum(n for _, n in parts)} of the {split} split's {len(text) - 1} bytes: {len(parts)} segments)"
+                f"(scoring {sum(n for _, n in parts)} of the {split} split's {len(text) - 1} bytes: "
+                f"{len(parts)} segments)"
             )
     bucket = int(settings.get("position_bucket") or max(1, train_context // 4))
     windowed = bool(settings["window_control"] and (text is not None or tokens is not None))
@@ -366,33 +316,24 @@ def length_table(
     rows: List[Dict[str, Any]] = []
     for length in lengths:
         rho = length / train_context
-        controls = (
-            [train_context]
-            if settings["window_control"] and (text is not None or tokens is not None) and length > train_context
-            else []
-        )
         variants = [(p, label, None) for p in protocols for label in ["none", *scalings]]
-        variants += [("windows", "none", w) for w in controls]
+        if windowed and length > train_context:  # the context-limited control
+            variants.append(("windows", "none", train_context))
         plain = {}
         for protocol, label, window in variants:
             step = None
             if text is not None:
                 step = length if protocol == "windows" else int(stride or default_stride(length))
             row = {
+                **dict.fromkeys(COLUMNS),
                 "length": length,
                 "factor": round(rho, 4),
-                "protocol": protocol if text is not None or tokens is not None else None,
                 "scaling": label,
+                "protocol": protocol if text is not None or tokens is not None else None,
                 "window": window,
-                "loss": None,
-                "bpb": None,
-                "acc": None,
                 "examples": 0,
                 "scored": 0,
-                "bytes": None,
-                "documents": None,
                 "stride": step,
-                "scored_hash": None,
                 "seconds": 0.0,
                 "status": "ok",
             }
@@ -401,30 +342,20 @@ def length_table(
                 row.update({k: same[k] for k in SAME if k in same})
             else:
                 t0 = time.perf_counter()
-                limited = _window(model, window)
-                _fill(
-                    row,
-                    module,
-                    datamodule,
-                    text,
-                    scored,
-                    split,
-                    task_examples,
-                    bucket,
-                    dict(
-                        batch_size=batch_for(length, model.cfg, batch_size, max_score_mb),
-                        device=device,
-                        autocast_dtype=autocast_dtype,
-                        token_bytes=tokens,
-                    ),
-                    _both(rope_row(model, label, rho, train_context), limited),
+                kw = dict(
+                    batch_size=batch_for(length, model.cfg, batch_size, max_score_mb),
+                    device=device,
+                    autocast_dtype=autocast_dtype,
+                    token_bytes=tokens,
                 )
+                limited = attention_window(model, window) if window else contextlib.nullcontext()
+                scaled = (rope_row(model, label, rho, train_context), limited)
+                _fill(row, module, datamodule, text, scored, split, task_examples, bucket, kw, scaled)
                 row["seconds"] = round(time.perf_counter() - t0, 2)
                 spent, done = spent + row["seconds"], done + 1
                 if note:  # at the pace so far; rows at longer lengths may take longer
-                    note(
-                        f"row {done} of {todo} computed in {row['seconds']:.0f} s; about {_left(spent / done * (todo - done))} left"
-                    )
+                    left = _left(spent / done * (todo - done))
+                    note(f"row {done} of {todo} computed in {row['seconds']:.0f} s; about {left} left")
             if label == "none" and not window:
                 plain[protocol] = row
             rows.append(row)
@@ -436,28 +367,13 @@ def length_table(
 
 
 def _left(seconds: float) -> str:
-    return (
-        f"{seconds:.0f} s"
-        if seconds < 120
-        else f"{seconds / 60:.0f} min"
-        if seconds < 7200
-        else f"{seconds / 3600:.1f} h"
-    )
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 # what a scaled row at or below the training length repeats of the row as trained: its results, not its name
 SAME = (*(c for c in COLUMNS if c not in KEY + ["factor", "stride", "seconds"]), "per_document", "per_position")
-
-
-def _window(model, window: Optional[int]):
-    """Every attention layer of ``model`` limited to the last ``window`` keys inside the block (None: as is)."""
-    return attention_window(model, window) if window else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _both(first, second):
-    with first, second:
-        yield
 
 
 def _documents_of(datamodule, split: str, n: int) -> list:
@@ -468,7 +384,8 @@ def _documents_of(datamodule, split: str, n: int) -> list:
 
 
 def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, kw, scaled) -> None:
-    """Score one row in place; data that cannot be that long, or a position table that ends before it: n/a."""
+    """Score one row in place, inside the context managers ``scaled`` (its RoPE row and attention window); data
+    that cannot be that long, or a position table that ends before it: n/a."""
     length = row["length"]
     tokens = kw.get("token_bytes")
     try:
@@ -484,15 +401,14 @@ def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, k
         row["status"] = f"n/a ({str(e).splitlines()[0][:120]})"
         return
     try:
-        with scaled:
+        with scaled[0], scaled[1]:
             s = score(module, dataset, offsets=text is not None or tokens is not None, **kw)
     except SequenceTooLong:
         drawn_below = module.model.cfg.position.get("max_position")  # randomized positions: N distinct below it
-        row["status"] = (
-            f"n/a (positions drawn below max_position={drawn_below})"
-            if drawn_below and length > drawn_below
-            else f"n/a (position table has {module.model.cfg.max_len} rows)"
-        )
+        if drawn_below and length > drawn_below:
+            row["status"] = f"n/a (positions drawn below max_position={drawn_below})"
+        else:
+            row["status"] = f"n/a (position table has {module.model.cfg.max_len} rows)"
         return
     loss = s["loss_sum"] / max(s["scored"], 1)
     row.update(loss=loss, examples=s["examples"], scored=s["scored"], scored_hash=s.get("scored_hash"))
@@ -508,10 +424,10 @@ def _fill(row, module, datamodule, text, scored, split, task_examples, bucket, k
     if tokens is not None:
         if t["documents"] is not None:
             row["per_document"] = per_text_document(t["documents"], t["losses"], t["bytes"])
-            row["documents"] = len(row["per_document"])
         row["per_position"] = per_position(t["places"], t["losses"], bucket, length, t["bytes"])
-        return
-    row["per_document"] = per_document(scored["documents"], t["offsets"], t["losses"])
-    row["documents"] = len(row["per_document"])
-    if row["protocol"] == "windows":
-        row["per_position"] = per_position(t["places"], t["losses"], bucket, length)
+    else:
+        row["per_document"] = per_document(scored["documents"], t["offsets"], t["losses"])
+        if row["protocol"] == "windows":
+            row["per_position"] = per_position(t["places"], t["losses"], bucket, length)
+    if "per_document" in row:
+        row["documents"] = len(row["per_document"])

@@ -2,17 +2,12 @@
 
     python -m linrope generate ckpt=PATH prompt='"def main("' max_new_tokens=300 temperature=0.8 top_k=40
 
-Linear-attention models generate with the recurrent form: each new byte updates the carried
-state (S, z) of every layer, so memory per token is constant whatever the length.  Softmax
-models re-read the last ``model.max_len`` bytes at every step.  The checkpoint is loaded with
-``weights_only=True``; a missing or broken one is one line.  Writes nothing to disk.
-
-The text is streamed: each byte is printed (and flushed) as it is sampled.  Ctrl+C or SIGTERM stops
-it with every byte sampled so far printed, one line on stderr and exit status 130 / 143.  More than
-``MAX_NEW_TOKENS`` bytes are refused unless ``allow_long=true`` says the request is meant.  A prompt that is
-not UTF-8 (the bytes of another encoding in the shell's argument) is one line, before Hydra reads it
-(``linrope.config.command_line.encoding_errors``).  In a prompt ``\\n`` is a newline, ``\\t`` a tab and ``\\\\`` a
-backslash (``prompt_text``).  Log lines go to stderr (``conf/hydra/job_logging/stderr.yaml``): stdout is the text.
+Linear-attention models generate with the recurrent form (constant memory per token); softmax models re-read the
+last ``model.max_len`` tokens at every step.  The text streams to stdout as it is sampled (log lines go to
+stderr); Ctrl+C or SIGTERM stops it with everything sampled printed, one line on stderr, exit status 130 / 143.
+More than ``MAX_NEW_TOKENS`` are refused unless ``allow_long=true``.  A prompt that is not UTF-8 is one line
+before Hydra reads it (``linrope.config.command_line.encoding_errors``); in a prompt ``\\n`` is a newline, ``\\t``
+a tab and ``\\\\`` a backslash (``prompt_text``).  Writes nothing to disk.
 """
 
 from __future__ import annotations
@@ -31,23 +26,13 @@ from pydantic import Field
 
 from linrope.base.errors import ConfigError, LinropeError
 from linrope.base.options import Count, declared, option_errors
+from linrope.base.stopping import Stopped, signals_to, stopped
 from linrope.config.command_line import CONF_DIR, check_command_line
-from linrope.run.checkpoint import load_checkpoint
+from linrope.evaluation.passkey import ByteTokenizer, load_model
 from linrope.run.provenance import collect as current_provenance
 from linrope.run.resume_diff import describe_checkpoint
-from linrope.training.lit import LanguageModel
 
 MAX_NEW_TOKENS = 1_000_000  # above this, allow_long=true is needed (about an hour of CPU for a small model)
-
-
-class Stopped(BaseException):
-    """SIGINT or SIGTERM during generation (BaseException: nothing on the way swallows it)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-        self.text: Optional[str] = None  # prompt + the text sampled so far (None: stopped before sampling)
-        self.sampled = 0  # bytes sampled
 
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -57,14 +42,6 @@ def prompt_text(value: Any) -> str:
     """The prompt as typed (``prompt='"a\\nb"'``) as the text it means: ``\\n`` a newline, ``\\t`` a tab, ``\\\\`` one
     backslash (Hydra keeps a typed ``\\n`` as two characters); any other backslash is kept."""
     return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], str(value))
-
-
-def encode(text: str) -> torch.Tensor:
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long).unsqueeze(0)
-
-
-def decode(ids: torch.Tensor) -> str:
-    return bytes(int(i) for i in ids.flatten().tolist()).decode("utf-8", errors="replace")
 
 
 def generate_text(
@@ -90,7 +67,7 @@ def generate_text(
     emit = write or (lambda text: None)
     emit(prompt)
     sampled = 0
-    ids = encode(prompt) if tokenizer is None else torch.tensor([tokenizer.encode(prompt)], dtype=torch.long)
+    ids = torch.tensor([(ByteTokenizer() if tokenizer is None else tokenizer).encode(prompt)], dtype=torch.long)
     try:
         for nxt in model.stream(ids.to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g):
             sampled += 1
@@ -158,15 +135,12 @@ def check(cfg: DictConfig) -> None:
 def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> str:
     """Prompt + continuation for one composed ``conf/generate.yaml``; ``write``: see ``generate_text``."""
     check(cfg)
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
-    print(
-        describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr
-    )  # stdout: the text
-    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model
-    from linrope.evaluation.passkey import ByteTokenizer, checkpoint_tokenizer
 
-    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "generate", cfg.get("tokenizer"))
+    def shown(checkpoint):  # on stderr: stdout is the text
+        print(describe_checkpoint(checkpoint, cfg.ckpt, CONF_DIR, current_provenance()), file=sys.stderr)
+
+    device, _, model, tok = load_model(cfg.ckpt, cfg.device, "generate", cfg.get("tokenizer"), shown)
+    tok = None if isinstance(tok, ByteTokenizer) else tok  # a data=text run's: not the bytes of data=bytes
     return generate_text(
         model,
         prompt_text(cfg.prompt),
@@ -176,7 +150,7 @@ def generate(cfg: DictConfig, write: Optional[Callable[[str], None]] = None) -> 
         seed=int(cfg.seed),
         device=device,
         write=write,
-        tokenizer=None if isinstance(tok, ByteTokenizer) else tok,  # a data=text run's: not the bytes of data=bytes
+        tokenizer=tok,
     )
 
 
@@ -187,32 +161,22 @@ def _streamed(text: str) -> None:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="generate")
 def main(cfg: DictConfig) -> None:
-    def stop(signum, frame):
-        raise Stopped(signum)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        generate(cfg, write=_streamed)
-        _streamed("\n")
+        with signals_to(stopped):
+            generate(cfg, write=_streamed)
+            _streamed("\n")
     except Stopped as e:
         name = signal.Signals(e.signum).name
         if e.text is None:
             print(f"linrope generate: stopped by {name} before any byte was sampled", file=sys.stderr, flush=True)
         else:
             _streamed("\n")
-            print(
-                f"linrope generate: stopped by {name} after {e.sampled} of {cfg.max_new_tokens} bytes: all of "
-                f"them are printed above",
-                file=sys.stderr,
-                flush=True,
-            )
+            said = f"after {e.sampled} of {cfg.max_new_tokens} bytes: all of them are printed above"
+            print(f"linrope generate: stopped by {name} {said}", file=sys.stderr, flush=True)
         raise SystemExit(128 + e.signum) from None
     except LinropeError as e:
         print(f"linrope generate: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def run() -> None:

@@ -1,27 +1,17 @@
 """A linrope checkpoint as a language model of EleutherAI's lm-evaluation-harness (``lm_eval``), so it scores on
 any harness task the user has: ``python -m linrope.evaluation.harness --ckpt PATH --tasks TASK[,TASK]
 [--include-path DIR]`` (a folder of the user's own task YAMLs: a local task needs no download), or from Python
-``lm_eval.simple_evaluate(model=HarnessLM(model, tokenizer), tasks=[...])``.
+``lm_eval.simple_evaluate(model=HarnessLM(model, tokenizer), tasks=[...])``; docs/usage.md ("Harness tasks").
 
-The three requests the harness makes, each over linrope's own model:
-
-* ``loglikelihood(context, continuation)``: the continuation's summed log-probability given the context, and
-  whether greedy decoding would write it; context and continuation are encoded together and split where the
-  context's own encoding ends (as the harness's Hugging Face model does), the input cut from the left to
-  ``max_length`` tokens;
-* ``loglikelihood_rolling(text)``: the text's whole log-likelihood, every token predicted once, in windows of
-  ``max_length`` tokens that keep as much context as fits (the harness's rolling windows), the first token
-  conditioned on the prefix: the end-of-document token of a data=text model (a document follows one), a newline
-  for a bytes model (files are joined by one);
-* ``generate_until(context, {until, max_gen_toks})``: greedy continuation with the model's own generation
-  (linear attention carries its recurrent state, softmax re-reads its window: ``TransformerLM.stream``),
-  stopped at the first ``until`` string or, for a data=text model, at the end-of-document token.
-
-The tokenizer is the checkpoint's own (``linrope.evaluation.passkey.checkpoint_tokenizer``: bytes for data=bytes,
-``data.tokenizer`` for data=text), or the one ``--tokenizer`` names.
-
-Requests are scored one at a time (the models here are small); ``max_length`` defaults to the model's
-``max_len`` (its training context: a learned position table holds no more)."""
+The harness's three requests, one at a time (the models here are small), over linrope's own model:
+``loglikelihood`` encodes context and continuation together and splits them where the context's own encoding ends
+(as the harness's Hugging Face model does), the input cut from the left to ``max_length`` tokens (default the
+model's ``max_len``: a learned position table holds no more); ``loglikelihood_rolling`` scores every token once in
+the harness's rolling windows, the first token conditioned on the end-of-document token of a data=text model (a
+document follows one) or a newline for a bytes model (files are joined by one); ``generate_until`` is greedy, with
+the model's own generation (``TransformerLM.stream``), stopped at the first ``until`` string or, for a data=text
+model, at the end-of-document token.  The tokenizer is the checkpoint's own
+(``linrope.evaluation.passkey.checkpoint_tokenizer``), or the one ``--tokenizer`` names."""
 
 from __future__ import annotations
 
@@ -33,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from linrope.evaluation.passkey import ByteTokenizer, Tokenizer, checkpoint_tokenizer
+from linrope.evaluation.passkey import ByteTokenizer, Tokenizer, load_model
 
 try:  # the harness is the `eval` extra (in `dev`); without it, this module says how to install it when used
     from lm_eval.api.model import LM as _HarnessBase
@@ -166,13 +156,7 @@ def evaluate_checkpoint(ckpt: str, tasks: Sequence[str], *, include_path: Option
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from linrope.run.checkpoint import load_checkpoint
-    from linrope.training.lit import LanguageModel
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checkpoint = load_checkpoint(str(ckpt))  # weights_only=True; one line if missing or broken
-    model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
-    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "harness", tokenizer)
+    device, _, model, tok = load_model(ckpt, device, "harness", tokenizer)
     lm = HarnessLM(model, tok, device=device, max_length=max_length)
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,

@@ -1,21 +1,16 @@
 """The pass-key probe (Mohtashami & Jaggi 2023, "Landmark Attention"; the "needle in a haystack" of later work): a
 random key of ``digits`` digits hidden at a controlled depth in filler text, the model asked for it at the end,
-at lengths of 1–16× its training context.  Nothing is downloaded: the filler is the classic repeated lines (or
-any text given), and any tokenizer with ``encode``/``decode`` serves: the command reads the checkpoint's own
-(``checkpoint_tokenizer``: bytes for data=bytes, ``data.tokenizer`` for data=text), or ``tokenizer=`` names one.
-Each piece of the prompt (intro, filler, needle, question, answer) is encoded alone and the pieces joined, so a
-subword tokenizer splits the key the same way wherever it is hidden.
+at 1–16× its training context (docs/usage.md, "The pass-key probe").  Nothing is downloaded; any tokenizer with
+``encode``/``decode`` serves (the command reads the checkpoint's own: ``checkpoint_tokenizer``).  Each piece of
+the prompt is encoded alone and the pieces joined, so a subword tokenizer splits the key the same way wherever it
+is hidden.
 
-Scoring is one forward pass per prompt: the prompt and the answer, teacher-forced.  The key is retrieved
-(``exact``) when the most likely next token at every answer position is the answer's token: exactly when greedy
-decoding would write the key, without running the decoder.  ``token_acc`` is the fraction of the answer's tokens
-so predicted, ``nll`` the answer's mean negative log-likelihood per token (nats).
-
-The positive control (``control=true``, ``InductionOracle``): a model that predicts each token by copying what
-followed the longest earlier occurrence of its context's last tokens (an induction head, written out).  It
-retrieves the key at every length and depth if the prompts are answerable by copying and the scoring is right;
-a model that fails where the oracle succeeds fails to retrieve, not to parse the prompt.  The negative
-control is chance: a key of k digits guessed at random is exact with probability 10⁻ᵏ."""
+Scoring is one teacher-forced forward pass per prompt: the key is retrieved (``exact``) when the most likely
+token at every answer position is the answer's, exactly when greedy decoding would write it; ``token_acc`` is the
+fraction so predicted, ``nll`` the answer's mean negative log-likelihood per token (nats).  The positive control
+(``control=true``, ``InductionOracle``) copies what followed the longest earlier occurrence of its context: it
+retrieves the key everywhere if the prompts are answerable by copying and the scoring is right, so a model that
+fails where it succeeds fails to retrieve.  The negative control is chance: 10⁻ᵏ for k digits."""
 
 from __future__ import annotations
 
@@ -44,7 +39,8 @@ class Tokenizer(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes, the tokenizer of data=bytes."""
+    """UTF-8 bytes, the tokenizer of data=bytes: 256 ids, no end-of-document one (linrope.data.tokenizer's
+    ``bytes``, of data=text, adds EOD = 256; generate tells the two apart by their class)."""
 
     vocab_size = 256
 
@@ -158,14 +154,8 @@ def passkey_table(
                 cells.append(score_prompt(logits_of, prompt, device))
                 if progress:
                     progress(1)
-            rows.append(
-                {
-                    "length": int(length),
-                    "depth": float(depth),
-                    "trials": trials,
-                    **{k: sum(c[k] for c in cells) / trials for k in ("exact", "token_acc", "nll")},
-                }
-            )
+            mean = {k: sum(c[k] for c in cells) / trials for k in ("exact", "token_acc", "nll")}
+            rows.append({"length": int(length), "depth": float(depth), "trials": trials, **mean})
     return rows
 
 
@@ -234,17 +224,35 @@ def checkpoint_tokenizer(checkpoint: Dict[str, Any], vocab_size: int, who: str, 
     return tok
 
 
+def load_model(ckpt, device: Optional[str], who: str, tokenizer: Optional[str] = None, shown=None) -> tuple:
+    """(device, checkpoint, model, tokenizer) of the checkpoint file ``ckpt`` for the command ``who``: loaded with
+    ``weights_only=True`` (one line if missing or broken) on ``device`` (default: cuda when available, else cpu),
+    the tokenizer ``checkpoint_tokenizer``'s; ``shown`` is given the checkpoint before the model is built."""
+    from linrope.run.checkpoint import load_checkpoint
+    from linrope.training.lit import LanguageModel
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint = load_checkpoint(str(ckpt))
+    if shown:
+        shown(checkpoint)
+    model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
+    return device, checkpoint, model, checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), who, tokenizer)
+
+
+def run_folder(ckpt) -> Path:
+    """The run folder of a checkpoint file: ``<run>`` for ``<run>/checkpoints/x.ckpt``, else the file's folder."""
+    folder = Path(str(ckpt)).expanduser().resolve().parent
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
 def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
-    out = [int(round(train_context * f)) for f in factors]
     bad = [f for f in factors if not f > 0]
     if bad:
         raise ValueError(f"passkey: factors must be positive, got {bad}")
-    return out
+    return [int(round(train_context * f)) for f in factors]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# the command: python -m linrope passkey ckpt=PATH (conf/passkey.yaml)
-# ---------------------------------------------------------------------------------------------------------------
+# ---- the command: python -m linrope passkey ckpt=PATH (conf/passkey.yaml) -------------------------------------
 @dataclass
 class PasskeySettings:
     """The keys of ``conf/passkey.yaml`` (their values and meaning there), with their types and ranges."""
@@ -275,23 +283,17 @@ def check(cfg) -> None:
 
 
 def out_dir(cfg) -> Path:
-    if cfg.out:
-        return Path(str(cfg.out)).expanduser()
-    folder = Path(str(cfg.ckpt)).expanduser().resolve().parent
-    return (folder.parent if folder.name == "checkpoints" else folder) / "passkey"
+    return Path(str(cfg.out)).expanduser() if cfg.out else run_folder(cfg.ckpt) / "passkey"
 
 
 def probe(cfg) -> List[Dict[str, Any]]:
     """Score the checkpoint (and the positive control, ``control=true``) at factors × its training context; write
     passkey.csv and passkey.png into ``out`` (default ``<run>/passkey``), refusing to overwrite an earlier probe's."""
-    import csv
-
     from tqdm import tqdm
 
+    from linrope.base.csv_files import write_rows
     from linrope.base.errors import ConfigError, SequenceTooLong
     from linrope.base.writable import writable_folder
-    from linrope.run.checkpoint import load_checkpoint
-    from linrope.training.lit import LanguageModel
 
     check(cfg)
     out = out_dir(cfg)
@@ -299,10 +301,8 @@ def probe(cfg) -> List[Dict[str, Any]]:
         if (out / name).exists():
             raise ConfigError(f"{out / name} exists (an earlier probe): pass out=<another folder> to keep both")
     writable_folder(out, "out")  # before the probe: a folder it cannot write is one line, not a traceback after it
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    checkpoint = load_checkpoint(str(cfg.ckpt))  # weights_only=True; one line if missing or broken
-    model = LanguageModel.from_checkpoint(str(cfg.ckpt), map_location=device, checkpoint=checkpoint).model.eval()
-    tok = checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), "passkey", cfg.tokenizer)
+    device, _, model, tok = load_model(cfg.ckpt, cfg.device, "passkey", cfg.tokenizer)
+    model.eval()
     context = int(model.cfg.max_len)
     lengths = lengths_for(context, [float(f) for f in cfg.factors])
     depths = [float(d) for d in cfg.depths]
@@ -311,30 +311,28 @@ def probe(cfg) -> List[Dict[str, Any]]:
         arms.append(("control: induction oracle", InductionOracle(int(model.cfg.vocab_size))))
     rows: List[Dict[str, Any]] = []
     bar = tqdm(total=len(arms) * len(lengths) * len(depths) * int(cfg.trials), desc="passkey", unit="prompt")
+
+    def skipped(length: int, note: str) -> List[Dict[str, Any]]:  # a length not probed: a row per depth says why
+        bar.update(len(depths) * int(cfg.trials))
+        nan = {k: float("nan") for k in ("exact", "token_acc", "nll")}
+        return [{"length": length, "depth": d, "trials": 0, **nan, "note": note} for d in depths]
+
     for arm, logits_of in arms:
         for length in lengths:
-            if length < shortest(tok, int(cfg.digits)):
-                note = f"{length} tokens cannot hold the prompt's fixed text ({shortest(tok, int(cfg.digits))} tokens)"
-                got = [{"length": length, "depth": d, "trials": 0, "exact": float("nan"), "token_acc": float("nan"),
-                        "nll": float("nan"), "note": note} for d in depths]  # fmt: skip
-                rows += [{"arm": arm, "factor": length / context, **r} for r in got]
-                bar.update(len(depths) * int(cfg.trials))
-                continue
-            try:
-                got = passkey_table(logits_of, tok, [length], depths, trials=int(cfg.trials), digits=int(cfg.digits),
-                                    seed=int(cfg.seed), device=device, progress=bar.update)  # fmt: skip
-            except SequenceTooLong as e:  # a learned table of max_len positions: no longer prompt
-                got = [{"length": length, "depth": d, "trials": 0, "exact": float("nan"), "token_acc": float("nan"),
-                        "nll": float("nan"), "note": str(e).splitlines()[0]} for d in depths]  # fmt: skip
-                bar.update(len(depths) * int(cfg.trials))
+            fewest = shortest(tok, int(cfg.digits))
+            if length < fewest:
+                got = skipped(length, f"{length} tokens cannot hold the prompt's fixed text ({fewest} tokens)")
+            else:
+                try:
+                    got = passkey_table(logits_of, tok, [length], depths, trials=int(cfg.trials),
+                                        digits=int(cfg.digits), seed=int(cfg.seed), device=device,
+                                        progress=bar.update)  # fmt: skip
+                except SequenceTooLong as e:  # a learned table of max_len positions: no longer prompt
+                    got = skipped(length, str(e).splitlines()[0])
             rows += [{"arm": arm, "factor": length / context, **r} for r in got]
     bar.close()
-    out.mkdir(parents=True, exist_ok=True)
     keys = ["arm", "length", "factor", "depth", "trials", "exact", "token_acc", "nll", "note"]
-    with open(out / "passkey.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys, restval="")
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(rows, keys, out / "passkey.csv")
     mine = [r for r in rows if r["arm"] == arms[0][0] and r["trials"]]
     if mine:
         heatmap(mine, out / "passkey.png", f"{arms[0][0]}: pass key, {cfg.digits} digits, {cfg.trials} keys per cell "

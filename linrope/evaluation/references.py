@@ -1,15 +1,13 @@
 """Reference rows: byte models fitted on the train split, scored per byte on another split.
 
-A trained model's bpb means little alone: a model that has collapsed (learnt less than which bytes are
-common) still gets a number, and two collapsed models still differ.  These models say where the floor is.
-Each is fitted on the **train** split and scores the targets at offsets 1 … n of another split (n = its
-length − 1): entry t − 1 of the returned float64 array is −ln p(byte t | the bytes before it), in nats, the
-loss the trained models pay at that byte.  A split is the corpus loader's (``linrope.data.bytes.load_corpus``):
-its files joined with ``b"\\n"``, so a context reaches across a file boundary as a model's window does; only
-the first bytes of the split have shorter contexts.  **Scored as a model row** (``window_rows``): ``nll``'s
-``context`` cuts each target's context to what the row's window holds before it (``linrope.data.windows``, the
-definition the models' rows read), so the first byte of a non-overlapping window has one byte of context, as the
-model has; a reference row is compared only with model rows scored through the same windows.
+A trained model's bpb means little alone: a collapsed model still gets a number.  These models say where the floor
+is (docs/methods.md, "Reference rows").  Each is fitted on the **train** split and scores the targets at offsets
+1 … n of another split: entry t − 1 of the returned float64 array is −ln p(byte t | the bytes before it), in nats,
+the loss the trained models pay there.  A split is the corpus loader's (``linrope.data.bytes.load_corpus``): its
+files joined with ``b"\\n"``, so a context reaches across a file boundary as a model's window does.  **Scored as a
+model row** (``window_rows``): ``nll``'s ``context`` cuts each target's context to what the row's window holds
+before it (``linrope.data.windows``, the definition the models' rows read), so the first byte of a
+non-overlapping window has one byte of context, as the model has.
 
 * **unigram** — add-one smoothed byte frequencies of the train split: p(w) = (c(w) + 1) / (N + 256).
   A row worse than this has collapsed.
@@ -40,8 +38,7 @@ significant), sorted once; each lower level from the suffixes of the level above
 from __future__ import annotations
 
 import argparse
-import csv
-import io
+import functools
 import math
 import sys
 import time
@@ -50,6 +47,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from linrope.base.csv_files import write_rows
 from linrope.base.errors import ConfigError
 
 LN2 = math.log(2.0)  # bits per byte = nats per byte / LN2 (as linrope.data.bytes, which imports torch)
@@ -102,14 +100,10 @@ def discounts(counts: np.ndarray) -> np.ndarray:
     """[0, D_1, D_2, D_3+] of one level from its counts of counts (Chen & Goodman 1999; see the module)."""
     n1, n2, n3, n4 = (float(v) for v in np.bincount(np.minimum(counts, 5), minlength=6)[1:5])
     y = n1 / (n1 + 2 * n2) if n1 + 2 * n2 > 0 else math.nan
-    est = [
-        1 - 2 * y * n2 / n1 if n1 > 0 else math.nan,
-        2 - 3 * y * n3 / n2 if n2 > 0 else math.nan,
-        3 - 4 * y * n4 / n3 if n3 > 0 else math.nan,
-    ]
     out = [0.0]
-    for j, d in enumerate(est, start=1):
-        out.append(min(max(UNCOUNTED_DISCOUNT if not math.isfinite(d) else d, MIN_DISCOUNT), float(j)))
+    for j, (a, b) in enumerate(((n1, n2), (n2, n3), (n3, n4)), start=1):  # D_j = j − (j + 1)·Y·n_{j+1}/n_j
+        d = j - (j + 1) * y * b / a if a > 0 else math.nan
+        out.append(min(max(d if math.isfinite(d) else UNCOUNTED_DISCOUNT, MIN_DISCOUNT), float(j)))
     return np.array(out)
 
 
@@ -180,17 +174,10 @@ class KneserNey:
         train = _as_bytes(train, f"{self.name}: the train split")
         if len(train) < self.order:
             raise ConfigError(f"{self.name}: the train split has {len(train)} bytes, fewer than one {self.name}")
-        keys = pack_windows(train, self.order)
-        keys.sort()
-        starts, counts = _runs(keys)
-        grams = keys[starts]
-        del keys
+        grams, counts = np.unique(pack_windows(train, self.order), return_counts=True)
         levels = [_Level(grams, counts)]  # level n: raw counts
         for k in range(self.order - 1, 0, -1):  # level k: distinct left extensions among the (k+1)-grams
-            suffix = grams & _mask(k)
-            suffix.sort()
-            starts, counts = _runs(suffix)
-            grams = suffix[starts]
+            grams, counts = np.unique(grams & _mask(k), return_counts=True)
             levels.append(_Level(grams, counts))
         self.levels = levels[::-1]  # levels[k - 1] is level k
         return self
@@ -278,9 +265,9 @@ def window_rows(
     documents: Optional[Sequence[Tuple[str, int, int]]] = None,
 ) -> List[Dict]:
     """The CSV rows (``COLUMNS``) of fitted ``models`` scored as each model row ``(protocol, length, stride,
-    window)`` scores ``text`` (``WHOLE``: no windows): the same windows over the same stretches ``parts`` (default: the whole split), so
-    each target sees no more bytes than the row's model saw (``linrope.data.windows.scored_context``, the
-    definition ``SlidingWindows`` reads)."""
+    window)`` scores ``text`` (``WHOLE``: no windows): the same windows over the same stretches ``parts``
+    (default: the whole split), so each target sees no more bytes than the row's model saw
+    (``linrope.data.windows.scored_context``, the definition ``SlidingWindows`` reads)."""
     from linrope.data.windows import scored_context
 
     text = _as_bytes(text, f"the {split} split")
@@ -320,15 +307,8 @@ def per_document(
             raise ConfigError(f"document {name!r}: starts at {start}, before the previous one ends ({last_end})")
         last_end = end
         lo, hi = max(start, 1), max(end, 1)
-        rows.append(
-            {
-                "document": str(name),
-                "start": start,
-                "end": end,
-                "bytes": int(before[hi - 1] - before[lo - 1]),
-                "nats": float(nats[lo - 1 : hi - 1].sum()),
-            }
-        )
+        counted = {"bytes": int(before[hi - 1] - before[lo - 1]), "nats": float(nats[lo - 1 : hi - 1].sum())}
+        rows.append({"document": str(name), "start": start, "end": end, **counted})
     return rows
 
 
@@ -353,25 +333,15 @@ def summary_rows(
         total = float(np.sum(nats[kept]))
         rows.append({"model": name, "split": split, **where, "document": "", "bytes": int(kept.sum()), "nats": total})
         for d in per_document(nats, documents, kept) if documents is not None else []:
-            rows.append(
-                {"model": name, "split": split, **where, "document": d["document"], "bytes": d["bytes"],
-                 "nats": d["nats"]}
-            )  # fmt: skip
+            rows.append({"model": name, "split": split, **where, **{k: d[k] for k in ("document", "bytes", "nats")}})
     for r in rows:
         r["bpb"] = bpb(r["nats"], r["bytes"])
     return rows
 
 
 def write_csv(rows: Sequence[Dict], path: Path) -> Path:
-    from linrope.base.atomic import atomic_write_bytes  # imports torch: only when a file is written
-
-    f = io.StringIO(newline="")
-    w = csv.DictWriter(f, fieldnames=COLUMNS)
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else "" if r[k] is None else r[k]) for k in COLUMNS})
-    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
-    return path
+    """The rows as ``path``, atomically (a float in full, None blank)."""
+    return write_rows(rows, COLUMNS, path)
 
 
 def parse_orders(text: str) -> Tuple[int, ...]:
@@ -413,8 +383,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--length",
         type=int,
-        help="score through windows of this many bytes, as a model row does (default: no windows: each byte with "
-        "the n - 1 bytes before it in the split)",
+        help="score through windows of this many bytes, as a model row does "
+        "(default: no windows: each byte with the n - 1 bytes before it in the split)",
     )
     p.add_argument("--stride", type=int, help="with --length: the windows move by this much (default: the length)")
     p.add_argument("--out", type=Path, help="CSV to write (default: print only)")
@@ -428,16 +398,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from linrope.base.errors import LinropeError
 
     args = parser().parse_args(argv)
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-
+    say = functools.partial(print, flush=True)
     try:
         from linrope.data.bytes import load_corpus  # imports torch: not for the models themselves
 
+        # context=1: the references need no window, any split of 2 bytes can be scored
         splits = load_corpus(
             args.path,
-            context=1,  # the references need no window: any split of 2 bytes can be scored
+            context=1,
             val_fraction=args.val_fraction,
             test_fraction=args.test_fraction,
             max_bytes=args.max_bytes,

@@ -4,29 +4,15 @@ reads these files without loading a model."""
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 from typing import Any, Dict, List
 
-COLUMNS = [
-    "length",
-    "factor",
-    "protocol",
-    "scaling",
-    "window",
-    "loss",
-    "bpb",
-    "acc",
-    "examples",
-    "scored",
-    "bytes",
-    "documents",
-    "stride",
-    "scored_hash",
-    "seconds",
-    "status",
-]
+from linrope.base.csv_files import read_rows, write_rows
+
+COLUMNS = (
+    "length factor protocol scaling window loss bpb acc examples scored bytes documents stride scored_hash seconds "
+    "status"
+).split()
 HEADER = (
     f"{'length':>7} {'factor':>7}  {'row':<18} {'loss':>7}  {'metric':<12} {'scored':>7} {'docs':>5} {'seconds':>8}"
     "  status"
@@ -37,15 +23,18 @@ def _fmt(v, digits=4):
     return "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
 
 
+def _blank(v):
+    return "" if v is None else v
+
+
 def format_row(row: Dict[str, Any]) -> str:
     """One line of the table that ``HEADER`` heads."""
     ok = row["status"] == "ok"
     metric = (f"bpb {_fmt(row['bpb'])}" if row.get("bpb") is not None else f"acc {_fmt(row['acc'])}") if ok else "n/a"
     loss = _fmt(row["loss"]) if ok else "n/a"
-    docs = "" if row.get("documents") is None else row["documents"]
     return (
         f"{row['length']:>7} {row['factor']:>7g}  {row_name(row):<18} {loss:>7}  {metric:<12} "
-        f"{row['scored']:>7} {docs:>5} {row['seconds']:>8.1f}  {row['status']}"
+        f"{row['scored']:>7} {_blank(row.get('documents')):>5} {row['seconds']:>8.1f}  {row['status']}"
     )
 
 
@@ -64,30 +53,17 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> Path:
-    """The rows as ``path``, written atomically (``linrope.base.atomic``): the table is rewritten after each row, and
-    a process stopped at any moment leaves the rows done so far, whole."""
-    from linrope.base.atomic import atomic_write_bytes
-
-    f = io.StringIO(newline="")
-    w = csv.DictWriter(f, fieldnames=COLUMNS)
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else r[k]) for k in COLUMNS})
-    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
-    return path
+    """The rows as ``path``, written atomically (``linrope.base.csv_files``)."""
+    return write_rows(rows, COLUMNS, path)
 
 
 def read_csv(path: Path) -> List[Dict[str, Any]]:
-    rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            row: Dict[str, Any] = dict(r)
-            for k in ("length", "examples", "scored", "stride", "window", "documents", "bytes"):
-                row[k] = int(r[k]) if r.get(k) else (0 if k in ("examples", "scored") else None)
-            row["protocol"] = r.get("protocol") or "sliding"  # a table from before the protocols were named
-            for k in ("factor", "loss", "bpb", "acc", "seconds"):
-                row[k] = float(r[k]) if r.get(k) not in (None, "") else None
-            rows.append(row)
+    rows = read_rows(path)[1]
+    for r in rows:
+        for k in ("length", "examples", "scored", "stride", "window", "documents", "bytes"):
+            r[k] = int(r[k]) if r.get(k) else (0 if k in ("examples", "scored") else None)
+        r["protocol"] = r.get("protocol") or "sliding"  # a table from before the protocols were named
+        r.update({k: float(r[k]) if r.get(k) else None for k in ("factor", "loss", "bpb", "acc", "seconds")})
     return rows
 
 
@@ -101,29 +77,17 @@ KEY = ["length", "protocol", "scaling", "window"]
 def write_details(rows: List[Dict[str, Any]], path: Path, which: str) -> Path:
     """Each row's loss per document (``which="documents"``) or per position bucket (``"positions"``), one line
     per (row, document or bucket), keyed by the row's length, protocol, scaling and window; atomically."""
-    from linrope.base.atomic import atomic_write_bytes
-
     field, columns = DETAILS[which]
-    f = io.StringIO(newline="")
-    w = csv.writer(f)
-    w.writerow(KEY + columns)
-    for r in rows:
-        for d in r.get(field) or []:
-            w.writerow([("" if r.get(k) is None else r[k]) for k in KEY] + [d.get(c, "") for c in columns])
-    atomic_write_bytes(f.getvalue().encode("utf-8"), path)
-    return path
+    lines = ({**{k: r.get(k) for k in KEY}, **d} for r in rows for d in r.get(field) or [])
+    return write_rows(lines, KEY + columns, path)
 
 
 def read_details(path: Path) -> List[Dict[str, Any]]:
     """The lines ``write_details`` wrote, with numbers as numbers."""
-    out = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            d: Dict[str, Any] = dict(r)
-            for k in ("length", "bytes", "start", "end", "window", "tokens"):
-                if k in d:
-                    d[k] = int(d[k]) if d[k] else None
-            d["nats"] = float(d["nats"])
-            d.setdefault("tokens", None)  # files written before text runs had the column: bytes rows, blank there
-            out.append(d)
-    return out
+    lines = read_rows(path)[1]
+    for d in lines:
+        ints = [k for k in ("length", "bytes", "start", "end", "window", "tokens") if k in d]
+        d.update({k: int(d[k]) if d[k] else None for k in ints})
+        d["nats"] = float(d["nats"])
+        d.setdefault("tokens", None)  # files written before text runs had the column: bytes rows, blank there
+    return lines

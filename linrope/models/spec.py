@@ -21,6 +21,7 @@ from typing import Annotated, Any, Dict, List, Mapping, Optional, Tuple
 from pydantic import Field
 
 from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePairing, UnknownOption
+from linrope.base.nested import differing, under
 from linrope.base.options import Positive, declared, option_errors
 from linrope.models.attention import ATTENTION
 from linrope.positions import REGISTRY, PositionScheme, check_pairing, model_problems, scheme_class
@@ -248,14 +249,13 @@ def identity_differences(found: Optional[Mapping[str, Any]], expected: Optional[
     unknown)."""
     if not found or not expected:
         return ""
-    keys = sorted(set(found) | set(expected))
     # another attention kind or position scheme: its options are another vocabulary, name the kind alone
-    changed = {k.split(".")[0] for k in ("attention.kind", "position.name") if found.get(k) != expected.get(k)}
-    keys = [k for k in keys if k.split(".")[0] not in changed or k in ("attention.kind", "position.name")]
+    kinds = ("attention.kind", "position.name")
+    replaced = [k.split(".")[0] + "." for k in kinds if found.get(k) != expected.get(k)]
     return "; ".join(
-        f"model.{k}: {found.get(k, '(absent)')} in the checkpoint, {expected.get(k, '(absent)')} now"
-        for k in keys
-        if found.get(k) != expected.get(k)
+        f"model.{k}: {a} in the checkpoint, {b} now"
+        for k, a, b in differing(found, expected, null_is_absent=True)
+        if k in kinds or not under(k, replaced)
     )
 
 

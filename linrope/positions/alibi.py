@@ -1,12 +1,9 @@
-"""ALiBi (Press, Smith, Lewis 2022): s_ij -= m_h·(i - j).
+"""ALiBi (Press, Smith, Lewis 2022): s_ij -= m_h·|i - j|, the paper's slopes m_h, no parameters.
 
-Bidirectional (causal=False) uses -m_h·|i - j|; causal attention masks j > i, so
-one formula serves both.  No parameters.  Linear attention takes it as the
-per-head decay γ_h^(i-j) with γ_h = exp(-m_h), the same weight
-factor exp(-m_h (i-j)) moved from the scores onto the kernel weights.
+Under a causal mask |i - j| = i - j, so one formula serves encoders and decoders.  Linear attention takes it as
+the per-head decay γ_h^(i-j), γ_h = exp(-m_h): the same weight exp(-m_h (i-j)) moved from the scores onto the
+kernel weights.  Slopes and bias in float64, rounded once (docs/schemes.md, "`alibi`").
 """
-
-from typing import Mapping
 
 import torch
 
@@ -26,30 +23,16 @@ class ALiBi(PositionScheme):
         "Press, Smith, Lewis 2022, Train short, test long: attention with linear biases enables input length "
         "extrapolation"
     )
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
+    decays = True
 
     def __init__(self, **dims):
         super().__init__(**dims)
-        # float64, never rounded to the model's dtype (a float32 buffer is 4e-7 off at 12 heads; .to() and
-        # .half() leave it alone): each use rounds the finished bias once, to the precision of the scores
-        self.register_buffer("slopes", alibi_slopes(self.n_heads), persistent=False)
+        # float64, never rounded to the model's dtype: each use rounds the finished bias once
+        self.float64_buffer("slopes", alibi_slopes(self.n_heads))
         # linear attention's decay γ_h = exp(-m_h), formed once here (not on every forward) and moved with the
         # module; in (0, 1) since every slope is positive
-        self.register_buffer("gamma", torch.exp(-self.slopes), persistent=False)
-
-    @classmethod
-    def linear_decays(cls, options) -> bool:
-        return True
-
-    def _apply(self, fn, recurse=True):
-        slopes, gamma = self.slopes, self.gamma
-        super()._apply(fn, recurse)
-        self.slopes = slopes.to(self.slopes.device)  # follow the device, stay float64
-        self.gamma = gamma.to(self.gamma.device)
-        return self
+        self.float64_buffer("gamma", torch.exp(-self.slopes))
 
     def score_bias(self, q, k, positions):
         """-m_h·|i - j| computed in float64 and rounded once: to float64 for float64 scores, else to float32.

@@ -36,8 +36,10 @@ called and what identifies its checkpoint, ``linrope.models.spec`` asks the sche
 ``evaluation_options`` and ``absent_as``.  What the contract suite (tests/positions/test_contract.py) checks of
 every scheme it reads from the same traits and from two claims: ``shift_invariant`` (only differences of positions
 enter) and ``variants`` (option sets under which the positions enter in another way, checked beside the defaults).
-A new scheme is one module in this folder (``register``), found without a list (``linrope.positions``): see
-CONTRIBUTING.md.
+Every trait is a class attribute; the three asked with the options read one (``shift_invariant``:
+``differences_only``, ``bounded_by_max_len``: ``max_len_table``, ``linear_decays``: ``decays``), and only a scheme
+whose options decide the answer overrides the method (RoPE, multiplicative).  A new scheme is one module in this
+folder (``register``), found without a list (``linrope.positions``): see CONTRIBUTING.md.
 
 **Where the positions come from.**  Every scheme takes ``max_position`` (``linrope.positions.randomized``:
 randomized positions, Ruoss et al. 2023): null, the forward's positions are ``offset … offset+N-1``; set, they
@@ -108,13 +110,17 @@ class PositionScheme(nn.Module):
     # option sets under which the positions enter in another way (another kernel, variant, table, decay, bucket
     # range): the contract suite (tests/positions/test_contract.py) checks each beside the defaults
     variants: ClassVar[Tuple[Mapping[str, object], ...]] = ()
+    # constant answers of the traits that take the options (a scheme whose options decide overrides the method):
+    differences_only: ClassVar[bool] = False  # ``shift_invariant``: only differences of positions enter
+    max_len_table: ClassVar[bool] = False  # ``bounded_by_max_len``: a table of ``max_len`` positions
+    decays: ClassVar[bool] = False  # ``linear_decays``: linear attention takes it as a per-head decay γ_h^(i-j)
 
     @classmethod
     def shift_invariant(cls, options: Mapping) -> bool:
         """Whether, with ``options`` (every option, defaults filled in), only differences of positions enter, so that a
         shift of every position (a window's offset) leaves the output unchanged; the contract suite checks the
-        claim."""
-        return False
+        claim.  ``differences_only``, unless the scheme's options decide (RoPE's dynamic NTK)."""
+        return cls.differences_only
 
     @classmethod
     def name_parts(cls, options: Mapping) -> List[str]:
@@ -136,15 +142,17 @@ class PositionScheme(nn.Module):
     @classmethod
     def bounded_by_max_len(cls, options: Mapping) -> bool:
         """Whether, with ``options`` (every option, defaults filled in), it holds a table of ``max_len``
-        positions, so that it cannot score a longer sequence."""
-        return False
+        positions, so that it cannot score a longer sequence.  ``max_len_table``, unless the scheme's options decide
+        (multiplicative's ``table``)."""
+        return cls.max_len_table
 
     @classmethod
     def linear_decays(cls, options: Mapping) -> bool:
         """Whether, with ``options`` (every option, defaults filled in), linear attention takes it as a per-head
         decay γ_h^(i-j) on its kernel weights (ALiBi, RoPE with ``decay``): a decay that counts tokens, not
-        positions (``linrope.positions.randomized``)."""
-        return False
+        positions (``linrope.positions.randomized``).  ``decays``, unless the scheme's options decide (RoPE's
+        ``decay``)."""
+        return cls.decays
 
     @classmethod
     def option_problems(cls, options: Mapping) -> List[str]:
@@ -172,6 +180,21 @@ class PositionScheme(nn.Module):
         self.__dict__["_borrowed"] = shared  # not a submodule: its parameters belong to the model, counted once
         self._memo: Optional[dict] = None
         self._span: Optional[Tuple[int, int]] = None
+        self._float64: List[str] = []  # ``float64_buffer``
+
+    def float64_buffer(self, name: str, value: torch.Tensor) -> None:
+        """A float64 buffer, not saved (a function of the options), that follows the module's device but never its
+        dtype: ``.float()``, ``.half()``, ``.bfloat16()`` leave it alone, and each use rounds what it forms once, to
+        the precision of the scores (ALiBi's slopes: a float32 copy would be 4e-7 off at 12 heads)."""
+        self.register_buffer(name, value, persistent=False)
+        self._float64.append(name)
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: getattr(self, name) for name in self._float64}
+        super()._apply(fn, recurse)
+        for name, t in kept.items():  # follow the device, stay float64
+            setattr(self, name, t.to(getattr(self, name).device))
+        return self
 
     # ---- parameters shared across layers -------------------------------------------------------
     def owns_shared(self) -> bool:
@@ -202,6 +225,13 @@ class PositionScheme(nn.Module):
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
+
+    def shared_bias(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The score bias of a scheme whose bias depends on the positions alone (T5, TUPE, FIRE, KERPLE, Sandwich):
+        its ``position_bias(positions, dtype)``, formed by the instance that holds the cross-layer parameters
+        (``src``) once per forward and reused by every layer that shares them (``memo``)."""
+        src = self.src
+        return src.memo(("position_bias", id(positions), dtype), lambda: src.position_bias(positions, dtype))
 
     def span(self, positions: torch.Tensor) -> Tuple[int, int]:
         """(smallest, largest) of ``positions``, Python ints: what sizes a table slice or an ODE grid and checks

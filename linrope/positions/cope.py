@@ -1,25 +1,17 @@
-"""CoPE, contextual position encoding (Golovneva, Wang, Weston, Sukhbaatar 2024): positions counted by gates
-that depend on the context, and a position embedding interpolated at those fractional positions::
+"""CoPE, contextual position encoding (Golovneva, Wang, Weston, Sukhbaatar 2024)::
 
     g_it = σ(q_i·k_t / sqrt(d))                        gates, on the scaled logits (paper's listing and release)
     p_ij = min(Σ_{t=j..i} g_it, npos_max - 1)          keys at or behind the query (causal)
     z_i[r] = q_i·e[r],   r = 0 … npos_max - 1           every query against every row, once: (B, H, N, rows)
     s_ij += c · ((1 - w_ij)·z_i[⌊p_ij⌋] + w_ij·z_i[⌈p_ij⌉]),   w_ij = p_ij - ⌊p_ij⌋
 
-``c`` is ``position_scale``: ``release`` (default) ``1/sqrt(d)``, the released code's default, which adds the
-position logits before it divides the scores by sqrt(d); ``paper``: 1, the paper's listing (Appendix B), which
-adds them after.  The table e (``npos_max`` rows of width d, zeros at the start as in both codes) is one per layer,
-shared by the layer's heads (the release folds the heads into the batch); it is a position table, not
-weight-decayed.  ``npos_max`` null: ``max_len + 1`` rows, the release's ``block_size + 1`` (p reaches the window's
-length when every gate is 1).
-
-It depends on q and k, so it is computed per layer and per forward, and not at all on the positions: a shift of
-every position leaves it unchanged.  Gates and the reverse cumulative sum run in float32 (float64 for float64
-inputs) with autocast off.  Softmax only: it acts on every score and needs the N×N gates.  Causal only: p_ij
-counts from the key up to the query, defined for keys at or behind it (the release builds a decoder only).
+``c`` is ``position_scale``: ``release`` (default) ``1/sqrt(d)``, ``paper`` 1.  ``npos_max`` null: ``max_len + 1``
+rows (p reaches the window's length when every gate is 1).  Computed per layer and per forward from q and k, never
+from the positions.  Gates and the reverse cumulative sum run in float32 (float64 for float64 inputs) with autocast
+off, so a sum of a few hundred gates keeps its fractional part under bf16 (docs/schemes.md, "`cope`").
 """
 
-from typing import Literal, Mapping, Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -57,7 +49,6 @@ def interpolated_logits(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 class CoPE(PositionScheme):
     name = "cope"
     kind = "contextual"
-    linear_ok = False
     linear_note = "adds q_i·e[p_ij] to every score, p_ij counted by the gates σ(q_i·k_t) of every query-key pair"
     paper = "Golovneva, Wang, Weston, Sukhbaatar 2024, Contextual position encoding: learning to count what's important"
     tables = ("table",)  # e: rows indexed by (contextual) position, not weight-decayed
@@ -65,10 +56,7 @@ class CoPE(PositionScheme):
         "its positions p_ij = Σ_{t=j..i} σ(q_i·k_t) count from the key up to the query, defined for keys at or "
         "behind it (the paper and its release train decoders); use a causal model"
     )
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True  # it never reads the positions: p_ij is counted by the gates
+    differences_only = True  # it never reads the positions: p_ij is counted by the gates
 
     def __init__(
         self,

@@ -1,22 +1,13 @@
-"""DeBERTa disentangled attention (He et al. 2021):
+"""DeBERTa disentangled attention (He et al. 2021)::
 
     s_ij = (q_i·k_j + q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ'}) / sqrt(3d)
 
 with K^r = P W_{K,r}, Q^r = P W_{Q,r}, P a table of 2k relative-position rows and
-δ(i, j) = clip(i - j, -k, k - 1) + k.  The position→content row δ' is ``p2c``:
-
-* ``release`` (default): δ' = δ(i, j), what the released DeBERTa and DeBERTa-v2 code
-  computes (its p2c gathers with the negated relative positions and transposes back),
-  so every pretrained checkpoint;
-* ``paper``: δ' = δ(j, i), the paper's formula.  In a causal model it reads the rows
-  of keys *ahead* of their query (i - j <= 0 seen from the key), nearly disjoint from
-  the rows c2p reads.
-
-``log_buckets`` maps distances first exactly as the DeBERTa-v2 release does
-(``log_bucket_distance``).  P is shared by all layers (as DeBERTa's encoder holds one
-relative-embedding table); the projections are per layer; ``share: false`` gives each
-layer its own P.  P starts unit-scale (like the layer-normed x that feeds W_Q), the
-projections at std 0.02, so the position terms start at the size of the content term.
+δ(i, j) = clip(i - j, -k, k - 1) + k.  The position→content row δ' is ``p2c``: ``release`` (default)
+δ' = δ(i, j), what the released code computes (its p2c gathers with the negated relative positions and
+transposes back); ``paper`` δ' = δ(j, i), the paper's formula.  ``log_buckets`` maps distances first exactly
+as DeBERTa-v2 does (``log_bucket_distance``, float32).  P starts unit-scale, the projections at std 0.02
+(docs/schemes.md, "`deberta`").
 """
 
 import math
@@ -50,16 +41,12 @@ def log_bucket_distance(rel: torch.Tensor, k: int, max_distance: int) -> torch.T
 class DeBERTa(PositionScheme):
     name = "deberta"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds content→position and position→content terms q_i·K^r_{δ(i,j)} + k_j·Q^r_{δ(i,j)} to every score"
     paper = "He, Liu, Gao, Chen 2021, DeBERTa: decoding-enhanced BERT with disentangled attention"
     tables = ("table",)  # P
     shares = "the relative-embedding table P (2k × d_model); the projections W_{K,r}, W_{Q,r} stay per layer"
     variants = ({"k": 4}, {"k": 8, "log_buckets": True, "max_distance": 32})  # clipped, log buckets
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(
         self,

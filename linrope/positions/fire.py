@@ -1,22 +1,11 @@
-"""FIRE, functional interpolation for relative positions (Li et al. 2024):
+"""FIRE, functional interpolation for relative positions (Li et al. 2024)::
 
-    s_ij += b_h(i, j) = f_θ(ψ(i - j) / ψ(max(L, i)))_h,    ψ(x) = log(c·x + 1),
+    s_ij += b_h(i, j) = f_θ(ψ(i - j) / (ψ(max(L, i)) + eps))_h,    ψ(x) = log(|c|·x + 1),   L = |m·L₀|
 
-for keys j ≤ i of a causal model.  f_θ is a small MLP, 1 → ``mlp_width`` (32) → one output per head, ReLU
-between; c > 0 and the threshold L > 0 are learned.  Dividing by ψ of the query's own position maps every
-distance a query sees into [0, 1] ("progressive interpolation": a longer sequence fills [0, 1] more finely
-instead of reaching distances never trained on); the threshold keeps short prefixes (i < L) from being
-stretched over the whole interval.  Followed as the paper's appendix code writes it (docs/schemes.md#fire):
-positivity by absolute values, |c| and |m·L₀| with a learned multiplier m (starting at 1) of the fixed
-initial threshold L₀ = ``init_threshold`` (512), so that Adam moves L by a fraction of itself; ``eps``
-(1e-6) added to the normaliser (``eps: 0``: the paper's formula); f_θ initialised as torch's ``nn.Linear``
-(uniform ±1/sqrt(fan_in), weights and biases), which is what the appendix code builds.
-
-Per layer by default, as the paper's FIRE; ``share: true`` is its FIRE-S, one f_θ, c, L for all layers, the
-(H, N, N) bias computed once per forward.  Causal attention only (its normaliser bounds keys behind the
-query); linear attention refuses it (it adds a term to every score).  The MLP runs with autocast off (the
-bias is float32, float64 for float64 scores, as ALiBi's), over blocks of query rows so that its hidden
-activations stay under ``HIDDEN_BUDGET`` elements at long evaluation lengths.
+for keys j ≤ i of a causal model; f_θ is Linear(1, ``mlp_width``) → ReLU → Linear(``mlp_width``, H), as the
+paper's appendix listing writes it (``eps: 0``: the paper's formula).  f_θ runs with autocast off (the bias is
+float32, float64 for float64 scores), over blocks of query rows so that its hidden activations stay under
+``HIDDEN_BUDGET`` elements at long evaluation lengths (docs/schemes.md, "`fire`").
 """
 
 from typing import Annotated
@@ -102,8 +91,7 @@ class FIRE(PositionScheme):
         return out if out.dim() == 4 else out.unsqueeze(0)
 
     def score_bias(self, q, k, positions):
-        src, dtype = self.src, compute_dtype(q.dtype)
-        return src.memo((id(positions), dtype), lambda: src.position_bias(positions, dtype))
+        return self.shared_bias(positions, compute_dtype(q.dtype))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, mlp_width={self.mlp_width}, eps={self.eps}"

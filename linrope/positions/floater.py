@@ -1,30 +1,14 @@
-"""FLOATER (Liu, Yu, Dhillon, Hsieh 2020): positions from a continuous dynamical system.
+"""FLOATER (Liu, Yu, Dhillon, Hsieh 2020): positions from a continuous dynamical system::
 
-    dp/dt = h_θ(p(t), t),   p(0) = p_0,   position i -> p(i·Δ)
+    dp/dt = h_θ(p(t), t) = W2 tanh(W1 [p; t] + b1) + b2,   p(0) = p_0,   position i -> p(i·Δ)
 
-h_θ is a small MLP, W2 tanh(W1 [p; t] + b1) + b2; p_0 and θ are trainable and the
-gradients reach them by back-propagating through the solver (torchdiffeq
-``odeint``).  ``inject: input`` (default) adds p at the input only, like sinusoidal
-positions; ``inject: blocks`` adds it to the input of every block, as the paper does, with
-the ODE (θ and p_0) shared by all blocks, the paper's parameter-sharing variant: one
-solve per forward serves every block, no extra parameters.  One solve per forward, over the
-times 0, Δ, …, (largest position)·Δ, then picked by position: a fixed-step solver (``rk4`` by
-default) steps every ``step`` positions (default 1: one step per position, a solver node at
-every sampled t; larger steps are cheaper but linearly interpolated in between); an adaptive
-solver (``dopri5``) uses ``rtol``/``atol``.  Any length, no table; cost grows with
-the largest position (O(max position) solver steps).  Nothing is cached.  The grid comes from
-the positions' span, known on the host: ``euler``, ``midpoint`` and ``rk4`` are solved here
-(``fixed_grid``, torchdiffeq's steps bit for bit) without reading the device; the other
-solvers go through torchdiffeq, which reads its grid and error estimates on the host.
+One solve per forward over the times 0, Δ, …, (largest position)·Δ, then picked by position.  The fixed-step
+solvers (``SYNC_FREE``) are solved here (``fixed_grid``, torchdiffeq's steps bit for bit) from the host-known
+span, without reading the device; the others go through torchdiffeq's ``odeint``.
 
-Init: near a rotation.  With W1 = [A | B] and W2 ∝ [Bᵀ; -Aᵀ] (A, B Gaussian),
-h(p) ≈ p W1 W2 ∝ p (ABᵀ - BAᵀ) for small pre-activations: a skew-symmetric linear
-flow, whose solutions are sinusoids (the ODE behind the sinusoidal encoding), scaled
-to turn at most about one radian per unit t (per 1/Δ positions).  So p(t) starts
-bounded (rms ≈ 1, the size of a sinusoidal entry) and oscillating, with periods of
-tens of positions and longer, instead of drifting off along a line (what a generic
-MLP init does).
-The time input's weights start at zero (autonomous at init) and are learned.
+Init near a rotation: with W1 = [A | B] and W2 ∝ [Bᵀ; -Aᵀ] (A, B Gaussian), h(p) ≈ p W1 W2 ∝ p (ABᵀ - BAᵀ)
+for small pre-activations, a skew-symmetric linear flow whose solutions are sinusoids, scaled to turn at most
+about one radian per unit t; the time input's weights start at zero (docs/schemes.md, "`floater`").
 """
 
 import math

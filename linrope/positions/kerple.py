@@ -1,20 +1,13 @@
-"""KERPLE (Chi, Fan, Ramadge, Rudnicky 2022): a learned conditionally positive definite kernel of the distance
-added to every score, one pair of parameters per head:
+"""KERPLE (Chi, Fan, Ramadge, Rudnicky 2022): a learned kernel of the distance added to every score::
 
     variant: log     s_ij += -r1_h · log(1 + r2_h · |i - j|)        r1, r2 > 0
     variant: power   s_ij += -r1_h · |i - j| ** r2_h                 r1 > 0, 0 < r2 <= 2
 
-As the authors' release (github chijames/KERPLE, ``ParallelKerpleLog`` / ``ParallelKerplePower`` in
-megatron/mpu/layers.py): one module for the whole model (gpt2_model.py hands the same instance to every
-layer; the paper's Figure 1: "shared across layers"), so ``share: true`` by default and the (H, N, N) bias is
-computed once per forward; the log-variant's r1 starts at 2·U(0, 1) and its r2 at U(0, 1), the power variant's
-r1 at U(0, 1) and its exponent r2 at 2·U(0, 1) (``torch.rand`` scaled, as released); both are kept at or above
-0.01, and the exponent at or below 2, before each use.  The release writes the clamped value into the stored
-parameter inside its forward (``param.data = param.data.clamp(...)``); here the forward uses the clamped value
-with the release's gradient (that of the bias at the clamped value, passed to the parameter unchanged) and
-leaves the stored value alone: identical while the stored value is inside the range, which is all the release
-ever stores (docs/schemes.md).  The parameters are score biases: never weight-decayed (the release trains
-with weight decay 0)."""
+r1, r2 are clamped to ≥ 0.01 (the exponent to ≤ 2) before each use, as the release does, but with ``clamped``
+(value clamped, gradient passed to the stored parameter unchanged) instead of the release's write into the
+parameter inside its forward, which breaks torch.compile's graph and autograd's version check for the shared
+pair (docs/schemes.md, "`kerple`").
+"""
 
 from typing import Annotated, List, Mapping, Optional
 
@@ -43,7 +36,6 @@ def clamped(p: torch.Tensor, low: float, high: Optional[float] = None) -> torch.
 class Kerple(PositionScheme):
     name = "kerple"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds a learned kernel bias -r₁·log(1 + r₂|i-j|) (or -r₁|i-j|^r₂) to every score"
     paper = (
         "Chi, Fan, Ramadge, Rudnicky 2022, KERPLE: Kernelized relative positional embedding for length extrapolation"
@@ -51,10 +43,7 @@ class Kerple(PositionScheme):
     shares = "the kernel's parameters r₁, r₂ (one pair per head)"
     score_biases = ("r1", "r2")  # additive score biases: not weight-decayed
     variants = ({"variant": "power"},)
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     @classmethod
     def name_parts(cls, options: Mapping) -> List[str]:
@@ -75,8 +64,8 @@ class Kerple(PositionScheme):
             self.r1 = nn.Parameter(torch.rand(self.n_heads) * scale1)
             self.r2 = nn.Parameter(torch.rand(self.n_heads) * scale2)
 
-    def kernel(self, positions: torch.Tensor, dtype) -> torch.Tensor:
-        """(1, H, N, N): the bias, in ``dtype`` (float32, or float64 for float64 scores)."""
+    def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+        """(1, H, N, N): the kernel's bias, in ``dtype`` (float32, or float64 for float64 scores)."""
         dist = relative_distance(positions).abs().to(dtype)  # |i - j|, exact below 2^24 in float32
         r1 = clamped(self.r1, EPS).to(dtype)[:, None, None]
         if self.variant == "log":
@@ -86,8 +75,7 @@ class Kerple(PositionScheme):
         return -(r1 * dist.pow(r2)).unsqueeze(0)  # 0 ** r2 = 0 on the diagonal, with a zero gradient for r2
 
     def score_bias(self, q, k, positions):
-        src, dtype = self.src, compute_dtype(q.dtype)
-        return src.memo(("kerple", id(positions), dtype), lambda: src.kernel(positions, dtype))
+        return self.shared_bias(positions, compute_dtype(q.dtype))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, variant={self.variant}"

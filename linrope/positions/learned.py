@@ -1,13 +1,11 @@
-"""Trainable absolute position table added at the input (GPT-2, BERT).
+"""Trainable absolute position table added at the input (Gehring et al. 2017; BERT; GPT-2): x_i + P[i].
 
-Initialised so that the position term starts at the size of the token term, as in BERT's
-release (token and position tables both at std 0.02, added unscaled: ratio 1).  The model
-multiplies its token embeddings (std 0.02) by sqrt(d_model), so by default the table
-starts at std 0.02·sqrt(d_model).
+The table starts at std 0.02·sqrt(d_model) (``init_std: null``), the size of the token term, which the model
+scales by sqrt(d_model): BERT's position/token ratio of 1 (docs/schemes.md, "`learned`").
 """
 
 import math
-from typing import Mapping, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -23,6 +21,7 @@ class Learned(PositionScheme):
     linear_ok = True
     tables = ("table",)
     paper = "Gehring et al. 2017 (ConvS2S); Devlin et al. 2019 (BERT); Radford et al. 2019 (GPT-2)"
+    max_len_table = True
 
     def __init__(self, *, init_std: Optional[InitStd] = None, **dims):
         super().__init__(**dims)
@@ -30,10 +29,6 @@ class Learned(PositionScheme):
         self.init_std = 0.02 * math.sqrt(self.d_model) if init_std is None else init_std
         if self.where == "input":
             self.table = nn.Parameter(torch.randn(self.max_len, self.d_model) * self.init_std)
-
-    @classmethod
-    def bounded_by_max_len(cls, options: Mapping) -> bool:
-        return True
 
     def embed(self, x, positions):
         check_table_positions(self.span(positions), self.max_len, "learned")

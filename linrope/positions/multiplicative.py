@@ -1,10 +1,9 @@
-"""Multiplicative absolute positions: x_i ⊙ p_i instead of x_i + p_i.
+"""Multiplicative absolute positions: x_i ⊙ p_i instead of x_i + p_i (no single paper).
 
-The choice of p: a gate around one, so no position erases a token's features.
-* ``table: sinusoidal`` (default, no parameters, any length):
-  p_i = 1 + scale · sinusoidal(i), entries in [1 - scale, 1 + scale];
-* ``table: learned``: p_i = 1 + P[i], P trainable (max_len rows, refused beyond),
-  starting at std ``init_std`` around the identity gate.
+* ``table: sinusoidal`` (default): p_i = 1 + scale · sinusoidal(i), entries in [1 - scale, 1 + scale];
+* ``table: learned``: p_i = 1 + P[i], P trainable (max_len rows), starting at std ``init_std``.
+
+(docs/schemes.md, "`multiplicative`")
 """
 
 from typing import Literal, Mapping

@@ -1,6 +1,4 @@
-"""No position information (NoPE): causal masking alone carries order."""
-
-from typing import Mapping
+"""No position information (NoPE, Haviv et al. 2022): causal masking alone carries order (docs/schemes.md, "`none`")."""
 
 from .base import PositionScheme, register
 
@@ -13,10 +11,4 @@ class NoPosition(PositionScheme):
     paper = (
         "Haviv et al. 2022, Transformer language models without positional encodings still learn positional information"
     )
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
-
-    def __init__(self, **dims):
-        super().__init__(**dims)
+    differences_only = True

@@ -1,27 +1,9 @@
-"""Randomized positions (Ruoss et al. 2023, *Randomized Positional Encodings Boost Length Generalization of
-Transformers*): an option every scheme takes, ``max_position`` (L).
+"""Randomized positions (Ruoss et al. 2023): ``max_position`` (L), an option every scheme takes.
 
-Set, a forward of N tokens does not place them at ``0 … N-1`` but at an ordered random subset of
-``0 … L-1``: N distinct positions drawn uniformly without replacement, sorted.  The base scheme then encodes
-those positions exactly as it encodes any others (a table row, a sinusoid, a rotation, a distance).  A model
-trained at N < L has then seen every position, and every distance, up to L-1, so a longer sequence (up to L)
-at test brings none it has not seen.
-
-How (docs/schemes.md, ``randomized``, has the sources and every difference from the release):
-
-* drawn once per forward, by the model's input-role scheme (``PositionScheme.place``), and handed to the input
-  scheme and every layer: one set of positions per forward, shared by the batch (the release draws one set
-  per call, broadcast over the batch);
-* drawn in training and in evaluation alike (the release applies the same draw whenever the model runs);
-* with the torch RNG (``torch.randperm`` on the model's device): a seeded run draws the same positions;
-* the span handed to the schemes (``open_memo``) is the bound ``(0, L-1)``, known on the host: nothing is read
-  back from the device.
-
-Refused, each in one line: N > L (no N distinct positions below L: ``SequenceTooLong``, which the extrapolation
-reports as an n/a row); a call that continues a sequence (``offset`` or carried states: linear attention's
-generation step), whose earlier positions were drawn in another call; a table of ``max_len`` rows shorter than
-L (``learned``, ``tupe``, ``multiplicative`` with ``table: learned``); a decay γ_h^(i-j) under linear
-attention (ALiBi, RoPE with ``decay``), which the kernels count in tokens, not in positions.
+A forward of N tokens places them at ``sorted(torch.randperm(L)[:N])`` instead of ``0 … N-1``, drawn once per
+forward by the input-role scheme (``PositionScheme.place``) and handed to the input scheme and every layer; the
+span handed to the schemes (``open_memo``) is the host-known ``(0, L-1)``, so nothing is read back from the device.
+N > L is ``SequenceTooLong`` (docs/schemes.md, "`randomized`").
 """
 
 from __future__ import annotations

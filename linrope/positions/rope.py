@@ -1,20 +1,12 @@
-"""Rotary Position Embedding on q and k (Su et al. 2021), with length scaling (``scaling``: position interpolation,
-NTK-aware, YaRN with its attention temperature, dynamic NTK from the forward's length), and
-optionally a per-head decay γ_h^(i-j) (``decay``: RetNet's retention, Sun et al. 2023, or ALiBi's slopes as a
-decay): linear attention takes it as its kernel's decay, softmax attention as the score bias
-log γ_h·|i - j| (the same weight γ_h^(i-j) on exp(q·k)).  A decay is a fixed float64 buffer, not a parameter
-(nothing to weight-decay, nothing saved in a checkpoint), and is untouched by a change of RoPE's frequencies
-(the extrapolation's scaling rows swap ``theta``, ``attention_scale`` and ``dynamic`` only).
+"""Rotary Position Embedding on q and k (Su et al. 2021): pair (2t, 2t+1) of q_n, k_n turned by n·θ_t.
 
-The scaling as the forward uses it, three attributes a scaling row of the extrapolation may swap:
-``theta`` (float64 buffer, the frequencies), ``attention_scale`` (YaRN's sqrt(1/t) on cos and sin, so on q and k:
-softmax attention only; linear attention normalises φ(q)·φ(k), where a common factor cancels) and ``dynamic``
-((factor, L0) of dynamic NTK, or None): with it, a forward whose largest position + 1 is N > L0 turns at
-``ntk_rescale(theta, factor·N/L0 - (factor - 1))``.
-
-``rotary_fraction`` < 1 (GPT-NeoX's ``rotary_pct``, Black et al. 2022) turns only the first r = int(d·fraction)
-dimensions' pairs, with an r-dimensional RoPE's frequencies (scaled as ``scaling`` says), and leaves the others
-(θ = 0): softmax and linear attention take it unchanged (docs/mathematics.md#partial-rotary)."""
+``scaling`` (PI, NTK-aware, YaRN, dynamic NTK) reaches the forward through three attributes that an
+extrapolation row may swap: ``theta`` (float64 buffer, the frequencies), ``attention_scale`` (YaRN's sqrt(1/t) on
+cos and sin, softmax attention only) and ``dynamic`` ((factor, L0) or None: a forward whose largest position + 1
+is N > L0 turns at ``ntk_rescale(theta, factor·N/L0 - (factor - 1))``).  ``decay`` adds γ_h^(i-j): the kernel's
+decay for linear attention, the score bias log γ_h·|i - j| for softmax, from a float64 buffer.
+``rotary_fraction`` < 1 turns only the first r = int(d·fraction) dimensions' pairs (docs/schemes.md, "`rope`").
+"""
 
 from typing import Annotated, List, Mapping, Optional
 
@@ -93,8 +85,8 @@ class RoPE(PositionScheme):
         self.dynamic = (factor, self.original_context) if scaling == "dynamic" else None
         if decay is not None:  # γ_h and its rate -log γ_h, float64 (as ALiBi's slopes: rounded once, at each use)
             gamma, rate = decay_gamma_rate(decay, self.n_heads)
-            self.register_buffer("gamma", gamma, persistent=False)
-            self.register_buffer("rate", rate, persistent=False)
+            self.float64_buffer("gamma", gamma)
+            self.float64_buffer("rate", rate)
 
     @classmethod
     def linear_decays(cls, options: Mapping) -> bool:
@@ -152,13 +144,6 @@ class RoPE(PositionScheme):
                 "beta_fast > beta_slow (the pairs turning beta_fast times within the original context are kept)"
             )
         return problems
-
-    def _apply(self, fn, recurse=True):
-        kept = {name: getattr(self, name) for name in ("gamma", "rate") if name in self._buffers}
-        super()._apply(fn, recurse)
-        for name, t in kept.items():  # follow the device, stay float64
-            setattr(self, name, t.to(getattr(self, name).device))
-        return self
 
     def frequencies(self, n: Optional[int]) -> torch.Tensor:
         """θ of a forward whose largest position + 1 is ``n`` (None: unknown, as trained): ``theta``, or with

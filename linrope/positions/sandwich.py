@@ -1,17 +1,11 @@
-"""Sandwich (Chi, Fan, Rudnicky, Ramadge 2023, Dissecting transformer length extrapolation via the lens of
-receptive field analysis): the inner product of two sinusoidal position embeddings of width d̄ (``dim``), which
-depends on i - j only, added to every score, compressed per head as ALiBi's slopes are spaced:
+"""Sandwich (Chi, Fan, Rudnicky, Ramadge 2023): sinusoidal p_i·p_j of width d̄ (``dim``) added to every score::
 
     s_ij += (p_i·p_j - d̄/2) / ρ_h,   p_i·p_j = Σ_{t=0}^{d̄/2-1} cos((i - j) / 10000^(2t/d̄)),   ρ_h = 8h/H, h = 1 … H
 
-No parameters, and no embedding added to the tokens.  d̄ = 128 and ρ_h as in the paper's reference code (its
-appendix, as reproduced by attention-gym's test of its Sandwich score_mod; NeMo's implementation divides by the
-same ρ_h).  The offset -d̄/2 (NeMo subtracts it; the paper's code does not) adds the same number to every score
-of a head, which the softmax ignores: it makes the bias 0 on the diagonal and ≤ 0 elsewhere, so that the bias
-keeps its resolution near the diagonal when softmax attention rounds it to bf16 (docs/schemes.md).  The bias
-is a function of the positions only: built once per forward by the model's one shared instance
-(``share: true``; ``share: false`` lets every layer build its own: the same numbers, more work), from a table
-of the distances the forward's positions span, in float64, rounded once to the scores' precision."""
+The offset -d̄/2, invisible to the softmax, keeps the bias 0 on the diagonal so that it keeps its resolution
+where SDPA rounds it to bf16.  A table of the distances the forward spans, in float64, rounded once to the
+scores' precision (docs/schemes.md, "`sandwich`").
+"""
 
 from typing import Annotated, List, Mapping
 
@@ -37,24 +31,19 @@ def sandwich_distances(far: int, dim: int, device=None) -> torch.Tensor:
 class Sandwich(PositionScheme):
     name = "sandwich"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds the inner product of sinusoidal embeddings p_i·p_j, per head compressed, to every score"
     paper = (
         "Chi, Fan, Rudnicky, Ramadge 2023, Dissecting transformer length extrapolation via the lens of receptive "
         "field analysis"
     )
     shares = "no parameters: its bias, a function of the positions only, computed once per forward for every layer"
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(self, *, dim: Annotated[int, Field(ge=2, description="even: the sinusoids' width d̄")] = 128, **dims):
         super().__init__(**dims)
         self.dim = dim
         ratio = torch.arange(1, self.n_heads + 1, dtype=torch.float64) * 8.0 / self.n_heads  # ρ_h = 8h/H
-        # float64, never rounded to the model's dtype (as ALiBi's slopes); not saved: a function of n_heads
-        self.register_buffer("ratio", ratio, persistent=False)
+        self.float64_buffer("ratio", ratio)  # never rounded to the model's dtype, as ALiBi's slopes
 
     @classmethod
     def option_problems(cls, options: Mapping) -> List[str]:
@@ -63,13 +52,7 @@ class Sandwich(PositionScheme):
             problems.append(f"dim={options['dim']}: expected an even number (sin and cos pairs of width d̄)")
         return problems
 
-    def _apply(self, fn, recurse=True):
-        ratio = self.ratio
-        super()._apply(fn, recurse)
-        self.ratio = ratio.to(self.ratio.device)  # follow the device, stay float64
-        return self
-
-    def bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
+    def position_bias(self, positions: torch.Tensor, dtype) -> torch.Tensor:
         """(1, H, N, N) in ``dtype``: the table of the distances the positions span (float64), gathered at
         |i - j| and divided by ρ_h, rounded once; head by head, so the float64 temporary is one (N, N)."""
         first, last = self.span(positions)
@@ -82,8 +65,7 @@ class Sandwich(PositionScheme):
         return out
 
     def score_bias(self, q, k, positions):
-        src, dtype = self.src, compute_dtype(q.dtype)
-        return src.memo(("sandwich", id(positions), dtype), lambda: src.bias(positions, dtype))
+        return self.shared_bias(positions, compute_dtype(q.dtype))
 
     def extra_repr(self):
         return f"{super().extra_repr()}, dim={self.dim}"

@@ -1,19 +1,15 @@
-"""Relative position representations (Shaw et al. 2018) and the unclipped key / key-query
-variants (Huang et al. 2020):
+"""Relative position representations (Shaw et al. 2018) and the unclipped variants of Huang et al. 2020:
 
 * ``shaw``:  s_ij += q_i·a^K_{clip(i-j,-k,k)} / sqrt(d);  o_i += Σ_j a_ij a^V_{clip(i-j,-k,k)}
 * ``relative_key``:        s_ij += q_i·D_{i-j} / sqrt(d)
 * ``relative_key_query``:  s_ij += (q_i·D_{i-j} + k_j·D_{i-j}) / sqrt(d)
 
-The tables are shared by the heads of a layer (as in the paper) and indexed by
-distance only, so any window offset works.  The variants have no value term and
-a table of 2·max_len-1 distances; a window longer than max_len reuses the edge
-rows (distances beyond ±(max_len-1) are clipped there).  Only ``shaw`` needs the
-probabilities (explicit attention); the variants go through SDPA.
+Only ``shaw`` needs the probabilities (explicit attention); the variants go through SDPA
+(docs/schemes.md, "`shaw`").
 """
 
 import math
-from typing import Literal, Mapping, Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -28,7 +24,6 @@ VARIANTS = ("shaw", "relative_key", "relative_key_query")
 class Shaw(PositionScheme):
     name = "shaw"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds q_i·a^K_{i-j} to every score and a^V_{i-j} to every value"
     tables = ("key_table", "value_table")
     has_value_term = True  # the variant "shaw"; the instance says False for the other variants
@@ -37,10 +32,7 @@ class Shaw(PositionScheme):
         "Huang, Liang, Xu, Xiang 2020, Improve transformer models with better relative position embeddings"
     )
     variants = ({"k": 3}, {"variant": "relative_key"}, {"variant": "relative_key_query"})
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(
         self, *, variant: Literal[VARIANTS] = "shaw", k: Positive = 16, init_std: Optional[InitStd] = None, **dims

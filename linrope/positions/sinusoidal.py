@@ -1,4 +1,4 @@
-"""Fixed sinusoidal absolute positions added at the input (Vaswani et al. 2017)."""
+"""Fixed sinusoidal absolute positions added at the input (Vaswani et al. 2017) (docs/schemes.md, "`sinusoidal`")."""
 
 from .base import Base, PositionScheme, register
 from .functional import sinusoidal_table

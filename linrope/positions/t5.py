@@ -1,15 +1,12 @@
 """T5 relative position bias (Raffel et al. 2020): s_ij += β_h[bucket(j - i)].
 
-Buckets: exact below half the buckets, log-spaced up to ``max_distance``, clipped
-at the last bucket.  Bidirectional (encoders: causal=False) gives keys behind and
-ahead of the query one half of the buckets each; one-sided (causal) puts every
-key ahead into bucket 0.  As in T5 (the first layer's table serves every layer),
-one table β for all layers by default, and the (H, N, N) bias is gathered once per
-forward; ``share: false`` gives each layer its own table.  ``BucketBias`` is this bias without its
-initialisation: TUPE (``linrope.positions.tupe``) adds the same bias b beside its positional correlation.
+Buckets: exact below half the buckets, log-spaced up to ``max_distance``, clipped at the last bucket.
+Bidirectional (causal=False) gives keys behind and ahead of the query one half of the buckets each; one-sided
+(causal) puts every key ahead into bucket 0.  ``BucketBias`` is this bias without its initialisation: TUPE
+(``linrope.positions.tupe``) adds the same bias b beside its positional correlation (docs/schemes.md, "`t5`").
 """
 
-from typing import Mapping, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -20,10 +17,10 @@ from .functional import relative_distance, t5_bucket
 
 class BucketBias(PositionScheme):
     """A per-head bias over T5's buckets of j - i (T5's β, TUPE's b): the bucket options, the buckets of the
-    positions and the score bias, computed once per forward by ``position_bias``.  Not a scheme of its own."""
+    positions and the score bias, ``position_bias``, computed once per forward (``shared_bias``).  Not a scheme of
+    its own."""
 
     kind = "relative"
-    linear_ok = False
     score_biases = ("bias",)  # β, b: not weight-decayed
 
     def __init__(
@@ -51,8 +48,7 @@ class BucketBias(PositionScheme):
         return (bias.unsqueeze(0) if positions.dim() == 1 else bias.movedim(1, 0)).to(dtype)
 
     def score_bias(self, q, k, positions):
-        src = self.src
-        return src.memo((id(positions), q.dtype), lambda: src.position_bias(positions, q.dtype))
+        return self.shared_bias(positions, q.dtype)
 
     def extra_repr(self):
         return (
@@ -68,10 +64,7 @@ class T5Bias(BucketBias):
     paper = "Raffel et al. 2020, Exploring the limits of transfer learning with a unified text-to-text transformer"
     shares = "the bias table β (num_buckets × heads)"
     variants = ({"num_buckets": 8, "max_distance": 16},)  # log-spaced buckets within a short window
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(self, *, init_std: Optional[InitStd] = None, **options):
         super().__init__(**options)

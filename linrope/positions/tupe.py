@@ -1,21 +1,12 @@
-"""TUPE, untied positional encoding (Ke, He, Liu 2021):
+"""TUPE, untied positional encoding (Ke, He, Liu 2021), the TUPE-R form::
 
     s_ij = (x_iW_Q)(x_jW_K)ᵀ / sqrt(2d) + (p̂_iU_Q + c_Q)(p̂_jU_K + c_K)ᵀ / sqrt(2d) + b_{j-i},   p̂ = LN(p)
 
-as the authors' code builds it: p is a learned absolute table of max_len rows
-(positions ≥ max_len are refused), layer-normalised before its projections U_Q, U_K,
-which carry biases c_Q, c_K; b is a per-head bias over T5 buckets of j - i
-(bidirectional for encoders).  The positional correlation lives in the attention
-role, never added to the tokens.  By default (``share: true``) p, the layer norm,
-U_Q, U_K and b exist once for all layers and the correlation plus bias, an (H, N, N)
-term, is computed once per forward and added in every layer, as in the authors'
-encoder; ``share: false`` gives each layer its own.  Initialisation as theirs (BERT's):
-p, U and b at std ``init_std`` (0.02), biases zero, the layer norm at identity.
-TUPE's [CLS] untying is not modelled (no [CLS] token here).
+p a learned absolute table of max_len rows, b a per-head bias over T5 buckets of j - i.  The positional term
+lives in the attention role, never added to the tokens (docs/schemes.md, "`tupe`").
 """
 
 import math
-from typing import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +27,7 @@ class TUPE(BucketBias):
     tables = ("table",)
     absolute_terms = True  # p_i, p_j: packed documents give each document's own positions
     variants = ({"share": False},)
+    max_len_table = True
 
     def __init__(self, *, init_std: InitStd = 0.02, **options):
         super().__init__(**options)
@@ -48,10 +40,6 @@ class TUPE(BucketBias):
                 nn.init.normal_(u.weight, std=init_std)
                 nn.init.zeros_(u.bias)
             self.bias = self.bucket_table(init_std)
-
-    @classmethod
-    def bounded_by_max_len(cls, options: Mapping) -> bool:
-        return True
 
     def score_scale(self) -> float:
         return 1.0 / math.sqrt(2 * self.head_dim)

@@ -1,14 +1,11 @@
-"""Transformer-XL relative attention (Dai et al. 2019):
+"""Transformer-XL relative attention (Dai et al. 2019)::
 
     s_ij = (q_i·k_j + q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j}) / sqrt(d)
 
-R_{i-j} is the fixed sinusoidal encoding (width d_model) of the distance i - j
-(negative distances too, for encoders); W_R (d_model → heads·d), u and v (one
-vector per head) are trainable.  The three position terms form the additive bias;
-they are computed per distance (at most 2N-1 rows) and gathered into N×N.
+R_{i-j} the fixed sinusoidal encoding (width d_model) of i - j, negative too for encoders; W_R, u, v trainable.
+The three position terms form the additive bias, computed per distance (at most 2N-1 rows) and gathered into
+N×N (docs/schemes.md, "`xl`").
 """
-
-from typing import Mapping
 
 import torch
 from einops import einsum, rearrange
@@ -22,14 +19,10 @@ from .functional import gather_rows, relative_distance, sinusoidal_table
 class TransformerXL(PositionScheme):
     name = "xl"
     kind = "relative"
-    linear_ok = False
     linear_note = "adds q_i·W_R R_{i-j} + u·k_j + v·W_R R_{i-j} to every score"
     paper = "Dai et al. 2019, Transformer-XL: attentive language models beyond a fixed-length context"
     score_biases = ("u", "v")  # the global content and position biases: not weight-decayed
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True
+    differences_only = True
 
     def __init__(self, *, base: Base = 10000.0, init_std: InitStd = 0.02, **dims):
         super().__init__(**dims)

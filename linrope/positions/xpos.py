@@ -1,21 +1,17 @@
-"""xPos (Sun et al. 2023, *A Length-Extrapolatable Transformer*): RoPE with a per-dimension exponential scale,
-ζ_t^(n/scale_base) on the query at n and ζ_t^(-n/scale_base) on the key, so that pair t of the score q·k between a
-query at i and a key at j is weighted by ζ_t^((i-j)/scale_base) (< 1 behind the query: a decay, strongest on the fast
-pairs).  As released in torchscale (``torchscale/component/xpos_relative_position.py``):
+"""xPos (Sun et al. 2023, *A Length-Extrapolatable Transformer*): RoPE with ζ_t^(n/scale_base) on the query at n
+and ζ_t^(-n/scale_base) on the key, so pair t of a score decays as ζ_t^((i-j)/scale_base)::
 
-    ζ_t = (2t + γ·d) / ((1 + γ)·d),  t = 0 … d/2-1,  γ = 0.4,  scale_base = 512,
+    ζ_t = (2t + γ·d) / ((1 + γ)·d),  t = 0 … d/2-1,  γ = 0.4,  scale_base = 512
 
-interleaved pairs (``rotate_every_two``), the rotation at the positions and the scale at the positions *centred* on
-the window (n - c, c = first + ceil(N/2), as the release's ``min_pos = -(length + offset) // 2``), which halves the
-exponents' size without changing a score.  Full causal attention at every length, as the release's decoder; the
-paper's blockwise causal attention (blocks of max_len/2, each query sees its own and the previous block) is the
-option ``blockwise: true``.  The scale is formed in float64 and rounded once to ``compute_dtype`` with cos and sin.
-docs/schemes.md#xpos says what differs from the release, and why; docs/mathematics.md#xpos the numerics."""
+as torchscale releases it: interleaved pairs, the scale at positions centred on the window (n - c,
+c = first + ceil(N/2)), which halves the exponents without changing a score.  Scale formed in float64 and rounded
+once to ``compute_dtype`` with cos and sin (docs/schemes.md, "`xpos`").
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Mapping, Optional
+from typing import Annotated, Optional
 
 import torch
 from pydantic import Field
@@ -53,16 +49,13 @@ def safe_length(zeta0: float, scale_base: float, dtype: torch.dtype) -> int:
 class XPos(PositionScheme):
     name = "xpos"
     kind = "relative"
-    linear_ok = False
     linear_note = (
         "its scale weights pair t of every kernel weight by ζ_t^((i-j)/scale_base), a per-dimension decay; "
         "linear attention's forms carry a per-head decay γ_h^(i-j) only, and xPos is not approximated by one"
     )
     paper = "Sun et al. 2023, A Length-Extrapolatable Transformer"
-
-    @classmethod
-    def shift_invariant(cls, options: Mapping) -> bool:
-        return True  # ζ's exponents and the rotation's angles are i - j once the centre cancels
+    differences_only = True  # ζ's exponents and the rotation's angles are i - j once the centre cancels
+    even_head_dim = True  # it rotates pairs of a head's dimensions, as RoPE does
 
     def __init__(
         self,
@@ -82,15 +75,8 @@ class XPos(PositionScheme):
         if blockwise and self.max_len < 2:
             raise ValueError(f"xpos: blockwise needs max_len >= 2 (blocks of max_len/2); got max_len={self.max_len}")
         self.base, self.scale_base, self.gamma, self.blockwise = base, scale_base, gamma, blockwise
-        self.register_buffer("theta", rope_frequencies(self.head_dim, base), persistent=False)
-        self.register_buffer("zeta", xpos_zeta(self.head_dim, gamma), persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        kept = {name: getattr(self, name) for name in ("theta", "zeta")}
-        super()._apply(fn, recurse)
-        for name, t in kept.items():  # follow the device, stay float64: .bfloat16() must not round ζ or θ
-            setattr(self, name, t.to(getattr(self, name).device))
-        return self
+        self.float64_buffer("theta", rope_frequencies(self.head_dim, base))  # .bfloat16() must not round θ or ζ
+        self.float64_buffer("zeta", xpos_zeta(self.head_dim, gamma))
 
     def scaled_tables(self, positions: torch.Tensor, dtype: torch.dtype):
         """(cos·s, sin·s, cos/s, sin/s), (N, d/2) in ``dtype``: the query's and the key's rotation times their scale

@@ -13,28 +13,14 @@ linrope.run.last_checkpoint's."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from linrope.base.atomic import atomic_torch_save, file_problem
 from linrope.base.errors import CheckpointError, CheckpointMismatch, NonFiniteCheckpoint, first_names
-from linrope.base.nested import flatten
-
-
-# ---- writing ---------------------------------------------------------------------------------------------
-def _is_local(path) -> bool:
-    s = str(path)
-    return "://" not in s or s.startswith("file://")
-
-
-def non_finite_keys(state_dict: Mapping[str, Any]) -> List[str]:
-    return [
-        k
-        for k, v in state_dict.items()
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(torch.isfinite(v).all())
-    ]
+from linrope.base.nested import differing, flatten
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -43,13 +29,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options, got {storage_options!r}")
-        bad = non_finite_keys(checkpoint.get("state_dict") or {})
+        state = (checkpoint.get("state_dict") or {}).items()
+        bad = [k for k, v in state if isinstance(v, torch.Tensor) and v.is_floating_point() and not v.isfinite().all()]
         if bad:
             raise NonFiniteCheckpoint(
                 f"parameters are not finite at step {checkpoint.get('global_step', '?')} ({first_names(bad)}): "
                 f"{Path(str(path)).name} was not written; the last good checkpoint is kept"
             )
-        if not _is_local(path):
+        if "://" in str(path) and not str(path).startswith("file://"):
             return super().save_checkpoint(checkpoint, path, storage_options)
         atomic_torch_save(checkpoint, path)
 
@@ -59,27 +46,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         )
 
 
-# ---- reading ---------------------------------------------------------------------------------------------
-def check_complete(path) -> None:
-    """One line if ``path`` is missing or not a whole checkpoint (e.g. a half-written file)."""
-    problem = file_problem(path)
-    if problem:
-        raise CheckpointError(f"checkpoint {path}: {problem}")
-
-
 def config_differences(found: Optional[Mapping], expected: Optional[Mapping], limit: int = 6) -> str:
     """``model.d_model: 64 in the checkpoint, 128 now; …`` for the leaves that differ."""
     if not found or not expected:
         return ""
     a, b = flatten(found, "model."), flatten(expected, "model.")
-    diffs = [
-        f"{k}: {a.get(k, '(absent)')} in the checkpoint, {b.get(k, '(absent)')} now"
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k)
-    ]
-    if not diffs:
-        return ""
-    return "; ".join(diffs[:limit]) + (f"; … {len(diffs) - limit} more" if len(diffs) > limit else "")
+    diffs = [f"{k}: {x} in the checkpoint, {y} now" for k, x, y in differing(a, b, null_is_absent=True)]
+    return first_names(diffs, limit, "; ", "; …")
 
 
 def check_state_dict(
@@ -116,8 +89,11 @@ def check_state_dict(
 
 
 def load_checkpoint(path, map_location: Any = "cpu") -> Dict[str, Any]:
-    """``torch.load(path, weights_only=True)``; a missing or broken file is one ``CheckpointError`` line."""
-    check_complete(path)
+    """``torch.load(path, weights_only=True)``; a missing, half-written or broken file is one ``CheckpointError``
+    line."""
+    problem = file_problem(path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path}: {problem}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch's unpickling errors are many and long

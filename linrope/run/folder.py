@@ -80,11 +80,6 @@ def exclusive_lock(path: Path) -> Optional[int]:
         os.close(fd)
 
 
-def holds(folder: Path) -> bool:
-    """Whether this process holds ``folder``'s lock."""
-    return os.path.abspath(folder) in _held
-
-
 def claim_run_folder(cfg: DictConfig) -> None:
     """Hold ``cfg.paths.output_dir`` until this process ends or claims another run folder (one run at a time
     per process: Hydra's in-process sweeps, tests); ``KeepEarlierRun`` took it already, before Hydra wrote there,
@@ -175,7 +170,7 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
     ``sweep``: the folders are the jobs of this sweep folder.  True when something was kept."""
     option = "hydra.sweep.dir" if sweep else "hydra.run.dir"
     for folder in folders:
-        holder = None if holds(folder) else lock_holder(folder)
+        holder = None if os.path.abspath(folder) in _held else lock_holder(folder)  # held by this process: no holder
         if holder:
             raise SystemExit(f"linrope: {_in_use(folder, holder, option)}")
     earlier = {f: found for f in folders if (found := previous_outputs(config, f, callbacks=False))}

@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import CSVLogger as _CSVLogger
 from lightning.pytorch.loggers import WandbLogger as _WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from linrope.base.csv_files import read_rows, write_rows
 from linrope.base.errors import UserError
 from linrope.base.naming import wandb_group
 from linrope.run.lightning_internals import drop_wandb_anonymous
@@ -42,12 +43,7 @@ class CSVLogger(_CSVLogger):
                 header = next(csv.reader(f), [])
             keys = sorted(set(writer.metrics_keys) | set(header))
             if header != keys:  # written by another process: take its columns, then Lightning appends
-                with open(path, newline="") as f:
-                    rows = list(csv.DictReader(f))
-                with open(path, "w", newline="") as f:
-                    out = csv.DictWriter(f, fieldnames=keys)
-                    out.writeheader()
-                    out.writerows(rows)
+                write_rows(read_rows(path)[1], keys, path)
             writer.metrics_keys = keys
         super().save()
 

@@ -145,10 +145,6 @@ def gpu() -> Dict[str, Any]:
     return {"gpu": torch.cuda.get_device_name(0), "gpu_driver": driver, "cuda": torch.version.cuda}
 
 
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def collect(
     *,
     precision: Any = None,
@@ -184,7 +180,7 @@ def collect(
         "seed": seed,
         "command": " ".join(shlex.quote(a) for a in argv),
         "overrides": None if overrides is None else [str(o) for o in overrides],
-        "started": started or utc_now(),
+        "started": started or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
 

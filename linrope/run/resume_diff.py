@@ -15,28 +15,20 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from linrope.base.nested import flatten, under
+from linrope.base.nested import ABSENT, differing, flatten, under
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
-# settings that differ between a run and its continuation by construction (folders, what to do now, output)
-NOT_COMPARED = (
-    "paths.",
-    "hydra.",
-    "ckpt_path",
-    "train",
-    "test",
-    "callbacks.",
-    "logger.",
-    "tags",
-    "task_name",
-    "trainer.default_root_dir",
-    "trainer.enable_progress_bar",
-    "extrapolation.",
-    "data.num_workers",
+# settings that cannot change what a run computes: where it writes, how it logs and shows progress, how it resumes
+HOUSEKEEPING = tuple(
+    "paths. hydra. ckpt_path logger. tags task_name trainer.default_root_dir trainer.enable_progress_bar "
+    "data.num_workers".split()
 )
+# settings that differ between a run and its continuation by construction (besides those: what to do now, output)
+NOT_COMPARED = HOUSEKEEPING + ("train", "test", "callbacks.", "extrapolation.")
 # settings that decide which examples come in which order: changing them breaks the data order's reproducibility
 DATA_ORDER = ("seed", "context", "data.")
 DATA_ORDER_NOTE = "the data order no longer reproduces the uninterrupted run"
@@ -61,10 +53,7 @@ def saved_config(checkpoint: Mapping[str, Any]) -> tuple:
 def _show(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(map(_show, v)) + "]"
-    return "(absent)" if v is _ABSENT else str(v)
-
-
-_ABSENT = object()
+    return str(v)
 
 
 def changes(
@@ -76,12 +65,7 @@ def changes(
 ) -> List[Dict[str, Any]]:
     """``[{"key", "old", "new", "also": [folded keys], "data_order": bool}]`` for the compared keys that differ.
     ``whole``: ``old`` is a run's whole config (else only keys ``old`` holds are compared)."""
-    keys = sorted(set(old) | set(new)) if whole else sorted(old)
-    differ = {
-        k: (old.get(k, _ABSENT), new.get(k, _ABSENT))
-        for k in keys
-        if not under(k, NOT_COMPARED) and old.get(k, _ABSENT) != new.get(k, _ABSENT)
-    }
+    differ = {k: (a, b) for k, a, b in differing(old, new, NOT_COMPARED, keys=None if whole else sorted(old))}
     raw = new_unresolved or {}
     follows = {}
     for k in differ:
@@ -93,7 +77,7 @@ def changes(
         if k in follows:
             continue
         also = sorted(f for f, src in follows.items() if src == k)
-        old, new = (None if v is _ABSENT else v for v in (a, b))
+        old, new = (None if v is ABSENT else v for v in (a, b))
         data_order = under(k, DATA_ORDER) or any(under(f, DATA_ORDER) for f in also)
         line = f"resume: {k} {_show(a)} → {_show(b)}" + (f" (also {', '.join(also)})" if also else "")
         line += f" — {DATA_ORDER_NOTE}" if data_order else ""
@@ -103,26 +87,21 @@ def changes(
     return out
 
 
-def run_folder_of(ckpt_path: Path) -> str:
-    folder = Path(ckpt_path).resolve().parent
-    return str(folder.parent if folder.name == "checkpoints" else folder)
-
-
 def chain(checkpoint: Mapping[str, Any], ckpt_path: Path) -> List[Dict[str, Any]]:
     """The runs the new run continues, oldest first: the checkpoint's own chain, then the checkpoint's run."""
     prov = checkpoint.get(PROVENANCE_KEY) or {}
     earlier = [dict(e) for e in (prov.get("resumed_from") or []) if isinstance(e, Mapping)]
-    lr = prov.get("linrope") or {}
-    return earlier + [
-        {
-            "run": run_folder_of(ckpt_path),
-            "checkpoint": str(ckpt_path),
-            "step": checkpoint.get("global_step"),
-            "commit": lr.get("commit"),
-            "dirty": lr.get("dirty"),
-            "started": prov.get("started"),
-        }
-    ]
+    code = prov.get("linrope") or {}
+    folder = Path(ckpt_path).resolve().parent  # the run's folder holds checkpoints/
+    run = {
+        "run": str(folder.parent if folder.name == "checkpoints" else folder),
+        "checkpoint": str(ckpt_path),
+        "step": checkpoint.get("global_step"),
+        "commit": code.get("commit"),
+        "dirty": code.get("dirty"),
+        "started": prov.get("started"),
+    }
+    return earlier + [run]
 
 
 def code_change(saved: Optional[Mapping[str, Any]], current: Optional[Mapping[str, Any]]) -> Optional[str]:
@@ -210,16 +189,6 @@ def default_differences(model_cfg: Mapping[str, Any], conf_dir: Path) -> List[st
     return out
 
 
-def _written(path) -> Optional[str]:
-    """When the file at ``path`` was written (its modification time, UTC), or None when there is no such file."""
-    from datetime import datetime, timezone
-
-    try:
-        return datetime.fromtimestamp(Path(str(path)).stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
-    except OSError:
-        return None
-
-
 def describe_checkpoint(
     checkpoint: Mapping[str, Any], ckpt_path, conf_dir: Path, current: Optional[Mapping[str, Any]] = None
 ) -> str:
@@ -231,8 +200,11 @@ def describe_checkpoint(
     if prov:
         versions = prov.get("versions") or {}
         head += f", commit {commit_text(prov)}, torch {versions.get('torch')}, run started {prov.get('started')}"
-        written = _written(ckpt_path)
-        head += f", written {written}" if written else ""
+        try:  # when the file was written (its modification time, UTC)
+            mtime = datetime.fromtimestamp(Path(str(ckpt_path)).stat().st_mtime, timezone.utc)
+            head += f", written {mtime.isoformat(timespec='seconds')}"
+        except OSError:
+            pass
         if current and commit_text(current) != commit_text(prov):
             head += f" (this code: {commit_text(current)})"
     else:

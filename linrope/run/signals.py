@@ -1,15 +1,17 @@
 """A run stopped by SIGTERM (a scheduler's preemption) or SIGINT (Ctrl+C): every process ends the same step,
-``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number
-(docs/reliability.md, "Several processes (DDP)": why a flag every step, and through gloo).
+``last.ckpt`` is written, rank 0 says so in one line and the run exits with 128 + the signal's number.
 
-``SignalStop`` (a callback linrope.training.builders.build_callbacks always adds) replaces the two handlers while
-training runs; a handler only notes the signal, and after each step every process learns whether any was signalled
-and asks Lightning to stop (linrope.run.lightning_internals.stop_after_this_step).  Lightning's own SIGTERM handler
-broadcasts from inside the handler, which hangs every rank when the signal reaches a process other than rank 0
-first.  A second Ctrl+C interrupts at once."""
+``SignalStop`` (a callback linrope.training.builders.build_callbacks always adds) replaces Lightning's handlers while
+training runs and stops through linrope.run.lightning_internals.stop_after_this_step; why, and why a flag every step
+through gloo: docs/reliability.md, "Threat model: what linrope protects against, and what it does not" (its
+"Preemption") and "Several processes (DDP)".  The other process-wide state of a run lives here too:
+``destroy_process_group_at_exit`` (same section) and ``MatmulPrecision`` (``trainer.matmul_precision``: docs/usage.md,
+"Trainers: CPU, GPUs, nodes")."""
 
 from __future__ import annotations
 
+import atexit
+import datetime
 import signal
 import threading
 from typing import Any, Dict, Optional
@@ -96,3 +98,48 @@ def host_group():
     if "gloo" in str(torch.distributed.get_backend()):
         return None
     return torch.distributed.new_group(backend="gloo")
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy this process's process group at exit (registered once per process, however often called);
+    ``linrope.training.lit.LanguageModel.setup`` calls it in every process of a run.  atexit handlers run while
+    the interpreter is still whole."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        atexit.unregister(_destroy_process_group)
+        atexit.register(_destroy_process_group)
+
+
+EXIT_BARRIER_S = 30.0  # how long a rank waits at exit for the others before destroying its group anyway
+
+
+def _destroy_process_group() -> None:
+    """Meet the other ranks, then destroy the group.  Without the meeting, torch 2.4's gloo hung in
+    ``destroy_process_group`` when the ranks reached it at different times (two of three tries of
+    benchmarks/gloo_exit.py); ``monitored_barrier`` gives up after ``EXIT_BARRIER_S`` when a rank is gone."""
+    dist = torch.distributed
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
+    except Exception:  # noqa: BLE001 - a rank that is gone: destroy all the same
+        pass
+    finally:
+        dist.destroy_process_group()
+
+
+def apply_matmul_precision(precision: Optional[str]) -> None:
+    """``torch.set_float32_matmul_precision(precision)`` (the values: linrope.config.settings.MATMUL_PRECISIONS);
+    None: nothing.  linrope.training.builders.build_trainer calls it before fit."""
+    if precision is not None:
+        torch.set_float32_matmul_precision(str(precision))
+
+
+class MatmulPrecision(Callback):
+    """Applies ``precision`` in each process of the run, when the Trainer sets up (fit, validate, test)."""
+
+    def __init__(self, precision: Optional[str]) -> None:
+        self.precision = precision
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        apply_matmul_precision(self.precision)

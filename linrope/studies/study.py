@@ -8,17 +8,11 @@ The jobs are those ``python train.py -m <overrides>`` would launch (``linrope sw
 (linrope.config.checks) before the first starts.  Each trains in ``<dir>/<name>`` (``linear_rope-seed1``) as
 ``python -m linrope train <job> hydra.run.dir=... ckpt_path=auto`` (``logger=csv`` and no progress bar unless given),
 with cores / jobs threads each unless ``--threads``; paths are read from where the driver was started.  What the
-driver keeps (docs/methods.md, "Studies that outlive a session"):
-
-* a job is its whole configuration and code (linrope.studies.study_jobs), not its folder's name;
-* a finished job (``study_job.json``) is skipped, a stopped one resumes from its ``last.ckpt``;
-* SIGTERM or SIGINT: each running job saves ``last.ckpt`` and stops, one line gives the command that resumes, exit
-  143 / 130;
-* each finished job joins the compact results (linrope.analysis.compact; ``--compact`` writes them from the folders
-  alone), committed with ``--commit`` (linrope.studies.study_git); the run folders stay out of git;
-* a failed job is reported with its log, the others go on, exit status 1;
-* two drivers may share a study: a job another holds (its lock, linrope.run.folder) is left to it;
-* tuning first when the study's config declares it (linrope.studies.study_tuning).
+driver keeps (skips, resumes, locks, stops, commits, tuning): docs/methods.md, "Studies that outlive a session", and
+docs/reliability.md, "Studies and reports: what they guarantee, and the tests that check them"; the parts live in
+linrope.studies.study_jobs (which folder is which job), study_tuning, study_git (``--commit``),
+linrope.analysis.compact and linrope.run.folder (a job another driver holds, by its lock, is left to it).  A failed
+job is reported with its log, the others go on, exit status 1.
 
 ``python -m linrope report <dir>`` reads whatever has finished."""
 
@@ -149,7 +143,6 @@ class Study:
         self._children: List[subprocess.Popen] = []
         self.failed: List[str] = []
         self.elsewhere: List[str] = []
-        self.stopped: List[str] = []
         self.signal: Optional[int] = None  # the signal that stops the driver
         self.tuning = None
         if tune is not False:
@@ -192,15 +185,8 @@ class Study:
         return [o for o in self.fixed if o.split("=", 1)[0] not in fixed_keys] + list(job)  # the sweep value wins
 
     def command(self, job: Sequence[str], folder: Path) -> List[str]:
-        return [
-            sys.executable,
-            "-m",
-            "linrope",
-            "train",
-            *self.job_overrides(job),
-            f"hydra.run.dir={folder}",
-            "ckpt_path=auto",
-        ]
+        tail = [f"hydra.run.dir={folder}", "ckpt_path=auto"]
+        return [sys.executable, "-m", "linrope", "train", *self.job_overrides(job), *tail]
 
     def status(self, i: int) -> str:
         """done / partial / todo, ``differs`` when the job's folder holds another job, ``waits`` while its
@@ -278,14 +264,9 @@ class Study:
         wall = time.time() - start
         result = self.outcome(folder, job)
         if self.signal is not None and (rc != 0 or result is None):
-            with self._lock:
-                self.stopped.append(name)
             ckpt = "last.ckpt saved" if state(folder) == "partial" else "no checkpoint yet"
-            print(
-                f"[{name}] stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({ckpt}): "
-                f"resumable, see {log}",
-                flush=True,
-            )
+            stopped = f"stopped by {signal.Signals(self.signal).name} after {wall / 60:.1f} min ({ckpt})"
+            print(f"[{name}] {stopped}: resumable, see {log}", flush=True)
             return
         if rc != 0 or result is None:
             with self._lock:
@@ -293,15 +274,8 @@ class Study:
             why = f"exit status {rc}" if rc else f"no {self.expects} was logged"
             print(f"[{name}] FAILED ({why}) after {wall / 60:.1f} min: see {log}", flush=True)
             return
-        record = dict(
-            job=list(job),
-            overrides=self.fixed,
-            command=cmd,
-            wall_s=round(wall, 1),
-            threads=self.threads,
-            **result[0],
-            finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        )
+        record = dict(job=list(job), overrides=self.fixed, command=cmd, wall_s=round(wall, 1), threads=self.threads)
+        record.update(**result[0], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         (folder / DONE).write_text(json.dumps(record, indent=1) + "\n")
         log.replace(folder / "study.log")
         print(f"[{name}] done in {wall / 60:.1f} min: {result[1]}", flush=True)
@@ -322,10 +296,8 @@ class Study:
         """SIGTERM / SIGINT: start nothing more; each running job gets the signal, saves and stops."""
         if self.signal is None:
             self.signal = signum
-            print(
-                f"linrope study: {signal.Signals(signum).name}: stopping after the running jobs save (no job starts)",
-                flush=True,
-            )
+            name = signal.Signals(signum).name
+            print(f"linrope study: {name}: stopping after the running jobs save (no job starts)", flush=True)
         with self._lock:
             for p in self._children:
                 if p.poll() is None:
@@ -372,16 +344,12 @@ class Study:
                 errors = self.conflicts() or self.check()
                 if errors:
                     raise SystemExit("\n".join(errors))
-            todo = [
-                i
-                for i in range(len(self.jobs))
-                if self.ready[i] and state(self.folder(i)) != "done" and self.names[i] not in skip
-            ]
-            waiting = [self.names[i] for i in range(len(self.jobs)) if not self.ready[i]]
             n = len(self.jobs)
+            done = [self.ready[i] and state(self.folder(i)) == "done" for i in range(n)]
+            todo = [i for i in range(n) if self.ready[i] and not done[i] and self.names[i] not in skip]
+            waiting = [self.names[i] for i in range(n) if not self.ready[i]]
             print(
-                f"linrope study: {n} {self.what} in {self.dir}: "
-                f"{sum(state(self.folder(i)) == 'done' for i in range(n) if self.ready[i])} done, {len(todo)} to run"
+                f"linrope study: {n} {self.what} in {self.dir}: {sum(done)} done, {len(todo)} to run"
                 + (f", {len(waiting)} waiting for their configuration's tuning" if waiting else "")
                 + f", {jobs} at a time with {self.threads} thread(s) each",
                 flush=True,
@@ -400,10 +368,8 @@ class Study:
             flush=True,
         )
         if self.signal is not None:
-            print(
-                f"linrope study: stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}",
-                flush=True,
-            )
+            stopped = f"stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}"
+            print(f"linrope study: {stopped}", flush=True)
             return 128 + int(self.signal)
         return 1 if self.failed or set(left) - set(self.elsewhere) - set(waiting) - set(skip) else 0
 
@@ -430,34 +396,18 @@ def _main(argv: List[str]) -> int:
     ap.add_argument("overrides", nargs="*", help="train.py overrides (experiment=..., sweeps a=x,y)")
     ap.add_argument("--jobs", type=int, default=1, help="jobs at a time (default 1)")
     ap.add_argument("--threads", type=int, default=None, help="threads per job (default: cores / jobs)")
-    ap.add_argument(
-        "--commit",
-        action="store_true",
-        help="git-commit the compact results as each job finishes, one commit per study part",
-    )
-    ap.add_argument(
-        "--list",
-        action="store_true",
-        help="list the jobs and their state (the tuning runs and choices first), train nothing",
-    )
-    ap.add_argument(
-        "--compact",
-        action="store_true",
-        help="write the folder's compact results (runs.json, curves.csv, results.csv) from its run "
-        "folders, train nothing",
-    )
-    ap.add_argument(
-        "--new-folder",
-        action="store_true",
-        help="a job whose folder holds another configuration or code trains in a folder of its own "
+    switches = {
+        "--commit": "git-commit the compact results as each job finishes, one commit per study part",
+        "--list": "list the jobs and their state (the tuning runs and choices first), train nothing",
+        "--compact": "write the folder's compact results (runs.json, curves.csv, results.csv) from its run folders, "
+        "train nothing",
+        "--new-folder": "a job whose folder holds another configuration or code trains in a folder of its own "
         "(<name>-run2) instead of being refused",
-    )
-    ap.add_argument(
-        "--keep-finished",
-        action="store_true",
-        help="a finished job trained on other code counts as done (to add an arm to a finished study: each run "
-        "keeps the code it recorded; a stopped one still differs)",
-    )
+        "--keep-finished": "a finished job trained on other code counts as done (to add an arm to a finished study: "
+        "each run keeps the code it recorded; a stopped one still differs)",
+    }
+    for flag, text in switches.items():
+        ap.add_argument(flag, action="store_true", help=text)
     ap.add_argument(
         "--config-dir",
         "-cd",

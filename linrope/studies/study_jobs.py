@@ -23,25 +23,16 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.compact import STUDY_RECORD as DONE
 from linrope.analysis.runs import COMPACT, compact_index, metrics_files, read_metrics
-from linrope.base.nested import flatten, under
+from linrope.base.errors import first_names
+from linrope.base.nested import differing, flatten
 from linrope.data.tokenizer import file_digest
 from linrope.run.provenance import code_text, git_state
 from linrope.run.provenance import read as read_provenance
+from linrope.run.resume_diff import HOUSEKEEPING
 
-# settings that cannot change what a job computes: where it writes, how it logs and shows progress, how it resumes,
-# its label (model.name: train.py writes the chosen pair's label into the saved config; a composed job has the preset's)
-IGNORED = (
-    "paths.",
-    "hydra.",
-    "ckpt_path",
-    "logger.",
-    "tags",
-    "task_name",
-    "trainer.enable_progress_bar",
-    "trainer.default_root_dir",
-    "data.num_workers",
-    "model.name",
-)
+# settings that cannot change what a job computes: a run's housekeeping and its label (model.name: train.py writes the
+# chosen pair's label into the saved config; a composed job has the preset's)
+IGNORED = HOUSEKEEPING + ("model.name",)
 SHOWN = 4  # differing keys named in a refusal; the rest are counted
 
 
@@ -100,20 +91,11 @@ def _saved(path: str, _stamp: int, _size: int) -> Dict[str, Any]:
     return flat(node) if OmegaConf.is_dict(node) else {"(.hydra/config.yaml)": "not a mapping"}
 
 
-_ABSENT = "(absent)"
-
-
 def differences(old: Dict[str, Any], new: Dict[str, Any]) -> List[str]:
     """``key: old → new`` for every compared key whose value differs: first the keys both hold, then the keys
     only one holds (a component swapped for another brings its own options)."""
-    keys = sorted(
-        (k for k in set(old) | set(new) if not under(k, IGNORED)), key=lambda k: (not (k in old and k in new), k)
-    )
-    return [
-        f"{k}: {old.get(k, _ABSENT)} → {new.get(k, _ABSENT)}"
-        for k in keys
-        if old.get(k, _ABSENT) != new.get(k, _ABSENT)
-    ]
+    shared_first = sorted(set(old) | set(new), key=lambda k: (k not in old or k not in new, k))
+    return [f"{k}: {a} → {b}" for k, a, b in differing(old, new, IGNORED, keys=shared_first)]
 
 
 def current_code() -> str:
@@ -147,14 +129,9 @@ def mismatch(
     if old is None:
         return "it holds a run without a saved configuration (.hydra/config.yaml) to compare"
     diff = differences(old, requested)
-    parts = []
-    if diff:
-        parts.append(", ".join(diff[:SHOWN]) + (f" and {len(diff) - SHOWN} more" if len(diff) > SHOWN else ""))
-    prov = (
-        read_provenance(folder)
-        if (folder / ".hydra" / "config.yaml").is_file()
-        else (record(folder) or {}).get("provenance")
-    )
+    parts = [first_names(diff, SHOWN, more=" and")] if diff else []
+    on_disk = (folder / ".hydra" / "config.yaml").is_file()
+    prov = read_provenance(folder) if on_disk else (record(folder) or {}).get("provenance")
     theirs = code_text(prov) if prov else None
     if theirs and code and theirs != code and not (keep_finished and finished(folder)):
         parts.append(f"trained on {theirs}, the checkout is {code}")

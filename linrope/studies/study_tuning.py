@@ -2,12 +2,9 @@
 before its main runs, by one rule for every configuration (docs/methods.md, "Tuning"; declared as ``tuning`` in the
 study's config, linrope.analysis.study_config).
 
-A configuration is a job's overrides less its seed; it trains at every value tried in
-``<study>/tuning/<configuration>-<leaf><value>/`` with ``test=false`` and ``extrapolation.enabled=false``, scored by
-the best value of ``metric`` it logged (none finite: worst; ties go to the smaller value).  The choice is recorded in
-``<study>/tuning.json`` (linrope.analysis.tuning); the main jobs of a configuration wait for it and train with
-``<key>=<chosen>`` appended.  Tuning runs are jobs like the main ones (linrope.studies.study); the key given on the
-command line skips the tuning, in one line."""
+A configuration's runs are in ``<study>/tuning/<configuration>-<leaf><value>/``; a run that logged no finite value of
+``metric`` scores worst, and ties go to the smaller value.  The choice is recorded in ``<study>/tuning.json``
+(linrope.analysis.tuning); the main jobs of a configuration wait for it."""
 
 from __future__ import annotations
 
@@ -110,13 +107,8 @@ class Tuning:
         self.plan()
 
     def job(self, c: int, v: float) -> List[str]:
-        return [
-            *self.configs[c],
-            f"{SEED}={self.spec.seed}",
-            f"{self.spec.key}={value_text(v)}",
-            "test=false",
-            "extrapolation.enabled=false",
-        ]
+        tuned = [f"{SEED}={self.spec.seed}", f"{self.spec.key}={value_text(v)}"]
+        return [*self.configs[c], *tuned, "test=false", "extrapolation.enabled=false"]
 
     def run_name(self, c: int, v: float) -> str:
         return re.sub(r"[^A-Za-z0-9_.+-]", "_", f"{self.names[c]}-{self.spec.leaf}{value_text(v)}")
@@ -125,21 +117,11 @@ class Tuning:
         """The tuning runs planned so far: a study of their own in ``<study>/tuning``, committed with the study."""
         planned = [(c, v) for c in range(len(self.configs)) for v in sorted(self.values[c])]
         s = self.study
-        runs = type(s)(  # a linrope.studies.study.Study (not imported here: that module imports this one)
-            self.dir,
-            s.given,
-            s.threads,
-            s.commit,
-            s.new_folder,
-            s.resume_command,
-            jobs=[self.job(c, v) for c, v in planned],
-            names=[self.run_name(c, v) for c, v in planned],
-            tune=False,
-            part=s,
-            what="tuning runs",
-            cache=s._cache,
-            code=s.code,
-            keep_finished=s.keep_finished,
+        jobs, names = [self.job(c, v) for c, v in planned], [self.run_name(c, v) for c, v in planned]
+        extra = dict(tune=False, part=s, what="tuning runs", cache=s._cache, code=s.code, keep_finished=s.keep_finished)
+        # a linrope.studies.study.Study (not imported here: that module imports this one)
+        runs = type(s)(
+            self.dir, s.given, s.threads, s.commit, s.new_folder, s.resume_command, jobs=jobs, names=names, **extra
         )
         runs.outcome, runs.expects, runs.on_keep = self.outcome, f"{self.spec.metric} value", self.write
         runs.index = {(c, v): i for i, (c, v) in enumerate(planned)}
@@ -215,15 +197,8 @@ class Tuning:
         pick = min if spec.mode == "min" else max
         step, best = pick(finite, key=lambda sv: sv[1]) if finite else (None, None)
         value = next(float(o.split("=", 1)[1]) for o in reversed(job) if key_of(o) == spec.key)
-        fields = {
-            "key": spec.key,
-            "value": value,
-            "metric": spec.metric,
-            "mode": spec.mode,
-            "score": best,
-            "best_step": step,
-            "last_step": max(s for v in series.values() for s, _ in v),
-        }
+        fields = dict(key=spec.key, value=value, metric=spec.metric, mode=spec.mode, score=best, best_step=step)
+        fields["last_step"] = max(s for v in series.values() for s, _ in v)
         shown = (
             f"{spec.metric} {best:.4f} (best, step {step})" if best is not None else f"{spec.metric}: no finite value"
         )
@@ -268,30 +243,16 @@ class Tuning:
         for c in range(len(self.configs)):
             d = self.decide(c)
             cfg = self.study.compose(self.job(c, d["values"][0]))[0]
-            tried = []
-            for v, r in zip(d["values"], d["results"]):
-                r = r or {}
-                tried.append(
-                    {
-                        "value": v,
-                        "run": f"{TUNING}/{r.get('run', self.run_name(c, v))}",
-                        "score": r.get("score"),
-                        "best_step": r.get("best_step"),
-                        "last_step": r.get("last_step"),
-                        "wall_s": r.get("wall_s"),
-                    }
-                )
-            entries.append(
-                {
-                    "configuration": self.names[c],
-                    "overrides": list(self.configs[c]),
-                    "max_steps": cfg.trainer.get("max_steps"),
-                    "tried": tried,
-                    "extensions": len(d["values"]) - len(self.spec.grid),
-                    "chosen": d["chosen"],
-                    "interior": d["interior"],
-                }
+            tried = [
+                {"value": v, "run": f"{TUNING}/{(r or {}).get('run', self.run_name(c, v))}"}
+                | {k: (r or {}).get(k) for k in ("score", "best_step", "last_step", "wall_s")}
+                for v, r in zip(d["values"], d["results"])
+            ]
+            entry = dict(
+                configuration=self.names[c], overrides=list(self.configs[c]), max_steps=cfg.trainer.get("max_steps")
             )
+            extensions = len(d["values"]) - len(self.spec.grid)
+            entries.append(dict(entry, tried=tried, extensions=extensions, chosen=d["chosen"], interior=d["interior"]))
         return entries
 
     def write(self) -> None:
@@ -302,25 +263,10 @@ class Tuning:
         earlier = (record_file.read(self.study.dir) or {}).get("configurations", [])
         entries = [ours.pop(_identity(e), e) for e in earlier] + list(ours.values())
         steps = {e["max_steps"] for e in entries}
-        record_file.write(
-            self.study.dir,
-            {
-                "key": spec.key,
-                "metric": spec.metric,
-                "mode": spec.mode,
-                "declared": self.source,
-                "protocol": {
-                    "grid": list(spec.grid),
-                    "factor": spec.factor,
-                    "max_extensions": spec.max_extensions,
-                    "seed": spec.seed,
-                    "max_steps": steps.pop() if len(steps) == 1 else None,
-                    "test": False,
-                    "extrapolation": False,
-                },
-                "configurations": entries,
-            },
-        )
+        protocol = dict(grid=list(spec.grid), factor=spec.factor, max_extensions=spec.max_extensions, seed=spec.seed)
+        protocol.update(max_steps=steps.pop() if len(steps) == 1 else None, test=False, extrapolation=False)
+        rule = dict(key=spec.key, metric=spec.metric, mode=spec.mode, declared=self.source, protocol=protocol)
+        record_file.write(self.study.dir, dict(rule, configurations=entries))
 
     def lines(self) -> List[str]:
         """One line per configuration: its choice so far."""

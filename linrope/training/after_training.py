@@ -24,7 +24,6 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
@@ -32,16 +31,9 @@ from typing import List, Optional
 from hydra.experimental.callback import Callback
 
 from linrope.base.nested import get
+from linrope.base.stopping import Stopped, signals_to
 
 NOT_REPEATED = ("ckpt_path", "train", "test", "hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job")
-
-
-class _Stopped(BaseException):
-    """Raised by the signal handler of ``explain_stop`` (BaseException: nothing on the way swallows it)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def job_overrides() -> List[str]:
@@ -136,9 +128,6 @@ class _Progress:
 def explain_stop(cfg, trainer):
     """See the module docstring."""
     progress = _Progress()
-    if threading.current_thread() is not threading.main_thread():
-        yield progress
-        return
     extrapolating = bool((cfg.get("extrapolation") or {}).get("enabled"))
 
     def stop(signum, frame):
@@ -150,20 +139,17 @@ def explain_stop(cfg, trainer):
             if getattr(trainer, "is_global_zero", True):
                 print("linrope: " + completed_message(cfg, signum, tested), file=sys.stderr, flush=True)
             return
-        raise _Stopped(signum)
+        raise Stopped(signum)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield progress
-    except _Stopped as e:
+        with signals_to(stop):
+            yield progress
+    except Stopped as e:
         if getattr(trainer, "is_global_zero", True):
             print(
                 "linrope: " + stop_message(cfg, trainer, e.signum, test_finished(trainer)), file=sys.stderr, flush=True
             )
         raise SystemExit(128 + e.signum) from None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
     if progress.signum is not None:
         raise SystemExit(128 + progress.signum)
 

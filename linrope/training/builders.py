@@ -22,12 +22,11 @@ from linrope.config.checks import (
     sweep_dir,
 )
 from linrope.models.spec import ModelConfig
-from linrope.run import matmul
 from linrope.run import provenance as P
 from linrope.run.checkpoint import AtomicCheckpointIO, load_checkpoint
 from linrope.run.loggers import keep_csv_history, wandb_settings
 from linrope.run.resume_diff import announce, resume_record
-from linrope.run.signals import SignalStop
+from linrope.run.signals import MatmulPrecision, SignalStop, apply_matmul_precision
 from linrope.training.after_training import job_overrides, task_metric
 from linrope.training.lit import LanguageModel
 
@@ -140,7 +139,7 @@ def build_module(cfg: DictConfig):
 
 def build_callbacks(cfg: DictConfig) -> list:
     """Every callback in the config, the stop on SIGTERM / SIGINT (linrope.run.signals) and
-    ``trainer.matmul_precision`` in every process (linrope.run.matmul); the progress bar
+    ``trainer.matmul_precision`` in every process (linrope.run.signals.MatmulPrecision); the progress bar
     only while trainer.enable_progress_bar is on, the checkpoint callbacks only while
     trainer.enable_checkpointing is on (Lightning refuses them otherwise)."""
     skip = set()
@@ -154,7 +153,7 @@ def build_callbacks(cfg: DictConfig) -> list:
         if c and "_target_" in c and name not in skip
     ]
     # after the config's: a signal sent in their on_train_batch_end counts
-    return callbacks + [SignalStop(), matmul.MatmulPrecision(cfg.trainer.get("matmul_precision"))]
+    return callbacks + [SignalStop(), MatmulPrecision(cfg.trainer.get("matmul_precision"))]
 
 
 def build_loggers(cfg: DictConfig) -> list:
@@ -188,11 +187,11 @@ def trainer_arguments(cfg: DictConfig) -> Dict[str, Any]:
 
 def build_trainer(cfg: DictConfig, callbacks: list, loggers: list) -> L.Trainer:
     """The Trainer of ``cfg.trainer`` (``trainer_arguments``), after ``trainer.matmul_precision`` is applied
-    in this process (linrope.run.matmul), writing checkpoints atomically (linrope.run.checkpoint.AtomicCheckpointIO)
+    in this process (linrope.run.signals), writing checkpoints atomically (linrope.run.checkpoint.AtomicCheckpointIO)
     unless the config names its own plugins or a strategy that writes sharded checkpoints (FSDP's default,
     ``state_dict_type: full``, writes one file on rank 0 through it); Lightning's refusals of a trainer
     config (MisconfigurationException, ValueError: an unknown strategy, accelerator, …) become one line."""
-    matmul.apply(cfg.trainer.get("matmul_precision"))
+    apply_matmul_precision(cfg.trainer.get("matmul_precision"))
     extra: Dict[str, Any] = {}
     if cfg.trainer.get("plugins") is None and not sharded_checkpoints(cfg.trainer.get("strategy")):
         extra["plugins"] = [AtomicCheckpointIO()]

@@ -22,8 +22,8 @@ from linrope.models.optim import REQUIRED as OPTIM_KEYS  # conf/optim/adamw.yaml
 from linrope.models.spec import IDENTITY_KEY, check_identity, model_identity
 from linrope.run.checkpoint import check_state_dict, load_checkpoint
 from linrope.run.last_checkpoint import last_good_checkpoint
-from linrope.run.process_group import destroy_process_group_at_exit
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY
+from linrope.run.signals import destroy_process_group_at_exit
 
 
 def step_seed(base: int, step: int, rank: int) -> int:
@@ -92,7 +92,7 @@ class LanguageModel(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         """In every process of the run, after Lightning has set up its process group (if any)."""
-        destroy_process_group_at_exit()  # gloo: Lightning leaves it alive (linrope.run.process_group)
+        destroy_process_group_at_exit()  # gloo: Lightning leaves it alive (linrope.run.signals)
 
     def configure_model(self):
         """``compile: true``: compile the model's forward in place (``nn.Module.compile``: parameter names and

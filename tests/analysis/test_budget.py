@@ -7,7 +7,8 @@ import re
 import pytest
 
 from linrope.analysis import study_config
-from linrope.analysis.arms import arms_table, claim_results, outcome
+from linrope.analysis.arms import arms_table, outcome
+from linrope.analysis.report.claims import claim_results
 from linrope.analysis.runs import find_runs, group_runs
 from linrope.analysis.stats import paired
 from tests.analysis.helpers import write_budget, write_references
@@ -52,7 +53,7 @@ def test_extrapolation_claims_read_the_table_as_trained():
     """bpb@L is the 'none' scaling row of extrapolation.csv at that length."""
     from types import SimpleNamespace
 
-    from linrope.analysis.arms import value_of
+    from linrope.analysis.report.claims import value_of
 
     run = SimpleNamespace(
         extrapolation=[
@@ -64,7 +65,7 @@ def test_extrapolation_claims_read_the_table_as_trained():
     assert value_of("bpb@256")(run) == 2.0 and value_of("bpb@512")(run) is None
 
 
-class R:  # an arms.Corrected stand-in: resolved (after Holm) iff lo and hi share a sign
+class R:  # a report.claims.Corrected stand-in: resolved (after Holm) iff lo and hi share a sign
     def __init__(self, mean, lo, hi, n=3):
         self.diff = type(
             "D", (), {"mean": mean, "lo": lo, "hi": hi, "n": n, "excludes_zero": lambda s: lo > 0 or hi < 0}

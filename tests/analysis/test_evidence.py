@@ -238,8 +238,8 @@ def test_the_reference_rows_stand_in_the_test_table_and_a_collapsed_mean_is_mark
 def test_a_study_table_reads_the_bootstrap_over_documents_where_the_runs_kept_them(groups):
     """linrope.analysis.arms: a claim between configurations whose runs kept their loss per document is the paired
     bootstrap over seeds and documents (the Evidence section's estimate); a run without them: a t over seeds."""
-    from linrope.analysis.arms import Boot, claim_results
     from linrope.analysis.bootstrap import bpb_difference
+    from linrope.analysis.report.claims import Boot, claim_results
     from linrope.analysis.stats import Paired
     from linrope.analysis.study_config import Claim
 

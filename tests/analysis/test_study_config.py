@@ -16,6 +16,7 @@ from tests.analysis.helpers import lm_rows, write_run
 ROOT = Path(__file__).resolve().parents[2]
 STUDIES = sorted((ROOT / "conf" / "study").glob("*.yaml"))
 ANALYSIS = sorted((ROOT / "linrope" / "analysis").rglob("*.py"))
+TUNING = "tuning: {key: optim.lr, grid: [1.0e-3], metric: val/bpb"  # a tuning section that loads, less its "}"
 
 
 def what_the_studies_say():
@@ -85,21 +86,24 @@ def test_the_study_is_found_from_the_runs_and_named_in_one_line():
         ("claims: [{a: x, b: y, metric: tst/bpb}]", "claims[0].metric: 'tst/bpb': a metric is test/<name>, val/<name>"),
         ("claims: [{a: x, b: y}]", "claims[0]: needs a metric (or the study's metric)"),
         ("metric: test/acc\ncontrol: {configuration: x}", "control: needs one bar, at_least or at_most"),
-        ("metric: test/acc\ncontrol: {configuration: x, at_least: high}", "control.at_least: 'high': a number"),
+        ("metric: test/acc\ncontrol: {configuration: x, at_least: high}", "control.at_least=high: expected a number"),
         ("arms: {folder: steps, key: trainer.max_steps}", "arms: needs task"),
         ("verdict: {column: c}", "verdict: needs same, opposite, first_only"),
-        ("table: {figure: pie}", "table.figure: 'pie': one of claims, by_arm"),
+        ("table: {figure: pie}", "table.figure=pie: expected one of claims, by_arm"),
         ("table: {configurations: true}", "table: its configurations, by_order and the by_arm figure need the study"),
-        ("metric: test/acc\ntable: {by_order: acc_q}", "table.by_order: 'acc_q': a logged metric"),
+        ("metric: test/acc\ntable: {by_order: acc_q}", "table.by_order=acc_q: expected a string (a logged metric"),
         ("tuning: {key: optim.lr, grd: [1.0e-3], metric: val/bpb}", "tuning.grd: unknown key; did you mean grid?"),
         ("tuning: {key: optim.lr, grid: [1.0e-3]}", "tuning: needs metric"),
         ("tuning: {key: optim.lr, grid: [1.0e-3], metric: test/bpb}", "tuning.metric: 'test/bpb': validation only"),
         ("tuning: {key: optim.lr, grid: [1e-3], metric: val/bpb}", "(YAML reads 1e-3 as text: write it with a point"),
         ("tuning: {key: optim.lr, grid: [1.0e-3, 1.0e-3], metric: val/bpb}", "a list of distinct positive numbers"),
-        ("tuning: {key: optim.lr, grid: [1.0e-3], metric: val/bpb, factor: 1}", "tuning.factor: 1: a number above 1"),
-        ("tuning: {key: optim.lr, grid: [1.0e-3], metric: val/bpb, mode: low}", "tuning.mode: 'low': one of min, max"),
-        ("tuning: {key: optim.lr, grid: [1.0e-3], metric: val/bpb, seed: -1}", "tuning.seed: -1: a whole number"),
-        ("tuning: {key: 'optim lr', grid: [1.0e-3], metric: val/bpb}", "tuning.key: 'optim lr': a setting as on"),
+        (TUNING + ", factor: 1}", "tuning.factor=1: expected a number > 1"),
+        (TUNING + ", mode: low}", "tuning.mode=low: expected one of min, max"),
+        (TUNING + ", seed: -1}", "tuning.seed=-1: expected an integer >= 0"),
+        (
+            "tuning: {key: 'optim lr', grid: [1.0e-3], metric: val/bpb}",
+            "tuning.key=optim lr: expected a string (a setting as on",
+        ),
         ("- a\n- b", "the file: a mapping of pairs, metric"),
         ("pairs: [a", "not YAML text"),
         ("!!python/object/apply:os.system ['touch pwned']", "not YAML text"),  # safe_load builds nothing

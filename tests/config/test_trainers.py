@@ -131,7 +131,7 @@ def test_linrope_trainer_keys_are_known_to_the_option_check_and_kept_from_lightn
 
 def test_matmul_precision_is_applied_before_fit_and_in_every_process(compose):
     from linrope.run.checkpoint import AtomicCheckpointIO
-    from linrope.run.matmul import MatmulPrecision
+    from linrope.run.signals import MatmulPrecision
     from linrope.training.builders import build_callbacks, build_trainer
 
     before = torch.get_float32_matmul_precision()

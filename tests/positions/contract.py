@@ -13,7 +13,8 @@ What the checks read of a scheme:
   none) or counts its own (contextual); an ``absolute`` scheme sees the shift;
 - ``has_value_term``: the explicit path only then (SDPA otherwise); ``bounded_by_max_len``: a table of ``max_len``
   rows refuses a longer window in one line (and a scheme without one takes it); ``causal_only``: a bidirectional
-  model refused in one line, at the config check and at build;
+  model refused in one line, at the config check and at build; ``even_head_dim``: an odd head dimension
+  refused in one line at the config check, and built by every other scheme;
 - ``shares``: the ``share`` option only then; what is shared is counted once, used by every layer, the same as tied
   per-layer copies, and its position-only terms computed once per forward (when no parameter stays per layer);
 - every scheme: a model with it trains (forward and backward, finite gradients that reach its parameters), takes
@@ -185,6 +186,19 @@ def check_causal_only(name, opts):
         TransformerLM(cfg)
     with pytest.raises(ConfigError, match=f"model.causal=false with position={name} cannot work"):
         build_position(name, where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=8, causal=False, **opts)
+
+
+def check_head_dim_parity(name, opts):
+    """``even_head_dim``: a scheme that needs an even head dimension says so, and an odd one is refused in one line at
+    the config check; every other scheme builds a model with one (head dimension 3)."""
+    cls = REGISTRY[name]
+    cfg = dict(vocab_size=32, d_model=24, n_layers=1, n_heads=8, d_ff=64, position={"name": name, **opts})
+    problems = ModelConfig.from_dict(cfg).problems()
+    if cls.even_head_dim:
+        assert problems == [f"position={name} needs an even head dimension, but d_model/n_heads = 24/8 = 3"]
+        return
+    assert problems == []
+    TransformerLM(cfg)  # a scheme that needs an even head dimension without saying so is refused here
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -394,6 +408,7 @@ CONTRACT = {
     "linear_refused_at_build": (check_linear_refused_at_build, lambda cls, s, o: not cls.linear_ok, None),
     "linear_lm_trains": (check_linear_lm_trains, lambda cls, s, o: cls.linear_ok, "both"),
     "causal_only": (check_causal_only, lambda cls, s, o: True, None),
+    "head_dim_parity": (check_head_dim_parity, lambda cls, s, o: True, None),
     "shift_invariance": (check_shift_invariance, lambda cls, s, o: cls.shift_invariant(s), "both"),
     "model_ignores_offset": (check_model_ignores_offset, lambda cls, s, o: cls.shift_invariant(s), "both"),
     "absolute_sees_offset": (check_absolute_sees_offset, lambda cls, s, o: cls.kind == "absolute", None),

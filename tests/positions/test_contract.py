@@ -96,6 +96,11 @@ def test_a_causal_only_scheme_refuses_a_bidirectional_model_in_one_line(name, op
     c.check_causal_only(name, opts)
 
 
+@pytest.mark.parametrize("name,opts", c.selected("head_dim_parity"))
+def test_an_odd_head_dimension_is_refused_at_the_config_check_only_where_declared(name, opts):
+    c.check_head_dim_parity(name, opts)
+
+
 # ---------------------------------------------------------------------------------------------------
 # positions
 # ---------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ the study's config (linrope.analysis.study_config) declares ``arms`` and the fol
 For each arm it writes the ordinary report (linrope.analysis.report; not with ``--no-reports``), then one table,
 ``<folder>/<table.file>.md`` with its ``.csv`` and ``.png``, in the sections the config asks for: the positive
 control, the metric per configuration and arm, every claim as a paired difference A − B at each arm corrected over
-the table's family (linrope.analysis.multiplicity; no verdict where the arm's control missed its bar or a seed is
+the table's family (linrope.analysis.report.claims; no verdict where the arm's control missed its bar or a seed is
 above the unigram at the claim's row), a figure, every run's value, the metric by query order and each arm's tuning
 table (linrope.analysis.tuning).  An arm's label is what its runs recorded, and the runs of every arm come from one
 code."""
@@ -12,23 +12,22 @@ code."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from linrope.analysis import tuning
 from linrope.analysis.arms.by_order import order_lines
 from linrope.analysis.arms.figures import plot_by_arm, plot_claims
-from linrope.analysis.bootstrap import bpb_difference
 from linrope.analysis.cells import fmt, higher_is_better, markdown_table, pair_record, write_csv
 from linrope.analysis.clusters import cluster_text, document_clusters, holm_floor_text
-from linrope.analysis.evidence import above, documents_of, has_documents, read_references, row_values
-from linrope.analysis.multiplicity import ALPHA, Adjusted, adjust
+from linrope.analysis.evidence import above_unigram, has_documents, read_references
+from linrope.analysis.multiplicity import ALPHA
 from linrope.analysis.report import build_report, provenance
 from linrope.analysis.report import files as outputs
+from linrope.analysis.report.claims import Boot, claim_results, corrected, value_of
 from linrope.analysis.report.files import TOOL
-from linrope.analysis.runs import TUNING, Run, by_seed, extrapolation_row, find_runs, group_runs
-from linrope.analysis.stats import LEVEL, Interval, mean_ci, paired
+from linrope.analysis.runs import TUNING, Run, by_seed, find_runs, group_runs
+from linrope.analysis.stats import LEVEL, mean_ci
 from linrope.analysis.study_config import Claim, Study
 
 
@@ -126,126 +125,12 @@ def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
     return " ".join(parts)
 
 
-def value_of(metric: str):
-    """run -> its value of ``metric``: the logged value (its last), or the extrapolation table's value at a length
-    (``bpb@256``: as trained, sliding windows; ``bpb@256 windows window128``: the row of that name,
-    linrope.evaluation.tables.row_name)."""
-    if "@" in metric:
-        name, rest = metric.split("@")
-        length, _, row = rest.partition(" ")
-        return lambda run: (extrapolation_row(run.extrapolation, int(length), row or "none") or {}).get(name)
-    return lambda run: run.value(metric, "last")
-
-
-@dataclass(frozen=True)
-class Boot:
-    """A − B from the paired bootstrap over seeds *and* test documents (linrope.analysis.bootstrap), for runs that
-    kept their loss per document: what the table reads of a ``stats.Paired`` (seeds, diff, t, p); ``estimate`` is what
-    multiplicity.adjust reads."""
-
-    estimate: Any  # bootstrap.Estimate
-    seeds: tuple
-
-    @property
-    def diff(self) -> Interval:
-        e = self.estimate
-        return Interval(len(self.seeds), e.value, e.lo, e.hi)
-
-    t = None
-
-    @property
-    def p(self) -> Optional[float]:
-        return self.estimate.p
-
-
-def boot_result(groups: Dict[str, List[Run]], claim: Claim, level: float, clusters=None) -> Optional[Boot]:
-    """The bootstrap over seeds and document clusters (``clusters``: {document: cluster}; None: each document its
-    own) when every run of A and B with the claim's row kept its loss per document there
-    (linrope.analysis.evidence.documents_of), at least two seeds shared; else None."""
-    cells, metric = {}, claim.metric
-    for c in (claim.a, claim.b):
-        cells[c] = documents_of(groups[c], metric)
-        if not cells[c] or len(cells[c]) < len(by_seed(groups[c], value_of(metric))):
-            return None  # a run without its documents: the seeds alone (stats.paired)
-    shared = sorted(set(cells[claim.a]) & set(cells[claim.b]), key=str)
-    if len(shared) < 2:
-        return None
-    data = {c: {s: cells[c][s] for s in shared} for c in (claim.a, claim.b)}
-    return Boot(bpb_difference(data, claim.a, claim.b, level=level, clusters=clusters), tuple(shared))
-
-
-def claim_results(
-    groups: Dict[str, List[Run]], claims: Sequence[Claim], level=LEVEL, clusters=None
-) -> Dict[Claim, Any]:
-    """claim -> its difference in one arm (None when a configuration is missing), its interval at ``level``: the
-    bootstrap over seeds and document clusters (Boot; ``clusters`` as boot_result) where the runs kept their loss
-    per document, else a paired t over seeds (stats.Paired)."""
-    out: Dict[Claim, Any] = {}
-    for c in claims:
-        if c.a not in groups or c.b not in groups:
-            out[c] = None
-            continue
-        boot = boot_result(groups, c, level, clusters) if "bpb" in c.metric else None
-        out[c] = boot or paired(
-            by_seed(groups[c.a], value_of(c.metric)), by_seed(groups[c.b], value_of(c.metric)), level
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class Corrected:
-    """A claim at one arm within the table's family: the paired result (95% interval) and its place in the family
-    (multiplicity.Adjusted: Holm's p over the m comparisons with a test, the simultaneous interval at 1 − α/m)."""
-
-    raw: Any  # stats.Paired, or Boot
-    adjusted: Adjusted
-    withheld: str = ""  # why it gets no verdict (a control missed, a seed collapsed at its row); still in the family
-    why: str = ""  # its kind, a key of NO_VERDICT
-
-    @property
-    def diff(self):
-        return self.raw.diff
-
-    p_holm = property(lambda self: self.adjusted.p_holm)
-    m = property(lambda self: self.adjusted.m)
-    resolved = property(lambda self: self.adjusted.resolved and not self.withheld)
-
-    @property
-    def simultaneous(self) -> Optional[Interval]:
-        a = self.adjusted
-        return None if a.family_lo is None else Interval(self.diff.n, a.value, a.family_lo, a.family_hi)
-
-
 # the kinds of "no verdict" a table explains below it (Corrected.why)
 NO_VERDICT = {
     "control": "an arm whose positive control missed its bar, where the probe cannot tell",
     "collapsed": "a row where a seed of A or B scores above the unigram byte model (collapsed there: the difference "
     "would measure how badly two models fail)",
 }
-
-
-def corrected(
-    results: Dict[str, Dict[Claim, Any]],
-    claims: Sequence[Claim],
-    withheld: Optional[Dict[tuple, Tuple[str, str]]] = None,
-) -> Dict[str, Dict[Claim, Optional[Corrected]]]:
-    """Every (arm, claim) result with its place in the table's family (multiplicity.adjust); one in ``withheld``
-    ((arm, claim) -> (kind, what): a NO_VERDICT key and the detail) keeps its place in the family, so dropping it
-    cannot ease the others, but gets no verdict."""
-    withheld = withheld or {}
-    keys = [(arm, c) for arm in results for c in claims if results[arm][c] is not None]
-
-    family = adjust(
-        [
-            (f"{arm}: {c.a} − {c.b} ({c.metric})", getattr(results[arm][c], "estimate", results[arm][c]))
-            for arm, c in keys
-        ]
-    )
-    out: Dict[str, Dict[Claim, Optional[Corrected]]] = {arm: dict.fromkeys(claims) for arm in results}
-    for (arm, c), adj in zip(keys, family):
-        why, text = withheld.get((arm, c), ("", ""))
-        out[arm][c] = Corrected(results[arm][c], adj, text, why)
-    return out
 
 
 def sign(r) -> int:
@@ -310,10 +195,7 @@ def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: S
     metrics = list(dict.fromkeys(c.metric for c in study.claims))
     configs = list(dict.fromkeys(x for c in study.claims for x in (c.a, c.b)))
     values = {
-        (arm.name, m, c): by_seed(groups[arm.name].get(c, []), value_of(m))
-        for arm in arms
-        for m in metrics
-        for c in configs
+        (a.name, m, c): by_seed(groups[a.name].get(c, []), value_of(m)) for a in arms for m in metrics for c in configs
     }
     header = ["configuration", "seed", *(f"{m} at {number(a, study)}" for m in metrics for a in arms)]
     lines = []
@@ -368,26 +250,19 @@ def claim_lines(
         lines.append(
             [*([c.text] * texts), f"{c.a} − {c.b}", *([c.metric] * metrics), *map(cell, per), *([said] if v else [])]
         )
-        rows += [
-            {
-                "kind": "claim",
-                "claim": c.text,
-                "arm": a.name,
-                **({"verdict": said} if v else {}),
-                **pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw),
-                "p holm": r.p_holm,
-                "resolved after holm": r.adjusted.resolved,
-                "no verdict": r.withheld or None,
-                "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
-                "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
-                "family size": r.m,
-                "interval": "bootstrap over seeds and document clusters" if isinstance(r.raw, Boot) else "t over seeds",
-                "p floor": r.adjusted.p_floor,  # the smallest p printed as a number (bootstrap.p_floor)
-                **({"clusters": r.raw.estimate.clusters} if isinstance(r.raw, Boot) else {}),  # blank: none known
-            }
-            for a, r in zip(arms, per)
-            if r is not None
-        ]
+        for a, r in zip(arms, per):
+            if r is None:
+                continue
+            boot, s = isinstance(r.raw, Boot), r.simultaneous
+            row = {"kind": "claim", "claim": c.text, "arm": a.name, **({"verdict": said} if v else {})}
+            row |= pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw)
+            row |= {"p holm": r.p_holm, "resolved after holm": r.adjusted.resolved, "no verdict": r.withheld or None}
+            row["simultaneous low"] = s.lo if s is not None else None
+            row["simultaneous high"] = s.hi if s is not None else None
+            row["family size"] = r.m
+            row["interval"] = "bootstrap over seeds and document clusters" if boot else "t over seeds"
+            row["p floor"] = r.adjusted.p_floor  # the smallest p printed as a number (bootstrap.p_floor)
+            rows.append(row | ({"clusters": r.raw.estimate.clusters} if boot else {}))  # blank: none known
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
     m = next((r.m for arm in results.values() for r in arm.values() if r is not None), 0)
     family = (
@@ -453,48 +328,31 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         "",
     ]
     if tuning_only:
-        parts += [
-            "Not in the tables yet: "
-            + "; ".join(
-                f"{label(a, study)} (only its tuning stage has run: {len(find_runs(a / TUNING))} tuning runs, below)"
-                for a in tuning_only
-            )
-            + ".",
-            "",
+        waiting = [
+            f"{label(a, study)} (only its tuning stage has run: {len(find_runs(a / TUNING))} tuning runs, below)"
+            for a in tuning_only
         ]
-    values = (
-        {a.name: {c: by_seed(runs, value_of(study.metric)) for c, runs in groups[a.name].items()} for a in arms}
-        if study.metric
-        else {}
-    )
+        parts += [f"Not in the tables yet: {'; '.join(waiting)}.", ""]
+    value = value_of(study.metric) if study.metric else None
+    values = {a.name: {c: by_seed(rs, value) for c, rs in groups[a.name].items()} for a in arms} if value else {}
+    ctl = (study.control or {}).get("configuration")
     if study.control:
-        parts += [
-            control_text(
-                study, {n: values[a.name].get(study.control["configuration"], {}) for n, a in zip(names, arms)}
-            ),
-            "",
-        ]
+        parts += [control_text(study, {n: values[a.name].get(ctl, {}) for n, a in zip(names, arms)}), ""]
     if table.get("configurations"):
         parts += configuration_lines(study, values, arms, names, rows)
     if table.get("by_order"):
         parts += order_lines(study, groups, arms, names, rows)
     grouping = {a.name: document_clusters(groups[a.name], a, False) for a in arms if has_documents(groups[a.name])}
-    results = {
-        a.name: claim_results(groups[a.name], study.claims, LEVEL, grouping.get(a.name, [None])[0]) for a in arms
-    }
+    clusters_of = {name: g[0] for name, g in grouping.items()}
+    results = {a.name: claim_results(groups[a.name], study.claims, LEVEL, clusters_of.get(a.name)) for a in arms}
     missed, withheld = [], {}  # the arms whose control missed its bar: the probe could not tell there (no verdict)
     if study.control:
-        ctl = study.control["configuration"]
         missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
         withheld = {(a, c): ("control", f"{ctl} (the control) missed its bar") for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
         refs = read_references(arm)
-        for c in study.claims if refs else ():
-            seeds = {x: row_values(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}
-            bar = {x: refs.unigram(groups[arm.name].get(x, []), c.metric) for x in (c.a, c.b)}  # this row's unigram
-            bad = {x: above(v, bar[x]) for x, v in seeds.items()}
-            if any(bad.values()) and "bpb" in c.metric:
-                counts = ", ".join(f"{x} {len(s)} of {len(seeds[x])}" for x, s in bad.items() if s)
+        for c in [c for c in study.claims if "bpb" in c.metric]:
+            if counts := above_unigram(groups[arm.name], refs, c.metric, (c.a, c.b)):
                 withheld.setdefault((arm.name, c), ("collapsed", f"above the unigram at this row ({counts})"))
     if study.claims:
         results = corrected(results, study.claims, withheld)  # the figure fills what the table bolds

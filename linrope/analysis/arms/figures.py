@@ -14,7 +14,7 @@ from linrope.base.plots import Curve, Panel, by_last_value, config_style, plot_c
 
 
 def resolved(r) -> bool:
-    """A claim's verdict at one arm (arms.Corrected): Holm's, none where the control missed its bar: the table's
+    """A claim's verdict at one arm (report.claims.Corrected): Holm's, none where the control missed its bar: the table's
     bold."""
     return bool(r.resolved)
 
@@ -22,7 +22,7 @@ def resolved(r) -> bool:
 def plot_claims(
     claims: Sequence[Any], per_arm: Sequence[Dict[Any, Any]], names: Sequence[str], path: Path, title: str
 ) -> Optional[Path]:
-    """The forest plot of ``claims`` (study_config.Claim) with each arm's arms.Corrected (or None) in ``per_arm``."""
+    """The forest plot of ``claims`` (study_config.Claim) with each arm's report.claims.Corrected (or None) in ``per_arm``."""
     from matplotlib.lines import Line2D
 
     from linrope.base.plots import pyplot, save
@@ -53,14 +53,8 @@ def plot_claims(
                 none = bool(getattr(r, "withheld", ""))  # no verdict there: a cross on a dashed line
                 if d.n > 1:
                     ax.plot([d.lo, d.hi], [y, y], color=colour, linewidth=2.2, linestyle="--" if none else "-")
-                ax.plot(
-                    [d.mean],
-                    [y],
-                    marker="X" if none else "o",
-                    markersize=6,
-                    color=colour,
-                    markerfacecolor=colour if d.n > 1 and resolved(r) else "white",
-                )
+                face = colour if d.n > 1 and resolved(r) else "white"
+                ax.plot([d.mean], [y], marker="X" if none else "o", markersize=6, color=colour, markerfacecolor=face)
         ax.axvline(0, color="grey", linewidth=1)
         ax.set_yticks(range(len(cs)))
         ax.set_yticklabels(

@@ -25,29 +25,14 @@ from linrope.analysis.cells import (
     seeds_text,
     write_csv,
 )
+from linrope.analysis.report import caveats, provenance
 from linrope.analysis.report import files as outputs
-from linrope.analysis.report import provenance
-from linrope.analysis.report.caveats import (
-    failed_note,
-    failed_runs,
-    improving,
-    improving_cell,
-    improving_note,
-    movement_section,
-    params_cell,
-)
+from linrope.analysis.report.claims import claim_results
 from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
-from linrope.analysis.stats import LEVEL, Paired, mean_ci, paired
+from linrope.analysis.stats import LEVEL, Paired, mean_ci
 from linrope.base.errors import first_names
-from linrope.base.plots import (
-    Curve,
-    Panel,
-    by_last_value,
-    config_style,
-    distinct_styles,
-    plot_curves,
-)
+from linrope.base.plots import Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves
 
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report.files)
 
@@ -56,21 +41,12 @@ def columns_for(task: str):
     """(header, metric, how, digits) of a task's table; the first is the headline (test) metric.  Text: bits per
     byte first (they compare across tokenizers), then the loss per token (within one tokenizer)."""
     bpb, speed = ("test/bpb", "test/bpb", "last", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)
+    bpb_val, loss_val = ("best val/bpb (selection metric)", "val/bpb"), ("best val/loss (selection metric)", "val/loss")
     if task == "bytes":
-        return [bpb, ("best val/bpb (selection metric)", "val/bpb", "min", 3), speed]
+        return [bpb, (*bpb_val, "min", 3), speed]
     if task == "text":
-        return [
-            bpb,
-            ("test/loss (per token)", "test/loss", "last", 3),
-            ("best val/bpb (selection metric)", "val/bpb", "min", 3),
-            speed,
-        ]
-    return [
-        ("test/acc", "test/acc", "last", 3),
-        ("test/loss", "test/loss", "last", 3),
-        ("best val/loss (selection metric)", "val/loss", "min", 3),
-        speed,
-    ]
+        return [bpb, ("test/loss (per token)", "test/loss", "last", 3), (*bpb_val, "min", 3), speed]
+    return [("test/acc", "test/acc", "last", 3), ("test/loss", "test/loss", "last", 3), (*loss_val, "min", 3), speed]
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------
@@ -83,7 +59,7 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
             "label": label,
             "attention": runs[0].get("model.attention.kind", "?"),
             "position": runs[0].get("model.position.name", "?"),
-            "params": params_cell(runs),
+            "params": caveats.params_cell(runs),
         }
         for header, metric, how, _ in cols:
             values = by_seed(runs, lambda r, metric=metric, how=how: r.value(metric, how))
@@ -95,17 +71,6 @@ def summarize(groups: Dict[str, List[Run]], task: str) -> List[Dict[str, Any]]:
     sign = -1 if higher_is_better(metric) else 1
     rows.sort(key=lambda r: (r[first].mean is None, sign * (r[first].mean or 0.0), r["label"]))
     return rows
-
-
-def pair_results(
-    groups: Dict[str, List[Run]], pairs: Sequence[Tuple[str, str]], value
-) -> List[Tuple[str, str, Paired]]:
-    """(A, B, A − B over matching seeds) for each pair whose two configurations are both in ``groups``."""
-    return [
-        (a, b, paired(by_seed(groups[a], value), by_seed(groups[b], value), LEVEL))
-        for a, b in pairs
-        if a in groups and b in groups
-    ]
 
 
 def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
@@ -162,37 +127,19 @@ def task_section(
     rows = summarize(groups, task)
     groups = {r["label"]: groups[r["label"]] for r in rows}  # every table of the task in this order
     run_rows += [
-        {
-            "task": task,
-            "configuration": label,
-            "seed": run.seed,
-            "run": str(run.path),
-            **{c[0]: run.value(c[1], c[2]) for c in cols},
-        }
+        {"task": task, "configuration": label, "seed": run.seed, "run": str(run.path)}
+        | {c[0]: run.value(c[1], c[2]) for c in cols}
         for label, runs in groups.items()
         for run in sorted(runs, key=lambda r: str(r.seed))
     ]
-    failed = failed_runs(groups, cols[0][1], cols[0][2])
+    failed = caveats.failed_runs(groups, cols[0][1], cols[0][2])
     val_metric = next(c[1] for c in cols if c[1].startswith("val/"))
-    still = improving(groups, val_metric)
-    header = [
-        "configuration",
-        "attention",
-        "position",
-        "n (seeds)",
-        "parameters",
-        f"still improving ({val_metric})",
-    ] + [c[0] for c in cols]
+    still = caveats.improving(groups, val_metric)
+    header = ["configuration", "attention", "position", "n (seeds)", "parameters", f"still improving ({val_metric})"]
+    header += [c[0] for c in cols]
     lines = [
-        [
-            r["label"],
-            str(r["attention"]),
-            str(r["position"]),
-            f"{r['n']} ({','.join(r['seeds'])})",
-            r["params"],
-            improving_cell(still.get(r["label"])),
-        ]
-        + [cell_n(r[c[0]], r["n"], c[3]) for c in cols]
+        [r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})", r["params"]]
+        + [caveats.improving_cell(still.get(r["label"])), *(cell_n(r[c[0]], r["n"], c[3]) for c in cols)]
         for r in rows
     ]
     first = next(run for runs in groups.values() for run in runs)
@@ -219,8 +166,8 @@ def task_section(
     parts = [
         f"## Task: {task}",
         "",
-        *failed_note(failed, cols[0][1]),
-        *improving_note(still, val_metric),
+        *caveats.failed_note(failed, cols[0][1]),
+        *caveats.improving_note(still, val_metric),
         markdown_table(header, lines),
         "",
     ]
@@ -237,17 +184,18 @@ def task_section(
             f"Test sequences are {' / '.join(map(str, sorted(factors)))} × the training context (data.test_factor).",
             "",
         ]
-    metric, how = cols[0][1], cols[0][2]
-    results = pair_results(groups, pairs, lambda r: r.value(metric, how))
+    metric = cols[0][1]  # a test metric: its last value (claims.value_of)
+    claims = [study_config.Claim(f"{a} − {b}", metric, a, b) for a, b in pairs]
+    results = [(c, r) for c, r in claim_results(groups, claims, documents=False).items() if r is not None]
     if results:
         parts += [
             f"### Paired differences, {task} ({metric}, A − B over matching seeds)",
             "",
-            *[verdict(a, b, metric, res, cols[0][3]) for a, b, res in results],
+            *[verdict(c.a, c.b, metric, r, cols[0][3]) for c, r in results],
             "",
         ]
-        pair_rows += [pair_record(task, metric, a, b, res) for a, b, res in results]
-    parts += movement_section(task, groups)
+        pair_rows += [pair_record(task, metric, c.a, c.b, r) for c, r in results]
+    parts += caveats.movement_section(task, groups)
     if plot_val_curves(groups, task, out / f"val_curves{suffix}.png"):
         parts += [f"![validation curves, {task}](val_curves{suffix}.png)", ""]
     return parts + extrapolation_section(task, groups, pairs, out, suffix, pair_rows, references)
@@ -313,13 +261,8 @@ def build_report(
     declared = (study or study_config.for_runs(runs)).compared
     tasks = group_runs(runs)
     suffixes = [f"_{task}" if len(tasks) > 1 else "" for task in tasks]
-    written = [
-        "report.md",
-        "summary.csv",
-        "runs.csv",
-        "pairs.csv",
-        *(f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation")),
-    ]
+    written = ["report.md", "summary.csv", "runs.csv", "pairs.csv"]
+    written += [f"{kind}{x}.png" for x in suffixes for kind in ("val_curves", "extrapolation")]
     evidence_groups = tasks.get("bytes") if "bytes" in tasks and evidence.has_documents(tasks["bytes"]) else None
     if evidence_groups:  # runs that kept their loss per document: the evidence section and its files
         written += [*evidence.FILES]

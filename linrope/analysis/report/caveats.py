@@ -70,16 +70,9 @@ def improvement(runs: List[Run], metric: str, window: int = WINDOW) -> Optional[
         steps.append((first[0], points[-1][0]))
     if not drops:
         return None
-    drop = statistics.fmean(drops)
-    spread = statistics.stdev(finals) if len(finals) > 1 else None
-    return {
-        "drop": drop,
-        "spread": spread,
-        "n": len(drops),
-        "improving": drop > (spread or 0.0),
-        "from": min(s for s, _ in steps),
-        "to": max(s for _, s in steps),
-    }
+    drop, spread = statistics.fmean(drops), statistics.stdev(finals) if len(finals) > 1 else None
+    out = {"drop": drop, "spread": spread, "n": len(drops), "improving": drop > (spread or 0.0)}
+    return out | {"from": min(s for s, _ in steps), "to": max(s for _, s in steps)}
 
 
 def improving(groups: Dict[str, List[Run]], metric: str) -> Dict[str, Dict[str, Any]]:
@@ -124,34 +117,18 @@ def movement_rows(groups: Dict[str, List[Run]]) -> List[Dict[str, Any]]:
     """One row per (configuration, position parameter), means over the seeds that recorded it."""
     rows = []
     for label, runs in groups.items():
-        names = list(dict.fromkeys(n for r in runs for n in r.position))
-        for name in names:
+        for name in dict.fromkeys(n for r in runs for n in r.position):
             recs = [r.position[name] for r in runs if name in r.position]
-
-            def mean(key, recs=recs):
-                vs = [x[key] for x in recs if x.get(key) is not None]
-                return statistics.fmean(vs) if vs else None
-
             rel = [
                 x["change_norm"] / x["init_norm"]
                 for x in recs
                 if x.get("change_norm") is not None and x.get("init_norm")
             ]
-            rows.append(
-                {
-                    "configuration": label,
-                    "parameter": name,
-                    "shape": recs[0].get("shape"),
-                    "n": len(recs),
-                    "init_min": mean("init_min"),
-                    "init_max": mean("init_max"),
-                    "min": mean("min"),
-                    "max": mean("max"),
-                    "change_norm": mean("change_norm"),
-                    "change_max": mean("change_max"),
-                    "relative_change": statistics.fmean(rel) if rel else None,
-                }
-            )
+            row = {"configuration": label, "parameter": name, "shape": recs[0].get("shape"), "n": len(recs)}
+            for key in ("init_min", "init_max", "min", "max", "change_norm", "change_max"):
+                vs = [x[key] for x in recs if x.get(key) is not None]
+                row[key] = statistics.fmean(vs) if vs else None
+            rows.append({**row, "relative_change": statistics.fmean(rel) if rel else None})
     return rows
 
 
@@ -160,35 +137,18 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
     if not rows:
         return []
 
-    def num(v, spec="+.3f"):
-        return "?" if v is None else format(v, spec)
+    def num(v):
+        return "?" if v is None else f"{v:.3f}"
 
     def span(lo, hi):
         return "?" if lo is None or hi is None else f"[{lo:+.3f}, {hi:+.3f}] ({hi - lo:.3f})"
 
-    header = [
-        "configuration",
-        "parameter",
-        "shape",
-        "n",
-        "range at init (width)",
-        "range at end (width)",
-        "‖Δ‖",
-        "‖Δ‖ / ‖init‖",
-        "max \\|Δ\\|",
-    ]
+    header = ["configuration", "parameter", "shape", "n", "range at init (width)", "range at end (width)", "‖Δ‖"]
+    header += ["‖Δ‖ / ‖init‖", "max \\|Δ\\|"]
     lines = [
-        [
-            r["configuration"],
-            f"`{r['parameter']}`",
-            "×".join(map(str, r["shape"] or [])),
-            str(r["n"]),
-            span(r["init_min"], r["init_max"]),
-            span(r["min"], r["max"]),
-            num(r["change_norm"], ".3f"),
-            num(r["relative_change"], ".3f"),
-            num(r["change_max"], ".3f"),
-        ]
+        [r["configuration"], f"`{r['parameter']}`", "×".join(map(str, r["shape"] or [])), str(r["n"])]
+        + [span(r["init_min"], r["init_max"]), span(r["min"], r["max"])]
+        + [num(r[k]) for k in ("change_norm", "relative_change", "change_max")]
         for r in rows
     ]
     return [

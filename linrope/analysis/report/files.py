@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from linrope.analysis.compact import _replace
 from linrope.analysis.runs import read_json
+from linrope.base.atomic import atomic_write_bytes
 
 MANIFEST = ".linrope-outputs.json"
 TOOL = "linrope report"  # a sweep's report and a study's table over its arms alike
@@ -75,4 +75,4 @@ def record(folder: Path, names: Iterable[str]) -> None:
     folder = Path(folder)
     known = manifest(folder) or {}
     known.update({name: _sha(folder / name) for name in names if (folder / name).is_file()})
-    _replace(folder / MANIFEST, json.dumps(dict(sorted(known.items())), indent=1) + "\n")
+    atomic_write_bytes((json.dumps(dict(sorted(known.items())), indent=1) + "\n").encode(), folder / MANIFEST)

@@ -96,10 +96,8 @@ def plot_extrapolation(
         if len(set(found.values())) == 1:
             levels[f"{model} (train split, reference)"] = next(iter(found.values()))
         elif found:
-            style = {"color": "grey", "linestyle": "--"}
-            ref_curves.append(
-                Curve(f"{model} (train split, reference, same windows)", {n: [v] for n, v in found.items()}, style)
-            )
+            name, style = f"{model} (train split, reference, same windows)", {"color": "grey", "linestyle": "--"}
+            ref_curves.append(Curve(name, {n: [v] for n, v in found.items()}, style))
 
     def points(row):
         return {n: list(by.values()) for n, by in row["values"].items() if by}
@@ -108,30 +106,19 @@ def plot_extrapolation(
     plain = [
         Curve(r["label"], points(r), config_style(groups[r["label"]][0].config)) for r in rows if r["scaling"] == "none"
     ]
-    panels = [Panel("as trained", distinct_styles(by_last_value(plain, descending=metric == "acc")) + ref_curves)]
+    styled = distinct_styles(by_last_value(plain, descending=metric == "acc"))
+    panels = [Panel("as trained", styled + ref_curves)]
     scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
     if scaled_labels:
-        scaled = [
-            Curve(
-                f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}",
-                points(r),
-                {
-                    "color": series_colour(scaled_labels.index(r["label"])),
-                    "linestyle": SCALING_STYLES.get(r["scaling"], "-."),
-                },
-            )
-            for r in rows
-            if r["label"] in scaled_labels
-        ]
+        scaled = []
+        for r in (r for r in rows if r["label"] in scaled_labels):
+            style = {"color": series_colour(scaled_labels.index(r["label"]))}
+            style["linestyle"] = SCALING_STYLES.get(r["scaling"], "-.")
+            name = f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}"
+            scaled.append(Curve(name, points(r), style))
         panels.append(Panel(SCALED_PANEL, scaled))
-    contexts = sorted(
-        {
-            run.get("context")
-            for runs in groups.values()
-            for run in runs
-            if run.extrapolation and isinstance(run.get("context"), int)
-        }
-    )
+    runs = [run for runs in groups.values() for run in runs if run.extrapolation]
+    contexts = sorted({run.get("context") for run in runs if isinstance(run.get("context"), int)})
     ylabel = "bits per byte" if metric == "bpb" else "accuracy (scored positions)"
     return plot_curves(
         panels,
@@ -237,11 +224,7 @@ def extrapolation_table(
     ]
     if found:
         cells = [[f"{a} − {b}"] + [cell(res[n]) for n in lengths] for a, b, res in found]
-        parts += [
-            "Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):",
-            "",
-            markdown_table(["pair"] + names, cells),
-            "",
-        ]
+        parts += ["Paired differences A − B as trained (mean ± half-width, p; bold: the interval excludes 0):", ""]
+        parts += [markdown_table(["pair"] + names, cells), ""]
         pair_rows += [pair_record(task, f"{metric}@{n}", a, b, res[n]) for a, b, res in found for n in lengths]
     return parts

@@ -33,12 +33,8 @@ def _versions(p: Mapping[str, Any]) -> Mapping[str, Any]:
 def _machine(p: Mapping[str, Any]) -> str:
     m = p.get("machine") or {}
     where = m.get("gpu") or m.get("cpu") or "not recorded"
-    threads = m.get("threads")
-    extra = (
-        f"{m.get('gpu_driver')} driver"
-        if m.get("gpu")
-        else (f"{threads} thread{'s' * (threads != 1)}" if threads else "")
-    )
+    threads = f"{m['threads']} thread{'s' * (m['threads'] != 1)}" if m.get("threads") else ""
+    extra = f"{m.get('gpu_driver')} driver" if m.get("gpu") else threads
     return f"{where}" + (f" ({extra})" if extra else "")
 
 
@@ -67,15 +63,9 @@ def section(runs: Sequence[Any]) -> List[str]:
             key: Tuple = ("–", "not recorded") + ("–",) * 5
         else:
             v = _versions(p)
-            key = (
-                code_text(p),
-                str((p.get("linrope") or {}).get("code") or "not recorded"),
-                str(v.get("torch") or "not recorded"),
-                str(v.get("lightning") or "not recorded"),
-                str(v.get("python") or "not recorded"),
-                _machine(p),
-                str(p.get("precision") or "not recorded"),
-            )
+            recorded = [(p.get("linrope") or {}).get("code"), v.get("torch"), v.get("lightning"), v.get("python")]
+            key = (code_text(p), *(str(x or "not recorded") for x in recorded), _machine(p))
+            key += (str(p.get("precision") or "not recorded"),)
             if p.get("source") == "study" and p.get("determined") and p["determined"] not in notes:
                 notes.append(p["determined"])
         rows[key] = rows.get(key, 0) + 1
@@ -83,12 +73,8 @@ def section(runs: Sequence[Any]) -> List[str]:
         if commit not in commits.setdefault(key, []):
             commits[key].append(commit)
     header = ["code", "commits", "torch", "lightning", "python", "machine", "precision", "runs"]
-    out = [
-        "## Provenance",
-        "",
-        markdown_table(header, [[k[1], _commits(commits[k]), *k[2:], str(n)] for k, n in rows.items()]),
-        "",
-    ]
+    table = markdown_table(header, [[k[1], _commits(commits[k]), *k[2:], str(n)] for k, n in rows.items()])
+    out = ["## Provenance", "", table, ""]
     if notes:
         out += [
             "Not recorded by the runs themselves (they predate linrope's provenance record); determined after "
