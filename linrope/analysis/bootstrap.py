@@ -269,8 +269,14 @@ def _estimate(
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
     replicates = _replicates(arms, sizes, n_docs, range(len(sizes)), True, resamples, streams[0])
     seeds = tuple(len(c.seeds) for c in configs)
-    common = dict(seeds=seeds, documents=len(docs), paired=is_paired, resamples=int(resamples), replicates=replicates)
-    common["clusters"] = None if clusters is None else n_docs
+    common = dict(
+        seeds=seeds,
+        documents=len(docs),
+        paired=is_paired,
+        resamples=int(resamples),
+        replicates=replicates,
+        clusters=None if clusters is None else n_docs,
+    )
     if min(seeds) < 2:  # one seed says nothing of training noise: no interval, as linrope.analysis.stats
         return Estimate(what, value, level, None, None, None, method, None, None, **common)
     levels: List[Tuple[float, int]] = []  # (bootstrap variance resampling one level only, its count)

@@ -319,10 +319,17 @@ def section(
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why)
         collapses.append(above_unigram(groups, refs, metric, (a, b), cells) if metric != "test/bpb" else "")
-        record = {"claim": text, "metric": metric, "a": a, "b": b, "seeds": len(shared), "clusters": None}
-        if estimate is not None:
-            record["clusters"] = estimate.clusters or estimate.documents
-        records.append({**record, "p_floor": None if estimate is None else estimate.p_floor})
+        records.append(
+            {
+                "claim": text,
+                "metric": metric,
+                "a": a,
+                "b": b,
+                "seeds": len(shared),
+                "clusters": None if estimate is None else estimate.clusters or estimate.documents,
+                "p_floor": None if estimate is None else estimate.p_floor,
+            }
+        )
     adjusted = adjust(family)
     body = []
     for record, adj, why, at_row in zip(records, adjusted, notes, collapses):
@@ -330,9 +337,19 @@ def section(
         verdict = "no verdict (every seed failed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
         if at_row and not collapsed:
             verdict = f"no verdict (above the unigram at this row: {at_row})"
-        record["diff"] = adj.value
-        record |= {k: getattr(adj, k) for k in ("lo", "hi", "p", "p_holm", "p_bh", "family_lo", "family_hi")}
-        record |= {"verdict": verdict, "above_unigram": at_row, "note": why or ""}
+        record.update(
+            diff=adj.value,
+            lo=adj.lo,
+            hi=adj.hi,
+            p=adj.p,
+            p_holm=adj.p_holm,
+            p_bh=adj.p_bh,
+            family_lo=adj.family_lo,
+            family_hi=adj.family_hi,
+            verdict=verdict,
+            above_unigram=at_row,
+            note=why or "",
+        )
         a_b = f"{record['a']} − {record['b']}"
         body.append(
             [

@@ -182,10 +182,14 @@ def folder_record(run_dir: Path, metrics: Path) -> Dict[str, Any]:
         if path.is_file():
             attach(rows, read_details(path), which)
     n_params, position = read_parameters(run_dir, metrics.parent)
-    name = _logged_label(metrics.parent / "hparams.yaml").get("model.name")
-    record = {"metrics": metrics.relative_to(run_dir).as_posix(), "model_name": name, "config": config}
-    parameters = {"n_params": n_params, "position": position}
-    return record | {"parameters": parameters, "provenance": read_provenance(run_dir), "extrapolation": rows}
+    return {
+        "metrics": metrics.relative_to(run_dir).as_posix(),
+        "model_name": _logged_label(metrics.parent / "hparams.yaml").get("model.name"),
+        "config": config,
+        "parameters": {"n_params": n_params, "position": position},
+        "provenance": read_provenance(run_dir),
+        "extrapolation": rows,
+    }
 
 
 def row_key(r: Mapping[str, Any]) -> Tuple:
@@ -208,9 +212,16 @@ def run_from_record(run_dir: Path, record: Mapping[str, Any], series: Dict[str, 
     config = flatten(record.get("config", {}))
     if record.get("model_name") is not None:
         config["model.name"] = record["model_name"]
-    parameters, rows = record.get("parameters") or {}, list(record.get("extrapolation") or [])
-    position = dict(parameters.get("position") or {})
-    return Run(run_dir, config, series, rows, parameters.get("n_params"), position, record.get("provenance"))
+    parameters = record.get("parameters") or {}
+    return Run(
+        run_dir,
+        config,
+        series,
+        list(record.get("extrapolation") or []),
+        parameters.get("n_params"),
+        dict(parameters.get("position") or {}),
+        record.get("provenance"),
+    )
 
 
 def read_json(path: Path) -> Optional[Dict[str, Any]]:

@@ -40,6 +40,19 @@ def group_options(group: str, conf_dir: Path = CONF_DIR, extra: Sequence[Path] =
     return sorted(found)
 
 
+def _search_path_entries(value: str) -> List[Path]:
+    """The folders of ``hydra.searchpath=[file://A,B]``: plain paths or ``file://`` ones (another scheme: refused)."""
+    entries = []
+    for item in value.strip().strip("[]").split(","):
+        item = item.strip().strip("'\"")
+        if not item:
+            continue
+        if "://" in item and not item.startswith("file://"):
+            raise _Unknown(item)
+        entries.append(Path(item.removeprefix("file://")).expanduser())
+    return entries
+
+
 def user_config_dirs(argv: Sequence[str]) -> List[Path]:
     """The folders of the user's own configs named on the command line, as Hydra reads them:
     ``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) and ``hydra.searchpath=[file://DIR,...]``
@@ -50,12 +63,8 @@ def user_config_dirs(argv: Sequence[str]) -> List[Path]:
         flag, eq, inline = arg.partition("=")
         if flag in ("-cp", "--config-path"):
             raise _Unknown(arg)
-        if flag.lstrip("+") != "hydra.searchpath" or not eq:
-            continue
-        for item in (i.strip().strip("'\"") for i in inline.strip().strip("[]").split(",")):
-            if "://" in item and not item.startswith("file://"):
-                raise _Unknown(item)
-            dirs += [Path(item.removeprefix("file://")).expanduser()] if item else []
+        if flag.lstrip("+") == "hydra.searchpath" and eq:
+            dirs.extend(_search_path_entries(inline))
     return [d if d.is_absolute() else Path(os.getcwd()) / d for d in dirs]
 
 

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from linrope.run.folder import run_folder
+
 INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. Find it and remember "
     "it; you will be asked about it.\n"
@@ -237,12 +239,6 @@ def load_model(ckpt, device: Optional[str], who: str, tokenizer: Optional[str] =
         shown(checkpoint)
     model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
     return device, checkpoint, model, checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), who, tokenizer)
-
-
-def run_folder(ckpt) -> Path:
-    """The run folder of a checkpoint file: ``<run>`` for ``<run>/checkpoints/x.ckpt``, else the file's folder."""
-    folder = Path(str(ckpt)).expanduser().resolve().parent
-    return folder.parent if folder.name == "checkpoints" else folder
 
 
 def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:

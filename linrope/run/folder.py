@@ -23,6 +23,12 @@ from linrope.base.errors import RunFolderError, first_names
 LOCK_NAME = ".linrope.lock"
 
 
+def run_folder(ckpt) -> Path:
+    """The run folder of a checkpoint file: ``<run>`` for ``<run>/checkpoints/x.ckpt``, else the file's folder."""
+    folder = Path(str(ckpt)).expanduser().resolve().parent
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
 def other_process_of_a_run() -> bool:
     """A process that Lightning (``ddp``), srun or torchrun started beside the first one of the run: it
     shares the first one's folder, and the first one holds it."""

@@ -89,12 +89,13 @@ def changes(
 
 def chain(checkpoint: Mapping[str, Any], ckpt_path: Path) -> List[Dict[str, Any]]:
     """The runs the new run continues, oldest first: the checkpoint's own chain, then the checkpoint's run."""
+    from linrope.run.folder import run_folder  # hydra: not for `linrope study`, which reads HOUSEKEEPING here
+
     prov = checkpoint.get(PROVENANCE_KEY) or {}
     earlier = [dict(e) for e in (prov.get("resumed_from") or []) if isinstance(e, Mapping)]
     code = prov.get("linrope") or {}
-    folder = Path(ckpt_path).resolve().parent  # the run's folder holds checkpoints/
     run = {
-        "run": str(folder.parent if folder.name == "checkpoints" else folder),
+        "run": str(run_folder(ckpt_path)),
         "checkpoint": str(ckpt_path),
         "step": checkpoint.get("global_step"),
         "commit": code.get("commit"),

@@ -250,19 +250,26 @@ def claim_lines(
         lines.append(
             [*([c.text] * texts), f"{c.a} − {c.b}", *([c.metric] * metrics), *map(cell, per), *([said] if v else [])]
         )
-        for a, r in zip(arms, per):
-            if r is None:
-                continue
-            boot, s = isinstance(r.raw, Boot), r.simultaneous
-            row = {"kind": "claim", "claim": c.text, "arm": a.name, **({"verdict": said} if v else {})}
-            row |= pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw)
-            row |= {"p holm": r.p_holm, "resolved after holm": r.adjusted.resolved, "no verdict": r.withheld or None}
-            row["simultaneous low"] = s.lo if s is not None else None
-            row["simultaneous high"] = s.hi if s is not None else None
-            row["family size"] = r.m
-            row["interval"] = "bootstrap over seeds and document clusters" if boot else "t over seeds"
-            row["p floor"] = r.adjusted.p_floor  # the smallest p printed as a number (bootstrap.p_floor)
-            rows.append(row | ({"clusters": r.raw.estimate.clusters} if boot else {}))  # blank: none known
+        rows += [
+            {
+                "kind": "claim",
+                "claim": c.text,
+                "arm": a.name,
+                **({"verdict": said} if v else {}),
+                **pair_record(study.arms["task"], c.metric, c.a, c.b, r.raw),
+                "p holm": r.p_holm,
+                "resolved after holm": r.adjusted.resolved,
+                "no verdict": r.withheld or None,
+                "simultaneous low": r.simultaneous.lo if r.simultaneous is not None else None,
+                "simultaneous high": r.simultaneous.hi if r.simultaneous is not None else None,
+                "family size": r.m,
+                "interval": "bootstrap over seeds and document clusters" if isinstance(r.raw, Boot) else "t over seeds",
+                "p floor": r.adjusted.p_floor,  # the smallest p printed as a number (bootstrap.p_floor)
+                **({"clusters": r.raw.estimate.clusters} if isinstance(r.raw, Boot) else {}),  # blank: none known
+            }
+            for a, r in zip(arms, per)
+            if r is not None
+        ]
     intro = [study.table["claims_intro"], ""] if study.table.get("claims_intro") else []
     m = next((r.m for arm in results.values() for r in arm.values() if r is not None), 0)
     family = (

@@ -71,10 +71,19 @@ def order_lines(
             for k in ks:
                 values = [v for r in kept for v in [r.value(f"{prefix}{k}", "last")] if v is not None]
                 cells.append(f"{statistics.fmean(values):.3f}" if values else "–")
-                for r in runs:
-                    if (v := r.value(f"{prefix}{k}", "last")) is not None:
-                        row = {"kind": "order", "configuration": configuration, "arm": arm.name, "seed": r.seed}
-                        rows.append(row | {"order": k, f"{prefix}<k>": v})
+                rows += [
+                    {
+                        "kind": "order",
+                        "configuration": configuration,
+                        "arm": arm.name,
+                        "seed": r.seed,
+                        "order": k,
+                        f"{prefix}<k>": v,
+                    }
+                    for r in runs
+                    for v in [r.value(f"{prefix}{k}", "last")]
+                    if v is not None
+                ]
             failed = f"{out.k} of {out.n}" + (
                 f" ({', '.join(f'seed {s}: {why}' for s, why in out.failed.items())})" if out.failed else ""
             )

@@ -41,12 +41,21 @@ def columns_for(task: str):
     """(header, metric, how, digits) of a task's table; the first is the headline (test) metric.  Text: bits per
     byte first (they compare across tokenizers), then the loss per token (within one tokenizer)."""
     bpb, speed = ("test/bpb", "test/bpb", "last", 3), ("tokens/s", "train/tokens_per_sec", "mean", 0)
-    bpb_val, loss_val = ("best val/bpb (selection metric)", "val/bpb"), ("best val/loss (selection metric)", "val/loss")
     if task == "bytes":
-        return [bpb, (*bpb_val, "min", 3), speed]
+        return [bpb, ("best val/bpb (selection metric)", "val/bpb", "min", 3), speed]
     if task == "text":
-        return [bpb, ("test/loss (per token)", "test/loss", "last", 3), (*bpb_val, "min", 3), speed]
-    return [("test/acc", "test/acc", "last", 3), ("test/loss", "test/loss", "last", 3), (*loss_val, "min", 3), speed]
+        return [
+            bpb,
+            ("test/loss (per token)", "test/loss", "last", 3),
+            ("best val/bpb (selection metric)", "val/bpb", "min", 3),
+            speed,
+        ]
+    return [
+        ("test/acc", "test/acc", "last", 3),
+        ("test/loss", "test/loss", "last", 3),
+        ("best val/loss (selection metric)", "val/loss", "min", 3),
+        speed,
+    ]
 
 
 # ---- tables ----------------------------------------------------------------------------------------------------
@@ -138,8 +147,15 @@ def task_section(
     header = ["configuration", "attention", "position", "n (seeds)", "parameters", f"still improving ({val_metric})"]
     header += [c[0] for c in cols]
     lines = [
-        [r["label"], str(r["attention"]), str(r["position"]), f"{r['n']} ({','.join(r['seeds'])})", r["params"]]
-        + [caveats.improving_cell(still.get(r["label"])), *(cell_n(r[c[0]], r["n"], c[3]) for c in cols)]
+        [
+            r["label"],
+            str(r["attention"]),
+            str(r["position"]),
+            f"{r['n']} ({','.join(r['seeds'])})",
+            r["params"],
+            caveats.improving_cell(still.get(r["label"])),
+            *(cell_n(r[c[0]], r["n"], c[3]) for c in cols),
+        ]
         for r in rows
     ]
     first = next(run for runs in groups.values() for run in runs)

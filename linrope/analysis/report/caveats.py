@@ -70,9 +70,16 @@ def improvement(runs: List[Run], metric: str, window: int = WINDOW) -> Optional[
         steps.append((first[0], points[-1][0]))
     if not drops:
         return None
-    drop, spread = statistics.fmean(drops), statistics.stdev(finals) if len(finals) > 1 else None
-    out = {"drop": drop, "spread": spread, "n": len(drops), "improving": drop > (spread or 0.0)}
-    return out | {"from": min(s for s, _ in steps), "to": max(s for _, s in steps)}
+    drop = statistics.fmean(drops)
+    spread = statistics.stdev(finals) if len(finals) > 1 else None
+    return {
+        "drop": drop,
+        "spread": spread,
+        "n": len(drops),
+        "improving": drop > (spread or 0.0),
+        "from": min(s for s, _ in steps),
+        "to": max(s for _, s in steps),
+    }
 
 
 def improving(groups: Dict[str, List[Run]], metric: str) -> Dict[str, Dict[str, Any]]:
@@ -146,9 +153,15 @@ def movement_section(task: str, groups: Dict[str, List[Run]]) -> List[str]:
     header = ["configuration", "parameter", "shape", "n", "range at init (width)", "range at end (width)", "‖Δ‖"]
     header += ["‖Δ‖ / ‖init‖", "max \\|Δ\\|"]
     lines = [
-        [r["configuration"], f"`{r['parameter']}`", "×".join(map(str, r["shape"] or [])), str(r["n"])]
-        + [span(r["init_min"], r["init_max"]), span(r["min"], r["max"])]
-        + [num(r[k]) for k in ("change_norm", "relative_change", "change_max")]
+        [
+            r["configuration"],
+            f"`{r['parameter']}`",
+            "×".join(map(str, r["shape"] or [])),
+            str(r["n"]),
+            span(r["init_min"], r["init_max"]),
+            span(r["min"], r["max"]),
+            *(num(r[k]) for k in ("change_norm", "relative_change", "change_max")),
+        ]
         for r in rows
     ]
     return [

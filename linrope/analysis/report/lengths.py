@@ -110,12 +110,18 @@ def plot_extrapolation(
     panels = [Panel("as trained", styled + ref_curves)]
     scaled_labels = list(dict.fromkeys(r["label"] for r in rows if r["scaling"] != "none"))
     if scaled_labels:
-        scaled = []
-        for r in (r for r in rows if r["label"] in scaled_labels):
-            style = {"color": series_colour(scaled_labels.index(r["label"]))}
-            style["linestyle"] = SCALING_STYLES.get(r["scaling"], "-.")
-            name = f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}"
-            scaled.append(Curve(name, points(r), style))
+        scaled = [
+            Curve(
+                f"{r['label']} {'as trained' if r['scaling'] == 'none' else r['scaling']}",
+                points(r),
+                {
+                    "color": series_colour(scaled_labels.index(r["label"])),
+                    "linestyle": SCALING_STYLES.get(r["scaling"], "-."),
+                },
+            )
+            for r in rows
+            if r["label"] in scaled_labels
+        ]
         panels.append(Panel(SCALED_PANEL, scaled))
     runs = [run for runs in groups.values() for run in runs if run.extrapolation]
     contexts = sorted({run.get("context") for run in runs if isinstance(run.get("context"), int)})

@@ -63,9 +63,15 @@ def section(runs: Sequence[Any]) -> List[str]:
             key: Tuple = ("–", "not recorded") + ("–",) * 5
         else:
             v = _versions(p)
-            recorded = [(p.get("linrope") or {}).get("code"), v.get("torch"), v.get("lightning"), v.get("python")]
-            key = (code_text(p), *(str(x or "not recorded") for x in recorded), _machine(p))
-            key += (str(p.get("precision") or "not recorded"),)
+            key = (
+                code_text(p),
+                str((p.get("linrope") or {}).get("code") or "not recorded"),
+                str(v.get("torch") or "not recorded"),
+                str(v.get("lightning") or "not recorded"),
+                str(v.get("python") or "not recorded"),
+                _machine(p),
+                str(p.get("precision") or "not recorded"),
+            )
             if p.get("source") == "study" and p.get("determined") and p["determined"] not in notes:
                 notes.append(p["determined"])
         rows[key] = rows.get(key, 0) + 1
