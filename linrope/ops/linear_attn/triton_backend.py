@@ -17,7 +17,8 @@ float64 (the registry).
 Precision: tiles are loaded and φ, RoPE, the decays, the states, the denominator and every sum are float32.  The
 products over a chunk's positions take bfloat16 operands for bfloat16 inputs (tensor cores), float32 otherwise:
 float16 inputs are computed in float32 (the denominator grows like 86·t and ∂L/∂num = do / den shrinks with it, out
-of float16's range at long N).  Products with a float32 state are tf32 for 16-bit inputs, exact float32 for float32
+of float16's range at long N).  Products with a float32 state are tf32 for bfloat16 inputs, tf32x3 for float16
+inputs (every product: Triton cannot compile _grad's float32 products in tf32 for sm_90) and exact float32 for float32
 inputs (``PREC``).
 
 Where it runs: CUDA and triton (the ``gpu`` extra), or the CPU under Triton's interpreter (``TRITON_INTERPRET=1``,
@@ -102,7 +103,9 @@ def _meta(q: Tensor, v: Tensor, feature_map: str, rope: str) -> dict:
         COS=feature_map == "cosine",
         ROPE=PLACEMENT[rope],
         DT=dt,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        # float16 inputs: products with float32 operands (their range), in tf32x3: Triton (3.6 and 3.9) cannot compile
+        # _grad's float32 products in plain tf32 for sm_90 (benchmarks/triton_compile.py)
+        PREC={torch.float32: "ieee", torch.float16: "tf32x3"}.get(q.dtype, "tf32"),
     )
 
 

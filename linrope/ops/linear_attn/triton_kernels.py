@@ -32,9 +32,11 @@ kernels").  Blocks are 64 wide at least (Hopper miscompiles multi-dot kernels wi
 import triton
 import triton.language as tl
 
+# A global a compiled kernel reads must be a tl.constexpr (the interpreter reads any global; compiling for a GPU
+# refuses a plain float: benchmarks/triton_compile.py compiles every kernel here, and its test runs in CI)
 BT = 64  # chunk length
-DEN_FLOOR = 1e-2  # common.DEN_FLOOR (the guard of placement "both")
-TINY = 1.0842021724855044e-19  # torch.finfo(torch.float32).tiny ** 0.5: features.phi's clamp of ‖x‖
+DEN_FLOOR = tl.constexpr(1e-2)  # common.DEN_FLOOR (the guard of placement "both")
+TINY = tl.constexpr(1.0842021724855044e-19)  # torch.finfo(torch.float32).tiny ** 0.5: features.phi's clamp of ‖x‖
 
 
 @triton.jit
