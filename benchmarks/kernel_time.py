@@ -191,6 +191,17 @@ def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
     return out
 
 
+def autotuned() -> list[str]:
+    """The num_warps Triton's autotuner chose for linrope's Triton kernels in this process, one line per kernel and
+    key (none if they did not run)."""
+    kernels = sys.modules.get("linrope.ops.linear_attn.triton_kernels")
+    out = []
+    for name in ("_state_fwd", "_out_fwd", "_state_bwd", "_grad"):
+        for key, config in getattr(getattr(kernels, name, None), "cache", {}).items():
+            out.append(f"{name} {key}: num_warps {config.num_warps}")
+    return ["", "Autotuned (linrope triton; key: D, DV, COS, ROPE, HAS_G, DOCS[, NORM], dtypes):", *out] if out else []
+
+
 def shapes(args) -> list[tuple[int, int]]:
     """The (B, N) of the table's rows, in order: ``--batch`` at each of ``--lengths``, then ``--shapes``."""
     return [(args.batch, n) for n in args.lengths] + list(args.shapes)
@@ -272,7 +283,7 @@ def main(argv=None) -> int:
 
     rows = run(args, device, emit)
     peak = timing.matmul_rate(args.peak_size, device=device) if args.peak_size else None
-    print("\n".join(summary(rows, args, peak)), flush=True)
+    print("\n".join(summary(rows, args, peak) + autotuned()), flush=True)
     bad = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and device.type == "cuda")]
     return 1 if bad else 0
 

@@ -4,16 +4,17 @@ spills and shared memory.
 Triton's CPU interpreter (the tests) runs the kernels' Python, not their compile: a global a kernel reads must be a
 ``tl.constexpr`` only once compiled, and register pressure shows only in the compiled code.  This script runs
 ``impl="triton"``'s forward and backward operators (triton_backend.py) on small CPU tensors with every kernel launch
-recorded instead of run, then compiles each launch as Triton's launcher would (the same constexprs and num_warps;
-arguments typed and specialised the way Triton does: a tensor is a 16-byte-aligned pointer of its dtype, an int 1 a
-constant, an int divisible by 16 marked so) for ``--arch`` (90: Hopper, the device check's H100/H200) and reads the
-cubin's resource usage with the cuobjdump that ships with Triton.  Spilled registers live in local memory (the
-``stack`` column): slow, and in the sequential state kernels paid at every chunk.
+recorded instead of run, then compiles each launch as Triton's launcher would (the same constexprs, each num_warps an
+autotuned kernel may take; arguments typed and specialised the way Triton does: a tensor is a 16-byte-aligned
+pointer of its dtype, an int 1 a constant, an int divisible by 16 marked so) for ``--arch`` (90: Hopper, the device
+check's H100/H200) and reads the cubin's resource usage with the cuobjdump that ships with Triton.  Spilled
+registers live in local memory (the ``stack`` column): slow, and in the sequential state kernels paid at every chunk.
 
-One row per variant and kernel.  Variants (``--variants``; every one by default): the training path (bf16, elu+1,
-RoPE in the numerator, normalised), and variants that set the other compile-time options (placement both and none,
-cosine, decay, packed documents, initial and final state, normalize=False; float32 and float16 inputs).  Exit status 1
-if a kernel does not compile.  Registers and spills are proxies, not times: the device check times the kernels.
+One row per variant, kernel launch and configuration.  Variants (``--variants``; every one by default): the training
+path (bf16, elu+1, RoPE in the numerator, normalised), and variants that set the other compile-time options
+(placement both and none, cosine, decay, packed documents, initial and final state, normalize=False; float32 and
+float16 inputs).  Exit status 1 if a kernel does not compile.  Registers and spills are proxies, not times: the
+device check times the kernels.
 
 Usage:  python benchmarks/triton_compile.py                       # every variant, sm_90
         python benchmarks/triton_compile.py --variants training --arch 80
@@ -164,17 +165,33 @@ def jit_kernels():
     return module
 
 
-def compile_launch(name: str, args: tuple, kw: dict, arch: int, kernels=None, warps=None) -> dict:
-    """Compile one recorded launch for sm_``arch`` (``warps``: num_warps by kernel, instead of the backend's): its
-    resource usage (or the error's first line)."""
+def configurations(fn, kw: dict, warps=None) -> list[tuple[object, dict, dict]]:
+    """(the JITFunction, its launch's keywords, compile options) per configuration a launch of ``fn`` may take: each
+    of an autotuned kernel's, else the launch's own (``warps``: num_warps by kernel name, instead of either)."""
+    from triton.runtime.autotuner import Autotuner
+
+    kw = dict(kw)
+    options = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3)}
+    configs = [(fn, kw, options)]
+    if isinstance(fn, Autotuner):
+        configs = [
+            (fn.fn, dict(kw, **c.kwargs), {"num_warps": c.num_warps, "num_stages": c.num_stages or 3})
+            for c in fn.configs
+        ]
+    name = getattr(fn, "__name__", None) or fn.fn.__name__
+    over = (warps or {}).get(name)
+    if over is not None:  # one configuration, the count asked for
+        configs = [(configs[0][0], configs[0][1], dict(configs[0][2], num_warps=over))]
+    return configs
+
+
+def compile_one(fn, args: tuple, kw: dict, options: dict, arch: int) -> dict:
+    """Compile ``fn`` called with ``args`` and ``kw`` for sm_``arch``: its resource usage (or the error's first
+    line)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = getattr(kernels or jit_kernels(), name)
-    kw = dict(kw)
-    options = {"num_warps": kw.pop("num_warps", 4), "num_stages": kw.pop("num_stages", 3)}
-    options["num_warps"] = (warps or {}).get(name, options["num_warps"])
     sig, const, attrs = signature(fn, args, kw)
     t0 = time.perf_counter()
     try:
@@ -194,9 +211,10 @@ def run(variants: list[str], arch: int, emit=print, warps=None) -> list[dict]:
     rows, kernels = [], jit_kernels()
     for variant in variants:
         for name, grid, args, kw in launches(VARIANTS[variant]):
-            row = dict(variant=variant, kernel=name, grid=grid, **compile_launch(name, args, kw, arch, kernels, warps))
-            rows.append(row)
-            emit(row)
+            for fn, fn_kw, options in configurations(getattr(kernels, name), kw, warps):
+                row = dict(variant=variant, kernel=name, grid=grid, **compile_one(fn, args, fn_kw, options, arch))
+                rows.append(row)
+                emit(row)
     return rows
 
 
@@ -213,7 +231,9 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), metavar="VARIANT",
                    help=f"which variants ({'; '.join(VARIANTS)})")  # fmt: skip
     p.add_argument("--arch", type=int, default=90, help="compute capability × 10 (90: H100/H200, 80: A100)")
-    p.add_argument("--warps", nargs="+", default=[], metavar="KERNEL=N", help="num_warps of a kernel, e.g. _grad=4")
+    p.add_argument(
+        "--warps", nargs="+", default=[], metavar="KERNEL=N", help="one num_warps for a kernel, e.g. _grad=4"
+    )
     args = p.parse_args(argv)
     try:
         warps = {k: int(n) for k, _, n in (w.partition("=") for w in args.warps)}
@@ -229,7 +249,7 @@ def main(argv=None) -> int:
     rows = run(args.variants, args.arch, emit=emit, warps=warps)
     failed = [r for r in rows if r["status"] != "ok"]
     spilled = sorted({(r["variant"], r["kernel"]) for r in rows if r.get("stack")})
-    print(f"\n{len(rows)} launches compiled, {len(failed)} failed; spilling: {len(spilled)}")
+    print(f"\n{len(rows)} compiles (each launch in each configuration), {len(failed)} failed; spilling: {len(spilled)}")
     return 1 if failed else 0
 
 

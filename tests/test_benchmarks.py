@@ -605,3 +605,15 @@ def test_the_fla_probe_runs_the_guard_off_and_on_and_says_it_needs_a_gpu(capsys)
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the probe would run")
     assert fla_probe.main([]) == 0 and capsys.readouterr().out.strip() == fla_probe.NEEDS_GPU
+
+
+def test_kernel_time_says_which_num_warps_the_autotuner_chose(monkeypatch):
+    """On a GPU the Triton kernels' autotuner picks num_warps per key; the table's log says which (none: not run)."""
+    import types
+
+    monkeypatch.delitem(sys.modules, "linrope.ops.linear_attn.triton_kernels", raising=False)
+    assert kernel_time.autotuned() == []
+    tuned = types.SimpleNamespace(cache={(64, 64, False, 1): types.SimpleNamespace(num_warps=8)})
+    fake = types.SimpleNamespace(_state_fwd=tuned, _grad=types.SimpleNamespace(cache={}))
+    monkeypatch.setitem(sys.modules, "linrope.ops.linear_attn.triton_kernels", fake)
+    assert kernel_time.autotuned()[-1] == "_state_fwd (64, 64, False, 1): num_warps 8"

@@ -317,3 +317,5 @@ def test_every_kernel_compiles_for_hopper(variants):
     assert {r[0] for r in rows} == set(variants)
     assert [(r[0], r[1], r[-1]) for r in rows if r[-1] != "ok"] == [] and rc == 0
     assert all(int(r[3]) > 0 for r in rows)  # registers
+    tuned = {(r[1], r[2]) for r in rows}  # each num_warps the autotuner may pick, compiled
+    assert tuned >= {(k, w) for k in ("_state_fwd", "_out_fwd", "_state_bwd", "_grad") for w in ("4", "8")}
