@@ -65,28 +65,30 @@ SDPA, FLA_KERNEL, LINROPE_FLA, LINROPE_CHUNK, LINROPE_TRITON, TRITON_BNHD = (REG
 TRITON_GOAL_NS = (4096, 16384, 65536)  # issue 50: linrope triton within 1.2× of fla chunk_simple_gla at each
 SIZES = {  # what each mode measures
     "cuda": {
-        "lengths": [1024, 4096, 16384, 65536],
+        "lengths": [1024, 4096, 16384, 65536],  # B 1
+        "shapes": ["4x4096"],  # the attention call of a size=base training step at context 4096 (batch 4)
         "warmup": 3,
         "repeats": 10,
         "size": "base",
-        "batch": 4,
-        "context": 4096,
-        "short_context": 2048,
-        "long_context_s": 80,  # per training process (the part runs two)
+        "contexts": [2048, 4096, 8192, 16384],
+        "tokens": 16384,  # batch × context at every context: batch 8, 4, 2, 1
         "train_warmup": 2,
         "train_steps": 5,
+        # issue 50: linear_rope's tokens/s at least this multiple of softmax_rope's at each context; peak memory at
+        # the longest at most softmax_rope's
+        "train_goals": {4096: 0.8, 8192: 1.0, 16384: 1.5},
     },
     "cpu": {
         "lengths": [256, 512],
+        "shapes": ["2x128"],
         "warmup": 1,
         "repeats": 2,
         "size": "tiny",
-        "batch": 1,
-        "context": 128,
-        "short_context": 64,
-        "long_context_s": 20,  # per training process
+        "contexts": [64, 128, 256],
+        "tokens": 256,
         "train_warmup": 1,
         "train_steps": 2,
+        "train_goals": {64: 0.8, 128: 1.0, 256: 1.5},  # the same code path, at the stand-in's contexts
     },
 }
 GOAL_N = 16384
@@ -288,17 +290,26 @@ def part_kernels(ctx) -> dict:
     """benchmarks/kernel_time.py once per entry of KERNEL_PROCESSES (sdpa flash and linrope chunk; then sdpa flash
     and the fla forms)."""
     s = SIZES[ctx.device]
+    shapes = [(1, n) for n in s["lengths"]] + [tuple(map(int, x.split("x"))) for x in s["shapes"]]
 
     def command(keys, share):
         cmd = [sys.executable, "benchmarks/kernel_time.py", "--device", ctx.device, "--dtype", "bf16", "--lengths"]
-        cmd += [*map(str, s["lengths"]), "--forms", *keys, "--ratios", *[f"{keys[0]}/{k}" for k in keys[1:]]]
+        cmd += [
+            *map(str, s["lengths"]),
+            "--shapes",
+            *s["shapes"],
+            "--forms",
+            *keys,
+            "--ratios",
+            *[f"{keys[0]}/{k}" for k in keys[1:]],
+        ]
         cmd += ["--warmup", str(s["warmup"]), "--repeats", str(s["repeats"]), "--max-run-s", "inf", "--peak-size", "0"]
         return cmd + ["--budget-s", f"{max(share - 15, 5):.0f}"]
 
     def missing(keys, rows, res):  # the process died or was killed before these rows: say so, in the rows
-        done, labels = {(r["n"], r["form"]) for r in rows}, [REGISTRY[k].label for k in keys]
+        done, labels = {(r.get("batch", 1), r["n"], r["form"]) for r in rows}, [REGISTRY[k].label for k in keys]
         note = "the table's process " + ("timed out" if res["timed_out"] else f"exited {res['rc']}")
-        return [dict(n=n, form=f, note=note) for n in s["lengths"] for f in labels if (n, f) not in done]
+        return [dict(batch=b, n=n, form=f, note=note) for b, n in shapes for f in labels if (b, n, f) not in done]
 
     shares = KERNEL_SHARES[: len(ctx.kernel_processes)]
     res, rows, _ = processes(ctx, "kernels", ctx.kernel_processes, shares, command, missing)
@@ -306,26 +317,31 @@ def part_kernels(ctx) -> dict:
     if res["timed_out"]:
         return dict(res, status="timed out", note=f"{sum(r['status'] == 'not run' for r in rows)} rows not run")
     if failed or res["rc"] != 0:
-        what = "; ".join(f"{r['form']} at {r['n']}: {r.get('note')}" for r in failed[:3])
+        what = "; ".join(f"{r['form']} at {r.get('batch', 1)}×{r['n']}: {r.get('note')}" for r in failed[:3])
         return dict(res, status="failed", note=what or _last(res, f"exit status {res['rc']}"))
     return dict(res, status="ok", note=f"{len(rows)} rows")
 
 
 def part_train(ctx) -> dict:
-    """benchmarks/train_throughput.py once per entry of TRAIN_PROCESSES, each with an equal share of the budget."""
+    """benchmarks/train_throughput.py once per entry of TRAIN_PROCESSES, each with an equal share of the budget:
+    every context of the sweep at a fixed batch × context."""
     s = SIZES[ctx.device]
-    long = ctx.budget("train") / len(ctx.train_processes) >= s["long_context_s"]
-    ctx.train_context = context = s["context"] if long else s["short_context"]
-    fixed = dict(context=context, batch=s["batch"], precision="bf16-mixed")
 
     def command(models, share):
         cmd = [sys.executable, "benchmarks/train_throughput.py", "--device", ctx.device, "--precision", "bf16-mixed"]
-        cmd += ["--context", str(context), "--batch", str(s["batch"]), "--warmup", str(s["train_warmup"])]
-        return cmd + ["--steps", str(s["train_steps"]), "--models", *models, "--override", f"size={s['size']}"]
+        cmd += ["--context", *map(str, s["contexts"]), "--tokens", str(s["tokens"])]
+        cmd += ["--warmup", str(s["train_warmup"]), "--steps", str(s["train_steps"])]
+        return cmd + ["--models", *models, "--override", f"size={s['size']}"]
 
-    def missing(models, rows, res):
+    def missing(models, rows, res):  # the contexts the process did not reach, or the models it did not finish there
         note = "timed out" if res["timed_out"] else _last(res, f"exit status {res['rc']}")
-        return [dict(fixed, model=m, note=note) for m in models if m not in {r["model"] for r in rows}]
+        done = {(r["model"], r["context"]) for r in rows}
+        return [
+            dict(model=m, context=c, batch=s["tokens"] // c, precision="bf16-mixed", note=note)
+            for c in s["contexts"]
+            for m in models
+            if (m, c) not in done
+        ]
 
     res, rows, each = processes(ctx, "train", ctx.train_processes, [1] * len(ctx.train_processes), command, missing)
     bad = ("failed", "not run") + (("unavailable",) if ctx.device == "cuda" else ())
@@ -333,11 +349,12 @@ def part_train(ctx) -> dict:
     for i, one in enumerate(each, 1):
         notes += [f"process {i} timed out"] * one["timed_out"]
         notes += [f"{r['model']}: {r.get('note')}" for r in rows if r["process"] == i and r["status"] in bad][:3]
+    contexts = f"contexts {', '.join(map(str, s['contexts']))}"
     if res["timed_out"]:
-        return dict(res, status="timed out", note=f"context {context}; " + "; ".join(notes))
+        return dict(res, status="timed out", note=f"{contexts}; " + "; ".join(notes))
     if notes or res["rc"] != 0:
         return dict(res, status="failed", note="; ".join(notes) or _last(res, f"exit status {res['rc']}"))
-    return dict(res, status="ok", note=f"context {context}")
+    return dict(res, status="ok", note=contexts)
 
 
 def part_fsdp(ctx) -> dict:
@@ -365,15 +382,16 @@ def part_fsdp(ctx) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 # the report
 # ------------------------------------------------------------------------------------------------------------
-def kernel_ms(rows, n, form, process=None) -> Optional[float]:
-    """fwd+bwd ms of ``form`` at ``n`` (in ``process`` when given: the same process as the row it is set against)."""
-    ok = (r for r in rows if r["n"] == n and r["form"] == form and r["status"] == "ok")
+def kernel_ms(rows, n, form, process=None, batch=1) -> Optional[float]:
+    """fwd+bwd ms of ``form`` at ``batch`` × ``n`` (in ``process`` when given: the same process as the row it is set
+    against)."""
+    ok = (r for r in rows if (r.get("batch", 1), r["n"], r["form"]) == (batch, n, form) and r["status"] == "ok")
     return next((r["fwd_bwd_ms"] for r in ok if process in (None, r.get("process"))), None)
 
 
 def goals(ctx) -> list[list[str]]:
     """[goal, measured, met] for the three GPU goals."""
-    k, t = ctx.rows("kernels"), {(r.get("process"), r["model"]): r for r in ctx.rows("train")}
+    k, t = ctx.rows("kernels"), {(r.get("process"), r["model"], r["context"]): r for r in ctx.rows("train")}
 
     def verdict(ok: Optional[bool]) -> str:
         if ok is None:
@@ -406,17 +424,22 @@ def goals(ctx) -> list[list[str]]:
         measured = quotient(s, x, "ms", f"at N = {GOAL_N}: sdpa flash {_f(s)} ms, {form} {_f(x)} ms")
         goal = f"{form} ≥ 5× faster than sdpa flash (causal), fwd+bwd, N = {GOAL_N}"
         out.append([goal, measured, verdict(s / x >= 5 if s and x else None)])
-    for m in (LINEAR_FLA, LINEAR_CHUNK, LINEAR_TRITON):
+    train_goals = SIZES[ctx.device]["train_goals"]
+    longest = max(train_goals)
+    for m in (m for models in ctx.train_processes for m in models if m != SOFTMAX):  # this run's linear forms
         process = process_of(m, ctx.train_processes)
-        sm = t.get((process, SOFTMAX), {}).get("tokens_per_s")  # the baseline measured in the same process
-        lin = t.get((process, m), {}).get("tokens_per_s")
-        at = t.get((process, m), {}).get("context", ctx.train_context)
-        where = "" if at in (4096, None) else f" (measured at context {at}, not 4096)"
-        measured = f"{m} {_f(lin, 0)}, softmax_rope {_f(sm, 0)} tokens/s"
-        if lin and sm:
-            measured = f"{lin:.0f} vs {sm:.0f} tokens/s = {lin / sm:.2f}×"
-        goal = f"training tokens/s at context 4096, {m} ≥ softmax_rope" + where
-        out.append([goal, measured, verdict(lin >= sm if lin and sm else None)])
+        for context, factor in train_goals.items():
+            # the baseline measured in the same process at the same context
+            lin, sm = (t.get((process, x, context), {}).get("tokens_per_s") for x in (m, SOFTMAX))
+            measured = f"{m} {_f(lin, 0)}, softmax_rope {_f(sm, 0)} tokens/s"
+            if lin and sm:
+                measured = f"{lin:.0f} vs {sm:.0f} tokens/s = {lin / sm:.2f}×"
+            goal = f"training tokens/s at context {context}, {m} ≥ {factor:g}× softmax_rope's"
+            out.append([goal, measured, verdict(lin >= factor * sm if lin and sm else None)])
+        lin, sm = (t.get((process, x, longest), {}).get("peak_mib") for x in (m, SOFTMAX))
+        measured = f"{_f(lin, 0)} vs {_f(sm, 0)} MiB" + (f" = {lin / sm:.2f}×" if lin and sm else "")
+        goal = f"training peak memory at context {longest}, {m} ≤ softmax_rope's"
+        out.append([goal, measured, verdict(lin <= sm if lin and sm else None)])
     return out
 
 
@@ -446,41 +469,58 @@ def report(ctx) -> str:
     L += [
         "## Kernel table",
         "",
-        f"Forward+backward (fwd+bwd) and forward (fwd) of one attention call, B 1, H 8, d 64, bf16 inputs, causal, "
-        f"on {ctx.device}; median of {s['repeats']} after {s['warmup']} warm-up (benchmarks/kernel_time.py). Forms: "
-        f"{forms}. Peak MiB: allocated during one fwd+bwd above what was allocated before it (CUDA only). First call s: the first fwd+bwd, Triton's compile and "
-        "autotuning included. Process 1 times sdpa flash and linrope chunk, process 2 sdpa flash and the fla forms "
-        "(with `--triton` one process: sdpa flash, fla chunk_simple_gla and linrope's Triton kernels); a CUDA "
+        f"Forward+backward (fwd+bwd) and forward (fwd) of one attention call, B 1 (and B×N {', '.join(s['shapes'])}: "
+        f"a `size={s['size']}` training step's call), H 8, d 64, bf16 inputs, causal, on {ctx.device}; the backward "
+        "is fwd+bwd less fwd (the forward timed under no_grad, so it slightly overstates the backward); median of "
+        f"{s['repeats']} after {s['warmup']} warm-up (benchmarks/kernel_time.py). Forms: {forms}. Peak MiB: "
+        "allocated during one fwd+bwd above what was allocated before it (CUDA only). First call s: the first "
+        "fwd+bwd, Triton's compile and autotuning included. Process 1 times sdpa flash and linrope chunk, process 2 "
+        "sdpa flash and the fla forms (with `--triton` one process: sdpa flash, fla chunk_simple_gla and linrope's "
+        "Triton kernels); a CUDA "
         "fault ends its process; each ratio is within one process.",
         "",
     ]
     k, rows = ctx.rows("kernels"), []
     for r in k:
         p = r.get("process")
-        ms, base, sd = r.get("fwd_bwd_ms"), kernel_ms(k, r["n"], FLA_KERNEL, p), kernel_ms(k, r["n"], SDPA, p)
-        cells = [_f(ms), _f(r.get("fwd_ms")), _f(r.get("peak_mib"), 0), _f(r.get("first_s"), 1)]
+        b, ms, fwd = r.get("batch", 1), r.get("fwd_bwd_ms"), r.get("fwd_ms")
+        base, sd = (kernel_ms(k, r["n"], x, p, b) for x in (FLA_KERNEL, SDPA))
+        cells = [
+            _f(ms),
+            _f(fwd),
+            _f(ms - fwd if ms and fwd else None),
+            _f(r.get("peak_mib"), 0),
+            _f(r.get("first_s"), 1),
+        ]
         cells += [f"{ms / base:.2f}×" if ms and base else "–", f"{sd / ms:.2f}×" if ms and sd else "–"]
-        rows.append([p or "–", r["n"], r["form"], *cells, status(r)])
-    head = ["process", "N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "÷ fla chunk_simple_gla"]
+        rows.append([p or "–", b, r["n"], r["form"], *cells, status(r)])
+    head = ["process", "B", "N", "form", "fwd+bwd ms", "fwd ms", "bwd ms", "peak MiB", "first call s"]
+    head += ["÷ fla chunk_simple_gla"]
     L += (table(head + ["sdpa flash ÷ form", "status"], rows) if rows else ["Not run."]) + [""]
     L += [
         "## Training throughput",
         "",
-        f"benchmarks/train_throughput.py --device {ctx.device}: `size={s['size']}`, bf16-mixed (autocast), batch "
-        f"{s['batch']}, context {ctx.train_context or '–'}, AdamW + clipping as in training; median of "
-        f"{s['train_steps']} timed steps after {s['train_warmup']} warm-up, the models of one process alternating "
-        f"step by step; process 1 runs impl=chunk beside softmax_rope, process 2 impl=fla beside softmax_rope (with "
-        f"`--triton`: impl=triton beside softmax_rope, one process) (a "
-        f"CUDA fault ends its process). Peak MiB: the model's weights and optimizer state plus the largest rise of allocated memory during one "
-        f"of its steps (CUDA only).",
+        f"benchmarks/train_throughput.py --device {ctx.device}: `size={s['size']}`, bf16-mixed (autocast), contexts "
+        f"{', '.join(map(str, s['contexts']))} at batch × context = {s['tokens']}, AdamW + clipping as in training; "
+        f"median of {s['train_steps']} timed steps after {s['train_warmup']} warm-up, the models of one process "
+        "alternating step by step; process 1 runs impl=chunk beside softmax_rope, process 2 impl=fla beside "
+        "softmax_rope (with `--triton`: impl=triton beside softmax_rope, one process) (a CUDA fault ends its "
+        "process). Peak MiB: the model's weights and optimizer state plus the largest rise of allocated memory during "
+        "one of its steps (CUDA only); the ratios are to the softmax_rope of the same process and context.",
         "",
     ]
-    rows = []
-    for r in ctx.rows("train"):
+    rows, train = [], ctx.rows("train")
+    for r in train:
         first = [r.get("process", "–"), r["model"], r.get("size", "–"), r.get("context"), r.get("batch")]
         cells = [_f(r.get(k), d) for k, d in (("ms_per_step", 1), ("tokens_per_s", 0), ("peak_mib", 0), ("first_s", 1))]
+        same = (r.get("process"), SOFTMAX, r.get("context"))
+        sm = next((x for x in train if (x.get("process"), x["model"], x.get("context")) == same), {})
+        for key in ("tokens_per_s", "peak_mib"):
+            mine, theirs = r.get(key), sm.get(key)
+            cells.append(f"{mine / theirs:.2f}×" if mine and theirs and r is not sm else "–")
         rows.append(first + cells + [status(r)])
-    head = ["process", "model", "size", "context", "batch", "ms/step", "tokens/s", "peak MiB", "first step s", "status"]
+    head = ["process", "model", "size", "context", "batch", "ms/step", "tokens/s", "peak MiB", "first step s"]
+    head += ["tokens/s ÷ softmax_rope's", "peak ÷ softmax_rope's", "status"]
     L += (table(head, rows) if rows else ["Not run."]) + ["", "## FSDP", ""]
     f = ctx.results.get("fsdp")
     fsdp = [[f"`{ctx.fsdp.get('command', '')}`", f["status"], _f(f.get("wall_s"), 0), f.get("note", "")]] if f else []
@@ -504,7 +544,6 @@ class Context:
         self.command = "bash benchmarks/gpu_check.sh" + (" --cpu" if args.cpu else "")
         self.command += f" --parts {','.join(self.parts)}" if self.parts != list(PARTS) else ""
         self.env, self.tests, self.fsdp, self.results = {}, {}, {}, {}
-        self.train_context: Optional[int] = None
         triton = getattr(args, "triton", False)  # linrope's Triton kernels alone (issue 50)
         self.kernel_processes = TRITON_KERNEL_PROCESSES if triton else KERNEL_PROCESSES
         self.train_processes = TRITON_TRAIN_PROCESSES if triton else TRAIN_PROCESSES

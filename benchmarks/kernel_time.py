@@ -7,7 +7,8 @@ benchmarks/memory.py) and the wall time of the first call (on a GPU: Triton's co
 that fails becomes a row saying what failed (OOM named as such; the form is skipped at larger N after an OOM); one
 that cannot run here says "unavailable".  A row is skipped, saying why, above ``--naive-max`` for the naive form, at
 an N that is not a multiple the form needs, or when one fwd+bwd is predicted (from the form's previous N, linear or
-quadratic) to take over ``--max-run-s`` or the table's ``--budget-s`` would overrun.
+quadratic) to take over ``--max-run-s`` or the table's ``--budget-s`` would overrun.  The rows are B = ``--batch`` at
+each of ``--lengths``, then one per ``--shapes BxN`` (another batch, e.g. a training step's shape).
 
 After the rows: the time ratios A ÷ B of each ``--ratios A/B`` pair (both measured in this process; > 1: B is
 faster); each form's growth (time at N ÷ at the first N); the forward's FLOP rate of the chunked linear forms, as a
@@ -33,6 +34,7 @@ Usage:  python benchmarks/kernel_time.py --quick
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
@@ -47,7 +49,7 @@ from benchmarks import timing  # noqa: E402
 from benchmarks.forms import REGISTRY, FormUnavailable, legend, lookup, make_inputs  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-COLUMNS = ("N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "status")
+COLUMNS = ("B", "N", "form", "fwd+bwd ms", "fwd ms", "peak MiB", "first call s", "status")
 DEFAULT_FORMS = {
     "cpu": ["chunk", "plain", "naive", "sdpa", "chunk-none", "plain-none", "fla-naive-torch"],
     "cuda": ["sdpa-flash", "fla-triton", "fla", "chunk"],
@@ -68,10 +70,10 @@ DEFAULTS = {  # option: (default on cpu, on cuda: the device check's kernel tabl
 NEEDS_GPU = "--device cuda: no CUDA GPU here (torch.cuda.is_available() is False): nothing was measured"
 
 
-def measure(key: str, n: int, args, device: torch.device) -> dict:
+def measure(key: str, b: int, n: int, args, device: torch.device) -> dict:
     form = REGISTRY[key]
     fn = form.build(args.chunk_size, device)
-    shape = dict(batch=args.batch, heads=args.heads, dim=args.dim)
+    shape = dict(batch=b, heads=args.heads, dim=args.dim)
     (q, k, v), grad = make_inputs(form, n, device=device, dtype=DTYPES[args.dtype], seed=n, **shape)
 
     def checked(q, k, v):
@@ -95,10 +97,10 @@ def measure(key: str, n: int, args, device: torch.device) -> dict:
 
 def row_line(r: dict) -> str:
     cells = [timing.fmt(r.get(k), d) for k, d in (("fwd_bwd_ms", 2), ("fwd_ms", 2), ("peak_mib", 0), ("first_s", 1))]
-    return timing.table(COLUMNS, [[r["n"], r["form"], *cells, timing.status(r)]])[-1]
+    return timing.table(COLUMNS, [[r["batch"], r["n"], r["form"], *cells, timing.status(r)]])[-1]
 
 
-def skip_reason(key: str, n: int, args, last: dict, left: float) -> Optional[str]:
+def skip_reason(key: str, b: int, n: int, args, last: dict, left: float) -> Optional[str]:
     form = REGISTRY[key]
     if key == "naive" and n > args.naive_max:
         return f"N above --naive-max {args.naive_max} (B·H·N² weights)"
@@ -107,8 +109,8 @@ def skip_reason(key: str, n: int, args, last: dict, left: float) -> Optional[str
     if left <= 0:
         return f"the table's budget of {args.budget_s:.0f} s was spent"
     if key in last:
-        n0, t0 = last[key]
-        per_run = t0 * (n / n0) ** form.growth
+        b0, n0, t0 = last[key]
+        per_run = t0 * (b / b0) * (n / n0) ** form.growth
         if per_run > args.max_run_s:
             return f"one fwd+bwd predicted to take {per_run:.0f} s, over --max-run-s {args.max_run_s:g}"
         whole = per_run * 2 * (args.warmup + args.repeats + 1)  # fwd+bwd and fwd (a forward is less; a bound)
@@ -118,28 +120,29 @@ def skip_reason(key: str, n: int, args, last: dict, left: float) -> Optional[str
 
 
 def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
-    """Every (N, form) row in order, each handed to ``emit`` as it is known."""
+    """Every (B, N, form) row in order, each handed to ``emit`` as it is known."""
     start = time.perf_counter()
     rows, last, dead = [], {}, {}
-    for n in args.lengths:
+    for b, n in shapes(args):
         for key in args.forms:
-            row = dict(part="kernels", n=n, form=REGISTRY[key].label, key=key, device=device.type, dtype=args.dtype)
-            why = skip_reason(key, n, args, last, args.budget_s - (time.perf_counter() - start))
+            row = dict(part="kernels", batch=b, n=n, form=REGISTRY[key].label, key=key, device=device.type)
+            row["dtype"] = args.dtype
+            why = skip_reason(key, b, n, args, last, args.budget_s - (time.perf_counter() - start))
             if key in dead:
                 row.update(dead[key])
             elif why is not None:
                 row.update(status="skipped", note=why)
             else:
                 try:
-                    row.update(measure(key, n, args, device), status="ok")
-                    last[key] = (n, row["fwd_bwd_ms"] / 1e3)
+                    row.update(measure(key, b, n, args, device), status="ok")
+                    last[key] = (b, n, row["fwd_bwd_ms"] / 1e3)
                 except FormUnavailable as e:
                     row.update(status="unavailable", note=str(e))
                     dead[key] = {"status": "unavailable", "note": str(e)}
                 except Exception as e:  # noqa: BLE001 - any failure of one form is that form's row
                     row.update(status="failed", note=timing.failure_note(e))
                     if row["note"].startswith("OOM"):
-                        dead[key] = {"status": "skipped", "note": f"OOM at N={n}"}
+                        dead[key] = {"status": "skipped", "note": f"OOM at B={b}, N={n}"}
                 finally:
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
@@ -151,40 +154,65 @@ def run(args, device: torch.device, emit: Callable[[dict], None]) -> list[dict]:
 def summary(rows: list[dict], args, peak: Optional[float]) -> list[str]:
     """The ratios, growth and FLOP-rate tables of the rows measured."""
     ok = [r for r in rows if r["status"] == "ok"]
-    ms = {(r["n"], r["key"], kind): r[kind] for r in ok for kind in ("fwd_ms", "fwd_bwd_ms")}
-    lengths = sorted({r["n"] for r in rows})
+    ms = {(r["batch"], r["n"], r["key"], kind): r[kind] for r in ok for kind in ("fwd_ms", "fwd_bwd_ms")}
+    measured = shapes(args)
     label = {k: f.label for k, f in REGISTRY.items()}
     out = ["", "Ratios: time of A ÷ time of B, both measured above in this process (> 1: B is faster)", ""]
     cells = []
-    for a, b in (pair.split("/") for pair in args.ratios):
-        for n in lengths:
-            fwd, fb = (timing.ratio(ms.get((n, a, kind)), ms.get((n, b, kind))) for kind in ("fwd_ms", "fwd_bwd_ms"))
+    for x, y in (pair.split("/") for pair in args.ratios):
+        for b, n in measured:
+            times = ((ms.get((b, n, x, kind)), ms.get((b, n, y, kind))) for kind in ("fwd_ms", "fwd_bwd_ms"))
+            fwd, fb = (timing.ratio(*pair) for pair in times)
             if fwd or fb:
-                cells.append([n, f"{label[a]} ÷ {label[b]}", timing.fmt_ratio(fwd), timing.fmt_ratio(fb)])
-    out += timing.table(["N", "ratio", "fwd", "fwd+bwd"], cells) if cells else ["(no pair measured at the same N)"]
-    out += ["", "Growth: fwd+bwd time at N ÷ at the first N measured", ""]
-    cells = []
+                cells.append([b, n, f"{label[x]} ÷ {label[y]}", timing.fmt_ratio(fwd), timing.fmt_ratio(fb)])
+    out += timing.table(["B", "N", "ratio", "fwd", "fwd+bwd"], cells) if cells else ["(no pair measured at one shape)"]
+    out += ["", f"Growth: fwd+bwd time at N ÷ at the first N measured (B = {args.batch})", ""]
+    cells, b = [], args.batch
     for key in args.forms:
-        got = [(n, ms[n, key, "fwd_bwd_ms"]) for n in lengths if (n, key, "fwd_bwd_ms") in ms]
+        got = [(n, ms[b, n, key, "fwd_bwd_ms"]) for n in args.lengths if (b, n, key, "fwd_bwd_ms") in ms]
         cells += [[label[key], f"{got[0][0]} → {n}", f"{t / got[0][1]:.2f}", f"{n / got[0][0]:g}"] for n, t in got[1:]]
     out += timing.table(["form", "N", "time ratio", "N ratio"], cells) if cells else ["(one N only)"]
     cs, d = args.chunk_size, args.dim
     counts = {"8·C·d + 8·d²": 8 * cs * d + 8 * d**2, "4·C·d + 4·d²": 4 * cs * d + 4 * d**2}
     cells = []
-    for n in lengths:
+    for b, n in measured:
         for key in args.forms:
-            t = ms.get((n, key, "fwd_ms"))
+            t = ms.get((b, n, key, "fwd_ms"))
             if t and REGISTRY[key].chunk_flops:
-                rates = [args.batch * args.heads * n * c / (t / 1e3) / 1e9 for c in counts.values()]
+                rates = [b * args.heads * n * c / (t / 1e3) / 1e9 for c in counts.values()]
                 cells.append(
-                    [n, label[key]]
+                    [b, n, label[key]]
                     + [x for r in rates for x in (f"{r:.1f}", f"{100 * r / peak:.0f}%" if peak else "–")]
                 )
     if cells:
         where = f"float32 matmul peak ({args.peak_size}³ torch.mm) {peak:.1f} GFLOP/s" if peak else "--peak-size 0"
         out += ["", f"FLOP rate of the forward; {where}", ""]
-        out += timing.table(["N", "form"] + [h for c in counts for h in (f"GFLOP/s ({c})", "% of peak")], cells)
+        out += timing.table(["B", "N", "form"] + [h for c in counts for h in (f"GFLOP/s ({c})", "% of peak")], cells)
     return out
+
+
+def autotuned() -> list[str]:
+    """The num_warps Triton's autotuner chose for linrope's Triton kernels in this process, one line per kernel and
+    key (none if they did not run)."""
+    kernels = sys.modules.get("linrope.ops.linear_attn.triton_kernels")
+    out = []
+    for name in ("_state_fwd", "_out_fwd", "_state_bwd", "_grad"):
+        for key, config in getattr(getattr(kernels, name, None), "cache", {}).items():
+            out.append(f"{name} {key}: num_warps {config.num_warps}")
+    return ["", "Autotuned (linrope triton; key: D, DV, COS, ROPE, HAS_G, DOCS[, NORM], dtypes):", *out] if out else []
+
+
+def shapes(args) -> list[tuple[int, int]]:
+    """The (B, N) of the table's rows, in order: ``--batch`` at each of ``--lengths``, then ``--shapes``."""
+    return [(args.batch, n) for n in args.lengths] + list(args.shapes)
+
+
+def batch_by_length(text: str) -> tuple[int, int]:
+    """argparse's reading of a ``--shapes`` entry: ``BxN`` -> (B, N)."""
+    b, x, n = text.lower().partition("x")
+    if not (x and b.isdigit() and n.isdigit() and int(b) > 0 and int(n) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not BxN (a batch and a length, e.g. 4x4096)")
+    return int(b), int(n)
 
 
 def parse_args(argv=None):
@@ -195,6 +223,9 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--lengths", type=int, nargs="+", help="sequence lengths N (default 1k, 2k, … 64k; on cuda 1k, 4k, 16k, 64k)"
+    )
+    p.add_argument(
+        "--shapes", type=batch_by_length, nargs="+", default=[], metavar="BxN", help="more rows at another batch"
     )
     p.add_argument("--quick", action="store_true", help="N = 1k, 2k, 4k only (a smoke run)")
     for name, default, what in (
@@ -252,7 +283,7 @@ def main(argv=None) -> int:
 
     rows = run(args, device, emit)
     peak = timing.matmul_rate(args.peak_size, device=device) if args.peak_size else None
-    print("\n".join(summary(rows, args, peak)), flush=True)
+    print("\n".join(summary(rows, args, peak) + autotuned()), flush=True)
     bad = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and device.type == "cuda")]
     return 1 if bad else 0
 

@@ -8,7 +8,9 @@ and schedule its ``configure_optimizers`` builds (AdamW, as in training), on ran
 model runs ``--warmup`` untimed steps, then ``--steps`` timed rounds alternate the models step by step (so drift of
 the machine hits them alike); each model's time is its median step.  Tokens/s = batch · context / median step; the
 ratio is linear_rope's tokens/s over softmax_rope's.  ``--d-model``, ``--layers``, ``--heads``, ``--d-ff`` and
-``--chunk-size`` override the composed sizes; more Hydra overrides go after ``--override``.
+``--chunk-size`` override the composed sizes; more Hydra overrides go after ``--override``.  ``--tokens T`` holds
+batch × context at T across the contexts (batch T ÷ context at each, instead of ``--batch``), so that every context
+trains on the same tokens per step.
 
 ``--precision 32-true bf16-mixed`` times each model at each precision in the same process (bf16-mixed is Lightning's
 autocast: forward and loss under ``torch.autocast(dtype=torch.bfloat16)``, weights and optimizer state float32) and
@@ -26,6 +28,7 @@ Usage:  python benchmarks/train_throughput.py                       # context 81
         python benchmarks/train_throughput.py --context 1024 4096 8192 --steps 5
         python benchmarks/train_throughput.py --compile --context 256 --batch 8 --models linear_rope
         python benchmarks/train_throughput.py --context 1024 --override size=tiny optim.weight_decay=0
+        python benchmarks/train_throughput.py --context 512 1024 2048 --tokens 4096     # batch 8, 4, 2
         python benchmarks/train_throughput.py --context 256 --batch 16 --precision 32-true bf16-mixed --steps 9
         python benchmarks/train_throughput.py --device cuda --precision bf16-mixed --override size=base \
             --context 4096 --batch 4 --models linear_rope linear_rope:model.attention.impl=fla softmax_rope
@@ -87,6 +90,11 @@ def compose_config(name: str, args, context: int, compiled: bool) -> DictConfig:
     return cfg
 
 
+def batch_at(args, context: int) -> int:
+    """The batch at ``context``: ``--tokens`` ÷ context when batch × context is held fixed, else ``--batch``."""
+    return args.tokens // context if args.tokens else args.batch
+
+
 def tensor_mib(tensors) -> float:
     return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t)) / 2**20
 
@@ -97,7 +105,7 @@ class Trainer:
     def __init__(self, name: str, args, context: int, compiled: bool = False, precision: str = "32-true"):
         self.model, self.precision, self.device = name, precision, torch.device(args.device)
         self.name = name + (" compiled" if compiled else "") + (f" {precision}" if len(args.precision) > 1 else "")
-        self.autocast = AUTOCAST[precision]
+        self.autocast, self.batch = AUTOCAST[precision], batch_at(args, context)
         self.status, self.error, self.first, self.times, self.peak_mib = "ok", None, 0.0, [], None
         try:
             self.cfg = compose_config(name, args, context, compiled)
@@ -109,7 +117,7 @@ class Trainer:
             self.opt, self.sched = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
             self.clip = self.cfg.trainer.get("gradient_clip_val")
             g = torch.Generator().manual_seed(args.seed)
-            self.data = torch.randint(0, int(self.cfg.model.vocab_size), (args.batch, context + 1), generator=g)
+            self.data = torch.randint(0, int(self.cfg.model.vocab_size), (self.batch, context + 1), generator=g)
             self.data = self.data.to(self.device)
         except Exception as e:  # noqa: BLE001 - one model's failure is its row; the others go on
             self.fail(e)
@@ -174,8 +182,9 @@ def header(args, trainers, malloc: str) -> None:
     m = first.cfg.model if first else None
     sizes = f"d_model={m.d_model} layers={m.n_layers} heads={m.n_heads} d_ff={m.d_ff} " if m is not None else ""
     opt = f"{type(first.opt).__name__} + clip {first.clip}" if first else "the optimizer did not build"
+    batches = f"batch × context = {args.tokens}" if args.tokens else f"batch={args.batch}"
     timing.header(
-        f"training throughput on {args.device}: {sizes}batch={args.batch}, {' / '.join(args.precision)}, {opt}",
+        f"training throughput on {args.device}: {sizes}{batches}, {' / '.join(args.precision)}, {opt}",
         f"{args.warmup} warm-up steps per model, median of {args.steps} timed steps (models alternating); "
         f"malloc: {malloc}",
     )
@@ -184,12 +193,12 @@ def header(args, trainers, malloc: str) -> None:
 def record(tr: Trainer, args, ctx: int) -> dict:
     """The jsonl row of one model at one context; its line printed."""
     rec = dict(part="train", model=tr.model, name=tr.name, precision=tr.precision, device=args.device, context=ctx)
-    rec.update(batch=args.batch, status=tr.status, note=tr.error)
+    rec.update(batch=tr.batch, status=tr.status, note=tr.error)
     if tr.error is not None:
         print(f"context={ctx} {tr.name}: {tr.status}: {tr.error}", flush=True)
         return rec
     med = statistics.median(tr.times)
-    rec.update(ms_per_step=med * 1e3, tokens_per_s=args.batch * ctx / med, first_s=tr.first, peak_mib=tr.peak_mib)
+    rec.update(ms_per_step=med * 1e3, tokens_per_s=tr.batch * ctx / med, first_s=tr.first, peak_mib=tr.peak_mib)
     rec["steps"] = len(tr.times)
     if hasattr(tr, "cfg"):
         m = tr.cfg.model
@@ -198,7 +207,7 @@ def record(tr: Trainer, args, ctx: int) -> dict:
     steps = ", ".join(f"{t * 1e3:.0f}" for t in tr.times)
     print(
         f"context={ctx} {tr.name}: first step {tr.first:.1f} s; step times {steps} ms; median {med * 1e3:.0f} ms, "
-        f"{args.batch * ctx / med:.0f} tokens/s{peak}",
+        f"{tr.batch * ctx / med:.0f} tokens/s{peak}",
         flush=True,
     )
     return rec
@@ -211,7 +220,7 @@ def summary(rows: list[dict], args) -> list[str]:
     names = [n + c + s_ for n in args.models for c in compiled for s_ in suffixes]
     mixed = args.models if not args.compile and {"32-true", "bf16-mixed"} <= set(args.precision) else []
     both = "linear_rope" in names and "softmax_rope" in names
-    head = ["context"] + [f"{n} ms/step" for n in names] + [f"{n} tokens/s" for n in names]
+    head = ["context", "batch"] + [f"{n} ms/step" for n in names] + [f"{n} tokens/s" for n in names]
     head += ["linear/softmax tokens/s"] * both + ["compiled linear/softmax tokens/s"] * (both and args.compile)
     if args.compile:
         head += [f"{n} compiled/eager tokens/s" for n in args.models] + [f"{n} compile s" for n in args.models]
@@ -222,8 +231,11 @@ def summary(rows: list[dict], args) -> list[str]:
         def ratio(a, b, r=r):
             return f"{r[a] / r[b]:.2f}×" if a in r and b in r else "failed"
 
-        cells = [r["context"]] + [f"{r[n] * 1e3:.0f}" if n in r else "failed" for n in names]
-        cells += [f"{args.batch * r['context'] / r[n]:.0f}" if n in r else "failed" for n in names]
+        tokens = batch_at(args, r["context"]) * r["context"]
+        cells = [r["context"], batch_at(args, r["context"])] + [
+            f"{r[n] * 1e3:.0f}" if n in r else "failed" for n in names
+        ]
+        cells += [f"{tokens / r[n]:.0f}" if n in r else "failed" for n in names]
         cells += [ratio("softmax_rope", "linear_rope")] * both
         cells += [ratio("softmax_rope compiled", "linear_rope compiled")] * (both and args.compile)
         if args.compile:
@@ -246,6 +258,7 @@ def main(argv=None) -> int:
     for flag, key in (("--d-model", "d_model"), ("--layers", "n_layers"), ("--heads", "n_heads"), ("--d-ff", "d_ff")):
         p.add_argument(flag, type=int, default=None, help=f"model.{key} (default: the size config's)")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--tokens", type=int, default=None, help="batch × context held at this (batch = tokens ÷ context)")
     p.add_argument("--chunk-size", type=int, default=None, help="chunk size of linear attention (the config's)")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per model before timing")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per model (median reported)")
@@ -255,6 +268,9 @@ def main(argv=None) -> int:
     p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE", help="more Hydra overrides, every model")
     p.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per model and context here")
     args = p.parse_args(argv)
+    uneven = [c for c in args.context if args.tokens is not None and (args.tokens < c or args.tokens % c)]
+    if uneven:
+        p.error(f"--tokens {args.tokens}: not a multiple of --context {uneven[0]} (batch = tokens ÷ context)")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch.cuda.is_available() is False here")
     malloc = timing.start(args)

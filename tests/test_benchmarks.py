@@ -127,6 +127,8 @@ def test_kernel_time_reports_every_form_it_timed_with_ratios_growth_and_flop_rat
                 "--lengths",
                 "64",
                 "128",
+                "--shapes",
+                "2x64",
                 "--forms",
                 "chunk",
                 "plain",
@@ -143,21 +145,24 @@ def test_kernel_time_reports_every_form_it_timed_with_ratios_growth_and_flop_rat
     )
     text = capsys.readouterr().out
     got = [json.loads(line) for line in rows_file.read_text().splitlines()]
-    assert [(r["n"], r["key"], r["form"]) for r in got] == [
-        (n, k, forms.REGISTRY[k].label) for n in (64, 128) for k in ("chunk", "plain", "sdpa")
+    assert [(r["batch"], r["n"], r["key"], r["form"]) for r in got] == [
+        (b, n, k, forms.REGISTRY[k].label) for b, n in ((1, 64), (1, 128), (2, 64)) for k in ("chunk", "plain", "sdpa")
     ]
-    ms = {(r["n"], r["key"]): r for r in got}
+    ms = {(r["n"], r["key"]): r for r in got if r["batch"] == 1}
+    at_2 = {r["key"]: r for r in got if r["batch"] == 2}  # the --shapes row: its own ratio, no growth
+    (ratio,) = table_rows(text, f"2 | 64 | {forms.REGISTRY['sdpa'].label} ÷ linrope chunk")
+    assert ratio[-1] == f"{at_2['sdpa']['fwd_bwd_ms'] / at_2['chunk']['fwd_bwd_ms']:.2f}×"
     for n in (64, 128):
         for key in ("chunk", "plain", "sdpa"):
-            row = table_rows(text, f"{n} | {forms.REGISTRY[key].label}")[0]  # the kernel table's row (then FLOP rate)
-            assert row[-1] == "ok" and float(row[2]) > 0 and float(row[3]) > 0, row  # fwd+bwd ms, fwd ms
+            row = table_rows(text, f"1 | {n} | {forms.REGISTRY[key].label}")[0]  # the kernel table's (then FLOP rate)
+            assert row[-1] == "ok" and float(row[3]) > 0 and float(row[4]) > 0, row  # fwd+bwd ms, fwd ms
         for key in ("sdpa", "plain"):  # the ratio of the two times this run measured
-            (ratio,) = table_rows(text, f"{n} | {forms.REGISTRY[key].label} ÷ linrope chunk")
-            for cell, kind in zip(ratio[2:], ("fwd_ms", "fwd_bwd_ms")):
+            (ratio,) = table_rows(text, f"1 | {n} | {forms.REGISTRY[key].label} ÷ linrope chunk")
+            for cell, kind in zip(ratio[3:], ("fwd_ms", "fwd_bwd_ms")):
                 assert cell == f"{ms[n, key][kind] / ms[n, 'chunk'][kind]:.2f}×", (ratio, kind)
-        (flops,) = table_rows(text, f"{n} | linrope chunk")[1:]  # the FLOP-rate table's row
+        (flops,) = table_rows(text, f"1 | {n} | linrope chunk")[1:]  # the FLOP-rate table's row
         rate = 1 * 2 * n * (8 * 64 * 16 + 8 * 16**2) / (ms[n, "chunk"]["fwd_ms"] / 1e3) / 1e9  # B H N (8Cd + 8d²)
-        assert flops[2] == f"{rate:.1f}" and flops[3].endswith("%")
+        assert flops[3] == f"{rate:.1f}" and flops[4].endswith("%")
     (growth,) = table_rows(text, "linrope chunk | 64 → 128")
     assert growth[2] == f"{ms[128, 'chunk']['fwd_bwd_ms'] / ms[64, 'chunk']['fwd_bwd_ms']:.2f}" and growth[3] == "2"
 
@@ -166,10 +171,10 @@ def test_kernel_time_says_why_it_skipped_a_row(capsys):
     kernel_time.main(["--lengths", "64", "128", "--forms", "naive", "--naive-max", "64", *TINY])
     kernel_time.main(["--lengths", "64", "128", "--forms", "chunk", "--max-run-s", "0", *TINY])
     text = capsys.readouterr().out
-    assert table_rows(text, "128 | linrope naive")[0][-1] == "skipped: N above --naive-max 64 (B·H·N² weights)"
+    assert table_rows(text, "1 | 128 | linrope naive")[0][-1] == "skipped: N above --naive-max 64 (B·H·N² weights)"
     assert re.fullmatch(
         r"skipped: one fwd\+bwd predicted to take \d+ s, over --max-run-s 0",
-        table_rows(text, "128 | linrope chunk")[0][-1],
+        table_rows(text, "1 | 128 | linrope chunk")[0][-1],
     )
 
 
@@ -291,7 +296,7 @@ def test_kernel_table_keeps_the_other_forms_when_one_fails(tmp_path, monkeypatch
     assert all("forced failure" in r["note"] for r in got if r["status"] == "failed")
     assert all(r["fwd_bwd_ms"] > 0 and r["fwd_ms"] > 0 and r["first_s"] > 0 for r in got if r["status"] == "ok")
     printed = capsys.readouterr().out
-    assert all(table_rows(printed, f"{n} | {gpu_check.LINROPE_CHUNK}")[0][-1] == "ok" for n in (64, 128))
+    assert all(table_rows(printed, f"1 | {n} | {gpu_check.LINROPE_CHUNK}")[0][-1] == "ok" for n in (64, 128))
     assert printed.count("| failed: RuntimeError") == 2
 
 
@@ -352,6 +357,21 @@ def test_training_throughput_keeps_the_other_models_when_one_fails(tmp_path, mon
     assert "forced failure" in soft["note"]
 
 
+def test_training_throughput_holds_batch_times_context_with_tokens(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    sizes = ["--d-model", "32", "--layers", "1", "--heads", "2", "--d-ff", "64", "--warmup", "0", "--steps", "1"]
+    args = ["--context", "32", "64", "--tokens", "128", "--models", "linear_rope", "--jsonl", str(rows), *sizes]
+    assert train_throughput.main(args) == 0
+    got = read_rows(rows)
+    assert [(r["context"], r["batch"]) for r in got] == [(32, 4), (64, 2)]
+    assert all(r["tokens_per_s"] == pytest.approx(128 / (r["ms_per_step"] / 1e3)) for r in got)
+    text = capsys.readouterr().out
+    assert table_rows(text, "32 | 4") and table_rows(text, "64 | 2")  # the summary's context and batch
+    with pytest.raises(SystemExit):
+        train_throughput.main(["--context", "48", "--tokens", "128"])
+    assert "--tokens 128: not a multiple of --context 48" in capsys.readouterr().err
+
+
 def test_training_throughput_refuses_a_model_spec_that_is_not_key_value(capsys):
     with pytest.raises(SystemExit):
         train_throughput.main(["--models", "linear_rope:model.attention.impl"])
@@ -379,8 +399,8 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
                 "fwd_ms": 1.0,
             }
         )
-    for process, model, tps in (  # each linear form beside its own process's softmax baseline
-        (1, gpu_check.LINEAR_CHUNK, 900.0),
+    for process, model, tps in (  # each linear form beside its own process's softmax baseline, at 4096
+        (1, gpu_check.LINEAR_CHUNK, 750.0),
         (1, gpu_check.SOFTMAX, 1000.0),
         (2, gpu_check.LINEAR_FLA, 1100.0),
         (2, gpu_check.SOFTMAX, 500.0),
@@ -389,15 +409,19 @@ def test_device_check_goals_read_the_measured_rows(tmp_path, fla_ms, met):
             {"part": "train", "process": process, "model": model, "context": 4096, "status": "ok", "tokens_per_s": tps}
         )
     rows = gpu_check.goals(ctx)
-    within, fla_sdpa, chunk_sdpa, train_fla, train_chunk = (rows[i] for i in (0, 6, 7, 8, 9))
-    assert all(r[2] == "not measured" for r in rows[1:6] + rows[10:])  # issue 50's, measured with --triton
+    assert len(rows) == 8 + 2 * 4  # the kernels' goals, then three contexts and the memory for chunk, then fla
+    within, fla_sdpa, chunk_sdpa, train_chunk, train_fla = (rows[i] for i in (0, 6, 7, 8, 12))
+    assert all(r[2] == "not measured" for r in rows[1:6])  # issue 50's kernel goals, measured with --triton
+    assert all(r[2] == "not measured" for r in rows[9:12] + rows[13:])  # 8k, 16k and the memory: no rows
     assert within[1].endswith(f"= {fla_ms / 10:.2f}×") and within[2] == met
     assert fla_sdpa[1].endswith(f"= {90 / fla_ms:.2f}×") and fla_sdpa[2] == "yes"
     assert chunk_sdpa[1].endswith("= 4.00×") and chunk_sdpa[2] == "no"
+    assert "context 4096" in train_chunk[0] and "≥ 0.8× softmax_rope's" in train_chunk[0]
     assert (train_fla[2], train_chunk[2]) == ("yes", "no") and train_fla[1].endswith("= 2.20×")
-    assert train_chunk[1].endswith("= 0.90×")
+    assert train_chunk[1].endswith("= 0.75×")
     md = gpu_check.report(ctx)
-    assert f"| 2 | 16384 | {gpu_check.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | – | – | {fla_ms / 10:.2f}× | " in md
+    assert f"| 2 | 1 | 16384 | {gpu_check.LINROPE_FLA} | {fla_ms:.2f} | 1.00 | {fla_ms - 1:.2f} | – | – | " in md
+    assert f"| {fla_ms / 10:.2f}× | {90 / fla_ms:.2f}× | ok |" in md
 
 
 def test_device_check_triton_goals_read_their_process(tmp_path):
@@ -409,22 +433,35 @@ def test_device_check_triton_goals_read_their_process(tmp_path):
     for n, sdpa, fla, ours in ((4096, 5.0, 1.0, 1.1), (16384, 40.0, 2.0, 2.5), (65536, 300.0, 5.0, 14.0)):
         for form, ms in ((gpu_check.SDPA, sdpa), (gpu_check.FLA_KERNEL, fla), (gpu_check.LINROPE_TRITON, ours)):
             ctx.add_row({"part": "kernels", "process": 1, "n": n, "form": form, "status": "ok", "fwd_bwd_ms": ms})
-    for model, tps in ((gpu_check.LINEAR_TRITON, 1100.0), (gpu_check.SOFTMAX, 1000.0)):
-        ctx.add_row(
-            {"part": "train", "process": 1, "model": model, "context": 4096, "status": "ok", "tokens_per_s": tps}
-        )
+    for model, context, tps, peak in (  # 0.85×, 0.95× and 1.4× softmax_rope's tokens/s; less memory at 16k
+        (gpu_check.LINEAR_TRITON, 4096, 850.0, 900.0),
+        (gpu_check.SOFTMAX, 4096, 1000.0, 800.0),
+        (gpu_check.LINEAR_TRITON, 8192, 950.0, 900.0),
+        (gpu_check.SOFTMAX, 8192, 1000.0, 1000.0),
+        (gpu_check.LINEAR_TRITON, 16384, 1400.0, 900.0),
+        (gpu_check.SOFTMAX, 16384, 1000.0, 1200.0),
+    ):
+        row = dict(part="train", process=1, model=model, context=context, status="ok", tokens_per_s=tps, peak_mib=peak)
+        ctx.add_row(row)
     rows = gpu_check.goals(ctx)
+    assert len(rows) == 8 + 4  # the kernels' goals, then impl=triton's alone (this run's only linear form)
     assert [r[2] for r in rows[1:6]] == ["yes", "no", "no", "yes", "yes"]  # ÷ fla 1.10, 1.25, 2.80; sdpa ÷ 16, 21.4
-    assert rows[5][1].endswith(f"= {300 / 14:.2f}×") and rows[10][2] == "yes"
-    assert rows[0][2] == rows[8][2] == "not measured"  # linrope on fla: not in this run
+    assert rows[5][1].endswith(f"= {300 / 14:.2f}×")
+    assert [r[2] for r in rows[8:]] == ["yes", "no", "no", "yes"]  # ≥ 0.8×, 1×, 1.5×; memory 900 ≤ 1200 MiB
+    assert rows[11][1] == "900 vs 1 200 MiB = 0.75×" and gpu_check.LINEAR_TRITON in rows[11][0]
+    assert rows[0][2] == rows[6][2] == "not measured"  # linrope on fla: not in this run
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
-def test_device_check_budgets_train_at_the_goals_context_when_every_part_takes_its_share(device):
-    """The training part's own share, split between its processes, is enough for the long context the goals
-    name (4096 on CUDA): the context falls back only when earlier parts overran; and the shares fit the total."""
+def test_device_check_trains_at_every_goal_context_and_its_shares_fit_the_total(device):
+    """The training sweep covers the contexts its goals name at one batch × context (a whole batch at each), the
+    kernel table's extra shape is a training step's attention call, and the parts' shares fit the total."""
     shares, sizes = gpu_check.SHARES[device], gpu_check.SIZES[device]
-    assert shares["train"] / len(gpu_check.TRAIN_PROCESSES) >= sizes["long_context_s"]
+    assert set(sizes["train_goals"]) <= set(sizes["contexts"])
+    assert all(sizes["tokens"] % c == 0 for c in sizes["contexts"])
+    for shape in sizes["shapes"]:
+        b, n = map(int, shape.split("x"))
+        assert n in sizes["contexts"] and b * n == sizes["tokens"]
     assert sum(shares.values()) <= gpu_check.TOTAL_S[device]
     assert gpu_check.TOTAL_S["cuda"] + 60 <= 600  # with the device machine's start, within one 10-minute command
 
@@ -481,32 +518,39 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     ):
         assert heading in md, heading
 
-    def row(*first):
+    def rows(*first):
         found = re.findall(r"^\| " + re.escape(" | ".join(map(str, first))) + r" \| (.*) \|$", md, re.M)
-        assert len(found) == 1, (first, found)
-        return [c.strip() for c in found[0].split("|")]
+        return [[c.strip() for c in one.split("|")] for one in found]
+
+    def row(*first):
+        (found,) = rows(*first)
+        return found
 
     for part in gpu_check.PARTS:
         row(part)
     assert row("tests")[0] == "ok" and "skipped" in row("tests")[-1]  # no CUDA: the gpu tests skip
     assert row("kernels")[0] == row("train")[0] == "failed"
-    for n in gpu_check.SIZES["cpu"]["lengths"]:
+    sizes = gpu_check.SIZES["cpu"]
+    shapes = [(1, n) for n in sizes["lengths"]] + [tuple(map(int, x.split("x"))) for x in sizes["shapes"]]
+    for b, n in shapes:
         for process in (1, 2):  # the baseline in each process
-            sdpa = row(process, n, gpu_check.SDPA)
-            assert float(sdpa[0]) > 0 and sdpa[-1] == "ok"
-        assert row(1, n, gpu_check.LINROPE_CHUNK)[-1].startswith("failed: RuntimeError: forced failure")
+            sdpa = row(process, b, n, gpu_check.SDPA)
+            assert float(sdpa[0]) > 0 and float(sdpa[2]) > 0 and sdpa[-1] == "ok"  # fwd+bwd, bwd ms
+        assert row(1, b, n, gpu_check.LINROPE_CHUNK)[-1].startswith("failed: RuntimeError: forced failure")
         for form in (gpu_check.FLA_KERNEL, gpu_check.LINROPE_FLA):
-            assert row(2, n, form)[-1].startswith("unavailable: fla's Triton kernels need a CUDA device")
-    chunk = row(1, gpu_check.LINEAR_CHUNK)
-    assert float(chunk[4].replace(" ", "")) > 0 and chunk[-1] == "ok"  # tokens/s
-    for process in (1, 2):  # the baseline beside each linear form, in its own process
-        assert row(process, gpu_check.SOFTMAX)[-1].startswith("failed: RuntimeError: forced failure")
-    assert row(2, gpu_check.LINEAR_FLA)[-1].startswith("unavailable: impl=fla: fla's Triton kernels need a CUDA device")
+            assert row(2, b, n, form)[-1].startswith("unavailable: fla's Triton kernels need a CUDA device")
+    chunk = rows(1, gpu_check.LINEAR_CHUNK)
+    assert [(int(r[1]), int(r[2])) for r in chunk] == [(c, sizes["tokens"] // c) for c in sizes["contexts"]]
+    assert all(float(r[4].replace(" ", "")) > 0 and r[-1] == "ok" for r in chunk)  # tokens/s
+    for process in (1, 2):  # the baseline beside each linear form, in its own process, at every context
+        assert [r[-1][:36] for r in rows(process, gpu_check.SOFTMAX)] == ["failed: RuntimeError: forced failure"] * 3
+    (fla,) = {r[-1] for r in rows(2, gpu_check.LINEAR_FLA)}
+    assert fla.startswith("unavailable: impl=fla: fla's Triton kernels need a CUDA device")
     assert re.search(
         r"^\| `python train.py model=linear_rope size=tiny trainer=fsdp .*\| (missing|unavailable) \|", md, re.M
     )
     goals = md.split("## GPU goals")[1]
-    assert goals.count("\n| ") == 1 + 11  # the header and the eleven goal rows (six of them issue 50's, --triton)
+    assert goals.count("\n| ") == 1 + 8 + 2 * 4  # the header, the kernels' 8 goals, 4 for each linear form trained
     assert "## summary" in (out / "gpu_check.log").read_text()
 
     # nothing forced to fail: the kernel part alone passes, exit status 0
@@ -561,3 +605,15 @@ def test_the_fla_probe_runs_the_guard_off_and_on_and_says_it_needs_a_gpu(capsys)
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the probe would run")
     assert fla_probe.main([]) == 0 and capsys.readouterr().out.strip() == fla_probe.NEEDS_GPU
+
+
+def test_kernel_time_says_which_num_warps_the_autotuner_chose(monkeypatch):
+    """On a GPU the Triton kernels' autotuner picks num_warps per key; the table's log says which (none: not run)."""
+    import types
+
+    monkeypatch.delitem(sys.modules, "linrope.ops.linear_attn.triton_kernels", raising=False)
+    assert kernel_time.autotuned() == []
+    tuned = types.SimpleNamespace(cache={(64, 64, False, 1): types.SimpleNamespace(num_warps=8)})
+    fake = types.SimpleNamespace(_state_fwd=tuned, _grad=types.SimpleNamespace(cache={}))
+    monkeypatch.setitem(sys.modules, "linrope.ops.linear_attn.triton_kernels", fake)
+    assert kernel_time.autotuned()[-1] == "_state_fwd (64, 64, False, 1): num_warps 8"

@@ -17,7 +17,8 @@ float64 (the registry).
 Precision: tiles are loaded and φ, RoPE, the decays, the states, the denominator and every sum are float32.  The
 products over a chunk's positions take bfloat16 operands for bfloat16 inputs (tensor cores), float32 otherwise:
 float16 inputs are computed in float32 (the denominator grows like 86·t and ∂L/∂num = do / den shrinks with it, out
-of float16's range at long N).  Products with a float32 state are tf32 for 16-bit inputs, exact float32 for float32
+of float16's range at long N).  Products with a float32 state are tf32 for bfloat16 inputs, tf32x3 for float16
+inputs (every product: Triton cannot compile _grad's float32 products in tf32 for sm_90) and exact float32 for float32
 inputs (``PREC``).
 
 Where it runs: CUDA and triton (the ``gpu`` extra), or the CPU under Triton's interpreter (``TRITON_INTERPRET=1``,
@@ -102,7 +103,9 @@ def _meta(q: Tensor, v: Tensor, feature_map: str, rope: str) -> dict:
         COS=feature_map == "cosine",
         ROPE=PLACEMENT[rope],
         DT=dt,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        # float16 inputs: products with float32 operands (their range), in tf32x3: Triton (3.6 and 3.9) cannot compile
+        # _grad's float32 products in plain tf32 for sm_90 (benchmarks/triton_compile.py)
+        PREC={torch.float32: "ieee", torch.float16: "tf32x3"}.get(q.dtype, "tf32"),
     )
 
 
@@ -137,7 +140,7 @@ def triton_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Option
         _kernels()._out_fwd[(-(-N // CHUNK), B * H)](
             q, k, v, cs, g, docs, h, zs, out, den if normalize else cs, *q.stride(), *k.stride(), *v.stride(),
             *out.stride(), N, H, d, v.shape[-1], h.shape[2], float(eps), BV=max(64, _pow2(v.shape[-1])),
-            NORM=normalize, num_warps=4, **meta_g,
+            NORM=normalize, **meta_g,
         )  # fmt: skip
     return out, den if normalize else _none(q), ST if final else _none(q), zT if final else _none(q)
 
@@ -154,7 +157,7 @@ def _states(k, v, cs, g, docs, S0, z0, final: bool, meta: dict):
         S0, z0 = S0.to(torch.float32).contiguous(), z0.to(torch.float32).contiguous()
     _kernels()._state_fwd[(-(-dv // STATE_BV), B * H)](
         k, v, cs, g, docs, S0 if has_s0 else cs, z0 if has_s0 else cs, h, zs, ST, zT, *k.stride(), *v.stride(),
-        N, H, d, dv, NT, BV=STATE_BV, HAS_S0=has_s0, FINAL=final, num_warps=4, **meta,
+        N, H, d, dv, NT, BV=STATE_BV, HAS_S0=has_s0, FINAL=final, **meta,
     )  # fmt: skip
     return h, zs, ST, zT
 
@@ -202,13 +205,13 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
         kern._state_bwd[(-(-dv_ // STATE_BV), B * H)](
             q, cs, g, docs, do, den if normalize else cs, dd, gS, gz, dh, dzs, dS0, dz0, *q.stride(), *do.stride(),
             N, H, d, dv_, NT, BV=STATE_BV, NORM=normalize, HAS_DST=g_S is not None, HAS_DZT=g_z is not None,
-            D0=need_S0, num_warps=4, **meta,
+            D0=need_S0, **meta,
         )  # fmt: skip
         dq, dk, dv = like(q), like(k), like(v)
         kern._grad[(NT, B * H)](
             q, k, v, cs, g, docs, h, zs, do, den if normalize else cs, dd, dh, dzs, dq, dk, dv,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
-            N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, num_warps=8, **meta,
+            N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, **meta,
         )  # fmt: skip
     return dq, dk, dv, dS0 if need_S0 else _none(q), dz0 if need_S0 else _none(q)
 

@@ -27,14 +27,26 @@ Kernels (grid; what each program does):
     _grad       (NT, B·H)  one chunk: dq, dk, dv from the recomputed H_c, z_c and the state gradients
 The backward stores nothing from the forward but out and den: _state_fwd runs again (docs/mathematics.md, "Triton
 kernels").  Blocks are 64 wide at least (Hopper miscompiles multi-dot kernels with 16/32-wide blocks, fla_backend.py).
+The four heavy kernels are autotuned over num_warps (``_warps``).
 """
 
 import triton
 import triton.language as tl
 
+# A global a compiled kernel reads must be a tl.constexpr (the interpreter reads any global; compiling for a GPU
+# refuses a plain float: benchmarks/triton_compile.py compiles every kernel here, and its test runs in CI)
 BT = 64  # chunk length
-DEN_FLOOR = 1e-2  # common.DEN_FLOOR (the guard of placement "both")
-TINY = 1.0842021724855044e-19  # torch.finfo(torch.float32).tiny ** 0.5: features.phi's clamp of ‖x‖
+DEN_FLOOR = tl.constexpr(1e-2)  # common.DEN_FLOOR (the guard of placement "both")
+TINY = tl.constexpr(1.0842021724855044e-19)  # torch.finfo(torch.float32).tiny ** 0.5: features.phi's clamp of ‖x‖
+
+
+def _warps(*counts: int, norm: bool = True):
+    """Triton's autotuner over num_warps: on its first call for a key the device times each count and keeps the
+    fastest (compiled with 4 warps the state kernels' registers spill on sm_90, with 8 they do not:
+    benchmarks/triton_compile.py, which compiles every count).  The first count is the one the interpreter runs
+    (tests/ops/fla_interpreter.py keeps only the first configuration)."""
+    key = ["D", "DV", "COS", "ROPE", "HAS_G", "DOCS"] + ["NORM"] * norm
+    return triton.autotune([triton.Config({}, num_warps=w) for w in counts], key=key)
 
 
 @triton.jit
@@ -148,6 +160,7 @@ def _lp(a, b, DT: tl.constexpr, PREC: tl.constexpr):
     return tl.dot(a.to(DT), b.to(DT))
 
 
+@_warps(4, 8, norm=False)
 @triton.jit
 def _state_fwd(
     k, v, cs, g_ptr, docs, S0, z0, h, zs, ST, zT,
@@ -207,6 +220,7 @@ def _state_fwd(
                 tl.store(zT + sb, b_z1)
 
 
+@_warps(4, 8)
 @triton.jit
 def _out_fwd(
     q, k, v, cs, g_ptr, docs, h, zs, o, den,
@@ -270,6 +284,7 @@ def _dden(
     tl.store(dd + i_bh.to(tl.int64) * N + rt, g, mask=rt < N)
 
 
+@_warps(4, 8)
 @triton.jit
 def _state_bwd(
     q, cs, g_ptr, docs, do, den, dd, dST, dzT, dh, dzs, dS0, dz0,
@@ -351,6 +366,7 @@ def _phi_bwd(gf, x, f, COS: tl.constexpr):
     return gf * tl.minimum(f, 1.0)
 
 
+@_warps(8, 4)
 @triton.jit
 def _grad(
     q, k, v, cs, g_ptr, docs, h, zs, do, den, dd, dh, dzs, dq, dk, dv,
