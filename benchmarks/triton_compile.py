@@ -153,8 +153,8 @@ def usage(cubin: bytes) -> dict:
 
 
 def jit_kernels():
-    """triton_kernels.py decorated for compiling, loaded apart from ``linrope.ops.linear_attn.triton_kernels`` (which
-    the tests decorate for the interpreter)."""
+    """triton_kernels.py decorated for compiling, loaded apart from the module linrope imports (which the tests
+    decorate for the interpreter)."""
     import linrope.ops.linear_attn as package
 
     path = Path(package.__file__).parent / "triton_kernels.py"
