@@ -43,6 +43,10 @@ SHARES = {  # seconds each part may use at least (its timeout when the parts bef
     "cpu": {"env": 30, "kernels": 60, "tests": 60, "train": 60, "fsdp": 60},
 }
 TOTAL_S = {"cuda": 520, "cpu": 290}
+# ``--triton`` (issue 50): the tests part runs every case of linrope's Triton kernels on the GPU (each dtype and map
+# compiles and autotunes its own kernels), no FSDP part unless named: one command for a session's device time
+TRITON_SHARES = {"cuda": {"tests": 120, "train": 170}, "cpu": {}}
+TRITON_TESTS = ("gpu", ["tests/ops/test_triton_kernels.py"])
 TRAIN_MODELS = (
     "linear_rope:model.attention.impl=chunk",
     "linear_rope:model.attention.impl=fla",
@@ -220,9 +224,13 @@ def part_env(ctx) -> dict:
 def part_tests(ctx) -> dict:
     tests = (ROOT / "tests").rglob("test_*.py")
     files = sorted(str(p.relative_to(ROOT)) for p in tests if "mark.gpu" in p.read_text(errors="replace"))
+    marker = "gpu and not slow"
+    if ctx.triton:
+        marker, files = TRITON_TESTS
     if not files:
         return {"status": "failed", "note": "no test file carries the gpu marker", "wall_s": 0.0}
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu and not slow", "-q", "-rfEs", "-p", "no:cacheprovider", *files]
+    ctx.tests_marker = marker
+    cmd = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-rfEs", "-p", "no:cacheprovider", *files]
     # each launch waits for its kernel: a fault is raised at the kernel that made it (fla's training step faulted
     # on an H200, reported at later calls: docs/benchmarks.md), at no cost to what the tests check
     res = run_part(cmd, ctx.budget("tests"), ctx.log, env={"CUDA_LAUNCH_BLOCKING": "1"})
@@ -459,7 +467,7 @@ def report(ctx) -> str:
     done = ctx.results.items()
     parts = [[p, r["status"], _f(r.get("wall_s"), 0), _f(r.get("budget_s"), 0), r.get("note", "")] for p, r in done]
     L += table(["part", "status", "wall s", "budget s", "note"], parts) + [""]
-    L += ['## CUDA tests (`pytest -m "gpu and not slow"`)', ""]
+    L += [f'## CUDA tests (`pytest -m "{ctx.tests_marker}"`)', ""]
     if ctx.tests:
         L += [f"Files: {', '.join(ctx.tests['files'])}. Result: {ctx.tests['summary'] or '–'}.", ""]
         L += [f"- {ln}" for ln in ctx.tests["failures"]] + ([""] if ctx.tests["failures"] else [])
@@ -537,14 +545,18 @@ class Context:
         self.jsonl.write_text("")
         self.md = self.out / "gpu_check.md"
         self.log = Log(self.out / "gpu_check.log")
-        self.parts = [p for p in PARTS if p in args.parts]
+        triton = getattr(args, "triton", False)  # linrope's Triton kernels alone (issue 50)
+        default = [p for p in PARTS if not (triton and p == "fsdp")]
+        self.parts = [p for p in PARTS if p in (args.parts or default)]
+        self.shares = dict(SHARES[self.device], **(TRITON_SHARES[self.device] if triton else {}))
+        self.tests_marker = TRITON_TESTS[0] if triton else "gpu and not slow"
         self.total_s = args.total_s or TOTAL_S[self.device]
         self.t0 = time.perf_counter()
         self.started = dt.datetime.now(dt.timezone.utc)
         self.command = "bash benchmarks/gpu_check.sh" + (" --cpu" if args.cpu else "")
-        self.command += f" --parts {','.join(self.parts)}" if self.parts != list(PARTS) else ""
+        self.command += f" --parts {','.join(self.parts)}" if self.parts != default else ""
         self.env, self.tests, self.fsdp, self.results = {}, {}, {}, {}
-        triton = getattr(args, "triton", False)  # linrope's Triton kernels alone (issue 50)
+        self.triton = triton
         self.kernel_processes = TRITON_KERNEL_PROCESSES if triton else KERNEL_PROCESSES
         self.train_processes = TRITON_TRAIN_PROCESSES if triton else TRAIN_PROCESSES
         self.command += " --triton" if triton else ""
@@ -555,7 +567,7 @@ class Context:
         share while that much is left (a total below the shares' sum starves the later parts, not the first)."""
         later = self.parts[self.parts.index(part) + 1 :]
         left = self.total_s - (time.perf_counter() - self.t0)
-        shares = SHARES[self.device]
+        shares = self.shares
         return max(left - sum(shares[p] for p in later), min(shares[part], left), 5.0)
 
     def rows(self, part: str) -> list[dict]:
@@ -581,9 +593,15 @@ def main(argv=None) -> int:
     out = Path(os.environ.get("OUT") or ROOT / "outputs" / "gpu_check")
     p.add_argument("--out", type=Path, default=out, help="for gpu_check.md, .log and .jsonl ($OUT, outputs/gpu_check)")
     parts = lambda s: [x for x in s.split(",") if x]  # noqa: E731
-    p.add_argument("--parts", type=parts, default=list(PARTS), help=f"a comma-separated subset of {','.join(PARTS)}")
+    p.add_argument(
+        "--parts",
+        type=parts,
+        default=None,
+        help=f"a comma-separated subset of {','.join(PARTS)} (--triton: all but fsdp)",
+    )
     budget = f"{TOTAL_S['cuda']} on CUDA, {TOTAL_S['cpu']} with --cpu"
-    triton = "issue 50: the kernel table and training of linrope's Triton kernels (impl=triton) instead"
+    triton = "issue 50: linrope's Triton kernels (impl=triton) instead: every case of their CUDA tests, the kernel "
+    triton += "table and training"
     p.add_argument("--triton", action="store_true", help=triton)
     p.add_argument("--total-s", type=float, default=None, help=f"the whole check's budget in s ({budget})")
     p.add_argument("--probe-env", choices=("cuda", "cpu"), help=argparse.SUPPRESS)  # the env part's subprocess
@@ -592,7 +610,7 @@ def main(argv=None) -> int:
         print("ENV " + json.dumps(probe_env(args.probe_env)), flush=True)
         return 0
     args.cpu = args.cpu or os.environ.get("GPU_CHECK_CPU") == "1"
-    unknown = [x for x in args.parts if x not in PARTS]
+    unknown = [x for x in args.parts or [] if x not in PARTS]
     if unknown:
         p.error(f"--parts: unknown {', '.join(unknown)} (parts: {', '.join(PARTS)})")
     ctx = Context(args)

@@ -113,7 +113,7 @@ def signature(fn, args: tuple, kw: dict) -> tuple[dict, dict, dict]:
     values = dict(zip(fn.arg_names, args), **kw)
     for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
         value = values[name]
-        if param.is_constexpr:
+        if param.is_constexpr or value is None:  # an absent tensor (None) is a constant too
             sig[name], const[name] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             sig[name] = "*" + DTYPE[value.dtype]
@@ -135,7 +135,7 @@ def signature(fn, args: tuple, kw: dict) -> tuple[dict, dict, dict]:
 
 
 def usage(cubin: bytes) -> dict:
-    """Registers, stack (spill) bytes and shared memory of a cubin, from cuobjdump --dump-resource-usage."""
+    """Registers, stack (spill) bytes and static shared memory of a cubin, from cuobjdump --dump-resource-usage."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -153,8 +153,8 @@ def usage(cubin: bytes) -> dict:
 
 
 def jit_kernels():
-    """triton_kernels.py decorated for compiling, loaded apart from ``linrope.ops.linear_attn.triton_kernels`` (which
-    the tests decorate for the interpreter)."""
+    """triton_kernels.py decorated for compiling, loaded apart from the module linrope imports (which the tests
+    decorate for the interpreter)."""
     import linrope.ops.linear_attn as package
 
     path = Path(package.__file__).parent / "triton_kernels.py"
@@ -203,7 +203,8 @@ def compile_one(fn, args: tuple, kw: dict, options: dict, arch: int) -> dict:
         lines = [ln.strip() for ln in str(root).splitlines() if ln.strip() not in ("", "^")]
         why = next((ln for ln in lines if re.match(r"\w+Error\b", ln)), (lines or [""])[-1])  # e.g. NameError(...)
         return dict(options, status=f"failed: {type(root).__name__}: {why[:300]}")
-    return dict(options, **usage(compiled.asm["cubin"]), status="ok", compile_s=time.perf_counter() - t0)
+    used = dict(usage(compiled.asm["cubin"]), shared=compiled.metadata.shared)  # dynamic: cuobjdump sees the static
+    return dict(options, **used, status="ok", compile_s=time.perf_counter() - t0)
 
 
 def run(variants: list[str], arch: int, emit=print, warps=None) -> list[dict]:
@@ -221,6 +222,29 @@ def run(variants: list[str], arch: int, emit=print, warps=None) -> list[dict]:
 def row_cells(r: dict) -> list:
     used = [r.get("registers", "–"), r.get("stack", "–"), r.get("shared", "–")]
     return [r["variant"], r["kernel"], r["num_warps"], *used, r["status"]]
+
+
+def fla_reference(arch: int) -> list[dict]:
+    """fla's state kernel (``chunk_fwd_kernel_h``, the sequential pass its ``chunk_simple_gla`` runs) compiled the
+    same way, for scale: no gate, no initial or final state, K = V = 64, BK = BV = 64 (the Hopper guard's width),
+    bf16, the 4 and 8 warps of fla's autotune list; [] without fla."""
+    try:
+        from fla.ops.common.chunk_h import chunk_fwd_kernel_h
+    except ImportError:
+        return []
+    fn = chunk_fwd_kernel_h
+    while hasattr(fn, "fn") and not hasattr(fn, "params"):  # through fla's heuristics and autotune decorators
+        fn = fn.fn
+    flags = "USE_G USE_G_GAMMA USE_GK USE_GV USE_INITIAL_STATE STORE_FINAL_STATE IS_VARLEN STATE_V_FIRST".split()
+    absent = ("g", "g_gamma", "gk", "gv", "h0", "ht", "cu_seqlens", "split_offsets")
+    kw = dict(H=8, K=64, V=64, BT=64, BS=64, BK=64, BV=64, **dict.fromkeys(flags, False), **dict.fromkeys(absent))
+    k = torch.empty(1, 1024, 8, 64, dtype=torch.bfloat16)
+    args = (k, k, torch.empty(1, 16, 8, 64, 64, dtype=torch.bfloat16))
+    rows = []
+    for w in (4, 8):
+        got = compile_one(fn, args, dict(kw, T=1024), {"num_warps": w, "num_stages": 3}, arch)
+        rows.append(dict(variant="fla (reference)", kernel="chunk_fwd_kernel_h", **got))
+    return rows
 
 
 HEAD = ["variant", "kernel", "num_warps", "registers", "stack (spill) bytes", "shared bytes", "status"]
@@ -247,6 +271,8 @@ def main(argv=None) -> int:
     print("\n".join(table(HEAD, [])[:2]), flush=True)
     emit = lambda r: print(table(HEAD, [row_cells(r)])[-1], flush=True)  # noqa: E731
     rows = run(args.variants, args.arch, emit=emit, warps=warps)
+    for row in fla_reference(args.arch):  # not counted below: fla's, for scale
+        emit(row)
     failed = [r for r in rows if r["status"] != "ok"]
     spilled = sorted({(r["variant"], r["kernel"]) for r in rows if r.get("stack")})
     print(f"\n{len(rows)} compiles (each launch in each configuration), {len(failed)} failed; spilling: {len(spilled)}")

@@ -464,6 +464,8 @@ def test_device_check_trains_at_every_goal_context_and_its_shares_fit_the_total(
         assert n in sizes["contexts"] and b * n == sizes["tokens"]
     assert sum(shares.values()) <= gpu_check.TOTAL_S[device]
     assert gpu_check.TOTAL_S["cuda"] + 60 <= 600  # with the device machine's start, within one 10-minute command
+    triton = dict(shares, **gpu_check.TRITON_SHARES[device])  # --triton: its own shares, FSDP left out
+    assert sum(v for p, v in triton.items() if p != "fsdp") <= gpu_check.TOTAL_S[device]
 
 
 def test_device_check_gives_each_part_its_own_share_when_the_total_is_short(tmp_path):
@@ -493,6 +495,16 @@ def test_device_check_tests_part_runs_the_quick_gpu_tests_with_blocking_launches
     assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == "gpu and not slow"
     assert seen["env"] == {"CUDA_LAUNCH_BLOCKING": "1"}
     assert "tests/ops/test_fla.py" in seen["cmd"]
+    # --triton: every case of linrope's Triton kernels (the slow ones too), and no FSDP part unless named
+    args = argparse.Namespace(cpu=False, out=tmp_path / "t", parts=None, total_s=None, triton=True)
+    ctx = gpu_check.Context(args)
+    assert ctx.parts == ["env", "kernels", "tests", "train"] and ctx.command.endswith("gpu_check.sh --triton")
+    assert gpu_check.part_tests(ctx)["status"] == "ok"
+    assert (
+        seen["cmd"][seen["cmd"].index("-m", 3) + 1] == "gpu" and seen["cmd"][-1] == "tests/ops/test_triton_kernels.py"
+    )
+    assert '## CUDA tests (`pytest -m "gpu"`)' in gpu_check.report(ctx)
+    assert ctx.budget("tests") >= gpu_check.TRITON_SHARES["cuda"]["tests"]
 
 
 @pytest.mark.slow
