@@ -92,10 +92,10 @@ def test_fla_naive_row_is_fla_s_reference_beside_linrope_without_rope(capsys):
     )
     text = capsys.readouterr().out
     label = forms.REGISTRY["fla-naive-torch"].label
-    (row,) = table_rows(text, f"64 | {label}")
+    (row,) = table_rows(text, f"1 | 64 | {label}")
     assert f"- {label} [fla-naive-torch]: fla.ops.linear_attn.naive.naive_chunk_linear_attn" in text  # the legend
     if row[-1] == "ok":
-        (ratio,) = table_rows(text, f"64 | {label} ÷ linrope chunk, rope=none")
+        (ratio,) = table_rows(text, f"1 | 64 | {label} ÷ linrope chunk, rope=none")
         assert re.fullmatch(r"\d+\.\d\d×", ratio[-1]) and rc == 0
     else:
         assert row[-1].startswith("unavailable: flash-linear-attention does not import")

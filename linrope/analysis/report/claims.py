@@ -93,9 +93,17 @@ class Corrected:
     def diff(self):
         return self.raw.diff
 
-    p_holm = property(lambda self: self.adjusted.p_holm)
-    m = property(lambda self: self.adjusted.m)
-    resolved = property(lambda self: self.adjusted.resolved and not self.withheld)
+    @property
+    def p_holm(self):
+        return self.adjusted.p_holm
+
+    @property
+    def m(self):
+        return self.adjusted.m
+
+    @property
+    def resolved(self):
+        return self.adjusted.resolved and not self.withheld
 
     @property
     def simultaneous(self) -> Optional[Interval]:
