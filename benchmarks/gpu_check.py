@@ -46,7 +46,7 @@ TOTAL_S = {"cuda": 520, "cpu": 290}
 # ``--triton`` (issue 50): the tests part runs every case of linrope's Triton kernels on the GPU (each dtype and map
 # compiles and autotunes its own kernels), no FSDP part unless named: one command for a session's device time
 TRITON_SHARES = {"cuda": {"tests": 120, "train": 170}, "cpu": {}}
-TRITON_TESTS = ("gpu", ["tests/ops/test_triton_kernels.py"])
+TRITON_TESTS = ("gpu", ["tests/ops/test_triton_kernels.py"])  # (marker, files)
 TRAIN_MODELS = (
     "linear_rope:model.attention.impl=chunk",
     "linear_rope:model.attention.impl=fla",
@@ -70,7 +70,7 @@ TRITON_GOAL_NS = (4096, 16384, 65536)  # issue 50: linrope triton within 1.2× o
 SIZES = {  # what each mode measures
     "cuda": {
         "lengths": [1024, 4096, 16384, 65536],  # B 1
-        "shapes": ["4x4096"],  # the attention call of a size=base training step at context 4096 (batch 4)
+        "shapes": [(4, 4096)],  # (B, N): the attention call of a size=base training step at context 4096 (batch 4)
         "warmup": 3,
         "repeats": 10,
         "size": "base",
@@ -84,7 +84,7 @@ SIZES = {  # what each mode measures
     },
     "cpu": {
         "lengths": [256, 512],
-        "shapes": ["2x128"],
+        "shapes": [(2, 128)],
         "warmup": 1,
         "repeats": 2,
         "size": "tiny",
@@ -222,15 +222,14 @@ def part_env(ctx) -> dict:
 
 
 def part_tests(ctx) -> dict:
-    tests = (ROOT / "tests").rglob("test_*.py")
-    files = sorted(str(p.relative_to(ROOT)) for p in tests if "mark.gpu" in p.read_text(errors="replace"))
-    marker = "gpu and not slow"
     if ctx.triton:
-        marker, files = TRITON_TESTS
+        files = TRITON_TESTS[1]
+    else:
+        tests = (ROOT / "tests").rglob("test_*.py")
+        files = sorted(str(p.relative_to(ROOT)) for p in tests if "mark.gpu" in p.read_text(errors="replace"))
     if not files:
         return {"status": "failed", "note": "no test file carries the gpu marker", "wall_s": 0.0}
-    ctx.tests_marker = marker
-    cmd = [sys.executable, "-m", "pytest", "-m", marker, "-q", "-rfEs", "-p", "no:cacheprovider", *files]
+    cmd = [sys.executable, "-m", "pytest", "-m", ctx.tests_marker, "-q", "-rfEs", "-p", "no:cacheprovider", *files]
     # each launch waits for its kernel: a fault is raised at the kernel that made it (fla's training step faulted
     # on an H200, reported at later calls: docs/benchmarks.md), at no cost to what the tests check
     res = run_part(cmd, ctx.budget("tests"), ctx.log, env={"CUDA_LAUNCH_BLOCKING": "1"})
@@ -298,14 +297,14 @@ def part_kernels(ctx) -> dict:
     """benchmarks/kernel_time.py once per entry of KERNEL_PROCESSES (sdpa flash and linrope chunk; then sdpa flash
     and the fla forms)."""
     s = SIZES[ctx.device]
-    shapes = [(1, n) for n in s["lengths"]] + [tuple(map(int, x.split("x"))) for x in s["shapes"]]
+    shapes = [(1, n) for n in s["lengths"]] + s["shapes"]
 
     def command(keys, share):
         cmd = [sys.executable, "benchmarks/kernel_time.py", "--device", ctx.device, "--dtype", "bf16", "--lengths"]
         cmd += [
             *map(str, s["lengths"]),
             "--shapes",
-            *s["shapes"],
+            *(f"{b}x{n}" for b, n in s["shapes"]),
             "--forms",
             *keys,
             "--ratios",
@@ -397,9 +396,14 @@ def kernel_ms(rows, n, form, process=None, batch=1) -> Optional[float]:
     return next((r["fwd_bwd_ms"] for r in ok if process in (None, r.get("process"))), None)
 
 
+def train_rows(ctx) -> dict:
+    """The training rows by (process, model, context), in the order measured."""
+    return {(r.get("process"), r["model"], r.get("context")): r for r in ctx.rows("train")}
+
+
 def goals(ctx) -> list[list[str]]:
-    """[goal, measured, met] for the three GPU goals."""
-    k, t = ctx.rows("kernels"), {(r.get("process"), r["model"], r["context"]): r for r in ctx.rows("train")}
+    """[goal, measured, met] for each GPU goal."""
+    k, t = ctx.rows("kernels"), train_rows(ctx)
 
     def verdict(ok: Optional[bool]) -> str:
         if ok is None:
@@ -477,15 +481,14 @@ def report(ctx) -> str:
     L += [
         "## Kernel table",
         "",
-        f"Forward+backward (fwd+bwd) and forward (fwd) of one attention call, B 1 (and B×N {', '.join(s['shapes'])}: "
+        f"Forward+backward (fwd+bwd) and forward (fwd) of one attention call, B 1 (and B×N {', '.join(f'{b}×{n}' for b, n in s['shapes'])}: "
         f"a `size={s['size']}` training step's call), H 8, d 64, bf16 inputs, causal, on {ctx.device}; the backward "
         "is fwd+bwd less fwd (the forward timed under no_grad, so it slightly overstates the backward); median of "
         f"{s['repeats']} after {s['warmup']} warm-up (benchmarks/kernel_time.py). Forms: {forms}. Peak MiB: "
         "allocated during one fwd+bwd above what was allocated before it (CUDA only). First call s: the first "
         "fwd+bwd, Triton's compile and autotuning included. Process 1 times sdpa flash and linrope chunk, process 2 "
         "sdpa flash and the fla forms (with `--triton` one process: sdpa flash, fla chunk_simple_gla and linrope's "
-        "Triton kernels); a CUDA "
-        "fault ends its process; each ratio is within one process.",
+        "Triton kernels); a CUDA fault ends its process; each ratio is within one process.",
         "",
     ]
     k, rows = ctx.rows("kernels"), []
@@ -517,12 +520,11 @@ def report(ctx) -> str:
         "one of its steps (CUDA only); the ratios are to the softmax_rope of the same process and context.",
         "",
     ]
-    rows, train = [], ctx.rows("train")
-    for r in train:
-        first = [r.get("process", "–"), r["model"], r.get("size", "–"), r.get("context"), r.get("batch")]
+    rows, train = [], train_rows(ctx)
+    for (process, _, context), r in train.items():
+        first = [process or "–", r["model"], r.get("size", "–"), context, r.get("batch")]
         cells = [_f(r.get(k), d) for k, d in (("ms_per_step", 1), ("tokens_per_s", 0), ("peak_mib", 0), ("first_s", 1))]
-        same = (r.get("process"), SOFTMAX, r.get("context"))
-        sm = next((x for x in train if (x.get("process"), x["model"], x.get("context")) == same), {})
+        sm = train.get((process, SOFTMAX, context), {})  # the baseline of its process and context
         for key in ("tokens_per_s", "peak_mib"):
             mine, theirs = r.get(key), sm.get(key)
             cells.append(f"{mine / theirs:.2f}×" if mine and theirs and r is not sm else "–")

@@ -196,10 +196,15 @@ def autotuned() -> list[str]:
     key (none if they did not run)."""
     kernels = sys.modules.get("linrope.ops.linear_attn.triton_kernels")
     out = []
-    for name in ("_state_fwd", "_out_fwd", "_state_bwd", "_grad"):
-        for key, config in getattr(getattr(kernels, name, None), "cache", {}).items():
-            out.append(f"{name} {key}: num_warps {config.num_warps}")
-    return ["", "Autotuned (linrope triton; key: D, DV, COS, ROPE, HAS_G, DOCS[, NORM], dtypes):", *out] if out else []
+    for name, kernel in (vars(kernels) if kernels is not None else {}).items():
+        if not hasattr(kernel, "configs"):  # not an Autotuner (a plain kernel may keep a cache of its own)
+            continue
+        for key, config in kernel.cache.items():  # its key's values, then the tensors' dtypes
+            named = ", ".join(f"{k} {v}" for k, v in zip(kernel.keys, key))
+            out.append(
+                f"{name} ({named}; {', '.join(map(str, key[len(kernel.keys) :]))}): num_warps {config.num_warps}"
+            )
+    return ["", "Autotuned (linrope triton):", *out] if out else []
 
 
 def shapes(args) -> list[tuple[int, int]]:

@@ -231,11 +231,9 @@ def summary(rows: list[dict], args) -> list[str]:
         def ratio(a, b, r=r):
             return f"{r[a] / r[b]:.2f}×" if a in r and b in r else "failed"
 
-        tokens = batch_at(args, r["context"]) * r["context"]
-        cells = [r["context"], batch_at(args, r["context"])] + [
-            f"{r[n] * 1e3:.0f}" if n in r else "failed" for n in names
-        ]
-        cells += [f"{tokens / r[n]:.0f}" if n in r else "failed" for n in names]
+        batch = batch_at(args, r["context"])
+        cells = [r["context"], batch] + [f"{r[n] * 1e3:.0f}" if n in r else "failed" for n in names]
+        cells += [f"{batch * r['context'] / r[n]:.0f}" if n in r else "failed" for n in names]
         cells += [ratio("softmax_rope", "linear_rope")] * both
         cells += [ratio("softmax_rope compiled", "linear_rope compiled")] * (both and args.compile)
         if args.compile:

@@ -459,8 +459,7 @@ def test_device_check_trains_at_every_goal_context_and_its_shares_fit_the_total(
     shares, sizes = gpu_check.SHARES[device], gpu_check.SIZES[device]
     assert set(sizes["train_goals"]) <= set(sizes["contexts"])
     assert all(sizes["tokens"] % c == 0 for c in sizes["contexts"])
-    for shape in sizes["shapes"]:
-        b, n = map(int, shape.split("x"))
+    for b, n in sizes["shapes"]:
         assert n in sizes["contexts"] and b * n == sizes["tokens"]
     assert sum(shares.values()) <= gpu_check.TOTAL_S[device]
     assert gpu_check.TOTAL_S["cuda"] + 60 <= 600  # with the device machine's start, within one 10-minute command
@@ -543,7 +542,7 @@ def test_device_check_stand_in_runs_end_to_end(tmp_path):
     assert row("tests")[0] == "ok" and "skipped" in row("tests")[-1]  # no CUDA: the gpu tests skip
     assert row("kernels")[0] == row("train")[0] == "failed"
     sizes = gpu_check.SIZES["cpu"]
-    shapes = [(1, n) for n in sizes["lengths"]] + [tuple(map(int, x.split("x"))) for x in sizes["shapes"]]
+    shapes = [(1, n) for n in sizes["lengths"]] + sizes["shapes"]
     for b, n in shapes:
         for process in (1, 2):  # the baseline in each process
             sdpa = row(process, b, n, gpu_check.SDPA)
@@ -625,7 +624,13 @@ def test_kernel_time_says_which_num_warps_the_autotuner_chose(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "linrope.ops.linear_attn.triton_kernels", raising=False)
     assert kernel_time.autotuned() == []
-    tuned = types.SimpleNamespace(cache={(64, 64, False, 1): types.SimpleNamespace(num_warps=8)})
-    fake = types.SimpleNamespace(_state_fwd=tuned, _grad=types.SimpleNamespace(cache={}))
+    config = types.SimpleNamespace(num_warps=8)
+    tuned = types.SimpleNamespace(keys=["D", "COS"], configs=[config], cache={(64, False, "torch.bfloat16"): config})
+    untuned = types.SimpleNamespace(keys=["D"], configs=[config], cache={})
+    plain = types.SimpleNamespace(cache={0: {"key": "a compiled kernel"}})  # a kernel without autotuning: not read
+    fake = types.SimpleNamespace(_state_fwd=tuned, _grad=untuned, _dden=plain, BT=64)
     monkeypatch.setitem(sys.modules, "linrope.ops.linear_attn.triton_kernels", fake)
-    assert kernel_time.autotuned()[-1] == "_state_fwd (64, 64, False, 1): num_warps 8"
+    assert kernel_time.autotuned()[1:] == [
+        "Autotuned (linrope triton):",
+        "_state_fwd (D 64, COS False; torch.bfloat16): num_warps 8",
+    ]
