@@ -267,6 +267,9 @@ def main(argv=None) -> int:
         import triton
     except ImportError:
         p.error("triton is not installed (pip install triton, or the interp extra on a CPU build of torch)")
+    unknown = [k for k in warps if not hasattr(getattr(jit_kernels(), k, None), "arg_names")]  # a kernel, tuned or not
+    if unknown:
+        p.error(f"--warps: {unknown[0]} is not a kernel of linrope/ops/linear_attn/triton_kernels.py")
     print(f"Triton {triton.__version__}, sm_{args.arch}; B 1, H 8, N 1024, d 64 (bhnd); one forward and backward each")
     print("\n".join(table(HEAD, [])[:2]), flush=True)
     emit = lambda r: print(table(HEAD, [row_cells(r)])[-1], flush=True)  # noqa: E731

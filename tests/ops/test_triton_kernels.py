@@ -338,3 +338,13 @@ def test_the_interpreter_runs_the_kernels_without_the_test_shim():
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_the_compile_check_refuses_a_kernel_name_it_does_not_have(capsys):
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton not installed (the interp extra, CPU torch: pip install -e '.[interp]')")
+    from benchmarks import triton_compile
+
+    with pytest.raises(SystemExit):
+        triton_compile.main(["--warps", "_grd=8"])
+    assert "--warps: _grd is not a kernel of linrope/ops/linear_attn/triton_kernels.py" in capsys.readouterr().err
