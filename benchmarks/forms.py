@@ -129,8 +129,19 @@ def _fla_naive_torch(chunk_size, device):
     return lambda q, k, v: t(naive_chunk_linear_attn(t(q), t(k), t(v), normalize=True))
 
 
+@contextlib.contextmanager
+def under(plan: tuple):
+    """``plan``'s (module, attribute, value) patched inside the block, restored after."""
+    with contextlib.ExitStack() as stack:
+        for module, name, value in plan:
+            stack.enter_context(mock.patch.object(module, name, value))
+        yield
+
+
 def _linrope(impl: str, *plan: tuple, **options):
-    """linrope's ``impl``, under ``plan``: (module, attribute, value) patched for the call and restored after."""
+    """linrope's ``impl``, under ``plan``: (module, attribute, value) patched for the call and restored after.  The
+    call's ``plan`` attribute is that context, which ``timing.passes`` holds through the backward too (a backward
+    reads the same settings: scans.SEQUENTIAL)."""
 
     def build(chunk_size, device):
         why = BACKENDS[impl].unavailable(device)
@@ -141,12 +152,13 @@ def _linrope(impl: str, *plan: tuple, **options):
             return linear_attention(q, k, v, impl=impl, chunk_size=chunk_size, **options)
 
         def planned(q, k, v):
-            with contextlib.ExitStack() as stack:
-                for module, name, value in plan:
-                    stack.enter_context(mock.patch.object(module, name, value))
+            with under(plan):
                 return call(q, k, v)
 
-        return planned if plan else call
+        if not plan:
+            return call
+        planned.plan = functools.partial(under, plan)
+        return planned
 
     return build
 
