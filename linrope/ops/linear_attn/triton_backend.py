@@ -24,12 +24,15 @@ inputs (every product: Triton cannot compile _grad's float32 products in tf32 fo
 inputs (``PREC``).
 
 Where it runs: CUDA and triton (the ``gpu`` extra), or the CPU under Triton's interpreter (``TRITON_INTERPRET=1``,
-the tests).  ``impl=auto`` does not choose it yet: a device check (benchmarks/gpu_check.sh) has to measure it first.
+the tests).  ``impl=auto`` takes it on CUDA only with a triton version in ``VERIFIED`` (none yet: no GPU has run
+it; benchmarks/gpu_check.sh --triton measures it against issue 50's goals).
 Nothing here imports triton before a call needs it.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import importlib.util
 import os
 from contextlib import nullcontext
@@ -51,6 +54,9 @@ STATE_BV = 64  # the value block of the "loop" scan's kernels (more blocks, more
 # (benchmarks/forms.py, "triton-loop"), and the slower goes once a GPU has measured them.
 SCAN = "split"
 SCAN_BW, SCAN_U = 256, 16  # _scan's block of state entries and slots per step
+# ``impl=auto`` takes these kernels on CUDA only with a triton version listed here: one with which the device check
+# (benchmarks/gpu_check.sh --triton) met issue 50's goals on a GPU (docs/benchmarks.md, "Issue 50").  None yet.
+VERIFIED: frozenset = frozenset()
 MAX_WIDTH = 256  # the widest head (q's d, v's d_v) the one-block kernels take
 PLACEMENT = {"none": 0, "numerator": 1, "both": 2}
 FP16_DOTS = False  # tests only: float16 inputs multiply in float16 (the bfloat16 path's casts, on the interpreter)
@@ -66,6 +72,25 @@ def unavailable(device) -> Optional[str]:
     if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return f"linrope's Triton kernels need a CUDA device (here: {kind}); use impl=chunk, or impl=auto"
     return None
+
+
+@functools.cache
+def triton_version() -> str:
+    """triton's version from its package metadata (not imported), read once: ``auto`` asks at every CUDA call."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def unverified() -> Optional[str]:
+    """Why ``impl=auto`` does not take these kernels even where they can run, or None (``VERIFIED``)."""
+    if triton_version() in VERIFIED:
+        return None
+    return (
+        f"linrope's Triton kernels have not met the device check's goals with triton {triton_version()} "
+        '(docs/benchmarks.md, "Issue 50"); impl=triton runs them'
+    )
 
 
 def _kernels():
@@ -326,4 +351,4 @@ def triton_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
     return out, LinearAttentionState(S, z)
 
 
-__all__ = ["triton_form", "triton_fwd", "triton_bwd", "unavailable", "CHUNK", "MAX_WIDTH"]
+__all__ = ["triton_form", "triton_fwd", "triton_bwd", "unavailable", "unverified", "CHUNK", "MAX_WIDTH", "VERIFIED"]
