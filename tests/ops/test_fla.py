@@ -42,6 +42,23 @@ def test_fla_without_cuda_is_refused_in_one_line(monkeypatch):
         linear_attention(q, q, q, impl="fla")
 
 
+def test_fla_on_the_interpreter_needs_the_test_shim(monkeypatch):
+    """Under TRITON_INTERPRET=1 without the shim fla's autotuners time their configurations on a device and fail
+    with "0 active drivers": refused in one line instead (a fresh process, where the shim is not loaded)."""
+    code = "from linrope.ops.linear_attn import fla_backend as f; f.INSTALLED = True; print(f.unavailable('cpu'))"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip() == (
+        "fla's kernels autotune on a device: under TRITON_INTERPRET=1 on the CPU they run only with the test shim "
+        "(tests/ops/fla_interpreter.py); use impl=chunk"
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)
+    monkeypatch.setattr(fla_backend, "_one_config", lambda: True)
+    if fla_backend.torch_too_old() is None:
+        assert fla_backend.unavailable("cpu") is None
+
+
 def test_fla_refuses_non_causal_and_float64():
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(ValueError, match="causal only"):
