@@ -299,22 +299,25 @@ SLOW = pytest.mark.slow  # each dtype and map compiles its own five kernels: the
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "dtype, tol, feature_map, rope",
+    "scan, dtype, tol, feature_map, rope",
     [
-        (torch.bfloat16, 3e-2, "elu", "numerator"),  # the training path
-        pytest.param(torch.float16, FLOAT16_TOL, "elu", "numerator", marks=SLOW),
-        pytest.param(torch.float32, 1e-4, "elu", "numerator", marks=SLOW),
-        pytest.param(torch.bfloat16, 3e-2, "cosine", "both", marks=SLOW),
-        pytest.param(torch.float32, 1e-4, "cosine", "both", marks=SLOW),
+        ("split", torch.bfloat16, 3e-2, "elu", "numerator"),  # the training path
+        ("loop", torch.bfloat16, 3e-2, "elu", "numerator"),  # the other way of summing the states
+        pytest.param("split", torch.float16, FLOAT16_TOL, "elu", "numerator", marks=SLOW),
+        pytest.param("split", torch.float32, 1e-4, "elu", "numerator", marks=SLOW),
+        pytest.param("split", torch.bfloat16, 3e-2, "cosine", "both", marks=SLOW),
+        pytest.param("split", torch.float32, 1e-4, "cosine", "both", marks=SLOW),
     ],
 )
-def test_cuda_matches_naive(scan, dtype, tol, feature_map, rope):
+def test_cuda_matches_naive(monkeypatch, scan, dtype, tol, feature_map, rope):
     """On a GPU (the device check's tests part): compiled kernels, d = d_v = 64, N = 1000, decay and an initial
     state, against float64 naive on the rounded inputs.  bfloat16: its products' operands are rounded to 8 bits
-    (2^-9 relative each); float32: exact float32 products ("ieee"), float32 sums in another order."""
+    (2^-9 relative each); float32: exact float32 products ("ieee"), float32 sums in another order.  Each way of
+    summing the states (``SCAN``) on the training path, the default for the others (the part has 120 s)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     assert not fla_interpreter.patched(), "the interpreter's patches are in this process: kernels would be interpreted"
+    monkeypatch.setattr(triton_backend, "SCAN", scan)
     compare(feature_map, rope, True, True, 1000, dtype, tol, B=1, H=2, d=64, dv=64, device="cuda")
 
 
