@@ -35,7 +35,8 @@ Kernels (grid; what each program does):
     _grad          (NT, B·H)  one chunk: dq, dk, dv from the recomputed H_c, z_c and the state gradients
 The backward stores nothing from the forward but out and den: the states are computed again (docs/mathematics.md,
 "Triton kernels").  Blocks are 64 wide at least (Hopper miscompiles multi-dot kernels with 16/32-wide blocks,
-fla_backend.py).  The four heavy kernels are autotuned over num_warps (``_warps``).
+fla_backend.py).  The kernels over chunks are autotuned over num_warps (``_warps``); _scan is not (it works in place:
+the autotuner's timing runs would sum the states again).
 """
 
 import os
