@@ -377,6 +377,23 @@ def _state_bwd(
                 tl.store(dz0 + sb, b_dz1)
 
 
+@triton.jit
+def _part(
+    x, y, cs, g_ptr, docs, sx_b, sx_h, sx_n, sx_d, sy_b, sy_h, sy_n, sy_d, i_t, i_bh, N, H, D, DV,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr,
+):  # fmt: skip
+    """What one chunk's part of a state (or state gradient) is made of: (the numerator's and the denominator's
+    features of x's tile, y's tile, the query weights exp(b_i), the key weights exp((L-1-j) g), exp(L g))."""
+    t0 = i_t * BT
+    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
+    f = _tile(x + _base(i_bh, H, sx_b, sx_h), sx_n, sx_d, t0, N, D, BT, BK)
+    _, fn, fd = _features(f, cs, t0, N, D, COS, ROPE, BT, BK)
+    b_y = _tile(y + _base(i_bh, H, sy_b, sy_h), sy_n, sy_d, t0, N, DV, BT, BV)
+    _, eb, w, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+    return fn, fd, b_y, eb, w, gL
+
+
 @_warps(4, 8, norm=False)
 @triton.jit
 def _chunk_state(
@@ -390,14 +407,12 @@ def _chunk_state(
     decay exp(L g) of the state before it (GATE: a decay or documents; else it is 1 and not stored).  _scan sums."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
-    t0 = i_t * BT
     rk, cv = tl.arange(0, BK), tl.arange(0, BV)
     km, vm = rk < D, cv < DV
-    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
-    x = _tile(k + _base(i_bh, H, sk_b, sk_h), sk_n, sk_d, t0, N, D, BT, BK)
-    _, kn, kd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
-    b_v = _tile(v + _base(i_bh, H, sv_b, sv_h), sv_n, sv_d, t0, N, DV, BT, BV)
-    _, _, w, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+    kn, kd, b_v, _, w, gL = _part(
+        k, v, cs, g_ptr, docs, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, i_t, i_bh, N, H, D, DV,
+        BT, BK, BV, COS, ROPE, HAS_G, DOCS,
+    )  # fmt: skip
     hp, zp = _slot(st, i_bh, NT, i_t + 1, D, DV, ONE)
     dh = _lp(tl.trans(kn * w[:, None]), b_v, DT, PREC)
     tl.store(hp + (ONE + rk)[:, None] * DV + cv[None, :], dh, mask=km[:, None] & vm[None, :])
@@ -427,11 +442,10 @@ def _chunk_dstate(
     t0 = i_t * BT
     rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
     km, vm = rk < D, cv < DV
-    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
-    x = _tile(q + _base(i_bh, H, sq_b, sq_h), sq_n, sq_d, t0, N, D, BT, BK)
-    _, qn, qd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
-    dN = _tile(do + _base(i_bh, H, sd_b, sd_h), sd_n, sd_d, t0, N, DV, BT, BV)
-    _, eb, _, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+    qn, qd, dN, eb, _, gL = _part(
+        q, do, cs, g_ptr, docs, sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d, i_t, i_bh, N, H, D, DV,
+        BT, BK, BV, COS, ROPE, HAS_G, DOCS,
+    )  # fmt: skip
     hp, zp = _slot(dst, i_bh, NT, i_t, D, DV, ONE)
     if NORM:
         dn = _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)
