@@ -23,7 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from linrope.ops import BACKENDS, linear_attention  # noqa: E402
-from linrope.ops.linear_attn import fla_backend, heads, scans  # noqa: E402
+from linrope.ops.linear_attn import fla_backend, heads, scans, triton_backend  # noqa: E402
 from linrope.ops.linear_attn.features import reference_features  # noqa: E402
 
 B, H, D = 1, 8, 64  # the shapes every benchmark uses unless told otherwise
@@ -129,8 +129,19 @@ def _fla_naive_torch(chunk_size, device):
     return lambda q, k, v: t(naive_chunk_linear_attn(t(q), t(k), t(v), normalize=True))
 
 
+@contextlib.contextmanager
+def under(plan: tuple):
+    """``plan``'s (module, attribute, value) patched inside the block, restored after."""
+    with contextlib.ExitStack() as stack:
+        for module, name, value in plan:
+            stack.enter_context(mock.patch.object(module, name, value))
+        yield
+
+
 def _linrope(impl: str, *plan: tuple, **options):
-    """linrope's ``impl``, under ``plan``: (module, attribute, value) patched for the call and restored after."""
+    """linrope's ``impl``, under ``plan``: (module, attribute, value) patched for the call and restored after.  The
+    call's ``plan`` attribute is that context, which ``timing.passes`` holds through the backward too (a backward
+    reads the same settings: triton_backend.SCAN, scans.SEQUENTIAL)."""
 
     def build(chunk_size, device):
         why = BACKENDS[impl].unavailable(device)
@@ -141,12 +152,13 @@ def _linrope(impl: str, *plan: tuple, **options):
             return linear_attention(q, k, v, impl=impl, chunk_size=chunk_size, **options)
 
         def planned(q, k, v):
-            with contextlib.ExitStack() as stack:
-                for module, name, value in plan:
-                    stack.enter_context(mock.patch.object(module, name, value))
+            with under(plan):
                 return call(q, k, v)
 
-        return planned if plan else call
+        if not plan:
+            return call
+        planned.plan = functools.partial(under, plan)
+        return planned
 
     return build
 
@@ -184,6 +196,9 @@ WHAT = {  # what each form that is not a linrope backend computes, and what its 
     "fla-triton": "fla.ops.simple_gla.chunk_simple_gla(q, k, v, scale=1) on fla's [B, N, H, d] layout: fla's own "
     "Triton kernel, unnormalised linear attention with no feature map, RoPE, denominator or decay (CUDA): the speed "
     "bound for linrope on fla",
+    "triton-loop": 'linear_attention(impl="triton") with its states summed by the sequential kernel '
+    '(triton_backend.SCAN = "loop": one program per batch row and head walks the chunks in order, each chunk\'s '
+    f"features and product in the loop) instead of the parallel chunks and _scan: {COMPUTES} (CUDA)",
     "triton-bnhd": 'linear_attention(impl="triton") on fla\'s [B, N, H, d] layout, handed in as transposed views: '
     f"{COMPUTES}; linrope's own Triton kernels read any strides, so no transpose copy is timed (CUDA)",
     "fla-naive-torch": "fla.ops.linear_attn.naive.naive_chunk_linear_attn(q, k, v, normalize=True): fla's "
@@ -215,6 +230,7 @@ def _registry() -> dict[str, Form]:
         ("sdpa", "sdpa softmax", _sdpa, dict(growth=2)),
         ("sdpa-flash", "sdpa flash", _sdpa_flash, dict(growth=2)),
         ("fla-triton", "fla chunk_simple_gla", _fla_triton, dict(layout="BNHD")),
+        ("triton-loop", "linrope triton, loop scan", _linrope("triton", (triton_backend, "SCAN", "loop")), {}),
         ("triton-bnhd", "linrope triton, [B, N, H, d]", _bnhd("triton"), dict(layout="BNHD")),
         (
             "fla-naive-torch",

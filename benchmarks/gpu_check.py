@@ -62,10 +62,10 @@ KERNEL_PROCESSES = (("sdpa-flash", "chunk"), ("sdpa-flash", "fla-triton", "fla")
 KERNEL_SHARES = (1, 3)  # how the part's budget divides between them: fla compiles for 75-85 s per kernel set
 # ``--triton`` (issue 50): linrope's own Triton kernels instead, in one process beside sdpa flash and fla's
 # chunk_simple_gla (the ratios its goals set), and impl=triton's training beside softmax_rope
-TRITON_KERNEL_PROCESSES = (("sdpa-flash", "fla-triton", "triton", "triton-bnhd"),)
+TRITON_KERNEL_PROCESSES = (("sdpa-flash", "fla-triton", "triton", "triton-loop", "triton-bnhd"),)
 TRITON_TRAIN_PROCESSES = ((LINEAR_TRITON, SOFTMAX),)
-KERNEL_FORMS = ("sdpa-flash", "fla-triton", "fla", "chunk", "triton", "triton-bnhd")  # baselines first
-SDPA, FLA_KERNEL, LINROPE_FLA, LINROPE_CHUNK, LINROPE_TRITON, TRITON_BNHD = (REGISTRY[k].label for k in KERNEL_FORMS)
+KERNEL_FORMS = ("sdpa-flash", "fla-triton", "fla", "chunk", "triton", "triton-loop", "triton-bnhd")  # baselines first
+SDPA, FLA_KERNEL, LINROPE_FLA, LINROPE_CHUNK, LINROPE_TRITON = (REGISTRY[k].label for k in KERNEL_FORMS[:5])
 TRITON_GOAL_NS = (4096, 16384, 65536)  # issue 50: linrope triton within 1.2× of fla chunk_simple_gla at each
 SIZES = {  # what each mode measures
     "cuda": {

@@ -35,6 +35,7 @@ Usage:  python benchmarks/kernel_time.py --quick
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -76,6 +77,7 @@ def measure(key: str, b: int, n: int, args, device: torch.device) -> dict:
     shape = dict(batch=b, heads=args.heads, dim=args.dim)
     (q, k, v), grad = make_inputs(form, n, device=device, dtype=DTYPES[args.dtype], seed=n, **shape)
 
+    @functools.wraps(fn)  # keeps the form's ``plan`` (timing.passes)
     def checked(q, k, v):
         timing.forced_failure(key, form.label)
         return fn(q, k, v)

@@ -70,14 +70,17 @@ def rounds(
 
 
 def passes(fn, q, k, v, grad):
-    """(forward+backward, forward under no_grad): the two calls a row times."""
+    """(forward+backward, forward under no_grad): the two calls a row times.  ``fn.plan``, where a form has one (the
+    settings it runs under, benchmarks/forms.py), is held through each whole pass: the backward reads them too."""
+    plan = getattr(fn, "plan", contextlib.nullcontext)
 
     def fwd_bwd():
         q.grad = k.grad = v.grad = None
-        fn(q, k, v).backward(grad)
+        with plan():
+            fn(q, k, v).backward(grad)
 
     def fwd():
-        with torch.no_grad():
+        with torch.no_grad(), plan():
             fn(q, k, v)
 
     return fwd_bwd, fwd

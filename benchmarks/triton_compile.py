@@ -51,6 +51,7 @@ VARIANTS = {
     "float32": (torch.float32, "elu", "numerator", True, False, True, True),
     "float16": (torch.float16, "cosine", "both", False, False, False, True),
 }
+SCANS = ("split", "loop")  # triton_backend.SCAN: the device check times both
 DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32"}
 
 
@@ -83,7 +84,8 @@ def recorded():
 def launches(
     variant: tuple, B: int = 1, H: int = 8, N: int = 1024, d: int = 64
 ) -> list[tuple[str, tuple, tuple, dict]]:
-    """Every kernel launch of one forward and one backward of ``variant`` on CPU tensors (B, H, N, d)."""
+    """Every kernel launch of one forward and one backward of ``variant`` on CPU tensors (B, H, N, d), with each way
+    of summing the states (``triton_backend.SCAN``; a kernel both launch, once)."""
     from linrope.ops.linear_attn import triton_backend as tb
     from linrope.ops.linear_attn.features import feature_width
 
@@ -96,14 +98,21 @@ def launches(
     ids = torch.arange(N).div(N // 4, rounding_mode="floor").expand(B, N).contiguous() if docs else None
     DF = feature_width(fmap, d)
     S0, z0 = (torch.zeros(B, H, DF, d), torch.zeros(B, H, DF)) if state else (None, None)
-    with recorded() as rec:
-        out, den, _, _ = tb.triton_fwd(
-            q, k, v, S0, z0, positions, theta, gamma, fmap, rope, 1e-6, normalize, state, ids
-        )
-        g_S, g_z = (torch.zeros(B, H, DF, d), torch.zeros(B, H, DF)) if state else (None, None)
-        tb.triton_bwd(torch.randn_like(v), g_S, g_z, q, k, v, S0, z0, positions, theta, gamma, out, den, fmap, rope,
-                      normalize, state, ids)  # fmt: skip
-    return rec.launches
+    out, seen = [], set()
+    for scan in SCANS:
+        with recorded() as rec, mock.patch.object(tb, "SCAN", scan):
+            o, den, _, _ = tb.triton_fwd(
+                q, k, v, S0, z0, positions, theta, gamma, fmap, rope, 1e-6, normalize, state, ids
+            )
+            g_S, g_z = (torch.zeros(B, H, DF, d), torch.zeros(B, H, DF)) if state else (None, None)
+            tb.triton_bwd(torch.randn_like(v), g_S, g_z, q, k, v, S0, z0, positions, theta, gamma, o, den, fmap, rope,
+                          normalize, state, ids)  # fmt: skip
+        for launch in rec.launches:
+            key = (launch[0], tuple(sorted((k, repr(v)) for k, v in launch[3].items())))  # the kernel, its constexprs
+            if key not in seen:
+                seen.add(key)
+                out.append(launch)
+    return out
 
 
 def signature(fn, args: tuple, kw: dict) -> tuple[dict, dict, dict]:

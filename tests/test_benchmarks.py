@@ -634,3 +634,31 @@ def test_kernel_time_says_which_num_warps_the_autotuner_chose(monkeypatch):
         "Autotuned (linrope triton):",
         "_state_fwd (D 64, COS False; torch.bfloat16): num_warps 8",
     ]
+
+
+def test_a_forms_plan_holds_through_its_backward(monkeypatch):
+    """A form run under patched settings (chunk-old: scans.SEQUENTIAL) has them
+    in its backward too, which reads them as well: kernel_time's rows time forward and backward under the plan."""
+    import dataclasses
+    import types
+
+    flags, seen = types.SimpleNamespace(on=False), []
+
+    class Spy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("fwd", flags.on))
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("bwd", flags.on))
+            return g
+
+    monkeypatch.setattr(forms, "linear_attention", lambda q, k, v, **kw: Spy.apply(q) * k + v)
+    build = forms._linrope("chunk", (flags, "on", True))
+    old = kernel_time.REGISTRY["chunk-old"]
+    monkeypatch.setitem(kernel_time.REGISTRY, "chunk-old", dataclasses.replace(old, build=build))
+    args = argparse.Namespace(chunk_size=64, heads=1, dim=2, dtype="fp32", warmup=0, repeats=1)
+    kernel_time.measure("chunk-old", 1, 8, args, torch.device("cpu"))
+    assert {s for s in seen} == {("fwd", True), ("bwd", True)} and flags.on is False

@@ -21,7 +21,7 @@ import torch
 import tests.ops.fla_interpreter as fla_interpreter
 from linrope.base.errors import BackendUnavailable, LinropeError
 from linrope.ops import IMPLS, linear_attention
-from linrope.ops.linear_attn import backends, fla_backend
+from linrope.ops.linear_attn import backends, fla_backend, triton_backend
 from linrope.ops.linear_attn.common import Args
 from tests.helpers import gen, rel
 from tests.ops.fla_cases import DECAY, inputs, results
@@ -40,6 +40,23 @@ def test_fla_without_cuda_is_refused_in_one_line(monkeypatch):
     monkeypatch.setattr(fla_backend, "INSTALLED", False)
     with pytest.raises(BackendUnavailable, match=r"pip install 'linrope\[gpu\]'"):
         linear_attention(q, q, q, impl="fla")
+
+
+def test_fla_on_the_interpreter_needs_the_test_shim(monkeypatch):
+    """Under TRITON_INTERPRET=1 without the shim fla's autotuners time their configurations on a device and fail
+    with "0 active drivers": refused in one line instead (a fresh process, where the shim is not loaded)."""
+    code = "from linrope.ops.linear_attn import fla_backend as f; f.INSTALLED = True; print(f.unavailable('cpu'))"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip() == (
+        "fla's kernels autotune on a device: under TRITON_INTERPRET=1 on the CPU they run only with the test shim "
+        "(tests/ops/fla_interpreter.py); use impl=chunk"
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)
+    monkeypatch.setattr(fla_backend, "_one_config", lambda: True)
+    if fla_backend.torch_too_old() is None:
+        assert fla_backend.unavailable("cpu") is None
 
 
 def test_fla_refuses_non_causal_and_float64():
@@ -153,6 +170,54 @@ def test_auto_says_why_it_passes_over_fla_on_cuda(monkeypatch, caplog):
     monkeypatch.setattr(fla_backend, "versions", lambda: ("0.6.0", "3.6.0"))
     assert backends.resolve("auto", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["fla"]
     assert backends.resolve("fla", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["fla"]  # opt-in
+
+
+@pytest.mark.parametrize(
+    "dtype,installed,fla_verified,window,chosen",
+    [
+        (torch.bfloat16, True, True, None, "triton"),  # before fla, once its versions passed
+        (torch.float16, True, False, None, "triton"),
+        (torch.float64, True, True, None, "chunk"),  # neither takes float64
+        (torch.float32, True, True, 8, "chunk"),  # neither takes a window
+        (torch.bfloat16, False, True, None, "fla"),  # triton not installed (then neither is fla's: a stand-in)
+    ],
+)
+def test_auto_takes_linropes_triton_kernels_first_once_their_versions_passed(
+    monkeypatch, caplog, dtype, installed, fla_verified, window, chosen
+):
+    """``triton_backend.VERIFIED`` (empty: no GPU has run the kernels) lists the triton versions with which the
+    device check met issue 50's goals; with this triton listed, auto on CUDA takes impl=triton where the registry
+    accepts it, before fla, and says so once."""
+    assert triton_backend.VERIFIED == frozenset()
+    monkeypatch.setattr(backends, "_CHOSEN", {})
+    monkeypatch.setattr(triton_backend, "VERIFIED", frozenset({triton_backend.triton_version()}))
+    monkeypatch.setattr(triton_backend, "INSTALLED", installed)
+    monkeypatch.setattr(fla_backend, "INSTALLED", True)
+    monkeypatch.setattr(torch, "__version__", "2.13.0")
+    monkeypatch.setattr(fla_backend, "VERIFIED", frozenset({fla_backend.versions()} if fla_verified else ()))
+    with caplog.at_level(logging.INFO, logger="linrope.ops"):
+        got = backends.resolve("auto", fake_q("cuda", dtype), Args(window=window, causal=window is None))
+    assert got is backends.BACKENDS[chosen]
+    if chosen == "triton":
+        assert [r.getMessage() for r in caplog.records] == [
+            "linear attention impl=auto: triton (CUDA, and these versions passed the device check)"
+        ]
+
+
+def test_auto_passes_over_the_triton_kernels_whose_versions_did_not_pass(monkeypatch):
+    monkeypatch.setattr(backends, "_CHOSEN", {})
+    monkeypatch.setattr(triton_backend, "INSTALLED", True)
+    monkeypatch.setattr(triton_backend, "triton_version", lambda: "3.5.1")
+    monkeypatch.setattr(triton_backend, "VERIFIED", frozenset({"3.6.0"}))
+    assert triton_backend.unverified() == (
+        "linrope's Triton kernels have not met the device check's goals with triton 3.5.1 (docs/benchmarks.md, "
+        '"Issue 50"); impl=triton runs them'
+    )
+    monkeypatch.setattr(fla_backend, "INSTALLED", False)
+    assert backends.resolve("auto", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["chunk"]
+    monkeypatch.setattr(triton_backend, "triton_version", lambda: "3.6.0")
+    assert triton_backend.unverified() is None
+    assert backends.resolve("auto", fake_q("cuda", torch.bfloat16), Args()) is backends.BACKENDS["triton"]
 
 
 def test_the_linear_attention_configs_default_to_auto_and_compute_chunks_numbers_on_cpu(compose):

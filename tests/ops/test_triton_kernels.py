@@ -73,6 +73,13 @@ def interpreted(monkeypatch, kernel_env):
     yield
 
 
+@pytest.fixture(params=["split", "loop"])
+def scan(request, monkeypatch):
+    """Each way of summing the chunks' states (triton_backend.SCAN): the device check times both."""
+    monkeypatch.setattr(triton_backend, "SCAN", request.param)
+    return request.param
+
+
 def packed(n: int, B: int = 2) -> torch.Tensor:
     """(B, n) ids of packed documents: starts inside a chunk, on a chunk's first position (64), at its last (127)."""
     ids = torch.zeros(B, n, dtype=torch.long)
@@ -114,16 +121,48 @@ CASES = [
 
 
 @pytest.mark.parametrize("feature_map, rope, decayed, initial, n, dtype, normalize", CASES)
-def test_matches_naive(interpreted, feature_map, rope, decayed, initial, n, dtype, normalize):
+def test_matches_naive(interpreted, scan, feature_map, rope, decayed, initial, n, dtype, normalize):
     tol = FLOAT32_TOL if dtype == torch.float32 else FLOAT16_TOL
     compare(feature_map, rope, decayed, initial, n, dtype, tol, normalize)
 
 
 @pytest.mark.parametrize("feature_map, rope, normalize", [("elu", "numerator", True), ("cosine", "both", False)])
-def test_packed_documents_match_naive(interpreted, feature_map, rope, normalize):
+def test_packed_documents_match_naive(interpreted, scan, feature_map, rope, normalize):
     """The state resets where a document starts (inside a chunk, at a chunk's first and last position); the initial
     state reaches the row's first document, the final state is the last document's."""
     compare(feature_map, rope, True, True, 130, normalize=normalize, docs=True)
+
+
+@pytest.mark.parametrize("which", ["S", "z"])
+def test_a_loss_on_one_final_state(interpreted, scan, which):
+    """A loss that reads the final S but not z (or z alone): autograd hands the backward None for the other, whose
+    gradient then starts at zero (and still decays into the initial state's)."""
+    from linrope.ops.linear_attn.common import LinearAttentionState
+
+    q, k, v, S0, z0 = inputs(("triton one state", which), feature_map="cosine", decay=DECAY, n=100, initial=True)
+    grads = []
+    for impl, dtype in (("naive", torch.float64), ("triton", torch.float32)):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, S0, z0)]
+        state = LinearAttentionState(leaves[3], leaves[4])
+        out, (S, z) = linear_attention(
+            *leaves[:3], impl=impl, feature_map="cosine", decay=DECAY, initial_state=state, output_final_state=True
+        )
+        final = S if which == "S" else z
+        w = torch.randn(final.shape, generator=gen("one state weights"), dtype=torch.float64)
+        ((final.double() * w).sum() + out.double().sum()).backward()
+        grads.append([x.grad for x in leaves])
+    assert max(rel(a, b) for a, b in zip(*grads)) < FLOAT32_TOL
+
+
+@pytest.mark.parametrize("feature_map, rope, docs", [("cosine", "both", False), ("elu", "numerator", True)])
+def test_split_scan_carries_between_steps_and_blocks(interpreted, monkeypatch, feature_map, rope, docs):
+    """_scan with 2 slots a step and 32 entries a program (at the defaults, 16 and 256, a test's few chunks and
+    narrow heads fit in one of each): the carry from step to step, state entries split between programs, H's and
+    z's entries in one block (cosine, d = 8: H 72 entries, z 9)."""
+    monkeypatch.setattr(triton_backend, "SCAN", "split")
+    monkeypatch.setattr(triton_backend, "SCAN_U", 2)
+    monkeypatch.setattr(triton_backend, "SCAN_BW", 32)
+    compare(feature_map, rope, True, True, 330, docs=docs)
 
 
 def test_float16_products_match_naive(interpreted, monkeypatch):
@@ -204,7 +243,7 @@ def test_empty_sequence_keeps_the_state(interpreted):
 @pytest.mark.parametrize("feature_map, rope", list(itertools.product(("elu", "cosine"), ("numerator", "both", "none"))))
 @pytest.mark.parametrize("decayed_initial", [False, True])
 @pytest.mark.parametrize("n", [1, 193])
-def test_grid_matches_naive(interpreted, feature_map, rope, decayed_initial, n):
+def test_grid_matches_naive(interpreted, scan, feature_map, rope, decayed_initial, n):
     # one position and no state: o = v·s/(s + eps), whose gradient in q is eps-small (8e-8 against dv's 19) and
     # cancels to float32's rounding in every form (the chunk form's dq is off by 130% too): no relative comparison
     compare(feature_map, rope, decayed_initial, decayed_initial or n == 1, n)
@@ -260,28 +299,31 @@ SLOW = pytest.mark.slow  # each dtype and map compiles its own five kernels: the
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "dtype, tol, feature_map, rope",
+    "scan, dtype, tol, feature_map, rope",
     [
-        (torch.bfloat16, 3e-2, "elu", "numerator"),  # the training path
-        pytest.param(torch.float16, FLOAT16_TOL, "elu", "numerator", marks=SLOW),
-        pytest.param(torch.float32, 1e-4, "elu", "numerator", marks=SLOW),
-        pytest.param(torch.bfloat16, 3e-2, "cosine", "both", marks=SLOW),
-        pytest.param(torch.float32, 1e-4, "cosine", "both", marks=SLOW),
+        ("split", torch.bfloat16, 3e-2, "elu", "numerator"),  # the training path
+        ("loop", torch.bfloat16, 3e-2, "elu", "numerator"),  # the other way of summing the states
+        pytest.param("split", torch.float16, FLOAT16_TOL, "elu", "numerator", marks=SLOW),
+        pytest.param("split", torch.float32, 1e-4, "elu", "numerator", marks=SLOW),
+        pytest.param("split", torch.bfloat16, 3e-2, "cosine", "both", marks=SLOW),
+        pytest.param("split", torch.float32, 1e-4, "cosine", "both", marks=SLOW),
     ],
 )
-def test_cuda_matches_naive(dtype, tol, feature_map, rope):
+def test_cuda_matches_naive(monkeypatch, scan, dtype, tol, feature_map, rope):
     """On a GPU (the device check's tests part): compiled kernels, d = d_v = 64, N = 1000, decay and an initial
     state, against float64 naive on the rounded inputs.  bfloat16: its products' operands are rounded to 8 bits
-    (2^-9 relative each); float32: exact float32 products ("ieee"), float32 sums in another order."""
+    (2^-9 relative each); float32: exact float32 products ("ieee"), float32 sums in another order.  Each way of
+    summing the states (``SCAN``) on the training path, the default for the others (the part has 120 s)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     assert not fla_interpreter.patched(), "the interpreter's patches are in this process: kernels would be interpreted"
+    monkeypatch.setattr(triton_backend, "SCAN", scan)
     compare(feature_map, rope, True, True, 1000, dtype, tol, B=1, H=2, d=64, dv=64, device="cuda")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rope", ["numerator", "both"])
-def test_wide_heads_match_naive(interpreted, rope):
+def test_wide_heads_match_naive(interpreted, scan, rope):
     """d = 66 (128-wide tiles, masked) and d_v = 72: two value blocks in the sequential kernels, one in the others."""
     compare("cosine", rope, True, True, 70, B=1, H=2, d=66, dv=72)
 
@@ -314,12 +356,13 @@ def test_every_kernel_compiles_for_hopper(variants):
     float, a product Triton cannot lower: both were found this way).  Each recorded launch of a forward and backward
     compiles for sm_90, the constexprs and num_warps as the backend launches them."""
     rc, rows = compiled_rows(variants)
-    assert {r[1] for r in rows} >= {"_state_fwd", "_out_fwd", "_state_bwd", "_grad"}
+    tuned = ("_state_fwd", "_out_fwd", "_state_bwd", "_grad", "_chunk_state", "_chunk_dstate")
+    assert {r[1] for r in rows} == {*tuned, "_dden", "_scan"}  # both ways of summing the states (SCAN)
     assert {r[0] for r in rows} == set(variants)
     assert [(r[0], r[1], r[-1]) for r in rows if r[-1] != "ok"] == [] and rc == 0
     assert all(int(r[3]) > 0 for r in rows)  # registers
-    tuned = {(r[1], r[2]) for r in rows}  # each num_warps the autotuner may pick, compiled
-    assert tuned >= {(k, w) for k in ("_state_fwd", "_out_fwd", "_state_bwd", "_grad") for w in ("4", "8")}
+    compiled = {(r[1], r[2]) for r in rows}  # each num_warps the autotuner may pick, compiled
+    assert compiled >= {(k, w) for k in tuned for w in ("4", "8")}
 
 
 def test_the_interpreter_runs_the_kernels_without_the_test_shim():

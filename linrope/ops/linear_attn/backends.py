@@ -10,10 +10,10 @@ differentiated tables, device), and runs ``backend.run(q, k, v, args)``.  Every 
     chunk      chunked, hand-written backward: training (the default)
     recurrent  position by position through autograd: a check of the recurrence
     fla        fla's chunked Triton kernels (CUDA and the ``gpu`` extra)
-    triton     linrope's own Triton kernels: φ and RoPE fused, the denominator a running sum (CUDA, triton);
-               ``auto`` takes it once a device check has measured it (not yet)
-    auto       chooses: fla where the registry accepts it on a CUDA device and its versions passed the device
-               check (``fla_backend.VERIFIED``: fla-core 0.6.0 with triton 3.6.0), else chunk (logged once)
+    triton     linrope's own Triton kernels: φ and RoPE fused, the denominator a running sum (CUDA, triton)
+    auto       chooses on a CUDA device: triton, then fla, the first the registry accepts whose versions passed the
+               device check (``triton_backend.VERIFIED``: none yet; ``fla_backend.VERIFIED``: fla-core 0.6.0 with
+               triton 3.6.0); else, and on other devices, chunk (logged once)
 
 A new backend is one ``Backend(...)`` entry below and one form ``fn(q, k, v, args)`` beside its naive twin.
 """
@@ -90,21 +90,20 @@ _CHOSEN: dict = {}
 
 
 def _auto(q: Tensor, a: Args) -> str:
-    """fla on a CUDA device where the registry accepts it (causal, 16/32-bit, the gpu extra) and its versions passed
-    the device check (``fla_backend.VERIFIED``), else chunk.  The choice is logged once per device type and choice
-    (outside torch.compile's tracing)."""
+    """On a CUDA device triton, then fla: the first the registry accepts (causal, 16/32-bit, installed) whose versions
+    passed the device check (``triton_backend.VERIFIED``, ``fla_backend.VERIFIED``); else chunk.  The choice is
+    logged once per device type and choice (outside torch.compile's tracing), with fla's refusal when it is chunk."""
     kind = q.device.type
-    refused = (BACKENDS["fla"].refusal(q, a) or fla_backend.unverified()) if kind == "cuda" else None
-    impl = "fla" if (kind == "cuda" and refused is None) else "chunk"
+    impl, why = "chunk", f"fla needs CUDA, these tensors are on {kind}"
+    if kind == "cuda":
+        for name, unverified in (("triton", triton_backend.unverified), ("fla", fla_backend.unverified)):
+            refused = BACKENDS[name].refusal(q, a) or unverified()
+            if refused is None:
+                impl, why = name, "CUDA, and these versions passed the device check"
+                break
+            why = str(refused)
     if (kind, impl) not in _CHOSEN and not torch.compiler.is_compiling():
         _CHOSEN[(kind, impl)] = True
-        why = (
-            "CUDA and the gpu extra"
-            if impl == "fla"
-            else f"fla needs CUDA, these tensors are on {kind}"
-            if kind != "cuda"
-            else str(refused)
-        )
         log.info("linear attention impl=auto: %s (%s)", impl, why)
     return impl
 
@@ -143,7 +142,7 @@ BACKENDS = {
             unavailable=triton_backend.unavailable,
             windowed=False,
         ),
-        Backend("auto", "fla where it can run on CUDA and passed the device check, else chunk", choose=_auto),
+        Backend("auto", "triton or fla where it runs on CUDA and passed the device check, else chunk", choose=_auto),
     )
 }
 

@@ -114,8 +114,8 @@ def unverified() -> Optional[str]:
 
 def unavailable(device) -> Optional[str]:
     """Why fla's kernels cannot run on ``device`` (a device or its type), or None.  They need fla and triton,
-    torch >= 2.7 and CUDA, unless Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``: the tests, with
-    tests/ops/fla_interpreter.py)."""
+    torch >= 2.7 and CUDA, unless Triton's CPU interpreter is switched on (``TRITON_INTERPRET=1``) with the tests'
+    shim loaded (tests/ops/fla_interpreter.py: ``_one_config``)."""
     if not INSTALLED:
         return "fla and triton are not installed: pip install 'linrope[gpu]'"
     old = torch_too_old()
@@ -126,7 +126,19 @@ def unavailable(device) -> Optional[str]:
         return (
             f"fla's Triton kernels need a CUDA device (here: {kind}); use impl=chunk, or impl=auto to choose by device"
         )
+    if kind != "cuda" and not _one_config():
+        return (
+            "fla's kernels autotune on a device: under TRITON_INTERPRET=1 on the CPU they run only with the test "
+            "shim (tests/ops/fla_interpreter.py); use impl=chunk"
+        )
     return None
+
+
+def _one_config() -> bool:
+    """Whether triton's autotuners keep one configuration in this process (the test shim's patch, which the
+    interpreter needs for fla: with more it times them on a device, and fails with "0 active drivers")."""
+    tuner = sys.modules.get("triton.runtime.autotuner")  # the shim imports it; nothing is imported here
+    return tuner is not None and getattr(tuner.Autotuner.__init__, "_linrope_one_config", False)
 
 
 def hopper(device) -> bool:

@@ -2,9 +2,11 @@
 
 One forward operator and one backward operator (``linrope::triton_fwd`` / ``_bwd``, registered with
 ``torch.library`` as chunk.py's are: fake implementations and an autograd formula, so torch.compile sees one opaque
-operator).  The forward runs two kernels (the states of every chunk, then every chunk's output in parallel), the
-backward four (the states again, ∂L/∂den, the state gradients in reverse, then dq, dk, dv in parallel); autograd
-keeps q, k, v, the output and the denominator (float32, (B, H, N)) and nothing else.
+operator).  The forward runs three kernels (every chunk's own part of the state after it, in parallel; a scan that
+sums them in order; every chunk's output, in parallel), the backward five (the states again, two kernels;
+∂L/∂den with every chunk's part of the state gradient; the scan in reverse; dq, dk, dv in parallel): ``SCAN``
+"split".  ``SCAN = "loop"`` sums the states in one sequential kernel instead (triton_kernels.py).  Autograd keeps
+q, k, v, the output and the denominator (float32, (B, H, N)) and nothing else.
 
 What it takes: causal calls in float32, float16 and bfloat16; elu and cosine; placements numerator, both and none;
 decay; initial and final state (and the gradient of the initial state); ``normalize=False``; packed documents
@@ -22,12 +24,15 @@ inputs (every product: Triton cannot compile _grad's float32 products in tf32 fo
 inputs (``PREC``).
 
 Where it runs: CUDA and triton (the ``gpu`` extra), or the CPU under Triton's interpreter (``TRITON_INTERPRET=1``,
-the tests).  ``impl=auto`` does not choose it yet: a device check (benchmarks/gpu_check.sh) has to measure it first.
+the tests).  ``impl=auto`` takes it on CUDA only with a triton version in ``VERIFIED`` (none yet: no GPU has run
+it; benchmarks/gpu_check.sh --triton measures it against issue 50's goals).
 Nothing here imports triton before a call needs it.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import importlib.util
 import os
 from contextlib import nullcontext
@@ -42,7 +47,16 @@ from .features import feature_width, rope_rotors
 
 INSTALLED = importlib.util.find_spec("triton") is not None  # finds, does not import
 CHUNK = 64  # triton_kernels.BT
-STATE_BV = 64  # the value block of the two sequential kernels (more blocks, more programs, when d_v > 64)
+STATE_BV = 64  # the value block of the "loop" scan's kernels (more blocks, more programs, when d_v > 64)
+# How the chunks' states are summed: "split" (every chunk's own part in parallel, then _scan down the slots, each
+# program a block of the state's entries) or "loop" (one program per (batch row, head, value block) over the chunks
+# in order, each chunk's features and product in the loop).  Both are exact; the device check times both
+# (benchmarks/forms.py, "triton-loop"), and the slower goes once a GPU has measured them.
+SCAN = "split"
+SCAN_BW, SCAN_U = 256, 16  # _scan's block of state entries and slots per step
+# ``impl=auto`` takes these kernels on CUDA only with a triton version listed here: one with which the device check
+# (benchmarks/gpu_check.sh --triton) met issue 50's goals on a GPU (docs/benchmarks.md, "Issue 50").  None yet.
+VERIFIED: frozenset = frozenset()
 MAX_WIDTH = 256  # the widest head (q's d, v's d_v) the one-block kernels take
 PLACEMENT = {"none": 0, "numerator": 1, "both": 2}
 FP16_DOTS = False  # tests only: float16 inputs multiply in float16 (the bfloat16 path's casts, on the interpreter)
@@ -58,6 +72,25 @@ def unavailable(device) -> Optional[str]:
     if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return f"linrope's Triton kernels need a CUDA device (here: {kind}); use impl=chunk, or impl=auto"
     return None
+
+
+@functools.cache
+def triton_version() -> str:
+    """triton's version from its package metadata (not imported), read once: ``auto`` asks at every CUDA call."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def unverified() -> Optional[str]:
+    """Why ``impl=auto`` does not take these kernels even where they can run, or None (``VERIFIED``)."""
+    if triton_version() in VERIFIED:
+        return None
+    return (
+        f"linrope's Triton kernels have not met the device check's goals with triton {triton_version()} "
+        '(docs/benchmarks.md, "Issue 50"); impl=triton runs them'
+    )
 
 
 def _kernels():
@@ -134,32 +167,57 @@ def triton_fwd(q: Tensor, k: Tensor, v: Tensor, S0: Optional[Tensor], z0: Option
     with autocast_off(q.device.type), _on(q):
         cs, g, docs = _inputs(q, positions, theta, decay, rope, documents)
         meta_g = dict(meta, HAS_G=decay is not None, DOCS=documents is not None)
-        h, zs, ST, zT = _states(k, v, cs, g, docs, S0, z0, final, meta_g)
+        st, ST, zT = _states(k, v, cs, g, docs, S0, z0, final, meta_g)
         out = like(v)
         den = alloc((B, H, N), dtype=torch.float32, device=q.device) if normalize else _none(q)
         _kernels()._out_fwd[(-(-N // CHUNK), B * H)](
-            q, k, v, cs, g, docs, h, zs, out, den if normalize else cs, *q.stride(), *k.stride(), *v.stride(),
-            *out.stride(), N, H, d, v.shape[-1], h.shape[2], float(eps), BV=max(64, _pow2(v.shape[-1])),
+            q, k, v, cs, g, docs, st, out, den if normalize else cs, *q.stride(), *k.stride(), *v.stride(),
+            *out.stride(), N, H, d, v.shape[-1], st.shape[1] - 1, float(eps), BV=max(64, _pow2(v.shape[-1])),
             NORM=normalize, **meta_g,
         )  # fmt: skip
     return out, den if normalize else _none(q), ST if final else _none(q), zT if final else _none(q)
 
 
+def _buffer(B: int, H: int, NT: int, DF: int, dv: int, device) -> Tensor:
+    """A state buffer (B·H, NT + 1, DF·d_v + DF) float32: per slot H (DF, d_v) then z (DF,) (triton_kernels._slot)."""
+    return alloc((B * H, NT + 1, DF * dv + DF), dtype=torch.float32, device=device)
+
+
+def _scan(st: Tensor, gate: Tensor, init, last, reverse: bool, cos: bool, d: int, dv: int, gated: bool) -> None:
+    """_scan down a filled state buffer (forward, or in ``reverse``) from ``init`` (H, z; None: zero), the last
+    state also into ``last`` (H, z) unless None."""
+    A0, a0 = init if init is not None else (gate, gate)
+    A1, a1 = last if last is not None else (gate, gate)
+    _kernels()._scan[(-(-st.shape[2] // SCAN_BW), st.shape[0])](
+        st, gate, A0, a0, A1, a1, st.shape[1] - 1, d, dv, COS=cos, REVERSE=reverse, GATE=gated,
+        INIT=init is not None, LAST=last is not None, U=SCAN_U, BW=SCAN_BW, num_warps=4,
+    )  # fmt: skip
+
+
 def _states(k, v, cs, g, docs, S0, z0, final: bool, meta: dict):
-    """H_c, z_c before every chunk (float32 (B, H, NT, D', d_v), (B, H, NT, D')) and the final state or stand-ins."""
+    """(the state buffer: H_c, z_c before every chunk c in slot c, the final state or stand-ins)."""
     B, H, N, d = k.shape
     dv, DF, NT = v.shape[-1], feature_width("cosine" if meta["COS"] else "elu", d), -(-N // CHUNK)
     f32 = dict(dtype=torch.float32, device=k.device)
-    h, zs = alloc((B, H, NT, DF, dv), **f32), alloc((B, H, NT, DF), **f32)
+    st = _buffer(B, H, NT, DF, dv, k.device)
     ST, zT = (alloc((B, H, DF, dv), **f32), alloc((B, H, DF), **f32)) if final else (cs, cs)
     has_s0 = S0 is not None
     if has_s0:
         S0, z0 = S0.to(torch.float32).contiguous(), z0.to(torch.float32).contiguous()
-    _kernels()._state_fwd[(-(-dv // STATE_BV), B * H)](
-        k, v, cs, g, docs, S0 if has_s0 else cs, z0 if has_s0 else cs, h, zs, ST, zT, *k.stride(), *v.stride(),
-        N, H, d, dv, NT, BV=STATE_BV, HAS_S0=has_s0, FINAL=final, **meta,
+    if SCAN == "loop":
+        _kernels()._state_fwd[(-(-dv // STATE_BV), B * H)](
+            k, v, cs, g, docs, S0 if has_s0 else cs, z0 if has_s0 else cs, st, ST, zT, *k.stride(), *v.stride(),
+            N, H, d, dv, NT, BV=STATE_BV, HAS_S0=has_s0, FINAL=final, **meta,
+        )  # fmt: skip
+        return st, ST, zT
+    gated = meta["HAS_G"] or meta["DOCS"]
+    gate = alloc((B * H, NT + 1), **f32) if gated else cs
+    _kernels()._chunk_state[(NT, B * H)](
+        k, v, cs, g, docs, st, gate, *k.stride(), *v.stride(), N, H, d, dv, NT, BV=max(64, _pow2(dv)), GATE=gated,
+        **meta,
     )  # fmt: skip
-    return h, zs, ST, zT
+    _scan(st, gate, (S0, z0) if has_s0 else None, (ST, zT) if final else None, False, meta["COS"], d, dv, gated)
+    return st, ST, zT
 
 
 @triton_fwd.register_fake
@@ -189,27 +247,42 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
     kern = _kernels()
     with autocast_off(q.device.type), _on(q):
         cs, g, docs = _inputs(q, positions, theta, decay, rope, documents)
-        h, zs, _, _ = _states(k, v, cs, g, docs, S0, z0, False, meta)
+        st, _, _ = _states(k, v, cs, g, docs, S0, z0, False, meta)
         do = torch.zeros_like(v) if g_out is None else g_out
-        dd = cs
-        if normalize:
-            dd = alloc((B, H, N), **f32)
-            kern._dden[(NT, B * H)](
-                do, out, den, dd, *do.stride(), *out.stride(), N, H, dv_, BT=CHUNK, BV=max(64, _pow2(dv_)),
-                GUARD=rope == "both", num_warps=4,
-            )  # fmt: skip
-        dh, dzs = alloc((B, H, NT, DF, dv_), **f32), alloc((B, H, NT, DF), **f32)
+        dd = alloc((B, H, N), **f32) if normalize else cs
+        dst = _buffer(B, H, NT, DF, dv_, q.device)
         dS0, dz0 = (alloc((B, H, DF, dv_), **f32), alloc((B, H, DF), **f32)) if need_S0 else (cs, cs)
-        gS = cs if g_S is None else g_S.to(torch.float32).contiguous()
-        gz = cs if g_z is None else g_z.to(torch.float32).contiguous()
-        kern._state_bwd[(-(-dv_ // STATE_BV), B * H)](
-            q, cs, g, docs, do, den if normalize else cs, dd, gS, gz, dh, dzs, dS0, dz0, *q.stride(), *do.stride(),
-            N, H, d, dv_, NT, BV=STATE_BV, NORM=normalize, HAS_DST=g_S is not None, HAS_DZT=g_z is not None,
-            D0=need_S0, **meta,
-        )  # fmt: skip
+        if SCAN == "loop":
+            if normalize:
+                kern._dden[(NT, B * H)](
+                    do, out, den, dd, *do.stride(), *out.stride(), N, H, dv_, BT=CHUNK, BV=max(64, _pow2(dv_)),
+                    GUARD=rope == "both", num_warps=4,
+                )  # fmt: skip
+            gS = cs if g_S is None else g_S.to(torch.float32).contiguous()
+            gz = cs if g_z is None else g_z.to(torch.float32).contiguous()
+            kern._state_bwd[(-(-dv_ // STATE_BV), B * H)](
+                q, cs, g, docs, do, den if normalize else cs, dd, gS, gz, dst, dS0, dz0, *q.stride(), *do.stride(),
+                N, H, d, dv_, NT, BV=STATE_BV, NORM=normalize, HAS_DST=g_S is not None, HAS_DZT=g_z is not None,
+                D0=need_S0, **meta,
+            )  # fmt: skip
+        else:
+            gated = meta["HAS_G"] or meta["DOCS"]
+            gate = alloc((B * H, NT + 1), **f32) if gated else cs
+            kern._chunk_dstate[(NT, B * H)](
+                q, cs, g, docs, do, out, den if normalize else cs, dd, dst, gate, *q.stride(), *do.stride(),
+                *out.stride(), N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, GUARD=rope == "both",
+                GATE=gated, **meta,
+            )  # fmt: skip
+            init = None
+            if g_S is not None or g_z is not None:  # the final state's gradient (zero for the one not given)
+                init = tuple(
+                    torch.zeros(shape, **f32) if x is None else x.to(torch.float32).contiguous()
+                    for x, shape in ((g_S, (B, H, DF, dv_)), (g_z, (B, H, DF)))
+                )
+            _scan(dst, gate, init, (dS0, dz0) if need_S0 else None, True, meta["COS"], d, dv_, gated)
         dq, dk, dv = like(q), like(k), like(v)
         kern._grad[(NT, B * H)](
-            q, k, v, cs, g, docs, h, zs, do, den if normalize else cs, dd, dh, dzs, dq, dk, dv,
+            q, k, v, cs, g, docs, st, do, den if normalize else cs, dd, dst, dq, dk, dv,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
             N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, **meta,
         )  # fmt: skip
@@ -278,4 +351,4 @@ def triton_form(q: Tensor, k: Tensor, v: Tensor, a: Args):
     return out, LinearAttentionState(S, z)
 
 
-__all__ = ["triton_form", "triton_fwd", "triton_bwd", "unavailable", "CHUNK", "MAX_WIDTH"]
+__all__ = ["triton_form", "triton_fwd", "triton_bwd", "unavailable", "unverified", "CHUNK", "MAX_WIDTH", "VERIFIED"]

@@ -19,15 +19,24 @@ qn, kn the numerator's features (rotated unless the placement is "none"), qd, kd
 attention.  The cosine map's constant feature 1 is not a column of the tiles: its row of S (``h1``, Σ v) and of z
 (``z1``, a count) are carried apart, and the scores get + 1.
 
+States live in one float32 buffer of NT + 1 slots per (batch, head) (``_slot``): slot c holds H_c and z_c (the
+state before chunk c; slot NT the state after the last), and in the backward the gradient of the state before
+chunk c.  Two ways fill them (triton_backend.SCAN; the device check times both):
+    "split"  _chunk_state (NT, B·H) every chunk's own Σ_j exp((L-1-j) g) kn_j v_jᵀ (and z's) into slot c + 1 and
+             exp(L g) into its gate, in parallel; then _scan (⌈W/BW⌉, B·H) sums them in order, H_c+1 = exp(L g) H_c
+             + that, each program a block of the state's W entries over every slot (the recurrence is elementwise):
+             the sequential part has no features, rotations or products left, and B·H·⌈W/BW⌉ programs
+    "loop"   _state_fwd (NV, B·H) sequential over chunks, the features and the product of each chunk in the loop
 Kernels (grid; what each program does):
-    _state_fwd  (NV, B·H)  sequential over chunks: H_c, z_c for every c (stored for _out_fwd) and the final state
-    _out_fwd    (NT, B·H)  one chunk: the output and the (guarded) denominator, stored for the backward
-    _dden       (NT, B·H)  ∂L/∂den_i = -(do_i·o_i) / den_i (0 where the guard clamped)
-    _state_bwd  (NV, B·H)  reverse over chunks: the gradient of the state after each chunk (and of S0, z0)
-    _grad       (NT, B·H)  one chunk: dq, dk, dv from the recomputed H_c, z_c and the state gradients
-The backward stores nothing from the forward but out and den: _state_fwd runs again (docs/mathematics.md, "Triton
-kernels").  Blocks are 64 wide at least (Hopper miscompiles multi-dot kernels with 16/32-wide blocks, fla_backend.py).
-The four heavy kernels are autotuned over num_warps (``_warps``).
+    _out_fwd       (NT, B·H)  one chunk: the output and the (guarded) denominator, stored for the backward
+    _chunk_dstate  (NT, B·H)  "split": ∂L/∂den_i = -(do_i·o_i) / den_i (0 where the guard clamped), and the chunk's
+                              own gradient of the state before it, for _scan in reverse
+    _dden, _state_bwd         "loop": the same ∂L/∂den, then the reverse loop over chunks
+    _grad          (NT, B·H)  one chunk: dq, dk, dv from the recomputed H_c, z_c and the state gradients
+The backward stores nothing from the forward but out and den: the states are computed again (docs/mathematics.md,
+"Triton kernels").  Blocks are 64 wide at least (Hopper miscompiles multi-dot kernels with 16/32-wide blocks,
+fla_backend.py).  The kernels over chunks are autotuned over num_warps (``_warps``); _scan is not (it works in place:
+the autotuner's timing runs would sum the states again).
 """
 
 import os
@@ -57,6 +66,15 @@ def _warps(*counts: int, norm: bool = True):
 def _base(i_bh, H, s_b, s_h):
     """The int64 offset of batch row i_bh // H, head i_bh % H."""
     return (i_bh // H).to(tl.int64) * s_b + (i_bh % H).to(tl.int64) * s_h
+
+
+@triton.jit
+def _slot(st, i_bh, NT, c, D, DV, ONE: tl.constexpr):
+    """(H, z) pointers of slot c of batch row and head i_bh in a state buffer (B·H, NT + 1, W): H the (D', d_v)
+    matrix, its row 0 the cosine map's constant feature's (``ONE``), then z (D',); W = D'·d_v + D'."""
+    DF = D + ONE
+    p = st + (i_bh.to(tl.int64) * (NT + 1) + c) * (DF * DV + DF)
+    return p, p + DF * DV
 
 
 @triton.jit
@@ -167,7 +185,7 @@ def _lp(a, b, DT: tl.constexpr, PREC: tl.constexpr):
 @_warps(4, 8, norm=False)
 @triton.jit
 def _state_fwd(
-    k, v, cs, g_ptr, docs, S0, z0, h, zs, ST, zT,
+    k, v, cs, g_ptr, docs, S0, z0, st, ST, zT,
     sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
     N, H, D, DV, NT,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
@@ -197,14 +215,14 @@ def _state_fwd(
             b_z1 += tl.load(z0 + sb)
     for i_t in range(NT):
         t0 = i_t * BT
-        hb = (i_bh.to(tl.int64) * NT + i_t) * DF
-        tl.store(h + hb * DV + hoff, b_h, mask=hm)
+        hp, zp = _slot(st, i_bh, NT, i_t, D, DV, ONE)
+        tl.store(hp + hoff, b_h, mask=hm)
         if i_v == 0:
-            tl.store(zs + hb + ONE + rk, b_z, mask=km)
+            tl.store(zp + ONE + rk, b_z, mask=km)
         if COS:
-            tl.store(h + hb * DV + cv, b_h1, mask=vm)
+            tl.store(hp + cv, b_h1, mask=vm)
             if i_v == 0:
-                tl.store(zs + hb, b_z1)
+                tl.store(zp, b_z1)
         x = _tile(kb, sk_n, sk_d, t0, N, D, BT, BK)
         _, kn, kd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
         b_v = _tile(vb, sv_n, sv_d, t0, N, DV - i_v * BV, BT, BV)
@@ -227,7 +245,7 @@ def _state_fwd(
 @_warps(4, 8)
 @triton.jit
 def _out_fwd(
-    q, k, v, cs, g_ptr, docs, h, zs, o, den,
+    q, k, v, cs, g_ptr, docs, st, o, den,
     sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, so_b, so_h, so_n, so_d,
     N, H, D, DV, NT, eps,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
@@ -235,7 +253,6 @@ def _out_fwd(
 ):  # fmt: skip
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
-    DF = D + ONE
     t0 = i_t * BT
     rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
     g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
@@ -245,22 +262,22 @@ def _out_fwd(
     _, qn, qd = _features(xq, cs, t0, N, D, COS, ROPE, BT, BK)
     _, kn, kd = _features(xk, cs, t0, N, D, COS, ROPE, BT, BK)
     M, eb, _, _ = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
-    hb = (i_bh.to(tl.int64) * NT + i_t) * DF
+    hp, zp = _slot(st, i_bh, NT, i_t, D, DV, ONE)
     hm = (rk < D)[:, None] & (cv < DV)[None, :]
-    b_h = tl.load(h + hb * DV + (ONE + rk)[:, None] * DV + cv[None, :], mask=hm, other=0.0)
+    b_h = tl.load(hp + (ONE + rk)[:, None] * DV + cv[None, :], mask=hm, other=0.0)
     A = (_lp(qn, tl.trans(kn), DT, PREC) + ONE) * M
     num = _lp(A, b_v, DT, PREC) + eb[:, None] * _mm(qn, b_h, PREC)
     if COS:
-        num += eb[:, None] * tl.load(h + hb * DV + cv, mask=cv < DV, other=0.0)[None, :]
+        num += eb[:, None] * tl.load(hp + cv, mask=cv < DV, other=0.0)[None, :]
     if NORM:
-        b_z = tl.load(zs + hb + ONE + rk, mask=rk < D, other=0.0)
+        b_z = tl.load(zp + ONE + rk, mask=rk < D, other=0.0)
         if ROPE == 1:
             Ad = (_lp(qd, tl.trans(kd), DT, PREC) + ONE) * M
         else:
             Ad = A
         inter = tl.sum(qd * b_z[None, :], 1)
         if COS:
-            inter += tl.load(zs + hb)
+            inter += tl.load(zp)
         dn = tl.sum(Ad, 1) + eb * inter + eps
         if ROPE == 2:
             dn = tl.where(tl.abs(dn) < DEN_FLOOR, tl.where(dn < 0, -DEN_FLOOR, DEN_FLOOR), dn)
@@ -291,14 +308,14 @@ def _dden(
 @_warps(4, 8)
 @triton.jit
 def _state_bwd(
-    q, cs, g_ptr, docs, do, den, dd, dST, dzT, dh, dzs, dS0, dz0,
+    q, cs, g_ptr, docs, do, den, dd, dST, dzT, dst, dS0, dz0,
     sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d,
     N, H, D, DV, NT,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
     HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, HAS_DZT: tl.constexpr, D0: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
-    """dh[c], dzs[c]: the gradient of the state after chunk c; dS0, dz0 (D0) that of the state before chunk 0."""
+    """Slot c + 1 of dst: the gradient of the state after chunk c; dS0, dz0 (D0) that of the state before chunk 0."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
     DF = D + ONE
@@ -326,14 +343,14 @@ def _state_bwd(
     for j in range(NT):
         i_t = NT - 1 - j
         t0 = i_t * BT
-        hb = (i_bh.to(tl.int64) * NT + i_t) * DF
-        tl.store(dh + hb * DV + hoff, b_dh, mask=hm)
+        hp, zp = _slot(dst, i_bh, NT, i_t + 1, D, DV, ONE)
+        tl.store(hp + hoff, b_dh, mask=hm)
         if i_v == 0:
-            tl.store(dzs + hb + ONE + rk, b_dz, mask=km)
+            tl.store(zp + ONE + rk, b_dz, mask=km)
         if COS:
-            tl.store(dh + hb * DV + cv, b_dh1, mask=vm)
+            tl.store(hp + cv, b_dh1, mask=vm)
             if i_v == 0:
-                tl.store(dzs + hb, b_dz1)
+                tl.store(zp, b_dz1)
         x = _tile(qb, sq_n, sq_d, t0, N, D, BT, BK)
         _, qn, qd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
         dN = _tile(dob, sd_n, sd_d, t0, N, DV - i_v * BV, BT, BV)
@@ -361,6 +378,158 @@ def _state_bwd(
 
 
 @triton.jit
+def _part(
+    x, y, cs, g_ptr, docs, sx_b, sx_h, sx_n, sx_d, sy_b, sy_h, sy_n, sy_d, i_t, i_bh, N, H, D, DV,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr,
+):  # fmt: skip
+    """What one chunk's part of a state (or state gradient) is made of: (the numerator's and the denominator's
+    features of x's tile, y's tile, the query weights exp(b_i), the key weights exp((L-1-j) g), exp(L g))."""
+    t0 = i_t * BT
+    g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
+    f = _tile(x + _base(i_bh, H, sx_b, sx_h), sx_n, sx_d, t0, N, D, BT, BK)
+    _, fn, fd = _features(f, cs, t0, N, D, COS, ROPE, BT, BK)
+    b_y = _tile(y + _base(i_bh, H, sy_b, sy_h), sy_n, sy_d, t0, N, DV, BT, BV)
+    _, eb, w, gL = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
+    return fn, fd, b_y, eb, w, gL
+
+
+@_warps(4, 8, norm=False)
+@triton.jit
+def _chunk_state(
+    k, v, cs, g_ptr, docs, st, gate,
+    sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
+    N, H, D, DV, NT,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, GATE: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Slot c + 1: chunk c's own part of the state after it, Σ_j exp((L-1-j) g) (kn_j v_jᵀ, kd_j); gate[c + 1] the
+    decay exp(L g) of the state before it (GATE: a decay or documents; else it is 1 and not stored).  _scan sums."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    ONE: tl.constexpr = 1 if COS else 0
+    rk, cv = tl.arange(0, BK), tl.arange(0, BV)
+    km, vm = rk < D, cv < DV
+    kn, kd, b_v, _, w, gL = _part(
+        k, v, cs, g_ptr, docs, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, i_t, i_bh, N, H, D, DV,
+        BT, BK, BV, COS, ROPE, HAS_G, DOCS,
+    )  # fmt: skip
+    hp, zp = _slot(st, i_bh, NT, i_t + 1, D, DV, ONE)
+    dh = _lp(tl.trans(kn * w[:, None]), b_v, DT, PREC)
+    tl.store(hp + (ONE + rk)[:, None] * DV + cv[None, :], dh, mask=km[:, None] & vm[None, :])
+    tl.store(zp + ONE + rk, tl.sum(kd * w[:, None], 0), mask=km)
+    if COS:
+        tl.store(hp + cv, tl.sum(b_v * w[:, None], 0), mask=vm)
+        tl.store(zp, tl.sum(w, 0))
+    if GATE:
+        tl.store(gate + i_bh.to(tl.int64) * (NT + 1) + i_t + 1, gL)
+
+
+@_warps(4, 8)
+@triton.jit
+def _chunk_dstate(
+    q, cs, g_ptr, docs, do, o, den, dd, dst, gate,
+    sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d, so_b, so_h, so_n, so_d,
+    N, H, D, DV, NT,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, GUARD: tl.constexpr, GATE: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """With NORM ∂L/∂den_i = -(do_i·o_i) / den_i (0 where the guard clamped) into dd; slot c: chunk c's own part of
+    the gradient of the state before it, Σ_i exp(b_i) (qn_i (do_i/den_i)ᵀ, qd_i ∂L/∂den_i); gate[c]: exp(L g).  _scan
+    sums them in reverse."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    ONE: tl.constexpr = 1 if COS else 0
+    t0 = i_t * BT
+    rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
+    km, vm = rk < D, cv < DV
+    qn, qd, dN, eb, _, gL = _part(
+        q, do, cs, g_ptr, docs, sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d, i_t, i_bh, N, H, D, DV,
+        BT, BK, BV, COS, ROPE, HAS_G, DOCS,
+    )  # fmt: skip
+    hp, zp = _slot(dst, i_bh, NT, i_t, D, DV, ONE)
+    if NORM:
+        dn = _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)
+        b_o = _tile(o + _base(i_bh, H, so_b, so_h), so_n, so_d, t0, N, DV, BT, BV)
+        e = -tl.sum(dN * b_o, 1) / dn
+        if GUARD:
+            e = tl.where(tl.abs(dn) > DEN_FLOOR, e, 0.0)
+        tl.store(dd + i_bh.to(tl.int64) * N + rt, e, mask=rt < N)
+        dN = dN / dn[:, None]
+        e = e * eb
+        tl.store(zp + ONE + rk, tl.sum(qd * e[:, None], 0), mask=km)
+        if COS:
+            tl.store(zp, tl.sum(e, 0))
+    else:  # z's gradient only decays (from the final state's), nothing joins it
+        tl.store(zp + ONE + rk, tl.zeros([BK], dtype=tl.float32), mask=km)
+        if COS:
+            tl.store(zp, tl.sum(tl.zeros([BK], dtype=tl.float32), 0))
+    dh = _lp(tl.trans(qn * eb[:, None]), dN, DT, PREC)
+    tl.store(hp + (ONE + rk)[:, None] * DV + cv[None, :], dh, mask=km[:, None] & vm[None, :])
+    if COS:
+        tl.store(hp + cv, tl.sum(dN * eb[:, None], 0), mask=vm)
+    if GATE:
+        tl.store(gate + i_bh.to(tl.int64) * (NT + 1) + i_t, gL)
+
+
+@triton.jit
+def _lin(a1, x1, a2, x2):
+    """Two steps s -> a s + x of a linear recurrence, the first then the second: _scan's operator."""
+    return a1 * a2, x1 * a2 + x2
+
+
+@triton.jit
+def _scan(
+    st, gate, A0, a0, A1, a1, NT, D, DV,
+    COS: tl.constexpr, REVERSE: tl.constexpr, GATE: tl.constexpr, INIT: tl.constexpr, LAST: tl.constexpr,
+    U: tl.constexpr, BW: tl.constexpr,
+):  # fmt: skip
+    """The slots of a state buffer in order, 1 … NT (REVERSE: NT - 1 … 0), in place: s_j = gate_j s_prev + slot_j
+    (gate 1 without GATE), from s = (A0, a0) (INIT; else 0), which goes into the first slot (0, or NT); the last s
+    also into (A1, a1) (LAST).  The recurrence is elementwise: each program takes BW of the W entries of every slot,
+    U slots at a time (one (U, BW) load, then an associative scan down them)."""
+    i_w, i_bh = tl.program_id(0), tl.program_id(1)
+    ONE: tl.constexpr = 1 if COS else 0
+    DF = D + ONE
+    HW = DF * DV
+    W = HW + DF
+    c = i_w * BW + tl.arange(0, BW)
+    cm = c < W
+    ch, cz, zc = c < HW, (c >= HW) & cm, tl.maximum(c - HW, 0)  # the entries of H, of z, and their index in z
+    p = st + i_bh.to(tl.int64) * (NT + 1) * W
+    gp = gate + i_bh.to(tl.int64) * (NT + 1)
+    s = tl.zeros([BW], dtype=tl.float32)
+    if INIT:
+        s += tl.load(A0 + i_bh.to(tl.int64) * HW + c, mask=ch, other=0.0)
+        s += tl.load(a0 + i_bh.to(tl.int64) * DF + zc, mask=cz, other=0.0)
+    if REVERSE:
+        tl.store(p + NT.to(tl.int64) * W + c, s, mask=cm)
+    else:
+        tl.store(p + c, s, mask=cm)
+    u = tl.arange(0, U)
+    for i in range(0, NT, U):
+        j = i + 1 + u  # the steps, 1 … NT
+        if REVERSE:
+            r = NT - j
+        else:
+            r = j
+        m = j <= NT
+        mm = m[:, None] & cm[None, :]
+        ptr = p + r[:, None].to(tl.int64) * W + c[None, :]
+        x = tl.load(ptr, mask=mm, other=0.0)
+        if GATE:
+            a = tl.load(gp + r, mask=m, other=1.0)
+            P, Y = tl.associative_scan((tl.broadcast_to(a[:, None], (U, BW)), x), 0, _lin)
+            Y += P * s[None, :]
+        else:
+            Y = tl.cumsum(x, 0) + s[None, :]
+        tl.store(ptr, Y, mask=mm)
+        s = tl.sum(tl.where((u == U - 1)[:, None], Y, 0.0), 0)  # past NT the steps are (1, 0): Y's last row is s
+    if LAST:
+        tl.store(A1 + i_bh.to(tl.int64) * HW + c, s, mask=ch)
+        tl.store(a1 + i_bh.to(tl.int64) * DF + zc, s, mask=cz)
+
+
+@triton.jit
 def _phi_bwd(gf, x, f, COS: tl.constexpr):
     """∂L/∂x from ∂L/∂f, f = φ(x) (features.phi_backward_)."""
     if COS:
@@ -373,7 +542,7 @@ def _phi_bwd(gf, x, f, COS: tl.constexpr):
 @_warps(8, 4)
 @triton.jit
 def _grad(
-    q, k, v, cs, g_ptr, docs, h, zs, do, den, dd, dh, dzs, dq, dk, dv,
+    q, k, v, cs, g_ptr, docs, st, do, den, dd, dst, dq, dk, dv,
     sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sd_b, sd_h, sd_n, sd_d,
     sdq_b, sdq_h, sdq_n, sdq_d, sdk_b, sdk_h, sdk_n, sdk_d, sdv_b, sdv_h, sdv_n, sdv_d,
     N, H, D, DV, NT,
@@ -383,7 +552,6 @@ def _grad(
     """dv first (then the scores are dead), dq and dk after; q and k are loaded again for φ' (few tiles live)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
-    DF = D + ONE
     t0 = i_t * BT
     rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
     g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
@@ -395,15 +563,16 @@ def _grad(
         dN = dN / _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)[:, None]
         dD = _rows(dd + i_bh.to(tl.int64) * N, t0, N, BT, 0.0)
     M, eb, w, _ = _weights(t0, N, g, docs, i_bh, H, HAS_G, DOCS, BT)
-    hb = (i_bh.to(tl.int64) * NT + i_t) * DF
+    hp, zp = _slot(st, i_bh, NT, i_t, D, DV, ONE)  # the state before the chunk
+    dhp, dzp = _slot(dst, i_bh, NT, i_t + 1, D, DV, ONE)  # the gradient of the state after it
     hm = (rk < D)[:, None] & (cv < DV)[None, :]
     hoff = (ONE + rk)[:, None] * DV + cv[None, :]
-    b_dh = tl.load(dh + hb * DV + hoff, mask=hm, other=0.0)
+    b_dh = tl.load(dhp + hoff, mask=hm, other=0.0)
     # dv = Aᵀ dN + w kn dH (+ w dH's constant row)
     A = (_lp(qn, tl.trans(kn), DT, PREC) + ONE) * M
     dvv = _lp(tl.trans(A), dN, DT, PREC) + w[:, None] * _mm(kn, b_dh, PREC)
     if COS:
-        dvv += w[:, None] * tl.load(dh + hb * DV + cv, mask=cv < DV, other=0.0)[None, :]
+        dvv += w[:, None] * tl.load(dhp + cv, mask=cv < DV, other=0.0)[None, :]
     mv = (rt < N)[:, None] & (cv < DV)[None, :]
     pv = dv + _base(i_bh, H, sdv_b, sdv_h) + rt[:, None] * sdv_n + cv[None, :] * sdv_d
     tl.store(pv, dvv.to(dv.dtype.element_ty), mask=mv)
@@ -413,11 +582,11 @@ def _grad(
     if NORM and ROPE != 1:  # shared features: the denominator is a value column of ones
         dP += dD[:, None]
     dP = dP * M
-    b_h = tl.load(h + hb * DV + hoff, mask=hm, other=0.0)
+    b_h = tl.load(hp + hoff, mask=hm, other=0.0)
     dqn = _lp(dP, kn, DT, PREC) + eb[:, None] * _mm(dN, tl.trans(b_h), PREC)
     dkn = _lp(tl.trans(dP), qn, DT, PREC) + w[:, None] * _mm(b_v, tl.trans(b_dh), PREC)
-    b_z = tl.load(zs + hb + ONE + rk, mask=rk < D, other=0.0)
-    b_dz = tl.load(dzs + hb + ONE + rk, mask=rk < D, other=0.0)
+    b_z = tl.load(zp + ONE + rk, mask=rk < D, other=0.0)
+    b_dz = tl.load(dzp + ONE + rk, mask=rk < D, other=0.0)
     if ROPE == 1:  # the denominator's own, unrotated features
         dkd = w[:, None] * b_dz[None, :]
         if NORM:
