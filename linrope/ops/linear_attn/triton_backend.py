@@ -205,9 +205,11 @@ def _states(k, v, cs, g, docs, S0, z0, final: bool, meta: dict):
     if has_s0:
         S0, z0 = S0.to(torch.float32).contiguous(), z0.to(torch.float32).contiguous()
     if SCAN == "loop":
+        if not has_s0:
+            S0, z0 = torch.zeros(B, H, DF, dv, **f32), torch.zeros(B, H, DF, **f32)
         _kernels()._state_fwd[(-(-dv // STATE_BV), B * H)](
-            k, v, cs, g, docs, S0 if has_s0 else cs, z0 if has_s0 else cs, st, ST, zT, *k.stride(), *v.stride(),
-            N, H, d, dv, NT, BV=STATE_BV, HAS_S0=has_s0, FINAL=final, **meta,
+            k, v, cs, g, docs, S0, z0, st, ST, zT, *k.stride(), *v.stride(), N, H, d, dv, NT, BV=STATE_BV,
+            FINAL=final, **meta,
         )  # fmt: skip
         return st, ST, zT
     gated = meta["HAS_G"] or meta["DOCS"]
@@ -252,18 +254,21 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
         dd = alloc((B, H, N), **f32) if normalize else cs
         dst = _buffer(B, H, NT, DF, dv_, q.device)
         dS0, dz0 = (alloc((B, H, DF, dv_), **f32), alloc((B, H, DF), **f32)) if need_S0 else (cs, cs)
+        init = None  # the final state's gradient (zero for the one not given)
+        if g_S is not None or g_z is not None or SCAN == "loop":
+            init = tuple(
+                torch.zeros(shape, **f32) if x is None else x.to(torch.float32).contiguous()
+                for x, shape in ((g_S, (B, H, DF, dv_)), (g_z, (B, H, DF)))
+            )
         if SCAN == "loop":
             if normalize:
                 kern._dden[(NT, B * H)](
                     do, out, den, dd, *do.stride(), *out.stride(), N, H, dv_, BT=CHUNK, BV=max(64, _pow2(dv_)),
                     GUARD=rope == "both", num_warps=4,
                 )  # fmt: skip
-            gS = cs if g_S is None else g_S.to(torch.float32).contiguous()
-            gz = cs if g_z is None else g_z.to(torch.float32).contiguous()
             kern._state_bwd[(-(-dv_ // STATE_BV), B * H)](
-                q, cs, g, docs, do, den if normalize else cs, dd, gS, gz, dst, dS0, dz0, *q.stride(), *do.stride(),
-                N, H, d, dv_, NT, BV=STATE_BV, NORM=normalize, HAS_DST=g_S is not None, HAS_DZT=g_z is not None,
-                D0=need_S0, **meta,
+                q, cs, g, docs, do, den if normalize else cs, dd, *init, dst, dS0, dz0, *q.stride(), *do.stride(),
+                N, H, d, dv_, NT, BV=STATE_BV, NORM=normalize, D0=need_S0, **meta,
             )  # fmt: skip
         else:
             gated = meta["HAS_G"] or meta["DOCS"]
@@ -273,12 +278,6 @@ def triton_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Ten
                 *out.stride(), N, H, d, dv_, NT, BV=max(64, _pow2(dv_)), NORM=normalize, GUARD=rope == "both",
                 GATE=gated, **meta,
             )  # fmt: skip
-            init = None
-            if g_S is not None or g_z is not None:  # the final state's gradient (zero for the one not given)
-                init = tuple(
-                    torch.zeros(shape, **f32) if x is None else x.to(torch.float32).contiguous()
-                    for x, shape in ((g_S, (B, H, DF, dv_)), (g_z, (B, H, DF)))
-                )
             _scan(dst, gate, init, (dS0, dz0) if need_S0 else None, True, meta["COS"], d, dv_, gated)
         dq, dk, dv = like(q), like(k), like(v)
         kern._grad[(NT, B * H)](

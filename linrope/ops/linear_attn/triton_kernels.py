@@ -1,42 +1,25 @@
-"""linrope's own Triton kernels for causal linear attention (``impl="triton"``; the operators are triton_backend.py's).
+"""linrope's own Triton kernels for causal linear attention (``impl="triton"``; the operators are triton_backend.py's,
+the mathematics docs/mathematics.md, "Triton kernels").  Imported only when a call runs them.
 
-Imported only when a call runs them (``import linrope.ops`` imports no triton).  Every kernel takes q, k, v, do in
-any strides (linrope's (B, H, N, d) or a transposed view of fla's (B, N, H, d): no copies) and applies φ and RoPE to
-the tiles it loads (``_features``): no float32 copy of the features ever reaches global memory.
+Every kernel reads q, k, v, do in any strides (a (B, N, H, d) tensor's transposed view: no copies) and applies φ
+and RoPE to the tiles it loads (``_features``): the features never reach global memory.  Chunks of BT = 64
+positions; g = log γ, b_i = (i + 1) g, every power of γ exp of a difference <= 0 (``_weights``).  H_c, z_c, the
+state before chunk c, live in slot c of a float32 buffer of NT + 1 slots per (batch, head) (``_slot``; slot NT the
+state after the last chunk); in the backward slot c holds the gradient of the state before chunk c.  The cosine
+map's constant feature is no column of the tiles: its row of H and entry of z are carried apart, the scores + 1.
 
-Chunks of BT = 64 positions; c the chunk, i, j positions within it, L its length (< 64 for the last one), g = log γ
-of the head (0 without decay), b_i = (i + 1) g.  Every power of γ is exp of a difference that is <= 0, so nothing
-overflows (fla's log-space form):
-
-    M_ij = [j <= i] exp(b_i - b_j)            the intra-chunk weights
-    H_c, z_c                                  state before chunk c (position t0 - 1): S and z of LinearAttentionState
-    num_i = Σ_j M_ij (qn_i·kn_j) v_j + exp(b_i) qn_i H_c
-    den_i = Σ_j M_ij (qd_i·kd_j)     + exp(b_i) qd_i·z_c + eps          (guarded for placement "both")
-    H_c+1 = exp(L g) H_c + Σ_j exp((L-1-j) g) kn_j v_jᵀ,   z_c+1 = exp(L g) z_c + Σ_j exp((L-1-j) g) kd_j
-
-qn, kn the numerator's features (rotated unless the placement is "none"), qd, kd the denominator's (the same for
-"both" and "none", unrotated for "numerator").  The denominator is carried as z beside the state, never a second
-attention.  The cosine map's constant feature 1 is not a column of the tiles: its row of S (``h1``, Σ v) and of z
-(``z1``, a count) are carried apart, and the scores get + 1.
-
-States live in one float32 buffer of NT + 1 slots per (batch, head) (``_slot``): slot c holds H_c and z_c (the
-state before chunk c; slot NT the state after the last), and in the backward the gradient of the state before
-chunk c.  Two ways fill them (triton_backend.SCAN; the device check times both):
-    "split"  _chunk_state (NT, B·H) every chunk's own Σ_j exp((L-1-j) g) kn_j v_jᵀ (and z's) into slot c + 1 and
-             exp(L g) into its gate, in parallel; then _scan (⌈W/BW⌉, B·H) sums them in order, H_c+1 = exp(L g) H_c
-             + that, each program a block of the state's W entries over every slot (the recurrence is elementwise):
-             the sequential part has no features, rotations or products left, and B·H·⌈W/BW⌉ programs
-    "loop"   _state_fwd (NV, B·H) sequential over chunks, the features and the product of each chunk in the loop
 Kernels (grid; what each program does):
-    _out_fwd       (NT, B·H)  one chunk: the output and the (guarded) denominator, stored for the backward
-    _chunk_dstate  (NT, B·H)  "split": ∂L/∂den_i = -(do_i·o_i) / den_i (0 where the guard clamped), and the chunk's
-                              own gradient of the state before it, for _scan in reverse
-    _dden, _state_bwd         "loop": the same ∂L/∂den, then the reverse loop over chunks
-    _grad          (NT, B·H)  one chunk: dq, dk, dv from the recomputed H_c, z_c and the state gradients
-The backward stores nothing from the forward but out and den: the states are computed again (docs/mathematics.md,
-"Triton kernels").  Blocks are 64 wide at least (Hopper miscompiles multi-dot kernels with 16/32-wide blocks,
-fla_backend.py).  The kernels over chunks are autotuned over num_warps (``_warps``); _scan is not (it works in place:
-the autotuner's timing runs would sum the states again).
+    _chunk_state   (NT, B·H)   chunk c's own part of H_c+1 (and z) into slot c + 1, exp(L g) into the gate
+    _scan          (⌈W/BW⌉, B·H)  H_c+1 = exp(L g) H_c + that part, in place down the slots (or, in reverse, the
+                               gradients'): elementwise in the state's W entries, U slots a step
+    _out_fwd       (NT, B·H)   one chunk: the output and the (guarded) denominator, stored for the backward
+    _chunk_dstate  (NT, B·H)   ∂L/∂den (into dd) and chunk c's own part of the gradient of H_c, into slot c
+    _grad          (NT, B·H)   one chunk: dq, dk, dv from the recomputed states and the state gradients
+    _state_fwd, _dden, _state_bwd   ``triton_backend.SCAN = "loop"``: the states summed by one sequential program per
+                               (batch, head, value block) instead, each chunk's features and product in the loop
+The backward keeps nothing of the forward but out and den: the states are computed again.  Blocks are 64 wide at
+least (Hopper miscompiles multi-dot kernels with 16/32-wide blocks, fla_backend.py).  The kernels over chunks are
+autotuned over num_warps (``_warps``); _scan is not (in place: the autotuner's timing runs would sum twice).
 """
 
 import os
@@ -44,18 +27,16 @@ import os
 import triton
 import triton.language as tl
 
-# A global a compiled kernel reads must be a tl.constexpr (the interpreter reads any global; compiling for a GPU
-# refuses a plain float: benchmarks/triton_compile.py compiles every kernel here, and its test runs in CI)
+# A global a compiled kernel reads must be a tl.constexpr (a plain float fails to compile: benchmarks/triton_compile.py)
 BT = 64  # chunk length
 DEN_FLOOR = tl.constexpr(1e-2)  # common.DEN_FLOOR (the guard of placement "both")
 TINY = tl.constexpr(1.0842021724855044e-19)  # torch.finfo(torch.float32).tiny ** 0.5: features.phi's clamp of ‖x‖
 
 
 def _warps(*counts: int, norm: bool = True):
-    """Triton's autotuner over num_warps: on its first call for a key the device times each count and keeps the
-    fastest (compiled with 4 warps the state kernels' registers spill on sm_90, with 8 they do not:
-    benchmarks/triton_compile.py, which compiles every count).  Under Triton's interpreter (``TRITON_INTERPRET=1``,
-    read when the module is imported, as triton.jit reads it) only the first: there is no device to time on."""
+    """Triton's autotuner over num_warps: the device times each count on its first call for a key (registers and
+    spills of each: benchmarks/triton_compile.py).  Under Triton's interpreter (``TRITON_INTERPRET=1``, read at
+    import, as triton.jit reads it) only the first: there is no device to time on."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         counts = counts[:1]
     key = ["D", "DV", "COS", "ROPE", "HAS_G", "DOCS"] + ["NORM"] * norm
@@ -78,10 +59,33 @@ def _slot(st, i_bh, NT, c, D, DV, ONE: tl.constexpr):
 
 
 @triton.jit
+def _put(hp, zp, b_h, b_z, b_h1, b_z1, rk, cv, D, DV, ZD, ONE: tl.constexpr, COS: tl.constexpr):
+    """Store a state or its gradient: H's rows of the features (columns cv) at hp ((D', d_v), row stride d_v, as in a
+    slot and in S0), z's first ZD at zp (D, or 0 where another value block's program stores z), with COS the constant
+    feature's row b_h1 and entry b_z1."""
+    km, vm = rk < D, cv < DV
+    tl.store(hp + (ONE + rk)[:, None] * DV + cv[None, :], b_h, mask=km[:, None] & vm[None, :])
+    tl.store(zp + ONE + rk, b_z, mask=rk < ZD)
+    if COS:
+        tl.store(hp + cv, b_h1, mask=vm)
+        tl.store(zp, b_z1, mask=ZD > 0)
+
+
+@triton.jit
+def _get(hp, zp, rk, cv, D, DV, ONE: tl.constexpr, COS: tl.constexpr):
+    """(H's feature rows, z, H's constant row, z's constant entry: 0 without COS) of a state as ``_put`` stores it."""
+    km, vm = rk < D, cv < DV
+    h = tl.load(hp + (ONE + rk)[:, None] * DV + cv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
+    h1, z1 = tl.zeros(cv.shape, dtype=tl.float32), tl.sum(tl.zeros(cv.shape, dtype=tl.float32), 0)
+    if COS:
+        h1, z1 = tl.load(hp + cv, mask=vm, other=0.0), tl.load(zp)
+    return h, tl.load(zp + ONE + rk, mask=km, other=0.0), h1, z1
+
+
+@triton.jit
 def _tile(ptr, s_n, s_d, t0, N, W, BT: tl.constexpr, BW: tl.constexpr):
     """Rows t0 … t0+BT-1, columns 0 … BW-1 of a (N, W) matrix in float32, zero outside."""
-    r = t0 + tl.arange(0, BT)
-    c = tl.arange(0, BW)
+    r, c = t0 + tl.arange(0, BT), tl.arange(0, BW)
     m = (r < N)[:, None] & (c < W)[None, :]
     return tl.load(ptr + r[:, None] * s_n + c[None, :] * s_d, mask=m, other=0.0).to(tl.float32)
 
@@ -102,8 +106,7 @@ def _rotate(x, cos, sin, BT: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _table(cs, t0, N, D, BT: tl.constexpr, BK: tl.constexpr):
     """cos and sin (BT, BK/2) of positions t0 … from the (N, D/2, 2) float32 table."""
-    r = t0 + tl.arange(0, BT)
-    c = tl.arange(0, BK // 2)
+    r, c = t0 + tl.arange(0, BT), tl.arange(0, BK // 2)
     m = (r < N)[:, None] & (c < D // 2)[None, :]
     p = cs + r[:, None].to(tl.int64) * D + 2 * c[None, :]
     return tl.load(p, mask=m, other=0.0), tl.load(p + 1, mask=m, other=0.0)
@@ -112,8 +115,7 @@ def _table(cs, t0, N, D, BT: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _phi(x, t0, N, D, COS: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     """φ without its constant feature (elu+1, or x/‖x‖ for cosine), zero outside the rows and columns."""
-    r = t0 + tl.arange(0, BT)
-    c = tl.arange(0, BK)
+    r, c = t0 + tl.arange(0, BT), tl.arange(0, BK)
     m = (r < N)[:, None] & (c < D)[None, :]
     if COS:
         f = x / tl.maximum(tl.sqrt(tl.sum(x * x, 1)), TINY)[:, None]
@@ -152,10 +154,8 @@ def _weights(t0, N, g, docs, i_bh, H, HAS_G: tl.constexpr, DOCS: tl.constexpr, B
         w = tl.where(ok, tl.exp(L.to(tl.float32) * g - b), 0.0)
         gL = tl.exp(L.to(tl.float32) * g)
     else:
-        M = tl.where(causal, 1.0, 0.0)
-        eb = tl.where(ok, 1.0, 0.0)
+        M, eb, gL = tl.where(causal, 1.0, 0.0), tl.where(ok, 1.0, 0.0), 1.0
         w = eb
-        gL = 1.0
     if DOCS:
         db = docs + (i_bh // H).to(tl.int64) * N
         di = tl.load(db + t0 + i, mask=ok, other=-1)
@@ -189,40 +189,20 @@ def _state_fwd(
     sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d,
     N, H, D, DV, NT,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
-    HAS_G: tl.constexpr, DOCS: tl.constexpr, HAS_S0: tl.constexpr, FINAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, FINAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
-    DF = D + ONE
     kb = k + _base(i_bh, H, sk_b, sk_h)
     vb = v + _base(i_bh, H, sv_b, sv_h) + (i_v * BV).to(tl.int64) * sv_d
-    rk = tl.arange(0, BK)
-    cv = i_v * BV + tl.arange(0, BV)
-    km, vm = rk < D, cv < DV
-    hm = km[:, None] & vm[None, :]
-    hoff = (ONE + rk)[:, None] * DV + cv[None, :]  # S's rows of the rotated features, in (DF, DV)
+    rk, cv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    b_z = tl.zeros([BK], dtype=tl.float32)
-    b_h1 = tl.zeros([BV], dtype=tl.float32)
-    b_z1 = tl.sum(tl.zeros([BV], dtype=tl.float32), 0)
-    sb = i_bh.to(tl.int64) * DF
-    if HAS_S0:
-        b_h += tl.load(S0 + sb * DV + hoff, mask=hm, other=0.0)
-        b_z += tl.load(z0 + sb + ONE + rk, mask=km, other=0.0)
-        if COS:
-            b_h1 += tl.load(S0 + sb * DV + cv, mask=vm, other=0.0)
-            b_z1 += tl.load(z0 + sb)
+    sb = i_bh.to(tl.int64) * (D + ONE)  # (batch, head)'s S0, z0 in (D', d_v), (D',)
+    b_h, b_z, b_h1, b_z1 = _get(S0 + sb * DV, z0 + sb, rk, cv, D, DV, ONE, COS)  # the initial state, or zeros
     for i_t in range(NT):
         t0 = i_t * BT
         hp, zp = _slot(st, i_bh, NT, i_t, D, DV, ONE)
-        tl.store(hp + hoff, b_h, mask=hm)
-        if i_v == 0:
-            tl.store(zp + ONE + rk, b_z, mask=km)
-        if COS:
-            tl.store(hp + cv, b_h1, mask=vm)
-            if i_v == 0:
-                tl.store(zp, b_z1)
+        _put(hp, zp, b_h, b_z, b_h1, b_z1, rk, cv, D, DV, D * (i_v == 0), ONE, COS)
         x = _tile(kb, sk_n, sk_d, t0, N, D, BT, BK)
         _, kn, kd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
         b_v = _tile(vb, sv_n, sv_d, t0, N, DV - i_v * BV, BT, BV)
@@ -233,13 +213,7 @@ def _state_fwd(
             b_h1 = b_h1 * gL + tl.sum(b_v * w[:, None], 0)
             b_z1 = b_z1 * gL + tl.sum(w, 0)
     if FINAL:
-        tl.store(ST + sb * DV + hoff, b_h, mask=hm)
-        if i_v == 0:
-            tl.store(zT + sb + ONE + rk, b_z, mask=km)
-        if COS:
-            tl.store(ST + sb * DV + cv, b_h1, mask=vm)
-            if i_v == 0:
-                tl.store(zT + sb, b_z1)
+        _put(ST + sb * DV, zT + sb, b_h, b_z, b_h1, b_z1, rk, cv, D, DV, D * (i_v == 0), ONE, COS)
 
 
 @_warps(4, 8)
@@ -312,45 +286,23 @@ def _state_bwd(
     sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d,
     N, H, D, DV, NT,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, COS: tl.constexpr, ROPE: tl.constexpr,
-    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, HAS_DST: tl.constexpr, HAS_DZT: tl.constexpr, D0: tl.constexpr,
+    HAS_G: tl.constexpr, DOCS: tl.constexpr, NORM: tl.constexpr, D0: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     """Slot c + 1 of dst: the gradient of the state after chunk c; dS0, dz0 (D0) that of the state before chunk 0."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
-    DF = D + ONE
     qb = q + _base(i_bh, H, sq_b, sq_h)
     dob = do + _base(i_bh, H, sd_b, sd_h) + (i_v * BV).to(tl.int64) * sd_d
-    rk = tl.arange(0, BK)
-    cv = i_v * BV + tl.arange(0, BV)
-    km, vm = rk < D, cv < DV
-    hm = km[:, None] & vm[None, :]
-    hoff = (ONE + rk)[:, None] * DV + cv[None, :]
+    rk, cv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     g = tl.load(g_ptr + i_bh % H) if HAS_G else 0.0
-    sb = i_bh.to(tl.int64) * DF
-    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    b_dz = tl.zeros([BK], dtype=tl.float32)
-    b_dh1 = tl.zeros([BV], dtype=tl.float32)
-    b_dz1 = tl.sum(tl.zeros([BV], dtype=tl.float32), 0)
-    if HAS_DST:
-        b_dh += tl.load(dST + sb * DV + hoff, mask=hm, other=0.0)
-        if COS:
-            b_dh1 += tl.load(dST + sb * DV + cv, mask=vm, other=0.0)
-    if HAS_DZT:
-        b_dz += tl.load(dzT + sb + ONE + rk, mask=km, other=0.0)
-        if COS:
-            b_dz1 += tl.load(dzT + sb)
+    sb = i_bh.to(tl.int64) * (D + ONE)  # (batch, head)'s S0, z0 in (D', d_v), (D',)
+    b_dh, b_dz, b_dh1, b_dz1 = _get(dST + sb * DV, dzT + sb, rk, cv, D, DV, ONE, COS)  # the final state's, or zeros
     for j in range(NT):
         i_t = NT - 1 - j
         t0 = i_t * BT
         hp, zp = _slot(dst, i_bh, NT, i_t + 1, D, DV, ONE)
-        tl.store(hp + hoff, b_dh, mask=hm)
-        if i_v == 0:
-            tl.store(zp + ONE + rk, b_dz, mask=km)
-        if COS:
-            tl.store(hp + cv, b_dh1, mask=vm)
-            if i_v == 0:
-                tl.store(zp, b_dz1)
+        _put(hp, zp, b_dh, b_dz, b_dh1, b_dz1, rk, cv, D, DV, D * (i_v == 0), ONE, COS)
         x = _tile(qb, sq_n, sq_d, t0, N, D, BT, BK)
         _, qn, qd = _features(x, cs, t0, N, D, COS, ROPE, BT, BK)
         dN = _tile(dob, sd_n, sd_d, t0, N, DV - i_v * BV, BT, BV)
@@ -368,13 +320,7 @@ def _state_bwd(
             if COS:
                 b_dz1 += tl.sum(e, 0)
     if D0:
-        tl.store(dS0 + sb * DV + hoff, b_dh, mask=hm)
-        if i_v == 0:
-            tl.store(dz0 + sb + ONE + rk, b_dz, mask=km)
-        if COS:
-            tl.store(dS0 + sb * DV + cv, b_dh1, mask=vm)
-            if i_v == 0:
-                tl.store(dz0 + sb, b_dz1)
+        _put(dS0 + sb * DV, dz0 + sb, b_dh, b_dz, b_dh1, b_dz1, rk, cv, D, DV, D * (i_v == 0), ONE, COS)
 
 
 @triton.jit
@@ -408,18 +354,13 @@ def _chunk_state(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
     rk, cv = tl.arange(0, BK), tl.arange(0, BV)
-    km, vm = rk < D, cv < DV
     kn, kd, b_v, _, w, gL = _part(
         k, v, cs, g_ptr, docs, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, i_t, i_bh, N, H, D, DV,
         BT, BK, BV, COS, ROPE, HAS_G, DOCS,
     )  # fmt: skip
     hp, zp = _slot(st, i_bh, NT, i_t + 1, D, DV, ONE)
-    dh = _lp(tl.trans(kn * w[:, None]), b_v, DT, PREC)
-    tl.store(hp + (ONE + rk)[:, None] * DV + cv[None, :], dh, mask=km[:, None] & vm[None, :])
-    tl.store(zp + ONE + rk, tl.sum(kd * w[:, None], 0), mask=km)
-    if COS:
-        tl.store(hp + cv, tl.sum(b_v * w[:, None], 0), mask=vm)
-        tl.store(zp, tl.sum(w, 0))
+    dh, dz = _lp(tl.trans(kn * w[:, None]), b_v, DT, PREC), tl.sum(kd * w[:, None], 0)
+    _put(hp, zp, dh, dz, tl.sum(b_v * w[:, None], 0), tl.sum(w, 0), rk, cv, D, DV, D, ONE, COS)
     if GATE:
         tl.store(gate + i_bh.to(tl.int64) * (NT + 1) + i_t + 1, gL)
 
@@ -441,7 +382,6 @@ def _chunk_dstate(
     ONE: tl.constexpr = 1 if COS else 0
     t0 = i_t * BT
     rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
-    km, vm = rk < D, cv < DV
     qn, qd, dN, eb, _, gL = _part(
         q, do, cs, g_ptr, docs, sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d, i_t, i_bh, N, H, D, DV,
         BT, BK, BV, COS, ROPE, HAS_G, DOCS,
@@ -456,17 +396,10 @@ def _chunk_dstate(
         tl.store(dd + i_bh.to(tl.int64) * N + rt, e, mask=rt < N)
         dN = dN / dn[:, None]
         e = e * eb
-        tl.store(zp + ONE + rk, tl.sum(qd * e[:, None], 0), mask=km)
-        if COS:
-            tl.store(zp, tl.sum(e, 0))
     else:  # z's gradient only decays (from the final state's), nothing joins it
-        tl.store(zp + ONE + rk, tl.zeros([BK], dtype=tl.float32), mask=km)
-        if COS:
-            tl.store(zp, tl.sum(tl.zeros([BK], dtype=tl.float32), 0))
-    dh = _lp(tl.trans(qn * eb[:, None]), dN, DT, PREC)
-    tl.store(hp + (ONE + rk)[:, None] * DV + cv[None, :], dh, mask=km[:, None] & vm[None, :])
-    if COS:
-        tl.store(hp + cv, tl.sum(dN * eb[:, None], 0), mask=vm)
+        e = eb * 0.0
+    dh, dz = _lp(tl.trans(qn * eb[:, None]), dN, DT, PREC), tl.sum(qd * e[:, None], 0)
+    _put(hp, zp, dh, dz, tl.sum(dN * eb[:, None], 0), tl.sum(e, 0), rk, cv, D, DV, D, ONE, COS)
     if GATE:
         tl.store(gate + i_bh.to(tl.int64) * (NT + 1) + i_t, gL)
 
