@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import timing  # noqa: E402
 from benchmarks.forms import REGISTRY  # noqa: E402
-from benchmarks.kernel_time import PROFILE_TOP  # noqa: E402
+from benchmarks.kernel_time import PROFILE_S, PROFILE_TOP  # noqa: E402
 from benchmarks.timing import append_jsonl, status, table  # noqa: E402
 from benchmarks.timing import fmt as _f  # noqa: E402
 
@@ -321,7 +321,7 @@ def part_kernels(ctx) -> dict:
         cmd += ["--warmup", str(s["warmup"]), "--repeats", str(s["repeats"]), "--max-run-s", "inf", "--peak-size", "0"]
         if ctx.triton:  # where the time of linrope's kernels goes, beside fla's
             cmd += ["--profile", *map(str, s["profile"])]
-        return cmd + ["--budget-s", f"{max(share - 15 - 20 * ctx.triton, 5):.0f}"]  # --triton: 20 s to profile
+        return cmd + ["--budget-s", f"{max(share - 15 - PROFILE_S * ctx.triton, 5):.0f}"]  # --triton: the profile's
 
     def missing(keys, rows, res):  # the process died or was killed before these rows: say so, in the rows
         done, labels = {(r.get("batch", 1), r["n"], r["form"]) for r in rows}, [REGISTRY[k].label for k in keys]

@@ -215,24 +215,30 @@ def autotuned() -> list[str]:
 
 
 PROFILE_TOP = 8  # kernels listed per (form, N) in the profile; the rest summed in one line
+PROFILE_S = 20.0  # the profile's time after the table's --budget-s: one not begun by then is skipped
 
 
-def profile(args, device: torch.device, rows: list[dict], emit: Callable[[dict], None]) -> list[dict]:
+def profile(args, device: torch.device, rows: list[dict], emit: Callable[[dict], None], deadline: float) -> list[dict]:
     """Where the time of one fwd+bwd goes: each form measured at a ``--profile`` N (B = ``--batch``) runs once more
     (compiled, warm) under torch.profiler, and its kernels' own device time (CPU: its operators' own CPU time) is
     summed by name: a row per kernel, the largest ``PROFILE_TOP``, then the rest, each with its share of the pass.
-    A diagnostic: a profile that fails (no CUPTI, say) is its row and leaves the exit status alone."""
+    A diagnostic: a profile that fails (no CUPTI, say) is its row and leaves the exit status alone; one not begun
+    by ``deadline`` (``time.perf_counter()``) is skipped, saying so."""
     measured = {(r["n"], r["key"]) for r in rows if r["status"] == "ok" and r["batch"] == args.batch}
     out = []
     for n in args.profile:
         for key in (k for k in args.forms if (n, k) in measured):
             form = REGISTRY[key]
             base = dict(part="kernels:profile", batch=args.batch, n=n, form=form.label, key=key, device=device.type)
-            try:
-                listed = _profiled(form, n, args, device)
-            except Exception as e:  # noqa: BLE001 - a diagnostic: its failure is its row, the table stands
-                listed = [dict(kernel="(profile failed)", calls=0, ms=None, share=None, status="failed",
-                               note=timing.failure_note(e))]  # fmt: skip
+            none = dict(calls=0, ms=None, share=None)
+            if time.perf_counter() > deadline:
+                note = f"the table's budget and {PROFILE_S:.0f} s more are spent"
+                listed = [dict(none, kernel="(not profiled)", status="skipped", note=note)]
+            else:
+                try:
+                    listed = _profiled(form, n, args, device)
+                except Exception as e:  # noqa: BLE001 - a diagnostic: its failure is its row, the table stands
+                    listed = [dict(none, kernel="(profile failed)", status="failed", note=timing.failure_note(e))]
             for row in listed:
                 out.append(dict(base, **row))
                 emit(out[-1])
@@ -364,6 +370,7 @@ def main(argv=None) -> int:
         print(row_line(row), flush=True)
         timing.append_jsonl(args.jsonl, row)
 
+    start = time.perf_counter()
     rows = run(args, device, emit)
     peak = timing.matmul_rate(args.peak_size, device=device) if args.peak_size else None
     print("\n".join(summary(rows, args, peak) + autotuned()), flush=True)
@@ -376,7 +383,7 @@ def main(argv=None) -> int:
             print(profile_line(row), flush=True)
             timing.append_jsonl(args.jsonl, row)
 
-        profile(args, device, rows, emit_profile)
+        profile(args, device, rows, emit_profile, start + args.budget_s + PROFILE_S)
     bad = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and device.type == "cuda")]
     return 1 if bad else 0
 

@@ -714,3 +714,14 @@ def test_device_check_triton_profiles_and_reports_where_the_time_goes(tmp_path, 
     assert len(ctx.rows("kernels")) >= 1 and all(r["part"] == "kernels" for r in ctx.rows("kernels"))
     report = gpu_check.report(ctx)
     assert "### Where the time goes" in report and "| 1 | 16384 | linrope triton | _grad | 3 | 0.900 | 45% |" in report
+
+
+def test_kernel_time_skips_a_profile_past_its_time(tmp_path, monkeypatch):
+    """The profile gets PROFILE_S after the table's budget (the device check leaves it that much of the part's
+    share): a form's profile not begun by then is skipped, saying so, so that the process ends within its share."""
+    monkeypatch.setattr(kernel_time, "PROFILE_S", 0.0)
+    out = tmp_path / "rows.jsonl"
+    argv = ["--lengths", "256", "--forms", "chunk", "--profile", "256", "--jsonl", str(out), "--budget-s", "0.001"]
+    assert kernel_time.main([*TINY, *argv]) == 0
+    prof = [r for r in map(json.loads, out.read_text().splitlines()) if r["part"] == "kernels:profile"]
+    assert [(r["kernel"], r["status"]) for r in prof] == [("(not profiled)", "skipped")]
