@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import timing  # noqa: E402
 from benchmarks.forms import REGISTRY  # noqa: E402
+from benchmarks.kernel_time import PROFILE_S, PROFILE_TOP  # noqa: E402
 from benchmarks.timing import append_jsonl, status, table  # noqa: E402
 from benchmarks.timing import fmt as _f  # noqa: E402
 
@@ -71,6 +72,7 @@ SIZES = {  # what each mode measures
     "cuda": {
         "lengths": [1024, 4096, 16384, 65536],  # B 1
         "shapes": [(4, 4096)],  # (B, N): the attention call of a size=base training step at context 4096 (batch 4)
+        "profile": [16384, 65536],  # --triton: one fwd+bwd of each form under torch.profiler, time by kernel
         "warmup": 3,
         "repeats": 10,
         "size": "base",
@@ -85,6 +87,7 @@ SIZES = {  # what each mode measures
     "cpu": {
         "lengths": [256, 512],
         "shapes": [(2, 128)],
+        "profile": [256],
         "warmup": 1,
         "repeats": 2,
         "size": "tiny",
@@ -262,6 +265,8 @@ def processes(ctx, part: str, entries, weights, command, missing) -> tuple[dict,
         rows_file.unlink(missing_ok=True)
         res = run_part([*command(entry, share), "--jsonl", str(rows_file)], share, ctx.log)
         got = [dict(r, process=i) for r in read_rows(rows_file, part)]
+        for r in read_rows(rows_file, part, detail=True):  # e.g. the kernel table's profile: kept, not counted
+            ctx.add_row(dict(r, process=i))
         rows_file.unlink(missing_ok=True)
         got += [dict(r, part=part, process=i, device=ctx.device, status="not run") for r in missing(entry, got, res)]
         for r in got:
@@ -273,12 +278,15 @@ def processes(ctx, part: str, entries, weights, command, missing) -> tuple[dict,
     return dict(merged, lines=[ln for r in results for ln in r["lines"]]), rows, results
 
 
-def read_rows(path: Path, part: str) -> list[dict]:
-    """The rows of ``part`` in the jsonl file ``path`` (none if it is missing; a line cut off by a kill skipped)."""
+def read_rows(path: Path, part: str, detail: bool = False) -> list[dict]:
+    """The rows of ``part`` in the jsonl file ``path`` (none if it is missing; a line cut off by a kill skipped);
+    ``detail``: those of its details instead (part "kernels:profile" for "kernels")."""
     out = []
     for line in path.read_text().splitlines() if path.exists() else []:
         with contextlib.suppress(json.JSONDecodeError):
             out.append(json.loads(line))
+    if detail:
+        return [r for r in out if str(r.get("part", "")).startswith(part + ":")]
     return [r for r in out if r.get("part") == part]
 
 
@@ -311,7 +319,9 @@ def part_kernels(ctx) -> dict:
             *[f"{keys[0]}/{k}" for k in keys[1:]],
         ]
         cmd += ["--warmup", str(s["warmup"]), "--repeats", str(s["repeats"]), "--max-run-s", "inf", "--peak-size", "0"]
-        return cmd + ["--budget-s", f"{max(share - 15, 5):.0f}"]
+        if ctx.triton:  # where the time of linrope's kernels goes, beside fla's
+            cmd += ["--profile", *map(str, s["profile"])]
+        return cmd + ["--budget-s", f"{max(share - 15 - PROFILE_S * ctx.triton, 5):.0f}"]  # --triton: the profile's
 
     def missing(keys, rows, res):  # the process died or was killed before these rows: say so, in the rows
         done, labels = {(r.get("batch", 1), r["n"], r["form"]) for r in rows}, [REGISTRY[k].label for k in keys]
@@ -508,6 +518,21 @@ def report(ctx) -> str:
     head = ["process", "B", "N", "form", "fwd+bwd ms", "fwd ms", "bwd ms", "peak MiB", "first call s"]
     head += ["÷ fla chunk_simple_gla"]
     L += (table(head + ["sdpa flash ÷ form", "status"], rows) if rows else ["Not run."]) + [""]
+    prof = ctx.rows("kernels:profile")
+    if prof:
+        what = "device time of each kernel" if ctx.device == "cuda" else "CPU time of each operator (the stand-in)"
+        L += [
+            "### Where the time goes",
+            "",
+            f"One more fwd+bwd of each form at N = {', '.join(map(str, s['profile']))} (B 1), warm, under "
+            f"torch.profiler: the {what}, its own, summed by name; the largest {PROFILE_TOP}, then the rest, each "
+            "with its share of the pass (benchmarks/kernel_time.py --profile).",
+            "",
+        ]
+        share = lambda r: f"{100 * r['share']:.0f}%" if r.get("share") is not None else r.get("note", "–")  # noqa: E731
+        cells = [[r.get("process", "–"), r["n"], r["form"], r["kernel"], r["calls"], _f(r.get("ms"), 3), share(r)]
+                 for r in prof]  # fmt: skip
+        L += table(["process", "N", "form", "kernel", "calls", "ms", "share"], cells) + [""]
     L += [
         "## Training throughput",
         "",

@@ -16,6 +16,10 @@ share of a ``--peak-size``³ float32 torch.mm timed in the same run, for two cou
 (the count the targets were set in, twice the numerator's matmul work, so it can pass 100%) and 4·C·d + 4·d² (the
 numerator's matmuls QKᵀ, PV, KᵀV, Q·S).
 
+``--profile N…``: then each form measured at those N runs one more fwd+bwd under torch.profiler, and its time is
+listed by kernel (on a CPU by operator), its own time summed by name: where a form spends it (the device check's
+``--triton`` asks for 16k and 64k).
+
 On CUDA (``--device cuda``) it is the device check's kernel table: by default sdpa flash, fla chunk_simple_gla (fla's
 own Triton kernel: the speed bound), linrope on fla and linrope chunk, bf16, N = 1k, 4k, 16k, 64k, the median of 10
 after 3 warm-up, no per-run limit, a table budget of 600 s and no matmul peak; without a CUDA GPU it says so and
@@ -30,6 +34,7 @@ Usage:  python benchmarks/kernel_time.py --quick
             --ratios fla-naive-torch/chunk-none
         python benchmarks/kernel_time.py --device cuda
         python benchmarks/kernel_time.py --device cuda --lengths 1024 16384 --forms "sdpa flash" "linrope on fla"
+        python benchmarks/kernel_time.py --device cuda --lengths 65536 --forms fla-triton triton --profile 65536
 """
 
 from __future__ import annotations
@@ -209,6 +214,75 @@ def autotuned() -> list[str]:
     return ["", "Autotuned (linrope triton):", *out] if out else []
 
 
+PROFILE_TOP = 8  # kernels listed per (form, N) in the profile; the rest summed in one line
+PROFILE_S = 20.0  # the profile's time after the table's --budget-s: one not begun by then is skipped
+
+
+def profile(args, device: torch.device, rows: list[dict], emit: Callable[[dict], None], deadline: float) -> list[dict]:
+    """Where the time of one fwd+bwd goes: each form measured at a ``--profile`` N (B = ``--batch``) runs once more
+    (compiled, warm) under torch.profiler, and its kernels' own device time (CPU: its operators' own CPU time) is
+    summed by name: a row per kernel, the largest ``PROFILE_TOP``, then the rest, each with its share of the pass.
+    A diagnostic: a profile that fails (no CUPTI, say) is its row and leaves the exit status alone; one not begun
+    by ``deadline`` (``time.perf_counter()``) is skipped, saying so."""
+    measured = {(r["n"], r["key"]) for r in rows if r["status"] == "ok" and r["batch"] == args.batch}
+    out = []
+    for n in args.profile:
+        for key in (k for k in args.forms if (n, k) in measured):
+            form = REGISTRY[key]
+            base = dict(part="kernels:profile", batch=args.batch, n=n, form=form.label, key=key, device=device.type)
+            none = dict(calls=0, ms=None, share=None)
+            if time.perf_counter() > deadline:
+                note = f"the table's budget and {PROFILE_S:.0f} s more are spent"
+                listed = [dict(none, kernel="(not profiled)", status="skipped", note=note)]
+            else:
+                try:
+                    listed = _profiled(form, n, args, device)
+                except Exception as e:  # noqa: BLE001 - a diagnostic: its failure is its row, the table stands
+                    listed = [dict(none, kernel="(profile failed)", status="failed", note=timing.failure_note(e))]
+            for row in listed:
+                out.append(dict(base, **row))
+                emit(out[-1])
+    return out
+
+
+def _profiled(form, n: int, args, device: torch.device) -> list[dict]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    cuda = device.type == "cuda"
+    shape = dict(batch=args.batch, heads=args.heads, dim=args.dim)
+    (q, k, v), grad = make_inputs(form, n, device=device, dtype=DTYPES[args.dtype], seed=n, **shape)
+    fwd_bwd, _ = timing.passes(form.build(args.chunk_size, device), q, k, v, grad)
+    fwd_bwd()
+    timing.sync(device)
+    with profiler(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        fwd_bwd()
+        timing.sync(device)
+    own = {}
+    for e in prof.key_averages():
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            calls, total = own.get(e.key, (0, 0.0))
+            own[e.key] = (calls + e.count, total + us)
+    if not own:
+        return [dict(kernel="(no events recorded)", calls=0, ms=None, share=None, status="empty")]
+    whole = sum(us for _, us in own.values())
+    ranked = sorted(own.items(), key=lambda item: -item[1][1])
+    rest = ranked[PROFILE_TOP:]
+    if rest:
+        ranked = ranked[:PROFILE_TOP] + [(f"({len(rest)} others)", tuple(map(sum, zip(*(x for _, x in rest)))))]
+    return [dict(kernel=name[:80], calls=c, ms=us / 1e3, share=us / whole, status="ok") for name, (c, us) in ranked]
+
+
+def profile_line(r: dict) -> str:
+    share = f"{100 * r['share']:.0f}%" if r.get("share") is not None else r.get("note", "–")
+    cells = [r["batch"], r["n"], r["form"], r["kernel"], r["calls"], timing.fmt(r.get("ms"), 3), share]
+    return timing.table(PROFILE_COLUMNS, [cells])[-1]
+
+
+PROFILE_COLUMNS = ("B", "N", "form", "kernel (own time)", "calls", "ms", "share of the pass")
+
+
 def shapes(args) -> list[tuple[int, int]]:
     """The (B, N) of the table's rows, in order: ``--batch`` at each of ``--lengths``, then ``--shapes``."""
     return [(args.batch, n) for n in args.lengths] + list(args.shapes)
@@ -254,6 +328,14 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, help="wall-clock budget of the whole table (none; on cuda 600)")
     p.add_argument("--peak-size", type=int, help="size of the matmul whose rate is the peak (0: none; 2048, cuda 0)")
     p.add_argument("--jsonl", type=Path, default=None, help="append each row here as one JSON line")
+    p.add_argument(
+        "--profile",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="N",
+        help="after the table, one fwd+bwd of each form measured at these N under torch.profiler: time by kernel",
+    )
     args = p.parse_args(argv)
     kind = torch.device(args.device).type
     if args.quick and args.lengths is None:
@@ -288,9 +370,20 @@ def main(argv=None) -> int:
         print(row_line(row), flush=True)
         timing.append_jsonl(args.jsonl, row)
 
+    start = time.perf_counter()
     rows = run(args, device, emit)
     peak = timing.matmul_rate(args.peak_size, device=device) if args.peak_size else None
     print("\n".join(summary(rows, args, peak) + autotuned()), flush=True)
+    if args.profile:
+        kind = "device time of each kernel" if device.type == "cuda" else "CPU time of each operator"
+        print(f"\nWhere one fwd+bwd's time goes (torch.profiler; the {kind}, its own, summed by name):\n", flush=True)
+        print("\n".join(timing.table(PROFILE_COLUMNS, [])[:2]), flush=True)
+
+        def emit_profile(row):
+            print(profile_line(row), flush=True)
+            timing.append_jsonl(args.jsonl, row)
+
+        profile(args, device, rows, emit_profile, start + args.budget_s + PROFILE_S)
     bad = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and device.type == "cuda")]
     return 1 if bad else 0
 

@@ -662,3 +662,66 @@ def test_a_forms_plan_holds_through_its_backward(monkeypatch):
     args = argparse.Namespace(chunk_size=64, heads=1, dim=2, dtype="fp32", warmup=0, repeats=1)
     kernel_time.measure("chunk-old", 1, 8, args, torch.device("cpu"))
     assert {s for s in seen} == {("fwd", True), ("bwd", True)} and flags.on is False
+
+
+def test_kernel_time_profiles_where_a_pass_spends_its_time(tmp_path, monkeypatch, capsys):
+    """``--profile N``: after the table, one fwd+bwd of each form measured at N under torch.profiler, time by
+    kernel (on a CPU by operator): the largest first, the rest in one line, shares of the pass adding up to one.  A
+    profile that fails is its row, and the exit status stays that of the table."""
+    out = tmp_path / "rows.jsonl"
+    argv = ["--lengths", "256", "--forms", "chunk", "sdpa", "--profile", "256", "--jsonl", str(out)]
+    assert kernel_time.main([*TINY, *argv]) == 0
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    prof = [r for r in rows if r["part"] == "kernels:profile"]
+    assert {r["key"] for r in prof} == {"chunk", "sdpa"} and all(r["n"] == 256 for r in prof)
+    for key in ("chunk", "sdpa"):
+        mine = [r for r in prof if r["key"] == key]
+        assert len(mine) <= kernel_time.PROFILE_TOP + 1 and abs(sum(r["share"] for r in mine) - 1) < 1e-6
+        listed = [r["ms"] for r in mine if not r["kernel"].endswith("others)")]
+        assert listed == sorted(listed, reverse=True) and all(r["calls"] > 0 for r in mine)
+    assert "Where one fwd+bwd's time goes" in capsys.readouterr().out
+
+    def broken(*a, **kw):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(kernel_time, "_profiled", broken)
+    out.unlink()
+    assert kernel_time.main([*TINY, *argv]) == 0
+    prof = [r for r in map(json.loads, out.read_text().splitlines()) if r["part"] == "kernels:profile"]
+    assert [(r["kernel"], r["status"]) for r in prof] == [("(profile failed)", "failed")] * 2
+    assert "CUPTI_ERROR_NOT_INITIALIZED" in prof[0]["note"]
+
+
+def test_device_check_triton_profiles_and_reports_where_the_time_goes(tmp_path, monkeypatch):
+    """``--triton`` asks the kernel table for its profile; the report lists the profile rows its processes wrote."""
+    args = argparse.Namespace(cpu=False, out=tmp_path, parts=["kernels"], total_s=None, triton=True)
+    ctx = gpu_check.Context(args)
+    commands = []
+
+    def fake_run(cmd, share, log):
+        commands.append(cmd)
+        path = Path(cmd[cmd.index("--jsonl") + 1])
+        rows = [dict(part="kernels", batch=1, n=16384, form=gpu_check.LINROPE_TRITON, status="ok", fwd_bwd_ms=2.0)]
+        rows.append(dict(part="kernels:profile", batch=1, n=16384, form=gpu_check.LINROPE_TRITON, kernel="_grad",
+                         calls=3, ms=0.9, share=0.45, status="ok"))  # fmt: skip
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return {"rc": 0, "timed_out": False, "lines": []}
+
+    monkeypatch.setattr(gpu_check, "run_part", fake_run)
+    gpu_check.part_kernels(ctx)
+    assert commands[0][commands[0].index("--profile") + 1 :][:2] == ["16384", "65536"]
+    assert [r["kernel"] for r in ctx.rows("kernels:profile")] == ["_grad"]
+    assert len(ctx.rows("kernels")) >= 1 and all(r["part"] == "kernels" for r in ctx.rows("kernels"))
+    report = gpu_check.report(ctx)
+    assert "### Where the time goes" in report and "| 1 | 16384 | linrope triton | _grad | 3 | 0.900 | 45% |" in report
+
+
+def test_kernel_time_skips_a_profile_past_its_time(tmp_path, monkeypatch):
+    """The profile gets PROFILE_S after the table's budget (the device check leaves it that much of the part's
+    share): a form's profile not begun by then is skipped, saying so, so that the process ends within its share."""
+    monkeypatch.setattr(kernel_time, "PROFILE_S", 0.0)
+    out = tmp_path / "rows.jsonl"
+    argv = ["--lengths", "256", "--forms", "chunk", "--profile", "256", "--jsonl", str(out), "--budget-s", "0.001"]
+    assert kernel_time.main([*TINY, *argv]) == 0
+    prof = [r for r in map(json.loads, out.read_text().splitlines()) if r["part"] == "kernels:profile"]
+    assert [(r["kernel"], r["status"]) for r in prof] == [("(not profiled)", "skipped")]
