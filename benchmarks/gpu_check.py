@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import timing  # noqa: E402
 from benchmarks.forms import REGISTRY  # noqa: E402
-from benchmarks.kernel_time import PROFILE_S, PROFILE_TOP  # noqa: E402
+from benchmarks.kernel_time import PROFILE_S, PROFILE_TOP, profile_share  # noqa: E402
 from benchmarks.timing import append_jsonl, status, table  # noqa: E402
 from benchmarks.timing import fmt as _f  # noqa: E402
 
@@ -529,9 +529,8 @@ def report(ctx) -> str:
             "with its share of the pass (benchmarks/kernel_time.py --profile).",
             "",
         ]
-        share = lambda r: f"{100 * r['share']:.0f}%" if r.get("share") is not None else r.get("note", "–")  # noqa: E731
-        cells = [[r.get("process", "–"), r["n"], r["form"], r["kernel"], r["calls"], _f(r.get("ms"), 3), share(r)]
-                 for r in prof]  # fmt: skip
+        cells = [[r.get("process", "–"), r["n"], r["form"], r["kernel"], r["calls"], _f(r.get("ms"), 3),
+                  profile_share(r)] for r in prof]  # fmt: skip
         L += table(["process", "N", "form", "kernel", "calls", "ms", "share"], cells) + [""]
     L += [
         "## Training throughput",

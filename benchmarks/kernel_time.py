@@ -76,7 +76,9 @@ DEFAULTS = {  # option: (default on cpu, on cuda: the device check's kernel tabl
 NEEDS_GPU = "--device cuda: no CUDA GPU here (torch.cuda.is_available() is False): nothing was measured"
 
 
-def measure(key: str, b: int, n: int, args, device: torch.device) -> dict:
+def passes(key: str, b: int, n: int, args, device: torch.device):
+    """(fwd+bwd, fwd) of form ``key`` on its inputs at (B, N) = (b, n): the calls a row times and a profile runs
+    (``LINROPE_BENCH_FAIL`` can make the form raise)."""
     form = REGISTRY[key]
     fn = form.build(args.chunk_size, device)
     shape = dict(batch=b, heads=args.heads, dim=args.dim)
@@ -87,7 +89,11 @@ def measure(key: str, b: int, n: int, args, device: torch.device) -> dict:
         timing.forced_failure(key, form.label)
         return fn(q, k, v)
 
-    fwd_bwd, fwd = timing.passes(checked, q, k, v, grad)
+    return timing.passes(checked, q, k, v, grad)
+
+
+def measure(key: str, b: int, n: int, args, device: torch.device) -> dict:
+    fwd_bwd, fwd = passes(key, b, n, args, device)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -228,15 +234,15 @@ def profile(args, device: torch.device, rows: list[dict], emit: Callable[[dict],
     out = []
     for n in args.profile:
         for key in (k for k in args.forms if (n, k) in measured):
-            form = REGISTRY[key]
-            base = dict(part="kernels:profile", batch=args.batch, n=n, form=form.label, key=key, device=device.type)
+            label = REGISTRY[key].label
+            base = dict(part="kernels:profile", batch=args.batch, n=n, form=label, key=key, device=device.type)
             none = dict(calls=0, ms=None, share=None)
             if time.perf_counter() > deadline:
                 note = f"the table's budget and {PROFILE_S:.0f} s more are spent"
                 listed = [dict(none, kernel="(not profiled)", status="skipped", note=note)]
             else:
                 try:
-                    listed = _profiled(form, n, args, device)
+                    listed = _profiled(key, n, args, device)
                 except Exception as e:  # noqa: BLE001 - a diagnostic: its failure is its row, the table stands
                     listed = [dict(none, kernel="(profile failed)", status="failed", note=timing.failure_note(e))]
             for row in listed:
@@ -245,14 +251,12 @@ def profile(args, device: torch.device, rows: list[dict], emit: Callable[[dict],
     return out
 
 
-def _profiled(form, n: int, args, device: torch.device) -> list[dict]:
+def _profiled(key: str, n: int, args, device: torch.device) -> list[dict]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
     cuda = device.type == "cuda"
-    shape = dict(batch=args.batch, heads=args.heads, dim=args.dim)
-    (q, k, v), grad = make_inputs(form, n, device=device, dtype=DTYPES[args.dtype], seed=n, **shape)
-    fwd_bwd, _ = timing.passes(form.build(args.chunk_size, device), q, k, v, grad)
+    fwd_bwd, _ = passes(key, args.batch, n, args, device)
     fwd_bwd()
     timing.sync(device)
     with profiler(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
@@ -274,9 +278,13 @@ def _profiled(form, n: int, args, device: torch.device) -> list[dict]:
     return [dict(kernel=name[:80], calls=c, ms=us / 1e3, share=us / whole, status="ok") for name, (c, us) in ranked]
 
 
+def profile_share(r: dict) -> str:
+    """A profile row's share of its pass, or why it has none (the device check's report prints the same)."""
+    return f"{100 * r['share']:.0f}%" if r.get("share") is not None else r.get("note", "–")
+
+
 def profile_line(r: dict) -> str:
-    share = f"{100 * r['share']:.0f}%" if r.get("share") is not None else r.get("note", "–")
-    cells = [r["batch"], r["n"], r["form"], r["kernel"], r["calls"], timing.fmt(r.get("ms"), 3), share]
+    cells = [r["batch"], r["n"], r["form"], r["kernel"], r["calls"], timing.fmt(r.get("ms"), 3), profile_share(r)]
     return timing.table(PROFILE_COLUMNS, [cells])[-1]
 
 
