@@ -31,8 +31,6 @@ Nothing here imports triton before a call needs it.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import importlib.util
 import os
 from contextlib import nullcontext
@@ -41,6 +39,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import fla_backend
 from .buffers import alloc
 from .common import Args, LinearAttentionState, autocast_off, decay_log, zero_state
 from .features import feature_width, rope_rotors
@@ -74,13 +73,9 @@ def unavailable(device) -> Optional[str]:
     return None
 
 
-@functools.cache
 def triton_version() -> str:
-    """triton's version from its package metadata (not imported), read once: ``auto`` asks at every CUDA call."""
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    """triton's version as installed (``fla_backend.versions``: package metadata, read once, nothing imported)."""
+    return fla_backend.versions()[1]
 
 
 def unverified() -> Optional[str]:
