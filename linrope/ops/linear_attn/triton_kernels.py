@@ -53,9 +53,8 @@ def _base(i_bh, H, s_b, s_h):
 def _slot(st, i_bh, NT, c, D, DV, ONE: tl.constexpr):
     """(H, z) pointers of slot c of batch row and head i_bh in a state buffer (B·H, NT + 1, W): H the (D', d_v)
     matrix, its row 0 the cosine map's constant feature's (``ONE``), then z (D',); W = D'·d_v + D'."""
-    DF = D + ONE
-    p = st + (i_bh.to(tl.int64) * (NT + 1) + c) * (DF * DV + DF)
-    return p, p + DF * DV
+    p = st + (i_bh.to(tl.int64) * (NT + 1) + c) * ((D + ONE) * (DV + 1))
+    return p, p + (D + ONE) * DV
 
 
 @triton.jit
@@ -263,20 +262,29 @@ def _out_fwd(
 
 
 @triton.jit
+def _dden_rows(
+    b_do, o, den, dd, so_b, so_h, so_n, so_d, t0, i_bh, N, H, DV,
+    BT: tl.constexpr, BV: tl.constexpr, GUARD: tl.constexpr,
+):  # fmt: skip
+    """(∂L/∂den_i = -(do_i·o_i) / den_i, 0 where the guard clamped, also stored in dd; den_i) of the chunk at t0."""
+    b_o = _tile(o + _base(i_bh, H, so_b, so_h), so_n, so_d, t0, N, DV, BT, BV)
+    dn = _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)
+    e = -tl.sum(b_do * b_o, 1) / dn
+    if GUARD:
+        e = tl.where(tl.abs(dn) > DEN_FLOOR, e, 0.0)
+    rt = t0 + tl.arange(0, BT)
+    tl.store(dd + i_bh.to(tl.int64) * N + rt, e, mask=rt < N)
+    return e, dn
+
+
+@triton.jit
 def _dden(
     do, o, den, dd, sd_b, sd_h, sd_n, sd_d, so_b, so_h, so_n, so_d, N, H, DV,
     BT: tl.constexpr, BV: tl.constexpr, GUARD: tl.constexpr,
 ):  # fmt: skip
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    t0 = i_t * BT
-    b_do = _tile(do + _base(i_bh, H, sd_b, sd_h), sd_n, sd_d, t0, N, DV, BT, BV)
-    b_o = _tile(o + _base(i_bh, H, so_b, so_h), so_n, so_d, t0, N, DV, BT, BV)
-    dn = _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)
-    g = -tl.sum(b_do * b_o, 1) / dn
-    if GUARD:
-        g = tl.where(tl.abs(dn) > DEN_FLOOR, g, 0.0)
-    rt = t0 + tl.arange(0, BT)
-    tl.store(dd + i_bh.to(tl.int64) * N + rt, g, mask=rt < N)
+    b_do = _tile(do + _base(i_bh, H, sd_b, sd_h), sd_n, sd_d, i_t * BT, N, DV, BT, BV)
+    _dden_rows(b_do, o, den, dd, so_b, so_h, so_n, so_d, i_t * BT, i_bh, N, H, DV, BT, BV, GUARD)
 
 
 @_warps(4, 8)
@@ -381,19 +389,14 @@ def _chunk_dstate(
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
     t0 = i_t * BT
-    rk, cv, rt = tl.arange(0, BK), tl.arange(0, BV), t0 + tl.arange(0, BT)
+    rk, cv = tl.arange(0, BK), tl.arange(0, BV)
     qn, qd, dN, eb, _, gL = _part(
         q, do, cs, g_ptr, docs, sq_b, sq_h, sq_n, sq_d, sd_b, sd_h, sd_n, sd_d, i_t, i_bh, N, H, D, DV,
         BT, BK, BV, COS, ROPE, HAS_G, DOCS,
     )  # fmt: skip
     hp, zp = _slot(dst, i_bh, NT, i_t, D, DV, ONE)
     if NORM:
-        dn = _rows(den + i_bh.to(tl.int64) * N, t0, N, BT, 1.0)
-        b_o = _tile(o + _base(i_bh, H, so_b, so_h), so_n, so_d, t0, N, DV, BT, BV)
-        e = -tl.sum(dN * b_o, 1) / dn
-        if GUARD:
-            e = tl.where(tl.abs(dn) > DEN_FLOOR, e, 0.0)
-        tl.store(dd + i_bh.to(tl.int64) * N + rt, e, mask=rt < N)
+        e, dn = _dden_rows(dN, o, den, dd, so_b, so_h, so_n, so_d, t0, i_bh, N, H, DV, BT, BV, GUARD)
         dN = dN / dn[:, None]
         e = e * eb
     else:  # z's gradient only decays (from the final state's), nothing joins it
@@ -423,11 +426,9 @@ def _scan(
     i_w, i_bh = tl.program_id(0), tl.program_id(1)
     ONE: tl.constexpr = 1 if COS else 0
     DF = D + ONE
-    HW = DF * DV
-    W = HW + DF
+    HW, W = DF * DV, DF * (DV + 1)
     c = i_w * BW + tl.arange(0, BW)
-    cm = c < W
-    ch, cz, zc = c < HW, (c >= HW) & cm, tl.maximum(c - HW, 0)  # the entries of H, of z, and their index in z
+    cm, ch, cz, zc = c < W, c < HW, (c >= HW) & (c < W), tl.maximum(c - HW, 0)  # all, H's, z's, the index in z
     p = st + i_bh.to(tl.int64) * (NT + 1) * W
     gp = gate + i_bh.to(tl.int64) * (NT + 1)
     s = tl.zeros([BW], dtype=tl.float32)
