@@ -130,13 +130,24 @@ def reference_row_text(key: Tuple, test: bool = False) -> str:
 
 
 def documents_of(runs: Sequence[Run], metric: str) -> Dict[Any, Dict[str, Tuple[float, float]]]:
-    """{seed: {document: (nats, bytes)}} of ``metric``'s row, for the runs that kept it."""
+    """{seed: {document: (nats, bytes)}} of ``metric``'s row, for the runs that kept it and whose numbers there are
+    finite: a run that diverged at the row (NaN or infinite loss) has no documents to resample; ``diverged_at``
+    names it."""
     out: Dict[Any, Dict[str, Tuple[float, float]]] = {}
     for run in runs:
         row = row_for(run, metric)
         if row and row.get("per_document"):
-            out[run.seed] = {d["document"]: (float(d["nats"]), float(d["bytes"])) for d in row["per_document"]}
+            docs = {d["document"]: (float(d["nats"]), float(d["bytes"])) for d in row["per_document"]}
+            if all(math.isfinite(n) and math.isfinite(b) for n, b in docs.values()):
+                out[run.seed] = docs
     return out
+
+
+def diverged_at(runs: Sequence[Run], metric: str) -> List[Any]:
+    """The seeds whose row of ``metric`` kept its documents with a loss that is not finite (left out by
+    ``documents_of``)."""
+    kept = documents_of(runs, metric)
+    return sorted({r.seed for r in runs if (row_for(r, metric) or {}).get("per_document")} - set(kept), key=str)
 
 
 def has_documents(groups: Mapping[str, Sequence[Run]]) -> bool:
@@ -310,15 +321,16 @@ def section(
     for text, metric, a, b in comparisons:
         if a not in groups or b not in groups or not all(documents_of(groups[c], metric) for c in (a, b)):
             continue  # a configuration, or the row the metric names, is not in these runs
-        cells = {c: documents_of([r for r in groups[c] if r.seed not in outcome[c].failed], metric) for c in (a, b)}
+        kept = {c: [r for r in groups[c] if r.seed not in outcome[c].failed] for c in (a, b)}
+        cells = {c: documents_of(kept[c], metric) for c in (a, b)}  # a seed diverged at this row: left out too
         shared, estimate = shared_bpb_difference(cells, a, b, clusters=grouping)
-        why = None
-        if outcome[a].failed or outcome[b].failed:
-            dropped = {c: sorted(map(str, outcome[c].failed)) for c in (a, b) if outcome[c].failed}
-            why = "failed seeds left out: " + "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items())
+        dropped = {c: sorted(map(str, [*outcome[c].failed, *diverged_at(kept[c], metric)])) for c in (a, b)}
+        why = "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items() if s)
         family.append((f"{a} − {b} ({metric})", estimate))
-        notes.append(why)
-        collapses.append(above_unigram(groups, refs, metric, (a, b), cells) if metric != "test/bpb" else "")
+        notes.append(why and f"failed seeds left out: {why}")
+        # a seed that diverged at this row counts as above its unigram (``above``): no verdict
+        counted = {c: {*cells[c], *diverged_at(kept[c], metric)} for c in (a, b)}
+        collapses.append(above_unigram(groups, refs, metric, (a, b), counted) if metric != "test/bpb" else "")
         records.append(
             {
                 "claim": text,
