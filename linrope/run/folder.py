@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from linrope.base.errors import RunFolderError, first_names
 
@@ -98,6 +98,18 @@ def claim_run_folder(cfg: DictConfig) -> None:
     if earlier and not cfg.get("ckpt_path"):
         release_run_folder()
         raise RunFolderError(_holds_a_run(folder, earlier))
+    if earlier and str(cfg.get("ckpt_path")) == "auto":
+        last = Path(
+            str(OmegaConf.select(cfg, "callbacks.last_checkpoint.dirpath", default=None) or folder / "checkpoints")
+        ) / str(OmegaConf.select(cfg, "callbacks.last_checkpoint.filename", default=None) or "last.ckpt")
+        checkpoints = [name for name in earlier if name.endswith(".ckpt")]
+        if checkpoints and not (last.exists() or last.is_symlink()):
+            release_run_folder()  # auto would start afresh (no last checkpoint) over a run that kept checkpoints
+            raise RunFolderError(
+                f"run folder {folder} holds a run's checkpoints ({first_names(checkpoints, 3)}) but not {last.name}, "
+                f"so ckpt_path=auto would train afresh over them; resume from one with ckpt_path=<its file>, or "
+                f"choose a new hydra.run.dir — it is not overwritten"
+            )
 
 
 def _in_use(folder: Path, holder: str, option: str = "hydra.run.dir") -> str:

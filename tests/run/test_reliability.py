@@ -541,6 +541,24 @@ def test_rerunning_into_a_run_folder_without_ckpt_path_is_refused(compose, train
     assert trained.read_bytes() == before and csv_file.is_dir()
 
 
+def test_ckpt_path_auto_never_trains_afresh_over_a_runs_checkpoints(compose, trained):
+    """ckpt_path=auto starts afresh where there is nothing to resume; a folder whose run kept checkpoints but not
+    last.ckpt (deleted, or callbacks.last_checkpoint=null) would be trained again over them (its provenance and
+    parameters replaced): refused in one line, every file kept.  With last.ckpt there, auto resumes (tested above)."""
+    folder = trained.parent.parent
+    trained.unlink()
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".linrope.lock"}
+    with pytest.raises(SystemExit) as e:
+        run_main(compose("model=linear_rope", *TINY, "trainer.max_steps=4", "ckpt_path=auto"))
+    assert exit_message(e).startswith(f"linrope: run folder {folder} holds a run's checkpoints (checkpoints/best")
+    assert exit_message(e).endswith(
+        "but not last.ckpt, so ckpt_path=auto would train afresh over them; resume from one with "
+        "ckpt_path=<its file>, or choose a new hydra.run.dir — it is not overwritten"
+    )
+    after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".linrope.lock"}
+    assert after == before
+
+
 def saved_config(folder: Path, text: str) -> Path:
     """A folder as Hydra leaves it: ``.hydra/config.yaml`` holding ``text``."""
     (folder / ".hydra").mkdir(parents=True)
