@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -138,11 +138,26 @@ def build_shards(
         raise CorpusError(f"{folder}: cannot write the shards ({what})") from None
 
 
+def read_record(path: Path, keys: Sequence[str] = ()) -> Dict[str, Any]:
+    """A shard folder's JSON record (manifest.json, building.json) holding ``keys``; one line naming the file when
+    it is not one (cut short, edited, another file)."""
+    try:
+        record = json.loads(path.read_text())
+        why = "not a JSON object" if not isinstance(record, dict) else None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        record, why = None, f"not readable as JSON ({e})"
+    missing = [k for k in keys if why is None and k not in record]
+    if why or missing:
+        why = why or f"no {', '.join(missing)}"
+        raise CorpusError(f"{path}: {why}; delete {path.parent} so that its shards are rebuilt")
+    return record
+
+
 def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identity, settings, max_documents,
            shard_documents: int, val_fraction: float, test_fraction: float, progress: bool) -> Path:  # fmt: skip
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_record(manifest_path)
         if manifest.get("key") == key:
             return folder  # reused: nothing is read or written
         raise CorpusError(
@@ -150,7 +165,7 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identit
             "choose another --out / data.shards_dir, or delete it"
         )
     building = folder / BUILDING
-    if building.is_file() and json.loads(building.read_text()).get("key") != key:
+    if building.is_file() and read_record(building).get("key") != key:
         raise CorpusError(f"{folder}: holds a partial build of other shards; choose another folder, or delete it")
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(_json({"key": key, "settings": settings}), building)
@@ -283,7 +298,7 @@ class Shards:
         path = self.folder / MANIFEST
         if not path.is_file():
             raise CorpusError(f"{self.folder}: no {MANIFEST} (not a finished shard folder)")
-        self.manifest = json.loads(path.read_text())
+        self.manifest = read_record(path, ("dtype", "shards"))
         self._check_tokenizer(tokenizer)
         dtype = np.dtype(self.manifest["dtype"])
         self.pieces: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}

@@ -58,6 +58,33 @@ def test_shards_whose_contents_differ_from_the_manifest_are_refused(built, tmp_p
         Shards(folder)
 
 
+@pytest.mark.parametrize("record", ["manifest.json", "building.json"])
+@pytest.mark.parametrize("damage", ["cut short", "a list", "no shards"])
+def test_a_damaged_record_is_one_line_naming_the_file(built, record, damage):
+    """A manifest (or a stopped build's record) cut short or edited: one line naming it and what to delete, from the
+    reader, the builder that would reuse it, and a data=text module; never a JSON traceback."""
+    source, folder = built
+    path = folder / record
+    if record == "building.json":  # a build stopped before its manifest
+        path.write_text(json.dumps({"key": "x"}))
+        (folder / "manifest.json").unlink()
+    text = path.read_text()
+    path.write_text({"cut short": text[: len(text) // 2], "a list": "[1, 2]"}.get(damage, json.dumps({"key": "x"})))
+    reason = {"cut short": "not readable as JSON", "a list": "not a JSON object", "no shards": "no dtype, shards"}
+    line = f"^{path}: {reason[damage]}.*; delete {folder} so that its shards are rebuilt$"
+    if record == "manifest.json":
+        with pytest.raises(CorpusError, match=line):
+            Shards(folder)
+    if damage == "no shards":  # a readable record of another key: refused as before, by what it says
+        return
+    with pytest.raises(CorpusError, match=line):
+        build_shards(source, load_tokenizer("bytes"), cache_dir=folder.parent, progress=False)
+    from linrope.data.text import TextDataModule
+
+    with pytest.raises(CorpusError, match=line):
+        TextDataModule(path=str(source.root), shards_dir=str(folder.parent), context=16, progress=False)
+
+
 def test_shards_of_another_tokenizer_under_this_ones_key_are_refused(tmp_path):
     """Case 1: a folder holding another tokenizer's shards under this tokenizer's key (manifest copied over, or
     edited to say this key) is refused in one line naming both tokenizers' hashes."""
