@@ -482,6 +482,34 @@ def test_bad_input_raises_clear_errors():
         recurrent_step(q[:, :, :2], k[:, :, :2], v[:, :, :2])
 
 
+@pytest.mark.parametrize("impl", ["chunk", "recurrent"])
+@pytest.mark.parametrize("loss_on", ["out", "S"])
+def test_unnormalised_with_an_initial_state_and_a_loss_that_skips_z(impl, loss_on):
+    """normalize=False: z0 reaches nothing but the final z, so a loss on the output (or on S) has no gradient for
+    it; the backward hands autograd zeros there (not a placeholder: it crashed), and every other gradient agrees
+    with the naive form's, each feature map and placement, over two chunks."""
+    for feature_map, rope in itertools.product(FEATURE_MAPS, PLACEMENTS):
+        g = gen("unnormalised state", impl, loss_on, feature_map, rope)
+        q, k, v = inputs(70, g)
+        state = random_state(g, feature_map)
+        grads = []
+        for form in ("naive", impl):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v, *state)]
+            out, (S, _) = linear_attention(
+                *leaves[:3], impl=form, feature_map=feature_map, rope=rope, normalize=False, chunk_size=32,
+                initial_state=LinearAttentionState(*leaves[3:]), output_final_state=True,
+            )  # fmt: skip
+            w = torch.randn((out if loss_on == "out" else S).shape, generator=gen("weights", loss_on), dtype=S.dtype)
+            ((out if loss_on == "out" else S) * w).sum().backward()
+            grads.append([x.grad for x in leaves])
+        for b, a in zip(*grads):  # None where the loss does not reach a leaf (z0; q for a loss on S)
+            if b is None:
+                assert a is None or not a.any(), (feature_map, rope)
+            else:
+                assert rel(a, b) < 1e-10, (feature_map, rope)
+        assert grads[0][4] is None
+
+
 # ------------------------------------------------------------------------------------------------------
 # placement "both": a rotated denominator that cancels is clamped alike in every form
 # ------------------------------------------------------------------------------------------------------

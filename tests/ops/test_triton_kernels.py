@@ -154,6 +154,26 @@ def test_a_loss_on_one_final_state(interpreted, scan, which):
     assert max(rel(a, b) for a, b in zip(*grads)) < FLOAT32_TOL
 
 
+def test_unnormalised_with_an_initial_state_and_a_loss_on_the_output(interpreted, scan):
+    """normalize=False: z0 reaches the final z alone, so a loss on the output gives it no gradient (zeros, as the
+    chunk form); the other gradients as naive's."""
+    from linrope.ops.linear_attn.common import LinearAttentionState
+
+    q, k, v, S0, z0 = inputs(("triton unnormalised",), feature_map="elu", decay=DECAY, n=100, initial=True)
+    grads = []
+    for impl, dtype in (("naive", torch.float64), ("triton", torch.float32)):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, S0, z0)]
+        state = LinearAttentionState(leaves[3], leaves[4])
+        out = linear_attention(*leaves[:3], impl=impl, decay=DECAY, normalize=False, initial_state=state)
+        (
+            out.double() * torch.randn(out.shape, generator=gen("unnormalised weights"), dtype=torch.float64)
+        ).sum().backward()
+        grads.append([x.grad for x in leaves])
+    (*ref, ref_z0), (*got, got_z0) = grads
+    assert ref_z0 is None and (got_z0 is None or not got_z0.any())
+    assert max(rel(a, b) for a, b in zip(got, ref)) < FLOAT32_TOL
+
+
 @pytest.mark.parametrize("feature_map, rope, docs", [("cosine", "both", False), ("elu", "numerator", True)])
 def test_split_scan_carries_between_steps_and_blocks(interpreted, monkeypatch, feature_map, rope, docs):
     """_scan with 2 slots a step and 32 entries a program (at the defaults, 16 and 256, a test's few chunks and
