@@ -203,6 +203,12 @@ def test_refusals():
         linear_attention(q, k, v, documents=DOCS.float())
     with pytest.raises(ValueError, match="causal=False"):
         linear_attention(q, k, v, causal=False, impl="naive", documents=DOCS)
+    # ids that go down: naive (equal ids) and the state resets of the others would give two answers
+    down = DOCS.clone()
+    down[0, -1] = down[0, 0]
+    for impl in ("naive", "chunk", "recurrent"):
+        with pytest.raises(ValueError, match="^documents must be non-decreasing along each row"):
+            linear_attention(q, k, v, impl=impl, documents=down)
 
 
 def test_fla_variable_length_layout():
