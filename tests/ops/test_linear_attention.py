@@ -452,6 +452,11 @@ def test_bad_input_raises_clear_errors():
             linear_attention(q, k, v, impl=impl, decay=torch.tensor([0.9, 1.5]))
         with pytest.raises(ValueError, match="positions"):
             linear_attention(q, k, v, impl=impl, positions=torch.arange(9))
+        for theta in (torch.tensor([0.5]), torch.rand(2, D // 2)):  # broadcast silently before: one frequency
+            with pytest.raises(ValueError, match=f"^rope_theta must be a 1-D tensor of d/2 = {D // 2} frequencies"):
+                linear_attention(q, k, v, impl=impl, rope_theta=theta)
+    with pytest.raises(ValueError, match="^rope_theta must be"):
+        recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], rope_theta=torch.tensor([0.5]))
     for c in (0, -4):
         with pytest.raises(ValueError, match="chunk_size"):
             linear_attention(q, k, v, impl="chunk", chunk_size=c)
@@ -541,6 +546,30 @@ def test_both_placement_clamps_a_cancelling_denominator():
     # the guard is for "both" only: the unrotated denominator of "numerator" is positive and left alone
     out = chunk_linear_attention(q, k, v, rope="numerator", positions=positions)
     assert out.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize("only", [False, True])
+def test_recurrent_steps_differentiate_the_decay_and_the_frequencies(only):
+    """Two generation steps against naive at the same two positions: the gradients of γ and θ too (they were
+    dropped), and with ``only`` those two the sole leaves (the backward had nothing to differentiate and failed)."""
+    g = gen("step decay theta", only)
+    q, k, v = inputs(2, g)
+    theta = torch.rand(D // 2, generator=g, dtype=torch.float64)
+    grads = []
+    for step in (True, False):
+        decay, th = DECAY.double().clone().requires_grad_(), theta.clone().requires_grad_()
+        leaves = [t.clone().requires_grad_(not only) for t in (q, k, v)]
+        kw = dict(decay=decay, rope_theta=th)
+        if step:
+            o, state = recurrent_step(*(t[:, :, 0] for t in leaves), position=3, **kw)
+            o, _ = recurrent_step(*(t[:, :, 1] for t in leaves), state, position=4, **kw)
+        else:
+            o = naive_linear_attention(*leaves, positions=torch.tensor([3, 4]), **kw)[:, :, 1]
+        (o * torch.randn(o.shape, generator=gen("step weights"), dtype=o.dtype)).sum().backward()
+        grads.append([t.grad for t in (decay, th, *leaves)])
+    assert grads[0][0] is not None and grads[0][1] is not None
+    for a, b in zip(*grads):  # γ, θ, then q, k, v (None in both with ``only``)
+        assert a is None if b is None else rel(a, b) < 1e-12
 
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
