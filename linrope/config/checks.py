@@ -173,6 +173,11 @@ def data_errors(cfg) -> List[str]:
     (a folder is measured when it is read: CorpusError)."""
     from linrope.data.bytes import position_split
 
+    vf, tf = get(cfg, "data.val_fraction"), get(cfg, "data.test_fraction")
+    if vf is not None and tf is not None and float(vf) + float(tf) >= 1:
+        return [
+            f"data.val_fraction + data.test_fraction = {float(vf) + float(tf):g}: must be below 1 (the train split is the rest)"
+        ]
     if str(get(cfg, "data._target_", "")).endswith("TextDataModule"):
         return text_errors(cfg)
     path = get(cfg, "data.path")

@@ -396,6 +396,14 @@ def test_unknown_model_is_one_line_at_the_cli(tmp_path):
         ),
         (["extrapolation.split=train"], "extrapolation.split=train: expected one of val, test"),
         (["extrapolation.factors=[1,-2]"], "extrapolation.factors=[1, -2]: expected a list of numbers > 0"),
+        # Lightning's loop divided by it after the corpus was read; a fraction of an epoch above 1 likewise
+        (["trainer.val_check_interval=0"], "trainer.val_check_interval=0: expected an integer >= 1 or a number > 0"),
+        (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5: expected an integer >= 1 or a"),
+        # each fraction alone is fine: the train split would be empty (said as "too short" after reading)
+        (
+            ["data.val_fraction=0.6", "data.test_fraction=0.5"],
+            "data.val_fraction + data.test_fraction = 1.1: must be below 1 (the train split is the rest)",
+        ),
     ],
 )
 def test_bad_values_are_one_line_each(compose, overrides, message):
