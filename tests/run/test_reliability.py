@@ -399,6 +399,14 @@ def test_unknown_model_is_one_line_at_the_cli(tmp_path):
         # Lightning's loop divided by it after the corpus was read; a fraction of an epoch above 1 likewise
         (["trainer.val_check_interval=0"], "trainer.val_check_interval=0: expected an integer >= 1 or a number > 0"),
         (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5: expected an integer >= 1 or a"),
+        # the synthetic tasks: a value changed silently (num_queries=0 became 8), a numpy traceback (value_vocab=0),
+        # Hydra's four lines (a task's own check, raised while the data module was made)
+        (["data=mqar", "data.num_queries=0"], "data.num_queries=0: expected an integer >= 1 or null"),
+        (["data=mqar", "data.value_vocab=0"], "data.value_vocab=0: expected an integer >= 1"),
+        (["data=listops", "data.leaf_prob=1.5"], "data.leaf_prob=1.5: expected a number >= 0 and <= 1"),
+        (["data=mqar", "context=16"], "mqar: context 16 is too short for 8 pairs and 8 queries (needs >= 31)"),
+        (["data=mqar", "data.num_queries=20"], "mqar: need 1 <= num_queries (20) <= num_kv_pairs (8)"),
+        (["data=offset_copy", "data.test_factor=1", "context=16"], "offset_copy: context 16 must exceed the offset"),
         # each fraction alone is fine: the train split would be empty (said as "too short" after reading)
         (
             ["data.val_fraction=0.6", "data.test_fraction=0.5"],
