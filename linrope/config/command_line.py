@@ -13,11 +13,14 @@ library and PyYAML at the top level: ``python -m linrope evaluate --help`` answe
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import FrozenSet, List, Optional, Sequence
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "conf"  # linrope/conf in an installed wheel
 CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "conf"
@@ -234,6 +237,25 @@ def _overrides(argv: Sequence[str]) -> List[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def trainer_parameters() -> FrozenSet[str]:
+    """The keyword arguments of Lightning's Trainer, read from its source (importing Lightning costs seconds, and
+    this is a light path); empty where the source is not where it is expected."""
+    spec = importlib.util.find_spec("lightning")  # a top-level package: found, not imported
+    if spec is None or spec.origin is None:
+        return frozenset()
+    try:
+        tree = ast.parse((Path(spec.origin).parent / "pytorch" / "trainer" / "trainer.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "__init__":
+                    return frozenset(a.arg for a in [*f.args.args, *f.args.kwonlyargs] if a.arg != "self")
+    return frozenset()
+
+
 def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> List[str]:
     """Plain overrides (``key=value``: no ``+``, ``++`` or ``~``) of a key the composed config does not have
     (``trainer.max_step=10``), one line each naming the nearest key there is (Hydra's own message is six lines
@@ -271,7 +293,12 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
                 break  # below a value or a list: Hydra's to say
             if part not in node:
                 line = str(UnknownOption(".".join(parts[: i + 1]), node))
-                if i == len(parts) - 1 and "did you mean" not in line:  # perhaps an option its preset leaves out
+                if parts[:-1] == ["trainer"] and part in trainer_parameters():  # the preset leaves it out
+                    line = (
+                        f"{o.key_or_group}: not in the composed config, but Lightning's Trainer takes it: add it "
+                        f"with +{o.input_line}"
+                    )
+                elif i == len(parts) - 1 and "did you mean" not in line:  # perhaps an option its preset leaves out
                     line += f" (an option the composed config leaves out is added with +: +{o.input_line})"
                 errors.append(line)
                 break

@@ -218,6 +218,13 @@ def test_checking_a_model_draws_no_random_numbers():
             ],
         ),
         (["model=linear_rope_norm", "model.attention.normalize=true"], []),
+        (  # a Trainer option the preset leaves out: said so, not "did you mean limit_val_batches?"
+            ["trainer.accumulate_grad_batches=2"],
+            [
+                "trainer.accumulate_grad_batches: not in the composed config, but Lightning's Trainer takes it: "
+                "add it with +trainer.accumulate_grad_batches=2"
+            ],
+        ),
         (["experiment=budget", "trainer.max_steps=5", "model.position.base=500"], []),
         (["+trainer.max_step=3", "~seed"], []),  # + and ~: the composed config's check
         (["-m", "model=linear_rope,softmax_rope", "trainer.max_step=3"], []),  # a sweep of a group: Hydra's jobs say it
