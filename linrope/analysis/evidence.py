@@ -346,7 +346,10 @@ def section(
     body = []
     for record, adj, why, at_row in zip(records, adjusted, notes, collapses):
         collapsed = any(not outcome[c].kept for c in (record["a"], record["b"]))  # every seed failed
-        verdict = "no verdict (every seed failed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
+        verdict = (
+            "resolved" if adj.resolved else "not resolved" if adj.p_holm is not None else "no test (fewer than 2 seeds)"
+        )
+        verdict = "no verdict (every seed failed)" if collapsed else verdict
         if at_row and not collapsed:
             verdict = f"no verdict (above the unigram at this row: {at_row})"
         record.update(

@@ -153,6 +153,17 @@ def test_a_seed_that_diverged_at_one_row_is_left_out_there_and_counted(groups, t
     assert result.seeds == (1, 3) and result.diff.n == 2 and math.isfinite(result.diff.mean)
 
 
+def test_a_comparison_left_with_one_seed_has_no_test(tmp_path):
+    """Two of c's three seeds failed: one seed is left, no interval and no p; the verdict says there was no test
+    (not "not resolved", which reads as a test that could not tell)."""
+    rng = np.random.default_rng(1)
+    groups = {"a": [fake_run("a", s, -0.1, rng) for s in (1, 2, 3)]}
+    groups["c"] = [fake_run("c", s, 0.0, rng, diverged=s != 1) for s in (1, 2, 3)]
+    _, (record,) = section(groups, [("A beats C", "test/bpb", "a", "c")], tmp_path)
+    assert record["seeds"] == 1 and record["p_holm"] is None
+    assert record["verdict"] == "no test (fewer than 2 seeds)" and record["note"] == "failed seeds left out: c 2, 3"
+
+
 def test_a_row_above_the_unigram_is_counted_and_its_comparison_gets_no_verdict(groups, tmp_path):
     """A unigram between b's test rows and its rows at 128: every b seed collapsed at 128 (counted per row), none
     at the test, so "A beats B" keeps its verdict and "A beats B at 2x" gets none (still in the family)."""
