@@ -431,12 +431,22 @@ def log_bins(buckets: Sequence[Mapping[str, Any]]) -> List[Tuple[float, int, flo
 def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
     """The loss by position at the longest non-overlapping length, beside its context-limited control."""
     table, curves = [], []
-    edges: List[int] = []
     windows: set = set()  # the context-limited controls' windows
-    for i, (label, runs) in enumerate(groups.items()):
-        rows = [
+    found = {
+        label: [
             r for run in runs for r in run.extrapolation if r.get("per_position") and r.get("protocol") == "windows"
         ]
+        for label, runs in groups.items()
+    }
+    if not any(found.values()):
+        return []
+    # one set of bands for every row: from the training context and the longest length of any configuration (a
+    # configuration that stops shorter, e.g. a learned table, has "–" past its own)
+    top = max(r["length"] for rows in found.values() for r in rows)
+    context = train_context(next(runs[0] for label, runs in groups.items() if found[label])) or 1
+    edges = sorted({e for e in (0, context // 2, context, 2 * context, top // 2, top) if e <= top})
+    for i, (label, runs) in enumerate(groups.items()):
+        rows = found[label]
         if not rows:
             continue
         longest = max(r["length"] for r in rows)
@@ -454,8 +464,6 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
             windows |= {window} - {None}
             style = {"color": series_colour(i), "linestyle": "-" if window is None else ":"}
             curves.append((str(runs[0].get("model.attention.kind") or ""), Curve(name, points, style)))  # its panel
-            context = train_context(runs[0]) or 1
-            edges = sorted({e for e in (0, context // 2, context, 2 * context, longest // 2, longest) if e <= longest})
             bands = []
             for lo, hi in zip(edges, edges[1:]):
                 per_run = []

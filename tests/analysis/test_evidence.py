@@ -164,6 +164,22 @@ def test_a_comparison_left_with_one_seed_has_no_test(tmp_path):
     assert record["verdict"] == "no test (fewer than 2 seeds)" and record["note"] == "failed seeds left out: c 2, 3"
 
 
+def test_the_loss_by_position_has_one_set_of_bands_whatever_the_order(tmp_path):
+    """b's table ends at the training context (no rows at 128): every row shares the header's bands (b's past 64
+    are "–"), listed first or last (the header was the last configuration's, so a row had more cells)."""
+    from linrope.analysis.evidence import position_lines
+
+    rng = np.random.default_rng(2)
+    a, b = [fake_run("a", s, -0.1, rng) for s in (1, 2)], [fake_run("b", s, 0.0, rng) for s in (1, 2)]
+    for run in b:
+        run.extrapolation[:] = [r for r in run.extrapolation if r["length"] == 64]
+    for groups in ({"a": a, "b": b}, {"b": b, "a": a}):
+        rows = [row for text in position_lines(groups, tmp_path) for row in text.splitlines() if row.startswith("|")]
+        assert rows[0] == "| configuration | length | positions 0–31 | positions 32–63 | positions 64–127 |"
+        assert all(row.count("|") == rows[0].count("|") for row in rows)
+        assert next(row for row in rows if row.startswith("| b |")).endswith("| – |")
+
+
 def test_a_row_above_the_unigram_is_counted_and_its_comparison_gets_no_verdict(groups, tmp_path):
     """A unigram between b's test rows and its rows at 128: every b seed collapsed at 128 (counted per row), none
     at the test, so "A beats B" keeps its verdict and "A beats B at 2x" gets none (still in the family)."""
