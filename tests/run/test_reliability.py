@@ -608,6 +608,30 @@ def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
     assert (run / ".hydra.before-resume-1" / "config.yaml").read_text() == "seed: 1\n"
 
 
+def test_copies_kept_aside_never_replace_one_another_after_one_is_deleted(tmp_path):
+    """The copies kept on a resume were numbered by their count: with copy 0 deleted, the next resume named copy 1
+    again (its metrics renamed over it, the .hydra copy failing with a traceback).  Numbered one past the largest,
+    every earlier copy stays and their order is their history's."""
+    from omegaconf import OmegaConf
+
+    from linrope.run.folder import KeepEarlierRun
+    from linrope.run.loggers import keep_csv_history
+
+    run = saved_config(tmp_path / "run", "seed: 1\n")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK")
+    (run / ".hydra.before-resume-1").mkdir()
+    (run / ".hydra.before-resume-1" / "config.yaml").write_text("seed: 0\n")
+    KeepEarlierRun().on_run_start(config=OmegaConf.create({"hydra": {"run": {"dir": str(run)}}, "ckpt_path": "last"}))
+    assert (run / ".hydra.before-resume-1" / "config.yaml").read_text() == "seed: 0\n"
+    assert (run / ".hydra.before-resume-2" / "config.yaml").read_text() == "seed: 1\n"
+    (run / "metrics.before-resume-1.csv").write_text("step\n1\n")
+    (run / "metrics.csv").write_text("step\n2\n")
+    keep_csv_history(run)
+    assert (run / "metrics.before-resume-1.csv").read_text() == "step\n1\n"
+    assert (run / "metrics.before-resume-2.csv").read_text() == "step\n2\n" and not (run / "metrics.csv").exists()
+
+
 def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
     """hydra.sweep.dir given twice: the second sweep is refused before its first job, so no job's .hydra/ (nor
     multirun.yaml) is replaced; resuming the whole sweep keeps them beside the new ones."""
