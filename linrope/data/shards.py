@@ -177,11 +177,16 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identit
     index = 0  # shard number
     bar = _progress(max_documents, f"shards {folder.name}", progress)
 
-    def finished(k: int) -> Optional[np.ndarray]:
+    def finished(k: int, docs_batch: List) -> Optional[np.ndarray]:
+        """Shard k as a stopped build left it, when it holds these documents (each one's split and bytes) and
+        its files have the sizes its index gives (each file is written whole, then the index); else None."""
         docs_path = folder / f"{k:05d}.docs.npy"
         if not docs_path.is_file():
             return None
         docs = np.load(docs_path)
+        mine = [(SPLITS.index(split), len(raw)) for _, split, raw in docs_batch]
+        if docs.ndim != 2 or docs.shape[1:] != (3,) or [tuple(map(int, r)) for r in docs[:, ::2]] != mine:
+            return None
         for code, split in enumerate(SPLITS):
             n = int(docs[docs[:, 0] == code, 1].sum())
             f = folder / f"{k:05d}.{split}.bin"
@@ -190,7 +195,7 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identit
         return docs
 
     def flush(k: int, docs_batch: List) -> None:
-        kept = finished(k)
+        kept = finished(k, docs_batch)
         if kept is None:  # write (or redo) shard k
             rows, tokens = [], {s: [] for s in SPLITS}
             texts = None if raw_bytes else [utf8(ident, raw) for ident, _, raw in docs_batch]
