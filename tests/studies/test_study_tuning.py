@@ -45,7 +45,8 @@ class FakeTrain:
             (folder / "checkpoints").mkdir(exist_ok=True)
             (folder / "checkpoints" / "last.ckpt").write_bytes(b"x")
             return Done(1)
-        score = val_bpb(cfg.optim.lr, self.optima[cfg.model.name])
+        optimum = self.optima[cfg.model.name]  # None: the run diverged (its scores NaN)
+        score = math.nan if optimum is None else val_bpb(cfg.optim.lr, optimum)
         rows = ["step,val/bpb,val/acc,test/bpb"]
         rows += [f"{s},{score + 0.1 * (3 - s)},{1 / (score + 0.1 * (3 - s))}," for s in (1, 3)]
         if cfg.test:
@@ -207,6 +208,24 @@ def test_a_best_still_at_an_edge_after_every_extension_is_recorded_at_edge(tmp_p
     table = "\n".join(tuning_record.section(record))
     assert "| linear | 0.0005, 0.001, 0.002, 0.004 |" in table and "| 0.0005 | at edge |" in table
     assert "highest val/acc" in table
+
+
+def test_a_configuration_whose_every_tuning_run_diverged_says_so(tmp_path, trainer, capsys):
+    """No value gave a finite val/bpb: the search still goes down to the last extension and keeps the smallest, but
+    the record, the report's table and the study's line say it was kept as the smallest, not chosen as the best."""
+    trainer.start({"linear_rope": 2e-3, "linear": None})
+    s = tmp_path / "s"
+    spec = Tuning("optim.lr", (2e-3, 4e-3), 2.0, 1, 0, "val/bpb", "min")
+    study = Study(s, [*TINY, "model=linear_rope,linear", "seed=1"], 1, False, tune=spec, cache=trainer.cache)
+    assert study.run(jobs=1) == 0
+    by = {e["configuration"]: e for e in tuning_record.read(s)["configurations"]}
+    assert (by["linear"]["chosen"], by["linear"]["interior"]) == (0.001, False)
+    note = "no value tried gave a finite val/bpb (every tuning run diverged or logged none); 0.001 was kept as the "
+    assert by["linear"]["note"] == note + "smallest, not as the best" and "note" not in by["linear_rope"]
+    assert f"- **linear**: {note}" in "\n".join(tuning_record.section(tuning_record.read(s)))
+    assert f"linrope study: tuning linear: optim.lr=0.001 (at edge; tried 0.001, 0.002, 0.004); {note}" in (
+        capsys.readouterr().out
+    )
 
 
 def test_the_record_holds_each_tuning_runs_score_as_soon_as_it_finishes(tmp_path, trainer, monkeypatch):
