@@ -205,14 +205,19 @@ def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: S
     metrics = list(dict.fromkeys(c.metric for c in study.claims))
     configs = list(dict.fromkeys(x for c in study.claims for x in (c.a, c.b)))
     values = {
-        (a.name, m, c): by_seed(groups[a.name].get(c, []), value_of(m)) for a in arms for m in metrics for c in configs
+        (a.name, m, c): by_seed(groups[a.name].get(c, []), value_of(m), finite=False)
+        for a in arms
+        for m in metrics
+        for c in configs
     }
     header = ["configuration", "seed", *(f"{m} at {number(a, study)}" for m in metrics for a in arms)]
     lines = []
     for c in configs:
         for seed in sorted({s for arm in arms for s in values[(arm.name, metrics[0], c)]}, key=str):
             got = [values[(a.name, m, c)].get(seed) for m in metrics for a in arms]
-            lines.append([c, str(seed), *("–" if v is None else f"{v:.4f}" for v in got)])
+            lines.append(
+                [c, str(seed), *("–" if v is None else f"{v:.4f}" if math.isfinite(v) else "diverged" for v in got)]
+            )
     return [markdown_table(header, lines), ""]
 
 
@@ -391,7 +396,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             "## Per-run values",
             "",
             f"What every interval above is made of: each run's value, by configuration "
-            f"and seed ({at}–: the run has not finished).",
+            f"and seed ({at}–: the run has not finished; diverged: its value is not a finite number).",
             "",
             *per_run_lines(study, groups, arms),
         ]
