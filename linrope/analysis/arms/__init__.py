@@ -346,7 +346,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         f"# {table['title']}",
         "",
         *([mixed, ""] if mixed else []),
-        f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}`.".lstrip(),
+        f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}{' --allow-mixed' if mixed else ''}`.".lstrip(),
         "",
     ]
     if tuning_only:
