@@ -365,6 +365,28 @@ def encoding_errors(argv: Sequence[str]) -> List[str]:
     return errors
 
 
+def grammar_errors(argv: Sequence[str]) -> List[str]:
+    """One line per override Hydra's grammar refuses (``'lengths=[64'``, an unquoted ``ckpt=a/epoch=1.ckpt``): its
+    own message is several lines and names neither the cure nor, for ``=``, the cause."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    errors = []
+    for arg in _overrides(argv):
+        try:
+            parser.parse_overrides([arg])
+        except Exception as e:  # noqa: BLE001 - Hydra's OverrideParseException, or another refusal of the line
+            key, _, value = arg.partition("=")
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            cure = (
+                f"a value holding '=' is quoted: '{key}=\"{value}\"'"
+                if "=" in value
+                else "check its brackets and quotes (lists as [a,b]; a value with spaces or brackets quoted)"
+            )
+            errors.append(f"{arg}: Hydra cannot read it ({why}); {cure}")
+    return errors
+
+
 def check_command_line(
     argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR, config_name: str = "train", prefix: str = "linrope"
 ) -> None:
@@ -374,6 +396,7 @@ def check_command_line(
     argv = sys.argv[1:] if argv is None else argv
     errors = (
         encoding_errors(argv)
+        or grammar_errors(argv)
         or command_line_errors(argv, conf_dir, config_name)
         or unknown_key_errors(argv, conf_dir, config_name)
         or launcher_errors(argv, conf_dir, config_name)
