@@ -40,7 +40,7 @@ from .bytes import SPLITS, split_of
 from .sources import RECORD_SUFFIXES, Source
 from .tokenizer import ByteTokenizer, Tokenizer
 
-FORMAT = 1  # bump when the layout changes: a new key, new shards
+FORMAT = 2  # bump when the layout or the tokens change: a new key, new shards (2: special tokens spelt in text)
 MANIFEST, BUILDING = "manifest.json", "building.json"
 
 

@@ -109,6 +109,9 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, tok, name: str, digest: str):
         self.tok, self.name, self.digest = tok, name, digest
+        # a document that spells a special token ("<|endoftext|>" in a text about tokenizers) is text: encoded as
+        # its bytes, never as the token (which would end the document there and lose its bytes from bpb's count)
+        tok.encode_special_tokens = True
         vocab = tok.get_vocab(with_added_tokens=True)
         eod = next((t for t in EOD_NAMES if t in vocab), None)
         if eod is None:  # no end-of-document token: add one (the vocabulary grows by one)

@@ -248,3 +248,16 @@ def test_a_shard_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch
     out = tmp_path / "s"
     with pytest.raises(CorpusError, match=f"^{out}: cannot write the shards \\(File too large: .*00000.train.bin\\)"):
         build_shards(resolve_source(str(tmp_path / "docs")), load_tokenizer("bytes"), out=out, progress=False)
+
+
+def test_a_document_that_spells_the_end_of_document_token_is_text(tmp_path):
+    """A text about tokenizers holds "<|endoftext|>": it was encoded as the EOD token (a document end mid-text,
+    and 13 bytes fewer in bits per byte's count); it is text, its bytes counted exactly."""
+    from linrope.data.tokenizer import EOD, train_bpe
+
+    texts = [f"document {i}: a model emits {EOD} at the end of each sample, then stops." for i in range(40)]
+    tok = train_bpe(texts, 300, tmp_path / "tok.json")
+    ids = tok.encode_batch([texts[0]])[0]
+    assert tok.eod not in ids
+    assert int(tok.token_bytes()[ids].sum()) == len(texts[0].encode())
+    assert tok.decode(ids) == texts[0]
