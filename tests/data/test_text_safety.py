@@ -127,6 +127,31 @@ def test_tokenize_train_checks_its_output_path_before_training(tmp_path, monkeyp
     assert trained == []  # refused before any training
 
 
+def test_tokenize_train_refuses_an_empty_train_split_and_expands_its_out(tmp_path, monkeypatch, capsys):
+    """A corpus whose one file hashes to the validation split (or fractions leaving no train split) wrote a
+    tokenizer of the 256 bytes alone and exited 0; ``--out=~/tok.json`` wrote ./~/tok.json."""
+    import linrope.data.tokenize_command as T
+    from linrope.data.bytes import split_of
+
+    one = next(f"doc{i}.txt" for i in range(1000) if split_of(f"doc{i}.txt", 0.05, 0.05) == "val")
+    (tmp_path / "val").mkdir()
+    (tmp_path / "val" / one).write_text("a document of the validation split\n" * 20)
+    argv = ["train", "--input", str(tmp_path / "val"), "--vocab-size", "300"]
+    assert T.main([*argv, "--out", str(tmp_path / "a.json")]) == 1
+    assert "no document of the train split to train on" in capsys.readouterr().err
+    assert not (tmp_path / "a.json").exists()
+    write_docs(tmp_path / "docs", files=2, per_file=30)
+    argv = ["train", "--input", str(tmp_path / "docs"), "--vocab-size", "300"]
+    with pytest.raises(SystemExit) as e:
+        T.main([*argv, "--out", str(tmp_path / "b.json"), "--val-fraction", "0.6", "--test-fraction", "0.6"])
+    assert e.value.code == 2 and "their sum below 1" in capsys.readouterr().err
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert T.main([*argv, "--out=~/tok.json"]) == 0
+    assert (tmp_path / "home" / "tok.json").is_file() and not (tmp_path / "~").exists()
+
+
 def test_a_glob_does_not_follow_symlink_loops(tmp_path):
     """Case 6: ``--input 'dir/**/*.txt'`` with a symlink loop read 10 files as 410 documents; with two loops it hung.
     A glob's ``**`` does not descend into linked folders, and each file is read once."""
