@@ -150,6 +150,15 @@ class Tuning:
         except (OSError, ValueError):
             done = (record(folder) or {}).get("study") or {}
         found = done.get("tuning") if isinstance(done, dict) else None
+        if isinstance(found, dict) and (found.get("metric"), found.get("mode")) != (self.spec.metric, self.spec.mode):
+            # scored by another rule (the study's tuning metric edited since): scored again from its logged values
+            again = self.outcome(folder, self.child.jobs[i])
+            if again is None:
+                raise SystemExit(
+                    f"linrope study: tuning run {folder} was scored by {found.get('metric')} ({found.get('mode')}) "
+                    f"and logged no {self.spec.metric}, which the study now tunes on: remove it to train it again"
+                )
+            found = again[0]["tuning"]
         return {**found, "wall_s": done.get("wall_s"), "run": folder.name} if isinstance(found, dict) else None
 
     def decide(self, c: int) -> Dict[str, Any]:

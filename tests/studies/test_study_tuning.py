@@ -329,3 +329,22 @@ def test_a_real_tuning_run(tmp_path):
     assert "val/bpb" in metrics and "test/" not in metrics and not (run / "extrapolation.csv").exists()
     done = json.loads((tmp_path / "s" / "job" / DONE).read_text())
     assert done["job"][-1] == "optim.lr=0.003" and done["test"]["test/bpb"] > 0
+
+
+def test_a_tuning_rule_edited_since_scores_the_finished_runs_again(tmp_path, trainer):
+    """The study's tuning metric changed between two sessions (val/bpb, min; then val/acc, max): the finished
+    tuning runs kept their val/bpb scores and those were maximised, so the main job trained at the worst rate
+    and tuning.json named val/acc beside val/bpb numbers.  They are scored again from their logged values."""
+    trainer.start({"linear": 2e-3})
+    s = tmp_path / "s"
+    jobs = [*TINY, "model=linear", "seed=1"]
+    first = Study(s, jobs, 1, False, tune=Tuning("optim.lr", (1e-3, 2e-3, 4e-3), 2.0, 0, 0, "val/bpb", "min"),
+                  cache=trainer.cache)  # fmt: skip
+    first.tuning.run(1)
+    trained = len(trainer.calls)
+    edited = Tuning("optim.lr", (1e-3, 2e-3, 4e-3), 2.0, 0, 0, "val/acc", "max")
+    assert Study(s, jobs, 1, False, tune=edited, cache=trainer.cache).run(jobs=1) == 0
+    assert [parent for parent, _, _ in trainer.calls[trained:]] == ["s"]  # the main job only: nothing retrained
+    (entry,) = tuning_record.read(s)["configurations"]
+    assert entry["chosen"] == 0.002 and trainer.calls[-1][2][-1] == "optim.lr=0.002"
+    assert [t["score"] for t in entry["tried"]] == pytest.approx([1 / val_bpb(v, 2e-3) for v in (1e-3, 2e-3, 4e-3)])
