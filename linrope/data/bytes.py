@@ -59,6 +59,8 @@ def list_files(root: Path, suffixes: Optional[Sequence[str]], skipped: Optional[
     files, seen = [], set()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        if skipped is not None:  # a link to a folder is not walked (a loop, or text outside the corpus): named
+            skipped += [Path(dirpath) / d for d in dirnames if (Path(dirpath) / d).is_symlink()]
         for f in sorted(filenames):
             if suffixes is None or f.endswith(tuple(suffixes)):
                 path = Path(dirpath) / f

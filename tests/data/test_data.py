@@ -124,6 +124,13 @@ def test_a_link_to_a_file_of_the_corpus_is_read_once(tmp_path):
         parts = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
     names = [d[0] for split in ("train", "val", "test") for d in parts.documents[split]]
     assert "f99.txt" not in names and names.count("f00.txt") == 1
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "g.txt").write_text("text outside the corpus " * 40)
+    (tmp_path / "sub").symlink_to(elsewhere, target_is_directory=True)  # a folder link: not walked
+    skipped = []
+    list_files(tmp_path, (".txt",), skipped)
+    assert skipped == [tmp_path / "sub", tmp_path / "f99.txt"]  # named, no longer dropped without a word
 
 
 def test_unreadable_files_are_named(tmp_path, monkeypatch):
