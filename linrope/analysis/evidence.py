@@ -130,13 +130,24 @@ def reference_row_text(key: Tuple, test: bool = False) -> str:
 
 
 def documents_of(runs: Sequence[Run], metric: str) -> Dict[Any, Dict[str, Tuple[float, float]]]:
-    """{seed: {document: (nats, bytes)}} of ``metric``'s row, for the runs that kept it."""
+    """{seed: {document: (nats, bytes)}} of ``metric``'s row, for the runs that kept it and whose numbers there are
+    finite: a run that diverged at the row (NaN or infinite loss) has no documents to resample; ``diverged_at``
+    names it."""
     out: Dict[Any, Dict[str, Tuple[float, float]]] = {}
     for run in runs:
         row = row_for(run, metric)
         if row and row.get("per_document"):
-            out[run.seed] = {d["document"]: (float(d["nats"]), float(d["bytes"])) for d in row["per_document"]}
+            docs = {d["document"]: (float(d["nats"]), float(d["bytes"])) for d in row["per_document"]}
+            if all(math.isfinite(n) and math.isfinite(b) for n, b in docs.values()):
+                out[run.seed] = docs
     return out
+
+
+def diverged_at(runs: Sequence[Run], metric: str) -> List[Any]:
+    """The seeds whose row of ``metric`` kept its documents with a loss that is not finite (left out by
+    ``documents_of``)."""
+    kept = documents_of(runs, metric)
+    return sorted({r.seed for r in runs if (row_for(r, metric) or {}).get("per_document")} - set(kept), key=str)
 
 
 def has_documents(groups: Mapping[str, Sequence[Run]]) -> bool:
@@ -310,15 +321,16 @@ def section(
     for text, metric, a, b in comparisons:
         if a not in groups or b not in groups or not all(documents_of(groups[c], metric) for c in (a, b)):
             continue  # a configuration, or the row the metric names, is not in these runs
-        cells = {c: documents_of([r for r in groups[c] if r.seed not in outcome[c].failed], metric) for c in (a, b)}
+        kept = {c: [r for r in groups[c] if r.seed not in outcome[c].failed] for c in (a, b)}
+        cells = {c: documents_of(kept[c], metric) for c in (a, b)}  # a seed diverged at this row: left out too
         shared, estimate = shared_bpb_difference(cells, a, b, clusters=grouping)
-        why = None
-        if outcome[a].failed or outcome[b].failed:
-            dropped = {c: sorted(map(str, outcome[c].failed)) for c in (a, b) if outcome[c].failed}
-            why = "failed seeds left out: " + "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items())
+        dropped = {c: sorted(map(str, [*outcome[c].failed, *diverged_at(kept[c], metric)])) for c in (a, b)}
+        why = "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items() if s)
         family.append((f"{a} − {b} ({metric})", estimate))
-        notes.append(why)
-        collapses.append(above_unigram(groups, refs, metric, (a, b), cells) if metric != "test/bpb" else "")
+        notes.append(why and f"failed seeds left out: {why}")
+        # a seed that diverged at this row counts as above its unigram (``above``): no verdict
+        counted = {c: {*cells[c], *diverged_at(kept[c], metric)} for c in (a, b)}
+        collapses.append(above_unigram(groups, refs, metric, (a, b), counted) if metric != "test/bpb" else "")
         records.append(
             {
                 "claim": text,
@@ -334,7 +346,10 @@ def section(
     body = []
     for record, adj, why, at_row in zip(records, adjusted, notes, collapses):
         collapsed = any(not outcome[c].kept for c in (record["a"], record["b"]))  # every seed failed
-        verdict = "no verdict (every seed failed)" if collapsed else ("resolved" if adj.resolved else "not resolved")
+        verdict = (
+            "resolved" if adj.resolved else "not resolved" if adj.p_holm is not None else "no test (fewer than 2 seeds)"
+        )
+        verdict = "no verdict (every seed failed)" if collapsed else verdict
         if at_row and not collapsed:
             verdict = f"no verdict (above the unigram at this row: {at_row})"
         record.update(
@@ -416,12 +431,22 @@ def log_bins(buckets: Sequence[Mapping[str, Any]]) -> List[Tuple[float, int, flo
 def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
     """The loss by position at the longest non-overlapping length, beside its context-limited control."""
     table, curves = [], []
-    edges: List[int] = []
     windows: set = set()  # the context-limited controls' windows
-    for i, (label, runs) in enumerate(groups.items()):
-        rows = [
+    found = {
+        label: [
             r for run in runs for r in run.extrapolation if r.get("per_position") and r.get("protocol") == "windows"
         ]
+        for label, runs in groups.items()
+    }
+    if not any(found.values()):
+        return []
+    # one set of bands for every row: from the training context and the longest length of any configuration (a
+    # configuration that stops shorter, e.g. a learned table, has "–" past its own)
+    top = max(r["length"] for rows in found.values() for r in rows)
+    context = train_context(next(runs[0] for label, runs in groups.items() if found[label])) or 1
+    edges = sorted({e for e in (0, context // 2, context, 2 * context, top // 2, top) if e <= top})
+    for i, (label, runs) in enumerate(groups.items()):
+        rows = found[label]
         if not rows:
             continue
         longest = max(r["length"] for r in rows)
@@ -439,8 +464,6 @@ def position_lines(groups: Mapping[str, Sequence[Run]], out: Path) -> List[str]:
             windows |= {window} - {None}
             style = {"color": series_colour(i), "linestyle": "-" if window is None else ":"}
             curves.append((str(runs[0].get("model.attention.kind") or ""), Curve(name, points, style)))  # its panel
-            context = train_context(runs[0]) or 1
-            edges = sorted({e for e in (0, context // 2, context, 2 * context, longest // 2, longest) if e <= longest})
             bands = []
             for lo, hi in zip(edges, edges[1:]):
                 per_run = []

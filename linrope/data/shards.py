@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from .bytes import SPLITS, split_of
 from .sources import RECORD_SUFFIXES, Source
 from .tokenizer import ByteTokenizer, Tokenizer
 
-FORMAT = 1  # bump when the layout changes: a new key, new shards
+FORMAT = 2  # bump when the layout or the tokens change: a new key, new shards (2: special tokens spelt in text)
 MANIFEST, BUILDING = "manifest.json", "building.json"
 
 
@@ -138,11 +138,26 @@ def build_shards(
         raise CorpusError(f"{folder}: cannot write the shards ({what})") from None
 
 
+def read_record(path: Path, keys: Sequence[str] = ()) -> Dict[str, Any]:
+    """A shard folder's JSON record (manifest.json, building.json) holding ``keys``; one line naming the file when
+    it is not one (cut short, edited, another file)."""
+    try:
+        record = json.loads(path.read_text())
+        why = "not a JSON object" if not isinstance(record, dict) else None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        record, why = None, f"not readable as JSON ({e})"
+    missing = [k for k in keys if why is None and k not in record]
+    if why or missing:
+        why = why or f"no {', '.join(missing)}"
+        raise CorpusError(f"{path}: {why}; delete {path.parent} so that its shards are rebuilt")
+    return record
+
+
 def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identity, settings, max_documents,
            shard_documents: int, val_fraction: float, test_fraction: float, progress: bool) -> Path:  # fmt: skip
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_record(manifest_path)
         if manifest.get("key") == key:
             return folder  # reused: nothing is read or written
         raise CorpusError(
@@ -150,7 +165,7 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identit
             "choose another --out / data.shards_dir, or delete it"
         )
     building = folder / BUILDING
-    if building.is_file() and json.loads(building.read_text()).get("key") != key:
+    if building.is_file() and read_record(building).get("key") != key:
         raise CorpusError(f"{folder}: holds a partial build of other shards; choose another folder, or delete it")
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(_json({"key": key, "settings": settings}), building)
@@ -162,11 +177,16 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identit
     index = 0  # shard number
     bar = _progress(max_documents, f"shards {folder.name}", progress)
 
-    def finished(k: int) -> Optional[np.ndarray]:
+    def finished(k: int, docs_batch: List) -> Optional[np.ndarray]:
+        """Shard k as a stopped build left it, when it holds these documents (each one's split and bytes) and
+        its files have the sizes its index gives (each file is written whole, then the index); else None."""
         docs_path = folder / f"{k:05d}.docs.npy"
         if not docs_path.is_file():
             return None
         docs = np.load(docs_path)
+        mine = [(SPLITS.index(split), len(raw)) for _, split, raw in docs_batch]
+        if docs.ndim != 2 or docs.shape[1:] != (3,) or [tuple(map(int, r)) for r in docs[:, ::2]] != mine:
+            return None
         for code, split in enumerate(SPLITS):
             n = int(docs[docs[:, 0] == code, 1].sum())
             f = folder / f"{k:05d}.{split}.bin"
@@ -175,7 +195,7 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path, key: str, identit
         return docs
 
     def flush(k: int, docs_batch: List) -> None:
-        kept = finished(k)
+        kept = finished(k, docs_batch)
         if kept is None:  # write (or redo) shard k
             rows, tokens = [], {s: [] for s in SPLITS}
             texts = None if raw_bytes else [utf8(ident, raw) for ident, _, raw in docs_batch]
@@ -283,7 +303,7 @@ class Shards:
         path = self.folder / MANIFEST
         if not path.is_file():
             raise CorpusError(f"{self.folder}: no {MANIFEST} (not a finished shard folder)")
-        self.manifest = json.loads(path.read_text())
+        self.manifest = read_record(path, ("dtype", "shards"))
         self._check_tokenizer(tokenizer)
         dtype = np.dtype(self.manifest["dtype"])
         self.pieces: Dict[str, List[np.ndarray]] = {s: [] for s in SPLITS}

@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from linrope.base.errors import CorpusError, first_names
 
-from .bytes import _named, head_reason, list_files, stdlib_dir
+from .bytes import head_reason, list_files, skipped_line, stdlib_dir
 
 DEFAULT_SUFFIXES = (".txt", ".jsonl", ".parquet", ".md")
 RECORD_SUFFIXES = (".jsonl", ".parquet")
@@ -234,7 +234,7 @@ def resolve_source(
     skipped: List[Path] = []
     files = list_files(p, suffixes, skipped)
     if skipped:  # as data=bytes names them
-        warnings.warn(f"data.path {p}: skipped {len(skipped)} entries that are not regular files: {_named(skipped)}")
+        warnings.warn(skipped_line(p, skipped))
     if not files:
         raise CorpusError(
             f"data.path {path}: no files ending in {', '.join(suffixes)} found (data.suffixes names others)"

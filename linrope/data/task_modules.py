@@ -13,8 +13,9 @@ names the metric that picks checkpoints (``val/loss``; bits per byte exist only 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, Optional
+from typing import Annotated, Any, ClassVar, Dict, Optional
 
+from pydantic import Field
 from torch.utils.data import Dataset
 
 from linrope.base.options import Count, Positive
@@ -110,8 +111,8 @@ class MQARDataModule(TaskDataModule):
 
     task_name = "mqar"
 
-    def __init__(self, context: Positive, num_kv_pairs: int = 8, num_queries: Optional[int] = None,
-                 key_vocab: int = 64, value_vocab: int = 64, **common):  # fmt: skip
+    def __init__(self, context: Positive, num_kv_pairs: Positive = 8, num_queries: Optional[Positive] = None,
+                 key_vocab: Positive = 64, value_vocab: Positive = 64, **common):  # fmt: skip
         task = dict(num_kv_pairs=num_kv_pairs, num_queries=num_queries, key_vocab=key_vocab, value_vocab=value_vocab)
         super().__init__(self.build_task(task), context=context, **common)
         self.query_orders = self.task.queries  # every example scores its queries alone, one each, in order
@@ -133,7 +134,8 @@ class OffsetCopyDataModule(TaskDataModule):
     task_name = "offset_copy"
     default_test_factor = 4
 
-    def __init__(self, context: Positive, n_symbols: int = 64, offset: int = 16, max_offset: Optional[int] = None, **common):  # fmt: skip
+    def __init__(self, context: Positive, n_symbols: Positive = 64, offset: Positive = 16,
+                 max_offset: Optional[Positive] = None, **common):  # fmt: skip
         super().__init__(
             self.build_task(dict(n_symbols=n_symbols, offset=offset, max_offset=max_offset)), context=context, **common
         )
@@ -151,8 +153,9 @@ class ListOpsDataModule(TaskDataModule):
 
     task_name = "listops"
 
-    def __init__(self, context: Positive, max_depth: int = 10, max_args: int = 10, leaf_prob: float = 0.75,
-                 min_length: Optional[int] = None, max_tries: int = 200, **common):  # fmt: skip
+    def __init__(self, context: Positive, max_depth: Positive = 10, max_args: Annotated[int, Field(ge=2)] = 10,
+                 leaf_prob: Annotated[float, Field(ge=0, le=1)] = 0.75, min_length: Optional[Positive] = None,
+                 max_tries: Positive = 200, **common):  # fmt: skip
         task = dict(max_depth=max_depth, max_args=max_args, leaf_prob=leaf_prob, min_length=min_length)
         super().__init__(self.build_task(dict(task, max_tries=max_tries)), context=context, **common)
         self.save_hyperparameters()

@@ -66,7 +66,7 @@ class MQAR:
 
     @property
     def queries(self) -> int:
-        return self.num_queries or self.num_kv_pairs
+        return self.num_kv_pairs if self.num_queries is None else self.num_queries
 
     @property
     def vocab_size(self) -> int:

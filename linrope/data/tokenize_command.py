@@ -73,7 +73,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    vf, tf = args.val_fraction, args.test_fraction
+    if not (0 <= vf < 1 and 0 <= tf < 1 and vf + tf < 1):  # as data.val_fraction and data.test_fraction
+        p.error(f"--val-fraction {vf} --test-fraction {tf}: each in [0, 1) and their sum below 1 (train is the rest)")
+    for key in ("out", "shards_dir"):  # --out=~/x reaches Python unexpanded (the shell expands ~ at a word's start)
+        if getattr(args, key, None):
+            setattr(args, key, str(Path(getattr(args, key)).expanduser()))
     try:
         source = resolve_source(args.input, field=args.field, suffixes=args.suffixes, hf_dataset=args.hf_dataset,
                                 hf_config=args.hf_config, hf_split=args.hf_split)  # fmt: skip
@@ -88,14 +95,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                 )
             limit = args.max_documents
 
+            trained = []
+
             def texts():
                 for i, (ident, raw) in enumerate(source.documents()):
                     if limit is not None and i >= limit:
                         return
-                    if split_of(ident, args.val_fraction, args.test_fraction) == "train":
+                    if split_of(ident, args.val_fraction, args.test_fraction) == "train" and raw.strip():
+                        trained.append(ident)
                         yield utf8(ident, raw)  # UTF-8 (linrope.data.sources skips what is not)
 
-            tok = train_bpe(texts(), args.vocab_size, Path(args.out))
+            tok = train_bpe(texts(), args.vocab_size, out, check=lambda: trained)
             print(f"{args.out}: byte-level BPE, {tok.vocab_size} tokens, end of document <|endoftext|> = {tok.eod}")
             return 0
         tok = load_tokenizer(args.tokenizer)

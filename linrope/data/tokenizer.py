@@ -22,7 +22,7 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import numpy as np
 
@@ -109,6 +109,9 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, tok, name: str, digest: str):
         self.tok, self.name, self.digest = tok, name, digest
+        # a document that spells a special token ("<|endoftext|>" in a text about tokenizers) is text: encoded as
+        # its bytes, never as the token (which would end the document there and lose its bytes from bpb's count)
+        tok.encode_special_tokens = True
         vocab = tok.get_vocab(with_added_tokens=True)
         eod = next((t for t in EOD_NAMES if t in vocab), None)
         if eod is None:  # no end-of-document token: add one (the vocabulary grows by one)
@@ -187,9 +190,12 @@ def load_tokenizer(spec: Optional[str]) -> Tokenizer:
     return HFTokenizer(tok, spec, hashlib.sha256(tok.to_str().encode()).hexdigest()[:16])
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, out: Path, length: Optional[int] = None) -> Tokenizer:
+def train_bpe(
+    texts: Iterable[str], vocab_size: int, out: Path, length: Optional[int] = None, check: Optional[Callable] = None
+) -> Tokenizer:
     """A byte-level BPE trained on ``texts`` with ``vocab_size`` tokens (``<|endoftext|>`` among them), saved to
-    ``out`` (tokenizer.json); the trainer's progress bar shows."""
+    ``out`` (tokenizer.json); the trainer's progress bar shows.  ``check``: called after training, before the
+    file is written, returns what was trained on (nothing: refused, no file written)."""
     tk = _tokenizers()
     if vocab_size < 257 + 1:
         raise CorpusError(f"--vocab-size {vocab_size}: a byte-level BPE needs at least 258 (256 bytes, EOD, a merge)")
@@ -203,6 +209,9 @@ def train_bpe(texts: Iterable[str], vocab_size: int, out: Path, length: Optional
         show_progress=True,
     )
     tok.train_from_iterator(texts, trainer=trainer, length=length)
+    if check is not None and not check():
+        raise CorpusError(f"--out {out}: no document of the train split to train on (none, empty, or every one in "
+                          "val or test: see --val-fraction, --test-fraction); nothing written")  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(out))

@@ -34,6 +34,7 @@ from linrope.config.command_line import CONF_DIR, check_command_line
 from linrope.config.settings import ExtrapolationSettings
 from linrope.data.rebuild import build_data_module
 from linrope.evaluation.extrapolation import SETTINGS, length_table
+from linrope.evaluation.passkey import checked_device
 from linrope.evaluation.tables import COLUMNS, HEADER, format_table, row_name, write_csv, write_details
 from linrope.run.checkpoint import load_checkpoint
 from linrope.run.folder import run_folder
@@ -238,12 +239,17 @@ def _build(data, overrides, task: str, where, cfg: DictConfig, checkpoint: Dict[
     return build_data_module({**data, **overrides}, task, where=where)
 
 
+OUTPUTS = ("evaluate.csv", "evaluate.png", "evaluate_documents.csv", "evaluate_positions.csv")
+
+
 def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     """The whole standalone evaluation for one composed ``conf/evaluate.yaml``."""
     if not cfg.ckpt:
         raise EvaluateError("ckpt=PATH is required (see --help)")
     problems = option_errors(declared(EvaluateSettings), cfg)
-    if cfg.lengths is not None and not all(isinstance(n, int) and n >= 1 for n in cfg.lengths):
+    if cfg.lengths is not None and not OmegaConf.is_list(cfg.lengths):
+        problems.append(f"lengths={cfg.lengths}: expected a list of integers >= 1 (lengths=[{cfg.lengths}])")
+    elif cfg.lengths is not None and not all(isinstance(n, int) and n >= 1 for n in cfg.lengths):
         problems.append(f"lengths={list(cfg.lengths)}: expected integers >= 1")
     elif cfg.lengths is not None and len(cfg.lengths) == 0:
         problems.append(
@@ -252,8 +258,13 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
         )
     if problems:
         raise EvaluateError("; ".join(problems))  # before the checkpoint is read
+    for name in OUTPUTS:  # an earlier evaluation's files are never written over (a row less would replace them)
+        if (Path(str(cfg.out)) / name).exists():
+            raise EvaluateError(
+                f"{Path(str(cfg.out)) / name} exists (an earlier evaluation): pass out=<another folder>"
+            )
     ckpt = Path(str(cfg.ckpt)).expanduser()
-    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(checked_device(cfg.device))
     checkpoint = load_checkpoint(ckpt, map_location="cpu")  # weights_only=True; one line if missing or broken
     module = LanguageModel.from_checkpoint(ckpt, map_location=device, checkpoint=checkpoint)
     print(describe_checkpoint(checkpoint, ckpt, CONF_DIR, current_provenance()))  # its commit, step, today's defaults
@@ -281,7 +292,7 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
             log=lambda line: print(line, flush=True),
             note=lambda line: print(line, file=sys.stderr, flush=True),  # the plan and the time left: stderr
         )
-    print(f"wrote {csv_path} and {png}")
+    print(f"wrote {csv_path}" + (f" and {png}" if png else " (no row to plot)"))
     print(next_command(ckpt, module.task), flush=True)
     return rows
 

@@ -64,12 +64,20 @@ def generate_text(
     prompt = prompt or "\n"
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace") if tokenizer is None else _Pieces(tokenizer)
     pieces = [prompt]
-    emit = write or (lambda text: None)
-    emit(prompt)
+    out = write or (lambda text: None)
+    shown = []
+
+    def emit(text: str) -> None:  # the prompt once the model has read it: a line the first forward logs comes first
+        if not shown:
+            shown.append(out(prompt))
+        out(text)
+
     sampled = 0
     ids = torch.tensor([(ByteTokenizer() if tokenizer is None else tokenizer).encode(prompt)], dtype=torch.long)
     try:
         for nxt in model.stream(ids.to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g):
+            if not shown:
+                emit("")
             sampled += 1
             piece = decoder.decode(bytes([int(nxt[0, 0])])) if tokenizer is None else decoder.decode(int(nxt[0, 0]))
             if piece:
@@ -80,6 +88,8 @@ def generate_text(
         if tail:
             pieces.append(tail)
             emit(tail)
+        if not shown:
+            emit("")  # no token sampled (none asked for, or a stop before the first): the prompt alone
         stopped = sys.exc_info()[1]
         if isinstance(stopped, Stopped):
             stopped.text, stopped.sampled = "".join(pieces), sampled

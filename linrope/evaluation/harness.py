@@ -156,9 +156,16 @@ def evaluate_checkpoint(ckpt: str, tasks: Sequence[str], *, include_path: Option
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    unknown = [t for t in tasks if t not in set(manager.all_tasks)]  # before the model is loaded
+    if unknown:
+        raise ValueError(
+            f"no harness task named {', '.join(unknown)}"
+            + ("" if include_path else " (your own task YAMLs: --include-path DIR)")
+            + "; lm_eval --tasks list lists them"
+        )
     device, _, model, tok = load_model(ckpt, device, "harness", tokenizer)
     lm = HarnessLM(model, tok, device=device, max_length=max_length)
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     return lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                    num_fewshot=num_fewshot, log_samples=False)  # fmt: skip
 
@@ -184,6 +191,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.out and Path(args.out).exists():
         print(f"linrope.harness: {args.out} exists; pass another --out", file=sys.stderr)
+        return 2
+    if args.out and not Path(args.out).resolve().parent.is_dir():  # before the evaluation, not after it
+        print(f"linrope.harness: --out {args.out}: no folder {Path(args.out).parent} to write it in", file=sys.stderr)
         return 2
     try:
         results = evaluate_checkpoint(args.ckpt, [t for t in args.tasks.split(",") if t], include_path=args.include_path,

@@ -233,12 +233,28 @@ def load_model(ckpt, device: Optional[str], who: str, tokenizer: Optional[str] =
     from linrope.run.checkpoint import load_checkpoint
     from linrope.training.lit import LanguageModel
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = checked_device(device)
     checkpoint = load_checkpoint(str(ckpt))
     if shown:
         shown(checkpoint)
     model = LanguageModel.from_checkpoint(str(ckpt), map_location=device, checkpoint=checkpoint).model
     return device, checkpoint, model, checkpoint_tokenizer(checkpoint, int(model.cfg.vocab_size), who, tokenizer)
+
+
+def checked_device(device: Optional[str]) -> str:
+    """``device=`` of an evaluation command (default: cuda when available, else cpu); ConfigError in one line for
+    a name torch does not know or a CUDA device this machine lacks."""
+    from linrope.base.errors import ConfigError
+
+    if not device:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(str(device)).type
+    except RuntimeError:
+        raise ConfigError(f"device={device}: not a device (cpu, cuda, cuda:1, …)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device}: no CUDA device here (leave device out: cuda when there is one, else cpu)")
+    return str(device)
 
 
 def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
@@ -271,9 +287,10 @@ def check(cfg) -> None:
 
     if not cfg.ckpt:
         raise ConfigError("ckpt=PATH is required (see --help)")
-    problems = option_errors(declared(PasskeySettings), cfg)
-    problems += [f"factors: {f} is not positive" for f in cfg.factors if not float(f) > 0]
-    problems += [f"depths: {d} is not in [0, 1]" for d in cfg.depths if not 0 <= float(d) <= 1]
+    problems = option_errors(declared(PasskeySettings), cfg)  # factors and depths lists of numbers, among others
+    if not problems:
+        problems += [f"factors: {f} is not positive" for f in cfg.factors if not float(f) > 0]
+        problems += [f"depths: {d} is not in [0, 1]" for d in cfg.depths if not 0 <= float(d) <= 1]
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -397,7 +397,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from linrope.base.errors import LinropeError
 
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.out is not None and args.out.exists():  # before the corpus is read and the models fitted
+        p.error(f"--out {args.out} exists (an earlier table): give another file, or delete it")
+    if args.length is not None and args.length < 1:
+        p.error(f"--length {args.length}: expected a window of at least 1 byte")
+    if args.stride is not None and args.length is None:
+        p.error("--stride moves the windows of --length: give --length too")
     say = functools.partial(print, flush=True)
     try:
         from linrope.data.bytes import load_corpus  # imports torch: not for the models themselves

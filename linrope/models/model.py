@@ -239,9 +239,12 @@ class TransformerLM(nn.Module):
     ):
         """Yield each sampled token, (B, 1), as it is drawn.  Linear attention carries its recurrent
         state (O(1) memory per token); softmax attention re-reads the last ``window`` tokens (default max_len),
-        and keeps no more of them, so memory does not grow with ``max_new_tokens``."""
+        and keeps no more of them, so memory does not grow with ``max_new_tokens``.  So does linear attention
+        where no state can be carried: with an attention window (no running sum) or randomized positions (drawn
+        for a whole sequence in one call)."""
         self.eval()
-        linear = self.cfg.attention.get("kind") == "linear"
+        layers = [m for m in self.modules() if isinstance(m, ATTENTION["linear"])]
+        linear = bool(layers) and not any(m.window for m in layers) and not self.cfg.position.get("max_position")
         w = window or self.cfg.max_len
         ctx = prompt if linear else prompt[:, -w:]
         if linear:

@@ -70,6 +70,9 @@ class ModelConfig:
         for k in d:
             if k not in known:
                 raise UnknownOption(f"{where}.{k}", known)  # before the dataclass's TypeError
+        for k in ("attention", "position"):  # read as mappings by every check after this one
+            if k in d and not isinstance(d[k], Mapping):
+                raise ConfigError(f"{where}.{k}: expected a mapping of options; got {d[k]!r:.60}")
         return cls(**{k: dict(v) if isinstance(v, Mapping) else v for k, v in d.items()})
 
     @classmethod

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from linrope.base.errors import RunFolderError, first_names
 
@@ -47,6 +47,14 @@ def previous_outputs(cfg: DictConfig, folder: Path, callbacks: bool = True) -> L
         p for pattern in ("metrics.csv", "*/metrics.csv", "*/*/metrics.csv") for p in sorted(folder.glob(pattern))
     ]
     return [str(p.relative_to(folder)) if p.is_relative_to(folder) else str(p) for p in found]
+
+
+def aside(folder: Path, prefix: str, suffix: str = "") -> Path:
+    """The path ``<folder>/<prefix><k><suffix>`` for the next copy kept aside on a resume: k one past the largest
+    already there (not their count: with one deleted, a count names a copy that exists, and the copies' order is
+    their history's)."""
+    taken = [p.name[len(prefix) : len(p.name) - len(suffix)] for p in folder.glob(f"{prefix}*{suffix}")]
+    return folder / f"{prefix}{1 + max((int(k) for k in taken if k.isdigit()), default=-1)}{suffix}"
 
 
 _held: Dict[str, int] = {}  # the folder this process holds -> the lock's file descriptor
@@ -98,6 +106,18 @@ def claim_run_folder(cfg: DictConfig) -> None:
     if earlier and not cfg.get("ckpt_path"):
         release_run_folder()
         raise RunFolderError(_holds_a_run(folder, earlier))
+    if earlier and str(cfg.get("ckpt_path")) == "auto":
+        last = Path(
+            str(OmegaConf.select(cfg, "callbacks.last_checkpoint.dirpath", default=None) or folder / "checkpoints")
+        ) / str(OmegaConf.select(cfg, "callbacks.last_checkpoint.filename", default=None) or "last.ckpt")
+        checkpoints = [name for name in earlier if name.endswith(".ckpt")]
+        if checkpoints and not (last.exists() or last.is_symlink()):
+            release_run_folder()  # auto would start afresh (no last checkpoint) over a run that kept checkpoints
+            raise RunFolderError(
+                f"run folder {folder} holds a run's checkpoints ({first_names(checkpoints, 3)}) but not {last.name}, "
+                f"so ckpt_path=auto would train afresh over them; resume from one with ckpt_path=<its file>, or "
+                f"choose a new hydra.run.dir — it is not overwritten"
+            )
 
 
 def _in_use(folder: Path, holder: str, option: str = "hydra.run.dir") -> str:
@@ -166,8 +186,7 @@ class KeepEarlierRun(Callback):
             return
         jobs = sorted(p.parent.parent for p in sweep.rglob(".hydra/config.yaml"))
         if _refuse_or_keep(config, jobs, sweep) and (sweep / "multirun.yaml").is_file():
-            k = len(list(sweep.glob("multirun.before-resume-*.yaml")))
-            shutil.copy2(sweep / "multirun.yaml", sweep / f"multirun.before-resume-{k}.yaml")
+            shutil.copy2(sweep / "multirun.yaml", aside(sweep, "multirun.before-resume-", ".yaml"))
 
 
 def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Path] = None) -> bool:
@@ -193,10 +212,10 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
             f"a new hydra.sweep.dir — {'it is' if one else 'they are'} not overwritten"
         )
     for folder in earlier:
-        k = len(list(folder.glob(".hydra.before-resume-*")))
-        shutil.copytree(folder / ".hydra", folder / f".hydra.before-resume-{k}")
+        copy = aside(folder, ".hydra.before-resume-")
+        shutil.copytree(folder / ".hydra", copy)
         if sweep is None:
-            _kept.append((folder / ".hydra", folder / f".hydra.before-resume-{k}"))
+            _kept.append((folder / ".hydra", copy))
     return True
 
 

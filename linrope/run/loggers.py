@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from linrope.base.csv_files import read_rows, write_rows
 from linrope.base.errors import UserError
 from linrope.base.naming import wandb_group
+from linrope.run.folder import aside
 from linrope.run.lightning_internals import drop_wandb_anonymous
 
 WANDB_MODES = ("online", "offline", "disabled", "shared")
@@ -53,8 +54,7 @@ def keep_csv_history(log_dir: Path) -> None:
     (metrics.before-resume-<k>.csv), so the history before the crash is kept."""
     old = log_dir / "metrics.csv"
     if old.is_file():
-        k = len(list(log_dir.glob("metrics.before-resume-*.csv")))
-        old.rename(log_dir / f"metrics.before-resume-{k}.csv")
+        old.rename(aside(log_dir, "metrics.before-resume-", ".csv"))
 
 
 class WandbLogger(_WandbLogger):

@@ -19,7 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from linrope.base.atomic import atomic_write_bytes
 from linrope.base.nested import ABSENT, differing, flatten, under
+from linrope.run.folder import aside
 from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY, commit_text
 
 # settings that cannot change what a run computes: where it writes, how it logs and shows progress, how it resumes
@@ -160,11 +162,15 @@ def announce(record: Mapping[str, Any], folder: Path, name: str = "resume.json")
     path = Path(folder) / name
     try:
         earlier = json.loads(path.read_text()) if path.is_file() else []
-    except ValueError:
+    except (ValueError, OSError) as e:  # damaged: kept beside, never written over (the earlier resumes are in it)
+        kept = aside(path.parent, f"{path.stem}.unreadable-", path.suffix)
+        path.rename(kept)
+        print(f"linrope: {path} could not be read ({type(e).__name__}); kept as {kept.name}", flush=True)
         earlier = []
     earlier = earlier if isinstance(earlier, list) else [earlier]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(earlier + [dict(record)], indent=2, default=str, ensure_ascii=False) + "\n")
+    text = json.dumps(earlier + [dict(record)], indent=2, default=str, ensure_ascii=False) + "\n"
+    atomic_write_bytes(text.encode(), path)
 
 
 # ---- a checkpoint against the current code (evaluate, generate) -------------------------------------------------

@@ -180,6 +180,12 @@ class Study:
     def folder(self, i: int) -> Path:
         return self.places[i].folder
 
+    def finished(self, i: int) -> bool:
+        """Job i's folder holds its finished run: done, and the requested configuration and code (another driver
+        may have finished another job there since the folders were placed)."""
+        folder = self.folder(i)
+        return state(folder) == "done" and not mismatch(folder, self.requested[i], self.code, self.keep_finished)
+
     def job_overrides(self, job: Sequence[str]) -> List[str]:
         fixed_keys = {o.split("=", 1)[0] for o in job}
         return [o for o in self.fixed if o.split("=", 1)[0] not in fixed_keys] + list(job)  # the sweep value wins
@@ -223,7 +229,13 @@ class Study:
         from linrope.run.folder import lock_holder  # light: no torch
 
         job, name, folder = self.jobs[i], self.names[i], self.folder(i)
-        if self.signal is not None or state(folder) == "done":  # stopping; or finished meanwhile by another driver
+        if self.signal is not None:
+            return
+        if state(folder) == "done":  # finished meanwhile by another driver: this job's run, or another one
+            if mismatch(folder, self.requested[i], self.code, self.keep_finished):
+                with self._lock:
+                    self.failed.append(name)
+                print(f"[{folder.name}] finished meanwhile by another driver with another configuration", flush=True)
             return
         holder = lock_holder(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -345,7 +357,7 @@ class Study:
                 if errors:
                     raise SystemExit("\n".join(errors))
             n = len(self.jobs)
-            done = [self.ready[i] and state(self.folder(i)) == "done" for i in range(n)]
+            done = [self.ready[i] and self.finished(i) for i in range(n)]
             todo = [i for i in range(n) if self.ready[i] and not done[i] and self.names[i] not in skip]
             waiting = [self.names[i] for i in range(n) if not self.ready[i]]
             print(
@@ -360,10 +372,10 @@ class Study:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        left = [self.folder(i).name for i in range(n) if not self.ready[i] or state(self.folder(i)) != "done"]
+        left = [self.names[i] for i in range(n) if not self.ready[i] or not self.finished(i)]
         print(
             f"linrope study: {n - len(left)}/{n} {self.what} done"
-            + (f"; not finished: {', '.join(left)}" if left else "")
+            + (f"; not finished: {', '.join(self.folder(self.names.index(x)).name for x in left)}" if left else "")
             + (f" ({', '.join(self.elsewhere)} running elsewhere)" if self.elsewhere else ""),
             flush=True,
         )
@@ -420,6 +432,12 @@ def _main(argv: List[str]) -> int:
     args = ap.parse_intermixed_args(argv)
     if args.jobs < 1:
         ap.error("--jobs must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        ap.error("--threads must be at least 1 (default: cores / jobs)")
+    if "=" in args.dir.name and not args.dir.exists():  # the folder forgotten: the first override taken for it
+        ap.error(
+            f"{args.dir} looks like an override, not the study's folder: python -m linrope study DIR {args.dir} ..."
+        )
     if args.dir.exists() and not args.dir.is_dir():
         check_folder(args.dir)
     if args.compact:
@@ -443,6 +461,7 @@ def _main(argv: List[str]) -> int:
         *([f"--threads={args.threads}"] if args.threads else []),
         *(["--commit"] if args.commit else []),
         *(["--keep-finished"] if args.keep_finished else []),
+        *(["--new-folder"] if args.new_folder else []),
         *(f"--config-dir={os.path.abspath(d)}" for d in args.config_dir),
     ]
     resume = shlex.join(["python", "-m", "linrope", "study", os.path.abspath(args.dir), *args.overrides, *flags])

@@ -150,6 +150,15 @@ class Tuning:
         except (OSError, ValueError):
             done = (record(folder) or {}).get("study") or {}
         found = done.get("tuning") if isinstance(done, dict) else None
+        if isinstance(found, dict) and (found.get("metric"), found.get("mode")) != (self.spec.metric, self.spec.mode):
+            # scored by another rule (the study's tuning metric edited since): scored again from its logged values
+            again = self.outcome(folder, self.child.jobs[i])
+            if again is None:
+                raise SystemExit(
+                    f"linrope study: tuning run {folder} was scored by {found.get('metric')} ({found.get('mode')}) "
+                    f"and logged no {self.spec.metric}, which the study now tunes on: remove it to train it again"
+                )
+            found = again[0]["tuning"]
         return {**found, "wall_s": done.get("wall_s"), "run": folder.name} if isinstance(found, dict) else None
 
     def decide(self, c: int) -> Dict[str, Any]:
@@ -175,6 +184,11 @@ class Tuning:
             out["next"] = beyond(values[best], spec.factor, up=best == len(values) - 1 and len(values) > 1)
             return out
         out.update(chosen=values[best], interior=interior)
+        if all(s == worst for s in scores):  # nothing to choose by: said under the table and in the study's lines
+            out["note"] = (
+                f"no value tried gave a finite {spec.metric} (every tuning run diverged or logged none); "
+                f"{value_text(values[best])} was kept as the smallest, not as the best"
+            )
         return out
 
     def chosen_overrides(self) -> Dict[int, str]:
@@ -252,7 +266,8 @@ class Tuning:
                 configuration=self.names[c], overrides=list(self.configs[c]), max_steps=cfg.trainer.get("max_steps")
             )
             extensions = len(d["values"]) - len(self.spec.grid)
-            entries.append(dict(entry, tried=tried, extensions=extensions, chosen=d["chosen"], interior=d["interior"]))
+            entry.update(tried=tried, extensions=extensions, chosen=d["chosen"], interior=d["interior"])
+            entries.append(dict(entry, note=d["note"]) if d.get("note") else entry)
         return entries
 
     def write(self) -> None:
@@ -279,6 +294,7 @@ class Tuning:
                 where = record_file.INTERIOR if d["interior"] else record_file.AT_EDGE
                 out.append(
                     f"linrope study: tuning {name}: {self.spec.key}={value_text(d['chosen'])} ({where}; tried {tried})"
+                    + (f"; {d['note']}" if d.get("note") else "")
                 )
         return out
 

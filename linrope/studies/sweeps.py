@@ -17,6 +17,7 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from linrope.base.errors import ConfigError
@@ -62,7 +63,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(__doc__)
         return 0
     check_command_line(argv, prefix="linrope sweeps")  # model=nope, trainer.max_step=3: one line
-    results = check_jobs(config_dirs_as_overrides(argv))
+    try:
+        results = check_jobs(config_dirs_as_overrides(argv))
+    except HydraException as e:  # a sweep the basic sweeper cannot expand: one line
+        why = str(e).strip().splitlines()[0]
+        if "does not support sweep type" in why:  # interval(...), tag(...): a search that picks jobs as it goes
+            why += (
+                "; its jobs are chosen by the search as it runs (hparams_search=optuna: a range, not a list), so no "
+                "dry run can list them: python train.py -m <the same overrides> runs the search"
+            )
+        raise SystemExit(f"linrope sweeps: {why}") from None
     names = job_names([job for job, _ in results])  # each job's folder in the sweep's (linrope.run.sweep_folders)
     for i, ((job, err), name) in enumerate(zip(results, names)):
         print(f"#{i:<3} {name}/  {' '.join(job)}" + ("" if err is None else f"\n     REFUSED: {err}"))

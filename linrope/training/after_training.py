@@ -235,7 +235,10 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
     lines.append(f"  python -m linrope report {shlex.quote(report)}    # tables and figures: report.md")
     if ckpt:
         arg = ckpt_arg(shown_path(ckpt))
-        lines.append(f"  python -m linrope evaluate {arg}    # loss by length, 1-16x the training context")
+        lines.append(
+            f"  python -m linrope evaluate {arg}    # loss by length, 1-16x the training context, every test byte "
+            "(a quick look: factors=[1,2] scored_bytes=20000)"
+        )
         if str(get(cfg, "data.task") or "bytes") in ("bytes", "text"):
             lines.append(f"  python -m linrope generate {arg} prompt='\"def \"'    # sample text")
     return lines

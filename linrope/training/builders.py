@@ -174,14 +174,18 @@ def build_loggers(cfg: DictConfig) -> list:
 
 
 def trainer_arguments(cfg: DictConfig) -> Dict[str, Any]:
-    """``cfg.trainer`` as the Trainer takes it: linrope's own keys (``matmul_precision``) left out, and
+    """``cfg.trainer`` as the Trainer takes it: linrope's own keys (``matmul_precision``) left out,
     ``accelerator: auto`` resolved by linrope (a CUDA GPU if there is one, else the CPU; never Apple's MPS
-    unless asked: linrope.config.checks.resolved_accelerator)."""
+    unless asked: linrope.config.checks.resolved_accelerator), and ``val_check_interval`` in steps (as linrope
+    counts it: optimizer steps) turned into Lightning's training batches under ``accumulate_grad_batches``."""
     args = plain(cfg.trainer)
     for key in LINROPE_TRAINER_KEYS:
         args.pop(key, None)
     if args.get("accelerator", "auto") in ("auto", None):
         args["accelerator"] = resolved_accelerator("auto")
+    every, accumulate = args.get("val_check_interval"), int(args.get("accumulate_grad_batches") or 1)
+    if isinstance(every, int) and not isinstance(every, bool) and accumulate > 1:
+        args["val_check_interval"] = every * accumulate  # linrope counts optimizer steps, Lightning batches
     return args
 
 

@@ -26,9 +26,11 @@ from linrope.run.provenance import CONFIG_KEY, PROVENANCE_KEY
 from linrope.run.signals import destroy_process_group_at_exit
 
 
-def step_seed(base: int, step: int, rank: int) -> int:
-    """A seed for one training step of one process (splitmix64 of the three numbers)."""
+def step_seed(base: int, step: int, rank: int, micro: int = 0) -> int:
+    """A seed for one training step of one process, and its ``micro``-th batch under gradient accumulation
+    (splitmix64 of the four numbers; ``micro`` 0 as without accumulation)."""
     x = (int(base) * 0x9E3779B97F4A7C15 + int(step) * 0xBF58476D1CE4E5B9 + int(rank) * 0x94D049BB133111EB) % 2**64
+    x = (x + int(micro) * 0xD6E8FEB86659FD93) % 2**64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
     return (x ^ (x >> 31)) % 2**63
@@ -182,9 +184,13 @@ class LanguageModel(L.LightningModule):
         self.raise_if_loss_was_not_finite()
 
     def on_train_batch_start(self, batch, batch_idx):
-        """The global random state at each step is a function of (seed, step, rank): dropout draws the
-        same masks whether or not the run was resumed in between."""
-        torch.manual_seed(step_seed(getattr(self, "_base_seed", 0), self.global_step, self.global_rank))
+        """The global random state at each batch is a function of (seed, step, rank, the batch's place in the
+        step under gradient accumulation): dropout draws the same masks whether or not the run was resumed in
+        between (a resume starts on a step's first batch), and each batch of a step its own."""
+        step = self.global_step
+        micro = getattr(self, "_micro", -1) + 1 if getattr(self, "_micro_step", None) == step else 0
+        self._micro_step, self._micro = step, micro
+        torch.manual_seed(step_seed(getattr(self, "_base_seed", 0), step, self.global_rank, micro))
 
     def on_fit_start(self):
         seed = os.environ.get("PL_GLOBAL_SEED")  # set by lightning.seed_everything

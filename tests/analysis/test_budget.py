@@ -49,6 +49,14 @@ def test_each_claim_is_paired_per_budget_and_named_by_its_fate(tmp_path):
     assert (tmp_path / "budget.md").read_text() == text
 
 
+def test_a_run_that_diverged_is_named_in_the_per_run_table(tmp_path):
+    """The per-run table said "–" (captioned: not finished) for a run whose value was NaN; it says diverged."""
+    values = {"linear": [3.30, 3.32, 3.31], "linear_rope": [3.00, float("nan"), 3.01], "softmax_rope": [3.0, 3.1, 3.0]}
+    write_budget(tmp_path, 800, values)
+    per_run = arms_table(tmp_path, BUDGET, reports=False, write=False).split("## Per-run values")[1]
+    assert "| linear_rope | 2 | diverged |" in per_run and "diverged: its value is not a finite number" in per_run
+
+
 def test_extrapolation_claims_read_the_table_as_trained():
     """bpb@L is the 'none' scaling row of extrapolation.csv at that length."""
     from types import SimpleNamespace

@@ -122,6 +122,64 @@ def test_the_section_draws_the_clusters_recorded_beside_it(groups, tmp_path):
     assert "6 documents in 3 clusters; of more than one document: doc0.py, doc1.py (" in text
 
 
+def diverge_at(run: Run, length: int, protocol: str) -> None:
+    """The run's loss at one row turns NaN (it diverged at that length only; its test is fine)."""
+    for row in run.extrapolation:
+        if row["length"] == length and row["protocol"] == protocol:
+            row["bpb"] = float("nan")
+            for d in row["per_document"]:
+                d["nats"] = float("nan")
+
+
+def test_a_seed_that_diverged_at_one_row_is_left_out_there_and_counted(groups, tmp_path):
+    """b's seed 2 is NaN at the 2x sliding row only: that comparison leaves the seed out and says so (no report
+    stops on it), counts it above the unigram (no verdict); the test's comparison keeps all three seeds."""
+    diverge_at(groups["b"][1], 128, "sliding")
+    comparisons = [("A beats B", "test/bpb", "a", "b"), ("A beats B at 2x", "bpb@128", "a", "b")]
+    _, records = section(groups, comparisons, tmp_path)  # no references: left out, said in the note
+    assert records[0]["seeds"] == 3 and records[0]["note"] == ""
+    assert records[1]["seeds"] == 2 and records[1]["note"] == "failed seeds left out: b 2"
+    assert records[1]["verdict"] in ("resolved", "not resolved") and math.isfinite(records[1]["diff"])
+    write_references(tmp_path / "references.csv", [r for runs in groups.values() for r in runs], {"unigram": 4.5})
+    _, records = section(groups, comparisons, tmp_path)
+    assert records[0]["verdict"] == "resolved"
+    assert records[1]["verdict"] == "no verdict (above the unigram at this row: b 1 of 3)"
+    # a study's claim at that row (report.claims: the bootstrap over the seeds that kept finite documents)
+    from linrope.analysis.report.claims import claim_results
+    from linrope.analysis.study_config import Claim
+
+    claim = Claim("A beats B at 2x", "bpb@128", "a", "b")
+    result = claim_results(groups, [claim])[claim]
+    assert result.seeds == (1, 3) and result.diff.n == 2 and math.isfinite(result.diff.mean)
+
+
+def test_a_comparison_left_with_one_seed_has_no_test(tmp_path):
+    """Two of c's three seeds failed: one seed is left, no interval and no p; the verdict says there was no test
+    (not "not resolved", which reads as a test that could not tell)."""
+    rng = np.random.default_rng(1)
+    groups = {"a": [fake_run("a", s, -0.1, rng) for s in (1, 2, 3)]}
+    groups["c"] = [fake_run("c", s, 0.0, rng, diverged=s != 1) for s in (1, 2, 3)]
+    _, (record,) = section(groups, [("A beats C", "test/bpb", "a", "c")], tmp_path)
+    assert record["seeds"] == 1 and record["p_holm"] is None
+    assert record["verdict"] == "no test (fewer than 2 seeds)" and record["note"] == "failed seeds left out: c 2, 3"
+
+
+def test_the_loss_by_position_has_one_set_of_bands_whatever_the_order(tmp_path):
+    """b's table ends at the training context (no rows at 128): every row shares the header's bands (b's past 64
+    are "–"), listed first or last (the header was the last configuration's, so a row had more cells)."""
+    from linrope.analysis.evidence import position_lines
+
+    rng = np.random.default_rng(2)
+    a, b = [fake_run("a", s, -0.1, rng) for s in (1, 2)], [fake_run("b", s, 0.0, rng) for s in (1, 2)]
+    for run in b:
+        run.extrapolation[:] = [r for r in run.extrapolation if r["length"] == 64]
+    for groups in ({"a": a, "b": b}, {"b": b, "a": a}):
+        rows = [row for text in position_lines(groups, tmp_path) for row in text.splitlines() if row.startswith("|")]
+        assert rows[0] == "| configuration | length | positions 0–31 | positions 32–63 | positions 64–127 |"
+        assert all(row.count("|") == rows[0].count("|") for row in rows)
+        assert next(row for row in rows if row.startswith("| b |")).endswith("| – |")
+
+
 def test_a_row_above_the_unigram_is_counted_and_its_comparison_gets_no_verdict(groups, tmp_path):
     """A unigram between b's test rows and its rows at 128: every b seed collapsed at 128 (counted per row), none
     at the test, so "A beats B" keeps its verdict and "A beats B at 2x" gets none (still in the family)."""

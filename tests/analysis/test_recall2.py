@@ -87,3 +87,18 @@ def test_a_width_whose_control_missed_its_bar_gets_no_verdict_but_stays_in_the_f
     assert at64.startswith("**+0.503 [") and "no verdict" not in at64
     assert at128.startswith("+0.503 [") and at128.endswith("no verdict: softmax_rope (the control) missed its bar)")
     assert "Over the table's 4 comparisons with a test" in text and "*No verdict*: an arm whose positive" in text
+
+
+def test_a_control_seed_that_diverged_misses_its_bar(tmp_path):
+    """A control seed whose accuracy is NaN (diverged) is not dropped from the control's check as the tables' means
+    drop it: the bar is missed at that width, and its comparisons get no verdict (one seed fine elsewhere)."""
+    study = tmp_path / "len64"
+    linear, rope = [0.40, 0.42, 0.38], [0.90, 0.93, 0.88]
+    control = [0.99, float("nan"), 1.0]
+    write_width(study, 64, {"linear": linear, "linear_rope": rope, "softmax_rope": control}, "recall2")
+    assert main([str(study)]) == 0
+    text = (study / "recall2.md").read_text()
+    assert "in every seed; it does not at width 64 (a seed diverged: nan)." in text
+    assert "Positive control: softmax_rope reached" not in text
+    row = table_row(text, "linear_rope − linear")
+    assert "no verdict: softmax_rope (the control) missed its bar" in row and "**" not in row

@@ -252,6 +252,21 @@ def test_extrapolation_table_has_intervals_and_na(sweep, tmp_path):
     assert "| softmax_learned | as trained | 3.000 | n/a |" in text
 
 
+def test_a_seed_that_diverged_at_one_length_is_counted_not_dropped(tmp_path):
+    """linear_rope's seed 2 is NaN at 2× (fine at 1×): the cell says so (mean over the other two, collapsed), the
+    paired difference at 2× uses the two shared finite seeds, and neither is silently an n=2 "over seeds"."""
+    for name, kind, position, shift in (("linear", "linear", "none", 0.3), ("linear_rope", "linear", "rope", 0.0)):
+        for seed, (test, at2) in enumerate([(2.0, 2.5), (2.1, math.nan), (2.05, 2.6)], 1):
+            at2 = 2.9 if math.isnan(at2) and name == "linear" else at2 + shift
+            write_run(tmp_path / f"{name}-seed{seed}", name=name, kind=kind, position=position, seed=seed,
+                      rows=lm_rows((test + 0.2, test + 0.1), test, (1000, 1000)), context=128,
+                      extrapolation=[(128, "none", test), (256, "none", at2)])  # fmt: skip
+    text = build_report([tmp_path], tmp_path / "out", pairs=[("linear_rope", "linear")])
+    row = next(line for line in text.splitlines() if line.startswith("| linear_rope | as trained |"))
+    assert row.endswith("| 2.550 ± 0.635 (collapsed: 1 of 3 seeds diverged, left out) |")
+    assert "| linear_rope − linear | +0.000 ± 0.000, p = 1.000 | **-0.300 ± 0.000, p < 0.001** |" in text
+
+
 def test_pair_flag_adds_a_pair_and_refuses_unknown_names(sweep, tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path), "--pair", "linear_rope_both:linear"]) == 0
     assert "**linear_rope_both − linear** (test/bpb, 3 matching seeds)" in capsys.readouterr().out

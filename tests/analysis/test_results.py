@@ -210,3 +210,18 @@ def test_an_armed_studys_table_is_recomputed_from_its_committed_runs(study):
             run = runs[Path(r["run"]).name]
             header = columns_for(r["task"])[0][0]
             assert number(r[header]) == pytest.approx(run.value(header, "last"), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "manifest", sorted(RESULTS.rglob(".linrope-outputs.json")), ids=lambda p: str(p.parent.relative_to(RESULTS))
+)
+def test_every_committed_report_is_as_its_report_wrote_it(manifest):
+    """A report's folder lists the SHA-256 of each file it wrote (linrope.analysis.report.files): a committed file
+    edited by hand makes README's ``python -m linrope report docs/results/<study>`` refuse to run on a fresh
+    clone (the tables recomputed above cannot see it: they are built without writing)."""
+    import hashlib
+    import json
+
+    listed = json.loads(manifest.read_text())
+    changed = [n for n, sha in listed.items() if hashlib.sha256((manifest.parent / n).read_bytes()).hexdigest() != sha]
+    assert not changed, f"edited since the report wrote them: {changed}; run python -m linrope report on the folder"

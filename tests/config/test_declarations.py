@@ -169,6 +169,7 @@ def test_a_saved_config_given_to_evaluate_is_checked_by_the_data_modules_declara
         ("model", {"position": {"bse": 500.0}}, "model.position.bse: unknown option; did you mean base?"),
         ("model", {"position": {"base": -1.0}}, "model.position.base=-1.0: expected a number > 0"),
         ("model", {"dropout": 1.5}, "model.dropout=1.5: expected a number >= 0 and < 1"),
+        ("model", {"attention": "linear"}, "model.attention: expected a mapping of options; got 'linear'"),
         ("data", {"eval_batch_sise": 4}, "data.eval_batch_sise: unknown option; did you mean eval_batch_size?"),
         ("data", {"test_windows": -1}, "data.test_windows=-1: expected an integer >= 1 or null"),
     ],

@@ -218,6 +218,13 @@ def test_checking_a_model_draws_no_random_numbers():
             ],
         ),
         (["model=linear_rope_norm", "model.attention.normalize=true"], []),
+        (  # a Trainer option the preset leaves out: said so, not "did you mean limit_val_batches?"
+            ["trainer.accumulate_grad_batches=2"],
+            [
+                "trainer.accumulate_grad_batches: not in the composed config, but Lightning's Trainer takes it: "
+                "add it with +trainer.accumulate_grad_batches=2"
+            ],
+        ),
         (["experiment=budget", "trainer.max_steps=5", "model.position.base=500"], []),
         (["+trainer.max_step=3", "~seed"], []),  # + and ~: the composed config's check
         (["-m", "model=linear_rope,softmax_rope", "trainer.max_step=3"], []),  # a sweep of a group: Hydra's jobs say it
@@ -251,3 +258,20 @@ def test_a_user_preset_key_is_found_and_a_typo_in_evaluate_is_one_line(tmp_path)
     )
     assert r.returncode == 1 and r.stderr.strip() == "linrope evaluate: lenghts: unknown option; did you mean lengths?"
     assert not (tmp_path / "evaluate").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_a_line_hydra_cannot_read_is_one_line_with_its_cure():
+    """Hydra's grammar errors are several lines naming neither the cure nor, for an unquoted '=' (Lightning's
+    epoch=1-step=32.ckpt), the cause: one line each, before Hydra."""
+    from linrope.config.command_line import grammar_errors
+
+    assert grammar_errors(["model=linear_rope", "seed=3", "--cfg", "job"]) == []
+    (line,) = grammar_errors(["ckpt=runs/a/epoch=1-step=32.ckpt"])
+    assert line.startswith("ckpt=runs/a/epoch=1-step=32.ckpt: Hydra cannot read it (")
+    assert line.endswith("""a value holding '=' is quoted: 'ckpt="runs/a/epoch=1-step=32.ckpt"'""")
+    (line,) = grammar_errors(["model.d_model=[64"])
+    assert "Hydra cannot read it" in line and line.endswith("lists as [a,b]; a value with spaces or brackets quoted)")
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "data.path=~/x.txt"], capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("linrope: data.path=~/x.txt: Hydra cannot read it")

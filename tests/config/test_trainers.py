@@ -200,3 +200,15 @@ def test_a_checkpoint_whose_weights_the_strategy_loaded_is_still_checked_for_ide
     other = {**model_cfg, "position": {**model_cfg["position"], "name": "none"}}
     with pytest.raises(CheckpointMismatch, match="another model"):
         module.on_load_checkpoint({IDENTITY_KEY: model_identity(other)})
+
+
+def test_a_search_the_dry_run_cannot_list_is_one_line():
+    """hparams_search=optuna samples its jobs as it runs (interval ranges): the dry run said so in a 30-line
+    HydraException traceback; now in one line naming what to run instead."""
+    from linrope.studies import sweeps
+
+    with pytest.raises(SystemExit) as e:
+        sweeps.main(["hparams_search=optuna", "size=tiny"])
+    message = str(e.value.code)
+    assert message.startswith("linrope sweeps: BasicSweeper does not support sweep type") and "\n" not in message
+    assert message.endswith("python train.py -m <the same overrides> runs the search")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +50,7 @@ def package(tmp_path, monkeypatch):
 def test_a_named_corpus_is_a_folder_of_chapters_split_by_path(package, tmp_path):
     folder = Path(corpora.resolve("corpus:kjv"))
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert files.pop(0) == ".linrope/documents.sha256"  # the record of the documents, in a folder no reader reads
     assert len(files) == sum(n for _, n in BOOKS)
     assert files[0] == "01-genesis/001.txt" and "04-song_of_solomon/008.txt" in files and "03-1_kings/022.txt" in files
     first = (folder / "01-genesis" / "001.txt").read_text().splitlines()
@@ -87,6 +89,37 @@ def test_another_text_under_the_name_is_refused(package, tmp_path):
     assert "not the text" in corpora.check("corpus:kjv")
 
 
+@pytest.mark.parametrize("damage", ["changed", "removed", "added", "record lost and changed"])
+def test_a_damaged_cached_copy_is_refused_never_read(package, damage):
+    """The cached folder is checked against the digest of its documents at every use: a chapter edited, deleted
+    or added there (the package's file untouched) is one line, from resolve and from the config check alike."""
+    folder = Path(corpora.resolve("corpus:kjv"))
+    chapter = folder / "01-genesis" / "001.txt"
+    if damage == "removed":
+        chapter.unlink()
+    elif damage == "added":
+        (folder / "01-genesis" / "051.txt").write_text("not in the package\n")
+    else:
+        chapter.write_text(chapter.read_text().replace("says", "sang"))
+    if damage.startswith("record lost"):
+        (folder / corpora.MANIFEST).unlink()
+    line = f"data.path corpus:kjv: the cached copy {folder} is not the package's text"
+    with pytest.raises(CorpusError, match="^" + re.escape(line)) as e:
+        load_corpus("corpus:kjv", context=8)
+    assert str(e.value).endswith("delete the folder so that it is rebuilt") and "\n" not in str(e.value)
+    assert corpora.check("corpus:kjv").startswith(line)
+
+
+def test_a_copy_written_before_its_record_is_checked_against_the_package_and_recorded(package):
+    """A folder written by an earlier linrope (no record of its documents) is compared with the documents made
+    again from the package: whole, it is recorded and read."""
+    folder = Path(corpora.resolve("corpus:kjv"))
+    recorded = (folder / corpora.MANIFEST).read_text()
+    (folder / corpora.MANIFEST).unlink()
+    assert corpora.check("corpus:kjv") is None and (folder / corpora.MANIFEST).read_text() == recorded
+    assert corpora.resolve("corpus:kjv") == str(folder)
+
+
 def test_an_unknown_name_lists_the_named_corpora():
     with pytest.raises(CorpusError, match=r"no corpus named 'bible' \(named corpora: kjv\)"):
         load_corpus("corpus:bible", context=8)
@@ -112,4 +145,4 @@ def test_a_broken_record_is_named_and_nothing_is_left_half_written(package, tmp_
 def test_the_installed_package_is_the_text_the_results_were_measured_on():
     """With the prose extra installed: its file is the recorded one, 1 189 chapters of 66 books."""
     folder = Path(corpora.resolve("corpus:kjv"))
-    assert len(list(folder.glob("*/*.txt"))) == 1189 and len(list(folder.iterdir())) == 66
+    assert len(list(folder.glob("*/*.txt"))) == 1189 and len(list(folder.glob("[!.]*"))) == 66

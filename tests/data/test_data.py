@@ -101,9 +101,36 @@ def test_only_regular_files_are_read_and_the_rest_is_named(tmp_path):
         parts = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
     assert sum(len(p) for p in parts.values()) > 60 * 300
     messages = [str(w.message) for w in caught]
-    assert any("skipped 1 entries that are not regular files: " + str(tmp_path / "gone.txt") in m for m in messages), (
-        messages
-    )
+    assert any(
+        "skipped 1 entries that are not regular files or repeat one (a link): " + str(tmp_path / "gone.txt") in m
+        for m in messages
+    ), messages
+
+
+def test_a_link_to_a_file_of_the_corpus_is_read_once(tmp_path):
+    """``f99.txt -> f00.txt``: the text stood in the corpus twice under two names, so it could sit in the train
+    split and the test split at once.  The link is left out (named), whatever split its name falls in."""
+    import warnings
+
+    from linrope.data.bytes import list_files
+
+    for i in range(60):
+        (tmp_path / f"f{i:02d}.txt").write_text(f"file {i} " * 40)
+    (tmp_path / "f99.txt").symlink_to(tmp_path / "f00.txt")
+    skipped = []
+    assert tmp_path / "f99.txt" not in list_files(tmp_path, (".txt",), skipped) and skipped == [tmp_path / "f99.txt"]
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        parts = load_corpus(str(tmp_path), context=8, val_fraction=0.2, test_fraction=0.2)
+    names = [d[0] for split in ("train", "val", "test") for d in parts.documents[split]]
+    assert "f99.txt" not in names and names.count("f00.txt") == 1
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "g.txt").write_text("text outside the corpus " * 40)
+    (tmp_path / "sub").symlink_to(elsewhere, target_is_directory=True)  # a folder link: not walked
+    skipped = []
+    list_files(tmp_path, (".txt",), skipped)
+    assert skipped == [tmp_path / "sub", tmp_path / "f99.txt"]  # named, no longer dropped without a word
 
 
 def test_unreadable_files_are_named(tmp_path, monkeypatch):

@@ -58,6 +58,33 @@ def test_shards_whose_contents_differ_from_the_manifest_are_refused(built, tmp_p
         Shards(folder)
 
 
+@pytest.mark.parametrize("record", ["manifest.json", "building.json"])
+@pytest.mark.parametrize("damage", ["cut short", "a list", "no shards"])
+def test_a_damaged_record_is_one_line_naming_the_file(built, record, damage):
+    """A manifest (or a stopped build's record) cut short or edited: one line naming it and what to delete, from the
+    reader, the builder that would reuse it, and a data=text module; never a JSON traceback."""
+    source, folder = built
+    path = folder / record
+    if record == "building.json":  # a build stopped before its manifest
+        path.write_text(json.dumps({"key": "x"}))
+        (folder / "manifest.json").unlink()
+    text = path.read_text()
+    path.write_text({"cut short": text[: len(text) // 2], "a list": "[1, 2]"}.get(damage, json.dumps({"key": "x"})))
+    reason = {"cut short": "not readable as JSON", "a list": "not a JSON object", "no shards": "no dtype, shards"}
+    line = f"^{path}: {reason[damage]}.*; delete {folder} so that its shards are rebuilt$"
+    if record == "manifest.json":
+        with pytest.raises(CorpusError, match=line):
+            Shards(folder)
+    if damage == "no shards":  # a readable record of another key: refused as before, by what it says
+        return
+    with pytest.raises(CorpusError, match=line):
+        build_shards(source, load_tokenizer("bytes"), cache_dir=folder.parent, progress=False)
+    from linrope.data.text import TextDataModule
+
+    with pytest.raises(CorpusError, match=line):
+        TextDataModule(path=str(source.root), shards_dir=str(folder.parent), context=16, progress=False)
+
+
 def test_shards_of_another_tokenizer_under_this_ones_key_are_refused(tmp_path):
     """Case 1: a folder holding another tokenizer's shards under this tokenizer's key (manifest copied over, or
     edited to say this key) is refused in one line naming both tokenizers' hashes."""
@@ -98,6 +125,31 @@ def test_tokenize_train_checks_its_output_path_before_training(tmp_path, monkeyp
         f"linrope: --out {bad}: cannot write into {bad.parent} (not a folder)"
     ]
     assert trained == []  # refused before any training
+
+
+def test_tokenize_train_refuses_an_empty_train_split_and_expands_its_out(tmp_path, monkeypatch, capsys):
+    """A corpus whose one file hashes to the validation split (or fractions leaving no train split) wrote a
+    tokenizer of the 256 bytes alone and exited 0; ``--out=~/tok.json`` wrote ./~/tok.json."""
+    import linrope.data.tokenize_command as T
+    from linrope.data.bytes import split_of
+
+    one = next(f"doc{i}.txt" for i in range(1000) if split_of(f"doc{i}.txt", 0.05, 0.05) == "val")
+    (tmp_path / "val").mkdir()
+    (tmp_path / "val" / one).write_text("a document of the validation split\n" * 20)
+    argv = ["train", "--input", str(tmp_path / "val"), "--vocab-size", "300"]
+    assert T.main([*argv, "--out", str(tmp_path / "a.json")]) == 1
+    assert "no document of the train split to train on" in capsys.readouterr().err
+    assert not (tmp_path / "a.json").exists()
+    write_docs(tmp_path / "docs", files=2, per_file=30)
+    argv = ["train", "--input", str(tmp_path / "docs"), "--vocab-size", "300"]
+    with pytest.raises(SystemExit) as e:
+        T.main([*argv, "--out", str(tmp_path / "b.json"), "--val-fraction", "0.6", "--test-fraction", "0.6"])
+    assert e.value.code == 2 and "their sum below 1" in capsys.readouterr().err
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert T.main([*argv, "--out=~/tok.json"]) == 0
+    assert (tmp_path / "home" / "tok.json").is_file() and not (tmp_path / "~").exists()
 
 
 def test_a_glob_does_not_follow_symlink_loops(tmp_path):
@@ -183,7 +235,10 @@ def test_fifos_and_broken_links_in_a_text_folder_are_named(tmp_path):
     write_docs(tmp_path / "docs", files=2, per_file=10)
     os.mkfifo(tmp_path / "docs" / "pipe.txt")
     (tmp_path / "docs" / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
-    with pytest.warns(UserWarning, match="skipped 2 entries that are not regular files: .*gone.txt, .*pipe.txt"):
+    with pytest.warns(
+        UserWarning,
+        match="skipped 2 entries that are not regular files or repeat one \\(a link\\): .*gone.txt, .*pipe.txt",
+    ):
         source = resolve_source(str(tmp_path / "docs"))
     assert len(list(source.documents())) == 20
 
@@ -221,3 +276,16 @@ def test_a_shard_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch
     out = tmp_path / "s"
     with pytest.raises(CorpusError, match=f"^{out}: cannot write the shards \\(File too large: .*00000.train.bin\\)"):
         build_shards(resolve_source(str(tmp_path / "docs")), load_tokenizer("bytes"), out=out, progress=False)
+
+
+def test_a_document_that_spells_the_end_of_document_token_is_text(tmp_path):
+    """A text about tokenizers holds "<|endoftext|>": it was encoded as the EOD token (a document end mid-text,
+    and 13 bytes fewer in bits per byte's count); it is text, its bytes counted exactly."""
+    from linrope.data.tokenizer import EOD, train_bpe
+
+    texts = [f"document {i}: a model emits {EOD} at the end of each sample, then stops." for i in range(40)]
+    tok = train_bpe(texts, 300, tmp_path / "tok.json")
+    ids = tok.encode_batch([texts[0]])[0]
+    assert tok.eod not in ids
+    assert int(tok.token_bytes()[ids].sum()) == len(texts[0].encode())
+    assert tok.decode(ids) == texts[0]

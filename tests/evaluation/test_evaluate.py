@@ -124,7 +124,7 @@ def test_evaluate_scores_the_whole_split_at_every_length_by_default(run_folder, 
 
 
 def test_every_length_scores_the_same_bytes_and_prints_each_row_once(run_folder, tmp_path, capsys):
-    from linrope.evaluation.evaluate import evaluate
+    from linrope.evaluation.evaluate import EvaluateError, evaluate
 
     ckpt = run_folder / "checkpoints" / "last.ckpt"
     rows = evaluate(
@@ -137,9 +137,12 @@ def test_every_length_scores_the_same_bytes_and_prints_each_row_once(run_folder,
     assert sorted(printed) == sorted(["none", "ntk", "windows", "windows ntk"] * 2)
     written = list(csv.DictReader(open(tmp_path / "evaluate.csv")))
     assert [w["scored_hash"] for w in written] == [r["scored_hash"] for r in rows]
-    more = evaluate(
-        compose_evaluate(f"ckpt={ckpt}", "lengths=[32]", "scalings=[]", "scored_bytes=4097", f"out={tmp_path}")
-    )
+    again = compose_evaluate(f"ckpt={ckpt}", "lengths=[32]", "scalings=[]", "scored_bytes=4097", f"out={tmp_path}")
+    with pytest.raises(EvaluateError, match=f"^{tmp_path / 'evaluate.csv'} exists \\(an earlier evaluation\\)"):
+        evaluate(again)  # a second evaluation into the same folder: refused before the checkpoint is read
+    assert list(csv.DictReader(open(tmp_path / "evaluate.csv"))) == written  # the first one's rows, kept
+    again.out = str(tmp_path / "more")
+    more = evaluate(again)
     assert more[0]["scored"] == 4097 and more[0]["scored_hash"] != rows[0]["scored_hash"]
 
 

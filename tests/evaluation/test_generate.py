@@ -136,3 +136,22 @@ def test_the_short_convolution_reaches_its_kernel_and_continues_from_its_tail(ca
             first, tail = conv(h[:, :7])
             second, _ = conv(h[:, 7:], tail)
             torch.testing.assert_close(torch.cat([first, second], 1), a, rtol=1e-12, atol=1e-12)
+
+
+def test_the_prompt_is_written_after_the_model_has_read_it():
+    """A line the first forward prints (impl=auto says which kernel it took) came between the prompt and the
+    sample in a terminal, reading as model output: the prompt is written once the model has read it."""
+    from linrope.evaluation.generate import generate_text
+
+    events = []
+
+    class Model:
+        def stream(self, ids, n, **kw):
+            events.append("log")  # the first forward
+            for _ in range(n):
+                yield torch.tensor([[ord("x")]])
+
+    text = generate_text(Model(), "def ", 2, write=lambda t: events.append(t))
+    assert text == "def xx" and events[:2] == ["log", "def "] and "".join(events[1:]) == "def xx"
+    events.clear()
+    assert generate_text(Model(), "p", 0, write=lambda t: events.append(t)) == "p" and "".join(events[1:]) == "p"

@@ -188,3 +188,23 @@ def test_the_task_example_in_the_docs_runs_as_its_comment_says(tmp_path):
     results = json.loads(r.stdout)
     assert 0.0 <= results["python_next"]["acc,none"] <= 1.0 and results["python_bpb"]["bits_per_byte,none"] > 0
     assert "aggregation is not" not in r.stderr
+
+
+@pytest.mark.slow  # lm-eval's task index: the slow stage
+def test_an_unknown_task_and_an_out_without_a_folder_are_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """An unknown task name was a KeyError traceback after the model loaded; an --out in a folder that does not
+    exist a FileNotFoundError after the whole evaluation.  Both are one line now, before either."""
+    from linrope.evaluation import harness
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(harness, "load_model", no_model)
+    assert harness.main(["--ckpt", "x.ckpt", "--tasks", "no_such_task_xyz", "--include-path", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "linrope.harness: no harness task named no_such_task_xyz; lm_eval --tasks list lists them"
+    )
+    assert harness.main(["--ckpt", "x.ckpt", "--tasks", "a", "--out", str(tmp_path / "no" / "r.json")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"linrope.harness: --out {tmp_path / 'no' / 'r.json'}: no folder {tmp_path / 'no'} to write it in"
+    )

@@ -208,6 +208,16 @@ def test_command_prints_and_writes_the_rows(small_corpus, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     assert e.value.code == 0 and "--orders" in capsys.readouterr().out
+    # an existing table is never written over, and options that would be ignored are refused, before any work
+    for args, why in (
+        (["--out", str(out)], f"--out {out} exists (an earlier table)"),
+        (["--length", "0"], "--length 0: expected a window of at least 1 byte"),
+        (["--stride", "5"], "--stride moves the windows of --length: give --length too"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(["--path", str(small_corpus), *args])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+    assert [r["model"] for r in csv.DictReader(out.open())] == ["unigram", "4-gram"]
 
 
 @pytest.mark.slow

@@ -144,11 +144,19 @@ def test_attention_window_restores_after_an_error_and_refuses_bad_values():
             pass
 
 
-def test_linear_generation_with_a_window_is_refused_in_one_line():
+def test_linear_generation_with_a_window_rereads_its_context():
+    """A window carries no running state, so generation re-reads the last max_len tokens at every token, as for
+    softmax (it crashed on the first carried step): greedy tokens are the whole sequence's argmax.  Without the
+    window the state is carried again."""
     m = tiny_lm("linear", {"name": "rope"})
-    with attention_window(m, 8), pytest.raises(ValueError, match=r"model.attention.window=8: .* carries no state"):
-        m.generate(torch.randint(0, 32, (1, 5)), 3)
-    assert m.generate(torch.randint(0, 32, (1, 5)), 3).shape == (1, 8)  # restored: generates again
+    prompt = torch.randint(0, 32, (1, 5), generator=torch.Generator().manual_seed(0))
+    with attention_window(m, 8):
+        out = m.generate(prompt, 6, temperature=0)
+        for i in range(prompt.shape[1], out.shape[1]):
+            assert out[0, i] == m(out[:, max(0, i - m.cfg.max_len) : i])[0, -1].argmax()
+        with pytest.raises(ValueError, match=r"model.attention.window=8: .* carries no state"):
+            m(prompt, return_states=True)  # the carried step itself still refuses
+    assert m.generate(prompt, 3).shape == (1, 8)  # restored
 
 
 @pytest.mark.parametrize("kind", ["softmax", "linear"])

@@ -452,6 +452,11 @@ def test_bad_input_raises_clear_errors():
             linear_attention(q, k, v, impl=impl, decay=torch.tensor([0.9, 1.5]))
         with pytest.raises(ValueError, match="positions"):
             linear_attention(q, k, v, impl=impl, positions=torch.arange(9))
+        for theta in (torch.tensor([0.5]), torch.rand(2, D // 2)):  # broadcast silently before: one frequency
+            with pytest.raises(ValueError, match=f"^rope_theta must be a 1-D tensor of d/2 = {D // 2} frequencies"):
+                linear_attention(q, k, v, impl=impl, rope_theta=theta)
+    with pytest.raises(ValueError, match="^rope_theta must be"):
+        recurrent_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], rope_theta=torch.tensor([0.5]))
     for c in (0, -4):
         with pytest.raises(ValueError, match="chunk_size"):
             linear_attention(q, k, v, impl="chunk", chunk_size=c)
@@ -480,6 +485,34 @@ def test_bad_input_raises_clear_errors():
         chunk_linear_attention(q, k, v, decay=DECAY.clone().requires_grad_())
     with pytest.raises(ValueError, match="one position"):
         recurrent_step(q[:, :, :2], k[:, :, :2], v[:, :, :2])
+
+
+@pytest.mark.parametrize("impl", ["chunk", "recurrent"])
+@pytest.mark.parametrize("loss_on", ["out", "S"])
+def test_unnormalised_with_an_initial_state_and_a_loss_that_skips_z(impl, loss_on):
+    """normalize=False: z0 reaches nothing but the final z, so a loss on the output (or on S) has no gradient for
+    it; the backward hands autograd zeros there (not a placeholder: it crashed), and every other gradient agrees
+    with the naive form's, each feature map and placement, over two chunks."""
+    for feature_map, rope in itertools.product(FEATURE_MAPS, PLACEMENTS):
+        g = gen("unnormalised state", impl, loss_on, feature_map, rope)
+        q, k, v = inputs(70, g)
+        state = random_state(g, feature_map)
+        grads = []
+        for form in ("naive", impl):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v, *state)]
+            out, (S, _) = linear_attention(
+                *leaves[:3], impl=form, feature_map=feature_map, rope=rope, normalize=False, chunk_size=32,
+                initial_state=LinearAttentionState(*leaves[3:]), output_final_state=True,
+            )  # fmt: skip
+            w = torch.randn((out if loss_on == "out" else S).shape, generator=gen("weights", loss_on), dtype=S.dtype)
+            ((out if loss_on == "out" else S) * w).sum().backward()
+            grads.append([x.grad for x in leaves])
+        for b, a in zip(*grads):  # None where the loss does not reach a leaf (z0; q for a loss on S)
+            if b is None:
+                assert a is None or not a.any(), (feature_map, rope)
+            else:
+                assert rel(a, b) < 1e-10, (feature_map, rope)
+        assert grads[0][4] is None
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -513,6 +546,30 @@ def test_both_placement_clamps_a_cancelling_denominator():
     # the guard is for "both" only: the unrotated denominator of "numerator" is positive and left alone
     out = chunk_linear_attention(q, k, v, rope="numerator", positions=positions)
     assert out.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize("only", [False, True])
+def test_recurrent_steps_differentiate_the_decay_and_the_frequencies(only):
+    """Two generation steps against naive at the same two positions: the gradients of γ and θ too (they were
+    dropped), and with ``only`` those two the sole leaves (the backward had nothing to differentiate and failed)."""
+    g = gen("step decay theta", only)
+    q, k, v = inputs(2, g)
+    theta = torch.rand(D // 2, generator=g, dtype=torch.float64)
+    grads = []
+    for step in (True, False):
+        decay, th = DECAY.double().clone().requires_grad_(), theta.clone().requires_grad_()
+        leaves = [t.clone().requires_grad_(not only) for t in (q, k, v)]
+        kw = dict(decay=decay, rope_theta=th)
+        if step:
+            o, state = recurrent_step(*(t[:, :, 0] for t in leaves), position=3, **kw)
+            o, _ = recurrent_step(*(t[:, :, 1] for t in leaves), state, position=4, **kw)
+        else:
+            o = naive_linear_attention(*leaves, positions=torch.tensor([3, 4]), **kw)[:, :, 1]
+        (o * torch.randn(o.shape, generator=gen("step weights"), dtype=o.dtype)).sum().backward()
+        grads.append([t.grad for t in (decay, th, *leaves)])
+    assert grads[0][0] is not None and grads[0][1] is not None
+    for a, b in zip(*grads):  # γ, θ, then q, k, v (None in both with ``only``)
+        assert a is None if b is None else rel(a, b) < 1e-12
 
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)

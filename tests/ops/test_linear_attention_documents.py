@@ -203,6 +203,12 @@ def test_refusals():
         linear_attention(q, k, v, documents=DOCS.float())
     with pytest.raises(ValueError, match="causal=False"):
         linear_attention(q, k, v, causal=False, impl="naive", documents=DOCS)
+    # ids that go down: naive (equal ids) and the state resets of the others would give two answers
+    down = DOCS.clone()
+    down[0, -1] = down[0, 0]
+    for impl in ("naive", "chunk", "recurrent"):
+        with pytest.raises(ValueError, match="^documents must be non-decreasing along each row"):
+            linear_attention(q, k, v, impl=impl, documents=down)
 
 
 def test_fla_variable_length_layout():
@@ -212,3 +218,17 @@ def test_fla_variable_length_layout():
     assert cu.tolist() == [0, 5, 6, 13, 16, 20, 36, 37, 74] and first.tolist() == [0, 7] and last.tolist() == [6, 7]
     cu, first, last = varlen(torch.tensor([[2, 2, 2], [2, 2, 3]]))  # the same id in two rows: two documents
     assert cu.tolist() == [0, 3, 5, 6] and first.tolist() == [0, 1] and last.tolist() == [0, 2]
+
+
+def test_an_empty_row_with_documents_passes_the_state_through():
+    """N = 0 with documents and an initial state: every form returns the state unchanged (naive failed to broadcast
+    its test of the row's first and last ids, of which there are none)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(B, H, 0, D, generator=g)
+    state = LinearAttentionState(torch.randn(B, H, D, D, generator=g), torch.rand(B, H, D, generator=g))
+    for impl in FORMS:
+        out, (S, z) = linear_attention(
+            q, q, q, impl=impl, documents=torch.zeros(B, 0, dtype=torch.long), initial_state=state,
+            output_final_state=True,
+        )  # fmt: skip
+        assert out.shape == q.shape and torch.equal(S, state.S) and torch.equal(z, state.z), impl

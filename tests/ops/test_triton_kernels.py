@@ -154,6 +154,26 @@ def test_a_loss_on_one_final_state(interpreted, scan, which):
     assert max(rel(a, b) for a, b in zip(*grads)) < FLOAT32_TOL
 
 
+def test_unnormalised_with_an_initial_state_and_a_loss_on_the_output(interpreted, scan):
+    """normalize=False: z0 reaches the final z alone, so a loss on the output gives it no gradient (zeros, as the
+    chunk form); the other gradients as naive's."""
+    from linrope.ops.linear_attn.common import LinearAttentionState
+
+    q, k, v, S0, z0 = inputs(("triton unnormalised",), feature_map="elu", decay=DECAY, n=100, initial=True)
+    grads = []
+    for impl, dtype in (("naive", torch.float64), ("triton", torch.float32)):
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, S0, z0)]
+        state = LinearAttentionState(leaves[3], leaves[4])
+        out = linear_attention(*leaves[:3], impl=impl, decay=DECAY, normalize=False, initial_state=state)
+        (
+            out.double() * torch.randn(out.shape, generator=gen("unnormalised weights"), dtype=torch.float64)
+        ).sum().backward()
+        grads.append([x.grad for x in leaves])
+    (*ref, ref_z0), (*got, got_z0) = grads
+    assert ref_z0 is None and (got_z0 is None or not got_z0.any())
+    assert max(rel(a, b) for a, b in zip(got, ref)) < FLOAT32_TOL
+
+
 @pytest.mark.parametrize("feature_map, rope, docs", [("cosine", "both", False), ("elu", "numerator", True)])
 def test_split_scan_carries_between_steps_and_blocks(interpreted, monkeypatch, feature_map, rope, docs):
     """_scan with 2 slots a step and 32 entries a program (at the defaults, 16 and 256, a test's few chunks and
@@ -237,6 +257,31 @@ def test_empty_sequence_keeps_the_state(interpreted):
         q, q, q, impl="triton", initial_state=LinearAttentionState(S0, z0), output_final_state=True
     )
     assert out.shape == q.shape and torch.equal(S, S0) and torch.equal(z, z0)
+
+
+def test_both_placement_clamps_a_cancelling_denominator(interpreted, scan):
+    """Placement "both": rows whose rotated denominator cancels to 2δ = 0.004 are clamped to DEN_FLOOR and pass no
+    gradient through it, as in the float64 naive form (common.guard_denominator).  q = 0 (φ = 1), d = 2: key 0 at position 0
+    and key 65 (φ = -cos(355) + δ) at position 355, the other keys φ ≈ 1e-13; rows 65..69 sit at position 355 and see
+    key 0 turned by 355 rad (cos ≈ -1) in chunk 0's state: their denominators cancel across the chunk boundary, so the
+    state gradient's share of ∂L/∂den (key 0's gradient) is tested beside the chunk's own."""
+    n, c, delta = 70, torch.cos(torch.tensor(355.0, dtype=torch.float64)), 2e-3
+    k = torch.full((1, 1, n, 2), -30.0, dtype=torch.float64)
+    k[..., 0, :], k[..., 65, :] = 0.0, torch.log(delta - c)
+    positions = torch.where(torch.arange(n) < 65, 0, 355)
+    v = torch.randn(1, 1, n, 2, generator=gen("triton cancelling"), dtype=torch.float64)
+    q = torch.zeros_like(k)
+    kw = dict(feature_map="elu", rope="both", positions=positions)
+    ref = results("naive", torch.float64, q, k, v, None, None, **kw)
+    # the precondition: the rotated denominators (the numerator with one value column of ones) of rows 65.. are
+    # 2δ, under the floor, the others near 2
+    den = linear_attention(q, k, torch.ones_like(v[..., :1]), impl="naive", normalize=False, **kw)[0, 0, :, 0]
+    assert (den[65:] - 2 * delta).abs().max() < 1e-5 and den[:65].min() > 1.9
+    got = results("triton", torch.float32, q.float(), k.float(), v.float(), None, None, **kw)
+    assert all(torch.isfinite(t).all() for t in got)
+    errors = {name: rel(a, b) for name, a, b in zip(NAMES, got, ref)}
+    # the final z = Σ φ_r(k) cancels too (entries ~2δ from terms ~1): float32's rounding relative to 2δ, seen 4e-5
+    assert errors.pop("z") < 1e-3 and max(errors.values()) < FLOAT32_TOL, errors
 
 
 @pytest.mark.slow

@@ -255,12 +255,22 @@ def test_a_table_shorter_than_max_position_is_refused_at_build():
     lm("softmax", "multiplicative", max_position=64, max_len=40)  # sinusoidal gate: no table
 
 
-def test_a_call_that_continues_a_sequence_is_refused():
+def test_a_call_that_continues_a_sequence_is_refused_and_generation_rereads():
+    """A forward that continues a sequence is refused (its earlier positions were drawn in another call), so
+    linear attention's generation re-reads the sequence at every token instead of carrying states (it crashed
+    after the first sampled token): each token drawn from a whole forward at freshly drawn positions."""
     model = lm("linear", "rope", max_position=L)
     with pytest.raises(ValueError, match="drawn for a whole sequence in one call; this call continues one"):
         model(tokens(3), offset=4)
+    _, states = model(tokens(3, b=1), return_states=True)
     with pytest.raises(ValueError, match="carried states"):
-        model.generate(tokens(3, b=1), 2)
+        model(tokens(1, b=1), offset=3, states=states)
+    prompt = tokens(3, b=1)
+    torch.manual_seed(5)
+    out = model.generate(prompt, 2, temperature=0)
+    torch.manual_seed(5)
+    first = model(prompt)[0, -1].argmax()  # the same draws: the first re-read
+    assert out.shape == (1, 5) and out[0, 3] == first
 
 
 def test_max_position_is_checked_as_an_option():

@@ -314,3 +314,21 @@ def test_a_cpu_named_without_a_model_number_gets_its_family_and_model(tmp_path):
     info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\ncpu family\t: 6\nmodel\t\t: 143\n")
     assert P.cpu_model(str(info)) == "Intel(R) Xeon(R) Platinum 8480C"
     assert P.cpu_model(str(tmp_path / "none")) == (platform.processor() or platform.machine() or "unknown")
+
+
+def test_an_unreadable_resume_record_is_kept_beside_not_written_over(tmp_path, capsys):
+    """resume.json holds every earlier resume: one that cannot be read (cut short) was replaced by the new entry
+    alone; it is now renamed beside (said in one line) and the new record starts afresh."""
+    from linrope.run.resume_diff import announce
+
+    (tmp_path / "resume.json").write_text('[{"checkpoint": "a.ckpt", "lines": [')
+    announce({"lines": ["resuming"], "checkpoint": "b.ckpt"}, tmp_path)
+    assert (tmp_path / "resume.unreadable-0.json").read_text() == '[{"checkpoint": "a.ckpt", "lines": ['
+    assert [r["checkpoint"] for r in json.loads((tmp_path / "resume.json").read_text())] == ["b.ckpt"]
+    out = capsys.readouterr().out
+    assert (
+        f"linrope: {tmp_path / 'resume.json'} could not be read (JSONDecodeError); kept as resume.unreadable-0.json"
+        in out
+    )
+    announce({"lines": [], "checkpoint": "c.ckpt"}, tmp_path)  # readable now: appended to
+    assert [r["checkpoint"] for r in json.loads((tmp_path / "resume.json").read_text())] == ["b.ckpt", "c.ckpt"]

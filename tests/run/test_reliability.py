@@ -396,6 +396,22 @@ def test_unknown_model_is_one_line_at_the_cli(tmp_path):
         ),
         (["extrapolation.split=train"], "extrapolation.split=train: expected one of val, test"),
         (["extrapolation.factors=[1,-2]"], "extrapolation.factors=[1, -2]: expected a list of numbers > 0"),
+        # Lightning's loop divided by it after the corpus was read; a fraction of an epoch above 1 likewise
+        (["trainer.val_check_interval=0"], "trainer.val_check_interval=0: expected an integer >= 1 or a number > 0"),
+        (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5: expected an integer >= 1 or a"),
+        # the synthetic tasks: a value changed silently (num_queries=0 became 8), a numpy traceback (value_vocab=0),
+        # Hydra's four lines (a task's own check, raised while the data module was made)
+        (["data=mqar", "data.num_queries=0"], "data.num_queries=0: expected an integer >= 1 or null"),
+        (["data=mqar", "data.value_vocab=0"], "data.value_vocab=0: expected an integer >= 1"),
+        (["data=listops", "data.leaf_prob=1.5"], "data.leaf_prob=1.5: expected a number >= 0 and <= 1"),
+        (["data=mqar", "context=16"], "mqar: context 16 is too short for 8 pairs and 8 queries (needs >= 31)"),
+        (["data=mqar", "data.num_queries=20"], "mqar: need 1 <= num_queries (20) <= num_kv_pairs (8)"),
+        (["data=offset_copy", "data.test_factor=1", "context=16"], "offset_copy: context 16 must exceed the offset"),
+        # each fraction alone is fine: the train split would be empty (said as "too short" after reading)
+        (
+            ["data.val_fraction=0.6", "data.test_fraction=0.5"],
+            "data.val_fraction + data.test_fraction = 1.1: must be below 1 (the train split is the rest)",
+        ),
     ],
 )
 def test_bad_values_are_one_line_each(compose, overrides, message):
@@ -541,6 +557,24 @@ def test_rerunning_into_a_run_folder_without_ckpt_path_is_refused(compose, train
     assert trained.read_bytes() == before and csv_file.is_dir()
 
 
+def test_ckpt_path_auto_never_trains_afresh_over_a_runs_checkpoints(compose, trained):
+    """ckpt_path=auto starts afresh where there is nothing to resume; a folder whose run kept checkpoints but not
+    last.ckpt (deleted, or callbacks.last_checkpoint=null) would be trained again over them (its provenance and
+    parameters replaced): refused in one line, every file kept.  With last.ckpt there, auto resumes (tested above)."""
+    folder = trained.parent.parent
+    trained.unlink()
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".linrope.lock"}
+    with pytest.raises(SystemExit) as e:
+        run_main(compose("model=linear_rope", *TINY, "trainer.max_steps=4", "ckpt_path=auto"))
+    assert exit_message(e).startswith(f"linrope: run folder {folder} holds a run's checkpoints (checkpoints/best")
+    assert exit_message(e).endswith(
+        "but not last.ckpt, so ckpt_path=auto would train afresh over them; resume from one with "
+        "ckpt_path=<its file>, or choose a new hydra.run.dir — it is not overwritten"
+    )
+    after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".linrope.lock"}
+    assert after == before
+
+
 def saved_config(folder: Path, text: str) -> Path:
     """A folder as Hydra leaves it: ``.hydra/config.yaml`` holding ``text``."""
     (folder / ".hydra").mkdir(parents=True)
@@ -572,6 +606,30 @@ def test_the_saved_config_of_an_earlier_run_is_never_replaced(tmp_path):
     hook.on_run_start(config=config)
     assert (run / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 1\n"
     assert (run / ".hydra.before-resume-1" / "config.yaml").read_text() == "seed: 1\n"
+
+
+def test_copies_kept_aside_never_replace_one_another_after_one_is_deleted(tmp_path):
+    """The copies kept on a resume were numbered by their count: with copy 0 deleted, the next resume named copy 1
+    again (its metrics renamed over it, the .hydra copy failing with a traceback).  Numbered one past the largest,
+    every earlier copy stays and their order is their history's."""
+    from omegaconf import OmegaConf
+
+    from linrope.run.folder import KeepEarlierRun
+    from linrope.run.loggers import keep_csv_history
+
+    run = saved_config(tmp_path / "run", "seed: 1\n")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK")
+    (run / ".hydra.before-resume-1").mkdir()
+    (run / ".hydra.before-resume-1" / "config.yaml").write_text("seed: 0\n")
+    KeepEarlierRun().on_run_start(config=OmegaConf.create({"hydra": {"run": {"dir": str(run)}}, "ckpt_path": "last"}))
+    assert (run / ".hydra.before-resume-1" / "config.yaml").read_text() == "seed: 0\n"
+    assert (run / ".hydra.before-resume-2" / "config.yaml").read_text() == "seed: 1\n"
+    (run / "metrics.before-resume-1.csv").write_text("step\n1\n")
+    (run / "metrics.csv").write_text("step\n2\n")
+    keep_csv_history(run)
+    assert (run / "metrics.before-resume-1.csv").read_text() == "step\n1\n"
+    assert (run / "metrics.before-resume-2.csv").read_text() == "step\n2\n" and not (run / "metrics.csv").exists()
 
 
 def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):

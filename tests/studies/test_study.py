@@ -224,3 +224,67 @@ def test_a_job_that_turned_its_test_off_is_done_with_its_last_validation(tmp_pat
             record, shown = outcome
             assert record == {"test": {}, "test_off": {"last_step": 29, "val/bpb": 2.25}}
             assert shown == "test off: step 29, val/bpb 2.2500"
+
+
+def test_a_job_another_driver_finished_with_another_configuration_is_not_counted_done(tmp_path, capsys):
+    """Two drivers share a study: after this one placed its folders, another finished the same job folder with
+    another budget.  It was counted done (2/2, exit 0) and its run kept as this study's; now it is named and the
+    exit status is 1."""
+    from tests.studies.helpers import finished_job
+
+    jobs = ["size=tiny", "trainer.max_steps=2", "model=linear_rope"]
+    study = Study(tmp_path / "s", jobs, threads=1, commit=False)
+    finished_job(tmp_path / "s" / "job", ["size=tiny", "trainer.max_steps=80", "model=linear_rope"])
+    assert study.run(jobs=1) == 1
+    out = capsys.readouterr().out
+    assert "[job] finished meanwhile by another driver with another configuration" in out
+    assert "0/1 jobs done; not finished: job" in out
+
+
+@pytest.mark.parametrize(
+    "argv, why",
+    [
+        (["--threads", "-3"], "--threads must be at least 1 (default: cores / jobs)"),
+        (["--threads", "0"], "--threads must be at least 1 (default: cores / jobs)"),
+    ],
+)
+def test_bad_driver_options_are_one_line(tmp_path, capsys, argv, why):
+    from linrope.studies.study import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "s"), "model=linear_rope", *argv])
+    assert e.value.code == 2 and why in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_a_forgotten_study_folder_is_refused_not_created(tmp_path, capsys, monkeypatch):
+    """`python -m linrope study experiment=budget model=...` took the first override for the folder (creating
+    ./experiment=budget/) and dropped it from the jobs."""
+    from linrope.studies.study import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["experiment=budget", "model=linear_rope", "--list"])
+    assert e.value.code == 2 and "experiment=budget looks like an override, not the study's folder" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "experiment=budget").exists()
+
+
+def test_the_resume_command_keeps_new_folder(tmp_path):
+    """A study stopped with --new-folder printed a resume command without it, which was then refused."""
+    from linrope.studies import study as study_module
+
+    seen = {}
+
+    class Stub:
+        def __init__(self, folder, overrides, threads, commit, new_folder, resume, **kw):
+            seen["resume"] = resume
+
+        def run(self, jobs):
+            return 0
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(study_module, "Study", Stub):
+        study_module.main([str(tmp_path / "s"), "model=linear_rope", "--new-folder"])
+    assert seen["resume"].endswith("--jobs=1 --new-folder")

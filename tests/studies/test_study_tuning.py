@@ -45,7 +45,8 @@ class FakeTrain:
             (folder / "checkpoints").mkdir(exist_ok=True)
             (folder / "checkpoints" / "last.ckpt").write_bytes(b"x")
             return Done(1)
-        score = val_bpb(cfg.optim.lr, self.optima[cfg.model.name])
+        optimum = self.optima[cfg.model.name]  # None: the run diverged (its scores NaN)
+        score = math.nan if optimum is None else val_bpb(cfg.optim.lr, optimum)
         rows = ["step,val/bpb,val/acc,test/bpb"]
         rows += [f"{s},{score + 0.1 * (3 - s)},{1 / (score + 0.1 * (3 - s))}," for s in (1, 3)]
         if cfg.test:
@@ -209,6 +210,24 @@ def test_a_best_still_at_an_edge_after_every_extension_is_recorded_at_edge(tmp_p
     assert "highest val/acc" in table
 
 
+def test_a_configuration_whose_every_tuning_run_diverged_says_so(tmp_path, trainer, capsys):
+    """No value gave a finite val/bpb: the search still goes down to the last extension and keeps the smallest, but
+    the record, the report's table and the study's line say it was kept as the smallest, not chosen as the best."""
+    trainer.start({"linear_rope": 2e-3, "linear": None})
+    s = tmp_path / "s"
+    spec = Tuning("optim.lr", (2e-3, 4e-3), 2.0, 1, 0, "val/bpb", "min")
+    study = Study(s, [*TINY, "model=linear_rope,linear", "seed=1"], 1, False, tune=spec, cache=trainer.cache)
+    assert study.run(jobs=1) == 0
+    by = {e["configuration"]: e for e in tuning_record.read(s)["configurations"]}
+    assert (by["linear"]["chosen"], by["linear"]["interior"]) == (0.001, False)
+    note = "no value tried gave a finite val/bpb (every tuning run diverged or logged none); 0.001 was kept as the "
+    assert by["linear"]["note"] == note + "smallest, not as the best" and "note" not in by["linear_rope"]
+    assert f"- **linear**: {note}" in "\n".join(tuning_record.section(tuning_record.read(s)))
+    assert f"linrope study: tuning linear: optim.lr=0.001 (at edge; tried 0.001, 0.002, 0.004); {note}" in (
+        capsys.readouterr().out
+    )
+
+
 def test_the_record_holds_each_tuning_runs_score_as_soon_as_it_finishes(tmp_path, trainer, monkeypatch):
     """tuning.json is committed with every finished tuning run (--commit), so a session that ends part-way through
     a configuration's grid leaves the scores so far in it, not only once the configuration is decided."""
@@ -310,3 +329,22 @@ def test_a_real_tuning_run(tmp_path):
     assert "val/bpb" in metrics and "test/" not in metrics and not (run / "extrapolation.csv").exists()
     done = json.loads((tmp_path / "s" / "job" / DONE).read_text())
     assert done["job"][-1] == "optim.lr=0.003" and done["test"]["test/bpb"] > 0
+
+
+def test_a_tuning_rule_edited_since_scores_the_finished_runs_again(tmp_path, trainer):
+    """The study's tuning metric changed between two sessions (val/bpb, min; then val/acc, max): the finished
+    tuning runs kept their val/bpb scores and those were maximised, so the main job trained at the worst rate
+    and tuning.json named val/acc beside val/bpb numbers.  They are scored again from their logged values."""
+    trainer.start({"linear": 2e-3})
+    s = tmp_path / "s"
+    jobs = [*TINY, "model=linear", "seed=1"]
+    first = Study(s, jobs, 1, False, tune=Tuning("optim.lr", (1e-3, 2e-3, 4e-3), 2.0, 0, 0, "val/bpb", "min"),
+                  cache=trainer.cache)  # fmt: skip
+    first.tuning.run(1)
+    trained = len(trainer.calls)
+    edited = Tuning("optim.lr", (1e-3, 2e-3, 4e-3), 2.0, 0, 0, "val/acc", "max")
+    assert Study(s, jobs, 1, False, tune=edited, cache=trainer.cache).run(jobs=1) == 0
+    assert [parent for parent, _, _ in trainer.calls[trained:]] == ["s"]  # the main job only: nothing retrained
+    (entry,) = tuning_record.read(s)["configurations"]
+    assert entry["chosen"] == 0.002 and trainer.calls[-1][2][-1] == "optim.lr=0.002"
+    assert [t["score"] for t in entry["tried"]] == pytest.approx([1 / val_bpb(v, 2e-3) for v in (1e-3, 2e-3, 4e-3)])

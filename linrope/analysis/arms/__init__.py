@@ -11,6 +11,7 @@ code."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -91,11 +92,16 @@ def check_code(folders: Sequence[Path], study_dir: Path, allow_mixed: bool) -> O
 
 # ---- the positive control (``control``: a configuration and its bar on the study's metric in every seed) ----
 def _worst(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> Tuple[bool, float, Dict[Any, Tuple[float, bool]]]:
-    """(an ``at_least`` bar, the bar, {arm that has run: (its worst seed, whether that seed misses the bar)})."""
+    """(an ``at_least`` bar, the bar, {arm that has run: (its worst seed, whether that seed misses the bar)}).  A seed
+    that diverged (NaN or infinite: ``by_seed(..., finite=False)``) is the worst and misses."""
     low = "at_least" in study.control
     bar = study.control["at_least" if low else "at_most"]
-    worst = {a: (min if low else max)(seeds.values()) for a, seeds in by_arm.items() if seeds}
-    return low, bar, {a: (v, v < bar if low else v > bar) for a, v in worst.items()}
+    worst = {}
+    for a, seeds in by_arm.items():
+        diverged = [v for v in seeds.values() if not math.isfinite(v)]
+        if seeds:
+            worst[a] = diverged[0] if diverged else (min if low else max)(seeds.values())
+    return low, bar, {a: (v, not math.isfinite(v) or (v < bar if low else v > bar)) for a, v in worst.items()}
 
 
 def control_missed(study: Study, by_arm: Dict[Any, Dict[Any, float]]) -> List[Any]:
@@ -108,7 +114,11 @@ def control_text(study: Study, by_arm: Dict[str, Dict[Any, float]]) -> str:
     low, bar, ran = _worst(study, by_arm)
     what, name = study.control.get("what", study.metric), study.control["configuration"]
     seed_word = "lowest" if low else "highest"
-    missed = [f"{a} ({seed_word} seed {v:.3f})" for a, (v, miss) in ran.items() if miss]
+    missed = [
+        f"{a} ({f'{seed_word} seed {v:.3f}' if math.isfinite(v) else f'a seed diverged: {v}'})"
+        for a, (v, miss) in ran.items()
+        if miss
+    ]
     met = [f"{a} ({seed_word} seed {v:.3f})" for a, (v, miss) in ran.items() if not miss]
     missing = [a for a in by_arm if a not in ran]
     verb = ("reach", "reached") if low else ("stay at or below", "stayed at or below")
@@ -195,14 +205,19 @@ def per_run_lines(study: Study, groups: Dict[str, Dict[str, List[Run]]], arms: S
     metrics = list(dict.fromkeys(c.metric for c in study.claims))
     configs = list(dict.fromkeys(x for c in study.claims for x in (c.a, c.b)))
     values = {
-        (a.name, m, c): by_seed(groups[a.name].get(c, []), value_of(m)) for a in arms for m in metrics for c in configs
+        (a.name, m, c): by_seed(groups[a.name].get(c, []), value_of(m), finite=False)
+        for a in arms
+        for m in metrics
+        for c in configs
     }
     header = ["configuration", "seed", *(f"{m} at {number(a, study)}" for m in metrics for a in arms)]
     lines = []
     for c in configs:
         for seed in sorted({s for arm in arms for s in values[(arm.name, metrics[0], c)]}, key=str):
             got = [values[(a.name, m, c)].get(seed) for m in metrics for a in arms]
-            lines.append([c, str(seed), *("–" if v is None else f"{v:.4f}" for v in got)])
+            lines.append(
+                [c, str(seed), *("–" if v is None else f"{v:.4f}" if math.isfinite(v) else "diverged" for v in got)]
+            )
     return [markdown_table(header, lines), ""]
 
 
@@ -331,7 +346,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
         f"# {table['title']}",
         "",
         *([mixed, ""] if mixed else []),
-        f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}`.".lstrip(),
+        f"{intro.rstrip()}  Written by `python -m {TOOL} {shown(folder)}{' --allow-mixed' if mixed else ''}`.".lstrip(),
         "",
     ]
     if tuning_only:
@@ -343,8 +358,10 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     value = value_of(study.metric) if study.metric else None
     values = {a.name: {c: by_seed(rs, value) for c, rs in groups[a.name].items()} for a in arms} if value else {}
     ctl = (study.control or {}).get("configuration")
+    # the control's seeds, a diverged one kept: it misses the bar (the tables count it as failed)
+    control = {a.name: by_seed(groups[a.name].get(ctl, []), value, finite=False) for a in arms} if value else {}
     if study.control:
-        parts += [control_text(study, {n: values[a.name].get(ctl, {}) for n, a in zip(names, arms)}), ""]
+        parts += [control_text(study, {n: control.get(a.name, {}) for n, a in zip(names, arms)}), ""]
     if table.get("configurations"):
         parts += configuration_lines(study, values, arms, names, rows)
     if table.get("by_order"):
@@ -354,7 +371,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
     results = {a.name: claim_results(groups[a.name], study.claims, LEVEL, clusters_of.get(a.name)) for a in arms}
     missed, withheld = [], {}  # the arms whose control missed its bar: the probe could not tell there (no verdict)
     if study.control:
-        missed = control_missed(study, {a.name: values[a.name].get(ctl, {}) for a in arms})
+        missed = control_missed(study, {a.name: control.get(a.name, {}) for a in arms})
         withheld = {(a, c): ("control", f"{ctl} (the control) missed its bar") for a in missed for c in study.claims}
     for arm in arms:  # a bpb claim at a row where a seed of A or B is above the unigram: no verdict (evidence.py)
         refs = read_references(arm)
@@ -379,7 +396,7 @@ def arms_table(folder: Path, study: Study, reports: bool = True, allow_mixed: bo
             "## Per-run values",
             "",
             f"What every interval above is made of: each run's value, by configuration "
-            f"and seed ({at}–: the run has not finished).",
+            f"and seed ({at}–: the run has not finished; diverged: its value is not a finite number).",
             "",
             *per_run_lines(study, groups, arms),
         ]

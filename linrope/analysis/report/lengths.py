@@ -4,8 +4,9 @@ the reference rows, where the runs and the report have them), the declared pairs
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from linrope.analysis.cells import SCALINGS, band_note, cell, fmt, markdown_table, pair_record, seeds_text
 from linrope.analysis.evidence import References, row_key
@@ -32,6 +33,15 @@ def extrapolation_metrics(task: str) -> List[str]:
     return {"bytes": ["bpb"], "text": ["bpb", "loss"]}.get(task, ["acc"])
 
 
+def finite_seeds(values: Dict[Any, float]) -> Dict[Any, float]:
+    """{seed: value} without the seeds that diverged (NaN or infinite)."""
+    return {s: v for s, v in values.items() if math.isfinite(v)}
+
+
+def finite(values: Dict[Any, float]) -> List[float]:
+    return list(finite_seeds(values).values())
+
+
 def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional[str] = None):
     """Lengths, the metric (default: the task's first, ``extrapolation_metrics``) and rows (label, scaling, name,
     {length: {seed: value}}): one row per configuration and row name (linrope.evaluation.tables.row_name: ``none``
@@ -44,9 +54,11 @@ def extrapolation_rows(groups: Dict[str, List[Run]], task: str, metric: Optional
             continue
         named = dict.fromkeys((row_name(r), r["scaling"]) for run in runs for r in run.extrapolation)
         for name, scaling in named:
-            values = {
+            values = {  # a seed that diverged at a length kept (NaN): the table counts it
                 n: by_seed(
-                    runs, lambda one, n=n, name=name: (extrapolation_row(one.extrapolation, n, name) or {}).get(metric)
+                    runs,
+                    lambda one, n=n, name=name: (extrapolation_row(one.extrapolation, n, name) or {}).get(metric),
+                    finite=False,
                 )
                 for n in lengths
             }
@@ -100,7 +112,7 @@ def plot_extrapolation(
             ref_curves.append(Curve(name, {n: [v] for n, v in found.items()}, style))
 
     def points(row):
-        return {n: list(by.values()) for n, by in row["values"].items() if by}
+        return {n: f for n, by in row["values"].items() if (f := finite(by))}
 
     rows = [r for r in rows if r["name"] == r["scaling"]]  # sliding windows: the protocols' rows are in the table
     plain = [
@@ -190,8 +202,13 @@ def extrapolation_table(
     def value(by_seed, bar):
         if not by_seed:
             return "n/a"
-        iv = mean_ci(list(by_seed.values()), LEVEL)
-        return fmt(iv) + (" (collapsed)" if bar is not None and not iv.mean <= bar else "")  # NaN: collapsed too
+        kept, failed = finite(by_seed), f" of {len(by_seed)} seeds diverged"
+        if not kept:
+            return f"collapsed: {len(by_seed)}{failed}"
+        iv = mean_ci(kept, LEVEL)
+        if len(kept) < len(by_seed):  # the mean is over the others, and the row has collapsed there
+            return f"{fmt(iv)} (collapsed: {len(by_seed) - len(kept)}{failed}, left out)"
+        return fmt(iv) + (" (collapsed)" if bar is not None and not iv.mean <= bar else "")
 
     def bar(r, n):  # the unigram through this row's windows at this length
         return reference_at(references, "unigram", groups[r["label"]], r["name"], n)
@@ -224,7 +241,7 @@ def extrapolation_table(
     ]
     plain = {r["label"]: r["values"] for r in rows if r["name"] == "none"}
     found = [
-        (a, b, {n: paired(plain[a][n], plain[b][n], LEVEL) for n in lengths})
+        (a, b, {n: paired(finite_seeds(plain[a][n]), finite_seeds(plain[b][n]), LEVEL) for n in lengths})
         for a, b in pairs
         if a in plain and b in plain
     ]

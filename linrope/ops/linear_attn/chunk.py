@@ -126,6 +126,8 @@ def chunk_bwd(g_out: Optional[Tensor], g_S: Optional[Tensor], g_z: Optional[Tens
                                       [part(b) for b in buffers])[3:]  # fmt: skip
 
             grads = (*buffers, *heads.run(task, parts, (1, 1)))
+    if need_z0 and grads[4] is None:  # no path from the loss to z0 (normalize=False: z0 reaches the final z alone)
+        grads = (*grads[:4], torch.zeros_like(z0))
     dq, dk, dv, dS0, dz0 = (_or_empty(g, like) for g, like in zip(grads, (q, k, v, q, q)))
     return dq, dk, dv, dS0.clone(), dz0.clone()  # the state's gradients may be views of one buffer
 

@@ -83,6 +83,7 @@ class Args(NamedTuple):
         """These arguments checked against q, k, v (a one-line ValueError naming the problem), with the tensors
         on q's device and the numbers of the types the operators take."""
         check_args(q, k, v, self.feature_map, self.rope, self.chunk_size)
+        check_theta(self.rope_theta, q, self.rope)
         check_normalize(self.normalize)
         if not self.causal and (self.initial_state is not None or self.output_final_state):
             raise ValueError("initial/final states only make sense for causal linear attention")
@@ -109,6 +110,16 @@ class Args(NamedTuple):
             self.normalize,
             check_documents(self.documents, q, self.causal),
         )
+
+
+def check_theta(theta, q: Tensor, rope: str) -> None:
+    """RoPE's frequencies: d/2 of them, one per pair of channels (a shorter tensor would broadcast silently)."""
+    if theta is None or rope == "none":
+        return
+    half = q.shape[-1] // 2
+    if not torch.is_tensor(theta) or tuple(theta.shape) != (half,):
+        got = tuple(theta.shape) if torch.is_tensor(theta) else type(theta).__name__
+        raise ValueError(f"rope_theta must be a 1-D tensor of d/2 = {half} frequencies; got {got}")
 
 
 def check_args(q, k, v, feature_map: str, rope: str, chunk_size: int | None = None):

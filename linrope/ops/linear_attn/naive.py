@@ -82,8 +82,8 @@ def naive_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Args):
     if initial_state is not None:
         tail = torch.ones(H, dtype=dtype, device=q.device) if log_gamma is None else torch.exp(log_gamma * N).to(dtype)
         tail = tail.expand(B, H)
-        if docs is not None:  # the state crosses the row only if the row is one document
-            tail = tail * (docs[:, :1] == docs[:, -1:]).to(dtype)
+        if docs is not None and N:  # the state crosses the row only if the row is one document (an empty row: it does)
+            tail = tail * (docs[:, 0] == docs[:, -1]).to(dtype)[:, None]
         S = S + initial_state.S.to(dtype) * tail[:, :, None, None]
         z = z + initial_state.z.to(dtype) * tail[:, :, None]
     return out, LinearAttentionState(S, z)

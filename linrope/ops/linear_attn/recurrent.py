@@ -26,6 +26,7 @@ from .common import (
     check_decay,
     check_normalize,
     check_state,
+    check_theta,
     decay_log,
     guard_denominator,
     without_autocast,
@@ -112,16 +113,19 @@ def _step_setup_context(ctx, inputs, output):
 
 
 def _step_backward(ctx, g_o, g_S, g_z):
-    """The step recomputed with autograd on (q, k, v, S, z) and differentiated: one step holds O(D'·d_v) numbers
-    per head, so nothing is gained by a hand-written backward (generation runs without gradients)."""
-    q, k, v, S, z, position, theta, decay = ctx.saved_tensors
-    needs = ctx.needs_input_grad[:5]
-    with torch.enable_grad(), autocast_off(q.device.type):
-        leaves = [t.detach().requires_grad_(need) for t, need in zip((q, k, v, S, z), needs)]
-        outs = _step(*leaves, position, theta, decay, *ctx.options)
-        wrt = [t for t in leaves if t.requires_grad]
+    """The step recomputed with autograd on (q, k, v, S, z, θ, γ) and differentiated: one step holds O(D'·d_v)
+    numbers per head, so nothing is gained by a hand-written backward (generation runs without gradients)."""
+    saved = list(ctx.saved_tensors)  # q, k, v, S, z, position, theta, decay
+    needs = [bool(n) for n in ctx.needs_input_grad[:8]]
+    needs[5] = False  # the position
+    if not any(needs):
+        return (None,) * 12
+    with torch.enable_grad(), autocast_off(saved[0].device.type):
+        leaves = [t if t is None else t.detach().requires_grad_(need) for t, need in zip(saved, needs)]
+        outs = _step(*leaves, *ctx.options)
+        wrt = [t for t, need in zip(leaves, needs) if need]
         grads = iter(torch.autograd.grad(outs, wrt, (g_o, g_S, g_z), allow_unused=True, materialize_grads=True))
-    return (*(next(grads) if need else None for need in needs), *(None,) * 7)
+    return (*(next(grads) if need else None for need in needs), *(None,) * 4)
 
 
 recurrent_step_op.register_autograd(_step_backward, setup_context=_step_setup_context)
@@ -151,6 +155,7 @@ def recurrent_step(
     if squeeze:
         q_t, k_t, v_t = q_t.unsqueeze(2), k_t.unsqueeze(2), v_t.unsqueeze(2)
     check_args(q_t, k_t, v_t, feature_map, rope)
+    check_theta(rope_theta, q_t, rope)
     check_normalize(normalize)
     if q_t.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one position; got {q_t.shape[2]}")
