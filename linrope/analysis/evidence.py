@@ -324,12 +324,13 @@ def section(
         kept = {c: [r for r in groups[c] if r.seed not in outcome[c].failed] for c in (a, b)}
         cells = {c: documents_of(kept[c], metric) for c in (a, b)}  # a seed diverged at this row: left out too
         shared, estimate = shared_bpb_difference(cells, a, b, clusters=grouping)
-        dropped = {c: sorted(map(str, [*outcome[c].failed, *diverged_at(kept[c], metric)])) for c in (a, b)}
+        diverged = {c: diverged_at(kept[c], metric) for c in (a, b)}
+        dropped = {c: sorted(map(str, [*outcome[c].failed, *diverged[c]])) for c in (a, b)}
         why = "; ".join(f"{c} {', '.join(s)}" for c, s in dropped.items() if s)
         family.append((f"{a} − {b} ({metric})", estimate))
         notes.append(why and f"failed seeds left out: {why}")
         # a seed that diverged at this row counts as above its unigram (``above``): no verdict
-        counted = {c: {*cells[c], *diverged_at(kept[c], metric)} for c in (a, b)}
+        counted = {c: {*cells[c], *diverged[c]} for c in (a, b)}
         collapses.append(above_unigram(groups, refs, metric, (a, b), counted) if metric != "test/bpb" else "")
         records.append(
             {

@@ -79,10 +79,17 @@ def data_option_errors(data) -> List[str]:
     """What linrope's data module for ``data._target_`` refuses (its constructor is its declaration): a key
     it does not take, naming the nearest, else a value; another module's keys are left to it.  Values that
     are interpolations (``${context}``, ``${hydra:...}``) are checked where they are set."""
-    from linrope.data.rebuild import DATA_MODULES, class_path, data_options  # Lightning, ~4 s
+    from linrope.data.rebuild import data_options
 
-    cls = next((c for c in DATA_MODULES.values() if class_path(c) == get(data, "_target_")), None)
+    cls = data_module_class(data)
     return [] if cls is None else option_errors(data_options(cls), data, "data", also=("_target_", "task"))
+
+
+def data_module_class(data) -> Optional[type]:
+    """linrope's data module that ``data._target_`` names, or None (another module's)."""
+    from linrope.data.rebuild import DATA_MODULES, class_path  # Lightning, ~4 s
+
+    return next((c for c in DATA_MODULES.values() if class_path(c) == get(data, "_target_")), None)
 
 
 def text_errors(cfg) -> List[str]:
@@ -217,9 +224,7 @@ def data_errors(cfg) -> List[str]:
 def task_errors(data) -> List[str]:
     """A synthetic task whose options do not fit together (mqar: more queries than pairs) or that does not fit its
     training or test context: the task's own line (linrope.data.tasks), before any example is drawn."""
-    from linrope.data.rebuild import DATA_MODULES, class_path
-
-    cls = next((c for c in DATA_MODULES.values() if class_path(c) == get(data, "_target_")), None)
+    cls = data_module_class(data)
     if cls is None or not hasattr(cls, "build_task"):
         return []
     options = plain(data)
@@ -394,12 +399,12 @@ def checkpoint_path(cfg) -> Optional[str]:
         return None
     ckpt = str(ckpt)
     if ckpt in ("last", "auto"):
+        from linrope.run.folder import last_checkpoint_file  # light: no torch
+
         try:
-            folder = get(cfg, "callbacks.last_checkpoint.dirpath") or Path(str(cfg.paths.output_dir)) / "checkpoints"
-            name = get(cfg, "callbacks.last_checkpoint.filename") or "last.ckpt"
+            last = last_checkpoint_file(cfg)
         except Exception:  # noqa: BLE001 - the run folder is not known (no Hydra run)
             return None
-        last = Path(str(folder)) / str(name)
         if not last.exists() and not last.is_symlink():
             if ckpt == "auto":
                 return None

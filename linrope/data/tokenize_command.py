@@ -95,17 +95,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 )
             limit = args.max_documents
 
-            trained = []
-
             def texts():
                 for i, (ident, raw) in enumerate(source.documents()):
                     if limit is not None and i >= limit:
                         return
-                    if split_of(ident, args.val_fraction, args.test_fraction) == "train" and raw.strip():
-                        trained.append(ident)
+                    if split_of(ident, args.val_fraction, args.test_fraction) == "train":
                         yield utf8(ident, raw)  # UTF-8 (linrope.data.sources skips what is not)
 
-            tok = train_bpe(texts(), args.vocab_size, out, check=lambda: trained)
+            tok = train_bpe(texts(), args.vocab_size, out)
             print(f"{args.out}: byte-level BPE, {tok.vocab_size} tokens, end of document <|endoftext|> = {tok.eod}")
             return 0
         tok = load_tokenizer(args.tokenizer)

@@ -22,7 +22,7 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
@@ -190,12 +190,10 @@ def load_tokenizer(spec: Optional[str]) -> Tokenizer:
     return HFTokenizer(tok, spec, hashlib.sha256(tok.to_str().encode()).hexdigest()[:16])
 
 
-def train_bpe(
-    texts: Iterable[str], vocab_size: int, out: Path, length: Optional[int] = None, check: Optional[Callable] = None
-) -> Tokenizer:
+def train_bpe(texts: Iterable[str], vocab_size: int, out: Path, length: Optional[int] = None) -> Tokenizer:
     """A byte-level BPE trained on ``texts`` with ``vocab_size`` tokens (``<|endoftext|>`` among them), saved to
-    ``out`` (tokenizer.json); the trainer's progress bar shows.  ``check``: called after training, before the
-    file is written, returns what was trained on (nothing: refused, no file written)."""
+    ``out`` (tokenizer.json); the trainer's progress bar shows.  No text that is not blank: refused, nothing
+    written (a tokenizer of the 256 bytes alone)."""
     tk = _tokenizers()
     if vocab_size < 257 + 1:
         raise CorpusError(f"--vocab-size {vocab_size}: a byte-level BPE needs at least 258 (256 bytes, EOD, a merge)")
@@ -208,8 +206,16 @@ def train_bpe(
         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=True,
     )
-    tok.train_from_iterator(texts, trainer=trainer, length=length)
-    if check is not None and not check():
+    read = 0  # texts with something in them
+
+    def counted():
+        nonlocal read
+        for text in texts:
+            read += bool(text.strip())
+            yield text
+
+    tok.train_from_iterator(counted(), trainer=trainer, length=length)
+    if not read:
         raise CorpusError(f"--out {out}: no document of the train split to train on (none, empty, or every one in "
                           "val or test: see --val-fraction, --test-fraction); nothing written")  # fmt: skip
     out = Path(out)

@@ -62,6 +62,11 @@ class EvaluateSettings(ExtrapolationSettings):
     data: Any  # changes to the saved data config: checked with it (linrope.data.rebuild)
 
 
+def table_files(stem: str) -> tuple:
+    """The files ``write_table`` writes for ``stem``: the table, its plot, the loss per document and per position."""
+    return f"{stem}.csv", f"{stem}.png", f"{stem}_documents.csv", f"{stem}_positions.csv"
+
+
 def plot_title(model_cfg, train_context: int, suffix: str = "") -> str:
     name = model_cfg.get("name") or f"{model_cfg['attention'].get('kind')} / {model_cfg['position'].get('name')}"
     return f"length extrapolation: {name}{suffix}, trained at {train_context}"
@@ -85,7 +90,7 @@ def write_table(
     ``<out>/<stem>.png``: train.py's hook and the standalone command both go through here.  The CSV is
     written again, atomically, as each row finishes: a stop keeps every row done (the plot is drawn at the end);
     ``kept``, a list, holds the rows written so far."""
-    csv_path = out / f"{stem}.csv"
+    csv_path, png_path, documents_path, positions_path = (out / name for name in table_files(stem))
     kept = [] if kept is None else kept
 
     def written(done):
@@ -96,8 +101,8 @@ def write_table(
     def write_all(done):
         write_csv(done, csv_path)
         if any(r.get("per_document") for r in done):  # bytes: each row's loss per document and per position
-            write_details(done, out / f"{stem}_documents.csv", "documents")
-            write_details(done, out / f"{stem}_positions.csv", "positions")
+            write_details(done, documents_path, "documents")
+            write_details(done, positions_path, "positions")
 
     settings = {k: settings[k] for k in SETTINGS}
     rows = length_table(
@@ -105,7 +110,7 @@ def write_table(
     )
     write_all(rows)  # also a table of no row
     title = plot_title(module.hparams["model"], train_context, title_suffix)
-    png = plot_length_table(rows, out / f"{stem}.png", train_context=train_context, title=title, name=row_name)
+    png = plot_length_table(rows, png_path, train_context=train_context, title=title, name=row_name)
     return rows, csv_path, png
 
 
@@ -239,9 +244,6 @@ def _build(data, overrides, task: str, where, cfg: DictConfig, checkpoint: Dict[
     return build_data_module({**data, **overrides}, task, where=where)
 
 
-OUTPUTS = ("evaluate.csv", "evaluate.png", "evaluate_documents.csv", "evaluate_positions.csv")
-
-
 def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
     """The whole standalone evaluation for one composed ``conf/evaluate.yaml``."""
     if not cfg.ckpt:
@@ -258,7 +260,8 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
         )
     if problems:
         raise EvaluateError("; ".join(problems))  # before the checkpoint is read
-    for name in OUTPUTS:  # an earlier evaluation's files are never written over (a row less would replace them)
+    # an earlier evaluation's files are never written over (a row less would replace them)
+    for name in table_files("evaluate"):
         if (Path(str(cfg.out)) / name).exists():
             raise EvaluateError(
                 f"{Path(str(cfg.out)) / name} exists (an earlier evaluation): pass out=<another folder>"

@@ -64,32 +64,31 @@ def generate_text(
     prompt = prompt or "\n"
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace") if tokenizer is None else _Pieces(tokenizer)
     pieces = [prompt]
-    out = write or (lambda text: None)
-    shown = []
+    emit = write or (lambda text: None)
+    shown = False
 
-    def emit(text: str) -> None:  # the prompt once the model has read it: a line the first forward logs comes first
+    def show_prompt() -> None:  # once the model has read it: a line its first forward logs comes before it
+        nonlocal shown
         if not shown:
-            shown.append(out(prompt))
-        out(text)
+            shown = True
+            emit(prompt)
 
     sampled = 0
     ids = torch.tensor([(ByteTokenizer() if tokenizer is None else tokenizer).encode(prompt)], dtype=torch.long)
     try:
         for nxt in model.stream(ids.to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g):
-            if not shown:
-                emit("")
+            show_prompt()
             sampled += 1
             piece = decoder.decode(bytes([int(nxt[0, 0])])) if tokenizer is None else decoder.decode(int(nxt[0, 0]))
             if piece:
                 pieces.append(piece)
                 emit(piece)
     finally:  # a byte sequence cut short: its replacement character, as decode() gives it
+        show_prompt()  # no token sampled (none asked for, or a stop before the first): the prompt alone
         tail = decoder.decode(b"", final=True)
         if tail:
             pieces.append(tail)
             emit(tail)
-        if not shown:
-            emit("")  # no token sampled (none asked for, or a stop before the first): the prompt alone
         stopped = sys.exc_info()[1]
         if isinstance(stopped, Stopped):
             stopped.text, stopped.sampled = "".join(pieces), sampled

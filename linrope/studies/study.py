@@ -372,10 +372,10 @@ class Study:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        left = [self.names[i] for i in range(n) if not self.ready[i] or not self.finished(i)]
+        left = [i for i in range(n) if not self.ready[i] or not self.finished(i)]
         print(
             f"linrope study: {n - len(left)}/{n} {self.what} done"
-            + (f"; not finished: {', '.join(self.folder(self.names.index(x)).name for x in left)}" if left else "")
+            + (f"; not finished: {', '.join(self.folder(i).name for i in left)}" if left else "")
             + (f" ({', '.join(self.elsewhere)} running elsewhere)" if self.elsewhere else ""),
             flush=True,
         )
@@ -383,7 +383,7 @@ class Study:
             stopped = f"stopped by {signal.Signals(self.signal).name}; resume with: {self.resume_command}"
             print(f"linrope study: {stopped}", flush=True)
             return 128 + int(self.signal)
-        return 1 if self.failed or set(left) - set(self.elsewhere) - set(waiting) - set(skip) else 0
+        return 1 if self.failed or {self.names[i] for i in left} - set(self.elsewhere) - set(waiting) - set(skip) else 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
