@@ -399,12 +399,12 @@ def checkpoint_path(cfg) -> Optional[str]:
         return None
     ckpt = str(ckpt)
     if ckpt in ("last", "auto"):
-        from linrope.run.folder import last_checkpoint_file  # light: no torch
-
         try:
-            last = last_checkpoint_file(cfg)
+            folder = get(cfg, "callbacks.last_checkpoint.dirpath") or Path(str(cfg.paths.output_dir)) / "checkpoints"
+            name = get(cfg, "callbacks.last_checkpoint.filename") or "last.ckpt"
         except Exception:  # noqa: BLE001 - the run folder is not known (no Hydra run)
             return None
+        last = Path(str(folder)) / str(name)
         if not last.exists() and not last.is_symlink():
             if ckpt == "auto":
                 return None

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from linrope.base.errors import RunFolderError, first_names
-from linrope.base.nested import get
 
 LOCK_NAME = ".linrope.lock"
 
@@ -56,13 +55,6 @@ def aside(folder: Path, prefix: str, suffix: str = "") -> Path:
     their history's)."""
     taken = [p.name[len(prefix) : len(p.name) - len(suffix)] for p in folder.glob(f"{prefix}*{suffix}")]
     return folder / f"{prefix}{1 + max((int(k) for k in taken if k.isdigit()), default=-1)}{suffix}"
-
-
-def last_checkpoint_file(cfg, folder: Optional[Path] = None) -> Path:
-    """The file the last-checkpoint callback writes (``callbacks.last_checkpoint``'s dirpath and filename): by
-    default ``<folder>/checkpoints/last.ckpt``, ``folder`` the run's (``paths.output_dir`` when not given)."""
-    dirpath = get(cfg, "callbacks.last_checkpoint.dirpath") or Path(str(folder or cfg.paths.output_dir)) / "checkpoints"
-    return Path(str(dirpath)) / str(get(cfg, "callbacks.last_checkpoint.filename") or "last.ckpt")
 
 
 _held: Dict[str, int] = {}  # the folder this process holds -> the lock's file descriptor
@@ -115,7 +107,9 @@ def claim_run_folder(cfg: DictConfig) -> None:
         release_run_folder()
         raise RunFolderError(_holds_a_run(folder, earlier))
     if earlier and str(cfg.get("ckpt_path")) == "auto":
-        last = last_checkpoint_file(cfg, folder)
+        last = Path(
+            str(OmegaConf.select(cfg, "callbacks.last_checkpoint.dirpath", default=None) or folder / "checkpoints")
+        ) / str(OmegaConf.select(cfg, "callbacks.last_checkpoint.filename", default=None) or "last.ckpt")
         checkpoints = [name for name in earlier if name.endswith(".ckpt")]
         if checkpoints and not (last.exists() or last.is_symlink()):
             release_run_folder()  # auto would start afresh (no last checkpoint) over a run that kept checkpoints

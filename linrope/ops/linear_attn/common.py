@@ -209,21 +209,16 @@ def check_decay(decay, n_heads: int, device) -> Optional[Tensor]:
 
 
 def check_decay_range(decay: Tensor) -> None:
-    """Every 0 < γ_h <= 1, without waiting for a device (``check_values``)."""
-    check_values(((decay > 0) & (decay <= 1)).all(), DECAY_RANGE)
-
-
-def check_values(ok: Tensor, message: str) -> None:
-    """A test of values (``ok``, a boolean tensor), without waiting for a device.  A test of values needs them on
-    the host: on the CPU that is free, and a failed test raises ValueError(message) here.  On any other device
-    (CUDA), and while torch.compile traces, the test is ``torch._assert_async``: queued with the kernels, no host
-    sync, no graph break; a failed test then fails at the device's next synchronisation (docs/mathematics.md,
-    "GPU readiness")."""
-    if ok.device.type == "cpu" and not torch.compiler.is_compiling():
+    """Every 0 < γ_h <= 1, without waiting for a device.  A test of values needs them on the host: on the CPU
+    that is free, and a bad value raises ValueError here.  On any other device (CUDA), and while torch.compile
+    traces, the test is ``torch._assert_async``: queued with the kernels, no host sync, no graph break; a bad
+    value then fails at the device's next synchronisation (docs/mathematics.md, "GPU readiness")."""
+    ok = ((decay > 0) & (decay <= 1)).all()
+    if decay.device.type == "cpu" and not torch.compiler.is_compiling():
         if not bool(ok):
-            raise ValueError(message)
+            raise ValueError(DECAY_RANGE)
     else:
-        torch._assert_async(ok, message)
+        torch._assert_async(ok, DECAY_RANGE)
 
 
 def decay_log(decay: Optional[Tensor]) -> Optional[Tensor]:
