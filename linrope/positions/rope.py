@@ -79,7 +79,8 @@ class RoPE(PositionScheme):
         theta = rope_frequencies(
             self.rotary_dims, base, scaling=scaling, factor=factor, original_context=self.original_context, **self.yarn
         )
-        self.register_buffer("theta", partial_frequencies(theta, self.head_dim), persistent=False)
+        # float64, never the model's dtype (``float64_buffer``): .bfloat16() must not round the frequencies
+        self.float64_buffer("theta", partial_frequencies(theta, self.head_dim))
         self.mscale = mscale
         self.attention_scale = (yarn_mscale(factor) if mscale is None else mscale) if scaling == "yarn" else 1.0
         self.dynamic = (factor, self.original_context) if scaling == "dynamic" else None
