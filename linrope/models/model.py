@@ -240,11 +240,12 @@ class TransformerLM(nn.Module):
         """Yield each sampled token, (B, 1), as it is drawn.  Linear attention carries its recurrent
         state (O(1) memory per token); softmax attention re-reads the last ``window`` tokens (default max_len),
         and keeps no more of them, so memory does not grow with ``max_new_tokens``.  So does linear attention
-        where no state can be carried: with an attention window (no running sum) or randomized positions (drawn
-        for a whole sequence in one call)."""
+        where no state can be carried: with an attention window (no running sum), randomized positions (drawn
+        for a whole sequence in one call) or a table of max_len positions (none beyond it)."""
         self.eval()
         layers = [m for m in self.modules() if isinstance(m, ATTENTION["linear"])]
-        linear = bool(layers) and not any(m.window for m in layers) and not self.cfg.position.get("max_position")
+        carried = not (self.cfg.position.get("max_position") or self.cfg.position_table_bounded())
+        linear = bool(layers) and not any(m.window for m in layers) and carried
         w = window or self.cfg.max_len
         ctx = prompt if linear else prompt[:, -w:]
         if linear:

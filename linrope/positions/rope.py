@@ -90,6 +90,14 @@ class RoPE(PositionScheme):
             self.float64_buffer("rate", rate)
 
     @classmethod
+    def dims_problems(cls, options: Mapping, *, head_dim: int, max_len: int, causal: bool) -> List[str]:
+        try:
+            rotary_dims(head_dim, options["rotary_fraction"])
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    @classmethod
     def linear_decays(cls, options: Mapping) -> bool:
         return options.get("decay") is not None
 
@@ -136,6 +144,18 @@ class RoPE(PositionScheme):
             problems.append(
                 f"original_context={options['original_context']}: an option of scaling: yarn or dynamic, "
                 f"and this model's scaling is {scaling or 'null'}"
+            )
+        if scaling == "dynamic" and options.get("max_position") is not None:
+            problems.append(
+                f"scaling: dynamic with max_position={options['max_position']} cannot work as defined: dynamic NTK "
+                "turns at the forward's largest position, and randomized positions are drawn on the device, so only "
+                "their bound is known; use another scaling or drop max_position"
+            )
+        if scaling in (None, "none") and options.get("factor", 1.0) != 1:
+            scalings = ", ".join(s for s in SCALINGS if s not in (None, "none"))
+            problems.append(
+                f"factor={options['factor']}: an option of scaling ({scalings}), and this model's scaling is "
+                f"{scaling or 'null'}"
             )
         if scaling in ("yarn", "dynamic") and options.get("factor", 1.0) < 1:
             problems.append(f"factor={options['factor']}: scaling: {scaling} extends the context, so factor >= 1")
