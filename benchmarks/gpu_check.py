@@ -493,6 +493,7 @@ def report(ctx) -> str:
     else:
         L += ["Not run.", ""]
     forms = "; ".join(f"**{REGISTRY[k].label}**: {REGISTRY[k].what}" for k in KERNEL_FORMS)
+    each = "; ".join(f"process {i} times {', '.join(one)}" for i, one in enumerate(labels(ctx.kernel_processes), 1))
     L += [
         "## Kernel table",
         "",
@@ -501,9 +502,8 @@ def report(ctx) -> str:
         "is fwd+bwd less fwd (the forward timed under no_grad, so it slightly overstates the backward); median of "
         f"{s['repeats']} after {s['warmup']} warm-up (benchmarks/kernel_time.py). Forms: {forms}. Peak MiB: "
         "allocated during one fwd+bwd above what was allocated before it (CUDA only). First call s: the first "
-        "fwd+bwd, Triton's compile and autotuning included. Process 1 times sdpa flash and linrope chunk, process 2 "
-        "sdpa flash and the fla forms (with `--triton` one process: sdpa flash, fla chunk_simple_gla and linrope's "
-        "Triton kernels); a CUDA fault ends its process; each ratio is within one process.",
+        f"fwd+bwd, Triton's compile and autotuning included. {each}; a CUDA fault ends its process; each ratio is "
+        "within one process.",
         "",
     ]
     k, rows = ctx.rows("kernels"), []
