@@ -23,13 +23,13 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
-    from linrope.config.checks import validate
+    from linrope.config.checks import sweep_dir, validate
     from linrope.run.exit import one_line_errors
     from linrope.run.folder import claim_run_folder, other_process_of_a_run, resume_begins
     from linrope.training.builders import name_model, test_checkpoint
 
     tidy.quiet_logging()
-    with tidy.no_folder_on_refusal(), one_line_errors():
+    with tidy.no_folder_on_refusal(), one_line_errors(sweep=sweep_dir() is not None):
         validate(cfg)  # one-line errors before any data is read or model built
         tested = test_checkpoint(cfg)
         name_model(cfg)  # model.name follows attention=... position=... chosen on the command line

@@ -167,6 +167,35 @@ def test_an_objective_no_run_can_log_is_named_with_the_setting_to_change():
     assert "limit_val_batches=0" in objective_problem(compose_train([*base, "trainer.limit_val_batches=0"]))
 
 
+DIVERGES = tiny(
+    "logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=2", "test=false", "optim.warmup_steps=0"
+)
+
+
+@pytest.mark.slow  # two runs in a subprocess
+def test_a_diverged_job_of_a_sweep_fails_that_job_only(tmp_path):
+    """A job whose loss diverges (learning rate 1e6) is a failed job: its one line, then the sweep's other jobs run
+    (a SystemExit ended the sweep there, and the next job never ran); the sweep ends with exit status 1 and the line,
+    no traceback, and the report counts the diverged run as failed."""
+    sweep = tmp_path / "sweep"
+    r = train(tmp_path, "-m", "optim.lr=1e6,1e-3", *DIVERGES, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 1, r.stderr[-3000:]
+    line = "linrope: loss is nan at step"
+    assert [ln.startswith(line) for ln in r.stderr.splitlines()].count(True) == 2  # the job's, then the sweep's
+    assert "Traceback" not in r.stderr
+    assert (sweep / "lr0.001" / "checkpoints" / "last.ckpt").is_file()  # the job after the diverged one ran
+    assert (sweep / "lr1000000.0" / "provenance.json").is_file()
+
+
+@pytest.mark.slow
+def test_an_optuna_trial_that_diverges_is_a_failed_trial_and_the_search_goes_on(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = train(tmp_path, "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "optim.lr=tag(log, interval(1e5, 1e6))",
+              *DIVERGES, f"hydra.sweep.dir={sweep}")  # fmt: skip
+    assert [ln.startswith("linrope: loss is nan") for ln in r.stderr.splitlines()].count(True) == 2, r.stderr[-3000:]
+    assert len([p for p in sweep.iterdir() if p.is_dir()]) == 2  # both trials ran
+
+
 def test_the_optuna_sweep_that_cannot_score_is_refused_before_its_first_trial(tmp_path):
     sweep = tmp_path / "sweep"
     r = train(
