@@ -135,13 +135,14 @@ def table_errors(cfg) -> List[str]:
     ]
 
 
-def validate(cfg: DictConfig, hardware: bool = True) -> None:
+def validate(cfg: DictConfig, hardware: bool = True, sweep: Optional[bool] = None) -> None:
     """Raise ConfigError naming every problem found (one per line): first what linrope's own settings refuse
     (``settings_errors``, no torch); then what each component refuses (an option it does not take, naming the
     nearest it does; its own values; the model's pairing and dimensions); then (when those are sound) what
     depends on several values, the corpus, the Trainer and ``ckpt_path``.  ``hardware=False`` (the dry run of
     a sweep, linrope sweeps, on a login node) checks the config alone: whether this machine has the devices
-    asked for, and what ``accelerator: auto`` would pick here, are the launch's business."""
+    asked for, and what ``accelerator: auto`` would pick here, are the launch's business.  ``sweep``: whether the
+    config is a job of a sweep (None: a job of the running ``-m``, ``sweep_dir``; the dry run says True)."""
     errors = settings_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))
@@ -152,7 +153,7 @@ def validate(cfg: DictConfig, hardware: bool = True) -> None:
     if errors:
         raise ConfigError("\n".join(errors))
     errors = table_errors(cfg)
-    errors += data_errors(cfg) + trainer_errors(cfg, hardware) + impl_errors(cfg, hardware)
+    errors += data_errors(cfg) + trainer_errors(cfg, hardware, sweep) + impl_errors(cfg, hardware)
     try:
         checkpoint_path(cfg)
     except ConfigError as e:
@@ -256,7 +257,7 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
 
 
-def trainer_errors(cfg, hardware: bool = True) -> List[str]:
+def trainer_errors(cfg, hardware: bool = True, sweep: Optional[bool] = None) -> List[str]:
     """The Trainer's accelerator, devices, precision and strategy; with ``hardware``, also whether this
     machine has the devices asked for (``accelerator: auto`` resolved as build_trainer resolves it)."""
     errors = []
@@ -292,14 +293,29 @@ def trainer_errors(cfg, hardware: bool = True) -> List[str]:
                 f"trainer.strategy={strategy}: unknown; e.g. {', '.join(COMMON_STRATEGIES)} "
                 f"(all: lightning.pytorch.strategies.StrategyRegistry)"
             )
-    relaunched = strategy == "ddp" or strategy.startswith(("fsdp", "deepspeed"))  # Lightning re-runs train.py
-    if relaunched and (n is None or n > 1) and sweep_dir() is not None and not _processes_started_externally():
+    sweep = sweep_dir() is not None if sweep is None else sweep
+    if sweep and relaunches(strategy, n, kind, available) and not _processes_started_externally():
         errors.append(
             f"trainer.strategy={strategy} in a sweep (-m): Lightning starts the other processes by "
             "running train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in "
             "sweeps, or a launcher that starts them (hydra/launcher=submitit_slurm)"
         )
     return errors + fsdp_errors(strategy, node, kind)
+
+
+def relaunches(strategy: str, n: Optional[int], kind: Optional[str], available: Optional[int]) -> bool:
+    """Whether Lightning starts the other processes of ``strategy`` on ``n`` devices (None: auto or -1, all of the
+    ``available``) by running the script again (its ``_SubprocessScriptLauncher``): ddp and its
+    ``ddp_find_unused_parameters_*``, fsdp and deepspeed on more than one device, and ``auto`` on more than one
+    (Lightning's auto is ddp there); not ``ddp_spawn``, ``ddp_fork`` or ``ddp_notebook`` (multiprocessing)."""
+    if strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
+        return False
+    if strategy.startswith(("ddp", "fsdp", "deepspeed")):
+        return n is None or n > 1
+    if strategy == "auto":
+        count = n if n is not None else (available if kind == "gpu" else 1)  # auto devices: every GPU, one CPU
+        return count is None or count > 1
+    return False
 
 
 def strategy_name(strategy) -> str:

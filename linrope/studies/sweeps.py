@@ -48,7 +48,7 @@ def check_jobs(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[Tupl
     results = []
     for job in sweep_jobs(overrides):
         try:
-            validate(compose_train([*job, *extra]), hardware=False)
+            validate(compose_train([*job, *extra]), hardware=False, sweep=True)
             results.append((job, None))
         except ConfigError as e:
             results.append((job, str(e)))

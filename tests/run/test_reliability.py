@@ -312,6 +312,17 @@ def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
     with pytest.raises(C.ConfigError, match="use trainer=ddp_spawn in sweeps"):
         C.validate(compose("trainer=ddp"))
     C.validate(compose("trainer=ddp_spawn"))
+    # Lightning re-runs the script for these too (its _SubprocessScriptLauncher): the whole sweep ran twice
+    cpus = ["trainer.accelerator=cpu", "trainer.devices=2"]
+    for strategy in ("auto", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false"):
+        with pytest.raises(C.ConfigError, match=f"trainer.strategy={strategy} in a sweep"):
+            C.validate(compose(*cpus, f"trainer.strategy={strategy}"))
+    C.validate(compose("trainer.accelerator=cpu", "trainer.devices=1"))  # auto on one device: no other process
+    C.validate(compose(*cpus, "trainer.strategy=ddp_fork"))
+    monkeypatch.setattr(C, "sweep_dir", lambda: None)  # the dry run (linrope sweeps) says it is a sweep's job
+    with pytest.raises(C.ConfigError, match="use trainer=ddp_spawn in sweeps"):
+        C.validate(compose("trainer=ddp"), hardware=False, sweep=True)
+    C.validate(compose("trainer=ddp"), hardware=False)  # a single run: ddp is right
     monkeypatch.setenv("SLURM_NTASKS", "2")  # srun starts the processes: ddp is right there
     C.validate(compose("trainer=ddp"))
 
