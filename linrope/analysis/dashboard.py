@@ -30,6 +30,7 @@ from linrope.config.command_line import program
 # says how to install it), wandb and linrope.run.loggers (Lightning): --help and --dry-run stay fast (0.1 s, not ~5 s)
 
 BYTES = "bytes"
+LANGUAGE = ("bytes", "text")  # scored in bits per byte (val/bpb, test/bpb, extrapolation bpb@N); the tasks in accuracy
 GROUP_BY = ("model.attention.kind", "model.position.name", "model.name")
 DEFAULT_FACTORS = (1, 2, 4, 8, 16)
 STEP = "trainer/global_step"  # the x axis Lightning's WandbLogger logs with every metric
@@ -63,8 +64,18 @@ class Target:
 
 
 def extrapolation_keys(target: Target, scaling: str) -> List[str]:
-    metric = "bpb" if BYTES in target.tasks else "loss"  # the key linrope evaluate logs for the task
-    return [f"extrapolation/{scaling}/{metric}@{n}" for n in target.lengths]
+    """The keys a run's extrapolation table logs (linrope.evaluation.evaluate): bpb@N for language, acc@N for the
+    synthetic tasks; both where the runs trained on both."""
+    metrics = ["bpb"] * language(target) + ["acc"] * synthetic(target)
+    return [f"extrapolation/{scaling}/{m}@{n}" for m in metrics for n in target.lengths]
+
+
+def language(target: Target) -> bool:
+    return any(t in LANGUAGE for t in target.tasks)
+
+
+def synthetic(target: Target) -> bool:
+    return any(t not in LANGUAGE for t in target.tasks)
 
 
 def section(title: str, text: str, panels) -> Section:
@@ -89,7 +100,7 @@ TRAINING = [("line", "train/loss", ["train/loss"]), ("line", "learning rate", ["
 def sections(target: Target) -> List[Section]:
     """The dashboard's content as plain data; ``panel_metrics`` lists every key it names."""
     out: List[Section] = []
-    if BYTES in target.tasks:
+    if language(target):
         text = (
             "Bits per byte on the validation windows during training, and on the test windows for the best "
             "checkpoint (lower is better; mean over seeds, bars ±1 std)."
@@ -105,7 +116,7 @@ def sections(target: Target) -> List[Section]:
         lengths = ", ".join(map(str, target.lengths))
         text = f"The model trained at one context, evaluated at longer ones ({lengths}); RoPE models also with their scaling rows."
         out.append(section("Length extrapolation", text, panels))
-    if any(t != BYTES for t in target.tasks):
+    if synthetic(target):
         text = "Accuracy over the scored positions (mqar, offset_copy) or sequences (listops); higher is better."
         out.append(section("Synthetic tasks", text, TASKS))
     out.append(section("Training", "Training loss and learning rate.", TRAINING))
@@ -207,7 +218,11 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
     cfgs = [OmegaConf.load(p) for p in configs]
     first = cfgs[0]
     wandb_cfg = OmegaConf.select(first, "logger.wandb") or {}
-    sweep = folder if configs[0].parent.parent.parent == folder else None
+    folder = folder.resolve()  # "." has no name, and the group is the sweep folder's
+    if configs[0].parent.parent.resolve() != folder:  # a sweep folder: its jobs' configs
+        sweep: Optional[Path] = folder
+    else:  # one run's folder: a job of a sweep logged to the sweep's group
+        sweep = folder.parent if (folder.parent / "multirun.yaml").is_file() else None
     group = wandb_cfg.get("group") or wandb_group(str(first.get("task_name", "train")), str(sweep) if sweep else None)
     tasks = sorted({str(OmegaConf.select(c, "data.task") or BYTES) for c in cfgs})
     lengths: set = set()
