@@ -269,6 +269,13 @@ def check_resume(cfg: DictConfig, module, datamodule=None) -> None:
 
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         module.on_load_checkpoint(checkpoint)
+        seed = (checkpoint.get(P.CONFIG_KEY) or {}).get("seed")
+        if sweep_dir() is not None and seed is not None and seed != cfg.seed:  # a single run may change it (said)
+            raise UserError(
+                f"{path} is the run of seed {seed}, and this job of the sweep is seed {cfg.seed}: a sweep's job "
+                "resumes only its own run (job folders are named by what differs between this sweep's jobs, so a "
+                "sweep of other seeds names the same folders); choose a new hydra.sweep.dir"
+            )
         saved = (checkpoint.get(P.PROVENANCE_KEY) or {}).get("data") or {}
         now = getattr(datamodule, "record", None)
         if saved and now:

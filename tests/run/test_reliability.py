@@ -674,6 +674,27 @@ def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
     assert (sweep / "multirun.before-resume-0.yaml").read_text() == "first sweep\n"
 
 
+@pytest.mark.slow  # two tiny runs in subprocesses
+def test_a_sweep_of_another_seed_does_not_resume_the_earlier_seeds_runs(tmp_path):
+    """Job folders are named by what differs between a sweep's jobs, so a sweep of seed 2 into the folder of a sweep
+    of seed 1 names the same folders; resumed with ckpt_path=auto, as the refusal says for a sweep to resume, each job
+    went on from the other seed's run (its report then listed seed 2 with seed 1's values). Refused in one line."""
+    sweep = tmp_path / "sweep"
+    common = [sys.executable, str(ROOT / "train.py"), "-m", "model=linear,linear_rope", "size=tiny",
+              "trainer.max_steps=2", "trainer.val_check_interval=2", "test=false", "logger=csv",
+              "extrapolation.enabled=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    run = lambda *more: subprocess.run([*common, *more], capture_output=True, text=True, cwd=tmp_path, timeout=300)  # noqa: E731
+    first = run("seed=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run("seed=2", "ckpt_path=auto")
+    assert again.returncode == 1
+    lines = [ln for ln in again.stderr.splitlines() if ln.startswith("linrope:")]
+    assert len(lines) == 1 and "is the run of seed 1, and this job of the sweep is seed 2" in lines[0], again.stderr
+    assert "seed: 1" in (sweep / "linear" / ".hydra" / "config.yaml").read_text()  # the earlier run as it was
+    resumed = run("seed=1", "ckpt_path=auto", "trainer.max_steps=4")  # its own seed: resumed
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
 def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):
     """The same through Hydra: ``train.py -m hydra.sweep.dir=<earlier sweep>`` stops in one line and leaves the
     earlier job's saved config and the sweep's multirun.yaml as they were."""
