@@ -49,7 +49,8 @@ def main(cfg: DictConfig) -> Optional[float]:
         module = T.build_module(cfg)
         # the checkpoint fits: refused before anything is written into the run folder
         T.check_resume(cfg, module, datamodule)
-        resume_begins(cfg.paths.output_dir)  # from here a resume changes the run (before: a refusal puts back the earlier .hydra/)
+        # from here a resume changes the run (before: a refusal puts back the earlier .hydra/)
+        resume_begins(cfg.paths.output_dir)
         provenance = T.record_provenance(cfg, datamodule)  # provenance.json; a resume prints what it changes
         # plan: trainer.max_steps from the model's size unless given; the hours it will take (printed)
         apply_plan(cfg, module, overrides=job_overrides())
