@@ -164,7 +164,7 @@ def build_loggers(cfg: DictConfig) -> list:
             continue
         lg = plain(lg)
         if name == "wandb":
-            lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir())
+            lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir(), resume=bool(cfg.get("ckpt_path")))
             lg.setdefault("name", run_name(cfg))
             lg["tags"] = run_tags(cfg)
         if name == "csv" and cfg.get("ckpt_path"):

@@ -285,6 +285,21 @@ def test_wandb_mode_follows_wandb_and_a_sweep_has_its_own_group(compose, monkeyp
     assert os.environ["WANDB_MODE"] == "disabled"
 
 
+def test_a_resumed_run_goes_on_logging_to_its_wandb_run(tmp_path):
+    """With ckpt_path (a resume) the wandb logger gets the id of the last wandb run in the run folder (and resume=
+    allow), so that it continues that run: a new run each time counted a resumed job twice in the dashboard."""
+    from linrope.run.loggers import earlier_wandb_id, wandb_settings
+
+    lg = {"save_dir": str(tmp_path), "group": None, "mode": "disabled"}
+    assert earlier_wandb_id(tmp_path) is None and "id" not in wandb_settings(lg, "train", None, resume=True)
+    for name in ("offline-run-20261201_061307-ed18bvjn", "run-20261201_061344-hquyfhhu", "latest-run"):
+        (tmp_path / "wandb" / name).mkdir(parents=True)
+    got = wandb_settings(lg, "train", None, resume=True)
+    assert (got["id"], got["resume"]) == ("hquyfhhu", "allow")  # the last by time, offline or online
+    assert "id" not in wandb_settings(lg, "train", None)  # a new run: a new wandb run
+    assert wandb_settings({**lg, "id": "mine"}, "train", None, resume=True)["id"] == "mine"  # given: kept
+
+
 @pytest.mark.slow
 def test_default_run_prints_every_line_once(tmp_path):
     """A tiny run with the default loggers: no console line twice (Lightning's handler and Hydra's), none of
