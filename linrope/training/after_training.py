@@ -30,6 +30,7 @@ from typing import List, Optional
 
 from hydra.experimental.callback import Callback
 
+from linrope.base.naming import higher_is_better
 from linrope.base.nested import get
 from linrope.base.stopping import Stopped, signals_to
 
@@ -275,10 +276,29 @@ def objective_problem(cfg) -> Optional[str]:
     return None
 
 
+def direction_problem(cfg) -> Optional[str]:
+    """A search that minimises an accuracy, or maximises a loss (``hydra.sweeper.direction`` against which way
+    ``optimized_metric`` is better), in one line; None when they agree or no direction is set."""
+    direction = get(cfg, "hydra.sweeper.direction")
+    metric = str(cfg.get("optimized_metric") or "")
+    if not isinstance(direction, str) or not metric:
+        return None
+    task = str(get(cfg, "data.task") or "bytes")
+    metric = task_metric(metric, "val/bpb" if task in ("bytes", "text") else "val/loss")
+    want = "maximize" if higher_is_better(metric) else "minimize"
+    if direction == want:
+        return None
+    return (
+        f"hydra.sweeper.direction={direction} with optimized_metric={metric}, where "
+        f"{'higher' if want == 'maximize' else 'lower'} is better: set hydra.sweeper.direction={want}"
+    )
+
+
 class CheckObjective(Callback):
-    """Refuse a sweep before its first trial when its runs can never log the objective (``objective_problem``)."""
+    """Refuse a sweep before its first trial when its runs can never log the objective (``objective_problem``), or
+    when it would search the wrong way (``direction_problem``)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        problem = objective_problem(config)
+        problem = objective_problem(config) or direction_problem(config)
         if problem:
             raise SystemExit(f"linrope: {problem}")

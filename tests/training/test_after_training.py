@@ -167,6 +167,31 @@ def test_an_objective_no_run_can_log_is_named_with_the_setting_to_change():
     assert "limit_val_batches=0" in objective_problem(compose_train([*base, "trainer.limit_val_batches=0"]))
 
 
+def test_a_search_the_wrong_way_is_refused_before_its_first_trial():
+    """optuna's preset minimises; a task's accuracy (higher is better) was minimised without a word."""
+    from omegaconf import OmegaConf
+
+    from linrope.training.after_training import direction_problem
+
+    def cfg(metric, direction, task="mqar"):
+        return OmegaConf.create(
+            {"optimized_metric": metric, "data": {"task": task}, "hydra": {"sweeper": {"direction": direction}}}
+        )
+
+    assert direction_problem(cfg("val/acc", "minimize")) == (
+        "hydra.sweeper.direction=minimize with optimized_metric=val/acc, where higher is better: "
+        "set hydra.sweeper.direction=maximize"
+    )
+    assert "where lower is better: set hydra.sweeper.direction=minimize" in direction_problem(
+        cfg("val/bpb", "maximize")
+    )
+    assert direction_problem(cfg("val/acc", "maximize")) is None
+    assert direction_problem(cfg("val/bpb", "minimize", task="bytes")) is None
+    assert (
+        direction_problem(OmegaConf.create({"optimized_metric": "val/acc"})) is None
+    )  # no direction: the basic sweeper
+
+
 DIVERGES = tiny(
     "logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=2", "test=false", "optim.warmup_steps=0"
 )
