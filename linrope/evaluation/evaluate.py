@@ -295,7 +295,10 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
             log=lambda line: print(line, flush=True),
             note=lambda line: print(line, file=sys.stderr, flush=True),  # the plan and the time left: stderr
         )
-    print(f"wrote {csv_path}" + (f" and {png}" if png else " (no row to plot)"))
+    # every file it names was written by this evaluation: none of them existed before it (refused above)
+    written = [str(path) for path in (Path(str(cfg.out)) / name for name in table_files("evaluate")) if path.exists()]
+    listed = " and ".join(written) if len(written) < 3 else ", ".join(written[:-1]) + " and " + written[-1]
+    print(f"wrote {listed}" + ("" if png else " (no row to plot)"))
     print(next_command(ckpt, module.task), flush=True)
     return rows
 
