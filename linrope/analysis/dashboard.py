@@ -227,10 +227,16 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
     tasks = sorted({str(OmegaConf.select(c, "data.task") or BYTES) for c in cfgs})
     lengths: set = set()
     scalings: set = set()
-    for c in cfgs:
+    for path, c in zip(configs, cfgs):
         ex = c.get("extrapolation") or {}
         if ex.get("enabled"):
-            context = int(OmegaConf.select(c, "data.context") or OmegaConf.select(c, "context"))
+            context = OmegaConf.select(c, "data.context") or OmegaConf.select(c, "context")
+            if context is None:
+                raise SystemExit(
+                    f"linrope: {path}: extrapolation.enabled, but no data.context or context to tell its lengths "
+                    "by; pass --group with --lengths instead of the folder"
+                )
+            context = int(context)
             lengths |= {int(round(f * context)) for f in ex.get("factors") or DEFAULT_FACTORS}
             if OmegaConf.select(c, "model.position.name") == "rope":
                 scalings |= set(ex.get("scalings") or [])
@@ -283,7 +289,13 @@ def target_from_args(args: argparse.Namespace) -> Target:
 
 def write_specs(target: Target, out: Path) -> List[Path]:
     """dashboard.json (plain data), and with wandb-workspaces workspace.json and report.json."""
-    out.mkdir(parents=True, exist_ok=True)
+    from linrope.base.errors import LinropeError
+    from linrope.base.writable import writable_folder
+
+    try:
+        out = writable_folder(out, "--out", out)  # a file there, or no write permission: one line
+    except LinropeError as e:
+        raise SystemExit(f"linrope: {e}") from None
     written = [out / "dashboard.json"]
     written[0].write_text(json.dumps(plain_spec(target), indent=1))
     if importlib.util.find_spec("wandb_workspaces") is None:

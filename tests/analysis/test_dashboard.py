@@ -147,6 +147,19 @@ def test_the_group_and_the_sections_read_from_any_folder_of_a_sweep(tmp_path, mo
     assert {"val/bpb", "test/bpb", "extrapolation/none/bpb@32", "extrapolation/none/bpb@64"} <= names
     assert not {m for m in names if "acc" in m or "loss@" in m}
 
+    # one line, not a traceback: --out names a file; a job with an extrapolation table and no context
+    from linrope.analysis.dashboard import main
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main([str(sweep), "--dry-run", "--out", str(tmp_path / "afile")])
+    assert e.value.code == f"linrope: --out {tmp_path / 'afile'}: cannot write into {tmp_path / 'afile'} (not a folder)"
+    OmegaConf.save(
+        {"data": {"task": "bytes"}, "extrapolation": {"enabled": True}}, sweep / "b" / ".hydra" / "config.yaml"
+    )
+    with pytest.raises(SystemExit, match="extrapolation.enabled, but no data.context or context"):
+        target_from_sweep(sweep)
+
 
 @pytest.mark.slow
 def test_dry_run_writes_the_workspace_and_the_report(sweep, tmp_path):
