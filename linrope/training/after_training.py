@@ -224,7 +224,10 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
     run = shown_path(cfg.paths.output_dir)
     sweep = sweep_dir()
     ckpt = tested or _checkpoint(cfg, trainer)
-    lines = [f"run folder: {run} (checkpoints/, csv/metrics.csv, provenance.json)"]
+    folder = Path(str(cfg.paths.output_dir))
+    metrics = folder / "csv" / "metrics.csv"  # the CSV logger's (logger=csv or default); none with logger=none, wandb
+    held = [name for name in ("checkpoints/", "csv/metrics.csv", "provenance.json") if (folder / name).exists()]
+    lines = [f"run folder: {run}" + (f" ({', '.join(held)})" if held else "")]
     if cfg.get("test", True):
         if tested:
             how = "the best on validation" if cfg.get("train", True) else "ckpt_path"
@@ -233,7 +236,8 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
             lines.append("the test scored the last weights: no validation ran, so no checkpoint was chosen on it")
     lines.append("next:")
     report = shown_path(sweep) if sweep else run
-    lines.append(f"  python -m linrope report {shlex.quote(report)}    # tables and figures: report.md")
+    if metrics.is_file():  # the report reads the CSV logger's metrics
+        lines.append(f"  python -m linrope report {shlex.quote(report)}    # tables and figures: report.md")
     if ckpt:
         arg = ckpt_arg(shown_path(ckpt))
         lines.append(

@@ -276,6 +276,17 @@ def test_a_finished_run_says_where_its_results_are_and_what_to_run_next(
     assert report(commands[0][4:]) == 0 and (tmp_path / "report.md").is_file()
 
 
+def test_a_run_without_the_csv_logger_names_no_metrics_file_and_no_report(compose, capsys, tmp_path, monkeypatch):
+    """logger=none writes no csv/metrics.csv: the last lines named it, and a report command that failed with "no
+    linrope runs"."""
+    monkeypatch.chdir(tmp_path.parent)
+    run_main(compose(*tiny("logger=none", "trainer.max_steps=2", "trainer.val_check_interval=2")))
+    lines = capsys.readouterr().out.strip().splitlines()
+    at = lines.index("next:")
+    assert lines[at - 2] == f"run folder: {tmp_path.name} (checkpoints/, provenance.json)"
+    assert not any("linrope report" in line for line in lines[at:]) and "linrope evaluate" in lines[at + 1]
+
+
 def test_a_run_that_cannot_validate_is_warned_at_its_start_and_one_that_can_is_not():
     from linrope.training.after_training import validation_warning
 
