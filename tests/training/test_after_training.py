@@ -167,6 +167,15 @@ def test_an_objective_no_run_can_log_is_named_with_the_setting_to_change():
     assert "limit_val_batches=0" in objective_problem(compose_train([*base, "trainer.limit_val_batches=0"]))
 
 
+def test_the_optuna_sweepers_storage_works(tmp_path):
+    """hydra.sweeper.storage=sqlite:///…: optuna 2.10, the one the sweeper allows, fails on SQLAlchemy 2 as the study
+    is created (an AssertionError); the sweep and dev extras hold SQLAlchemy below 2."""
+    optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="linrope")
+    study.optimize(lambda trial: trial.suggest_float("lr", 1e-4, 1e-2), n_trials=2)
+    assert len(study.trials) == 2 and (tmp_path / "study.db").stat().st_size > 0
+
+
 def test_a_search_the_wrong_way_is_refused_before_its_first_trial():
     """optuna's preset minimises; a task's accuracy (higher is better) was minimised without a word."""
     from omegaconf import OmegaConf
