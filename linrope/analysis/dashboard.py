@@ -24,7 +24,9 @@ from omegaconf import OmegaConf
 
 from linrope.analysis.cells import SCALINGS
 from linrope.base.naming import wandb_group
+from linrope.base.nested import differing, flatten
 from linrope.config.command_line import program
+from linrope.run.resume_diff import HOUSEKEEPING
 
 # Imported inside the functions that need them: wandb-workspaces (an optional extra; without it, one line that
 # says how to install it), wandb and linrope.run.loggers (Lightning): --help and --dry-run stay fast (0.1 s, not ~5 s)
@@ -241,7 +243,22 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
             if OmegaConf.select(c, "model.position.name") == "rope":
                 scalings |= set(ex.get("scalings") or [])
     project = project or str(wandb_cfg.get("project") or "linrope")
-    return Target(project, str(group), entity, tasks, sorted(lengths), sorted(scalings))
+    return Target(project, str(group), entity, tasks, sorted(lengths), sorted(scalings), varying(cfgs))
+
+
+# what runs of one configuration differ in: where they write and log, their seed (the mean is over seeds)
+NOT_GROUPED = (*HOUSEKEEPING, "seed", "data.seed", "callbacks.", "extrapolation.")
+
+
+def varying(cfgs) -> List[str]:
+    """GROUP_BY, then each other key in which the runs' configs differ (less NOT_GROUPED): the configurations a
+    dashboard's line or bar averages over seeds (an optuna search's learning rates were one line "over seeds").  Runs
+    whose component differs (its ``_target_``: another task's data module) are told apart by that key alone."""
+    flat = [flatten(OmegaConf.to_container(c, resolve=False)) for c in cfgs]
+    keys = sorted({k for other in flat[1:] for k, _, _ in differing(flat[0], other, skip=NOT_GROUPED)})
+    other = tuple(k.removesuffix("_target_") for k in keys if k.endswith("._target_"))  # "data."
+    keys = [k for k in keys if k.endswith("._target_") or not k.startswith(other)]
+    return [*GROUP_BY, *(k for k in keys if k not in GROUP_BY)]
 
 
 # ---- command line ----------------------------------------------------------------------------------------------
@@ -264,9 +281,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--group-by",
         nargs="+",
-        default=list(GROUP_BY),
-        help="config keys runs are grouped by "
-        "(default: %(default)s; an ablation adds e.g. model.attention.feature_map)",
+        help=f"config keys runs are grouped by (default: {' '.join(GROUP_BY)}, then every key other than the seed "
+        "in which the folder's runs differ: a sweep of learning rates is not one mean over seeds)",
     )
     p.add_argument("--dry-run", action="store_true", help="write the specs as JSON (no login, nothing saved)")
     p.add_argument("--out", type=Path, help="where --dry-run writes (default: <sweep>/dashboard, else ./dashboard)")
@@ -283,7 +299,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
         scalings = ["pi", "ntk", "yarn", "dynamic"] if args.lengths else []
         tasks, lengths = list(args.tasks or [BYTES]), sorted(args.lengths or [])
         target = Target(args.project or "linrope", args.group, args.entity, tasks, lengths, scalings)
-    target.group_by = list(args.group_by)
+    if args.group_by:
+        target.group_by = list(args.group_by)
     return target
 
 

@@ -129,11 +129,11 @@ def test_the_group_and_the_sections_read_from_any_folder_of_a_sweep(tmp_path, mo
     tasks' accuracy panels, which they never log)."""
     from pathlib import Path
 
-    from linrope.analysis.dashboard import panel_metrics, sections, target_from_sweep
+    from linrope.analysis.dashboard import GROUP_BY, panel_metrics, sections, target_from_sweep
 
     sweep = tmp_path / "2026-12-01_06-00-00"
-    for job in ("a", "b"):
-        config = {"task_name": "train", "data": {"task": "text", "context": 32}}
+    for job, seed, lr in (("a", 1, 1e-3), ("b", 2, 3e-3)):
+        config = {"task_name": "train", "seed": seed, "data": {"task": "text", "context": 32}, "optim": {"lr": lr}}
         config["extrapolation"] = {"enabled": True, "factors": [1, 2]}
         (sweep / job / ".hydra").mkdir(parents=True)
         OmegaConf.save(config, sweep / job / ".hydra" / "config.yaml")
@@ -146,6 +146,8 @@ def test_the_group_and_the_sections_read_from_any_folder_of_a_sweep(tmp_path, mo
     names = set(panel_metrics(sections(target_from_sweep(sweep))))
     assert {"val/bpb", "test/bpb", "extrapolation/none/bpb@32", "extrapolation/none/bpb@64"} <= names
     assert not {m for m in names if "acc" in m or "loss@" in m}
+    # grouped by what the runs differ in beyond their seed: two learning rates are two lines, not one mean over seeds
+    assert target_from_sweep(sweep).group_by == [*GROUP_BY, "optim.lr"]
 
     # one line, not a traceback: --out names a file; a job with an extrapolation table and no context
     from linrope.analysis.dashboard import main
@@ -195,6 +197,7 @@ def test_dry_run_writes_the_workspace_and_the_report(sweep, tmp_path):
         "model.value.attention.kind",
         "model.value.position.name",
         "model.value.name",
+        "data.value._target_",  # the two runs' tasks: their data modules differ
     ]
     sections_made = workspace["spec"]["section"]["panelBankConfig"]["sections"]
     assert [s["name"] for s in sections_made] == [s.name for s in sections(target)]
