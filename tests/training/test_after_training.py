@@ -230,6 +230,17 @@ def test_an_optuna_trial_that_diverges_is_a_failed_trial_and_the_search_goes_on(
     assert len([p for p in sweep.iterdir() if p.is_dir()]) == 2  # both trials ran
 
 
+def test_a_sweep_with_a_job_that_would_be_refused_starts_none(tmp_path):
+    """Every job of train.py -m is checked before the first starts: a bad value in the last job was found only when
+    that job started, after the others had trained."""
+    sweep = tmp_path / "sweep"
+    r = train(tmp_path, "-m", "optim.lr=0.001,-5", "size=tiny", "logger=none", f"hydra.sweep.dir={sweep}", timeout=120)
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("linrope: 1 of the sweep's jobs would be refused, so none started: job #1 (optim.lr=-5")
+    assert "optim.lr=-5: expected a number > 0" in line and not sweep.exists()
+
+
 def test_the_optuna_sweep_that_cannot_score_is_refused_before_its_first_trial(tmp_path):
     sweep = tmp_path / "sweep"
     r = train(
