@@ -38,6 +38,8 @@ def one_line_errors(sweep: bool = False):
             print("linrope: " + message, file=sys.stderr, flush=True)
         raise SystemExit(code) from None
     except Exception as e:  # noqa: BLE001 - Hydra's instantiate wraps the error we raised
+        if sweep:  # the sweep goes on in this process: the next job must not log into this job's wandb run
+            _finish_wandb()
         cause = e
         while cause is not None and not isinstance(cause, LinropeError):
             cause = cause.__cause__
@@ -49,6 +51,14 @@ def one_line_errors(sweep: bool = False):
             print(line, file=sys.stderr, flush=True)
             raise JobFailed(line) from None
         raise SystemExit(line) from None
+
+
+def _finish_wandb() -> None:
+    """End this process's wandb run, if one is open, as failed (Lightning's logger finishes it only on success, and
+    its next WandbLogger would take the open run over)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=1)
 
 
 def _user_error_in_child(e: BaseException) -> Optional[tuple]:

@@ -164,7 +164,8 @@ def build_loggers(cfg: DictConfig) -> list:
             continue
         lg = plain(lg)
         if name == "wandb":
-            lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir(), resume=bool(cfg.get("ckpt_path")))
+            # a resume (a checkpoint found: ckpt_path=auto may find none) goes on logging to the earlier wandb run
+            lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir(), resume=resolve_ckpt(cfg) is not None)
             lg.setdefault("name", run_name(cfg))
             lg["tags"] = run_tags(cfg)
         if name == "csv" and cfg.get("ckpt_path"):
@@ -270,7 +271,8 @@ def check_resume(cfg: DictConfig, module, datamodule=None) -> None:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         module.on_load_checkpoint(checkpoint)
         seed = (checkpoint.get(P.CONFIG_KEY) or {}).get("seed")
-        if sweep_dir() is not None and seed is not None and seed != cfg.seed:  # a single run may change it (said)
+        own = Path(str(cfg.paths.output_dir)).resolve() in Path(path).resolve().parents  # this job's folder's
+        if sweep_dir() is not None and own and seed is not None and seed != cfg.seed:  # a single run may change it
             raise UserError(
                 f"{path} is the run of seed {seed}, and this job of the sweep is seed {cfg.seed}: a sweep's job "
                 "resumes only its own run (job folders are named by what differs between this sweep's jobs, so a "

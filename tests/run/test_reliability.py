@@ -693,6 +693,14 @@ def test_a_sweep_of_another_seed_does_not_resume_the_earlier_seeds_runs(tmp_path
     assert "seed: 1" in (sweep / "linear" / ".hydra" / "config.yaml").read_text()  # the earlier run as it was
     resumed = run("seed=1", "ckpt_path=auto", "trainer.max_steps=4")  # its own seed: resumed
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # a checkpoint outside the job's folder is no resume of the job: testing it (or fine-tuning from it) at other
+    # seeds is a sweep like any other
+    ckpt = sweep / "linear" / "checkpoints" / "last.ckpt"
+    other = [sys.executable, str(ROOT / "train.py"), "-m", "seed=5,6", "train=false", f"ckpt_path={ckpt}",
+             "model=linear", "size=tiny", "logger=csv", "extrapolation.enabled=false",
+             f"hydra.sweep.dir={tmp_path / 'tests'}"]  # fmt: skip
+    tested = subprocess.run(other, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert tested.returncode == 0, tested.stderr[-2000:]
 
 
 def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):

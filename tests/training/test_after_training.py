@@ -207,18 +207,26 @@ DIVERGES = tiny(
 
 
 @pytest.mark.slow  # two runs in a subprocess
-def test_a_diverged_job_of_a_sweep_fails_that_job_only(tmp_path):
+def test_a_diverged_job_of_a_sweep_fails_that_job_only(tmp_path, monkeypatch):
     """A job whose loss diverges (learning rate 1e6) is a failed job: its one line, then the sweep's other jobs run
     (a SystemExit ended the sweep there, and the next job never ran); the sweep ends with exit status 1 and the line,
-    no traceback, and the report counts the diverged run as failed."""
+    no traceback, and the report counts the diverged run as failed.  The failed job's wandb run is finished: the
+    next job logs to a run of its own (it took the open one over)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
     sweep = tmp_path / "sweep"
-    r = train(tmp_path, "-m", "optim.lr=1e6,1e-3", *DIVERGES, f"hydra.sweep.dir={sweep}")
+    args = [o for o in DIVERGES if not o.startswith("logger=")] + ["logger=default"]  # csv and wandb
+    r = train(tmp_path, "-m", "optim.lr=1e6,1e-3", *args, f"hydra.sweep.dir={sweep}")
     assert r.returncode == 1, r.stderr[-3000:]
     line = "linrope: loss is nan at step"
     assert [ln.startswith(line) for ln in r.stderr.splitlines()].count(True) == 2  # the job's, then the sweep's
     assert "Traceback" not in r.stderr
     assert (sweep / "lr0.001" / "checkpoints" / "last.ckpt").is_file()  # the job after the diverged one ran
     assert (sweep / "lr1000000.0" / "provenance.json").is_file()
+    runs = {
+        job: {p.name.rsplit("-", 1)[1] for p in (sweep / job / "wandb").glob("*run-*-*")}
+        for job in ("lr0.001", "lr1000000.0")
+    }
+    assert len(runs["lr0.001"]) == len(runs["lr1000000.0"]) == 1 and runs["lr0.001"] != runs["lr1000000.0"]
 
 
 @pytest.mark.slow
