@@ -310,11 +310,12 @@ def relaunches(strategy: str, n: Optional[int], kind: Optional[str], available: 
     (Lightning's auto is ddp there); not ``ddp_spawn``, ``ddp_fork`` or ``ddp_notebook`` (multiprocessing)."""
     if strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
         return False
+    n = None if n is not None and n < 0 else n  # -1: every device
     if strategy.startswith(("ddp", "fsdp", "deepspeed")):
         return n is None or n > 1
     if strategy == "auto":
         count = n if n is not None else (available if kind == "gpu" else 1)  # auto devices: every GPU, one CPU
-        return count is None or count > 1
+        return count is not None and count > 1  # unknown (a dry run): left to the job, which knows
     return False
 
 

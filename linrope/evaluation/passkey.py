@@ -85,7 +85,8 @@ def build_prompt(tok: Tokenizer, length: int, depth: float, key: str, filler: st
 def shortest(tok: Tokenizer, keys: Sequence[str]) -> int:
     """The fewest tokens every prompt with one of ``keys`` can have: its fixed text (intro, needle, question, answer)
     without filler, for the key that takes the most (a subword tokenizer splits keys of one length differently)."""
-    return max(sum(len(tok.encode(t)) for t in (INTRO, NEEDLE.format(key=k), "\n" + QUESTION, " " + k)) for k in keys)
+    fixed = (sum(len(tok.encode(t)) for t in (INTRO, NEEDLE.format(key=k), "\n" + QUESTION, " " + k)) for k in keys)
+    return max(fixed, default=0)  # no key (no depth or trial): nothing to hold
 
 
 def random_key(rng: random.Random, digits: int) -> str:

@@ -28,7 +28,7 @@ INJECT = ("input", "blocks")
 FIXED_GRID = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
 SYNC_FREE = ("euler", "midpoint", "rk4")  # solved here (fixed_grid), step for step as torchdiffeq does
 # torchdiffeq's solvers (but its scipy_solver, which needs options of its own): the adaptive ones, then the fixed-grid
-METHODS = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun", *FIXED_GRID)
+METHODS = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun", *FIXED_GRID, "fixed_adams")
 
 
 def _float(dtype):

@@ -151,12 +151,6 @@ class RoPE(PositionScheme):
                 "turns at the forward's largest position, and randomized positions are drawn on the device, so only "
                 "their bound is known; use another scaling or drop max_position"
             )
-        if scaling in (None, "none") and options.get("factor", 1.0) != 1:
-            scalings = ", ".join(s for s in SCALINGS if s not in (None, "none"))
-            problems.append(
-                f"factor={options['factor']}: an option of scaling ({scalings}), and this model's scaling is "
-                f"{scaling or 'null'}"
-            )
         if scaling in ("yarn", "dynamic") and options.get("factor", 1.0) < 1:
             problems.append(f"factor={options['factor']}: scaling: {scaling} extends the context, so factor >= 1")
         if scaling == "yarn" and not options.get("beta_fast") > options.get("beta_slow"):

@@ -290,6 +290,10 @@ def test_the_classifier_does_not_see_how_much_padding_follows(kind, position):
     padded = torch.zeros(2, 64, dtype=torch.long)
     padded[:, :20] = expr
     assert (model(padded) - model(expr)).abs().max() > 1e-6  # the test can tell: unmasked, the padding is seen
+    leading = torch.zeros(2, 64, dtype=torch.long)
+    leading[:, 44:] = expr  # padding in front: the same logits (positions are counted from the expression's start)
+    assert (model(leading, mask=leading != 0) - model(expr, mask=expr != 0)).abs().max() < 1e-12
+    model(padded, mask=padded != 0, positions=torch.arange(64))  # with explicit positions: pooling only, no error
 
 
 @pytest.mark.parametrize(

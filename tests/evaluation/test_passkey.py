@@ -93,6 +93,9 @@ def test_the_keys_depend_on_the_seed_and_cell_only():
     passkey_table(recording, TOK, [300], [0.5], trials=2, seed=3)
     assert seen == first and first[0] != first[1]
     assert random_key(random.Random(1), 5).isdigit()
+    from linrope.evaluation.passkey import shortest
+
+    assert shortest(TOK, []) == 0  # depths=[] or trials=0: no key, nothing to hold (max() of nothing raised)
 
 
 def test_passkey_command_on_a_trained_checkpoint(compose, small_corpus, tmp_path, capsys, monkeypatch):

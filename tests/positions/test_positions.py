@@ -488,14 +488,12 @@ def test_t5_buckets_a_model_cannot_have_are_refused_in_one_line(scheme, causal, 
     [
         ({"name": "xpos", "blockwise": True}, False, "blockwise is the paper's blockwise \\*causal\\* attention"),
         ({"name": "rope", "rotary_fraction": 0.375}, True, r"rotary_fraction=0.375 rotates int\(8·0.375\) = 3"),
-        ({"name": "rope", "factor": 4.0}, True, "factor=4.0: an option of scaling"),
         ({"name": "rope", "scaling": "dynamic", "factor": 2.0, "max_position": 128}, True, "dynamic with max_posit"),
         ({"name": "floater", "method": "rk5"}, True, "method=rk5: expected one of dopri8, .*rk4"),
     ],
 )
 def test_options_that_failed_at_build_or_first_forward_are_refused_at_the_check(position, causal, line):
-    """Each passed the config check, then failed when the model was built or at its first forward (or, a factor
-    without a scaling, was silently ignored)."""
+    """Each passed the config check, then failed when the model was built or at its first forward."""
     from linrope.models.spec import ModelConfig
 
     model = dict(d_model=D, n_heads=H, max_len=64, causal=causal, position=position)

@@ -319,6 +319,8 @@ def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
             C.validate(compose(*cpus, f"trainer.strategy={strategy}"))
     C.validate(compose("trainer.accelerator=cpu", "trainer.devices=1"))  # auto on one device: no other process
     C.validate(compose(*cpus, "trainer.strategy=ddp_fork"))
+    assert C.relaunches("ddp", -1, "gpu", 4) and C.relaunches("auto", -1, "gpu", 4)  # -1: every device
+    assert not C.relaunches("auto", None, "gpu", None)  # a dry run that cannot count the GPUs: the job checks
     monkeypatch.setattr(C, "sweep_dir", lambda: None)  # the dry run (linrope sweeps) says it is a sweep's job
     with pytest.raises(C.ConfigError, match="use trainer=ddp_spawn in sweeps"):
         C.validate(compose("trainer=ddp"), hardware=False, sweep=True)
