@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from linrope.analysis.cells import SCALINGS
-from linrope.base.naming import wandb_group
+from linrope.base.naming import LANGUAGE_TASKS, wandb_group
 from linrope.base.nested import differing, flatten
 from linrope.config.command_line import program
 from linrope.run.resume_diff import HOUSEKEEPING
@@ -32,7 +32,6 @@ from linrope.run.resume_diff import HOUSEKEEPING
 # says how to install it), wandb and linrope.run.loggers (Lightning): --help and --dry-run stay fast (0.1 s, not ~5 s)
 
 BYTES = "bytes"
-LANGUAGE = ("bytes", "text")  # scored in bits per byte (val/bpb, test/bpb, extrapolation bpb@N); the tasks in accuracy
 GROUP_BY = ("model.attention.kind", "model.position.name", "model.name")
 DEFAULT_FACTORS = (1, 2, 4, 8, 16)
 STEP = "trainer/global_step"  # the x axis Lightning's WandbLogger logs with every metric
@@ -73,11 +72,11 @@ def extrapolation_keys(target: Target, scaling: str) -> List[str]:
 
 
 def language(target: Target) -> bool:
-    return any(t in LANGUAGE for t in target.tasks)
+    return any(t in LANGUAGE_TASKS for t in target.tasks)
 
 
 def synthetic(target: Target) -> bool:
-    return any(t not in LANGUAGE for t in target.tasks)
+    return any(t not in LANGUAGE_TASKS for t in target.tasks)
 
 
 def section(title: str, text: str, panels) -> Section:

@@ -11,6 +11,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+# the language tasks: scored in bits per byte (val/bpb, test/bpb, the extrapolation table's bpb@N); the synthetic
+# tasks (mqar, offset_copy, listops) in accuracy and loss
+LANGUAGE_TASKS = ("bytes", "text")
+
 
 def higher_is_better(metric: str) -> bool:
     """Whether more of ``metric`` is better: accuracies (``val/acc``, ``test/acc``); losses and bits per byte not."""

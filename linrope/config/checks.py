@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from linrope.base.atomic import file_problem
 from linrope.base.errors import ConfigError, UnknownOption
+from linrope.base.naming import LANGUAGE_TASKS
 from linrope.base.nested import get
 from linrope.base.options import declared, option_errors, value_errors
 from linrope.config.settings import (
@@ -121,7 +122,7 @@ def table_errors(cfg) -> List[str]:
 
     position, max_len = get(cfg, "model.position"), get(cfg, "model.max_len")
     pos = get(position, "name")
-    if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") not in ("bytes", "text"):
+    if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") not in LANGUAGE_TASKS:
         return []
     if not REGISTRY[pos].bounded_by_max_len(
         scheme_settings(pos, {k: v for k, v in plain(position).items() if k != "name"})

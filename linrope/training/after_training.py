@@ -30,7 +30,7 @@ from typing import List, Optional
 
 from hydra.experimental.callback import Callback
 
-from linrope.base.naming import higher_is_better
+from linrope.base.naming import LANGUAGE_TASKS, higher_is_better
 from linrope.base.nested import get
 from linrope.base.stopping import Stopped, signals_to
 
@@ -244,7 +244,7 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
             f"  python -m linrope evaluate {arg}    # loss by length, 1-16x the training context, every test byte "
             "(a quick look: factors=[1,2] scored_bytes=20000)"
         )
-        if str(get(cfg, "data.task") or "bytes") in ("bytes", "text"):
+        if str(get(cfg, "data.task") or "bytes") in LANGUAGE_TASKS:
             lines.append(f"  python -m linrope generate {arg} prompt='\"def \"'    # sample text")
     return lines
 
@@ -259,7 +259,7 @@ def objective_problem(cfg) -> Optional[str]:
         return f"{head} a run with train=false never returns: train the runs (train=true)"
     task = str(get(cfg, "data.task") or "bytes")
     # a task's data module picks checkpoints by val/loss (linrope.data.task_modules.TaskDataModule.monitor)
-    metric = task_metric(metric, "val/bpb" if task in ("bytes", "text") else "val/loss")
+    metric = task_metric(metric, "val/bpb" if task in LANGUAGE_TASKS else "val/loss")
     stage, _, name = metric.partition("/")
     logged = {"bytes": ("loss", "bpb"), "text": ("loss", "bpb", "tokens", "bytes")}.get(task, ("loss", "acc"))
     if stage == "test":
@@ -288,7 +288,7 @@ def direction_problem(cfg) -> Optional[str]:
     if not isinstance(direction, str) or not metric:
         return None
     task = str(get(cfg, "data.task") or "bytes")
-    metric = task_metric(metric, "val/bpb" if task in ("bytes", "text") else "val/loss")
+    metric = task_metric(metric, "val/bpb" if task in LANGUAGE_TASKS else "val/loss")
     want = "maximize" if higher_is_better(metric) else "minimize"
     if direction == want:
         return None
