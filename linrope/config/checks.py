@@ -52,6 +52,39 @@ def settings_errors(cfg) -> List[str]:
     return errors + (optim_errors(cfg.optim) if isinstance(get(cfg, "optim"), DictConfig) else [])
 
 
+def task_model(cfg) -> Dict[str, Any]:
+    """``cfg.model`` as the task makes it (what ``linrope.training.builders.build_module`` builds): the task name,
+    and for the synthetic tasks ``vocab_size`` / ``causal`` / ``n_classes`` / the longest position, which a learned
+    table must cover (``model_overrides_for`` of the data module class, asked before any data is made)."""
+    import hydra  # the data module's class, by its _target_
+
+    model = plain(cfg.model)
+    overrides: Dict[str, Any] = {"task": cfg.data.get("task", "bytes")}
+    target = cfg.data.get("_target_")
+    ask = getattr(hydra.utils.get_class(target) if target else None, "model_overrides_for", None)
+    if ask is not None:
+        overrides.update(ask(plain(cfg.data)))
+    if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
+        overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
+    return {**model, **overrides}
+
+
+def task_model_errors(cfg) -> List[str]:
+    """What the model refuses as the task makes it (``task_model``: ListOps makes it bidirectional, and T5's buckets
+    or xPos's blockwise attention depend on that), where the task changes more than its name; a task whose values
+    cannot work is ``data_errors``' to name."""
+    if not isinstance(get(cfg, "data"), DictConfig):
+        return []
+    try:
+        made = task_model(cfg)
+    except (ValueError, TypeError, KeyError):  # the task's own values: data_errors names them
+        return []
+    model = plain(cfg.model)
+    if all(model.get(k) == v for k, v in made.items() if k != "task"):
+        return []
+    return model_errors(made)
+
+
 def model_errors(model) -> List[str]:
     """What the model's components refuse: unknown options (each component checks its own), values, the
     pairing, divisibility, RoPE's even head dimension (``linrope.models.spec.ModelConfig.problems``)."""
@@ -153,7 +186,7 @@ def validate(cfg: DictConfig, hardware: bool = True, sweep: Optional[bool] = Non
         errors += trainer_option_errors(get(cfg, "trainer._target_"), list(cfg.trainer))
     if errors:
         raise ConfigError("\n".join(errors))
-    errors = table_errors(cfg)
+    errors = table_errors(cfg) + task_model_errors(cfg)
     errors += data_errors(cfg) + trainer_errors(cfg, hardware, sweep) + impl_errors(cfg, hardware)
     try:
         checkpoint_path(cfg)

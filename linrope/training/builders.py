@@ -20,6 +20,7 @@ from linrope.config.checks import (
     resolved_accelerator,
     sharded_checkpoints,
     sweep_dir,
+    task_model,
 )
 from linrope.models.spec import ModelConfig
 from linrope.run import provenance as P
@@ -115,26 +116,9 @@ def use_task_metric(cfg: DictConfig, monitor: str) -> None:
             ckpt.filename = "best-step{step:06d}-" + monitor.split("/")[-1] + "{" + monitor + ":.4f}"
 
 
-def data_model_overrides(cfg: DictConfig) -> Dict[str, Any]:
-    """What the data decides about the model: the task name, and for the synthetic tasks
-    ``vocab_size`` / ``causal`` / ``n_classes`` / the longest position (``model_overrides_for``
-    of the data module class, asked before any data is made)."""
-    overrides: Dict[str, Any] = {"task": cfg.data.get("task", "bytes")}
-    target = cfg.data.get("_target_")
-    cls = hydra.utils.get_class(target) if target else None
-    ask = getattr(cls, "model_overrides_for", None)
-    if ask is not None:
-        overrides.update(ask(plain(cfg.data)))
-    return overrides
-
-
 def build_module(cfg: DictConfig):
-    model = plain(cfg.model)
-    overrides = data_model_overrides(cfg)
-    if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
-        overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
-    model.update(overrides)
-    return LanguageModel(model=model, optim=plain(cfg.optim), compile=bool(cfg.get("compile", False)))
+    """The LightningModule of the model the task makes of ``cfg.model`` (``task_model``, as the config check saw it)."""
+    return LanguageModel(model=task_model(cfg), optim=plain(cfg.optim), compile=bool(cfg.get("compile", False)))
 
 
 def build_callbacks(cfg: DictConfig) -> list:

@@ -205,6 +205,24 @@ def test_the_task_sets_the_model(compose, task, expected):
         assert module.model.head.out_features == 10
 
 
+@pytest.mark.parametrize(
+    "overrides,line",
+    [
+        (["model=softmax_t5", "model.position.num_buckets=3"], "num_buckets=3 is too few \\(bidirectional"),
+        (["model=softmax_xpos", "model.position.blockwise=true"], "blockwise is the paper's blockwise \\*causal\\*"),
+    ],
+)
+def test_the_config_check_sees_the_model_the_task_makes(overrides, line):
+    """ListOps makes the model bidirectional when it is built; what that makes impossible is refused by the config
+    check, before any data is read (it was refused only at build, after the data module), and not in a causal task."""
+    from linrope.config.checks import ConfigError, validate
+    from linrope.studies.sweeps import compose_train
+
+    with pytest.raises(ConfigError, match=line):
+        validate(compose_train([*overrides, "data=listops", "size=tiny"]))
+    validate(compose_train([*overrides, "data=mqar", "size=tiny"]))
+
+
 def test_bytes_keep_their_model_and_metric(compose):
     from linrope.training import builders as T
 
