@@ -61,9 +61,12 @@ TRAIN_PROCESSES = ((LINEAR_CHUNK, SOFTMAX), (LINEAR_FLA, SOFTMAX))
 # the kernel table likewise (registry keys): sdpa flash, the baseline of every ratio, in each process
 KERNEL_PROCESSES = (("sdpa-flash", "chunk"), ("sdpa-flash", "fla-triton", "fla"))
 KERNEL_SHARES = (1, 3)  # how the part's budget divides between them: fla compiles for 75-85 s per kernel set
-# ``--triton`` (issue 50): linrope's own Triton kernels instead, in one process beside sdpa flash and fla's
-# chunk_simple_gla (the ratios its goals set), and impl=triton's training beside softmax_rope
-TRITON_KERNEL_PROCESSES = (("sdpa-flash", "fla-triton", "triton", "triton-loop", "triton-bnhd"),)
+# ``--triton`` (issue 50): linrope's own Triton kernels instead, the goal's form in one process beside sdpa flash and
+# fla's chunk_simple_gla (the ratios its goals set), the other design and layout in a second beside sdpa flash (no
+# GPU has run these kernels: a fault in one ends its process's CUDA context, and must not take the goal's rows);
+# impl=triton's training beside softmax_rope
+TRITON_KERNEL_PROCESSES = (("sdpa-flash", "fla-triton", "triton"), ("sdpa-flash", "triton-loop", "triton-bnhd"))
+TRITON_KERNEL_SHARES = (4, 1)  # the first compiles fla's kernels (75-85 s) and linrope's, and is profiled
 TRITON_TRAIN_PROCESSES = ((LINEAR_TRITON, SOFTMAX),)
 KERNEL_FORMS = ("sdpa-flash", "fla-triton", "fla", "chunk", "triton", "triton-loop", "triton-bnhd")  # baselines first
 SDPA, FLA_KERNEL, LINROPE_FLA, LINROPE_CHUNK, LINROPE_TRITON = (REGISTRY[k].label for k in KERNEL_FORMS[:5])
@@ -273,7 +276,8 @@ def processes(ctx, part: str, entries, weights, command, missing) -> tuple[dict,
             ctx.add_row(r)
         results.append(res)
         rows += got
-    rc, timed_out = max(r["rc"] or 0 for r in results), any(r["timed_out"] for r in results)
+    # the first process that did not exit 0 (a signal's negative status too: max() hid it behind another's 0)
+    rc, timed_out = next((r["rc"] for r in results if r["rc"]), 0), any(r["timed_out"] for r in results)
     merged = {"rc": rc, "timed_out": timed_out, "wall_s": time.perf_counter() - t0}
     return dict(merged, lines=[ln for r in results for ln in r["lines"]]), rows, results
 
@@ -319,16 +323,17 @@ def part_kernels(ctx) -> dict:
             *[f"{keys[0]}/{k}" for k in keys[1:]],
         ]
         cmd += ["--warmup", str(s["warmup"]), "--repeats", str(s["repeats"]), "--max-run-s", "inf", "--peak-size", "0"]
-        if ctx.triton:  # where the time of linrope's kernels goes, beside fla's
+        profiled = ctx.triton and "triton" in keys  # where the time of linrope's kernels goes, beside fla's
+        if profiled:
             cmd += ["--profile", *map(str, s["profile"])]
-        return cmd + ["--budget-s", f"{max(share - 15 - PROFILE_S * ctx.triton, 5):.0f}"]  # --triton: the profile's
+        return cmd + ["--budget-s", f"{max(share - 15 - PROFILE_S * profiled, 5):.0f}"]  # less the profile's
 
     def missing(keys, rows, res):  # the process died or was killed before these rows: say so, in the rows
         done, labels = {(r.get("batch", 1), r["n"], r["form"]) for r in rows}, [REGISTRY[k].label for k in keys]
         note = "the table's process " + ("timed out" if res["timed_out"] else f"exited {res['rc']}")
         return [dict(batch=b, n=n, form=f, note=note) for b, n in shapes for f in labels if (b, n, f) not in done]
 
-    shares = KERNEL_SHARES[: len(ctx.kernel_processes)]
+    shares = (TRITON_KERNEL_SHARES if ctx.triton else KERNEL_SHARES)[: len(ctx.kernel_processes)]
     res, rows, _ = processes(ctx, "kernels", ctx.kernel_processes, shares, command, missing)
     failed = [r for r in rows if r["status"] == "failed" or (r["status"] == "unavailable" and ctx.device == "cuda")]
     if res["timed_out"]:
@@ -488,6 +493,7 @@ def report(ctx) -> str:
     else:
         L += ["Not run.", ""]
     forms = "; ".join(f"**{REGISTRY[k].label}**: {REGISTRY[k].what}" for k in KERNEL_FORMS)
+    each = "; ".join(f"process {i} times {', '.join(one)}" for i, one in enumerate(labels(ctx.kernel_processes), 1))
     L += [
         "## Kernel table",
         "",
@@ -496,9 +502,8 @@ def report(ctx) -> str:
         "is fwd+bwd less fwd (the forward timed under no_grad, so it slightly overstates the backward); median of "
         f"{s['repeats']} after {s['warmup']} warm-up (benchmarks/kernel_time.py). Forms: {forms}. Peak MiB: "
         "allocated during one fwd+bwd above what was allocated before it (CUDA only). First call s: the first "
-        "fwd+bwd, Triton's compile and autotuning included. Process 1 times sdpa flash and linrope chunk, process 2 "
-        "sdpa flash and the fla forms (with `--triton` one process: sdpa flash, fla chunk_simple_gla and linrope's "
-        "Triton kernels); a CUDA fault ends its process; each ratio is within one process.",
+        f"fwd+bwd, Triton's compile and autotuning included. {each}; a CUDA fault ends its process; each ratio is "
+        "within one process.",
         "",
     ]
     k, rows = ctx.rows("kernels"), []

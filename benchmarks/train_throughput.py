@@ -219,9 +219,11 @@ def summary(rows: list[dict], args) -> list[str]:
     compiled = ("", " compiled") if args.compile else ("",)
     names = [n + c + s_ for n in args.models for c in compiled for s_ in suffixes]
     mixed = args.models if not args.compile and {"32-true", "bf16-mixed"} <= set(args.precision) else []
-    both = "linear_rope" in names and "softmax_rope" in names
+    # each linear model (a preset, or a preset with overrides) against softmax_rope, in each precision and mode
+    linear = [m for m in args.models if m.split(":")[0].startswith("linear")] if "softmax_rope" in args.models else []
+    pairs = [(m + c + s_, "softmax_rope" + c + s_) for m in linear for c in compiled for s_ in suffixes]
     head = ["context", "batch"] + [f"{n} ms/step" for n in names] + [f"{n} tokens/s" for n in names]
-    head += ["linear/softmax tokens/s"] * both + ["compiled linear/softmax tokens/s"] * (both and args.compile)
+    head += [f"{a} / {b} tokens/s" for a, b in pairs]
     if args.compile:
         head += [f"{n} compiled/eager tokens/s" for n in args.models] + [f"{n} compile s" for n in args.models]
     head += [f"{n} bf16-mixed/32-true tokens/s" for n in mixed]
@@ -234,8 +236,7 @@ def summary(rows: list[dict], args) -> list[str]:
         batch = batch_at(args, r["context"])
         cells = [r["context"], batch] + [f"{r[n] * 1e3:.0f}" if n in r else "failed" for n in names]
         cells += [f"{batch * r['context'] / r[n]:.0f}" if n in r else "failed" for n in names]
-        cells += [ratio("softmax_rope", "linear_rope")] * both
-        cells += [ratio("softmax_rope compiled", "linear_rope compiled")] * (both and args.compile)
+        cells += [ratio(b, a) for a, b in pairs]  # tokens/s: the inverse of the step times' ratio
         if args.compile:
             cells += [ratio(n, n + " compiled") for n in args.models]
             cells += [

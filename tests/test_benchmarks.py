@@ -430,6 +430,8 @@ def test_device_check_triton_goals_read_their_process(tmp_path):
     args = argparse.Namespace(cpu=False, out=tmp_path, parts=list(gpu_check.PARTS), total_s=None, triton=True)
     ctx = gpu_check.Context(args)
     assert ctx.kernel_processes == gpu_check.TRITON_KERNEL_PROCESSES and "--triton" in ctx.command
+    goal, other = ctx.kernel_processes  # the other design and layout apart: a fault there leaves the goal's rows
+    assert goal == ("sdpa-flash", "fla-triton", "triton") and other[0] == "sdpa-flash" and "triton" not in other
     for n, sdpa, fla, ours in ((4096, 5.0, 1.0, 1.1), (16384, 40.0, 2.0, 2.5), (65536, 300.0, 5.0, 14.0)):
         for form, ms in ((gpu_check.SDPA, sdpa), (gpu_check.FLA_KERNEL, fla), (gpu_check.LINROPE_TRITON, ours)):
             ctx.add_row({"part": "kernels", "process": 1, "n": n, "form": form, "status": "ok", "fwd_bwd_ms": ms})
@@ -702,14 +704,16 @@ def test_device_check_triton_profiles_and_reports_where_the_time_goes(tmp_path, 
         commands.append(cmd)
         path = Path(cmd[cmd.index("--jsonl") + 1])
         rows = [dict(part="kernels", batch=1, n=16384, form=gpu_check.LINROPE_TRITON, status="ok", fwd_bwd_ms=2.0)]
-        rows.append(dict(part="kernels:profile", batch=1, n=16384, form=gpu_check.LINROPE_TRITON, kernel="_grad",
-                         calls=3, ms=0.9, share=0.45, status="ok"))  # fmt: skip
+        if "--profile" in cmd:
+            rows.append(dict(part="kernels:profile", batch=1, n=16384, form=gpu_check.LINROPE_TRITON, kernel="_grad",
+                             calls=3, ms=0.9, share=0.45, status="ok"))  # fmt: skip
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         return {"rc": 0, "timed_out": False, "lines": []}
 
     monkeypatch.setattr(gpu_check, "run_part", fake_run)
     gpu_check.part_kernels(ctx)
     assert commands[0][commands[0].index("--profile") + 1 :][:2] == ["16384", "65536"]
+    assert len(commands) == 2 and "--profile" not in commands[1]  # the goal's process only
     assert [r["kernel"] for r in ctx.rows("kernels:profile")] == ["_grad"]
     assert len(ctx.rows("kernels")) >= 1 and all(r["part"] == "kernels" for r in ctx.rows("kernels"))
     report = gpu_check.report(ctx)
@@ -725,3 +729,44 @@ def test_kernel_time_skips_a_profile_past_its_time(tmp_path, monkeypatch):
     assert kernel_time.main([*TINY, *argv]) == 0
     prof = [r for r in map(json.loads, out.read_text().splitlines()) if r["part"] == "kernels:profile"]
     assert [(r["kernel"], r["status"]) for r in prof] == [("(not profiled)", "skipped")]
+
+
+def test_training_throughput_sets_each_linear_model_against_softmax_rope():
+    """The tokens/s ratio of every linear model (a preset with overrides, as the device check names them; in each
+    precision) to softmax_rope's: the column was dropped unless a model was named exactly linear_rope."""
+    args = argparse.Namespace(
+        precision=["32-true", "bf16-mixed"], compile=False, tokens=None, batch=2,
+        models=["linear_rope:model.attention.impl=chunk", "softmax_rope"],
+    )  # fmt: skip
+    lin, soft = args.models
+    row = {"context": 64}
+    row.update({f"{lin} 32-true": 0.02, f"{soft} 32-true": 0.01, f"{lin} bf16-mixed": 0.01, f"{soft} bf16-mixed": 0.03})
+    head, _, cells = (ln.strip("|").split("|") for ln in train_throughput.summary([row], args)[-3:])
+    got = {h.strip(): c.strip() for h, c in zip(head, cells)}
+    assert got[f"{lin} 32-true / {soft} 32-true tokens/s"] == "0.50×"
+    assert got[f"{lin} bf16-mixed / {soft} bf16-mixed tokens/s"] == "3.00×"
+
+
+def test_device_check_a_process_killed_by_a_signal_fails_its_part(tmp_path):
+    """A benchmark process killed by a signal (a negative status) beside one that exits 0: the part's status is the
+    killed one's (max() over the statuses reported 0, "ok")."""
+    args = argparse.Namespace(cpu=True, out=tmp_path, parts=["kernels"], total_s=None, triton=False)
+    ctx = gpu_check.Context(args)
+    code = {"killed": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "exits": "pass"}
+    res, rows, each = gpu_check.processes(
+        ctx, "kernels", ("killed", "exits"), (1, 1), lambda entry, share: [sys.executable, "-c", code[entry]],
+        lambda entry, rows, res: [],
+    )  # fmt: skip
+    assert [r["rc"] for r in each] == [-9, 0] and res["rc"] == -9 and not rows
+
+
+def test_device_check_on_the_gpu_stops_at_once_without_its_wheels(tmp_path):
+    """On the GPU (no --cpu) with no wheels to install, the check stops before any part (exit 2, one line saying
+    what to run): the device lacks hydra-core, omegaconf and fla, and the run would spend its minutes failing."""
+    env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_CHECK_WHEEL_DIR=str(tmp_path / "none"))
+    res = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--triton"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 2
+    assert "the device lacks hydra-core, omegaconf and fla: run bash tools/device_wheels.sh" in res.stderr
+    assert "no CUDA GPU" not in res.stdout + res.stderr  # stopped before gpu_check.py ran

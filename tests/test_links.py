@@ -1,6 +1,7 @@
-"""Every relative link in README.md and docs/**/*.md points at a file git tracks, so a fresh clone
-shows what the text links to (results, figures, other docs), and every section named by its anchor, in a link or
-cited as ``docs/<file>.md#<anchor>`` anywhere in the repository, is a heading of that file."""
+"""Every relative link in README.md, CONTRIBUTING.md, tests/README.md and docs/**/*.md points at a file git tracks, so
+a fresh clone shows what the text links to (results, figures, other docs); every repository file those docs name in
+backticks (``tests/data/test_data.py``, ``conf/size/small.yaml``) is one git tracks; and every section named by its
+anchor, in a link or cited as ``docs/<file>.md#<anchor>`` anywhere in the repository, is a heading of that file."""
 
 import posixpath
 import re
@@ -37,7 +38,8 @@ def tracked_files():
 
 
 TRACKED = tracked_files()
-DOCS = sorted(p for p in (TRACKED or ()) if p == "README.md" or (p.startswith("docs/") and p.endswith(".md")))
+TOP_DOCS = ("README.md", "CONTRIBUTING.md", "tests/README.md")
+DOCS = sorted(p for p in (TRACKED or ()) if p in TOP_DOCS or (p.startswith("docs/") and p.endswith(".md")))
 
 
 def test_link_extraction():
@@ -68,6 +70,73 @@ def _parents(path: str):
     while path:
         path = posixpath.dirname(path)
         yield path
+
+
+# A code span (any run of backticks, closed by a run of the same length, within one paragraph); in it, a word that is
+# a path from the repository's root to a file: a top-level folder of the code, no glob or placeholder (<name>, *, {a,b},
+# …), and a file extension.  What follows the path (::test_name, :line, #anchor) and quotes or brackets around it are
+# not part of it.
+CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.S)
+SEPARATORS = re.compile(r"[\s()\[\]'\",;=|`]+")
+REPO_PATH = re.compile(r"(?:linrope|tests|conf|docs|benchmarks|tools)(?:/[\w.-]+)+\.[A-Za-z0-9]+")
+RECORDS = ("docs/results/", "docs/device_checks/")  # run records keep the paths they were written with
+# files a doc names on purpose that a clone does not hold: each with why
+NOT_IN_THE_TREE = {
+    # the worked example's files: tests/positions/test_new_scheme.py writes them in a temporary folder
+    "CONTRIBUTING.md": {
+        "linrope/positions/log_distance.py",
+        "conf/position/log_distance.yaml",
+        "tests/positions/test_log_distance.py",
+    },
+    "docs/benchmarks.md": {"benchmarks/linear_attention.py"},  # the script before the split (3e34310), as history
+    "docs/results-old-protocol.md": {"docs/results/reproduce.sh"},  # removed with the old sweeps: "in the history"
+}
+
+
+def repository_paths(text: str):
+    """The repository files a markdown text names in code spans (not in fenced blocks): ``tests/data/test_data.py``,
+    the path of ``tests/data/test_data.py::test_x`` or ``linrope/ops/rope.py:12``; not ``conf/model/<name>.yaml``,
+    ``docs/results/*/runs.json`` nor a folder."""
+    found = []
+    for span in CODE_SPAN.finditer(FENCE.sub("", text)):
+        for word in SEPARATORS.split(span.group(2)):
+            word = re.split(r"::|#|:\d", word, maxsplit=1)[0].rstrip(".:")
+            if REPO_PATH.fullmatch(word) and ".." not in word.split("/"):
+                found.append(word)
+    return found
+
+
+def test_repository_path_extraction():
+    text = (
+        "Tests (`tests/data/test_data.py`): `tests/fixtures/test_data.py::test_unreadable_files_are_named`,\n"
+        "`python benchmarks/kernel_time.py --device cuda`, `linrope/ops/rope.py:12`, ``a `conf/size/small.yaml` b``\n"
+        "and `docs/schemes.md#rope`, `(tools/compat.sh)`. Not: `conf/model/softmax_<scheme>.yaml`,\n"
+        "`docs/results/*/runs.json`, `linrope/positions/`, `tests/test_*.py`, `x/linrope/a.py`, `results/a.csv`,\n"
+        "`linrope.ops.rope`, `tests/README`, `docs/{a,b}.md`, `tests/../x.py`.\n"
+        "```\n`tools/fenced.sh`\n```\nA span may break a line: `python -m linrope report\ndocs/x/y.md`.\n"
+    )
+    assert repository_paths(text) == [
+        "tests/data/test_data.py",
+        "tests/fixtures/test_data.py",
+        "benchmarks/kernel_time.py",
+        "linrope/ops/rope.py",
+        "conf/size/small.yaml",
+        "docs/schemes.md",
+        "tools/compat.sh",
+        "docs/x/y.md",
+    ]
+
+
+@pytest.mark.skipif(TRACKED is None, reason="not a git checkout: no list of tracked files")
+@pytest.mark.parametrize("doc", [d for d in DOCS if not d.startswith(RECORDS)])
+def test_repository_paths_in_code_name_tracked_files(doc):
+    """A file a doc names by its path (``tests/data/test_data.py``, a test to read, a script to run, a config) is in
+    a fresh clone: a path left behind by a move or a rename fails here."""
+    named = set(repository_paths((ROOT / doc).read_text(encoding="utf-8")))
+    missing = sorted(named - TRACKED - NOT_IN_THE_TREE.get(doc, set()))
+    assert not missing, f"{doc} names files git does not track: " + "; ".join(missing)
+    stale = sorted(NOT_IN_THE_TREE.get(doc, set()) - (named - TRACKED))
+    assert not stale, f"NOT_IN_THE_TREE lists files {doc} no longer names or git now tracks: " + "; ".join(stale)
 
 
 @pytest.mark.skipif(TRACKED is None, reason="not a git checkout")
@@ -108,7 +177,7 @@ def test_anchors():
 
 @pytest.mark.skipif(TRACKED is None, reason="not a git checkout: no list of tracked files")
 def test_every_anchor_cited_is_a_heading_of_its_file():
-    """A section named by its anchor exists: links with a ``#fragment`` in README and docs/ (to another .md file,
+    """A section named by its anchor exists: links with a ``#fragment`` in the docs (``DOCS``: to another .md file,
     or ``#x`` within the same one), and ``docs/<file>.md#<anchor>`` cited in any tracked text file (docstrings,
     comments, conf/, tests)."""
     cache = {}

@@ -128,3 +128,66 @@ def test_no_committed_record_names_code_that_does_not_exist():
     found = committed_targets()
     assert NEW in found  # the runs.json files migrated once
     assert {name: sorted(f) for name, f in found.items() if not migrate_runs.exists(name)} == {}
+
+
+def test_line_endings_are_kept_byte_for_byte(tmp_path):
+    saved = tmp_path / "config.yaml"
+    saved.write_bytes(CONFIG.replace("\n", "\r\n").encode())
+    r = tool(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert saved.read_bytes() == CONFIG.replace(OLD, NEW).replace("\n", "\r\n").encode()
+
+
+def linked(tmp_path):
+    """A folder whose config.yaml and other/ are symbolic links to an old config and its folder outside it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "config.yaml").write_text(CONFIG)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "config.yaml").symlink_to(outside / "config.yaml")
+    (folder / "other").symlink_to(outside)
+    return folder, outside
+
+
+def test_a_symbolic_link_in_a_folder_is_skipped_saying_so(tmp_path):
+    """Never followed: its target may lie outside the folder."""
+    folder, outside = linked(tmp_path)
+    r = tool(folder)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        f"{folder / 'config.yaml'}: skipped: a symbolic link",
+        f"{folder / 'other'}: skipped: a symbolic link",
+    ]
+    assert (folder / "config.yaml").is_symlink() and (outside / "config.yaml").read_text() == CONFIG
+
+
+def test_a_symbolic_link_named_is_refused(tmp_path):
+    """Rewriting it would replace the link by a copy of its target, rewritten."""
+    folder, outside = linked(tmp_path)
+    r = tool(folder / "config.yaml")
+    assert r.returncode == 2 and (folder / "config.yaml").is_symlink(), r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"migrate_runs: {folder / 'config.yaml'} (to {outside / 'config.yaml'}): a symbolic link: "
+        "name the file or folder it points to"
+    ]
+    assert (outside / "config.yaml").read_text() == CONFIG
+
+
+def test_only_a_target_key_is_rewritten():
+    kept = (
+        "my_target_: linrope.runs.x\n"
+        'note: "_target_: linrope.runs.x"\n'
+        'json: {"note": "_target_: linrope.runs.x", "a_target_": "linrope.runs.x"}\n'
+        "prose: the _target_: linrope.runs.x of a report\n"
+    )
+    assert migrate_runs.migrate_text(kept)[0] == kept
+    keys = (
+        "_target_: linrope.runs.x\n"
+        "a:\n  - _target_: linrope.runs.x\n"
+        "  - '_target_': 'linrope.runs.x'\n"
+        '  "_target_": "linrope.runs.x"\n'
+        '{"a": 1, "_target_": "linrope.runs.x"}\n'
+    )
+    new, changed, _ = migrate_runs.migrate_text(keys)
+    assert new == keys.replace("linrope.runs.x", "linrope.analysis.runs.x") and len(changed) == 5

@@ -3,29 +3,49 @@
     python tools/commit_msg.py .git/COMMIT_EDITMSG      # one message (pre-commit's commit-msg hook passes the file)
     python tools/commit_msg.py --range main..HEAD       # every commit of a range (CI: what a branch adds)
 
-Merge commits, fixup!/squash! commits and git's own comment lines (#) are handled as git handles them.  Exits 1 with
-one line per problem, 0 when every message holds.
+The message is read as git keeps it: comment lines (#) and everything from the scissors line of ``git commit -v`` on
+are dropped, and so are leading blank lines.  Merge and revert commits follow the rule too; only messages git writes
+itself pass as they are: a default merge message (``Merge branch 'x' into main``), a default revert (``Revert "…"``
+with its ``This reverts commit …`` line) and fixup!/squash! commits (squashed away by ``rebase --autosquash``).
+``--range`` leaves merge commits out: the history before the rule has merges with a subject only.  Exits 1 with one
+line per problem, 0 when every message holds.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 MAX_SUBJECT = 72
+# git commit -v puts the diff below this line; git drops it, and everything after it, from the message
+SCISSORS = "# ------------------------ >8 ------------------------"
+# the subjects git's fmt-merge-msg writes: kinds of quoted names, joined by ", ", " and " and "; ", then "of URL",
+# "into BRANCH"
+_NAMES = r"'[^']*'(?:(?:, | and )'[^']*')*"
+_KIND = r"(?:branch|branches|tag|tags|commit|commits|remote-tracking branch|remote-tracking branches)"
+GIT_MERGE = re.compile(rf"Merge {_KIND} {_NAMES}(?:; {_KIND} {_NAMES})*(?: of \S+)?(?: into \S+)?")
+GIT_REVERT = re.compile(r'(?:Revert|Reapply) ".*"')
 
 
 def problems(message: str) -> list[str]:
     """What is wrong with one commit message (nothing when it holds)."""
-    lines = [line.rstrip() for line in message.splitlines() if not line.startswith("#")]
+    lines = []
+    for line in message.splitlines():
+        if line.rstrip() == SCISSORS:
+            break
+        if not line.startswith("#"):
+            lines.append(line.rstrip())
     while lines and not lines[-1]:
         lines.pop()
-    if not lines or not lines[0]:
+    while lines and not lines[0]:
+        lines.pop(0)
+    if not lines:
         return ["the subject line is empty"]
     subject = lines[0]
-    if subject.startswith(("Merge ", "fixup! ", "squash! ", "Revert ")):
+    if written_by_git(subject, lines[1:]):
         return []
     found = []
     if len(subject) > MAX_SUBJECT:
@@ -35,6 +55,16 @@ def problems(message: str) -> list[str]:
     elif not any(lines[2:]):
         found.append("no body: say why the change is made, after a blank line")
     return found
+
+
+def written_by_git(subject: str, body: list[str]) -> bool:
+    """Whether the message is one git writes itself: a default merge or revert message, a fixup!/squash! commit.
+    A hand-written subject that merely starts with Merge or Revert is checked as any other."""
+    if subject.startswith(("fixup! ", "squash! ")):
+        return True
+    if GIT_MERGE.fullmatch(subject):
+        return True
+    return bool(GIT_REVERT.fullmatch(subject)) and any(line.startswith("This reverts commit ") for line in body)
 
 
 def commits(spec: str) -> list[tuple[str, str]]:

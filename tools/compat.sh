@@ -17,8 +17,14 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NEWEST_TORCH=2.13.0
 PY=${PY:-python3}
-WORK=${WORK:-$(mktemp -d /tmp/linrope-compat.XXXXXX)}
 SETS=("$@"); [ ${#SETS[@]} -gt 0 ] || SETS=(floor newest)
+for set in "${SETS[@]}"; do  # any other name would run the newest set under that label
+  case "$set" in
+    floor | newest) ;;
+    *) echo "compat: no set '$set': the sets are floor and newest" >&2; exit 2 ;;
+  esac
+done
+WORK=${WORK:-$(mktemp -d /tmp/linrope-compat.XXXXXX)}
 SHOWN="torch lightning hydra-core omegaconf wandb einops torchdiffeq matplotlib numpy tqdm"
 
 requirements() {  # the set's requirement lines, read from pyproject.toml

@@ -12,6 +12,10 @@
 # `tar -xzf`, delete the run folders that did not finish (no study_job.json), and resume the study where it
 # stopped with the same line.
 #
+# At the end, one line per part: its runs finished and how it ended (exit 0; stopped at SECONDS, resumable; failed,
+# with its exit status and log).  Exit status 1 when a part failed, saying which; a part stopped at SECONDS is no
+# failure (that is what SECONDS is for).
+#
 # The wheels the device lacks (tools/device_wheels.sh fills .whl/) are installed into /tmp/site, except fla-core:
 # without it impl=auto resolves to chunk, the kernel the CPU runs, so a study's numbers do not depend on which
 # machine trained a run (provenance.json records the device of each).
@@ -41,6 +45,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 folders=()
+names=()
 pids=()
 while IFS= read -r line; do
   line="${line%%#*}"
@@ -48,6 +53,7 @@ while IFS= read -r line; do
   read -r -a args <<< "$line"
   folders+=("${args[0]}")
   name="$(echo "${args[0]}" | tr '/' '_')"
+  names+=("$name")
   echo "== start $(date -u +%T) ${args[*]}" >> "$LOG"
   "$PY" -m linrope study "${args[@]}" > "$OUT/$name.log" 2>&1 &
   pids+=($!)
@@ -63,6 +69,7 @@ pack() {  # the folders, without checkpoints, into one file (written aside, then
 }
 
 start=$(date +%s)
+stopped=0
 while :; do
   sleep "${DEVICE_STUDIES_POLL:-30}"
   running=0
@@ -72,14 +79,30 @@ while :; do
   if (( $(date +%s) - start >= SECONDS_LEFT )); then
     echo "== stop $(date -u +%T): SIGTERM after ${SECONDS_LEFT} s" >> "$LOG"
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    wait
+    stopped=1
     break
   fi
 done
-wait
+statuses=()  # each part's exit status, in the order of LIST (a plain `wait` would discard them)
+for p in "${pids[@]}"; do wait "$p"; statuses+=($?); done
 pack
-for f in "${folders[@]}"; do
+failed=()
+for i in "${!folders[@]}"; do
+  f="${folders[$i]}" rc="${statuses[$i]}"
   done_=$(find "$f" -name study_job.json 2>/dev/null | wc -l)
-  echo "$f: $done_ runs finished" | tee -a "$LOG"
+  if (( rc == 0 )); then
+    how="exit 0"
+  elif (( stopped && rc == 128 + 15 )); then  # the study driver's status when SIGTERM stopped it
+    how="stopped after ${SECONDS_LEFT} s: resume it with the same line"
+  else
+    how="failed, exit $rc (its log: $OUT/${names[$i]}.log)"
+    failed+=("$f")
+  fi
+  echo "$f: $done_ runs finished; $how" | tee -a "$LOG"
 done
 tail -n 3 "$OUT"/*.log
+if (( ${#failed[@]} )); then
+  list="$(printf '%s, ' "${failed[@]}")"
+  echo "device_studies: ${#failed[@]} of ${#folders[@]} parts failed: ${list%, }" | tee -a "$LOG" >&2
+  exit 1
+fi

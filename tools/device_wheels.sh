@@ -3,7 +3,13 @@
 # which installs them there with pip --no-index (the device machine reaches no package index).
 #
 #   bash tools/device_wheels.sh            # here, with network to PyPI; then on the device:
-#   bash benchmarks/gpu_check.sh           # (the run tool carries .whl/: carry=[".whl"])
+#   bash benchmarks/gpu_check.sh --triton  # (the run tool carries .whl/: carry=[".whl"])
+#   bash tools/device_wheels.sh DEST       # into the folder DEST instead (gpu_check.sh: GPU_CHECK_WHEEL_DIR=DEST)
+#
+# The wheels already in the folder are replaced: in .whl/, the script's own folder, all of them (gpu_check.sh installs
+# every wheel there, so a stale one would be installed too); in another DEST only those of the packages below, any
+# version, and a DEST that holds other wheels is refused, nothing deleted (they are not this script's to delete, and
+# gpu_check.sh would install them beside these).
 #
 # The device has Python 3.12, torch, triton, lightning (and so numpy, PyYAML, tqdm, packaging, fsspec,
 # torchmetrics, lightning-utilities), but no hydra-core, omegaconf or fla-core.  What linrope imports when
@@ -30,8 +36,28 @@ WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 fla-core==0.6.0 einops==0.8.2
         pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0)
 SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
 
+managed() {  # whether the wheel file $1 is one of a package above (any version): its name before the first "-"
+  local dist spec
+  dist="$(basename "$1")"; dist="$(echo "${dist%%-*}" | tr 'A-Z.-' 'a-z__')"
+  for spec in "${WHEELS[@]}" "${SDIST_ONLY[@]}"; do
+    [[ "$dist" == "$(echo "${spec%%==*}" | tr 'A-Z.-' 'a-z__')" ]] && return 0
+  done
+  return 1
+}
+
 mkdir -p "$DEST"
-rm -f "$DEST"/*.whl
+own=0; [[ "$(cd "$DEST" && pwd -P)" == "$(cd "$ROOT" && pwd -P)/.whl" ]] && own=1
+others=()
+for w in "$DEST"/*.whl; do
+  [[ -e "$w" ]] || continue  # no wheel there: the pattern itself
+  if (( own )) || managed "$w"; then continue; fi
+  others+=("$(basename "$w")")
+done
+if (( ${#others[@]} )); then
+  echo "device_wheels: $DEST holds wheels this script does not fill (${others[*]}): nothing deleted; give an empty folder" >&2
+  exit 1
+fi
+rm -f "$DEST"/*.whl  # only the packages above (or .whl/, the script's own folder)
 for spec in "${WHEELS[@]}"; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

@@ -8,12 +8,17 @@ name classes by their old paths (``callbacks.movement._target_: linrope.movement
 longer maps old paths when it imports or compares them: a saved config is compared as written (a resume, a study's
 job identity, a report's grouping of runs), so a folder saved then differs from one composed now until its old
 paths are rewritten here.  Only the value of a ``_target_`` key is rewritten (it is the only place a saved config
-names code), as text, in place: the rest of each file is kept byte for byte.  Other strings that merely look like a
-module path (the format tag ``"linrope.runs/1"``, a report's prose) are not touched.
+names code), as text, in place: the rest of each file is kept byte for byte, its line endings too.  A ``_target_`` is
+a key: at the start of a line after its indentation (and a list's ``- ``), or in JSON after ``{`` or ``,``.  Other
+strings that merely look like one (``my_target_: linrope.x``, a value ``"_target_: linrope.runs.x"``, the format tag
+``"linrope.runs/1"``, a report's prose) are not touched.
 
 Said, one line each, never skipped silently: every file rewritten (how many paths), every ``_target_`` naming a
 ``linrope.`` path that is neither old nor importable today (left as it is; exit status 1), every file that cannot
-be read as text.  A file is replaced atomically (a temporary file beside it, then a rename; its mode kept).
+be read as text, every symbolic link inside a folder (skipped: its target may lie outside the folder, and replacing
+the link would turn it into a copy).  A symbolic link named on the command line is refused (exit status 2): name
+the file or folder it points to.  A file is replaced atomically (a temporary file beside it, then a rename; its mode
+kept).
 
 Checkpoints (``*.ckpt``) are never rewritten: linrope loads them with ``torch.load(weights_only=True)`` and rebuilds
 the model from plain values, never instantiating a ``_target_``, and a resume does not compare their ``callbacks.*``
@@ -68,8 +73,14 @@ MOVED = {
 # modules that became packages of the same name: their old attributes live in one module of the package
 BECAME_PACKAGES = {"linrope.config": "linrope.config.checks", "linrope.training": "linrope.training.builders"}
 SAVED = (".yaml", ".yml", ".json")
-# a _target_ key and its value, in YAML (`_target_: x`, `'_target_': "x"`) or JSON (`"_target_": "x"`)
-TARGET = re.compile(r"""(?P<key>["']?_target_["']?\s*:\s*["']?)(?P<name>linrope(?:\.\w+)+)""")
+# a _target_ key and its value, in YAML (`_target_: x`, `- '_target_': "x"`) or JSON (`"_target_": "x"`): the key
+# starts a line (after its indentation, a list's `- `) or, in JSON on one line, follows `{` or `,`; so neither
+# `my_target_: linrope.x` nor a string holding "_target_: linrope.x" is taken for one
+TARGET = re.compile(
+    r"""(?P<key>(?:^[ \t]*(?:-[ \t]+)*(?:_target_|"_target_"|'_target_')|[{,][ \t]*"_target_")[ \t]*:[ \t]*["']?)"""
+    r"""(?P<name>linrope(?:\.\w+)+)""",
+    re.MULTILINE,
+)
 
 
 def current_name(dotted: str) -> str:
@@ -150,19 +161,21 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def files_under(roots: Iterable[Path]) -> Iterable[Path]:
+def files_under(roots: Iterable[Path], say=print) -> Iterable[Path]:
+    """The files of ``roots``; a symbolic link is never followed (module docstring): skipped, saying so."""
     for root in roots:
-        if root.is_file():
-            yield root
-        else:
-            yield from sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+        for path in [root] if root.is_file() or root.is_symlink() else sorted(root.rglob("*")):
+            if path.is_symlink():
+                say(f"{path}: skipped: a symbolic link")
+            elif path.is_file():
+                yield path
 
 
 def migrate(roots: Iterable[Path], write: bool = True, say=print) -> int:
     """Rewrite (or with ``write=False`` only report) the old paths under ``roots``; the exit status: 0 when nothing
     is left to do, 1 when a name is unknown, a file unreadable, or (``write=False``) a file would change."""
     status = 0
-    for path in files_under(roots):
+    for path in files_under(roots, say):
         if path.suffix == ".ckpt":
             if not path.stat().st_size:
                 continue
@@ -174,7 +187,7 @@ def migrate(roots: Iterable[Path], write: bool = True, say=print) -> int:
         if path.suffix not in SAVED:
             continue
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_bytes().decode("utf-8")  # not read_text: its universal newlines would drop each \r
         except (OSError, UnicodeDecodeError) as e:
             say(f"{path}: cannot be read as UTF-8 text ({e}): not migrated")
             status = 1
@@ -203,6 +216,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("dirs", nargs="+", type=Path, help="run folders, study folders, or single saved files")
     ap.add_argument("--check", action="store_true", help="say what would change, write nothing")
     args = ap.parse_args(argv)
+    links = [d for d in args.dirs if d.is_symlink()]
+    if links:  # a rewrite would replace the link by a rewritten copy of its target, which may lie anywhere
+        named = ", ".join(f"{d} (to {os.readlink(d)})" for d in links)
+        print(f"migrate_runs: {named}: a symbolic link: name the file or folder it points to", file=sys.stderr)
+        return 2
     missing = [d for d in args.dirs if not d.exists()]
     if missing:
         print(f"migrate_runs: {', '.join(map(str, missing))}: no such file or folder", file=sys.stderr)

@@ -9,13 +9,10 @@ from typing import Any, Dict, List, Optional
 from linrope.analysis.runs import Run
 from linrope.analysis.stats import Interval, Paired, p_text
 from linrope.base.csv_files import write_rows
+from linrope.base.naming import higher_is_better  # noqa: F401 - the report's and the arms' tables read it here
 
 # RoPE's scalings of the extrapolation table's rows, as the tables and the dashboard name them
 SCALINGS = {"pi": "position interpolation", "ntk": "NTK-aware scaling", "yarn": "YaRN", "dynamic": "dynamic NTK"}
-
-
-def higher_is_better(metric: str) -> bool:
-    return metric.endswith("acc")
 
 
 def fmt(iv: Interval, digits: int = 3) -> str:

@@ -23,8 +23,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from omegaconf import OmegaConf
 
 from linrope.analysis.cells import SCALINGS
-from linrope.base.naming import wandb_group
+from linrope.base.naming import LANGUAGE_TASKS, wandb_group
+from linrope.base.nested import differing, flatten
 from linrope.config.command_line import program
+from linrope.run.resume_diff import HOUSEKEEPING
 
 # Imported inside the functions that need them: wandb-workspaces (an optional extra; without it, one line that
 # says how to install it), wandb and linrope.run.loggers (Lightning): --help and --dry-run stay fast (0.1 s, not ~5 s)
@@ -63,8 +65,18 @@ class Target:
 
 
 def extrapolation_keys(target: Target, scaling: str) -> List[str]:
-    metric = "bpb" if BYTES in target.tasks else "loss"  # the key linrope evaluate logs for the task
-    return [f"extrapolation/{scaling}/{metric}@{n}" for n in target.lengths]
+    """The keys a run's extrapolation table logs (linrope.evaluation.evaluate): bpb@N for language, acc@N for the
+    synthetic tasks; both where the runs trained on both."""
+    metrics = ["bpb"] * language(target) + ["acc"] * synthetic(target)
+    return [f"extrapolation/{scaling}/{m}@{n}" for m in metrics for n in target.lengths]
+
+
+def language(target: Target) -> bool:
+    return any(t in LANGUAGE_TASKS for t in target.tasks)
+
+
+def synthetic(target: Target) -> bool:
+    return any(t not in LANGUAGE_TASKS for t in target.tasks)
 
 
 def section(title: str, text: str, panels) -> Section:
@@ -89,7 +101,7 @@ TRAINING = [("line", "train/loss", ["train/loss"]), ("line", "learning rate", ["
 def sections(target: Target) -> List[Section]:
     """The dashboard's content as plain data; ``panel_metrics`` lists every key it names."""
     out: List[Section] = []
-    if BYTES in target.tasks:
+    if language(target):
         text = (
             "Bits per byte on the validation windows during training, and on the test windows for the best "
             "checkpoint (lower is better; mean over seeds, bars ±1 std)."
@@ -105,7 +117,7 @@ def sections(target: Target) -> List[Section]:
         lengths = ", ".join(map(str, target.lengths))
         text = f"The model trained at one context, evaluated at longer ones ({lengths}); RoPE models also with their scaling rows."
         out.append(section("Length extrapolation", text, panels))
-    if any(t != BYTES for t in target.tasks):
+    if synthetic(target):
         text = "Accuracy over the scored positions (mqar, offset_copy) or sequences (listops); higher is better."
         out.append(section("Synthetic tasks", text, TASKS))
     out.append(section("Training", "Training loss and learning rate.", TRAINING))
@@ -207,20 +219,45 @@ def target_from_sweep(folder: Path, project: Optional[str] = None, entity: Optio
     cfgs = [OmegaConf.load(p) for p in configs]
     first = cfgs[0]
     wandb_cfg = OmegaConf.select(first, "logger.wandb") or {}
-    sweep = folder if configs[0].parent.parent.parent == folder else None
+    folder = folder.resolve()  # "." has no name, and the group is the sweep folder's
+    if configs[0].parent.parent.resolve() != folder:  # a sweep folder: its jobs' configs
+        sweep: Optional[Path] = folder
+    else:  # one run's folder: a job of a sweep logged to the sweep's group
+        sweep = folder.parent if (folder.parent / "multirun.yaml").is_file() else None
     group = wandb_cfg.get("group") or wandb_group(str(first.get("task_name", "train")), str(sweep) if sweep else None)
     tasks = sorted({str(OmegaConf.select(c, "data.task") or BYTES) for c in cfgs})
     lengths: set = set()
     scalings: set = set()
-    for c in cfgs:
+    for path, c in zip(configs, cfgs):
         ex = c.get("extrapolation") or {}
         if ex.get("enabled"):
-            context = int(OmegaConf.select(c, "data.context") or OmegaConf.select(c, "context"))
+            context = OmegaConf.select(c, "data.context") or OmegaConf.select(c, "context")
+            if context is None:
+                raise SystemExit(
+                    f"linrope: {path}: extrapolation.enabled, but no data.context or context to tell its lengths "
+                    "by; pass --group with --lengths instead of the folder"
+                )
+            context = int(context)
             lengths |= {int(round(f * context)) for f in ex.get("factors") or DEFAULT_FACTORS}
             if OmegaConf.select(c, "model.position.name") == "rope":
                 scalings |= set(ex.get("scalings") or [])
     project = project or str(wandb_cfg.get("project") or "linrope")
-    return Target(project, str(group), entity, tasks, sorted(lengths), sorted(scalings))
+    return Target(project, str(group), entity, tasks, sorted(lengths), sorted(scalings), varying(cfgs))
+
+
+# what runs of one configuration differ in: where they write and log, their seed (the mean is over seeds)
+NOT_GROUPED = (*HOUSEKEEPING, "seed", "data.seed", "callbacks.", "extrapolation.")
+
+
+def varying(cfgs) -> List[str]:
+    """GROUP_BY, then each other key in which the runs' configs differ (less NOT_GROUPED): the configurations a
+    dashboard's line or bar averages over seeds (an optuna search's learning rates were one line "over seeds").  Runs
+    whose component differs (its ``_target_``: another task's data module) are told apart by that key alone."""
+    flat = [flatten(OmegaConf.to_container(c, resolve=False)) for c in cfgs]
+    keys = sorted({k for other in flat[1:] for k, _, _ in differing(flat[0], other, skip=NOT_GROUPED)})
+    other = tuple(k.removesuffix("_target_") for k in keys if k.endswith("._target_"))  # "data."
+    keys = [k for k in keys if k.endswith("._target_") or not k.startswith(other)]
+    return [*GROUP_BY, *(k for k in keys if k not in GROUP_BY)]
 
 
 # ---- command line ----------------------------------------------------------------------------------------------
@@ -243,9 +280,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--group-by",
         nargs="+",
-        default=list(GROUP_BY),
-        help="config keys runs are grouped by "
-        "(default: %(default)s; an ablation adds e.g. model.attention.feature_map)",
+        help=f"config keys runs are grouped by (default: {' '.join(GROUP_BY)}, then every key other than the seed "
+        "in which the folder's runs differ: a sweep of learning rates is not one mean over seeds)",
     )
     p.add_argument("--dry-run", action="store_true", help="write the specs as JSON (no login, nothing saved)")
     p.add_argument("--out", type=Path, help="where --dry-run writes (default: <sweep>/dashboard, else ./dashboard)")
@@ -262,13 +298,20 @@ def target_from_args(args: argparse.Namespace) -> Target:
         scalings = ["pi", "ntk", "yarn", "dynamic"] if args.lengths else []
         tasks, lengths = list(args.tasks or [BYTES]), sorted(args.lengths or [])
         target = Target(args.project or "linrope", args.group, args.entity, tasks, lengths, scalings)
-    target.group_by = list(args.group_by)
+    if args.group_by:
+        target.group_by = list(args.group_by)
     return target
 
 
 def write_specs(target: Target, out: Path) -> List[Path]:
     """dashboard.json (plain data), and with wandb-workspaces workspace.json and report.json."""
-    out.mkdir(parents=True, exist_ok=True)
+    from linrope.base.errors import LinropeError
+    from linrope.base.writable import writable_folder
+
+    try:
+        out = writable_folder(out, "--out", out)  # a file there, or no write permission: one line
+    except LinropeError as e:
+        raise SystemExit(f"linrope: {e}") from None
     written = [out / "dashboard.json"]
     written[0].write_text(json.dumps(plain_spec(target), indent=1))
     if importlib.util.find_spec("wandb_workspaces") is None:

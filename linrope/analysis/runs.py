@@ -78,19 +78,25 @@ def extrapolation_row(rows: Iterable[Dict[str, Any]], length: int, name: str = "
 def metrics_rows(path: Path) -> Tuple[List[str], List[Dict[str, str]]]:
     """(columns, rows) of a CSVLogger's metrics.csv, as text, with the history of a resumed run in front: the rows
     of each ``metrics.before-resume-<k>.csv`` beside it (linrope.run.loggers keeps them) before the step the next
-    file starts at (a resume logs again from its checkpoint).  A file that is no CSV text (binary, NUL bytes) is
-    refused in one line (SystemExit) naming it."""
+    file starts at (a resume logs again from its checkpoint; the test's rows do not say where: under ddp_spawn the test
+    runs in a fresh process and logs at step 0).  A file that is no CSV text (binary, NUL bytes) is refused in one
+    line (SystemExit) naming it."""
     earlier = sorted(path.parent.glob("metrics.before-resume-*.csv"), key=lambda p: _resume_index(p.stem))
     columns: List[str] = []
     rows: List[Dict[str, str]] = []
     for part in [*earlier, *([path] if path.is_file() or not earlier else [])]:  # a resume that logged nothing
         cols, more = _csv_rows(part)
-        starts = [s for s in map(_step, more) if s is not None]
+        starts = [s for s in map(_step, (r for r in more if not _tested(r))) if s is not None]
         if starts:
             rows = [r for r in rows if (_step(r) is None or _step(r) < min(starts))]
         columns += [c for c in cols if c not in columns]
         rows += more
     return columns, rows
+
+
+def _tested(row: Mapping[str, Optional[str]]) -> bool:
+    """Whether the CSV row holds a test metric (a row the test logged)."""
+    return any(k.startswith("test/") and v not in (None, "") for k, v in row.items())
 
 
 def _resume_index(stem: str) -> int:

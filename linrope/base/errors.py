@@ -15,6 +15,10 @@ import difflib
 class LinropeError(Exception):
     """A problem with what the user gave, or a run stopped for a reason the user must act on."""
 
+    # an outcome of the run (it diverged), not a refusal of what it was given: a job of a sweep that ends so is a
+    # failed job, and the sweep goes on with the others (``linrope.run.exit.one_line_errors``)
+    outcome = False
+
 
 class ConfigError(LinropeError, ValueError):
     """A config value, or a combination of values, that cannot work (checked before any data is read)."""
@@ -88,6 +92,8 @@ class NonFiniteCheckpoint(LinropeError, RuntimeError):
 
 class NonFiniteLoss(LinropeError, RuntimeError):
     """Training stopped at a NaN or infinite loss."""
+
+    outcome = True  # a learning rate too high for a sweep's other jobs to be stopped by it
 
 
 class DiskFull(LinropeError, OSError):

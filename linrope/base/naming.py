@@ -1,4 +1,5 @@
-"""What runs and their folders are called: a run's wandb group, a command's name, a job's folder.  Light on
+"""What runs, their folders and their metrics are called: a run's wandb group, a command's name, a job's folder,
+which way a metric is better (``higher_is_better``).  Light on
 purpose (no Lightning, no wandb): train.py and ``python -m linrope dashboard`` use it.  What a model is called
 (``model.name``, the run name, the tags) is ``linrope.models.spec.ModelConfig``'s."""
 
@@ -9,6 +10,15 @@ import re
 from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+# the language tasks: scored in bits per byte (val/bpb, test/bpb, the extrapolation table's bpb@N); the synthetic
+# tasks (mqar, offset_copy, listops) in accuracy and loss
+LANGUAGE_TASKS = ("bytes", "text")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether more of ``metric`` is better: accuracies (``val/acc``, ``test/acc``); losses and bits per byte not."""
+    return metric.endswith("acc")
 
 
 def wandb_group(task_name: str, sweep_dir: Optional[str] = None) -> str:

@@ -11,6 +11,7 @@ style of a run from its flat (dotted-key) config."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,20 +90,32 @@ def distinct_styles(curves: Sequence["Curve"]) -> List["Curve"]:
 
 @dataclass
 class Curve:
-    """One line: ``points`` maps x to the values of the seeds at x; drawn as mean with a min–max band."""
+    """One line: ``points`` maps x to the values of the seeds at x; drawn as mean with a min–max band, over the seeds
+    whose value at x is finite (a diverged seed, NaN from its step on, is left out there and counted: ``diverged``)."""
 
     label: str
     points: Dict[float, List[float]]
     style: Dict[str, Any] = field(default_factory=dict)
 
+    def finite(self, x: float) -> List[float]:
+        return [v for v in self.points[x] if math.isfinite(v)]
+
     def summary(self):
-        xs = sorted(x for x, vs in self.points.items() if vs)
+        xs = sorted(x for x in self.points if self.finite(x))
         return (
             xs,
-            [statistics.fmean(self.points[x]) for x in xs],
-            [min(self.points[x]) for x in xs],
-            [max(self.points[x]) for x in xs],
+            [statistics.fmean(self.finite(x)) for x in xs],
+            [min(self.finite(x)) for x in xs],
+            [max(self.finite(x)) for x in xs],
         )
+
+    def diverged(self) -> int:
+        """The most seeds with a value that is not finite at one x."""
+        return max((len(vs) - len(self.finite(x)) for x, vs in self.points.items()), default=0)
+
+    def legend(self) -> str:
+        k = self.diverged()
+        return self.label + (f" ({k} seed{'s' * (k > 1)} diverged: left out)" if k else "")
 
 
 def by_last_value(curves: Sequence[Curve], descending: bool = False) -> List[Curve]:
@@ -145,13 +158,13 @@ def draw(ax, curve: Curve, shift: float = 1.0, point: bool = False) -> bool:
     if point and len(xs) == 1:
         x = xs[0] * shift
         colour = style.get("color")
-        ax.errorbar([x], mean, yerr=[[mean[0] - lo[0]], [hi[0] - mean[0]]], label=curve.label, capsize=4,
+        ax.errorbar([x], mean, yerr=[[mean[0] - lo[0]], [hi[0] - mean[0]]], label=curve.legend(), capsize=4,
                     markersize=5, linewidth=1.4, **{k: v for k, v in style.items() if k != "linestyle"})  # fmt: skip
-        seeds = curve.points[xs[0]]
+        seeds = curve.finite(xs[0])
         ax.plot([x] * len(seeds), seeds, linestyle="none", marker="o", markersize=3.5, markerfacecolor="none",
                 color=colour, alpha=0.7)  # fmt: skip
         return True
-    ax.plot(xs, mean, label=curve.label, linewidth=1.6, markersize=3.5, **style)
+    ax.plot(xs, mean, label=curve.legend(), linewidth=1.6, markersize=3.5, **style)
     if any(h > l_ for l_, h in zip(lo, hi)):
         ax.fill_between(xs, lo, hi, color=style.get("color"), alpha=BAND_ALPHA, linewidth=0)
     return True

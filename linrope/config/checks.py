@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from linrope.base.atomic import file_problem
 from linrope.base.errors import ConfigError, UnknownOption
+from linrope.base.naming import LANGUAGE_TASKS
 from linrope.base.nested import get
 from linrope.base.options import declared, option_errors, value_errors
 from linrope.config.settings import (
@@ -49,6 +50,39 @@ def settings_errors(cfg) -> List[str]:
             check = option_errors if all_keys else value_errors
             errors += check(declared(declaration), node, where)
     return errors + (optim_errors(cfg.optim) if isinstance(get(cfg, "optim"), DictConfig) else [])
+
+
+def task_model(cfg) -> Dict[str, Any]:
+    """``cfg.model`` as the task makes it (what ``linrope.training.builders.build_module`` builds): the task name,
+    and for the synthetic tasks ``vocab_size`` / ``causal`` / ``n_classes`` / the longest position, which a learned
+    table must cover (``model_overrides_for`` of the data module class, asked before any data is made)."""
+    import hydra  # the data module's class, by its _target_
+
+    model = plain(cfg.model)
+    overrides: Dict[str, Any] = {"task": cfg.data.get("task", "bytes")}
+    target = cfg.data.get("_target_")
+    ask = getattr(hydra.utils.get_class(target) if target else None, "model_overrides_for", None)
+    if ask is not None:
+        overrides.update(ask(plain(cfg.data)))
+    if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
+        overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
+    return {**model, **overrides}
+
+
+def task_model_errors(cfg) -> List[str]:
+    """What the model refuses as the task makes it (``task_model``: ListOps makes it bidirectional, and T5's buckets
+    or xPos's blockwise attention depend on that), where the task changes more than its name; a task whose values
+    cannot work is ``data_errors``' to name."""
+    if not isinstance(get(cfg, "data"), DictConfig):
+        return []
+    try:
+        made = task_model(cfg)
+    except (ValueError, TypeError, KeyError):  # the task's own values: data_errors names them
+        return []
+    model = plain(cfg.model)
+    if all(model.get(k) == v for k, v in made.items() if k != "task"):
+        return []
+    return model_errors(made)
 
 
 def model_errors(model) -> List[str]:
@@ -121,7 +155,7 @@ def table_errors(cfg) -> List[str]:
 
     position, max_len = get(cfg, "model.position"), get(cfg, "model.max_len")
     pos = get(position, "name")
-    if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") not in ("bytes", "text"):
+    if pos not in REGISTRY or max_len is None or get(cfg, "data.task", "bytes") not in LANGUAGE_TASKS:
         return []
     if not REGISTRY[pos].bounded_by_max_len(
         scheme_settings(pos, {k: v for k, v in plain(position).items() if k != "name"})
@@ -135,13 +169,14 @@ def table_errors(cfg) -> List[str]:
     ]
 
 
-def validate(cfg: DictConfig, hardware: bool = True) -> None:
+def validate(cfg: DictConfig, hardware: bool = True, sweep: Optional[bool] = None) -> None:
     """Raise ConfigError naming every problem found (one per line): first what linrope's own settings refuse
     (``settings_errors``, no torch); then what each component refuses (an option it does not take, naming the
     nearest it does; its own values; the model's pairing and dimensions); then (when those are sound) what
     depends on several values, the corpus, the Trainer and ``ckpt_path``.  ``hardware=False`` (the dry run of
     a sweep, linrope sweeps, on a login node) checks the config alone: whether this machine has the devices
-    asked for, and what ``accelerator: auto`` would pick here, are the launch's business."""
+    asked for, and what ``accelerator: auto`` would pick here, are the launch's business.  ``sweep``: whether the
+    config is a job of a sweep (None: a job of the running ``-m``, ``sweep_dir``; the dry run says True)."""
     errors = settings_errors(cfg)
     if errors:
         raise ConfigError("\n".join(errors))
@@ -151,8 +186,8 @@ def validate(cfg: DictConfig, hardware: bool = True) -> None:
         errors += trainer_option_errors(get(cfg, "trainer._target_"), list(cfg.trainer))
     if errors:
         raise ConfigError("\n".join(errors))
-    errors = table_errors(cfg)
-    errors += data_errors(cfg) + trainer_errors(cfg, hardware) + impl_errors(cfg, hardware)
+    errors = table_errors(cfg) + task_model_errors(cfg)
+    errors += data_errors(cfg) + trainer_errors(cfg, hardware, sweep) + impl_errors(cfg, hardware)
     try:
         checkpoint_path(cfg)
     except ConfigError as e:
@@ -256,7 +291,7 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 COMMON_STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "deepspeed", "single_device")
 
 
-def trainer_errors(cfg, hardware: bool = True) -> List[str]:
+def trainer_errors(cfg, hardware: bool = True, sweep: Optional[bool] = None) -> List[str]:
     """The Trainer's accelerator, devices, precision and strategy; with ``hardware``, also whether this
     machine has the devices asked for (``accelerator: auto`` resolved as build_trainer resolves it)."""
     errors = []
@@ -292,14 +327,30 @@ def trainer_errors(cfg, hardware: bool = True) -> List[str]:
                 f"trainer.strategy={strategy}: unknown; e.g. {', '.join(COMMON_STRATEGIES)} "
                 f"(all: lightning.pytorch.strategies.StrategyRegistry)"
             )
-    relaunched = strategy == "ddp" or strategy.startswith(("fsdp", "deepspeed"))  # Lightning re-runs train.py
-    if relaunched and (n is None or n > 1) and sweep_dir() is not None and not _processes_started_externally():
+    sweep = sweep_dir() is not None if sweep is None else sweep
+    if sweep and relaunches(strategy, n, kind, available) and not _processes_started_externally():
         errors.append(
             f"trainer.strategy={strategy} in a sweep (-m): Lightning starts the other processes by "
             "running train.py again, which would run the whole sweep in each; use trainer=ddp_spawn in "
             "sweeps, or a launcher that starts them (hydra/launcher=submitit_slurm)"
         )
     return errors + fsdp_errors(strategy, node, kind)
+
+
+def relaunches(strategy: str, n: Optional[int], kind: Optional[str], available: Optional[int]) -> bool:
+    """Whether Lightning starts the other processes of ``strategy`` on ``n`` devices (None: auto or -1, all of the
+    ``available``) by running the script again (its ``_SubprocessScriptLauncher``): ddp and its
+    ``ddp_find_unused_parameters_*``, fsdp and deepspeed on more than one device, and ``auto`` on more than one
+    (Lightning's auto is ddp there); not ``ddp_spawn``, ``ddp_fork`` or ``ddp_notebook`` (multiprocessing)."""
+    if strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
+        return False
+    n = None if n is not None and n < 0 else n  # -1: every device
+    if strategy.startswith(("ddp", "fsdp", "deepspeed")):
+        return n is None or n > 1
+    if strategy == "auto":
+        count = n if n is not None else (available if kind == "gpu" else 1)  # auto devices: every GPU, one CPU
+        return count is not None and count > 1  # unknown (a dry run): left to the job, which knows
+    return False
 
 
 def strategy_name(strategy) -> str:

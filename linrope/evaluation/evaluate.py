@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import Field
 
 from linrope.base.errors import ConfigError, LinropeError
+from linrope.base.naming import LANGUAGE_TASKS
 from linrope.base.options import declared, option_errors
 from linrope.base.plots import plot_length_table
 from linrope.base.stopping import Stopped, signals_to, stopped
@@ -295,7 +296,10 @@ def evaluate(cfg: DictConfig) -> List[Dict[str, Any]]:
             log=lambda line: print(line, flush=True),
             note=lambda line: print(line, file=sys.stderr, flush=True),  # the plan and the time left: stderr
         )
-    print(f"wrote {csv_path}" + (f" and {png}" if png else " (no row to plot)"))
+    # every file it names was written by this evaluation: none of them existed before it (refused above)
+    written = [str(path) for path in (Path(str(cfg.out)) / name for name in table_files("evaluate")) if path.exists()]
+    listed = " and ".join(written) if len(written) < 3 else ", ".join(written[:-1]) + " and " + written[-1]
+    print(f"wrote {listed}" + ("" if png else " (no row to plot)"))
     print(next_command(ckpt, module.task), flush=True)
     return rows
 
@@ -305,7 +309,7 @@ def next_command(ckpt: Path, task: str) -> str:
     ``where_next``): the pass-key probe for a model of text (bytes, text), else the report of its run folder."""
     from linrope.training.after_training import ckpt_arg, shown_path
 
-    if task in ("bytes", "text"):
+    if task in LANGUAGE_TASKS:
         what = f"passkey {ckpt_arg(shown_path(ckpt))}    # retrieval of a key hidden at 1-16x the training context"
     else:
         what = f"report {shlex.quote(shown_path(run_folder(ckpt)))}    # the run's tables and figures: report.md"

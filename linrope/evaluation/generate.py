@@ -75,23 +75,27 @@ def generate_text(
 
     sampled = 0
     ids = torch.tensor([(ByteTokenizer() if tokenizer is None else tokenizer).encode(prompt)], dtype=torch.long)
-    try:
-        for nxt in model.stream(ids.to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g):
-            show_prompt()
-            sampled += 1
-            piece = decoder.decode(bytes([int(nxt[0, 0])])) if tokenizer is None else decoder.decode(int(nxt[0, 0]))
-            if piece:
-                pieces.append(piece)
-                emit(piece)
-    finally:  # a byte sequence cut short: its replacement character, as decode() gives it
-        show_prompt()  # no token sampled (none asked for, or a stop before the first): the prompt alone
-        tail = decoder.decode(b"", final=True)
-        if tail:
-            pieces.append(tail)
-            emit(tail)
-        stopped = sys.exc_info()[1]
-        if isinstance(stopped, Stopped):
-            stopped.text, stopped.sampled = "".join(pieces), sampled
+    # what the model draws itself (randomized positions) comes from the global RNG: seeded too, the caller's kept
+    cuda = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        try:
+            for nxt in model.stream(ids.to(device), max_new_tokens, temperature=temperature, top_k=top_k, generator=g):
+                show_prompt()
+                sampled += 1
+                piece = decoder.decode(bytes([int(nxt[0, 0])])) if tokenizer is None else decoder.decode(int(nxt[0, 0]))
+                if piece:
+                    pieces.append(piece)
+                    emit(piece)
+        finally:  # a byte sequence cut short: its replacement character, as decode() gives it
+            show_prompt()  # no token sampled (none asked for, or a stop before the first): the prompt alone
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                pieces.append(tail)
+                emit(tail)
+            stopped = sys.exc_info()[1]
+            if isinstance(stopped, Stopped):
+                stopped.text, stopped.sampled = "".join(pieces), sampled
     return "".join(pieces)
 
 

@@ -82,14 +82,23 @@ def build_prompt(tok: Tokenizer, length: int, depth: float, key: str, filler: st
     return Prompt(ids=ids, answer=(start, len(ids)), key=key, depth=depth, needle_at=len(intro) + len(before))
 
 
-def shortest(tok: Tokenizer, digits: int) -> int:
-    """The fewest tokens a prompt can have: its fixed text (intro, needle, question, answer) without filler."""
-    key = "0" * digits
-    return sum(len(tok.encode(t)) for t in (INTRO, NEEDLE.format(key=key), "\n" + QUESTION, " " + key))
+def shortest(tok: Tokenizer, keys: Sequence[str]) -> int:
+    """The fewest tokens every prompt with one of ``keys`` can have: its fixed text (intro, needle, question, answer)
+    without filler, for the key that takes the most (a subword tokenizer splits keys of one length differently)."""
+    fixed = (sum(len(tok.encode(t)) for t in (INTRO, NEEDLE.format(key=k), "\n" + QUESTION, " " + k)) for k in keys)
+    return max(fixed, default=0)  # no key (no depth or trial): nothing to hold
 
 
 def random_key(rng: random.Random, digits: int) -> str:
     return "".join(rng.choice("0123456789") for _ in range(digits))
+
+
+def cell_keys(seed: int, length: int, depths: Sequence[float], trials: int, digits: int) -> List[List[str]]:
+    """The keys of a length's cells, one list per depth, one key per trial: a function of the seed, the cell and the
+    trial only, so two models are scored on the same prompts."""
+    return [
+        [random_key(random.Random(f"{seed}-{length}-{float(d)}-{t}"), digits) for t in range(trials)] for d in depths
+    ]
 
 
 @torch.no_grad()
@@ -148,11 +157,10 @@ def passkey_table(
     The keys depend on ``seed``, the cell and the trial only, so two models are scored on the same prompts."""
     rows = []
     for length in lengths:
-        for depth in depths:
+        for depth, keys in zip(depths, cell_keys(seed, int(length), depths, trials, digits)):
             cells = []
-            for trial in range(trials):
-                rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
-                prompt = build_prompt(tok, int(length), float(depth), random_key(rng, digits), filler)
+            for key in keys:
+                prompt = build_prompt(tok, int(length), float(depth), key, filler)
                 cells.append(score_prompt(logits_of, prompt, device))
                 if progress:
                     progress(1)
@@ -257,6 +265,13 @@ def checked_device(device: Optional[str]) -> str:
     return str(device)
 
 
+def training_context(checkpoint: Dict[str, Any], model) -> int:
+    """The context the checkpoint was trained at: its data module's ``context``, saved with it (``model.max_len`` may be
+    longer: a learned table raised for a longer eval_context), else ``model.max_len`` (a checkpoint without one)."""
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    return int(data.get("context") or model.cfg.max_len)
+
+
 def lengths_for(train_context: int, factors: Sequence[float]) -> List[int]:
     bad = [f for f in factors if not f > 0]
     if bad:
@@ -314,9 +329,9 @@ def probe(cfg) -> List[Dict[str, Any]]:
         if (out / name).exists():
             raise ConfigError(f"{out / name} exists (an earlier probe): pass out=<another folder> to keep both")
     writable_folder(out, "out")  # before the probe: a folder it cannot write is one line, not a traceback after it
-    device, _, model, tok = load_model(cfg.ckpt, cfg.device, "passkey", cfg.tokenizer)
+    device, checkpoint, model, tok = load_model(cfg.ckpt, cfg.device, "passkey", cfg.tokenizer)
     model.eval()
-    context = int(model.cfg.max_len)
+    context = training_context(checkpoint, model)
     lengths = lengths_for(context, [float(f) for f in cfg.factors])
     depths = [float(d) for d in cfg.depths]
     arms: List[Tuple[str, Callable]] = [(model.cfg.name or "model", model)]
@@ -332,7 +347,8 @@ def probe(cfg) -> List[Dict[str, Any]]:
 
     for arm, logits_of in arms:
         for length in lengths:
-            fewest = shortest(tok, int(cfg.digits))
+            keys = cell_keys(int(cfg.seed), length, depths, int(cfg.trials), int(cfg.digits))
+            fewest = shortest(tok, [k for one in keys for k in one])  # the keys this length draws
             if length < fewest:
                 got = skipped(length, f"{length} tokens cannot hold the prompt's fixed text ({fewest} tokens)")
             else:

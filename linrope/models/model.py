@@ -151,13 +151,21 @@ class TransformerLM(nn.Module):
         ``positions`` (N,) or ``offset`` (positions offset…offset+N-1) place the window in a longer
         sequence; with randomized positions (``model.position.max_position``) the positions are drawn here, once
         for the input and every layer; ``states`` continue linear attention from an earlier call (generation).
-        ``mask`` (B, N) marks real tokens for the classifier's mean pooling.
+        ``mask`` (B, N) marks real tokens: the classifier pools them alone, and in a forward of a whole sequence (no
+        positions, offset or states) each run of real tokens or of padding is a document of its own, so no token
+        attends to the padding and the output does not depend on how much padding follows or leads (LRA's encoders
+        mask it; a hole in a row's real tokens parts them as well); with randomized positions, which documents cannot
+        take, pooling only.
         ``documents`` (B, N) document ids of packed sequences (non-decreasing along a row): no document sees
         another, every position scheme counts from each document's start, linear attention's state resets at
         each boundary (docs/mathematics.md, "Packed documents"); None: one sequence per row."""
         n = idx.shape[1]
         span = None  # explicit positions: a scheme that needs their span reads it (PositionScheme.span)
         packed = None
+        whole = positions is None and not offset and states is None and not return_states
+        if mask is not None and documents is None and whole and self.pos.max_position is None:
+            runs = (mask[:, 1:] != mask[:, :-1]).long().cumsum(1)  # a new id where real tokens and padding meet
+            documents = torch.cat((torch.zeros_like(runs[:, :1]), runs), dim=1)
         if documents is not None:
             if self.pos.max_position is not None:
                 raise ValueError(
@@ -240,11 +248,12 @@ class TransformerLM(nn.Module):
         """Yield each sampled token, (B, 1), as it is drawn.  Linear attention carries its recurrent
         state (O(1) memory per token); softmax attention re-reads the last ``window`` tokens (default max_len),
         and keeps no more of them, so memory does not grow with ``max_new_tokens``.  So does linear attention
-        where no state can be carried: with an attention window (no running sum) or randomized positions (drawn
-        for a whole sequence in one call)."""
+        where no state can be carried: with an attention window (no running sum), randomized positions (drawn
+        for a whole sequence in one call) or a table of max_len positions (none beyond it)."""
         self.eval()
         layers = [m for m in self.modules() if isinstance(m, ATTENTION["linear"])]
-        linear = bool(layers) and not any(m.window for m in layers) and not self.cfg.position.get("max_position")
+        carried = not (self.cfg.position.get("max_position") or self.cfg.position_table_bounded())
+        linear = bool(layers) and not any(m.window for m in layers) and carried
         w = window or self.cfg.max_len
         ctx = prompt if linear else prompt[:, -w:]
         if linear:

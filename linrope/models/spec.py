@@ -24,7 +24,7 @@ from linrope.base.errors import CheckpointMismatch, ConfigError, IncompatiblePai
 from linrope.base.nested import differing, under
 from linrope.base.options import Positive, declared, option_errors
 from linrope.models.attention import ATTENTION
-from linrope.positions import REGISTRY, PositionScheme, check_pairing, model_problems, scheme_class
+from linrope.positions import REGISTRY, PositionScheme, check_pairing, model_problems, scheme_class, scheme_settings
 from linrope.positions import option_errors as position_errors
 
 IDENTITY_KEY = "linrope_identity"  # top-level key of a checkpoint written by linrope.training.lit.LanguageModel
@@ -117,14 +117,16 @@ class ModelConfig:
             check_pairing(kind, pos, self.position_options())
         except IncompatiblePairing as e:
             found.append(e)
-        found += [ConfigError(e) for e in model_problems(pos, self.position_options(), max_len=int(self.max_len))]
         d, h, scheme = int(self.d_model), int(self.n_heads), scheme_class(pos)
+        dims = dict(head_dim=d // h, max_len=int(self.max_len), causal=bool(self.causal))
         if d % h:
             found.append(ConfigError(f"model.d_model={d} is not divisible by model.n_heads={h}"))
         elif scheme.even_head_dim and (d // h) % 2:
             found.append(
                 ConfigError(f"position={pos} needs an even head dimension, but d_model/n_heads = {d}/{h} = {d // h}")
             )
+        else:
+            found += [ConfigError(e) for e in model_problems(pos, self.position_options(), **dims)]
         problem = scheme.causal_problem(bool(self.causal))
         if problem:
             found.append(ConfigError(problem))
@@ -189,6 +191,12 @@ class ModelConfig:
             if not self.normalized():
                 tags += ["normalize:false"]
         return tags + scheme.tags(self.position_options())  # the scheme's options: RoPE's scaling, decay, …
+
+    def position_table_bounded(self) -> bool:
+        """Whether the scheme holds a table of ``max_len`` positions (``bounded_by_max_len``): no position beyond."""
+        return scheme_class(self.position["name"]).bounded_by_max_len(
+            scheme_settings(self.position["name"], self.position_options())
+        )
 
     def normalized(self) -> bool:
         """Linear attention with its denominator (``model.attention.normalize``, true unless set false)."""

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from .linear_attn.backends import BACKENDS, resolve
+from .linear_attn.both_ways import both_ways
 from .linear_attn.common import PLACEMENTS, Args, LinearAttentionState
 from .linear_attn.features import FEATURE_MAPS
 from .linear_attn.recurrent import recurrent_step
@@ -45,6 +46,8 @@ def linear_attention(
     ``initial_state`` / ``output_final_state``: carry (S, z) across pieces of a causal sequence.
     ``impl``: a name of the registry (``IMPLS``); ``chunk_size`` is the chunk kernel's.
     ``window``: each query sees only its last ``window`` keys (i - window < j <= i; causal, no state).
+    ``documents`` (B, N): ids of packed documents, non-decreasing along a row: no query sees another document's keys
+    (causal: the state resets at each start; ``causal=False``: its document's keys on both sides).
     ``normalize=False``: no denominator, the output is the numerator Σ_{j≤i} γ^(i-j) w^num_ij v_j alone (eps
     unused; RetNet, GLA and TransNormer normalise the output instead, as ``LinearAttention(normalize=False)``
     does); the state keeps its shape, z carried as before.
@@ -64,6 +67,8 @@ def linear_attention(
         normalize,
         documents,
     ).checked(q, k, v)
+    if a.documents is not None and not a.causal and impl != "naive":  # two causal passes of this impl
+        return both_ways(q, k, v, a, functools.partial(linear_attention, impl=impl, chunk_size=chunk_size, eps=eps))
     return resolve(impl, q, a).run(q, k, v, a)
 
 

@@ -3,8 +3,8 @@
 ``build_position(name, where=..., **dims, **options)`` builds a scheme by name, its options checked first;
 ``build_shared(name, **dims, **options)`` the part its paper shares across layers (or None);
 ``check_pairing(attention_kind, name, options)`` refuses pairings linear attention cannot take;
-``model_problems(name, options, max_len=...)`` what a scheme's options ask of the model (randomized positions'
-range against a table of ``max_len`` rows);
+``model_problems(name, options, head_dim=..., max_len=..., causal=...)`` what a scheme's options ask of the model
+(randomized positions' range against a table of ``max_len`` rows; the scheme's ``dims_problems``);
 ``option_errors(name, options)`` names the options a scheme does not take (and the nearest it does) or whose
 values it refuses, before anything is built: a scheme's options are its constructor's annotated keyword
 arguments (``linrope.base.options``), read here and nowhere else.
@@ -64,6 +64,12 @@ def build_position(name: str, *, where: str, d_model: int, n_heads: int, head_di
                    causal: bool = True, shared: Optional[PositionScheme] = None, **options) -> PositionScheme:  # fmt: skip
     """The scheme ``name`` in the role ``where``; its options checked first (``ValueError``, one line each)."""
     errors = option_errors(name, options, where=name)
+    if not errors:
+        settings = scheme_settings(name, options)
+        errors = [
+            f"{name}: {e}"
+            for e in REGISTRY[name].dims_problems(settings, head_dim=head_dim, max_len=max_len, causal=causal)
+        ]
     if errors:
         raise ValueError("\n".join(errors))
     return scheme_class(name)(where=where, d_model=d_model, n_heads=n_heads, head_dim=head_dim,
@@ -96,11 +102,13 @@ def check_pairing(attention_kind: str, name: str, options: Optional[Mapping[str,
         )
 
 
-def model_problems(name: str, options: Mapping[str, Any], *, max_len: int) -> List[str]:
+def model_problems(name: str, options: Mapping[str, Any], *, head_dim: int, max_len: int, causal: bool) -> List[str]:
     """One line per thing the scheme ``name`` with ``options`` asks of the model that it lacks: a table of
-    ``max_len`` rows that randomized positions (``max_position``) would overrun."""
+    ``max_len`` rows that randomized positions (``max_position``) would overrun; what its ``dims_problems`` name."""
     cls, settings = scheme_class(name), scheme_settings(name, options)
-    return table_problems(name, cls.bounded_by_max_len(settings), settings.get("max_position"), max_len)
+    found = table_problems(name, cls.bounded_by_max_len(settings), settings.get("max_position"), max_len)
+    dims = cls.dims_problems(settings, head_dim=head_dim, max_len=max_len, causal=causal)
+    return found + [f"model.position: {e}" for e in dims]
 
 
 __all__ = [
@@ -113,6 +121,7 @@ __all__ = [
     "model_problems",
     "option_errors",
     "scheme_class",
+    "scheme_settings",
     "IncompatiblePairing",
     "relative_distance",
     "t5_bucket",

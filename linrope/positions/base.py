@@ -162,6 +162,13 @@ class PositionScheme(nn.Module):
             return [f"{cls.name} has no parameters to share across layers; drop its 'share' option"]
         return []
 
+    @classmethod
+    def dims_problems(cls, options: Mapping, *, head_dim: int, max_len: int, causal: bool) -> List[str]:
+        """One line per problem of ``options`` (every option, defaults filled in) with the model's dimensions
+        (T5's buckets in a bidirectional model, a partial rotary's pairs of the head dimension): asked at the config
+        check (``model_problems``) and by ``build_position``, before the scheme is built."""
+        return []
+
     def __init__(self, *, where: str, d_model: int, n_heads: int, head_dim: int, max_len: int,
                  causal: bool = True, share: Optional[bool] = None, max_position: MaxPosition = None,
                  shared: Optional["PositionScheme"] = None):  # fmt: skip

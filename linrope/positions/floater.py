@@ -19,6 +19,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from linrope.ops.linear_attn.common import autocast_off
 from linrope.ops.rope import compute_dtype
 
 from .base import PositionScheme, register
@@ -26,6 +27,8 @@ from .base import PositionScheme, register
 INJECT = ("input", "blocks")
 FIXED_GRID = ("euler", "midpoint", "heun2", "heun3", "rk4", "explicit_adams", "implicit_adams")
 SYNC_FREE = ("euler", "midpoint", "rk4")  # solved here (fixed_grid), step for step as torchdiffeq does
+# torchdiffeq's solvers (but its scipy_solver, which needs options of its own): the adaptive ones, then the fixed-grid
+METHODS = ("dopri8", "dopri5", "bosh3", "fehlberg2", "adaptive_heun", *FIXED_GRID, "fixed_adams")
 
 
 def _float(dtype):
@@ -91,7 +94,7 @@ class Floater(PositionScheme):
         *,
         hidden: Annotated[int, Field(ge=2, description="even")] = 64,
         delta: Annotated[float, Field(gt=0)] = 0.1,
-        method: str = "rk4",
+        method: Literal[METHODS] = "rk4",
         step: Annotated[float, Field(gt=0)] = 1.0,
         rtol: Annotated[float, Field(gt=0)] = 1e-3,
         atol: Annotated[float, Field(gt=0)] = 1e-4,
@@ -132,6 +135,10 @@ class Floater(PositionScheme):
             return torch.tanh(p @ w1[:-1] + t * w1[-1] + b1) @ w2 + b2
 
         p0 = self.p0.to(dtype)
+        with autocast_off(positions.device.type):  # solved in ``dtype``: autocast's bf16 would drift (4.4 at 1023)
+            return self._solve(h, p0, positions, last, dtype)
+
+    def _solve(self, h, p0: torch.Tensor, positions: torch.Tensor, last: int, dtype) -> torch.Tensor:
         if last <= 0:
             sol = p0[None]
         else:

@@ -62,6 +62,23 @@ def sinusoidal_table(positions: torch.Tensor, dim: int, base: float = 10000.0) -
     return table.float()
 
 
+def t5_bucket_problem(*, bidirectional: bool, num_buckets: int, max_distance: int) -> str:
+    """One line if T5's buckets are not defined for these options ("" if they are): each half (bidirectional) or the
+    one side needs an exact bucket, and ``max_distance`` beyond the exact ones (else the log-spaced buckets divide by
+    log(<= 1): negative buckets that wrap to the table's last rows, or a division by zero)."""
+    side = num_buckets // 2 if bidirectional else num_buckets
+    exact = side // 2
+    how = "bidirectional, so each direction has num_buckets/2" if bidirectional else "one-sided"
+    if exact < 1:
+        return f"num_buckets={num_buckets} is too few ({how}): at least {4 if bidirectional else 2}"
+    if max_distance <= exact:
+        return (
+            f"max_distance={max_distance} must exceed the {exact} exact buckets ({how}: num_buckets={num_buckets}); "
+            "the log-spaced buckets run from there to max_distance"
+        )
+    return ""
+
+
 def t5_bucket(
     relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
 ) -> torch.Tensor:
@@ -70,6 +87,9 @@ def t5_bucket(
     Bidirectional: keys ahead (j > i) use buckets num_buckets/2 …; one-sided: keys ahead fall in bucket 0.
     Within a half of nb buckets: distances < nb/2 exact, then log-spaced up to max_distance, clipped at nb-1.
     The log is taken in float32, as the published implementation does (the published mapping depends on it)."""
+    problem = t5_bucket_problem(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    if problem:
+        raise ValueError(problem)
     n = -relative_position.long()  # how far the key is behind the query
     ret = torch.zeros_like(n)
     if bidirectional:

@@ -79,7 +79,8 @@ class RoPE(PositionScheme):
         theta = rope_frequencies(
             self.rotary_dims, base, scaling=scaling, factor=factor, original_context=self.original_context, **self.yarn
         )
-        self.register_buffer("theta", partial_frequencies(theta, self.head_dim), persistent=False)
+        # float64, never the model's dtype (``float64_buffer``): .bfloat16() must not round the frequencies
+        self.float64_buffer("theta", partial_frequencies(theta, self.head_dim))
         self.mscale = mscale
         self.attention_scale = (yarn_mscale(factor) if mscale is None else mscale) if scaling == "yarn" else 1.0
         self.dynamic = (factor, self.original_context) if scaling == "dynamic" else None
@@ -87,6 +88,14 @@ class RoPE(PositionScheme):
             gamma, rate = decay_gamma_rate(decay, self.n_heads)
             self.float64_buffer("gamma", gamma)
             self.float64_buffer("rate", rate)
+
+    @classmethod
+    def dims_problems(cls, options: Mapping, *, head_dim: int, max_len: int, causal: bool) -> List[str]:
+        try:
+            rotary_dims(head_dim, options["rotary_fraction"])
+        except ValueError as e:
+            return [str(e)]
+        return []
 
     @classmethod
     def linear_decays(cls, options: Mapping) -> bool:
@@ -135,6 +144,12 @@ class RoPE(PositionScheme):
             problems.append(
                 f"original_context={options['original_context']}: an option of scaling: yarn or dynamic, "
                 f"and this model's scaling is {scaling or 'null'}"
+            )
+        if scaling == "dynamic" and options.get("max_position") is not None:
+            problems.append(
+                f"scaling: dynamic with max_position={options['max_position']} cannot work as defined: dynamic NTK "
+                "turns at the forward's largest position, and randomized positions are drawn on the device, so only "
+                "their bound is known; use another scaling or drop max_position"
             )
         if scaling in ("yarn", "dynamic") and options.get("factor", 1.0) < 1:
             problems.append(f"factor={options['factor']}: scaling: {scaling} extends the context, so factor >= 1")

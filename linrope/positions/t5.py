@@ -6,13 +6,13 @@ Bidirectional (causal=False) gives keys behind and ahead of the query one half o
 (``linrope.positions.tupe``) adds the same bias b beside its positional correlation (docs/schemes.md, "`t5`").
 """
 
-from typing import Optional
+from typing import List, Mapping, Optional
 
 import torch
 from torch import nn
 
 from .base import InitStd, PositionScheme, Positive, register
-from .functional import relative_distance, t5_bucket
+from .functional import relative_distance, t5_bucket, t5_bucket_problem
 
 
 class BucketBias(PositionScheme):
@@ -29,6 +29,14 @@ class BucketBias(PositionScheme):
         super().__init__(**dims)
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = (not self.causal) if bidirectional is None else bidirectional
+
+    @classmethod
+    def dims_problems(cls, options: Mapping, *, head_dim: int, max_len: int, causal: bool) -> List[str]:
+        bidirectional = (not causal) if options.get("bidirectional") is None else options["bidirectional"]
+        problem = t5_bucket_problem(
+            bidirectional=bidirectional, num_buckets=options["num_buckets"], max_distance=options["max_distance"]
+        )
+        return [problem] if problem else []
 
     def bucket_table(self, std: float) -> nn.Parameter:
         """The (num_buckets, heads) bias, drawn at ``std``."""

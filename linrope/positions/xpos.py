@@ -11,7 +11,7 @@ once to ``compute_dtype`` with cos and sin (docs/schemes.md, "`xpos`").
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import Annotated, List, Mapping, Optional
 
 import torch
 from pydantic import Field
@@ -70,10 +70,6 @@ class XPos(PositionScheme):
     ):
         super().__init__(**dims)
         check_rope_dim(self.head_dim)
-        if blockwise and not self.causal:
-            raise ValueError("xpos: blockwise is the paper's blockwise *causal* attention; this model has causal=false")
-        if blockwise and self.max_len < 2:
-            raise ValueError(f"xpos: blockwise needs max_len >= 2 (blocks of max_len/2); got max_len={self.max_len}")
         self.base, self.scale_base, self.gamma, self.blockwise = base, scale_base, gamma, blockwise
         self.float64_buffer("theta", rope_frequencies(self.head_dim, base))  # .bfloat16() must not round θ or ζ
         self.float64_buffer("zeta", xpos_zeta(self.head_dim, gamma))
@@ -87,6 +83,14 @@ class XPos(PositionScheme):
         expo = (positions.to(torch.float64) - centre(first, n)) / self.scale_base
         scale = self.zeta.to(positions.device) ** expo[:, None]
         return tuple(t.to(dtype) for t in (cos * scale, sin * scale, cos / scale, sin / scale))
+
+    @classmethod
+    def dims_problems(cls, options: Mapping, *, head_dim: int, max_len: int, causal: bool) -> List[str]:
+        if options["blockwise"] and not causal:
+            return ["blockwise is the paper's blockwise *causal* attention; this model has causal=false"]
+        if options["blockwise"] and max_len < 2:
+            return [f"blockwise needs max_len >= 2 (blocks of max_len/2); got max_len={max_len}"]
+        return []
 
     def check_length(self, positions, dtype: torch.dtype) -> None:
         """Refuse a window whose scores of keys ahead of a query could overflow ``dtype``, the dtype the attention
@@ -108,11 +112,11 @@ class XPos(PositionScheme):
         return rotate(q, qc, qs), rotate(k, kc, ks)
 
     def score_bias(self, q, k, positions) -> Optional[torch.Tensor]:
-        """With ``blockwise``: -inf where key j lies before the query's previous block (blocks of max_len/2 from
-        the window's start), else 0; at most max_len positions it hides nothing the causal mask does not."""
+        """With ``blockwise``: -inf where key j lies before the query's previous block (blocks of max_len/2, rounded
+        up, from the window's start), else 0; at most max_len positions it hides nothing the causal mask does not."""
         if not self.blockwise:
             return None
-        block, dtype = self.max_len // 2, compute_dtype(q.dtype)
+        block, dtype = (self.max_len + 1) // 2, compute_dtype(q.dtype)
         first, _ = self.span(positions)
 
         def make():

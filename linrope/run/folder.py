@@ -214,25 +214,26 @@ def _refuse_or_keep(config: DictConfig, folders: List[Path], sweep: Optional[Pat
     for folder in earlier:
         copy = aside(folder, ".hydra.before-resume-")
         shutil.copytree(folder / ".hydra", copy)
-        if sweep is None:
-            _kept.append((folder / ".hydra", copy))
+        _kept[os.path.abspath(folder)] = (folder / ".hydra", copy)
     return True
 
 
-_kept: List[Tuple[Path, Path]] = []  # (a run's .hydra/, the copy this process made of it) for a resume not yet begun
+# {run folder: (its .hydra/, the copy this process made of it)} for a resume not yet begun: a single run's, or every
+# earlier job's of a sweep (the basic launcher runs them in this process, one after another)
+_kept: Dict[str, Tuple[Path, Path]] = {}
 
 
-def resume_begins() -> None:
-    """The resume passed every check (train.py: the checkpoint fits the model built now): from here on it changes
-    the run, and the copy of the earlier ``.hydra/`` stays beside the new one as its record."""
-    _kept.clear()
+def resume_begins(folder) -> None:
+    """The resume of the run in ``folder`` passed every check (train.py: the checkpoint fits the model built now):
+    from here on it changes the run, and the copy of the earlier ``.hydra/`` stays beside the new one as its record."""
+    _kept.pop(os.path.abspath(str(folder)), None)
 
 
-def undo_refused_resume() -> None:
-    """A resume refused before it began changes nothing: the earlier ``.hydra/`` is put back in place of the one
-    Hydra wrote for the refused run (its copy, made by ``KeepEarlierRun``, moved back)."""
-    while _kept:
-        hydra, copy = _kept.pop()
-        if copy.is_dir():
-            shutil.rmtree(hydra, ignore_errors=True)
-            os.replace(copy, hydra)
+def undo_refused_resume(folder) -> None:
+    """A resume refused before it began changes nothing: the earlier ``.hydra/`` of the run in ``folder`` (None: no
+    Hydra run) is put back in place of the one Hydra wrote for the refused run (its copy, made by ``KeepEarlierRun``,
+    moved back); a sweep's other jobs keep theirs for when they run."""
+    hydra, copy = _kept.pop(os.path.abspath(str(folder)), (None, None)) if folder is not None else (None, None)
+    if copy is not None and copy.is_dir():
+        shutil.rmtree(hydra, ignore_errors=True)
+        os.replace(copy, hydra)

@@ -65,6 +65,14 @@ class WandbLogger(_WandbLogger):
         drop_wandb_anonymous(self)
 
 
+def earlier_wandb_id(save_dir: Path) -> Optional[str]:
+    """The id of the last wandb run logged under ``save_dir`` (wandb's folders ``[offline-]run-<time>-<id>`` in
+    ``save_dir/wandb``, named so that they sort by time), or None."""
+    runs = sorted((save_dir / "wandb").glob("*run-*-*"), key=lambda p: p.name.removeprefix("offline-"))
+    runs = [p for p in runs if p.is_dir() and not p.is_symlink()]
+    return runs[-1].name.rsplit("-", 1)[1] if runs else None
+
+
 def wandb_logged_in() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -90,11 +98,18 @@ def wandb_mode(
     return mode
 
 
-def wandb_settings(lg: Dict[str, Any], task_name: str, sweep_dir: Optional[str]) -> Dict[str, Any]:
-    """The WandbLogger arguments of ``conf/logger/wandb.yaml`` completed: mode, group, save folder."""
+def wandb_settings(
+    lg: Dict[str, Any], task_name: str, sweep_dir: Optional[str], resume: bool = False
+) -> Dict[str, Any]:
+    """The WandbLogger arguments of ``conf/logger/wandb.yaml`` completed: mode, group, save folder; with ``resume``
+    (a run continued from its checkpoint) the id of the wandb run it logged to before, so that it goes on logging to
+    that run (a new one would count the job twice in the dashboard's mean over seeds)."""
     lg = dict(lg)
     lg["mode"] = wandb_mode(lg.get("mode"))
     lg["group"] = lg.get("group") or wandb_group(task_name, sweep_dir)
+    earlier = earlier_wandb_id(Path(lg["save_dir"])) if resume and not lg.get("id") else None
+    if earlier:
+        lg.update(id=earlier, resume="allow")
     os.environ.setdefault("WANDB_SILENT", "true")
     # wandb's own crash reports (sentry.io) stay off unless the user turns them on: an offline run sends
     # nothing, and wandb < 0.18 would log three retries per report on a machine without a network

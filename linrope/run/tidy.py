@@ -89,10 +89,10 @@ def no_folder_on_refusal() -> Iterator[None]:
     except BaseException as e:
         from linrope.run.folder import undo_refused_resume  # hydra and the standard library only
 
-        undo_refused_resume()
+        folder = _hydra_output_dir()
+        undo_refused_resume(folder)
         if not isinstance(e, SystemExit):
             raise
-        folder = _hydra_output_dir()
         if isinstance(e.code, str) and e.code.startswith("linrope:") and folder is not None:
             if remove_if_only_hydra_files(folder):
                 sweep = folder.parent

@@ -16,15 +16,19 @@ from __future__ import annotations
 import sys
 from typing import List, Optional, Sequence, Tuple
 
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from linrope.base.errors import ConfigError
 from linrope.base.naming import job_names
 from linrope.config.checks import validate
 from linrope.config.command_line import check_command_line, compose_config, config_dirs_as_overrides
-from linrope.run.sweep_folders import expand
+from linrope.run.sweep_folders import BASIC_SWEEPER, expand
+
+SLURM = "hydra/launcher=submitit_slurm"
 
 
 def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
@@ -41,14 +45,19 @@ def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
     return expand(OmegaConf.to_container(params) if params else {}, overrides)
 
 
-def check_jobs(overrides: Sequence[str], extra: Sequence[str] = ()) -> List[Tuple[List[str], Optional[str]]]:
+def check_jobs(
+    overrides: Sequence[str], extra: Sequence[str] = (), local: Optional[bool] = None
+) -> List[Tuple[List[str], Optional[str]]]:
     """(job overrides, None if its config is valid else the error) for every job.  The configs alone are
     checked (``validate(hardware=False)``): a sweep of ``trainer=gpu`` jobs checked on a login node without a
-    GPU passes; whether the machines have the devices is the launch's business."""
+    GPU passes; whether the machines have the devices is the launch's business.  ``local``: the jobs run in this
+    process, one after another (Hydra's basic launcher), where a strategy that re-runs train.py cannot work; None:
+    unless the overrides name SLURM's launcher (srun starts the processes there)."""
+    local = not any(o.startswith(SLURM) for o in overrides) if local is None else local
     results = []
     for job in sweep_jobs(overrides):
         try:
-            validate(compose_train([*job, *extra]), hardware=False)
+            validate(compose_train([*job, *extra]), hardware=False, sweep=local)
             results.append((job, None))
         except ConfigError as e:
             results.append((job, str(e)))
@@ -79,3 +88,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bad = sum(err is not None for _, err in results)
     print(f"{len(results)} jobs, {bad} refused")
     return 1 if bad else 0
+
+
+class CheckJobs(Callback):
+    """Hydra callback (conf/hydra/default.yaml): ``train.py -m`` checks every job's config, as ``linrope sweeps``
+    does, before its first job starts, so that a bad value in the last job of a long sweep is one line now, not a
+    failure hours in.  A sweep whose jobs a search picks as it goes (optuna) is checked job by job, as it runs."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        if str(OmegaConf.select(config, "hydra.sweeper._target_")) != BASIC_SWEEPER:
+            return
+        overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task") or []]
+        searchpath = [str(p) for p in OmegaConf.select(config, "hydra.searchpath") or []]
+        extra = ["hydra.searchpath=[" + ",".join(searchpath) + "]"] if searchpath else []
+        local = "Slurm" not in str(OmegaConf.select(config, "hydra.launcher._target_"))
+        hydra = GlobalHydra.instance().hydra  # compose_config clears it: the running sweep's put back after
+        try:
+            refused = [(i, job, err) for i, (job, err) in enumerate(check_jobs(overrides, extra, local)) if err]
+        except HydraException:  # a sweep linrope cannot expand (a glob): Hydra's own launch, checked job by job
+            return
+        finally:
+            GlobalHydra.instance().hydra = hydra
+        if refused:
+            said = [f"job #{i} ({' '.join(job)}): {err.splitlines()[0]}" for i, job, err in refused[:3]]
+            more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
+            raise SystemExit(
+                f"linrope: {len(refused)} of the sweep's jobs would be refused, so none started: "
+                + "; ".join(said)
+                + more
+                + " (python -m linrope sweeps <the same overrides> lists them all)"
+            )

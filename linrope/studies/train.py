@@ -23,13 +23,13 @@ tidy.filter_warnings()  # also in the processes trainer=ddp_spawn and submitit s
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> Optional[float]:
-    from linrope.config.checks import validate
+    from linrope.config.checks import sweep_dir, validate
     from linrope.run.exit import one_line_errors
     from linrope.run.folder import claim_run_folder, other_process_of_a_run, resume_begins
     from linrope.training.builders import name_model, test_checkpoint
 
     tidy.quiet_logging()
-    with tidy.no_folder_on_refusal(), one_line_errors():
+    with tidy.no_folder_on_refusal(), one_line_errors(sweep=sweep_dir() is not None):
         validate(cfg)  # one-line errors before any data is read or model built
         tested = test_checkpoint(cfg)
         name_model(cfg)  # model.name follows attention=... position=... chosen on the command line
@@ -49,7 +49,8 @@ def main(cfg: DictConfig) -> Optional[float]:
         module = T.build_module(cfg)
         # the checkpoint fits: refused before anything is written into the run folder
         T.check_resume(cfg, module, datamodule)
-        resume_begins()  # from here a resume changes the run (before: a refusal puts back the earlier .hydra/)
+        # from here a resume changes the run (before: a refusal puts back the earlier .hydra/)
+        resume_begins(cfg.paths.output_dir)
         provenance = T.record_provenance(cfg, datamodule)  # provenance.json; a resume prints what it changes
         # plan: trainer.max_steps from the model's size unless given; the hours it will take (printed)
         apply_plan(cfg, module, overrides=job_overrides())

@@ -30,6 +30,7 @@ from typing import List, Optional
 
 from hydra.experimental.callback import Callback
 
+from linrope.base.naming import LANGUAGE_TASKS, higher_is_better
 from linrope.base.nested import get
 from linrope.base.stopping import Stopped, signals_to
 
@@ -223,7 +224,10 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
     run = shown_path(cfg.paths.output_dir)
     sweep = sweep_dir()
     ckpt = tested or _checkpoint(cfg, trainer)
-    lines = [f"run folder: {run} (checkpoints/, csv/metrics.csv, provenance.json)"]
+    folder = Path(str(cfg.paths.output_dir))
+    metrics = folder / "csv" / "metrics.csv"  # the CSV logger's (logger=csv or default); none with logger=none, wandb
+    held = [name for name in ("checkpoints/", "csv/metrics.csv", "provenance.json") if (folder / name).exists()]
+    lines = [f"run folder: {run}" + (f" ({', '.join(held)})" if held else "")]
     if cfg.get("test", True):
         if tested:
             how = "the best on validation" if cfg.get("train", True) else "ckpt_path"
@@ -232,14 +236,15 @@ def where_next(cfg, trainer, tested: Optional[str] = None) -> List[str]:
             lines.append("the test scored the last weights: no validation ran, so no checkpoint was chosen on it")
     lines.append("next:")
     report = shown_path(sweep) if sweep else run
-    lines.append(f"  python -m linrope report {shlex.quote(report)}    # tables and figures: report.md")
+    if metrics.is_file():  # the report reads the CSV logger's metrics
+        lines.append(f"  python -m linrope report {shlex.quote(report)}    # tables and figures: report.md")
     if ckpt:
         arg = ckpt_arg(shown_path(ckpt))
         lines.append(
             f"  python -m linrope evaluate {arg}    # loss by length, 1-16x the training context, every test byte "
             "(a quick look: factors=[1,2] scored_bytes=20000)"
         )
-        if str(get(cfg, "data.task") or "bytes") in ("bytes", "text"):
+        if str(get(cfg, "data.task") or "bytes") in LANGUAGE_TASKS:
             lines.append(f"  python -m linrope generate {arg} prompt='\"def \"'    # sample text")
     return lines
 
@@ -254,7 +259,7 @@ def objective_problem(cfg) -> Optional[str]:
         return f"{head} a run with train=false never returns: train the runs (train=true)"
     task = str(get(cfg, "data.task") or "bytes")
     # a task's data module picks checkpoints by val/loss (linrope.data.task_modules.TaskDataModule.monitor)
-    metric = task_metric(metric, "val/bpb" if task in ("bytes", "text") else "val/loss")
+    metric = task_metric(metric, "val/bpb" if task in LANGUAGE_TASKS else "val/loss")
     stage, _, name = metric.partition("/")
     logged = {"bytes": ("loss", "bpb"), "text": ("loss", "bpb", "tokens", "bytes")}.get(task, ("loss", "acc"))
     if stage == "test":
@@ -275,10 +280,29 @@ def objective_problem(cfg) -> Optional[str]:
     return None
 
 
+def direction_problem(cfg) -> Optional[str]:
+    """A search that minimises an accuracy, or maximises a loss (``hydra.sweeper.direction`` against which way
+    ``optimized_metric`` is better), in one line; None when they agree or no direction is set."""
+    direction = get(cfg, "hydra.sweeper.direction")
+    metric = str(cfg.get("optimized_metric") or "")
+    if not isinstance(direction, str) or not metric:
+        return None
+    task = str(get(cfg, "data.task") or "bytes")
+    metric = task_metric(metric, "val/bpb" if task in LANGUAGE_TASKS else "val/loss")
+    want = "maximize" if higher_is_better(metric) else "minimize"
+    if direction == want:
+        return None
+    return (
+        f"hydra.sweeper.direction={direction} with optimized_metric={metric}, where "
+        f"{'higher' if want == 'maximize' else 'lower'} is better: set hydra.sweeper.direction={want}"
+    )
+
+
 class CheckObjective(Callback):
-    """Refuse a sweep before its first trial when its runs can never log the objective (``objective_problem``)."""
+    """Refuse a sweep before its first trial when its runs can never log the objective (``objective_problem``), or
+    when it would search the wrong way (``direction_problem``)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        problem = objective_problem(config)
+        problem = objective_problem(config) or direction_problem(config)
         if problem:
             raise SystemExit(f"linrope: {problem}")

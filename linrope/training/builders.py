@@ -20,6 +20,7 @@ from linrope.config.checks import (
     resolved_accelerator,
     sharded_checkpoints,
     sweep_dir,
+    task_model,
 )
 from linrope.models.spec import ModelConfig
 from linrope.run import provenance as P
@@ -115,26 +116,9 @@ def use_task_metric(cfg: DictConfig, monitor: str) -> None:
             ckpt.filename = "best-step{step:06d}-" + monitor.split("/")[-1] + "{" + monitor + ":.4f}"
 
 
-def data_model_overrides(cfg: DictConfig) -> Dict[str, Any]:
-    """What the data decides about the model: the task name, and for the synthetic tasks
-    ``vocab_size`` / ``causal`` / ``n_classes`` / the longest position (``model_overrides_for``
-    of the data module class, asked before any data is made)."""
-    overrides: Dict[str, Any] = {"task": cfg.data.get("task", "bytes")}
-    target = cfg.data.get("_target_")
-    cls = hydra.utils.get_class(target) if target else None
-    ask = getattr(cls, "model_overrides_for", None)
-    if ask is not None:
-        overrides.update(ask(plain(cfg.data)))
-    return overrides
-
-
 def build_module(cfg: DictConfig):
-    model = plain(cfg.model)
-    overrides = data_model_overrides(cfg)
-    if "max_len" in overrides:  # a learned table covers the longest sequence the task evaluates
-        overrides["max_len"] = max(int(model.get("max_len") or 0), int(overrides["max_len"]))
-    model.update(overrides)
-    return LanguageModel(model=model, optim=plain(cfg.optim), compile=bool(cfg.get("compile", False)))
+    """The LightningModule of the model the task makes of ``cfg.model`` (``task_model``, as the config check saw it)."""
+    return LanguageModel(model=task_model(cfg), optim=plain(cfg.optim), compile=bool(cfg.get("compile", False)))
 
 
 def build_callbacks(cfg: DictConfig) -> list:
@@ -164,7 +148,8 @@ def build_loggers(cfg: DictConfig) -> list:
             continue
         lg = plain(lg)
         if name == "wandb":
-            lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir())
+            # a resume (a checkpoint found: ckpt_path=auto may find none) goes on logging to the earlier wandb run
+            lg = wandb_settings(lg, cfg.get("task_name", "train"), sweep_dir(), resume=resolve_ckpt(cfg) is not None)
             lg.setdefault("name", run_name(cfg))
             lg["tags"] = run_tags(cfg)
         if name == "csv" and cfg.get("ckpt_path"):
@@ -269,6 +254,14 @@ def check_resume(cfg: DictConfig, module, datamodule=None) -> None:
 
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         module.on_load_checkpoint(checkpoint)
+        seed = (checkpoint.get(P.CONFIG_KEY) or {}).get("seed")
+        own = Path(str(cfg.paths.output_dir)).resolve() in Path(path).resolve().parents  # this job's folder's
+        if sweep_dir() is not None and own and seed is not None and seed != cfg.seed:  # a single run may change it
+            raise UserError(
+                f"{path} is the run of seed {seed}, and this job of the sweep is seed {cfg.seed}: a sweep's job "
+                "resumes only its own run (job folders are named by what differs between this sweep's jobs, so a "
+                "sweep of other seeds names the same folders); choose a new hydra.sweep.dir"
+            )
         saved = (checkpoint.get(P.PROVENANCE_KEY) or {}).get("data") or {}
         now = getattr(datamodule, "record", None)
         if saved and now:

@@ -183,3 +183,19 @@ def test_a_resumed_runs_history_before_the_resume_is_kept(tmp_path):
     assert [(r["step"], r.get("val/bpb"), r.get("train/loss")) for r in rows] == [
         ("0", "3.0", None), ("10", "2.5", None), ("20", "2.45", "1.0"), ("30", None, "0.95"), ("40", None, "0.8")
     ]  # fmt: skip
+
+
+def test_a_test_logged_at_step_0_does_not_cut_the_history_before_a_resume(tmp_path):
+    """Under ddp_spawn the test runs in a fresh process and logs at step 0: the resumed file then "started" at 0 and
+    every row before the resume was dropped (a resumed run's validation curve was its last point). Where a file
+    starts is read from its training and validation rows."""
+    from linrope.analysis.runs import metrics_rows
+
+    d = tmp_path / "csv"
+    d.mkdir()
+    (d / "metrics.before-resume-0.csv").write_text("step,val/bpb\n1,3.0\n3,2.5\n")
+    (d / "metrics.csv").write_text("step,val/bpb,test/bpb\n5,2.4,\n0,,2.35\n")
+    _, rows = metrics_rows(d / "metrics.csv")
+    assert [(r["step"], r.get("val/bpb") or r.get("test/bpb")) for r in rows] == [
+        ("1", "3.0"), ("3", "2.5"), ("5", "2.4"), ("0", "2.35")
+    ]  # fmt: skip

@@ -33,7 +33,8 @@ BYTES = [
     "extrapolation.scalings=[pi]",
     "extrapolation.scored_bytes=512",
 ]
-MQAR = ["data=mqar", "data.val_examples=8", "data.test_examples=8"]
+MQAR = ["data=mqar", "data.val_examples=8", "data.test_examples=8", "extrapolation.enabled=true",
+        "extrapolation.factors=[1,2]", "extrapolation.scalings=[pi]"]  # fmt: skip
 
 
 class WandbLogger(linrope.run.loggers.WandbLogger):
@@ -112,12 +113,54 @@ def test_every_panel_metric_is_logged_by_the_training_loop(sweep):
         "extrapolation/table",
         "extrapolation/none/bpb@128",
         "extrapolation/pi/bpb@64",
+        "extrapolation/none/acc@128",  # the tasks' table logs accuracy (it named loss@N, which no run logs)
+        "extrapolation/pi/acc@64",
     } <= set(names)
     missing = [m for m in names if m not in logged]
     assert not missing, f"panels name metrics the training loop never logged: {missing}"
     # what is logged step by step is in metrics.csv too (the extrapolation table and plot go to wandb only)
     assert {m for m in names if not m.startswith("extrapolation/")} <= columns
     assert STEP in logged  # the x axis of the line plots
+
+
+def test_the_group_and_the_sections_read_from_any_folder_of_a_sweep(tmp_path, monkeypatch):
+    """The group is the sweep's from its folder given as "." (it was "train-": "." has no name) or from one job's
+    folder (it was "train", a group the job never logged to); text runs get the bits-per-byte panels (they got the
+    tasks' accuracy panels, which they never log)."""
+    from pathlib import Path
+
+    from linrope.analysis.dashboard import GROUP_BY, panel_metrics, sections, target_from_sweep
+
+    sweep = tmp_path / "2026-12-01_06-00-00"
+    for job, seed, lr in (("a", 1, 1e-3), ("b", 2, 3e-3)):
+        config = {"task_name": "train", "seed": seed, "data": {"task": "text", "context": 32}, "optim": {"lr": lr}}
+        config["extrapolation"] = {"enabled": True, "factors": [1, 2]}
+        (sweep / job / ".hydra").mkdir(parents=True)
+        OmegaConf.save(config, sweep / job / ".hydra" / "config.yaml")
+    (sweep / "multirun.yaml").write_text("{}\n")
+    monkeypatch.chdir(sweep)
+    assert target_from_sweep(Path(".")).group == target_from_sweep(sweep).group == "train-2026-12-01_06-00-00"
+    assert target_from_sweep(sweep / "a").group == "train-2026-12-01_06-00-00"
+    (sweep / "multirun.yaml").unlink()
+    assert target_from_sweep(sweep / "a").group == "train"  # a single run's folder: its task's group
+    names = set(panel_metrics(sections(target_from_sweep(sweep))))
+    assert {"val/bpb", "test/bpb", "extrapolation/none/bpb@32", "extrapolation/none/bpb@64"} <= names
+    assert not {m for m in names if "acc" in m or "loss@" in m}
+    # grouped by what the runs differ in beyond their seed: two learning rates are two lines, not one mean over seeds
+    assert target_from_sweep(sweep).group_by == [*GROUP_BY, "optim.lr"]
+
+    # one line, not a traceback: --out names a file; a job with an extrapolation table and no context
+    from linrope.analysis.dashboard import main
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main([str(sweep), "--dry-run", "--out", str(tmp_path / "afile")])
+    assert e.value.code == f"linrope: --out {tmp_path / 'afile'}: cannot write into {tmp_path / 'afile'} (not a folder)"
+    OmegaConf.save(
+        {"data": {"task": "bytes"}, "extrapolation": {"enabled": True}}, sweep / "b" / ".hydra" / "config.yaml"
+    )
+    with pytest.raises(SystemExit, match="extrapolation.enabled, but no data.context or context"):
+        target_from_sweep(sweep)
 
 
 @pytest.mark.slow
@@ -154,6 +197,7 @@ def test_dry_run_writes_the_workspace_and_the_report(sweep, tmp_path):
         "model.value.attention.kind",
         "model.value.position.name",
         "model.value.name",
+        "data.value._target_",  # the two runs' tasks: their data modules differ
     ]
     sections_made = workspace["spec"]["section"]["panelBankConfig"]["sections"]
     assert [s["name"] for s in sections_made] == [s.name for s in sections(target)]

@@ -98,6 +98,22 @@ def test_config_style_hue_per_position_scheme_style_per_attention():
     assert style("softmax", "brand_new")["color"] == style("softmax", "brand_new")["color"]  # stable fallback
 
 
+def test_a_diverged_seed_is_left_out_of_its_curve_and_counted():
+    """A seed whose value turns NaN (diverged) is left out of the mean and band from there, and the legend counts it:
+    the mean over every seed was NaN, and the curve of a configuration with one diverged seed stopped at that step."""
+    from linrope.base.plots import Curve, Panel, by_last_value, make_figure
+
+    nan = float("nan")
+    split = Curve("split", {1: [4.0, 6.0], 3: [3.0, nan], 5: [2.0, nan]}, {"color": "#d62728"})
+    whole = Curve("whole", {1: [5.0], 3: [4.5], 5: [4.4]}, {"color": "#1f77b4"})
+    assert split.summary() == ([1, 3, 5], [5.0, 3.0, 2.0], [4.0, 3.0, 2.0], [6.0, 3.0, 2.0])
+    assert split.diverged() == 1 and whole.diverged() == 0
+    assert [c.label for c in by_last_value([whole, split])] == ["split", "whole"]  # ordered by the finite means
+    ax = make_figure([Panel("p", [split, whole])], xlabel="x", ylabel="y", title="t").axes[0]
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert lines == {"split (1 seed diverged: left out)": [5.0, 3.0, 2.0], "whole": [5.0, 4.5, 4.4]}
+
+
 def test_curves_are_seed_means_with_a_band_and_the_legend_is_outside_and_kept(tmp_path):
     import matplotlib.image
     from matplotlib.collections import PolyCollection

@@ -89,8 +89,11 @@ def test_a_gpu_preset_is_refused_here_but_its_sweep_checks(capsys):
     for preset in ("gpu", "ddp_gpu", "fsdp"):
         with pytest.raises(ConfigError, match="this machine has no CUDA GPU"):
             validate(compose_train([f"trainer={preset}", "size=tiny"]))
-    results = sweeps.check_jobs(["trainer=gpu,ddp_gpu,fsdp", "size=tiny", "seed=1,2"])
+    results = sweeps.check_jobs(["trainer=gpu,ddp_gpu,fsdp", "size=tiny", "seed=1,2"], local=False)  # SLURM's srun
     assert len(results) == 6 and [err for _, err in results] == [None] * 6
+    # launched here one after another, the strategies that re-run train.py are refused (each would run the sweep)
+    results = sweeps.check_jobs(["trainer=gpu,ddp_gpu,fsdp", "size=tiny"])
+    assert ["in a sweep (-m)" in (err or "") for _, err in results] == [False, True, True]
     assert sweeps.main(["trainer=gpu", "trainer.num_nodes=2", "size=tiny", "seed=1,2"]) == 0
     assert capsys.readouterr().out.strip().endswith("2 jobs, 0 refused")
     # a config problem of such a job is still found

@@ -205,6 +205,24 @@ def test_the_task_sets_the_model(compose, task, expected):
         assert module.model.head.out_features == 10
 
 
+@pytest.mark.parametrize(
+    "overrides,line",
+    [
+        (["model=softmax_t5", "model.position.num_buckets=3"], "num_buckets=3 is too few \\(bidirectional"),
+        (["model=softmax_xpos", "model.position.blockwise=true"], "blockwise is the paper's blockwise \\*causal\\*"),
+    ],
+)
+def test_the_config_check_sees_the_model_the_task_makes(overrides, line):
+    """ListOps makes the model bidirectional when it is built; what that makes impossible is refused by the config
+    check, before any data is read (it was refused only at build, after the data module), and not in a causal task."""
+    from linrope.config.checks import ConfigError, validate
+    from linrope.studies.sweeps import compose_train
+
+    with pytest.raises(ConfigError, match=line):
+        validate(compose_train([*overrides, "data=listops", "size=tiny"]))
+    validate(compose_train([*overrides, "data=mqar", "size=tiny"]))
+
+
 def test_bytes_keep_their_model_and_metric(compose):
     from linrope.training import builders as T
 
@@ -260,6 +278,40 @@ def test_loss_ignores_unscored_positions_and_classifies():
     assert math.isclose(
         float(clf.loss((x.clamp(max=16), labels, mask))), float(F.cross_entropy(out, labels)), rel_tol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    "kind,position",
+    [("softmax", "none"), ("softmax", "rope"), ("softmax", "t5"), ("softmax", "learned"), ("linear", "rope"),
+     ("linear", "none"), ("linear", "alibi")],
+)  # fmt: skip
+def test_the_classifier_does_not_see_how_much_padding_follows(kind, position):
+    """ListOps rows are padded to the context, and the extrapolation rows to 2-16× it: no token attends to the
+    padding (a document of its own, in both kinds of attention), so the logits of an expression are the same at
+    every padded length (they moved by up to 0.7 after training, changing 21-42 of 200 predictions). Without the
+    mask the padding is seen."""
+    from linrope.models.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(
+        dict(vocab_size=17, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=256, causal=False, n_classes=10,
+             attention={"kind": kind}, position={"name": position})
+    ).double().eval()  # fmt: skip
+    expr = torch.randint(1, 17, (2, 20), generator=torch.Generator().manual_seed(1))
+    logits = []
+    for n in (20, 64, 256):
+        x = torch.zeros(2, n, dtype=torch.long)
+        x[:, :20] = expr
+        x[1, 13:] = 0  # the second row's expression is shorter
+        logits.append(model(x, mask=x != 0))
+    assert all((got - logits[0]).abs().max() < 1e-12 for got in logits[1:])
+    padded = torch.zeros(2, 64, dtype=torch.long)
+    padded[:, :20] = expr
+    assert (model(padded) - model(expr)).abs().max() > 1e-6  # the test can tell: unmasked, the padding is seen
+    leading = torch.zeros(2, 64, dtype=torch.long)
+    leading[:, 44:] = expr  # padding in front: the same logits (positions are counted from the expression's start)
+    assert (model(leading, mask=leading != 0) - model(expr, mask=expr != 0)).abs().max() < 1e-12
+    model(padded, mask=padded != 0, positions=torch.arange(64))  # with explicit positions: pooling only, no error
 
 
 @pytest.mark.parametrize(

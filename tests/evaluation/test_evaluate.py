@@ -151,13 +151,17 @@ def test_evaluate_ends_with_the_command_to_run_next(run_folder, tmp_path, capsys
     train.py ends with its next commands: the pass-key probe for a model of text, the run's report otherwise."""
     from pathlib import Path
 
-    from linrope.evaluation.evaluate import evaluate, next_command
+    from linrope.evaluation.evaluate import evaluate, next_command, table_files
 
     monkeypatch.chdir(tmp_path)  # paths outside the working folder are shown whole
     ckpt = run_folder / "checkpoints" / "last.ckpt"
     evaluate(compose_evaluate(f"ckpt={ckpt}", "lengths=[32]", "scalings=[]", "scored_bytes=1024", f"out={tmp_path}"))
     lines = capsys.readouterr().out.splitlines()
     assert lines[-2].startswith("wrote ") and lines[-1].startswith(f"next: python -m linrope passkey ckpt={ckpt}    # ")
+    # a model of bytes: the table, its plot, the loss per document and per position
+    written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert written == sorted(table_files("evaluate"))
+    assert all(str(tmp_path / name) in lines[-2] for name in written)  # the closing line names every file written
     assert sum(line.startswith("next:") for line in lines) == 1
     task = next_command(Path("/runs/mqar/checkpoints/last.ckpt"), "mqar")
     assert task.startswith("next: python -m linrope report /runs/mqar    # ")

@@ -44,6 +44,28 @@ def test_generate_is_seeded_and_constant_state():
     assert [tuple(s.S.shape) for s in s1] == [tuple(s.S.shape) for s in s2]
 
 
+def test_generate_text_with_randomized_positions_is_seeded():
+    """A model that draws its positions (randomized positions) draws them from the global RNG: generate_text seeds
+    that too, so seed= fixes the text (three calls with seed 0 gave three texts), and leaves the caller's RNG as it
+    was."""
+    from linrope.evaluation.generate import generate_text
+    from linrope.models.model import TransformerLM
+
+    torch.manual_seed(0)
+    model = TransformerLM(
+        dict(vocab_size=256, d_model=32, n_layers=2, n_heads=4, d_ff=64, max_len=64, attention={"kind": "softmax"},
+             position={"name": "rope", "max_position": 128})
+    )  # fmt: skip
+    texts = []
+    for state in (1, 2):
+        torch.manual_seed(state)
+        before = torch.get_rng_state()
+        texts.append(generate_text(model, "ab", 12, seed=0))
+        assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG untouched
+    assert texts[0] == texts[1]
+    assert generate_text(model, "ab", 12, seed=1) != texts[0]
+
+
 def test_generate_command_on_a_trained_checkpoint(compose, small_corpus, capsys):
     """python -m linrope generate ckpt=... (conf/generate.yaml) samples prompt + bytes from a real checkpoint."""
     from pathlib import Path

@@ -93,16 +93,22 @@ def test_the_keys_depend_on_the_seed_and_cell_only():
     passkey_table(recording, TOK, [300], [0.5], trials=2, seed=3)
     assert seen == first and first[0] != first[1]
     assert random_key(random.Random(1), 5).isdigit()
+    from linrope.evaluation.passkey import shortest
+
+    assert shortest(TOK, []) == 0  # depths=[] or trials=0: no key, nothing to hold (max() of nothing raised)
 
 
-def test_passkey_command_on_a_trained_checkpoint(compose, small_corpus, tmp_path, capsys):
+def test_passkey_command_on_a_trained_checkpoint(compose, small_corpus, tmp_path, capsys, monkeypatch):
     import train
     from linrope.base.errors import ConfigError
+    from linrope.evaluation import passkey
     from linrope.evaluation.passkey import probe
     from tests.helpers import tiny
 
+    # model.max_len above the context (as a learned table raised for a longer eval_context): the lengths are factors
+    # of the training context all the same (they were of max_len: every length doubled, and labelled so)
     cfg = compose(*tiny("model=linear_rope", f"data.path={small_corpus}", "data.val_windows=2"), "trainer.max_steps=2",
-                  "trainer.val_check_interval=2", "test=false")  # fmt: skip
+                  "trainer.val_check_interval=2", "test=false", "model.max_len=128")  # fmt: skip
     train.main(cfg)
     ckpt = Path(cfg.paths.output_dir, "checkpoints", "last.ckpt")
     pk = compose_passkey(f"ckpt={ckpt}", "factors=[1,4,8]", "depths=[0,1]", "trials=2")
@@ -114,6 +120,7 @@ def test_passkey_command_on_a_trained_checkpoint(compose, small_corpus, tmp_path
     assert short and all(r["trials"] == "0" and "cannot hold" in r["note"] for r in short)
     written = [r for r in written if r["length"] != "64"]
     assert {r["length"] for r in written} == {"256", "512"}  # 4× and 8× the tiny context of 64
+    assert {r["factor"] for r in written} == {"4.0", "8.0"}
     control = [r for r in written if r["arm"].startswith("control")]
     assert all(float(r["exact"]) == 1.0 for r in control)  # the prompts are answerable by copying
     model = [r for r in written if not r["arm"].startswith("control")]
@@ -123,3 +130,19 @@ def test_passkey_command_on_a_trained_checkpoint(compose, small_corpus, tmp_path
         probe(pk)
     with pytest.raises(ConfigError, match="depths: 2"):
         probe(compose_passkey(f"ckpt={ckpt}", "depths=[2]", f"out={tmp_path / 'x'}"))
+
+    # a tokenizer that splits keys of one length into different numbers of tokens (as a BPE does): a length that holds
+    # the fixed text with the key 00000 but not with a key it draws is a skipped row, not a traceback for the probe
+    class Uneven(ByteTokenizer):
+        def encode(self, text):
+            return super().encode(text.replace("7", "77"))
+
+    monkeypatch.setattr(passkey, "checkpoint_tokenizer", lambda *a, **kw: Uneven())
+    zero = passkey.shortest(Uneven(), ["00000"])
+    keys = lambda n: [k for one in passkey.cell_keys(0, n, [0.0], 2, 5) for k in one]  # noqa: E731 - the probe's
+    tight = next(n for n in range(zero, zero + 60) if passkey.shortest(Uneven(), keys(n)) > n)
+    rows = probe(compose_passkey(f"ckpt={ckpt}", f"factors=[{tight / 64!r},8]", "depths=[0]", "trials=2",
+                                 f"out={tmp_path / 'tight'}"))  # fmt: skip
+    short = [r for r in rows if r["length"] == tight]
+    assert len(short) == 2 and all(r["trials"] == 0 and "cannot hold" in r["note"] for r in short)
+    assert [r["trials"] for r in rows if r["length"] == 512] == [2, 2]

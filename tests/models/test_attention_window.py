@@ -159,6 +159,21 @@ def test_linear_generation_with_a_window_rereads_its_context():
     assert m.generate(prompt, 3).shape == (1, 8)  # restored
 
 
+@pytest.mark.parametrize("position", [{"name": "learned"}, {"name": "multiplicative", "table": "learned"}])
+def test_linear_generation_past_a_position_table_rereads_its_context(position):
+    """A table of max_len positions has no row for a carried step beyond it: generation re-reads the last max_len
+    tokens, as for softmax (it stopped with SequenceTooLong after max_len - prompt tokens had streamed)."""
+    m = helpers.tiny_lm(position, "linear", max_len=16)
+    assert (
+        m.cfg.position_table_bounded() and not helpers.tiny_lm({"name": "rope"}, "linear").cfg.position_table_bounded()
+    )
+    prompt = torch.randint(0, 32, (1, 5), generator=torch.Generator().manual_seed(0))
+    out = m.generate(prompt, 30, temperature=0)
+    assert out.shape == (1, 35)
+    for i in range(prompt.shape[1], out.shape[1], 7):
+        assert out[0, i] == m(out[:, max(0, i - 16) : i])[0, -1].argmax()
+
+
 @pytest.mark.parametrize("kind", ["softmax", "linear"])
 def test_window_is_a_declared_option_of_both_kinds(kind, compose):
     """``model.attention.window=128`` is a plain training override (the files give ``window: null``), checked by

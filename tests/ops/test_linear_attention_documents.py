@@ -4,7 +4,9 @@ A packed row gives, at every position of every document, what that document give
 counted from 0): float64, forward and backward (q, k, v), every feature map / placement, with and without a
 decay and a denominator, lengths that are not multiples of the chunk, boundaries on and off chunk starts, a
 document of one token, the chunk form walked in several blocks; buffers poisoned with NaN (``kernel_env``).
-Then the state in and out, the window, bfloat16 under autocast beyond one chunk, and the refusals."""
+Bidirectional (``causal=False``: every key of the query's document, both sides; the forms but naive by two causal
+passes, ``both_ways.py``) the same way.  Then the state in and out, the window, bfloat16 under autocast beyond one
+chunk (both ways too), and the refusals."""
 
 import contextlib
 import itertools
@@ -75,13 +77,14 @@ def with_grads(fn, q, k, v, w):
 CASES = list(itertools.product(("elu", "cosine"), ("numerator", "both", "none"), (False, True), (True, False)))
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("impl", FORMS)
 @pytest.mark.parametrize("feature_map,rope,decayed,normalize", CASES)
-def test_packed_equals_each_document_alone(impl, feature_map, rope, decayed, normalize):
-    g = gen("documents", impl, feature_map, rope, decayed, normalize)
+def test_packed_equals_each_document_alone(impl, feature_map, rope, decayed, normalize, causal):
+    g = gen("documents", impl, feature_map, rope, decayed, normalize, causal)
     q, k, v = leaves(g)
     w = torch.randn(B, H, N, DV, generator=g, dtype=torch.float64)
-    kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None, normalize=normalize)
+    kw = dict(feature_map=feature_map, rope=rope, decay=DECAY if decayed else None, normalize=normalize, causal=causal)
     with small_blocks():
         packed = with_grads(
             lambda: linear_attention(q, k, v, impl=impl, chunk_size=C, documents=DOCS, **kw), q, k, v, w
@@ -91,7 +94,7 @@ def test_packed_equals_each_document_alone(impl, feature_map, rope, decayed, nor
         assert torch.isfinite(a).all(), name
         assert (a - b).abs().max().item() <= 1e-10, (name, (a - b).abs().max().item())
     # the same call without documents is another function: the test can tell
-    leaky = linear_attention(q, k, v, impl=impl, chunk_size=C, **kw)
+    leaky = linear_attention(q, k, v, impl="naive" if not causal else impl, chunk_size=C, **kw)  # recurrent: causal
     assert (leaky - alone[0]).abs().max().item() > 1e-3
 
 
@@ -158,8 +161,9 @@ def test_window_with_documents(window, decayed):
         assert torch.isfinite(a).all() and (a - c).abs().max().item() <= 1e-10 and (b - c).abs().max().item() <= 1e-10
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("rope", ["numerator", "both"])
-def test_bfloat16_autocast_beyond_one_chunk(rope):
+def test_bfloat16_autocast_beyond_one_chunk(rope, causal):
     """Under bf16 autocast, documents longer than a chunk (64): the packed row matches each document alone in
     float64 as closely as the form does without documents (issue 24's bound for autocast-bf16), and a
     document's outputs do not move when another document's inputs change."""
@@ -171,7 +175,7 @@ def test_bfloat16_autocast_beyond_one_chunk(rope):
     def run(x):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             q, k, v = lin(x).reshape(B, n, 3, H, D).permute(2, 0, 3, 1, 4)
-            return linear_attention(q, k, v, rope=rope, documents=docs), (q, k, v)
+            return linear_attention(q, k, v, rope=rope, documents=docs, causal=causal), (q, k, v)
 
     out, (q, k, v) = run(x)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
@@ -179,8 +183,8 @@ def test_bfloat16_autocast_beyond_one_chunk(rope):
     ref = torch.cat(
         [
             torch.cat(
-                [linear_attention(*(t[b : b + 1, :, s:e].double() for t in (q, k, v)), impl="naive", rope=rope)
-                 for s, e in cuts[b]],
+                [linear_attention(*(t[b : b + 1, :, s:e].double() for t in (q, k, v)), impl="naive", rope=rope,
+                                  causal=causal) for s, e in cuts[b]],
                 dim=2,
             )
             for b in range(B)
@@ -201,8 +205,6 @@ def test_refusals():
         linear_attention(q, k, v, documents=DOCS[:, :-1])
     with pytest.raises(ValueError, match="integer tensor"):
         linear_attention(q, k, v, documents=DOCS.float())
-    with pytest.raises(ValueError, match="causal=False"):
-        linear_attention(q, k, v, causal=False, impl="naive", documents=DOCS)
     # ids that go down: naive (equal ids) and the state resets of the others would give two answers
     down = DOCS.clone()
     down[0, -1] = down[0, 0]

@@ -8,6 +8,7 @@ tests/positions/test_contract.py, read from the registry."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -452,6 +453,54 @@ def test_shaw_value_term_uses_the_dropped_weights():
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "causal, options, line",
+    [
+        (True, {"max_distance": 16}, "max_distance=16 must exceed the 16 exact buckets"),
+        (True, {"max_distance": 8}, "max_distance=8 must exceed the 16 exact buckets"),
+        (False, {"max_distance": 8}, r"max_distance=8 must exceed the 8 exact buckets \(bidirectional"),
+        (False, {"num_buckets": 3}, "num_buckets=3 is too few .* at least 4"),
+        (True, {"num_buckets": 1}, "num_buckets=1 is too few .* at least 2"),
+        (True, {"num_buckets": 8, "max_distance": 2, "bidirectional": True}, "max_distance=2 must exceed the 2 "),
+    ],
+)
+@pytest.mark.parametrize("scheme", ["t5", "tupe"])
+def test_t5_buckets_a_model_cannot_have_are_refused_in_one_line(scheme, causal, options, line):
+    """max_distance at or below the exact buckets made the log-spaced buckets negative (wrapping to the table's last
+    rows) or an index error; too few buckets divided by zero. Refused at the config check and at build, and by
+    t5_bucket itself; the published defaults pass both ways."""
+    from linrope.models.spec import ModelConfig
+
+    model = dict(d_model=D, n_heads=H, max_len=64, causal=causal, position={"name": scheme, **options})
+    (problem,) = ModelConfig.from_dict(model).problems()
+    assert re.search(line, problem) and "\n" not in problem, problem
+    with pytest.raises(ValueError, match=line):
+        build_position(scheme, where="attention", d_model=D, n_heads=H, head_dim=HD, max_len=64, causal=causal,
+                       **options)  # fmt: skip
+    for causal in (True, False):
+        assert not ModelConfig.from_dict({**model, "causal": causal, "position": {"name": scheme}}).problems()
+    with pytest.raises(ValueError, match="max_distance=8 must exceed"):
+        t5_bucket(-torch.arange(40), bidirectional=False, max_distance=8)
+
+
+@pytest.mark.parametrize(
+    "position, causal, line",
+    [
+        ({"name": "xpos", "blockwise": True}, False, "blockwise is the paper's blockwise \\*causal\\* attention"),
+        ({"name": "rope", "rotary_fraction": 0.375}, True, r"rotary_fraction=0.375 rotates int\(8·0.375\) = 3"),
+        ({"name": "rope", "scaling": "dynamic", "factor": 2.0, "max_position": 128}, True, "dynamic with max_posit"),
+        ({"name": "floater", "method": "rk5"}, True, "method=rk5: expected one of dopri8, .*rk4"),
+    ],
+)
+def test_options_that_failed_at_build_or_first_forward_are_refused_at_the_check(position, causal, line):
+    """Each passed the config check, then failed when the model was built or at its first forward."""
+    from linrope.models.spec import ModelConfig
+
+    model = dict(d_model=D, n_heads=H, max_len=64, causal=causal, position=position)
+    (problem,) = ModelConfig.from_dict(model).problems()
+    assert re.search(line, problem), problem
+
+
 def floater(**opts):
     return build_position("floater", where="input", d_model=D, n_heads=H, head_dim=HD, max_len=8, **opts).double()
 
@@ -479,6 +528,18 @@ def test_floater_any_positions_and_solvers_agree():
     torch.testing.assert_close(adaptive.encodings(picked, torch.float64), full[picked], rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match=">= 0"):
         fl.encodings(torch.tensor([-1, 2]))
+
+
+def test_floater_solves_in_float32_under_bf16_autocast():
+    """The ODE is solved in the compute dtype with autocast off, as FIRE and CoPE are: under bf16 autocast its
+    matmuls ran in bf16, and by position 1023 the trajectory was a different one (4.4 away)."""
+    fl = build_position("floater", where="input", d_model=D, n_heads=H, head_dim=HD, max_len=8)
+    positions = torch.arange(0, 1024, 31)
+    exact = fl.double().encodings(positions, torch.float64)
+    fl.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fl.encodings(positions, torch.float32)
+    assert got.dtype == torch.float32 and (got.double() - exact).abs().max() < 1e-3
 
 
 def test_floater_gradients_reach_the_ode():

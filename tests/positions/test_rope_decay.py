@@ -161,3 +161,19 @@ def test_the_decay_survives_the_extrapolations_rope_rows(kind, row):
         assert (inside - undecayed(x)).abs().max() > 1e-4  # the decay still acts inside the row
         assert (inside - before).abs().max() > 1e-6  # and the row changed the frequencies
     assert torch.equal(after, before)
+
+
+def test_the_frequencies_stay_float64_when_the_model_changes_dtype():
+    """θ is a function of the options, not a weight: .bfloat16() or .half() of a model must not round it (at position
+    4095 a bf16 θ turns up to 1.8 rad away), so a bf16 model rotates as the float64 formula, rounded once."""
+    want = rope().theta.clone()
+    assert want.dtype == torch.float64
+    for convert in (lambda m: m.float(), lambda m: m.bfloat16(), lambda m: m.half()):
+        pos = convert(rope())
+        assert pos.theta.dtype == torch.float64 and torch.equal(pos.theta, want)
+        assert torch.equal(pos.linear_rope_theta(), want)
+    positions = torch.arange(4000, 4096)
+    q = torch.randn(1, H, positions.numel(), HD, generator=gen("theta dtype q"), dtype=torch.float64)
+    got, _ = rope().bfloat16().rotate_qk(q.bfloat16(), q.bfloat16(), positions)
+    exact, _ = rope().double().rotate_qk(q, q, positions)
+    assert rel(got.double(), exact) < 1e-2  # bf16 rounding of q and of the product only

@@ -80,7 +80,7 @@ def test_frequencies_are_neoxs_then_zero(fraction, r):
 
 
 def test_too_small_a_fraction_is_one_line():
-    with pytest.raises(ValueError, match=r"^rotary_fraction=0.05 rotates int\(32·0.05\) = 1 of head_dim=32"):
+    with pytest.raises(ValueError, match=r"^rope: rotary_fraction=0.05 rotates int\(32·0.05\) = 1 of head_dim=32"):
         rope(rotary_fraction=0.05)
     from linrope.positions import option_errors
 

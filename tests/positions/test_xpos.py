@@ -200,6 +200,18 @@ def test_blockwise_is_the_papers_blocks_of_half_the_training_length():
         xpos(causal=False, blockwise=True)
 
 
+@pytest.mark.parametrize("max_len", [7, 8, 9, 255])
+def test_blockwise_hides_nothing_within_an_odd_training_length(max_len):
+    """Blocks of max_len/2 rounded up: within max_len positions a query sees every earlier key, odd max_len too
+    (blocks of max_len // 2 hid 3 keys at max_len 7, 127 at 255)."""
+    s = xpos(blockwise=True, max_len=max_len)
+    q = torch.zeros(1, H, max_len, HD)
+    pos = torch.arange(max_len) + 1000
+    assert torch.equal(s.score_bias(q, q, pos), torch.zeros(max_len, max_len))
+    beyond = torch.arange(2 * max_len + 1)
+    assert s.score_bias(torch.zeros(1, H, beyond.numel(), HD), None, beyond).isinf().any()  # beyond: hides keys
+
+
 def test_linear_note_names_the_per_dimension_decay():
     """Linear attention's refusal (test_contract.py) gives the note: the kernels carry a per-head decay only."""
     assert "per-dimension decay" in REGISTRY["xpos"].linear_note

@@ -312,6 +312,19 @@ def test_ddp_in_a_sweep_is_refused(compose, monkeypatch):
     with pytest.raises(C.ConfigError, match="use trainer=ddp_spawn in sweeps"):
         C.validate(compose("trainer=ddp"))
     C.validate(compose("trainer=ddp_spawn"))
+    # Lightning re-runs the script for these too (its _SubprocessScriptLauncher): the whole sweep ran twice
+    cpus = ["trainer.accelerator=cpu", "trainer.devices=2"]
+    for strategy in ("auto", "ddp_find_unused_parameters_true", "ddp_find_unused_parameters_false"):
+        with pytest.raises(C.ConfigError, match=f"trainer.strategy={strategy} in a sweep"):
+            C.validate(compose(*cpus, f"trainer.strategy={strategy}"))
+    C.validate(compose("trainer.accelerator=cpu", "trainer.devices=1"))  # auto on one device: no other process
+    C.validate(compose(*cpus, "trainer.strategy=ddp_fork"))
+    assert C.relaunches("ddp", -1, "gpu", 4) and C.relaunches("auto", -1, "gpu", 4)  # -1: every device
+    assert not C.relaunches("auto", None, "gpu", None)  # a dry run that cannot count the GPUs: the job checks
+    monkeypatch.setattr(C, "sweep_dir", lambda: None)  # the dry run (linrope sweeps) says it is a sweep's job
+    with pytest.raises(C.ConfigError, match="use trainer=ddp_spawn in sweeps"):
+        C.validate(compose("trainer=ddp"), hardware=False, sweep=True)
+    C.validate(compose("trainer=ddp"), hardware=False)  # a single run: ddp is right
     monkeypatch.setenv("SLURM_NTASKS", "2")  # srun starts the processes: ddp is right there
     C.validate(compose("trainer=ddp"))
 
@@ -661,6 +674,35 @@ def test_a_sweep_relaunched_into_its_folder_keeps_every_earlier_job(tmp_path):
     assert (sweep / "seed2" / ".hydra.before-resume-0" / "config.yaml").read_text() == "seed: 2\n"
     assert not (sweep / "seed1" / ".hydra.before-resume-0").exists()  # job seed1 never ran: nothing of it to keep
     assert (sweep / "multirun.before-resume-0.yaml").read_text() == "first sweep\n"
+
+
+@pytest.mark.slow  # two tiny runs in subprocesses
+def test_a_sweep_of_another_seed_does_not_resume_the_earlier_seeds_runs(tmp_path):
+    """Job folders are named by what differs between a sweep's jobs, so a sweep of seed 2 into the folder of a sweep
+    of seed 1 names the same folders; resumed with ckpt_path=auto, as the refusal says for a sweep to resume, each job
+    went on from the other seed's run (its report then listed seed 2 with seed 1's values). Refused in one line."""
+    sweep = tmp_path / "sweep"
+    common = [sys.executable, str(ROOT / "train.py"), "-m", "model=linear,linear_rope", "size=tiny",
+              "trainer.max_steps=2", "trainer.val_check_interval=2", "test=false", "logger=csv",
+              "extrapolation.enabled=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    run = lambda *more: subprocess.run([*common, *more], capture_output=True, text=True, cwd=tmp_path, timeout=300)  # noqa: E731
+    first = run("seed=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run("seed=2", "ckpt_path=auto")
+    assert again.returncode == 1
+    lines = [ln for ln in again.stderr.splitlines() if ln.startswith("linrope:")]
+    assert len(lines) == 1 and "is the run of seed 1, and this job of the sweep is seed 2" in lines[0], again.stderr
+    assert "seed: 1" in (sweep / "linear" / ".hydra" / "config.yaml").read_text()  # the earlier run as it was
+    resumed = run("seed=1", "ckpt_path=auto", "trainer.max_steps=4")  # its own seed: resumed
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # a checkpoint outside the job's folder is no resume of the job: testing it (or fine-tuning from it) at other
+    # seeds is a sweep like any other
+    ckpt = sweep / "linear" / "checkpoints" / "last.ckpt"
+    other = [sys.executable, str(ROOT / "train.py"), "-m", "seed=5,6", "train=false", f"ckpt_path={ckpt}",
+             "model=linear", "size=tiny", "logger=csv", "extrapolation.enabled=false",
+             f"hydra.sweep.dir={tmp_path / 'tests'}"]  # fmt: skip
+    tested = subprocess.run(other, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert tested.returncode == 0, tested.stderr[-2000:]
 
 
 def test_train_py_refuses_a_sweep_into_a_folder_of_earlier_runs(tmp_path):

@@ -167,6 +167,88 @@ def test_an_objective_no_run_can_log_is_named_with_the_setting_to_change():
     assert "limit_val_batches=0" in objective_problem(compose_train([*base, "trainer.limit_val_batches=0"]))
 
 
+def test_the_optuna_sweepers_storage_works(tmp_path):
+    """hydra.sweeper.storage=sqlite:///…: optuna 2.10, the one the sweeper allows, fails on SQLAlchemy 2 as the study
+    is created (an AssertionError); the sweep and dev extras hold SQLAlchemy below 2."""
+    optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="linrope")
+    study.optimize(lambda trial: trial.suggest_float("lr", 1e-4, 1e-2), n_trials=2)
+    assert len(study.trials) == 2 and (tmp_path / "study.db").stat().st_size > 0
+
+
+def test_a_search_the_wrong_way_is_refused_before_its_first_trial():
+    """optuna's preset minimises; a task's accuracy (higher is better) was minimised without a word."""
+    from omegaconf import OmegaConf
+
+    from linrope.training.after_training import direction_problem
+
+    def cfg(metric, direction, task="mqar"):
+        return OmegaConf.create(
+            {"optimized_metric": metric, "data": {"task": task}, "hydra": {"sweeper": {"direction": direction}}}
+        )
+
+    assert direction_problem(cfg("val/acc", "minimize")) == (
+        "hydra.sweeper.direction=minimize with optimized_metric=val/acc, where higher is better: "
+        "set hydra.sweeper.direction=maximize"
+    )
+    assert "where lower is better: set hydra.sweeper.direction=minimize" in direction_problem(
+        cfg("val/bpb", "maximize")
+    )
+    assert direction_problem(cfg("val/acc", "maximize")) is None
+    assert direction_problem(cfg("val/bpb", "minimize", task="bytes")) is None
+    assert (
+        direction_problem(OmegaConf.create({"optimized_metric": "val/acc"})) is None
+    )  # no direction: the basic sweeper
+
+
+DIVERGES = tiny(
+    "logger=csv", "trainer.max_steps=4", "trainer.val_check_interval=2", "test=false", "optim.warmup_steps=0"
+)
+
+
+@pytest.mark.slow  # two runs in a subprocess
+def test_a_diverged_job_of_a_sweep_fails_that_job_only(tmp_path, monkeypatch):
+    """A job whose loss diverges (learning rate 1e6) is a failed job: its one line, then the sweep's other jobs run
+    (a SystemExit ended the sweep there, and the next job never ran); the sweep ends with exit status 1 and the line,
+    no traceback, and the report counts the diverged run as failed.  The failed job's wandb run is finished: the
+    next job logs to a run of its own (it took the open one over)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    sweep = tmp_path / "sweep"
+    args = [o for o in DIVERGES if not o.startswith("logger=")] + ["logger=default"]  # csv and wandb
+    r = train(tmp_path, "-m", "optim.lr=1e6,1e-3", *args, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 1, r.stderr[-3000:]
+    line = "linrope: loss is nan at step"
+    assert [ln.startswith(line) for ln in r.stderr.splitlines()].count(True) == 2  # the job's, then the sweep's
+    assert "Traceback" not in r.stderr
+    assert (sweep / "lr0.001" / "checkpoints" / "last.ckpt").is_file()  # the job after the diverged one ran
+    assert (sweep / "lr1000000.0" / "provenance.json").is_file()
+    runs = {
+        job: {p.name.rsplit("-", 1)[1] for p in (sweep / job / "wandb").glob("*run-*-*")}
+        for job in ("lr0.001", "lr1000000.0")
+    }
+    assert len(runs["lr0.001"]) == len(runs["lr1000000.0"]) == 1 and runs["lr0.001"] != runs["lr1000000.0"]
+
+
+@pytest.mark.slow
+def test_an_optuna_trial_that_diverges_is_a_failed_trial_and_the_search_goes_on(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = train(tmp_path, "-m", "hparams_search=optuna", "hydra.sweeper.n_trials=2", "optim.lr=tag(log, interval(1e5, 1e6))",
+              *DIVERGES, f"hydra.sweep.dir={sweep}")  # fmt: skip
+    assert [ln.startswith("linrope: loss is nan") for ln in r.stderr.splitlines()].count(True) == 2, r.stderr[-3000:]
+    assert len([p for p in sweep.iterdir() if p.is_dir()]) == 2  # both trials ran
+
+
+def test_a_sweep_with_a_job_that_would_be_refused_starts_none(tmp_path):
+    """Every job of train.py -m is checked before the first starts: a bad value in the last job was found only when
+    that job started, after the others had trained."""
+    sweep = tmp_path / "sweep"
+    r = train(tmp_path, "-m", "optim.lr=0.001,-5", "size=tiny", "logger=none", f"hydra.sweep.dir={sweep}", timeout=120)
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("linrope: 1 of the sweep's jobs would be refused, so none started: job #1 (optim.lr=-5")
+    assert "optim.lr=-5: expected a number > 0" in line and not sweep.exists()
+
+
 def test_the_optuna_sweep_that_cannot_score_is_refused_before_its_first_trial(tmp_path):
     sweep = tmp_path / "sweep"
     r = train(
@@ -220,6 +302,17 @@ def test_a_finished_run_says_where_its_results_are_and_what_to_run_next(
         assert lines[at - 1] == "the test scored the last weights: no validation ran, so no checkpoint was chosen on it"
         assert ckpt.endswith("checkpoints/last.ckpt") and warned
     assert report(commands[0][4:]) == 0 and (tmp_path / "report.md").is_file()
+
+
+def test_a_run_without_the_csv_logger_names_no_metrics_file_and_no_report(compose, capsys, tmp_path, monkeypatch):
+    """logger=none writes no csv/metrics.csv: the last lines named it, and a report command that failed with "no
+    linrope runs"."""
+    monkeypatch.chdir(tmp_path.parent)
+    run_main(compose(*tiny("logger=none", "trainer.max_steps=2", "trainer.val_check_interval=2")))
+    lines = capsys.readouterr().out.strip().splitlines()
+    at = lines.index("next:")
+    assert lines[at - 2] == f"run folder: {tmp_path.name} (checkpoints/, provenance.json)"
+    assert not any("linrope report" in line for line in lines[at:]) and "linrope evaluate" in lines[at + 1]
 
 
 def test_a_run_that_cannot_validate_is_warned_at_its_start_and_one_that_can_is_not():

@@ -285,6 +285,40 @@ def test_wandb_mode_follows_wandb_and_a_sweep_has_its_own_group(compose, monkeyp
     assert os.environ["WANDB_MODE"] == "disabled"
 
 
+def test_a_resumed_run_goes_on_logging_to_its_wandb_run(tmp_path):
+    """With ckpt_path (a resume) the wandb logger gets the id of the last wandb run in the run folder (and resume=
+    allow), so that it continues that run: a new run each time counted a resumed job twice in the dashboard."""
+    from linrope.run.loggers import earlier_wandb_id, wandb_settings
+
+    lg = {"save_dir": str(tmp_path), "group": None, "mode": "disabled"}
+    assert earlier_wandb_id(tmp_path) is None and "id" not in wandb_settings(lg, "train", None, resume=True)
+    for name in ("offline-run-20261201_061307-ed18bvjn", "run-20261201_061344-hquyfhhu", "latest-run"):
+        (tmp_path / "wandb" / name).mkdir(parents=True)
+    got = wandb_settings(lg, "train", None, resume=True)
+    assert (got["id"], got["resume"]) == ("hquyfhhu", "allow")  # the last by time, offline or online
+    assert "id" not in wandb_settings(lg, "train", None)  # a new run: a new wandb run
+    assert wandb_settings({**lg, "id": "mine"}, "train", None, resume=True)["id"] == "mine"  # given: kept
+
+
+def test_build_loggers_resumes_the_wandb_run_only_when_a_checkpoint_is_resumed(compose, tmp_path, monkeypatch):
+    """ckpt_path=auto that finds no checkpoint starts afresh: a new wandb run, not the aborted one's."""
+    from linrope.training.builders import build_loggers
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    (tmp_path / "wandb" / "offline-run-20261201_061307-oldrun1").mkdir(parents=True)
+
+    def wandb_init(*overrides):
+        (lg,) = [
+            lg for lg in build_loggers(compose("logger=default", *overrides)) if type(lg).__name__ == "WandbLogger"
+        ]
+        return lg._wandb_init
+
+    assert wandb_init("ckpt_path=auto").get("id") is None  # no checkpoint: afresh
+    (tmp_path / "checkpoints").mkdir()
+    torch.save({"state_dict": {}}, tmp_path / "checkpoints" / "last.ckpt")
+    assert wandb_init("ckpt_path=auto")["id"] == "oldrun1"  # a resume: the earlier run goes on
+
+
 @pytest.mark.slow
 def test_default_run_prints_every_line_once(tmp_path):
     """A tiny run with the default loggers: no console line twice (Lightning's handler and Hydra's), none of

@@ -32,6 +32,7 @@ from linrope.analysis.report.lengths import extrapolation_section
 from linrope.analysis.runs import COMPACT, TUNING, Run, by_seed, compact_index, find_runs, group_runs
 from linrope.analysis.stats import LEVEL, Paired, mean_ci
 from linrope.base.errors import first_names
+from linrope.base.naming import LANGUAGE_TASKS
 from linrope.base.plots import Curve, Panel, by_last_value, config_style, distinct_styles, plot_curves
 
 LEGACY = {"report.md": ("# Sweep report: ", "**Mixed provenance: ")}  # report.md's first line (report.files)
@@ -101,7 +102,7 @@ def verdict(a: str, b: str, metric: str, r: Paired, digits: int = 3) -> str:
 # ---- plots -----------------------------------------------------------------------------------------------------
 def plot_val_curves(groups: Dict[str, List[Run]], task: str, path: Path) -> Optional[Path]:
     has_acc = any("val/acc" in r.series for runs in groups.values() for r in runs)
-    metric = "val/bpb" if task in ("bytes", "text") else "val/acc" if has_acc else "val/loss"
+    metric = "val/bpb" if task in LANGUAGE_TASKS else "val/acc" if has_acc else "val/loss"
     curves = []
     for label, runs in groups.items():
         points: Dict[float, List[float]] = {}

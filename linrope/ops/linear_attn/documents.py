@@ -23,6 +23,9 @@ How each form does it (docs/mathematics.md, "Packed documents"):
   * fla:       the rows flattened into fla's variable-length batch, ``cu_seqlens`` at every document's start
                (``fla_backend.varlen``).
 
+``causal=False``: every key of the query's document, on both sides: the naive form's mask without the triangle;
+every other form two causal passes, forward and reversed (``both_ways.py``).
+
 Every test below compares ids for equality, never their order, so a flipped row (the reverse scans of the
 backward) is handled by the same code.
 """
@@ -44,8 +47,6 @@ def check_documents(documents, q: Tensor, causal: bool) -> Optional[Tensor]:
     B, _, N, _ = q.shape
     if tuple(documents.shape) != (B, N):
         raise ValueError(f"documents must have shape (B, N) = {(B, N)}; got {tuple(documents.shape)}")
-    if not causal:
-        raise ValueError("documents reset causal linear attention's state; causal=False takes none")
     documents = documents.to(device=q.device, dtype=torch.long)
     # the forms differ on a row whose ids go down (naive masks by equal ids, the others reset at every change):
     # refused, without waiting for a device (as common.check_decay_range)
