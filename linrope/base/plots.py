@@ -101,12 +101,12 @@ class Curve:
         return [v for v in self.points[x] if math.isfinite(v)]
 
     def summary(self):
-        xs = sorted(x for x in self.points if self.finite(x))
+        finite = {x: vs for x in sorted(self.points) if (vs := self.finite(x))}
         return (
-            xs,
-            [statistics.fmean(self.finite(x)) for x in xs],
-            [min(self.finite(x)) for x in xs],
-            [max(self.finite(x)) for x in xs],
+            list(finite),
+            [statistics.fmean(vs) for vs in finite.values()],
+            [min(vs) for vs in finite.values()],
+            [max(vs) for vs in finite.values()],
         )
 
     def diverged(self) -> int:

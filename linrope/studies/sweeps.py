@@ -28,8 +28,6 @@ from linrope.config.checks import validate
 from linrope.config.command_line import check_command_line, compose_config, config_dirs_as_overrides
 from linrope.run.sweep_folders import BASIC_SWEEPER, expand
 
-SLURM = "hydra/launcher=submitit_slurm"
-
 
 def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
     """``conf/train.yaml`` composed with ``overrides``, outside any Hydra run (tools, benchmarks, tests)."""
@@ -38,11 +36,22 @@ def compose_train(overrides: Sequence[str], *, hydra_config: bool = False):
 
 def sweep_jobs(overrides: Sequence[str]) -> List[List[str]]:
     """The override list of every job, in launch order."""
+    return _sweep(overrides)[1]
+
+
+def _sweep(overrides: Sequence[str]):
+    """(the sweep's composed config, with Hydra's part; the override list of every job, in launch order)."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     cfg = compose_train(fixed, hydra_config=True)
     params = cfg.hydra.sweeper.get("params")
-    return expand(OmegaConf.to_container(params) if params else {}, overrides)
+    return cfg, expand(OmegaConf.to_container(params) if params else {}, overrides)
+
+
+def runs_locally(cfg) -> bool:
+    """Whether the sweep's jobs run in this process, one after another (Hydra's basic launcher and the like), where a
+    strategy that re-runs train.py cannot work; not under SLURM's launcher, whose srun starts the processes."""
+    return "Slurm" not in str(OmegaConf.select(cfg, "hydra.launcher._target_"))
 
 
 def check_jobs(
@@ -50,12 +59,12 @@ def check_jobs(
 ) -> List[Tuple[List[str], Optional[str]]]:
     """(job overrides, None if its config is valid else the error) for every job.  The configs alone are
     checked (``validate(hardware=False)``): a sweep of ``trainer=gpu`` jobs checked on a login node without a
-    GPU passes; whether the machines have the devices is the launch's business.  ``local``: the jobs run in this
-    process, one after another (Hydra's basic launcher), where a strategy that re-runs train.py cannot work; None:
-    unless the overrides name SLURM's launcher (srun starts the processes there)."""
-    local = not any(o.startswith(SLURM) for o in overrides) if local is None else local
+    GPU passes; whether the machines have the devices is the launch's business.  ``local``: ``runs_locally`` (None:
+    as the sweep's composed config says)."""
+    cfg, jobs = _sweep(overrides)
+    local = runs_locally(cfg) if local is None else local
     results = []
-    for job in sweep_jobs(overrides):
+    for job in jobs:
         try:
             validate(compose_train([*job, *extra]), hardware=False, sweep=local)
             results.append((job, None))
@@ -101,7 +110,7 @@ class CheckJobs(Callback):
         overrides = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task") or []]
         searchpath = [str(p) for p in OmegaConf.select(config, "hydra.searchpath") or []]
         extra = ["hydra.searchpath=[" + ",".join(searchpath) + "]"] if searchpath else []
-        local = "Slurm" not in str(OmegaConf.select(config, "hydra.launcher._target_"))
+        local = runs_locally(config)
         hydra = GlobalHydra.instance().hydra  # compose_config clears it: the running sweep's put back after
         try:
             refused = [(i, job, err) for i, (job, err) in enumerate(check_jobs(overrides, extra, local)) if err]

@@ -257,9 +257,7 @@ def objective_problem(cfg) -> Optional[str]:
     head = f"the sweep optimises optimized_metric={metric}, which"
     if not cfg.get("train", True):
         return f"{head} a run with train=false never returns: train the runs (train=true)"
-    task = str(get(cfg, "data.task") or "bytes")
-    # a task's data module picks checkpoints by val/loss (linrope.data.task_modules.TaskDataModule.monitor)
-    metric = task_metric(metric, "val/bpb" if task in LANGUAGE_TASKS else "val/loss")
+    task, metric = str(get(cfg, "data.task") or "bytes"), reported_metric(cfg)
     stage, _, name = metric.partition("/")
     logged = {"bytes": ("loss", "bpb"), "text": ("loss", "bpb", "tokens", "bytes")}.get(task, ("loss", "acc"))
     if stage == "test":
@@ -280,15 +278,20 @@ def objective_problem(cfg) -> Optional[str]:
     return None
 
 
+def reported_metric(cfg) -> str:
+    """The metric the runs report for ``optimized_metric``: a task's data module picks checkpoints by val/loss
+    (linrope.data.task_modules.TaskDataModule.monitor), which takes the place of the default val/bpb."""
+    task = str(get(cfg, "data.task") or "bytes")
+    return task_metric(str(cfg.get("optimized_metric") or ""), "val/bpb" if task in LANGUAGE_TASKS else "val/loss")
+
+
 def direction_problem(cfg) -> Optional[str]:
     """A search that minimises an accuracy, or maximises a loss (``hydra.sweeper.direction`` against which way
     ``optimized_metric`` is better), in one line; None when they agree or no direction is set."""
     direction = get(cfg, "hydra.sweeper.direction")
-    metric = str(cfg.get("optimized_metric") or "")
-    if not isinstance(direction, str) or not metric:
+    if not isinstance(direction, str) or not cfg.get("optimized_metric"):
         return None
-    task = str(get(cfg, "data.task") or "bytes")
-    metric = task_metric(metric, "val/bpb" if task in LANGUAGE_TASKS else "val/loss")
+    metric = reported_metric(cfg)
     want = "maximize" if higher_is_better(metric) else "minimize"
     if direction == want:
         return None

@@ -94,6 +94,8 @@ def test_a_gpu_preset_is_refused_here_but_its_sweep_checks(capsys):
     # launched here one after another, the strategies that re-run train.py are refused (each would run the sweep)
     results = sweeps.check_jobs(["trainer=gpu,ddp_gpu,fsdp", "size=tiny"])
     assert ["in a sweep (-m)" in (err or "") for _, err in results] == [False, True, True]
+    slurm = sweeps.check_jobs(["trainer=gpu,ddp_gpu,fsdp", "size=tiny", "hydra/launcher=submitit_slurm"])
+    assert [err for _, err in slurm] == [None] * 3  # the composed launcher says srun starts the processes
     assert sweeps.main(["trainer=gpu", "trainer.num_nodes=2", "size=tiny", "seed=1,2"]) == 0
     assert capsys.readouterr().out.strip().endswith("2 jobs, 0 refused")
     # a config problem of such a job is still found
